@@ -1,0 +1,32 @@
+# Front door. The real build is CMake in build/; this file names the everyday commands.
+#   make        the GPU trainer, train_gpt (nvcc, sm_90a)
+#   make cpu    the CPU build: train_gpt_cpu and the test programs, against emu/
+#   make test   both builds, then every test through CTest
+#   make run    the main job
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all cpu test run deps configure clean
+
+all: configure
+	cmake --build $(BUILD) --target train_gpt -j $(JOBS)
+
+cpu: configure
+	cmake --build $(BUILD) --target cpu_all -j $(JOBS)
+
+test: configure
+	cmake --build $(BUILD) -j $(JOBS)
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+run: cpu
+	./$(BUILD)/train_gpt_cpu
+
+deps:
+	scripts/install_deps.sh
+
+configure: deps
+	@test -f $(BUILD)/CMakeCache.txt || cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,316 @@
+// The CPU platform: what nvcc and the GPU would provide to our .cu sources, for g++.
+// Types and host API declarations come from NVIDIA's own headers; emu supplies the
+// definitions (runtime.cpp, cublaslt.cpp, nccl.cpp) and the device-side language below
+// (exec.cpp runs each CUDA thread as a fiber). Included only through kernels/platform.cuh.
+#pragma once
+#ifdef __CUDACC__
+#error "emu/cuda_emu.h is for the CPU build; nvcc uses the real CUDA runtime"
+#endif
+
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+// The CUDA headers define these as nothing for a host compiler; a block's static shared
+// memory must be one object for all its threads, and a worker runs one block at a time.
+#undef __shared__
+#define __shared__ static thread_local
+#define __launch_bounds__(...)
+
+namespace emu {
+
+struct ThreadState {        // one per CUDA thread (fiber)
+    uint3 thread_idx;
+    unsigned lane, warp;
+};
+struct BlockState {         // one per block in flight on a worker
+    uint3 block_idx;
+    dim3 block_dim, grid_dim;
+    unsigned char* dyn_smem;
+};
+extern __thread ThreadState* t_thread;
+extern __thread BlockState* t_block;
+
+// Kernel launch: runs `thunk(closure)` once per CUDA thread of the grid, synchronously, as
+// a stream that executes in issue order would. Errors become the sticky launch error.
+using Thunk = void (*)(const void* closure);
+void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+            Thunk thunk, const void* closure);
+
+template <class... P, class... A>
+void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes,
+                   cudaStream_t stream, A&&... args) {
+    static_assert(sizeof...(P) == sizeof...(A), "launch: wrong number of kernel arguments");
+    struct Closure {
+        void (*kernel)(P...);
+        std::tuple<std::decay_t<P>...> args;
+    };
+    const Closure closure{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    launch(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, stream,
+           [](const void* c) {
+               const auto* cl = static_cast<const Closure*>(c);
+               std::apply(cl->kernel, cl->args);
+           },
+           &closure);
+}
+
+// A warp collective among the lanes of `mask`: each lane deposits `in`; the last lane to
+// arrive runs `combine` over all deposits, which writes every lane's result; each lane
+// then receives its own `out`. `what` names the operation (lanes must agree on it).
+constexpr size_t kSlotBytes = 64;
+using Combine = void (*)(const unsigned char* in_slots, unsigned char* out_slots, unsigned mask);
+void warp_collective(const char* what, unsigned mask, const void* in, size_t in_bytes, void* out,
+                     size_t out_bytes, Combine combine);
+
+// Block barrier; returns the number of threads whose `pred` was non-zero.
+int block_barrier(const char* what, int pred);
+
+// Emulation switches and diagnostics (environment: EMU_WORKERS, EMU_RANDOM_ORDER, EMU_STACK_KB).
+int worker_count();
+const char* last_kernel_error();  // message of the last failed launch, or ""
+size_t peak_device_bytes();       // high-water mark of cudaMalloc'ed bytes
+
+// Fragments of shuffles: the source lane each lane reads, per CUDA's width semantics.
+struct ShflIn {
+    unsigned long long value;
+    int src;
+};
+void shfl_combine(const unsigned char* in, unsigned char* out, unsigned mask);
+
+template <class T>
+T shfl(const char* what, unsigned mask, T var, int src) {
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable_v<T>, "shuffle of at most 8 bytes");
+    ShflIn in{0, src};
+    std::memcpy(&in.value, &var, sizeof(T));
+    unsigned long long got;
+    warp_collective(what, mask, &in, sizeof in, &got, sizeof got, shfl_combine);
+    T r;
+    std::memcpy(&r, &got, sizeof(T));
+    return r;
+}
+inline int lane_id() { return static_cast<int>(t_thread->lane); }
+unsigned warp_lanes();  // the lanes that exist in the calling thread's warp (a partial last warp has fewer)
+
+}  // namespace emu
+
+#define threadIdx (::emu::t_thread->thread_idx)
+#define blockIdx (::emu::t_block->block_idx)
+#define blockDim (::emu::t_block->block_dim)
+#define gridDim (::emu::t_block->grid_dim)
+#define warpSize 32
+
+// ---- barriers and warp collectives ----
+inline void __syncthreads() { ::emu::block_barrier("__syncthreads", 0); }
+inline int __syncthreads_count(int p) { return ::emu::block_barrier("__syncthreads_count", p); }
+inline int __syncthreads_and(int p) {
+    return ::emu::block_barrier("__syncthreads_and", p) ==
+           static_cast<int>(blockDim.x * blockDim.y * blockDim.z);
+}
+inline int __syncthreads_or(int p) { return ::emu::block_barrier("__syncthreads_or", p) != 0; }
+
+namespace emu {
+void ballot_combine(const unsigned char* in, unsigned char* out, unsigned mask);
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    unsigned dummy = 0, r;
+    ::emu::warp_collective("__syncwarp", mask, &dummy, sizeof dummy, &r, sizeof r, ::emu::ballot_combine);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+    unsigned p = pred != 0, r;
+    ::emu::warp_collective("__ballot_sync", mask, &p, sizeof p, &r, sizeof r, ::emu::ballot_combine);
+    return r;
+}
+inline int __all_sync(unsigned mask, int pred) {
+    unsigned p = pred != 0, r;
+    ::emu::warp_collective("__all_sync", mask, &p, sizeof p, &r, sizeof r, ::emu::ballot_combine);
+    return r == (mask & ::emu::warp_lanes());
+}
+inline int __any_sync(unsigned mask, int pred) {
+    unsigned p = pred != 0, r;
+    ::emu::warp_collective("__any_sync", mask, &p, sizeof p, &r, sizeof r, ::emu::ballot_combine);
+    return r != 0;
+}
+inline unsigned __activemask() { return 0xffffffffu; }
+
+// Source lanes as the CUDA programming guide defines them for each variant.
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = warpSize) {
+    const int lane = ::emu::lane_id();
+    return ::emu::shfl("__shfl_sync", mask, var, (src_lane % width) + (lane / width) * width);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+    const int lane = ::emu::lane_id();
+    const int src = (lane % width) >= static_cast<int>(delta) ? lane - static_cast<int>(delta) : lane;
+    return ::emu::shfl("__shfl_up_sync", mask, var, src);
+}
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = warpSize) {
+    const int lane = ::emu::lane_id();
+    const int src = (lane % width) + static_cast<int>(delta) < width ? lane + static_cast<int>(delta) : lane;
+    return ::emu::shfl("__shfl_down_sync", mask, var, src);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = warpSize) {
+    const int lane = ::emu::lane_id();
+    const int src = lane ^ lane_mask;
+    // A source in a later group of `width` lanes reads the caller's own value.
+    return ::emu::shfl("__shfl_xor_sync", mask, var, src >= (lane / width + 1) * width ? lane : src);
+}
+
+// ---- atomics (device-wide: blocks run concurrently on worker threads) ----
+namespace emu {
+template <class T>
+T atomic_add(T* p, T v) { return std::atomic_ref<T>(*p).fetch_add(v); }
+template <class T, class F>
+T atomic_update(T* p, F f) {  // compare-and-swap loop applying f(old)
+    std::atomic_ref<T> a(*p);
+    T old = a.load();
+    while (!a.compare_exchange_weak(old, f(old))) {}
+    return old;
+}
+}  // namespace emu
+inline int atomicAdd(int* p, int v) { return emu::atomic_add(p, v); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return emu::atomic_add(p, v); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) { return emu::atomic_add(p, v); }
+inline float atomicAdd(float* p, float v) { return emu::atomic_add(p, v); }
+inline double atomicAdd(double* p, double v) { return emu::atomic_add(p, v); }
+inline __nv_bfloat16 atomicAdd(__nv_bfloat16* p, __nv_bfloat16 v) {
+    // bf16 add rounds the fp32 sum to bf16, as the hardware's bf16 atomic does
+    static_assert(sizeof(__nv_bfloat16) == sizeof(unsigned short));
+    unsigned short old = emu::atomic_update(reinterpret_cast<unsigned short*>(p), [&](unsigned short o) {
+        __nv_bfloat16 ob;
+        std::memcpy(&ob, &o, 2);
+        __nv_bfloat16 nb = __float2bfloat16(__bfloat162float(ob) + __bfloat162float(v));
+        unsigned short n;
+        std::memcpy(&n, &nb, 2);
+        return n;
+    });
+    __nv_bfloat16 r;
+    std::memcpy(&r, &old, 2);
+    return r;
+}
+inline int atomicSub(int* p, int v) { return std::atomic_ref<int>(*p).fetch_sub(v); }
+inline unsigned atomicSub(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_sub(v); }
+#define EMU_ATOMIC_MINMAX(T)                                                                    \
+    inline T atomicMax(T* p, T v) { return emu::atomic_update(p, [&](T o) { return o > v ? o : v; }); } \
+    inline T atomicMin(T* p, T v) { return emu::atomic_update(p, [&](T o) { return o < v ? o : v; }); }
+EMU_ATOMIC_MINMAX(int)
+EMU_ATOMIC_MINMAX(unsigned)
+EMU_ATOMIC_MINMAX(long long)
+EMU_ATOMIC_MINMAX(unsigned long long)
+#undef EMU_ATOMIC_MINMAX
+#define EMU_ATOMIC_CAS_EXCH(T)                                                                  \
+    inline T atomicCAS(T* p, T expected, T desired) {                                             \
+        std::atomic_ref<T>(*p).compare_exchange_strong(expected, desired);                        \
+        return expected;                                                                          \
+    }                                                                                             \
+    inline T atomicExch(T* p, T v) { return std::atomic_ref<T>(*p).exchange(v); }
+EMU_ATOMIC_CAS_EXCH(int)
+EMU_ATOMIC_CAS_EXCH(unsigned)
+EMU_ATOMIC_CAS_EXCH(unsigned long long)
+EMU_ATOMIC_CAS_EXCH(unsigned short)
+#undef EMU_ATOMIC_CAS_EXCH
+inline float atomicExch(float* p, float v) { return std::atomic_ref<float>(*p).exchange(v); }
+inline int atomicAnd(int* p, int v) { return std::atomic_ref<int>(*p).fetch_and(v); }
+inline int atomicOr(int* p, int v) { return std::atomic_ref<int>(*p).fetch_or(v); }
+inline int atomicXor(int* p, int v) { return std::atomic_ref<int>(*p).fetch_xor(v); }
+inline unsigned atomicAnd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_and(v); }
+inline unsigned atomicOr(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_or(v); }
+inline unsigned atomicXor(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_xor(v); }
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+// ---- cache-hinted loads and stores: plain memory accesses on the CPU ----
+template <class T> T __ldg(const T* p) { return *p; }
+template <class T> T __ldcg(const T* p) { return *p; }
+template <class T> T __ldca(const T* p) { return *p; }
+template <class T> T __ldcs(const T* p) { return *p; }
+template <class T> T __ldlu(const T* p) { return *p; }
+template <class T> T __ldcv(const T* p) { return *p; }
+template <class T> void __stcg(T* p, T v) { *p = v; }
+template <class T> void __stcs(T* p, T v) { *p = v; }
+template <class T> void __stwb(T* p, T v) { *p = v; }
+template <class T> void __stwt(T* p, T v) { *p = v; }
+
+// ---- math intrinsics: the fast hardware forms become their accurate libm twins ----
+inline float __expf(float x) { return std::exp(x); }
+inline float __exp10f(float x) { return std::pow(10.0f, x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __log2f(float x) { return std::log2(x); }
+inline float __log10f(float x) { return std::log10(x); }
+inline float __sinf(float x) { return std::sin(x); }
+inline float __cosf(float x) { return std::cos(x); }
+inline void __sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
+inline void sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
+inline float __tanf(float x) { return std::tan(x); }
+inline float __powf(float x, float y) { return std::pow(x, y); }
+inline float __fdividef(float x, float y) { return x / y; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return std::sqrt(x); }
+inline float __frsqrt_rn(float x) { return 1.0f / std::sqrt(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+inline float __saturatef(float x) { return x != x ? 0.0f : std::fmin(std::fmax(x, 0.0f), 1.0f); }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline int __float2int_rn(float x) { return static_cast<int>(std::nearbyint(x)); }
+inline int __float2int_rz(float x) { return static_cast<int>(x); }
+inline int __float2int_rd(float x) { return static_cast<int>(std::floor(x)); }
+inline int __float2int_ru(float x) { return static_cast<int>(std::ceil(x)); }
+inline unsigned __float2uint_rn(float x) { return static_cast<unsigned>(std::nearbyint(x)); }
+inline float __int2float_rn(int x) { return static_cast<float>(x); }
+inline int __float_as_int(float x) { int r; std::memcpy(&r, &x, 4); return r; }
+inline unsigned __float_as_uint(float x) { unsigned r; std::memcpy(&r, &x, 4); return r; }
+inline float __int_as_float(int x) { float r; std::memcpy(&r, &x, 4); return r; }
+inline float __uint_as_float(unsigned x) { float r; std::memcpy(&r, &x, 4); return r; }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned>(x)); }
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll(static_cast<unsigned long long>(x)); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline unsigned __brev(unsigned x) {
+    x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1);
+    x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+    x = ((x >> 4) & 0x0f0f0f0fu) | ((x & 0x0f0f0f0fu) << 4);
+    x = ((x >> 8) & 0x00ff00ffu) | ((x & 0x00ff00ffu) << 8);
+    return (x >> 16) | (x << 16);
+}
+inline unsigned __umulhi(unsigned a, unsigned b) {
+    return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
+}
+inline long long clock64() {
+    return std::chrono::steady_clock::now().time_since_epoch().count();
+}
+// CUDA's global min/max overloads, including its mixed signed/unsigned promotions.
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline unsigned min(int a, unsigned b) { return min(static_cast<unsigned>(a), b); }
+inline unsigned max(int a, unsigned b) { return max(static_cast<unsigned>(a), b); }
+inline unsigned min(unsigned a, int b) { return min(a, static_cast<unsigned>(b)); }
+inline unsigned max(unsigned a, int b) { return max(a, static_cast<unsigned>(b)); }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }

@@ -1,0 +1,16 @@
+// What emu's parts share about the device's state: errors and per-kernel attributes.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <string>
+
+namespace emu {
+// A launch that could not start (bad shape, too much shared memory): reported once by
+// cudaGetLastError/cudaPeekAtLastError, as CUDA does.
+void set_launch_error(cudaError_t e, const std::string& message);
+// A kernel that failed while running (deadlock, divergent barrier): every later call
+// reports it, as a sticky CUDA error, until cudaDeviceReset.
+void set_sticky_error(cudaError_t e, const std::string& message);
+cudaError_t sticky_error();
+size_t max_dynamic_smem(const void* kernel);  // 48 KiB unless raised by cudaFuncSetAttribute
+}  // namespace emu

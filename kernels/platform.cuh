@@ -1,0 +1,35 @@
+// The one place where the GPU build and the CPU build (emu/) differ for kernel code:
+// which headers provide CUDA, how a kernel is launched, where dynamic shared memory is.
+#pragma once
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#else
+#include "../emu/cuda_emu.h"
+#endif
+
+#include <utility>
+
+// The only way kernels are launched (the CPU build runs them on emu's fibers).
+template <class... P, class... A>
+inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
+                   A&&... args) {
+#ifdef __CUDACC__
+    kernel<<<grid, block, smem_bytes, stream>>>(std::forward<A>(args)...);
+#else
+    emu::launch_kernel(kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
+#endif
+}
+
+// The block's dynamic shared memory (its size is the launch's smem_bytes), 16-byte aligned.
+template <class T>
+__device__ __forceinline__ T* dynamic_smem() {
+#ifdef __CUDACC__
+    extern __shared__ __align__(16) unsigned char dynamic_smem_bytes[];
+    return reinterpret_cast<T*>(dynamic_smem_bytes);
+#else
+    return reinterpret_cast<T*>(emu::t_block->dyn_smem);
+#endif
+}

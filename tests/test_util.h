@@ -1,0 +1,89 @@
+// What every test program shares: a seeded generator (fresh each run, reproducible with
+// TEST_SEED), checks that count, comparison against double-precision references, and the
+// closing "N passed, M failed" line. Host code only.
+#pragma once
+#include <cinttypes>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace test {
+
+inline int& passed() { static int n = 0; return n; }
+inline int& failed() { static int n = 0; return n; }
+
+// The run's seed: TEST_SEED if set, else fresh; printed so a failure can be replayed.
+inline uint64_t seed() {
+    static const uint64_t s = [] {
+        const char* env = std::getenv("TEST_SEED");
+        uint64_t v = env ? std::strtoull(env, nullptr, 10) : (uint64_t(std::random_device{}()) << 32 | std::random_device{}());
+        std::printf("TEST_SEED=%" PRIu64 "\n", v);
+        return v;
+    }();
+    return s;
+}
+inline std::mt19937_64& rng() {
+    static std::mt19937_64 g(seed());
+    return g;
+}
+inline double uniform(double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng()); }
+inline double normal(double mean = 0.0, double std = 1.0) { return std::normal_distribution<double>(mean, std)(rng()); }
+inline int randint(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng()); }  // inclusive
+inline std::vector<float> uniform_vector(size_t n, double lo, double hi) {
+    std::vector<float> v(n);
+    for (auto& x : v) x = static_cast<float>(uniform(lo, hi));
+    return v;
+}
+
+// Records one check; prints the message when it fails.
+inline bool check(bool ok, const char* fmt, ...) {
+    if (ok) {
+        ++passed();
+        return true;
+    }
+    ++failed();
+    std::va_list ap;
+    va_start(ap, fmt);
+    std::printf("FAIL: ");
+    std::vprintf(fmt, ap);
+    std::printf("\n");
+    va_end(ap);
+    return false;
+}
+
+// got[i] within atol + rtol*|want[i]| of want[i] for all i (NaN never matches); one check.
+template <class G, class W>
+bool check_close(const std::string& what, const G* got, const W* want, size_t n, double atol, double rtol) {
+    double max_abs = 0.0;
+    size_t bad = 0, first_bad = n;
+    for (size_t i = 0; i < n; ++i) {
+        const double g = static_cast<double>(got[i]), w = static_cast<double>(want[i]);
+        const double err = std::fabs(g - w);
+        if (!(err <= atol + rtol * std::fabs(w))) {
+            if (!bad) first_bad = i;
+            ++bad;
+        }
+        if (err > max_abs || err != err) max_abs = err;
+    }
+    if (bad)
+        return check(false, "%s: %zu of %zu values off (max abs err %.3g); first at %zu: got %.8g want %.8g", what.c_str(),
+                     bad, n, max_abs, first_bad, static_cast<double>(got[first_bad]), static_cast<double>(want[first_bad]));
+    return check(true, "");
+}
+template <class G, class W>
+bool check_close(const std::string& what, const std::vector<G>& got, const std::vector<W>& want, double atol, double rtol) {
+    if (!check(got.size() == want.size(), "%s: size %zu, want %zu", what.c_str(), got.size(), want.size())) return false;
+    return check_close(what, got.data(), want.data(), got.size(), atol, rtol);
+}
+
+// Prints the closing line and gives the exit code.
+inline int finish() {
+    std::printf("%d passed, %d failed\n", passed(), failed());
+    return failed() ? 1 : 0;
+}
+
+}  // namespace test
