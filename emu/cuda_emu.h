@@ -104,11 +104,17 @@ unsigned warp_lanes();  // the lanes that exist in the calling thread's warp (a 
 
 }  // namespace emu
 
+// cuda_runtime.h offers this typed overload only to nvcc.
+template <class T>
+cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int value) {
+    return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
+}
+
 #define threadIdx (::emu::t_thread->thread_idx)
 #define blockIdx (::emu::t_block->block_idx)
 #define blockDim (::emu::t_block->block_dim)
 #define gridDim (::emu::t_block->grid_dim)
-#define warpSize 32
+constexpr int warpSize = 32;
 
 // ---- barriers and warp collectives ----
 inline void __syncthreads() { ::emu::block_barrier("__syncthreads", 0); }
@@ -187,19 +193,17 @@ inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v)
 inline float atomicAdd(float* p, float v) { return emu::atomic_add(p, v); }
 inline double atomicAdd(double* p, double v) { return emu::atomic_add(p, v); }
 inline __nv_bfloat16 atomicAdd(__nv_bfloat16* p, __nv_bfloat16 v) {
-    // bf16 add rounds the fp32 sum to bf16, as the hardware's bf16 atomic does
+    // the fp32 sum rounded to bf16, as the hardware's bf16 atomic add does
     static_assert(sizeof(__nv_bfloat16) == sizeof(unsigned short));
-    unsigned short old = emu::atomic_update(reinterpret_cast<unsigned short*>(p), [&](unsigned short o) {
-        __nv_bfloat16 ob;
-        std::memcpy(&ob, &o, 2);
-        __nv_bfloat16 nb = __float2bfloat16(__bfloat162float(ob) + __bfloat162float(v));
-        unsigned short n;
-        std::memcpy(&n, &nb, 2);
-        return n;
+    const auto as_bf16 = [](unsigned short bits) {
+        __nv_bfloat16_raw raw;
+        raw.x = bits;
+        return __nv_bfloat16(raw);
+    };
+    const unsigned short old = emu::atomic_update(reinterpret_cast<unsigned short*>(p), [&](unsigned short o) {
+        return static_cast<__nv_bfloat16_raw>(__float2bfloat16(__bfloat162float(as_bf16(o)) + __bfloat162float(v))).x;
     });
-    __nv_bfloat16 r;
-    std::memcpy(&r, &old, 2);
-    return r;
+    return as_bf16(old);
 }
 inline int atomicSub(int* p, int v) { return std::atomic_ref<int>(*p).fetch_sub(v); }
 inline unsigned atomicSub(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_sub(v); }

@@ -1,0 +1,69 @@
+// EMU_RANDOM_ORDER shuffles the order in which a block's threads run between barriers,
+// so a missing barrier shows up as wrong results. The program first checks the default
+// order (where the planted bug happens to be invisible), then re-runs itself in random mode.
+#include "../../kernels/common.cuh"
+#include "../test_util.h"
+
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+__global__ void broadcast_without_barrier(int* out) {  // the planted bug
+    __shared__ int value;
+    if (threadIdx.x == 0) value = 1000 + blockIdx.x;
+    out[blockIdx.x * blockDim.x + threadIdx.x] = value;
+}
+__global__ void broadcast_with_barrier(int* out) {
+    __shared__ int value;
+    if (threadIdx.x == 0) value = 1000 + blockIdx.x;
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = value;
+}
+__global__ void read_uninitialized_dynamic_smem(float* out) {
+    out[threadIdx.x] = dynamic_smem<float>()[threadIdx.x];
+}
+
+int wrong_broadcasts(void (*kernel)(int*)) {
+    const int blocks = 64, threads = 256;
+    int* d;
+    CUDA_CHECK(cudaMalloc(&d, blocks * threads * sizeof(int)));
+    launch(kernel, dim3(blocks), dim3(threads), 0, nullptr, d);
+    CUDA_CHECK_LAUNCH();
+    std::vector<int> h(blocks * threads);
+    CUDA_CHECK(cudaMemcpy(h.data(), d, h.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(d));
+    int wrong = 0;
+    for (int b = 0; b < blocks; ++b)
+        for (int t = 0; t < threads; ++t) wrong += h[b * threads + t] != 1000 + b;
+    return wrong;
+}
+
+int main(int, char** argv) {
+    const char* mode = std::getenv("EMU_RANDOM_ORDER");
+    if (!mode || !*mode || std::string(mode) == "0") {
+        test::check(wrong_broadcasts(broadcast_without_barrier) == 0,
+                    "in index order thread 0 runs first, so the missing barrier goes unseen");
+        const int before = test::finish();
+        if (before) return before;
+        const std::string seed = std::to_string(test::seed() % 1000000007 + 1);
+        setenv("EMU_RANDOM_ORDER", seed.c_str(), 1);
+        std::fflush(stdout);
+        execv("/proc/self/exe", argv);
+        std::perror("execv");
+        return 1;
+    }
+    std::printf("random order, seed %s\n", mode);
+    const int wrong = wrong_broadcasts(broadcast_without_barrier);
+    test::check(wrong > 0, "random order must expose the missing barrier (%d wrong reads)", wrong);
+    test::check(wrong_broadcasts(broadcast_with_barrier) == 0, "with the barrier, random order changes nothing");
+    float* d;
+    CUDA_CHECK(cudaMalloc(&d, 64 * sizeof(float)));
+    launch(read_uninitialized_dynamic_smem, dim3(1), dim3(64), 64 * sizeof(float), nullptr, d);
+    std::vector<float> h(64);
+    CUDA_CHECK(cudaMemcpy(h.data(), d, sizeof(float) * 64, cudaMemcpyDeviceToHost));
+    int nans = 0;
+    for (float v : h) nans += v != v;
+    test::check(nans == 64, "uninitialized dynamic shared memory reads as NaN in random mode (%d of 64)", nans);
+    return test::finish();
+}
