@@ -1,0 +1,126 @@
+// kernels/common.cuh: warp and block reductions and the 128-bit vector helpers, against
+// double-precision host loops on fresh random data.
+#include "../../kernels/common.cuh"
+#include "../test_util.h"
+
+#include <algorithm>
+#include <vector>
+
+__global__ void warp_sums_and_maxes(float* out, const float* x) {  // one value per thread, one result pair per warp
+    const float v = x[blockIdx.x * blockDim.x + threadIdx.x];
+    const float s = warp_reduce_sum(v), m = warp_reduce_max(v);
+    const int warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    // every lane holds the result: lane 31 reports it, so a lane-0-only result would fail
+    if (threadIdx.x % 32 == 31) {
+        out[2 * warp] = s;
+        out[2 * warp + 1] = m;
+    }
+}
+
+__global__ void block_max_then_sum(float* out, const float* x, int n) {  // one block per row of n
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        m = fmaxf(m, x[blockIdx.x * n + i]);
+        s += x[blockIdx.x * n + i];
+    }
+    m = block_reduce_max(m);
+    s = block_reduce_sum(s);
+    if (threadIdx.x == blockDim.x - 1) {
+        out[2 * blockIdx.x] = m;
+        out[2 * blockIdx.x + 1] = s;
+    }
+}
+
+// y = 2x + 1 on 16-byte packs, streaming and plain forms on alternate packs.
+template <class T>
+__global__ void affine_by_packs(T* y, const T* x, int n) {
+    using P = Pack128<T>;
+    const int i = (blockIdx.x * blockDim.x + threadIdx.x) * P::size;
+    if (i >= n) return;
+    const bool streaming = (i / P::size) % 2;
+    const P in = streaming ? load128cs(x + i) : load128(x + i);
+    P out;
+    for (int k = 0; k < P::size; ++k) out[k] = static_cast<T>(2.0f * static_cast<float>(in[k]) + 1.0f);
+    if (streaming) store128cs(y + i, out);
+    else store128(y + i, out);
+}
+
+template <class T>
+void check_packs(const char* name) {
+    const int n = 64 * Pack128<T>::size * 5;
+    std::vector<T> x(n);
+    std::vector<double> want(n);
+    for (int i = 0; i < n; ++i) {
+        x[i] = static_cast<T>(static_cast<float>(test::uniform(-4, 4)));
+        // the kernel rounds 2x+1 (computed in fp32) to T once
+        want[i] = static_cast<float>(static_cast<T>(2.0f * static_cast<float>(x[i]) + 1.0f));
+    }
+    T *dx, *dy;
+    CUDA_CHECK(cudaMalloc(&dx, n * sizeof(T)));
+    CUDA_CHECK(cudaMalloc(&dy, n * sizeof(T)));
+    CUDA_CHECK(cudaMemcpy(dx, x.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    launch(affine_by_packs<T>, dim3(ceil_div(n / Pack128<T>::size, 64)), dim3(64), 0, nullptr, dy, dx, n);
+    CUDA_CHECK_LAUNCH();
+    std::vector<T> y(n);
+    CUDA_CHECK(cudaMemcpy(y.data(), dy, n * sizeof(T), cudaMemcpyDeviceToHost));
+    std::vector<float> yf(y.begin(), y.end());
+    test::check_close(std::string("Pack128 load/store, ") + name, yf, want, 0, 0);
+    cudaFree(dx);
+    cudaFree(dy);
+}
+
+int main() {
+    test::seed();
+    test::check(ceil_div(10, 3) == 4 && ceil_div(9, 3) == 3 && ceil_div<size_t>(1, 128) == 1, "ceil_div");
+    static_assert(Pack128<float>::size == 4 && Pack128<__nv_bfloat16>::size == 8 && sizeof(Pack128<__nv_bfloat16>) == 16);
+
+    const int warps = 12;
+    auto x = test::uniform_vector(warps * 32, -10, 10);
+    float *dx, *dout;
+    CUDA_CHECK(cudaMalloc(&dx, x.size() * 4));
+    CUDA_CHECK(cudaMalloc(&dout, 2 * warps * 4));
+    CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+    launch(warp_sums_and_maxes, dim3(3), dim3(128), 0, nullptr, dout, dx);
+    std::vector<float> out(2 * warps);
+    CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
+    std::vector<double> want(2 * warps);
+    for (int w = 0; w < warps; ++w) {
+        double s = 0, m = -1e30;
+        for (int l = 0; l < 32; ++l) {
+            s += x[w * 32 + l];
+            m = std::max(m, double(x[w * 32 + l]));
+        }
+        want[2 * w] = s;
+        want[2 * w + 1] = m;
+    }
+    test::check_close("warp_reduce_sum/max", out, want, 1e-4, 1e-6);
+    cudaFree(dx);
+    cudaFree(dout);
+
+    for (int threads : {64, 256, 1024}) {
+        const int rows = 6, n = 3000;
+        auto m = test::uniform_vector(rows * n, -3, 3);
+        CUDA_CHECK(cudaMalloc(&dx, m.size() * 4));
+        CUDA_CHECK(cudaMalloc(&dout, 2 * rows * 4));
+        CUDA_CHECK(cudaMemcpy(dx, m.data(), m.size() * 4, cudaMemcpyHostToDevice));
+        launch(block_max_then_sum, dim3(rows), dim3(threads), 0, nullptr, dout, dx, n);
+        std::vector<float> got(2 * rows);
+        CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+        std::vector<double> w(2 * rows);
+        for (int r = 0; r < rows; ++r) {
+            double s = 0, mx = -1e30;
+            for (int i = 0; i < n; ++i) {
+                s += m[r * n + i];
+                mx = std::max(mx, double(m[r * n + i]));
+            }
+            w[2 * r] = mx;
+            w[2 * r + 1] = s;
+        }
+        test::check_close("block_reduce_max then block_reduce_sum, " + std::to_string(threads) + " threads", got, w, 1e-3, 1e-5);
+        cudaFree(dx);
+        cudaFree(dout);
+    }
+    check_packs<float>("float");
+    check_packs<__nv_bfloat16>("bf16");
+    return test::finish();
+}
