@@ -70,8 +70,15 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_byte
 // then receives its own `out`. `what` names the operation (lanes must agree on it).
 constexpr size_t kSlotBytes = 64;
 using Combine = void (*)(const unsigned char* in_slots, unsigned char* out_slots, unsigned mask);
-void warp_collective(const char* what, unsigned mask, const void* in, size_t in_bytes, void* out,
-                     size_t out_bytes, Combine combine);
+unsigned char* collective_slot();  // the calling lane's deposit slot
+// Arrives at the collective (after depositing), waits for the others; returns this lane's result slot.
+const unsigned char* collective_arrive(const char* what, unsigned mask, Combine combine);
+// Inline so that the copies have constant sizes: this is the emulator's hottest path.
+inline void warp_collective(const char* what, unsigned mask, const void* in, size_t in_bytes, void* out,
+                            size_t out_bytes, Combine combine) {
+    std::memcpy(collective_slot(), in, in_bytes);
+    std::memcpy(out, collective_arrive(what, mask, combine), out_bytes);
+}
 
 // Block barrier; returns the number of threads whose `pred` was non-zero.
 int block_barrier(const char* what, int pred);

@@ -230,12 +230,13 @@ void Worker::run_block(Job& job, uint64_t linear) {
         f.ctx = bc::make_fcontext(top, stack_bytes_, &Worker::fiber_main);
     }
 
+    const bool shuffled = settings().random_seed != 0;
     unsigned remaining = n;
     while (remaining) {
-        if (settings().random_seed) std::shuffle(order_.begin(), order_.begin() + n, rng_);
+        if (shuffled) std::shuffle(order_.begin(), order_.begin() + n, rng_);
         bool progressed = false;
         for (unsigned k = 0; k < n; ++k) {
-            Fiber& f = fibers_[settings().random_seed ? order_[k] : k];
+            Fiber& f = fibers_[shuffled ? order_[k] : k];
             if (f.done || (f.wait_gen && *f.wait_gen == f.wait_val)) continue;
             f.wait_gen = nullptr;
             t_thread = &f;
@@ -421,8 +422,11 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
     if (job.failed) set_sticky_error(cudaErrorLaunchFailure, job.error);
 }
 
-void warp_collective(const char* what, unsigned mask, const void* in, size_t in_bytes, void* out, size_t out_bytes,
-                     Combine combine) {
+unsigned char* collective_slot() {
+    return current_worker_on_fiber().warp(t_thread->warp).in + t_thread->lane * kSlotBytes;
+}
+
+const unsigned char* collective_arrive(const char* what, unsigned mask, Combine combine) {
     Fiber* f = static_cast<Fiber*>(t_thread);
     Worker& w = current_worker_on_fiber();
     Warp& wp = w.warp(f->warp);
@@ -439,7 +443,6 @@ void warp_collective(const char* what, unsigned mask, const void* in, size_t in_
                       f->lane, what, m, g.what, g.mask);
         w.fail_on_fiber(f, buf);
     }
-    std::memcpy(wp.in + f->lane * kSlotBytes, in, in_bytes);
     if (++g.arrived == static_cast<unsigned>(__builtin_popcount(m))) {
         combine(wp.in, wp.out, m);
         g.arrived = 0;
@@ -447,7 +450,7 @@ void warp_collective(const char* what, unsigned mask, const void* in, size_t in_
     } else {
         w.yield(f, &g.gen, g.gen, what);
     }
-    std::memcpy(out, wp.out + f->lane * kSlotBytes, out_bytes);
+    return wp.out + f->lane * kSlotBytes;
 }
 
 int block_barrier(const char* what, int pred) {
