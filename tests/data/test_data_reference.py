@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""Checks that the stored loader fixtures are what the independent Python reference prints.
+
+The C++ test (test_data_loader) compares the C++ loaders with tests/data/fixtures/expected/;
+this test closes the loop by re-running tests/data/ref_loader.py on every scenario and
+comparing with the same files, and by checking that the hand-made shards are the layouts
+make_fixtures.py describes. Standard library only.
+"""
+import os
+import struct
+import sys
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.environ.get("REPO") or os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import make_fixtures  # noqa: E402
+import ref_loader  # noqa: E402
+
+passed = failed = 0
+
+
+def check(ok, message):
+    global passed, failed
+    if ok:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL: " + message)
+
+
+def first_difference(got, want):
+    g, w = got.split("\n"), want.split("\n")
+    for i in range(max(len(g), len(w))):
+        a = g[i] if i < len(g) else "<end>"
+        b = w[i] if i < len(w) else "<end>"
+        if a != b:
+            return f"line {i + 1}: got {a!r} want {b!r}"
+    return "(identical)"
+
+
+def main():
+    for i, tokens in enumerate(make_fixtures.layouts()):
+        path = os.path.join(make_fixtures.FIXTURES, f"handmade_{i:03d}.bin")
+        check(list(ref_loader.load_shard(path)) == tokens, f"{path} is not the layout make_fixtures.py describes")
+
+    # The reference's own building blocks against values worked out by hand.
+    check(ref_loader.bigram_hash([15496, 995, 262, 50256, 0, 65535, 50256], 251520) ==
+          [251519, 91875, 88345, 120810, 8169, 122344, 248039], "reference bigram hash, hand values")
+    check([ref_loader.next_multiple_of_n(v, 128) for v in (0, 54, 128, 129)] == [128, 128, 128, 256],
+          "reference next_multiple_of_n")
+    check(ref_loader.crc([1, 2, -3]) == zlib.crc32(struct.pack("<3i", 1, 2, -3)), "reference crc of little-endian int32s")
+    check(zlib.crc32(b"123456789") == 0xCBF43926, "zlib's CRC-32 is the standard one")
+
+    scenarios = make_fixtures.read_scenarios()
+    check(len(scenarios) >= 10, f"only {len(scenarios)} scenarios")
+    for name, expect, argv in scenarios:
+        text, rc = make_fixtures.run_reference(argv, REPO)
+        with open(os.path.join(make_fixtures.FIXTURES, "expected", name + ".txt")) as f:
+            want = f.read()
+        check(text == want, f"scenario {name}: reference output differs from the fixture at {first_difference(text, want)}")
+        check((rc == 0) == (expect == "ok"), f"scenario {name}: reference exit status {rc}, expected {expect}")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
