@@ -19,8 +19,13 @@ test: configure
 	cmake --build $(BUILD) -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-run: cpu
-	./$(BUILD)/train_gpt_cpu
+# With a GPU the GPU binary, else the CPU build.
+run: configure
+	@if nvidia-smi -L >/dev/null 2>&1; then \
+	  cmake --build $(BUILD) --target train_gpt -j $(JOBS) && ./$(BUILD)/train_gpt; \
+	else \
+	  cmake --build $(BUILD) --target train_gpt_cpu -j $(JOBS) && ./$(BUILD)/train_gpt_cpu; \
+	fi
 
 deps:
 	scripts/install_deps.sh
