@@ -159,3 +159,122 @@ template <int N>
 __device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[N], const void* row) {
     ldmatrix_ptx<N, true>(r, row);
 }
+
+// ---- cp.async: 16-byte global -> shared copies that complete asynchronously ----
+// A thread's copies join a group at cp_async_commit(); cp_async_wait<N>() blocks until at most
+// the N most recently committed groups of this thread are still in flight. A copy's bytes may
+// land any time before that wait and are visible to other threads only after a barrier that
+// follows it. With `fill` false nothing is read and the 16 bytes become zeros (src-size 0),
+// which is how tiles load rows that lie outside a tensor.
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool fill);
+__device__ __forceinline__ void cp_async_commit();
+template <int N>
+__device__ __forceinline__ void cp_async_wait();
+
+#ifdef __CUDACC__
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool fill) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    const size_t src = __cvta_generic_to_global(gmem_src);
+    // .cg: the tiles are reused from shared memory, not from L1
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(fill ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+#else  // emulated twins
+
+#include <cstdlib>
+#include <unordered_map>
+#include <vector>
+
+namespace emu {
+// The latest completion the ISA allows: copies are queued per thread and performed (source
+// read, destination written) only when a wait retires their group. A kernel that reads a
+// tile before the wait that covers it therefore sees stale shared memory under emu. With
+// EMU_RANDOM_ORDER set, each copy instead completes either at once or at its wait, at random:
+// the early ones expose a copy issued into a buffer other threads are still reading.
+struct CpAsyncCopy {
+    void* dst;
+    const void* src;
+    bool fill;
+};
+struct CpAsyncQueue {
+    const BlockState* block = nullptr;  // which block's thread the queue belongs to
+    uint3 block_idx{};
+    const unsigned char* block_smem = nullptr;
+    std::vector<CpAsyncCopy> copies;  // issue order; the committed ones come first
+    std::vector<size_t> group_ends;   // per committed group, oldest first: its end in `copies`
+};
+inline CpAsyncQueue& cp_async_queue() {
+    // Fibers of one block share a worker thread, so a per-worker map keyed by fiber is private
+    // to each CUDA thread. A queue left by an earlier block whose fiber this one reuses is
+    // dropped: those copies targeted a block that no longer exists.
+    static thread_local std::unordered_map<const ThreadState*, CpAsyncQueue> queues;
+    CpAsyncQueue& q = queues[t_thread];
+    const BlockState* b = t_block;
+    if (q.block != b || q.block_idx.x != b->block_idx.x || q.block_idx.y != b->block_idx.y ||
+        q.block_idx.z != b->block_idx.z || q.block_smem != b->dyn_smem) {
+        q.copies.clear();
+        q.group_ends.clear();
+        q.block = b;
+        q.block_idx = b->block_idx;
+        q.block_smem = b->dyn_smem;
+    }
+    return q;
+}
+// Completes the `groups` oldest committed groups.
+inline void cp_async_retire(CpAsyncQueue& q, size_t groups) {
+    const size_t end = q.group_ends[groups - 1];
+    for (size_t i = 0; i < end; ++i) {
+        const CpAsyncCopy& c = q.copies[i];
+        if (c.fill) std::memcpy(c.dst, c.src, 16);
+        else std::memset(c.dst, 0, 16);
+    }
+    q.copies.erase(q.copies.begin(), q.copies.begin() + static_cast<std::ptrdiff_t>(end));
+    q.group_ends.erase(q.group_ends.begin(), q.group_ends.begin() + static_cast<std::ptrdiff_t>(groups));
+    for (size_t& e : q.group_ends) e -= end;
+}
+}  // namespace emu
+
+namespace emu {
+// A per-worker coin seeded by EMU_RANDOM_ORDER; false always when the switch is off.
+inline bool cp_async_complete_early() {
+    static const uint64_t seed = [] {
+        const char* v = std::getenv("EMU_RANDOM_ORDER");
+        return v ? std::strtoull(v, nullptr, 10) : 0ull;
+    }();
+    if (!seed) return false;
+    static thread_local uint64_t state = seed * 0x9e3779b97f4a7c15ull | 1;
+    state ^= state << 13;  // xorshift64
+    state ^= state >> 7;
+    state ^= state << 17;
+    return state >> 63;
+}
+}  // namespace emu
+
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool fill) {
+    emu::CpAsyncQueue& q = emu::cp_async_queue();
+    if (emu::cp_async_complete_early()) {
+        if (fill) std::memcpy(smem_dst, gmem_src, 16);
+        else std::memset(smem_dst, 0, 16);
+        return;
+    }
+    q.copies.push_back({smem_dst, gmem_src, fill});
+}
+__device__ __forceinline__ void cp_async_commit() {
+    emu::CpAsyncQueue& q = emu::cp_async_queue();
+    q.group_ends.push_back(q.copies.size());
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    static_assert(N >= 0, "cp.async.wait_group takes a non-negative group count");
+    emu::CpAsyncQueue& q = emu::cp_async_queue();
+    if (q.group_ends.size() > static_cast<size_t>(N)) emu::cp_async_retire(q, q.group_ends.size() - N);
+}
+
+#endif
