@@ -1,0 +1,512 @@
+// The attention's auxiliary math: everything between the QKV matmul and the attention kernel
+// (per-head QK RMS norm, half-truncated YaRN rotary, key offset, gated value embeddings), the
+// output gate between the attention kernel and the output projection, their backward, and the
+// YaRN frequency/cos-sin state.
+//
+// Shapes: T tokens (one packed sequence), H heads of D = head_dim (D/8 a power of two from 2 to
+// 32: 64 tiny, 128 record), C = H*D. qkv (T, 3C) bf16 is the QKV matmul output, columns
+// [q | k | v], head h at h*D inside each third. q, k, v, y are (T, H, D) contiguous bf16.
+// xa (T, C) bf16 is the attention input (the normed residual): its first 12 channels drive the
+// value-embedding gate and the output gate. Statistics fp32.
+//
+// One attention layer, forward (words in brackets are other families' calls):
+//   [xa = rms_norm(x)]
+//   [qkv = xa @ (sa_lambda0 * W_qkv)^T]
+//   attn_qkv_forward(aux, q, k, v, rstd_q, rstd_k, qkv)          norm + rotary + key offset + ve
+//   [y = attention(q, k, v, cu_seqlens, window, softmax scale = yarn.attn_scale); keeps lse]
+//       paired layers: the attention reads q, k, v as (2T, H/2, D) with doubled cu_seqlens
+//   attn_output_gate_forward(aux, y_gated, y)                    y * sigmoid(xa[:, :12] . attn_gate[h])
+//   [x += y_gated @ (sa_lambda1 * W_o)^T]
+// Backward (keep xa, qkv, rstd_q, rstd_k, q, k, v, y from the forward):
+//   [d_y_gated = dx @ (sa_lambda1 * W_o); dW_o]
+//   attn_output_gate_backward(aux, dy, dz_attn, d_y_gated, y)    dy may alias d_y_gated
+//   [dq, dk, dv = attention_backward(...)]
+//   attn_qkv_backward(aux, dqkv, dve, dz_ve, dq, dk, dv, qkv, rstd_q, rstd_k)
+//   [dxa = dqkv @ (sa_lambda0 * W_qkv); dW_qkv]
+//   attn_gates_backward(aux, dxa, d_attn_gate, d_ve_gate, dz_attn, dz_ve, scratch, accumulate)
+//       adds both gates' input gradient into dxa[:, :12] in place (one bf16 rounding, as
+//       upstream's autograd sums its bf16 gradients of xa) and writes both gates' weight
+//       gradients; it must run after the dxa matmul and before the rms_norm backward of xa.
+//   [dx += rms_norm_backward(dxa)]
+//   embedding_backward(value_embeds grad of this layer's table, dve, token-id segments)  (embed.cuh)
+// Layers without value embeddings pass ve_table = ve_gate = null (then dve, dz_ve, d_ve_gate are
+// null too). Nothing here allocates; attn_gates_backward_scratch_bytes sizes its scratch.
+//
+// Rotary positions are the token index t in the packed rank-local sequence (not the position
+// inside its document), as upstream indexes its tables. Paired-head layers rotate head h of token
+// t at position 2t + (h & 1): upstream views q as (T, H/2, 2D) against a (T, 2D) table whose row
+// t is [positions 2t | 2t+1]. (The attention then reads the same memory as (2T, H/2, D), where
+// row 2t holds heads 0..H/2-1; for H = 2 both parities agree, for H = 6 they differ, as upstream.)
+#pragma once
+#include "embed.cuh"
+
+#include <cfloat>
+#include <cmath>
+
+inline void rope_require(bool ok, const char* fmt, ...) {
+    if (ok) return;
+    std::va_list ap;
+    va_start(ap, fmt);
+    std::fprintf(stderr, "rope: ");
+    std::vfprintf(stderr, fmt, ap);
+    std::fprintf(stderr, "\n");
+    va_end(ap);
+    std::exit(EXIT_FAILURE);
+}
+
+// ---- YaRN: angular frequencies and the cos/sin table ----
+// Upstream keeps two Yarn modules (plain and paired) whose frequencies are always equal, with
+// (2*max_seq_len, D) bf16 cos and sin tables (paired: (2*max_seq_len, 2D), rows [2t | 2t+1]).
+// Their entries repeat: the D/4 frequencies are repeat_interleave(2)'d, the upper D/2 dims have
+// frequency 0 (cos 1, sin 0), the sin table's odd entries are negated copies, and the paired
+// table's row t is the plain table's rows 2t and 2t+1 (theta = fl(2t * f) either way). So one
+// table of the D/4 distinct {cos, sin} pairs per position holds every value the rotary reads:
+// D bytes per position instead of 12*D (64 MiB for the record's 2*262144 positions, not 768).
+// The kernels apply the unrotated half as the identity, which is what 1*x + 0*x_flip gives.
+//
+// The state lives on the device and is computed by small kernels that repeat torch's own CUDA
+// arithmetic step by step in fp32 (eager, not compiled): linspace, powf, the interpolation, and
+// cosf/sinf of fl(p * f) rounded to bf16. With the same CUDA math library as torch the tables are
+// the same bits; the CPU build uses the host's libm for powf/cosf/sinf (correctly rounded or
+// within an ulp, which changes a bf16 entry only next to a rounding boundary).
+struct YarnRope {
+    int head_dim = 0, positions = 0;
+    float* freq = nullptr;    // device, head_dim/4 distinct angular frequencies
+    bf16* table = nullptr;    // device, positions x head_dim/4 pairs {cos, sin}
+    double attn_scale = 0.1;  // softmax scale, kept on the host in double as upstream
+};
+inline size_t yarn_freq_bytes(int head_dim) { return ceil_div<size_t>(static_cast<size_t>(head_dim / 4) * 4, 256) * 256; }
+inline size_t yarn_table_bytes(int head_dim, int positions) { return static_cast<size_t>(positions) * head_dim * sizeof(bf16) / 2; }
+// Device bytes of a YarnRope (frequencies, then the table). positions: 2 * the largest T of any
+// forward (paired layers read position 2T-1); upstream's 2*max_seq_len is the same number.
+inline size_t yarn_rope_bytes(int head_dim, int positions) {
+    return yarn_freq_bytes(head_dim) + yarn_table_bytes(head_dim, positions);
+}
+// A YarnRope over caller memory (yarn_rope_bytes, 16-byte aligned, e.g. from the trainer's
+// arena); call yarn_rope_reset before use.
+inline YarnRope yarn_rope_view(void* device_memory, int head_dim, int positions) {
+    rope_require(head_dim >= 16 && head_dim % 16 == 0, "YaRN: head_dim must be a multiple of 16 (got %d)", head_dim);
+    rope_require(positions > 0 && positions < (1 << 24),
+                 "YaRN: positions must be in [1, 2^24) so that they are exact in fp32 (got %d)", positions);
+    rope_require(reinterpret_cast<uintptr_t>(device_memory) % 16 == 0, "YaRN: memory must be 16-byte aligned");
+    YarnRope r;
+    r.head_dim = head_dim;
+    r.positions = positions;
+    r.freq = static_cast<float*>(device_memory);
+    r.table = reinterpret_cast<bf16*>(static_cast<unsigned char*>(device_memory) + yarn_freq_bytes(head_dim));
+    return r;
+}
+
+// freq[i] = (1/1024) ** linspace(0, 1, n)[i] as torch computes it on the GPU: the first half
+// start + i*step, the second end - (n-1-i)*step, each one fused multiply-add (nvcc contracts
+// them), then powf with the fp32 base 2^-10.
+__global__ void yarn_reset_frequencies_kernel(float* freq, int n, float step) {
+    const int i = threadIdx.x;
+    if (i >= n) return;
+    const float lin = i < n / 2 ? __fmaf_rn(step, static_cast<float>(i), 0.0f)
+                                : __fmaf_rn(-step, static_cast<float>(n - 1 - i), 1.0f);
+    freq[i] = powf(0x1p-10f, lin);
+}
+
+// Upstream's YaRN update, one eager torch op (one fp32 rounding) per line:
+//   rotations = old_window * freq / (2 pi)     (division by a scalar = multiplication by fp32 1/x)
+//   w = clamp((rotations - alpha) / (beta - alpha), 0, 1)
+//   freq *= scaling + w * (1 - scaling)         (scaling = old/new in double, each scalar rounded to fp32)
+__global__ void yarn_interpolate_frequencies_kernel(float* freq, int n, float old_window, float inv_two_pi,
+                                                    float alpha, float inv_span, float scaling,
+                                                    float one_minus_scaling) {
+    const int i = threadIdx.x;
+    if (i >= n) return;
+    const float f = freq[i];
+    const float rotations = __fmul_rn(__fmul_rn(old_window, f), inv_two_pi);
+    const float w = fminf(fmaxf(__fmul_rn(__fsub_rn(rotations, alpha), inv_span), 0.0f), 1.0f);
+    freq[i] = __fmul_rn(f, __fadd_rn(__fmul_rn(w, one_minus_scaling), scaling));
+}
+
+// table[p][i] = {bf16(cos(fl(p * freq[i]))), bf16(sin(fl(p * freq[i])))}
+__global__ void yarn_fill_table_kernel(bf16* table, const float* freq, int n, int positions) {
+    const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (idx >= static_cast<int64_t>(positions) * n) return;
+    const int p = static_cast<int>(idx / n), i = static_cast<int>(idx % n);
+    const float theta = __fmul_rn(static_cast<float>(p), freq[i]);
+    table[2 * idx] = __float2bfloat16(cosf(theta));
+    table[2 * idx + 1] = __float2bfloat16(sinf(theta));
+}
+inline void yarn_fill_table(const YarnRope& r, cudaStream_t stream) {
+    const int64_t threads = static_cast<int64_t>(r.positions) * (r.head_dim / 4);
+    launch(yarn_fill_table_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))), dim3(256), 0, stream,
+           r.table, static_cast<const float*>(r.freq), r.head_dim / 4, r.positions);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Upstream Yarn.reset: initial frequencies, their table, softmax scale 0.1.
+inline void yarn_rope_reset(YarnRope& r, cudaStream_t stream) {
+    const int n = r.head_dim / 4;
+    const float step = 1.0f / static_cast<float>(n - 1);  // torch: (end - start) / (steps - 1) in fp32 on the host
+    launch(yarn_reset_frequencies_kernel, dim3(1), dim3(n), 0, stream, r.freq, n, step);
+    CUDA_CHECK_LAUNCH();
+    yarn_fill_table(r, stream);
+    r.attn_scale = 0.1;
+}
+
+// Upstream Yarn.apply(old_window, new_window) (windows in tokens): interpolated frequencies,
+// their table, and attn_scale *= 0.2 * ln(new/old) + 1.
+inline void yarn_rope_apply(YarnRope& r, int old_window, int new_window, cudaStream_t stream, int alpha = 1,
+                            int beta = 32) {
+    rope_require(old_window > 0 && new_window > 0 && beta > alpha, "YaRN apply: need positive windows and beta > alpha");
+    const int n = r.head_dim / 4;
+    const double scaling = static_cast<double>(old_window) / new_window;
+    const float inv_two_pi = 1.0f / static_cast<float>(6.283185307179586);  // Python's 2 * math.pi
+    const float inv_span = 1.0f / static_cast<float>(beta - alpha);
+    launch(yarn_interpolate_frequencies_kernel, dim3(1), dim3(n), 0, stream, r.freq, n, static_cast<float>(old_window),
+           inv_two_pi, static_cast<float>(alpha), inv_span, static_cast<float>(scaling),
+           static_cast<float>(1.0 - scaling));
+    CUDA_CHECK_LAUNCH();
+    yarn_fill_table(r, stream);
+    r.attn_scale *= 0.2 * std::log(static_cast<double>(new_window) / old_window) + 1.0;
+}
+
+// ---- the layer's auxiliary inputs ----
+struct AttnAux {
+    int T = 0, H = 0, D = 0;
+    bool paired = false;               // paired-head layer (0, 2, 5, 9)
+    bool key_offset = false;           // long-window layer: keys' upper D/2 dims from token t-1
+    const bf16* rope_table = nullptr;  // YarnRope::table
+    int rope_positions = 0;            // YarnRope::positions
+    const bf16* xa = nullptr;          // attention input (T, C)
+    const int32_t* ids = nullptr;      // token ids (T), for value-embedding rows
+    const bf16* ve_table = nullptr;    // this layer's value-embedding table (V, C): value_embeds + k*V*C,
+                                       // k = 0, 1 on layers 0, 1 and 2, 3, 4 on layers 8, 9, 10; else null
+    const bf16* ve_gate = nullptr;     // (H, 12), with ve_table
+    const bf16* attn_gate = nullptr;   // (H, 12)
+};
+inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
+    rope_require(a.T > 0 && a.H > 0, "%s: need T > 0 and H > 0 (T=%d H=%d)", who, a.T, a.H);
+    const int g = a.D / 8;
+    rope_require(a.D % 16 == 0 && g >= 2 && g <= 32 && (g & (g - 1)) == 0,
+                 "%s: head_dim must be 16, 32, 64, 128 or 256 (D/8 lanes share a head row), got %d", who, a.D);
+    rope_require(a.H * a.D >= kGateWidth, "%s: model dim %d is below the gates' 12 channels", who, a.H * a.D);
+    rope_require(a.xa != nullptr, "%s: the attention input xa is required (gates read xa[:, :12])", who);
+    rope_require((a.ve_table == nullptr) == (a.ve_gate == nullptr), "%s: ve_table and ve_gate go together", who);
+    rope_require(a.ve_table == nullptr || a.ids != nullptr, "%s: value embeddings need the token ids", who);
+    if (rotary) {
+        rope_require(!(a.paired && a.key_offset), "%s: the key offset exists only on non-paired layers", who);
+        rope_require(a.paired ? a.H % 2 == 0 : true, "%s: paired heads need an even head count (H=%d)", who, a.H);
+        rope_require(a.rope_table != nullptr, "%s: no rotary table", who);
+        const int64_t needed = static_cast<int64_t>(a.T) * (a.paired ? 2 : 1);
+        rope_require(needed <= a.rope_positions, "%s: rotary table has %d positions, this layer needs %lld", who,
+                     a.rope_positions, static_cast<long long>(needed));
+    }
+}
+
+// One thread per 8 dims of one head row: D/8 adjacent lanes share a row (rows never straddle a
+// warp), and every lane of a launched warp takes part in the row sums (threads past the end work
+// on the last row and store nothing).
+struct AttnHeadLane {
+    int row, t, h, d0;  // row = t*H + h, dims d0..d0+7
+    bool valid;
+};
+__device__ __forceinline__ AttnHeadLane attn_head_lane(int T, int H, int D) {
+    const int lanes = D / 8;
+    const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int64_t raw = idx / lanes;
+    AttnHeadLane l;
+    l.valid = raw < static_cast<int64_t>(T) * H;
+    l.row = l.valid ? static_cast<int>(raw) : T * H - 1;
+    l.t = l.row / H;
+    l.h = l.row % H;
+    l.d0 = static_cast<int>(idx % lanes) * 8;
+    return l;
+}
+inline dim3 attn_head_lane_grid(int T, int H, int D) {
+    const int64_t threads = static_cast<int64_t>(T) * H * (D / 8);
+    return dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256)));
+}
+// Sum over the `lanes` adjacent lanes of a head row (a power of two up to 32, aligned).
+__device__ __forceinline__ float attn_head_row_sum(float v, int lanes) {
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+__device__ __forceinline__ void rope_load8(float* dst, const bf16* src) {
+    const Pack128<bf16> p = load128(src);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) dst[i] = __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void rope_store8(bf16* dst, const float* src) {
+    Pack128<bf16> p;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) p[i] = __float2bfloat16(src[i]);
+    store128(dst, p);
+}
+__device__ __forceinline__ float rope_sum_squares8(const float* x) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s = fmaf(x[i], x[i], s);
+    return s;
+}
+constexpr float kQKNormEps = FLT_EPSILON;  // F.rms_norm without eps on bf16 input (torch 2.10)
+
+// ---- forward: q, k, v from qkv ----
+// q = rot_p(rmsnorm(q_in)), k likewise, then on key-offset layers k[t, :, D/2:] = k[t-1, :, D/2:]
+// (t >= 1, across documents); rot_p: (x0, x1) -> (c x0 + s x1, c x1 - s x0) on the lower D/2 dims
+// with {c, s} of position p, identity above. v = v_in + 2 sigmoid(bf16(xa[t,:12] . ve_gate[h])) *
+// ve_table[ids[t]] (head h's slice) when the layer has value embeddings, else v_in.
+__global__ void attn_qkv_forward_kernel(bf16* q_out, bf16* k_out, bf16* v_out, float* rstd_q, float* rstd_k,
+                                        const bf16* qkv, AttnAux a) {
+    const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
+    const int lanes = a.D / 8, C = a.H * a.D;
+    const bf16* q_in = qkv + static_cast<size_t>(l.t) * 3 * C + l.h * a.D + l.d0;
+    const bf16* k_in = q_in + C;
+    float xq[8], xk[8], xkp[8] = {};
+    rope_load8(xq, q_in);
+    rope_load8(xk, k_in);
+    const float inv_d = 1.0f / static_cast<float>(a.D);
+    const float rq = rsqrtf(attn_head_row_sum(rope_sum_squares8(xq), lanes) * inv_d + kQKNormEps);
+    const float rk = rsqrtf(attn_head_row_sum(rope_sum_squares8(xk), lanes) * inv_d + kQKNormEps);
+    float rkp = rk;
+    if (a.key_offset) {  // the previous token's key row (its own at t = 0), normalized by its own rstd
+        rope_load8(xkp, k_in - (l.t > 0 ? 3 * C : 0));
+        rkp = rsqrtf(attn_head_row_sum(rope_sum_squares8(xkp), lanes) * inv_d + kQKNormEps);
+    }
+    float yq[8], yk[8];
+    if (l.d0 < a.D / 2) {
+        const int p = a.paired ? 2 * l.t + (l.h & 1) : l.t;
+        const Pack128<bf16> cs = load128(a.rope_table + static_cast<size_t>(p) * (a.D / 2) + l.d0);
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+            const float c = __bfloat162float(cs[2 * m]), s = __bfloat162float(cs[2 * m + 1]);
+            const float q0 = xq[2 * m] * rq, q1 = xq[2 * m + 1] * rq;
+            const float k0 = xk[2 * m] * rk, k1 = xk[2 * m + 1] * rk;
+            yq[2 * m] = c * q0 + s * q1;
+            yq[2 * m + 1] = c * q1 - s * q0;
+            yk[2 * m] = c * k0 + s * k1;
+            yk[2 * m + 1] = c * k1 - s * k0;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            yq[i] = xq[i] * rq;
+            yk[i] = a.key_offset ? xkp[i] * rkp : xk[i] * rk;
+        }
+    }
+    if (!l.valid) return;
+    const size_t out_at = static_cast<size_t>(l.row) * a.D + l.d0;
+    rope_store8(q_out + out_at, yq);
+    rope_store8(k_out + out_at, yk);
+    if (l.d0 == 0) {
+        rstd_q[l.row] = rq;
+        rstd_k[l.row] = rk;
+    }
+    if (v_out != nullptr) {
+        float v[8];
+        rope_load8(v, q_in + 2 * C);
+        if (a.ve_table != nullptr) {
+            const float g = 2.0f * gate_sigmoid(gate_logit(a.xa + static_cast<size_t>(l.t) * C, a.ve_gate + l.h * kGateWidth));
+            float ve[8];
+            rope_load8(ve, a.ve_table + static_cast<size_t>(a.ids[l.t]) * C + l.h * a.D + l.d0);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] = fmaf(g, ve[i], v[i]);
+        }
+        rope_store8(v_out + out_at, v);
+    }
+}
+// q, k, v: (T, H, D); rstd_q, rstd_k: (T, H) fp32 for the backward. v may be null on a layer
+// without value embeddings when the attention reads v from qkv (row stride 3C) instead.
+inline void attn_qkv_forward(const AttnAux& a, bf16* q, bf16* k, bf16* v, float* rstd_q, float* rstd_k,
+                             const bf16* qkv, cudaStream_t stream) {
+    attn_aux_check(a, "attn_qkv_forward", true);
+    rope_require(a.ve_table == nullptr || v != nullptr, "attn_qkv_forward: a layer with value embeddings needs v");
+    launch(attn_qkv_forward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, q, k, v, rstd_q, rstd_k, qkv,
+           a);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- backward: d(qkv), d(ve rows), d(ve gate logits) ----
+// Through the rotary: dn = rot_p^T dy, i.e. (c dy0 - s dy1, s dy0 + c dy1); through the key
+// offset: key t's upper dims get dk[t+1]'s (and key 0 also its own, which it kept); through the
+// norm: dx = r (dn - n mean(dn . n)). v: d(v_in) = dv, d(ve row) = g dv, dz = 2 s'(z) (dv . ve).
+__global__ void attn_qkv_backward_kernel(bf16* dqkv, bf16* dve, float* dz_ve, const bf16* dq, const bf16* dk,
+                                         const bf16* dv, const bf16* qkv, const float* rstd_q, const float* rstd_k,
+                                         AttnAux a) {
+    const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
+    const int lanes = a.D / 8, C = a.H * a.D;
+    const size_t at = static_cast<size_t>(l.row) * a.D + l.d0;
+    const size_t in_at = static_cast<size_t>(l.t) * 3 * C + l.h * a.D + l.d0;
+    const bool rotated = l.d0 < a.D / 2;
+    float cs[8] = {};
+    if (rotated) rope_load8(cs, a.rope_table + static_cast<size_t>(a.paired ? 2 * l.t + (l.h & 1) : l.t) * (a.D / 2) + l.d0);
+    const float inv_d = 1.0f / static_cast<float>(a.D);
+    // q and k: the same chain, k's incoming gradient shifted on key-offset layers
+    float dx[2][8];
+    for (int which = 0; which < 2; ++which) {
+        float x[8], dy[8], dn[8];
+        rope_load8(x, qkv + in_at + which * C);
+        const float r = (which == 0 ? rstd_q : rstd_k)[l.row];
+        const bf16* grad = which == 0 ? dq : dk;
+        if (which == 1 && a.key_offset && !rotated) {
+            float next[8];
+            for (int i = 0; i < 8; ++i) dy[i] = 0.0f;
+            if (l.t + 1 < a.T) {
+                rope_load8(next, grad + at + a.D * a.H);
+                for (int i = 0; i < 8; ++i) dy[i] += next[i];
+            }
+            if (l.t == 0) {
+                rope_load8(next, grad + at);
+                for (int i = 0; i < 8; ++i) dy[i] += next[i];
+            }
+        } else {
+            rope_load8(dy, grad + at);
+        }
+        if (rotated) {
+#pragma unroll
+            for (int m = 0; m < 4; ++m) {
+                const float c = cs[2 * m], s = cs[2 * m + 1];
+                dn[2 * m] = c * dy[2 * m] - s * dy[2 * m + 1];
+                dn[2 * m + 1] = s * dy[2 * m] + c * dy[2 * m + 1];
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) dn[i] = dy[i];
+        }
+        float dot = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = fmaf(dn[i], x[i] * r, dot);
+        dot = attn_head_row_sum(dot, lanes) * inv_d;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dx[which][i] = r * (dn[i] - x[i] * r * dot);
+    }
+    // v
+    float dvv[8];
+    rope_load8(dvv, dv + at);
+    float dz = 0.0f, g = 0.0f, dve_row[8] = {};
+    if (a.ve_table != nullptr) {
+        const float sg = gate_sigmoid(gate_logit(a.xa + static_cast<size_t>(l.t) * C, a.ve_gate + l.h * kGateWidth));
+        g = 2.0f * sg;
+        float ve[8];
+        rope_load8(ve, a.ve_table + static_cast<size_t>(a.ids[l.t]) * C + l.h * a.D + l.d0);
+        float part = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            part = fmaf(dvv[i], ve[i], part);
+            dve_row[i] = g * dvv[i];
+        }
+        dz = attn_head_row_sum(part, lanes) * 2.0f * sg * (1.0f - sg);
+    }
+    if (!l.valid) return;
+    rope_store8(dqkv + in_at, dx[0]);
+    rope_store8(dqkv + in_at + C, dx[1]);
+    rope_store8(dqkv + in_at + 2 * C, dvv);
+    if (a.ve_table != nullptr) {
+        rope_store8(dve + static_cast<size_t>(l.t) * C + l.h * a.D + l.d0, dve_row);
+        if (l.d0 == 0) dz_ve[l.row] = dz;
+    }
+}
+// dqkv: (T, 3C); dve: (T, C) gradient of the gathered value-embedding rows (to embedding_backward
+// with the token ids); dz_ve: (T, H) fp32 gradient of the ve gate logits (to attn_gates_backward).
+// dve and dz_ve only on layers with value embeddings.
+inline void attn_qkv_backward(const AttnAux& a, bf16* dqkv, bf16* dve, float* dz_ve, const bf16* dq, const bf16* dk,
+                              const bf16* dv, const bf16* qkv, const float* rstd_q, const float* rstd_k,
+                              cudaStream_t stream) {
+    attn_aux_check(a, "attn_qkv_backward", true);
+    rope_require((a.ve_table != nullptr) == (dve != nullptr && dz_ve != nullptr),
+                 "attn_qkv_backward: dve and dz_ve are needed exactly on layers with value embeddings");
+    launch(attn_qkv_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, dqkv, dve, dz_ve, dq, dk, dv,
+           qkv, rstd_q, rstd_k, a);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- output gate ----
+// y_gated = y * sigmoid(bf16(xa[t,:12] . attn_gate[h]))
+__global__ void attn_output_gate_forward_kernel(bf16* y_gated, const bf16* y, AttnAux a) {
+    const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
+    if (!l.valid) return;
+    const float s = gate_sigmoid(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
+    const size_t at = static_cast<size_t>(l.row) * a.D + l.d0;
+    float v[8];
+    rope_load8(v, y + at);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] *= s;
+    rope_store8(y_gated + at, v);
+}
+inline void attn_output_gate_forward(const AttnAux& a, bf16* y_gated, const bf16* y, cudaStream_t stream) {
+    attn_aux_check(a, "attn_output_gate_forward", false);
+    rope_require(a.attn_gate != nullptr, "attn_output_gate_forward: no attn_gate");
+    launch(attn_output_gate_forward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, y_gated, y, a);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dy = d_y_gated * s, dz_attn = s (1 - s) (d_y_gated . y) per head row
+__global__ void attn_output_gate_backward_kernel(bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y,
+                                                 AttnAux a) {
+    const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
+    const float s = gate_sigmoid(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
+    const size_t at = static_cast<size_t>(l.row) * a.D + l.d0;
+    float g[8], v[8];
+    rope_load8(g, dy_gated + at);
+    rope_load8(v, y + at);
+    float part = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        part = fmaf(g[i], v[i], part);
+        g[i] *= s;
+    }
+    const float dz = attn_head_row_sum(part, a.D / 8) * s * (1.0f - s);
+    if (!l.valid) return;
+    rope_store8(dy + at, g);
+    if (l.d0 == 0) dz_attn[l.row] = dz;
+}
+// dy: gradient of the attention output before the gate (may alias dy_gated); dz_attn: (T, H) fp32.
+inline void attn_output_gate_backward(const AttnAux& a, bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y,
+                                      cudaStream_t stream) {
+    attn_aux_check(a, "attn_output_gate_backward", false);
+    rope_require(a.attn_gate != nullptr, "attn_output_gate_backward: no attn_gate");
+    launch(attn_output_gate_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, dy, dz_attn, dy_gated,
+           y, a);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- both gates' weight gradients and their input gradient ----
+// d_attn_gate[h, j] = sum_t dz_attn[t, h] xa[t, j] (d_ve_gate likewise from dz_ve), and
+// dxa[t, j] += sum_h dz_attn[t, h] attn_gate[h, j] + dz_ve[t, h] ve_gate[h, j], for j < 12.
+constexpr int kGateRowsPerBlock = 128;
+__global__ void attn_gates_backward_kernel(bf16* dxa, float* partials, const float* dz_attn, const float* dz_ve,
+                                           AttnAux a) {
+    const int C = a.H * a.D, per_gate = a.H * kGateWidth, n_w = dz_ve != nullptr ? 2 * per_gate : per_gate;
+    const int t0 = blockIdx.x * kGateRowsPerBlock, t1 = min(a.T, t0 + kGateRowsPerBlock);
+    for (int k = threadIdx.x; k < n_w; k += blockDim.x) {  // this block's rows, in order
+        const bool ve = k >= per_gate;
+        const int kk = ve ? k - per_gate : k, h = kk / kGateWidth, j = kk % kGateWidth;
+        const float* dz = ve ? dz_ve : dz_attn;
+        float s = 0.0f;
+        for (int t = t0; t < t1; ++t) s = fmaf(dz[t * a.H + h], __bfloat162float(a.xa[static_cast<size_t>(t) * C + j]), s);
+        partials[static_cast<size_t>(blockIdx.x) * n_w + k] = s;
+    }
+    for (int i = threadIdx.x; i < (t1 - t0) * kGateWidth; i += blockDim.x) {
+        const int t = t0 + i / kGateWidth, j = i % kGateWidth;
+        float s = 0.0f;
+        for (int h = 0; h < a.H; ++h) s = fmaf(dz_attn[t * a.H + h], __bfloat162float(a.attn_gate[h * kGateWidth + j]), s);
+        if (dz_ve != nullptr)
+            for (int h = 0; h < a.H; ++h) s = fmaf(dz_ve[t * a.H + h], __bfloat162float(a.ve_gate[h * kGateWidth + j]), s);
+        bf16* d = dxa + static_cast<size_t>(t) * C + j;
+        *d = __float2bfloat16(__bfloat162float(*d) + s);
+    }
+}
+inline size_t attn_gates_backward_scratch_bytes(int T, int H) {
+    return static_cast<size_t>(ceil_div(T, kGateRowsPerBlock)) * 2 * H * kGateWidth * sizeof(float);
+}
+// dxa: (T, C) gradient of the attention input, updated in place in its first 12 channels.
+// d_attn_gate, d_ve_gate: (H, 12) bf16 (d_ve_gate and dz_ve only with value embeddings);
+// `accumulate` as for every parameter gradient.
+inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* d_attn_gate, bf16* d_ve_gate, const float* dz_attn,
+                                const float* dz_ve, float* scratch, bool accumulate, cudaStream_t stream) {
+    attn_aux_check(a, "attn_gates_backward", false);
+    rope_require(a.attn_gate != nullptr, "attn_gates_backward: no attn_gate");
+    rope_require((a.ve_gate != nullptr) == (d_ve_gate != nullptr && dz_ve != nullptr),
+                 "attn_gates_backward: d_ve_gate and dz_ve are needed exactly on layers with value embeddings");
+    const int blocks = ceil_div(a.T, kGateRowsPerBlock), per_gate = a.H * kGateWidth;
+    const int n_w = dz_ve != nullptr ? 2 * per_gate : per_gate;
+    launch(attn_gates_backward_kernel, dim3(blocks), dim3(128), 0, stream, dxa, scratch, dz_attn, dz_ve, a);
+    CUDA_CHECK_LAUNCH();
+    sum_block_partials_into_grad(d_attn_gate, scratch, blocks, n_w, per_gate, accumulate, stream);
+    if (dz_ve != nullptr) sum_block_partials_into_grad(d_ve_gate, scratch + per_gate, blocks, n_w, per_gate, accumulate, stream);
+}

@@ -1,0 +1,475 @@
+// kernels/embed.cuh: lookups, the smear and its backward, the host-built id segments and the
+// segment-sum embedding backward, each against plain double-precision loops on fresh random data.
+//
+// Tolerances: a bf16 output rounded once from fp32 is within half a bf16 ulp (2^-9 relative) of
+// the fp32 value, so it must match a double reference within rtol 2^-8; sums over many rows also
+// get an absolute slack of 1e-5 * (sum of |terms|) for fp32 accumulation. Gate inputs
+// (x[:, :12] and the gate weights) are drawn from short binary fractions so that the 12-term dot
+// product is exact in fp32 and double alike: the bf16 rounding of the logit is then the same
+// in the kernel and the reference, and a gate never flips between two bf16 neighbours.
+#include "../../kernels/embed.cuh"
+#include "../test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr double kRtol = 1.0 / 256;  // bf16 outputs, see above
+
+template <class T>
+struct Dev {
+    T* p = nullptr;
+    size_t n = 0;
+    explicit Dev(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T))); }
+    Dev(const std::vector<T>& v) : Dev(v.size()) { put(v); }
+    ~Dev() { cudaFree(p); }
+    Dev(const Dev&) = delete;
+    Dev& operator=(const Dev&) = delete;
+    void put(const std::vector<T>& v) { CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+    std::vector<T> get() const {
+        std::vector<T> v(n);
+        CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return v;
+    }
+};
+
+double val(bf16 x) { return static_cast<double>(__bfloat162float(x)); }
+bf16 to_bf16(double x) { return __float2bfloat16(static_cast<float>(x)); }
+double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+double round_bf16(double x) { return val(to_bf16(x)); }  // x exact in fp32 here (gate logits)
+
+std::vector<bf16> random_bf16(size_t n, double lo, double hi) {
+    std::vector<bf16> v(n);
+    for (auto& x : v) x = to_bf16(test::uniform(lo, hi));
+    return v;
+}
+// A table whose first 12 columns hold multiples of 1/16 in [-1, 1] (exact gate products).
+std::vector<bf16> gate_exact_table(int rows, int C) {
+    std::vector<bf16> v = random_bf16(static_cast<size_t>(rows) * C, -1, 1);
+    for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < kGateWidth; ++j) v[static_cast<size_t>(r) * C + j] = to_bf16(test::randint(-16, 16) / 16.0);
+    return v;
+}
+std::vector<bf16> gate_exact_weights(int n) {
+    std::vector<bf16> w(n);
+    for (auto& x : w) x = to_bf16(test::randint(-32, 32) / 64.0);
+    return w;
+}
+std::vector<double> vals(const std::vector<bf16>& v) {
+    std::vector<double> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = val(v[i]);
+    return r;
+}
+std::vector<int32_t> random_ids(int T, int vocab) {
+    std::vector<int32_t> ids(T);
+    for (auto& i : ids) i = test::randint(0, vocab - 1);
+    return ids;
+}
+
+// got within rtol*|want| + slack[i] of want, element by element (one check).
+bool check_within(const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
+                  const std::vector<double>& slack, double rtol) {
+    size_t bad = 0, first = 0;
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        const double err = std::fabs(got[i] - want[i]);
+        if (!(err <= rtol * std::fabs(want[i]) + slack[i])) {
+            if (!bad) first = i;
+            ++bad;
+        }
+        if (err > worst || err != err) worst = err;
+    }
+    if (bad)
+        return test::check(false, "%s: %zu of %zu off (max err %.3g), first at %zu: got %.9g want %.9g", what.c_str(), bad,
+                           want.size(), worst, first, got[first], want[first]);
+    return test::check(true, "");
+}
+
+// ---- lookups ----
+void test_gather(int T, int C, int V) {
+    const auto table = random_bf16(static_cast<size_t>(V) * C, -2, 2);
+    const auto ids = random_ids(T, V);
+    Dev<bf16> d_table(table), d_out(static_cast<size_t>(T) * C);
+    Dev<int32_t> d_ids(ids);
+    embedding_gather(d_out.p, d_table.p, d_ids.p, T, C, nullptr);
+    const auto out = d_out.get();
+    bool same = true;
+    for (int t = 0; t < T && same; ++t)
+        same = std::memcmp(&out[static_cast<size_t>(t) * C], &table[static_cast<size_t>(ids[t]) * C], C * sizeof(bf16)) == 0;
+    test::check(same, "embedding_gather T=%d C=%d V=%d: rows differ from the table", T, C, V);
+}
+
+// ---- smear: reference ----
+struct SmearRef {
+    std::vector<double> out, dx, dw;
+    double dlambda = 0;
+    std::vector<double> dx_slack, dw_slack;
+    double dlambda_slack = 0;
+};
+// x: gathered rows (T, C); w: 12; round_z: round the gate logit to bf16 as upstream does.
+SmearRef smear_reference(const std::vector<double>& x, const std::vector<double>& w, double lambda,
+                         const std::vector<double>& dout, int T, int C, bool round_z) {
+    SmearRef r;
+    r.out.assign(static_cast<size_t>(T) * C, 0);
+    r.dx.assign(r.out.size(), 0);
+    r.dx_slack.assign(r.out.size(), 0);
+    r.dw.assign(kGateWidth, 0);
+    r.dw_slack.assign(kGateWidth, 0);
+    std::vector<double> sg(T, 0), dz(T, 0);
+    for (int t = 1; t < T; ++t) {
+        double z = 0;
+        for (int j = 0; j < kGateWidth; ++j) z += x[static_cast<size_t>(t) * C + j] * w[j];
+        sg[t] = sigmoid(round_z ? round_bf16(z) : z);
+    }
+    for (int t = 0; t < T; ++t)
+        for (int c = 0; c < C; ++c) {
+            const size_t i = static_cast<size_t>(t) * C + c;
+            r.out[i] = x[i] + (t > 0 ? lambda * sg[t] * x[i - C] : 0.0);
+        }
+    if (dout.empty()) return r;
+    for (int t = 1; t < T; ++t) {
+        double s = 0, s_abs = 0;
+        for (int c = 0; c < C; ++c) {
+            s += dout[static_cast<size_t>(t) * C + c] * x[static_cast<size_t>(t - 1) * C + c];
+            s_abs += std::fabs(dout[static_cast<size_t>(t) * C + c] * x[static_cast<size_t>(t - 1) * C + c]);
+        }
+        dz[t] = lambda * sg[t] * (1 - sg[t]) * s;
+        r.dlambda += sg[t] * s;
+        r.dlambda_slack += 1e-5 * sg[t] * s_abs;
+        for (int j = 0; j < kGateWidth; ++j) {
+            r.dw[j] += dz[t] * x[static_cast<size_t>(t) * C + j];
+            r.dw_slack[j] += 1e-5 * std::fabs(lambda) * s_abs * std::fabs(x[static_cast<size_t>(t) * C + j]);
+        }
+    }
+    for (int t = 0; t < T; ++t)
+        for (int c = 0; c < C; ++c) {
+            const size_t i = static_cast<size_t>(t) * C + c;
+            double v = dout[i], a = std::fabs(dout[i]);
+            if (t + 1 < T) {
+                v += lambda * sg[t + 1] * dout[i + C];
+                a += std::fabs(lambda * sg[t + 1] * dout[i + C]);
+            }
+            if (c < kGateWidth) {
+                v += dz[t] * w[c];
+                a += std::fabs(dz[t] * w[c]);
+            }
+            r.dx[i] = v;
+            r.dx_slack[i] = 1e-6 * a;
+        }
+    return r;
+}
+
+void test_smear(int T, int C, int V, bool accumulate) {
+    const std::string shape = "T=" + std::to_string(T) + " C=" + std::to_string(C) + (accumulate ? " accumulate" : "");
+    const auto table = gate_exact_table(V, C);
+    const auto w = gate_exact_weights(kGateWidth);
+    const auto ids = random_ids(T, V);
+    const auto dout = random_bf16(static_cast<size_t>(T) * C, -1, 1);
+    const float lambda = static_cast<float>(test::uniform(-1.5, 1.5));
+    const auto dw_init = random_bf16(kGateWidth, -1, 1);
+    const float dlambda_init = static_cast<float>(test::uniform(-1, 1));
+
+    Dev<bf16> d_table(table), d_w(w), d_out(static_cast<size_t>(T) * C), d_dout(dout), d_dx(static_cast<size_t>(T) * C),
+        d_dw(dw_init);
+    Dev<int32_t> d_ids(ids);
+    Dev<float> d_lambda(std::vector<float>{lambda}), d_dlambda(std::vector<float>{dlambda_init});
+    Dev<float> d_scratch(embed_smear_backward_scratch_bytes(T) / sizeof(float));
+
+    embed_smear_forward(d_out.p, d_table.p, d_ids.p, d_w.p, d_lambda.p, T, C, nullptr);
+    embed_smear_backward(d_dx.p, d_dw.p, d_dlambda.p, d_dout.p, d_table.p, d_ids.p, d_w.p, d_lambda.p, d_scratch.p, T, C,
+                         accumulate, nullptr);
+
+    std::vector<double> x(static_cast<size_t>(T) * C);
+    for (int t = 0; t < T; ++t)
+        for (int c = 0; c < C; ++c) x[static_cast<size_t>(t) * C + c] = val(table[static_cast<size_t>(ids[t]) * C + c]);
+    const auto ref = smear_reference(x, vals(w), lambda, vals(dout), T, C, true);
+
+    std::vector<double> out_slack(ref.out.size(), 1e-6);
+    check_within("smear forward " + shape, vals(d_out.get()), ref.out, out_slack, kRtol);
+    check_within("smear backward dx " + shape, vals(d_dx.get()), ref.dx, ref.dx_slack, kRtol);
+    std::vector<double> dw_want = ref.dw;
+    if (accumulate)
+        for (int j = 0; j < kGateWidth; ++j) dw_want[j] += val(dw_init[j]);
+    check_within("smear backward d(smear_gate) " + shape, vals(d_dw.get()), dw_want, ref.dw_slack, kRtol);
+    const double dl_want = ref.dlambda + (accumulate ? dlambda_init : 0.0);
+    // fp32 output: rtol for the fp32 accumulation only
+    check_within("smear backward d(smear_lambda) " + shape, {static_cast<double>(d_dlambda.get()[0])}, {dl_want},
+                 {ref.dlambda_slack + 1e-6}, 1e-5);
+}
+
+// Finite differences of L = sum(R * smear(x)) in double (the smooth function: no bf16 logit
+// rounding) against the kernel's gradients, on a small case.
+void test_smear_finite_differences() {
+    const int T = 6, C = 16;
+    std::vector<bf16> xb = random_bf16(static_cast<size_t>(T) * C, -1, 1), wb = random_bf16(kGateWidth, -1, 1),
+                      rb = random_bf16(static_cast<size_t>(T) * C, -1, 1);
+    const float lambda = 0.9f;
+    std::vector<int32_t> ids(T);
+    std::iota(ids.begin(), ids.end(), 0);  // table = the gathered rows themselves
+    Dev<bf16> d_x(xb), d_w(wb), d_r(rb), d_dx(static_cast<size_t>(T) * C), d_dw(kGateWidth);
+    Dev<int32_t> d_ids(ids);
+    Dev<float> d_lambda(std::vector<float>{lambda}), d_dlambda(1), d_scratch(embed_smear_backward_scratch_bytes(T) / 4);
+    embed_smear_backward(d_dx.p, d_dw.p, d_dlambda.p, d_r.p, d_x.p, d_ids.p, d_w.p, d_lambda.p, d_scratch.p, T, C, false,
+                         nullptr);
+    const auto dx = vals(d_dx.get()), dw = vals(d_dw.get());
+    const double dlambda = d_dlambda.get()[0];
+
+    const auto x = vals(xb), w = vals(wb), r = vals(rb);
+    auto loss = [&](const std::vector<double>& xx, const std::vector<double>& ww, double lam) {
+        const auto o = smear_reference(xx, ww, lam, {}, T, C, false).out;
+        double s = 0;
+        for (size_t i = 0; i < o.size(); ++i) s += r[i] * o[i];
+        return s;
+    };
+    const double h = 1e-5;
+    std::vector<double> fd_x(x.size()), fd_w(kGateWidth);
+    for (size_t i = 0; i < x.size(); ++i) {
+        auto xp = x, xm = x;
+        xp[i] += h;
+        xm[i] -= h;
+        fd_x[i] = (loss(xp, w, lambda) - loss(xm, w, lambda)) / (2 * h);
+    }
+    for (int j = 0; j < kGateWidth; ++j) {
+        auto wp = w, wm = w;
+        wp[j] += h;
+        wm[j] -= h;
+        fd_w[j] = (loss(x, wp, lambda) - loss(x, wm, lambda)) / (2 * h);
+    }
+    const double fd_l = (loss(x, w, lambda + h) - loss(x, w, lambda - h)) / (2 * h);
+    // the kernel evaluates the gate at the bf16-rounded logit: relative differences ~2^-8
+    test::check_close("smear finite differences d(x)", dx, fd_x, 2e-3, 2e-2);
+    test::check_close("smear finite differences d(smear_gate)", dw, fd_w, 2e-3, 2e-2);
+    test::check_close("smear finite differences d(smear_lambda)", &dlambda, &fd_l, 1, 2e-3, 2e-2);
+}
+
+// ---- id segments ----
+// The packed buffer as the builder must lay it out, from std::stable_sort.
+std::vector<int32_t> segments_reference(const std::vector<int32_t>& ids, IdSegments& s) {
+    const int T = static_cast<int>(ids.size());
+    std::vector<int32_t> order(T);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return ids[a] < ids[b]; });
+    std::vector<int32_t> unique, seg, items, merges;
+    int slot = 0;
+    for (int k = 0; k < T;) {
+        int e = k;
+        while (e < T && ids[order[e]] == ids[order[k]]) ++e;
+        unique.push_back(ids[order[k]]);
+        seg.push_back(k);
+        const int chunks = (e - k + kEmbedGradChunk - 1) / kEmbedGradChunk;
+        if (chunks > 1) merges.insert(merges.end(), {ids[order[k]], slot, chunks});
+        for (int b = k; b < e; b += kEmbedGradChunk)
+            items.insert(items.end(), {ids[order[k]], b, std::min(b + kEmbedGradChunk, e), chunks > 1 ? slot++ : -1});
+        k = e;
+    }
+    seg.push_back(T);
+    s = IdSegments{};
+    s.T = T;
+    s.num_unique = static_cast<int>(unique.size());
+    s.num_items = static_cast<int>(items.size() / 4);
+    s.num_merges = static_cast<int>(merges.size() / 3);
+    s.num_slots = slot;
+    std::vector<int32_t> packed = order;
+    for (const auto* v : {&unique, &seg, &items, &merges}) packed.insert(packed.end(), v->begin(), v->end());
+    return packed;
+}
+
+void test_segments(const char* what, const std::vector<int32_t>& ids, int vocab) {
+    const int T = static_cast<int>(ids.size());
+    IdSegmentBuilder builder;
+    std::vector<int32_t> packed(id_segments_capacity_ints(T), -7);
+    const IdSegments s = builder.build(ids.data(), T, vocab, packed.data());
+    IdSegments want_s;
+    const auto want = segments_reference(ids, want_s);
+    const bool sizes = s.T == want_s.T && s.num_unique == want_s.num_unique && s.num_items == want_s.num_items &&
+                       s.num_merges == want_s.num_merges && s.num_slots == want_s.num_slots && s.ints() == want.size();
+    test::check(sizes, "id segments %s: sizes (unique %d items %d merges %d slots %d), want (%d %d %d %d)", what,
+                s.num_unique, s.num_items, s.num_merges, s.num_slots, want_s.num_unique, want_s.num_items,
+                want_s.num_merges, want_s.num_slots);
+    if (sizes)
+        test::check(std::equal(want.begin(), want.end(), packed.begin()), "id segments %s: packed arrays differ", what);
+    test::check(s.ints() <= id_segments_capacity_ints(T) && s.num_slots <= embedding_grad_max_slots(T),
+                "id segments %s: capacity bounds", what);
+}
+
+// Ids with heavy repetition: a few ids take large shares (several chunks each), the rest spread.
+std::vector<int32_t> skewed_ids(int T, int vocab) {
+    std::vector<int32_t> ids(T);
+    for (auto& i : ids) {
+        const double u = test::uniform(0, 1);
+        i = u < 0.3 ? 7 % vocab : u < 0.4 ? (vocab - 1) : u < 0.45 ? 3 % vocab : test::randint(0, vocab - 1);
+    }
+    return ids;
+}
+// Roughly Zipf-distributed token ids, like text.
+std::vector<int32_t> zipf_ids(int T, int vocab) {
+    std::vector<int32_t> ids(T);
+    for (auto& i : ids) i = std::min(vocab - 1, static_cast<int>(std::exp(test::uniform(0, std::log(double(vocab))))) - 1);
+    return ids;
+}
+
+void time_segments(int T, int vocab, const std::vector<int32_t>& ids, const char* what) {
+    IdSegmentBuilder builder;
+    std::vector<int32_t> packed(id_segments_capacity_ints(T));
+    IdSegments s = builder.build(ids.data(), T, vocab, packed.data());  // warm
+    const int reps = 50;
+    double best = 1e30, total = 0;
+    for (int r = 0; r < reps; ++r) {
+        const auto a = std::chrono::steady_clock::now();
+        s = builder.build(ids.data(), T, vocab, packed.data());
+        const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - a).count();
+        best = std::min(best, us);
+        total += us;
+    }
+    std::printf("id segments build, T=%d vocab=%d (%s): mean %.1f us, best %.1f us (%d unique, %d items, %d merged)\n", T,
+                vocab, what, total / reps, best, s.num_unique, s.num_items, s.num_merges);
+}
+
+// ---- embedding backward ----
+void test_embedding_backward(const char* what, const std::vector<int32_t>& ids, int V, int C, int tables,
+                             bool accumulate) {
+    const int T = static_cast<int>(ids.size());
+    IdSegmentBuilder builder;
+    std::vector<int32_t> packed(id_segments_capacity_ints(T));
+    const IdSegments s = builder.build(ids.data(), T, V, packed.data());
+    Dev<int32_t> d_packed(packed);
+    Dev<float> d_scratch(embedding_backward_scratch_bytes(T, C, tables) / sizeof(float));
+
+    std::vector<std::vector<bf16>> init(tables), dout(tables);
+    std::vector<std::unique_ptr<Dev<bf16>>> d_grad, d_dout;
+    EmbeddingGradBatch batch;
+    batch.count = tables;
+    for (int k = 0; k < tables; ++k) {
+        init[k] = random_bf16(static_cast<size_t>(V) * C, -1, 1);
+        dout[k] = random_bf16(static_cast<size_t>(T) * C, -1, 1);
+        d_grad.push_back(std::make_unique<Dev<bf16>>(init[k]));
+        d_dout.push_back(std::make_unique<Dev<bf16>>(dout[k]));
+        batch.grad[k] = d_grad[k]->p;
+        batch.dout[k] = d_dout[k]->p;
+    }
+    if (tables == 1)
+        embedding_backward(batch.grad[0], batch.dout[0], s, d_packed.p, d_scratch.p, C, accumulate, nullptr);
+    else
+        embedding_backward(batch, s, d_packed.p, d_scratch.p, C, accumulate, nullptr);
+
+    std::vector<char> in_batch(V, 0);
+    for (int t : ids) in_batch[t] = 1;
+    for (int k = 0; k < tables; ++k) {
+        const auto got = d_grad[k]->get();
+        std::vector<double> want(static_cast<size_t>(V) * C, 0), slack(want.size(), 0);
+        for (int t = 0; t < T; ++t)
+            for (int c = 0; c < C; ++c) {
+                want[static_cast<size_t>(ids[t]) * C + c] += val(dout[k][static_cast<size_t>(t) * C + c]);
+                slack[static_cast<size_t>(ids[t]) * C + c] += 1e-5 * std::fabs(val(dout[k][static_cast<size_t>(t) * C + c]));
+            }
+        std::vector<double> got_rows, want_rows, slack_rows;
+        bool untouched = true;
+        for (int v = 0; v < V; ++v)
+            for (int c = 0; c < C; ++c) {
+                const size_t i = static_cast<size_t>(v) * C + c;
+                if (!in_batch[v]) {
+                    untouched = untouched && std::memcmp(&got[i], &init[k][i], sizeof(bf16)) == 0;
+                    continue;
+                }
+                got_rows.push_back(val(got[i]));
+                want_rows.push_back(want[i] + (accumulate ? val(init[k][i]) : 0.0));
+                slack_rows.push_back(slack[i] + 1e-7);
+            }
+        const std::string name = std::string("embedding backward ") + what + " C=" + std::to_string(C) + " table " +
+                                 std::to_string(k) + (accumulate ? " accumulate" : "");
+        check_within(name, got_rows, want_rows, slack_rows, kRtol);
+        test::check(untouched, "%s: rows outside the batch were written", name.c_str());
+    }
+    // determinism: the same inputs give the same bits
+    const auto first = d_grad[0]->get();
+    for (int k = 0; k < tables; ++k) d_grad[k]->put(init[k]);
+    embedding_backward(batch, s, d_packed.p, d_scratch.p, C, accumulate, nullptr);
+    const auto second = d_grad[0]->get();
+    test::check(std::memcmp(first.data(), second.data(), first.size() * sizeof(bf16)) == 0,
+                "embedding backward %s: two runs differ in bits", what);
+}
+
+// ---- bad input: a child process must exit non-zero (forked before emu starts its threads) ----
+template <class F>
+void expect_exit_failure(const char* what, F f) {
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        f();
+        _exit(0);  // reached only if f did not reject its input
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    test::check(WIFEXITED(status) && WEXITSTATUS(status) != 0, "%s: expected a clear error and a non-zero exit", what);
+}
+
+}  // namespace
+
+int main() {
+    test::seed();
+    std::printf("(the next error messages are expected)\n");
+    expect_exit_failure("id out of range", [] {
+        std::vector<int32_t> ids = {1, 2, 50304};
+        std::vector<int32_t> packed(id_segments_capacity_ints(3));
+        IdSegmentBuilder().build(ids.data(), 3, 50304, packed.data());
+    });
+    expect_exit_failure("negative id", [] {
+        std::vector<int32_t> ids = {1, -1};
+        std::vector<int32_t> packed(id_segments_capacity_ints(2));
+        IdSegmentBuilder().build(ids.data(), 2, 10, packed.data());
+    });
+    expect_exit_failure("C not a multiple of 8", [] { embedding_gather(nullptr, nullptr, nullptr, 4, 100, nullptr); });
+    expect_exit_failure("smear with C < 12", [] {
+        embed_smear_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 8, nullptr);
+    });
+
+    // lookups: tiny and record widths, ragged T
+    test_gather(1000, 128, 5000);
+    test_gather(37, 768, 4000);
+
+    // smear forward and backward against the reference
+    for (bool acc : {false, true}) {
+        test_smear(1024, 128, 300, acc);
+        test_smear(64, 768, 100, acc);
+    }
+    test_smear(257, 128, 50, false);  // T not a multiple of the rows per block
+    test_smear(1, 128, 10, false);    // one token: nothing to smear
+    test_smear_finite_differences();
+
+    // id segments
+    test_segments("random, vocab 50304", random_ids(4096, 50304), 50304);
+    test_segments("skewed, vocab 300", skewed_ids(3000, 300), 300);
+    test_segments("one id", std::vector<int32_t>(1000, 42), 50);
+    test_segments("all distinct", [] {
+        std::vector<int32_t> v(2000);
+        std::iota(v.begin(), v.end(), 0);
+        std::shuffle(v.begin(), v.end(), test::rng());
+        return v;
+    }(), 2000);
+    test_segments("single position", {5}, 6);
+    test_segments("bigram vocab", random_ids(3000, 251520), 251520);
+    test_segments("vocab 1", std::vector<int32_t>(70, 0), 1);
+    test_segments("vocab 2^23 + 3 (three radix passes)", random_ids(2000, (1 << 23) + 3), (1 << 23) + 3);
+
+    // embedding backward: repeated ids (30% one id: ~28 chunks merged), several tables at once
+    for (bool acc : {false, true}) {
+        test_embedding_backward("skewed", skewed_ids(3000, 300), 300, 128, 1, acc);
+        test_embedding_backward("skewed, 3 tables", skewed_ids(1500, 200), 200, 128, 3, acc);
+    }
+    test_embedding_backward("record width", skewed_ids(300, 500), 500, 768, 2, false);
+    test_embedding_backward("one id", std::vector<int32_t>(700, 3), 10, 64, 1, true);
+
+    // the builder's speed at the record's batch (49152 tokens per rank and micro-step)
+    time_segments(49152, 50304, zipf_ids(49152, 50304), "Zipf-like token ids");
+    time_segments(49152, 251520, random_ids(49152, 251520), "uniform bigram ids");
+    return test::finish();
+}

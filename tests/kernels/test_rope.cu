@@ -1,0 +1,758 @@
+// kernels/rope.cuh: the YaRN state against an independent computation that follows torch's fp32
+// steps (and a few entries worked out by hand), and the attention auxiliaries forward and
+// backward against plain double-precision references written in upstream's own layout (full-
+// width cos/sin tables, the paired (T, H/2, 2D) view, the key offset as a slice copy), plus
+// finite differences of the whole chain and bitwise determinism.
+//
+// Tolerances: bf16 outputs rounded once from fp32 lie within 2^-9 relative of the exact value
+// plus fp32 noise, so rtol 2^-8 with an absolute 1e-5 on O(1) values (rotations and sums can
+// cancel); fp32 statistics rtol 1e-5. Gate inputs (xa[:, :12] and gate weights) are short
+// binary fractions, so the 12-term gate logit is exact in fp32 and double and its bf16
+// rounding agrees. Transcendentals: CUDA's powf/cosf/sinf are within 2 ulp, the host libm's
+// within 1: a table entry may differ from bf16(correctly rounded value) only where the fp32
+// value lies within 2 ulp of a bf16 rounding boundary, and the check accepts exactly that.
+#include "../../kernels/rope.cuh"
+#include "../test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr double kRtol = 1.0 / 256;
+constexpr double kAtol = 1e-5;
+
+template <class T>
+struct Dev {
+    T* p = nullptr;
+    size_t n = 0;
+    explicit Dev(size_t count) : n(count) {
+        CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(1, n) * sizeof(T)));
+        CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(1, n) * sizeof(T)));
+    }
+    Dev(const std::vector<T>& v) : Dev(v.size()) { put(v); }
+    ~Dev() { cudaFree(p); }
+    Dev(const Dev&) = delete;
+    Dev& operator=(const Dev&) = delete;
+    void put(const std::vector<T>& v) { CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice)); }
+    std::vector<T> get() const {
+        std::vector<T> v(n);
+        CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return v;
+    }
+};
+
+double val(bf16 x) { return static_cast<double>(__bfloat162float(x)); }
+bf16 to_bf16(double x) { return __float2bfloat16(static_cast<float>(x)); }
+uint16_t bits(bf16 x) {
+    uint16_t b;
+    std::memcpy(&b, &x, 2);
+    return b;
+}
+uint32_t bits(float x) {
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    return b;
+}
+double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+std::vector<double> vals(const std::vector<bf16>& v) {
+    std::vector<double> r(v.size());
+    for (size_t i = 0; i < v.size(); ++i) r[i] = val(v[i]);
+    return r;
+}
+std::vector<bf16> random_bf16(size_t n, double lo, double hi) {
+    std::vector<bf16> v(n);
+    for (auto& x : v) x = to_bf16(test::uniform(lo, hi));
+    return v;
+}
+// Multiples of 1/16 in [-1, 1] in the first 12 columns: exact gate products.
+std::vector<bf16> gate_exact_rows(int rows, int C) {
+    std::vector<bf16> v = random_bf16(static_cast<size_t>(rows) * C, -1, 1);
+    for (int r = 0; r < rows; ++r)
+        for (int j = 0; j < kGateWidth; ++j) v[static_cast<size_t>(r) * C + j] = to_bf16(test::randint(-16, 16) / 16.0);
+    return v;
+}
+std::vector<bf16> gate_exact_weights(int n) {
+    std::vector<bf16> w(n);
+    for (auto& x : w) x = to_bf16(test::randint(-32, 32) / 64.0);
+    return w;
+}
+
+bool check_within(const std::string& what, const std::vector<double>& got, const std::vector<double>& want, double rtol,
+                  double atol) {
+    return test::check_close(what, got, want, atol, rtol);
+}
+
+// ---- YaRN: the independent computation ----
+// torch.linspace(0, 1, n) on CUDA: step = 1/(n-1) in fp32; first half fma(step, i, 0), second
+// half fma(-step, n-1-i, 1) (nvcc fuses "end - step * k"); then (1/1024) ** lin, here
+// correctly rounded from double.
+std::vector<float> ref_linspace(int n) {
+    const float step = 1.0f / static_cast<float>(n - 1);
+    std::vector<float> lin(n);
+    for (int i = 0; i < n; ++i)
+        lin[i] = i < n / 2 ? std::fma(step, static_cast<float>(i), 0.0f) : std::fma(-step, static_cast<float>(n - 1 - i), 1.0f);
+    return lin;
+}
+// One fp32 rounding per torch op of Yarn.apply (alpha 1, beta 32).
+std::vector<float> ref_apply(const std::vector<float>& freq, int old_window, int new_window) {
+    const double scaling = static_cast<double>(old_window) / new_window;
+    const float two_pi = static_cast<float>(2 * 3.14159265358979323846);
+    const float inv_two_pi = 1.0f / two_pi, inv_span = 1.0f / 31.0f;
+    std::vector<float> out(freq.size());
+    for (size_t i = 0; i < freq.size(); ++i) {
+        volatile float rotations = static_cast<float>(old_window) * freq[i];  // volatile: one rounding per op
+        rotations = rotations * inv_two_pi;
+        volatile float w = rotations - 1.0f;
+        w = w * inv_span;
+        const float wc = std::min(std::max(static_cast<float>(w), 0.0f), 1.0f);
+        volatile float blend = wc * static_cast<float>(1.0 - scaling);
+        blend = blend + static_cast<float>(scaling);
+        out[i] = freq[i] * blend;
+    }
+    return out;
+}
+// bf16 of a transcendental computed in fp32 within 2 ulp of `exact`: the correctly rounded
+// float's bf16, or (only next to a bf16 rounding boundary) the bf16 of a float 2 ulp away.
+bool bf16_of_fp32_within_2ulp(bf16 got, double exact, bool* boundary) {
+    const float f = static_cast<float>(exact);
+    const uint16_t want = bits(__float2bfloat16(f));
+    *boundary = false;
+    if (bits(got) == want) return true;
+    const float lo = std::nextafter(std::nextafter(f, -1e30f), -1e30f), hi = std::nextafter(std::nextafter(f, 1e30f), 1e30f);
+    *boundary = bits(got) == bits(__float2bfloat16(lo)) || bits(got) == bits(__float2bfloat16(hi));
+    return *boundary;
+}
+
+struct Rope {
+    std::unique_ptr<Dev<unsigned char>> mem;
+    YarnRope r;
+    Rope(int D, int positions) {
+        mem = std::make_unique<Dev<unsigned char>>(yarn_rope_bytes(D, positions));
+        r = yarn_rope_view(mem->p, D, positions);
+    }
+    std::vector<float> freq() const {
+        std::vector<float> f(r.head_dim / 4);
+        CUDA_CHECK(cudaMemcpy(f.data(), r.freq, f.size() * 4, cudaMemcpyDeviceToHost));
+        return f;
+    }
+    std::vector<bf16> table() const {
+        std::vector<bf16> t(static_cast<size_t>(r.positions) * r.head_dim / 2);
+        CUDA_CHECK(cudaMemcpy(t.data(), r.table, t.size() * 2, cudaMemcpyDeviceToHost));
+        return t;
+    }
+};
+
+// The table against cos/sin of fl(p * f) in double, every `stride`-th position (and the last).
+void check_table(const Rope& rope, const std::string& what, int stride) {
+    const auto f = rope.freq();
+    const auto tab = rope.table();
+    const int n = rope.r.head_dim / 4;
+    size_t bad = 0, boundary_count = 0, checked = 0;
+    int first_p = -1, first_i = -1;
+    std::vector<int> positions;
+    for (int p = 0; p < rope.r.positions; p += stride) positions.push_back(p);
+    if (positions.back() != rope.r.positions - 1) positions.push_back(rope.r.positions - 1);
+    for (const int p : positions)
+        for (int i = 0; i < n; ++i) {
+            const float theta = static_cast<float>(p) * f[i];
+            const size_t at = (static_cast<size_t>(p) * n + i) * 2;
+            bool b1 = false, b2 = false;
+            const bool ok = bf16_of_fp32_within_2ulp(tab[at], std::cos(static_cast<double>(theta)), &b1) &&
+                            bf16_of_fp32_within_2ulp(tab[at + 1], std::sin(static_cast<double>(theta)), &b2);
+            boundary_count += b1 + b2;
+            checked += 2;
+            if (!ok && !bad++) {
+                first_p = p;
+                first_i = i;
+            }
+        }
+    std::printf("%s: %zu entries checked, %zu at a bf16 rounding boundary took the neighbour\n", what.c_str(), checked,
+                boundary_count);
+    test::check(bad == 0, "%s: %zu table entries off, first at position %d frequency %d", what.c_str(), bad, first_p, first_i);
+}
+
+void check_freq_exact(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+    size_t bad = 0;
+    for (size_t i = 0; i < want.size(); ++i) bad += bits(got[i]) != bits(want[i]);
+    test::check(bad == 0, "%s: %zu of %zu frequencies differ in bits", what.c_str(), bad, want.size());
+}
+
+void test_yarn(int D, int positions, int table_stride) {
+    const std::string name = "YaRN D=" + std::to_string(D) + " positions=" + std::to_string(positions);
+    Rope rope(D, positions);
+    yarn_rope_reset(rope.r, nullptr);
+    const int n = D / 4;
+    const auto lin = ref_linspace(n);
+    const auto f = rope.freq();
+    // powf: the host libm gives the correctly rounded value here; CUDA's powf is within 2 ulp
+    size_t bad = 0;
+    for (int i = 0; i < n; ++i) {
+        const float want = static_cast<float>(std::pow(0x1p-10, static_cast<double>(lin[i])));
+#ifdef __CUDACC__
+        bad += std::abs(static_cast<int64_t>(bits(f[i])) - static_cast<int64_t>(bits(want))) > 2;
+#else
+        bad += bits(f[i]) != bits(want);
+#endif
+    }
+    test::check(bad == 0, "%s reset: %zu frequencies off (1/1024 ** linspace)", name.c_str(), bad);
+    // by hand: linspace ends exactly at 0 and 1, so the first frequency is 1 and the last 2^-10
+    test::check(f[0] == 1.0f && f[n - 1] == 0x1p-10f, "%s reset: end frequencies %a %a", name.c_str(), f[0], f[n - 1]);
+    test::check(rope.r.attn_scale == 0.1, "%s reset: attn_scale %g", name.c_str(), rope.r.attn_scale);
+    const auto tab = rope.table();
+    // by hand: position 0 is {1, 0}; position 1 at frequency 1: cos(1) = 0.5403 -> bf16 0.5390625
+    // (0x3F0A), sin(1) = 0.8415 -> 0.83984375 (0x3F57); position 2: cos(2) = -0.4161 -> 0xBED5,
+    // sin(2) = 0.9093 -> 0x3F69
+    bool origin = true;
+    for (int i = 0; i < n; ++i) origin = origin && val(tab[2 * i]) == 1.0 && val(tab[2 * i + 1]) == 0.0;
+    test::check(origin, "%s: position 0 is not {1, 0}", name.c_str());
+    test::check(bits(tab[2 * n]) == 0x3F0A && bits(tab[2 * n + 1]) == 0x3F57 && bits(tab[4 * n]) == 0xBED5 &&
+                    bits(tab[4 * n + 1]) == 0x3F69,
+                "%s: hand-checked entries at positions 1 and 2: %04x %04x %04x %04x", name.c_str(), bits(tab[2 * n]),
+                bits(tab[2 * n + 1]), bits(tab[4 * n]), bits(tab[4 * n + 1]));
+    check_table(rope, name + " reset table", table_stride);
+
+    // the record's window schedule (long windows 3 -> 7 -> 11 -> 13 blocks of 128 tokens)
+    const int windows[] = {3 * 128, 7 * 128, 11 * 128, 13 * 128};
+    double scale = 0.1;
+    for (int k = 0; k + 1 < 4; ++k) {
+        const auto before = rope.freq();
+        yarn_rope_apply(rope.r, windows[k], windows[k + 1], nullptr);
+        const auto after = rope.freq();
+        check_freq_exact(after, ref_apply(before, windows[k], windows[k + 1]),
+                         name + " apply(" + std::to_string(windows[k]) + ", " + std::to_string(windows[k + 1]) + ")");
+        scale *= 0.2 * std::log(static_cast<double>(windows[k + 1]) / windows[k]) + 1;
+        if (k == 0) {
+            // by hand: frequency 1 turns 61 times in 384 tokens (weight clamps to 1): unchanged;
+            // 2^-10 turns 0.06 times (weight 0): scaled by fp32(3/7) exactly
+            test::check(after[0] == 1.0f && after[n - 1] == 0x1.b6db6ep-12f, "%s apply(384, 896) ends: %a %a",
+                        name.c_str(), after[0], after[n - 1]);
+            test::check(std::fabs(rope.r.attn_scale - 0.11694595720774409) < 1e-15, "%s apply(384, 896): attn_scale %.17g",
+                        name.c_str(), rope.r.attn_scale);
+        }
+    }
+    test::check(rope.r.attn_scale == scale, "%s: attn_scale after the schedule %.17g, want %.17g", name.c_str(),
+                rope.r.attn_scale, scale);
+    check_table(rope, name + " table after the schedule", table_stride);
+    // reset restores the initial state
+    yarn_rope_reset(rope.r, nullptr);
+    check_freq_exact(rope.freq(), f, name + " reset after apply");
+}
+
+// ---- upstream-layout rotary factors ----
+// Yarn.reset/apply's (positions, D) factor1/factor2 rebuilt from the compressed table entries:
+// repeat_interleave(2) of the D/4 frequencies, cos 1 / sin 0 on the upper half, odd sin negated.
+struct Factors {
+    int D = 0;
+    std::vector<double> f1, f2;  // (positions, D)
+    explicit Factors(const Rope& rope) : D(rope.r.head_dim) {
+        const auto tab = rope.table();
+        const int P = rope.r.positions, n = D / 4;
+        f1.assign(static_cast<size_t>(P) * D, 0);
+        f2.assign(f1.size(), 0);
+        for (int p = 0; p < P; ++p)
+            for (int d = 0; d < D; ++d) {
+                const bool rotated = d < D / 2;
+                const double c = rotated ? val(tab[(static_cast<size_t>(p) * n + d / 2) * 2]) : 1.0;
+                const double s = rotated ? val(tab[(static_cast<size_t>(p) * n + d / 2) * 2 + 1]) : 0.0;
+                f1[static_cast<size_t>(p) * D + d] = c;
+                f2[static_cast<size_t>(p) * D + d] = d % 2 ? -s : s;
+            }
+    }
+    // the paired table (positions/2, 2D): row t = [row 2t | row 2t+1]
+    double paired1(int t, int e) const { return e < D ? f1[static_cast<size_t>(2 * t) * D + e] : f1[static_cast<size_t>(2 * t + 1) * D + e - D]; }
+    double paired2(int t, int e) const { return e < D ? f2[static_cast<size_t>(2 * t) * D + e] : f2[static_cast<size_t>(2 * t + 1) * D + e - D]; }
+};
+
+// ---- the layer's data ----
+struct Case {
+    int T, H, D, C, V;
+    bool paired, key_offset, ve;
+    std::vector<bf16> qkv, xa, ve_table, ve_gate, attn_gate;
+    std::vector<int32_t> ids;
+};
+Case make_case(int T, int H, int D, bool paired, bool key_offset, bool ve, bool gate_exact) {
+    Case c{T, H, D, H * D, 37, paired, key_offset, ve, {}, {}, {}, {}, {}, {}};
+    c.qkv = random_bf16(static_cast<size_t>(T) * 3 * c.C, -2, 2);
+    c.xa = gate_exact ? gate_exact_rows(T, c.C) : random_bf16(static_cast<size_t>(T) * c.C, -1, 1);
+    c.ve_table = random_bf16(static_cast<size_t>(c.V) * c.C, -1, 1);
+    c.ve_gate = gate_exact ? gate_exact_weights(H * kGateWidth) : random_bf16(H * kGateWidth, -1, 1);
+    c.attn_gate = gate_exact ? gate_exact_weights(H * kGateWidth) : random_bf16(H * kGateWidth, -1, 1);
+    c.ids.resize(T);
+    for (auto& i : c.ids) i = test::randint(0, c.V - 1);
+    return c;
+}
+
+// The smooth function of the layer's auxiliaries in double, upstream's way. ve rows are per
+// position (ve_rows (T, C)) so that their gradient is the per-position one the kernel writes.
+struct Forward {
+    std::vector<double> q, k, v, rstd_q, rstd_k, y_gated, z_ve, z_attn;
+};
+Forward reference_forward(const Case& c, const Factors& F, const std::vector<double>& qkv, const std::vector<double>& xa,
+                          const std::vector<double>& ve_rows, const std::vector<double>& ve_gate,
+                          const std::vector<double>& attn_gate, const std::vector<double>& y, bool round_z) {
+    const int T = c.T, H = c.H, D = c.D, C = c.C;
+    Forward f;
+    auto logit = [&](int t, const std::vector<double>& w, int h) {
+        double z = 0;
+        for (int j = 0; j < kGateWidth; ++j) z += xa[static_cast<size_t>(t) * C + j] * w[h * kGateWidth + j];
+        return round_z ? val(to_bf16(z)) : z;
+    };
+    // per-head rms norm of q and k: (T, H, D)
+    std::vector<double> nq(static_cast<size_t>(T) * C), nk(nq.size());
+    f.rstd_q.resize(static_cast<size_t>(T) * H);
+    f.rstd_k.resize(f.rstd_q.size());
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h)
+            for (int which = 0; which < 2; ++which) {
+                double ss = 0;
+                for (int d = 0; d < D; ++d) ss += std::pow(qkv[static_cast<size_t>(t) * 3 * C + which * C + h * D + d], 2);
+                const double r = 1.0 / std::sqrt(ss / D + static_cast<double>(FLT_EPSILON));
+                (which ? f.rstd_k : f.rstd_q)[static_cast<size_t>(t) * H + h] = r;
+                for (int d = 0; d < D; ++d)
+                    (which ? nk : nq)[(static_cast<size_t>(t) * H + h) * D + d] = qkv[static_cast<size_t>(t) * 3 * C + which * C + h * D + d] * r;
+            }
+    // rotary: factor1 * x + factor2 * x_flip, x_flip swapping adjacent pairs
+    auto rotary = [&](const std::vector<double>& n) {
+        std::vector<double> out(n.size());
+        if (!c.paired) {
+            for (int t = 0; t < T; ++t)
+                for (int h = 0; h < H; ++h)
+                    for (int d = 0; d < D; ++d) {
+                        const size_t i = (static_cast<size_t>(t) * H + h) * D + d;
+                        out[i] = F.f1[static_cast<size_t>(t) * D + d] * n[i] + F.f2[static_cast<size_t>(t) * D + d] * n[i ^ 1];
+                    }
+        } else {  // view (T, H/2, 2D) against the (T, 2D) paired table
+            for (int t = 0; t < T; ++t)
+                for (int j = 0; j < H / 2; ++j)
+                    for (int e = 0; e < 2 * D; ++e) {
+                        const size_t i = (static_cast<size_t>(t) * (H / 2) + j) * 2 * D + e;
+                        out[i] = F.paired1(t, e) * n[i] + F.paired2(t, e) * n[i ^ 1];
+                    }
+        }
+        return out;
+    };
+    f.q = rotary(nq);
+    f.k = rotary(nk);
+    if (c.key_offset) {  // k[:, 1:, :, D/2:] = k[:, :-1, :, D/2:]
+        const auto k = f.k;
+        for (int t = 1; t < T; ++t)
+            for (int h = 0; h < H; ++h)
+                for (int d = D / 2; d < D; ++d) f.k[(static_cast<size_t>(t) * H + h) * D + d] = k[(static_cast<size_t>(t - 1) * H + h) * D + d];
+    }
+    f.v.resize(static_cast<size_t>(T) * C);
+    f.z_ve.assign(static_cast<size_t>(T) * H, 0);
+    f.z_attn.assign(static_cast<size_t>(T) * H, 0);
+    f.y_gated.resize(static_cast<size_t>(T) * C);
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h) {
+            const double gv = c.ve ? 2 * sigmoid(f.z_ve[static_cast<size_t>(t) * H + h] = logit(t, ve_gate, h)) : 0.0;
+            const double ga = sigmoid(f.z_attn[static_cast<size_t>(t) * H + h] = logit(t, attn_gate, h));
+            for (int d = 0; d < D; ++d) {
+                const size_t i = static_cast<size_t>(t) * C + h * D + d;
+                f.v[i] = qkv[static_cast<size_t>(t) * 3 * C + 2 * C + h * D + d] + (c.ve ? gv * ve_rows[i] : 0.0);
+                f.y_gated[i] = y[i] * ga;
+            }
+        }
+    return f;
+}
+
+// Plain chain rule of the same function, in double.
+struct Backward {
+    std::vector<double> dqkv, dve, dz_ve, dy, dz_attn;
+};
+Backward reference_backward(const Case& c, const Factors& F, const std::vector<double>& qkv, const Forward& f,
+                            const std::vector<double>& ve_rows, const std::vector<double>& y, const std::vector<double>& dq,
+                            const std::vector<double>& dk, const std::vector<double>& dv, const std::vector<double>& dyg) {
+    const int T = c.T, H = c.H, D = c.D, C = c.C;
+    Backward b;
+    b.dqkv.assign(static_cast<size_t>(T) * 3 * C, 0);
+    // key offset: the slice copy sends dk[t, upper] to key t-1 (key 0 keeps its own)
+    std::vector<double> dk_rot(dk.size(), 0);
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h)
+            for (int d = 0; d < D; ++d) {
+                const size_t i = (static_cast<size_t>(t) * H + h) * D + d;
+                if (c.key_offset && d >= D / 2 && t >= 1) dk_rot[i - static_cast<size_t>(H) * D] += dk[i];
+                else dk_rot[i] += dk[i];
+            }
+    // rotary transpose: dn[e] = f1[e] dy[e] + f2[e^1] dy[e^1]
+    auto unrotate = [&](const std::vector<double>& dyv) {
+        std::vector<double> dn(dyv.size());
+        for (int t = 0; t < T; ++t) {
+            const int width = c.paired ? 2 * D : D, groups = c.paired ? H / 2 : H;
+            for (int j = 0; j < groups; ++j)
+                for (int e = 0; e < width; ++e) {
+                    const size_t i = (static_cast<size_t>(t) * groups + j) * width + e;
+                    const double f1 = c.paired ? F.paired1(t, e) : F.f1[static_cast<size_t>(t) * D + e];
+                    const double f2x = c.paired ? F.paired2(t, e ^ 1) : F.f2[static_cast<size_t>(t) * D + (e ^ 1)];
+                    dn[i] = f1 * dyv[i] + f2x * dyv[i ^ 1];
+                }
+        }
+        return dn;
+    };
+    for (int which = 0; which < 2; ++which) {
+        const auto dn = unrotate(which ? dk_rot : dq);
+        const auto& rstd = which ? f.rstd_k : f.rstd_q;
+        for (int t = 0; t < T; ++t)
+            for (int h = 0; h < H; ++h) {
+                const double r = rstd[static_cast<size_t>(t) * H + h];
+                double dot = 0;
+                for (int d = 0; d < D; ++d)
+                    dot += dn[(static_cast<size_t>(t) * H + h) * D + d] * qkv[static_cast<size_t>(t) * 3 * C + which * C + h * D + d] * r;
+                for (int d = 0; d < D; ++d) {
+                    const double x = qkv[static_cast<size_t>(t) * 3 * C + which * C + h * D + d];
+                    b.dqkv[static_cast<size_t>(t) * 3 * C + which * C + h * D + d] =
+                        r * (dn[(static_cast<size_t>(t) * H + h) * D + d] - x * r * dot / D);
+                }
+            }
+    }
+    b.dve.assign(static_cast<size_t>(T) * C, 0);
+    b.dz_ve.assign(static_cast<size_t>(T) * H, 0);
+    b.dy.assign(static_cast<size_t>(T) * C, 0);
+    b.dz_attn.assign(static_cast<size_t>(T) * H, 0);
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h) {
+            const double sv = sigmoid(f.z_ve[static_cast<size_t>(t) * H + h]), sa = sigmoid(f.z_attn[static_cast<size_t>(t) * H + h]);
+            double pv = 0, pa = 0;
+            for (int d = 0; d < D; ++d) {
+                const size_t i = static_cast<size_t>(t) * C + h * D + d;
+                b.dqkv[static_cast<size_t>(t) * 3 * C + 2 * C + h * D + d] = dv[i];
+                if (c.ve) {
+                    b.dve[i] = 2 * sv * dv[i];
+                    pv += dv[i] * ve_rows[i];
+                }
+                b.dy[i] = dyg[i] * sa;
+                pa += dyg[i] * y[i];
+            }
+            if (c.ve) b.dz_ve[static_cast<size_t>(t) * H + h] = 2 * sv * (1 - sv) * pv;
+            b.dz_attn[static_cast<size_t>(t) * H + h] = sa * (1 - sa) * pa;
+        }
+    return b;
+}
+
+// The gates' weight gradients and input gradient from the logit gradients.
+void reference_gates(const Case& c, const std::vector<double>& xa, const std::vector<double>& dz_attn,
+                     const std::vector<double>& dz_ve, const std::vector<double>& attn_gate, const std::vector<double>& ve_gate,
+                     std::vector<double>& d_attn_gate, std::vector<double>& d_ve_gate, std::vector<double>& dxa12) {
+    const int T = c.T, H = c.H, C = c.C;
+    d_attn_gate.assign(H * kGateWidth, 0);
+    d_ve_gate.assign(H * kGateWidth, 0);
+    dxa12.assign(static_cast<size_t>(T) * kGateWidth, 0);
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h)
+            for (int j = 0; j < kGateWidth; ++j) {
+                const double x = xa[static_cast<size_t>(t) * C + j];
+                d_attn_gate[h * kGateWidth + j] += dz_attn[static_cast<size_t>(t) * H + h] * x;
+                dxa12[static_cast<size_t>(t) * kGateWidth + j] += dz_attn[static_cast<size_t>(t) * H + h] * attn_gate[h * kGateWidth + j];
+                if (c.ve) {
+                    d_ve_gate[h * kGateWidth + j] += dz_ve[static_cast<size_t>(t) * H + h] * x;
+                    dxa12[static_cast<size_t>(t) * kGateWidth + j] += dz_ve[static_cast<size_t>(t) * H + h] * ve_gate[h * kGateWidth + j];
+                }
+            }
+}
+
+std::vector<double> gather_ve_rows(const Case& c) {
+    std::vector<double> rows(static_cast<size_t>(c.T) * c.C);
+    for (int t = 0; t < c.T; ++t)
+        for (int i = 0; i < c.C; ++i) rows[static_cast<size_t>(t) * c.C + i] = val(c.ve_table[static_cast<size_t>(c.ids[t]) * c.C + i]);
+    return rows;
+}
+
+// Device state for one case: inputs uploaded, outputs allocated.
+struct Run {
+    const Case& c;
+    Dev<bf16> qkv, xa, ve_table, ve_gate, attn_gate, q, k, v, y, y_gated, dq, dk, dv, dy_gated, dy, dqkv, dve, dxa, d_attn_gate,
+        d_ve_gate;
+    Dev<int32_t> ids;
+    Dev<float> rstd_q, rstd_k, dz_ve, dz_attn, scratch;
+    AttnAux aux;
+    Run(const Case& cs, const Rope& rope)
+        : c(cs), qkv(cs.qkv), xa(cs.xa), ve_table(cs.ve_table), ve_gate(cs.ve_gate), attn_gate(cs.attn_gate),
+          q(size_t(cs.T) * cs.C), k(size_t(cs.T) * cs.C), v(size_t(cs.T) * cs.C), y(size_t(cs.T) * cs.C),
+          y_gated(size_t(cs.T) * cs.C), dq(size_t(cs.T) * cs.C), dk(size_t(cs.T) * cs.C), dv(size_t(cs.T) * cs.C),
+          dy_gated(size_t(cs.T) * cs.C), dy(size_t(cs.T) * cs.C), dqkv(size_t(cs.T) * 3 * cs.C), dve(size_t(cs.T) * cs.C),
+          dxa(size_t(cs.T) * cs.C), d_attn_gate(cs.H * kGateWidth), d_ve_gate(cs.H * kGateWidth), ids(cs.ids),
+          rstd_q(size_t(cs.T) * cs.H), rstd_k(size_t(cs.T) * cs.H), dz_ve(size_t(cs.T) * cs.H), dz_attn(size_t(cs.T) * cs.H),
+          scratch(attn_gates_backward_scratch_bytes(cs.T, cs.H) / 4) {
+        aux.T = cs.T;
+        aux.H = cs.H;
+        aux.D = cs.D;
+        aux.paired = cs.paired;
+        aux.key_offset = cs.key_offset;
+        aux.rope_table = rope.r.table;
+        aux.rope_positions = rope.r.positions;
+        aux.xa = xa.p;
+        aux.ids = ids.p;
+        aux.ve_table = cs.ve ? ve_table.p : nullptr;
+        aux.ve_gate = cs.ve ? ve_gate.p : nullptr;
+        aux.attn_gate = attn_gate.p;
+    }
+    void forward() {
+        attn_qkv_forward(aux, q.p, k.p, v.p, rstd_q.p, rstd_k.p, qkv.p, nullptr);
+        attn_output_gate_forward(aux, y_gated.p, y.p, nullptr);
+    }
+    void backward(bool accumulate) {
+        attn_output_gate_backward(aux, dy.p, dz_attn.p, dy_gated.p, y.p, nullptr);
+        attn_qkv_backward(aux, dqkv.p, c.ve ? dve.p : nullptr, c.ve ? dz_ve.p : nullptr, dq.p, dk.p, dv.p, qkv.p, rstd_q.p,
+                          rstd_k.p, nullptr);
+        attn_gates_backward(aux, dxa.p, d_attn_gate.p, c.ve ? d_ve_gate.p : nullptr, dz_attn.p, c.ve ? dz_ve.p : nullptr,
+                            scratch.p, accumulate, nullptr);
+    }
+};
+
+std::string case_name(const Case& c) {
+    return "T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " D=" + std::to_string(c.D) +
+           (c.paired ? " paired" : "") + (c.key_offset ? " key-offset" : "") + (c.ve ? " ve" : "");
+}
+
+// Forward and backward of every kernel against the references, gate-exact data.
+void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, const Rope& rope, const Factors& F,
+                bool accumulate) {
+    const Case c = make_case(T, H, D, paired, key_offset, ve, true);
+    const std::string name = case_name(c) + (accumulate ? " accumulate" : "");
+    Run run(c, rope);
+    const auto y = random_bf16(static_cast<size_t>(T) * c.C, -1, 1);
+    run.y.put(y);
+    run.forward();
+
+    const auto qkv = vals(c.qkv), xa = vals(c.xa), ve_rows = gather_ve_rows(c);
+    const auto ref = reference_forward(c, F, qkv, xa, ve_rows, vals(c.ve_gate), vals(c.attn_gate), vals(y), true);
+    check_within("attn_qkv_forward q " + name, vals(run.q.get()), ref.q, kRtol, kAtol);
+    check_within("attn_qkv_forward k " + name, vals(run.k.get()), ref.k, kRtol, kAtol);
+    check_within("attn_qkv_forward v " + name, vals(run.v.get()), ref.v, kRtol, kAtol);
+    const auto rq = run.rstd_q.get(), rk = run.rstd_k.get();
+    check_within("attn_qkv_forward rstd_q " + name, std::vector<double>(rq.begin(), rq.end()), ref.rstd_q, 1e-5, 0);
+    check_within("attn_qkv_forward rstd_k " + name, std::vector<double>(rk.begin(), rk.end()), ref.rstd_k, 1e-5, 0);
+    check_within("attn_output_gate_forward " + name, vals(run.y_gated.get()), ref.y_gated, kRtol, kAtol);
+    if (!ve) {  // v may be skipped (the attention then reads it from qkv): q and k are unchanged
+        const auto q1 = run.q.get(), k1 = run.k.get();
+        Dev<bf16> q2(q1.size()), k2(k1.size());
+        attn_qkv_forward(run.aux, q2.p, k2.p, nullptr, run.rstd_q.p, run.rstd_k.p, run.qkv.p, nullptr);
+        test::check(std::memcmp(q2.get().data(), q1.data(), q1.size() * 2) == 0 &&
+                        std::memcmp(k2.get().data(), k1.data(), k1.size() * 2) == 0,
+                    "attn_qkv_forward %s without v: q or k differ", name.c_str());
+    }
+
+    // backward
+    const auto dq = random_bf16(static_cast<size_t>(T) * c.C, -1, 1), dk = random_bf16(dq.size(), -1, 1),
+               dv = random_bf16(dq.size(), -1, 1), dyg = random_bf16(dq.size(), -1, 1),
+               dxa0 = random_bf16(static_cast<size_t>(T) * c.C, -1, 1), dag0 = random_bf16(H * kGateWidth, -1, 1),
+               dvg0 = random_bf16(H * kGateWidth, -1, 1);
+    run.dq.put(dq);
+    run.dk.put(dk);
+    run.dv.put(dv);
+    run.dy_gated.put(dyg);
+    run.dxa.put(dxa0);
+    run.d_attn_gate.put(dag0);
+    run.d_ve_gate.put(dvg0);
+    run.backward(accumulate);
+    const auto b = reference_backward(c, F, qkv, ref, ve_rows, vals(y), vals(dq), vals(dk), vals(dv), vals(dyg));
+    check_within("attn_qkv_backward dqkv " + name, vals(run.dqkv.get()), b.dqkv, kRtol, kAtol);
+    check_within("attn_output_gate_backward dy " + name, vals(run.dy.get()), b.dy, kRtol, kAtol);
+    const auto dza = run.dz_attn.get();
+    check_within("attn_output_gate_backward dz_attn " + name, std::vector<double>(dza.begin(), dza.end()), b.dz_attn, 1e-5, 1e-6);
+    if (ve) {
+        check_within("attn_qkv_backward dve " + name, vals(run.dve.get()), b.dve, kRtol, kAtol);
+        const auto dzv = run.dz_ve.get();
+        check_within("attn_qkv_backward dz_ve " + name, std::vector<double>(dzv.begin(), dzv.end()), b.dz_ve, 1e-5, 1e-6);
+    }
+    // the gates, from the kernel's own logit gradients (fp32, checked above)
+    std::vector<double> dag, dvg, dxa12;
+    const auto dzv = run.dz_ve.get();
+    reference_gates(c, xa, std::vector<double>(dza.begin(), dza.end()), std::vector<double>(dzv.begin(), dzv.end()),
+                    vals(c.attn_gate), vals(c.ve_gate), dag, dvg, dxa12);
+    std::vector<double> want_dxa = vals(dxa0);
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < kGateWidth; ++j) want_dxa[static_cast<size_t>(t) * c.C + j] += dxa12[static_cast<size_t>(t) * kGateWidth + j];
+    const double gate_atol = 1e-5 * T;  // fp32 sums over T rows
+    check_within("attn_gates_backward dxa " + name, vals(run.dxa.get()), want_dxa, kRtol, kAtol);
+    if (accumulate)
+        for (int i = 0; i < H * kGateWidth; ++i) {
+            dag[i] += val(dag0[i]);
+            dvg[i] += val(dvg0[i]);
+        }
+    check_within("attn_gates_backward d_attn_gate " + name, vals(run.d_attn_gate.get()), dag, kRtol, gate_atol);
+    if (ve) check_within("attn_gates_backward d_ve_gate " + name, vals(run.d_ve_gate.get()), dvg, kRtol, gate_atol);
+    else test::check(std::memcmp(run.d_ve_gate.get().data(), dvg0.data(), dvg0.size() * 2) == 0,
+                     "attn_gates_backward %s: d_ve_gate written on a layer without value embeddings", name.c_str());
+
+    // determinism: the whole backward again gives the same bits
+    const auto dqkv1 = run.dqkv.get(), dxa1 = run.dxa.get(), dag1 = run.d_attn_gate.get(), dvg1 = run.d_ve_gate.get();
+    run.dxa.put(dxa0);
+    run.d_attn_gate.put(dag0);
+    run.d_ve_gate.put(dvg0);
+    run.backward(accumulate);
+    test::check(std::memcmp(run.dqkv.get().data(), dqkv1.data(), dqkv1.size() * 2) == 0 && std::memcmp(run.dxa.get().data(), dxa1.data(), dxa1.size() * 2) == 0 &&
+                    std::memcmp(run.d_attn_gate.get().data(), dag1.data(), dag1.size() * 2) == 0 &&
+                    std::memcmp(run.d_ve_gate.get().data(), dvg1.data(), dvg1.size() * 2) == 0,
+                "backward %s: two runs differ in bits", name.c_str());
+}
+
+// Finite differences of L = sum(Rq q + Rk k + Rv v + Ry y_gated) (the smooth function, double)
+// against the kernels' gradients through the whole chain, on a small case with general data.
+void test_finite_differences(bool paired, bool key_offset, bool ve) {
+    const int T = 5, H = 2, D = 16;
+    Rope rope(D, 2 * T);
+    yarn_rope_reset(rope.r, nullptr);
+    yarn_rope_apply(rope.r, 384, 896, nullptr);
+    const Factors F(rope);
+    Case c = make_case(T, H, D, paired, key_offset, ve, false);
+    const std::string name = "finite differences " + case_name(c);
+    Run run(c, rope);
+    const auto yb = random_bf16(static_cast<size_t>(T) * c.C, -1, 1);
+    const auto rq = random_bf16(yb.size(), -1, 1), rk = random_bf16(yb.size(), -1, 1), rv = random_bf16(yb.size(), -1, 1),
+               ry = random_bf16(yb.size(), -1, 1);
+    run.y.put(yb);
+    run.forward();
+    run.dq.put(rq);
+    run.dk.put(rk);
+    run.dv.put(rv);
+    run.dy_gated.put(ry);
+    run.backward(false);
+
+    auto qkv = vals(c.qkv), xa = vals(c.xa), ve_rows = gather_ve_rows(c), vg = vals(c.ve_gate), ag = vals(c.attn_gate),
+         y = vals(yb);
+    const auto Rq = vals(rq), Rk = vals(rk), Rv = vals(rv), Ry = vals(ry);
+    auto loss = [&]() {
+        const auto f = reference_forward(c, F, qkv, xa, ve_rows, vg, ag, y, false);
+        double s = 0;
+        for (size_t i = 0; i < f.q.size(); ++i) s += Rq[i] * f.q[i] + Rk[i] * f.k[i] + Rv[i] * f.v[i] + Ry[i] * f.y_gated[i];
+        return s;
+    };
+    // central differences of the loss in the elements `at` of x
+    auto fd = [&](std::vector<double>& x, const std::vector<size_t>& at) {
+        std::vector<double> g;
+        const double h = 1e-5;
+        for (const size_t i : at) {
+            const double keep = x[i];
+            x[i] = keep + h;
+            const double up = loss();
+            x[i] = keep - h;
+            const double down = loss();
+            x[i] = keep;
+            g.push_back((up - down) / (2 * h));
+        }
+        return g;
+    };
+    auto all = [](const std::vector<double>& x) {
+        std::vector<size_t> at(x.size());
+        for (size_t i = 0; i < at.size(); ++i) at[i] = i;
+        return at;
+    };
+    // the kernels evaluate the gates at bf16-rounded logits: relative differences ~2^-8
+    const double rtol = 2e-2, atol = 2e-3;
+    test::check_close(name + " d(qkv)", vals(run.dqkv.get()), fd(qkv, all(qkv)), atol, rtol);
+    test::check_close(name + " d(y)", vals(run.dy.get()), fd(y, all(y)), atol, rtol);
+    test::check_close(name + " d(attn_gate)", vals(run.d_attn_gate.get()), fd(ag, all(ag)), atol, rtol);
+    // xa enters only through its first 12 channels: row t's are xa[t*C .. t*C+12)
+    std::vector<double> dxa12_got;
+    std::vector<size_t> xa12;
+    const auto dxa = vals(run.dxa.get());
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < kGateWidth; ++j) {
+            xa12.push_back(static_cast<size_t>(t) * c.C + j);
+            dxa12_got.push_back(dxa[xa12.back()]);
+        }
+    test::check_close(name + " d(xa[:, :12])", dxa12_got, fd(xa, xa12), atol, rtol);
+    if (ve) {
+        test::check_close(name + " d(ve rows)", vals(run.dve.get()), fd(ve_rows, all(ve_rows)), atol, rtol);
+        test::check_close(name + " d(ve_gate)", vals(run.d_ve_gate.get()), fd(vg, all(vg)), atol, rtol);
+    }
+}
+
+template <class F>
+void expect_exit_failure(const char* what, F f) {
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        f();
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    test::check(WIFEXITED(status) && WEXITSTATUS(status) != 0, "%s: expected a clear error and a non-zero exit", what);
+}
+
+AttnAux bad_aux() {
+    AttnAux a;
+    a.T = 8;
+    a.H = 2;
+    a.D = 64;
+    a.rope_table = reinterpret_cast<const bf16*>(16);
+    a.rope_positions = 16;
+    a.xa = reinterpret_cast<const bf16*>(16);
+    a.attn_gate = reinterpret_cast<const bf16*>(16);
+    return a;
+}
+
+}  // namespace
+
+int main() {
+    test::seed();
+    // bad input (forked before emu starts its threads)
+    std::printf("(the next error messages are expected)\n");
+    expect_exit_failure("head_dim 48", [] {
+        AttnAux a = bad_aux();
+        a.D = 48;
+        attn_qkv_forward(a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    });
+    expect_exit_failure("paired with key offset", [] {
+        AttnAux a = bad_aux();
+        a.paired = a.key_offset = true;
+        attn_qkv_forward(a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    });
+    expect_exit_failure("rotary table too short for a paired layer", [] {
+        AttnAux a = bad_aux();
+        a.paired = true;
+        a.rope_positions = 15;
+        attn_qkv_forward(a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    });
+    expect_exit_failure("value embeddings without ids", [] {
+        AttnAux a = bad_aux();
+        a.ve_table = a.ve_gate = reinterpret_cast<const bf16*>(16);
+        attn_qkv_forward(a, nullptr, nullptr, reinterpret_cast<bf16*>(16), nullptr, nullptr, nullptr, nullptr);
+    });
+    expect_exit_failure("YaRN head_dim 40", [] { yarn_rope_view(reinterpret_cast<void*>(16), 40, 100); });
+
+    // YaRN: the record's full table (2 * 262144 positions, D = 128; every 7th position and the
+    // last checked against the independent computation, positions 0-2 by hand) and the tiny
+    // preset's (every position), through the record's window schedule
+    test_yarn(128, 2 * 262144, 7);
+    test_yarn(64, 2 * 1024, 1);
+
+    // every kernel forward and backward: tiny preset and a record-like width
+    struct Shape {
+        int T, H, D;
+    };
+    for (const Shape s : {Shape{512, 2, 64}, Shape{48, 6, 128}}) {
+        Rope rope(s.D, 2 * s.T);
+        yarn_rope_reset(rope.r, nullptr);
+        yarn_rope_apply(rope.r, 384, 896, nullptr);  // interpolated frequencies, as in later stages
+        const Factors F(rope);
+        test_layer(s.T, s.H, s.D, false, false, true, rope, F, false);  // layers 0, 1 (non-paired form)
+        test_layer(s.T, s.H, s.D, false, true, true, rope, F, true);    // layer 10: long window, ve
+        test_layer(s.T, s.H, s.D, false, true, false, rope, F, false);  // layer 3: long window
+        test_layer(s.T, s.H, s.D, false, false, false, rope, F, true);  // short-window layers
+        test_layer(s.T, s.H, s.D, true, false, false, rope, F, false);  // paired layers 2, 5
+        test_layer(s.T, s.H, s.D, true, false, true, rope, F, true);    // paired layers 0, 9
+    }
+    {  // ragged T (not a multiple of the rows a block covers)
+        Rope rope(64, 2 * 37);
+        yarn_rope_reset(rope.r, nullptr);
+        const Factors F(rope);
+        test_layer(37, 2, 64, false, true, true, rope, F, false);
+        test_layer(37, 2, 64, true, false, true, rope, F, true);
+    }
+
+    test_finite_differences(false, true, true);
+    test_finite_differences(true, false, true);
+    test_finite_differences(false, false, false);
+    return test::finish();
+}
