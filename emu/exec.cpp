@@ -232,20 +232,36 @@ void Worker::run_block(Job& job, uint64_t linear) {
 
     const bool shuffled = settings().random_seed != 0;
     unsigned remaining = n;
+    // Resumes fiber i if it can run; false if it is blocked or done. Sets `stop` on a failure.
+    bool stop = false;
+    auto step = [&](unsigned i) {
+        Fiber& f = fibers_[i];
+        if (f.done || (f.wait_gen && *f.wait_gen == f.wait_val)) return false;
+        f.wait_gen = nullptr;
+        t_thread = &f;
+        bc::transfer_t t = bc::jump_fcontext(f.ctx, this);
+        f.ctx = t.fctx;
+        if (job.failed.load(std::memory_order_relaxed)) stop = true;
+        if (f.done) --remaining;
+        return true;
+    };
+    const unsigned warps = (n + 31) / 32;
     while (remaining) {
-        if (shuffled) std::shuffle(order_.begin(), order_.begin() + n, rng_);
         bool progressed = false;
-        for (unsigned k = 0; k < n; ++k) {
-            Fiber& f = fibers_[shuffled ? order_[k] : k];
-            if (f.done || (f.wait_gen && *f.wait_gen == f.wait_val)) continue;
-            f.wait_gen = nullptr;
-            t_thread = &f;
-            bc::transfer_t t = bc::jump_fcontext(f.ctx, this);
-            f.ctx = t.fctx;
-            progressed = true;
-            if (job.failed.load(std::memory_order_relaxed)) return;
-            if (f.done) --remaining;
+        if (shuffled) {
+            // One warp, chosen at random, first runs as far as it can on its own (to its next block
+            // barrier): a warp racing ahead of the others exposes a missing __syncthreads.
+            const unsigned lead = static_cast<unsigned>(rng_() % warps), first = lead * 32;
+            const unsigned last = std::min(n, first + 32);
+            for (bool again = true; again && !stop;) {
+                again = false;
+                for (unsigned i = first; i < last && !stop; ++i) again |= step(i);
+                progressed |= again;
+            }
+            std::shuffle(order_.begin(), order_.begin() + n, rng_);
         }
+        for (unsigned k = 0; k < n && !stop; ++k) progressed |= step(shuffled ? order_[k] : k);
+        if (stop) return;
         if (!progressed) {
             unsigned exited = n - remaining;
             std::unordered_map<std::string, unsigned> waiting;

@@ -20,6 +20,36 @@ __global__ void broadcast_with_barrier(int* out) {
     __syncthreads();
     out[blockIdx.x * blockDim.x + threadIdx.x] = value;
 }
+// Warps that move in lockstep (here: several __syncwarp between the read and the overwrite) hide a
+// missing barrier unless one warp runs ahead of the others, as random mode lets a warp do.
+template <bool Barrier>
+__global__ void read_neighbour_warp_then_overwrite(int* out) {
+    __shared__ int buf[128];
+    const int t = threadIdx.x;
+    buf[t] = 1000 * blockIdx.x + t;
+    __syncthreads();
+    const int got = t < 96 ? buf[t + 32] : buf[t];  // each warp reads the next warp's values
+    for (int i = 0; i < 4; ++i) __syncwarp();
+    if (Barrier) __syncthreads();
+    buf[t] = -1;
+    __syncthreads();
+    out[blockIdx.x * 128 + t] = got;
+}
+int wrong_neighbour_reads(void (*kernel)(int*)) {
+    const int blocks = 32;
+    int* d;
+    CUDA_CHECK(cudaMalloc(&d, blocks * 128 * sizeof(int)));
+    launch(kernel, dim3(blocks), dim3(128), 0, nullptr, d);
+    CUDA_CHECK_LAUNCH();
+    std::vector<int> h(blocks * 128);
+    CUDA_CHECK(cudaMemcpy(h.data(), d, h.size() * sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaFree(d));
+    int wrong = 0;
+    for (int b = 0; b < blocks; ++b)
+        for (int t = 0; t < 128; ++t) wrong += h[b * 128 + t] != 1000 * b + (t < 96 ? t + 32 : t);
+    return wrong;
+}
+
 __global__ void read_uninitialized_dynamic_smem(float* out) {
     out[threadIdx.x] = dynamic_smem<float>()[threadIdx.x];
 }
@@ -44,6 +74,8 @@ int main(int, char** argv) {
     if (!mode || !*mode || std::string(mode) == "0") {
         test::check(wrong_broadcasts(broadcast_without_barrier) == 0,
                     "in index order thread 0 runs first, so the missing barrier goes unseen");
+        test::check(wrong_neighbour_reads(read_neighbour_warp_then_overwrite<false>) == 0,
+                    "in index order lockstep warps hide the missing barrier");
         const int before = test::finish();
         if (before) return before;
         const std::string seed = std::to_string(test::seed() % 1000000007 + 1);
@@ -57,6 +89,10 @@ int main(int, char** argv) {
     const int wrong = wrong_broadcasts(broadcast_without_barrier);
     test::check(wrong > 0, "random order must expose the missing barrier (%d wrong reads)", wrong);
     test::check(wrong_broadcasts(broadcast_with_barrier) == 0, "with the barrier, random order changes nothing");
+    const int wrong_lockstep = wrong_neighbour_reads(read_neighbour_warp_then_overwrite<false>);
+    test::check(wrong_lockstep > 0, "a warp running ahead must expose the missing barrier (%d wrong reads)", wrong_lockstep);
+    test::check(wrong_neighbour_reads(read_neighbour_warp_then_overwrite<true>) == 0,
+                "with the barrier, a warp running ahead changes nothing");
     float* d;
     CUDA_CHECK(cudaMalloc(&d, 64 * sizeof(float)));
     launch(read_uninitialized_dynamic_smem, dim3(1), dim3(64), 64 * sizeof(float), nullptr, d);
