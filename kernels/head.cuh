@@ -1,0 +1,352 @@
+// The output head: FP8 quantization, the FP8 lm_head of training (forward and backward through
+// cuBLASLt), the bf16 lm_head of evaluation, and the softcapped losses: training's multi-token
+// prediction cross-entropy (forward, backward) and evaluation's mean cross-entropy.
+//
+// Rounding points:
+// - Quantization is fp8(fp32(x) / s), one IEEE fp32 division then one round-to-nearest-even cast:
+//   upstream's x.div(s).to(fp8) runs inside torch.compile, which fuses the two without rounding the
+//   quotient to bf16.
+// - The lm_head's outputs are rounded once by cuBLASLt (logits and dx to bf16). dw goes straight
+//   into the bf16 lm_head gradient with beta accumulation (one rounding of stored + new in fp32),
+//   rather than upstream's fp32 grad_w that autograd rounds to bf16 and then adds (two roundings):
+//   it saves a (C, V) fp32 buffer and a pass over it, and follows this project's accumulate rule.
+// - Training's softcap z = 23 sigmoid((l + 5) / 7.5) stays fp32 (upstream's Triton kernels);
+//   evaluation rounds z to bf16 before the fp32 cross-entropy (upstream computes it in bf16, then
+//   .float()). dlogits are rounded to bf16 once.
+#pragma once
+#include "matmul.cuh"
+#include "mlp.cuh"  // require_shape, is_aligned16, sum_fixed_order
+
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+
+// ---- FP8 quantization ----
+// What a value beyond the format's range becomes. Torch eager (c10's Float8 conversions) gives NaN
+// (e4m3fn) or inf (e5m2) for magnitudes that round above the largest finite value (448, 57344);
+// upstream's casts run in torch.compile's Triton kernels, which convert with Hopper's
+// cvt.rn.satfinite and so saturate to +-448 / +-57344 (inf included). NaN stays NaN in both.
+enum class Fp8Overflow { nan_or_inf, saturate };
+// The lm_head follows what upstream computes (compiled). Training stays far inside the range (x is
+// rms-normed: |x / x_s| <= 4.48 sqrt(C) ~ 124; w would need |w| > 1.6, dlogits > 57344 grad_s), so
+// this only decides what a divergence looks like.
+constexpr Fp8Overflow kLmHeadFp8Overflow = Fp8Overflow::saturate;
+
+template <class F8>
+struct Fp8Format;
+template <>
+struct Fp8Format<__nv_fp8_e4m3> {  // 1.4.3, bias 7, no inf, NaN = S.1111.111, max 448
+    static constexpr int mantissa_bits = 3, bias = 7;
+    static constexpr unsigned max_code = 0x7E, overflow_code = 0x7F;
+};
+template <>
+struct Fp8Format<__nv_fp8_e5m2> {  // 1.5.2, bias 15, inf = S.11111.00, max 57344
+    static constexpr int mantissa_bits = 2, bias = 15;
+    static constexpr unsigned max_code = 0x7B, overflow_code = 0x7C;
+};
+
+// The fp8 code of v, rounded to nearest even; NaN becomes S.1111111 (sign kept, as torch does).
+template <class F8, Fp8Overflow overflow>
+__host__ __device__ __forceinline__ unsigned char fp8_code_from_float(float v) {
+    constexpr int M = Fp8Format<F8>::mantissa_bits, bias = Fp8Format<F8>::bias;
+    uint32_t bits;
+    memcpy(&bits, &v, sizeof bits);
+    const unsigned sign = (bits >> 24) & 0x80u;
+    const uint32_t mag = bits & 0x7FFFFFFFu;
+    if (mag > 0x7F800000u) return static_cast<unsigned char>(sign | 0x7Fu);
+    unsigned code;
+    if (mag < static_cast<uint32_t>(127 + 1 - bias) << 23) {
+        // Below the smallest normal: count in units of the smallest subnormal (the scaling by a power
+        // of two is exact), and rintf rounds to nearest even. 2^M units is the smallest normal's code.
+        code = static_cast<unsigned>(rintf(fabsf(v) * static_cast<float>(1 << (bias - 1 + M))));
+    } else {
+        // Drop the low 23-M mantissa bits rounding to nearest even; a carry moves into the exponent.
+        constexpr int drop = 23 - M;
+        const uint32_t rounded = (mag + ((1u << (drop - 1)) - 1u) + ((mag >> drop) & 1u)) >> drop;
+        code = rounded - (static_cast<uint32_t>(127 - bias) << M);
+    }
+    if (code > Fp8Format<F8>::max_code)
+        code = overflow == Fp8Overflow::saturate ? Fp8Format<F8>::max_code : Fp8Format<F8>::overflow_code;
+    return static_cast<unsigned char>(sign | code);
+}
+
+constexpr int kQuantTile = 64, kQuantThreads = 256;
+
+// out = fp8(in / *scale) (rows, cols) and the same codes transposed, out_t (cols, rows): a 64x64
+// tile goes through shared memory so both layouts are written with wide stores.
+template <class F8, Fp8Overflow overflow>
+__global__ void __launch_bounds__(kQuantThreads)
+    quantize_fp8_two_layouts_kernel(F8* out, F8* out_t, const __nv_bfloat16* in, const float* scale, int rows,
+                                    int cols) {
+    __shared__ uint32_t tile[kQuantTile][kQuantTile / 4 + 1];  // bytes [r][c]; the extra word spreads banks
+    const int r0 = blockIdx.y * kQuantTile, c0 = blockIdx.x * kQuantTile;
+    const float s = *scale;
+    unsigned char* out_bytes = reinterpret_cast<unsigned char*>(out);
+    unsigned char* out_t_bytes = reinterpret_cast<unsigned char*>(out_t);
+    for (int i = threadIdx.x; i < kQuantTile * kQuantTile / 8; i += blockDim.x) {
+        const int rr = i / (kQuantTile / 8), cc = (i % (kQuantTile / 8)) * 8;
+        const int r = r0 + rr, c = c0 + cc;
+        if (r >= rows || c >= cols) continue;
+        const Pack128<__nv_bfloat16> x = load128cs(in + static_cast<int64_t>(r) * cols + c);
+        uint32_t lo = 0, hi = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            lo |= static_cast<uint32_t>(fp8_code_from_float<F8, overflow>(__bfloat162float(x[k]) / s)) << (8 * k);
+            hi |= static_cast<uint32_t>(fp8_code_from_float<F8, overflow>(__bfloat162float(x[k + 4]) / s)) << (8 * k);
+        }
+        *reinterpret_cast<uint2*>(out_bytes + static_cast<int64_t>(r) * cols + c) = make_uint2(lo, hi);
+        tile[rr][cc / 4] = lo;
+        tile[rr][cc / 4 + 1] = hi;
+    }
+    __syncthreads();
+    // out_t row c holds column c of the tile: each thread writes 16 consecutive rows of one column
+    for (int i = threadIdx.x; i < kQuantTile * kQuantTile / 16; i += blockDim.x) {
+        const int cc = i / (kQuantTile / 16), rr = (i % (kQuantTile / 16)) * 16;
+        const int r = r0 + rr, c = c0 + cc;
+        if (r >= rows || c >= cols) continue;
+        uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int k = 0; k < 16; ++k) w[k / 4] |= ((tile[rr + k][cc / 4] >> (8 * (cc % 4))) & 0xFFu) << (8 * (k % 4));
+        *reinterpret_cast<uint4*>(out_t_bytes + static_cast<int64_t>(c) * rows + r) =
+            make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+inline std::string quantize_fp8_shape_error(int rows, int cols, std::initializer_list<const void*> pointers) {
+    if (rows <= 0 || cols <= 0 || rows % 16 != 0 || cols % 16 != 0)
+        return "rows (" + std::to_string(rows) + ") and cols (" + std::to_string(cols) +
+               ") must be positive multiples of 16";
+    for (const void* p : pointers)
+        if (!is_aligned16(p)) return "a buffer is not 16-byte aligned";
+    return "";
+}
+
+// out (rows, cols) = fp8(in / *scale) and out_t (cols, rows) its transpose; scale in device memory.
+template <class F8, Fp8Overflow overflow = kLmHeadFp8Overflow>
+void quantize_fp8_two_layouts(F8* out, F8* out_t, const __nv_bfloat16* in, const float* scale, int rows, int cols,
+                              cudaStream_t stream) {
+    require_shape(quantize_fp8_shape_error(rows, cols, {out, out_t, in}), "quantize_fp8_two_layouts");
+    const dim3 grid(ceil_div(cols, kQuantTile), ceil_div(rows, kQuantTile));
+    launch(quantize_fp8_two_layouts_kernel<F8, overflow>, grid, dim3(kQuantThreads), 0, stream, out, out_t, in, scale,
+           rows, cols);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- the lm_head ----
+// Per-tensor scales of the training lm_head; the device copy (3 consecutive floats, this struct)
+// feeds both the quantization kernels and cuBLASLt's scale pointers.
+struct LmHeadFp8Scales {
+    float x, w, grad;
+};
+// x_s = 100/448, w_s = 1.6/448, grad_s = grad_scale * 0.75/448 with grad_scale = 2/grad_accum_steps
+// (computed in double, as Python does, then rounded to fp32).
+inline LmHeadFp8Scales lm_head_fp8_scales(int grad_accum_steps) {
+    const double grad_scale = 2.0 / grad_accum_steps;
+    return {static_cast<float>(100.0 / 448), static_cast<float>(1.6 / 448),
+            static_cast<float>(grad_scale * 0.75 / 448)};
+}
+
+// The fp8 copies the training lm_head makes for x (T, C), the weight w (C, V) and dlogits g (T, V).
+// cuBLASLt's fp8 GEMMs take both operands K-contiguous, so each matmul needs its own layout:
+// forward uses x_f8 and w_f8_t; backward uses x_f8_t, w_f8 (both kept from the forward), g_f8, g_f8_t.
+// x_f8 and w_f8_t are dead after the forward; g_f8 and g_f8_t live only in the backward.
+struct LmHeadFp8Buffers {
+    __nv_fp8_e4m3* x_f8;    // (T, C)
+    __nv_fp8_e4m3* x_f8_t;  // (C, T)
+    __nv_fp8_e4m3* w_f8;    // (C, V)
+    __nv_fp8_e4m3* w_f8_t;  // (V, C)
+    __nv_fp8_e5m2* g_f8;    // (T, V)
+    __nv_fp8_e5m2* g_f8_t;  // (V, T)
+};
+
+inline std::string lm_head_shape_error(int T, int C, int V) {
+    if (T <= 0 || C <= 0 || V <= 0 || T % 16 != 0 || C % 16 != 0 || V % 16 != 0)
+        return "T (" + std::to_string(T) + "), C (" + std::to_string(C) + ") and V (" + std::to_string(V) +
+               ") must be positive multiples of 16 (Hopper's fp8 GEMMs)";
+    return "";
+}
+
+// logits (T, V) bf16 = (e4m3(x / x_s) @ e4m3(w / w_s)) * x_s * w_s, fp32 accumulation (fast accum,
+// as upstream); writes all four e4m3 buffers of `buf`.
+inline void lm_head_fp8_forward(CublasLt& lt, __nv_bfloat16* logits, const LmHeadFp8Buffers& buf,
+                                const __nv_bfloat16* x, const __nv_bfloat16* w, const LmHeadFp8Scales* scales, int T,
+                                int C, int V, cudaStream_t stream) {
+    require_shape(lm_head_shape_error(T, C, V), "lm_head_fp8_forward");
+    quantize_fp8_two_layouts(buf.x_f8, buf.x_f8_t, x, &scales->x, T, C, stream);
+    quantize_fp8_two_layouts(buf.w_f8, buf.w_f8_t, w, &scales->w, C, V, stream);
+    matmul_fp8(lt, logits, buf.x_f8, &scales->x, buf.w_f8_t, &scales->w, T, V, C, stream, /*fast_accum=*/true);
+}
+
+// With g_f8 = e5m2(dlogits / grad_s): dw (C, V) (+)= x_f8^T @ g_f8 * x_s * grad_s into the bf16
+// lm_head gradient, then dx (T, C) bf16 = g_f8 @ w_f8^T * grad_s * w_s (both exact fp32 accumulation).
+// Reads x_f8_t and w_f8 from the forward; writes g_f8 and g_f8_t.
+inline void lm_head_fp8_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16* dw, bool accumulate_dw,
+                                 const LmHeadFp8Buffers& buf, const __nv_bfloat16* dlogits,
+                                 const LmHeadFp8Scales* scales, int T, int C, int V, cudaStream_t stream) {
+    require_shape(lm_head_shape_error(T, C, V), "lm_head_fp8_backward");
+    quantize_fp8_two_layouts(buf.g_f8, buf.g_f8_t, dlogits, &scales->grad, T, V, stream);
+    matmul_fp8(lt, dw, buf.x_f8_t, &scales->x, buf.g_f8_t, &scales->grad, C, V, T, stream, /*fast_accum=*/false,
+               accumulate_dw ? 1.0f : 0.0f);
+    matmul_fp8(lt, dx, buf.g_f8, &scales->grad, buf.w_f8, &scales->w, T, C, V, stream, /*fast_accum=*/false);
+}
+
+// Evaluation: logits (T, V) = x (T, C) @ w (C, V) in bf16.
+inline void lm_head_bf16_forward(CublasLt& lt, __nv_bfloat16* logits, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                 int T, int C, int V, cudaStream_t stream) {
+    require_shape(T > 0 && C > 0 && V > 0 ? "" : "T, C and V must be positive", "lm_head_bf16_forward");
+    matmul_bf16(lt, logits, x, false, w, false, T, V, C, stream);
+}
+
+// ---- softcapped losses: one block per row of V logits, 16-byte loads ----
+constexpr float kSoftcapHeight = 23.0f, kSoftcapShift = 5.0f, kSoftcapInvWidth = 1.0f / 7.5f;
+constexpr int kMaxMtpWeights = 8;  // upstream uses 1 to 3
+constexpr int kLossThreads = 512;
+
+// sigmoid((logit + 5) / 7.5), with the hardware's fast exp and divide (upstream's Triton tl.exp
+// and fp32 divide are approximate too); z = 23 * this lies in [0, 23], so exp(z) cannot overflow
+// and a row's sum needs no running max.
+__device__ __forceinline__ float softcap_sigmoid(float logit) {
+    return __fdividef(1.0f, 1.0f + __expf(-(logit + kSoftcapShift) * kSoftcapInvWidth));
+}
+
+inline std::string loss_shape_error(int T, int V, const void* logits) {
+    if (T <= 0 || V <= 0 || V % 8 != 0)
+        return "T (" + std::to_string(T) + ") must be positive and V (" + std::to_string(V) +
+               ") a positive multiple of 8";
+    if (!is_aligned16(logits)) return "logits are not 16-byte aligned";
+    return "";
+}
+inline std::string mtp_shape_error(int T, int V, const void* logits, int n_predict) {
+    const std::string e = loss_shape_error(T, V, logits);
+    if (!e.empty()) return e;
+    if (n_predict < 1 || n_predict > kMaxMtpWeights)
+        return "n_predict " + std::to_string(n_predict) + " is not in 1.." + std::to_string(kMaxMtpWeights);
+    return "";
+}
+
+// Row t: lse = log sum_v exp(z_v); loss_t = sum over k < n_predict with t + k < T, w_k > 0 and
+// 0 <= target[t+k] < V of w_k (lse - z[target[t+k]]).
+__global__ void __launch_bounds__(kLossThreads)
+    softcap_mtp_loss_forward_kernel(float* row_losses, float* lse_out, const __nv_bfloat16* logits, const int* targets,
+                                    const float* mtp_weights, int n_predict, int T, int V) {
+    const int t = blockIdx.x;
+    const __nv_bfloat16* row = logits + static_cast<int64_t>(t) * V;
+    float sum = 0.0f;
+    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
+        const Pack128<__nv_bfloat16> l = load128cs(row + c);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) sum += __expf(kSoftcapHeight * softcap_sigmoid(__bfloat162float(l[k])));
+    }
+    sum = block_reduce_sum(sum);
+    if (threadIdx.x != 0) return;
+    const float lse = logf(sum);
+    float loss = 0.0f;
+    for (int k = 0; k < n_predict && t + k < T; ++k) {
+        const float w = mtp_weights[k];
+        const int target = targets[t + k];
+        if (w > 0.0f && target >= 0 && target < V)
+            loss += w * (lse - kSoftcapHeight * softcap_sigmoid(__bfloat162float(row[target])));
+    }
+    row_losses[t] = loss;
+    lse_out[t] = lse;
+}
+
+// Training forward: row_losses (T), lse (T, for the backward), and *loss_total (+)= sum of the rows
+// (fixed order). targets (T) int32; mtp_weights (n_predict) fp32, both in device memory.
+inline void softcap_mtp_loss_forward(float* loss_total, bool accumulate_total, float* row_losses, float* lse,
+                                     const __nv_bfloat16* logits, const int* targets, const float* mtp_weights,
+                                     int n_predict, int T, int V, cudaStream_t stream) {
+    require_shape(mtp_shape_error(T, V, logits, n_predict), "softcap_mtp_loss_forward");
+    launch(softcap_mtp_loss_forward_kernel, dim3(T), dim3(kLossThreads), 0, stream, row_losses, lse, logits, targets,
+           mtp_weights, n_predict, T, V);
+    CUDA_CHECK_LAUNCH();
+    sum_fixed_order(loss_total, row_losses, T, 1.0f, accumulate_total, stream);
+}
+
+// dlogit = g (S_w p - sum_k w_k [col == target[t+k]]) (1/7.5) z (1 - sigmoid), p = exp(z - lse),
+// S_w = sum of w_k over k < n_predict with t + k < T. As upstream, S_w and the target terms do not
+// check w_k > 0 or the target's range (a target outside [0, V) matches no column).
+__global__ void __launch_bounds__(kLossThreads)
+    softcap_mtp_loss_backward_kernel(__nv_bfloat16* dlogits, const __nv_bfloat16* logits, const float* lse,
+                                     const int* targets, const float* mtp_weights, int n_predict, const float* dloss,
+                                     int T, int V) {
+    const int t = blockIdx.x;
+    const int64_t row = static_cast<int64_t>(t) * V;
+    const float g = *dloss, row_lse = lse[t];
+    int target[kMaxMtpWeights];
+    float weight[kMaxMtpWeights];
+    float s_w = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxMtpWeights; ++k) {
+        const bool used = k < n_predict && t + k < T;
+        weight[k] = used ? mtp_weights[k] : 0.0f;
+        target[k] = used ? targets[t + k] : -1;
+        s_w += weight[k];
+    }
+    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
+        const Pack128<__nv_bfloat16> l = load128cs(logits + row + c);
+        float hit[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int k = 0; k < kMaxMtpWeights; ++k) {
+            const unsigned offset = static_cast<unsigned>(target[k]) - static_cast<unsigned>(c);  // < 8: in this pack
+            if (offset < 8u) hit[offset] += weight[k];
+        }
+        Pack128<__nv_bfloat16> out;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float s = softcap_sigmoid(__bfloat162float(l[k]));
+            const float z = kSoftcapHeight * s;
+            const float p = __expf(z - row_lse);
+            out[k] = __float2bfloat16(g * (s_w * p - hit[k]) * (kSoftcapInvWidth * z * (1.0f - s)));
+        }
+        store128(dlogits + row + c, out);
+    }
+}
+
+// Training backward: dlogits (T, V) bf16 from logits, the forward's lse and the gradient *dloss of
+// the total loss (the same for every row: the loss is their sum). dlogits may be logits (in place).
+inline void softcap_mtp_loss_backward(__nv_bfloat16* dlogits, const __nv_bfloat16* logits, const float* lse,
+                                      const int* targets, const float* mtp_weights, int n_predict, const float* dloss,
+                                      int T, int V, cudaStream_t stream) {
+    require_shape(mtp_shape_error(T, V, logits, n_predict), "softcap_mtp_loss_backward");
+    require_shape(is_aligned16(dlogits) ? "" : "dlogits are not 16-byte aligned", "softcap_mtp_loss_backward");
+    launch(softcap_mtp_loss_backward_kernel, dim3(T), dim3(kLossThreads), 0, stream, dlogits, logits, lse, targets,
+           mtp_weights, n_predict, dloss, T, V);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Evaluation, row t: the fp32 cross-entropy lse(zb) - zb[target] of zb = bf16(23 sigmoid((l + 5) / 7.5));
+// a target outside [0, V) gives NaN (evaluation data has none).
+__global__ void __launch_bounds__(kLossThreads)
+    softcap_eval_loss_kernel(float* row_losses, const __nv_bfloat16* logits, const int* targets, int V) {
+    const int t = blockIdx.x;
+    const __nv_bfloat16* row = logits + static_cast<int64_t>(t) * V;
+    float sum = 0.0f;
+    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
+        const Pack128<__nv_bfloat16> l = load128cs(row + c);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const float z = kSoftcapHeight * softcap_sigmoid(__bfloat162float(l[k]));
+            sum += __expf(__bfloat162float(__float2bfloat16(z)));
+        }
+    }
+    sum = block_reduce_sum(sum);
+    if (threadIdx.x != 0) return;
+    const int target = targets[t];
+    const float z_target =
+        target >= 0 && target < V
+            ? __bfloat162float(__float2bfloat16(kSoftcapHeight * softcap_sigmoid(__bfloat162float(row[target]))))
+            : NAN;
+    row_losses[t] = logf(sum) - z_target;
+}
+
+// Evaluation: row_losses (T) and *loss (+)= scale * their sum (fixed order); scale = 1/T gives the
+// batch's mean, 1/total rows accumulates a mean over several calls.
+inline void softcap_eval_loss(float* loss, bool accumulate, float scale, float* row_losses, const __nv_bfloat16* logits,
+                              const int* targets, int T, int V, cudaStream_t stream) {
+    require_shape(loss_shape_error(T, V, logits), "softcap_eval_loss");
+    launch(softcap_eval_loss_kernel, dim3(T), dim3(kLossThreads), 0, stream, row_losses, logits, targets, V);
+    CUDA_CHECK_LAUNCH();
+    sum_fixed_order(loss, row_losses, T, scale, accumulate, stream);
+}

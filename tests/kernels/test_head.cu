@@ -1,0 +1,646 @@
+// kernels/head.cuh: FP8 quantization bit for bit against a reference written from the formats'
+// definitions, the FP8 lm_head forward/backward and the bf16 eval lm_head against double GEMMs of
+// the exact (dequantized) operands, the softcapped multi-token-prediction loss forward/backward
+// and the eval loss against double-precision loops, and a finite-difference check of the loss
+// backward.
+#include "../../kernels/head.cuh"
+#include "../test_util.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+using bf16 = __nv_bfloat16;
+using e4m3 = __nv_fp8_e4m3;
+using e5m2 = __nv_fp8_e5m2;
+
+template <class T>
+struct DeviceBuffer {  // test-only RAII for device memory
+    T* ptr = nullptr;
+    size_t n;
+    explicit DeviceBuffer(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
+    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+    ~DeviceBuffer() { cudaFree(ptr); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    void upload(const std::vector<T>& h) {
+        CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    std::vector<T> download() const {
+        std::vector<T> h(n);
+        CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return h;
+    }
+};
+
+double value(bf16 x) { return __bfloat162float(x); }
+bf16 to_bf16(double x) { return __float2bfloat16(static_cast<float>(x)); }
+std::vector<bf16> random_bf16(size_t n, double mean, double std) {
+    std::vector<bf16> v(n);
+    for (auto& x : v) x = to_bf16(test::normal(mean, std));
+    return v;
+}
+template <class T>
+std::vector<unsigned char> bytes_of(const std::vector<T>& v) {
+    std::vector<unsigned char> b(v.size() * sizeof(T));
+    std::memcpy(b.data(), v.data(), b.size());
+    return b;
+}
+
+// got[i] within tol[i] of want[i] for all i (NaN never matches); one check.
+bool check_within(const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
+                  const std::vector<double>& tol) {
+    size_t bad = 0, first = 0;
+    double worst = 0.0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        const double err = std::fabs(got[i] - want[i]);
+        if (!(err <= tol[i])) {
+            if (!bad) first = i;
+            ++bad;
+        }
+        if (tol[i] > 0) worst = std::max(worst, err / tol[i]);
+    }
+    if (bad)
+        return test::check(false,
+                           "%s: %zu of %zu values off (worst err/tol %.3g); first at %zu: got %.9g want %.9g tol %.3g",
+                           what.c_str(), bad, want.size(), worst, first, got[first], want[first], tol[first]);
+    return test::check(true, "");
+}
+
+// ============================ FP8 reference, from the definitions ============================
+// A format 1.E.M with bias b: exponent field e, mantissa m. e = 0 is subnormal: m 2^(1-b-M);
+// otherwise (1 + m 2^-M) 2^(e-b). e4m3fn: only S.1111.111 is NaN (no inf). e5m2: e = 31 is inf
+// (m = 0) or NaN.
+struct Fp8Ref {
+    int E, M, bias;
+    bool has_inf;
+    unsigned max_code() const { return has_inf ? 0x7Bu : 0x7Eu; }  // largest finite
+    // The value of a code read as if the exponent range went on (also for the code after max_code).
+    double extended(unsigned code) const {
+        const unsigned e = (code >> M) & ((1u << E) - 1), m = code & ((1u << M) - 1);
+        const double mag =
+            e == 0 ? std::ldexp(double(m), 1 - bias - M) : std::ldexp(1.0 + std::ldexp(double(m), -M), int(e) - bias);
+        return (code & 0x80u) ? -mag : mag;
+    }
+    // extended(0 .. max_code + 1), computed once per format
+    const std::vector<double>& non_negative_values() const {
+        static std::vector<double> cache[2];  // [has_inf]: e4m3, e5m2
+        std::vector<double>& g = cache[has_inf ? 1 : 0];
+        if (g.empty())
+            for (unsigned c = 0; c <= max_code() + 1; ++c) g.push_back(extended(c));
+        return g;
+    }
+    double decode(unsigned code) const {
+        const unsigned e = (code >> M) & ((1u << E) - 1), m = code & ((1u << M) - 1);
+        if (has_inf && e == (1u << E) - 1) return m == 0 ? ((code & 0x80u) ? -INFINITY : INFINITY) : NAN;
+        if (!has_inf && (code & 0x7Fu) == 0x7Fu) return NAN;
+        return extended(code);
+    }
+    // Nearest code with ties to even (even mantissa = even code), rounding as if unbounded; a result
+    // past the largest finite value overflows to NaN (e4m3) / inf (e5m2), or to +-max when saturating.
+    unsigned encode(float v, bool saturate) const {
+        const unsigned sign = std::signbit(v) ? 0x80u : 0u;
+        if (std::isnan(v)) return sign | 0x7Fu;
+        const double a = std::fabs(double(v));
+        const unsigned past = max_code() + 1;  // its extended value is the next step above max
+        // non-negative codes in order are values in increasing order: find the neighbours of a
+        const std::vector<double>& grid = non_negative_values();
+        unsigned best = past;
+        if (a <= grid[past]) {
+            const unsigned hi = static_cast<unsigned>(std::lower_bound(grid.begin(), grid.end(), a) - grid.begin());
+            best = hi;
+            if (hi > 0) {
+                const double below = a - grid[hi - 1], above = grid[hi] - a;
+                if (below < above || (below == above && (hi - 1) % 2 == 0)) best = hi - 1;
+            }
+        }
+        if (best == past) best = saturate ? max_code() : (has_inf ? 0x7Cu : 0x7Fu);
+        return sign | best;
+    }
+};
+constexpr Fp8Ref kRefE4M3{4, 3, 7, false}, kRefE5M2{5, 2, 15, true};
+template <class F8>
+const Fp8Ref& ref_of() {
+    if constexpr (std::is_same_v<F8, e4m3>)
+        return kRefE4M3;
+    else
+        return kRefE5M2;
+}
+template <Fp8Overflow o>
+constexpr bool saturates = o == Fp8Overflow::saturate;
+
+// The reference decoder agrees with CUDA's fp8 types (which the GEMMs read) on all 256 codes.
+template <class F8>
+void check_decoding(const char* name) {
+    size_t bad = 0;
+    for (unsigned c = 0; c < 256; ++c) {
+        F8 f;
+        f.__x = static_cast<__nv_fp8_storage_t>(c);
+        const double mine = ref_of<F8>().decode(c), cuda = static_cast<float>(f);
+        if (!(mine == cuda || (std::isnan(mine) && std::isnan(cuda)))) ++bad;
+    }
+    test::check(bad == 0, "%s: %zu of 256 codes decode differently from CUDA's type", name, bad);
+    const double max = ref_of<F8>().decode(ref_of<F8>().max_code());
+    test::check(max == (std::is_same_v<F8, e4m3> ? 448.0 : 57344.0), "%s: largest finite %g", name, max);
+}
+
+template <class F8, Fp8Overflow overflow>
+__global__ void fp8_codes_of_floats(unsigned char* codes, const float* v, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) codes[i] = fp8_code_from_float<F8, overflow>(v[i]);
+}
+
+// Every finite value, every midpoint between neighbours (ties) and the floats on either side of
+// it, the overflow thresholds, zeros, infinities, NaNs, fp32 subnormals and random floats.
+template <class F8>
+std::vector<float> conversion_cases() {
+    const Fp8Ref& f = ref_of<F8>();
+    std::vector<float> v;
+    const auto add_signed = [&](float x) {
+        v.push_back(x);
+        v.push_back(-x);
+    };
+    for (unsigned c = 0; c <= f.max_code() + 1; ++c) {
+        const float x = static_cast<float>(f.extended(c));
+        add_signed(x);
+        add_signed(std::nextafter(x, 0.0f));
+        add_signed(std::nextafter(x, INFINITY));
+        if (c > 0) {
+            const float mid = static_cast<float>((f.extended(c - 1) + f.extended(c)) / 2);  // exact in fp32
+            add_signed(mid);
+            add_signed(std::nextafter(mid, 0.0f));
+            add_signed(std::nextafter(mid, INFINITY));
+        }
+    }
+    for (float x :
+         {0.0f,   INFINITY, NAN,     1e-45f, 1e-40f, 1.1754942e-38f, FLT_MIN,  1e-12f,   1e30f,    FLT_MAX,  449.0f,
+          464.0f, 465.0f,   479.99f, 480.0f, 500.0f, 57344.0f,       61439.0f, 61440.0f, 61441.0f, 65536.0f, 1e5f})
+        add_signed(x);
+    for (int i = 0; i < 20000; ++i) {
+        add_signed(static_cast<float>(std::ldexp(test::uniform(1.0, 2.0), test::randint(-30, 20))));
+        uint32_t bits = static_cast<uint32_t>(test::rng()());
+        float x;
+        std::memcpy(&x, &bits, 4);
+        v.push_back(x);
+    }
+    return v;
+}
+
+template <class F8, Fp8Overflow overflow>
+void check_conversion(const char* name) {
+    const auto cases = conversion_cases<F8>();
+    DeviceBuffer<float> d_in(cases);
+    DeviceBuffer<unsigned char> d_codes(cases.size());
+    const int n = static_cast<int>(cases.size());
+    launch(fp8_codes_of_floats<F8, overflow>, dim3(ceil_div(n, 256)), dim3(256), 0, nullptr, d_codes.ptr, d_in.ptr, n);
+    CUDA_CHECK_LAUNCH();
+    const auto got = d_codes.download();
+    size_t bad = 0, first = 0;
+    for (size_t i = 0; i < cases.size(); ++i)
+        if (got[i] != ref_of<F8>().encode(cases[i], saturates<overflow>)) {
+            if (!bad) first = i;
+            ++bad;
+        }
+    test::check(
+        bad == 0, "%s: %zu of %zu floats convert wrongly; first %.9g (bits %08x): got %02x want %02x", name, bad,
+        cases.size(), bad ? cases[first] : 0.0f,
+        [&] {
+            uint32_t b;
+            std::memcpy(&b, &cases[first], 4);
+            return b;
+        }(),
+        bad ? got[first] : 0, bad ? ref_of<F8>().encode(cases[first], saturates<overflow>) : 0);
+}
+
+// Spot checks of the thresholds the two semantics are known for (torch eager and Triton's satfinite).
+void check_known_values() {
+    const auto code = [](auto f) { return static_cast<unsigned>(f); };
+    test::check(code(fp8_code_from_float<e4m3, Fp8Overflow::nan_or_inf>(464.0f)) == 0x7E &&
+                    code(fp8_code_from_float<e4m3, Fp8Overflow::nan_or_inf>(464.0001f)) == 0x7F &&
+                    code(fp8_code_from_float<e4m3, Fp8Overflow::nan_or_inf>(-1e9f)) == 0xFF &&
+                    code(fp8_code_from_float<e4m3, Fp8Overflow::saturate>(-1e9f)) == 0xFE &&
+                    code(fp8_code_from_float<e4m3, Fp8Overflow::saturate>(INFINITY)) == 0x7E,
+                "e4m3 overflow: 464 -> 448, above -> NaN (eager) or 448 (saturate)");
+    test::check(code(fp8_code_from_float<e5m2, Fp8Overflow::nan_or_inf>(61439.99f)) == 0x7B &&
+                    code(fp8_code_from_float<e5m2, Fp8Overflow::nan_or_inf>(61440.0f)) == 0x7C &&
+                    code(fp8_code_from_float<e5m2, Fp8Overflow::nan_or_inf>(-INFINITY)) == 0xFC &&
+                    code(fp8_code_from_float<e5m2, Fp8Overflow::saturate>(61440.0f)) == 0x7B,
+                "e5m2 overflow: 61440 (a tie, odd max) -> inf (eager) or 57344 (saturate)");
+    test::check(code(fp8_code_from_float<e4m3, Fp8Overflow::nan_or_inf>(std::ldexp(1.0f, -10))) == 0x00 &&
+                    code(fp8_code_from_float<e4m3, Fp8Overflow::nan_or_inf>(std::ldexp(1.5f, -9))) == 0x02 &&
+                    code(fp8_code_from_float<e4m3, Fp8Overflow::nan_or_inf>(-std::ldexp(1.0f, -11))) == 0x80 &&
+                    code(fp8_code_from_float<e5m2, Fp8Overflow::nan_or_inf>(std::ldexp(1.0f, -17))) == 0x00 &&
+                    code(fp8_code_from_float<e5m2, Fp8Overflow::nan_or_inf>(std::ldexp(1.5f, -16))) == 0x02,
+                "subnormal ties round to even, negative underflow keeps its sign");
+}
+
+// quantize_fp8_two_layouts on a bf16 matrix with a scale: both layouts, every element bit for bit.
+template <class F8, Fp8Overflow overflow>
+void check_quantize(const char* name, int rows, int cols, float scale) {
+    auto x = random_bf16(size_t(rows) * cols, 0.0, 1.0);
+    // a sprinkling of values for every rounding regime: tiny, huge, infinities, NaN, signed zero
+    for (size_t i = 0; i < x.size(); i += 7) {
+        const double special[] = {1e-6, -3e-5, 1e6, -1e5, 70000.0, INFINITY, -INFINITY, NAN, -0.0, 0.0, 480.0, -470.0};
+        x[i] = to_bf16(special[test::randint(0, 11)] * (test::randint(0, 1) ? scale : 1.0));
+    }
+    DeviceBuffer<bf16> d_x(x);
+    DeviceBuffer<float> d_scale(std::vector<float>{scale});
+    DeviceBuffer<F8> d_out(x.size()), d_out_t(x.size());
+    quantize_fp8_two_layouts<F8, overflow>(d_out.ptr, d_out_t.ptr, d_x.ptr, d_scale.ptr, rows, cols, nullptr);
+    const auto out = bytes_of(d_out.download()), out_t = bytes_of(d_out_t.download());
+    size_t bad = 0, bad_t = 0;
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+            const float q = static_cast<float>(value(x[size_t(r) * cols + c])) / scale;  // the fp32 quotient
+            const unsigned want = ref_of<F8>().encode(q, saturates<overflow>);
+            bad += out[size_t(r) * cols + c] != want;
+            bad_t += out_t[size_t(c) * rows + r] != want;
+        }
+    test::check(bad == 0 && bad_t == 0, "quantize %s %dx%d scale %g: %zu codes wrong, %zu transposed codes wrong", name,
+                rows, cols, scale, bad, bad_t);
+}
+
+void test_quantization() {
+    check_decoding<e4m3>("e4m3 decode");
+    check_decoding<e5m2>("e5m2 decode");
+    check_known_values();
+    check_conversion<e4m3, Fp8Overflow::nan_or_inf>("e4m3 eager (NaN on overflow)");
+    check_conversion<e4m3, Fp8Overflow::saturate>("e4m3 saturating");
+    check_conversion<e5m2, Fp8Overflow::nan_or_inf>("e5m2 eager (inf on overflow)");
+    check_conversion<e5m2, Fp8Overflow::saturate>("e5m2 saturating");
+    const LmHeadFp8Scales s = lm_head_fp8_scales(1);
+    check_quantize<e4m3, Fp8Overflow::nan_or_inf>("e4m3 eager", 64, 64, s.x);
+    check_quantize<e4m3, Fp8Overflow::saturate>("e4m3 saturating", 48, 80, s.w);  // ragged tiles both ways
+    check_quantize<e5m2, Fp8Overflow::nan_or_inf>("e5m2 eager", 80, 208, s.grad);
+    check_quantize<e5m2, Fp8Overflow::saturate>("e5m2 saturating", 144, 16, 3.0f);
+    check_quantize<e4m3, kLmHeadFp8Overflow>("e4m3 lm_head mode", 128, 768, s.x);
+}
+
+// ============================ the lm_head ============================
+// The tolerance of an fp32-accumulated GEMM element: the accumulation error grows like sqrt(K)
+// against sum_k |a b| (more on the GPU with fast accumulation), plus the bf16 output's rounding
+// (at most 2^-9 relative: 2^-8 allowed).
+double gemm_tolerance(double mag, double want, int K, bool fast_accum) {
+#ifdef __CUDACC__
+    const double accum_rtol = fast_accum ? 1e-4 : 1e-5;
+#else
+    const double accum_rtol = fast_accum ? 1e-5 : 1e-5;
+#endif
+    return accum_rtol * std::sqrt(double(K) + 1) * mag + std::fabs(want) / 256 + 1e-30;
+}
+
+// out(M, N) = sum_k a(i, k) b(k, j) in double against got, with the magnitude-based tolerance.
+void check_gemm(const std::string& what, int M, int N, int K, const std::function<double(int, int)>& a,
+                const std::function<double(int, int)>& b, const std::function<double(int, int)>& old,
+                const std::vector<bf16>& got, bool fast_accum) {
+    std::vector<double> g(size_t(M) * N), want(g.size()), tol(g.size());
+    std::vector<double> brow(size_t(K) * N);
+    for (int k = 0; k < K; ++k)
+        for (int j = 0; j < N; ++j) brow[size_t(k) * N + j] = b(k, j);
+    std::vector<double> sum(N), mag(N);
+    for (int i = 0; i < M; ++i) {
+        std::fill(sum.begin(), sum.end(), 0.0);
+        std::fill(mag.begin(), mag.end(), 0.0);
+        for (int k = 0; k < K; ++k) {
+            const double aik = a(i, k);
+            if (aik == 0.0) continue;
+            const double* br = &brow[size_t(k) * N];
+            for (int j = 0; j < N; ++j) {
+                sum[j] += aik * br[j];
+                mag[j] += std::fabs(aik * br[j]);
+            }
+        }
+        for (int j = 0; j < N; ++j) {
+            const size_t e = size_t(i) * N + j;
+            const double o = old(i, j);
+            want[e] = sum[j] + o;
+            tol[e] = gemm_tolerance(mag[j] + std::fabs(o), want[e], K, fast_accum);
+            g[e] = value(got[e]);
+        }
+    }
+    check_within(what, g, want, tol);
+}
+
+void test_lm_head_fp8(int T, int C, int V, int grad_accum, double w_std) {
+    const std::string shape = " T " + std::to_string(T) + " C " + std::to_string(C) + " V " + std::to_string(V);
+    const LmHeadFp8Scales s = lm_head_fp8_scales(grad_accum);
+    test::check(s.x == static_cast<float>(100.0 / 448) && s.w == static_cast<float>(1.6 / 448) &&
+                    s.grad == static_cast<float>(2.0 / grad_accum * 0.75 / 448),
+                "lm_head scales for grad_accum %d", grad_accum);
+    const auto x = random_bf16(size_t(T) * C, 0.0, 1.0), w = random_bf16(size_t(C) * V, 0.0, w_std);
+    const auto dlogits = random_bf16(size_t(T) * V, 0.0, 2e-3);
+    const auto dw_old = random_bf16(size_t(C) * V, 0.0, 0.5);
+    DeviceBuffer<bf16> d_x(x), d_w(w), d_dlogits(dlogits), d_logits(size_t(T) * V), d_dx(size_t(T) * C), d_dw(dw_old);
+    DeviceBuffer<LmHeadFp8Scales> d_scales(std::vector<LmHeadFp8Scales>{s});
+    DeviceBuffer<e4m3> x_f8(size_t(T) * C), x_f8_t(size_t(T) * C), w_f8(size_t(C) * V), w_f8_t(size_t(C) * V);
+    DeviceBuffer<e5m2> g_f8(size_t(T) * V), g_f8_t(size_t(T) * V);
+    const LmHeadFp8Buffers buf{x_f8.ptr, x_f8_t.ptr, w_f8.ptr, w_f8_t.ptr, g_f8.ptr, g_f8_t.ptr};
+    CublasLt lt;
+
+    // host quantization by the reference (codes), and the values the GEMMs must use
+    constexpr bool sat = saturates<kLmHeadFp8Overflow>;
+    const auto codes = [&](const std::vector<bf16>& v, const Fp8Ref& f, float scale) {
+        std::vector<unsigned char> c(v.size());
+        for (size_t i = 0; i < v.size(); ++i) c[i] = f.encode(static_cast<float>(value(v[i])) / scale, sat);
+        return c;
+    };
+    const auto xq = codes(x, kRefE4M3, s.x), wq = codes(w, kRefE4M3, s.w), gq = codes(dlogits, kRefE5M2, s.grad);
+    std::vector<double> xv(xq.size()), wv(wq.size()), gv(gq.size());
+    for (size_t i = 0; i < xq.size(); ++i) xv[i] = kRefE4M3.decode(xq[i]) * s.x;
+    for (size_t i = 0; i < wq.size(); ++i) wv[i] = kRefE4M3.decode(wq[i]) * s.w;
+    for (size_t i = 0; i < gq.size(); ++i) gv[i] = kRefE5M2.decode(gq[i]) * s.grad;
+
+    lm_head_fp8_forward(lt, d_logits.ptr, buf, d_x.ptr, d_w.ptr, d_scales.ptr, T, C, V, nullptr);
+    const auto transposed = [](const std::vector<unsigned char>& m, int rows, int cols) {
+        std::vector<unsigned char> t(m.size());
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) t[size_t(c) * rows + r] = m[size_t(r) * cols + c];
+        return t;
+    };
+    test::check(bytes_of(x_f8.download()) == xq && bytes_of(x_f8_t.download()) == transposed(xq, T, C),
+                "lm_head forward: x_f8 and x_f8_t bit-exact%s", shape.c_str());
+    test::check(bytes_of(w_f8.download()) == wq && bytes_of(w_f8_t.download()) == transposed(wq, C, V),
+                "lm_head forward: w_f8 and w_f8_t bit-exact%s", shape.c_str());
+    const auto zero = [](int, int) { return 0.0; };
+    check_gemm(
+        "lm_head fp8 forward logits" + shape, T, V, C, [&](int t, int k) { return xv[size_t(t) * C + k]; },
+        [&](int k, int v) { return wv[size_t(k) * V + v]; }, zero, d_logits.download(), true);
+
+    for (bool accumulate : {false, true}) {
+        d_dw.upload(dw_old);
+        lm_head_fp8_backward(lt, d_dx.ptr, d_dw.ptr, accumulate, buf, d_dlogits.ptr, d_scales.ptr, T, C, V, nullptr);
+        const std::string what = shape + (accumulate ? " (accumulate dw)" : "");
+        test::check(bytes_of(g_f8.download()) == gq && bytes_of(g_f8_t.download()) == transposed(gq, T, V),
+                    "lm_head backward: g_f8 and g_f8_t bit-exact%s", what.c_str());
+        check_gemm(
+            "lm_head fp8 backward dx" + what, T, C, V, [&](int t, int v) { return gv[size_t(t) * V + v]; },
+            [&](int v, int c) { return wv[size_t(c) * V + v]; }, zero, d_dx.download(), false);
+        check_gemm(
+            "lm_head fp8 backward dw" + what, C, V, T, [&](int c, int t) { return xv[size_t(t) * C + c]; },
+            [&](int t, int v) { return gv[size_t(t) * V + v]; },
+            [&](int c, int v) { return accumulate ? value(dw_old[size_t(c) * V + v]) : 0.0; }, d_dw.download(), false);
+    }
+}
+
+void test_lm_head_bf16(int T, int C, int V) {
+    const auto x = random_bf16(size_t(T) * C, 0.0, 1.0), w = random_bf16(size_t(C) * V, 0.0, 0.02);
+    DeviceBuffer<bf16> d_x(x), d_w(w), d_logits(size_t(T) * V);
+    CublasLt lt;
+    lm_head_bf16_forward(lt, d_logits.ptr, d_x.ptr, d_w.ptr, T, C, V, nullptr);
+    check_gemm(
+        "lm_head bf16 (eval) T " + std::to_string(T) + " C " + std::to_string(C) + " V " + std::to_string(V), T, V, C,
+        [&](int t, int k) { return value(x[size_t(t) * C + k]); },
+        [&](int k, int v) { return value(w[size_t(k) * V + v]); }, [](int, int) { return 0.0; }, d_logits.download(),
+        false);
+}
+
+// ============================ softcapped losses ============================
+double softcap_sigmoid_ref(double logit) { return 1.0 / (1.0 + std::exp(-(logit + 5.0) / 7.5)); }
+
+// Upstream's training loss in double: per row lse and loss (weights read as fp32, as on the device).
+struct MtpRef {
+    std::vector<double> lse, loss;
+};
+MtpRef mtp_forward_ref(const std::vector<double>& logits, const std::vector<int>& targets,
+                       const std::vector<float>& weights, int T, int V) {
+    MtpRef r{std::vector<double>(T), std::vector<double>(T)};
+    const int n_predict = static_cast<int>(weights.size());
+    for (int t = 0; t < T; ++t) {
+        double sum = 0.0;
+        for (int v = 0; v < V; ++v) sum += std::exp(23.0 * softcap_sigmoid_ref(logits[size_t(t) * V + v]));
+        r.lse[t] = std::log(sum);
+        double loss = 0.0;
+        for (int k = 0; k < n_predict && t + k < T; ++k) {
+            const int target = targets[t + k];
+            if (weights[k] > 0 && target >= 0 && target < V)
+                loss += weights[k] * (r.lse[t] - 23.0 * softcap_sigmoid_ref(logits[size_t(t) * V + target]));
+        }
+        r.loss[t] = loss;
+    }
+    return r;
+}
+
+// dlogits in double, with a tolerance per element: 2^-8 relative for the bf16 output, plus 1e-4 of
+// the two terms' magnitudes (fp32 and fast exp before their difference).
+void mtp_backward_ref(const std::vector<double>& logits, const std::vector<int>& targets,
+                      const std::vector<float>& weights, double g, const MtpRef& fwd, int T, int V,
+                      std::vector<double>& want, std::vector<double>& tol) {
+    want.assign(size_t(T) * V, 0.0);
+    tol.assign(want.size(), 0.0);
+    const int n_predict = static_cast<int>(weights.size());
+    for (int t = 0; t < T; ++t) {
+        double s_w = 0.0;
+        for (int k = 0; k < n_predict && t + k < T; ++k) s_w += weights[k];
+        for (int v = 0; v < V; ++v) {
+            double hit = 0.0;
+            for (int k = 0; k < n_predict && t + k < T; ++k)
+                if (targets[t + k] == v) hit += weights[k];
+            const double s = softcap_sigmoid_ref(logits[size_t(t) * V + v]), z = 23.0 * s;
+            const double p = std::exp(z - fwd.lse[t]), dz = z * (1.0 - s) / 7.5;
+            const size_t e = size_t(t) * V + v;
+            want[e] = g * (s_w * p - hit) * dz;
+            tol[e] =
+                std::fabs(want[e]) / 256 + 1e-4 * std::fabs(g * dz) * (std::fabs(s_w * p) + std::fabs(hit)) + 1e-30;
+        }
+    }
+}
+
+std::vector<double> values_of(const std::vector<bf16>& v) {
+    std::vector<double> d(v.size());
+    for (size_t i = 0; i < v.size(); ++i) d[i] = value(v[i]);
+    return d;
+}
+
+// Logits like a trained model's: mostly N(0, 2.5), a few large ones per row so rows are peaked.
+std::vector<bf16> random_logits(int T, int V) {
+    auto l = random_bf16(size_t(T) * V, 0.0, 2.5);
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < 4; ++j) l[size_t(t) * V + test::randint(0, V - 1)] = to_bf16(test::uniform(8.0, 25.0));
+    return l;
+}
+
+void test_mtp_loss(int T, int V, const std::vector<float>& weights, bool invalid_targets, float g) {
+    std::string what = " T " + std::to_string(T) + " V " + std::to_string(V) + " weights {";
+    for (float w : weights) what += std::to_string(w).substr(0, 4) + " ";
+    what += "} dloss " + std::to_string(g).substr(0, 5) + (invalid_targets ? " with invalid targets" : "");
+    const int n_predict = static_cast<int>(weights.size());
+    const auto logits = random_logits(T, V);
+    std::vector<int> targets(T);
+    for (auto& t : targets) t = test::randint(0, V - 1);
+    if (invalid_targets)
+        for (int t = 0; t < T; t += 3) targets[t] = test::randint(0, 1) ? -1 : V + test::randint(0, 100);
+    // point some targets at the row's own large logits, so target columns carry large gradients
+    for (int t = 1; t < T; t += 2)
+        if (targets[t] >= 0 && targets[t] < V) {
+            int best = 0;
+            for (int v = 1; v < V; ++v)
+                if (value(logits[size_t(t - 1) * V + v]) > value(logits[size_t(t - 1) * V + best])) best = v;
+            targets[t] = best;
+        }
+    DeviceBuffer<bf16> d_logits(logits), d_dlogits(size_t(T) * V);
+    DeviceBuffer<int> d_targets(targets);
+    DeviceBuffer<float> d_weights(weights), d_losses(T), d_lse(T), d_total(std::vector<float>{1.5f}),
+        d_g(std::vector<float>{g});
+
+    const auto l = values_of(logits);
+    const MtpRef ref = mtp_forward_ref(l, targets, weights, T, V);
+    double total = 0.0, total_mag = 0.0;
+    for (double x : ref.loss) {
+        total += x;
+        total_mag += std::fabs(x);
+    }
+    for (bool accumulate : {true, false}) {
+        softcap_mtp_loss_forward(d_total.ptr, accumulate, d_losses.ptr, d_lse.ptr, d_logits.ptr, d_targets.ptr,
+                                 d_weights.ptr, n_predict, T, V, nullptr);
+        const auto losses = d_losses.download(), lse = d_lse.download();
+        const double want_total = total + (accumulate ? 1.5 : 0.0);
+        test::check_close("mtp loss forward lse" + what, lse.data(), ref.lse.data(), T, 1e-4, 1e-5);
+        test::check_close("mtp loss forward rows" + what, losses.data(), ref.loss.data(), T, 1e-4, 1e-5);
+        const double got_total = d_total.download()[0];
+        test::check(std::fabs(got_total - want_total) <= 1e-5 * (total_mag + 1.5) + 1e-4,
+                    "mtp loss total%s%s: got %.9g want %.9g", what.c_str(), accumulate ? " (accumulate)" : "",
+                    got_total, want_total);
+    }
+
+    softcap_mtp_loss_backward(d_dlogits.ptr, d_logits.ptr, d_lse.ptr, d_targets.ptr, d_weights.ptr, n_predict, d_g.ptr,
+                              T, V, nullptr);
+    std::vector<double> want, tol;
+    mtp_backward_ref(l, targets, weights, g, ref, T, V, want, tol);
+    const auto dlogits = d_dlogits.download();
+    check_within("mtp loss backward" + what, values_of(dlogits), want, tol);
+    // in place: dlogits written over the logits gives the same bits
+    softcap_mtp_loss_backward(d_logits.ptr, d_logits.ptr, d_lse.ptr, d_targets.ptr, d_weights.ptr, n_predict, d_g.ptr,
+                              T, V, nullptr);
+    test::check(bytes_of(d_logits.download()) == bytes_of(dlogits), "mtp loss backward in place%s", what.c_str());
+}
+
+// The backward against central differences of the double forward L = g sum_t loss_t, at every logit.
+void test_mtp_loss_finite_differences(int T, int V, const std::vector<float>& weights) {
+    const int n_predict = static_cast<int>(weights.size());
+    const float g = 0.75f;
+    auto logits = random_bf16(size_t(T) * V, 0.0, 4.0);
+    std::vector<int> targets(T);
+    for (auto& t : targets) t = test::randint(0, V - 1);
+    DeviceBuffer<bf16> d_logits(logits), d_dlogits(size_t(T) * V);
+    DeviceBuffer<int> d_targets(targets);
+    DeviceBuffer<float> d_weights(weights), d_losses(T), d_lse(T), d_total(1), d_g(std::vector<float>{g});
+    softcap_mtp_loss_forward(d_total.ptr, false, d_losses.ptr, d_lse.ptr, d_logits.ptr, d_targets.ptr, d_weights.ptr,
+                             n_predict, T, V, nullptr);
+    softcap_mtp_loss_backward(d_dlogits.ptr, d_logits.ptr, d_lse.ptr, d_targets.ptr, d_weights.ptr, n_predict, d_g.ptr,
+                              T, V, nullptr);
+    const auto got = values_of(d_dlogits.download());
+    auto l = values_of(logits);
+    const auto total = [&](const std::vector<double>& x) {
+        const MtpRef r = mtp_forward_ref(x, targets, weights, T, V);
+        double s = 0.0;
+        for (double v : r.loss) s += v;
+        return g * s;
+    };
+    const MtpRef ref = mtp_forward_ref(l, targets, weights, T, V);
+    std::vector<double> analytic, tol, fd(l.size());
+    mtp_backward_ref(l, targets, weights, g, ref, T, V, analytic, tol);
+    const double h = 1e-4;
+    for (size_t i = 0; i < l.size(); ++i) {
+        const double x0 = l[i];
+        l[i] = x0 + h;
+        const double up = total(l);
+        l[i] = x0 - h;
+        const double down = total(l);
+        l[i] = x0;
+        fd[i] = (up - down) / (2 * h);
+        tol[i] += 1e-7;  // the difference quotient's own error (O(h^2) and cancellation)
+    }
+    check_within("mtp loss backward vs finite differences, T " + std::to_string(T) + " V " + std::to_string(V), got, fd,
+                 tol);
+}
+
+// Eval: z rounded to bf16 before the fp32 cross-entropy. Logits whose z lies within 1e-5 (relative)
+// of a bf16 rounding boundary are redrawn, so fp32 and fast-exp error cannot flip the rounding.
+void test_eval_loss(int T, int V) {
+    const std::string what = " T " + std::to_string(T) + " V " + std::to_string(V);
+    auto logits = random_logits(T, V);
+    const auto near_tie = [](double z) {
+        int e;
+        std::frexp(z, &e);                          // z = f 2^e, f in [0.5, 1)
+        const double ulp = std::ldexp(1.0, e - 8);  // bf16 keeps 8 significant bits
+        const double frac = z / ulp - std::floor(z / ulp);
+        return std::fabs(frac - 0.5) * ulp < 1e-5 * z;
+    };
+    for (auto& x : logits)
+        while (near_tie(23.0 * softcap_sigmoid_ref(value(x)))) x = to_bf16(test::normal(0.0, 2.5));
+    std::vector<int> targets(T);
+    for (auto& t : targets) t = test::randint(0, V - 1);
+    std::vector<double> want(T);
+    double mean = 0.0;
+    for (int t = 0; t < T; ++t) {
+        const auto zb = [&](int v) {
+            return value(to_bf16(23.0 * softcap_sigmoid_ref(value(logits[size_t(t) * V + v]))));
+        };
+        double sum = 0.0;
+        for (int v = 0; v < V; ++v) sum += std::exp(zb(v));
+        want[t] = std::log(sum) - zb(targets[t]);
+        mean += want[t] / T;
+    }
+    DeviceBuffer<bf16> d_logits(logits);
+    DeviceBuffer<int> d_targets(targets);
+    DeviceBuffer<float> d_rows(T), d_loss(std::vector<float>{2.0f});
+    softcap_eval_loss(d_loss.ptr, false, 1.0f / T, d_rows.ptr, d_logits.ptr, d_targets.ptr, T, V, nullptr);
+    test::check_close("eval loss rows" + what, d_rows.download().data(), want.data(), T, 5e-5, 1e-5);
+    const double got = d_loss.download()[0];
+    test::check(std::fabs(got - mean) <= 1e-5 * std::fabs(mean) + 5e-5, "eval loss mean%s: got %.9g want %.9g",
+                what.c_str(), got, mean);
+    // two halves accumulated with scale 1/T give the same mean
+    softcap_eval_loss(d_loss.ptr, false, 1.0f / T, d_rows.ptr, d_logits.ptr, d_targets.ptr, T / 2, V, nullptr);
+    softcap_eval_loss(d_loss.ptr, true, 1.0f / T, d_rows.ptr, d_logits.ptr + size_t(T / 2) * V, d_targets.ptr + T / 2,
+                      T - T / 2, V, nullptr);
+    const double got2 = d_loss.download()[0];
+    test::check(std::fabs(got2 - mean) <= 1e-5 * std::fabs(mean) + 5e-5,
+                "eval loss mean over two calls%s: got %.9g want %.9g", what.c_str(), got2, mean);
+}
+
+void test_shape_rules() {
+    test::check(lm_head_shape_error(64, 768, 50304).empty() && !lm_head_shape_error(40, 768, 50304).empty() &&
+                    !lm_head_shape_error(64, 100, 50304).empty() && !lm_head_shape_error(64, 768, 50257).empty(),
+                "lm_head shape rules (multiples of 16)");
+    float* p = nullptr;
+    test::check(quantize_fp8_shape_error(64, 64, {p}).empty() && !quantize_fp8_shape_error(64, 72, {p}).empty() &&
+                    !quantize_fp8_shape_error(0, 64, {p}).empty() &&
+                    !quantize_fp8_shape_error(64, 64, {reinterpret_cast<char*>(p) + 8}).empty(),
+                "quantization shape rules (multiples of 16, 16-byte alignment)");
+    test::check(
+        mtp_shape_error(256, 50304, p, 3).empty() && !mtp_shape_error(256, 50257, p, 3).empty() &&
+            !mtp_shape_error(256, 50304, p, 0).empty() && !mtp_shape_error(256, 50304, p, kMaxMtpWeights + 1).empty() &&
+            !loss_shape_error(0, 50304, p).empty() && !loss_shape_error(8, 64, reinterpret_cast<char*>(p) + 2).empty(),
+        "loss shape rules (V multiple of 8, 1..%d weights, aligned logits)", kMaxMtpWeights);
+}
+
+int main() {
+    test::seed();
+    test_shape_rules();
+    test_quantization();
+
+    test_lm_head_fp8(64, 128, 1024, 1, 0.005);  // tiny preset's width
+    test_lm_head_fp8(32, 128, 50304, 8, 0.02);  // the real vocabulary
+    test_lm_head_fp8(48, 768, 2048, 2, 0.01);   // record width
+    test_lm_head_bf16(64, 128, 1024);
+    test_lm_head_bf16(32, 128, 50304);
+    test_lm_head_bf16(48, 768, 2048);
+
+    test_mtp_loss(256, 50304, {1.0f, 0.5f, 0.25f}, false, 2.0f);  // tiny preset, stage 1 weights
+    test_mtp_loss(64, 1024, {1.0f, 0.5f, 0.0f}, false, 0.25f);    // a weight decayed to 0
+    test_mtp_loss(64, 1024, {1.0f, 0.0f, 0.125f}, true, 1.0f);
+    test_mtp_loss(33, 200, {1.0f, 0.3f}, true, 2.0f);
+    test_mtp_loss(16, 8 * 96, {1.0f}, false, 2.0f);
+    test_mtp_loss(3, 24, {1.0f, 0.5f, 0.25f}, false, 1.0f);  // every row near the end
+    test_mtp_loss_finite_differences(6, 16, {1.0f, 0.5f, 0.25f});
+    test_mtp_loss_finite_differences(5, 24, {0.8f, 0.3f});
+
+    test_eval_loss(64, 1024);
+    test_eval_loss(16, 50304);
+    test_eval_loss(7, 40);
+    return test::finish();
+}
