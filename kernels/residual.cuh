@@ -1,0 +1,473 @@
+// The residual stream of the GPT: the per-layer mix with x0 and the bigram embedding, the gated skip
+// from layer 3 into layer 6, the block-output adds and the final backout, each fused with the RMSNorm
+// that the next block reads when one does, and their backward passes. Streams and their gradients are
+// (T, C) bf16; scalar parameters are read from device memory; parameter gradients come from per-block
+// fp32 partial sums reduced in a fixed order by a second kernel, so they are bitwise reproducible.
+//
+// Forward, layer i (x: the stream entering the layer, x = x0 at layer 0; s: the stream):
+//   if (i == 6) { gated_skip_add_forward(xs, x, x_layer3, x0, skip_gate, skip_lambda, T, C, s);  x = xs; }
+//   residual_mix_forward(xm, ha, rstd_m, x, x0, x0_bigram, {&resid_l[i], &x0_l[i], &bigram_l[i]}, i == 0, T, C, s);
+//   if (attention) { attention(ha) -> ao;  residual_add_forward(xa, hm, rstd_a, xm, ao, T, C, s); }
+//   else           { xa = xm;  hm = ha; }          (layer 6: the MLP reads the mix's norm)
+//   mlp(hm) -> mo;  residual_add_forward(x_next, nullptr, nullptr, xa, mo, T, C, s);
+// Before layer 0: rmsnorm_forward(x0, rstd_0, smeared, T, C, s) (norm.cuh).
+// After layer 10: backout_forward(xf, hf, rstd_f, x_next, x_layer7, backout_lambda, T, C, s);  lm_head(hf).
+// Kept for the backward: each layer's x, xm, rstd_m, xa, rstd_a (and the blocks' inputs ha, hm); xf, rstd_f;
+// smeared, rstd_0; x0, x0_bigram, x_layer3, x_layer7.
+//
+// Backward (dX: gradient of the stream; gx0, gxb: gradients of x0 and x0_bigram, summed over layers;
+// acc: the parameter-gradient accumulate flag of the step):
+//   backout_backward(dX, dX7, d_backout_lambda, scratch, dhf, xf, rstd_f, x_layer7, backout_lambda, acc, T, C, s);
+//   layer i = 10 .. 0 (dX: gradient of the layer's output):
+//     mlp backward (d mo = dX) -> dhm
+//     if (attention) { residual_add_backward(dX, dhm, xa, rstd_a, T, C, s);  attention backward (d ao = dX) -> dha }
+//     else           { dha = dhm }
+//     residual_mix_backward(dIn, gx0, gxb, {&d_resid_l[i], &d_x0_l[i], &d_bigram_l[i]}, scratch, dX, dha, xm, rstd_m,
+//                           x, x0, x0_bigram, {&resid_l[i], ...}, i == 0, acc_in, i != 10, acc, T, C, s);
+//       dIn receives the gradient of the layer's input: dX itself in place (acc_in = false), the buffer that
+//       already holds layer 7's backout share (i = 8) or layer 3's skip share (i = 4) (acc_in = true),
+//       or gx0 at layer 0 (acc_in = true).
+//     if (i == 6) gated_skip_add_backward(dX3, gx0, d_skip_gate, d_skip_lambda, scratch, dX, x_layer3, x0, skip_gate,
+//                                         skip_lambda, false, acc, T, C, s);   (layer 5's output gradient is dX)
+// Before layer 0: rmsnorm_backward(d_smeared, gx0, smeared, rstd_0, T, C, false, s) (norm.cuh).
+//
+// Rounding: each stored tensor is computed in fp32 from its bf16 inputs and rounded once; a fused norm
+// normalizes the rounded stream it stores (the values its backward sees). One call per line of upstream's
+// forward: the skip add and each layer's output are stored in bf16 before the next mix reads them (where
+// torch.compile may fuse that chain and round once). The skip gate's logit is rounded to bf16 as
+// upstream's bf16 F.linear output is; in the backward, its logit gradient and the x0 gradient it sends
+// back are rounded to bf16 as the inputs and outputs of upstream's matmuls are.
+#pragma once
+#include "norm.cuh"
+
+#include <algorithm>
+
+constexpr int kSkipGateWidth = 12;                        // skip_gate reads x0[:, :12]
+constexpr int kResidualMaxBackwardBlocks = 1024;          // caps the partial sums; rows beyond it loop
+constexpr int kResidualMaxPartials = kSkipGateWidth + 1;  // per block: the most values one backward reduces
+
+// Device pointers to one layer's mixing scalars (fp32 parameters).
+struct MixLambdas {
+    const float* resid;   // resid_lambdas[i]
+    const float* x0;      // x0_lambdas[i]
+    const float* bigram;  // bigram_lambdas[i]
+};
+// Where their gradients go (fp32 elements of the parameters' gradients).
+struct MixLambdaGrads {
+    float* resid;
+    float* x0;
+    float* bigram;
+};
+
+__device__ __forceinline__ float residual_sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
+
+// ---- deterministic parameter gradients from per-block partial sums ----
+inline int residual_backward_blocks(int T) { return std::min(norm_row_blocks(T), kResidualMaxBackwardBlocks); }
+// Scratch bytes any backward launcher in this header needs for T rows.
+inline size_t residual_backward_scratch_bytes(int T) {
+    return sizeof(float) * kResidualMaxPartials * static_cast<size_t>(residual_backward_blocks(T));
+}
+
+// Reduced value v lands in f32[v] (fp32 gradient) or bf16[v] (bf16 gradient): one of them is set.
+struct ParamGradTargets {
+    float* f32[kResidualMaxPartials];
+    __nv_bfloat16* bf16[kResidualMaxPartials];
+    int count;
+};
+
+// grad[v] (+)= sum over b of partials[v * blocks + b]: one block per value, a fixed summation order.
+__global__ void sum_partials_into_param_grads_kernel(ParamGradTargets targets, const float* partials, int blocks,
+                                                     bool accumulate) {
+    const int v = blockIdx.x;
+    float s = 0.0f;
+    for (int b = threadIdx.x; b < blocks; b += blockDim.x) s += partials[static_cast<size_t>(v) * blocks + b];
+    s = block_reduce_sum(s);
+    if (threadIdx.x != 0) return;
+    if (float* g = targets.f32[v])
+        *g = accumulate ? *g + s : s;
+    else if (__nv_bfloat16* gb = targets.bf16[v])
+        *gb = __float2bfloat16(accumulate ? __bfloat162float(*gb) + s : s);
+}
+inline void sum_partials_into_param_grads(const ParamGradTargets& targets, const float* partials, int blocks,
+                                          bool accumulate, cudaStream_t stream) {
+    launch(sum_partials_into_param_grads_kernel, dim3(targets.count), dim3(128), 0, stream, targets, partials, blocks,
+           accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+
+// Writes the block's sums of its threads' `acc` values (NV per thread, reduced over each warp, then over
+// warps in order) as partials[v * gridDim.x + blockIdx.x]. Every thread of the block must call it.
+template <int NV>
+__device__ __forceinline__ void store_block_partials(float* partials, const float (&acc)[NV]) {
+    __shared__ float warp_sums[kNormRowsPerBlock][NV];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+    for (int v = 0; v < NV; ++v) {
+        const float s = warp_reduce_sum(acc[v]);
+        if (lane == 0) warp_sums[warp][v] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < NV) {
+        float s = 0.0f;
+        for (int w = 0; w < kNormRowsPerBlock; ++w) s += warp_sums[w][threadIdx.x];
+        partials[static_cast<size_t>(threadIdx.x) * gridDim.x + blockIdx.x] = s;
+    }
+}
+
+// ---- the layer mix ----
+// x_out = bf16(r*x + l*x0 + b*xb), at layer 0 bf16((r + l)*x + b*xb) with x = x0; h = norm(x_out).
+__global__ void __launch_bounds__(kNormThreads, 4)
+    residual_mix_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                                const __nv_bfloat16* x0, const __nv_bfloat16* x0_bigram, MixLambdas lambdas,
+                                bool first_layer, int T, int C) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    const float l = *lambdas.x0, b = *lambdas.bigram;
+    // upstream folds x0_lambdas[0] into x's coefficient at layer 0
+    const float r = first_layer ? *lambdas.resid + l : *lambdas.resid;
+    const size_t off = static_cast<size_t>(row) * C;
+    NormRow out = {};
+#pragma unroll
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) continue;
+        const Pack128<__nv_bfloat16> xv = load128(x + off + col), bv = load128(x0_bigram + off + col);
+        const Pack128<__nv_bfloat16> zv = first_layer ? xv : load128(x0 + off + col);
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k) {
+            float v = r * __bfloat162float(xv[k]) + b * __bfloat162float(bv[k]);
+            if (!first_layer) v += l * __bfloat162float(zv[k]);
+            out.pack[i][k] = __float2bfloat16(v);
+        }
+        store128(x_out + off + col, out.pack[i]);
+    }
+    norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
+}
+// first_layer (layer 0): x is x0 itself, and its coefficient is resid + x0 lambda (x0 is not read).
+inline void residual_mix_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                                 const __nv_bfloat16* x0, const __nv_bfloat16* x0_bigram, MixLambdas lambdas,
+                                 bool first_layer, int T, int C, cudaStream_t stream) {
+    require_norm_rows("residual_mix_forward", T, C, {x_out, h, x, x0, x0_bigram});
+    launch(residual_mix_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x,
+           x0, x0_bigram, lambdas, first_layer, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// gm = g + rstd*dh - xm * rstd^3 dot(dh, xm)/C (the stream's gradient plus the norm's, kept in fp32);
+// dx (+)= r*gm, dx0 (+)= l*gm, dxb (+)= b*gm; partial sums of gm*x, gm*x0, gm*xb for the lambdas.
+// (3 blocks per SM, not 4: it streams seven tensors and needs 80 registers.)
+__global__ void __launch_bounds__(kNormThreads, 3)
+    residual_mix_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram, float* partials,
+                                 const __nv_bfloat16* g, const __nv_bfloat16* dh, const __nv_bfloat16* x_mix,
+                                 const float* h_rstd, const __nv_bfloat16* x, const __nv_bfloat16* x0,
+                                 const __nv_bfloat16* x0_bigram, MixLambdas lambdas, bool first_layer,
+                                 bool accumulate_dx, bool accumulate_x0_grads, int T, int C) {
+    const int lane = threadIdx.x % 32;
+    const float l = *lambdas.x0, b = *lambdas.bigram;
+    const float r = first_layer ? *lambdas.resid + l : *lambdas.resid;
+    float acc[3] = {0.0f, 0.0f, 0.0f};  // gm*x, gm*x0, gm*xb
+    for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
+        const size_t off = static_cast<size_t>(row) * C;
+        const float rstd = h_rstd[row], q = norm_row_grad_coeff(dh + off, x_mix + off, rstd, C, lane);
+#pragma unroll 1
+        for (int i = 0; i < kNormPacksPerLane; ++i) {
+            const int col = norm_row_col(i, lane);
+            if (col >= C) break;
+            const size_t at = off + col;
+            const Pack128<__nv_bfloat16> dhv = load128(dh + at), xmv = load128(x_mix + at);
+            const Pack128<__nv_bfloat16> gv = load128(g + at), xv = load128(x + at), bv = load128(x0_bigram + at);
+            const Pack128<__nv_bfloat16> zv = first_layer ? xv : load128(x0 + at);
+            Pack128<__nv_bfloat16> dxv = accumulate_dx ? load128(dx + at) : Pack128<__nv_bfloat16>{};
+            Pack128<__nv_bfloat16> dzv =
+                accumulate_x0_grads && !first_layer ? load128(dx0 + at) : Pack128<__nv_bfloat16>{};
+            Pack128<__nv_bfloat16> dbv = accumulate_x0_grads ? load128(dx0_bigram + at) : Pack128<__nv_bfloat16>{};
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) {
+                const float gm =
+                    __bfloat162float(gv[k]) + rstd * __bfloat162float(dhv[k]) - q * __bfloat162float(xmv[k]);
+                acc[0] += gm * __bfloat162float(xv[k]);
+                acc[1] += gm * __bfloat162float(zv[k]);
+                acc[2] += gm * __bfloat162float(bv[k]);
+                dxv[k] = __float2bfloat16(accumulate_dx ? __bfloat162float(dxv[k]) + r * gm : r * gm);
+                dzv[k] = __float2bfloat16(accumulate_x0_grads ? __bfloat162float(dzv[k]) + l * gm : l * gm);
+                dbv[k] = __float2bfloat16(accumulate_x0_grads ? __bfloat162float(dbv[k]) + b * gm : b * gm);
+            }
+            store128(dx + at, dxv);
+            if (!first_layer) store128(dx0 + at, dzv);
+            store128(dx0_bigram + at, dbv);
+        }
+    }
+    store_block_partials(partials, acc);
+}
+// From the gradient of the mix output's two uses: g (the stream, added around the next block) and dh (the
+// norm that block read). dx: the gradient of the layer's input; it may be g itself (in place) unless
+// accumulate_dx. At layer 0 (first_layer) x is x0: dx is x0's gradient (accumulate it) and dx0 is unused.
+// accumulate_x0_grads: add into dx0 and dx0_bigram (every layer but the first one the backward meets).
+// accumulate: add into the lambda gradients. `scratch`: residual_backward_scratch_bytes(T).
+inline void residual_mix_backward(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram,
+                                  MixLambdaGrads lambda_grads, float* scratch, const __nv_bfloat16* g,
+                                  const __nv_bfloat16* dh, const __nv_bfloat16* x_mix, const float* h_rstd,
+                                  const __nv_bfloat16* x, const __nv_bfloat16* x0, const __nv_bfloat16* x0_bigram,
+                                  MixLambdas lambdas, bool first_layer, bool accumulate_dx, bool accumulate_x0_grads,
+                                  bool accumulate, int T, int C, cudaStream_t stream) {
+    require_norm_rows("residual_mix_backward", T, C, {dx, dx0, dx0_bigram, g, dh, x_mix, x, x0, x0_bigram});
+    const int blocks = residual_backward_blocks(T);
+    launch(residual_mix_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dx0, dx0_bigram, scratch, g,
+           dh, x_mix, h_rstd, x, x0, x0_bigram, lambdas, first_layer, accumulate_dx, accumulate_x0_grads, T, C);
+    CUDA_CHECK_LAUNCH();
+    ParamGradTargets targets = {};
+    targets.f32[0] = lambda_grads.resid;
+    targets.f32[1] = lambda_grads.x0;
+    targets.f32[2] = lambda_grads.bigram;
+    targets.count = 3;
+    sum_partials_into_param_grads(targets, scratch, blocks, accumulate, stream);
+}
+
+// ---- the gated skip from layer 3 into layer 6 ----
+struct SkipGateWeights {
+    float w[kSkipGateWidth];
+};
+__device__ __forceinline__ SkipGateWeights load_skip_gate(const __nv_bfloat16* gate_w) {
+    SkipGateWeights g;
+#pragma unroll
+    for (int k = 0; k < kSkipGateWidth; ++k) g.w[k] = __bfloat162float(gate_w[k]);
+    return g;
+}
+// bf16(x0[t, :12] . w): upstream's skip_gate is a bf16 F.linear, whose output is bf16.
+__device__ __forceinline__ float skip_gate_logit(const __nv_bfloat16* x0_row, const SkipGateWeights& gate) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kSkipGateWidth; ++k) s += __bfloat162float(x0_row[k]) * gate.w[k];
+    return __bfloat162float(__float2bfloat16(s));
+}
+
+// x_out = bf16(x + sigmoid(lambda) * 2 * sigmoid(logit) * skip), logit = bf16(x0[t, :12] . w).
+__global__ void __launch_bounds__(kNormThreads, 4)
+    gated_skip_add_forward_kernel(__nv_bfloat16* x_out, const __nv_bfloat16* x, const __nv_bfloat16* skip,
+                                  const __nv_bfloat16* x0, const __nv_bfloat16* gate_w, const float* skip_lambda, int T,
+                                  int C) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    const size_t off = static_cast<size_t>(row) * C;
+    const float s =
+        residual_sigmoid(*skip_lambda) * 2.0f * residual_sigmoid(skip_gate_logit(x0 + off, load_skip_gate(gate_w)));
+#pragma unroll
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) continue;
+        const Pack128<__nv_bfloat16> xv = load128(x + off + col), sv = load128(skip + off + col);
+        Pack128<__nv_bfloat16> out;
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k)
+            out[k] = __float2bfloat16(__bfloat162float(xv[k]) + s * __bfloat162float(sv[k]));
+        store128(x_out + off + col, out);
+    }
+}
+// skip: layer 3's output; gate_w: skip_gate (12 bf16); x_out may be x (in place).
+inline void gated_skip_add_forward(__nv_bfloat16* x_out, const __nv_bfloat16* x, const __nv_bfloat16* skip,
+                                   const __nv_bfloat16* x0, const __nv_bfloat16* gate_w, const float* skip_lambda,
+                                   int T, int C, cudaStream_t stream) {
+    require_norm_rows("gated_skip_add_forward", T, C, {x_out, x, skip, x0});
+    if (C < 2 * kNormPackWidth) {
+        std::fprintf(stderr, "gated_skip_add_forward: C=%d is narrower than the skip gate's %d inputs\n", C,
+                     kSkipGateWidth);
+        std::exit(EXIT_FAILURE);
+    }
+    launch(gated_skip_add_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, x, skip, x0,
+           gate_w, skip_lambda, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// With g = d x_out and s = sigmoid(lambda) * 2 * sigmoid(logit): d_skip (+)= s*g; ds = sum_c g*skip;
+// dlogit = bf16(ds * sigmoid(lambda) * 2 * sigmoid'(logit)); dx0[t, k] += bf16(dlogit * w[k]) for k < 12;
+// partial sums of dlogit * x0[t, k] (skip_gate) and ds * 2 * sigmoid(logit) * sigmoid'(lambda) (skip_lambda).
+__global__ void __launch_bounds__(kNormThreads, 4)
+    gated_skip_add_backward_kernel(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, float* partials, const __nv_bfloat16* g,
+                                   const __nv_bfloat16* skip, const __nv_bfloat16* x0, const __nv_bfloat16* gate_w,
+                                   const float* skip_lambda, bool accumulate_d_skip, int T, int C) {
+    const int lane = threadIdx.x % 32;
+    const float sl = residual_sigmoid(*skip_lambda);
+    const SkipGateWeights gate = load_skip_gate(gate_w);
+    const float w = lane < kSkipGateWidth ? gate.w[lane] : 0.0f;
+    float acc = 0.0f;  // lane k < 12: skip_gate[k]'s gradient; lane 12: skip_lambda's
+    for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
+        const size_t off = static_cast<size_t>(row) * C;
+        const float ds = norm_row_dot(norm_row_load(g + off, C, lane), norm_row_load(skip + off, C, lane));
+        const float sg = residual_sigmoid(skip_gate_logit(x0 + off, gate)), s = sl * 2.0f * sg;
+#pragma unroll 1
+        for (int i = 0; i < kNormPacksPerLane; ++i) {
+            const int col = norm_row_col(i, lane);
+            if (col >= C) break;
+            const Pack128<__nv_bfloat16> gv = load128(g + off + col);
+            Pack128<__nv_bfloat16> out = accumulate_d_skip ? load128(d_skip + off + col) : Pack128<__nv_bfloat16>{};
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) {
+                const float d = s * __bfloat162float(gv[k]);
+                out[k] = __float2bfloat16(accumulate_d_skip ? __bfloat162float(out[k]) + d : d);
+            }
+            store128(d_skip + off + col, out);
+        }
+        const float dlogit = __bfloat162float(__float2bfloat16(ds * sl * 2.0f * sg * (1.0f - sg)));
+        if (lane < kSkipGateWidth) {
+            const float x0k = __bfloat162float(x0[off + lane]);
+            acc += dlogit * x0k;
+            const float back = __bfloat162float(__float2bfloat16(dlogit * w));
+            dx0[off + lane] = __float2bfloat16(__bfloat162float(dx0[off + lane]) + back);
+        } else if (lane == kSkipGateWidth) {
+            acc += ds * 2.0f * sg * sl * (1.0f - sl);
+        }
+    }
+    // per-lane values: no warp reduction, the block sums each lane's value over its warps in order
+    __shared__ float lane_sums[kNormRowsPerBlock][kResidualMaxPartials];
+    const int warp = threadIdx.x / 32;
+    if (lane < kResidualMaxPartials) lane_sums[warp][lane] = acc;
+    __syncthreads();
+    if (threadIdx.x < kResidualMaxPartials) {
+        float s = 0.0f;
+        for (int wi = 0; wi < kNormRowsPerBlock; ++wi) s += lane_sums[wi][threadIdx.x];
+        partials[static_cast<size_t>(threadIdx.x) * gridDim.x + blockIdx.x] = s;
+    }
+}
+// g: the gradient of the skip add's output (also the gradient of its input x, unchanged). d_skip: the
+// gradient of layer 3's output (accumulate_d_skip adds into it). dx0 must hold x0's gradient so far: the
+// gate's share is added into its first 12 columns. accumulate: add into d_skip_gate and d_skip_lambda.
+inline void gated_skip_add_backward(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, __nv_bfloat16* d_skip_gate,
+                                    float* d_skip_lambda, float* scratch, const __nv_bfloat16* g,
+                                    const __nv_bfloat16* skip, const __nv_bfloat16* x0, const __nv_bfloat16* gate_w,
+                                    const float* skip_lambda, bool accumulate_d_skip, bool accumulate, int T, int C,
+                                    cudaStream_t stream) {
+    require_norm_rows("gated_skip_add_backward", T, C, {d_skip, dx0, g, skip, x0});
+    if (C < 2 * kNormPackWidth) {
+        std::fprintf(stderr, "gated_skip_add_backward: C=%d is narrower than the skip gate's %d inputs\n", C,
+                     kSkipGateWidth);
+        std::exit(EXIT_FAILURE);
+    }
+    const int blocks = residual_backward_blocks(T);
+    launch(gated_skip_add_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, d_skip, dx0, scratch, g, skip,
+           x0, gate_w, skip_lambda, accumulate_d_skip, T, C);
+    CUDA_CHECK_LAUNCH();
+    ParamGradTargets targets = {};
+    for (int k = 0; k < kSkipGateWidth; ++k) targets.bf16[k] = d_skip_gate + k;
+    targets.f32[kSkipGateWidth] = d_skip_lambda;
+    targets.count = kSkipGateWidth + 1;
+    sum_partials_into_param_grads(targets, scratch, blocks, accumulate, stream);
+}
+
+// ---- block outputs ----
+// x_out = bf16(x + y); h = norm(x_out) when h is given.
+__global__ void __launch_bounds__(kNormThreads, 4)
+    residual_add_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                                const __nv_bfloat16* y, int T, int C) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    const size_t off = static_cast<size_t>(row) * C;
+    NormRow out = {};
+#pragma unroll
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) continue;
+        const Pack128<__nv_bfloat16> xv = load128(x + off + col), yv = load128(y + off + col);
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k)
+            out.pack[i][k] = __float2bfloat16(__bfloat162float(xv[k]) + __bfloat162float(yv[k]));
+        store128(x_out + off + col, out.pack[i]);
+    }
+    if (h) norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
+}
+// Adds a block's output y into the stream; with h (and h_rstd) also the norm the next block reads.
+// x_out may be x (in place) when the backward does not need x.
+inline void residual_add_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                                 const __nv_bfloat16* y, int T, int C, cudaStream_t stream) {
+    require_norm_rows("residual_add_forward", T, C, {x_out, h, x, y});
+    launch(residual_add_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x, y,
+           T, C);
+    CUDA_CHECK_LAUNCH();
+}
+// The add passes its output's gradient dX to both x and y unchanged; with a norm, that gradient first
+// gains the norm's share: dX += norm backward of dh (x_out, h_rstd: the forward's).
+inline void residual_add_backward(__nv_bfloat16* dX, const __nv_bfloat16* dh, const __nv_bfloat16* x_out,
+                                  const float* h_rstd, int T, int C, cudaStream_t stream) {
+    rmsnorm_backward(dX, dh, x_out, h_rstd, T, C, true, stream);
+}
+
+// ---- the final backout ----
+// x_out = bf16(x - bl * x_backout); h = norm(x_out).
+__global__ void __launch_bounds__(kNormThreads, 4)
+    backout_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                           const __nv_bfloat16* x_backout, const float* backout_lambda, int T, int C) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    const float bl = *backout_lambda;
+    const size_t off = static_cast<size_t>(row) * C;
+    NormRow out = {};
+#pragma unroll
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) continue;
+        const Pack128<__nv_bfloat16> xv = load128(x + off + col), bv = load128(x_backout + off + col);
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k)
+            out.pack[i][k] = __float2bfloat16(__bfloat162float(xv[k]) - bl * __bfloat162float(bv[k]));
+        store128(x_out + off + col, out.pack[i]);
+    }
+    norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
+}
+// x: the last layer's output; x_backout: layer 7's output; h feeds the lm_head.
+inline void backout_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                            const __nv_bfloat16* x_backout, const float* backout_lambda, int T, int C,
+                            cudaStream_t stream) {
+    require_norm_rows("backout_forward", T, C, {x_out, h, x, x_backout});
+    launch(backout_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x,
+           x_backout, backout_lambda, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// gf = rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32); dx = bf16(gf), dx_backout = bf16(-bl * gf);
+// partial sums of -gf * x_backout for backout_lambda.
+__global__ void __launch_bounds__(kNormThreads, 4)
+    backout_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float* partials, const __nv_bfloat16* dh,
+                            const __nv_bfloat16* x_out, const float* h_rstd, const __nv_bfloat16* x_backout,
+                            const float* backout_lambda, int T, int C) {
+    const int lane = threadIdx.x % 32;
+    const float bl = *backout_lambda;
+    float acc[1] = {0.0f};
+    for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
+        const size_t off = static_cast<size_t>(row) * C;
+        const float rstd = h_rstd[row], q = norm_row_grad_coeff(dh + off, x_out + off, rstd, C, lane);
+#pragma unroll 1
+        for (int i = 0; i < kNormPacksPerLane; ++i) {
+            const int col = norm_row_col(i, lane);
+            if (col >= C) break;
+            const Pack128<__nv_bfloat16> dhv = load128(dh + off + col), xv = load128(x_out + off + col);
+            const Pack128<__nv_bfloat16> bv = load128(x_backout + off + col);
+            Pack128<__nv_bfloat16> dxv, dbv;
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) {
+                const float gf = rstd * __bfloat162float(dhv[k]) - q * __bfloat162float(xv[k]);
+                acc[0] -= gf * __bfloat162float(bv[k]);
+                dxv[k] = __float2bfloat16(gf);
+                dbv[k] = __float2bfloat16(-bl * gf);
+            }
+            store128(dx + off + col, dxv);
+            store128(dx_backout + off + col, dbv);
+        }
+    }
+    store_block_partials(partials, acc);
+}
+// dh: the lm_head input's gradient. dx: the last layer's output gradient; dx_backout: layer 7's output's
+// share (both overwritten: they are the first gradients of those streams). accumulate: add into
+// d_backout_lambda. `scratch`: residual_backward_scratch_bytes(T).
+inline void backout_backward(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float* d_backout_lambda, float* scratch,
+                             const __nv_bfloat16* dh, const __nv_bfloat16* x_out, const float* h_rstd,
+                             const __nv_bfloat16* x_backout, const float* backout_lambda, bool accumulate, int T, int C,
+                             cudaStream_t stream) {
+    require_norm_rows("backout_backward", T, C, {dx, dx_backout, dh, x_out, x_backout});
+    const int blocks = residual_backward_blocks(T);
+    launch(backout_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dx_backout, scratch, dh, x_out,
+           h_rstd, x_backout, backout_lambda, T, C);
+    CUDA_CHECK_LAUNCH();
+    ParamGradTargets targets = {};
+    targets.f32[0] = d_backout_lambda;
+    targets.count = 1;
+    sum_partials_into_param_grads(targets, scratch, blocks, accumulate, stream);
+}

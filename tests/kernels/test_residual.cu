@@ -1,0 +1,792 @@
+// kernels/residual.cuh: the layer mix (and its layer-0 form), the gated skip, the block-output add and
+// the backout, forward and backward, against double-precision loops on fresh random data: tiny and
+// record widths, ragged row counts and a row count past the cap on partial-sum blocks. Every lambda and
+// skip_gate gradient is also checked against central finite differences of the double reference on a
+// small case (which also checks the reference's backward), and every backward is run twice and must
+// give the same bits.
+//
+// Tolerances: a bf16 output is within 2^-8 of its exact value after rounding, so bf16 outputs get
+// rtol 2^-7, plus 1e-5 times the magnitude of the terms summed in fp32 before the rounding; fp32
+// parameter gradients get 1e-5 times the sum of their terms' magnitudes.
+#include "../../kernels/residual.cuh"
+#include "../test_util.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using bf16 = __nv_bfloat16;
+using V = std::vector<double>;
+
+template <class T>
+struct DeviceBuffer {  // test-only owner of device memory
+    T* ptr = nullptr;
+    size_t n;
+    explicit DeviceBuffer(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
+    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
+    ~DeviceBuffer() { cudaFree(ptr); }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    void upload(const std::vector<T>& h) {
+        CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    std::vector<T> download() const {
+        std::vector<T> h(n);
+        CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return h;
+    }
+};
+
+std::vector<bf16> random_bf16(size_t n, double std) {
+    std::vector<bf16> v(n);
+    for (auto& x : v) x = __float2bfloat16(static_cast<float>(test::normal(0.0, std)));
+    return v;
+}
+V values(const std::vector<bf16>& v) {
+    V d(v.size());
+    for (size_t i = 0; i < v.size(); ++i) d[i] = __bfloat162float(v[i]);
+    return d;
+}
+V values(const std::vector<float>& v) { return V(v.begin(), v.end()); }
+std::vector<bf16> to_bf16(const V& v) {
+    std::vector<bf16> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = __float2bfloat16(static_cast<float>(v[i]));
+    return b;
+}
+template <class T>
+bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+double round_bf16(double v) { return __bfloat162float(__float2bfloat16(static_cast<float>(v))); }
+double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+
+// One check: |got[i] - want[i]| <= tol[i] for every i; reports the worst offender.
+bool check_within(const std::string& what, const V& got, const V& want, const V& tol) {
+    if (!test::check(got.size() == want.size() && tol.size() == want.size(), "%s: %zu values, want %zu", what.c_str(),
+                     got.size(), want.size()))
+        return false;
+    size_t bad = 0, worst = 0;
+    double worst_ratio = -1.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double err = std::fabs(got[i] - want[i]), ratio = err / tol[i];
+        if (!(err <= tol[i])) ++bad;
+        if (!(ratio <= worst_ratio)) {  // NaN counts as worst
+            worst_ratio = ratio;
+            worst = i;
+        }
+    }
+    return test::check(bad == 0, "%s: %zu of %zu values off; worst at %zu: got %.8g want %.8g tol %.3g", what.c_str(),
+                       bad, got.size(), worst, got[worst], want[worst], tol[worst]);
+}
+bool check_scalar(const std::string& what, double got, double want, double tol) {
+    return check_within(what, V{got}, V{want}, V{tol});
+}
+// The tolerance of a bf16 output: rtol 2^-7 on the value plus 1e-5 of the terms' magnitude.
+V bf16_tol(const V& want, const V& magnitude) {
+    V tol(want.size());
+    for (size_t i = 0; i < want.size(); ++i) tol[i] = std::fabs(want[i]) / 128 + 1e-5 * magnitude[i] + 1e-30;
+    return tol;
+}
+
+// ---- the double-precision reference ----
+constexpr double kEps = 1.1920928955078125e-07;  // FLT_EPSILON, as F.rms_norm uses for fp32 compute
+constexpr int kGate = 12;                        // skip_gate reads x0[:, :12]
+
+void ref_norm(const V& x, int T, int C, V& y, V& rstd) {
+    y.assign(x.size(), 0.0);
+    rstd.assign(T, 0.0);
+    for (int t = 0; t < T; ++t) {
+        double ss = 0.0;
+        for (int c = 0; c < C; ++c) ss += x[size_t(t) * C + c] * x[size_t(t) * C + c];
+        rstd[t] = 1.0 / std::sqrt(ss / C + kEps);
+        for (int c = 0; c < C; ++c) y[size_t(t) * C + c] = x[size_t(t) * C + c] * rstd[t];
+    }
+}
+// The gradient of sum dy * norm(x) with respect to x, and each element's term magnitudes.
+void ref_norm_backward(const V& dy, const V& x, int T, int C, V& dx, V& magnitude) {
+    dx.assign(x.size(), 0.0);
+    magnitude.assign(x.size(), 0.0);
+    for (int t = 0; t < T; ++t) {
+        const size_t o = size_t(t) * C;
+        double ss = 0.0, dot = 0.0;
+        for (int c = 0; c < C; ++c) {
+            ss += x[o + c] * x[o + c];
+            dot += dy[o + c] * x[o + c];
+        }
+        const double ms = ss / C + kEps, r = 1.0 / std::sqrt(ms);
+        for (int c = 0; c < C; ++c) {
+            const double through_rstd = -dot * x[o + c] / (C * ms * std::sqrt(ms));
+            dx[o + c] = dy[o + c] * r + through_rstd;
+            magnitude[o + c] = std::fabs(dy[o + c] * r) + std::fabs(through_rstd);
+        }
+    }
+}
+double dot_with_norm(const V& dh, const V& x, int T, int C) {  // sum dh * norm(x)
+    V y, rstd;
+    ref_norm(x, T, C, y, rstd);
+    double s = 0.0;
+    for (size_t i = 0; i < y.size(); ++i) s += dh[i] * y[i];
+    return s;
+}
+double dot(const V& a, const V& b) {
+    double s = 0.0;
+    for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+    return s;
+}
+
+// The layer mix: xm = r*x + l*x0 + b*xb, or at layer 0 (x being x0) xm = (r + l)*x + b*xb.
+struct Mix {
+    double r, l, b;
+    bool first;
+};
+V ref_mix(const V& x, const V& x0, const V& xb, const Mix& m) {
+    V xm(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+        xm[i] = (m.first ? (m.r + m.l) * x[i] : m.r * x[i] + m.l * x0[i]) + m.b * xb[i];
+    return xm;
+}
+V mix_magnitude(const V& x, const V& x0, const V& xb, const Mix& m) {
+    V a(x.size());
+    for (size_t i = 0; i < x.size(); ++i)
+        a[i] = (m.first ? std::fabs((m.r + m.l) * x[i]) : std::fabs(m.r * x[i]) + std::fabs(m.l * x0[i])) +
+               std::fabs(m.b * xb[i]);
+    return a;
+}
+struct MixGrads {
+    V dx, dx0, dxb, magnitude;  // magnitude: of each element of the mix output's total gradient
+    double dr = 0, dl = 0, db = 0, mag_r = 0, mag_l = 0, mag_b = 0;
+};
+// g: the gradient of the mix output around the next block; dh: of the norm of it; xm: the stream the
+// norm read (the kernel's stored one, or the exact mix for finite differences).
+MixGrads ref_mix_backward(const V& g, const V& dh, const V& xm, const V& x, const V& x0, const V& xb, const Mix& m,
+                          int T, int C) {
+    V gn, gmag;
+    ref_norm_backward(dh, xm, T, C, gn, gmag);
+    MixGrads o;
+    o.dx.resize(x.size());
+    o.dx0.resize(x.size());
+    o.dxb.resize(x.size());
+    o.magnitude.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        const double gm = g[i] + gn[i], mag = std::fabs(g[i]) + gmag[i];
+        const double x0v = m.first ? x[i] : x0[i];
+        o.dx[i] = (m.first ? m.r + m.l : m.r) * gm;
+        o.dx0[i] = m.first ? 0.0 : m.l * gm;
+        o.dxb[i] = m.b * gm;
+        o.magnitude[i] = mag;
+        o.dr += gm * x[i];
+        o.dl += gm * x0v;
+        o.db += gm * xb[i];
+        o.mag_r += mag * std::fabs(x[i]);
+        o.mag_l += mag * std::fabs(x0v);
+        o.mag_b += mag * std::fabs(xb[i]);
+    }
+    return o;
+}
+double mix_loss(const V& g, const V& dh, const V& x, const V& x0, const V& xb, const Mix& m, int T, int C) {
+    const V xm = ref_mix(x, x0, xb, m);
+    return dot(g, xm) + dot_with_norm(dh, xm, T, C);
+}
+
+// The gated skip: x_out = x + sigmoid(lambda) * 2 * sigmoid(x0[t, :12] . w) * skip. bf16_linear rounds the
+// logit, its gradient and the x0 gradient it sends back to bf16, as upstream's bf16 F.linear does;
+// without it the math is exact (for finite differences).
+struct Skip {
+    double lambda;
+    V w;
+    bool bf16_linear;
+};
+double ref_skip_logit(const V& x0, size_t row_off, const Skip& s) {
+    double z = 0.0;
+    for (int k = 0; k < kGate; ++k) z += x0[row_off + k] * s.w[k];
+    return s.bf16_linear ? round_bf16(z) : z;
+}
+V ref_skip_forward(const V& x, const V& skip, const V& x0, const Skip& s, int T, int C, V* magnitude) {
+    V out(x.size());
+    if (magnitude) magnitude->resize(x.size());
+    for (int t = 0; t < T; ++t) {
+        const size_t o = size_t(t) * C;
+        const double gate = sigmoid(s.lambda) * 2.0 * sigmoid(ref_skip_logit(x0, o, s));
+        for (int c = 0; c < C; ++c) {
+            out[o + c] = x[o + c] + gate * skip[o + c];
+            if (magnitude) (*magnitude)[o + c] = std::fabs(x[o + c]) + std::fabs(gate * skip[o + c]);
+        }
+    }
+    return out;
+}
+struct SkipGrads {
+    V d_skip, d_skip_mag, dx0;  // dx0: the gate's share, (T, C) with only the first 12 columns non-zero
+    V dw = V(kGate), dw_mag = V(kGate);
+    // With bf16_linear: how far the kernel's bf16 logit gradient may be from the reference's on each row
+    // (0 where fp32 error cannot change its rounding), and what that allows on skip_gate's gradient.
+    V dlogit_slack, dw_slack = V(kGate);
+    double dlambda = 0, dlambda_mag = 0;
+};
+// g: the gradient of the skip add's output.
+SkipGrads ref_skip_backward(const V& g, const V& skip, const V& x0, const Skip& s, int T, int C) {
+    SkipGrads o;
+    o.d_skip.resize(g.size());
+    o.d_skip_mag.resize(g.size());
+    o.dx0.assign(g.size(), 0.0);
+    const double sl = sigmoid(s.lambda);
+    for (int t = 0; t < T; ++t) {
+        const size_t off = size_t(t) * C;
+        const double sg = sigmoid(ref_skip_logit(x0, off, s)), gate = sl * 2.0 * sg;
+        double ds = 0.0, ds_mag = 0.0;
+        for (int c = 0; c < C; ++c) {
+            ds += g[off + c] * skip[off + c];
+            ds_mag += std::fabs(g[off + c] * skip[off + c]);
+            o.d_skip[off + c] = gate * g[off + c];
+            o.d_skip_mag[off + c] = std::fabs(gate * g[off + c]);
+        }
+        const double dsig_logit = sl * 2.0 * sg * (1.0 - sg);
+        double dlogit = ds * dsig_logit;
+        // The kernel's fp32 row sum ds is within 1e-5 of its terms' magnitude; where that interval holds a
+        // bf16 rounding boundary, the kernel's bf16 logit gradient may round elsewhere: by at most twice
+        // the interval plus one bf16 step (2^-7).
+        const double err = 1e-5 * (ds_mag * dsig_logit + std::fabs(dlogit));
+        const bool may_differ = s.bf16_linear && round_bf16(dlogit - err) != round_bf16(dlogit + err);
+        o.dlogit_slack.push_back(may_differ ? 2 * err + std::fabs(dlogit) / 64 : 0.0);
+        if (s.bf16_linear) dlogit = round_bf16(dlogit);
+        for (int k = 0; k < kGate; ++k) {
+            const double back = dlogit * s.w[k];
+            o.dx0[off + k] = s.bf16_linear ? round_bf16(back) : back;
+            const double term = dlogit * x0[off + k];
+            o.dw[k] += term;
+            o.dw_mag[k] += std::fabs(term);
+            o.dw_slack[k] += o.dlogit_slack.back() * std::fabs(x0[off + k]);
+        }
+        const double dsig_lambda = 2.0 * sg * sl * (1.0 - sl);
+        o.dlambda += ds * dsig_lambda;
+        o.dlambda_mag += ds_mag * dsig_lambda;
+    }
+    return o;
+}
+double skip_loss(const V& g, const V& x, const V& skip, const V& x0, const Skip& s, int T, int C) {
+    return dot(g, ref_skip_forward(x, skip, x0, s, T, C, nullptr));
+}
+
+// The backout: xf = x - bl * xbk, h = norm(xf).
+V ref_backout(const V& x, const V& xbk, double bl) {
+    V xf(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xf[i] = x[i] - bl * xbk[i];
+    return xf;
+}
+struct BackoutGrads {
+    V dx, dxb, magnitude;
+    double dbl = 0, mag = 0;
+};
+BackoutGrads ref_backout_backward(const V& dh, const V& xf, const V& xbk, double bl, int T, int C) {
+    BackoutGrads o;
+    ref_norm_backward(dh, xf, T, C, o.dx, o.magnitude);
+    o.dxb.resize(xf.size());
+    for (size_t i = 0; i < xf.size(); ++i) {
+        o.dxb[i] = -bl * o.dx[i];
+        o.dbl -= o.dx[i] * xbk[i];
+        o.mag += o.magnitude[i] * std::fabs(xbk[i]);
+    }
+    return o;
+}
+
+// ---- test data ----
+struct Shape {
+    int T, C;
+    std::string name() const { return " T=" + std::to_string(T) + " C=" + std::to_string(C); }
+    size_t n() const { return size_t(T) * C; }
+};
+// x0-like rows whose first 12 columns lie on a coarse dyadic grid (i/64, |i| <= 128): with skip_gate
+// weights on j/128 (|j| <= 64), every partial sum of the logit is exact in fp32, so the kernel and the
+// reference round the same exact logit to bf16 (no rounding-boundary flips).
+std::vector<bf16> x0_rows(const Shape& s) {
+    auto x0 = random_bf16(s.n(), 1.0);
+    for (int t = 0; t < s.T; ++t)
+        for (int k = 0; k < kGate && k < s.C; ++k)
+            x0[size_t(t) * s.C + k] = __float2bfloat16(test::randint(-128, 128) / 64.0f);
+    return x0;
+}
+std::vector<bf16> skip_gate_weights() {
+    std::vector<bf16> w(kGate);
+    for (auto& v : w) v = __float2bfloat16(test::randint(-64, 64) / 128.0f);
+    return w;
+}
+float random_float(double lo, double hi) { return static_cast<float>(test::uniform(lo, hi)); }
+
+// ---- the layer mix ----
+void check_mix(const Shape& s, bool first) {
+    const std::string at = s.name() + (first ? " (layer 0)" : "");
+    const auto x = random_bf16(s.n(), 1.0), x0 = x0_rows(s), xb = random_bf16(s.n(), 0.5);
+    const auto g = random_bf16(s.n(), 1.0), dh = random_bf16(s.n(), 1.0);
+    const auto old_dx = random_bf16(s.n(), 1.0), old_dx0 = random_bf16(s.n(), 1.0), old_dxb = random_bf16(s.n(), 1.0);
+    const std::vector<float> lam = {random_float(0.5, 1.5), random_float(-0.5, 0.5), random_float(-0.3, 0.3)};
+    const std::vector<float> old_grads = {random_float(-1, 1), random_float(-1, 1), random_float(-1, 1)};
+    const Mix m{lam[0], lam[1], lam[2], first};
+    const V xd = first ? values(x0) : values(x), x0d = values(x0), xbd = values(xb);
+
+    DeviceBuffer<bf16> d_x(x), d_x0(x0), d_xb(xb), d_g(g), d_dh(dh), d_xm(s.n()), d_h(s.n());
+    DeviceBuffer<bf16> d_dx(s.n()), d_dx0(s.n()), d_dxb(s.n());
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(3),
+        d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+    const bf16* x_in = first ? d_x0.ptr : d_x.ptr;  // at layer 0 the stream is x0 itself
+    const MixLambdas lambdas{d_lam.ptr, d_lam.ptr + 1, d_lam.ptr + 2};
+    const MixLambdaGrads grads{d_grads.ptr, d_grads.ptr + 1, d_grads.ptr + 2};
+
+    // forward: the stream against the exact mix; the norm against the norm of the stored (rounded) stream
+    residual_mix_forward(d_xm.ptr, d_h.ptr, d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas, first, s.T, s.C, nullptr);
+    const V xm_ref = ref_mix(xd, x0d, xbd, m);
+    const auto xm = d_xm.download();
+    const V xmd = values(xm);
+    check_within("residual_mix_forward x" + at, xmd, xm_ref, bf16_tol(xm_ref, mix_magnitude(xd, x0d, xbd, m)));
+    V h_ref, rstd_ref;
+    ref_norm(xmd, s.T, s.C, h_ref, rstd_ref);
+    check_within("residual_mix_forward h" + at, values(d_h.download()), h_ref, bf16_tol(h_ref, V(h_ref.size(), 0.0)));
+    V rstd_tol(s.T);
+    for (int t = 0; t < s.T; ++t) rstd_tol[t] = 1e-5 * rstd_ref[t];
+    check_within("residual_mix_forward rstd" + at, values(d_rstd.download()), rstd_ref, rstd_tol);
+
+    const MixGrads want = ref_mix_backward(values(g), values(dh), xmd, xd, x0d, xbd, m, s.T, s.C);
+    V mag_dx(s.n()), mag_dx0(s.n()), mag_dxb(s.n());
+    for (size_t i = 0; i < s.n(); ++i) {
+        mag_dx[i] = std::fabs(first ? m.r + m.l : m.r) * want.magnitude[i];
+        mag_dx0[i] = std::fabs(m.l) * want.magnitude[i];
+        mag_dxb[i] = std::fabs(m.b) * want.magnitude[i];
+    }
+    for (bool acc : {false, true}) {
+        // accumulate: every output adds to what is there (at layer 0, dx is x0's gradient and dx0 unused)
+        const std::string how = at + (acc ? " accumulate" : "");
+        d_dx.upload(old_dx);
+        d_dx0.upload(old_dx0);
+        d_dxb.upload(old_dxb);
+        d_grads.upload(old_grads);
+        residual_mix_backward(d_dx.ptr, first ? nullptr : d_dx0.ptr, d_dxb.ptr, grads, d_scratch.ptr, d_g.ptr, d_dh.ptr,
+                              d_xm.ptr, d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas, first, acc, acc, acc, s.T, s.C,
+                              nullptr);
+        const auto dx = d_dx.download(), dx0 = d_dx0.download(), dxb = d_dxb.download();
+        const auto pg = d_grads.download();
+        V w_dx = want.dx, w_dx0 = want.dx0, w_dxb = want.dxb, m_dx = mag_dx, m_dx0 = mag_dx0, m_dxb = mag_dxb;
+        if (acc) {
+            for (size_t i = 0; i < s.n(); ++i) {
+                w_dx[i] += __bfloat162float(old_dx[i]);
+                w_dx0[i] += __bfloat162float(old_dx0[i]);
+                w_dxb[i] += __bfloat162float(old_dxb[i]);
+                m_dx[i] += std::fabs(__bfloat162float(old_dx[i]));
+                m_dx0[i] += std::fabs(__bfloat162float(old_dx0[i]));
+                m_dxb[i] += std::fabs(__bfloat162float(old_dxb[i]));
+            }
+        }
+        check_within("residual_mix_backward dx" + how, values(dx), w_dx, bf16_tol(w_dx, m_dx));
+        if (first)
+            test::check(bitwise_equal(dx0, old_dx0), "residual_mix_backward leaves dx0 alone at layer 0%s",
+                        how.c_str());
+        else
+            check_within("residual_mix_backward dx0" + how, values(dx0), w_dx0, bf16_tol(w_dx0, m_dx0));
+        check_within("residual_mix_backward dx0_bigram" + how, values(dxb), w_dxb, bf16_tol(w_dxb, m_dxb));
+        const double base[3] = {acc ? old_grads[0] : 0.0, acc ? old_grads[1] : 0.0, acc ? old_grads[2] : 0.0};
+        check_scalar("d resid_lambda" + how, pg[0], base[0] + want.dr,
+                     1e-5 * (want.mag_r + std::fabs(base[0])) + 1e-30);
+        check_scalar("d x0_lambda" + how, pg[1], base[1] + want.dl, 1e-5 * (want.mag_l + std::fabs(base[1])) + 1e-30);
+        check_scalar("d bigram_lambda" + how, pg[2], base[2] + want.db,
+                     1e-5 * (want.mag_b + std::fabs(base[2])) + 1e-30);
+        if (first && !acc)
+            test::check(pg[0] == pg[1], "layer 0: resid and x0 lambdas get the same gradient%s", how.c_str());
+
+        if (!acc) {  // the same call again gives the same bits
+            d_dx.upload(old_dx);
+            d_dx0.upload(old_dx0);
+            d_dxb.upload(old_dxb);
+            residual_mix_backward(d_dx.ptr, first ? nullptr : d_dx0.ptr, d_dxb.ptr, grads, d_scratch.ptr, d_g.ptr,
+                                  d_dh.ptr, d_xm.ptr, d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas, first, false,
+                                  false, false, s.T, s.C, nullptr);
+            test::check(bitwise_equal(d_dx.download(), dx) && bitwise_equal(d_dx0.download(), dx0) &&
+                            bitwise_equal(d_dxb.download(), dxb) && bitwise_equal(d_grads.download(), pg),
+                        "residual_mix_backward reproducible%s", how.c_str());
+        }
+    }
+    if (!first) {  // in place: the layer input's gradient overwrites the stream gradient it came from
+        DeviceBuffer<bf16> d_gdx(g);
+        residual_mix_backward(d_gdx.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.ptr, d_gdx.ptr, d_dh.ptr, d_xm.ptr,
+                              d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas, false, false, false, false, s.T, s.C,
+                              nullptr);
+        check_within("residual_mix_backward dx in place" + at, values(d_gdx.download()), want.dx,
+                     bf16_tol(want.dx, mag_dx));
+    }
+}
+
+// ---- the gated skip ----
+void check_skip(const Shape& s) {
+    const std::string at = s.name();
+    const auto x = random_bf16(s.n(), 1.0), skip = random_bf16(s.n(), 1.0), x0 = x0_rows(s), w = skip_gate_weights();
+    const auto g = random_bf16(s.n(), 1.0), old_dskip = random_bf16(s.n(), 1.0), old_dx0 = random_bf16(s.n(), 1.0);
+    const auto old_dw = random_bf16(kGate, 0.5);
+    const std::vector<float> lam = {random_float(-2.5, 1.0)}, old_dlam = {random_float(-1, 1)};
+    const Skip sp{lam[0], values(w), true};
+    const V xd = values(x), skd = values(skip), x0d = values(x0);
+
+    DeviceBuffer<bf16> d_x(x), d_skip(skip), d_x0(x0), d_w(w), d_g(g), d_out(s.n()), d_dskip(s.n()), d_dx0(s.n()),
+        d_dw(kGate);
+    DeviceBuffer<float> d_lam(lam), d_dlam(1), d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+
+    gated_skip_add_forward(d_out.ptr, d_x.ptr, d_skip.ptr, d_x0.ptr, d_w.ptr, d_lam.ptr, s.T, s.C, nullptr);
+    V mag;
+    const V out_ref = ref_skip_forward(xd, skd, x0d, sp, s.T, s.C, &mag);
+    check_within("gated_skip_add_forward" + at, values(d_out.download()), out_ref, bf16_tol(out_ref, mag));
+    {  // in place
+        DeviceBuffer<bf16> d_io(x);
+        gated_skip_add_forward(d_io.ptr, d_io.ptr, d_skip.ptr, d_x0.ptr, d_w.ptr, d_lam.ptr, s.T, s.C, nullptr);
+        test::check(bitwise_equal(d_io.download(), d_out.download()), "gated_skip_add_forward in place%s", at.c_str());
+    }
+
+    const SkipGrads want = ref_skip_backward(values(g), skd, x0d, sp, s.T, s.C);
+    const std::vector<bf16> zeros(s.n(), __float2bfloat16(0.0f));
+    for (bool acc : {false, true}) {
+        // x0's gradient always gains the gate's share: from zeros it must be the share itself
+        const std::string how = at + (acc ? " accumulate" : "");
+        const std::vector<bf16>& dx0_before = acc ? old_dx0 : zeros;
+        d_dskip.upload(old_dskip);
+        d_dx0.upload(dx0_before);
+        d_dw.upload(old_dw);
+        d_dlam.upload(old_dlam);
+        gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.ptr, d_g.ptr, d_skip.ptr,
+                                d_x0.ptr, d_w.ptr, d_lam.ptr, acc, acc, s.T, s.C, nullptr);
+        const auto dskip = d_dskip.download(), dx0 = d_dx0.download(), dw = d_dw.download();
+        const auto dlam = d_dlam.download();
+
+        V w_dskip = want.d_skip, m_dskip = want.d_skip_mag;
+        if (acc)
+            for (size_t i = 0; i < s.n(); ++i) {
+                w_dskip[i] += __bfloat162float(old_dskip[i]);
+                m_dskip[i] += std::fabs(__bfloat162float(old_dskip[i]));
+            }
+        check_within("gated_skip_add_backward d_skip" + how, values(dskip), w_dskip, bf16_tol(w_dskip, m_dskip));
+
+        // x0's gradient gains the gate's share in its first 12 columns; the rest is untouched. The share is
+        // a product of bf16 values rounded to bf16, the same bits as the reference's, except on rows where
+        // the logit gradient may round elsewhere (its slack, and one more rounding of the share).
+        V got0, want0, tol0;
+        bool rest_untouched = true;
+        for (int t = 0; t < s.T; ++t)
+            for (int c = 0; c < s.C; ++c) {
+                const size_t i = size_t(t) * s.C + c;
+                if (c >= kGate) {
+                    rest_untouched &= std::memcmp(&dx0[i], &dx0_before[i], sizeof(bf16)) == 0;
+                    continue;
+                }
+                const double old = __bfloat162float(dx0_before[i]), share = want.dx0[i];
+                got0.push_back(__bfloat162float(dx0[i]));
+                want0.push_back(old + share);
+                const double slack = want.dlogit_slack[t];
+                tol0.push_back(std::fabs(old + share) / 128 * acc +
+                               (slack > 0 ? slack * std::fabs(sp.w[c]) + std::fabs(share) / 128 : 0.0) +
+                               1e-5 * std::fabs(old) + 1e-30);
+            }
+        check_within("gated_skip_add_backward dx0[:, :12]" + how, got0, want0, tol0);
+        test::check(rest_untouched, "gated_skip_add_backward leaves dx0[:, 12:] alone%s", how.c_str());
+
+        // skip_gate (bf16): rtol 2^-7, fp32 sums (1e-5 of the magnitude), and the rows whose logit gradient
+        // may round elsewhere
+        V w_dw(kGate), t_dw(kGate);
+        for (int k = 0; k < kGate; ++k) {
+            const double base = acc ? __bfloat162float(old_dw[k]) : 0.0;
+            w_dw[k] = base + want.dw[k];
+            t_dw[k] = std::fabs(w_dw[k]) / 128 + 1e-5 * (want.dw_mag[k] + std::fabs(base)) + want.dw_slack[k] + 1e-30;
+        }
+        check_within("d skip_gate" + how, values(dw), w_dw, t_dw);
+        const double base = acc ? old_dlam[0] : 0.0;
+        check_scalar("d skip_lambda" + how, dlam[0], base + want.dlambda,
+                     1e-5 * (want.dlambda_mag + std::fabs(base)) + 1e-30);
+
+        if (!acc) {
+            d_dskip.upload(old_dskip);
+            d_dx0.upload(dx0_before);
+            gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.ptr, d_g.ptr, d_skip.ptr,
+                                    d_x0.ptr, d_w.ptr, d_lam.ptr, false, false, s.T, s.C, nullptr);
+            test::check(bitwise_equal(d_dskip.download(), dskip) && bitwise_equal(d_dx0.download(), dx0) &&
+                            bitwise_equal(d_dw.download(), dw) && bitwise_equal(d_dlam.download(), dlam),
+                        "gated_skip_add_backward reproducible%s", how.c_str());
+        }
+    }
+}
+
+// ---- the block-output add ----
+void check_add(const Shape& s) {
+    const std::string at = s.name();
+    const auto x = random_bf16(s.n(), 1.0), y = random_bf16(s.n(), 1.0), dh = random_bf16(s.n(), 1.0);
+    const auto dX = random_bf16(s.n(), 1.0);
+    const V xd = values(x), yd = values(y);
+    DeviceBuffer<bf16> d_x(x), d_y(y), d_out(s.n()), d_h(s.n()), d_dh(dh), d_dX(dX);
+    DeviceBuffer<float> d_rstd(s.T);
+
+    residual_add_forward(d_out.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, s.T, s.C, nullptr);
+    const auto out = d_out.download();
+    V sum(s.n()), mag(s.n());
+    for (size_t i = 0; i < s.n(); ++i) {
+        sum[i] = xd[i] + yd[i];
+        mag[i] = std::fabs(xd[i]) + std::fabs(yd[i]);
+    }
+    check_within("residual_add_forward x" + at, values(out), sum, bf16_tol(sum, mag));
+    V h_ref, rstd_ref;
+    ref_norm(values(out), s.T, s.C, h_ref, rstd_ref);
+    check_within("residual_add_forward h" + at, values(d_h.download()), h_ref, bf16_tol(h_ref, V(s.n(), 0.0)));
+    V rstd_tol(s.T);
+    for (int t = 0; t < s.T; ++t) rstd_tol[t] = 1e-5 * rstd_ref[t];
+    check_within("residual_add_forward rstd" + at, values(d_rstd.download()), rstd_ref, rstd_tol);
+    {  // without the norm, in place
+        DeviceBuffer<bf16> d_io(x);
+        residual_add_forward(d_io.ptr, nullptr, nullptr, d_io.ptr, d_y.ptr, s.T, s.C, nullptr);
+        test::check(bitwise_equal(d_io.download(), out), "residual_add_forward without norm, in place%s", at.c_str());
+    }
+
+    // backward: the stream gradient gains the norm's share
+    residual_add_backward(d_dX.ptr, d_dh.ptr, d_out.ptr, d_rstd.ptr, s.T, s.C, nullptr);
+    V gn, gmag;
+    ref_norm_backward(values(dh), values(out), s.T, s.C, gn, gmag);
+    for (size_t i = 0; i < s.n(); ++i) {
+        gn[i] += __bfloat162float(dX[i]);
+        gmag[i] += std::fabs(__bfloat162float(dX[i]));
+    }
+    check_within("residual_add_backward" + at, values(d_dX.download()), gn, bf16_tol(gn, gmag));
+}
+
+// ---- the backout ----
+void check_backout(const Shape& s) {
+    const std::string at = s.name();
+    const auto x = random_bf16(s.n(), 1.0), xbk = random_bf16(s.n(), 1.0), dh = random_bf16(s.n(), 1.0);
+    const std::vector<float> bl = {random_float(0.2, 0.8)}, old_dbl = {random_float(-1, 1)};
+    const V xd = values(x), xbd = values(xbk);
+    DeviceBuffer<bf16> d_x(x), d_xbk(xbk), d_dh(dh), d_xf(s.n()), d_h(s.n()), d_dx(s.n()), d_dxb(s.n());
+    DeviceBuffer<float> d_rstd(s.T), d_bl(bl), d_dbl(1),
+        d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+
+    backout_forward(d_xf.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_xbk.ptr, d_bl.ptr, s.T, s.C, nullptr);
+    const V xf_ref = ref_backout(xd, xbd, bl[0]);
+    V mag(s.n());
+    for (size_t i = 0; i < s.n(); ++i) mag[i] = std::fabs(xd[i]) + std::fabs(bl[0] * xbd[i]);
+    const V xf = values(d_xf.download());
+    check_within("backout_forward x" + at, xf, xf_ref, bf16_tol(xf_ref, mag));
+    V h_ref, rstd_ref;
+    ref_norm(xf, s.T, s.C, h_ref, rstd_ref);
+    check_within("backout_forward h" + at, values(d_h.download()), h_ref, bf16_tol(h_ref, V(s.n(), 0.0)));
+    V rstd_tol(s.T);
+    for (int t = 0; t < s.T; ++t) rstd_tol[t] = 1e-5 * rstd_ref[t];
+    check_within("backout_forward rstd" + at, values(d_rstd.download()), rstd_ref, rstd_tol);
+
+    const BackoutGrads want = ref_backout_backward(values(dh), xf, xbd, bl[0], s.T, s.C);
+    V mag_b(s.n());
+    for (size_t i = 0; i < s.n(); ++i) mag_b[i] = bl[0] * want.magnitude[i];
+    for (bool acc : {false, true}) {
+        const std::string how = at + (acc ? " accumulate" : "");
+        d_dbl.upload(old_dbl);
+        backout_backward(d_dx.ptr, d_dxb.ptr, d_dbl.ptr, d_scratch.ptr, d_dh.ptr, d_xf.ptr, d_rstd.ptr, d_xbk.ptr,
+                         d_bl.ptr, acc, s.T, s.C, nullptr);
+        const auto dx = d_dx.download(), dxb = d_dxb.download();
+        const auto dbl = d_dbl.download();
+        check_within("backout_backward dx" + how, values(dx), want.dx, bf16_tol(want.dx, want.magnitude));
+        check_within("backout_backward dx_backout" + how, values(dxb), want.dxb, bf16_tol(want.dxb, mag_b));
+        const double base = acc ? old_dbl[0] : 0.0;
+        check_scalar("d backout_lambda" + how, dbl[0], base + want.dbl, 1e-5 * (want.mag + std::fabs(base)) + 1e-30);
+        if (!acc) {
+            backout_backward(d_dx.ptr, d_dxb.ptr, d_dbl.ptr, d_scratch.ptr, d_dh.ptr, d_xf.ptr, d_rstd.ptr, d_xbk.ptr,
+                             d_bl.ptr, false, s.T, s.C, nullptr);
+            test::check(bitwise_equal(d_dx.download(), dx) && bitwise_equal(d_dxb.download(), dxb) &&
+                            bitwise_equal(d_dbl.download(), dbl),
+                        "backout_backward reproducible%s", how.c_str());
+        }
+    }
+}
+
+// ---- finite differences on a small case ----
+// d loss / d v by central differences: `v` (a coordinate the loss reads) is moved and restored.
+template <class F>
+double central_difference(double& v, F&& loss) {
+    const double v0 = v, h = 1e-5 * std::max(1.0, std::fabs(v0));
+    v = v0 + h;
+    const double up = loss();
+    v = v0 - h;
+    const double down = loss();
+    v = v0;
+    return (up - down) / (2 * h);
+}
+// The reference backward within 1e-6 of the differences (relative to the terms' magnitude).
+constexpr double kFdRtol = 1e-6;
+
+void check_mix_finite_differences(bool first) {
+    const Shape s{5, 16};
+    const std::string at = first ? " (layer 0)" : "";
+    const auto x0b = x0_rows(s), xbb = random_bf16(s.n(), 0.5), gb = random_bf16(s.n(), 1.0);
+    const auto dhb = random_bf16(s.n(), 1.0), xb16 = first ? x0b : random_bf16(s.n(), 1.0);
+    const std::vector<float> lam = {random_float(0.5, 1.5), random_float(-0.5, 0.5), random_float(-0.3, 0.3)};
+    const V g = values(gb), dh = values(dhb);
+    V x = values(xb16), x0 = values(x0b), xb = values(xbb);
+    Mix m{lam[0], lam[1], lam[2], first};
+    const MixGrads want = ref_mix_backward(g, dh, ref_mix(x, x0, xb, m), x, x0, xb, m, s.T, s.C);
+    // at layer 0 the stream is x0: x and x0 are one input, moved together
+    const auto loss = [&] { return mix_loss(g, dh, x, first ? x : x0, xb, m, s.T, s.C); };
+
+    const double fd_r = central_difference(m.r, loss), fd_l = central_difference(m.l, loss);
+    const double fd_b = central_difference(m.b, loss);
+    check_scalar("mix reference d resid_lambda vs differences" + at, want.dr, fd_r, kFdRtol * want.mag_r + 1e-9);
+    check_scalar("mix reference d x0_lambda vs differences" + at, want.dl, fd_l, kFdRtol * want.mag_l + 1e-9);
+    check_scalar("mix reference d bigram_lambda vs differences" + at, want.db, fd_b, kFdRtol * want.mag_b + 1e-9);
+    V fd_x(s.n()), fd_x0(s.n()), fd_xb(s.n()), tol(s.n());
+    for (size_t i = 0; i < s.n(); ++i) {
+        fd_x[i] = central_difference(x[i], loss);
+        if (!first) fd_x0[i] = central_difference(x0[i], loss);
+        fd_xb[i] = central_difference(xb[i], loss);
+        tol[i] = kFdRtol * want.magnitude[i] + 1e-9;
+    }
+    check_within("mix reference dx vs differences" + at, want.dx, fd_x, tol);
+    if (!first) check_within("mix reference dx0 vs differences" + at, want.dx0, fd_x0, tol);
+    check_within("mix reference dx0_bigram vs differences" + at, want.dxb, fd_xb, tol);
+
+    // the kernels' lambda gradients against the same differences: the backward reads the stored bf16
+    // stream (within 2^-8 of the exact one) and its rstd, so allow 2^-6 of the terms' magnitude
+    DeviceBuffer<bf16> d_x(xb16), d_x0(x0b), d_xb(xbb), d_g(gb), d_dh(dhb), d_xm(s.n()), d_h(s.n()), d_dx(s.n()),
+        d_dx0(s.n()), d_dxb(s.n());
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(3),
+        d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+    const MixLambdas lambdas{d_lam.ptr, d_lam.ptr + 1, d_lam.ptr + 2};
+    residual_mix_forward(d_xm.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_x0.ptr, d_xb.ptr, lambdas, first, s.T, s.C, nullptr);
+    residual_mix_backward(d_dx.ptr, d_dx0.ptr, d_dxb.ptr, MixLambdaGrads{d_grads.ptr, d_grads.ptr + 1, d_grads.ptr + 2},
+                          d_scratch.ptr, d_g.ptr, d_dh.ptr, d_xm.ptr, d_rstd.ptr, d_x.ptr, d_x0.ptr, d_xb.ptr, lambdas,
+                          first, false, false, false, s.T, s.C, nullptr);
+    const auto pg = d_grads.download();
+    check_scalar("residual_mix_backward d resid_lambda vs differences" + at, pg[0], fd_r, want.mag_r / 64);
+    check_scalar("residual_mix_backward d x0_lambda vs differences" + at, pg[1], fd_l, want.mag_l / 64);
+    check_scalar("residual_mix_backward d bigram_lambda vs differences" + at, pg[2], fd_b, want.mag_b / 64);
+}
+
+void check_skip_finite_differences() {
+    const Shape s{5, 16};
+    const auto xb16 = random_bf16(s.n(), 1.0), skipb = random_bf16(s.n(), 1.0), x0b = x0_rows(s);
+    const auto wb = skip_gate_weights(), gb = random_bf16(s.n(), 1.0);
+    const std::vector<float> lam = {random_float(-2.5, 1.0)};
+    const V g = values(gb);
+    V x = values(xb16), skip = values(skipb), x0 = values(x0b);
+    Skip exact{lam[0], values(wb), false};
+    const SkipGrads want = ref_skip_backward(g, skip, x0, exact, s.T, s.C);
+    const auto loss = [&] { return skip_loss(g, x, skip, x0, exact, s.T, s.C); };
+
+    const double fd_lam = central_difference(exact.lambda, loss);
+    check_scalar("skip reference d skip_lambda vs differences", want.dlambda, fd_lam,
+                 kFdRtol * want.dlambda_mag + 1e-9);
+    V fd_w(kGate), tol_w(kGate);
+    for (int k = 0; k < kGate; ++k) {
+        fd_w[k] = central_difference(exact.w[k], loss);
+        tol_w[k] = kFdRtol * want.dw_mag[k] + 1e-9;
+    }
+    check_within("skip reference d skip_gate vs differences", want.dw, fd_w, tol_w);
+    V fd_skip(s.n()), fd_x0(s.n()), fd_x(s.n()), tol(s.n());
+    for (size_t i = 0; i < s.n(); ++i) {
+        fd_skip[i] = central_difference(skip[i], loss);
+        fd_x0[i] = central_difference(x0[i], loss);
+        fd_x[i] = central_difference(x[i], loss);
+        tol[i] = kFdRtol * (want.d_skip_mag[i] + std::fabs(want.dx0[i]) + std::fabs(g[i])) + 1e-9;
+    }
+    check_within("skip reference d_skip vs differences", want.d_skip, fd_skip, tol);
+    check_within("skip reference dx0 vs differences", want.dx0, fd_x0, tol);
+    check_within("skip: x's gradient is the output's (g) vs differences", g, fd_x, tol);
+
+    // the kernel (bf16 logit, logit gradient and x0 share) against the exact differences: the logit's
+    // rounding moves sigmoid terms by up to 2^-8 |logit| relative, so allow 2^-4 of the terms' magnitude
+    DeviceBuffer<bf16> d_skip(skipb), d_x0(x0b), d_w(wb), d_g(gb), d_dskip(s.n()),
+        d_dx0(std::vector<bf16>(s.n(), __float2bfloat16(0.0f))), d_dw(kGate);
+    DeviceBuffer<float> d_lam(lam), d_dlam(1), d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+    gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.ptr, d_g.ptr, d_skip.ptr, d_x0.ptr,
+                            d_w.ptr, d_lam.ptr, false, false, s.T, s.C, nullptr);
+    V tw(kGate);
+    for (int k = 0; k < kGate; ++k) tw[k] = want.dw_mag[k] / 16 + 1e-9;
+    check_within("gated_skip_add_backward d skip_gate vs differences", values(d_dw.download()), fd_w, tw);
+    check_scalar("gated_skip_add_backward d skip_lambda vs differences", d_dlam.download()[0], fd_lam,
+                 want.dlambda_mag / 16 + 1e-9);
+    V tx0(s.n());
+    for (size_t i = 0; i < s.n(); ++i) tx0[i] = std::fabs(fd_x0[i]) / 16 + 1e-9;
+    check_within("gated_skip_add_backward dx0 vs differences", values(d_dx0.download()), fd_x0, tx0);
+}
+
+void check_backout_finite_differences() {
+    const Shape s{5, 16};
+    const auto xb16 = random_bf16(s.n(), 1.0), xbkb = random_bf16(s.n(), 1.0), dhb = random_bf16(s.n(), 1.0);
+    const std::vector<float> blf = {random_float(0.2, 0.8)};
+    const V dh = values(dhb);
+    V x = values(xb16), xbk = values(xbkb);
+    double bl = blf[0];
+    const BackoutGrads want = ref_backout_backward(dh, ref_backout(x, xbk, bl), xbk, bl, s.T, s.C);
+    const auto loss = [&] { return dot_with_norm(dh, ref_backout(x, xbk, bl), s.T, s.C); };
+
+    const double fd_bl = central_difference(bl, loss);
+    check_scalar("backout reference d backout_lambda vs differences", want.dbl, fd_bl, kFdRtol * want.mag + 1e-9);
+    V fd_x(s.n()), fd_xb(s.n()), tol(s.n());
+    for (size_t i = 0; i < s.n(); ++i) {
+        fd_x[i] = central_difference(x[i], loss);
+        fd_xb[i] = central_difference(xbk[i], loss);
+        tol[i] = kFdRtol * want.magnitude[i] + 1e-9;
+    }
+    check_within("backout reference dx vs differences", want.dx, fd_x, tol);
+    check_within("backout reference dx_backout vs differences", want.dxb, fd_xb, tol);
+
+    DeviceBuffer<bf16> d_x(xb16), d_xbk(xbkb), d_dh(dhb), d_xf(s.n()), d_h(s.n()), d_dx(s.n()), d_dxb(s.n());
+    DeviceBuffer<float> d_rstd(s.T), d_bl(blf), d_dbl(1),
+        d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+    backout_forward(d_xf.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_xbk.ptr, d_bl.ptr, s.T, s.C, nullptr);
+    backout_backward(d_dx.ptr, d_dxb.ptr, d_dbl.ptr, d_scratch.ptr, d_dh.ptr, d_xf.ptr, d_rstd.ptr, d_xbk.ptr, d_bl.ptr,
+                     false, s.T, s.C, nullptr);
+    check_scalar("backout_backward d backout_lambda vs differences", d_dbl.download()[0], fd_bl, want.mag / 64);
+}
+
+void check_add_finite_differences() {
+    const Shape s{5, 16};
+    const auto xb16 = random_bf16(s.n(), 1.0), yb = random_bf16(s.n(), 1.0), gb = random_bf16(s.n(), 1.0);
+    const auto dhb = random_bf16(s.n(), 1.0);
+    const V g = values(gb), dh = values(dhb);
+    V x = values(xb16), y = values(yb);
+    const auto sum_of = [&] {
+        V sum(x.size());
+        for (size_t i = 0; i < sum.size(); ++i) sum[i] = x[i] + y[i];
+        return sum;
+    };
+    const auto loss = [&] {
+        const V sum = sum_of();
+        return dot(g, sum) + dot_with_norm(dh, sum, s.T, s.C);
+    };
+    V gn, gmag;
+    ref_norm_backward(dh, sum_of(), s.T, s.C, gn, gmag);
+    V want(s.n()), fd_x(s.n()), fd_y(s.n()), tol(s.n());
+    for (size_t i = 0; i < s.n(); ++i) {
+        want[i] = g[i] + gn[i];
+        fd_x[i] = central_difference(x[i], loss);
+        fd_y[i] = central_difference(y[i], loss);
+        tol[i] = kFdRtol * (std::fabs(g[i]) + gmag[i]) + 1e-9;
+    }
+    check_within("add reference dx vs differences", want, fd_x, tol);
+    check_within("add reference dy vs differences", want, fd_y, tol);
+
+    DeviceBuffer<bf16> d_x(xb16), d_y(yb), d_out(s.n()), d_h(s.n()), d_dh(dhb), d_dX(gb);
+    DeviceBuffer<float> d_rstd(s.T);
+    residual_add_forward(d_out.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, s.T, s.C, nullptr);
+    residual_add_backward(d_dX.ptr, d_dh.ptr, d_out.ptr, d_rstd.ptr, s.T, s.C, nullptr);
+    for (size_t i = 0; i < s.n(); ++i) tol[i] = std::fabs(fd_x[i]) / 64 + (std::fabs(g[i]) + gmag[i]) / 128 + 1e-9;
+    check_within("residual_add_backward vs differences", values(d_dX.download()), fd_x, tol);
+}
+
+int main() {
+    test::seed();
+    test::check(residual_backward_scratch_bytes(1) == 13 * sizeof(float) &&
+                    residual_backward_scratch_bytes(1 << 20) == 13 * sizeof(float) * kResidualMaxBackwardBlocks,
+                "scratch sized for 13 partial sums per block, blocks capped");
+    // tiny preset rows (256 and 1024), record width with full and ragged row counts, a narrow width, and a
+    // row count past the partial-sum block cap (warps loop over several rows)
+    const Shape shapes[] = {{256, 128}, {1024, 128}, {48, 768}, {37, 768}, {9, 16}, {8300, 128}};
+    for (const Shape& s : shapes) {
+        check_mix(s, false);
+        check_mix(s, true);
+        check_skip(s);
+        check_add(s);
+        check_backout(s);
+    }
+    check_mix_finite_differences(false);
+    check_mix_finite_differences(true);
+    check_skip_finite_differences();
+    check_backout_finite_differences();
+    check_add_finite_differences();
+    return test::finish();
+}
