@@ -5,6 +5,7 @@
 // and NCCL on every rank, compared with the host).
 //   mpirun -np 8 ./train_gpt          (GPU build)
 //   mpirun -np 2 ./train_gpt_cpu      (CPU build, emu)
+#include "data/loader.h"
 #include "kernels/attention.cuh"
 #include "kernels/common.cuh"
 #include "kernels/embed.cuh"
@@ -106,6 +107,27 @@ Config tiny_preset() {
     c.stages[1].batch_tokens = 8 * 384;
     c.stages[2].batch_tokens = c.stages[3].batch_tokens = 8 * 512;
     return c;
+}
+
+// Why a config cannot run (empty when it can): the shape rules the kernels rely on.
+std::string config_error(const Config& c) {
+    auto bad = [&](const std::string& what) { return "config '" + c.name + "': " + what; };
+    if (c.num_heads * c.head_dim != c.model_dim) return bad("num_heads * head_dim must equal model_dim");
+    if (c.num_heads % 2 != 0) return bad("paired-head layers need an even number of heads");
+    if (c.head_dim != 64 && c.head_dim != 128) return bad("head_dim must be 64 or 128 (the attention kernels' tiles)");
+    if (c.model_dim % 64 != 0 || c.model_dim > 1024) return bad("model_dim must be a multiple of 64, at most 1024");
+    if (c.mlp_dim % 64 != 0) return bad("mlp_dim must be a multiple of 64");
+    if (c.padded_vocab % 128 != 0 || c.padded_vocab < c.vocab_size) return bad("padded_vocab must be a multiple of 128 >= vocab_size");
+    if (c.bigram_vocab < 2) return bad("bigram_vocab must be at least 2");
+    if (c.world_size < 1 || 8 % c.world_size != 0) return bad("the world size must divide 8");
+    if (c.stages.empty()) return bad("at least one training stage is needed");
+    for (const TrainingStage& st : c.stages)
+        if (st.batch_tokens % (8 * 16) != 0 || st.mtp_start.size() != st.mtp_end.size() || st.mtp_start.empty() ||
+            st.mtp_start.size() > 8)
+            return bad("each stage's batch must split into 8 micro-batches of a multiple of 16 tokens, with 1 to 8 "
+                       "MTP weights");
+    if (c.val_batch_tokens % (8 * 16) != 0) return bad("the validation batch must split into 8 multiples of 16 tokens");
+    return "";
 }
 
 // The layer structure of the record (fixed: the code below follows it).
@@ -417,19 +439,21 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
 // ---- a micro-batch on the device, and what the host built for the embedding backward ----
 struct DeviceBatch {
     int T = 0, num_cu = 0;
+    int capacity = 0, cu_capacity = 0;  // what the arena holds
     int32_t *inputs, *targets, *cu_seqlens, *bigram;
     IdSegments token_segments, bigram_segments;  // host descriptions of the packed buffers
     int32_t *token_segments_dev, *bigram_segments_dev;
 };
-void layout_batch(Arena& a, const Config& c, int T, DeviceBatch& b) {
-    const int64_t cu = std::max<int64_t>(128, (T / 300 + 127) / 128 * 128);  // the loader's max_num_docs
+void layout_batch(Arena& a, int T, DeviceBatch& b) {
+    const int64_t cu = dataload::max_num_docs_for(T);
+    b.capacity = T;
+    b.cu_capacity = static_cast<int>(cu);
     b.inputs = a.take<int32_t>("batch.inputs", {T});
     b.targets = a.take<int32_t>("batch.targets", {T});
     b.cu_seqlens = a.take<int32_t>("batch.cu_seqlens", {cu});
     b.bigram = a.take<int32_t>("batch.bigram", {T});
     b.token_segments_dev = a.take<int32_t>("batch.token_segments", {static_cast<int64_t>(id_segments_capacity_ints(T))});
     b.bigram_segments_dev = a.take<int32_t>("batch.bigram_segments", {static_cast<int64_t>(id_segments_capacity_ints(T))});
-    (void)c;
 }
 
 // Copies one rank's micro-batch to the device and builds, on the host, the id segments the
@@ -439,6 +463,19 @@ struct BatchUploader {
     std::vector<int32_t> token_packed, bigram_packed;
     void upload(DeviceBatch& b, const Config& c, const int32_t* inputs, const int32_t* targets, const int32_t* cu_seqlens,
                 int num_cu, const int32_t* bigram, int T, cudaStream_t s) {
+        auto fail = [](const std::string& why) {
+            std::fprintf(stderr, "train_gpt: bad batch: %s\n", why.c_str());
+            std::exit(EXIT_FAILURE);
+        };
+        if (T <= 0 || T % 16 != 0) fail(std::to_string(T) + " tokens is not a positive multiple of 16");
+        if (T > b.capacity) fail(std::to_string(T) + " tokens exceed the " + std::to_string(b.capacity) + " the arena holds");
+        if (num_cu < 2 || num_cu > b.cu_capacity || cu_seqlens[0] != 0 || cu_seqlens[num_cu - 1] != T)
+            fail("cu_seqlens must have 2.." + std::to_string(b.cu_capacity) + " entries from 0 to T");
+        for (int t = 0; t < T; ++t)
+            if (inputs[t] < 0 || inputs[t] >= c.vocab_size || targets[t] < 0 || targets[t] >= c.vocab_size)
+                fail("token id " + std::to_string(inputs[t] < 0 || inputs[t] >= c.vocab_size ? inputs[t] : targets[t]) +
+                     " at position " + std::to_string(t) + " is outside the vocabulary [0, " +
+                     std::to_string(c.vocab_size) + ")");
         b.T = T;
         b.num_cu = num_cu;
         token_packed.resize(id_segments_capacity_ints(T));
@@ -499,7 +536,7 @@ void layout_state(Arena& a, Model& m) {
 void layout_activations(Arena& a, Model& m) {
     const Config& c = m.cfg;
     const int T = c.max_train_tokens(), Tv = c.val_micro_tokens();
-    layout_batch(a, c, std::max(T, Tv), m.batch);
+    layout_batch(a, std::max(T, Tv), m.batch);
     m.eval_batch = m.batch;
     // training and evaluation never hold their activations at the same time: they share the rest
     const size_t shared = a.mark();
@@ -582,6 +619,10 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
 // Builds the model for a config on the current device: arenas placed, parameters initialized,
 // the YaRN state reset.
 void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
+    if (const std::string e = config_error(c); !e.empty()) {
+        std::fprintf(stderr, "train_gpt: %s\n", e.c_str());
+        std::exit(EXIT_FAILURE);
+    }
     m.cfg = c;
     m.lt = std::make_unique<CublasLt>();
     place(m.param_arena, [&](Arena& a) { layout_params(a, c, m.params); });
@@ -806,6 +847,10 @@ MemoryPlan plan_memory(Model& m, int world) {
 constexpr double kUpstreamPeakMiB = 31253;
 
 void print_memory_plan(const Config& c, FILE* f) {
+    if (const std::string e = config_error(c); !e.empty()) {
+        std::fprintf(stderr, "train_gpt: %s\n", e.c_str());
+        std::exit(EXIT_FAILURE);
+    }
     Model m;
     m.cfg = c;
     const MemoryPlan plan = plan_memory(m, 8);

@@ -8,15 +8,12 @@
 
 #include <cublasLt.h>
 
-#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 struct cublasLtContext {
@@ -664,79 +661,6 @@ const Kernel& gemm_kernel() {
     return k;
 }
 
-// Worker threads beyond the caller, kept between matmuls (many are small).
-class GemmPool {
-public:
-    static GemmPool& get() {
-        static GemmPool pool(static_cast<unsigned>(std::max(1, emu::worker_count())) - 1);
-        return pool;
-    }
-    // Runs task(i) for every i in [0, tasks), spread over the caller and the workers.
-    void run(int64_t tasks, const std::function<void(int64_t)>& task) {
-        std::lock_guard<std::mutex> serial(run_m_);
-        if (threads_.empty() || tasks < 2) {
-            for (int64_t i = 0; i < tasks; ++i) task(i);
-            return;
-        }
-        {
-            std::lock_guard<std::mutex> lock(m_);
-            task_ = &task;
-            tasks_ = tasks;
-            next_ = 0;
-            busy_ = static_cast<unsigned>(threads_.size());
-            ++epoch_;
-        }
-        cv_.notify_all();
-        drain(task, tasks);
-        std::unique_lock<std::mutex> lock(m_);
-        done_cv_.wait(lock, [&] { return busy_ == 0; });
-        task_ = nullptr;
-    }
-    ~GemmPool() {
-        {
-            std::lock_guard<std::mutex> lock(m_);
-            stop_ = true;
-        }
-        cv_.notify_all();
-        for (auto& t : threads_) t.join();
-    }
-
-private:
-    explicit GemmPool(unsigned extra) {
-        for (unsigned i = 0; i < extra; ++i) threads_.emplace_back([this] { loop(); });
-    }
-    void drain(const std::function<void(int64_t)>& task, int64_t tasks) {
-        for (int64_t i; (i = next_.fetch_add(1)) < tasks;) task(i);
-    }
-    void loop() {
-        uint64_t seen = 0;
-        for (;;) {
-            const std::function<void(int64_t)>* task;
-            int64_t tasks;
-            {
-                std::unique_lock<std::mutex> lock(m_);
-                cv_.wait(lock, [&] { return stop_ || epoch_ != seen; });
-                if (stop_) return;
-                seen = epoch_;
-                task = task_;
-                tasks = tasks_;
-            }
-            drain(*task, tasks);
-            std::lock_guard<std::mutex> lock(m_);
-            if (--busy_ == 0) done_cv_.notify_one();
-        }
-    }
-    std::vector<std::thread> threads_;
-    std::mutex run_m_, m_;
-    std::condition_variable cv_, done_cv_;
-    const std::function<void(int64_t)>* task_ = nullptr;
-    int64_t tasks_ = 0;
-    std::atomic<int64_t> next_{0};
-    uint64_t epoch_ = 0;
-    unsigned busy_ = 0;
-    bool stop_ = false;
-};
-
 void run_gemm(const Gemm& g) {
     const Problem& p = g.p;
     if (p.m == 0 || p.n == 0 || p.batch == 0) return;
@@ -757,7 +681,7 @@ void run_gemm(const Gemm& g) {
             break;
     }
     const int64_t mt = (p.m + mc - 1) / mc, nt = (p.n + nc - 1) / nc;
-    GemmPool::get().run(p.batch * mt * nt, [&](int64_t t) {
+    emu::parallel_for(p.batch * mt * nt, [&](int64_t t) {
         const int64_t bi = t / (mt * nt), r = t % (mt * nt), it = r % mt, jt = r / mt;
         const int64_t i0 = it * mc, j0 = jt * nc;
         kern.tile(g, bi, i0, std::min(mc, p.m - i0), j0, std::min(nc, p.n - j0));

@@ -10,9 +10,11 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <condition_variable>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -297,33 +299,31 @@ void Worker::run_blocks(Job& job) {
     job_ = nullptr;
 }
 
-// Worker threads beyond the launching thread, woken for each launch.
+// Worker threads beyond the calling thread, woken for each parallel piece of work (a kernel's
+// blocks, a GEMM's tiles): the caller and every worker run the same function, which pulls its
+// share from a shared counter.
 class Pool {
 public:
     explicit Pool(unsigned extra) {
         for (unsigned i = 0; i < extra; ++i) threads_.emplace_back([this] { loop(); });
     }
-    ~Pool() {
-        {
+    // A forked child has only the thread that forked: it runs everything on that thread.
+    void forget_workers() { forked_ = true; }
+    void run(const std::function<void()>& work) {
+        std::lock_guard<std::mutex> serial(run_m_);
+        const bool helpers = !threads_.empty() && !forked_;
+        if (helpers) {
             std::lock_guard<std::mutex> lock(m_);
-            stop_ = true;
-        }
-        cv_.notify_all();
-        for (auto& t : threads_) t.join();
-    }
-    void run(Job& job) {
-        if (!threads_.empty()) {
-            std::lock_guard<std::mutex> lock(m_);
-            job_ = &job;
+            work_ = &work;
             ++epoch_;
             busy_ = static_cast<unsigned>(threads_.size());
             cv_.notify_all();
         }
-        this_worker().run_blocks(job);
-        if (!threads_.empty()) {
+        work();
+        if (helpers) {
             std::unique_lock<std::mutex> lock(m_);
             done_cv_.wait(lock, [&] { return busy_ == 0; });
-            job_ = nullptr;
+            work_ = nullptr;
         }
     }
 
@@ -331,31 +331,36 @@ private:
     void loop() {
         uint64_t seen = 0;
         for (;;) {
-            Job* job;
+            const std::function<void()>* work;
             {
                 std::unique_lock<std::mutex> lock(m_);
-                cv_.wait(lock, [&] { return stop_ || epoch_ != seen; });
-                if (stop_) return;
+                cv_.wait(lock, [&] { return epoch_ != seen; });
                 seen = epoch_;
-                job = job_;
+                work = work_;
             }
-            this_worker().run_blocks(*job);
+            (*work)();
             std::lock_guard<std::mutex> lock(m_);
             if (--busy_ == 0) done_cv_.notify_one();
         }
     }
     std::vector<std::thread> threads_;
-    std::mutex m_;
+    std::mutex run_m_, m_;
     std::condition_variable cv_, done_cv_;
-    Job* job_ = nullptr;
+    const std::function<void()>* work_ = nullptr;
     uint64_t epoch_ = 0;
     unsigned busy_ = 0;
-    bool stop_ = false;
+    bool forked_ = false;
 };
 
+// Never destroyed: its threads end with the process (joining them at exit would hang a forked
+// child, which has none of them).
 Pool& pool() {
-    static Pool p(settings().workers - 1);
-    return p;
+    static Pool* p = [] {
+        Pool* made = new Pool(settings().workers - 1);
+        pthread_atfork(nullptr, nullptr, [] { pool().forget_workers(); });
+        return made;
+    }();
+    return *p;
 }
 
 std::string kernel_name(const void* kernel) {
@@ -388,6 +393,17 @@ Worker& current_worker_on_fiber() { return *t_worker; }
 }  // namespace
 
 int worker_count() { return static_cast<int>(settings().workers); }
+
+void parallel_for(int64_t tasks, const std::function<void(int64_t)>& task) {
+    if (tasks < 2) {
+        for (int64_t i = 0; i < tasks; ++i) task(i);
+        return;
+    }
+    std::atomic<int64_t> next{0};
+    pool().run([&] {
+        for (int64_t i; (i = next.fetch_add(1)) < tasks;) task(i);
+    });
+}
 
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, Thunk thunk,
             const void* closure) {
@@ -434,7 +450,7 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
         set_sticky_error(cudaErrorLaunchFailure, "emu: kernel launched from inside a kernel (dynamic parallelism is not emulated)");
         return;
     }
-    pool().run(job);
+    pool().run([&job] { this_worker().run_blocks(job); });
     if (job.failed) set_sticky_error(cudaErrorLaunchFailure, job.error);
 }
 

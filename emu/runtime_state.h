@@ -2,6 +2,8 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 namespace emu {
@@ -13,4 +15,7 @@ void set_launch_error(cudaError_t e, const std::string& message);
 void set_sticky_error(cudaError_t e, const std::string& message);
 cudaError_t sticky_error();
 size_t max_dynamic_smem(const void* kernel);  // 48 KiB unless raised by cudaFuncSetAttribute
+// Runs task(i) for every i in [0, tasks) on emu's workers (the caller among them); one piece of
+// parallel work at a time.
+void parallel_for(int64_t tasks, const std::function<void(int64_t)>& task);
 }  // namespace emu

@@ -2,6 +2,9 @@
 // TEST_SEED), checks that count, comparison against double-precision references, and the
 // closing "N passed, M failed" line. Host code only.
 #pragma once
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cinttypes>
 #include <cmath>
 #include <cstdarg>
@@ -78,6 +81,35 @@ template <class G, class W>
 bool check_close(const std::string& what, const std::vector<G>& got, const std::vector<W>& want, double atol, double rtol) {
     if (!check(got.size() == want.size(), "%s: size %zu, want %zu", what.c_str(), got.size(), want.size())) return false;
     return check_close(what, got.data(), want.data(), got.size(), atol, rtol);
+}
+
+// Runs fn in a child process; checks that it exits non-zero with `phrase` in what it printed to
+// stderr (bad input must stop with a clear message).
+template <class F>
+bool check_fails_with(const char* what, const char* phrase, F fn) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    int fds[2];
+    if (pipe(fds) != 0) return check(false, "%s: pipe failed", what);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fds[1], 2);
+        close(fds[0]);
+        fn();
+        std::fflush(stderr);
+        _exit(0);
+    }
+    close(fds[1]);
+    std::string err;
+    char buf[512];
+    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<size_t>(n));
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    const bool failed = WIFEXITED(status) && WEXITSTATUS(status) != 0;
+    return check(failed && err.find(phrase) != std::string::npos,
+                 "%s: expected a non-zero exit mentioning '%s'; got %s, stderr: %s", what, phrase,
+                 failed ? "a failure" : "success", err.c_str());
 }
 
 // Prints the closing line and gives the exit code.

@@ -61,5 +61,28 @@ int main() {
     double n2 = 0;
     for (float v : gl) n2 += double(v) * v;
     test::check(std::isfinite(n2) && n2 > 0, "lm_head gradient norm^2 %g", n2);
+
+    // Bad input stops before any kernel runs, with a message naming the problem.
+    test::check_fails_with("odd head count", "even number of heads", [&] {
+        Config odd = c;
+        odd.num_heads = 1;
+        odd.head_dim = 128;
+        Model bad;
+        build_model(bad, odd, 1, s);
+    });
+    test::check_fails_with("token outside the vocabulary", "outside the vocabulary", [&] {
+        std::vector<int32_t> ids = inputs;
+        ids[7] = c.vocab_size;
+        up.upload(m.batch, c, ids.data(), targets.data(), cu.data(), int(cu.size()), bigram.data(), T, s);
+    });
+    test::check_fails_with("T not a multiple of 16", "multiple of 16", [&] {
+        std::vector<int32_t> short_cu = {0, T - 8};
+        up.upload(m.batch, c, inputs.data(), targets.data(), short_cu.data(), 2, bigram.data(), T - 8, s);
+    });
+    test::check_fails_with("batch larger than the arena", "exceed", [&] {
+        const int big = m.batch.capacity + 16;
+        std::vector<int32_t> ids(big, 1), cu2 = {0, big};
+        up.upload(m.batch, c, ids.data(), ids.data(), cu2.data(), 2, ids.data(), big, s);
+    });
     return test::finish();
 }
