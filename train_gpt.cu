@@ -646,14 +646,15 @@ MixLambdas mix_lambdas(const Params& p, int l) {
 }
 int layer_window(const StepSchedule& sch, int l) { return is_long_window(l) ? sch.ws_long : sch.ws_short; }
 
-AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const bf16* xa) {
+AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule& sch, const bf16* xa) {
     const Config& c = m.cfg;
     AttnAux aux;
     aux.T = b.T;
     aux.H = c.num_heads;
     aux.D = c.head_dim;
     aux.paired = is_paired(l);
-    aux.key_offset = is_long_window(l);
+    // upstream shifts keys on every non-paired layer whose window equals the long one
+    aux.key_offset = !is_paired(l) && layer_window(sch, l) == sch.ws_long;
     aux.rope_table = m.rope.table;
     aux.rope_positions = m.rope.positions;
     aux.xa = xa;
@@ -695,7 +696,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Acts& 
             const float* sa = p.scalars + kSaLambdas + 2 * l;
             lambda_scaled_weight_forward(L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C, s);
             lambda_scaled_weight_forward(L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C, s);
-            const AttnAux aux = attn_aux(m, l, b, L.h_attn);
+            const AttnAux aux = attn_aux(m, l, b, sch, L.h_attn);
             matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s);
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
             attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(sch, l),
@@ -757,7 +758,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, bool 
                      p.c_proj(c, l), L.pre, L.post, T, C, M, s);
         if (has_attention(l)) {
             residual_add_backward(dX, w.dh, L.xa, L.rstd_mlp, T, C, s);  // dX now: the gradient of xm's stream use
-            const AttnAux aux = attn_aux(m, l, b, L.h_attn);
+            const AttnAux aux = attn_aux(m, l, b, sch, L.h_attn);
             const float* sa = p.scalars + kSaLambdas + 2 * l;
             float* dsa = g.scalars + kSaLambdas + 2 * l;
             // output projection: block_out = y_gated @ wo_eff^T

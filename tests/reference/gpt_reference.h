@@ -1,0 +1,1000 @@
+// An independent reference of the record's whole GPT (modded-nanogpt 2026-02-06, see
+// shared/SPEC.md): forward, training loss (FP8 lm_head, softcapped multi-token prediction) or
+// evaluation loss, and a hand-written reverse-mode backward to every parameter. Plain C++ in
+// double precision with loops; it shares nothing with kernels/, so that a model built from the
+// kernels can be checked against it. Host code only (it also compiles under nvcc).
+//
+// Shapes (row-major): T tokens of one packed sequence, V padded vocab, C = H*D model width,
+// F = 4C MLP hidden width, 11 layers. Parameters are held in upstream's shapes (Params).
+//
+// Layout facts that are easy to get wrong (each one reproduced as upstream's code does it):
+// - Rotary positions are the index t in the packed sequence, not the position in the document.
+// - Paired-head layers (0, 2, 5, 9) rotate head h of token t at position 2t + (h & 1) (upstream
+//   rotates q viewed as (T, H/2, 2D)), then attend over the same memory read as (2T, H/2, D):
+//   head h of token t becomes row 2t + h / (H/2), slot h % (H/2) of a doubled sequence with
+//   doubled document bounds and the same window (in rows). With H = 6, slot s pairs heads s and
+//   s+3, while the rotary parity follows h & 1.
+// - The key offset (layers whose window equals the long window, non-paired only) and the smear
+//   read the previous token across document boundaries.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cfloat>
+#include <cmath>
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ref {
+
+constexpr int kLayers = 11;
+constexpr int kAttnLayers = 10;     // layer 6 has no attention
+constexpr int kValueTables = 5;     // value embeddings of layers 0, 1, 8, 9, 10
+constexpr int kMlpBankLayers = 12;  // 11 layers + 1 padding entry
+constexpr int kGateDim = 12;        // the leading channels that drive every gate
+constexpr int kSkipFrom = 3, kSkipTo = 6, kBackoutLayer = 7;
+constexpr double kRmsEps = FLT_EPSILON;  // F.rms_norm without eps on bf16 input (torch 2.10)
+constexpr double kPi = 3.14159265358979323846;
+constexpr double kSoftcapA = 23.0, kSoftcapB = 5.0, kSoftcapC = 7.5;  // z = A*sigmoid((l+B)/C)
+
+// The fp32 `scalars` vector: resid lambdas (11), sa lambdas as (11, 2), bigram lambdas (11),
+// smear, backout and skip lambdas, then padding.
+inline int scalar_resid(int layer) { return layer; }
+inline int scalar_sa(int layer, int j) { return kLayers + 2 * layer + j; }
+inline int scalar_bigram(int layer) { return 3 * kLayers + layer; }
+constexpr int kScalarSmear = 4 * kLayers, kScalarBackout = 4 * kLayers + 1, kScalarSkip = 4 * kLayers + 2;
+constexpr int kScalarsUsed = 4 * kLayers + 3;
+
+// Clear message and a non-zero exit for inputs the model cannot take.
+inline void require(bool ok, const char* fmt, ...) {
+    if (ok) return;
+    std::va_list ap;
+    va_start(ap, fmt);
+    std::fprintf(stderr, "gpt_reference: ");
+    std::vfprintf(stderr, fmt, ap);
+    std::fprintf(stderr, "\n");
+    va_end(ap);
+    std::exit(EXIT_FAILURE);
+}
+
+// Bank entry of a layer's attention weights and output gate (layer 6 has none: -1).
+inline int attn_bank_index(int layer) { return layer < 6 ? layer : layer == 6 ? -1 : layer - 1; }
+// Value-embedding table (and ve gate) of a layer, -1 where it has none.
+inline int value_table(int layer) {
+    switch (layer) {
+        case 0: return 0;
+        case 1: return 1;
+        case 8: return 2;
+        case 9: return 3;
+        case 10: return 4;
+        default: return -1;
+    }
+}
+inline bool upstream_paired(int layer) { return layer == 0 || layer == 2 || layer == 5 || layer == 9; }
+
+// ---- FP8 rounding, from the format definitions ----
+// Nearest value of a binary format with `mantissa_bits` stored mantissa bits and smallest normal
+// exponent `min_exp` (subnormals below it), ties to even; magnitudes that round above
+// `max_finite` give `overflow`.
+inline double round_to_format(double v, int mantissa_bits, int min_exp, double max_finite, double overflow) {
+    if (std::isnan(v) || v == 0.0) return v;
+    const double a = std::fabs(v);
+    int e = 0;
+    std::frexp(a, &e);  // a = m * 2^e with m in [0.5, 1): leading bit at 2^(e-1)
+    const int lead = std::max(e - 1, min_exp);
+    const double quantum = std::ldexp(1.0, lead - mantissa_bits);
+    const double r = std::nearbyint(a / quantum) * quantum;  // a / quantum is exact; nearbyint ties to even
+    if (r > max_finite) return std::copysign(overflow, v);
+    return std::copysign(r, v);
+}
+// float8_e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities, max 448; beyond it NaN.
+inline double round_e4m3(double v) { return round_to_format(v, 3, -6, 448.0, std::nan("")); }
+// float8_e5m2: 5 exponent bits (bias 15), 2 mantissa bits, max 57344, infinities.
+inline double round_e5m2(double v) { return round_to_format(v, 2, -14, 57344.0, INFINITY); }
+
+// ---- YaRN state: one per Yarn instance (upstream has a plain and a paired one) ----
+struct Yarn {
+    std::vector<double> freq;  // D/4 angular frequencies; dims 2j, 2j+1 rotate by freq[j], dims >= D/2 not at all
+    double attn_scale = 0.1;   // softmax scale
+
+    void reset(int head_dim) {
+        const int n = head_dim / 4;
+        freq.assign(n, 1.0);
+        for (int j = 0; j < n; ++j) freq[j] = std::pow(1.0 / 1024.0, n > 1 ? double(j) / (n - 1) : 0.0);
+        attn_scale = 0.1;
+    }
+    // Window growth old -> new (tokens): frequencies that turn fewer than alpha times over the old
+    // window are scaled by old/new, those above beta kept, a linear blend between; scale grows.
+    void apply(int old_window, int new_window, double alpha = 1.0, double beta = 32.0) {
+        require(old_window > 0 && new_window > 0, "yarn apply needs positive windows (got %d -> %d)", old_window,
+                new_window);
+        const double ratio = double(old_window) / new_window;
+        for (double& f : freq) {
+            const double turns = old_window * f / (2.0 * kPi);
+            const double blend = std::clamp((turns - alpha) / (beta - alpha), 0.0, 1.0);
+            f *= ratio + blend * (1.0 - ratio);
+        }
+        attn_scale *= 0.2 * std::log(double(new_window) / old_window) + 1.0;
+    }
+};
+
+// Rotary position of head h of token t: paired layers rotate the (T, H/2, 2D) view whose row t
+// holds positions [2t | 2t+1], so even heads get 2t and odd heads 2t+1.
+inline double rotary_position(bool paired, int t, int h) { return paired ? 2.0 * t + (h & 1) : double(t); }
+
+// Rotates one head vector x (D) in place by position pos: pairs (2j, 2j+1) for j < D/4 turn by
+// pos*freq[j] as upstream's factor1*x + factor2*flip(x) (x0' = c x0 + s x1, x1' = c x1 - s x0);
+// inverse applies the transpose (the backward).
+inline void rotary_apply(const Yarn& yarn, double pos, double* x, int D, bool inverse = false) {
+    for (int j = 0; j < D / 4; ++j) {
+        const double th = pos * yarn.freq[j], c = std::cos(th), s = std::sin(th);
+        const double x0 = x[2 * j], x1 = x[2 * j + 1];
+        if (!inverse) {
+            x[2 * j] = c * x0 + s * x1;
+            x[2 * j + 1] = c * x1 - s * x0;
+        } else {
+            x[2 * j] = c * x0 - s * x1;
+            x[2 * j + 1] = s * x0 + c * x1;
+        }
+    }
+}
+
+// ---- configuration ----
+struct Config {
+    int T = 0, V = 0, C = 0, H = 0, D = 0;
+    int bigram_vocab = 0;
+    int window_short = 0, window_long = 0;  // tokens (upstream: ws blocks * 128); key j visible iff i-w <= j <= i
+    Yarn yarn, yarn_paired;                 // rotary frequencies and softmax scale of both instances
+    std::vector<double> mtp_weights{1.0};   // multi-token prediction weights (1 to 3)
+    bool training = true;                   // true: FP8 lm_head (if fp8) + MTP loss summed over rows; false: mean CE
+    bool fp8 = true;                        // training only: false replaces the quantized lm_head by the exact one
+    bool key_offset = true;                 // false disables the key offset (a test switch; upstream always has it)
+    std::array<bool, kLayers> paired{};     // paired-head layers (upstream: 0, 2, 5, 9)
+    double grad_scale = 2.0;                // upstream's grad_scale (2 / grad_accum_steps; 2 on 8 ranks)
+    double x_s = 100.0 / 448.0, w_s = 1.6 / 448.0;
+    int scalars_pad = 4;                    // upstream pads scalars to a multiple of world_size (4 on 8 ranks)
+
+    int hidden() const { return 4 * C; }
+    double grad_s() const { return grad_scale * 0.75 / 448.0; }
+    int num_scalars() const { return kScalarsUsed + scalars_pad; }
+    // Window of a layer in tokens (paired layers use it in rows of the doubled sequence); -1: no attention.
+    int window(int layer) const {
+        if (layer == 6) return -1;
+        return (layer == 3 || layer == 10) ? window_long : window_short;
+    }
+    // Upstream marks key-offset layers by window == ws_long (all attention layers if short == long);
+    // paired layers never apply it.
+    bool has_key_offset(int layer) const {
+        return key_offset && layer != 6 && !paired[layer] && window(layer) == window_long;
+    }
+    const Yarn& yarn_of(int layer) const { return paired[layer] ? yarn_paired : yarn; }
+    void yarn_apply(int old_window, int new_window) {
+        yarn.apply(old_window, new_window);
+        yarn_paired.apply(old_window, new_window);
+    }
+
+    // A configuration with upstream's layer structure and fresh YaRN state.
+    static Config make(int T, int V, int C, int H, int D, int bigram_vocab, int window_short, int window_long) {
+        Config c;
+        c.T = T;
+        c.V = V;
+        c.C = C;
+        c.H = H;
+        c.D = D;
+        c.bigram_vocab = bigram_vocab;
+        c.window_short = window_short;
+        c.window_long = window_long;
+        for (int i = 0; i < kLayers; ++i) c.paired[i] = upstream_paired(i);
+        c.yarn.reset(D);
+        c.yarn_paired.reset(D);
+        return c;
+    }
+
+    void validate() const {
+        require(T >= 1 && V >= 1 && H >= 1 && D >= 4, "bad shape T=%d V=%d H=%d D=%d", T, V, H, D);
+        require(C == H * D, "model width C=%d must equal H*D = %d*%d", C, H, D);
+        require(D % 4 == 0, "head_dim D=%d must be a multiple of 4 (half-truncated rotary on pairs)", D);
+        require(C >= kGateDim, "model width C=%d is below the %d gate channels", C, kGateDim);
+        require(bigram_vocab >= 2, "bigram vocab %d must be at least 2", bigram_vocab);
+        require(window_short >= 0 && window_long >= 0, "windows must be >= 0 (got %d, %d)", window_short, window_long);
+        require(!mtp_weights.empty(), "need at least one MTP weight");
+        require(scalars_pad >= 0, "scalars padding %d < 0", scalars_pad);
+        for (int i = 0; i < kLayers; ++i)
+            require(!paired[i] || (H % 2 == 0 && i != 6), "paired layer %d needs an even head count and attention (H=%d)",
+                    i, H);
+        require(int(yarn.freq.size()) == D / 4 && int(yarn_paired.freq.size()) == D / 4,
+                "YaRN state has %zu/%zu frequencies, want D/4 = %d (call Config::make or Yarn::reset)",
+                yarn.freq.size(), yarn_paired.freq.size(), D / 4);
+    }
+};
+
+// ---- parameters, in upstream's shapes ----
+struct Params {
+    std::vector<double> embed;           // (V, C)
+    std::vector<double> lm_head;         // (C, V), stored transposed as upstream
+    std::vector<double> bigram_embed;    // (bigram_vocab, C)
+    std::vector<double> value_embeds;    // (5V, C): table k row v at k*V + v
+    std::vector<double> attn_bank;       // (10, 4C, C): rows Wq; Wk; Wv; Wo
+    std::vector<double> mlp_bank;        // (12, 2, 4C, C): [:,0] c_fc, [:,1] c_proj; entry 11 padding
+    std::vector<double> attn_gate_bank;  // (10, H, 12)
+    std::vector<double> ve_gate_bank;    // (5, H, 12)
+    std::vector<double> smear_gate;      // (12)
+    std::vector<double> skip_gate;       // (12)
+    std::vector<double> x0_lambdas;      // (11)
+    std::vector<double> scalars;         // (47 + pad), see scalar_*()
+
+    // Element counts in tensors() order.
+    static std::vector<size_t> sizes(const Config& c) {
+        const size_t C = c.C, V = c.V, F = c.hidden(), H = c.H;
+        return {V * C,
+                C * V,
+                size_t(c.bigram_vocab) * C,
+                kValueTables * V * C,
+                kAttnLayers * 4 * C * C,
+                kMlpBankLayers * 2 * F * C,
+                kAttnLayers * H * kGateDim,
+                kValueTables * H * kGateDim,
+                kGateDim,
+                kGateDim,
+                kLayers,
+                size_t(c.num_scalars())};
+    }
+
+    static Params zeros(const Config& c) {
+        Params p;
+        const std::vector<size_t> n = sizes(c);
+        size_t i = 0;
+        for (auto& [name, t] : p.tensors()) t->assign(n[i++], 0.0);
+        return p;
+    }
+
+    // Upstream's initialization (its distributions, our own random stream).
+    static Params init(const Config& c, uint64_t seed) {
+        c.validate();
+        Params p = zeros(c);
+        std::mt19937_64 g(seed);
+        const double bound = std::sqrt(3.0) * 0.5 / std::sqrt(double(c.C));
+        std::uniform_real_distribution<double> u(-bound, bound);
+        for (double& w : p.attn_bank) w = u(g);
+        const size_t mat = size_t(c.hidden()) * c.C;
+        for (int l = 0; l < kMlpBankLayers; ++l)
+            for (size_t e = 0; e < mat; ++e) p.mlp_bank[(2 * size_t(l)) * mat + e] = u(g);  // c_fc; c_proj stays 0
+        std::normal_distribution<double> n(0.0, 0.005);
+        for (double& w : p.lm_head) w = n(g);
+        for (int v = 0; v < c.V; ++v)
+            for (int k = 0; k < c.C; ++k) p.embed[size_t(v) * c.C + k] = p.lm_head[size_t(k) * c.V + v];
+        for (int i = 0; i < kLayers; ++i) {
+            p.scalars[scalar_resid(i)] = 1.1;
+            p.scalars[scalar_sa(i, 0)] = 0.5;
+            p.scalars[scalar_sa(i, 1)] = 1.0;
+            p.scalars[scalar_bigram(i)] = 0.1;
+        }
+        p.scalars[kScalarSmear] = 0.0;
+        p.scalars[kScalarBackout] = 0.5;
+        p.scalars[kScalarSkip] = -1.5;
+        for (int i = kScalarsUsed; i < c.num_scalars(); ++i) p.scalars[i] = 1.0;
+        return p;
+    }
+
+    std::vector<std::pair<const char*, std::vector<double>*>> tensors() {
+        return {{"embed", &embed},
+                {"lm_head", &lm_head},
+                {"bigram_embed", &bigram_embed},
+                {"value_embeds", &value_embeds},
+                {"attn_bank", &attn_bank},
+                {"mlp_bank", &mlp_bank},
+                {"attn_gate_bank", &attn_gate_bank},
+                {"ve_gate_bank", &ve_gate_bank},
+                {"smear_gate", &smear_gate},
+                {"skip_gate", &skip_gate},
+                {"x0_lambdas", &x0_lambdas},
+                {"scalars", &scalars}};
+    }
+    std::vector<std::pair<const char*, const std::vector<double>*>> tensors() const {
+        std::vector<std::pair<const char*, const std::vector<double>*>> out;
+        for (auto& [name, t] : const_cast<Params*>(this)->tensors()) out.push_back({name, t});
+        return out;
+    }
+
+    void validate(const Config& c) const {
+        const std::vector<size_t> want = sizes(c);
+        const auto got = tensors();
+        for (size_t i = 0; i < got.size(); ++i)
+            require(got[i].second->size() == want[i], "parameter %s has %zu elements, want %zu", got[i].first,
+                    got[i].second->size(), want[i]);
+    }
+};
+
+// Adds normal(0, scale) noise to every element of every parameter (padding included): random
+// non-trivial parameters on top of init(), where zeros would make gradients vanish.
+inline void perturb(Params& p, uint64_t seed, double scale) {
+    std::mt19937_64 g(seed);
+    std::normal_distribution<double> n(0.0, scale);
+    for (auto& [name, t] : p.tensors())
+        for (double& w : *t) w += n(g);
+}
+
+// ---- one packed sequence ----
+struct Batch {
+    std::vector<int> inputs;      // (T) token ids
+    std::vector<int> targets;     // (T) next-token ids (MTP row t also uses targets t+1, t+2)
+    std::vector<int> cu_seqlens;  // document starts, then T; padding entries repeat T
+    std::vector<int> bigram;      // (T) bigram hash ids
+
+    void validate(const Config& c) const {
+        require(int(inputs.size()) == c.T && int(targets.size()) == c.T && int(bigram.size()) == c.T,
+                "batch has %zu inputs, %zu targets, %zu bigram ids; want T = %d each", inputs.size(), targets.size(),
+                bigram.size(), c.T);
+        for (int t = 0; t < c.T; ++t) {
+            require(inputs[t] >= 0 && inputs[t] < c.V, "input %d at %d outside [0, V=%d)", inputs[t], t, c.V);
+            require(targets[t] >= 0 && targets[t] < c.V, "target %d at %d outside [0, V=%d)", targets[t], t, c.V);
+            require(bigram[t] >= 0 && bigram[t] < c.bigram_vocab, "bigram id %d at %d outside [0, %d)", bigram[t], t,
+                    c.bigram_vocab);
+        }
+        require(cu_seqlens.size() >= 2 && cu_seqlens.front() == 0 && cu_seqlens.back() == c.T,
+                "cu_seqlens must start at 0 and end at T = %d", c.T);
+        for (size_t i = 1; i < cu_seqlens.size(); ++i)
+            require(cu_seqlens[i] >= cu_seqlens[i - 1], "cu_seqlens decreases at entry %zu", i);
+    }
+};
+
+// Upstream's bigram hash: position 0 -> bv-1, else (36313*cur XOR 27191*prev) mod (bv-1).
+inline std::vector<int> bigram_hash(const std::vector<int>& inputs, int bigram_vocab) {
+    std::vector<int> out(inputs.size());
+    const int64_t mod = bigram_vocab - 1;
+    for (size_t t = 0; t < inputs.size(); ++t)
+        out[t] = t == 0 ? int(mod) : int(((36313LL * inputs[t]) ^ (27191LL * inputs[t - 1])) % mod);
+    return out;
+}
+
+// ---- everything the forward keeps (the backward reads it; tests and model checks may too) ----
+struct LayerTape {
+    std::vector<double> x_in;            // (T,C) stream entering the layer (after the skip add on layer 6)
+    std::vector<double> x_mix;           // (T,C) after resid/x0/bigram mixing
+    std::vector<double> xa, rstd_a;      // attention input norm(x_mix) and its 1/rms (empty on layer 6)
+    std::vector<double> qkv_raw;         // (T,3C) xa @ W_qkv^T, before sa_lambda0
+    std::vector<double> qn, kn;          // (T,H,D) per-head normed q, k (before rotary)
+    std::vector<double> rstd_q, rstd_k;  // (T,H)
+    std::vector<double> q, k, v;         // (T,H,D) as attended: rotated q, k (k shifted), v with value embedding
+    std::vector<double> lse;             // (rows*slots) attention log-sum-exp (paired: 2T rows x H/2 slots)
+    std::vector<double> ve_sig;          // (T,H) sigmoid of the value-embedding gate (gate = 2*ve_sig)
+    std::vector<double> attn_sig;        // (T,H) sigmoid of the output gate
+    std::vector<double> y;               // (T,C) attention output, model head order, before the gate
+    std::vector<double> yg;              // (T,C) after the output gate
+    std::vector<double> o_raw;           // (T,C) yg @ W_o^T, before sa_lambda1
+    std::vector<double> x_attn;          // (T,C) after the attention residual add
+    std::vector<double> xm, rstd_m;      // MLP input norm(x_attn)
+    std::vector<double> pre;             // (T,F) xm @ c_fc^T
+    std::vector<double> x_out;           // (T,C) layer output
+};
+
+struct Tape {
+    std::vector<double> emb;                 // (T,C) token embeddings
+    std::vector<double> x_bigram;            // (T,C) bigram embeddings
+    std::vector<double> smear_sig;           // (T) sigmoid(emb[t,:12] . smear_gate), t >= 1
+    std::vector<double> x_smear;             // (T,C) after the smear
+    std::vector<double> x0, rstd0;           // norm(x_smear)
+    std::vector<double> skip_sig;            // (T) sigmoid(x0[t,:12] . skip_gate)
+    std::array<LayerTape, kLayers> layers;
+    std::vector<double> x_final;             // (T,C) after the backout
+    std::vector<double> xn, rstd_f;          // norm(x_final), the lm_head input
+    std::vector<double> xq, wq;              // FP8 path: dequantized lm_head operands (T,C), (C,V)
+    std::vector<double> logits;              // (T,V) before the softcap
+    std::vector<double> lse;                 // (T) log-sum-exp of the softcapped logits
+    std::vector<double> row_loss;            // (T) training: MTP row losses; eval: per-row cross-entropy
+    double loss = 0.0;
+};
+
+namespace detail {
+
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+
+inline double dot(const double* a, const double* b, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+inline void axpy(double a, const double* x, double* y, size_t n) {
+    for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// out (M,N) += alpha * sum_k A(m,k) B[k*N + n] with A(m,k) = A[m*am + k*ak]. Tiles of 6 rows x 4
+// columns accumulate in registers over a block of k; partial tiles at the edges take plain loops.
+inline void gemm_acc(const double* A, size_t am, size_t ak, const double* B, double* out, size_t M, size_t N, size_t K,
+                     double alpha) {
+    constexpr size_t MR = 6, NR = 4, KB = 256, NB = 256;
+    for (size_t n0 = 0; n0 < N; n0 += NB) {
+        const size_t n_end = std::min(N, n0 + NB);
+        for (size_t k0 = 0; k0 < K; k0 += KB) {
+            const size_t k_end = std::min(K, k0 + KB);
+            for (size_t m0 = 0; m0 < M; m0 += MR) {
+                const size_t mr = std::min(MR, M - m0);
+                size_t n1 = n0;
+                for (; mr == MR && n1 + NR <= n_end; n1 += NR) {
+                    double acc[MR][NR] = {};
+                    for (size_t k = k0; k < k_end; ++k) {
+                        const double* b = B + k * N + n1;
+                        for (size_t r = 0; r < MR; ++r) {
+                            const double a = A[(m0 + r) * am + k * ak];
+                            for (size_t j = 0; j < NR; ++j) acc[r][j] += a * b[j];
+                        }
+                    }
+                    for (size_t r = 0; r < MR; ++r)
+                        for (size_t j = 0; j < NR; ++j) out[(m0 + r) * N + n1 + j] += alpha * acc[r][j];
+                }
+                for (size_t r = 0; r < mr; ++r)  // edge: leftover columns, or a short row tile
+                    for (size_t n = n1; n < n_end; ++n) {
+                        double acc = 0.0;
+                        for (size_t k = k0; k < k_end; ++k) acc += A[(m0 + r) * am + k * ak] * B[k * N + n];
+                        out[(m0 + r) * N + n] += alpha * acc;
+                    }
+            }
+        }
+    }
+}
+
+// out (M,N) = A (M,K) . B (N,K)^T, through a transposed copy of B
+inline void matmul_nt(const double* A, const double* B, double* out, size_t M, size_t N, size_t K) {
+    std::vector<double> bt(K * N);
+    for (size_t n = 0; n < N; ++n)
+        for (size_t k = 0; k < K; ++k) bt[k * N + n] = B[n * K + k];
+    std::fill(out, out + M * N, 0.0);
+    gemm_acc(A, K, 1, bt.data(), out, M, N, K, 1.0);
+}
+
+// out (M,N) = A (M,K) . B (K,N)
+inline void matmul_nn(const double* A, const double* B, double* out, size_t M, size_t K, size_t N) {
+    std::fill(out, out + M * N, 0.0);
+    gemm_acc(A, K, 1, B, out, M, N, K, 1.0);
+}
+
+// out (M,N) += alpha * A (K,M)^T . B (K,N)   (weight gradients: a sum over the T rows)
+inline void matmul_tn_acc(const double* A, const double* B, double* out, size_t K, size_t M, size_t N, double alpha) {
+    gemm_acc(A, 1, M, B, out, M, N, K, alpha);
+}
+
+// y = x / sqrt(mean(x^2) + eps) per row of n.
+inline void rms_norm(const double* x, double* y, double* rstd, size_t rows, size_t n) {
+    for (size_t r = 0; r < rows; ++r) {
+        const double s = 1.0 / std::sqrt(dot(x + r * n, x + r * n, n) / double(n) + kRmsEps);
+        rstd[r] = s;
+        for (size_t i = 0; i < n; ++i) y[r * n + i] = x[r * n + i] * s;
+    }
+}
+
+// dx += rstd * (dy - y * (dy . y) / n), written in terms of the output y = x * rstd.
+inline void rms_norm_backward_acc(const double* y, const double* rstd, const double* dy, double* dx, size_t rows,
+                                  size_t n) {
+    for (size_t r = 0; r < rows; ++r) {
+        const double m = dot(dy + r * n, y + r * n, n) / double(n);
+        for (size_t i = 0; i < n; ++i) dx[r * n + i] += rstd[r] * (dy[r * n + i] - y[r * n + i] * m);
+    }
+}
+
+}  // namespace detail
+
+// ---- attention core: varlen causal sliding-window softmax attention ----
+// q, k, v, y are (T, H, D) in model head order. Non-paired: a sequence of T rows, H slots,
+// documents [cu[d], cu[d+1]). Paired: 2T rows, H/2 slots, documents doubled; row r, slot s reads
+// head (r % 2) * H/2 + s of token r / 2 (upstream's memory reinterpretation). Query row i sees
+// key rows j of its document with i - window <= j <= i. lse: (rows * slots), row-major.
+struct AttnShape {
+    int T = 0, H = 0, D = 0, window = 0;
+    bool paired = false;
+    double scale = 0.1;
+    const std::vector<int>* cu_seqlens = nullptr;
+
+    int rows() const { return paired ? 2 * T : T; }
+    int slots() const { return paired ? H / 2 : H; }
+    size_t offset(int row, int slot) const {  // element offset of (row, slot) in the (T, H, D) arrays
+        const int t = paired ? row / 2 : row;
+        const int h = paired ? (row % 2) * (H / 2) + slot : slot;
+        return (size_t(t) * H + h) * D;
+    }
+    int stride() const { return paired ? 2 : 1; }
+    void validate() const {
+        require(T >= 1 && H >= 1 && D >= 1 && window >= 0 && cu_seqlens && !cu_seqlens->empty(),
+                "attention shape T=%d H=%d D=%d window=%d needs positive sizes, a window >= 0 and cu_seqlens", T, H, D,
+                window);
+        require(!paired || H % 2 == 0, "paired attention needs an even head count (H=%d)", H);
+        require(cu_seqlens->front() == 0 && cu_seqlens->back() == T, "attention cu_seqlens must run from 0 to T=%d", T);
+    }
+};
+
+inline void attention_forward(const AttnShape& s, const double* q, const double* k, const double* v, double* y,
+                              double* lse) {
+    s.validate();
+    const std::vector<int>& cu = *s.cu_seqlens;
+    std::vector<double> p;
+    for (size_t d = 0; d + 1 < cu.size(); ++d) {
+        const int lo = cu[d] * s.stride(), hi = cu[d + 1] * s.stride();
+        for (int i = lo; i < hi; ++i) {
+            const int j0 = std::max(lo, i - s.window);
+            for (int sl = 0; sl < s.slots(); ++sl) {
+                const double* qi = q + s.offset(i, sl);
+                p.assign(i - j0 + 1, 0.0);
+                double mx = -INFINITY;
+                for (int j = j0; j <= i; ++j) {
+                    p[j - j0] = s.scale * detail::dot(qi, k + s.offset(j, sl), s.D);
+                    mx = std::max(mx, p[j - j0]);
+                }
+                double sum = 0.0;
+                for (double& e : p) sum += (e = std::exp(e - mx));
+                double* yi = y + s.offset(i, sl);
+                std::fill(yi, yi + s.D, 0.0);
+                for (int j = j0; j <= i; ++j) detail::axpy(p[j - j0] / sum, v + s.offset(j, sl), yi, s.D);
+                lse[size_t(i) * s.slots() + sl] = mx + std::log(sum);
+            }
+        }
+    }
+}
+
+// dq, dk, dv (T, H, D) are overwritten. dS = P (dP - dy.y), dq = scale dS k, dk = scale dS^T q, dv = P^T dy.
+inline void attention_backward(const AttnShape& s, const double* q, const double* k, const double* v, const double* y,
+                               const double* lse, const double* dy, double* dq, double* dk, double* dv) {
+    s.validate();
+    const size_t n = size_t(s.T) * s.H * s.D;
+    std::fill(dq, dq + n, 0.0);
+    std::fill(dk, dk + n, 0.0);
+    std::fill(dv, dv + n, 0.0);
+    const std::vector<int>& cu = *s.cu_seqlens;
+    for (size_t d = 0; d + 1 < cu.size(); ++d) {
+        const int lo = cu[d] * s.stride(), hi = cu[d + 1] * s.stride();
+        for (int i = lo; i < hi; ++i) {
+            const int j0 = std::max(lo, i - s.window);
+            for (int sl = 0; sl < s.slots(); ++sl) {
+                const size_t oi = s.offset(i, sl);
+                const double L = lse[size_t(i) * s.slots() + sl];
+                const double di = detail::dot(dy + oi, y + oi, s.D);
+                for (int j = j0; j <= i; ++j) {
+                    const size_t oj = s.offset(j, sl);
+                    const double pij = std::exp(s.scale * detail::dot(q + oi, k + oj, s.D) - L);
+                    const double ds = pij * (detail::dot(dy + oi, v + oj, s.D) - di);
+                    detail::axpy(pij, dy + oi, dv + oj, s.D);
+                    detail::axpy(s.scale * ds, k + oj, dq + oi, s.D);
+                    detail::axpy(s.scale * ds, q + oi, dk + oj, s.D);
+                }
+            }
+        }
+    }
+}
+
+namespace detail {
+
+inline AttnShape attn_shape(const Config& c, const Batch& b, int layer) {
+    AttnShape s;
+    s.T = c.T;
+    s.H = c.H;
+    s.D = c.D;
+    s.window = c.window(layer);
+    s.paired = c.paired[layer];
+    s.scale = c.yarn_of(layer).attn_scale;
+    s.cu_seqlens = &b.cu_seqlens;
+    return s;
+}
+
+inline const double* value_row(const Config& c, const Params& p, int table, int token) {
+    return p.value_embeds.data() + (size_t(table) * c.V + token) * c.C;
+}
+
+// One attention block: L.x_mix -> L.x_attn, keeping what the backward needs.
+inline void attention_block_forward(const Config& c, const Params& p, const Batch& b, int layer, LayerTape& L) {
+    const size_t T = c.T, C = c.C, H = c.H, D = c.D;
+    const int bank = attn_bank_index(layer), table = value_table(layer);
+    const double* W = p.attn_bank.data() + size_t(bank) * 4 * C * C;
+    const double sa0 = p.scalars[scalar_sa(layer, 0)], sa1 = p.scalars[scalar_sa(layer, 1)];
+    const Yarn& yarn = c.yarn_of(layer);
+    const bool paired = c.paired[layer];
+
+    L.xa.resize(T * C);
+    L.rstd_a.resize(T);
+    rms_norm(L.x_mix.data(), L.xa.data(), L.rstd_a.data(), T, C);
+    L.qkv_raw.resize(T * 3 * C);
+    matmul_nt(L.xa.data(), W, L.qkv_raw.data(), T, 3 * C, C);
+
+    L.qn.resize(T * C);
+    L.kn.resize(T * C);
+    L.rstd_q.resize(T * H);
+    L.rstd_k.resize(T * H);
+    L.q.resize(T * C);
+    L.k.resize(T * C);
+    L.v.resize(T * C);
+    std::vector<double> tmp(D);
+    for (size_t t = 0; t < T; ++t)
+        for (size_t h = 0; h < H; ++h) {
+            const double* raw = L.qkv_raw.data() + t * 3 * C + h * D;
+            for (int which = 0; which < 2; ++which) {  // q, then k
+                for (size_t d = 0; d < D; ++d) tmp[d] = sa0 * raw[which * C + d];
+                double* n = (which ? L.kn : L.qn).data() + (t * H + h) * D;
+                rms_norm(tmp.data(), n, (which ? L.rstd_k : L.rstd_q).data() + t * H + h, 1, D);
+                double* r = (which ? L.k : L.q).data() + (t * H + h) * D;
+                std::copy(n, n + D, r);
+                rotary_apply(yarn, rotary_position(paired, int(t), int(h)), r, int(D));
+            }
+            for (size_t d = 0; d < D; ++d) L.v[(t * H + h) * D + d] = sa0 * raw[2 * C + d];
+        }
+    if (c.has_key_offset(layer))  // keys' unrotated half comes from the previous token (any document)
+        for (size_t t = T - 1; t >= 1; --t)
+            for (size_t h = 0; h < H; ++h)
+                for (size_t d = D / 2; d < D; ++d) L.k[(t * H + h) * D + d] = L.k[((t - 1) * H + h) * D + d];
+    if (table >= 0) {
+        L.ve_sig.resize(T * H);
+        const double* gate = p.ve_gate_bank.data() + size_t(table) * H * kGateDim;
+        for (size_t t = 0; t < T; ++t) {
+            const double* ve = value_row(c, p, table, b.inputs[t]);
+            for (size_t h = 0; h < H; ++h) {
+                const double sg = sigmoid(dot(L.xa.data() + t * C, gate + h * kGateDim, kGateDim));
+                L.ve_sig[t * H + h] = sg;
+                axpy(2.0 * sg, ve + h * D, L.v.data() + (t * H + h) * D, D);
+            }
+        }
+    }
+
+    const AttnShape s = attn_shape(c, b, layer);
+    L.y.resize(T * C);
+    L.lse.resize(size_t(s.rows()) * s.slots());
+    attention_forward(s, L.q.data(), L.k.data(), L.v.data(), L.y.data(), L.lse.data());
+
+    L.attn_sig.resize(T * H);
+    L.yg.resize(T * C);
+    const double* agate = p.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
+    for (size_t t = 0; t < T; ++t)
+        for (size_t h = 0; h < H; ++h) {
+            const double sg = sigmoid(dot(L.xa.data() + t * C, agate + h * kGateDim, kGateDim));
+            L.attn_sig[t * H + h] = sg;
+            for (size_t d = 0; d < D; ++d) L.yg[(t * H + h) * D + d] = sg * L.y[(t * H + h) * D + d];
+        }
+    L.o_raw.resize(T * C);
+    matmul_nt(L.yg.data(), W + 3 * C * C, L.o_raw.data(), T, C, C);
+    L.x_attn.resize(T * C);
+    for (size_t e = 0; e < T * C; ++e) L.x_attn[e] = L.x_mix[e] + sa1 * L.o_raw[e];
+}
+
+inline void mlp_block_forward(const Config& c, const Params& p, int layer, LayerTape& L) {
+    const size_t T = c.T, C = c.C, F = c.hidden();
+    const double* fc = p.mlp_bank.data() + size_t(2 * layer) * F * C;
+    const double* proj = fc + F * C;
+    L.xm.resize(T * C);
+    L.rstd_m.resize(T);
+    rms_norm(L.x_attn.data(), L.xm.data(), L.rstd_m.data(), T, C);
+    L.pre.resize(T * F);
+    matmul_nt(L.xm.data(), fc, L.pre.data(), T, F, C);
+    std::vector<double> post(T * F);
+    for (size_t e = 0; e < T * F; ++e) post[e] = L.pre[e] > 0.0 ? L.pre[e] * L.pre[e] : 0.0;
+    L.x_out.resize(T * C);
+    matmul_nn(post.data(), proj, L.x_out.data(), T, F, C);
+    for (size_t e = 0; e < T * C; ++e) L.x_out[e] += L.x_attn[e];
+}
+
+inline double softcap(double l) { return kSoftcapA * sigmoid((l + kSoftcapB) / kSoftcapC); }
+
+}  // namespace detail
+
+// ---- forward ----
+// Returns the loss: training = sum over rows t of sum_k w_k (lse_t - z[t, target[t+k]]) (t+k < T,
+// w_k > 0) on the FP8 lm_head when cfg.fp8; eval = mean over rows of lse_t - z[t, target[t]] on the
+// exact lm_head. Fills *tape when given.
+inline double forward(const Config& c, const Params& p, const Batch& b, Tape* tape = nullptr) {
+    using namespace detail;
+    c.validate();
+    p.validate(c);
+    b.validate(c);
+    Tape local;
+    Tape& tp = tape ? *tape : local;
+    const size_t T = c.T, C = c.C, V = c.V;
+    const double* S = p.scalars.data();
+
+    tp.emb.resize(T * C);
+    tp.x_bigram.resize(T * C);
+    for (size_t t = 0; t < T; ++t) {
+        std::copy_n(p.embed.data() + size_t(b.inputs[t]) * C, C, tp.emb.data() + t * C);
+        std::copy_n(p.bigram_embed.data() + size_t(b.bigram[t]) * C, C, tp.x_bigram.data() + t * C);
+    }
+    // smear: token t takes smear_lambda * sigmoid(emb[t,:12] . smear_gate) of token t-1 (any document)
+    tp.x_smear = tp.emb;
+    tp.smear_sig.assign(T, 0.0);
+    for (size_t t = 1; t < T; ++t) {
+        tp.smear_sig[t] = sigmoid(dot(tp.emb.data() + t * C, p.smear_gate.data(), kGateDim));
+        axpy(S[kScalarSmear] * tp.smear_sig[t], tp.emb.data() + (t - 1) * C, tp.x_smear.data() + t * C, C);
+    }
+    tp.x0.resize(T * C);
+    tp.rstd0.resize(T);
+    rms_norm(tp.x_smear.data(), tp.x0.data(), tp.rstd0.data(), T, C);
+    tp.skip_sig.resize(T);
+    for (size_t t = 0; t < T; ++t) tp.skip_sig[t] = sigmoid(dot(tp.x0.data() + t * C, p.skip_gate.data(), kGateDim));
+
+    const std::vector<double>* x = &tp.x0;
+    for (int i = 0; i < kLayers; ++i) {
+        LayerTape& L = tp.layers[i];
+        L.x_in = *x;
+        if (i == kSkipTo) {
+            const double sl = sigmoid(S[kScalarSkip]);
+            const std::vector<double>& skip = tp.layers[kSkipFrom].x_out;
+            for (size_t t = 0; t < T; ++t) axpy(sl * 2.0 * tp.skip_sig[t], skip.data() + t * C, L.x_in.data() + t * C, C);
+        }
+        // layer 0: x is x0, so (resid + x0_lambda) * x0 is the same as the general form
+        const double r = S[scalar_resid(i)], a0 = p.x0_lambdas[i], bl = S[scalar_bigram(i)];
+        L.x_mix.resize(T * C);
+        for (size_t e = 0; e < T * C; ++e) L.x_mix[e] = r * L.x_in[e] + a0 * tp.x0[e] + bl * tp.x_bigram[e];
+        if (attn_bank_index(i) >= 0) attention_block_forward(c, p, b, i, L);
+        else L.x_attn = L.x_mix;
+        mlp_block_forward(c, p, i, L);
+        x = &L.x_out;
+    }
+
+    tp.x_final.resize(T * C);
+    const double bo = S[kScalarBackout];
+    for (size_t e = 0; e < T * C; ++e) tp.x_final[e] = (*x)[e] - bo * tp.layers[kBackoutLayer].x_out[e];
+    tp.xn.resize(T * C);
+    tp.rstd_f.resize(T);
+    rms_norm(tp.x_final.data(), tp.xn.data(), tp.rstd_f.data(), T, C);
+
+    const bool quantized = c.training && c.fp8;
+    tp.logits.resize(T * V);
+    if (quantized) {
+        tp.xq.resize(T * C);
+        tp.wq.resize(C * V);
+        for (size_t e = 0; e < T * C; ++e) tp.xq[e] = round_e4m3(tp.xn[e] / c.x_s) * c.x_s;
+        for (size_t e = 0; e < C * V; ++e) tp.wq[e] = round_e4m3(p.lm_head[e] / c.w_s) * c.w_s;
+        matmul_nn(tp.xq.data(), tp.wq.data(), tp.logits.data(), T, C, V);
+    } else {
+        tp.xq.clear();
+        tp.wq.clear();
+        matmul_nn(tp.xn.data(), p.lm_head.data(), tp.logits.data(), T, C, V);
+    }
+
+    tp.lse.resize(T);
+    tp.row_loss.assign(T, 0.0);
+    std::vector<double> z(V);
+    tp.loss = 0.0;
+    for (size_t t = 0; t < T; ++t) {
+        const double* l = tp.logits.data() + t * V;
+        double mx = -INFINITY, sum = 0.0;
+        for (size_t v = 0; v < V; ++v) mx = std::max(mx, z[v] = softcap(l[v]));
+        for (size_t v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+        tp.lse[t] = mx + std::log(sum);
+        if (c.training) {
+            for (size_t k = 0; k < c.mtp_weights.size() && t + k < T; ++k)
+                if (c.mtp_weights[k] > 0.0) tp.row_loss[t] += c.mtp_weights[k] * (tp.lse[t] - z[b.targets[t + k]]);
+        } else {
+            tp.row_loss[t] = tp.lse[t] - z[b.targets[t]];
+        }
+        tp.loss += tp.row_loss[t];
+    }
+    if (!c.training) tp.loss /= double(T);
+    return tp.loss;
+}
+
+namespace detail {
+
+// Attention block backward: dout is the gradient of x_attn's attention branch; adds the
+// gradient of x_mix (through norm(x_mix)) into dx_mix and parameter gradients into g.
+inline void attention_block_backward(const Config& c, const Params& p, const Batch& b, int layer, const LayerTape& L,
+                                     const std::vector<double>& dout, std::vector<double>& dx_mix, Params& g) {
+    const size_t T = c.T, C = c.C, H = c.H, D = c.D;
+    const int bank = attn_bank_index(layer), table = value_table(layer);
+    const size_t wofs = size_t(bank) * 4 * C * C;
+    const double* W = p.attn_bank.data() + wofs;
+    double* dW = g.attn_bank.data() + wofs;
+    const double sa0 = p.scalars[scalar_sa(layer, 0)], sa1 = p.scalars[scalar_sa(layer, 1)];
+    const Yarn& yarn = c.yarn_of(layer);
+    const bool paired = c.paired[layer];
+
+    // projection: x_attn = x_mix + sa1 * yg @ Wo^T
+    g.scalars[scalar_sa(layer, 1)] += dot(dout.data(), L.o_raw.data(), T * C);
+    matmul_tn_acc(dout.data(), L.yg.data(), dW + 3 * C * C, T, C, C, sa1);
+    std::vector<double> dyg(T * C);
+    matmul_nn(dout.data(), W + 3 * C * C, dyg.data(), T, C, C);
+    for (double& e : dyg) e *= sa1;
+
+    // output gate: yg = y * sigmoid(xa[:12] . attn_gate[h])
+    std::vector<double> dxa(T * C, 0.0), dy(T * C);
+    const double* agate = p.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
+    double* dagate = g.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
+    for (size_t t = 0; t < T; ++t)
+        for (size_t h = 0; h < H; ++h) {
+            const size_t o = (t * H + h) * D;
+            const double sg = L.attn_sig[t * H + h];
+            const double dz = sg * (1.0 - sg) * dot(dyg.data() + o, L.y.data() + o, D);
+            for (size_t d = 0; d < D; ++d) dy[o + d] = sg * dyg[o + d];
+            axpy(dz, L.xa.data() + t * C, dagate + h * kGateDim, kGateDim);
+            axpy(dz, agate + h * kGateDim, dxa.data() + t * C, kGateDim);
+        }
+
+    std::vector<double> dq(T * C), dk(T * C), dv(T * C);
+    attention_backward(attn_shape(c, b, layer), L.q.data(), L.k.data(), L.v.data(), L.y.data(), L.lse.data(),
+                       dy.data(), dq.data(), dk.data(), dv.data());
+
+    // value embedding: v = v_raw + 2 sigmoid(xa[:12] . ve_gate[h]) * ve
+    if (table >= 0) {
+        const double* vgate = p.ve_gate_bank.data() + size_t(table) * H * kGateDim;
+        double* dvgate = g.ve_gate_bank.data() + size_t(table) * H * kGateDim;
+        for (size_t t = 0; t < T; ++t) {
+            const double* ve = value_row(c, p, table, b.inputs[t]);
+            double* dve = g.value_embeds.data() + (size_t(table) * c.V + b.inputs[t]) * C;
+            for (size_t h = 0; h < H; ++h) {
+                const size_t o = (t * H + h) * D;
+                const double sg = L.ve_sig[t * H + h];
+                const double dz = 2.0 * sg * (1.0 - sg) * dot(dv.data() + o, ve + h * D, D);
+                axpy(2.0 * sg, dv.data() + o, dve + h * D, D);
+                axpy(dz, L.xa.data() + t * C, dvgate + h * kGateDim, kGateDim);
+                axpy(dz, vgate + h * kGateDim, dxa.data() + t * C, kGateDim);
+            }
+        }
+    }
+    // key offset: the upper half of key t came from key t-1 (key 0 keeps its own)
+    if (c.has_key_offset(layer)) {
+        std::vector<double> dk_rot(dk);
+        for (size_t t = 0; t < T; ++t)
+            for (size_t h = 0; h < H; ++h)
+                for (size_t d = D / 2; d < D; ++d)
+                    dk_rot[(t * H + h) * D + d] = (t + 1 < T ? dk[((t + 1) * H + h) * D + d] : 0.0) +
+                                                  (t == 0 ? dk[(t * H + h) * D + d] : 0.0);
+        dk.swap(dk_rot);
+    }
+    // rotary (transpose), per-head norm, then the QKV projection
+    std::vector<double> dqkv(T * 3 * C, 0.0);
+    for (size_t t = 0; t < T; ++t)
+        for (size_t h = 0; h < H; ++h) {
+            const size_t o = (t * H + h) * D;
+            const double pos = rotary_position(paired, int(t), int(h));
+            rotary_apply(yarn, pos, dq.data() + o, int(D), true);
+            rotary_apply(yarn, pos, dk.data() + o, int(D), true);
+            double* row = dqkv.data() + t * 3 * C + h * D;
+            rms_norm_backward_acc(L.qn.data() + o, L.rstd_q.data() + t * H + h, dq.data() + o, row, 1, D);
+            rms_norm_backward_acc(L.kn.data() + o, L.rstd_k.data() + t * H + h, dk.data() + o, row + C, 1, D);
+            std::copy_n(dv.data() + o, D, row + 2 * C);
+        }
+    // qkv = sa0 * qkv_raw, qkv_raw = xa @ Wqkv^T
+    g.scalars[scalar_sa(layer, 0)] += dot(dqkv.data(), L.qkv_raw.data(), T * 3 * C);
+    matmul_tn_acc(dqkv.data(), L.xa.data(), dW, T, 3 * C, C, sa0);
+    std::vector<double> dxa_raw(T * C);
+    matmul_nn(dqkv.data(), W, dxa_raw.data(), T, 3 * C, C);
+    for (size_t e = 0; e < T * C; ++e) dxa[e] += sa0 * dxa_raw[e];
+    rms_norm_backward_acc(L.xa.data(), L.rstd_a.data(), dxa.data(), dx_mix.data(), T, C);
+}
+
+// MLP block backward: dx is the gradient of x_out on entry and of x_attn on return.
+inline void mlp_block_backward(const Config& c, const Params& p, int layer, const LayerTape& L, std::vector<double>& dx,
+                               Params& g) {
+    const size_t T = c.T, C = c.C, F = c.hidden();
+    const size_t fofs = size_t(2 * layer) * F * C;
+    const double* fc = p.mlp_bank.data() + fofs;
+    const double* proj = fc + F * C;
+    double* dfc = g.mlp_bank.data() + fofs;
+    double* dproj = dfc + F * C;
+    std::vector<double> post(T * F), dpre(T * F), dxm(T * C);
+    for (size_t e = 0; e < T * F; ++e) post[e] = L.pre[e] > 0.0 ? L.pre[e] * L.pre[e] : 0.0;
+    matmul_tn_acc(post.data(), dx.data(), dproj, T, F, C, 1.0);
+    matmul_nt(dx.data(), proj, dpre.data(), T, F, C);  // d post
+    for (size_t e = 0; e < T * F; ++e) dpre[e] *= L.pre[e] > 0.0 ? 2.0 * L.pre[e] : 0.0;
+    matmul_tn_acc(dpre.data(), L.xm.data(), dfc, T, F, C, 1.0);
+    matmul_nn(dpre.data(), fc, dxm.data(), T, F, C);
+    rms_norm_backward_acc(L.xm.data(), L.rstd_m.data(), dxm.data(), dx.data(), T, C);
+}
+
+}  // namespace detail
+
+// ---- forward + backward ----
+// Writes d(loss_scale * loss)/d(parameter) into grads (reshaped and overwritten) and returns the
+// (unscaled) loss. Upstream backpropagates loss * grad_scale, so pass loss_scale = cfg.grad_scale
+// to match its gradients, FP8 quantization of the logits' gradient included: on the FP8 path
+// the logits' gradient g is quantized as e5m2(g / grad_s) * grad_s, then
+// d xn = g8 @ deq(w)^T, d lm_head = deq(x)^T @ g8 (upstream's mm_t backward).
+inline double forward_backward(const Config& c, const Params& p, const Batch& b, double loss_scale, Params& grads,
+                               Tape* tape = nullptr) {
+    using namespace detail;
+    Tape local;
+    Tape& tp = tape ? *tape : local;
+    const double loss = forward(c, p, b, &tp);
+    const size_t T = c.T, C = c.C, V = c.V;
+    const double* S = p.scalars.data();
+    Params& g = grads;
+    g = Params::zeros(c);
+
+    // logits' gradient, row by row: dz = s * (S_w p - sum_k w_k onehot(target[t+k])), dl = dz * z (1 - sig) / C
+    std::vector<double> dl(T * V);
+    std::vector<double> dz(V);
+    for (size_t t = 0; t < T; ++t) {
+        const double* l = tp.logits.data() + t * V;
+        double sw = 0.0;
+        std::fill(dz.begin(), dz.end(), 0.0);
+        if (c.training) {
+            for (size_t k = 0; k < c.mtp_weights.size() && t + k < T; ++k)
+                if (c.mtp_weights[k] > 0.0) {
+                    sw += c.mtp_weights[k];
+                    dz[b.targets[t + k]] -= c.mtp_weights[k];
+                }
+        } else {
+            sw = 1.0;
+            dz[b.targets[t]] -= 1.0;
+        }
+        const double s = c.training ? loss_scale : loss_scale / double(T);
+        for (size_t v = 0; v < V; ++v) {
+            const double sg = sigmoid((l[v] + kSoftcapB) / kSoftcapC), z = kSoftcapA * sg;
+            dl[t * V + v] = s * (sw * std::exp(z - tp.lse[t]) + dz[v]) * z * (1.0 - sg) / kSoftcapC;
+        }
+    }
+    const bool quantized = c.training && c.fp8;
+    if (quantized)
+        for (double& e : dl) e = round_e5m2(e / c.grad_s()) * c.grad_s();
+    const double* x_used = quantized ? tp.xq.data() : tp.xn.data();
+    const double* w_used = quantized ? tp.wq.data() : p.lm_head.data();
+    matmul_tn_acc(x_used, dl.data(), g.lm_head.data(), T, C, V, 1.0);
+    std::vector<double> dxn(T * C);
+    matmul_nt(dl.data(), w_used, dxn.data(), T, C, V);
+    std::vector<double>().swap(dl);
+
+    // final norm and backout: x_final = x_out[10] - backout * x_out[7]
+    std::vector<double> dx(T * C, 0.0);
+    rms_norm_backward_acc(tp.xn.data(), tp.rstd_f.data(), dxn.data(), dx.data(), T, C);
+    const double bo = S[kScalarBackout];
+    g.scalars[kScalarBackout] -= dot(dx.data(), tp.layers[kBackoutLayer].x_out.data(), T * C);
+    std::vector<double> d_backout(T * C), d_skip(T * C, 0.0), dx0(T * C, 0.0), dxb(T * C, 0.0);
+    for (size_t e = 0; e < T * C; ++e) d_backout[e] = -bo * dx[e];
+
+    for (int i = kLayers - 1; i >= 0; --i) {
+        const LayerTape& L = tp.layers[i];
+        if (i == kBackoutLayer)
+            for (size_t e = 0; e < T * C; ++e) dx[e] += d_backout[e];
+        if (i == kSkipFrom)
+            for (size_t e = 0; e < T * C; ++e) dx[e] += d_skip[e];
+        mlp_block_backward(c, p, i, L, dx, g);  // dx: now d x_attn
+        if (attn_bank_index(i) >= 0) {
+            std::vector<double> dx_mix(dx);
+            attention_block_backward(c, p, b, i, L, dx, dx_mix, g);
+            dx.swap(dx_mix);
+        }
+        // mix: x_mix = resid * x_in + x0_lambda * x0 + bigram_lambda * x_bigram
+        const double r = S[scalar_resid(i)], a0 = p.x0_lambdas[i], bl = S[scalar_bigram(i)];
+        g.scalars[scalar_resid(i)] += dot(dx.data(), L.x_in.data(), T * C);
+        g.x0_lambdas[i] += dot(dx.data(), tp.x0.data(), T * C);
+        g.scalars[scalar_bigram(i)] += dot(dx.data(), tp.x_bigram.data(), T * C);
+        axpy(a0, dx.data(), dx0.data(), T * C);
+        axpy(bl, dx.data(), dxb.data(), T * C);
+        for (double& e : dx) e *= r;  // now d x_in
+        if (i == kSkipTo) {  // x_in = x_out[5] + sigmoid(skip_lambda) * 2 sigmoid(x0[:12] . skip_gate) * x_out[3]
+            const double sl = sigmoid(S[kScalarSkip]);
+            const std::vector<double>& skip = tp.layers[kSkipFrom].x_out;
+            for (size_t t = 0; t < T; ++t) {
+                const double sg = tp.skip_sig[t];
+                axpy(sl * 2.0 * sg, dx.data() + t * C, d_skip.data() + t * C, C);
+                const double dgate = dot(dx.data() + t * C, skip.data() + t * C, C);
+                g.scalars[kScalarSkip] += dgate * 2.0 * sg * sl * (1.0 - sl);
+                const double dzs = dgate * sl * 2.0 * sg * (1.0 - sg);
+                axpy(dzs, tp.x0.data() + t * C, g.skip_gate.data(), kGateDim);
+                axpy(dzs, p.skip_gate.data(), dx0.data() + t * C, kGateDim);
+            }
+        }
+        if (i == 0) axpy(1.0, dx.data(), dx0.data(), T * C);  // layer 0's input is x0
+    }
+
+    // x0 = norm(x_smear); x_smear[t] = emb[t] + smear_lambda * sigmoid(emb[t,:12] . smear_gate) * emb[t-1]
+    std::vector<double> dsm(T * C, 0.0);
+    rms_norm_backward_acc(tp.x0.data(), tp.rstd0.data(), dx0.data(), dsm.data(), T, C);
+    std::vector<double> demb(dsm);
+    const double lam = S[kScalarSmear];
+    for (size_t t = 1; t < T; ++t) {
+        const double sg = tp.smear_sig[t];
+        axpy(lam * sg, dsm.data() + t * C, demb.data() + (t - 1) * C, C);
+        const double dgate = dot(dsm.data() + t * C, tp.emb.data() + (t - 1) * C, C);
+        g.scalars[kScalarSmear] += dgate * sg;
+        const double dzs = dgate * lam * sg * (1.0 - sg);
+        axpy(dzs, tp.emb.data() + t * C, g.smear_gate.data(), kGateDim);
+        axpy(dzs, p.smear_gate.data(), demb.data() + t * C, kGateDim);
+    }
+    for (size_t t = 0; t < T; ++t) {
+        axpy(1.0, demb.data() + t * C, g.embed.data() + size_t(b.inputs[t]) * C, C);
+        axpy(1.0, dxb.data() + t * C, g.bigram_embed.data() + size_t(b.bigram[t]) * C, C);
+    }
+    return loss;
+}
+
+}  // namespace ref

@@ -1,0 +1,720 @@
+// The double-precision GPT reference (gpt_reference.h) checked against itself and against hand
+// derivations: finite differences of every parameter's gradient (on the smooth path, FP8 off),
+// the FP8 formats from their bit definitions, the paired-head layout, document isolation (and
+// exactly the paths that cross documents by design: smear, bigram hash, key offset), windows,
+// the MTP and evaluation losses, upstream's initialization and YaRN update, bad input. Host only.
+#include "gpt_reference.h"
+#include "../test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+
+namespace {
+
+using namespace ref;
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// The finite-difference configuration: several documents (11 to 19 tokens in the tests), windows
+// that bite (short 8 tokens, paired layers 8 rows = 4 tokens; long 11), three MTP weights, YaRN
+// state after one window growth.
+Config small_config() {
+    Config c = Config::make(48, 256, 64, 2, 32, 97, 8, 11);
+    c.mtp_weights = {1.0, 0.5, 0.25};
+    c.fp8 = false;
+    c.yarn_apply(7, 11);
+    return c;
+}
+
+// Random tokens, targets = next tokens, the given document starts (plus padding entries), hash.
+Batch make_batch(const Config& c, const std::vector<int>& starts, int pad_entries) {
+    Batch b;
+    std::vector<int> tok(c.T + 1);
+    for (int& t : tok) t = test::randint(0, c.V - 1);
+    b.inputs.assign(tok.begin(), tok.end() - 1);
+    b.targets.assign(tok.begin() + 1, tok.end());
+    b.cu_seqlens = starts;
+    for (int i = 0; i <= pad_entries; ++i) b.cu_seqlens.push_back(c.T);
+    b.bigram = bigram_hash(b.inputs, c.bigram_vocab);
+    return b;
+}
+
+Params random_params(const Config& c) {
+    Params p = Params::init(c, test::rng()());
+    perturb(p, test::rng()(), 0.05);
+    return p;
+}
+
+// ---- finite differences of every parameter ----
+void check_gradients_fd() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Config c = small_config();
+    Params p = random_params(c);
+    const Batch b = make_batch(c, {0, 13, 30}, 2);
+    Params g;
+    const double loss = forward_backward(c, p, b, 1.0, g);
+    const int C = c.C, V = c.V, F = c.hidden(), H = c.H;
+
+    std::set<int> used_tokens(b.inputs.begin(), b.inputs.end()), used_bigrams(b.bigram.begin(), b.bigram.end());
+    int unused_token = 0, unused_bigram = 0;
+    while (used_tokens.count(unused_token)) ++unused_token;
+    while (used_bigrams.count(unused_bigram)) ++unused_bigram;
+    auto rnd = [](int n) { return test::randint(0, n - 1); };
+
+    // sample indexes per tensor: rows the batch touches, a row it does not (gradient 0), every bank
+    // entry and every weight part, every small vector in full
+    std::vector<std::pair<std::string, std::vector<size_t>>> samples;
+    auto add = [&](const char* name, std::vector<size_t> idx) { samples.push_back({name, std::move(idx)}); };
+    {
+        std::vector<size_t> e, l, bg, ve;
+        for (int i = 0; i < 9; ++i) e.push_back(size_t(b.inputs[rnd(c.T)]) * C + rnd(C));
+        e.push_back(size_t(unused_token) * C + rnd(C));
+        for (int i = 0; i < 10; ++i) l.push_back(rnd(C * V));
+        for (int i = 0; i < 9; ++i) bg.push_back(size_t(b.bigram[rnd(c.T)]) * C + rnd(C));
+        bg.push_back(size_t(unused_bigram) * C + rnd(C));
+        for (int k = 0; k < kValueTables; ++k) {
+            for (int i = 0; i < 2; ++i) ve.push_back((size_t(k) * V + b.inputs[rnd(c.T)]) * C + rnd(C));
+            ve.push_back((size_t(k) * V + unused_token) * C + rnd(C));
+        }
+        add("embed", e);
+        add("lm_head", l);
+        add("bigram_embed", bg);
+        add("value_embeds", ve);
+    }
+    {
+        std::vector<size_t> a, m, ag, vg;
+        for (int bank = 0; bank < kAttnLayers; ++bank)
+            for (int part = 0; part < 4; ++part)  // q, k, v, o
+                a.push_back((size_t(bank) * 4 * C + part * C + rnd(C)) * C + rnd(C));
+        for (int l = 0; l < kMlpBankLayers; ++l)
+            for (int part = 0; part < 2; ++part)  // c_fc, c_proj (entry 11: padding, gradient 0)
+                m.push_back(((size_t(l) * 2 + part) * F + rnd(F)) * C + rnd(C));
+        for (int bank = 0; bank < kAttnLayers; ++bank)
+            ag.push_back((size_t(bank) * H + rnd(H)) * kGateDim + rnd(kGateDim));
+        for (int t = 0; t < kValueTables; ++t)
+            for (int i = 0; i < 2; ++i) vg.push_back((size_t(t) * H + rnd(H)) * kGateDim + rnd(kGateDim));
+        add("attn_bank", a);
+        add("mlp_bank", m);
+        add("attn_gate_bank", ag);
+        add("ve_gate_bank", vg);
+    }
+    auto all = [](size_t n) {
+        std::vector<size_t> v(n);
+        for (size_t i = 0; i < n; ++i) v[i] = i;
+        return v;
+    };
+    add("smear_gate", all(kGateDim));
+    add("skip_gate", all(kGateDim));
+    add("x0_lambdas", all(kLayers));
+    add("scalars", all(kScalarsUsed));  // the padding is checked to be exactly 0 below
+
+    // The loss is smooth except where an MLP pre-activation crosses 0 (relu^2 has a jump in its
+    // second derivative there): the step shrinks until no pre-activation changes sign across the
+    // stencil, so the O(h^4) error bound holds on the whole interval.
+    std::vector<char> signs0, signs1;
+    auto loss_and_signs = [&](std::vector<char>& signs) {
+        Tape tp;
+        const double v = forward(c, p, b, &tp);
+        signs.clear();
+        for (const LayerTape& L : tp.layers)
+            for (double x : L.pre) signs.push_back(x > 0.0);
+        return v;
+    };
+    auto tensors = p.tensors();
+    auto gtensors = g.tensors();
+    int evaluated = 0, shrunk = 0;
+    for (auto& [name, idx] : samples) {
+        size_t ti = 0;
+        while (name != tensors[ti].first) ++ti;
+        std::vector<double>& w = *tensors[ti].second;
+        const std::vector<double>& gw = *gtensors[ti].second;
+        double worst = 0.0;
+        size_t worst_i = 0;
+        double worst_fd = 0, worst_an = 0, worst_h = 0;
+        for (size_t i : idx) {
+            // 4-point central difference, O(h^4): truncation far below the tolerance at h <= 4e-4
+            const double orig = w[i];
+            double h = 4.0 * 4e-4, fd = 0.0;
+            for (int attempt = 0; attempt < 4; ++attempt) {
+                h /= 4.0;
+                double f[4];
+                bool smooth = true;
+                const double steps[4] = {-2 * h, -h, h, 2 * h};
+                for (int s = 0; s < 4; ++s) {
+                    w[i] = orig + steps[s];
+                    f[s] = loss_and_signs(s == 0 ? signs0 : signs1);
+                    smooth &= s == 0 || signs1 == signs0;
+                }
+                w[i] = orig;
+                evaluated += 4;
+                fd = (8.0 * (f[2] - f[1]) - (f[3] - f[0])) / (12.0 * h);
+                if (smooth) break;
+                ++shrunk;
+            }
+            // relative 1e-6, plus the stencil's rounding noise: the loss (~5e2) carries about one
+            // ulp (6e-14) of noise, which the stencil turns into ~1e-13/h; 10x that is allowed
+            const double err = std::fabs(fd - gw[i]) / (1e-6 * std::fabs(gw[i]) + 1e-12 / h);
+            if (err > worst || err != err) {
+                worst = err;
+                worst_i = i;
+                worst_fd = fd;
+                worst_an = gw[i];
+                worst_h = h;
+            }
+        }
+        test::check(worst <= 1.0, "fd %s[%zu]: analytic %.10g, finite difference %.10g at step %.2g (%.2f x tolerance)",
+                    name.c_str(), worst_i, worst_an, worst_fd, worst_h, worst);
+        std::printf("  fd %-15s %3zu samples, worst %.3f x tolerance (|g| there %.3g, step %.2g)\n", name.c_str(), idx.size(),
+                    worst, std::fabs(worst_an), worst_h);
+    }
+    // the sampled zero-gradient entries are exactly zero
+    test::check(g.embed[size_t(unused_token) * C] == 0.0 && g.bigram_embed[size_t(unused_bigram) * C] == 0.0,
+                "rows the batch does not touch have non-zero gradients");
+    bool pad_zero = true;
+    for (size_t e = size_t(11) * 2 * F * C; e < g.mlp_bank.size(); ++e) pad_zero &= g.mlp_bank[e] == 0.0;
+    for (int i = kScalarsUsed; i < c.num_scalars(); ++i) pad_zero &= g.scalars[i] == 0.0;
+    test::check(pad_zero, "padding entries (mlp_bank[11], scalars past 47) have non-zero gradients");
+    std::printf("finite differences: loss %.6f, %d forwards (%d step reductions at relu kinks), %.1f s\n", loss, evaluated,
+                shrunk, seconds_since(t0));
+}
+
+// ---- loss scaling, evaluation loss, MTP decomposition ----
+void check_losses() {
+    Config c = small_config();
+    const Params p = random_params(c);
+    Batch b = make_batch(c, {0, 20}, 0);
+
+    // gradients scale with loss_scale
+    Params g1, g3;
+    forward_backward(c, p, b, 1.0, g1);
+    forward_backward(c, p, b, 3.0, g3);
+    bool scaled = true;
+    for (size_t k = 0; k < g1.tensors().size(); ++k) {
+        const auto& a = *g1.tensors()[k].second;
+        const auto& s = *g3.tensors()[k].second;
+        double mx = 0.0;
+        for (double e : s) mx = std::max(mx, std::fabs(e));
+        for (size_t i = 0; i < a.size(); ++i) scaled &= std::fabs(3.0 * a[i] - s[i]) <= 1e-12 * mx;
+    }
+    test::check(scaled, "gradients do not scale with loss_scale");
+
+    // MTP row t = sum_k w_k CE(row t, target t+k): single-target runs with targets shifted by k
+    Tape mtp;
+    forward(c, p, b, &mtp);
+    Config one = c;
+    one.mtp_weights = {1.0};
+    std::vector<std::vector<double>> ce(3);
+    for (int k = 0; k < 3; ++k) {
+        Batch shifted = b;
+        for (int t = 0; t < c.T; ++t) shifted.targets[t] = b.targets[std::min(t + k, c.T - 1)];
+        Tape tk;
+        forward(one, p, shifted, &tk);
+        ce[k] = tk.row_loss;
+    }
+    std::vector<double> want(c.T);
+    for (int t = 0; t < c.T; ++t) {
+        want[t] = ce[0][t];
+        if (t + 1 < c.T) want[t] += 0.5 * ce[1][t];
+        if (t + 2 < c.T) want[t] += 0.25 * ce[2][t];
+    }
+    test::check_close("MTP rows = weighted single-target rows", mtp.row_loss, want, 1e-12, 1e-12);
+    Config zero_w = one;
+    zero_w.mtp_weights = {1.0, 0.0, 0.0};
+    test::check(forward(zero_w, p, b) == forward(one, p, b), "zero MTP weights change the loss");
+
+    // evaluation = mean of the single-target training rows (same softcap; exact lm_head)
+    Config ev = one;
+    ev.training = false;
+    ev.fp8 = true;  // ignored outside training
+    Params ge, gt;
+    const double le = forward_backward(ev, p, b, 1.0, ge);
+    const double lt = forward_backward(one, p, b, 1.0 / c.T, gt);
+    test::check(std::fabs(le * c.T - lt) <= 1e-12 * std::fabs(lt), "eval loss %.15g * T != training loss %.15g", le, lt);
+    for (size_t k = 0; k < ge.tensors().size(); ++k)
+        test::check_close(std::string("eval vs training/T gradient ") + ge.tensors()[k].first, *ge.tensors()[k].second,
+                          *gt.tensors()[k].second, 1e-14, 1e-9);
+    // eval rows are plain cross-entropy of the softcapped logits
+    Tape te;
+    forward(ev, p, b, &te);
+    double maxerr = 0.0;
+    for (int t = 0; t < c.T; ++t) {
+        double s = 0.0;
+        for (int v = 0; v < c.V; ++v) s += std::exp(23.0 / (1.0 + std::exp(-(te.logits[size_t(t) * c.V + v] + 5.0) / 7.5)));
+        const double zt = 23.0 / (1.0 + std::exp(-(te.logits[size_t(t) * c.V + b.targets[t]] + 5.0) / 7.5));
+        maxerr = std::max(maxerr, std::fabs(std::log(s) - zt - te.row_loss[t]));
+    }
+    test::check(maxerr < 1e-12, "eval row loss is not log-sum-exp minus the softcapped target logit (err %.3g)", maxerr);
+}
+
+// ---- FP8 formats from their bit definitions ----
+double decode_e4m3(int code) {
+    const int e = (code >> 3) & 15, m = code & 7;
+    if (e == 15 && m == 7) return std::nan("");
+    const double v = e == 0 ? std::ldexp(m, -9) : std::ldexp(1.0 + m / 8.0, e - 7);
+    return code & 0x80 ? -v : v;
+}
+double decode_e5m2(int code) {
+    const int e = (code >> 2) & 31, m = code & 3;
+    if (e == 31) return m == 0 ? (code & 0x80 ? -INFINITY : INFINITY) : std::nan("");
+    const double v = e == 0 ? std::ldexp(m, -16) : std::ldexp(1.0 + m / 4.0, e - 15);
+    return code & 0x80 ? -v : v;
+}
+
+template <class Decode, class Round>
+void check_format(const char* name, Decode decode, Round round, int max_code) {
+    int bad = 0;
+    for (int code = 0; code <= max_code; ++code) {  // codes 0..max_code: the positive finite values, increasing
+        const double a = decode(code);
+        for (double s : {1.0, -1.0}) bad += round(s * a) != s * a;
+        if (code == max_code) break;
+        const double b = decode(code + 1), mid = 0.5 * (a + b);
+        const double even = (code & 1) ? b : a;  // the mantissa's last bit is the code's
+        for (double s : {1.0, -1.0}) {
+            bad += round(s * mid) != s * even;
+            bad += round(s * std::nextafter(mid, 0.0)) != s * a;
+            bad += round(s * std::nextafter(mid, INFINITY)) != s * b;
+        }
+    }
+    test::check(bad == 0, "%s: %d values off the format's round-to-nearest-even", name, bad);
+}
+
+void check_fp8() {
+    check_format("e4m3fn", decode_e4m3, round_e4m3, 0x7E);
+    check_format("e5m2", decode_e5m2, round_e5m2, 0x7B);
+    test::check(round_e4m3(464.0) == 448.0 && std::isnan(round_e4m3(464.5)) && std::isnan(round_e4m3(-1e4)),
+                "e4m3fn: 464 rounds to 448, above it NaN");
+    test::check(round_e5m2(61439.0) == 57344.0 && std::isinf(round_e5m2(61440.0)), "e5m2: 61440 and above overflow");
+    test::check(round_e4m3(std::ldexp(1.0, -10)) == 0.0 && round_e4m3(std::ldexp(3.0, -10)) == std::ldexp(1.0, -8),
+                "e4m3fn subnormal ties");
+    test::check(round_e5m2(1.125) == 1.0 && round_e5m2(1.375) == 1.5 && round_e5m2(std::ldexp(1.5, -16)) == std::ldexp(1.0, -15),
+                "e5m2 ties");
+}
+
+// ---- the paired-head layout, straight on the attention core ----
+// Which (token, head) values of v reach output (t, h): perturb each v entry and look.
+std::set<std::pair<int, int>> v_dependence(const AttnShape& s, const std::vector<double>& q, const std::vector<double>& k,
+                                           std::vector<double> v, int t, int h) {
+    const size_t n = size_t(s.T) * s.H * s.D;
+    std::vector<double> y0(n), y1(n), lse(size_t(s.rows()) * s.slots());
+    attention_forward(s, q.data(), k.data(), v.data(), y0.data(), lse.data());
+    std::set<std::pair<int, int>> dep;
+    for (int t2 = 0; t2 < s.T; ++t2)
+        for (int h2 = 0; h2 < s.H; ++h2) {
+            const size_t o = (size_t(t2) * s.H + h2) * s.D;
+            const double orig = v[o];
+            v[o] = orig + 1.0;
+            attention_forward(s, q.data(), k.data(), v.data(), y1.data(), lse.data());
+            v[o] = orig;
+            if (y1[(size_t(t) * s.H + h) * s.D] != y0[(size_t(t) * s.H + h) * s.D]) dep.insert({t2, h2});
+        }
+    return dep;
+}
+
+void check_attention_layout() {
+    const std::vector<int> cu = {0, 3, 6, 6};
+    AttnShape s;
+    s.T = 6;
+    s.H = 6;
+    s.D = 4;
+    s.scale = 0.3;
+    s.cu_seqlens = &cu;
+    const size_t n = size_t(s.T) * s.H * s.D;
+    std::vector<double> q(n), k(n), v(n);
+    for (size_t i = 0; i < n; ++i) {
+        q[i] = test::normal();
+        k[i] = test::normal();
+        v[i] = test::normal();
+    }
+    using Dep = std::set<std::pair<int, int>>;
+    // paired, H = 6, window 3 rows: token t head h is row 2t + h/3, slot h%3
+    s.paired = true;
+    s.window = 3;
+    test::check(v_dependence(s, q, k, v, 1, 1) == Dep{{0, 1}, {0, 4}, {1, 1}}, "paired: (t1,h1) = row 2 sees rows 0..2 of slot 1");
+    test::check(v_dependence(s, q, k, v, 1, 4) == Dep{{0, 1}, {0, 4}, {1, 1}, {1, 4}}, "paired: (t1,h4) = row 3 sees rows 0..3");
+    test::check(v_dependence(s, q, k, v, 2, 0) == Dep{{0, 3}, {1, 0}, {1, 3}, {2, 0}}, "paired: (t2,h0) = row 4, window 3 rows");
+    test::check(v_dependence(s, q, k, v, 3, 0) == Dep{{3, 0}}, "paired: (t3,h0) starts document 2 (row 6)");
+    test::check(v_dependence(s, q, k, v, 4, 5) == Dep{{3, 2}, {3, 5}, {4, 2}, {4, 5}}, "paired: (t4,h5) = row 9 in doc 2");
+    // not paired, window 1 token
+    s.paired = false;
+    s.window = 1;
+    test::check(v_dependence(s, q, k, v, 2, 4) == Dep{{1, 4}, {2, 4}}, "plain: (t2,h4) sees tokens 1, 2 of head 4");
+    test::check(v_dependence(s, q, k, v, 3, 4) == Dep{{3, 4}}, "plain: (t3,h4) starts a document");
+    // window 0: every query sees only itself, so y = v
+    for (bool paired : {false, true}) {
+        s.paired = paired;
+        s.window = 0;
+        std::vector<double> y(n), lse(size_t(s.rows()) * s.slots());
+        attention_forward(s, q.data(), k.data(), v.data(), y.data(), lse.data());
+        test::check_close(paired ? "paired window 0 gives v" : "window 0 gives v", y, v, 1e-15, 1e-14);
+    }
+
+    // the attention backward against finite differences of sum(y * R), paired H = 6
+    s.paired = true;
+    s.window = 5;
+    std::vector<double> R(n), y(n), lse(size_t(s.rows()) * s.slots()), dq(n), dk(n), dv(n);
+    for (double& r : R) r = test::normal();
+    attention_forward(s, q.data(), k.data(), v.data(), y.data(), lse.data());
+    attention_backward(s, q.data(), k.data(), v.data(), y.data(), lse.data(), R.data(), dq.data(), dk.data(), dv.data());
+    auto objective = [&] {
+        std::vector<double> yy(n), ll(lse.size());
+        attention_forward(s, q.data(), k.data(), v.data(), yy.data(), ll.data());
+        return detail::dot(yy.data(), R.data(), n);
+    };
+    double worst = 0.0;
+    for (int which = 0; which < 3; ++which) {
+        std::vector<double>& x = which == 0 ? q : which == 1 ? k : v;
+        const std::vector<double>& gx = which == 0 ? dq : which == 1 ? dk : dv;
+        for (size_t i = 0; i < n; ++i) {
+            const double orig = x[i], h = 1e-4;
+            x[i] = orig + h;
+            const double fp = objective();
+            x[i] = orig - h;
+            const double fm = objective();
+            x[i] = orig;
+            worst = std::max(worst, std::fabs((fp - fm) / (2 * h) - gx[i]) / (1e-6 * std::fabs(gx[i]) + 1e-7));
+        }
+    }
+    test::check(worst <= 1.0, "paired attention backward vs finite differences: %.2f x tolerance", worst);
+}
+
+// ---- rotary positions and angles ----
+void check_rotary() {
+    test::check(rotary_position(true, 5, 1) == 11 && rotary_position(true, 5, 4) == 10 && rotary_position(true, 5, 0) == 10 &&
+                    rotary_position(false, 5, 4) == 5,
+                "rotary positions: paired head h of token t at 2t + (h & 1), plain at t");
+    Yarn y;
+    y.reset(16);  // 4 frequencies: 1, 1024^(-1/3), 1024^(-2/3), 1/1024
+    test::check(y.freq.size() == 4 && y.freq[0] == 1.0 && std::fabs(y.freq[3] - 1.0 / 1024) < 1e-18 &&
+                    std::fabs(y.freq[1] - std::pow(1024.0, -1.0 / 3)) < 1e-15,
+                "YaRN base frequencies");
+    // unit vector e_{2j}: turns into (cos, -sin) on dims 2j, 2j+1; the upper half stays
+    for (int j = 0; j < 4; ++j) {
+        std::vector<double> x(16, 0.0);
+        x[2 * j] = 1.0;
+        rotary_apply(y, 7.0, x.data(), 16);
+        const double th = 7.0 * y.freq[j];
+        test::check(std::fabs(x[2 * j] - std::cos(th)) < 1e-15 && std::fabs(x[2 * j + 1] + std::sin(th)) < 1e-15,
+                    "rotary of e_%d", 2 * j);
+        std::vector<double> u(16, 0.0);
+        u[8 + 2 * j] = 1.0;
+        rotary_apply(y, 7.0, u.data(), 16);
+        test::check(u[8 + 2 * j] == 1.0, "rotary moves upper dim %d", 8 + 2 * j);
+    }
+    // scores depend on relative position only; inverse undoes
+    std::vector<double> a(16), b(16);
+    for (int i = 0; i < 16; ++i) {
+        a[i] = test::normal();
+        b[i] = test::normal();
+    }
+    auto score = [&](double pa, double pb) {
+        std::vector<double> ra(a), rb(b);
+        rotary_apply(y, pa, ra.data(), 16);
+        rotary_apply(y, pb, rb.data(), 16);
+        return detail::dot(ra.data(), rb.data(), 16);
+    };
+    test::check(std::fabs(score(9, 4) - score(105, 100)) < 1e-10, "rotary scores depend on relative position only");
+    std::vector<double> r(a);
+    rotary_apply(y, 33.0, r.data(), 16);
+    rotary_apply(y, 33.0, r.data(), 16, true);
+    test::check_close("rotary inverse", r, a, 1e-14, 0.0);
+
+    // YaRN growth 384 -> 896 tokens: the fastest frequency (61 turns over 384 > beta) stays, the
+    // slowest (0.06 turns < alpha) scales by 384/896, a middle one blends; scale *= 0.2 ln(896/384) + 1
+    Yarn g;
+    g.reset(128);
+    const double f10 = g.freq[10];
+    g.apply(384, 896);
+    const double turns = 384 * f10 / (2 * kPi), blend = std::clamp((turns - 1) / 31, 0.0, 1.0);
+    test::check(g.freq[0] == 1.0 && std::fabs(g.freq[31] - (1.0 / 1024) * 384 / 896) < 1e-18 &&
+                    std::fabs(g.freq[10] - f10 * (384.0 / 896 + blend * (1 - 384.0 / 896))) < 1e-16 && blend > 0 && blend < 1,
+                "YaRN frequency update");
+    test::check(std::fabs(g.attn_scale - 0.1 * (0.2 * std::log(896.0 / 384) + 1)) < 1e-16, "YaRN softmax scale update");
+}
+
+// ---- document isolation, and what crosses documents by design ----
+bool rows_equal(const std::vector<double>& a, const std::vector<double>& b, int lo, int hi) {
+    for (int t = lo; t < hi; ++t)
+        if (a[t] != b[t]) return false;
+    return true;
+}
+bool rows_differ_somewhere(const std::vector<double>& a, const std::vector<double>& b, int lo, int hi) {
+    return !rows_equal(a, b, lo, hi);
+}
+
+void check_documents() {
+    Config c = small_config();
+    Params p = random_params(c);
+    const Batch b = make_batch(c, {0, 13, 30}, 1);  // documents [0,13) [13,30) [30,48)
+    auto rows = [&](const Config& cc, const Params& pp, const Batch& bb) {
+        Tape tp;
+        forward(cc, pp, bb, &tp);
+        return tp.row_loss;
+    };
+    auto changed = [&](const Batch& from, int pos, bool rehash) {
+        Batch x = from;
+        x.inputs[pos] = (x.inputs[pos] + 1 + test::randint(0, c.V - 2)) % c.V;
+        if (rehash) x.bigram = bigram_hash(x.inputs, c.bigram_vocab);
+        return x;
+    };
+
+    // a token inside document 2: earlier rows untouched, later rows of document 2 move, document 3
+    // moves only through the key offset (layers 3 and 10 read the previous token's key across the bound)
+    const Batch inner = changed(b, 20, true);
+    for (bool ko : {false, true}) {
+        Config cc = c;
+        cc.key_offset = ko;
+        const auto r0 = rows(cc, p, b), r1 = rows(cc, p, inner);
+        test::check(rows_equal(r0, r1, 0, 20), "key_offset=%d: rows before the change moved", ko);
+        test::check(rows_differ_somewhere(r0, r1, 20, 30), "key_offset=%d: document 2 did not move", ko);
+        if (ko) test::check(rows_differ_somewhere(r0, r1, 30, 48), "key offset does not carry document 2 into document 3");
+        else test::check(rows_equal(r0, r1, 30, 48), "without key offset document 3 still moved");
+    }
+
+    // the last token of document 2, key offset off: document 3's first token reads it through the
+    // smear (embedding of the previous token) and the bigram hash (previous token id)
+    Config nk = c;
+    nk.key_offset = false;
+    Params no_smear = p;
+    no_smear.scalars[kScalarSmear] = 0.0;
+    const Batch last_keep_hash = changed(b, 29, false), last_rehash = [&] {
+        Batch x = last_keep_hash;
+        x.bigram = bigram_hash(x.inputs, c.bigram_vocab);
+        return x;
+    }();
+    test::check(last_rehash.bigram[30] != b.bigram[30], "test setup: the hash at 30 should change");
+    {
+        const auto r0 = rows(nk, p, b), r1 = rows(nk, p, last_keep_hash);
+        test::check(rows_equal(r0, r1, 0, 29), "last token: earlier rows moved");
+        test::check(rows_differ_somewhere(r0, r1, 30, 48), "smear does not carry across the document bound");
+    }
+    {
+        const auto r0 = rows(nk, no_smear, b), r1 = rows(nk, no_smear, last_keep_hash);
+        test::check(rows_equal(r0, r1, 30, 48), "without smear or key offset, document 3 moved");
+        const auto r2 = rows(nk, no_smear, last_rehash);
+        test::check(rows_differ_somewhere(r0, r2, 30, 48), "the bigram hash does not carry across the document bound");
+        test::check(rows_equal(r0, r2, 0, 29), "bigram hash change moved earlier rows");
+    }
+    // a bigram id changed only at the start of document 3 leaves documents 1 and 2 exact
+    {
+        Batch x = b;
+        x.bigram[30] = (x.bigram[30] + 1) % c.bigram_vocab;
+        const auto r0 = rows(c, p, b), r1 = rows(c, p, x);
+        test::check(rows_equal(r0, r1, 0, 30) && rows_differ_somewhere(r0, r1, 30, 48), "bigram at 30: documents 1-2 moved");
+    }
+    // cu_seqlens padding entries change nothing
+    {
+        Batch x = b;
+        x.cu_seqlens.push_back(c.T);
+        x.cu_seqlens.push_back(c.T);
+        test::check(rows(c, p, b) == rows(c, p, x), "extra cu_seqlens padding changed the result");
+    }
+}
+
+// ---- windows and pairing at the model level ----
+void check_windows_and_pairing() {
+    const Config c = small_config();
+    const Params p = random_params(c);
+    const Batch b = make_batch(c, {0, 11, 29}, 0);  // longest document 19 tokens = 38 paired rows
+    auto rows = [&](const Config& cc) {
+        Tape tp;
+        forward(cc, p, b, &tp);
+        return tp.row_loss;
+    };
+    Config wide = c, wider = c;
+    wide.window_short = 40;
+    wide.window_long = 41;
+    wider.window_short = 1000;
+    wider.window_long = 2000;
+    test::check(rows(wide) == rows(wider), "windows wider than every document differ from plain causal attention");
+    test::check(rows(c) != rows(wide), "a biting window changes nothing");
+
+    Config flipped = c;
+    flipped.paired[2] = false;
+    test::check(rows(c) != rows(flipped), "pairing layer 2 changes nothing");
+
+    // key-offset layers are those whose window equals the long one (upstream's b == ws_long)
+    Config same = c;
+    same.window_short = same.window_long = 11;
+    test::check(c.has_key_offset(3) && c.has_key_offset(10) && !c.has_key_offset(1) && !c.has_key_offset(0),
+                "key offset on layers 3 and 10 only");
+    test::check(same.has_key_offset(1) && same.has_key_offset(4) && !same.has_key_offset(0) && !same.has_key_offset(6),
+                "equal windows: key offset on every non-paired attention layer");
+    test::check(attn_bank_index(5) == 5 && attn_bank_index(6) == -1 && attn_bank_index(7) == 6 && attn_bank_index(10) == 9,
+                "attention bank indexes skip layer 6");
+    test::check(value_table(0) == 0 && value_table(1) == 1 && value_table(2) == -1 && value_table(7) == -1 &&
+                    value_table(8) == 2 && value_table(10) == 4,
+                "value-embedding tables on layers 0, 1, 8, 9, 10");
+}
+
+// ---- upstream's initialization ----
+void check_init() {
+    const Config c = Config::make(16, 512, 128, 2, 64, 50, 128, 384);
+    const Params p = Params::init(c, 1234);
+    bool ok = p.scalars.size() == 51;
+    for (int i = 0; i < kLayers; ++i)
+        ok &= p.scalars[i] == 1.1 && p.scalars[11 + 2 * i] == 0.5 && p.scalars[12 + 2 * i] == 1.0 && p.scalars[33 + i] == 0.1;
+    ok &= p.scalars[44] == 0.0 && p.scalars[45] == 0.5 && p.scalars[46] == -1.5;
+    for (int i = 47; i < 51; ++i) ok &= p.scalars[i] == 1.0;
+    test::check(ok, "scalars: resid 1.1, sa (0.5, 1), bigram 0.1, smear 0, backout 0.5, skip -1.5, padding 1");
+    bool tied = true;
+    for (int v = 0; v < c.V; ++v)
+        for (int k = 0; k < c.C; ++k) tied &= p.embed[size_t(v) * c.C + k] == p.lm_head[size_t(k) * c.V + v];
+    test::check(tied, "embed is lm_head transposed");
+    double ss = 0;
+    for (double w : p.lm_head) ss += w * w;
+    const double std_lm = std::sqrt(ss / p.lm_head.size());
+    test::check(std::fabs(std_lm / 0.005 - 1) < 0.02, "lm_head std %.5f, want 0.005", std_lm);
+    const double bound = std::sqrt(3.0) * 0.5 / std::sqrt(128.0);
+    double amax = 0, fmax = 0, pmax = 0;
+    for (double w : p.attn_bank) amax = std::max(amax, std::fabs(w));
+    const size_t mat = size_t(4) * 128 * 128;
+    for (int l = 0; l < kMlpBankLayers; ++l)
+        for (size_t e = 0; e < mat; ++e) {
+            fmax = std::max(fmax, std::fabs(p.mlp_bank[2 * l * mat + e]));
+            pmax = std::max(pmax, std::fabs(p.mlp_bank[(2 * l + 1) * mat + e]));
+        }
+    test::check(amax <= bound && amax > 0.99 * bound && fmax <= bound && fmax > 0.99 * bound && pmax == 0.0,
+                "attn and c_fc uniform(+-%.5f) (max %.5f, %.5f), c_proj zero (%g)", bound, amax, fmax, pmax);
+    bool zeros = true;
+    for (auto* t : {&p.bigram_embed, &p.value_embeds, &p.attn_gate_bank, &p.ve_gate_bank, &p.smear_gate, &p.skip_gate,
+                    &p.x0_lambdas})
+        for (double w : *t) zeros &= w == 0.0;
+    test::check(zeros, "bigram, value embeddings, gates and x0 lambdas start at zero");
+    // at init (c_proj = 0, zero gates and embeddings) a forward runs and gives a finite loss near ln V-ish
+    Config cc = c;
+    const Batch b = make_batch(cc, {0, 7}, 0);
+    const double loss = forward(cc, p, b);
+    test::check(std::isfinite(loss) && loss > 0, "init loss %g", loss);
+}
+
+// ---- the FP8 path at the tiny preset's shape, against the exact lm_head ----
+double cosine(const std::vector<double>& a, const std::vector<double>& b) {
+    const double ab = detail::dot(a.data(), b.data(), a.size()), aa = detail::dot(a.data(), a.data(), a.size()),
+                 bb = detail::dot(b.data(), b.data(), b.size());
+    return ab / std::sqrt(aa * bb);
+}
+
+void check_fp8_tiny() {
+    Config c = Config::make(128, 50304, 128, 2, 64, 3001, 128, 384);
+    c.mtp_weights = {1.0, 0.5, 0.25};
+    c.yarn_apply(128, 384);
+    Params p = Params::init(c, test::rng()());
+    perturb(p, test::rng()(), 0.02);
+    const Batch b = make_batch(c, {0, 70, 71, 100}, 3);
+    Params g8, gx;
+    auto t0 = std::chrono::steady_clock::now();
+    Tape tape;
+    const double l8 = forward_backward(c, p, b, c.grad_scale, g8, &tape);
+    const double t_fp8 = seconds_since(t0);
+    Config exact = c;
+    exact.fp8 = false;
+    const double lx = forward_backward(exact, p, b, c.grad_scale, gx);
+    std::printf("tiny preset (T=%d, C=%d, V=%d): forward+backward %.2f s; loss fp8 %.6f, exact %.6f\n", c.T, c.C, c.V, t_fp8,
+                l8, lx);
+    test::check(std::fabs(l8 - lx) < 1e-3 * std::fabs(lx), "FP8 loss %.8g far from exact %.8g", l8, lx);
+    // the quantized operands are on their grids
+    bool on_grid = true;
+    for (size_t e = 0; e < tape.xq.size(); e += 97) on_grid &= round_e4m3(tape.xq[e] / c.x_s) * c.x_s == tape.xq[e];
+    for (size_t e = 0; e < tape.wq.size(); e += 997) on_grid &= round_e4m3(tape.wq[e] / c.w_s) * c.w_s == tape.wq[e];
+    test::check(on_grid && tape.xq.size() == size_t(c.T) * c.C && tape.wq.size() == size_t(c.C) * c.V,
+                "FP8 operands off the e4m3 grid");
+    // gradients agree in direction (e5m2 keeps 2 mantissa bits: ~10%% per element, averaged over rows)
+    for (size_t k = 0; k < g8.tensors().size(); ++k) {
+        const char* name = g8.tensors()[k].first;
+        const auto& a = *g8.tensors()[k].second;
+        const auto& e = *gx.tensors()[k].second;
+        const double cs = cosine(a, e);
+        test::check(cs > 0.99, "FP8 vs exact gradient of %s: cosine %.5f", name, cs);
+    }
+    std::printf("  cosine fp8/exact: lm_head %.5f, attn_bank %.5f, scalars %.5f\n", cosine(g8.lm_head, gx.lm_head),
+                cosine(g8.attn_bank, gx.attn_bank), cosine(g8.scalars, gx.scalars));
+}
+
+// ---- bad input: a clear message and a non-zero exit ----
+template <class F>
+void expect_exit_failure(const char* what, F f) {
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        f();
+        _exit(0);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    test::check(WIFEXITED(status) && WEXITSTATUS(status) != 0, "%s: expected a clear error and a non-zero exit", what);
+}
+
+void check_bad_input() {
+    std::printf("(the next error messages are expected)\n");
+    const Config c = small_config();
+    const Params p = Params::init(c, 1);
+    const Batch b = make_batch(c, {0, 10}, 0);
+    expect_exit_failure("C != H*D", [&] {
+        Config x = c;
+        x.C = 60;
+        forward(x, p, b);
+    });
+    expect_exit_failure("odd head count with paired layers", [&] {
+        Config x = Config::make(8, 64, 96, 3, 32, 10, 4, 8);
+        x.validate();
+    });
+    expect_exit_failure("target out of range", [&] {
+        Batch x = b;
+        x.targets[3] = c.V;
+        forward(c, p, x);
+    });
+    expect_exit_failure("cu_seqlens not ending at T", [&] {
+        Batch x = b;
+        x.cu_seqlens.back() = c.T - 1;
+        forward(c, p, x);
+    });
+    expect_exit_failure("parameter of the wrong size", [&] {
+        Params x = p;
+        x.ve_gate_bank.pop_back();
+        forward(c, x, b);
+    });
+    expect_exit_failure("YaRN state of another head_dim", [&] {
+        Config x = c;
+        x.yarn.reset(64);
+        forward(x, p, b);
+    });
+    expect_exit_failure("paired attention with an odd head count", [&] {
+        const std::vector<int> cu = {0, 4};
+        AttnShape s;
+        s.T = 4;
+        s.H = 3;
+        s.D = 4;
+        s.paired = true;
+        s.cu_seqlens = &cu;
+        std::vector<double> x(48), y(48), lse(12);
+        attention_forward(s, x.data(), x.data(), x.data(), y.data(), lse.data());
+    });
+    expect_exit_failure("YaRN apply with a zero window", [&] {
+        Config x = c;
+        x.yarn_apply(0, 10);
+    });
+}
+
+}  // namespace
+
+int main() {
+    test::seed();
+    const auto t0 = std::chrono::steady_clock::now();
+    check_bad_input();
+    check_fp8();
+    check_rotary();
+    check_attention_layout();
+    check_init();
+    check_losses();
+    check_documents();
+    check_windows_and_pairing();
+    check_gradients_fd();
+    check_fp8_tiny();
+    std::printf("total %.1f s\n", seconds_since(t0));
+    return test::finish();
+}
