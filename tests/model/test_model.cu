@@ -151,6 +151,56 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
 
 }
 
+double mean_of(const std::vector<float>& v) {
+    double s = 0;
+    for (float x : v) s += x;
+    return s / v.size();
+}
+double std_of(const std::vector<float>& v) {
+    const double mu = mean_of(v);
+    double s = 0;
+    for (float x : v) s += (x - mu) * (x - mu);
+    return std::sqrt(s / v.size());
+}
+
+// Upstream's init: uniform(+-sqrt(3)*0.5/sqrt(C)) for attention and c_fc, zeros for c_proj and the
+// embeddings and gates, normal(0, 0.005) for lm_head, embed = lm_head^T, and the scalars' values.
+void check_init(const Model& m, const Config& c) {
+    const Params& p = m.params;
+    const int64_t C = c.model_dim, V = c.padded_vocab;
+    const double bound = std::sqrt(3.0) * 0.5 / std::sqrt(double(C));
+    for (auto [name, v] : {std::pair<const char*, std::vector<float>>{"attn_bank", download_bf16(p.attn_bank, kAttnLayers * 4 * C * C)},
+                           {"c_fc", download_bf16(p.c_fc(c, 4), c.mlp_dim * C)}}) {
+        float lo = 1e9f, hi = -1e9f;
+        for (float x : v) lo = std::min(lo, x), hi = std::max(hi, x);
+        // uniform on [-b, b]: mean 0, std b/sqrt(3), and it reaches close to both ends
+        test::check(lo >= -bound * 1.004 && hi <= bound * 1.004 && lo < -0.99 * bound && hi > 0.99 * bound,
+                    "%s: range [%g, %g], bound %g", name, lo, hi, bound);
+        test::check(std::fabs(mean_of(v)) < 0.02 * bound && std::fabs(std_of(v) / (bound / std::sqrt(3.0)) - 1) < 0.02,
+                    "%s: mean %g std %g", name, mean_of(v), std_of(v));
+    }
+    const std::vector<float> lm = download_bf16(p.lm_head, C * V), em = download_bf16(p.embed, V * C);
+    test::check(std::fabs(std_of(lm) / 0.005 - 1) < 0.01 && std::fabs(mean_of(lm)) < 1e-4, "lm_head: mean %g std %g",
+                mean_of(lm), std_of(lm));
+    int64_t mismatched = 0;
+    for (int64_t v = 0; v < V; ++v)
+        for (int64_t k = 0; k < C; ++k) mismatched += em[v * C + k] != lm[k * V + v];
+    test::check(mismatched == 0, "embed must equal lm_head^T at init (%lld differ)", static_cast<long long>(mismatched));
+    double zeros = 0;
+    for (float x : download_bf16(p.c_proj(c, 3), c.mlp_dim * C)) zeros += std::fabs(x);
+    for (float x : download_bf16(p.value_embeds, 5 * V * C)) zeros += std::fabs(x);
+    for (float x : download_bf16(p.bigram_embed, int64_t(c.bigram_vocab) * C)) zeros += std::fabs(x);
+    for (float x : download_bf16(p.attn_gate_bank, kAttnLayers * c.num_heads * kGate)) zeros += std::fabs(x);
+    for (float x : download_f(p.x0_lambdas, kLayers)) zeros += std::fabs(x);
+    test::check(zeros == 0, "c_proj, value_embeds, bigram_embed, gates and x0_lambdas start at zero");
+    const std::vector<float> sc = download_f(p.scalars, kScalars);
+    bool ok = sc[kSmearLambda] == 0.0f && sc[kBackoutLambda] == 0.5f && sc[kSkipLambda] == -1.5f && sc[kScalars - 1] == 1.0f;
+    for (int l = 0; l < kLayers; ++l)
+        ok = ok && sc[kResidLambdas + l] == 1.1f && sc[kSaLambdas + 2 * l] == 0.5f && sc[kSaLambdas + 2 * l + 1] == 1.0f &&
+             sc[kBigramLambdas + l] == 0.1f;
+    test::check(ok, "scalars: resid 1.1, sa (0.5, 1.0), bigram 0.1, smear 0, backout 0.5, skip -1.5, padding 1");
+}
+
 int main() {
     test::seed();
     {
@@ -166,6 +216,7 @@ int main() {
     Model m;
     build_model(m, c, test::seed(), s);
 
+    check_init(m, c);
     const int T = c.max_train_tokens();
     std::vector<int32_t> inputs(T), targets(T), bigram(T), cu = {0, 100, 217, T};
     for (int t = 0; t < T; ++t) inputs[t] = test::randint(0, c.vocab_size - 1);
