@@ -29,6 +29,16 @@
 #include <string>
 #include <vector>
 
+#define NCCL_CHECK(call)                                                                              \
+    do {                                                                                              \
+        ncclResult_t r_ = (call);                                                                     \
+        if (r_ != ncclSuccess) {                                                                      \
+            std::fprintf(stderr, "NCCL error at %s:%d: %s: %s\n", __FILE__, __LINE__, #call,          \
+                         ncclGetErrorString(r_));                                                     \
+            std::exit(EXIT_FAILURE);                                                                  \
+        }                                                                                             \
+    } while (0)
+
 // ============================================================================================
 // Configuration: every hyperparameter of the record in one place (upstream's Hyperparameters
 // and TRAINING_STAGES), and the tiny preset that exercises every feature on a CPU.
@@ -201,6 +211,7 @@ public:
         used_ = at;
     }
     size_t bytes() const { return std::max(used_, peak_); }
+    void* base() const { return base_; }
 
     // Allocate what the measuring pass counted; the caller then runs its layout again.
     void allocate() {
@@ -638,6 +649,12 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+// Every rank starts from rank 0's parameters, as upstream broadcasts them after init (the
+// counter-based init already agrees; the broadcast makes it a fact whatever the seeds).
+void broadcast_params(Model& m, ncclComm_t comm, cudaStream_t s) {
+    NCCL_CHECK(ncclBroadcast(m.param_arena.base(), m.param_arena.base(), m.param_arena.bytes(), ncclUint8, 0, comm, s));
+}
+
 // ============================================================================================
 // Forward: upstream's GPT.forward, one kernel call per step.
 // ============================================================================================
@@ -870,15 +887,6 @@ void print_memory_plan(const Config& c, FILE* f) {
 // ============================================================================================
 // main
 // ============================================================================================
-#define NCCL_CHECK(call)                                                                              \
-    do {                                                                                              \
-        ncclResult_t r_ = (call);                                                                     \
-        if (r_ != ncclSuccess) {                                                                      \
-            std::fprintf(stderr, "NCCL error at %s:%d: %s: %s\n", __FILE__, __LINE__, #call,          \
-                         ncclGetErrorString(r_));                                                     \
-            std::exit(EXIT_FAILURE);                                                                  \
-        }                                                                                             \
-    } while (0)
 
 // x[i] = sin(0.01*i + offset): distinct, known data on every rank.
 __global__ void fill_sine_pattern(__nv_bfloat16* x, int n, float offset) {

@@ -1,0 +1,48 @@
+// Distributed model setup: every rank builds the model with its own seed; after the broadcast
+// every rank holds rank 0's parameters, bit for bit.
+#define TRAIN_GPT_NO_MAIN
+#include "../../train_gpt.cu"
+#include "../test_util.h"
+
+uint64_t checksum(const void* device, size_t bytes) {
+    std::vector<unsigned char> h(bytes);
+    CUDA_CHECK(cudaMemcpy(h.data(), device, bytes, cudaMemcpyDeviceToHost));
+    uint64_t x = 1469598103934665603ull;  // FNV-1a
+    for (unsigned char b : h) x = (x ^ b) * 1099511628211ull;
+    return x;
+}
+
+int main(int argc, char** argv) {
+    MPI_Init(&argc, &argv);
+    int rank, world;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    ncclUniqueId id;
+    if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    ncclComm_t comm;
+    NCCL_CHECK(ncclCommInitRank(&comm, world, id, rank));
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreate(&s));
+
+    Config c = tiny_preset();
+    c.world_size = world;
+    Model m;
+    build_model(m, c, 1000 + rank, s);  // different seeds: different parameters before the broadcast
+    uint64_t mine = checksum(m.param_arena.base(), m.param_arena.bytes()), root = mine;
+    MPI_Bcast(&root, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    if (rank != 0) test::check(mine != root, "rank %d: different seeds must give different parameters", rank);
+    broadcast_params(m, comm, s);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    mine = checksum(m.param_arena.base(), m.param_arena.bytes());
+    test::check(mine == root, "rank %d: parameters differ from rank 0's after the broadcast", rank);
+
+    int failed = test::failed(), passed = test::passed(), total_failed, total_passed;
+    MPI_Reduce(&failed, &total_failed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    MPI_Reduce(&passed, &total_passed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (rank == 0) std::printf("%d passed, %d failed\n", total_passed, total_failed);
+    NCCL_CHECK(ncclCommDestroy(comm));
+    CUDA_CHECK(cudaStreamDestroy(s));
+    MPI_Finalize();
+    return failed ? 1 : 0;
+}
