@@ -68,20 +68,14 @@ struct AttnProblem {
 };
 
 // ---- host side: the checks and setup the launchers share ----
-inline void attn_require(bool ok, const char* what) {
-    if (!ok) {
-        std::fprintf(stderr, "attention: %s\n", what);
-        std::exit(EXIT_FAILURE);
-    }
-}
-
-// The view the kernels attend over, after checking what the kernels rely on.
-inline AttnProblem attn_problem(const int* cu_seqlens, int num_cu_seqlens, int T, int H, int D, int window,
-                                bool paired, float softmax_scale) {
-    attn_require(D == 64 || D == 128, "head dim D must be 64 or 128");
-    attn_require(T > 0 && T % 16 == 0, "T must be a positive multiple of 16");
-    attn_require(H > 0 && (!paired || H % 2 == 0), "H must be positive, and even for paired heads");
-    attn_require(cu_seqlens != nullptr && num_cu_seqlens >= 1, "cu_seqlens needs at least one entry");
+// The view the kernels attend over, after checking what the kernels rely on (`who`: the launcher).
+inline AttnProblem attn_problem(const char* who, const int* cu_seqlens, int num_cu_seqlens, int T, int H, int D,
+                                int window, bool paired, float softmax_scale) {
+    kernel_require(D == 64 || D == 128, "%s: head dim D must be 64 or 128 (D=%d)", who, D);
+    kernel_require(T > 0 && T % 16 == 0, "%s: T must be a positive multiple of 16 (T=%d)", who, T);
+    kernel_require(H > 0 && (!paired || H % 2 == 0), "%s: H must be positive, and even for paired heads (H=%d)", who,
+                   H);
+    kernel_require(cu_seqlens != nullptr && num_cu_seqlens >= 1, "%s: cu_seqlens needs at least one entry", who);
     AttnProblem p;
     p.T = paired ? 2 * T : T;
     p.H = paired ? H / 2 : H;
@@ -92,8 +86,6 @@ inline AttnProblem attn_problem(const int* cu_seqlens, int num_cu_seqlens, int T
     p.scale_log2 = softmax_scale * kAttnLog2e;
     return p;
 }
-
-inline bool attn_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Raises a kernel's dynamic shared memory limit past the default 48 KB; call once per kernel.
 template <class Kernel>
@@ -216,6 +208,35 @@ __device__ __forceinline__ void attn_mma2(float (&c0)[4], float (&c1)[4], const 
     mma_m16n8k16_bf16(c1, a, b1, c1);
 }
 
+// The backward's two score products for the warp's 16 rows: c1 = x1 y1^T and c2 = x2 y2^T (zeroed first),
+// x1 and x2 tiles of D columns whose rows 16 warp .. 16 warp + 15 are the warp's, y1 and y2 tiles of N rows.
+// The x fragments are re-read from shared memory on every call: holding them in registers next to the
+// accumulators would spill.
+template <int D, int N>
+__device__ __forceinline__ void attn_two_products(float (&c1)[N / 8][4], float (&c2)[N / 8][4], const __nv_bfloat16* x1,
+                                                  const __nv_bfloat16* x2, const __nv_bfloat16* y1,
+                                                  const __nv_bfloat16* y2) {
+    const int warp = threadIdx.x / 32;
+#pragma unroll
+    for (int nt = 0; nt < N / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) c1[nt][e] = c2[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t a1[4], a2[4];
+        attn_frag_a<D>(a1, x1, 16 * warp, 16 * ks);
+        attn_frag_a<D>(a2, x2, 16 * warp, 16 * ks);
+#pragma unroll
+        for (int np = 0; np < N / 16; ++np) {
+            uint32_t b[4];
+            attn_frag_b_t<D>(b, y1, 16 * np, 16 * ks);
+            attn_mma2(c1[2 * np], c1[2 * np + 1], a1, b);
+            attn_frag_b_t<D>(b, y2, 16 * np, 16 * ks);
+            attn_mma2(c2[2 * np], c2[2 * np + 1], a2, b);
+        }
+    }
+}
+
 __device__ __forceinline__ uint32_t attn_pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) is the lower half
     uint32_t r;
@@ -229,6 +250,23 @@ __device__ __forceinline__ void attn_c_to_a(uint32_t (&a)[4], const float (&c0)[
     a[1] = attn_pack_bf16(c0[2], c0[3]);
     a[2] = attn_pack_bf16(c1[0], c1[1]);
     a[3] = attn_pack_bf16(c1[2], c1[3]);
+}
+// acc (the warp's 16 x D, C layout) += x @ tile, with x the warp's 16 x K scores in the C layout (rounded to
+// bf16 as the tensor cores take them) and tile K rows of D columns of a swizzled tile.
+template <int D, int K>
+__device__ __forceinline__ void attn_mma_scores_tile(float (&acc)[D / 8][4], const float (&x)[K / 8][4],
+                                                     const __nv_bfloat16* tile) {
+#pragma unroll
+    for (int kk = 0; kk < K / 16; ++kk) {
+        uint32_t a[4];
+        attn_c_to_a(a, x[2 * kk], x[2 * kk + 1]);
+#pragma unroll
+        for (int np = 0; np < D / 16; ++np) {
+            uint32_t b[4];
+            attn_frag_b<D>(b, tile, 16 * kk, 16 * np);
+            attn_mma2(acc[2 * np], acc[2 * np + 1], a, b);
+        }
+    }
 }
 
 // Writes a warp's 16 x D accumulator rows (C layout; rows g scaled by mult_lo, rows g + 8 by
@@ -258,6 +296,57 @@ __device__ __forceinline__ void attn_store_rows(__nv_bfloat16* dst, const float 
     }
 }
 
+// ---- a query tile's walk over the key tiles (forward and dq kernels) ----
+// Block (query tile of 64 rows, head): key tiles stream from the diagonal down, tile n holding keys
+// [q0 - n KT, q0 - n KT + KT), to the tile of the first key any row sees. In the C layout a lane holds
+// rows g and g + 8 of its warp's 16: row_lo and row_hi.
+struct AttnQueryTile {
+    int q0;                                  // the tile's first row
+    int num_tiles;                           // key tiles to visit
+    int unmasked_from;                       // below the diagonal, tiles from this key on need no mask
+    int row_lo, row_hi, first_lo, first_hi;  // the lane's two rows and the first key each sees
+
+    // Whether key tile n (keys from k0) needs the mask.
+    __device__ __forceinline__ bool masked(int n, int k0) const { return n == 0 || k0 < unmasked_from; }
+    // Whether `key` is hidden from the row of C-layout element e (e < 2: row_lo, else row_hi).
+    __device__ __forceinline__ bool hidden(int key, int e) const {
+        const int row = e < 2 ? row_lo : row_hi, first = e < 2 ? first_lo : first_hi;
+        return key > row || key < first;
+    }
+};
+__device__ __forceinline__ AttnQueryTile attn_query_tile(const AttnProblem& p) {
+    constexpr int KT = kAttnTileKeys;
+    const int lane = threadIdx.x % 32;
+    AttnQueryTile qt;
+    qt.q0 = (gridDim.x - 1 - blockIdx.x) * kAttnTileRows;  // rows with the most keys start first
+    const int q_last = min(qt.q0 + kAttnTileRows, p.T) - 1;
+    qt.num_tiles = (qt.q0 + KT - 1 - attn_first_key(p, qt.q0)) / KT + 1;
+    qt.unmasked_from = attn_first_key(p, q_last);
+    qt.row_lo = qt.q0 + 16 * (threadIdx.x / 32) + lane / 4;
+    qt.row_hi = qt.row_lo + 8;
+    qt.first_lo = attn_first_key(p, qt.row_lo);
+    qt.first_hi = attn_first_key(p, qt.row_hi);
+    return qt;
+}
+// Before key tile n (keys from k0, stage n & 1): issues the copies of tile n + 1 into the other stage
+// (released by the barrier that ended tile n - 1), then waits until tile n's K and V are in place.
+template <int D>
+__device__ __forceinline__ void attn_wait_kv_tile(__nv_bfloat16* sK, __nv_bfloat16* sV, const __nv_bfloat16* k,
+                                                  const __nv_bfloat16* v, int n, int k0, const AttnQueryTile& qt, int h,
+                                                  const AttnProblem& p) {
+    constexpr int KT = kAttnTileKeys;
+    if (n + 1 < qt.num_tiles) {
+        const int other = (n & 1) ^ 1;
+        attn_load_rows<KT, D>(sK + other * KT * D, k, k0 - KT, h, p);
+        attn_load_rows<KT, D>(sV + other * KT * D, v, k0 - KT, h, p);
+        cp_async_commit();
+        cp_async_wait<1>();
+    } else {
+        cp_async_wait<0>();
+    }
+    __syncthreads();
+}
+
 // ---- forward ----
 // Block (query tile of 64 rows, head): out rows = softmax(scale q k^T + mask) v, lse rows.
 // Key tiles stream from the diagonal down to the tile holding the first key any row sees, so
@@ -277,14 +366,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     __nv_bfloat16* sK = sQ + kAttnTileRows * D;  // stage s at sK + s * KT * D
     __nv_bfloat16* sV = sK + 2 * KT * D;
     const int h = blockIdx.y;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * kAttnTileRows;  // rows with the most keys start first
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int q_last = min(q0 + kAttnTileRows, p.T) - 1;
-    const int k_first = attn_first_key(p, q0);
-    const int unmasked_from = attn_first_key(p, q_last);  // below the diagonal, tiles from here need no mask
-    const int num_tiles = (q0 + KT - 1 - k_first) / KT + 1;  // tile n holds keys [q0 - n KT, q0 - n KT + KT)
-    const int row_lo = q0 + 16 * warp + g, row_hi = row_lo + 8;
-    const int first_lo = attn_first_key(p, row_lo), first_hi = attn_first_key(p, row_hi);
+    const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
+    const AttnQueryTile qt = attn_query_tile(p);
+    const int q0 = qt.q0;
 
     attn_load_rows<kAttnTileRows, D>(sQ, q, q0, h, p);
     attn_load_rows<KT, D>(sK, k, q0, h, p);
@@ -297,17 +381,9 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
 
-    for (int n = 0; n < num_tiles; ++n) {
+    for (int n = 0; n < qt.num_tiles; ++n) {
         const int stage = n & 1, k0 = q0 - n * KT;
-        if (n + 1 < num_tiles) {  // the other stage was released by the barrier that ended tile n - 1
-            attn_load_rows<KT, D>(sK + (stage ^ 1) * KT * D, k, k0 - KT, h, p);
-            attn_load_rows<KT, D>(sV + (stage ^ 1) * KT * D, v, k0 - KT, h, p);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        attn_wait_kv_tile<D>(sK, sV, k, v, n, k0, qt, h, p);
         const __nv_bfloat16* tK = sK + stage * KT * D;
         const __nv_bfloat16* tV = sV + stage * KT * D;
         if (n == 0) {
@@ -330,7 +406,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         }
 
         // online softmax in log2 units: rescale what was accumulated by exp2(m_old - m_new)
-        const bool masked = n == 0 || k0 < unmasked_from;
+        const bool masked = qt.masked(n, k0);
         float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int nt = 0; nt < KT / 8; ++nt) {
@@ -338,9 +414,7 @@ __global__ void __launch_bounds__(kAttnThreads)
             for (int e = 0; e < 4; ++e) {
                 float x = s[nt][e] * p.scale_log2;
                 if (masked) {
-                    const int key = k0 + 8 * nt + 2 * t + (e & 1);
-                    const int row = e < 2 ? row_lo : row_hi, first = e < 2 ? first_lo : first_hi;
-                    if (key > row || key < first) x = -INFINITY;
+                    if (qt.hidden(k0 + 8 * nt + 2 * t + (e & 1), e)) x = -INFINITY;
                 }
                 s[nt][e] = x;
                 tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
@@ -374,17 +448,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         }
 
         // o += p v, p rounded to bf16 as the tensor cores take it
-#pragma unroll
-        for (int kk = 0; kk < KT / 16; ++kk) {
-            uint32_t a[4];
-            attn_c_to_a(a, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                uint32_t b[4];
-                attn_frag_b<D>(b, tV, 16 * kk, 16 * np);
-                attn_mma2(o[2 * np], o[2 * np + 1], a, b);
-            }
-        }
+        attn_mma_scores_tile<D, KT>(o, s, tV);
         __syncthreads();  // this stage is free for the prefetch of tile n + 2
     }
 
@@ -394,7 +458,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
         inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        const int row = r == 0 ? row_lo : row_hi;
+        const int row = r == 0 ? qt.row_lo : qt.row_hi;
         if (t == 0 && row < p.T)
             lse[size_t(h) * p.T + row] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kAttnLn2 : -INFINITY;
     }
@@ -418,10 +482,9 @@ void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
 inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, const int* cu_seqlens, int num_cu_seqlens, int T, int H, int D,
                               int window, bool paired, float softmax_scale, cudaStream_t stream) {
-    const AttnProblem p = attn_problem(cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
-    attn_require(attn_aligned16(out) && attn_aligned16(lse) && attn_aligned16(q) && attn_aligned16(k) &&
-                     attn_aligned16(v),
-                 "tensors must be 16-byte aligned");
+    const AttnProblem p =
+        attn_problem("attention_forward", cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
+    kernel_require(all_aligned16({out, lse, q, k, v}), "attention_forward: tensors must be 16-byte aligned");
     if (D == 64) attention_forward_d<64>(out, lse, q, k, v, p, stream);
     else attention_forward_d<128>(out, lse, q, k, v, p, stream);
 }
@@ -516,24 +579,7 @@ __global__ void __launch_bounds__(kAttnThreads)
 
         // s^T = k q^T and dp^T = v dout^T for the warp's 16 keys and the tile's queries
         float st[QT / 8][4], dpt[QT / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < QT / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) st[nt][e] = dpt[nt][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-            uint32_t ak[4], av[4];
-            attn_frag_a<D>(ak, sK, 16 * warp, 16 * ks);
-            attn_frag_a<D>(av, sV, 16 * warp, 16 * ks);
-#pragma unroll
-            for (int np = 0; np < QT / 16; ++np) {
-                uint32_t b[4];
-                attn_frag_b_t<D>(b, tQ, 16 * np, 16 * ks);
-                attn_mma2(st[2 * np], st[2 * np + 1], ak, b);
-                attn_frag_b_t<D>(b, tdO, 16 * np, 16 * ks);
-                attn_mma2(dpt[2 * np], dpt[2 * np + 1], av, b);
-            }
-        }
+        attn_two_products<D, QT>(st, dpt, sK, sV, tQ, tdO);
 
         // p^T from the saved lse; ds^T = p^T * (dp^T - delta); st becomes p^T, dpt becomes ds^T
         const bool masked = qa < k0 + KR - 1 || qa + QT - 1 > unmasked_to;
@@ -635,14 +681,9 @@ __global__ void __launch_bounds__(kAttnThreads)
     __nv_bfloat16* sK = sdO + kAttnTileRows * D;  // stage s at sK + s * KT * D
     __nv_bfloat16* sV = sK + 2 * KT * D;
     const int h = blockIdx.y;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * kAttnTileRows;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int q_last = min(q0 + kAttnTileRows, p.T) - 1;
-    const int k_first = attn_first_key(p, q0);
-    const int unmasked_from = attn_first_key(p, q_last);
-    const int num_tiles = (q0 + KT - 1 - k_first) / KT + 1;
-    const int row_lo = q0 + 16 * warp + g, row_hi = row_lo + 8;
-    const int first_lo = attn_first_key(p, row_lo), first_hi = attn_first_key(p, row_hi);
+    const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
+    const AttnQueryTile qt = attn_query_tile(p);
+    const int q0 = qt.q0, row_lo = qt.row_lo, row_hi = qt.row_hi;
     // rows past T are never stored; reading index 0 keeps their loads inside the arrays
     const float lse_lo = __ldg(lse + size_t(h) * p.T + (row_lo < p.T ? row_lo : 0)) * kAttnLog2e;
     const float lse_hi = __ldg(lse + size_t(h) * p.T + (row_hi < p.T ? row_hi : 0)) * kAttnLog2e;
@@ -659,70 +700,32 @@ __global__ void __launch_bounds__(kAttnThreads)
 #pragma unroll
     for (int nt = 0; nt < D / 8; ++nt) dq_acc[nt][0] = dq_acc[nt][1] = dq_acc[nt][2] = dq_acc[nt][3] = 0.0f;
 
-    for (int n = 0; n < num_tiles; ++n) {
+    for (int n = 0; n < qt.num_tiles; ++n) {
         const int stage = n & 1, k0 = q0 - n * KT;
-        if (n + 1 < num_tiles) {
-            attn_load_rows<KT, D>(sK + (stage ^ 1) * KT * D, k, k0 - KT, h, p);
-            attn_load_rows<KT, D>(sV + (stage ^ 1) * KT * D, v, k0 - KT, h, p);
-            cp_async_commit();
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        attn_wait_kv_tile<D>(sK, sV, k, v, n, k0, qt, h, p);
         const __nv_bfloat16* tK = sK + stage * KT * D;
         const __nv_bfloat16* tV = sV + stage * KT * D;
 
-        // s = q k^T and dp = dout v^T; q and dout fragments are re-read from shared memory each
-        // tile, since holding them in registers next to dq, s and dp would spill
+        // s = q k^T and dp = dout v^T for the warp's 16 rows and the tile's keys
         float s[KT / 8][4], dp[KT / 8][4];
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[nt][e] = dp[nt][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-            uint32_t aq[4], ado[4];
-            attn_frag_a<D>(aq, sQ, 16 * warp, 16 * ks);
-            attn_frag_a<D>(ado, sdO, 16 * warp, 16 * ks);
-#pragma unroll
-            for (int np = 0; np < KT / 16; ++np) {
-                uint32_t b[4];
-                attn_frag_b_t<D>(b, tK, 16 * np, 16 * ks);
-                attn_mma2(s[2 * np], s[2 * np + 1], aq, b);
-                attn_frag_b_t<D>(b, tV, 16 * np, 16 * ks);
-                attn_mma2(dp[2 * np], dp[2 * np + 1], ado, b);
-            }
-        }
+        attn_two_products<D, KT>(s, dp, sQ, sdO, tK, tV);
 
         // ds = p * (dp - delta) with p from the saved lse; dp becomes ds
-        const bool masked = n == 0 || k0 < unmasked_from;
+        const bool masked = qt.masked(n, k0);
 #pragma unroll
         for (int nt = 0; nt < KT / 8; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float pv = exp2f(s[nt][e] * p.scale_log2 - (e < 2 ? lse_lo : lse_hi));
                 if (masked) {
-                    const int key = k0 + 8 * nt + 2 * t + (e & 1);
-                    const int row = e < 2 ? row_lo : row_hi, first = e < 2 ? first_lo : first_hi;
-                    if (key > row || key < first) pv = 0.0f;
+                    if (qt.hidden(k0 + 8 * nt + 2 * t + (e & 1), e)) pv = 0.0f;
                 }
                 dp[nt][e] = pv * (dp[nt][e] - (e < 2 ? delta_lo : delta_hi));
             }
         }
 
         // dq += ds k
-#pragma unroll
-        for (int kk = 0; kk < KT / 16; ++kk) {
-            uint32_t a[4];
-            attn_c_to_a(a, dp[2 * kk], dp[2 * kk + 1]);
-#pragma unroll
-            for (int np = 0; np < D / 16; ++np) {
-                uint32_t b[4];
-                attn_frag_b<D>(b, tK, 16 * kk, 16 * np);
-                attn_mma2(dq_acc[2 * np], dq_acc[2 * np + 1], a, b);
-            }
-        }
+        attn_mma_scores_tile<D, KT>(dq_acc, dp, tK);
         __syncthreads();
     }
 
@@ -797,13 +800,12 @@ inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat
                                int num_cu_seqlens, int T, int H, int D, int window, bool paired, float softmax_scale,
                                void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                AttentionBackwardMode mode = AttentionBackwardMode::deterministic) {
-    const AttnProblem p = attn_problem(cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
-    attn_require(workspace_bytes >= attention_backward_workspace_bytes(T, H, D, mode),
-                 "workspace smaller than attention_backward_workspace_bytes()");
-    attn_require(attn_aligned16(dq) && attn_aligned16(dk) && attn_aligned16(dv) && attn_aligned16(dout) &&
-                     attn_aligned16(out) && attn_aligned16(lse) && attn_aligned16(q) && attn_aligned16(k) &&
-                     attn_aligned16(v) && attn_aligned16(workspace),
-                 "tensors and workspace must be 16-byte aligned");
+    const AttnProblem p =
+        attn_problem("attention_backward", cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
+    kernel_require(workspace_bytes >= attention_backward_workspace_bytes(T, H, D, mode),
+                   "attention_backward: workspace smaller than attention_backward_workspace_bytes()");
+    kernel_require(all_aligned16({dq, dk, dv, dout, out, lse, q, k, v, workspace}),
+                   "attention_backward: tensors and workspace must be 16-byte aligned");
     if (D == 64) attention_backward_d<64>(dq, dk, dv, dout, out, lse, q, k, v, p, workspace, stream, mode);
     else attention_backward_d<128>(dq, dk, dv, dout, out, lse, q, k, v, p, workspace, stream, mode);
 }

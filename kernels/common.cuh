@@ -1,10 +1,14 @@
-// The basics every kernel family shares: error checks, ceil-div, warp and block
-// reductions, and 128-bit vector loads and stores.
+// The basics every kernel family shares: error checks and shape rules, ceil-div, warp and block
+// reductions, deterministic sums of per-block partials, sigmoid, and 128-bit vector loads and stores.
 #pragma once
 #include "platform.cuh"
 
+#include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <initializer_list>
+#include <string>
 
 // ---- error checks: a failed call names itself, its file and line, then exits ----
 inline void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
@@ -17,6 +21,28 @@ inline void cuda_check(cudaError_t e, const char* what, const char* file, int li
 #define CUDA_CHECK(call) cuda_check((call), #call, __FILE__, __LINE__)
 // After a launch: a bad configuration shows up here, not at the launch.
 #define CUDA_CHECK_LAUNCH() cuda_check(cudaGetLastError(), "kernel launch", __FILE__, __LINE__)
+
+// ---- shape rules: a launcher given a shape or pointer its kernels cannot handle stops here ----
+// Unless ok: prints the printf-style message (which names the launcher) and exits non-zero.
+__attribute__((format(printf, 2, 3))) inline void kernel_require(bool ok, const char* fmt, ...) {
+    if (ok) return;
+    std::va_list ap;
+    va_start(ap, fmt);
+    std::vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    std::fprintf(stderr, "\n");
+    std::exit(EXIT_FAILURE);
+}
+// For the shape rules written as functions that return what is wrong ("" when nothing is).
+inline void require_shape(const std::string& error, const char* launcher) {
+    kernel_require(error.empty(), "%s: %s", launcher, error.c_str());
+}
+inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+inline bool all_aligned16(std::initializer_list<const void*> pointers) {
+    for (const void* p : pointers)
+        if (!is_aligned16(p)) return false;
+    return true;
+}
 
 template <class T>
 __host__ __device__ constexpr T ceil_div(T a, T b) {
@@ -56,6 +82,92 @@ __device__ inline float block_reduce_max(float v) {
     __syncthreads();
     return warp_reduce_max(lane < warps ? warp_maxes[lane] : -INFINITY);
 }
+
+// ---- deterministic sums: fixed summation orders, no atomics, the same bits on every run ----
+// sum_{i < n} x[i * stride] over a 1-D block: thread j adds i = j, j + blockDim.x, ... in turn, then
+// block_reduce_sum's fixed tree; every thread gets the result.
+__device__ inline float block_sum_fixed_order(const float* x, int n, int stride = 1) {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[static_cast<size_t>(i) * stride];
+    return block_reduce_sum(s);
+}
+
+// A block's partial sums from its warps' values: dst[v] = sum over w = 0, 1, ... of warp_values[w][v], added
+// in warp order by thread v (v < NV). Every thread of the block calls it once its warp's values are written.
+template <int WARPS, int NV>
+__device__ __forceinline__ void store_block_partials(float* dst, const float (&warp_values)[WARPS][NV]) {
+    __syncthreads();
+    if (threadIdx.x < NV) {
+        float s = 0.0f;
+        for (int w = 0; w < WARPS; ++w) s += warp_values[w][threadIdx.x];
+        dst[threadIdx.x] = s;
+    }
+}
+
+// Where a reduction's values land: up to 4 runs of consecutive fp32 or bf16 elements; value v is the v-th
+// element counting through the runs in order.
+struct SumTargets {
+    static constexpr int kMaxRuns = 4;
+    struct Run {
+        float* f32;  // one of f32 and bf16 is set
+        __nv_bfloat16* bf16;
+        int len;
+    };
+    Run run[kMaxRuns] = {};
+    int runs = 0, count = 0;
+    SumTargets& add(float* p, int n = 1) { return add_run({p, nullptr, n}); }
+    SumTargets& add(__nv_bfloat16* p, int n = 1) { return add_run({nullptr, p, n}); }
+
+private:
+    SumTargets& add_run(const Run& r) {
+        kernel_require(runs < kMaxRuns && r.len >= 0, "SumTargets: at most %d runs of non-negative length", kMaxRuns);
+        run[runs++] = r;
+        count += r.len;
+        return *this;
+    }
+};
+
+// Second pass of a reduction over blocks, one block per value v:
+// target[v] = (accumulate ? target[v] : 0) + scale * sum over b < blocks of partials[b * stride + v].
+__global__ void sum_block_partials_kernel(SumTargets targets, const float* partials, int blocks, int stride,
+                                          float scale, bool accumulate) {
+    const float s = scale * block_sum_fixed_order(partials + blockIdx.x, blocks, stride);
+    if (threadIdx.x != 0) return;
+    int v = blockIdx.x;
+#pragma unroll
+    for (int r = 0; r < SumTargets::kMaxRuns; ++r) {  // unrolled: the runs stay in parameter space
+        const SumTargets::Run& run = targets.run[r];
+        if (v >= 0 && v < run.len) {
+            if (float* g = run.f32)
+                g[v] = accumulate ? g[v] + s : s;
+            else
+                run.bf16[v] = __float2bfloat16(accumulate ? __bfloat162float(run.bf16[v]) + s : s);
+        }
+        v -= run.len;
+    }
+}
+constexpr int kSumPartialsThreads = 128;     // per value: the partials of up to ~1000 blocks
+constexpr int kSumFixedOrderThreads = 1024;  // one long array (e.g. a loss per row)
+
+// targets (+)= the per-value sums of `blocks` blocks' partials, block b's values at partials[b * stride + v].
+inline void sum_block_partials(const SumTargets& targets, const float* partials, int blocks, int stride,
+                               bool accumulate, cudaStream_t stream) {
+    if (targets.count == 0) return;
+    launch(sum_block_partials_kernel, dim3(targets.count), dim3(kSumPartialsThreads), 0, stream, targets, partials,
+           blocks, stride, 1.0f, accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+// out = (accumulate ? out : 0) + scale * sum(in[0:n]), one block in a fixed order.
+inline void sum_fixed_order(float* out, const float* in, int n, float scale, bool accumulate, cudaStream_t stream) {
+    kernel_require(n >= 0, "sum_fixed_order: n %d is negative", n);
+    launch(sum_block_partials_kernel, dim3(1), dim3(kSumFixedOrderThreads), 0, stream, SumTargets().add(out), in, n, 1,
+           scale, accumulate);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- activations ----
+// 1 / (1 + e^-z) with the accurate expf (the gates upstream computes with torch.sigmoid).
+__device__ __forceinline__ float sigmoidf(float z) { return 1.0f / (1.0f + expf(-z)); }
 
 // ---- 128-bit vectors: one 16-byte load or store moves 16/sizeof(T) elements ----
 template <class T>

@@ -21,26 +21,11 @@
 #include "common.cuh"
 
 #include <algorithm>
-#include <cstdarg>
 #include <cstdint>
-#include <cstdio>
 #include <cstdlib>
-#include <type_traits>
 #include <vector>
 
 using bf16 = __nv_bfloat16;
-
-// A violated shape rule or bad input: names the rule and exits.
-inline void embed_require(bool ok, const char* fmt, ...) {
-    if (ok) return;
-    std::va_list ap;
-    va_start(ap, fmt);
-    std::fprintf(stderr, "embed: ");
-    std::vfprintf(stderr, fmt, ap);
-    std::fprintf(stderr, "\n");
-    va_end(ap);
-    std::exit(EXIT_FAILURE);
-}
 
 // ---- small gates shared with rope.cuh ----
 constexpr int kGateWidth = 12;  // gates read the first 12 channels of their input row (upstream x[..., :12])
@@ -51,34 +36,6 @@ __device__ __forceinline__ float gate_logit(const bf16* x, const bf16* w) {
 #pragma unroll
     for (int j = 0; j < kGateWidth; ++j) acc = fmaf(__bfloat162float(x[j]), __bfloat162float(w[j]), acc);
     return __bfloat162float(__float2bfloat16(acc));
-}
-__device__ __forceinline__ float gate_sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
-
-// Second pass of a deterministic reduction over rows: grad[i] = (accumulate ? grad[i] : 0) +
-// sum over b of partials[b * stride + i], one warp per output, lanes over b, fixed butterfly.
-template <class G>
-__global__ void sum_block_partials_into_grad_kernel(G* grad, const float* partials, int num_blocks, int stride, int n,
-                                                    bool accumulate) {
-    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int i = threadIdx.x / 32; i < n; i += warps) {
-        float s = 0.0f;
-        for (int b = lane; b < num_blocks; b += 32) s += partials[static_cast<size_t>(b) * stride + i];
-        s = warp_reduce_sum(s);
-        if (lane == 0) {
-            if constexpr (std::is_same_v<G, float>) {
-                grad[i] = accumulate ? grad[i] + s : s;
-            } else {
-                grad[i] = __float2bfloat16(accumulate ? __bfloat162float(grad[i]) + s : s);
-            }
-        }
-    }
-}
-template <class G>
-void sum_block_partials_into_grad(G* grad, const float* partials, int num_blocks, int stride, int n, bool accumulate,
-                                  cudaStream_t stream) {
-    launch(sum_block_partials_into_grad_kernel<G>, dim3(1), dim3(256), 0, stream, grad, partials, num_blocks, stride,
-           n, accumulate);
-    CUDA_CHECK_LAUNCH();
 }
 
 // ---- forward lookups ----
@@ -92,8 +49,8 @@ __global__ void embedding_gather_kernel(bf16* out, const bf16* table, const int3
     store128(out + static_cast<size_t>(t) * C + c, load128(table + static_cast<size_t>(ids[t]) * C + c));
 }
 inline void embedding_gather(bf16* out, const bf16* table, const int32_t* ids, int T, int C, cudaStream_t stream) {
-    embed_require(T > 0 && C > 0 && C % 8 == 0, "embedding_gather: need T > 0 and C a positive multiple of 8 (T=%d C=%d)",
-                  T, C);
+    kernel_require(T > 0 && C > 0 && C % 8 == 0,
+                   "embedding_gather: need T > 0 and C a positive multiple of 8 (T=%d C=%d)", T, C);
     const int64_t threads = static_cast<int64_t>(T) * (C / 8);
     launch(embedding_gather_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))), dim3(256), 0, stream,
            out, table, ids, T, C);
@@ -111,7 +68,7 @@ __global__ void embed_smear_forward_kernel(bf16* out, const bf16* embed, const i
     const Pack128<bf16> x = load128(x_row + c);
     Pack128<bf16> y = x;
     if (t > 0) {
-        const float g = *smear_lambda * gate_sigmoid(gate_logit(x_row, smear_gate));
+        const float g = *smear_lambda * sigmoidf(gate_logit(x_row, smear_gate));
         const Pack128<bf16> prev = load128(embed + static_cast<size_t>(ids[t - 1]) * C + c);
 #pragma unroll
         for (int i = 0; i < 8; ++i) y[i] = __float2bfloat16(__bfloat162float(x[i]) + g * __bfloat162float(prev[i]));
@@ -120,8 +77,8 @@ __global__ void embed_smear_forward_kernel(bf16* out, const bf16* embed, const i
 }
 inline void embed_smear_forward(bf16* out, const bf16* embed, const int32_t* ids, const bf16* smear_gate,
                                 const float* smear_lambda, int T, int C, cudaStream_t stream) {
-    embed_require(T > 0 && C >= kGateWidth && C % 8 == 0,
-                  "embed_smear_forward: need T > 0 and C a multiple of 8, at least 12 (T=%d C=%d)", T, C);
+    kernel_require(T > 0 && C >= kGateWidth && C % 8 == 0,
+                   "embed_smear_forward: need T > 0 and C a multiple of 8, at least 12 (T=%d C=%d)", T, C);
     const int64_t threads = static_cast<int64_t>(T) * (C / 8);
     launch(embed_smear_forward_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))), dim3(256), 0,
            stream, out, embed, ids, smear_gate, smear_lambda, T, C);
@@ -159,15 +116,14 @@ __global__ void __launch_bounds__(kSmearWarps * 32)
                 for (int i = 0; i < 8; ++i) s = fmaf(__bfloat162float(d[i]), __bfloat162float(xp[i]), s);
             }
             s = warp_reduce_sum(s);
-            const float sg = gate_sigmoid(gate_logit(x_row, smear_gate));
+            const float sg = sigmoidf(gate_logit(x_row, smear_gate));
             dz = lambda * sg * (1.0f - sg) * s;
             sum_lambda += sg * s;
             if (lane < kGateWidth) sum_w = fmaf(dz, __bfloat162float(x_row[lane]), sum_w);
         }
         float g_next = 0.0f;
         const bf16* dnext_row = dout_row + C;
-        if (t + 1 < T)
-            g_next = lambda * gate_sigmoid(gate_logit(embed + static_cast<size_t>(ids[t + 1]) * C, smear_gate));
+        if (t + 1 < T) g_next = lambda * sigmoidf(gate_logit(embed + static_cast<size_t>(ids[t + 1]) * C, smear_gate));
         for (int p = lane; p < packs; p += 32) {
             const Pack128<bf16> d = load128(dout_row + 8 * p);
             const Pack128<bf16> dn = t + 1 < T ? load128(dnext_row + 8 * p) : Pack128<bf16>::filled(__float2bfloat16(0.0f));
@@ -184,12 +140,7 @@ __global__ void __launch_bounds__(kSmearWarps * 32)
     }
     if (lane == 0) warp_sums[warp][0] = sum_lambda;
     if (lane < kGateWidth) warp_sums[warp][1 + lane] = sum_w;
-    __syncthreads();
-    if (threadIdx.x < kSmearPartials) {
-        float s = 0.0f;
-        for (int w = 0; w < kSmearWarps; ++w) s += warp_sums[w][threadIdx.x];
-        partials[static_cast<size_t>(blockIdx.x) * kSmearPartials + threadIdx.x] = s;
-    }
+    store_block_partials(partials + static_cast<size_t>(blockIdx.x) * kSmearPartials, warp_sums);
 }
 
 inline int embed_smear_backward_blocks(int T) { return ceil_div(T, kSmearRowsPerBlock); }
@@ -203,14 +154,14 @@ inline void embed_smear_backward(bf16* dx, bf16* d_smear_gate, float* d_smear_la
                                  const bf16* embed, const int32_t* ids, const bf16* smear_gate,
                                  const float* smear_lambda, float* scratch, int T, int C, bool accumulate,
                                  cudaStream_t stream) {
-    embed_require(T > 0 && C >= kGateWidth && C % 8 == 0,
-                  "embed_smear_backward: need T > 0 and C a multiple of 8, at least 12 (T=%d C=%d)", T, C);
+    kernel_require(T > 0 && C >= kGateWidth && C % 8 == 0,
+                   "embed_smear_backward: need T > 0 and C a multiple of 8, at least 12 (T=%d C=%d)", T, C);
     const int blocks = embed_smear_backward_blocks(T);
     launch(embed_smear_backward_kernel, dim3(blocks), dim3(kSmearWarps * 32), 0, stream, dx, scratch, dout, embed, ids,
            smear_gate, smear_lambda, T, C);
     CUDA_CHECK_LAUNCH();
-    sum_block_partials_into_grad(d_smear_lambda, scratch, blocks, kSmearPartials, 1, accumulate, stream);
-    sum_block_partials_into_grad(d_smear_gate, scratch + 1, blocks, kSmearPartials, kGateWidth, accumulate, stream);
+    sum_block_partials(SumTargets().add(d_smear_lambda).add(d_smear_gate, kGateWidth), scratch, blocks, kSmearPartials,
+                       accumulate, stream);
 }
 
 // ---- embedding backward over id segments ----
@@ -255,7 +206,8 @@ public:
     // Writes the packed arrays to `packed` (id_segments_capacity_ints(T) int32s, pinned memory
     // lets the caller copy them to the device asynchronously) and returns where they are.
     IdSegments build(const int32_t* ids, int T, int vocab, int32_t* packed) {
-        embed_require(T > 0 && vocab > 0, "id segments: need T > 0 and vocab > 0 (T=%d vocab=%d)", T, vocab);
+        kernel_require(T > 0 && vocab > 0, "IdSegmentBuilder::build: need T > 0 and vocab > 0 (T=%d vocab=%d)", T,
+                       vocab);
         int bits = 1;
         while (bits < 31 && (int64_t(1) << bits) < vocab) ++bits;
         const int passes = (bits + 10) / 11, digit_bits = (bits + passes - 1) / passes;
@@ -339,7 +291,8 @@ public:
 
 private:
     [[noreturn]] static void bad_id(int32_t id, int position, int vocab) {
-        embed_require(false, "embedding ids: id %d at position %d is outside [0, %d)", id, position, vocab);
+        kernel_require(false, "IdSegmentBuilder::build: embedding id %d at position %d is outside [0, %d)", id,
+                       position, vocab);
         std::abort();
     }
     std::vector<uint64_t> a_, b_;
@@ -422,13 +375,13 @@ inline size_t embedding_backward_scratch_bytes(int T, int C, int tables = 1) {
 inline void embedding_backward(const EmbeddingGradBatch& batch, const IdSegments& segments,
                                const int32_t* device_packed, float* scratch, int C, bool accumulate,
                                cudaStream_t stream) {
-    embed_require(batch.count >= 1 && batch.count <= kMaxEmbedGradTables,
-                  "embedding_backward: 1 to %d tables per call, got %d", kMaxEmbedGradTables, batch.count);
-    embed_require(C % 8 == 0 && C > 0 && C / 8 <= 1024, "embedding_backward: C must be a multiple of 8 up to 8192 (C=%d)",
-                  C);
-    embed_require(segments.num_slots <= embedding_grad_max_slots(segments.T),
-                  "embedding_backward: segments need %d scratch slots, more than the bound %d", segments.num_slots,
-                  embedding_grad_max_slots(segments.T));
+    kernel_require(batch.count >= 1 && batch.count <= kMaxEmbedGradTables,
+                   "embedding_backward: 1 to %d tables per call, got %d", kMaxEmbedGradTables, batch.count);
+    kernel_require(C % 8 == 0 && C > 0 && C / 8 <= 1024,
+                   "embedding_backward: C must be a multiple of 8 up to 8192 (C=%d)", C);
+    kernel_require(segments.num_slots <= embedding_grad_max_slots(segments.T),
+                   "embedding_backward: segments need %d scratch slots, more than the bound %d", segments.num_slots,
+                   embedding_grad_max_slots(segments.T));
     const int threads_x = C / 8, rows = std::max(1, 256 / threads_x);
     const int max_slots = embedding_grad_max_slots(segments.T);
     const dim3 block(threads_x, rows);

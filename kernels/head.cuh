@@ -15,7 +15,6 @@
 //   .float()). dlogits are rounded to bf16 once.
 #pragma once
 #include "matmul.cuh"
-#include "mlp.cuh"  // require_shape, is_aligned16, sum_fixed_order
 
 #include <cstdint>
 #include <cstring>
@@ -117,8 +116,7 @@ inline std::string quantize_fp8_shape_error(int rows, int cols, std::initializer
     if (rows <= 0 || cols <= 0 || rows % 16 != 0 || cols % 16 != 0)
         return "rows (" + std::to_string(rows) + ") and cols (" + std::to_string(cols) +
                ") must be positive multiples of 16";
-    for (const void* p : pointers)
-        if (!is_aligned16(p)) return "a buffer is not 16-byte aligned";
+    if (!all_aligned16(pointers)) return "a buffer is not 16-byte aligned";
     return "";
 }
 
@@ -194,7 +192,7 @@ inline void lm_head_fp8_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16*
 // Evaluation: logits (T, V) = x (T, C) @ w (C, V) in bf16.
 inline void lm_head_bf16_forward(CublasLt& lt, __nv_bfloat16* logits, const __nv_bfloat16* x, const __nv_bfloat16* w,
                                  int T, int C, int V, cudaStream_t stream) {
-    require_shape(T > 0 && C > 0 && V > 0 ? "" : "T, C and V must be positive", "lm_head_bf16_forward");
+    kernel_require(T > 0 && C > 0 && V > 0, "lm_head_bf16_forward: T, C and V must be positive");
     matmul_bf16(lt, logits, x, false, w, false, T, V, C, stream);
 }
 
@@ -208,6 +206,24 @@ constexpr int kLossThreads = 512;
 // and a row's sum needs no running max.
 __device__ __forceinline__ float softcap_sigmoid(float logit) {
     return __fdividef(1.0f, 1.0f + __expf(-(logit + kSoftcapShift) * kSoftcapInvWidth));
+}
+// z = 23 * softcap_sigmoid(logit): fp32 in training; rounded to bf16 in evaluation (kBf16).
+template <bool kBf16>
+__device__ __forceinline__ float softcap(float logit) {
+    const float z = kSoftcapHeight * softcap_sigmoid(logit);
+    return kBf16 ? __bfloat162float(__float2bfloat16(z)) : z;
+}
+// A loss kernel's row: sum of exp(softcap<kBf16>(logit)) over the row's V logits, by the whole block with
+// 16-byte streaming loads; every thread gets it.
+template <bool kBf16>
+__device__ __forceinline__ float softcap_row_exp_sum(const __nv_bfloat16* row, int V) {
+    float sum = 0.0f;
+    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
+        const Pack128<__nv_bfloat16> l = load128cs(row + c);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) sum += __expf(softcap<kBf16>(__bfloat162float(l[k])));
+    }
+    return block_reduce_sum(sum);
 }
 
 inline std::string loss_shape_error(int T, int V, const void* logits) {
@@ -232,21 +248,14 @@ __global__ void __launch_bounds__(kLossThreads)
                                     const float* mtp_weights, int n_predict, int T, int V) {
     const int t = blockIdx.x;
     const __nv_bfloat16* row = logits + static_cast<int64_t>(t) * V;
-    float sum = 0.0f;
-    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
-        const Pack128<__nv_bfloat16> l = load128cs(row + c);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) sum += __expf(kSoftcapHeight * softcap_sigmoid(__bfloat162float(l[k])));
-    }
-    sum = block_reduce_sum(sum);
+    const float sum = softcap_row_exp_sum<false>(row, V);
     if (threadIdx.x != 0) return;
     const float lse = logf(sum);
     float loss = 0.0f;
     for (int k = 0; k < n_predict && t + k < T; ++k) {
         const float w = mtp_weights[k];
         const int target = targets[t + k];
-        if (w > 0.0f && target >= 0 && target < V)
-            loss += w * (lse - kSoftcapHeight * softcap_sigmoid(__bfloat162float(row[target])));
+        if (w > 0.0f && target >= 0 && target < V) loss += w * (lse - softcap<false>(__bfloat162float(row[target])));
     }
     row_losses[t] = loss;
     lse_out[t] = lse;
@@ -310,7 +319,7 @@ inline void softcap_mtp_loss_backward(__nv_bfloat16* dlogits, const __nv_bfloat1
                                       const int* targets, const float* mtp_weights, int n_predict, const float* dloss,
                                       int T, int V, cudaStream_t stream) {
     require_shape(mtp_shape_error(T, V, logits, n_predict), "softcap_mtp_loss_backward");
-    require_shape(is_aligned16(dlogits) ? "" : "dlogits are not 16-byte aligned", "softcap_mtp_loss_backward");
+    kernel_require(is_aligned16(dlogits), "softcap_mtp_loss_backward: dlogits are not 16-byte aligned");
     launch(softcap_mtp_loss_backward_kernel, dim3(T), dim3(kLossThreads), 0, stream, dlogits, logits, lse, targets,
            mtp_weights, n_predict, dloss, T, V);
     CUDA_CHECK_LAUNCH();
@@ -322,22 +331,10 @@ __global__ void __launch_bounds__(kLossThreads)
     softcap_eval_loss_kernel(float* row_losses, const __nv_bfloat16* logits, const int* targets, int V) {
     const int t = blockIdx.x;
     const __nv_bfloat16* row = logits + static_cast<int64_t>(t) * V;
-    float sum = 0.0f;
-    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
-        const Pack128<__nv_bfloat16> l = load128cs(row + c);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const float z = kSoftcapHeight * softcap_sigmoid(__bfloat162float(l[k]));
-            sum += __expf(__bfloat162float(__float2bfloat16(z)));
-        }
-    }
-    sum = block_reduce_sum(sum);
+    const float sum = softcap_row_exp_sum<true>(row, V);
     if (threadIdx.x != 0) return;
     const int target = targets[t];
-    const float z_target =
-        target >= 0 && target < V
-            ? __bfloat162float(__float2bfloat16(kSoftcapHeight * softcap_sigmoid(__bfloat162float(row[target]))))
-            : NAN;
+    const float z_target = target >= 0 && target < V ? softcap<true>(__bfloat162float(row[target])) : NAN;
     row_losses[t] = logf(sum) - z_target;
 }
 

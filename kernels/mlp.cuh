@@ -1,6 +1,5 @@
 // The ReLU^2 MLP, out = relu(x @ c_fc^T)^2 @ c_proj, as cuBLASLt matmuls around two elementwise
 // kernels, and the lambda-scaled weight the attention projections use (w_eff = sa_lambda * w).
-// Also the two helpers head.cuh shares: shape-rule errors and the deterministic fp32 sum.
 //
 // Rounding points follow upstream's fused Triton MLP: the matmul rounds pre to bf16, post is
 // relu(pre)^2 from that bf16 pre (rounded once); in the backward, g @ c_proj^T is rounded to bf16
@@ -10,43 +9,15 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <initializer_list>
 #include <string>
-
-// ---- shape rules: a launcher given a shape or pointer its kernels cannot handle stops here ----
-inline void require_shape(const std::string& error, const char* launcher) {
-    if (error.empty()) return;
-    std::fprintf(stderr, "%s: %s\n", launcher, error.c_str());
-    std::exit(EXIT_FAILURE);
-}
-inline bool is_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// ---- deterministic sums: one block adds n floats in a fixed order (no atomics) ----
-constexpr int kFixedOrderSumThreads = 1024;
-
-// out = (accumulate ? out : 0) + scale * sum(in[0:n]); thread i adds i, i+1024, ... then a fixed tree
-__global__ void __launch_bounds__(kFixedOrderSumThreads)
-    sum_fixed_order_kernel(float* out, const float* in, int n, float scale, bool accumulate) {
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) s += in[i];
-    s = block_reduce_sum(s);
-    if (threadIdx.x == 0) out[0] = (accumulate ? out[0] : 0.0f) + scale * s;
-}
-inline void sum_fixed_order(float* out, const float* in, int n, float scale, bool accumulate, cudaStream_t stream) {
-    require_shape(n >= 0 ? "" : "n " + std::to_string(n) + " is negative", "sum_fixed_order");
-    launch(sum_fixed_order_kernel, dim3(1), dim3(kFixedOrderSumThreads), 0, stream, out, in, n, scale, accumulate);
-    CUDA_CHECK_LAUNCH();
-}
 
 // ---- elementwise parts of the MLP, on 16-byte packs of 8 bf16 ----
 constexpr int kPackThreads = 256;
 
 inline std::string bf16_packs_shape_error(int64_t n, std::initializer_list<const void*> pointers) {
     if (n < 0 || n % 8 != 0) return "element count " + std::to_string(n) + " is not a non-negative multiple of 8";
-    for (const void* p : pointers)
-        if (!is_aligned16(p)) return "a buffer is not 16-byte aligned";
+    if (!all_aligned16(pointers)) return "a buffer is not 16-byte aligned";
     return "";
 }
 inline dim3 bf16_packs_grid(int64_t n) {

@@ -6,9 +6,6 @@
 #pragma once
 #include "common.cuh"
 
-#include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <initializer_list>
 
 // F.rms_norm without eps on a bf16 input computes in fp32 and uses torch.finfo(float32).eps.
@@ -31,16 +28,10 @@ inline const char* norm_rows_shape_error(int T, int C) {
 }
 // Exits with a message naming `who` when the shape is unsupported or a tensor is not 16-byte aligned.
 inline void require_norm_rows(const char* who, int T, int C, std::initializer_list<const void*> tensors) {
-    if (const char* why = norm_rows_shape_error(T, C)) {
-        std::fprintf(stderr, "%s: unsupported shape T=%d C=%d: %s\n", who, T, C, why);
-        std::exit(EXIT_FAILURE);
-    }
-    for (const void* p : tensors) {
-        if (reinterpret_cast<uintptr_t>(p) % 16 != 0) {
-            std::fprintf(stderr, "%s: every tensor must start on a 16-byte boundary (got %p)\n", who, p);
-            std::exit(EXIT_FAILURE);
-        }
-    }
+    if (const char* why = norm_rows_shape_error(T, C))
+        kernel_require(false, "%s: unsupported shape T=%d C=%d: %s", who, T, C, why);
+    for (const void* p : tensors)
+        kernel_require(is_aligned16(p), "%s: every tensor must start on a 16-byte boundary (got %p)", who, p);
 }
 inline int norm_row_blocks(int T) { return ceil_div(T, kNormRowsPerBlock); }
 

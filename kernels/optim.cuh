@@ -35,19 +35,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <string>
 #include <type_traits>
 #include <utility>
-
-// ---- shape rules: a launcher given a shape or pointer its kernels cannot handle stops here ----
-inline void optim_require(const std::string& error, const char* launcher) {
-    if (error.empty()) return;
-    std::fprintf(stderr, "%s: %s\n", launcher, error.c_str());
-    std::exit(EXIT_FAILURE);
-}
-inline bool optim_aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 constexpr int kOptimThreads = 256;
 constexpr int kOptimVec = 8;  // elements per thread per step: 16 bytes of bf16, 32 of fp32
@@ -172,10 +162,9 @@ template <class T>
 inline void adam_step(T* param, float* exp_avg, float* exp_avg_sq, const T* grad, int64_t n, const AdamHyper& h,
                       const AdamStepScalars* scalars, cudaStream_t stream) {
     static_assert(std::is_same_v<T, __nv_bfloat16> || std::is_same_v<T, float>, "Adam parameters are bf16 or fp32");
-    optim_require(adam_shape_error(n), "adam_step");
+    require_shape(adam_shape_error(n), "adam_step");
     if (n == 0) return;
-    const bool vectorized =
-        optim_aligned16(param) && optim_aligned16(exp_avg) && optim_aligned16(exp_avg_sq) && optim_aligned16(grad);
+    const bool vectorized = all_aligned16({param, exp_avg, exp_avg_sq, grad});
     const int64_t blocks = ceil_div<int64_t>(ceil_div<int64_t>(n, kOptimVec), kOptimThreads);
     launch(adam_step_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kOptimThreads), 0, stream, param, exp_avg,
            exp_avg_sq, grad, n, h, scalars, vectorized);
@@ -287,9 +276,8 @@ __global__ void __launch_bounds__(kOptimThreads)
 // normuon_elementwise_blocks(rows, cols) partial sums of u^2 per matrix in norm_partials.
 inline void normuon_momentum(float* momentum, float* norm_partials, const __nv_bfloat16* grad,
                              const NorMuonStepScalars* scalars, int count, int rows, int cols, cudaStream_t stream) {
-    optim_require(normuon_shape_error(count, rows, cols), "normuon_momentum");
-    optim_require(optim_aligned16(momentum) && optim_aligned16(grad) ? "" : "momentum and grad must be 16-byte aligned",
-                  "normuon_momentum");
+    require_shape(normuon_shape_error(count, rows, cols), "normuon_momentum");
+    kernel_require(all_aligned16({momentum, grad}), "normuon_momentum: momentum and grad must be 16-byte aligned");
     launch(normuon_momentum_kernel, dim3(normuon_elementwise_blocks(rows, cols), count), dim3(kOptimThreads), 0, stream,
            momentum, norm_partials, grad, scalars, normuon_matrix_elems(rows, cols));
     CUDA_CHECK_LAUNCH();
@@ -303,10 +291,8 @@ __global__ void __launch_bounds__(kOptimThreads)
     polar_express_normalize_kernel(__nv_bfloat16* x, const float* momentum, const __nv_bfloat16* grad,
                                    const float* norm_partials, const NorMuonStepScalars* scalars,
                                    int64_t matrix_elems) {
-    const float* partials = norm_partials + static_cast<int64_t>(blockIdx.y) * gridDim.x;
-    float s = 0.0f;
-    for (int b = threadIdx.x; b < static_cast<int>(gridDim.x); b += blockDim.x) s += partials[b];
-    s = block_reduce_sum(s);
+    const int blocks = static_cast<int>(gridDim.x);
+    const float s = block_sum_fixed_order(norm_partials + static_cast<int64_t>(blockIdx.y) * blocks, blocks);
     const float denom = __fmaf_rn(sqrtf(s), kPolarExpressNormScale, kPolarExpressNormEps);
     const float wu = scalars->update_weight;
     const int64_t base = static_cast<int64_t>(blockIdx.y) * matrix_elems;
@@ -326,11 +312,9 @@ __global__ void __launch_bounds__(kOptimThreads)
 inline void polar_express_normalize(__nv_bfloat16* x, const float* momentum, const __nv_bfloat16* grad,
                                     const float* norm_partials, const NorMuonStepScalars* scalars, int count, int rows,
                                     int cols, cudaStream_t stream) {
-    optim_require(normuon_shape_error(count, rows, cols), "polar_express_normalize");
-    optim_require(optim_aligned16(x) && optim_aligned16(momentum) && optim_aligned16(grad)
-                      ? ""
-                      : "x, momentum and grad must be 16-byte aligned",
-                  "polar_express_normalize");
+    require_shape(normuon_shape_error(count, rows, cols), "polar_express_normalize");
+    kernel_require(all_aligned16({x, momentum, grad}),
+                   "polar_express_normalize: x, momentum and grad must be 16-byte aligned");
     launch(polar_express_normalize_kernel, dim3(normuon_elementwise_blocks(rows, cols), count), dim3(kOptimThreads), 0,
            stream, x, momentum, grad, norm_partials, scalars, normuon_matrix_elems(rows, cols));
     CUDA_CHECK_LAUNCH();
@@ -363,7 +347,7 @@ inline void polar_express_add_scaled(__nv_bfloat16* out, const __nv_bfloat16* x,
 inline void polar_express_iteration(CublasLt& lt, __nv_bfloat16* x_out, const __nv_bfloat16* x, __nv_bfloat16* gram,
                                     __nv_bfloat16* poly, int count, int rows, int cols, float a, float b, float c,
                                     bool split, cudaStream_t stream) {
-    optim_require(normuon_shape_error(count, rows, cols), "polar_express_iteration");
+    require_shape(normuon_shape_error(count, rows, cols), "polar_express_iteration");
     const bool tall = rows > cols;  // upstream works on X^T; here the same products on the stored layout
     const int s = std::min(rows, cols), l = std::max(rows, cols);
     const int64_t xs = normuon_matrix_elems(rows, cols), ss = static_cast<int64_t>(s) * s;
@@ -445,12 +429,7 @@ __global__ void __launch_bounds__(kOptimThreads)
         warp_terms[warp][0] = mean_sum;
         warp_terms[warp][1] = scaled_sum;
     }
-    __syncthreads();
-    if (threadIdx.x < 2) {
-        float t = 0.0f;
-        for (int w = 0; w < kOptimThreads / 32; ++w) t += warp_terms[w][threadIdx.x];
-        partials[2 * (static_cast<int64_t>(mat) * gridDim.x + blockIdx.x) + threadIdx.x] = t;
-    }
+    store_block_partials(partials + 2 * (static_cast<int64_t>(mat) * gridDim.x + blockIdx.x), warp_terms);
 }
 
 // Column statistics (rows < cols): a block takes 64 columns; thread (slice, pack) sums rows
@@ -504,8 +483,8 @@ __global__ void __launch_bounds__(kOptimThreads)
 // (same shape) and normuon_variance_blocks(rows, cols) pairs of partial sums per matrix.
 inline void normuon_variance_stats(float* second_moment, float* step, float* partials, const __nv_bfloat16* v,
                                    int count, int rows, int cols, float second_moment_weight, cudaStream_t stream) {
-    optim_require(normuon_shape_error(count, rows, cols), "normuon_variance_stats");
-    optim_require(optim_aligned16(v) ? "" : "v must be 16-byte aligned", "normuon_variance_stats");
+    require_shape(normuon_shape_error(count, rows, cols), "normuon_variance_stats");
+    kernel_require(is_aligned16(v), "normuon_variance_stats: v must be 16-byte aligned");
     const dim3 grid(normuon_variance_blocks(rows, cols), count);
     if (normuon_reduces_rows(rows, cols))
         launch(normuon_row_variance_kernel, grid, dim3(kOptimThreads), 0, stream, second_moment, step, partials, v,
@@ -532,14 +511,9 @@ __global__ void __launch_bounds__(kOptimThreads)
                                     const NorMuonStepScalars* scalars, int rows, int cols) {
     const int mat = blockIdx.y;
     const bool per_row = normuon_reduces_rows(rows, cols);
-    float s1 = 0.0f, s2 = 0.0f;
     const float* part = variance_partials + 2 * static_cast<int64_t>(mat) * variance_blocks;
-    for (int b = threadIdx.x; b < variance_blocks; b += blockDim.x) {
-        s1 += part[2 * b];
-        s2 += part[2 * b + 1];
-    }
-    s1 = block_reduce_sum(s1);
-    s2 = block_reduce_sum(s2);
+    const float s1 = block_sum_fixed_order(part, variance_blocks, 2);
+    const float s2 = block_sum_fixed_order(part + 1, variance_blocks, 2);
     const float v_norm = sqrtf(s1 * static_cast<float>(per_row ? cols : rows));
     const float ratio = v_norm / fmaxf(sqrtf(s2), kNorMuonClamp);
     const float lr = scalars->lr * (matrix_lr_mul ? matrix_lr_mul[mat] : 1.0f), wd = scalars->wd;
@@ -575,11 +549,9 @@ inline void normuon_scale_and_update(__nv_bfloat16* param, uint16_t* mantissa, c
                                      const float* step, const float* variance_partials, const float* matrix_lr_mul,
                                      const NorMuonStepScalars* scalars, int count, int rows, int cols,
                                      cudaStream_t stream) {
-    optim_require(normuon_shape_error(count, rows, cols), "normuon_scale_and_update");
-    optim_require(optim_aligned16(param) && optim_aligned16(mantissa) && optim_aligned16(v)
-                      ? ""
-                      : "param, mantissa and v must be 16-byte aligned",
-                  "normuon_scale_and_update");
+    require_shape(normuon_shape_error(count, rows, cols), "normuon_scale_and_update");
+    kernel_require(all_aligned16({param, mantissa, v}),
+                   "normuon_scale_and_update: param, mantissa and v must be 16-byte aligned");
     launch(normuon_scale_and_update_kernel, dim3(normuon_elementwise_blocks(rows, cols), count), dim3(kOptimThreads), 0,
            stream, param, mantissa, v, step, variance_partials, normuon_variance_blocks(rows, cols), matrix_lr_mul,
            scalars, rows, cols);
@@ -628,7 +600,7 @@ inline NorMuonScratch normuon_scratch_layout(void* base, int count, int rows, in
     return l;
 }
 inline size_t normuon_scratch_bytes(int count, int rows, int cols) {
-    optim_require(normuon_shape_error(count, rows, cols), "normuon_scratch_bytes");
+    require_shape(normuon_shape_error(count, rows, cols), "normuon_scratch_bytes");
     return normuon_scratch_layout(nullptr, count, rows, cols).bytes;
 }
 
@@ -638,14 +610,11 @@ inline size_t normuon_scratch_bytes(int count, int rows, int cols) {
 inline void normuon_step(CublasLt& lt, const NorMuonShard& shard, const NorMuonStepScalars* scalars,
                          float second_moment_weight, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
     const int count = shard.count, rows = shard.rows, cols = shard.cols;
-    optim_require(normuon_shape_error(count, rows, cols), "normuon_step");
+    require_shape(normuon_shape_error(count, rows, cols), "normuon_step");
     const NorMuonScratch w = normuon_scratch_layout(scratch, count, rows, cols);
-    optim_require(scratch_bytes >= w.bytes ? ""
-                                           : "scratch holds " + std::to_string(scratch_bytes) + " bytes, needs " +
-                                                 std::to_string(w.bytes) + " (normuon_scratch_bytes)",
-                  "normuon_step");
-    optim_require(reinterpret_cast<uintptr_t>(scratch) % 256 == 0 ? "" : "scratch must be 256-byte aligned",
-                  "normuon_step");
+    kernel_require(scratch_bytes >= w.bytes, "normuon_step: scratch holds %zu bytes, needs %zu (normuon_scratch_bytes)",
+                   scratch_bytes, w.bytes);
+    kernel_require(reinterpret_cast<uintptr_t>(scratch) % 256 == 0, "normuon_step: scratch must be 256-byte aligned");
     normuon_momentum(shard.momentum, w.norm_partials, shard.grad, scalars, count, rows, cols, stream);
     polar_express_normalize(w.x, shard.momentum, shard.grad, w.norm_partials, scalars, count, rows, cols, stream);
     const __nv_bfloat16* v = polar_express_iterate(lt, w.x, w.x_other, w.gram, w.poly, count, rows, cols,

@@ -59,8 +59,6 @@ struct MixLambdaGrads {
     float* bigram;
 };
 
-__device__ __forceinline__ float residual_sigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }
-
 // ---- deterministic parameter gradients from per-block partial sums ----
 inline int residual_backward_blocks(int T) { return std::min(norm_row_blocks(T), kResidualMaxBackwardBlocks); }
 // Scratch bytes any backward launcher in this header needs for T rows.
@@ -68,37 +66,11 @@ inline size_t residual_backward_scratch_bytes(int T) {
     return sizeof(float) * kResidualMaxPartials * static_cast<size_t>(residual_backward_blocks(T));
 }
 
-// Reduced value v lands in f32[v] (fp32 gradient) or bf16[v] (bf16 gradient): one of them is set.
-struct ParamGradTargets {
-    float* f32[kResidualMaxPartials];
-    __nv_bfloat16* bf16[kResidualMaxPartials];
-    int count;
-};
-
-// grad[v] (+)= sum over b of partials[v * blocks + b]: one block per value, a fixed summation order.
-__global__ void sum_partials_into_param_grads_kernel(ParamGradTargets targets, const float* partials, int blocks,
-                                                     bool accumulate) {
-    const int v = blockIdx.x;
-    float s = 0.0f;
-    for (int b = threadIdx.x; b < blocks; b += blockDim.x) s += partials[static_cast<size_t>(v) * blocks + b];
-    s = block_reduce_sum(s);
-    if (threadIdx.x != 0) return;
-    if (float* g = targets.f32[v])
-        *g = accumulate ? *g + s : s;
-    else if (__nv_bfloat16* gb = targets.bf16[v])
-        *gb = __float2bfloat16(accumulate ? __bfloat162float(*gb) + s : s);
-}
-inline void sum_partials_into_param_grads(const ParamGradTargets& targets, const float* partials, int blocks,
-                                          bool accumulate, cudaStream_t stream) {
-    launch(sum_partials_into_param_grads_kernel, dim3(targets.count), dim3(128), 0, stream, targets, partials, blocks,
-           accumulate);
-    CUDA_CHECK_LAUNCH();
-}
-
 // Writes the block's sums of its threads' `acc` values (NV per thread, reduced over each warp, then over
-// warps in order) as partials[v * gridDim.x + blockIdx.x]. Every thread of the block must call it.
+// warps in order) as partials[blockIdx.x * NV + v], for sum_block_partials. Every thread of the block must
+// call it.
 template <int NV>
-__device__ __forceinline__ void store_block_partials(float* partials, const float (&acc)[NV]) {
+__device__ __forceinline__ void store_warp_reduced_partials(float* partials, const float (&acc)[NV]) {
     __shared__ float warp_sums[kNormRowsPerBlock][NV];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
@@ -106,12 +78,7 @@ __device__ __forceinline__ void store_block_partials(float* partials, const floa
         const float s = warp_reduce_sum(acc[v]);
         if (lane == 0) warp_sums[warp][v] = s;
     }
-    __syncthreads();
-    if (threadIdx.x < NV) {
-        float s = 0.0f;
-        for (int w = 0; w < kNormRowsPerBlock; ++w) s += warp_sums[w][threadIdx.x];
-        partials[static_cast<size_t>(threadIdx.x) * gridDim.x + blockIdx.x] = s;
-    }
+    store_block_partials(partials + static_cast<size_t>(blockIdx.x) * NV, warp_sums);
 }
 
 // ---- the layer mix ----
@@ -197,7 +164,7 @@ __global__ void __launch_bounds__(kNormThreads, 3)
             store128(dx0_bigram + at, dbv);
         }
     }
-    store_block_partials(partials, acc);
+    store_warp_reduced_partials(partials, acc);
 }
 // From the gradient of the mix output's two uses: g (the stream, added around the next block) and dh (the
 // norm that block read). dx: the gradient of the layer's input; it may be g itself (in place) unless
@@ -215,12 +182,8 @@ inline void residual_mix_backward(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bf
     launch(residual_mix_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dx0, dx0_bigram, scratch, g,
            dh, x_mix, h_rstd, x, x0, x0_bigram, lambdas, first_layer, accumulate_dx, accumulate_x0_grads, T, C);
     CUDA_CHECK_LAUNCH();
-    ParamGradTargets targets = {};
-    targets.f32[0] = lambda_grads.resid;
-    targets.f32[1] = lambda_grads.x0;
-    targets.f32[2] = lambda_grads.bigram;
-    targets.count = 3;
-    sum_partials_into_param_grads(targets, scratch, blocks, accumulate, stream);
+    sum_block_partials(SumTargets().add(lambda_grads.resid).add(lambda_grads.x0).add(lambda_grads.bigram), scratch,
+                       blocks, 3, accumulate, stream);
 }
 
 // ---- the gated skip from layer 3 into layer 6 ----
@@ -249,8 +212,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
     const size_t off = static_cast<size_t>(row) * C;
-    const float s =
-        residual_sigmoid(*skip_lambda) * 2.0f * residual_sigmoid(skip_gate_logit(x0 + off, load_skip_gate(gate_w)));
+    const float s = sigmoidf(*skip_lambda) * 2.0f * sigmoidf(skip_gate_logit(x0 + off, load_skip_gate(gate_w)));
 #pragma unroll
     for (int i = 0; i < kNormPacksPerLane; ++i) {
         const int col = norm_row_col(i, lane);
@@ -268,11 +230,8 @@ inline void gated_skip_add_forward(__nv_bfloat16* x_out, const __nv_bfloat16* x,
                                    const __nv_bfloat16* x0, const __nv_bfloat16* gate_w, const float* skip_lambda,
                                    int T, int C, cudaStream_t stream) {
     require_norm_rows("gated_skip_add_forward", T, C, {x_out, x, skip, x0});
-    if (C < 2 * kNormPackWidth) {
-        std::fprintf(stderr, "gated_skip_add_forward: C=%d is narrower than the skip gate's %d inputs\n", C,
-                     kSkipGateWidth);
-        std::exit(EXIT_FAILURE);
-    }
+    kernel_require(C >= 2 * kNormPackWidth, "gated_skip_add_forward: C=%d is narrower than the skip gate's %d inputs",
+                   C, kSkipGateWidth);
     launch(gated_skip_add_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, x, skip, x0,
            gate_w, skip_lambda, T, C);
     CUDA_CHECK_LAUNCH();
@@ -286,14 +245,14 @@ __global__ void __launch_bounds__(kNormThreads, 4)
                                    const __nv_bfloat16* skip, const __nv_bfloat16* x0, const __nv_bfloat16* gate_w,
                                    const float* skip_lambda, bool accumulate_d_skip, int T, int C) {
     const int lane = threadIdx.x % 32;
-    const float sl = residual_sigmoid(*skip_lambda);
+    const float sl = sigmoidf(*skip_lambda);
     const SkipGateWeights gate = load_skip_gate(gate_w);
     const float w = lane < kSkipGateWidth ? gate.w[lane] : 0.0f;
     float acc = 0.0f;  // lane k < 12: skip_gate[k]'s gradient; lane 12: skip_lambda's
     for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
         const size_t off = static_cast<size_t>(row) * C;
         const float ds = norm_row_dot(norm_row_load(g + off, C, lane), norm_row_load(skip + off, C, lane));
-        const float sg = residual_sigmoid(skip_gate_logit(x0 + off, gate)), s = sl * 2.0f * sg;
+        const float sg = sigmoidf(skip_gate_logit(x0 + off, gate)), s = sl * 2.0f * sg;
 #pragma unroll 1
         for (int i = 0; i < kNormPacksPerLane; ++i) {
             const int col = norm_row_col(i, lane);
@@ -319,14 +278,8 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     }
     // per-lane values: no warp reduction, the block sums each lane's value over its warps in order
     __shared__ float lane_sums[kNormRowsPerBlock][kResidualMaxPartials];
-    const int warp = threadIdx.x / 32;
-    if (lane < kResidualMaxPartials) lane_sums[warp][lane] = acc;
-    __syncthreads();
-    if (threadIdx.x < kResidualMaxPartials) {
-        float s = 0.0f;
-        for (int wi = 0; wi < kNormRowsPerBlock; ++wi) s += lane_sums[wi][threadIdx.x];
-        partials[static_cast<size_t>(threadIdx.x) * gridDim.x + blockIdx.x] = s;
-    }
+    if (lane < kResidualMaxPartials) lane_sums[threadIdx.x / 32][lane] = acc;
+    store_block_partials(partials + static_cast<size_t>(blockIdx.x) * kResidualMaxPartials, lane_sums);
 }
 // g: the gradient of the skip add's output (also the gradient of its input x, unchanged). d_skip: the
 // gradient of layer 3's output (accumulate_d_skip adds into it). dx0 must hold x0's gradient so far: the
@@ -337,20 +290,14 @@ inline void gated_skip_add_backward(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, _
                                     const float* skip_lambda, bool accumulate_d_skip, bool accumulate, int T, int C,
                                     cudaStream_t stream) {
     require_norm_rows("gated_skip_add_backward", T, C, {d_skip, dx0, g, skip, x0});
-    if (C < 2 * kNormPackWidth) {
-        std::fprintf(stderr, "gated_skip_add_backward: C=%d is narrower than the skip gate's %d inputs\n", C,
-                     kSkipGateWidth);
-        std::exit(EXIT_FAILURE);
-    }
+    kernel_require(C >= 2 * kNormPackWidth, "gated_skip_add_backward: C=%d is narrower than the skip gate's %d inputs",
+                   C, kSkipGateWidth);
     const int blocks = residual_backward_blocks(T);
     launch(gated_skip_add_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, d_skip, dx0, scratch, g, skip,
            x0, gate_w, skip_lambda, accumulate_d_skip, T, C);
     CUDA_CHECK_LAUNCH();
-    ParamGradTargets targets = {};
-    for (int k = 0; k < kSkipGateWidth; ++k) targets.bf16[k] = d_skip_gate + k;
-    targets.f32[kSkipGateWidth] = d_skip_lambda;
-    targets.count = kSkipGateWidth + 1;
-    sum_partials_into_param_grads(targets, scratch, blocks, accumulate, stream);
+    sum_block_partials(SumTargets().add(d_skip_gate, kSkipGateWidth).add(d_skip_lambda), scratch, blocks,
+                       kResidualMaxPartials, accumulate, stream);
 }
 
 // ---- block outputs ----
@@ -452,7 +399,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
             store128(dx_backout + off + col, dbv);
         }
     }
-    store_block_partials(partials, acc);
+    store_warp_reduced_partials(partials, acc);
 }
 // dh: the lm_head input's gradient. dx: the last layer's output gradient; dx_backout: layer 7's output's
 // share (both overwritten: they are the first gradients of those streams). accumulate: add into
@@ -466,8 +413,5 @@ inline void backout_backward(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float
     launch(backout_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dx_backout, scratch, dh, x_out,
            h_rstd, x_backout, backout_lambda, T, C);
     CUDA_CHECK_LAUNCH();
-    ParamGradTargets targets = {};
-    targets.f32[0] = d_backout_lambda;
-    targets.count = 1;
-    sum_partials_into_param_grads(targets, scratch, blocks, accumulate, stream);
+    sum_block_partials(SumTargets().add(d_backout_lambda), scratch, blocks, 1, accumulate, stream);
 }

@@ -43,17 +43,6 @@
 #include <cfloat>
 #include <cmath>
 
-inline void rope_require(bool ok, const char* fmt, ...) {
-    if (ok) return;
-    std::va_list ap;
-    va_start(ap, fmt);
-    std::fprintf(stderr, "rope: ");
-    std::vfprintf(stderr, fmt, ap);
-    std::fprintf(stderr, "\n");
-    va_end(ap);
-    std::exit(EXIT_FAILURE);
-}
-
 // ---- YaRN: angular frequencies and the cos/sin table ----
 // Upstream keeps two Yarn modules (plain and paired) whose frequencies are always equal, with
 // (2*max_seq_len, D) bf16 cos and sin tables (paired: (2*max_seq_len, 2D), rows [2t | 2t+1]).
@@ -85,10 +74,11 @@ inline size_t yarn_rope_bytes(int head_dim, int positions) {
 // A YarnRope over caller memory (yarn_rope_bytes, 16-byte aligned, e.g. from the trainer's
 // arena); call yarn_rope_reset before use.
 inline YarnRope yarn_rope_view(void* device_memory, int head_dim, int positions) {
-    rope_require(head_dim >= 16 && head_dim % 16 == 0, "YaRN: head_dim must be a multiple of 16 (got %d)", head_dim);
-    rope_require(positions > 0 && positions < (1 << 24),
-                 "YaRN: positions must be in [1, 2^24) so that they are exact in fp32 (got %d)", positions);
-    rope_require(reinterpret_cast<uintptr_t>(device_memory) % 16 == 0, "YaRN: memory must be 16-byte aligned");
+    kernel_require(head_dim >= 16 && head_dim % 16 == 0, "yarn_rope_view: head_dim must be a multiple of 16 (got %d)",
+                   head_dim);
+    kernel_require(positions > 0 && positions < (1 << 24),
+                   "yarn_rope_view: positions must be in [1, 2^24) so that they are exact in fp32 (got %d)", positions);
+    kernel_require(is_aligned16(device_memory), "yarn_rope_view: memory must be 16-byte aligned");
     YarnRope r;
     r.head_dim = head_dim;
     r.positions = positions;
@@ -153,7 +143,8 @@ inline void yarn_rope_reset(YarnRope& r, cudaStream_t stream) {
 // their table, and attn_scale *= 0.2 * ln(new/old) + 1.
 inline void yarn_rope_apply(YarnRope& r, int old_window, int new_window, cudaStream_t stream, int alpha = 1,
                             int beta = 32) {
-    rope_require(old_window > 0 && new_window > 0 && beta > alpha, "YaRN apply: need positive windows and beta > alpha");
+    kernel_require(old_window > 0 && new_window > 0 && beta > alpha,
+                   "yarn_rope_apply: need positive windows and beta > alpha");
     const int n = r.head_dim / 4;
     const double scaling = static_cast<double>(old_window) / new_window;
     const float inv_two_pi = 1.0f / static_cast<float>(6.283185307179586);  // Python's 2 * math.pi
@@ -181,21 +172,21 @@ struct AttnAux {
     const bf16* attn_gate = nullptr;   // (H, 12)
 };
 inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
-    rope_require(a.T > 0 && a.H > 0, "%s: need T > 0 and H > 0 (T=%d H=%d)", who, a.T, a.H);
+    kernel_require(a.T > 0 && a.H > 0, "%s: need T > 0 and H > 0 (T=%d H=%d)", who, a.T, a.H);
     const int g = a.D / 8;
-    rope_require(a.D % 16 == 0 && g >= 2 && g <= 32 && (g & (g - 1)) == 0,
-                 "%s: head_dim must be 16, 32, 64, 128 or 256 (D/8 lanes share a head row), got %d", who, a.D);
-    rope_require(a.H * a.D >= kGateWidth, "%s: model dim %d is below the gates' 12 channels", who, a.H * a.D);
-    rope_require(a.xa != nullptr, "%s: the attention input xa is required (gates read xa[:, :12])", who);
-    rope_require((a.ve_table == nullptr) == (a.ve_gate == nullptr), "%s: ve_table and ve_gate go together", who);
-    rope_require(a.ve_table == nullptr || a.ids != nullptr, "%s: value embeddings need the token ids", who);
+    kernel_require(a.D % 16 == 0 && g >= 2 && g <= 32 && (g & (g - 1)) == 0,
+                   "%s: head_dim must be 16, 32, 64, 128 or 256 (D/8 lanes share a head row), got %d", who, a.D);
+    kernel_require(a.H * a.D >= kGateWidth, "%s: model dim %d is below the gates' 12 channels", who, a.H * a.D);
+    kernel_require(a.xa != nullptr, "%s: the attention input xa is required (gates read xa[:, :12])", who);
+    kernel_require((a.ve_table == nullptr) == (a.ve_gate == nullptr), "%s: ve_table and ve_gate go together", who);
+    kernel_require(a.ve_table == nullptr || a.ids != nullptr, "%s: value embeddings need the token ids", who);
     if (rotary) {
-        rope_require(!(a.paired && a.key_offset), "%s: the key offset exists only on non-paired layers", who);
-        rope_require(a.paired ? a.H % 2 == 0 : true, "%s: paired heads need an even head count (H=%d)", who, a.H);
-        rope_require(a.rope_table != nullptr, "%s: no rotary table", who);
+        kernel_require(!(a.paired && a.key_offset), "%s: the key offset exists only on non-paired layers", who);
+        kernel_require(a.paired ? a.H % 2 == 0 : true, "%s: paired heads need an even head count (H=%d)", who, a.H);
+        kernel_require(a.rope_table != nullptr, "%s: no rotary table", who);
         const int64_t needed = static_cast<int64_t>(a.T) * (a.paired ? 2 : 1);
-        rope_require(needed <= a.rope_positions, "%s: rotary table has %d positions, this layer needs %lld", who,
-                     a.rope_positions, static_cast<long long>(needed));
+        kernel_require(needed <= a.rope_positions, "%s: rotary table has %d positions, this layer needs %lld", who,
+                       a.rope_positions, static_cast<long long>(needed));
     }
 }
 
@@ -301,7 +292,8 @@ __global__ void attn_qkv_forward_kernel(bf16* q_out, bf16* k_out, bf16* v_out, f
         float v[8];
         rope_load8(v, q_in + 2 * C);
         if (a.ve_table != nullptr) {
-            const float g = 2.0f * gate_sigmoid(gate_logit(a.xa + static_cast<size_t>(l.t) * C, a.ve_gate + l.h * kGateWidth));
+            const float g =
+                2.0f * sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * C, a.ve_gate + l.h * kGateWidth));
             float ve[8];
             rope_load8(ve, a.ve_table + static_cast<size_t>(a.ids[l.t]) * C + l.h * a.D + l.d0);
 #pragma unroll
@@ -315,7 +307,7 @@ __global__ void attn_qkv_forward_kernel(bf16* q_out, bf16* k_out, bf16* v_out, f
 inline void attn_qkv_forward(const AttnAux& a, bf16* q, bf16* k, bf16* v, float* rstd_q, float* rstd_k,
                              const bf16* qkv, cudaStream_t stream) {
     attn_aux_check(a, "attn_qkv_forward", true);
-    rope_require(a.ve_table == nullptr || v != nullptr, "attn_qkv_forward: a layer with value embeddings needs v");
+    kernel_require(a.ve_table == nullptr || v != nullptr, "attn_qkv_forward: a layer with value embeddings needs v");
     launch(attn_qkv_forward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, q, k, v, rstd_q, rstd_k, qkv,
            a);
     CUDA_CHECK_LAUNCH();
@@ -380,7 +372,7 @@ __global__ void attn_qkv_backward_kernel(bf16* dqkv, bf16* dve, float* dz_ve, co
     rope_load8(dvv, dv + at);
     float dz = 0.0f, g = 0.0f, dve_row[8] = {};
     if (a.ve_table != nullptr) {
-        const float sg = gate_sigmoid(gate_logit(a.xa + static_cast<size_t>(l.t) * C, a.ve_gate + l.h * kGateWidth));
+        const float sg = sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * C, a.ve_gate + l.h * kGateWidth));
         g = 2.0f * sg;
         float ve[8];
         rope_load8(ve, a.ve_table + static_cast<size_t>(a.ids[l.t]) * C + l.h * a.D + l.d0);
@@ -408,8 +400,8 @@ inline void attn_qkv_backward(const AttnAux& a, bf16* dqkv, bf16* dve, float* dz
                               const bf16* dv, const bf16* qkv, const float* rstd_q, const float* rstd_k,
                               cudaStream_t stream) {
     attn_aux_check(a, "attn_qkv_backward", true);
-    rope_require((a.ve_table != nullptr) == (dve != nullptr && dz_ve != nullptr),
-                 "attn_qkv_backward: dve and dz_ve are needed exactly on layers with value embeddings");
+    kernel_require((a.ve_table != nullptr) == (dve != nullptr && dz_ve != nullptr),
+                   "attn_qkv_backward: dve and dz_ve are needed exactly on layers with value embeddings");
     launch(attn_qkv_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, dqkv, dve, dz_ve, dq, dk, dv,
            qkv, rstd_q, rstd_k, a);
     CUDA_CHECK_LAUNCH();
@@ -420,7 +412,7 @@ inline void attn_qkv_backward(const AttnAux& a, bf16* dqkv, bf16* dve, float* dz
 __global__ void attn_output_gate_forward_kernel(bf16* y_gated, const bf16* y, AttnAux a) {
     const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
     if (!l.valid) return;
-    const float s = gate_sigmoid(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
+    const float s = sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
     const size_t at = static_cast<size_t>(l.row) * a.D + l.d0;
     float v[8];
     rope_load8(v, y + at);
@@ -430,7 +422,7 @@ __global__ void attn_output_gate_forward_kernel(bf16* y_gated, const bf16* y, At
 }
 inline void attn_output_gate_forward(const AttnAux& a, bf16* y_gated, const bf16* y, cudaStream_t stream) {
     attn_aux_check(a, "attn_output_gate_forward", false);
-    rope_require(a.attn_gate != nullptr, "attn_output_gate_forward: no attn_gate");
+    kernel_require(a.attn_gate != nullptr, "attn_output_gate_forward: no attn_gate");
     launch(attn_output_gate_forward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, y_gated, y, a);
     CUDA_CHECK_LAUNCH();
 }
@@ -439,7 +431,7 @@ inline void attn_output_gate_forward(const AttnAux& a, bf16* y_gated, const bf16
 __global__ void attn_output_gate_backward_kernel(bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y,
                                                  AttnAux a) {
     const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
-    const float s = gate_sigmoid(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
+    const float s = sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
     const size_t at = static_cast<size_t>(l.row) * a.D + l.d0;
     float g[8], v[8];
     rope_load8(g, dy_gated + at);
@@ -459,7 +451,7 @@ __global__ void attn_output_gate_backward_kernel(bf16* dy, float* dz_attn, const
 inline void attn_output_gate_backward(const AttnAux& a, bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y,
                                       cudaStream_t stream) {
     attn_aux_check(a, "attn_output_gate_backward", false);
-    rope_require(a.attn_gate != nullptr, "attn_output_gate_backward: no attn_gate");
+    kernel_require(a.attn_gate != nullptr, "attn_output_gate_backward: no attn_gate");
     launch(attn_output_gate_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, dy, dz_attn, dy_gated,
            y, a);
     CUDA_CHECK_LAUNCH();
@@ -500,13 +492,15 @@ inline size_t attn_gates_backward_scratch_bytes(int T, int H) {
 inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* d_attn_gate, bf16* d_ve_gate, const float* dz_attn,
                                 const float* dz_ve, float* scratch, bool accumulate, cudaStream_t stream) {
     attn_aux_check(a, "attn_gates_backward", false);
-    rope_require(a.attn_gate != nullptr, "attn_gates_backward: no attn_gate");
-    rope_require((a.ve_gate != nullptr) == (d_ve_gate != nullptr && dz_ve != nullptr),
-                 "attn_gates_backward: d_ve_gate and dz_ve are needed exactly on layers with value embeddings");
+    kernel_require(a.attn_gate != nullptr, "attn_gates_backward: no attn_gate");
+    kernel_require((a.ve_gate != nullptr) == (d_ve_gate != nullptr && dz_ve != nullptr),
+                   "attn_gates_backward: d_ve_gate and dz_ve are needed exactly on layers with value embeddings");
     const int blocks = ceil_div(a.T, kGateRowsPerBlock), per_gate = a.H * kGateWidth;
     const int n_w = dz_ve != nullptr ? 2 * per_gate : per_gate;
     launch(attn_gates_backward_kernel, dim3(blocks), dim3(128), 0, stream, dxa, scratch, dz_attn, dz_ve, a);
     CUDA_CHECK_LAUNCH();
-    sum_block_partials_into_grad(d_attn_gate, scratch, blocks, n_w, per_gate, accumulate, stream);
-    if (dz_ve != nullptr) sum_block_partials_into_grad(d_ve_gate, scratch + per_gate, blocks, n_w, per_gate, accumulate, stream);
+    SumTargets targets;
+    targets.add(d_attn_gate, per_gate);
+    if (dz_ve != nullptr) targets.add(d_ve_gate, per_gate);
+    sum_block_partials(targets, scratch, blocks, n_w, accumulate, stream);
 }

@@ -1,6 +1,7 @@
 // What every test program shares: a seeded generator (fresh each run, reproducible with
-// TEST_SEED), checks that count, comparison against double-precision references, and the
-// closing "N passed, M failed" line. Host code only.
+// TEST_SEED), checks that count, comparison against double-precision references (and the few
+// references several tests need: sigmoid, RMSNorm), central differences, and the closing
+// "N passed, M failed" line. Host code only; device buffers and bf16 helpers are in device_util.h.
 #pragma once
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -81,6 +83,93 @@ template <class G, class W>
 bool check_close(const std::string& what, const std::vector<G>& got, const std::vector<W>& want, double atol, double rtol) {
     if (!check(got.size() == want.size(), "%s: size %zu, want %zu", what.c_str(), got.size(), want.size())) return false;
     return check_close(what, got.data(), want.data(), got.size(), atol, rtol);
+}
+
+// |got[i] - want[i]| <= tol[i] for all i (NaN never matches), each element with its own tolerance; one
+// check, which reports the worst offender (relative to its tolerance).
+inline bool check_within(const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
+                         const std::vector<double>& tol) {
+    if (got.size() != want.size() || tol.size() != want.size())
+        return check(false, "%s: %zu values and %zu tolerances, want %zu", what.c_str(), got.size(), tol.size(),
+                     want.size());
+    if (got.empty()) return check(true, "");
+    size_t bad = 0, worst = 0;
+    double worst_ratio = -1.0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const double err = std::fabs(got[i] - want[i]), ratio = err / tol[i];
+        if (!(err <= tol[i])) ++bad;
+        if (!(ratio <= worst_ratio)) {  // NaN counts as worst
+            worst_ratio = ratio;
+            worst = i;
+        }
+    }
+    return check(bad == 0, "%s: %zu of %zu values off; worst at %zu: got %.9g want %.9g tol %.3g", what.c_str(), bad,
+                 got.size(), worst, got[worst], want[worst], tol[worst]);
+}
+
+// The same elements, bit for bit.
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// d loss / d v by central differences with step h: `v` (a coordinate that loss() reads) is moved, then restored.
+template <class F>
+double central_difference(double& v, double h, F&& loss) {
+    const double v0 = v;
+    v = v0 + h;
+    const double up = loss();
+    v = v0 - h;
+    const double down = loss();
+    v = v0;
+    return (up - down) / (2 * h);
+}
+
+// ---- double-precision references that more than one test needs ----
+inline double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+
+constexpr double kRefRmsNormEps = 1.1920928955078125e-07;  // FLT_EPSILON, as F.rms_norm uses for fp32 compute
+
+// y = x / sqrt(mean(x^2) + eps) over each of the T rows of C, and each row's rstd = 1 / sqrt(mean(x^2) + eps).
+inline void ref_rmsnorm(const std::vector<double>& x, int T, int C, std::vector<double>& y, std::vector<double>& rstd) {
+    y.assign(x.size(), 0.0);
+    rstd.assign(T, 0.0);
+    for (int t = 0; t < T; ++t) {
+        const size_t o = size_t(t) * C;
+        double ss = 0.0;
+        for (int c = 0; c < C; ++c) ss += x[o + c] * x[o + c];
+        rstd[t] = 1.0 / std::sqrt(ss / C + kRefRmsNormEps);
+        for (int c = 0; c < C; ++c) y[o + c] = x[o + c] * rstd[t];
+    }
+}
+// dx of L = sum dy * rmsnorm(x), the chain rule through both x and rstd(x); `magnitude` gets the size of the
+// two terms of each element (what fp32 rounding errors are relative to).
+inline void ref_rmsnorm_backward(const std::vector<double>& dy, const std::vector<double>& x, int T, int C,
+                                 std::vector<double>& dx, std::vector<double>& magnitude) {
+    dx.assign(x.size(), 0.0);
+    magnitude.assign(x.size(), 0.0);
+    for (int t = 0; t < T; ++t) {
+        const size_t o = size_t(t) * C;
+        double ss = 0.0, dot = 0.0;
+        for (int c = 0; c < C; ++c) {
+            ss += x[o + c] * x[o + c];
+            dot += dy[o + c] * x[o + c];
+        }
+        const double ms = ss / C + kRefRmsNormEps, r = 1.0 / std::sqrt(ms);
+        for (int c = 0; c < C; ++c) {  // d rstd / d x_c = -x_c / (C * ms^1.5)
+            const double through_rstd = -dot * x[o + c] / (C * ms * std::sqrt(ms));
+            dx[o + c] = dy[o + c] * r + through_rstd;
+            magnitude[o + c] = std::fabs(dy[o + c] * r) + std::fabs(through_rstd);
+        }
+    }
+}
+// sum dy * rmsnorm(x): the loss whose gradient ref_rmsnorm_backward gives.
+inline double ref_rmsnorm_dot(const std::vector<double>& dy, const std::vector<double>& x, int T, int C) {
+    std::vector<double> y, rstd;
+    ref_rmsnorm(x, T, C, y, rstd);
+    double s = 0.0;
+    for (size_t i = 0; i < y.size(); ++i) s += dy[i] * y[i];
+    return s;
 }
 
 // Runs fn in a child process; checks that it exits non-zero with `phrase` in what it printed to

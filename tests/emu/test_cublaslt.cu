@@ -4,7 +4,7 @@
 // GEMM's speed. Children that need their own emu settings are forked before this process starts
 // emu's GEMM threads (a forked child would not have them).
 #include "../../kernels/matmul.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,36 +19,16 @@ using bf16 = __nv_bfloat16;
 using e4m3 = __nv_fp8_e4m3;
 using e5m2 = __nv_fp8_e5m2;
 
-template <class T>
-struct DeviceBuffer {  // test-only RAII for device memory
-    T* ptr = nullptr;
-    size_t n;
-    explicit DeviceBuffer(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T))); }
-    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-    ~DeviceBuffer() { cudaFree(ptr); }
-    void upload(const std::vector<T>& h) { CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-};
+using test::bits;
+using test::DeviceBuffer;
+using test::value;
 
-double value(bf16 x) { return __bfloat162float(x); }
-double value(float x) { return x; }
-double value(e4m3 x) { return static_cast<float>(x); }
-double value(e5m2 x) { return static_cast<float>(x); }
 template <class T>
 std::vector<T> random_values(size_t n, double range, std::mt19937_64& g) {
     std::uniform_real_distribution<double> u(-range, range);
     std::vector<T> v(n);
     for (auto& x : v) x = T(static_cast<float>(u(g)));
     return v;
-}
-uint16_t bits(bf16 x) {
-    uint16_t b;
-    std::memcpy(&b, &x, 2);
-    return b;
 }
 
 // ---- children: a function run in a forked process with its own environment ----

@@ -2,25 +2,12 @@
 // atomics, launch checks, deadlock detection. Each expectation is computed on the host
 // from CUDA's documented semantics, independently of emu's code.
 #include "../../kernels/common.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <string>
 #include <vector>
 
-template <class T>
-struct DeviceBuffer {  // test-only RAII for device memory
-    T* ptr = nullptr;
-    size_t n;
-    explicit DeviceBuffer(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T))); }
-    DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-    ~DeviceBuffer() { cudaFree(ptr); }
-    void upload(const std::vector<T>& h) { CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-};
+using test::DeviceBuffer;
 
 // ---- indexing ----
 __global__ void write_coordinates(int* out) {

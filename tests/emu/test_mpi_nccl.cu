@@ -5,7 +5,7 @@
 // communicator set-up; and each misuse's error code. Inputs come from a seed every rank knows,
 // so each rank computes every expected result locally, in double precision.
 #include "kernels/common.cuh"
-#include "tests/test_util.h"
+#include "tests/device_util.h"
 
 #include <mpi.h>
 #include <nccl.h>
@@ -363,11 +363,7 @@ void test_grouped_collectives(ncclComm_t comm, const char* label) {
     std::vector<__nv_bfloat16> b = inputs<__nv_bfloat16>(c, g_rank, nb);
     std::vector<int32_t> cc = inputs<int32_t>(c, g_rank, nc), e = inputs<int32_t>(c + 2, g_rank, ne);
     ++g_case, ++g_case;
-    float *a_send, *a_recv;
-    CUDA_CHECK(cudaMalloc(&a_send, na * sizeof(float)));
-    CUDA_CHECK(cudaMalloc(&a_recv, na * sizeof(float)));
-    CUDA_CHECK(cudaMemcpy(a_send, a.data(), na * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemset(a_recv, 0, na * sizeof(float)));
+    test::DeviceBuffer<float> a_send(a), a_recv(na);  // a_recv starts zeroed
     std::vector<__nv_bfloat16> b_out(nb, __float2bfloat16(-3.0f));
     std::vector<int32_t> c_out(nc, -5);
     std::vector<float> d_before = d;
@@ -375,23 +371,20 @@ void test_grouped_collectives(ncclComm_t comm, const char* label) {
 
     ok(ncclGroupStart(), what + " outer ncclGroupStart");
     ok(ncclGroupStart(), what + " inner ncclGroupStart");
-    ok(ncclAllReduce(a_send, a_recv, na, ncclFloat32, ncclSum, comm, g_stream), what + " fp32 sum");
+    ok(ncclAllReduce(a_send.ptr, a_recv.ptr, na, ncclFloat32, ncclSum, comm, g_stream), what + " fp32 sum");
     ok(ncclAllReduce(b.data(), b_out.data(), nb, ncclBfloat16, ncclAvg, comm, g_stream), what + " bf16 avg");
     ok(ncclAllReduce(cc.data(), c_out.data(), nc, ncclInt32, ncclMax, comm, g_stream), what + " int32 max");
     ok(ncclAllReduce(d.data(), d.data(), nd, ncclFloat32, ncclSum, comm, g_stream), what + " fp32 in place");
     ok(ncclBroadcast(e.data(), e.data(), ne, ncclInt32, root, comm, g_stream), what + " broadcast");
     ok(ncclGroupEnd(), what + " inner ncclGroupEnd");
     float a0 = 1.0f;
-    CUDA_CHECK(cudaMemcpy(&a0, a_recv, sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(&a0, a_recv.ptr, sizeof(float), cudaMemcpyDeviceToHost));
     test::check(a0 == 0.0f && c_out[0] == -5 && d == d_before && (g_rank == root || e == e_before),
                 "%s: an operation ran before the outermost ncclGroupEnd (rank %d)", what.c_str(), g_rank);
     ok(ncclGroupEnd(), what + " outer ncclGroupEnd");
     CUDA_CHECK(cudaStreamSynchronize(g_stream));
 
-    std::vector<float> a_out(na);
-    CUDA_CHECK(cudaMemcpy(a_out.data(), a_recv, na * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(a_send));
-    CUDA_CHECK(cudaFree(a_recv));
+    const std::vector<float> a_out = a_recv.download();
     const auto want = [&](auto tag, uint64_t cs, size_t count, int op) {
         using T = decltype(tag);
         std::vector<double> w(count);

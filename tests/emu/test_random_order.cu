@@ -2,7 +2,7 @@
 // so a missing barrier shows up as wrong results. The program first checks the default
 // order (where the planted bug happens to be invisible), then re-runs itself in random mode.
 #include "../../kernels/common.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <unistd.h>
 
@@ -37,13 +37,10 @@ __global__ void read_neighbour_warp_then_overwrite(int* out) {
 }
 int wrong_neighbour_reads(void (*kernel)(int*)) {
     const int blocks = 32;
-    int* d;
-    CUDA_CHECK(cudaMalloc(&d, blocks * 128 * sizeof(int)));
-    launch(kernel, dim3(blocks), dim3(128), 0, nullptr, d);
+    test::DeviceBuffer<int> d(blocks * 128);
+    launch(kernel, dim3(blocks), dim3(128), 0, nullptr, d.ptr);
     CUDA_CHECK_LAUNCH();
-    std::vector<int> h(blocks * 128);
-    CUDA_CHECK(cudaMemcpy(h.data(), d, h.size() * sizeof(int), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(d));
+    const std::vector<int> h = d.download();
     int wrong = 0;
     for (int b = 0; b < blocks; ++b)
         for (int t = 0; t < 128; ++t) wrong += h[b * 128 + t] != 1000 * b + (t < 96 ? t + 32 : t);
@@ -56,13 +53,10 @@ __global__ void read_uninitialized_dynamic_smem(float* out) {
 
 int wrong_broadcasts(void (*kernel)(int*)) {
     const int blocks = 64, threads = 256;
-    int* d;
-    CUDA_CHECK(cudaMalloc(&d, blocks * threads * sizeof(int)));
-    launch(kernel, dim3(blocks), dim3(threads), 0, nullptr, d);
+    test::DeviceBuffer<int> d(blocks * threads);
+    launch(kernel, dim3(blocks), dim3(threads), 0, nullptr, d.ptr);
     CUDA_CHECK_LAUNCH();
-    std::vector<int> h(blocks * threads);
-    CUDA_CHECK(cudaMemcpy(h.data(), d, h.size() * sizeof(int), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaFree(d));
+    const std::vector<int> h = d.download();
     int wrong = 0;
     for (int b = 0; b < blocks; ++b)
         for (int t = 0; t < threads; ++t) wrong += h[b * threads + t] != 1000 + b;
@@ -93,11 +87,9 @@ int main(int, char** argv) {
     test::check(wrong_lockstep > 0, "a warp running ahead must expose the missing barrier (%d wrong reads)", wrong_lockstep);
     test::check(wrong_neighbour_reads(read_neighbour_warp_then_overwrite<true>) == 0,
                 "with the barrier, a warp running ahead changes nothing");
-    float* d;
-    CUDA_CHECK(cudaMalloc(&d, 64 * sizeof(float)));
-    launch(read_uninitialized_dynamic_smem, dim3(1), dim3(64), 64 * sizeof(float), nullptr, d);
-    std::vector<float> h(64);
-    CUDA_CHECK(cudaMemcpy(h.data(), d, sizeof(float) * 64, cudaMemcpyDeviceToHost));
+    test::DeviceBuffer<float> d(64);
+    launch(read_uninitialized_dynamic_smem, dim3(1), dim3(64), 64 * sizeof(float), nullptr, d.ptr);
+    const std::vector<float> h = d.download();
     int nans = 0;
     for (float v : h) nans += v != v;
     test::check(nans == 64, "uninitialized dynamic shared memory reads as NaN in random mode (%d of 64)", nans);

@@ -5,7 +5,7 @@
 // check of the reference's and the kernel's gradients; bit-identical reruns of the
 // deterministic backward.
 #include "../../kernels/attention.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +16,10 @@
 #include <vector>
 
 namespace {
+
+using test::DeviceBuffer;
+using test::normal_bf16;
+using test::values;
 
 // Host data of one problem: the model's T tokens and H heads; the kernels see (2T, H/2) when paired.
 struct Problem {
@@ -41,16 +45,6 @@ struct Tensors {
     std::vector<__nv_bfloat16> q, k, v, dout;  // (T, H, D)
 };
 
-std::vector<__nv_bfloat16> random_bf16(size_t n) {
-    std::vector<__nv_bfloat16> x(n);
-    for (auto& e : x) e = __float2bfloat16(static_cast<float>(test::normal()));
-    return x;
-}
-std::vector<double> to_double(const std::vector<__nv_bfloat16>& x) {
-    std::vector<double> r(x.size());
-    for (size_t i = 0; i < x.size(); ++i) r[i] = __bfloat162float(x[i]);
-    return r;
-}
 
 // ---- the reference: the definition, one row at a time, in double ----
 struct Grads {
@@ -120,24 +114,6 @@ Reference reference(const Problem& pb, const std::vector<double>& q, const std::
 }
 
 // ---- the kernels, through their launchers ----
-template <class T>
-struct DeviceArray {
-    T* ptr = nullptr;
-    size_t n = 0;
-    explicit DeviceArray(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(1, n) * sizeof(T))); }
-    explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
-        CUDA_CHECK(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    ~DeviceArray() { cudaFree(ptr); }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    std::vector<T> get() const {
-        std::vector<T> host(n);
-        CUDA_CHECK(cudaMemcpy(host.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return host;
-    }
-};
-
 struct Result {
     std::vector<__nv_bfloat16> out, dq, dk, dv;
     std::vector<float> lse;
@@ -147,26 +123,26 @@ struct Result {
 Result run_kernels(const Problem& pb, const Tensors& x, AttentionBackwardMode mode, bool forward_only = false) {
     const std::vector<int> cu = pb.cu_seqlens();
     const size_t n = size_t(pb.T) * pb.H * pb.D;
-    DeviceArray<__nv_bfloat16> q(x.q), k(x.k), v(x.v), dout(x.dout), out(n), dq(n), dk(n), dv(n);
-    DeviceArray<float> lse(size_t(pb.T) * pb.H);
-    DeviceArray<int> dcu(cu);
+    DeviceBuffer<__nv_bfloat16> q(x.q), k(x.k), v(x.v), dout(x.dout), out(n), dq(n), dk(n), dv(n);
+    DeviceBuffer<float> lse(size_t(pb.T) * pb.H);
+    DeviceBuffer<int> dcu(cu);
     attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, dcu.ptr, static_cast<int>(cu.size()), pb.T, pb.H, pb.D,
                       pb.window, pb.paired, pb.scale, nullptr);
     CUDA_CHECK_LAUNCH();
     Result r;
-    r.out = out.get();
-    r.lse = lse.get();
+    r.out = out.download();
+    r.lse = lse.download();
     if (forward_only) return r;
     const size_t ws_bytes = attention_backward_workspace_bytes(pb.T, pb.H, pb.D, mode);
-    DeviceArray<unsigned char> ws(ws_bytes);
+    DeviceBuffer<unsigned char> ws(ws_bytes);
     attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, dcu.ptr,
                        static_cast<int>(cu.size()), pb.T, pb.H, pb.D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes,
                        nullptr, mode);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaDeviceSynchronize());
-    r.dq = dq.get();
-    r.dk = dk.get();
-    r.dv = dv.get();
+    r.dq = dq.download();
+    r.dk = dk.download();
+    r.dv = dv.download();
     return r;
 }
 
@@ -183,11 +159,6 @@ double rel_err(const std::vector<G>& got, const std::vector<double>& want) {
     }
     return err / std::max(scale, 1e-30);
 }
-std::vector<float> to_float(const std::vector<__nv_bfloat16>& x) {
-    std::vector<float> r(x.size());
-    for (size_t i = 0; i < x.size(); ++i) r[i] = __bfloat162float(x[i]);
-    return r;
-}
 
 // Tolerances for bf16 inputs and outputs with fp32 accumulation: out and the gradients carry
 // bf16 rounding of the stored result (2^-9 relative) plus that of P and dS fed to the tensor
@@ -200,14 +171,14 @@ const char* mode_name(AttentionBackwardMode m) {
 
 void check_problem(const Problem& pb, AttentionBackwardMode mode) {
     const size_t n = size_t(pb.T) * pb.H * pb.D;
-    Tensors x{random_bf16(n), random_bf16(n), random_bf16(n), random_bf16(n)};
-    const Reference ref = reference(pb, to_double(x.q), to_double(x.k), to_double(x.v), to_double(x.dout), true);
+    Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), normal_bf16(n)};
+    const Reference ref = reference(pb, values(x.q), values(x.k), values(x.v), values(x.dout), true);
     const Result got = run_kernels(pb, x, mode);
     double lse_err = 0.0;
     for (size_t i = 0; i < ref.lse.size(); ++i)
         lse_err = std::max(lse_err, std::fabs(got.lse[i] - ref.lse[i]) / std::max(1.0, std::fabs(ref.lse[i])));
-    const double e_out = rel_err(to_float(got.out), ref.out), e_dq = rel_err(to_float(got.dq), ref.g.dq),
-                 e_dk = rel_err(to_float(got.dk), ref.g.dk), e_dv = rel_err(to_float(got.dv), ref.g.dv);
+    const double e_out = rel_err(values(got.out), ref.out), e_dq = rel_err(values(got.dq), ref.g.dq),
+                 e_dk = rel_err(values(got.dk), ref.g.dk), e_dv = rel_err(values(got.dv), ref.g.dv);
     std::printf("%-44s %-13s out %.2e lse %.2e dq %.2e dk %.2e dv %.2e\n", pb.name.c_str(), mode_name(mode), e_out,
                 lse_err, e_dq, e_dk, e_dv);
     const char* name = pb.name.c_str();
@@ -244,13 +215,13 @@ std::vector<Problem> problems() {
 void check_finite_differences() {
     const Problem pb{"fd", 48, 1, 64, {20, 28}, 9, false, 0.3f};
     const size_t n = size_t(pb.T) * pb.H * pb.D;
-    Tensors x{random_bf16(n), random_bf16(n), random_bf16(n), random_bf16(n)};
-    std::vector<double> in[3] = {to_double(x.q), to_double(x.k), to_double(x.v)};
-    const std::vector<double> dout = to_double(x.dout);
+    Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), normal_bf16(n)};
+    std::vector<double> in[3] = {values(x.q), values(x.k), values(x.v)};
+    const std::vector<double> dout = values(x.dout);
     const Reference ref = reference(pb, in[0], in[1], in[2], dout, true);
     const Result got = run_kernels(pb, x, AttentionBackwardMode::deterministic);
     const std::vector<double>* ref_grad[3] = {&ref.g.dq, &ref.g.dk, &ref.g.dv};
-    const std::vector<float> kernel_grad[3] = {to_float(got.dq), to_float(got.dk), to_float(got.dv)};
+    const std::vector<double> kernel_grad[3] = {values(got.dq), values(got.dk), values(got.dv)};
     auto loss = [&](const std::vector<double>& q, const std::vector<double>& k, const std::vector<double>& v) {
         const Reference r = reference(pb, q, k, v, dout, false);
         double s = 0.0;
@@ -281,14 +252,13 @@ void check_finite_differences() {
 // forwards).
 void check_deterministic(const Problem& pb) {
     const size_t n = size_t(pb.T) * pb.H * pb.D;
-    Tensors x{random_bf16(n), random_bf16(n), random_bf16(n), random_bf16(n)};
+    Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), normal_bf16(n)};
     const Result a = run_kernels(pb, x, AttentionBackwardMode::deterministic);
     const Result b = run_kernels(pb, x, AttentionBackwardMode::deterministic);
-    auto same = [](const auto& u, const auto& w) {
-        return u.size() == w.size() && std::memcmp(u.data(), w.data(), u.size() * sizeof(u[0])) == 0;
-    };
-    test::check(same(a.out, b.out) && same(a.lse, b.lse), "%s: forward differs between runs", pb.name.c_str());
-    test::check(same(a.dq, b.dq) && same(a.dk, b.dk) && same(a.dv, b.dv),
+    using test::same_bits;
+    test::check(same_bits(a.out, b.out) && same_bits(a.lse, b.lse), "%s: forward differs between runs",
+                pb.name.c_str());
+    test::check(same_bits(a.dq, b.dq) && same_bits(a.dk, b.dk) && same_bits(a.dv, b.dv),
                 "%s: deterministic backward differs between runs", pb.name.c_str());
     std::printf("%-44s deterministic: two runs bit-identical\n", pb.name.c_str());
 }

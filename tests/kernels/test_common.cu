@@ -1,7 +1,7 @@
 // kernels/common.cuh: warp and block reductions and the 128-bit vector helpers, against
 // double-precision host loops on fresh random data.
 #include "../../kernels/common.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <algorithm>
 #include <vector>
@@ -55,18 +55,10 @@ void check_packs(const char* name) {
         // the kernel rounds 2x+1 (computed in fp32) to T once
         want[i] = static_cast<float>(static_cast<T>(2.0f * static_cast<float>(x[i]) + 1.0f));
     }
-    T *dx, *dy;
-    CUDA_CHECK(cudaMalloc(&dx, n * sizeof(T)));
-    CUDA_CHECK(cudaMalloc(&dy, n * sizeof(T)));
-    CUDA_CHECK(cudaMemcpy(dx, x.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    launch(affine_by_packs<T>, dim3(ceil_div(n / Pack128<T>::size, 64)), dim3(64), 0, nullptr, dy, dx, n);
+    test::DeviceBuffer<T> dx(x), dy(n);
+    launch(affine_by_packs<T>, dim3(ceil_div(n / Pack128<T>::size, 64)), dim3(64), 0, nullptr, dy.ptr, dx.ptr, n);
     CUDA_CHECK_LAUNCH();
-    std::vector<T> y(n);
-    CUDA_CHECK(cudaMemcpy(y.data(), dy, n * sizeof(T), cudaMemcpyDeviceToHost));
-    std::vector<float> yf(y.begin(), y.end());
-    test::check_close(std::string("Pack128 load/store, ") + name, yf, want, 0, 0);
-    cudaFree(dx);
-    cudaFree(dy);
+    test::check_close(std::string("Pack128 load/store, ") + name, test::values(dy.download()), want, 0, 0);
 }
 
 int main() {
@@ -76,13 +68,9 @@ int main() {
 
     const int warps = 12;
     auto x = test::uniform_vector(warps * 32, -10, 10);
-    float *dx, *dout;
-    CUDA_CHECK(cudaMalloc(&dx, x.size() * 4));
-    CUDA_CHECK(cudaMalloc(&dout, 2 * warps * 4));
-    CUDA_CHECK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
-    launch(warp_sums_and_maxes, dim3(3), dim3(128), 0, nullptr, dout, dx);
-    std::vector<float> out(2 * warps);
-    CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
+    test::DeviceBuffer<float> dx(x), dout(2 * warps);
+    launch(warp_sums_and_maxes, dim3(3), dim3(128), 0, nullptr, dout.ptr, dx.ptr);
+    const std::vector<float> out = dout.download();
     std::vector<double> want(2 * warps);
     for (int w = 0; w < warps; ++w) {
         double s = 0, m = -1e30;
@@ -94,18 +82,13 @@ int main() {
         want[2 * w + 1] = m;
     }
     test::check_close("warp_reduce_sum/max", out, want, 1e-4, 1e-6);
-    cudaFree(dx);
-    cudaFree(dout);
 
     for (int threads : {64, 256, 1024}) {
         const int rows = 6, n = 3000;
         auto m = test::uniform_vector(rows * n, -3, 3);
-        CUDA_CHECK(cudaMalloc(&dx, m.size() * 4));
-        CUDA_CHECK(cudaMalloc(&dout, 2 * rows * 4));
-        CUDA_CHECK(cudaMemcpy(dx, m.data(), m.size() * 4, cudaMemcpyHostToDevice));
-        launch(block_max_then_sum, dim3(rows), dim3(threads), 0, nullptr, dout, dx, n);
-        std::vector<float> got(2 * rows);
-        CUDA_CHECK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+        test::DeviceBuffer<float> dm(m), dmo(2 * rows);
+        launch(block_max_then_sum, dim3(rows), dim3(threads), 0, nullptr, dmo.ptr, dm.ptr, n);
+        const std::vector<float> got = dmo.download();
         std::vector<double> w(2 * rows);
         for (int r = 0; r < rows; ++r) {
             double s = 0, mx = -1e30;
@@ -117,8 +100,6 @@ int main() {
             w[2 * r + 1] = s;
         }
         test::check_close("block_reduce_max then block_reduce_sum, " + std::to_string(threads) + " threads", got, w, 1e-3, 1e-5);
-        cudaFree(dx);
-        cudaFree(dout);
     }
     check_packs<float>("float");
     check_packs<__nv_bfloat16>("bf16");

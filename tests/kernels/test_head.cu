@@ -4,7 +4,7 @@
 // and the eval loss against double-precision loops, and a finite-difference check of the loss
 // backward.
 #include "../../kernels/head.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -18,57 +18,18 @@ using bf16 = __nv_bfloat16;
 using e4m3 = __nv_fp8_e4m3;
 using e5m2 = __nv_fp8_e5m2;
 
-template <class T>
-struct DeviceBuffer {  // test-only RAII for device memory
-    T* ptr = nullptr;
-    size_t n;
-    explicit DeviceBuffer(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
-    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-    ~DeviceBuffer() { cudaFree(ptr); }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-    void upload(const std::vector<T>& h) {
-        CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-};
+using test::check_within;
+using test::DeviceBuffer;
+using test::normal_bf16;
+using test::to_bf16;
+using test::value;
+using test::values;
 
-double value(bf16 x) { return __bfloat162float(x); }
-bf16 to_bf16(double x) { return __float2bfloat16(static_cast<float>(x)); }
-std::vector<bf16> random_bf16(size_t n, double mean, double std) {
-    std::vector<bf16> v(n);
-    for (auto& x : v) x = to_bf16(test::normal(mean, std));
-    return v;
-}
 template <class T>
 std::vector<unsigned char> bytes_of(const std::vector<T>& v) {
     std::vector<unsigned char> b(v.size() * sizeof(T));
     std::memcpy(b.data(), v.data(), b.size());
     return b;
-}
-
-// got[i] within tol[i] of want[i] for all i (NaN never matches); one check.
-bool check_within(const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
-                  const std::vector<double>& tol) {
-    size_t bad = 0, first = 0;
-    double worst = 0.0;
-    for (size_t i = 0; i < want.size(); ++i) {
-        const double err = std::fabs(got[i] - want[i]);
-        if (!(err <= tol[i])) {
-            if (!bad) first = i;
-            ++bad;
-        }
-        if (tol[i] > 0) worst = std::max(worst, err / tol[i]);
-    }
-    if (bad)
-        return test::check(false,
-                           "%s: %zu of %zu values off (worst err/tol %.3g); first at %zu: got %.9g want %.9g tol %.3g",
-                           what.c_str(), bad, want.size(), worst, first, got[first], want[first], tol[first]);
-    return test::check(true, "");
 }
 
 // ============================ FP8 reference, from the definitions ============================
@@ -241,7 +202,7 @@ void check_known_values() {
 // quantize_fp8_two_layouts on a bf16 matrix with a scale: both layouts, every element bit for bit.
 template <class F8, Fp8Overflow overflow>
 void check_quantize(const char* name, int rows, int cols, float scale) {
-    auto x = random_bf16(size_t(rows) * cols, 0.0, 1.0);
+    auto x = normal_bf16(size_t(rows) * cols, 0.0, 1.0);
     // a sprinkling of values for every rounding regime: tiny, huge, infinities, NaN, signed zero
     for (size_t i = 0; i < x.size(); i += 7) {
         const double special[] = {1e-6, -3e-5, 1e6, -1e5, 70000.0, INFINITY, -INFINITY, NAN, -0.0, 0.0, 480.0, -470.0};
@@ -331,9 +292,9 @@ void test_lm_head_fp8(int T, int C, int V, int grad_accum, double w_std) {
     test::check(s.x == static_cast<float>(100.0 / 448) && s.w == static_cast<float>(1.6 / 448) &&
                     s.grad == static_cast<float>(2.0 / grad_accum * 0.75 / 448),
                 "lm_head scales for grad_accum %d", grad_accum);
-    const auto x = random_bf16(size_t(T) * C, 0.0, 1.0), w = random_bf16(size_t(C) * V, 0.0, w_std);
-    const auto dlogits = random_bf16(size_t(T) * V, 0.0, 2e-3);
-    const auto dw_old = random_bf16(size_t(C) * V, 0.0, 0.5);
+    const auto x = normal_bf16(size_t(T) * C, 0.0, 1.0), w = normal_bf16(size_t(C) * V, 0.0, w_std);
+    const auto dlogits = normal_bf16(size_t(T) * V, 0.0, 2e-3);
+    const auto dw_old = normal_bf16(size_t(C) * V, 0.0, 0.5);
     DeviceBuffer<bf16> d_x(x), d_w(w), d_dlogits(dlogits), d_logits(size_t(T) * V), d_dx(size_t(T) * C), d_dw(dw_old);
     DeviceBuffer<LmHeadFp8Scales> d_scales(std::vector<LmHeadFp8Scales>{s});
     DeviceBuffer<e4m3> x_f8(size_t(T) * C), x_f8_t(size_t(T) * C), w_f8(size_t(C) * V), w_f8_t(size_t(C) * V);
@@ -387,7 +348,7 @@ void test_lm_head_fp8(int T, int C, int V, int grad_accum, double w_std) {
 }
 
 void test_lm_head_bf16(int T, int C, int V) {
-    const auto x = random_bf16(size_t(T) * C, 0.0, 1.0), w = random_bf16(size_t(C) * V, 0.0, 0.02);
+    const auto x = normal_bf16(size_t(T) * C, 0.0, 1.0), w = normal_bf16(size_t(C) * V, 0.0, 0.02);
     DeviceBuffer<bf16> d_x(x), d_w(w), d_logits(size_t(T) * V);
     CublasLt lt;
     lm_head_bf16_forward(lt, d_logits.ptr, d_x.ptr, d_w.ptr, T, C, V, nullptr);
@@ -449,15 +410,9 @@ void mtp_backward_ref(const std::vector<double>& logits, const std::vector<int>&
     }
 }
 
-std::vector<double> values_of(const std::vector<bf16>& v) {
-    std::vector<double> d(v.size());
-    for (size_t i = 0; i < v.size(); ++i) d[i] = value(v[i]);
-    return d;
-}
-
 // Logits like a trained model's: mostly N(0, 2.5), a few large ones per row so rows are peaked.
 std::vector<bf16> random_logits(int T, int V) {
-    auto l = random_bf16(size_t(T) * V, 0.0, 2.5);
+    auto l = normal_bf16(size_t(T) * V, 0.0, 2.5);
     for (int t = 0; t < T; ++t)
         for (int j = 0; j < 4; ++j) l[size_t(t) * V + test::randint(0, V - 1)] = to_bf16(test::uniform(8.0, 25.0));
     return l;
@@ -486,7 +441,7 @@ void test_mtp_loss(int T, int V, const std::vector<float>& weights, bool invalid
     DeviceBuffer<float> d_weights(weights), d_losses(T), d_lse(T), d_total(std::vector<float>{1.5f}),
         d_g(std::vector<float>{g});
 
-    const auto l = values_of(logits);
+    const auto l = values(logits);
     const MtpRef ref = mtp_forward_ref(l, targets, weights, T, V);
     double total = 0.0, total_mag = 0.0;
     for (double x : ref.loss) {
@@ -511,7 +466,7 @@ void test_mtp_loss(int T, int V, const std::vector<float>& weights, bool invalid
     std::vector<double> want, tol;
     mtp_backward_ref(l, targets, weights, g, ref, T, V, want, tol);
     const auto dlogits = d_dlogits.download();
-    check_within("mtp loss backward" + what, values_of(dlogits), want, tol);
+    check_within("mtp loss backward" + what, values(dlogits), want, tol);
     // in place: dlogits written over the logits gives the same bits
     softcap_mtp_loss_backward(d_logits.ptr, d_logits.ptr, d_lse.ptr, d_targets.ptr, d_weights.ptr, n_predict, d_g.ptr,
                               T, V, nullptr);
@@ -522,7 +477,7 @@ void test_mtp_loss(int T, int V, const std::vector<float>& weights, bool invalid
 void test_mtp_loss_finite_differences(int T, int V, const std::vector<float>& weights) {
     const int n_predict = static_cast<int>(weights.size());
     const float g = 0.75f;
-    auto logits = random_bf16(size_t(T) * V, 0.0, 4.0);
+    auto logits = normal_bf16(size_t(T) * V, 0.0, 4.0);
     std::vector<int> targets(T);
     for (auto& t : targets) t = test::randint(0, V - 1);
     DeviceBuffer<bf16> d_logits(logits), d_dlogits(size_t(T) * V);
@@ -532,8 +487,8 @@ void test_mtp_loss_finite_differences(int T, int V, const std::vector<float>& we
                              n_predict, T, V, nullptr);
     softcap_mtp_loss_backward(d_dlogits.ptr, d_logits.ptr, d_lse.ptr, d_targets.ptr, d_weights.ptr, n_predict, d_g.ptr,
                               T, V, nullptr);
-    const auto got = values_of(d_dlogits.download());
-    auto l = values_of(logits);
+    const auto got = values(d_dlogits.download());
+    auto l = values(logits);
     const auto total = [&](const std::vector<double>& x) {
         const MtpRef r = mtp_forward_ref(x, targets, weights, T, V);
         double s = 0.0;
@@ -543,15 +498,8 @@ void test_mtp_loss_finite_differences(int T, int V, const std::vector<float>& we
     const MtpRef ref = mtp_forward_ref(l, targets, weights, T, V);
     std::vector<double> analytic, tol, fd(l.size());
     mtp_backward_ref(l, targets, weights, g, ref, T, V, analytic, tol);
-    const double h = 1e-4;
     for (size_t i = 0; i < l.size(); ++i) {
-        const double x0 = l[i];
-        l[i] = x0 + h;
-        const double up = total(l);
-        l[i] = x0 - h;
-        const double down = total(l);
-        l[i] = x0;
-        fd[i] = (up - down) / (2 * h);
+        fd[i] = test::central_difference(l[i], 1e-4, [&] { return total(l); });
         tol[i] += 1e-7;  // the difference quotient's own error (O(h^2) and cancellation)
     }
     check_within("mtp loss backward vs finite differences, T " + std::to_string(T) + " V " + std::to_string(V), got, fd,

@@ -3,7 +3,7 @@
 // shapes and the error statuses of bad calls. Each result is checked against a double-precision
 // GEMM of the exact operand values (bf16 and fp8 inputs are quantized on the host first).
 #include "../../kernels/matmul.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <functional>
 #include <string>
@@ -13,26 +13,10 @@ using bf16 = __nv_bfloat16;
 using e4m3 = __nv_fp8_e4m3;
 using e5m2 = __nv_fp8_e5m2;
 
-template <class T>
-struct DeviceBuffer {  // test-only RAII for device memory
-    T* ptr = nullptr;
-    size_t n;
-    explicit DeviceBuffer(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, n * sizeof(T))); }
-    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-    ~DeviceBuffer() { cudaFree(ptr); }
-    void upload(const std::vector<T>& h) { CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-};
+using test::DeviceBuffer;
+using test::value;
 
-// ---- host values: each element type and its exact value as a double ----
-double value(bf16 x) { return __bfloat162float(x); }
-double value(float x) { return x; }
-double value(e4m3 x) { return static_cast<float>(x); }
-double value(e5m2 x) { return static_cast<float>(x); }
+// ---- host values: each element type rounded from a double (value() gives it back exactly) ----
 template <class T>
 T quantize(double x);
 template <>

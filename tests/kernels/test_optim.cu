@@ -4,7 +4,7 @@
 // with bf16 rounding emulated where the algorithm rounds; the fp32 formulas that upstream fixes
 // exactly (torch's lerp, the precise-parameter update) are checked bit for bit.
 #include "../../kernels/optim.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <algorithm>
 #include <chrono>
@@ -14,35 +14,14 @@
 
 using bf16 = __nv_bfloat16;
 
-template <class T>
-struct DeviceBuffer {  // test-only RAII for device memory
-    T* ptr = nullptr;
-    size_t n;
-    explicit DeviceBuffer(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
-    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-    ~DeviceBuffer() { cudaFree(ptr); }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-    void upload(const std::vector<T>& h) {
-        CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-};
+using test::bits;
+using test::DeviceBuffer;
+using test::round_bf16;
+using test::to_bf16;
 
 // ---- host values ----
 float to_float(bf16 x) { return __bfloat162float(x); }
-float bf16_round(double x) { return __bfloat162float(__float2bfloat16(static_cast<float>(x))); }
-uint16_t bits16(bf16 x) { return __bfloat16_as_ushort(x); }
-uint32_t bits32(float x) {
-    uint32_t u;
-    std::memcpy(&u, &x, 4);
-    return u;
-}
-float from_bits32(uint32_t u) {
+float from_bits(uint32_t u) {
     float f;
     std::memcpy(&f, &u, 4);
     return f;
@@ -51,11 +30,6 @@ std::vector<float> to_floats(const std::vector<bf16>& v) {
     std::vector<float> f(v.size());
     for (size_t i = 0; i < v.size(); ++i) f[i] = to_float(v[i]);
     return f;
-}
-std::vector<bf16> to_bf16(const std::vector<float>& v) {
-    std::vector<bf16> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = __float2bfloat16(v[i]);
-    return b;
 }
 template <class T>
 T* upload_one(const T& value) {  // a single struct in device memory; the caller frees it
@@ -208,7 +182,7 @@ void check_adam(const char* what, int64_t n, int offset, int t, double beta1, do
     test::check_close(name + ": param", fp, wp, 1e-6, prtol);
     // untouched neighbours before the offset
     for (int i = 0; i < offset; ++i)
-        test::check(bits32(static_cast<float>(gp[i])) == bits32(static_cast<float>(p[i])) && gm[i] == m[i],
+        test::check(bits(static_cast<float>(gp[i])) == bits(static_cast<float>(p[i])) && gm[i] == m[i],
                     "%s: element before the shard untouched", name.c_str());
     cudaFree(dsc);
 }
@@ -323,7 +297,7 @@ std::vector<double> polar_express_reference(const std::vector<double>& in, int r
     const int s = std::min(rows, cols), l = std::max(rows, cols);
     std::vector<double> X = tall ? transpose(in, rows, cols) : in, Xt, A, AA, B, BX;
     auto round_all = [](std::vector<double>& v) {
-        for (auto& x : v) x = bf16_round(x);
+        for (auto& x : v) x = round_bf16(x);
     };
     for (int it = 0; it < iters; ++it) {
         const double* co = kCoeffs[it];
@@ -338,9 +312,9 @@ std::vector<double> polar_express_reference(const std::vector<double>& in, int r
         gemm(B, X, BX, s, l, s);
         if (split) {
             round_all(BX);
-            for (size_t i = 0; i < X.size(); ++i) X[i] = bf16_round(BX[i] + a * X[i]);
+            for (size_t i = 0; i < X.size(); ++i) X[i] = round_bf16(BX[i] + a * X[i]);
         } else {
-            for (size_t i = 0; i < X.size(); ++i) X[i] = bf16_round(a * X[i] + BX[i]);
+            for (size_t i = 0; i < X.size(); ++i) X[i] = round_bf16(a * X[i] + BX[i]);
         }
     }
     return tall ? transpose(X, s, l) : X;
@@ -383,7 +357,7 @@ std::vector<float> polar_express_input(int count, int rows, int cols) {
         double ss = 0;
         for (double v : g) ss += v * v;
         const double denom = std::sqrt(ss) * 1.02 + 1e-6;
-        for (int64_t i = 0; i < e; ++i) x[k * e + i] = bf16_round(g[i] / denom);
+        for (int64_t i = 0; i < e; ++i) x[k * e + i] = round_bf16(g[i] / denom);
     }
     return x;
 }
@@ -550,7 +524,7 @@ void variance_inputs(int count, int rows, int cols, std::vector<float>& v, std::
             for (int j = 0; j < cols; ++j) {
                 const bool zero = k == 0 && (per_row ? i == 0 : j == 0);
                 v[size_t(k) * rows * cols + size_t(i) * cols + j] =
-                    zero ? 0.0f : bf16_round(test::normal(0, 0.03) * rs[i] * cs[j]);
+                    zero ? 0.0f : round_bf16(test::normal(0, 0.03) * rs[i] * cs[j]);
             }
     buf.resize(size_t(count) * L);
     for (auto& x : buf) x = static_cast<float>(test::uniform(2e-4, 3e-3));
@@ -631,18 +605,18 @@ void test_update_bits(int count, int rows, int cols) {
     for (int64_t i = 0; i < n; ++i) {
         const int k = int(i / (int64_t(rows) * cols));
         const float lr = sc.lr * mul[k], wd = sc.wd;
-        const float p32 = from_bits32(uint32_t(bits16(p[i])) << 16 | lo[i]);
+        const float p32 = from_bits(uint32_t(bits(p[i])) << 16 | lo[i]);
         const float prod = g[i] * p32;
         const float mask = prod >= 0.0f ? 1.0f : 0.0f;
         (prod > 0 ? same_sign : prod < 0 ? opposite : zero) += 1;
         const float decay = p32 * mask * wd * lr;
         const float gl = g[i] * lr;
         const float want = (p32 - decay) - gl;
-        const uint32_t wb = bits32(want);
-        if (bits16(gp[i]) != (wb >> 16) || glo[i] != (wb & 0xFFFFu)) ++bad;
+        const uint32_t wb = bits(want);
+        if (bits(gp[i]) != (wb >> 16) || glo[i] != (wb & 0xFFFFu)) ++bad;
         // and the same in double: a few fp32 roundings at the scale of the terms
         const double wd64 = double(p32) - (g[i] * double(p32) >= 0 ? double(p32) * wd * lr : 0.0) - double(g[i]) * lr;
-        const double got = from_bits32(uint32_t(bits16(gp[i])) << 16 | glo[i]);
+        const double got = from_bits(uint32_t(bits(gp[i])) << 16 | glo[i]);
         worst = std::max(worst, std::fabs(got - wd64) / (std::fabs(p32) + std::fabs(g[i] * lr) + 1e-30));
     }
     test::check(bad == 0, "%s: %lld of %lld precise parameters differ from the fp32 formula in their bits",
@@ -677,21 +651,21 @@ void test_mantissa_accumulates() {
     auto gp = dp.download();
     auto glo = dlo.download();
     // 1 - 2^-12 = 0x3F7FF000: the bf16 half truncates to 0x3F7F, the mantissa keeps 0xF000
-    test::check(bits16(gp[0]) == 0x3F7F && glo[0] == 0xF000 && bits16(gp[1]) == 0x3F80 && glo[1] == 0x0800,
-                "one tiny step: p %04x|%04x and %04x|%04x, want 3f7f|f000 and 3f80|0800", bits16(gp[0]), glo[0],
-                bits16(gp[1]), glo[1]);
+    test::check(bits(gp[0]) == 0x3F7F && glo[0] == 0xF000 && bits(gp[1]) == 0x3F80 && glo[1] == 0x0800,
+                "one tiny step: p %04x|%04x and %04x|%04x, want 3f7f|f000 and 3f80|0800", bits(gp[0]), glo[0],
+                bits(gp[1]), glo[1]);
     for (int s = 1; s < 32; ++s) step();
     gp = dp.download();
     glo = dlo.download();
     int64_t bad = 0;
     for (int64_t i = 0; i < n; ++i) {
         const float want = i % 2 ? 1.0f + 1.0f / 128 : 1.0f - 1.0f / 128;  // 32 steps of 2^-12
-        const uint32_t got = uint32_t(bits16(gp[i])) << 16 | glo[i];
-        bad += got != bits32(want);
+        const uint32_t got = uint32_t(bits(gp[i])) << 16 | glo[i];
+        bad += got != bits(want);
     }
     test::check(bad == 0, "32 tiny steps: %lld precise parameters are not 1 -+ 2^-7", (long long)bad);
     float plain = 1.0f;
-    for (int s = 0; s < 32; ++s) plain = bf16_round(double(plain) - 1.0 / 4096);
+    for (int s = 0; s < 32; ++s) plain = round_bf16(double(plain) - 1.0 / 4096);
     test::check(plain == 1.0f, "a bf16 parameter rounded each step stays at 1 (got %.8g)", plain);
     cudaFree(dsc);
 }
@@ -742,7 +716,7 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank) {
             ss += double(u[i]) * u[i];
         }
         std::vector<double> in(e);
-        for (int64_t i = 0; i < e; ++i) in[i] = bf16_round(u[i] / (std::sqrt(ss) * 1.02 + 1e-6));
+        for (int64_t i = 0; i < e; ++i) in[i] = round_bf16(u[i] / (std::sqrt(ss) * 1.02 + 1e-6));
         const auto out = polar_express_reference(in, rows, cols, rows > 1024);
         for (int64_t i = 0; i < e; ++i) v[k * e + i] = static_cast<float>(out[i]);
     }
@@ -753,10 +727,10 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank) {
     double dmax = 0;
     for (int64_t i = 0; i < n; ++i) {
         const double lr = double(sc.lr) * mul[i / e], wd = sc.wd;
-        const double p32 = from_bits32(uint32_t(bits16(p[i])) << 16 | lo[i]);
-        const double vi = bf16_round(vr.v[i]);
+        const double p32 = from_bits(uint32_t(bits(p[i])) << 16 | lo[i]);
+        const double vi = round_bf16(vr.v[i]);
         want_d[i] = -(vi * p32 >= 0 ? p32 * wd * lr : 0.0) - vi * lr;
-        got_d[i] = double(from_bits32(uint32_t(bits16(gp[i])) << 16 | glo[i])) - p32;
+        got_d[i] = double(from_bits(uint32_t(bits(gp[i])) << 16 | glo[i])) - p32;
         dmax = std::max(dmax, std::fabs(want_d[i]));
     }
     test::check_close(name + ": momentum bits", gm, want_m, 0, 0);
@@ -785,7 +759,7 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank) {
         const auto sp = hp.download();
         const auto slo = hlo.download();
         bool same = hbuf.download() == gbuf && hm.download() == gm;
-        for (int64_t i = 0; i < n && same; ++i) same = bits16(sp[i]) == bits16(gp[i]) && slo[i] == glo[i];
+        for (int64_t i = 0; i < n && same; ++i) same = bits(sp[i]) == bits(gp[i]) && slo[i] == glo[i];
         if (split == (rows > kPolarExpressSplitRows))
             test::check(same, "%s: normuon_step equals its stages run by hand (split %d)", name.c_str(), int(split));
         else

@@ -3,7 +3,7 @@
 // hand-built fragments and by ldmatrix, against a double-precision matmul.
 #include "../../kernels/common.cuh"
 #include "../../kernels/ptx.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <algorithm>
 #include <vector>
@@ -39,18 +39,12 @@ void check_ldmatrix() {
     }
     std::vector<int> perm = {0, 1, 2, 3};
     std::shuffle(perm.begin(), perm.end(), test::rng());
-    __nv_bfloat16* din;
-    int* dperm;
-    uint32_t* dout;
-    CUDA_CHECK(cudaMalloc(&din, tile.size() * 2));
-    CUDA_CHECK(cudaMalloc(&dperm, 16));
-    CUDA_CHECK(cudaMalloc(&dout, 32 * N * 4));
-    CUDA_CHECK(cudaMemcpy(din, tile.data(), tile.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dperm, perm.data(), 16, cudaMemcpyHostToDevice));
-    launch(load_fragments<N, Trans>, dim3(1), dim3(32), 0, nullptr, dout, din, dperm);
+    test::DeviceBuffer<__nv_bfloat16> din(tile);
+    test::DeviceBuffer<int> dperm(perm);
+    test::DeviceBuffer<uint32_t> dout(32 * N);
+    launch(load_fragments<N, Trans>, dim3(1), dim3(32), 0, nullptr, dout.ptr, din.ptr, dperm.ptr);
     CUDA_CHECK_LAUNCH();
-    std::vector<uint32_t> out(32 * N);
-    CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
+    const std::vector<uint32_t> out = dout.download();
     int bad = 0;
     for (int lane = 0; lane < 32; ++lane)
         for (int i = 0; i < N; ++i) {
@@ -65,9 +59,6 @@ void check_ldmatrix() {
             bad += got_lo != lo || got_hi != hi;
         }
     test::check(bad == 0, "ldmatrix x%d%s: %d registers differ from the ISA layout", N, Trans ? ".trans" : "", bad);
-    cudaFree(din);
-    cudaFree(dperm);
-    cudaFree(dout);
 }
 
 // D = A @ B + C for A 16x16 row-major, B 16x8 row-major (k x n), C and D 16x8 fp32.
@@ -105,34 +96,21 @@ __global__ void mma_from_ldmatrix(float* d, const __nv_bfloat16* a, const __nv_b
 }
 
 void check_mma(void (*kernel)(float*, const __nv_bfloat16*, const __nv_bfloat16*, const float*), const char* name) {
-    std::vector<__nv_bfloat16> a(256), b(128);
-    std::vector<float> c = test::uniform_vector(128, -1, 1);
+    const std::vector<float> c = test::uniform_vector(128, -1, 1);
+    const std::vector<__nv_bfloat16> a = test::normal_bf16(256), b = test::normal_bf16(128);
     std::vector<double> want(128);
-    for (auto& x : a) x = __float2bfloat16(static_cast<float>(test::normal()));
-    for (auto& x : b) x = __float2bfloat16(static_cast<float>(test::normal()));
     for (int i = 0; i < 16; ++i)
         for (int j = 0; j < 8; ++j) {
             double s = c[i * 8 + j];
             for (int k = 0; k < 16; ++k) s += double(__bfloat162float(a[i * 16 + k])) * __bfloat162float(b[k * 8 + j]);
             want[i * 8 + j] = s;
         }
-    __nv_bfloat16 *da, *db;
-    float *dc, *dd;
-    CUDA_CHECK(cudaMalloc(&da, 512));
-    CUDA_CHECK(cudaMalloc(&db, 256));
-    CUDA_CHECK(cudaMalloc(&dc, 512));
-    CUDA_CHECK(cudaMalloc(&dd, 512));
-    CUDA_CHECK(cudaMemcpy(da, a.data(), 512, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(db, b.data(), 256, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dc, c.data(), 512, cudaMemcpyHostToDevice));
-    launch(kernel, dim3(1), dim3(32), 0, nullptr, dd, da, db, dc);
+    test::DeviceBuffer<__nv_bfloat16> da(a), db(b);
+    test::DeviceBuffer<float> dc(c), dd(128);
+    launch(kernel, dim3(1), dim3(32), 0, nullptr, dd.ptr, da.ptr, db.ptr, dc.ptr);
     CUDA_CHECK_LAUNCH();
-    std::vector<float> d(128);
-    CUDA_CHECK(cudaMemcpy(d.data(), dd, 512, cudaMemcpyDeviceToHost));
     // fp32 accumulation of 16 exact products: a few ulps of the largest partial sum
-    test::check_close(name, d, want, 1e-5, 1e-5);
-    for (void* p : {static_cast<void*>(da), static_cast<void*>(db), static_cast<void*>(dc), static_cast<void*>(dd)})
-        cudaFree(p);
+    test::check_close(name, dd.download(), want, 1e-5, 1e-5);
 }
 
 int main() {

@@ -5,7 +5,7 @@
 // (EMU_RANDOM_ORDER completes some copies at issue instead, to expose overwritten buffers.)
 #include "../../kernels/common.cuh"
 #include "../../kernels/ptx.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -29,30 +29,22 @@ __global__ void copy_rows(uint32_t* out, const uint32_t* in, const int* fill) {
 }
 
 void check_copy_rows() {
-    std::vector<uint32_t> in(kRows * 4), out(kRows * 4);
+    std::vector<uint32_t> in(kRows * 4);
     std::vector<int> fill(kRows);
     for (auto& x : in) x = static_cast<uint32_t>(test::randint(0, 1 << 30));
     for (auto& f : fill) f = test::randint(0, 3) != 0;
-    uint32_t *din, *dout;
-    int* dfill;
-    CUDA_CHECK(cudaMalloc(&din, in.size() * 4));
-    CUDA_CHECK(cudaMalloc(&dout, out.size() * 4));
-    CUDA_CHECK(cudaMalloc(&dfill, fill.size() * 4));
-    CUDA_CHECK(cudaMemcpy(din, in.data(), in.size() * 4, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(dfill, fill.data(), fill.size() * 4, cudaMemcpyHostToDevice));
-    launch(copy_rows, dim3(1), dim3(kRows), 0, nullptr, dout, static_cast<const uint32_t*>(din),
-           static_cast<const int*>(dfill));
+    test::DeviceBuffer<uint32_t> din(in), dout(in.size());
+    test::DeviceBuffer<int> dfill(fill);
+    launch(copy_rows, dim3(1), dim3(kRows), 0, nullptr, dout.ptr, static_cast<const uint32_t*>(din.ptr),
+           static_cast<const int*>(dfill.ptr));
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
+    const std::vector<uint32_t> out = dout.download();
     int bad = 0;
     for (int i = 0; i < kRows; ++i) {
         const int src = kRows - 1 - i;
         for (int j = 0; j < 4; ++j) bad += out[4 * i + j] != (fill[src] ? in[4 * src + j] : 0u);
     }
     test::check(bad == 0, "cp.async copy / zero-fill: %d words wrong", bad);
-    cudaFree(din);
-    cudaFree(dout);
-    cudaFree(dfill);
 }
 
 // Streams `tiles` tiles of 32 rows through a ring of STAGES slots, keeping STAGES - 1 tiles in
@@ -80,22 +72,17 @@ __global__ void pipeline(uint32_t* out, const uint32_t* in, int tiles) {
 
 template <int STAGES>
 void check_pipeline(int tiles) {
-    std::vector<uint32_t> in(tiles * 32 * 4), out(in.size());
+    std::vector<uint32_t> in(tiles * 32 * 4);
     for (auto& x : in) x = static_cast<uint32_t>(test::randint(0, 1 << 30));
-    uint32_t *din, *dout;
-    CUDA_CHECK(cudaMalloc(&din, in.size() * 4));
-    CUDA_CHECK(cudaMalloc(&dout, out.size() * 4));
-    CUDA_CHECK(cudaMemcpy(din, in.data(), in.size() * 4, cudaMemcpyHostToDevice));
-    launch(pipeline<STAGES>, dim3(1), dim3(32), 0, nullptr, dout, static_cast<const uint32_t*>(din), tiles);
+    test::DeviceBuffer<uint32_t> din(in), dout(in.size());
+    launch(pipeline<STAGES>, dim3(1), dim3(32), 0, nullptr, dout.ptr, static_cast<const uint32_t*>(din.ptr), tiles);
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaMemcpy(out.data(), dout, out.size() * 4, cudaMemcpyDeviceToHost));
+    const std::vector<uint32_t> out = dout.download();
     int bad = 0;
     for (int i = 0; i < tiles; ++i)
         for (int lane = 0; lane < 32; ++lane)
             for (int j = 0; j < 4; ++j) bad += out[(i * 32 + lane) * 4 + j] != in[(i * 32 + (lane ^ 1)) * 4 + j];
     test::check(bad == 0, "cp.async %d-stage pipeline over %d tiles: %d words wrong", STAGES, tiles, bad);
-    cudaFree(din);
-    cudaFree(dout);
 }
 
 // One thread, two groups A and B: reads its destinations before any wait, after wait<1> (A
@@ -118,15 +105,12 @@ __global__ void wait_points(uint32_t* seen, const uint32_t* in) {
 }
 
 void check_wait_points() {
-    std::vector<uint32_t> in(8), seen(6);
+    std::vector<uint32_t> in(8);
     for (auto& x : in) x = static_cast<uint32_t>(test::randint(0, 1 << 30));
-    uint32_t *din, *dseen;
-    CUDA_CHECK(cudaMalloc(&din, 32));
-    CUDA_CHECK(cudaMalloc(&dseen, 24));
-    CUDA_CHECK(cudaMemcpy(din, in.data(), 32, cudaMemcpyHostToDevice));
-    launch(wait_points, dim3(1), dim3(1), 0, nullptr, dseen, static_cast<const uint32_t*>(din));
+    test::DeviceBuffer<uint32_t> din(in), dseen(6);
+    launch(wait_points, dim3(1), dim3(1), 0, nullptr, dseen.ptr, static_cast<const uint32_t*>(din.ptr));
     CUDA_CHECK_LAUNCH();
-    CUDA_CHECK(cudaMemcpy(seen.data(), dseen, 24, cudaMemcpyDeviceToHost));
+    const std::vector<uint32_t> seen = dseen.download();
     // guaranteed everywhere: a retired group's data is there
     test::check(seen[2] == in[0] && seen[4] == in[0] && seen[5] == in[4],
                 "cp.async wait_group: retired groups not visible (%08x %08x %08x)", seen[2], seen[4], seen[5]);
@@ -137,8 +121,6 @@ void check_wait_points() {
         test::check(seen[0] == kSentinel && seen[1] == kSentinel && seen[3] == kSentinel,
                     "emu cp.async: data visible before its wait (%08x %08x %08x)", seen[0], seen[1], seen[3]);
 #endif
-    cudaFree(din);
-    cudaFree(dseen);
 }
 
 int main() {

@@ -9,7 +9,7 @@
 // rtol 2^-7, plus 1e-5 times the magnitude of the terms summed in fp32 before the rounding; fp32
 // parameter gradients get 1e-5 times the sum of their terms' magnitudes.
 #include "../../kernels/residual.cuh"
-#include "../test_util.h"
+#include "../device_util.h"
 
 #include <algorithm>
 #include <cstring>
@@ -19,66 +19,14 @@
 using bf16 = __nv_bfloat16;
 using V = std::vector<double>;
 
-template <class T>
-struct DeviceBuffer {  // test-only owner of device memory
-    T* ptr = nullptr;
-    size_t n;
-    explicit DeviceBuffer(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * sizeof(T))); }
-    explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
-    ~DeviceBuffer() { cudaFree(ptr); }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-    void upload(const std::vector<T>& h) {
-        CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    std::vector<T> download() const {
-        std::vector<T> h(n);
-        CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-};
+using test::check_within;
+using test::DeviceBuffer;
+using test::normal_bf16;
+using test::round_bf16;
+using test::same_bits;
+using test::sigmoid;
+using test::values;
 
-std::vector<bf16> random_bf16(size_t n, double std) {
-    std::vector<bf16> v(n);
-    for (auto& x : v) x = __float2bfloat16(static_cast<float>(test::normal(0.0, std)));
-    return v;
-}
-V values(const std::vector<bf16>& v) {
-    V d(v.size());
-    for (size_t i = 0; i < v.size(); ++i) d[i] = __bfloat162float(v[i]);
-    return d;
-}
-V values(const std::vector<float>& v) { return V(v.begin(), v.end()); }
-std::vector<bf16> to_bf16(const V& v) {
-    std::vector<bf16> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = __float2bfloat16(static_cast<float>(v[i]));
-    return b;
-}
-template <class T>
-bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
-    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
-}
-double round_bf16(double v) { return __bfloat162float(__float2bfloat16(static_cast<float>(v))); }
-double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
-
-// One check: |got[i] - want[i]| <= tol[i] for every i; reports the worst offender.
-bool check_within(const std::string& what, const V& got, const V& want, const V& tol) {
-    if (!test::check(got.size() == want.size() && tol.size() == want.size(), "%s: %zu values, want %zu", what.c_str(),
-                     got.size(), want.size()))
-        return false;
-    size_t bad = 0, worst = 0;
-    double worst_ratio = -1.0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        const double err = std::fabs(got[i] - want[i]), ratio = err / tol[i];
-        if (!(err <= tol[i])) ++bad;
-        if (!(ratio <= worst_ratio)) {  // NaN counts as worst
-            worst_ratio = ratio;
-            worst = i;
-        }
-    }
-    return test::check(bad == 0, "%s: %zu of %zu values off; worst at %zu: got %.8g want %.8g tol %.3g", what.c_str(),
-                       bad, got.size(), worst, got[worst], want[worst], tol[worst]);
-}
 bool check_scalar(const std::string& what, double got, double want, double tol) {
     return check_within(what, V{got}, V{want}, V{tol});
 }
@@ -90,45 +38,8 @@ V bf16_tol(const V& want, const V& magnitude) {
 }
 
 // ---- the double-precision reference ----
-constexpr double kEps = 1.1920928955078125e-07;  // FLT_EPSILON, as F.rms_norm uses for fp32 compute
-constexpr int kGate = 12;                        // skip_gate reads x0[:, :12]
+constexpr int kGate = 12;  // skip_gate reads x0[:, :12]
 
-void ref_norm(const V& x, int T, int C, V& y, V& rstd) {
-    y.assign(x.size(), 0.0);
-    rstd.assign(T, 0.0);
-    for (int t = 0; t < T; ++t) {
-        double ss = 0.0;
-        for (int c = 0; c < C; ++c) ss += x[size_t(t) * C + c] * x[size_t(t) * C + c];
-        rstd[t] = 1.0 / std::sqrt(ss / C + kEps);
-        for (int c = 0; c < C; ++c) y[size_t(t) * C + c] = x[size_t(t) * C + c] * rstd[t];
-    }
-}
-// The gradient of sum dy * norm(x) with respect to x, and each element's term magnitudes.
-void ref_norm_backward(const V& dy, const V& x, int T, int C, V& dx, V& magnitude) {
-    dx.assign(x.size(), 0.0);
-    magnitude.assign(x.size(), 0.0);
-    for (int t = 0; t < T; ++t) {
-        const size_t o = size_t(t) * C;
-        double ss = 0.0, dot = 0.0;
-        for (int c = 0; c < C; ++c) {
-            ss += x[o + c] * x[o + c];
-            dot += dy[o + c] * x[o + c];
-        }
-        const double ms = ss / C + kEps, r = 1.0 / std::sqrt(ms);
-        for (int c = 0; c < C; ++c) {
-            const double through_rstd = -dot * x[o + c] / (C * ms * std::sqrt(ms));
-            dx[o + c] = dy[o + c] * r + through_rstd;
-            magnitude[o + c] = std::fabs(dy[o + c] * r) + std::fabs(through_rstd);
-        }
-    }
-}
-double dot_with_norm(const V& dh, const V& x, int T, int C) {  // sum dh * norm(x)
-    V y, rstd;
-    ref_norm(x, T, C, y, rstd);
-    double s = 0.0;
-    for (size_t i = 0; i < y.size(); ++i) s += dh[i] * y[i];
-    return s;
-}
 double dot(const V& a, const V& b) {
     double s = 0.0;
     for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
@@ -162,7 +73,7 @@ struct MixGrads {
 MixGrads ref_mix_backward(const V& g, const V& dh, const V& xm, const V& x, const V& x0, const V& xb, const Mix& m,
                           int T, int C) {
     V gn, gmag;
-    ref_norm_backward(dh, xm, T, C, gn, gmag);
+    test::ref_rmsnorm_backward(dh, xm, T, C, gn, gmag);
     MixGrads o;
     o.dx.resize(x.size());
     o.dx0.resize(x.size());
@@ -186,7 +97,7 @@ MixGrads ref_mix_backward(const V& g, const V& dh, const V& xm, const V& x, cons
 }
 double mix_loss(const V& g, const V& dh, const V& x, const V& x0, const V& xb, const Mix& m, int T, int C) {
     const V xm = ref_mix(x, x0, xb, m);
-    return dot(g, xm) + dot_with_norm(dh, xm, T, C);
+    return dot(g, xm) + test::ref_rmsnorm_dot(dh, xm, T, C);
 }
 
 // The gated skip: x_out = x + sigmoid(lambda) * 2 * sigmoid(x0[t, :12] . w) * skip. bf16_linear rounds the
@@ -279,7 +190,7 @@ struct BackoutGrads {
 };
 BackoutGrads ref_backout_backward(const V& dh, const V& xf, const V& xbk, double bl, int T, int C) {
     BackoutGrads o;
-    ref_norm_backward(dh, xf, T, C, o.dx, o.magnitude);
+    test::ref_rmsnorm_backward(dh, xf, T, C, o.dx, o.magnitude);
     o.dxb.resize(xf.size());
     for (size_t i = 0; i < xf.size(); ++i) {
         o.dxb[i] = -bl * o.dx[i];
@@ -299,7 +210,7 @@ struct Shape {
 // weights on j/128 (|j| <= 64), every partial sum of the logit is exact in fp32, so the kernel and the
 // reference round the same exact logit to bf16 (no rounding-boundary flips).
 std::vector<bf16> x0_rows(const Shape& s) {
-    auto x0 = random_bf16(s.n(), 1.0);
+    auto x0 = normal_bf16(s.n());
     for (int t = 0; t < s.T; ++t)
         for (int k = 0; k < kGate && k < s.C; ++k)
             x0[size_t(t) * s.C + k] = __float2bfloat16(test::randint(-128, 128) / 64.0f);
@@ -312,12 +223,24 @@ std::vector<bf16> skip_gate_weights() {
 }
 float random_float(double lo, double hi) { return static_cast<float>(test::uniform(lo, hi)); }
 
+// The norm a fused forward stored, h (bf16) and rstd (fp32), against the double norm of the stream x it
+// stored: h within its bf16 rounding, rstd within 1e-5.
+void check_fused_norm(const std::string& kernel, const std::string& at, const V& x, const DeviceBuffer<bf16>& d_h,
+                      const DeviceBuffer<float>& d_rstd, const Shape& s) {
+    V h_ref, rstd_ref;
+    test::ref_rmsnorm(x, s.T, s.C, h_ref, rstd_ref);
+    check_within(kernel + " h" + at, values(d_h.download()), h_ref, bf16_tol(h_ref, V(h_ref.size(), 0.0)));
+    V rstd_tol(s.T);
+    for (int t = 0; t < s.T; ++t) rstd_tol[t] = 1e-5 * rstd_ref[t];
+    check_within(kernel + " rstd" + at, values(d_rstd.download()), rstd_ref, rstd_tol);
+}
+
 // ---- the layer mix ----
 void check_mix(const Shape& s, bool first) {
     const std::string at = s.name() + (first ? " (layer 0)" : "");
-    const auto x = random_bf16(s.n(), 1.0), x0 = x0_rows(s), xb = random_bf16(s.n(), 0.5);
-    const auto g = random_bf16(s.n(), 1.0), dh = random_bf16(s.n(), 1.0);
-    const auto old_dx = random_bf16(s.n(), 1.0), old_dx0 = random_bf16(s.n(), 1.0), old_dxb = random_bf16(s.n(), 1.0);
+    const auto x = normal_bf16(s.n()), x0 = x0_rows(s), xb = normal_bf16(s.n(), 0.0, 0.5);
+    const auto g = normal_bf16(s.n()), dh = normal_bf16(s.n());
+    const auto old_dx = normal_bf16(s.n()), old_dx0 = normal_bf16(s.n()), old_dxb = normal_bf16(s.n());
     const std::vector<float> lam = {random_float(0.5, 1.5), random_float(-0.5, 0.5), random_float(-0.3, 0.3)};
     const std::vector<float> old_grads = {random_float(-1, 1), random_float(-1, 1), random_float(-1, 1)};
     const Mix m{lam[0], lam[1], lam[2], first};
@@ -337,12 +260,7 @@ void check_mix(const Shape& s, bool first) {
     const auto xm = d_xm.download();
     const V xmd = values(xm);
     check_within("residual_mix_forward x" + at, xmd, xm_ref, bf16_tol(xm_ref, mix_magnitude(xd, x0d, xbd, m)));
-    V h_ref, rstd_ref;
-    ref_norm(xmd, s.T, s.C, h_ref, rstd_ref);
-    check_within("residual_mix_forward h" + at, values(d_h.download()), h_ref, bf16_tol(h_ref, V(h_ref.size(), 0.0)));
-    V rstd_tol(s.T);
-    for (int t = 0; t < s.T; ++t) rstd_tol[t] = 1e-5 * rstd_ref[t];
-    check_within("residual_mix_forward rstd" + at, values(d_rstd.download()), rstd_ref, rstd_tol);
+    check_fused_norm("residual_mix_forward", at, xmd, d_h, d_rstd, s);
 
     const MixGrads want = ref_mix_backward(values(g), values(dh), xmd, xd, x0d, xbd, m, s.T, s.C);
     V mag_dx(s.n()), mag_dx0(s.n()), mag_dxb(s.n());
@@ -376,8 +294,7 @@ void check_mix(const Shape& s, bool first) {
         }
         check_within("residual_mix_backward dx" + how, values(dx), w_dx, bf16_tol(w_dx, m_dx));
         if (first)
-            test::check(bitwise_equal(dx0, old_dx0), "residual_mix_backward leaves dx0 alone at layer 0%s",
-                        how.c_str());
+            test::check(same_bits(dx0, old_dx0), "residual_mix_backward leaves dx0 alone at layer 0%s", how.c_str());
         else
             check_within("residual_mix_backward dx0" + how, values(dx0), w_dx0, bf16_tol(w_dx0, m_dx0));
         check_within("residual_mix_backward dx0_bigram" + how, values(dxb), w_dxb, bf16_tol(w_dxb, m_dxb));
@@ -397,8 +314,8 @@ void check_mix(const Shape& s, bool first) {
             residual_mix_backward(d_dx.ptr, first ? nullptr : d_dx0.ptr, d_dxb.ptr, grads, d_scratch.ptr, d_g.ptr,
                                   d_dh.ptr, d_xm.ptr, d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas, first, false,
                                   false, false, s.T, s.C, nullptr);
-            test::check(bitwise_equal(d_dx.download(), dx) && bitwise_equal(d_dx0.download(), dx0) &&
-                            bitwise_equal(d_dxb.download(), dxb) && bitwise_equal(d_grads.download(), pg),
+            test::check(same_bits(d_dx.download(), dx) && same_bits(d_dx0.download(), dx0) &&
+                            same_bits(d_dxb.download(), dxb) && same_bits(d_grads.download(), pg),
                         "residual_mix_backward reproducible%s", how.c_str());
         }
     }
@@ -415,9 +332,9 @@ void check_mix(const Shape& s, bool first) {
 // ---- the gated skip ----
 void check_skip(const Shape& s) {
     const std::string at = s.name();
-    const auto x = random_bf16(s.n(), 1.0), skip = random_bf16(s.n(), 1.0), x0 = x0_rows(s), w = skip_gate_weights();
-    const auto g = random_bf16(s.n(), 1.0), old_dskip = random_bf16(s.n(), 1.0), old_dx0 = random_bf16(s.n(), 1.0);
-    const auto old_dw = random_bf16(kGate, 0.5);
+    const auto x = normal_bf16(s.n()), skip = normal_bf16(s.n()), x0 = x0_rows(s), w = skip_gate_weights();
+    const auto g = normal_bf16(s.n()), old_dskip = normal_bf16(s.n()), old_dx0 = normal_bf16(s.n());
+    const auto old_dw = normal_bf16(kGate, 0.0, 0.5);
     const std::vector<float> lam = {random_float(-2.5, 1.0)}, old_dlam = {random_float(-1, 1)};
     const Skip sp{lam[0], values(w), true};
     const V xd = values(x), skd = values(skip), x0d = values(x0);
@@ -433,7 +350,7 @@ void check_skip(const Shape& s) {
     {  // in place
         DeviceBuffer<bf16> d_io(x);
         gated_skip_add_forward(d_io.ptr, d_io.ptr, d_skip.ptr, d_x0.ptr, d_w.ptr, d_lam.ptr, s.T, s.C, nullptr);
-        test::check(bitwise_equal(d_io.download(), d_out.download()), "gated_skip_add_forward in place%s", at.c_str());
+        test::check(same_bits(d_io.download(), d_out.download()), "gated_skip_add_forward in place%s", at.c_str());
     }
 
     const SkipGrads want = ref_skip_backward(values(g), skd, x0d, sp, s.T, s.C);
@@ -500,8 +417,8 @@ void check_skip(const Shape& s) {
             d_dx0.upload(dx0_before);
             gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.ptr, d_g.ptr, d_skip.ptr,
                                     d_x0.ptr, d_w.ptr, d_lam.ptr, false, false, s.T, s.C, nullptr);
-            test::check(bitwise_equal(d_dskip.download(), dskip) && bitwise_equal(d_dx0.download(), dx0) &&
-                            bitwise_equal(d_dw.download(), dw) && bitwise_equal(d_dlam.download(), dlam),
+            test::check(same_bits(d_dskip.download(), dskip) && same_bits(d_dx0.download(), dx0) &&
+                            same_bits(d_dw.download(), dw) && same_bits(d_dlam.download(), dlam),
                         "gated_skip_add_backward reproducible%s", how.c_str());
         }
     }
@@ -510,8 +427,8 @@ void check_skip(const Shape& s) {
 // ---- the block-output add ----
 void check_add(const Shape& s) {
     const std::string at = s.name();
-    const auto x = random_bf16(s.n(), 1.0), y = random_bf16(s.n(), 1.0), dh = random_bf16(s.n(), 1.0);
-    const auto dX = random_bf16(s.n(), 1.0);
+    const auto x = normal_bf16(s.n()), y = normal_bf16(s.n()), dh = normal_bf16(s.n());
+    const auto dX = normal_bf16(s.n());
     const V xd = values(x), yd = values(y);
     DeviceBuffer<bf16> d_x(x), d_y(y), d_out(s.n()), d_h(s.n()), d_dh(dh), d_dX(dX);
     DeviceBuffer<float> d_rstd(s.T);
@@ -524,22 +441,17 @@ void check_add(const Shape& s) {
         mag[i] = std::fabs(xd[i]) + std::fabs(yd[i]);
     }
     check_within("residual_add_forward x" + at, values(out), sum, bf16_tol(sum, mag));
-    V h_ref, rstd_ref;
-    ref_norm(values(out), s.T, s.C, h_ref, rstd_ref);
-    check_within("residual_add_forward h" + at, values(d_h.download()), h_ref, bf16_tol(h_ref, V(s.n(), 0.0)));
-    V rstd_tol(s.T);
-    for (int t = 0; t < s.T; ++t) rstd_tol[t] = 1e-5 * rstd_ref[t];
-    check_within("residual_add_forward rstd" + at, values(d_rstd.download()), rstd_ref, rstd_tol);
+    check_fused_norm("residual_add_forward", at, values(out), d_h, d_rstd, s);
     {  // without the norm, in place
         DeviceBuffer<bf16> d_io(x);
         residual_add_forward(d_io.ptr, nullptr, nullptr, d_io.ptr, d_y.ptr, s.T, s.C, nullptr);
-        test::check(bitwise_equal(d_io.download(), out), "residual_add_forward without norm, in place%s", at.c_str());
+        test::check(same_bits(d_io.download(), out), "residual_add_forward without norm, in place%s", at.c_str());
     }
 
     // backward: the stream gradient gains the norm's share
     residual_add_backward(d_dX.ptr, d_dh.ptr, d_out.ptr, d_rstd.ptr, s.T, s.C, nullptr);
     V gn, gmag;
-    ref_norm_backward(values(dh), values(out), s.T, s.C, gn, gmag);
+    test::ref_rmsnorm_backward(values(dh), values(out), s.T, s.C, gn, gmag);
     for (size_t i = 0; i < s.n(); ++i) {
         gn[i] += __bfloat162float(dX[i]);
         gmag[i] += std::fabs(__bfloat162float(dX[i]));
@@ -550,7 +462,7 @@ void check_add(const Shape& s) {
 // ---- the backout ----
 void check_backout(const Shape& s) {
     const std::string at = s.name();
-    const auto x = random_bf16(s.n(), 1.0), xbk = random_bf16(s.n(), 1.0), dh = random_bf16(s.n(), 1.0);
+    const auto x = normal_bf16(s.n()), xbk = normal_bf16(s.n()), dh = normal_bf16(s.n());
     const std::vector<float> bl = {random_float(0.2, 0.8)}, old_dbl = {random_float(-1, 1)};
     const V xd = values(x), xbd = values(xbk);
     DeviceBuffer<bf16> d_x(x), d_xbk(xbk), d_dh(dh), d_xf(s.n()), d_h(s.n()), d_dx(s.n()), d_dxb(s.n());
@@ -563,12 +475,7 @@ void check_backout(const Shape& s) {
     for (size_t i = 0; i < s.n(); ++i) mag[i] = std::fabs(xd[i]) + std::fabs(bl[0] * xbd[i]);
     const V xf = values(d_xf.download());
     check_within("backout_forward x" + at, xf, xf_ref, bf16_tol(xf_ref, mag));
-    V h_ref, rstd_ref;
-    ref_norm(xf, s.T, s.C, h_ref, rstd_ref);
-    check_within("backout_forward h" + at, values(d_h.download()), h_ref, bf16_tol(h_ref, V(s.n(), 0.0)));
-    V rstd_tol(s.T);
-    for (int t = 0; t < s.T; ++t) rstd_tol[t] = 1e-5 * rstd_ref[t];
-    check_within("backout_forward rstd" + at, values(d_rstd.download()), rstd_ref, rstd_tol);
+    check_fused_norm("backout_forward", at, xf, d_h, d_rstd, s);
 
     const BackoutGrads want = ref_backout_backward(values(dh), xf, xbd, bl[0], s.T, s.C);
     V mag_b(s.n());
@@ -587,9 +494,9 @@ void check_backout(const Shape& s) {
         if (!acc) {
             backout_backward(d_dx.ptr, d_dxb.ptr, d_dbl.ptr, d_scratch.ptr, d_dh.ptr, d_xf.ptr, d_rstd.ptr, d_xbk.ptr,
                              d_bl.ptr, false, s.T, s.C, nullptr);
-            test::check(bitwise_equal(d_dx.download(), dx) && bitwise_equal(d_dxb.download(), dxb) &&
-                            bitwise_equal(d_dbl.download(), dbl),
-                        "backout_backward reproducible%s", how.c_str());
+            test::check(
+                same_bits(d_dx.download(), dx) && same_bits(d_dxb.download(), dxb) && same_bits(d_dbl.download(), dbl),
+                "backout_backward reproducible%s", how.c_str());
         }
     }
 }
@@ -598,13 +505,7 @@ void check_backout(const Shape& s) {
 // d loss / d v by central differences: `v` (a coordinate the loss reads) is moved and restored.
 template <class F>
 double central_difference(double& v, F&& loss) {
-    const double v0 = v, h = 1e-5 * std::max(1.0, std::fabs(v0));
-    v = v0 + h;
-    const double up = loss();
-    v = v0 - h;
-    const double down = loss();
-    v = v0;
-    return (up - down) / (2 * h);
+    return test::central_difference(v, 1e-5 * std::max(1.0, std::fabs(v)), loss);
 }
 // The reference backward within 1e-6 of the differences (relative to the terms' magnitude).
 constexpr double kFdRtol = 1e-6;
@@ -612,8 +513,8 @@ constexpr double kFdRtol = 1e-6;
 void check_mix_finite_differences(bool first) {
     const Shape s{5, 16};
     const std::string at = first ? " (layer 0)" : "";
-    const auto x0b = x0_rows(s), xbb = random_bf16(s.n(), 0.5), gb = random_bf16(s.n(), 1.0);
-    const auto dhb = random_bf16(s.n(), 1.0), xb16 = first ? x0b : random_bf16(s.n(), 1.0);
+    const auto x0b = x0_rows(s), xbb = normal_bf16(s.n(), 0.0, 0.5), gb = normal_bf16(s.n());
+    const auto dhb = normal_bf16(s.n()), xb16 = first ? x0b : normal_bf16(s.n());
     const std::vector<float> lam = {random_float(0.5, 1.5), random_float(-0.5, 0.5), random_float(-0.3, 0.3)};
     const V g = values(gb), dh = values(dhb);
     V x = values(xb16), x0 = values(x0b), xb = values(xbb);
@@ -657,8 +558,8 @@ void check_mix_finite_differences(bool first) {
 
 void check_skip_finite_differences() {
     const Shape s{5, 16};
-    const auto xb16 = random_bf16(s.n(), 1.0), skipb = random_bf16(s.n(), 1.0), x0b = x0_rows(s);
-    const auto wb = skip_gate_weights(), gb = random_bf16(s.n(), 1.0);
+    const auto xb16 = normal_bf16(s.n()), skipb = normal_bf16(s.n()), x0b = x0_rows(s);
+    const auto wb = skip_gate_weights(), gb = normal_bf16(s.n());
     const std::vector<float> lam = {random_float(-2.5, 1.0)};
     const V g = values(gb);
     V x = values(xb16), skip = values(skipb), x0 = values(x0b);
@@ -705,13 +606,13 @@ void check_skip_finite_differences() {
 
 void check_backout_finite_differences() {
     const Shape s{5, 16};
-    const auto xb16 = random_bf16(s.n(), 1.0), xbkb = random_bf16(s.n(), 1.0), dhb = random_bf16(s.n(), 1.0);
+    const auto xb16 = normal_bf16(s.n()), xbkb = normal_bf16(s.n()), dhb = normal_bf16(s.n());
     const std::vector<float> blf = {random_float(0.2, 0.8)};
     const V dh = values(dhb);
     V x = values(xb16), xbk = values(xbkb);
     double bl = blf[0];
     const BackoutGrads want = ref_backout_backward(dh, ref_backout(x, xbk, bl), xbk, bl, s.T, s.C);
-    const auto loss = [&] { return dot_with_norm(dh, ref_backout(x, xbk, bl), s.T, s.C); };
+    const auto loss = [&] { return test::ref_rmsnorm_dot(dh, ref_backout(x, xbk, bl), s.T, s.C); };
 
     const double fd_bl = central_difference(bl, loss);
     check_scalar("backout reference d backout_lambda vs differences", want.dbl, fd_bl, kFdRtol * want.mag + 1e-9);
@@ -735,8 +636,8 @@ void check_backout_finite_differences() {
 
 void check_add_finite_differences() {
     const Shape s{5, 16};
-    const auto xb16 = random_bf16(s.n(), 1.0), yb = random_bf16(s.n(), 1.0), gb = random_bf16(s.n(), 1.0);
-    const auto dhb = random_bf16(s.n(), 1.0);
+    const auto xb16 = normal_bf16(s.n()), yb = normal_bf16(s.n()), gb = normal_bf16(s.n());
+    const auto dhb = normal_bf16(s.n());
     const V g = values(gb), dh = values(dhb);
     V x = values(xb16), y = values(yb);
     const auto sum_of = [&] {
@@ -746,10 +647,10 @@ void check_add_finite_differences() {
     };
     const auto loss = [&] {
         const V sum = sum_of();
-        return dot(g, sum) + dot_with_norm(dh, sum, s.T, s.C);
+        return dot(g, sum) + test::ref_rmsnorm_dot(dh, sum, s.T, s.C);
     };
     V gn, gmag;
-    ref_norm_backward(dh, sum_of(), s.T, s.C, gn, gmag);
+    test::ref_rmsnorm_backward(dh, sum_of(), s.T, s.C, gn, gmag);
     V want(s.n()), fd_x(s.n()), fd_y(s.n()), tol(s.n());
     for (size_t i = 0; i < s.n(); ++i) {
         want[i] = g[i] + gn[i];
