@@ -894,6 +894,36 @@ __global__ void fill_sine_pattern(__nv_bfloat16* x, int n, float offset) {
     if (i < n) x[i] = __float2bfloat16(sinf(0.01f * i + offset));
 }
 
+// One process per GPU: the rank from MPI, the device from the rank on this node, the NCCL
+// communicator from a unique id that rank 0 makes and MPI broadcasts (works across nodes).
+struct Distributed {
+    int rank = 0, world = 1, device = 0;
+    ncclComm_t comm = nullptr;
+};
+Distributed start_distributed(int* argc, char*** argv) {
+    Distributed d;
+    MPI_Init(argc, argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &d.rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &d.world);
+    MPI_Comm local;
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d.rank, MPI_INFO_NULL, &local);
+    int local_rank, devices;
+    MPI_Comm_rank(local, &local_rank);
+    MPI_Comm_free(&local);
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    d.device = local_rank % devices;
+    CUDA_CHECK(cudaSetDevice(d.device));
+    ncclUniqueId id;
+    if (d.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    NCCL_CHECK(ncclCommInitRank(&d.comm, d.world, id, d.rank));
+    return d;
+}
+void stop_distributed(Distributed& d) {
+    NCCL_CHECK(ncclCommDestroy(d.comm));
+    MPI_Finalize();
+}
+
 // On every rank: a kernel, a cuBLASLt matmul and an NCCL all-reduce, compared with the host.
 int platform_check(int rank, int world, ncclComm_t comm, cudaStream_t stream) {
     const int M = 64, N = 48, K = 96;
@@ -968,33 +998,17 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    MPI_Init(&argc, &argv);
-    int rank, world;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &local);
-    int local_rank, devices;
-    MPI_Comm_rank(local, &local_rank);
-    CUDA_CHECK(cudaGetDeviceCount(&devices));
-    CUDA_CHECK(cudaSetDevice(local_rank % devices));
+    Distributed d = start_distributed(&argc, &argv);
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, local_rank % devices));
-    if (rank == 0) std::printf("device: %s, %d SMs, %d rank(s)\n", prop.name, prop.multiProcessorCount, world);
-    ncclUniqueId id;
-    if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    ncclComm_t comm;
-    NCCL_CHECK(ncclCommInitRank(&comm, world, id, rank));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, d.device));
+    if (d.rank == 0) std::printf("device: %s, %d SMs, %d rank(s)\n", prop.name, prop.multiProcessorCount, d.world);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
 
-    const int rc = platform_check(rank, world, comm, stream);
+    const int rc = platform_check(d.rank, d.world, d.comm, stream);
 
     CUDA_CHECK(cudaStreamDestroy(stream));
-    NCCL_CHECK(ncclCommDestroy(comm));
-    MPI_Comm_free(&local);
-    MPI_Finalize();
+    stop_distributed(d);
     return rc;
 }
 #endif

@@ -13,15 +13,8 @@ uint64_t checksum(const void* device, size_t bytes) {
 }
 
 int main(int argc, char** argv) {
-    MPI_Init(&argc, &argv);
-    int rank, world;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &world);
-    ncclUniqueId id;
-    if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    ncclComm_t comm;
-    NCCL_CHECK(ncclCommInitRank(&comm, world, id, rank));
+    Distributed d = start_distributed(&argc, &argv);
+    const int rank = d.rank, world = d.world;
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreate(&s));
 
@@ -32,7 +25,7 @@ int main(int argc, char** argv) {
     uint64_t mine = checksum(m.param_arena.base(), m.param_arena.bytes()), root = mine;
     MPI_Bcast(&root, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
     if (rank != 0) test::check(mine != root, "rank %d: different seeds must give different parameters", rank);
-    broadcast_params(m, comm, s);
+    broadcast_params(m, d.comm, s);
     CUDA_CHECK(cudaStreamSynchronize(s));
     mine = checksum(m.param_arena.base(), m.param_arena.bytes());
     test::check(mine == root, "rank %d: parameters differ from rank 0's after the broadcast", rank);
@@ -41,8 +34,7 @@ int main(int argc, char** argv) {
     MPI_Reduce(&failed, &total_failed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
     MPI_Reduce(&passed, &total_passed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
     if (rank == 0) std::printf("%d passed, %d failed\n", total_passed, total_failed);
-    NCCL_CHECK(ncclCommDestroy(comm));
     CUDA_CHECK(cudaStreamDestroy(s));
-    MPI_Finalize();
+    stop_distributed(d);
     return failed ? 1 : 0;
 }
