@@ -83,7 +83,8 @@ inline void warp_collective(const char* what, unsigned mask, const void* in, siz
 // Block barrier; returns the number of threads whose `pred` was non-zero.
 int block_barrier(const char* what, int pred);
 
-// Emulation switches and diagnostics (environment: EMU_WORKERS, EMU_RANDOM_ORDER, EMU_STACK_KB).
+// Emulation switches and diagnostics (environment: EMU_WORKERS, EMU_RANDOM_ORDER, EMU_STACK_KB;
+// EMU_GEMM and EMU_NCCL_SLICE_BYTES for the cuBLASLt and NCCL shims; see README.md).
 int worker_count();
 const char* last_kernel_error();  // message of the last failed launch, or ""
 size_t peak_device_bytes();       // high-water mark of cudaMalloc'ed bytes
@@ -136,8 +137,8 @@ namespace emu {
 void ballot_combine(const unsigned char* in, unsigned char* out, unsigned mask);
 }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
-    unsigned dummy = 0, r;
-    ::emu::warp_collective("__syncwarp", mask, &dummy, sizeof dummy, &r, sizeof r, ::emu::ballot_combine);
+    unsigned no_vote = 0, r;  // a collective that exchanges nothing: only the meeting matters
+    ::emu::warp_collective("__syncwarp", mask, &no_vote, sizeof no_vote, &r, sizeof r, ::emu::ballot_combine);
 }
 inline unsigned __ballot_sync(unsigned mask, int pred) {
     unsigned p = pred != 0, r;
