@@ -17,16 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.environ.get("REPO") or os.path.dirname(os.path.dirname(HERE))
 SCRIPT = os.path.join(REPO, "data", "cached_fineweb10B.py")
 
-passed = failed = 0
-
-
-def check(ok, message):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + message)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
 
 
 def shard_bytes(num_tokens, seed):
@@ -128,8 +120,7 @@ def main():
             server.stop()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return finish()
 
 
 def run_all(work, src, files, server):

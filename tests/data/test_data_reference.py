@@ -17,16 +17,8 @@ sys.path.insert(0, HERE)
 import make_fixtures  # noqa: E402
 import ref_loader  # noqa: E402
 
-passed = failed = 0
-
-
-def check(ok, message):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + message)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
 
 
 def first_difference(got, want):
@@ -60,8 +52,7 @@ def main():
             want = f.read()
         check(text == want, f"scenario {name}: reference output differs from the fixture at {first_difference(text, want)}")
         check((rc == 0) == (expect == "ok"), f"scenario {name}: reference exit status {rc}, expected {expect}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return finish()
 
 
 if __name__ == "__main__":

@@ -29,16 +29,8 @@ BOS = 50256
 sys.path.insert(0, os.path.dirname(SCRIPT))
 import prepare_tinyshakespeare as prep  # noqa: E402
 
-passed = failed = 0
-
-
-def check(ok, message):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
-        print("FAIL: " + message)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checks import check, finish  # noqa: E402
 
 
 def read_shard(path):
@@ -163,8 +155,7 @@ def main():
         test_regenerate()
     else:
         print("skipped: regenerating the shards needs tiktoken (pip install tiktoken) and the local GPT-2 files")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return finish()
 
 
 if __name__ == "__main__":
