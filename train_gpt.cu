@@ -1,10 +1,11 @@
 // train_gpt: the modded-nanogpt speedrun (record of 2026-02-06) as one CUDA program.
-// Reads top to bottom: configuration, memory layout, parameter init, forward, backward, main.
-// The optimizer, the training loop and logging are being added (issues 6 and 7); until then
-// `main` prints the memory plan (--print-memory) or runs the platform check (kernel, cuBLASLt
-// and NCCL on every rank, compared with the host).
-//   mpirun -np 8 ./train_gpt          (GPU build)
-//   mpirun -np 2 ./train_gpt_cpu      (CPU build, emu)
+// Reads top to bottom: configuration, memory layout, parameter init, forward, backward, the
+// schedule, the optimizer and its communication, the training run (validation, logs,
+// checkpoints), main.
+//   mpirun -np 8 ./build/train_gpt                  (GPU build, the record)
+//   ./build/train_gpt_cpu --preset tiny             (CPU build against emu/, Tiny Shakespeare)
+#include "data/checkpoint.h"
+#include "data/dump.h"
 #include "data/loader.h"
 #include "kernels/attention.cuh"
 #include "kernels/common.cuh"
@@ -14,12 +15,20 @@
 #include "kernels/mlp.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/residual.cuh"
+#include "kernels/optim.cuh"
 #include "kernels/rope.cuh"
+#include "kernels/transpose.cuh"
 
 #include <mpi.h>
 #include <nccl.h>
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +68,7 @@ struct Config {
     int model_dim = 768, num_heads = 6, head_dim = 128, mlp_dim = 3072;
     int bigram_vocab = 50304 * 5;
     // data
+    std::string train_files = "data/fineweb10B/fineweb_train_*.bin", val_files = "data/fineweb10B/fineweb_val_*.bin";
     int max_seq_len = 2048;                  // documents are cut at this many tokens
     int64_t val_batch_tokens = 4 * 64 * 1024 * 8, val_tokens = 10485760;
     // schedule
@@ -66,7 +76,13 @@ struct Config {
     double cooldown_frac = 0.55;
     int block_size = 128;                    // window unit in tokens
     int final_ws_long = 20;                  // long window (blocks) of the final validation
+    int split_embed_stage = 2;               // embed unties from lm_head at this stage's first odd step
     std::vector<TrainingStage> stages;
+    // optimizer (upstream's adam_defaults, normuon_defaults and get_muon_momentum)
+    double adam_lr = 0.008, adam_eps = 1e-10, adam_wd = 0.005;
+    double normuon_lr = 0.023, normuon_beta2 = 0.95, normuon_wd = 1.2;
+    int muon_warmup_steps = 300, muon_cooldown_steps = 50;
+    double muon_momentum_min = 0.85, muon_momentum_max = 0.95;
     // distributed: the speedrun is defined for 8 GPUs; fewer ranks accumulate micro-steps
     int world_size = 1;
     int grad_accum() const { return 8 / world_size; }
@@ -102,6 +118,8 @@ Config record_preset() {
 Config tiny_preset() {
     Config c = record_preset();
     c.name = "tiny";
+    c.train_files = "data/tinyshakespeare/tinyshakespeare_train_*.bin";
+    c.val_files = "data/tinyshakespeare/tinyshakespeare_val_*.bin";
     c.model_dim = 128;
     c.num_heads = 2;
     c.head_dim = 64;
@@ -163,14 +181,16 @@ constexpr int kScalars = 4 * kLayers + 3 + 4;
 // every tensor from an arena by name; run once to measure, once more to place.
 // ============================================================================================
 
-enum class DType { bf16, f32, i32, f8, bytes };
+enum class DType { bf16, f32, i32, u16, f8, bytes };
 inline const char* dtype_name(DType t) {
-    return t == DType::bf16 ? "bf16" : t == DType::f32 ? "fp32" : t == DType::i32 ? "int32" : t == DType::f8 ? "fp8" : "bytes";
+    return t == DType::bf16 ? "bf16" : t == DType::f32 ? "fp32" : t == DType::i32 ? "int32" : t == DType::u16 ? "uint16"
+           : t == DType::f8 ? "fp8" : "bytes";
 }
 template <class T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<float>() { return DType::f32; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<uint16_t>() { return DType::u16; }
 template <> constexpr DType dtype_of<__nv_fp8_e4m3>() { return DType::f8; }
 template <> constexpr DType dtype_of<__nv_fp8_e5m2>() { return DType::f8; }
 template <> constexpr DType dtype_of<unsigned char>() { return DType::bytes; }
@@ -744,10 +764,15 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Acts& 
 }
 
 // ============================================================================================
-// Backward: the gradient of loss * grad_scale into m.grads (accumulate: add to what is there,
-// as upstream's .grad accumulates over micro-steps and over Adam's two steps).
+// Backward: the gradient of loss * grad_scale into m.grads. Gradients add to what is there where
+// upstream's .grad accumulates: over micro-steps, and for Adam's parameters also over the even
+// step before each Adam step.
 // ============================================================================================
-void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, bool accumulate, cudaStream_t s) {
+struct Accumulate {
+    bool matrices;  // the NorMuon banks (attn, mlp)
+    bool others;    // every Adam parameter
+};
+void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Accumulate acc, cudaStream_t s) {
     const Config& c = m.cfg;
     const Params& p = m.params;
     const Params& g = m.grads;
@@ -756,6 +781,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, bool 
     const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim, V = c.padded_vocab, M = c.mlp_dim;
     const float scale = static_cast<float>(m.rope.attn_scale);
     bf16 *dX = w.dX, *dX_skip = w.dX_skip, *dX_backout = w.dX_backout;  // stream gradients change buffers below
+    const bool accumulate = acc.others;
     if (!accumulate) {  // the embedding backward writes only the rows of this batch's ids
         CUDA_CHECK(cudaMemsetAsync(g.embed, 0, size_t(V) * C * sizeof(bf16), s));
         CUDA_CHECK(cudaMemsetAsync(g.value_embeds, 0, size_t(kValueTables) * V * C * sizeof(bf16), s));
@@ -771,7 +797,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, bool 
     for (int l = kLayers - 1; l >= 0; --l) {
         LayerActs& L = a.layer[l];
         const bf16* mlp_in = has_attention(l) ? L.h_mlp : L.h_attn;
-        mlp_backward(*m.lt, w.dh, g.c_fc(c, l), g.c_proj(c, l), accumulate, L.post, dX, mlp_in, p.c_fc(c, l),
+        mlp_backward(*m.lt, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.matrices, L.post, dX, mlp_in, p.c_fc(c, l),
                      p.c_proj(c, l), L.pre, L.post, T, C, M, s);
         if (has_attention(l)) {
             residual_add_backward(dX, w.dh, L.xa, L.rstd_mlp, T, C, s);  // dX now: the gradient of xm's stream use
@@ -782,7 +808,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, bool 
             matmul_backward_weight(*m.lt, w.dw_eff, dX, L.y_gated, T, C, C, s);
             matmul_backward_input(*m.lt, w.dy, dX, L.wo_eff, T, C, C, s);
             lambda_scaled_weight_backward(g.wo(c, l), dsa + 1, w.scratch, w.dw_eff, p.wo(c, l), sa + 1, int64_t(C) * C,
-                                          accumulate, accumulate, s);
+                                          acc.matrices, accumulate, s);
             attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
             attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
                                layer_window(sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s);
@@ -794,7 +820,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, bool 
             matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s);
             matmul_backward_input(*m.lt, w.dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s);
             lambda_scaled_weight_backward(g.wqkv(c, l), dsa, w.scratch, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C,
-                                          accumulate, accumulate, s);
+                                          acc.matrices, accumulate, s);
             attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
                                 w.scratch, accumulate, s);
         }
@@ -832,33 +858,392 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, bool 
 }
 
 // ============================================================================================
+// The schedule: upstream's TrainingSchedule and get_muon_momentum, host functions of the step.
+// ============================================================================================
+struct Schedule {
+    const Config& c;
+    std::vector<int> starts;  // first step of each stage; the last (extension) stage ends at total_steps
+    int total_steps, split_step;
+
+    explicit Schedule(const Config& cfg) : c(cfg), total_steps(cfg.scheduled_iterations + cfg.extension_iterations) {
+        // stage ends at round(cumulative duration * scheduled), Python's round (half to even)
+        double cumulative = 0;
+        starts.push_back(0);
+        for (size_t i = 0; i + 1 < c.stages.size(); ++i) {
+            cumulative += c.stages[i].duration;
+            starts.push_back(static_cast<int>(std::nearbyint(cumulative * c.scheduled_iterations)));
+        }
+        // the split lands on an odd step, so that it is an Adam step
+        split_step = starts[std::min<size_t>(c.split_embed_stage, starts.size() - 1)] | 1;
+    }
+    int stage_end(size_t i) const { return i + 1 < starts.size() ? starts[i + 1] : total_steps; }
+    // The stage of `step` and how far through it the step is, in [0, 1].
+    std::pair<const TrainingStage*, double> lookup(int step) const {
+        for (size_t i = 0; i < starts.size(); ++i)
+            if (step < stage_end(i))
+                return {&c.stages[i], double(step - starts[i]) / double(stage_end(i) - starts[i])};
+        return {&c.stages.back(), 1.0};
+    }
+    double lr(int step) const {
+        return lr_schedule(step, lookup(step).first->lr_mul, c.scheduled_iterations, c.cooldown_frac);
+    }
+    double momentum(int step) const {
+        return muon_momentum(step, total_steps, c.muon_warmup_steps, c.muon_cooldown_steps, c.muon_momentum_min,
+                             c.muon_momentum_max);
+    }
+    // Multi-token-prediction weights, interpolated over the stage (computed in double, used as fp32).
+    std::vector<float> mtp_weights(int step) const {
+        const auto [stage, t] = lookup(step);
+        std::vector<float> w;
+        for (size_t k = 0; k < stage->mtp_start.size(); ++k)
+            w.push_back(static_cast<float>(stage->mtp_start[k] + (double(stage->mtp_end[k]) - stage->mtp_start[k]) * t));
+        return w;
+    }
+    std::vector<int> transition_steps() const { return {starts.begin() + 1, starts.end()}; }
+};
+
+// ============================================================================================
+// The optimizer: upstream's NorMuonAndAdam with its param_table. NorMuon for the attention and
+// MLP banks, Adam for the rest. Gradients are reduced on the comms stream (all-reduce for the
+// replicated parameters, reduce-scatter for the sharded ones) in the table's order, updated in
+// the work order as each reduction lands, and sharded parameters are all-gathered back.
+// ============================================================================================
+enum class Optim { adam, normuon };
+enum class Comms { replicated, sharded, sharded_sparse };
+struct ParamRule {
+    const char* label;
+    Optim optim;
+    Comms comms;
+    double beta1, beta2, lr_mul, wd_mul;  // betas for Adam only
+};
+// The scatter order is the table's order (reductions launch in it).
+const ParamRule kParamTable[] = {
+    {"attn", Optim::normuon, Comms::sharded, 0, 0, 1.0, 1.0},
+    {"mlp", Optim::normuon, Comms::sharded, 0, 0, 1.0, 1.0},
+    {"scalars", Optim::adam, Comms::replicated, 0.9, 0.99, 5.0, 0.0},
+    {"smear_gate", Optim::adam, Comms::replicated, 0.9, 0.99, 0.01, 0.0},
+    {"skip_gate", Optim::adam, Comms::replicated, 0.9, 0.99, 0.05, 0.0},
+    {"attn_gate_bank", Optim::adam, Comms::replicated, 0.9, 0.99, 1.0, 1.0},
+    {"ve_gate_bank", Optim::adam, Comms::replicated, 0.9, 0.99, 1.0, 1.0},
+    {"x0_lambdas", Optim::adam, Comms::replicated, 0.65, 0.95, 5.0, 0.0},
+    {"bigram_embed", Optim::adam, Comms::sharded_sparse, 0.75, 0.95, 75.0, 5.0},
+    {"lm_head", Optim::adam, Comms::sharded, 0.5, 0.95, 1.0, 150.0},
+    {"value_embed", Optim::adam, Comms::sharded, 0.75, 0.95, 75.0, 5.0},
+    {"embed", Optim::adam, Comms::sharded, 0.5, 0.95, 1.0, 150.0},
+};
+constexpr int kParamGroups = sizeof(kParamTable) / sizeof(kParamTable[0]);
+// Small parameters first while the large reductions land; lm_head before embed (the tied copy
+// needs it); the NorMuon banks last, their Polar Express covering the other all-gathers.
+const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_gate",    "attn_gate_bank",
+                                              "ve_gate_bank", "x0_lambdas", "lm_head",   "bigram_embed",
+                                              "value_embed",  "embed",      "attn",      "mlp"};
+
+int param_group(const char* label) {
+    for (int i = 0; i < kParamGroups; ++i)
+        if (std::strcmp(kParamTable[i].label, label) == 0) return i;
+    std::fprintf(stderr, "train_gpt: no parameter group '%s'\n", label);
+    std::exit(EXIT_FAILURE);
+}
+
+// A parameter as the optimizer sees it: `rows` entries along dim 0 (NorMuon: matrices) of
+// `row_elems` elements each; sharded parameters are split along dim 0.
+struct ParamTensor {
+    void *param, *grad;
+    bool fp32;
+    int64_t rows, row_elems;
+    int mat_rows = 0, mat_cols = 0;  // NorMuon's matrix shape
+};
+ParamTensor param_tensor(const Config& c, const Params& p, const Params& g, int group) {
+    const int64_t V = c.padded_vocab, C = c.model_dim, H = c.num_heads, M = c.mlp_dim;
+    const std::string label = kParamTable[group].label;
+    auto bf = [](bf16* a, bf16* b, int64_t rows, int64_t elems) { return ParamTensor{a, b, false, rows, elems}; };
+    if (label == "attn") return {p.attn_bank, g.attn_bank, false, 4 * kAttnLayers, C * C, int(C), int(C)};
+    if (label == "mlp") return {p.mlp_bank, g.mlp_bank, false, 2 * (kLayers + 1), M * C, int(M), int(C)};
+    if (label == "scalars") return {p.scalars, g.scalars, true, kScalars, 1};
+    if (label == "smear_gate") return bf(p.smear_gate, g.smear_gate, 1, kGate);
+    if (label == "skip_gate") return bf(p.skip_gate, g.skip_gate, 1, kGate);
+    if (label == "attn_gate_bank") return bf(p.attn_gate_bank, g.attn_gate_bank, kAttnLayers, H * kGate);
+    if (label == "ve_gate_bank") return bf(p.ve_gate_bank, g.ve_gate_bank, kValueTables, H * kGate);
+    if (label == "x0_lambdas") return {p.x0_lambdas, g.x0_lambdas, true, kLayers, 1};
+    if (label == "bigram_embed") return bf(p.bigram_embed, g.bigram_embed, c.bigram_vocab, C);
+    if (label == "lm_head") return bf(p.lm_head, g.lm_head, C, V);
+    if (label == "value_embed") return bf(p.value_embeds, g.value_embeds, kValueTables * V, C);
+    return bf(p.embed, g.embed, V, C);  // "embed"
+}
+
+// Per-step scalars of every group, uploaded in one copy (the kernels read them from the device).
+struct OptimScalars {
+    AdamStepScalars adam[kParamGroups];
+    NorMuonStepScalars normuon[kParamGroups];
+};
+
+struct OptimGroup {
+    const ParamRule* rule;
+    ParamTensor t;
+    Comms comms;                  // the table's, with sparse falling back to sharded where inactive
+    bool distributed;             // communicates (world > 1)
+    int64_t shard_rows;           // rows this rank updates
+    void* grad_shard;             // what the reduction leaves for this rank's update
+    float *exp_avg, *exp_avg_sq;  // Adam
+    int adam_steps = 0;
+    float *momentum, *second_moment, *matrix_lr_mul;  // NorMuon
+    uint16_t* mantissa;
+    cudaEvent_t reduced = nullptr, updated = nullptr;
+    int64_t shard_elems() const { return shard_rows * t.row_elems; }
+    size_t elem_bytes() const { return t.fp32 ? 4 : 2; }
+    void* param_shard(int rank) const {
+        return static_cast<char*>(t.param) + (shard_rows == t.rows ? 0 : rank * shard_elems() * elem_bytes());
+    }
+};
+
+struct Optimizer {
+    Arena arena{"optimizer"};
+    int rank = 0, world = 1;
+    OptimGroup group[kParamGroups];
+    bool split = false;            // embed untied from lm_head
+    void* normuon_scratch;
+    size_t normuon_scratch_bytes;
+    OptimScalars* scalars;         // device
+    OptimScalars* host_scalars;    // pinned, two copies: one may still be in flight
+    cudaStream_t comms = nullptr;
+    cudaEvent_t grads_ready = nullptr, comms_done = nullptr, lm_head_gathered = nullptr;
+    OptimGroup& operator[](const char* label) { return group[param_group(label)]; }
+};
+
+// The optimizer's arena: Adam moments of each shard, NorMuon's momentum, second moment and
+// mantissa, the reduced gradient shards, Polar Express scratch and the step scalars.
+void layout_optimizer(Arena& a, Optimizer& o, const Config& c, const Params& p, const Params& g, bool sparse_active) {
+    size_t scratch = 0;
+    for (int i = 0; i < kParamGroups; ++i) {
+        OptimGroup& q = o.group[i];
+        q.rule = &kParamTable[i];
+        q.t = param_tensor(c, p, g, i);
+        q.comms = q.rule->comms == Comms::sharded_sparse && !sparse_active ? Comms::sharded : q.rule->comms;
+        q.distributed = o.world > 1;
+        const bool sharded = q.comms != Comms::replicated;
+        q.shard_rows = sharded ? q.t.rows / o.world : q.t.rows;
+        const std::string n = std::string("optim.") + q.rule->label + ".";
+        const int64_t elems = q.shard_elems();
+        q.grad_shard = q.t.grad;  // replicated: reduced in place; one rank: the gradient itself
+        if (sharded && q.distributed) {
+            q.grad_shard = q.t.fp32 ? static_cast<void*>(a.take<float>(n + "grad_shard", {q.shard_rows, q.t.row_elems}))
+                                    : static_cast<void*>(a.take<bf16>(n + "grad_shard", {q.shard_rows, q.t.row_elems}));
+            // the sparse merge adds into the full gradient and updates from this rank's slice of it
+            if (q.comms == Comms::sharded_sparse)
+                q.grad_shard = static_cast<char*>(q.t.grad) + o.rank * elems * q.elem_bytes();
+        }
+        if (q.rule->optim == Optim::adam) {
+            q.exp_avg = a.take<float>(n + "exp_avg", {q.shard_rows, q.t.row_elems});
+            q.exp_avg_sq = a.take<float>(n + "exp_avg_sq", {q.shard_rows, q.t.row_elems});
+        } else {
+            const int count = static_cast<int>(q.shard_rows), r = q.t.mat_rows, cl = q.t.mat_cols;
+            q.momentum = a.take<float>(n + "momentum", {count, r, cl});
+            q.second_moment = a.take<float>(n + "second_moment", {count, normuon_second_moment_len(r, cl)});
+            q.mantissa = a.take<uint16_t>(n + "mantissa", {count, r, cl});
+            q.matrix_lr_mul = a.take<float>(n + "matrix_lr_mul", {count});
+            scratch = std::max(scratch, normuon_scratch_bytes(count, r, cl));
+        }
+    }
+    o.normuon_scratch_bytes = scratch;
+    o.normuon_scratch = a.take_bytes("optim.normuon_scratch", scratch);
+    o.scalars = reinterpret_cast<OptimScalars*>(a.take_bytes("optim.step_scalars", sizeof(OptimScalars)));
+}
+
+// Places the optimizer for this rank and zeroes its state (as upstream's fresh optimizer).
+void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_active, cudaStream_t s) {
+    o.rank = rank;
+    o.world = world;
+    place(o.arena, [&](Arena& a) { layout_optimizer(a, o, m.cfg, m.params, m.grads, sparse_active); });
+    CUDA_CHECK(cudaMallocHost(&o.host_scalars, 2 * sizeof(OptimScalars)));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&o.comms, cudaStreamNonBlocking));
+    for (cudaEvent_t* e : {&o.grads_ready, &o.comms_done, &o.lm_head_gathered})
+        CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    for (OptimGroup& q : o.group) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&q.reduced, cudaEventDisableTiming));
+        CUDA_CHECK(cudaEventCreateWithFlags(&q.updated, cudaEventDisableTiming));
+        if (q.rule->optim != Optim::normuon) continue;
+        std::vector<float> mul(q.shard_rows);  // c_proj matrices (odd global index of the MLP bank) take 2x
+        for (int64_t i = 0; i < q.shard_rows; ++i)
+            mul[i] = normuon_matrix_lr_mul(std::strcmp(q.rule->label, "mlp") == 0, int(rank * q.shard_rows + i));
+        CUDA_CHECK(cudaMemcpyAsync(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+    }
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void destroy_optimizer(Optimizer& o) {
+    for (OptimGroup& q : o.group) {
+        cudaEventDestroy(q.reduced);
+        cudaEventDestroy(q.updated);
+    }
+    for (cudaEvent_t e : {o.grads_ready, o.comms_done, o.lm_head_gathered}) cudaEventDestroy(e);
+    cudaStreamDestroy(o.comms);
+    cudaFreeHost(o.host_scalars);
+}
+
+// Zeroes every state (upstream's reset after the warm-up restores the initial optimizer state).
+void reset_optimizer(Optimizer& o, cudaStream_t s) {
+    for (OptimGroup& q : o.group) {
+        const size_t n = size_t(q.shard_elems());
+        if (q.rule->optim == Optim::adam) {
+            CUDA_CHECK(cudaMemsetAsync(q.exp_avg, 0, n * sizeof(float), s));
+            CUDA_CHECK(cudaMemsetAsync(q.exp_avg_sq, 0, n * sizeof(float), s));
+        } else {
+            CUDA_CHECK(cudaMemsetAsync(q.momentum, 0, n * sizeof(float), s));
+            CUDA_CHECK(cudaMemsetAsync(q.mantissa, 0, n * sizeof(uint16_t), s));
+            CUDA_CHECK(cudaMemsetAsync(q.second_moment, 0,
+                                       q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols) * sizeof(float), s));
+        }
+        q.adam_steps = 0;
+    }
+    o.split = false;
+}
+
+inline ncclDataType_t nccl_type(const OptimGroup& q) { return q.t.fp32 ? ncclFloat32 : ncclBfloat16; }
+
+// Starts the gradient reduction of one group on the comms stream: all-reduce (average) in place,
+// or reduce-scatter (average) into this rank's shard.
+void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
+    if (q.distributed) {
+        const int64_t n = q.shard_elems();
+        if (q.comms == Comms::replicated)
+            NCCL_CHECK(ncclAllReduce(q.t.grad, q.t.grad, n, nccl_type(q), ncclAvg, comm, o.comms));
+        else
+            NCCL_CHECK(ncclReduceScatter(q.t.grad, q.grad_shard, n, nccl_type(q), ncclAvg, comm, o.comms));
+    }
+    CUDA_CHECK(cudaEventRecord(q.reduced, o.comms));
+}
+
+// The update of this rank's shard, on the compute stream once its reduction has landed.
+void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t s) {
+    CUDA_CHECK(cudaStreamWaitEvent(s, q.reduced, 0));
+    if (q.rule->optim == Optim::adam) {
+        const AdamHyper h = adam_hyper(q.rule->beta1, q.rule->beta2, m.cfg.adam_eps);
+        if (q.t.fp32)
+            adam_step(static_cast<float*>(q.param_shard(o.rank)), q.exp_avg, q.exp_avg_sq,
+                      static_cast<const float*>(q.grad_shard), q.shard_elems(), h, &o.scalars->adam[index], s);
+        else
+            adam_step(static_cast<bf16*>(q.param_shard(o.rank)), q.exp_avg, q.exp_avg_sq,
+                      static_cast<const bf16*>(q.grad_shard), q.shard_elems(), h, &o.scalars->adam[index], s);
+    } else {
+        const NorMuonShard shard{static_cast<bf16*>(q.param_shard(o.rank)), static_cast<const bf16*>(q.grad_shard),
+                                 q.momentum, q.second_moment, q.mantissa, q.matrix_lr_mul,
+                                 static_cast<int>(q.shard_rows), q.t.mat_rows, q.t.mat_cols};
+        normuon_step(*m.lt, shard, &o.scalars->normuon[index], static_cast<float>(1.0 - m.cfg.normuon_beta2),
+                     o.normuon_scratch, o.normuon_scratch_bytes, s);
+    }
+}
+
+// Gathers an updated shard to every rank, on the comms stream after the update.
+void launch_gather(Optimizer& o, OptimGroup& q, ncclComm_t comm, cudaStream_t s) {
+    if (!q.distributed || q.comms == Comms::replicated) return;
+    CUDA_CHECK(cudaEventRecord(q.updated, s));
+    CUDA_CHECK(cudaStreamWaitEvent(o.comms, q.updated, 0));
+    NCCL_CHECK(ncclAllGather(q.param_shard(o.rank), q.t.param, q.shard_elems(), nccl_type(q), comm, o.comms));
+}
+
+// At the untie step embed takes lm_head's Adam state: its moments transposed (lm_head is sharded
+// along model_dim, embed along the vocabulary, so the moments are gathered first) and its step count.
+void copy_lm_head_state_to_embed(Model& m, Optimizer& o, ncclComm_t comm, cudaStream_t s) {
+    OptimGroup &lm = o["lm_head"], &em = o["embed"];
+    const int64_t C = m.cfg.model_dim, V = m.cfg.padded_vocab;
+    em.adam_steps = lm.adam_steps;
+    float* full = nullptr;  // once per run: a temporary outside the arenas
+    if (o.world > 1) CUDA_CHECK(cudaMalloc(&full, size_t(C) * V * sizeof(float)));
+    for (auto [from, to] : {std::pair{lm.exp_avg, em.exp_avg}, std::pair{lm.exp_avg_sq, em.exp_avg_sq}}) {
+        const float* whole = from;
+        if (o.world > 1) {
+            CUDA_CHECK(cudaEventRecord(o.grads_ready, s));
+            CUDA_CHECK(cudaStreamWaitEvent(o.comms, o.grads_ready, 0));
+            NCCL_CHECK(ncclAllGather(from, full, lm.shard_elems(), ncclFloat32, comm, o.comms));
+            CUDA_CHECK(cudaEventRecord(o.comms_done, o.comms));
+            CUDA_CHECK(cudaStreamWaitEvent(s, o.comms_done, 0));
+            whole = full;
+        }
+        // embed's rows [rank * shard, +shard) are lm_head's columns of the same range, transposed
+        transpose(to, whole + o.rank * em.shard_rows, C, em.shard_rows, V, C, false, s);
+    }
+    if (full) {
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        CUDA_CHECK(cudaFree(full));
+    }
+    o.split = true;
+}
+
+// The host values of this step's scalars (upstream's per-step lr, momentum and the Adam bias
+// corrections), for every group that steps.
+void fill_step_scalars(const Config& c, const Schedule& sch, Optimizer& o, int step, bool do_adam, OptimScalars& out) {
+    const double lr = sch.lr(step), mu = sch.momentum(step);
+    for (int i = 0; i < kParamGroups; ++i) {
+        OptimGroup& q = o.group[i];
+        const ParamRule& r = *q.rule;
+        if (r.optim == Optim::normuon) {
+            const double shape_mul = normuon_shape_lr_mul(q.t.mat_rows, q.t.mat_cols);
+            out.normuon[i] = normuon_step_scalars(c.normuon_lr, lr, shape_mul * r.lr_mul, c.normuon_wd, r.wd_mul, mu);
+        } else if (do_adam) {
+            out.adam[i] = adam_step_scalars(c.adam_lr, lr, r.lr_mul, r.beta1, r.beta2, c.adam_wd, r.wd_mul, q.adam_steps + 1);
+        }
+    }
+}
+
+// One optimizer step (upstream's NorMuonAndAdam.step and TrainingManager.step_optimizers): NorMuon
+// every step, Adam on odd steps (its gradients accumulate over the even step before). While embed
+// is tied, its gradient joins lm_head's (transposed) and embed is copied back from lm_head.
+void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclComm_t comm, cudaStream_t s) {
+    const Config& c = m.cfg;
+    const bool do_adam = step % 2 == 1, tied = !o.split;
+    const int64_t C = c.model_dim, V = c.padded_vocab;
+    auto steps = [&](const OptimGroup& q) {
+        if (q.rule->optim == Optim::adam && !do_adam) return false;
+        return !(tied && std::strcmp(q.rule->label, "embed") == 0);  // tied: updated through lm_head
+    };
+    OptimScalars& host = o.host_scalars[step & 1];
+    fill_step_scalars(c, sch, o, step, do_adam, host);
+    CUDA_CHECK(cudaMemcpyAsync(o.scalars, &host, sizeof host, cudaMemcpyHostToDevice, s));
+    if (do_adam && tied)  // lm_head (C, V) += embed's gradient (V, C) transposed
+        transpose(m.grads.lm_head, m.grads.embed, V, C, C, V, true, s);
+
+    // reductions in the table's order, each as soon as the gradients are there
+    CUDA_CHECK(cudaEventRecord(o.grads_ready, s));
+    CUDA_CHECK(cudaStreamWaitEvent(o.comms, o.grads_ready, 0));
+    for (OptimGroup& q : o.group)
+        if (steps(q)) launch_reduce(o, q, comm);
+    // updates in the work order, each followed by its gather
+    for (const char* label : kWorkOrder) {
+        const int i = param_group(label);
+        OptimGroup& q = o.group[i];
+        if (!steps(q)) continue;
+        if (q.rule->optim == Optim::adam) ++q.adam_steps;
+        update_group(m, o, q, i, s);
+        launch_gather(o, q, comm, s);
+        if (std::strcmp(label, "lm_head") == 0) CUDA_CHECK(cudaEventRecord(o.lm_head_gathered, o.comms));
+    }
+    if (do_adam && tied) {  // embed = lm_head^T once lm_head is whole again
+        CUDA_CHECK(cudaStreamWaitEvent(s, o.lm_head_gathered, 0));
+        transpose(m.params.embed, m.params.lm_head, C, V, V, C, false, s);
+    }
+    // the next forward reads every parameter
+    CUDA_CHECK(cudaEventRecord(o.comms_done, o.comms));
+    CUDA_CHECK(cudaStreamWaitEvent(s, o.comms_done, 0));
+    if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
+}
+
+// ============================================================================================
 // The memory plan: every arena of a rank for a config, measured without a device.
 // ============================================================================================
-
-// Optimizer state per rank (the optimizer's arena, issue 6): Adam keeps two fp32 moments of its
-// shard of each parameter; NorMuon an fp32 momentum and a 16-bit mantissa per element of its
-// matrices, and an fp32 second moment per row (or column) of each.
-size_t optimizer_state_bytes(const Config& c, int world) {
-    const int64_t V = c.padded_vocab, C = c.model_dim;
-    const int64_t adam_sharded = (V * C * 2 + int64_t(c.bigram_vocab) * C + kValueTables * V * C) / world;
-    const int64_t adam_replicated = kAttnLayers * c.num_heads * kGate + kValueTables * c.num_heads * kGate + 2 * kGate +
-                                    kLayers + kScalars;
-    const int64_t attn = int64_t(kAttnLayers) * 4 * C * C / world, mlp = int64_t(kLayers + 1) * 2 * c.mlp_dim * C / world;
-    const int64_t attn_rows = int64_t(kAttnLayers) * 4 * C / world, mlp_rows = int64_t(kLayers + 1) * 2 * c.mlp_dim / world;
-    return size_t(8 * (adam_sharded + adam_replicated) + 6 * (attn + mlp) + 4 * (attn_rows + mlp_rows));
-}
 
 struct MemoryPlan {
     size_t params, grads, state, activations, optimizer, workspace;
     size_t total() const { return params + grads + state + activations + optimizer + workspace; }
 };
-MemoryPlan plan_memory(Model& m, int world) {
+MemoryPlan plan_memory(Model& m, Optimizer& o, int world) {
     layout_params(m.param_arena, m.cfg, m.params);
     layout_params(m.grad_arena, m.cfg, m.grads);
     layout_state(m.state_arena, m);
     layout_activations(m.act_arena, m);
+    o.world = world;
+    layout_optimizer(o.arena, o, m.cfg, m.params, m.grads, world == 8 && m.cfg.grad_accum() == 1);
     return {m.param_arena.bytes(), m.grad_arena.bytes(), m.state_arena.bytes(), m.act_arena.bytes(),
-            optimizer_state_bytes(m.cfg, world), CublasLt::kWorkspaceBytes};
+            o.arena.bytes(), CublasLt::kWorkspaceBytes};
 }
 
 // Upstream's record run peaks at 31253 MiB allocated per GPU; ours must not need more.
@@ -871,27 +1256,19 @@ void print_memory_plan(const Config& c, FILE* f) {
     }
     Model m;
     m.cfg = c;
-    const MemoryPlan plan = plan_memory(m, 8);
+    m.cfg.world_size = 8;
+    Optimizer o;
+    const MemoryPlan plan = plan_memory(m, o, 8);
     std::fprintf(f, "memory plan per rank, preset %s (8 ranks; %d train and %d eval tokens per micro-step):\n",
                  c.name.c_str(), c.max_train_tokens(), c.val_micro_tokens());
     m.param_arena.print(f, true);
     m.grad_arena.print(f, false);
     m.state_arena.print(f, true);
     m.act_arena.print(f, true);
-    std::fprintf(f, "%-12s %10.1f MiB\n", "optimizer", plan.optimizer / 1048576.0);
+    o.arena.print(f, true);
     std::fprintf(f, "%-12s %10.1f MiB\n", "workspace", plan.workspace / 1048576.0);
     std::fprintf(f, "%-12s %10.1f MiB (upstream's record peaks at %.0f MiB)\n", "total", plan.total() / 1048576.0,
                  kUpstreamPeakMiB);
-}
-
-// ============================================================================================
-// main
-// ============================================================================================
-
-// x[i] = sin(0.01*i + offset): distinct, known data on every rank.
-__global__ void fill_sine_pattern(__nv_bfloat16* x, int n, float offset) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = __float2bfloat16(sinf(0.01f * i + offset));
 }
 
 // One process per GPU: the rank from MPI, the device from the rank on this node, the NCCL
@@ -922,6 +1299,496 @@ Distributed start_distributed(int* argc, char*** argv) {
 void stop_distributed(Distributed& d) {
     NCCL_CHECK(ncclCommDestroy(d.comm));
     MPI_Finalize();
+}
+
+// ============================================================================================
+// The training run: upstream's main section. Schedule state, batches, validation, logging,
+// checkpoints, the warm-up, the timed loop.
+// ============================================================================================
+
+// What a run is asked to do beyond the config (the command line).
+struct RunOptions {
+    std::string train_files, val_files;  // empty: the preset's
+    std::string run_id, log_dir = "logs";
+    int val_every = 250;                 // 0: only at the end
+    int64_t val_tokens = -1;             // -1: the preset's
+    uint64_t seed = 1337;
+    int max_steps = -1;                  // stop after this many steps (tests, golden runs); -1: the schedule's
+#ifdef __CUDACC__
+    bool warmup = true;                  // compiles nothing, but warms cuBLASLt heuristics and NCCL paths
+#else
+    bool warmup = false;                 // the CPU build gains nothing from it
+#endif
+    bool log_train_loss = false;
+    std::string save_dir, resume_dir;
+    std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
+};
+
+// The schedule's state during a run (upstream's TrainingManager.advance_schedule).
+struct ScheduleState {
+    int ws_short = 0, ws_long = 0;  // blocks
+    int64_t batch_tokens = 0;
+};
+
+// Host state of the step: pinned loss slots read one step late (no sync inside a step).
+struct Run {
+    Model& m;
+    Optimizer& o;
+    const Schedule& sch;
+    const RunOptions& opt;
+    Distributed& d;
+    cudaStream_t s;
+    Run(Model& model, Optimizer& optimizer, const Schedule& schedule, const RunOptions& options, Distributed& dist,
+        cudaStream_t stream)
+        : m(model), o(optimizer), sch(schedule), opt(options), d(dist), s(stream) {}
+    ScheduleState state;
+    int n_predict = 1;              // MTP weights of the current step
+    std::unique_ptr<dataload::TrainLoader> train;
+    std::unique_ptr<dataload::ValLoader> val;
+    std::vector<int32_t> inputs, targets, cu, bigram;
+    BatchUploader uploader;
+    float* losses = nullptr;  // pinned: one slot per micro-step of the current step
+    FILE* log = nullptr;
+    StepSchedule forward_schedule() const {
+        StepSchedule f;
+        f.ws_short = state.ws_short * m.cfg.block_size;
+        f.ws_long = state.ws_long * m.cfg.block_size;
+        f.mtp_weights = m.mtp_weights;
+        f.n_predict = n_predict;
+        return f;
+    }
+};
+
+// Rank 0 prints to the console and the log file; every line is flushed (a crash keeps the log).
+void print0(Run& r, const char* fmt, ...) {
+    if (r.d.rank != 0) return;
+    char line[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    std::fputs(line, stdout);
+    std::fflush(stdout);
+    if (r.log) {
+        std::fputs(line, r.log);
+        std::fflush(r.log);
+    }
+}
+
+[[noreturn]] void fail(const std::string& why) {
+    std::fprintf(stderr, "train_gpt: %s\n", why.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::exit(EXIT_FAILURE);
+}
+
+// Applies the schedule of `step`: windows (YaRN follows the long window), batch size, MTP weights.
+void advance_schedule(Run& r, int step) {
+    const auto [stage, t] = r.sch.lookup(step);
+    (void)t;
+    r.state.ws_short = stage->ws_short;
+    if (stage->ws_long != r.state.ws_long)
+        yarn_rope_apply(r.m.rope, r.state.ws_long * r.m.cfg.block_size, stage->ws_long * r.m.cfg.block_size, r.s);
+    r.state.ws_long = stage->ws_long;
+    if (stage->batch_tokens != r.state.batch_tokens) {
+        r.state.batch_tokens = stage->batch_tokens;
+        r.train->set_batch(stage->batch_tokens, r.m.cfg.max_seq_len, r.m.cfg.grad_accum());
+    }
+    const std::vector<float> w = r.sch.mtp_weights(step);
+    r.n_predict = static_cast<int>(w.size());
+    CUDA_CHECK(cudaMemcpyAsync(r.m.mtp_weights, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice, r.s));
+}
+
+// The schedule as at the start of a run: stage 0's windows and batch, YaRN reset.
+void reset_schedule(Run& r) {
+    const TrainingStage& first = r.m.cfg.stages.front();
+    r.state = {first.ws_short, first.ws_long, first.batch_tokens};
+    yarn_rope_reset(r.m.rope, r.s);
+}
+
+void open_train_loader(Run& r) {
+    dataload::TrainLoader::Options lo;
+    lo.bigram_vocab = r.m.cfg.bigram_vocab;
+    r.train = std::make_unique<dataload::TrainLoader>(r.opt.train_files, r.d.rank, r.d.world, r.state.batch_tokens,
+                                                      r.m.cfg.max_seq_len, r.m.cfg.grad_accum(), lo);
+}
+
+// The next micro-batch of `loader` onto the device.
+template <class Loader>
+void load_batch(Run& r, Loader& loader, DeviceBatch& b) {
+    dataload::BatchBuffers buf{r.inputs.data(), r.targets.data(), r.cu.data(), r.bigram.data(),
+                               static_cast<int64_t>(r.inputs.size()), static_cast<int64_t>(r.cu.size())};
+    const dataload::Batch batch = loader.next(buf);
+    r.uploader.upload(b, r.m.cfg, r.inputs.data(), r.targets.data(), r.cu.data(), static_cast<int>(batch.cu_entries),
+                      r.bigram.data(), static_cast<int>(batch.num_tokens), r.s);
+}
+
+// One training step: grad_accum micro-steps of forward and backward, then the optimizer. The
+// loss of each micro-step lands in r.losses when the stream gets there.
+void train_step(Run& r, int step) {
+    const StepSchedule f = r.forward_schedule();
+    for (int i = 0; i < r.m.cfg.grad_accum(); ++i) {
+        load_batch(r, *r.train, r.m.batch);
+        gpt_forward(r.m, r.m.batch, f, r.m.train, r.s);
+        CUDA_CHECK(cudaMemcpyAsync(r.losses + i, r.m.loss, sizeof(float), cudaMemcpyDeviceToHost, r.s));
+        // Adam's parameters keep the even step's gradients for the odd step's update
+        gpt_backward(r.m, r.m.batch, f, {i > 0, i > 0 || step % 2 == 1}, r.s);
+    }
+    optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);
+}
+
+// The mean training loss per token of the step just run (after the stream has passed it).
+double step_train_loss(Run& r) {
+    double sum = 0;
+    for (int i = 0; i < r.m.cfg.grad_accum(); ++i) sum += r.losses[i];
+    double all = 0;
+    MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return all / double(r.state.batch_tokens);
+}
+
+// Which parameter group holds a non-finite value first (table order), for the failure message.
+std::string first_nonfinite_group(Run& r) {
+    for (const OptimGroup& q : r.o.group) {
+        for (const auto& [what, ptr] : {std::pair{"parameter", q.t.param}, std::pair{"gradient", q.t.grad}}) {
+            const size_t n = size_t(q.t.rows * q.t.row_elems);
+            std::vector<float> v(n);
+            if (q.t.fp32) {
+                CUDA_CHECK(cudaMemcpy(v.data(), ptr, n * 4, cudaMemcpyDeviceToHost));
+            } else {
+                std::vector<bf16> h(n);
+                CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * 2, cudaMemcpyDeviceToHost));
+                for (size_t i = 0; i < n; ++i) v[i] = __bfloat162float(h[i]);
+            }
+            for (float x : v)
+                if (!std::isfinite(x)) return std::string(what) + " of " + q.rule->label;
+        }
+    }
+    return "no parameter or gradient (the loss itself overflowed)";
+}
+
+// Mean validation loss over val_tokens (upstream: every rank's mean, averaged), with the
+// schedule's windows; `final` extends the long window as upstream's last validation does.
+double validate(Run& r, bool final) {
+    const Config& c = r.m.cfg;
+    StepSchedule f = r.forward_schedule();
+    if (final) f.ws_long = c.final_ws_long * c.block_size;  // YaRN is not re-applied for it
+    r.val->rewind();
+    const int64_t steps = c.grad_accum() * c.val_tokens / c.val_batch_tokens;
+    double sum = 0;
+    for (int64_t i = 0; i < steps; ++i) {
+        load_batch(r, *r.val, r.m.eval_batch);
+        gpt_forward(r.m, r.m.eval_batch, f, r.m.eval, r.s);
+        float loss;
+        CUDA_CHECK(cudaMemcpyAsync(&loss, r.m.loss, sizeof loss, cudaMemcpyDeviceToHost, r.s));
+        CUDA_CHECK(cudaStreamSynchronize(r.s));
+        sum += loss;
+    }
+    double all = 0;
+    MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return all / double(steps) / r.d.world;
+}
+
+// ---- checkpoints: one file per rank, DIR/stepNNNNNN/rankR.safetensors (format: data/checkpoint.h) ----
+std::string checkpoint_path(const std::string& dir, int step, int rank) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/step%06d/rank%d.safetensors", step, rank);
+    return dir + name;
+}
+
+// A device region's host copy, kept alive until the writer has written it.
+struct HostCopies {
+    std::vector<std::vector<unsigned char>> blocks;
+    const void* copy(const void* device, size_t bytes) {
+        blocks.emplace_back(bytes);
+        CUDA_CHECK(cudaMemcpy(blocks.back().data(), device, bytes, cudaMemcpyDeviceToHost));
+        return blocks.back().data();
+    }
+};
+
+// Everything the next step depends on: the parameters (rank 0; every rank holds the same), this
+// rank's optimizer state, the Adam gradients accumulated over an even step, and the counters.
+// The data position and YaRN follow from the step: a resume replays the loader and the schedule.
+void save_checkpoint(Run& r, int step) {
+    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    const std::string path = checkpoint_path(r.opt.save_dir, step, r.d.rank);
+    const std::string dir = path.substr(0, path.rfind('/'));
+    if (r.d.rank == 0) {
+        for (const std::string& p : {r.opt.save_dir, dir})
+            if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create " + p + ": " + std::strerror(errno));
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    HostCopies host;
+    ckpt::CheckpointWriter w;
+    w.meta("format", "train_gpt checkpoint 1");
+    w.meta("preset", r.m.cfg.name);
+    w.meta("step", std::to_string(step));
+    w.meta("world_size", std::to_string(r.d.world));
+    w.meta("rank", std::to_string(r.d.rank));
+    w.meta("seed", std::to_string(r.opt.seed));
+    w.meta("split_embed", r.o.split ? "1" : "0");
+    const bool pending_adam_grads = step % 2 == 1;  // the even step's gradients wait for this odd step
+    for (const OptimGroup& q : r.o.group) {
+        const std::string label = q.rule->label;
+        const char* dt = q.t.fp32 ? "F32" : "BF16";
+        const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes();
+        if (r.d.rank == 0) w.tensor("param." + label, dt, {q.t.rows, q.t.row_elems}, host.copy(q.t.param, full), full);
+        const std::vector<int64_t> shard = {q.shard_rows, q.t.row_elems};
+        const size_t n = size_t(q.shard_elems());
+        if (q.rule->optim == Optim::adam) {
+            w.meta("adam_steps." + label, std::to_string(q.adam_steps));
+            w.tensor("exp_avg." + label, "F32", shard, host.copy(q.exp_avg, n * 4), n * 4);
+            w.tensor("exp_avg_sq." + label, "F32", shard, host.copy(q.exp_avg_sq, n * 4), n * 4);
+            if (pending_adam_grads) w.tensor("grad." + label, dt, {q.t.rows, q.t.row_elems}, host.copy(q.t.grad, full), full);
+        } else {
+            const int64_t len = q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols);
+            w.tensor("momentum." + label, "F32", shard, host.copy(q.momentum, n * 4), n * 4);
+            w.tensor("mantissa." + label, "U16", shard, host.copy(q.mantissa, n * 2), n * 2);
+            w.tensor("second_moment." + label, "F32", {len}, host.copy(q.second_moment, len * 4), len * 4);
+        }
+    }
+    try {
+        w.write(path);
+    } catch (const std::exception& e) {
+        fail(e.what());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    print0(r, "saved checkpoint %s\n", dir.c_str());
+}
+
+// Loads the checkpoint in `dir` (a stepNNNNNN directory a run of the same preset and world size
+// saved); returns its step.
+int load_checkpoint(Run& r, const std::string& dir) {
+    try {
+        const ckpt::CheckpointReader mine(dir + "/rank" + std::to_string(r.d.rank) + ".safetensors");
+        const ckpt::CheckpointReader first(dir + "/rank0.safetensors");  // the parameters
+        if (mine.meta("preset") != r.m.cfg.name || std::stoi(mine.meta("world_size")) != r.d.world)
+            throw std::runtime_error("it was saved by preset " + mine.meta("preset") + " on " + mine.meta("world_size") +
+                                     " ranks; this run is preset " + r.m.cfg.name + " on " + std::to_string(r.d.world));
+        const int step = std::stoi(mine.meta("step"));
+        auto load = [](const ckpt::CheckpointReader& f, const std::string& name, void* device, size_t bytes) {
+            std::vector<unsigned char> h(bytes);
+            f.read(name, h.data(), bytes);
+            CUDA_CHECK(cudaMemcpy(device, h.data(), bytes, cudaMemcpyHostToDevice));
+        };
+        r.o.split = mine.meta("split_embed") == "1";
+        for (OptimGroup& q : r.o.group) {
+            const std::string label = q.rule->label;
+            const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes(), n = size_t(q.shard_elems());
+            load(first, "param." + label, q.t.param, full);
+            if (q.rule->optim == Optim::adam) {
+                q.adam_steps = std::stoi(mine.meta("adam_steps." + label));
+                load(mine, "exp_avg." + label, q.exp_avg, n * 4);
+                load(mine, "exp_avg_sq." + label, q.exp_avg_sq, n * 4);
+                if (step % 2 == 1) load(mine, "grad." + label, q.t.grad, full);
+            } else {
+                const size_t len = q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols);
+                load(mine, "momentum." + label, q.momentum, n * 4);
+                load(mine, "mantissa." + label, q.mantissa, n * 2);
+                load(mine, "second_moment." + label, q.second_moment, len * 4);
+            }
+        }
+        return step;
+    } catch (const std::exception& e) {
+        fail("cannot resume from " + dir + ": " + e.what());
+    }
+}
+
+// Upstream's warm-up: the steps around every schedule change (and an eval forward at each), so
+// that every shape is seen once; then the initial state comes back exactly.
+void warm_up(Run& r) {
+    std::vector<int> steps = {0, 1};
+    for (int t : r.sch.transition_steps())
+        for (int k = -2; k <= 1; ++k)
+            if (t + k >= 0) steps.push_back(t + k);
+    std::sort(steps.begin(), steps.end());
+    steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+    std::string list;
+    for (int st : steps) list += (list.empty() ? "" : ", ") + std::to_string(st);
+    print0(r, "warming up on steps [%s]\n", list.c_str());
+    std::vector<unsigned char> initial(r.m.param_arena.bytes());
+    CUDA_CHECK(cudaMemcpy(initial.data(), r.m.param_arena.base(), initial.size(), cudaMemcpyDeviceToHost));
+    for (int step : steps) {
+        advance_schedule(r, step);
+        load_batch(r, *r.val, r.m.eval_batch);
+        gpt_forward(r.m, r.m.eval_batch, r.forward_schedule(), r.m.eval, r.s);
+        train_step(r, step);
+    }
+    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), initial.data(), initial.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(r.m.grad_arena.base(), 0, r.m.grad_arena.bytes()));
+    reset_optimizer(r.o, r.s);
+    reset_schedule(r);
+    open_train_loader(r);
+    CUDA_CHECK(cudaStreamSynchronize(r.s));
+}
+
+// A resumed run reaches the checkpoint's data position and YaRN state by replaying the schedule
+// and the loader (host work only) up to `step`.
+void replay_to(Run& r, int step) {
+    for (int st = 0; st < step; ++st) {
+        advance_schedule(r, st);
+        for (int i = 0; i < r.m.cfg.grad_accum(); ++i) {
+            dataload::BatchBuffers buf{r.inputs.data(), r.targets.data(), r.cu.data(), r.bigram.data(),
+                                       static_cast<int64_t>(r.inputs.size()), static_cast<int64_t>(r.cu.size())};
+            r.train->next(buf);
+        }
+    }
+}
+
+size_t allocated_bytes(const Run& r) {
+    return r.m.param_arena.bytes() + r.m.grad_arena.bytes() + r.m.state_arena.bytes() + r.m.act_arena.bytes() +
+           r.o.arena.bytes() + CublasLt::kWorkspaceBytes;
+}
+
+// Upstream's main loop: validation every val_every steps and at the end (the clock stopped), the
+// training steps, one log line each.
+void run_training(Run& r) {
+    const Config& c = r.m.cfg;
+    const int total = r.sch.total_steps;
+    const int last = r.opt.max_steps >= 0 ? std::min(total, r.opt.max_steps) : total;
+    r.val = std::make_unique<dataload::ValLoader>(r.opt.val_files, r.d.rank, r.d.world, c.val_batch_tokens,
+                                                  c.grad_accum(), c.bigram_vocab);
+    reset_schedule(r);
+    open_train_loader(r);
+    if (r.opt.warmup) warm_up(r);
+    int start = 0;
+    if (!r.opt.resume_dir.empty()) {
+        start = load_checkpoint(r, r.opt.resume_dir);
+        replay_to(r, start);
+        print0(r, "resumed from %s at step %d\n", r.opt.resume_dir.c_str(), start);
+    }
+    auto wants_checkpoint = [&](int step) {
+        if (r.opt.save_dir.empty() || step == start) return false;
+        if (r.opt.checkpoint_steps.empty()) return step == last;
+        return std::find(r.opt.checkpoint_steps.begin(), r.opt.checkpoint_steps.end(), step) !=
+               r.opt.checkpoint_steps.end();
+    };
+    using clock = std::chrono::steady_clock;
+    double training_ms = 0;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    auto t0 = clock::now();
+    auto elapsed_ms = [&] { return std::chrono::duration<double, std::milli>(clock::now() - t0).count(); };
+    if (!r.opt.save_dir.empty() && start == 0 && std::find(r.opt.checkpoint_steps.begin(), r.opt.checkpoint_steps.end(),
+                                                           0) != r.opt.checkpoint_steps.end())
+        save_checkpoint(r, 0);  // the initial state (the reference's starting point)
+    for (int step = start; step <= last; ++step) {
+        if (step > start) {  // the previous step's losses have landed once the stream is past it
+            CUDA_CHECK(cudaStreamSynchronize(r.s));
+            const double loss = step_train_loss(r);
+            if (!std::isfinite(loss))
+                fail("the training loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
+                     std::to_string(step) + "; first non-finite: " + first_nonfinite_group(r));
+            if (r.opt.log_train_loss) print0(r, "step:%d/%d train_loss:%.4f\n", step, total, loss);
+        }
+        advance_schedule(r, step);
+        const bool final = step == total;
+        if (step == last || (r.opt.val_every > 0 && step % r.opt.val_every == 0)) {
+            CUDA_CHECK(cudaDeviceSynchronize());
+            training_ms += elapsed_ms();
+            const double val_loss = validate(r, final);
+            print0(r, "step:%d/%d val_loss:%.4f train_time:%.0fms step_avg:%.2fms\n", step, total, val_loss, training_ms,
+                   training_ms / std::max(step, 1));
+            CUDA_CHECK(cudaDeviceSynchronize());
+            t0 = clock::now();
+        }
+        if (wants_checkpoint(step)) {
+            training_ms += elapsed_ms();
+            save_checkpoint(r, step);
+            t0 = clock::now();
+        }
+        if (step == last) break;
+        train_step(r, step);
+        const double approx_ms = training_ms + elapsed_ms();
+        print0(r, "step:%d/%d train_time:%.0fms step_avg:%.2fms\n", step + 1, total, approx_ms, approx_ms / (step + 1));
+    }
+    const size_t mib = allocated_bytes(r) / 1048576;
+    print0(r, "peak memory allocated: %zu MiB reserved: %zu MiB\n", mib, mib);
+}
+
+// ---- the log's preamble: the source, the environment, the config (upstream prints its code,
+// then nvidia-smi, then the run) ----
+#ifndef TRAIN_GPT_NO_MAIN
+struct SourceFile {
+    const char* path;
+    const char* text;
+};
+extern const SourceFile kSourceFiles[];
+extern const size_t kSourceFileCount;
+extern const char* const kGitRevision;
+#endif
+#ifndef TRAIN_GPT_BUILD_FLAGS
+#define TRAIN_GPT_BUILD_FLAGS "unknown"
+#endif
+
+std::string command_output(const char* cmd) {
+    std::string out;
+    if (FILE* p = popen(cmd, "r")) {
+        char buf[4096];
+        size_t n;
+        while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+        pclose(p);
+    }
+    return out;
+}
+
+void log_environment(Run& r, const Distributed& d) {
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, d.device));
+    int devices = 0, driver = 0, runtime = 0, nccl = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    CUDA_CHECK(cudaDriverGetVersion(&driver));
+    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    NCCL_CHECK(ncclGetVersion(&nccl));
+#ifdef __CUDACC__
+    const char* build = "GPU build (nvcc)";
+#else
+    const char* build = "CPU build (g++ against emu/)";
+#endif
+    print0(r, "%s, git %s, flags: %s\n", build,
+#ifndef TRAIN_GPT_NO_MAIN
+           kGitRevision,
+#else
+           "unknown",
+#endif
+           TRAIN_GPT_BUILD_FLAGS);
+    print0(r, "device: %s x %d visible, %d SMs; %d rank(s)\n", prop.name, devices, prop.multiProcessorCount, d.world);
+    print0(r, "CUDA driver %d, runtime %d, cuBLASLt %zu, NCCL %d\n", driver, runtime, cublasLtGetVersion(), nccl);
+    const std::string smi = command_output("nvidia-smi 2>/dev/null");
+    if (!smi.empty()) print0(r, "%s", smi.c_str());
+}
+
+void log_config(Run& r) {
+    const Config& c = r.m.cfg;
+    print0(r, "config %s: layers %d, model_dim %d, heads %d x %d, mlp %d, vocab %d (padded %d), bigram_vocab %d\n",
+           c.name.c_str(), kLayers, c.model_dim, c.num_heads, c.head_dim, c.mlp_dim, c.vocab_size, c.padded_vocab,
+           c.bigram_vocab);
+    print0(r, "  steps %d scheduled + %d extension, cooldown %.2f, split at step %d, block %d tokens, final long window %d\n",
+           c.scheduled_iterations, c.extension_iterations, c.cooldown_frac, r.sch.split_step, c.block_size, c.final_ws_long);
+    for (size_t i = 0; i < c.stages.size(); ++i) {
+        const TrainingStage& st = c.stages[i];
+        std::string mtp;
+        for (size_t k = 0; k < st.mtp_start.size(); ++k)
+            mtp += (k ? ", " : "") + std::to_string(st.mtp_start[k]).substr(0, 4) + "->" +
+                   std::to_string(st.mtp_end[k]).substr(0, 4);
+        print0(r, "  stage %zu: from step %d, batch %lld tokens, windows (%d, %d), lr_mul %.2f, mtp [%s]\n", i,
+               r.sch.starts[i], static_cast<long long>(st.batch_tokens), st.ws_short, st.ws_long, st.lr_mul, mtp.c_str());
+    }
+    print0(r, "  adam lr %g eps %g wd %g; normuon lr %g beta2 %g wd %g, momentum %g->%g over %d steps, cool-down %d\n",
+           c.adam_lr, c.adam_eps, c.adam_wd, c.normuon_lr, c.normuon_beta2, c.normuon_wd, c.muon_momentum_min,
+           c.muon_momentum_max, c.muon_warmup_steps, c.muon_cooldown_steps);
+    print0(r, "  world %d, grad_accum %d, val every %d steps on %lld tokens, train %s, val %s, seed %llu\n", r.d.world,
+           c.grad_accum(), r.opt.val_every, static_cast<long long>(c.val_tokens), r.opt.train_files.c_str(),
+           r.opt.val_files.c_str(), static_cast<unsigned long long>(r.opt.seed));
+}
+
+// ============================================================================================
+// main
+// ============================================================================================
+
+// x[i] = sin(0.01*i + offset): distinct, known data on every rank.
+__global__ void fill_sine_pattern(__nv_bfloat16* x, int n, float offset) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = __float2bfloat16(sinf(0.01f * i + offset));
 }
 
 // On every rank: a kernel, a cuBLASLt matmul and an NCCL all-reduce, compared with the host.
@@ -965,50 +1832,183 @@ int platform_check(int rank, int world, ncclComm_t comm, cudaStream_t stream) {
 }
 
 const char* kUsage =
-    "usage: train_gpt [--preset record|tiny] [--print-memory] [--help]\n"
-    "  --preset NAME     configuration (default: record)\n"
-    "  --print-memory    print the per-rank memory plan of the preset and exit (no GPU needed)\n";
+    "usage: train_gpt [options]        (GPU: mpirun -np 8 ./build/train_gpt; CPU: ./build/train_gpt_cpu --preset tiny)\n"
+    "  --preset NAME            record (default) or tiny\n"
+    "  --train-files GLOB       training shards (default: the preset's)\n"
+    "  --val-files GLOB         validation shards (default: the preset's)\n"
+    "  --val-every N            validate every N steps and at the end; 0: only at the end (default 250)\n"
+    "  --val-tokens N           validation tokens, a multiple of the validation batch (default: the preset's)\n"
+    "  --run-id ID              log file name (default: a random id)\n"
+    "  --log-dir DIR            where logs go (default logs)\n"
+    "  --seed N                 parameter initialization seed (default 1337)\n"
+    "  --max-steps N            stop after N steps (the schedule stays the full run's)\n"
+    "  --warmup 0|1             warm up on the steps around each schedule change, then restore the initial\n"
+    "                           state (default: 1 on the GPU build, 0 on the CPU build)\n"
+    "  --log-train-loss         also log each step's training loss (step:N/M train_loss:X)\n"
+    "  --save-checkpoint DIR    save checkpoints under DIR/stepNNNNNN/ (default: at the last step)\n"
+    "  --checkpoint-steps LIST  comma-separated steps to save at (0: the initial state)\n"
+    "  --resume DIR             continue from a checkpoint directory DIR/stepNNNNNN\n"
+    "  --print-memory           print the per-rank memory plan of the preset and exit (no GPU needed)\n"
+    "  --dump-batches N         print the first N training batches of every rank and exit\n"
+    "  --check-platform         run the platform check (kernel, cuBLASLt, NCCL on every rank) and exit\n"
+    "  --help                   this text\n";
+
+[[noreturn]] void usage_error(const std::string& why) {
+    std::fprintf(stderr, "train_gpt: %s\n%s", why.c_str(), kUsage);
+    std::exit(2);
+}
+
+int64_t parse_int(const std::string& flag, const std::string& v, int64_t lo) {
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno != 0 || x < lo)
+        usage_error(flag + " needs an integer >= " + std::to_string(lo) + ", got '" + v + "'");
+    return x;
+}
+
+std::string random_run_id() {
+    std::random_device rd;
+    char id[40];
+    std::snprintf(id, sizeof id, "%08x-%04x-%04x", rd(), rd() & 0xffff, rd() & 0xffff);
+    return id;
+}
 
 #ifndef TRAIN_GPT_NO_MAIN
 int main(int argc, char** argv) {
     Config cfg = record_preset();
-    bool print_memory = false;
+    RunOptions opt;
+    bool print_memory = false, check_platform = false;
+    int64_t dump = 0;
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) usage_error(arg + " needs a value");
+            return argv[++i];
+        };
         if (arg == "--help" || arg == "-h") {
             std::printf("%s", kUsage);
             return 0;
-        } else if (arg == "--print-memory") {
-            print_memory = true;
-        } else if (arg == "--preset" && i + 1 < argc) {
-            const std::string name = argv[++i];
+        } else if (arg == "--preset") {
+            const std::string name = value();
             if (name == "record") cfg = record_preset();
             else if (name == "tiny") cfg = tiny_preset();
-            else {
-                std::fprintf(stderr, "train_gpt: unknown preset '%s' (record or tiny)\n%s", name.c_str(), kUsage);
-                return 2;
-            }
-        } else {
-            std::fprintf(stderr, "train_gpt: unknown or incomplete argument '%s'\n%s", arg.c_str(), kUsage);
-            return 2;
-        }
+            else usage_error("unknown preset '" + name + "' (record or tiny)");
+        } else if (arg == "--train-files") opt.train_files = value();
+        else if (arg == "--val-files") opt.val_files = value();
+        else if (arg == "--val-every") opt.val_every = static_cast<int>(parse_int(arg, value(), 0));
+        else if (arg == "--val-tokens") opt.val_tokens = parse_int(arg, value(), 1);
+        else if (arg == "--run-id") opt.run_id = value();
+        else if (arg == "--log-dir") opt.log_dir = value();
+        else if (arg == "--seed") opt.seed = static_cast<uint64_t>(parse_int(arg, value(), 0));
+        else if (arg == "--max-steps") opt.max_steps = static_cast<int>(parse_int(arg, value(), 0));
+        else if (arg == "--warmup") opt.warmup = parse_int(arg, value(), 0) != 0;
+        else if (arg == "--log-train-loss") opt.log_train_loss = true;
+        else if (arg == "--save-checkpoint") opt.save_dir = value();
+        else if (arg == "--checkpoint-steps") {
+            std::string list = value(), item;
+            for (size_t at = 0; at <= list.size(); ++at)
+                if (at == list.size() || list[at] == ',') {
+                    opt.checkpoint_steps.push_back(static_cast<int>(parse_int(arg, item, 0)));
+                    item.clear();
+                } else {
+                    item += list[at];
+                }
+        } else if (arg == "--resume") opt.resume_dir = value();
+        else if (arg == "--print-memory") print_memory = true;
+        else if (arg == "--dump-batches") dump = parse_int(arg, value(), 1);
+        else if (arg == "--check-platform") check_platform = true;
+        else usage_error("unknown argument '" + arg + "'");
     }
     if (print_memory) {
         print_memory_plan(cfg, stdout);
         return 0;
     }
+    if (opt.train_files.empty()) opt.train_files = cfg.train_files;
+    if (opt.val_files.empty()) opt.val_files = cfg.val_files;
+    if (opt.val_tokens > 0) cfg.val_tokens = opt.val_tokens;
+    if (cfg.val_tokens % cfg.val_batch_tokens != 0)
+        usage_error("--val-tokens must be a multiple of the validation batch (" + std::to_string(cfg.val_batch_tokens) +
+                    " tokens)");
+    if (opt.run_id.empty()) opt.run_id = random_run_id();
 
     Distributed d = start_distributed(&argc, &argv);
-    cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, d.device));
-    if (d.rank == 0) std::printf("device: %s, %d SMs, %d rank(s)\n", prop.name, prop.multiProcessorCount, d.world);
+    cfg.world_size = d.world;
+    if (const std::string e = config_error(cfg); !e.empty()) fail(e);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
+    if (check_platform) {
+        const int rc = platform_check(d.rank, d.world, d.comm, stream);
+        CUDA_CHECK(cudaStreamDestroy(stream));
+        stop_distributed(d);
+        return rc;
+    }
+    if (dump > 0) {
+        if (d.rank == 0) {
+            dataload::DumpConfig dc;
+            dc.files = opt.train_files;
+            dc.world_size = d.world;
+            dc.grad_accum = cfg.grad_accum();
+            dc.batch_tokens = cfg.stages.front().batch_tokens;
+            dc.max_seq_len = cfg.max_seq_len;
+            dc.bigram_vocab = cfg.bigram_vocab;
+            dc.batches = dump;
+            const Schedule sch(cfg);
+            for (size_t k = 1; k < cfg.stages.size(); ++k)
+                if (cfg.stages[k].batch_tokens != cfg.stages[k - 1].batch_tokens && sch.starts[k] < dump)
+                    dc.changes.push_back({sch.starts[k], cfg.stages[k].batch_tokens, cfg.max_seq_len});
+            try {
+                dataload::dump_batches(stdout, dc);
+            } catch (const std::exception& e) {
+                fail(e.what());
+            }
+        }
+        CUDA_CHECK(cudaStreamDestroy(stream));
+        stop_distributed(d);
+        return 0;
+    }
 
-    const int rc = platform_check(d.rank, d.world, d.comm, stream);
-
+    Model m;
+    Optimizer o;
+    const Schedule sch(cfg);
+    build_model(m, cfg, opt.seed, stream);
+    broadcast_params(m, d.comm, stream);
+    const bool sparse = d.world == 8 && cfg.grad_accum() == 1;
+    build_optimizer(o, m, d.rank, d.world, sparse, stream);
+    Run r(m, o, sch, opt, d, stream);
+    const int T = std::max(cfg.max_train_tokens(), cfg.val_micro_tokens());
+    r.inputs.resize(T);
+    r.targets.resize(T);
+    r.bigram.resize(T);
+    r.cu.resize(dataload::max_num_docs_for(T));
+    CUDA_CHECK(cudaMallocHost(&r.losses, cfg.grad_accum() * sizeof(float)));
+    if (d.rank == 0) {
+        if (mkdir(opt.log_dir.c_str(), 0755) != 0 && errno != EEXIST)
+            fail("cannot create the log directory " + opt.log_dir + ": " + std::strerror(errno));
+        const std::string path = opt.log_dir + "/" + opt.run_id + ".txt";
+        r.log = std::fopen(path.c_str(), "a");
+        if (!r.log) fail("cannot open the log " + path + ": " + std::strerror(errno));
+        std::printf("%s\n", path.c_str());
+        for (size_t i = 0; i < kSourceFileCount; ++i)
+            std::fprintf(r.log, "%s\n// %s\n%s\n%s\n", std::string(100, '-').c_str(), kSourceFiles[i].path,
+                         std::string(100, '-').c_str(), kSourceFiles[i].text);
+        std::fprintf(r.log, "%s\n", std::string(100, '=').c_str());
+    }
+    log_environment(r, d);
+    log_config(r);
+    print0(r, "%s\n", std::string(100, '=').c_str());
+    try {
+        run_training(r);
+    } catch (const std::exception& e) {  // data errors
+        fail(e.what());
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (r.log) std::fclose(r.log);
+    CUDA_CHECK(cudaFreeHost(r.losses));
+    r.train.reset();
+    destroy_optimizer(o);
     CUDA_CHECK(cudaStreamDestroy(stream));
     stop_distributed(d);
-    return rc;
+    return 0;
 }
 #endif

@@ -119,7 +119,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     upload_params(m.params, rp);
 
     gpt_forward(m, m.batch, sch, m.train, s);
-    gpt_backward(m, m.batch, sch, false, s);
+    gpt_backward(m, m.batch, sch, {false, false}, s);
     CUDA_CHECK(cudaStreamSynchronize(s));
     const double loss = download_f(m.loss, 1)[0];
     ref::Params rg;
@@ -241,7 +241,7 @@ int main() {
         for (int k = 0; k < 3; ++k) weight += t + k < T ? w[k] : 0.0;
     const double uniform = weight * std::log(double(c.padded_vocab));
     test::check(std::fabs(loss - uniform) < 1e-2 * uniform, "untrained loss %.4f, uniform %.4f", loss, uniform);
-    gpt_backward(m, m.batch, sch, false, s);
+    gpt_backward(m, m.batch, sch, {false, false}, s);
     CUDA_CHECK(cudaStreamSynchronize(s));
     std::printf("tiny preset, %d tokens: forward + backward %.2f s\n", T,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

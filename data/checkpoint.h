@@ -1,0 +1,747 @@
+// Checkpoint files: named tensors and string metadata, one file per rank, in the safetensors
+// layout so outside tools (the `safetensors` Python package, scripts/read_checkpoint.py) read
+// them as they are.
+//
+// The format (every integer little-endian):
+//   bytes [0, 8)       N, a uint64: the length of the header. N is a multiple of 8, so the data
+//                      section starts at an 8-byte-aligned file offset.
+//   bytes [8, 8+N)     the header: one UTF-8 JSON object, padded at its end with spaces (0x20)
+//                      to N bytes. It has one member per tensor,
+//                        "NAME": {"dtype": DTYPE, "shape": [d0, d1, ...], "data_offsets": [BEGIN, END]}
+//                      with DTYPE one of "BF16", "F32", "U16", "I32", "I64", "U8" (2, 4, 2, 4, 8
+//                      and 1 bytes per element), shape [] for a scalar (one element), a 0 in the
+//                      shape for an empty tensor, and END - BEGIN = product(shape) * element size;
+//                      and one member "__metadata__": {"KEY": "VALUE", ...}, values strings only.
+//                      BEGIN and END are byte offsets into the data section. The tensors tile it:
+//                      the first begins at 0, each begins where the previous ended, and the last
+//                      ends at the end of the file.
+//   bytes [8+N, end)   the data section: each tensor's elements, row-major, raw little-endian.
+//
+// The writer emits "__metadata__" first, then the tensors in the order they were added, with
+// increasing offsets, and no whitespace inside the JSON. The reader takes members in any order
+// (the offsets, not the member order, place the tensors) and accepts exactly this JSON subset:
+// objects, arrays, strings, and non-negative integers without sign, fraction, exponent or
+// leading zero; whitespace (space, tab, CR, LF) between tokens; strings of valid UTF-8 without
+// raw control characters, with the escapes \" \\ \/ \b \f \n \r \t and \uXXXX (surrogate pairs
+// combined). It rejects everything else (true/false/null, other numbers, duplicate keys, members
+// the schema does not name) with a CheckpointError naming the file and the problem. The writer
+// escapes " and \ as \" and \\, newline and tab as \n and \t, other control characters as
+// \u00XX, and writes all other characters as raw UTF-8.
+//
+// Writing goes through PATH.tmp.<pid>, synced to disk, then renamed over PATH, then the directory
+// synced: a reader sees the previous checkpoint or the new one, never a mix, even when the writer
+// is killed (which leaves only its temp file behind). Tensor bytes are streamed in both
+// directions (no whole-file buffer), with 64-bit offsets throughout.
+// Host code only (C++20, POSIX), no CUDA or MPI dependency.
+#pragma once
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace ckpt {
+
+static_assert(std::endian::native == std::endian::little, "checkpoints are little-endian; a big-endian host would need byte swaps");
+
+// Every problem with a checkpoint file or with what a caller asks of one; what() is the whole message.
+struct CheckpointError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// The largest header accepted (the same cap as the safetensors package): a bigger length field
+// means a corrupted or foreign file, not a real header.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+// Bytes per element of a dtype name, 0 for a name the format does not know.
+inline size_t dtype_size(std::string_view dtype) {
+    if (dtype == "BF16" || dtype == "U16") return 2;
+    if (dtype == "F32" || dtype == "I32") return 4;
+    if (dtype == "I64") return 8;
+    if (dtype == "U8") return 1;
+    return 0;
+}
+
+namespace detail {
+
+inline std::string errno_text(int err) { return std::strerror(err); }
+
+// A JSON string literal for s (the escapes the format comment lists).
+inline std::string json_quote(std::string_view s) {
+    std::string out = "\"";
+    for (const char ch : s) {
+        const auto c = static_cast<unsigned char>(ch);
+        if (c == '"') out += "\\\"";
+        else if (c == '\\') out += "\\\\";
+        else if (c == '\n') out += "\\n";
+        else if (c == '\t') out += "\\t";
+        else if (c < 0x20) {
+            static const char hex[] = "0123456789abcdef";
+            out += "\\u00";
+            out += hex[c >> 4];
+            out += hex[c & 15];
+        } else {
+            out += ch;
+        }
+    }
+    return out + "\"";
+}
+
+// Length of the valid UTF-8 sequence starting at s[i] (shortest form, no surrogates, at most
+// U+10FFFF), or 0 when there is none.
+inline size_t utf8_sequence(std::string_view s, size_t i) {
+    const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+    const unsigned char c = b(i);
+    if (c < 0x80) return 1;
+    size_t n;
+    uint32_t cp;
+    if ((c & 0xE0) == 0xC0) n = 2, cp = c & 0x1F;
+    else if ((c & 0xF0) == 0xE0) n = 3, cp = c & 0x0F;
+    else if ((c & 0xF8) == 0xF0) n = 4, cp = c & 0x07;
+    else return 0;
+    if (i + n > s.size()) return 0;
+    for (size_t k = 1; k < n; ++k) {
+        if ((b(i + k) & 0xC0) != 0x80) return 0;
+        cp = (cp << 6) | (b(i + k) & 0x3F);
+    }
+    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    return n;
+}
+
+inline bool valid_utf8(std::string_view s) {
+    for (size_t i = 0; i < s.size();) {
+        const size_t n = utf8_sequence(s, i);
+        if (!n) return false;
+        i += n;
+    }
+    return true;
+}
+
+inline void append_utf8(std::string& out, uint32_t cp) {
+    if (cp < 0x80) {
+        out += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+        out += static_cast<char>(0xC0 | (cp >> 6));
+        out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        out += static_cast<char>(0xE0 | (cp >> 12));
+        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        out += static_cast<char>(0x80 | (cp & 0x3F));
+    } else {
+        out += static_cast<char>(0xF0 | (cp >> 18));
+        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+        out += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+}
+
+inline std::string shape_text(const std::vector<int64_t>& shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+// product(shape) * element size, or false when a dimension is negative or the product overflows.
+inline bool tensor_bytes(const std::vector<int64_t>& shape, size_t elem, uint64_t& bytes) {
+    uint64_t n = elem;
+    for (const int64_t d : shape) {
+        if (d < 0) return false;
+        if (__builtin_mul_overflow(n, static_cast<uint64_t>(d), &n)) return false;
+    }
+    bytes = n;
+    return true;
+}
+
+// Closes the descriptor on every path out, including throws.
+struct Fd {
+    int fd = -1;
+    Fd() = default;
+    explicit Fd(int f) : fd(f) {}
+    Fd(Fd&& o) noexcept : fd(std::exchange(o.fd, -1)) {}
+    Fd& operator=(Fd&& o) noexcept {
+        if (this != &o) {
+            reset();
+            fd = std::exchange(o.fd, -1);
+        }
+        return *this;
+    }
+    Fd(const Fd&) = delete;
+    Fd& operator=(const Fd&) = delete;
+    ~Fd() { reset(); }
+    void reset() {
+        if (fd >= 0) ::close(fd);
+        fd = -1;
+    }
+};
+
+inline int open_retry(const char* path, int flags, mode_t mode = 0) {
+    int fd;
+    do fd = ::open(path, flags, mode);
+    while (fd < 0 && errno == EINTR);
+    return fd;
+}
+
+// One request per call is capped (Linux moves at most ~2 GiB per read/write), so big tensors go
+// in pieces.
+constexpr uint64_t kIoChunk = uint64_t(1) << 26;
+
+// Reads up to n bytes at offset, looping over short reads and EINTR; returns the count read,
+// less than n only at end of file; -1 with errno set on an error.
+inline int64_t pread_fully(int fd, void* dst, uint64_t n, uint64_t offset) {
+    auto* p = static_cast<char*>(dst);
+    uint64_t done = 0;
+    while (done < n) {
+        const ssize_t got = ::pread(fd, p + done, static_cast<size_t>(std::min(n - done, kIoChunk)),
+                                    static_cast<off_t>(offset + done));
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (got == 0) break;
+        done += static_cast<uint64_t>(got);
+    }
+    return static_cast<int64_t>(done);
+}
+
+// Writes all n bytes, looping over short writes and EINTR; false with errno set on an error.
+inline bool write_fully(int fd, const void* src, uint64_t n) {
+    const auto* p = static_cast<const char*>(src);
+    while (n > 0) {
+        const ssize_t w = ::write(fd, p, static_cast<size_t>(std::min(n, kIoChunk)));
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return false;
+        }
+        p += w;
+        n -= static_cast<uint64_t>(w);
+    }
+    return true;
+}
+
+// The parsed header: a JSON value of the accepted subset. An object's member names are in keys,
+// its values at the same index in items (a vector of the type being defined is fine; a pair of
+// it would not be).
+struct Json {
+    enum Kind { Object, Array, String, Integer } kind = Integer;
+    std::string str;
+    uint64_t num = 0;
+    std::vector<std::string> keys;  // an object's, in text order
+    std::vector<Json> items;        // an array's elements or an object's values
+};
+
+// Recursive descent over the subset; every error names the file and the header byte it is at.
+class JsonParser {
+  public:
+    JsonParser(std::string_view text, const std::string& path) : s_(text), path_(path) {}
+
+    // The one top-level object; after it only whitespace (the padding) may follow.
+    Json parse_document() {
+        skip_ws();
+        if (i_ >= s_.size() || s_[i_] != '{') fail("the header is not a JSON object");
+        Json v = value(0);
+        skip_ws();
+        if (i_ != s_.size()) fail("unexpected text after the header's JSON object");
+        return v;
+    }
+
+  private:
+    // Our schema nests three deep; anything much deeper is not a checkpoint header.
+    static constexpr int kMaxDepth = 16;
+
+    [[noreturn]] void fail(const std::string& what) const {
+        throw CheckpointError("checkpoint " + path_ + ": bad header JSON at byte " + std::to_string(i_) +
+                              " of the header: " + what);
+    }
+    void skip_ws() {
+        while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
+    }
+    void expect(char c) {
+        skip_ws();
+        if (i_ >= s_.size()) fail(std::string("expected '") + c + "', found the end of the header");
+        if (s_[i_] != c) fail(std::string("expected '") + c + "', found " + describe(i_));
+        ++i_;
+    }
+    std::string describe(size_t k) const {
+        const auto c = static_cast<unsigned char>(s_[k]);
+        if (c >= 0x20 && c < 0x7F) return std::string("'") + s_[k] + "'";
+        static const char hex[] = "0123456789abcdef";
+        return std::string("byte 0x") + hex[c >> 4] + hex[c & 15];
+    }
+
+    Json value(int depth) {
+        if (depth > kMaxDepth) fail("nested deeper than " + std::to_string(kMaxDepth) + " levels");
+        skip_ws();
+        if (i_ >= s_.size()) fail("expected a value, found the end of the header");
+        Json v;
+        const char c = s_[i_];
+        if (c == '{') {
+            v.kind = Json::Object;
+            ++i_;
+            skip_ws();
+            if (i_ < s_.size() && s_[i_] == '}') {
+                ++i_;
+                return v;
+            }
+            for (;;) {
+                skip_ws();
+                if (i_ >= s_.size() || s_[i_] != '"')
+                    fail(i_ >= s_.size() ? "expected a member name, found the end of the header"
+                                         : "expected a member name (a string), found " + describe(i_));
+                const size_t key_pos = i_;
+                std::string key = string();
+                for (const auto& k : v.keys)
+                    if (k == key) {
+                        i_ = key_pos;
+                        fail("duplicate member " + json_quote(key));
+                    }
+                expect(':');
+                v.items.push_back(value(depth + 1));
+                v.keys.push_back(std::move(key));
+                skip_ws();
+                if (i_ < s_.size() && s_[i_] == ',') {
+                    ++i_;
+                    continue;
+                }
+                expect('}');
+                return v;
+            }
+        }
+        if (c == '[') {
+            v.kind = Json::Array;
+            ++i_;
+            skip_ws();
+            if (i_ < s_.size() && s_[i_] == ']') {
+                ++i_;
+                return v;
+            }
+            for (;;) {
+                v.items.push_back(value(depth + 1));
+                skip_ws();
+                if (i_ < s_.size() && s_[i_] == ',') {
+                    ++i_;
+                    continue;
+                }
+                expect(']');
+                return v;
+            }
+        }
+        if (c == '"') {
+            v.kind = Json::String;
+            v.str = string();
+            return v;
+        }
+        if (c >= '0' && c <= '9') {
+            v.kind = Json::Integer;
+            v.num = integer();
+            return v;
+        }
+        if (c == '-') fail("negative numbers are not allowed");
+        fail("expected an object, array, string or non-negative integer, found " + describe(i_));
+    }
+
+    uint64_t integer() {
+        const size_t start = i_;
+        uint64_t n = 0;
+        while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
+            if (__builtin_mul_overflow(n, uint64_t(10), &n) || __builtin_add_overflow(n, uint64_t(s_[i_] - '0'), &n)) {
+                i_ = start;
+                fail("integer does not fit in 64 bits");
+            }
+            ++i_;
+        }
+        if (i_ - start > 1 && s_[start] == '0') {
+            i_ = start;
+            fail("integer with a leading zero");
+        }
+        if (i_ < s_.size() && (s_[i_] == '.' || s_[i_] == 'e' || s_[i_] == 'E'))
+            fail("only integers are allowed (no fraction or exponent)");
+        return n;
+    }
+
+    uint32_t hex4() {
+        if (i_ + 4 > s_.size()) fail("\\u escape cut short by the end of the header");
+        uint32_t v = 0;
+        for (int k = 0; k < 4; ++k, ++i_) {
+            const char h = s_[i_];
+            v <<= 4;
+            if (h >= '0' && h <= '9') v |= static_cast<uint32_t>(h - '0');
+            else if (h >= 'a' && h <= 'f') v |= static_cast<uint32_t>(h - 'a' + 10);
+            else if (h >= 'A' && h <= 'F') v |= static_cast<uint32_t>(h - 'A' + 10);
+            else fail("\\u escape needs four hex digits, found " + describe(i_));
+        }
+        return v;
+    }
+
+    std::string string() {
+        ++i_;  // the opening quote
+        std::string out;
+        for (;;) {
+            if (i_ >= s_.size()) fail("unterminated string");
+            const auto c = static_cast<unsigned char>(s_[i_]);
+            if (c == '"') {
+                ++i_;
+                return out;
+            }
+            if (c < 0x20) fail("raw control character " + describe(i_) + " in a string (it must be escaped)");
+            if (c == '\\') {
+                if (++i_ >= s_.size()) fail("unterminated string");
+                const char e = s_[i_++];
+                switch (e) {
+                    case '"': out += '"'; break;
+                    case '\\': out += '\\'; break;
+                    case '/': out += '/'; break;
+                    case 'b': out += '\b'; break;
+                    case 'f': out += '\f'; break;
+                    case 'n': out += '\n'; break;
+                    case 'r': out += '\r'; break;
+                    case 't': out += '\t'; break;
+                    case 'u': {
+                        const size_t at = i_ - 2;
+                        uint32_t cp = hex4();
+                        if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                            i_ = at;
+                            fail("\\u escape is a lone low surrogate");
+                        }
+                        if (cp >= 0xD800 && cp <= 0xDBFF) {
+                            if (i_ + 2 > s_.size() || s_[i_] != '\\' || s_[i_ + 1] != 'u') {
+                                i_ = at;
+                                fail("\\u escape is a high surrogate without its low half");
+                            }
+                            i_ += 2;
+                            const uint32_t lo = hex4();
+                            if (lo < 0xDC00 || lo > 0xDFFF) {
+                                i_ = at;
+                                fail("\\u escape is a high surrogate without its low half");
+                            }
+                            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                        }
+                        append_utf8(out, cp);
+                        break;
+                    }
+                    default:
+                        i_ -= 2;
+                        fail("unknown escape \\" + std::string(1, e) + " in a string");
+                }
+                continue;
+            }
+            const size_t n = utf8_sequence(s_, i_);
+            if (!n) fail("invalid UTF-8 in a string");
+            out.append(s_.substr(i_, n));
+            i_ += n;
+        }
+    }
+
+    std::string_view s_;
+    const std::string& path_;
+    size_t i_ = 0;
+};
+
+}  // namespace detail
+
+// Collects metadata and tensors, then writes them as one checkpoint file. The tensors' bytes are
+// not copied: each data pointer must stay valid until write() returns.
+class CheckpointWriter {
+  public:
+    // A string the trainer wants back on resume (step, config, RNG state...). Keys are unique.
+    void meta(const std::string& key, const std::string& value) {
+        if (!detail::valid_utf8(key) || !detail::valid_utf8(value))
+            throw CheckpointError("checkpoint metadata " + detail::json_quote(key) + ": key and value must be valid UTF-8");
+        for (const auto& m : meta_)
+            if (m.first == key) throw CheckpointError("checkpoint metadata key " + detail::json_quote(key) + " given twice");
+        meta_.emplace_back(key, value);
+    }
+
+    // A tensor of `bytes` bytes at `data`, which must be product(shape) elements of dtype.
+    void tensor(const std::string& name, const char* dtype, std::vector<int64_t> shape, const void* data, size_t bytes) {
+        const std::string q = detail::json_quote(name);
+        if (name.empty() || name == "__metadata__" || !detail::valid_utf8(name))
+            throw CheckpointError("checkpoint tensor " + q + ": a name must be non-empty valid UTF-8 other than \"__metadata__\"");
+        const size_t elem = dtype ? dtype_size(dtype) : 0;
+        if (!elem)
+            throw CheckpointError("checkpoint tensor " + q + ": unknown dtype " +
+                                  (dtype ? detail::json_quote(dtype) : std::string("(null)")) +
+                                  " (known: BF16 F32 U16 I32 I64 U8)");
+        uint64_t want = 0;
+        if (!detail::tensor_bytes(shape, elem, want))
+            throw CheckpointError("checkpoint tensor " + q + ": shape " + detail::shape_text(shape) +
+                                  " has a negative dimension or too many elements");
+        if (want != bytes)
+            throw CheckpointError("checkpoint tensor " + q + ": " + std::to_string(bytes) + " bytes given, but shape " +
+                                  detail::shape_text(shape) + " of " + dtype + " is " + std::to_string(want) + " bytes");
+        if (bytes && !data) throw CheckpointError("checkpoint tensor " + q + ": null data for " + std::to_string(bytes) + " bytes");
+        for (const auto& t : tensors_)
+            if (t.name == name) throw CheckpointError("checkpoint tensor " + q + " added twice");
+        tensors_.push_back({name, dtype, std::move(shape), data, bytes});
+    }
+
+    // The header text, padding included (what lands at file bytes [8, 8+N)).
+    std::string header() const {
+        std::string h = "{\"__metadata__\":{";
+        for (size_t i = 0; i < meta_.size(); ++i)
+            h += (i ? "," : "") + detail::json_quote(meta_[i].first) + ":" + detail::json_quote(meta_[i].second);
+        h += "}";
+        uint64_t offset = 0;
+        for (const auto& t : tensors_) {
+            h += "," + detail::json_quote(t.name) + ":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
+            for (size_t i = 0; i < t.shape.size(); ++i) h += (i ? "," : "") + std::to_string(t.shape[i]);
+            h += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.bytes) + "]}";
+            offset += t.bytes;
+        }
+        h += "}";
+        h.append((8 - h.size() % 8) % 8, ' ');
+        return h;
+    }
+
+    // Writes the file atomically (see the top of this file); throws CheckpointError naming the
+    // path and the system's reason, leaving no temp file and whatever was at path untouched.
+    void write(const std::string& path) const {
+        const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+        // Called as fail(errno, ...) right after the failing call: no argument allocates, so errno
+        // is still the failing call's.
+        const auto fail = [&](int err, const char* step, const std::string& file, const char* tail = "") {
+            throw CheckpointError("cannot write checkpoint " + path + ": " + step + " " + file + tail + ": " +
+                                  detail::errno_text(err));
+        };
+        {
+            // Until the rename, any way out removes the temp file.
+            struct TempFile {
+                const std::string& tmp;
+                detail::Fd fd;
+                bool keep = false;
+                ~TempFile() {
+                    fd.reset();
+                    if (!keep) ::unlink(tmp.c_str());
+                }
+            } file{tmp, detail::Fd(detail::open_retry(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644))};
+            if (file.fd.fd < 0) {
+                const int err = errno;
+                file.keep = true;  // nothing was created
+                fail(err, "cannot create temporary file", tmp);
+            }
+            const std::string h = header();
+            const uint64_t n = h.size();
+            bool ok = detail::write_fully(file.fd.fd, &n, 8) && detail::write_fully(file.fd.fd, h.data(), n);
+            for (size_t i = 0; ok && i < tensors_.size(); ++i)
+                ok = detail::write_fully(file.fd.fd, tensors_[i].data, tensors_[i].bytes);
+            if (!ok) fail(errno, "writing", tmp);
+            if (::fsync(file.fd.fd) != 0) fail(errno, "fsync of", tmp);
+            if (::close(std::exchange(file.fd.fd, -1)) != 0) fail(errno, "closing", tmp);
+            if (::rename(tmp.c_str(), path.c_str()) != 0) fail(errno, "renaming", tmp, " into place");
+            file.keep = true;
+        }
+        // The rename is durable only once the directory entry is on disk.
+        const size_t slash = path.find_last_of('/');
+        const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+        detail::Fd d(detail::open_retry(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+        if (d.fd < 0) fail(errno, "opening its directory", dir, " to sync it");
+        if (::fsync(d.fd) != 0) fail(errno, "fsync of its directory", dir);
+    }
+
+  private:
+    struct Tensor {
+        std::string name;
+        std::string dtype;
+        std::vector<int64_t> shape;
+        const void* data;
+        size_t bytes;
+    };
+    std::vector<std::pair<std::string, std::string>> meta_;
+    std::vector<Tensor> tensors_;
+};
+
+// Opens and validates a checkpoint (header and sizes; tensor bytes are read only on request).
+// Keeps the file open: read() takes tensors one at a time, each straight into the caller's buffer.
+class CheckpointReader {
+  public:
+    struct Info {
+        std::string dtype;
+        std::vector<int64_t> shape;
+        size_t offset;  // where the tensor's bytes start in the file: 8 + N + BEGIN
+        size_t bytes;
+    };
+
+    explicit CheckpointReader(const std::string& path) : path_(path) {
+        fd_ = detail::Fd(detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC));
+        if (fd_.fd < 0) throw CheckpointError("cannot open checkpoint " + path + ": " + detail::errno_text(errno));
+        struct stat st {};
+        if (::fstat(fd_.fd, &st) != 0) throw CheckpointError("cannot stat checkpoint " + path + ": " + detail::errno_text(errno));
+        if (S_ISDIR(st.st_mode)) throw CheckpointError("cannot read checkpoint " + path + ": it is a directory");
+        const uint64_t size = static_cast<uint64_t>(st.st_size);
+        if (size < 8)
+            throw CheckpointError("checkpoint " + path + " is " + std::to_string(size) +
+                                  " bytes, too short for its 8-byte header length");
+        uint64_t n = 0;
+        if (detail::pread_fully(fd_.fd, &n, 8, 0) != 8)
+            throw CheckpointError("cannot read checkpoint " + path + ": " + detail::errno_text(errno));
+        if (n > size - 8)
+            throw CheckpointError("checkpoint " + path + " declares a " + std::to_string(n) +
+                                  "-byte header, beyond the end of the " + std::to_string(size) + "-byte file");
+        if (n > kMaxHeaderBytes)
+            throw CheckpointError("checkpoint " + path + " declares a " + std::to_string(n) + "-byte header, more than the " +
+                                  std::to_string(kMaxHeaderBytes) + "-byte limit");
+        if (n % 8 != 0)
+            throw CheckpointError("checkpoint " + path + " declares a " + std::to_string(n) +
+                                  "-byte header, not a multiple of 8 (the data section must be 8-byte aligned)");
+        std::string text(static_cast<size_t>(n), '\0');
+        if (detail::pread_fully(fd_.fd, text.data(), n, 8) != static_cast<int64_t>(n))
+            throw CheckpointError("cannot read checkpoint " + path + "'s header: " + detail::errno_text(errno));
+        parse_header(detail::JsonParser(text, path).parse_document(), 8 + n, size);
+    }
+
+    // A metadata value; throws naming the key when the file has none.
+    const std::string& meta(const std::string& key) const {
+        const auto it = meta_.find(key);
+        if (it == meta_.end()) throw CheckpointError("checkpoint " + path_ + " has no metadata key " + detail::json_quote(key));
+        return it->second;
+    }
+    bool has_meta(const std::string& key) const { return meta_.count(key) != 0; }
+
+    bool has(const std::string& name) const { return index_.count(name) != 0; }
+
+    const Info& info(const std::string& name) const { return infos_[find(name)].second; }
+
+    // The tensor's bytes into dst, which holds exactly `bytes` (its size, checked).
+    void read(const std::string& name, void* dst, size_t bytes) const {
+        const Info& in = infos_[find(name)].second;
+        if (bytes != in.bytes)
+            throw CheckpointError("checkpoint " + path_ + ": tensor " + detail::json_quote(name) + " is " +
+                                  std::to_string(in.bytes) + " bytes (" + in.dtype + " " + detail::shape_text(in.shape) +
+                                  "), the caller's buffer " + std::to_string(bytes));
+        const int64_t got = detail::pread_fully(fd_.fd, dst, in.bytes, in.offset);
+        if (got < 0)
+            throw CheckpointError("cannot read tensor " + detail::json_quote(name) + " of checkpoint " + path_ + ": " +
+                                  detail::errno_text(errno));
+        // The size was checked at open, so only a file changed underneath us lands here.
+        if (static_cast<uint64_t>(got) != in.bytes)
+            throw CheckpointError("checkpoint " + path_ + " shrank while tensor " + detail::json_quote(name) + " was read");
+    }
+
+    // The tensor names in data order (which is the order the writer added them).
+    std::vector<std::string> names() const {
+        std::vector<std::string> out;
+        out.reserve(infos_.size());
+        for (const auto& e : infos_) out.push_back(e.first);
+        return out;
+    }
+
+    const std::string& path() const { return path_; }
+
+  private:
+    size_t find(const std::string& name) const {
+        const auto it = index_.find(name);
+        if (it == index_.end()) throw CheckpointError("checkpoint " + path_ + " has no tensor " + detail::json_quote(name));
+        return it->second;
+    }
+
+    [[noreturn]] void bad(const std::string& what) const { throw CheckpointError("checkpoint " + path_ + ": " + what); }
+
+    // Checks the parsed header against the schema and the file size, filling meta_ and infos_.
+    void parse_header(const detail::Json& doc, uint64_t data_start, uint64_t file_size) {
+        using detail::Json;
+        using detail::json_quote;
+        struct Range {
+            uint64_t begin, end;
+            size_t index;
+        };
+        std::vector<Range> ranges;
+        for (size_t m = 0; m < doc.keys.size(); ++m) {
+            const std::string& name = doc.keys[m];
+            const Json& v = doc.items[m];
+            const std::string q = json_quote(name);
+            if (name == "__metadata__") {
+                if (v.kind != Json::Object) bad("\"__metadata__\" is not an object");
+                for (size_t k = 0; k < v.keys.size(); ++k) {
+                    if (v.items[k].kind != Json::String) bad("metadata value of " + json_quote(v.keys[k]) + " is not a string");
+                    meta_.emplace(v.keys[k], v.items[k].str);
+                }
+                continue;
+            }
+            if (v.kind != Json::Object) bad("tensor " + q + " is not an object");
+            const Json *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
+            for (size_t k = 0; k < v.keys.size(); ++k) {
+                const std::string& key = v.keys[k];
+                if (key == "dtype") dtype = &v.items[k];
+                else if (key == "shape") shape = &v.items[k];
+                else if (key == "data_offsets") offsets = &v.items[k];
+                else bad("tensor " + q + " has an unknown field " + json_quote(key));
+            }
+            if (!dtype || !shape || !offsets) bad("tensor " + q + " lacks its \"" +
+                                                  std::string(!dtype ? "dtype" : !shape ? "shape" : "data_offsets") + "\" field");
+            if (dtype->kind != Json::String) bad("tensor " + q + ": \"dtype\" is not a string");
+            const size_t elem = dtype_size(dtype->str);
+            if (!elem) bad("tensor " + q + " has unknown dtype " + json_quote(dtype->str) + " (known: BF16 F32 U16 I32 I64 U8)");
+            if (shape->kind != Json::Array) bad("tensor " + q + ": \"shape\" is not an array");
+            Info info{dtype->str, {}, 0, 0};
+            for (const auto& d : shape->items) {
+                if (d.kind != Json::Integer || d.num > uint64_t(INT64_MAX))
+                    bad("tensor " + q + ": \"shape\" holds something other than a dimension (a non-negative 64-bit integer)");
+                info.shape.push_back(static_cast<int64_t>(d.num));
+            }
+            if (offsets->kind != Json::Array || offsets->items.size() != 2 || offsets->items[0].kind != Json::Integer ||
+                offsets->items[1].kind != Json::Integer)
+                bad("tensor " + q + ": \"data_offsets\" is not a pair of integers [begin, end]");
+            const uint64_t begin = offsets->items[0].num, end = offsets->items[1].num;
+            const std::string range = "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+            if (end < begin) bad("tensor " + q + ": data_offsets " + range + " end before they begin");
+            uint64_t want = 0;
+            if (!detail::tensor_bytes(info.shape, elem, want))
+                bad("tensor " + q + ": shape " + detail::shape_text(info.shape) + " has too many elements");
+            if (want != end - begin)
+                bad("tensor " + q + " is " + info.dtype + " " + detail::shape_text(info.shape) + " (" + std::to_string(want) +
+                    " bytes) but its data_offsets " + range + " span " + std::to_string(end - begin) + " bytes");
+            info.bytes = static_cast<size_t>(end - begin);
+            info.offset = static_cast<size_t>(data_start + begin);
+            ranges.push_back({begin, end, infos_.size()});
+            infos_.emplace_back(name, std::move(info));
+        }
+        // The tensors must tile the data section: sorted by where they start, each starts where the
+        // previous ended (empty tensors sort before a non-empty one at the same offset).
+        std::stable_sort(ranges.begin(), ranges.end(),
+                         [](const Range& a, const Range& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
+        uint64_t at = 0;
+        std::string prev;
+        for (const Range& r : ranges) {
+            const std::string& name = infos_[r.index].first;
+            if (r.begin != at) {
+                const std::string range = "[" + std::to_string(r.begin) + ", " + std::to_string(r.end) + "]";
+                if (prev.empty())
+                    bad("the first tensor's data, " + json_quote(name) + " at " + range + ", does not begin at 0");
+                bad("tensor " + json_quote(name) + " at data_offsets " + range + (r.begin < at ? " overlaps" : " leaves a gap after") +
+                    " tensor " + json_quote(prev) + ", which ends at " + std::to_string(at));
+            }
+            at = r.end;
+            prev = name;
+        }
+        const uint64_t have = file_size - data_start;
+        if (have < at)
+            bad("the file is truncated: its header describes " + std::to_string(at) + " bytes of tensor data, but only " +
+                std::to_string(have) + " follow the header");
+        if (have > at)
+            bad("the file has " + std::to_string(have) + " bytes after the header, more than the " + std::to_string(at) +
+                " bytes of tensor data its header describes");
+        std::vector<std::pair<std::string, Info>> sorted;
+        sorted.reserve(infos_.size());
+        for (const Range& r : ranges) sorted.push_back(std::move(infos_[r.index]));
+        infos_ = std::move(sorted);
+        for (size_t i = 0; i < infos_.size(); ++i) index_.emplace(infos_[i].first, i);
+    }
+
+    std::string path_;
+    detail::Fd fd_;
+    std::map<std::string, std::string> meta_;
+    std::vector<std::pair<std::string, Info>> infos_;  // in data order
+    std::map<std::string, size_t> index_;
+};
+
+}  // namespace ckpt

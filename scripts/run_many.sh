@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# N record attempts in a row (scripts/run_record.sh each), their logs in one directory, then
+# their statistics (scripts/stats.py: mean val loss and its t-test against 3.28, mean time).
+#
+#   scripts/run_many.sh N [train_gpt flags...]
+#
+# Run i's id is <prefix>-<timestamp>-<i> (the timestamp is the series' start), its log
+# <dir>/<id>.txt. The directory is the --log-dir flag's if one is given, else $LOG_DIR, else
+# logs/<prefix>-<timestamp>; relative paths are taken from the repository root, as in
+# run_record.sh. Other flags go to every run unchanged (--run-id is this script's to choose).
+#
+# Environment: RUN_PREFIX (default record), LOG_DIR (above), and run_record.sh's: NP, MPIRUN,
+# MPI_BIND, SKIP_BUILD, BUILD. The first run builds the trainer, the others reuse it.
+#
+# A run that fails before writing its log (no GPU, no data, a build error) stops the series: the
+# next would fail the same way. A run that fails after writing its log is reported, left out of
+# the statistics, and the series goes on.
+# Exit status: 0 every run finished and the statistics were printed; 1 a run failed or the
+# statistics could not be computed; 2 bad usage.
+set -euo pipefail
+
+usage() {
+  echo "run_many.sh: $*" >&2
+  echo "usage: scripts/run_many.sh N [train_gpt flags...]   (N: how many runs, a positive whole number)" >&2
+  exit 2
+}
+
+if [[ ${1-} == -h || ${1-} == --help ]]; then
+  sed -n '2,/^set -euo/{/^set -euo/d;s/^# \{0,1\}//;p}' "$0"
+  exit 0
+fi
+(($#)) || usage "missing N"
+n=$1
+shift
+if [[ ! $n =~ ^[0-9]+$ ]] || ((10#$n == 0)); then
+  usage "N must be a positive whole number of runs, got '$n'"
+fi
+n=$((10#$n))
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+prefix=${RUN_PREFIX:-record}
+[[ $prefix =~ ^[A-Za-z0-9._-]+$ ]] || usage "RUN_PREFIX may hold only letters, digits, '.', '_' and '-', got '$prefix'"
+stamp=$(date +%Y%m%d-%H%M%S)
+
+dir=
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case ${args[i]} in
+    --log-dir)
+      ((i + 1 < ${#args[@]})) || usage "--log-dir needs a value (a directory)"
+      dir=${args[i + 1]}
+      i=$((i + 1))
+      ;;
+    --log-dir=*) dir=${args[i]#*=} ;;
+    --run-id | --run-id=*) usage "--run-id is chosen by run_many.sh (<prefix>-<timestamp>-<i>); set RUN_PREFIX instead" ;;
+  esac
+done
+log_dir_flag=()
+if [[ -z $dir ]]; then
+  dir=${LOG_DIR:-logs/$prefix-$stamp}
+  log_dir_flag=(--log-dir "$dir")
+fi
+mkdir -p "$dir"
+
+finished=()
+failed=()
+for ((i = 1; i <= n; i++)); do
+  id=$prefix-$stamp-$i
+  log=$dir/$id.txt
+  echo "== run $i of $n: $id (log $log)" >&2
+  status=0
+  scripts/run_record.sh --run-id "$id" "${log_dir_flag[@]}" "$@" || status=$?
+  if ((status == 0)) && [[ -f $log ]]; then
+    finished+=("$log")
+  elif ((status == 0)); then
+    echo "run_many.sh: run $i of $n ended without error but left no log at $log: stopping the series" >&2
+    exit 1
+  elif [[ -f $log ]]; then
+    echo "== run $i of $n failed (exit status $status); its log $log is left out of the statistics" >&2
+    failed+=("$log")
+  else
+    echo "run_many.sh: run $i of $n failed (exit status $status) before writing $log: stopping the series" >&2
+    exit 1
+  fi
+  export SKIP_BUILD=1  # built (or skipped) once for the whole series
+done
+
+echo "== $n runs: ${#finished[@]} finished, ${#failed[@]} failed; logs in $dir" >&2
+for log in "${failed[@]}"; do
+  echo "   failed: $log" >&2
+done
+if ((${#finished[@]} == 0)); then
+  echo "run_many.sh: no run finished: no statistics" >&2
+  exit 1
+fi
+python3 scripts/stats.py "${finished[@]}" || exit 1
+((${#failed[@]} == 0)) || exit 1

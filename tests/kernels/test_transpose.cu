@@ -1,0 +1,45 @@
+// kernels/transpose.cuh: plain, accumulating and column-slice transposes of bf16 and fp32 matrices,
+// ragged against the 32x32 tile, against host loops on fresh random data.
+#include "../../kernels/transpose.cuh"
+#include "../device_util.h"
+
+#include <string>
+#include <vector>
+
+// in (rows, in_ld) holds the matrix in columns [0, cols); out (cols, out_ld) starts with random
+// contents so that the untouched tail and the add are both checked.
+template <class T>
+void check_transpose(int rows, int cols, int in_ld, int out_ld, bool add) {
+    std::vector<T> in(size_t(rows) * in_ld), out(size_t(cols) * out_ld);
+    for (T& v : in) v = static_cast<T>(static_cast<float>(test::normal()));
+    for (T& v : out) v = static_cast<T>(static_cast<float>(test::normal()));
+    std::vector<double> want(out.size());
+    for (size_t i = 0; i < out.size(); ++i) want[i] = test::value(out[i]);
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) {
+            const double x = test::value(in[size_t(r) * in_ld + c]);
+            double& o = want[size_t(c) * out_ld + r];
+            // the kernel adds in fp32 and rounds once to T
+            o = add ? test::value(static_cast<T>(static_cast<float>(o) + static_cast<float>(x))) : x;
+        }
+    test::DeviceBuffer<T> din(in), dout(out);
+    transpose(dout.ptr, din.ptr, rows, cols, in_ld, out_ld, add, nullptr);
+    const std::vector<double> got = test::values(dout.download());
+    test::check_close(std::string(sizeof(T) == 2 ? "bf16" : "fp32") + " transpose " + std::to_string(rows) + "x" +
+                          std::to_string(cols) + (add ? " add" : ""),
+                      got, want, 0.0, 0.0);
+}
+
+int main() {
+    test::seed();
+    for (bool add : {false, true}) {
+        check_transpose<__nv_bfloat16>(64, 96, 96, 64, add);
+        check_transpose<__nv_bfloat16>(37, 70, 70, 37, add);     // ragged in both directions
+        check_transpose<__nv_bfloat16>(128, 300, 512, 130, add); // a column slice into padded rows
+        check_transpose<float>(33, 65, 200, 40, add);
+    }
+    test::check_fails_with("a leading dimension shorter than a row", "leading dimensions", [] {
+        transpose<float>(nullptr, nullptr, 4, 8, 4, 4, false, nullptr);
+    });
+    return test::finish();
+}

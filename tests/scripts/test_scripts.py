@@ -1,0 +1,728 @@
+#!/usr/bin/env python3
+"""Offline tests of the record scripts: stats.py (its Student t distribution against closed forms,
+a table of critical values and a quadrature of the density; its numbers against the statistics
+module and hand-worked examples; compare mode; errors), plot_logs.py, and run_record.sh /
+run_many.sh with stub nvidia-smi, make and mpirun on PATH that record how they were called.
+Logs are synthetic, written to a temporary directory, each headed by a fake source file full of
+the log lines' format strings. Standard library only (the plot test needs matplotlib and is
+skipped without it).
+"""
+import contextlib
+import io
+import json
+import math
+import os
+import re
+import shutil
+import stat
+import statistics
+import subprocess
+import sys
+import tempfile
+import unittest
+
+sys.dont_write_bytecode = True
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.environ.get("REPO") or os.path.dirname(os.path.dirname(HERE))
+SCRIPTS = os.path.join(REPO, "scripts")
+sys.path.insert(0, SCRIPTS)
+import stats  # noqa: E402
+
+BASH = shutil.which("bash") or "/bin/bash"
+
+# The top of a log: the program's source, whose format strings and comments hold log-like text
+# that must never be taken for results, then the environment.
+FAKE_HEADER = """\
+// train_gpt.cu (a stand-in for the source the trainer prints at the top of its log)
+static void log_validation(FILE* f, int step, int total, float loss, double ms) {
+    fprintf(f, "step:%d/%d val_loss:%.4f train_time:%.0fms step_avg:%.2fms\\n", step, total, loss, ms, ms / step);
+}
+static void log_step(FILE* f, int step, int total, double ms) {
+    fprintf(f, "step:%d/%d train_time:%.0fms step_avg:%.2fms\\n", step, total, ms, ms / step);
+}
+// A finished run ends like this:
+// step:1555/1555 val_loss:2.0000 train_time:1ms step_avg:0.00ms
+    print0(f"step:{step}/{train_steps} val_loss:{val_loss:.4f} train_time:{training_time_ms:.0f}ms")
+ * step:1555/1555 val_loss:2.5000 train_time:2ms step_avg:0.01ms (quoted in a block comment)
+====================================================================================================
+Running train_gpt (CUDA 12.8, NCCL 2.27)
+|   0  NVIDIA H100 80GB HBM3          On  |   00000000:05:00.0 Off |                    0 |
+====================================================================================================
+"""
+
+
+def log_text(final_loss, final_ms, total=1555, stop_at=None, every=250):
+    """A log whose validations fall every `every` steps and at the end, the last one with the
+    given loss and time. stop_at: the run ends after that training step (incomplete)."""
+    out = [FAKE_HEADER]
+    last = total if stop_at is None else stop_at
+    ms_per_step = final_ms / total
+    for step in range(0, last + 1):
+        t = step * ms_per_step
+        if step > 0:
+            out.append(f"step:{step}/{total} train_time:{t:.0f}ms step_avg:{t / step:.2f}ms\n")
+        if step == total:
+            loss_text = final_loss if isinstance(final_loss, str) else f"{final_loss:.4f}"
+            out.append(f"step:{step}/{total} val_loss:{loss_text} train_time:{final_ms}ms "
+                       f"step_avg:{final_ms / step:.2f}ms\n")
+        elif step % every == 0:
+            loss = 10.8258 - (10.8258 - 3.4) * step / total
+            out.append(f"step:{step}/{total} val_loss:{loss:.4f} train_time:{t:.0f}ms "
+                       f"step_avg:{t / max(step, 1):.2f}ms\n")
+    if stop_at is None:
+        out.append("peak memory allocated: 31253 MiB reserved: 46520 MiB\n")
+    return "".join(out)
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+def write_logs(directory, runs, **kw):
+    """runs: {run_id: (final_loss, final_ms)}. Returns the paths in the order given."""
+    return [write(os.path.join(directory, f"{rid}.txt"), log_text(loss, ms, **kw)) for rid, (loss, ms) in runs.items()]
+
+
+def run_script(args, env=None, cwd=None, executable=None):
+    full_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    full_env.update(env or {})
+    cmd = ([executable] if executable else []) + args
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=60)
+
+
+def run_py(script, args, env=None):
+    return run_script([os.path.join(SCRIPTS, script)] + args, env=env, executable=sys.executable)
+
+
+# ---- an independent Student t: the density integrated by Simpson's rule ----
+
+def t_density_unnormalized(x, df):
+    return math.exp(-(df + 1) / 2 * math.log1p(x * x / df))
+
+
+def simpson(f, a, b, intervals):
+    h = (b - a) / intervals
+    total = f(a) + f(b)
+    for i in range(1, intervals):
+        total += (4 if i % 2 else 2) * f(a + i * h)
+    return total * h / 3
+
+
+def t_cdf_quadrature(t, df, intervals=4000):
+    """P(T <= t) = 1/2 + integral of the density from 0 to t (the density is even). The density's
+    constant is Gamma((df+1)/2) / (Gamma(df/2) sqrt(df pi)); for large df, where those lgamma
+    values are huge and their difference inexact, it is found by integrating the density instead
+    (whose tails there are Gaussian: nothing past 60)."""
+    if df < 1000:
+        log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+        c = math.exp(log_c)
+    else:
+        c = 0.5 / simpson(lambda x: t_density_unnormalized(x, df), 0.0, 60.0, 24000)
+    return 0.5 + c * simpson(lambda x: t_density_unnormalized(x, df), 0.0, t, intervals)
+
+
+class StudentT(unittest.TestCase):
+    def test_closed_forms(self):
+        # df = 1 (Cauchy), 2 and 3 have elementary CDFs.
+        for t in (-30.0, -4.1, -1.0, -0.2, 0.0, 0.05, 0.7, 2.5, 12.0):
+            self.assertAlmostEqual(stats.student_t_cdf(t, 1), 0.5 + math.atan(t) / math.pi, places=13)
+            self.assertAlmostEqual(stats.student_t_cdf(t, 2), 0.5 + t / (2 * math.sqrt(2 + t * t)), places=13)
+            u = t / math.sqrt(3)
+            f3 = 0.5 + (u / (1 + u * u) + math.atan(u)) / math.pi
+            self.assertAlmostEqual(stats.student_t_cdf(t, 3), f3, places=13)
+
+    def test_far_tails_keep_relative_accuracy(self):
+        # P(T < -x) for df 1 is atan(1/x)/pi; for df 2 it is 1/((sqrt(2+x^2)+x) sqrt(2+x^2)).
+        for x in (10.0, 1e3, 1e6):
+            self.assertLess(abs(stats.student_t_cdf(-x, 1) / (math.atan(1 / x) / math.pi) - 1), 1e-11)
+            r = math.sqrt(2 + x * x)
+            self.assertLess(abs(stats.student_t_cdf(-x, 2) * (r + x) * r - 1), 1e-11)
+            self.assertLess(abs(stats.student_t_upper_tail(x, 2) * (r + x) * r - 1), 1e-11)
+
+    def test_critical_value_table(self):
+        # Two-sided 95%/90%/99% critical values as printed in statistics tables (t such that
+        # P(T <= t) = q); each entry is itself confirmed here by the quadrature.
+        table = [(1, 0.975, 12.7062047362), (2, 0.975, 4.3026527297), (5, 0.975, 2.5705818366),
+                 (10, 0.975, 2.2281388520), (30, 0.975, 2.0422724563), (4, 0.95, 2.1318467863),
+                 (9, 0.95, 1.8331129327), (20, 0.95, 1.7247182429), (3, 0.995, 5.8409093097),
+                 (100, 0.99, 2.3642173662)]
+        for df, q, t in table:
+            self.assertAlmostEqual(t_cdf_quadrature(t, df, intervals=20000), q, places=9, msg=f"table df={df}")
+            self.assertAlmostEqual(stats.student_t_cdf(t, df), q, places=9, msg=f"df={df}")
+            self.assertAlmostEqual(stats.student_t_cdf(-t, df), 1 - q, places=9, msg=f"df={df}")
+
+    def test_against_quadrature_including_fractional_df(self):
+        # Welch's test uses non-integer degrees of freedom.
+        for df in (0.7, 1.5, 3.2347, 7.3, 25.0, 400.0):
+            for t in (-6.0, -2.2, -0.4, 0.3, 1.7, 4.5):
+                self.assertAlmostEqual(stats.student_t_cdf(t, df), t_cdf_quadrature(t, df), places=10,
+                                       msg=f"t={t} df={df}")
+
+    def test_large_df(self):
+        # Large df against the quadrature (lgamma(df/2) is large there), on both sides of the
+        # switch to the normal expansion at 1e6; the t distribution tends to the normal.
+        for df in (1e3, 1e5, 9.9e5, 1.1e6, 1e8):
+            for t in (-3.0, -0.7, 2.1):
+                self.assertAlmostEqual(stats.student_t_cdf(t, df), t_cdf_quadrature(t, df), places=11,
+                                       msg=f"t={t} df={df}")
+        for t in (-3.0, -1.0, 0.5, 2.0):
+            self.assertAlmostEqual(stats.student_t_cdf(t, 1e12), 0.5 * math.erfc(-t / math.sqrt(2)), places=11)
+
+    def test_edges(self):
+        self.assertEqual(stats.student_t_cdf(0.0, 4), 0.5)
+        self.assertEqual(stats.student_t_cdf(math.inf, 4), 1.0)
+        self.assertEqual(stats.student_t_cdf(-math.inf, 4), 0.0)
+        self.assertTrue(math.isnan(stats.student_t_cdf(math.nan, 4)))
+        self.assertTrue(math.isnan(stats.student_t_cdf(1.0, 0)))
+        for t in (-2.5, 0.8, 3.3):
+            self.assertAlmostEqual(stats.student_t_cdf(t, 6.5) + stats.student_t_cdf(-t, 6.5), 1.0, places=14)
+
+    def test_regularized_beta(self):
+        # I_x(1, b) = 1 - (1-x)^b and I_x(a, 1) = x^a.
+        for x in (0.01, 0.3, 0.5, 0.9, 0.999):
+            self.assertAlmostEqual(stats.regularized_beta(x, 1.0, 3.5), 1 - (1 - x) ** 3.5, places=13)
+            self.assertAlmostEqual(stats.regularized_beta(x, 2.5, 1.0), x ** 2.5, places=13)
+        self.assertEqual(stats.regularized_beta(0.0, 2, 3), 0.0)
+        self.assertEqual(stats.regularized_beta(1.0, 2, 3), 1.0)
+
+
+class Parsing(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="test_scripts_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def test_only_whole_numeric_lines_count(self):
+        path = write(os.path.join(self.tmp, "a.txt"), log_text(3.2789, 95168))
+        run = stats.parse_log(path)
+        self.assertEqual(run.run_id, "a")
+        self.assertEqual(run.total, 1555)
+        self.assertEqual([p[0] for p in run.val_points], [0, 250, 500, 750, 1000, 1250, 1500, 1555])
+        self.assertEqual(run.val_points[0][1], 10.8258)
+        self.assertEqual(run.final, (3.2789, 95168))
+        self.assertEqual(run.last_train_step, 1555)
+        self.assertIsNone(run.problem())
+
+    def test_header_alone_is_not_a_log(self):
+        path = write(os.path.join(self.tmp, "h.txt"), FAKE_HEADER)
+        with self.assertRaisesRegex(stats.LogError, "no val_loss line"):
+            stats.parse_log(path)
+
+    def test_incomplete_and_diverged(self):
+        run = stats.parse_log(write(os.path.join(self.tmp, "i.txt"), log_text(3.28, 90000, stop_at=1300)))
+        self.assertIsNone(run.final)
+        self.assertEqual(run.problem(), "incomplete: last validation at step 1250 of 1555, training reached step 1300")
+        run = stats.parse_log(write(os.path.join(self.tmp, "d.txt"), log_text("nan", 90000)))
+        self.assertTrue(math.isnan(run.final[0]))
+        self.assertTrue(run.problem().startswith("diverged"))
+
+    def test_inconsistent_totals(self):
+        text = log_text(3.28, 90000) + "step:1600/1600 val_loss:3.2000 train_time:99000ms step_avg:61.88ms\n"
+        with self.assertRaisesRegex(stats.LogError, r"total step count 1600 differs from the 1555"):
+            stats.parse_log(write(os.path.join(self.tmp, "x.txt"), text))
+
+
+class Summary(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="test_scripts_")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def json_of(self, args):
+        """stats.py --json run in this process (the command-line tests below run it as a program)."""
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = stats.main(["--json"] + args)
+        self.assertEqual(code, 0, err.getvalue())
+        return json.loads(out.getvalue()), err.getvalue()
+
+    def test_numbers_match_independent_computation(self):
+        runs = {"r1": (3.2791, 95168), "r2": (3.2774, 94870), "r3": (3.2802, 95512),
+                "r4": (3.2768, 95021), "r5": (3.2785, 94777), "r6": (3.2779, 95304)}
+        paths = write_logs(self.tmp, runs)
+        s, _ = self.json_of(paths)
+        losses = [v[0] for v in runs.values()]
+        times = [v[1] for v in runs.values()]
+        self.assertEqual(s["n"], 6)
+        self.assertEqual([r["run_id"] for r in s["runs"]], list(runs))
+        self.assertEqual([r["val_loss"] for r in s["runs"]], losses)
+        self.assertEqual([r["train_time_ms"] for r in s["runs"]], times)
+        self.assertAlmostEqual(s["val_loss_mean"], statistics.mean(losses), places=12)
+        self.assertAlmostEqual(s["val_loss_std"], statistics.stdev(losses), places=12)
+        self.assertAlmostEqual(s["train_time_ms_mean"], statistics.mean(times), places=8)
+        self.assertAlmostEqual(s["train_time_ms_std"], statistics.stdev(times), places=8)
+        t = (statistics.mean(losses) - 3.28) / (statistics.stdev(losses) / math.sqrt(6))
+        self.assertAlmostEqual(s["t"], t, places=10)
+        self.assertEqual(s["df"], 5)
+        self.assertAlmostEqual(s["p"], t_cdf_quadrature(t, 5), places=10)
+        self.assertEqual(s["target"], 3.28)
+
+    def test_hand_worked_example_and_text_output(self):
+        # Losses 3.2740, 3.2770, 3.2800: mean 3.2770, s = 0.003, t = -0.003 / (0.003/sqrt 3) = -sqrt 3,
+        # df 2, p = P(T_2 <= -sqrt 3) = 1/2 - sqrt(3)/(2 sqrt 5) = 0.1127017.
+        # Times 94000, 95000, 99000 ms: mean 96000 ms = 1.6 min, std sqrt(7e6) = 2645.75 ms.
+        paths = write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000), "c": (3.2800, 99000)})
+        s, _ = self.json_of(paths)
+        self.assertAlmostEqual(s["t"], -math.sqrt(3), places=9)
+        self.assertAlmostEqual(s["p"], 0.5 - math.sqrt(3) / (2 * math.sqrt(5)), places=9)
+        self.assertAlmostEqual(s["p"], 0.1127017, places=7)
+        r = run_py("stats.py", paths)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = r.stdout
+        self.assertRegex(out, r"(?m)^a\s+1555\s+3\.2740\s+94000ms\s+\(1\.567 min\)$")
+        self.assertRegex(out, r"(?m)^c\s+1555\s+3\.2800\s+99000ms\s+\(1\.650 min\)$")
+        self.assertIn("n = 3\n", out)
+        self.assertIn("val_loss: mean 3.27700, std 0.00300", out)
+        self.assertIn("one-sided t-test, H1: mean < 3.28: t = -1.732, df = 2, p = 0.1127", out)
+        self.assertIn("train_time: mean 96000 ms (1.6000 min), std 2646 ms (0.0441 min)", out)
+
+    def test_target_option(self):
+        paths = write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000), "c": (3.2800, 99000)})
+        s, _ = self.json_of(["--target", "3.277"] + paths)
+        self.assertAlmostEqual(s["t"], 0.0, places=9)
+        self.assertAlmostEqual(s["p"], 0.5, places=9)
+
+    def test_directories_and_duplicates(self):
+        write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000)})
+        write(os.path.join(self.tmp, "notes.md"), "not a log\n")
+        write(os.path.join(self.tmp, "sub", "c.txt"), log_text(3.30, 90000))  # not recursive
+        s, _ = self.json_of([self.tmp, os.path.join(self.tmp, "a.txt")])
+        self.assertEqual([r["run_id"] for r in s["runs"]], ["a", "b"])
+
+    def test_one_run(self):
+        paths = write_logs(self.tmp, {"solo": (3.2761, 95000)})
+        s, _ = self.json_of(paths)
+        self.assertEqual((s["n"], s["val_loss_std"], s["p"]), (1, None, None))
+        r = run_py("stats.py", paths)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("std n/a (one run)", r.stdout)
+        self.assertIn("H1: mean < 3.28: n/a (one run)", r.stdout)
+
+    def test_incomplete_runs_warn_or_fail_with_strict(self):
+        paths = write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000)})
+        partial = write(os.path.join(self.tmp, "partial.txt"), log_text(3.28, 90000, stop_at=1300))
+        bad = write(os.path.join(self.tmp, "bad.txt"), log_text("nan", 90000))
+        s, err = self.json_of(paths + [partial, bad])
+        self.assertEqual(s["n"], 2)
+        self.assertIn(f"warning: {partial}: incomplete: last validation at step 1250 of 1555", err)
+        self.assertIn(f"warning: {bad}: diverged: final val loss nan", err)
+        r = run_py("stats.py", ["--strict"] + paths + [partial])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(f"error: {partial}: incomplete", r.stderr)
+        r = run_py("stats.py", [partial])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no complete runs among the logs given", r.stderr)
+
+    def test_errors(self):
+        good = write_logs(self.tmp, {"a": (3.2740, 94000)})
+        header = write(os.path.join(self.tmp, "header_only.txt"), FAKE_HEADER)
+        empty_dir = os.path.join(self.tmp, "empty")
+        os.makedirs(empty_dir)
+        cases = [
+            (good + [os.path.join(self.tmp, "missing.txt")], 1, "missing.txt: no such file or directory"),
+            (good + [header], 1, "header_only.txt: no val_loss line"),
+            ([empty_dir], 1, "directory has no *.txt logs"),
+            ([], 2, "no logs given"),
+            (good + ["--", good[0]], 2, '"--" separates the two sets of --compare'),
+            (["--target", "x"] + good, 2, "invalid float value"),
+        ]
+        for args, code, message in cases:
+            r = run_py("stats.py", args)
+            self.assertEqual(r.returncode, code, f"{args}: {r.stderr}")
+            self.assertIn(message, r.stderr, args)
+        r = run_py("stats.py", ["--help"])
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("--compare OLD_LOG_OR_DIR... -- NEW_LOG_OR_DIR...", r.stdout)
+
+
+class Compare(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="test_scripts_")
+        # Old 100, 102, 104 s (variance 4 s^2), new 95..98 s (variance 5/3 s^2):
+        # difference -5.5 s, se^2 = 4/3 + 5/12 = 1.75, t = -5.5/sqrt(1.75) = -4.15761,
+        # Welch df = 1.75^2 / ((4/3)^2/2 + (5/12)^2/3) = 3.23472.
+        self.old = write_logs(os.path.join(self.tmp, "old"),
+                              {"o1": (3.2790, 100000), "o2": (3.2770, 102000), "o3": (3.2780, 104000)})
+        self.new = write_logs(os.path.join(self.tmp, "new"),
+                              {"n1": (3.2800, 95000), "n2": (3.2760, 96000), "n3": (3.2785, 97000), "n4": (3.2775, 98000)})
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def test_welch_numbers(self):
+        r = run_py("stats.py", ["--json", "--compare"] + self.old + ["--"] + self.new)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        c = json.loads(r.stdout)
+        d = c["train_time_ms"]
+        self.assertAlmostEqual(d["difference"], -5500, places=6)
+        self.assertAlmostEqual(d["relative"], -5500 / 102000, places=12)
+        self.assertAlmostEqual(d["t"], -5.5 / math.sqrt(1.75), places=9)
+        self.assertAlmostEqual(d["df"], 1.75 ** 2 / ((4 / 3) ** 2 / 2 + (5 / 12) ** 2 / 3), places=9)
+        self.assertAlmostEqual(d["t"], -4.15761, places=5)
+        self.assertAlmostEqual(d["df"], 3.23472, places=5)
+        self.assertAlmostEqual(d["p"], 2 * t_cdf_quadrature(d["t"], d["df"]), places=10)
+        # The val losses, computed here from the statistics module.
+        old_l, new_l = [3.2790, 3.2770, 3.2780], [3.2800, 3.2760, 3.2785, 3.2775]
+        v_old, v_new = statistics.variance(old_l) / 3, statistics.variance(new_l) / 4
+        t = (statistics.mean(new_l) - statistics.mean(old_l)) / math.sqrt(v_old + v_new)
+        df = (v_old + v_new) ** 2 / (v_old ** 2 / 2 + v_new ** 2 / 3)
+        self.assertAlmostEqual(c["val_loss"]["t"], t, places=9)
+        self.assertAlmostEqual(c["val_loss"]["df"], df, places=9)
+        self.assertAlmostEqual(c["val_loss"]["p"], 2 * (1 - t_cdf_quadrature(abs(t), df)), places=10)
+        self.assertEqual((c["old"]["n"], c["new"]["n"]), (3, 4))
+
+    def test_text_and_directories(self):
+        r = run_py("stats.py", ["--compare", os.path.join(self.tmp, "old"), "--", os.path.join(self.tmp, "new")])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("train_time: new - old = -5500 ms (-5.39%); Welch t = -4.158, df = 3.23, two-sided p = 0.02182", r.stdout)
+        self.assertIn("new is faster by 5500 ms (5.39% less time than old)", r.stdout)
+        self.assertRegex(r.stdout, r"(?m)^n4\s+1555\s+3\.2775\s+98000ms")
+        # Swapped: "old" is now the faster set; the saving is still 5.39% of the slower's 102000 ms,
+        # while new - old is +5.70% of old's 96500 ms.
+        r = run_py("stats.py", ["--compare", os.path.join(self.tmp, "new"), "--", os.path.join(self.tmp, "old")])
+        self.assertIn("train_time: new - old = +5500 ms (+5.70%)", r.stdout)
+        self.assertIn("old is faster by 5500 ms (5.39% less time than new)", r.stdout)
+        self.assertIn("Welch t = 4.158", r.stdout)
+
+    def test_errors(self):
+        cases = [
+            (["--compare"] + self.old, 2, "--compare needs both sets"),
+            (["--compare", "--"] + self.new, 2, "--compare needs both sets"),
+            (["--compare"] + self.old + ["--"], 2, "--compare needs both sets"),
+            (["--compare"] + self.old + ["--", self.new[0]], 1, "needs at least 2 complete runs in each set; new has 1"),
+            (["--compare"] + self.old + ["--", os.path.join(self.tmp, "nope")], 1, "nope: no such file or directory"),
+        ]
+        for args, code, message in cases:
+            r = run_py("stats.py", args)
+            self.assertEqual(r.returncode, code, f"{args}: {r.stderr}")
+            self.assertIn(message, r.stderr, args)
+        partial = write(os.path.join(self.tmp, "p.txt"), log_text(3.28, 90000, stop_at=10))
+        r = run_py("stats.py", ["--strict", "--compare"] + self.old + ["--", partial] + self.new)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("p.txt: incomplete", r.stderr)
+        r = run_py("stats.py", ["--compare"] + self.old + ["--", partial] + self.new)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("new: n = 4", r.stdout)
+
+
+def have_matplotlib():
+    r = subprocess.run([sys.executable, "-c", "import matplotlib"], capture_output=True)
+    return r.returncode == 0
+
+
+class Plot(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="test_scripts_")
+        self.logs = write_logs(self.tmp, {"run-a": (3.2789, 95168), "run-b": (3.2771, 96100)})
+        self.logs.append(write(os.path.join(self.tmp, "partial.txt"), log_text(3.28, 90000, stop_at=700)))
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    @unittest.skipUnless(have_matplotlib(), "matplotlib is not installed: the plot itself is not drawn "
+                                            "(python3 -m pip install matplotlib)")
+    def test_draws_png(self):
+        out = os.path.join(self.tmp, "val.png")
+        r = run_py("plot_logs.py", self.logs + ["-o", out, "--title", "two runs"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("wrote", r.stdout)
+        with open(out, "rb") as f:
+            data = f.read()
+        self.assertEqual(data[:8], b"\x89PNG\r\n\x1a\n")
+        self.assertGreater(len(data), 10000)
+
+    def test_without_matplotlib(self):
+        # A matplotlib that cannot be imported, first on the path.
+        fake = os.path.join(self.tmp, "fake_site", "matplotlib")
+        write(os.path.join(fake, "__init__.py"), "raise ImportError('hidden by the test')\n")
+        out = os.path.join(self.tmp, "val.png")
+        r = run_py("plot_logs.py", self.logs + ["-o", out], env={"PYTHONPATH": os.path.dirname(fake)})
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("matplotlib is not installed; install it with: python3 -m pip install matplotlib", r.stderr)
+        self.assertFalse(os.path.exists(out))
+
+    def test_errors(self):
+        out = os.path.join(self.tmp, "val.png")
+        header = write(os.path.join(self.tmp, "h", "header.txt"), FAKE_HEADER)
+        cases = [
+            (self.logs + [os.path.join(self.tmp, "gone.txt"), "-o", out], 1, "gone.txt: no such file or directory"),
+            ([header, "-o", out], 1, "header.txt: no val_loss line"),
+            (self.logs + ["-o", os.path.join(self.tmp, "no_dir", "x.png")], 1, "does not exist"),
+            (self.logs, 2, "the following arguments are required: -o/--output"),
+        ]
+        for args, code, message in cases:
+            r = run_py("plot_logs.py", args)
+            self.assertEqual(r.returncode, code, f"{args}: {r.stderr}")
+            self.assertIn(message, r.stderr, args)
+
+
+# ---- the launch scripts, with stubs ----
+
+# Stubs are sh scripts (cheap to start): each appends "CALL <cwd>" and one "ARG <argument>" line
+# per argument to $STUB_RECORD_DIR/<name>, then does what its body says.
+RECORDER = """#!/bin/sh
+{{ echo "CALL $PWD"; for a in "$@"; do echo "ARG $a"; done; }} >> "$STUB_RECORD_DIR/{name}"
+{body}
+"""
+
+# Lists $STUB_GPUS GPUs (default 8), or fails as when the driver is not loaded (-1).
+NVIDIA_SMI_BODY = """
+n=${STUB_GPUS:-8}
+[ "$n" -ge 0 ] || exit 9
+i=0
+while [ "$i" -lt "$n" ]; do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-0000000$i)"; i=$((i + 1)); done
+"""
+
+# With $STUB_LOSSES, plays the trainer (stub_trainer below); else exits with $STUB_MPIRUN_EXIT.
+MPIRUN_BODY = """
+[ -z "$STUB_LOSSES" ] || exec "$STUB_PYTHON" "$STUB_TEST_DIR/test_scripts.py" --stub-trainer "$@"
+exit "${STUB_MPIRUN_EXIT:-0}"
+"""
+
+
+def stub_trainer(args):
+    """The stub mpirun's trainer: writes the log a run would, to <--log-dir>/<--run-id>.txt.
+    $STUB_LOSSES holds one final loss per call, comma-separated; "fail-partial" writes an
+    incomplete log and exits 1, "fail-early" exits 1 without a log."""
+    with open(os.path.join(os.environ["STUB_RECORD_DIR"], "mpirun")) as f:
+        calls = sum(1 for line in f if line.startswith("CALL "))
+    what = os.environ["STUB_LOSSES"].split(",")[calls - 1]
+    run_id = args[args.index("--run-id") + 1]
+    log_dir = args[args.index("--log-dir") + 1] if "--log-dir" in args else "logs"
+    if what == "fail-early":
+        return 1
+    with open(os.path.join(log_dir, run_id + ".txt"), "w") as f:
+        if what == "fail-partial":
+            f.write(log_text(3.3, 50000, stop_at=600))
+            return 1
+        f.write(log_text(float(what), 95000 + 100 * calls))
+    return 0
+
+
+class Launch(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="test_scripts_")
+        self.stubs = os.path.join(self.tmp, "stubs")
+        self.record = os.path.join(self.tmp, "record")
+        os.makedirs(self.record)
+        for name, body in (("nvidia-smi", NVIDIA_SMI_BODY), ("make", ""), ("mpirun", MPIRUN_BODY),
+                           ("other-mpirun", "")):
+            path = write(os.path.join(self.stubs, name), RECORDER.format(name=name, body=body))
+            os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+        # A built trainer, and shards for the data check to find (named by self.data_flags).
+        self.build = os.path.join(self.tmp, "build")
+        self.trainer = write(os.path.join(self.build, "train_gpt"), "#!/bin/sh\nexit 0\n")
+        os.chmod(self.trainer, 0o755)
+        data = os.path.join(self.tmp, "data")
+        write(os.path.join(data, "fineweb_train_000001.bin"), "")
+        write(os.path.join(data, "fineweb_val_000000.bin"), "")
+        self.data_flags = ["--train-files", os.path.join(data, "fineweb_train_*.bin"),
+                           "--val-files", os.path.join(data, "fineweb_val_*.bin")]
+        self.env = {"PATH": self.stubs + os.pathsep + os.environ.get("PATH", ""),
+                    "STUB_RECORD_DIR": self.record, "STUB_TEST_DIR": HERE, "STUB_PYTHON": sys.executable,
+                    "BUILD": self.build}
+        # The scripts' settings, should the caller's environment hold any.
+        for var in ("NP", "MPIRUN", "MPI_BIND", "SKIP_BUILD", "LOG_DIR", "RUN_PREFIX", "STUB_LOSSES", "STUB_GPUS",
+                    "STUB_MPIRUN_EXIT"):
+            os.environ.pop(var, None)
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def calls(self, name):
+        """The stub's calls, each {"cwd": ..., "argv": [...]}."""
+        path = os.path.join(self.record, name)
+        if not os.path.exists(path):
+            return []
+        calls = []
+        with open(path) as f:
+            for line in f.read().splitlines():
+                kind, _, value = line.partition(" ")
+                if kind == "CALL":
+                    calls.append({"cwd": value, "argv": []})
+                else:
+                    calls[-1]["argv"].append(value)
+        return calls
+
+    def sh(self, script, args, **env):
+        return run_script([os.path.join(SCRIPTS, script)] + args, env=dict(self.env, **env), executable=BASH)
+
+    def numa_placement(self, np):
+        nodes = len([d for d in os.listdir("/sys/devices/system/node") if re.fullmatch(r"node\d+", d)]) \
+            if os.path.isdir("/sys/devices/system/node") else 0
+        if nodes and np % nodes == 0:
+            return ["--map-by", f"ppr:{np // nodes}:numa", "--bind-to", "numa"]
+        return ["--bind-to", "numa"]
+
+    # run_record.sh
+
+    def test_command_line(self):
+        flags = self.data_flags + ["--run-id", "abc", "--log-dir", "/tmp/somewhere", "--extra=1"]
+        r = self.sh("run_record.sh", flags)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        make = self.calls("make")
+        self.assertEqual(len(make), 1)
+        self.assertEqual(len(make[0]["argv"]), 3)
+        self.assertEqual(make[0]["argv"][0], "-C")
+        self.assertEqual(os.path.realpath(make[0]["argv"][1]), os.path.realpath(REPO))
+        self.assertEqual(make[0]["argv"][2], "BUILD=" + self.build)
+        mpirun = self.calls("mpirun")
+        self.assertEqual(len(mpirun), 1)
+        self.assertEqual(mpirun[0]["argv"], ["-np", "8"] + self.numa_placement(8) + [self.trainer] + flags)
+        self.assertIn("--bind-to", mpirun[0]["argv"])
+        self.assertEqual(os.path.realpath(mpirun[0]["cwd"]), os.path.realpath(REPO))
+        self.assertIn("+ mpirun -np 8", r.stderr)
+
+    def test_overrides(self):
+        r = self.sh("run_record.sh", self.data_flags, NP="2", MPIRUN="other-mpirun --mca btl self",
+                    SKIP_BUILD="1", MPI_BIND="--bind-to none")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.calls("make"), [])
+        self.assertEqual(self.calls("mpirun"), [])
+        other = self.calls("other-mpirun")
+        self.assertEqual(other[0]["argv"], ["--mca", "btl", "self", "-np", "2", "--bind-to", "none", self.trainer]
+                         + self.data_flags)
+        # "--flag=value" forms of the data flags are checked too.
+        eq_flags = ["--train-files=" + self.data_flags[1], "--val-files=" + self.data_flags[3]]
+        r = self.sh("run_record.sh", eq_flags, SKIP_BUILD="1", NP="4", STUB_GPUS="4")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.calls("mpirun")[0]["argv"][:2], ["-np", "4"])
+
+    def test_trainer_exit_status_is_returned(self):
+        r = self.sh("run_record.sh", self.data_flags, SKIP_BUILD="1", STUB_MPIRUN_EXIT="3")
+        self.assertEqual(r.returncode, 3)
+
+    def test_missing_data(self):
+        missing = os.path.join(self.tmp, "nowhere", "fineweb_train_*.bin")
+        r = self.sh("run_record.sh", ["--train-files", missing, "--val-files", self.data_flags[3]])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(f"missing training shards: no file matches {missing}", r.stderr)
+        self.assertIn("python3 data/cached_fineweb10B.py 9", r.stderr)
+        self.assertNotIn("validation shards", r.stderr)
+        self.assertEqual(self.calls("mpirun") + self.calls("make"), [])
+        # The default paths, unless this checkout has downloaded the data.
+        default_dir = os.path.join(REPO, "data", "fineweb10B")
+        if not (os.path.isdir(default_dir) and any(f.startswith("fineweb_val_") for f in os.listdir(default_dir))):
+            r = self.sh("run_record.sh", ["--run-id", "x"])
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("missing validation shards: no file matches data/fineweb10B/fineweb_val_*.bin", r.stderr)
+            self.assertIn("python3 data/cached_fineweb10B.py 9", r.stderr)
+        r = self.sh("run_record.sh", ["--train-files"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--train-files needs a value", r.stderr)
+
+    def test_no_gpu(self):
+        # nvidia-smi fails (driver missing) ...
+        r = self.sh("run_record.sh", self.data_flags, STUB_GPUS="-1")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no NVIDIA GPU found", r.stderr)
+        self.assertIn("make run", r.stderr)
+        # ... or is not installed: a PATH with dirname alone.
+        bare = os.path.join(self.tmp, "bare")
+        os.makedirs(bare)
+        os.symlink(shutil.which("dirname"), os.path.join(bare, "dirname"))
+        r = run_script([os.path.join(SCRIPTS, "run_record.sh")] + self.data_flags,
+                       env={"PATH": bare}, executable=BASH)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("no NVIDIA GPU found (nvidia-smi is missing or fails)", r.stderr)
+        # ... or lists too few.
+        r = self.sh("run_record.sh", self.data_flags, STUB_GPUS="4")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("nvidia-smi lists 4 GPU(s), but 8 ranks need one GPU each", r.stderr)
+        self.assertEqual(self.calls("mpirun") + self.calls("make"), [])
+
+    def test_bad_settings(self):
+        r = self.sh("run_record.sh", self.data_flags, NP="eight")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("NP must be a positive whole number", r.stderr)
+        r = self.sh("run_record.sh", self.data_flags, SKIP_BUILD="1", BUILD=os.path.join(self.tmp, "nobuild"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("nobuild/train_gpt is missing", r.stderr)
+        r = self.sh("run_record.sh", self.data_flags, SKIP_BUILD="1", MPIRUN="no-such-mpirun")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no-such-mpirun not found", r.stderr)
+        r = self.sh("run_record.sh", ["--help"])
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("NP=8", r.stdout)
+
+    # run_many.sh
+
+    def test_series(self):
+        logs = os.path.join(self.tmp, "series")
+        r = self.sh("run_many.sh", ["3"] + self.data_flags + ["--log-dir", logs], STUB_LOSSES="3.2770,3.2790,3.2780")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(self.calls("make")), 1)  # built once for the series
+        calls = self.calls("mpirun")
+        self.assertEqual(len(calls), 3)
+        ids = [c["argv"][c["argv"].index("--run-id") + 1] for c in calls]
+        self.assertRegex(ids[0], r"^record-\d{8}-\d{6}-1$")
+        self.assertEqual(ids, [ids[0][:-1] + str(i) for i in (1, 2, 3)])
+        self.assertEqual(sorted(os.listdir(logs)), sorted(i + ".txt" for i in ids))
+        for c in calls:  # the user's flags reach every run
+            self.assertEqual(c["argv"][-len(self.data_flags) - 2:], self.data_flags + ["--log-dir", logs])
+        self.assertIn("n = 3\n", r.stdout)
+        self.assertIn("val_loss: mean 3.27800, std 0.00100", r.stdout)
+        self.assertIn("train_time: mean 95200 ms", r.stdout)
+        self.assertIn("3 runs: 3 finished, 0 failed", r.stderr)
+
+    def test_series_directory_from_env_and_default(self):
+        logs = os.path.join(self.tmp, "from_env")
+        r = self.sh("run_many.sh", ["2"] + self.data_flags, STUB_LOSSES="3.2770,3.2790", LOG_DIR=logs,
+                    RUN_PREFIX="try", SKIP_BUILD="1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.calls("make"), [])
+        names = sorted(os.listdir(logs))
+        self.assertEqual(len(names), 2)
+        self.assertRegex(names[0], r"^try-\d{8}-\d{6}-1\.txt$")
+        argv = self.calls("mpirun")[0]["argv"]
+        self.assertEqual(argv[argv.index("--log-dir") + 1], logs)
+        self.assertIn("n = 2\n", r.stdout)
+
+    def test_series_with_a_failed_run(self):
+        logs = os.path.join(self.tmp, "series")
+        r = self.sh("run_many.sh", ["3"] + self.data_flags + ["--log-dir", logs],
+                    STUB_LOSSES="3.2770,fail-partial,3.2790")
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(len(self.calls("mpirun")), 3)  # the series went on
+        self.assertIn("run 2 of 3 failed (exit status 1)", r.stderr)
+        self.assertIn("3 runs: 2 finished, 1 failed", r.stderr)
+        self.assertIn("n = 2\n", r.stdout)
+        self.assertIn("val_loss: mean 3.27800", r.stdout)
+
+    def test_series_stops_when_nothing_is_logged(self):
+        logs = os.path.join(self.tmp, "series")
+        r = self.sh("run_many.sh", ["3"] + self.data_flags + ["--log-dir", logs], STUB_LOSSES="fail-early,3.2,3.2")
+        self.assertEqual(r.returncode, 1)
+        self.assertEqual(len(self.calls("mpirun")), 1)
+        self.assertIn("run 1 of 3 failed (exit status 1) before writing", r.stderr)
+        # Missing data: run_record.sh's message, and no launch.
+        r = self.sh("run_many.sh", ["2", "--train-files", os.path.join(self.tmp, "none_*.bin"), "--log-dir", logs])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("python3 data/cached_fineweb10B.py 9", r.stderr)
+        self.assertEqual(len(self.calls("mpirun")), 1)
+
+    def test_series_usage_errors(self):
+        for n in ("0", "-1", "abc", "2.5", "", "00"):
+            r = self.sh("run_many.sh", [n] + self.data_flags)
+            self.assertEqual(r.returncode, 2, n)
+            self.assertIn(f"N must be a positive whole number of runs, got '{n}'", r.stderr)
+        r = self.sh("run_many.sh", [])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("missing N", r.stderr)
+        r = self.sh("run_many.sh", ["2", "--run-id", "mine"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--run-id is chosen by run_many.sh", r.stderr)
+        r = self.sh("run_many.sh", ["2"], RUN_PREFIX="a b")
+        self.assertEqual(r.returncode, 2)
+        self.assertEqual(self.calls("mpirun"), [])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--stub-trainer"]:
+        sys.exit(stub_trainer(sys.argv[2:]))
+    unittest.main(verbosity=2)

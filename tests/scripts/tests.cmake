@@ -1,0 +1,10 @@
+# The record scripts (scripts/run_record.sh, run_many.sh, stats.py, plot_logs.py): offline tests with
+# synthetic logs and stub mpirun/nvidia-smi/make. Not registered where no python3 is installed.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME test_scripts COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_scripts.py)
+  # No __pycache__ in the source tree from importing the scripts under test.
+  set_tests_properties(test_scripts PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 120)
+else()
+  message(STATUS "python3 not found: the record scripts' tests are not registered")
+endif()
