@@ -8,6 +8,7 @@
 #include "data/dump.h"
 #include "data/loader.h"
 #include "kernels/attention.cuh"
+#include "kernels/comms.cuh"
 #include "kernels/common.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/head.cuh"
@@ -38,15 +39,6 @@
 #include <string>
 #include <vector>
 
-#define NCCL_CHECK(call)                                                                              \
-    do {                                                                                              \
-        ncclResult_t r_ = (call);                                                                     \
-        if (r_ != ncclSuccess) {                                                                      \
-            std::fprintf(stderr, "NCCL error at %s:%d: %s: %s\n", __FILE__, __LINE__, #call,          \
-                         ncclGetErrorString(r_));                                                     \
-            std::exit(EXIT_FAILURE);                                                                  \
-        }                                                                                             \
-    } while (0)
 
 // ============================================================================================
 // Configuration: every hyperparameter of the record in one place (upstream's Hyperparameters
@@ -1007,6 +999,13 @@ struct Optimizer {
     OptimScalars* host_scalars;    // pinned, two copies: one may still be in flight
     cudaStream_t comms = nullptr;
     cudaEvent_t grads_ready = nullptr, comms_done = nullptr, lm_head_gathered = nullptr;
+    // sparse bigram comms (8 ranks, no accumulation): rows touched since the last Adam step
+    bool sparse = false;
+    int sparse_max_touched = 0;
+    void* sparse_buffer;
+    int32_t* sparse_pinned = nullptr;
+    std::unique_ptr<TouchedRows> touched;
+    std::unique_ptr<SparseRowExchange> exchange;
     OptimGroup& operator[](const char* label) { return group[param_group(label)]; }
 };
 
@@ -1025,13 +1024,11 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, const Params& p, 
         const std::string n = std::string("optim.") + q.rule->label + ".";
         const int64_t elems = q.shard_elems();
         q.grad_shard = q.t.grad;  // replicated: reduced in place; one rank: the gradient itself
-        if (sharded && q.distributed) {
+        if (q.comms == Comms::sharded_sparse)  // the merge adds into the full gradient: its own slice
+            q.grad_shard = static_cast<char*>(q.t.grad) + o.rank * elems * q.elem_bytes();
+        else if (sharded && q.distributed)
             q.grad_shard = q.t.fp32 ? static_cast<void*>(a.take<float>(n + "grad_shard", {q.shard_rows, q.t.row_elems}))
                                     : static_cast<void*>(a.take<bf16>(n + "grad_shard", {q.shard_rows, q.t.row_elems}));
-            // the sparse merge adds into the full gradient and updates from this rank's slice of it
-            if (q.comms == Comms::sharded_sparse)
-                q.grad_shard = static_cast<char*>(q.t.grad) + o.rank * elems * q.elem_bytes();
-        }
         if (q.rule->optim == Optim::adam) {
             q.exp_avg = a.take<float>(n + "exp_avg", {q.shard_rows, q.t.row_elems});
             q.exp_avg_sq = a.take<float>(n + "exp_avg_sq", {q.shard_rows, q.t.row_elems});
@@ -1046,16 +1043,31 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, const Params& p, 
     }
     o.normuon_scratch_bytes = scratch;
     o.normuon_scratch = a.take_bytes("optim.normuon_scratch", scratch);
+    if (sparse_active) {  // two steps' tokens per rank bound the rows touched between exchanges
+        o.sparse_max_touched = std::min(c.bigram_vocab, 2 * c.max_train_tokens());
+        o.sparse_buffer = a.take_bytes("optim.sparse_exchange", sparse_exchange_device_bytes(c.bigram_vocab, c.model_dim,
+                                                                                             o.world, o.sparse_max_touched));
+    }
     o.scalars = reinterpret_cast<OptimScalars*>(a.take_bytes("optim.step_scalars", sizeof(OptimScalars)));
 }
 
 // Places the optimizer for this rank and zeroes its state (as upstream's fresh optimizer).
-void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_active, cudaStream_t s) {
+void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_active, ncclComm_t comm, cudaStream_t s) {
     o.rank = rank;
     o.world = world;
+    o.sparse = sparse_active;
     place(o.arena, [&](Arena& a) { layout_optimizer(a, o, m.cfg, m.params, m.grads, sparse_active); });
     CUDA_CHECK(cudaMallocHost(&o.host_scalars, 2 * sizeof(OptimScalars)));
     CUDA_CHECK(cudaStreamCreateWithFlags(&o.comms, cudaStreamNonBlocking));
+    if (sparse_active) {
+        const int N = m.cfg.bigram_vocab;
+        const size_t pinned = sparse_exchange_host_bytes(N, o.sparse_max_touched);
+        CUDA_CHECK(cudaMallocHost(&o.sparse_pinned, std::max<size_t>(pinned, 4)));
+        o.touched = std::make_unique<TouchedRows>(N);
+        o.exchange = std::make_unique<SparseRowExchange>(
+            N, m.cfg.model_dim, o.sparse_max_touched, MPI_COMM_WORLD, comm, o.comms, o.sparse_buffer,
+            sparse_exchange_device_bytes(N, m.cfg.model_dim, world, o.sparse_max_touched), o.sparse_pinned, pinned);
+    }
     for (cudaEvent_t* e : {&o.grads_ready, &o.comms_done, &o.lm_head_gathered})
         CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     for (OptimGroup& q : o.group) {
@@ -1071,6 +1083,8 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
 }
 
 void destroy_optimizer(Optimizer& o) {
+    o.exchange.reset();
+    if (o.sparse_pinned) cudaFreeHost(o.sparse_pinned);
     for (OptimGroup& q : o.group) {
         cudaEventDestroy(q.reduced);
         cudaEventDestroy(q.updated);
@@ -1096,6 +1110,7 @@ void reset_optimizer(Optimizer& o, cudaStream_t s) {
         q.adam_steps = 0;
     }
     o.split = false;
+    if (o.touched) o.touched = std::make_unique<TouchedRows>(o.touched->rows());
 }
 
 inline ncclDataType_t nccl_type(const OptimGroup& q) { return q.t.fp32 ? ncclFloat32 : ncclBfloat16; }
@@ -1103,7 +1118,9 @@ inline ncclDataType_t nccl_type(const OptimGroup& q) { return q.t.fp32 ? ncclFlo
 // Starts the gradient reduction of one group on the comms stream: all-reduce (average) in place,
 // or reduce-scatter (average) into this rank's shard.
 void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
-    if (q.distributed) {
+    if (q.comms == Comms::sharded_sparse) {  // only the touched rows travel (indexes went during the forward)
+        o.exchange->exchange_values(static_cast<bf16*>(q.t.grad), o.grads_ready);
+    } else if (q.distributed) {
         const int64_t n = q.shard_elems();
         if (q.comms == Comms::replicated)
             NCCL_CHECK(ncclAllReduce(q.t.grad, q.t.grad, n, nccl_type(q), ncclAvg, comm, o.comms));
@@ -1116,6 +1133,7 @@ void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
 // The update of this rank's shard, on the compute stream once its reduction has landed.
 void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t s) {
     CUDA_CHECK(cudaStreamWaitEvent(s, q.reduced, 0));
+    if (q.comms == Comms::sharded_sparse) o.exchange->merge(s);  // into q.grad_shard, the own slice
     if (q.rule->optim == Optim::adam) {
         const AdamHyper h = adam_hyper(q.rule->beta1, q.rule->beta2, m.cfg.adam_eps);
         if (q.t.fp32)
@@ -1348,6 +1366,7 @@ struct Run {
     std::vector<int32_t> inputs, targets, cu, bigram;
     BatchUploader uploader;
     float* losses = nullptr;  // pinned: one slot per micro-step of the current step
+    std::string first_nonfinite;  // CPU build: where a non-finite value first appeared
     FILE* log = nullptr;
     StepSchedule forward_schedule() const {
         StepSchedule f;
@@ -1427,12 +1446,17 @@ void load_batch(Run& r, Loader& loader, DeviceBatch& b) {
 // loss of each micro-step lands in r.losses when the stream gets there.
 void train_step(Run& r, int step) {
     const StepSchedule f = r.forward_schedule();
+    const bool adam_step = step % 2 == 1;
     for (int i = 0; i < r.m.cfg.grad_accum(); ++i) {
         load_batch(r, *r.train, r.m.batch);
+        // sparse bigram comms: the counts travel during the forward, the row indexes before the backward
+        if (r.o.sparse) r.o.touched->mark(r.bigram.data(), size_t(r.m.batch.T));
+        if (r.o.sparse && adam_step) r.o.exchange->begin(*r.o.touched);
         gpt_forward(r.m, r.m.batch, f, r.m.train, r.s);
+        if (r.o.sparse && adam_step) r.o.exchange->exchange_indexes();
         CUDA_CHECK(cudaMemcpyAsync(r.losses + i, r.m.loss, sizeof(float), cudaMemcpyDeviceToHost, r.s));
         // Adam's parameters keep the even step's gradients for the odd step's update
-        gpt_backward(r.m, r.m.batch, f, {i > 0, i > 0 || step % 2 == 1}, r.s);
+        gpt_backward(r.m, r.m.batch, f, {i > 0, i > 0 || adam_step}, r.s);
     }
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);
 }
@@ -1446,8 +1470,8 @@ double step_train_loss(Run& r) {
     return all / double(r.state.batch_tokens);
 }
 
-// Which parameter group holds a non-finite value first (table order), for the failure message.
-std::string first_nonfinite_group(Run& r) {
+// The first parameter group (table order) holding a non-finite parameter or gradient, or "".
+std::string nonfinite_group(Run& r) {
     for (const OptimGroup& q : r.o.group) {
         for (const auto& [what, ptr] : {std::pair{"parameter", q.t.param}, std::pair{"gradient", q.t.grad}}) {
             const size_t n = size_t(q.t.rows * q.t.row_elems);
@@ -1460,10 +1484,23 @@ std::string first_nonfinite_group(Run& r) {
                 for (size_t i = 0; i < n; ++i) v[i] = __bfloat162float(h[i]);
             }
             for (float x : v)
-                if (!std::isfinite(x)) return std::string(what) + " of " + q.rule->label;
+                if (!std::isfinite(x)) return std::string(what) + " " + q.rule->label;
         }
     }
-    return "no parameter or gradient (the loss itself overflowed)";
+    return "";
+}
+
+// The CPU build scans every step, so a failure names where the first non-finite value appeared
+// (a GPU run cannot afford the copies; it only stops).
+void watch_nonfinite(Run& r, int step) {
+#ifndef __CUDACC__
+    if (!r.first_nonfinite.empty()) return;
+    if (const std::string g = nonfinite_group(r); !g.empty())
+        r.first_nonfinite = g + " (non-finite before step " + std::to_string(step) + ")";
+#else
+    (void)r;
+    (void)step;
+#endif
 }
 
 // Mean validation loss over val_tokens (upstream: every rank's mean, averaged), with the
@@ -1622,15 +1659,17 @@ void warm_up(Run& r) {
     CUDA_CHECK(cudaStreamSynchronize(r.s));
 }
 
-// A resumed run reaches the checkpoint's data position and YaRN state by replaying the schedule
-// and the loader (host work only) up to `step`.
+// A resumed run reaches the checkpoint's data position, YaRN state and touched bigram rows by
+// replaying the schedule and the loader (host work only) up to `step`.
 void replay_to(Run& r, int step) {
     for (int st = 0; st < step; ++st) {
         advance_schedule(r, st);
+        if (r.o.sparse && st % 2 == 1) r.o.touched = std::make_unique<TouchedRows>(r.m.cfg.bigram_vocab);
         for (int i = 0; i < r.m.cfg.grad_accum(); ++i) {
             dataload::BatchBuffers buf{r.inputs.data(), r.targets.data(), r.cu.data(), r.bigram.data(),
                                        static_cast<int64_t>(r.inputs.size()), static_cast<int64_t>(r.cu.size())};
-            r.train->next(buf);
+            const dataload::Batch b = r.train->next(buf);
+            if (r.o.sparse && st % 2 == 0) r.o.touched->mark(r.bigram.data(), size_t(b.num_tokens));
         }
     }
 }
@@ -1675,11 +1714,17 @@ void run_training(Run& r) {
         if (step > start) {  // the previous step's losses have landed once the stream is past it
             CUDA_CHECK(cudaStreamSynchronize(r.s));
             const double loss = step_train_loss(r);
-            if (!std::isfinite(loss))
+            if (!std::isfinite(loss)) {
+                std::string where = r.first_nonfinite;
+#ifdef __CUDACC__
+                where = "(the CPU build names the parameter group)";
+#endif
                 fail("the training loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
-                     std::to_string(step) + "; first non-finite: " + first_nonfinite_group(r));
+                     std::to_string(step) + "; first non-finite: " + (where.empty() ? "the loss itself" : where));
+            }
             if (r.opt.log_train_loss) print0(r, "step:%d/%d train_loss:%.4f\n", step, total, loss);
         }
+        watch_nonfinite(r, step);
         advance_schedule(r, step);
         const bool final = step == total;
         if (step == last || (r.opt.val_every > 0 && step % r.opt.val_every == 0)) {
@@ -1842,6 +1887,8 @@ const char* kUsage =
     "  --log-dir DIR            where logs go (default logs)\n"
     "  --seed N                 parameter initialization seed (default 1337)\n"
     "  --max-steps N            stop after N steps (the schedule stays the full run's)\n"
+    "  --scheduled-steps N      length of the scheduled part (stages by fraction, lr cool-down; default: the preset's)\n"
+    "  --extension-steps N      steps after it at the final stage (default: the preset's)\n"
     "  --warmup 0|1             warm up on the steps around each schedule change, then restore the initial\n"
     "                           state (default: 1 on the GPU build, 0 on the CPU build)\n"
     "  --log-train-loss         also log each step's training loss (step:N/M train_loss:X)\n"
@@ -1880,6 +1927,7 @@ int main(int argc, char** argv) {
     RunOptions opt;
     bool print_memory = false, check_platform = false;
     int64_t dump = 0;
+    int scheduled = -1, extension = -1;  // presets are chosen by flag order: apply these after
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
         auto value = [&]() -> std::string {
@@ -1902,6 +1950,8 @@ int main(int argc, char** argv) {
         else if (arg == "--log-dir") opt.log_dir = value();
         else if (arg == "--seed") opt.seed = static_cast<uint64_t>(parse_int(arg, value(), 0));
         else if (arg == "--max-steps") opt.max_steps = static_cast<int>(parse_int(arg, value(), 0));
+        else if (arg == "--scheduled-steps") scheduled = static_cast<int>(parse_int(arg, value(), 1));
+        else if (arg == "--extension-steps") extension = static_cast<int>(parse_int(arg, value(), 0));
         else if (arg == "--warmup") opt.warmup = parse_int(arg, value(), 0) != 0;
         else if (arg == "--log-train-loss") opt.log_train_loss = true;
         else if (arg == "--save-checkpoint") opt.save_dir = value();
@@ -1924,6 +1974,8 @@ int main(int argc, char** argv) {
         print_memory_plan(cfg, stdout);
         return 0;
     }
+    if (scheduled > 0) cfg.scheduled_iterations = scheduled;
+    if (extension >= 0) cfg.extension_iterations = extension;
     if (opt.train_files.empty()) opt.train_files = cfg.train_files;
     if (opt.val_files.empty()) opt.val_files = cfg.val_files;
     if (opt.val_tokens > 0) cfg.val_tokens = opt.val_tokens;
@@ -1974,7 +2026,7 @@ int main(int argc, char** argv) {
     build_model(m, cfg, opt.seed, stream);
     broadcast_params(m, d.comm, stream);
     const bool sparse = d.world == 8 && cfg.grad_accum() == 1;
-    build_optimizer(o, m, d.rank, d.world, sparse, stream);
+    build_optimizer(o, m, d.rank, d.world, sparse, d.comm, stream);
     Run r(m, o, sch, opt, d, stream);
     const int T = std::max(cfg.max_train_tokens(), cfg.val_micro_tokens());
     r.inputs.resize(T);

@@ -4,7 +4,7 @@
 //
 // The format (every integer little-endian):
 //   bytes [0, 8)       N, a uint64: the length of the header. N is a multiple of 8, so the data
-//                      section starts at an 8-byte-aligned file offset.
+//                      section starts at an 8-byte-aligned file offset, and at most 100,000,000.
 //   bytes [8, 8+N)     the header: one UTF-8 JSON object, padded at its end with spaces (0x20)
 //                      to N bytes. It has one member per tensor,
 //                        "NAME": {"dtype": DTYPE, "shape": [d0, d1, ...], "data_offsets": [BEGIN, END]}
@@ -12,6 +12,7 @@
 //                      and 1 bytes per element), shape [] for a scalar (one element), a 0 in the
 //                      shape for an empty tensor, and END - BEGIN = product(shape) * element size;
 //                      and one member "__metadata__": {"KEY": "VALUE", ...}, values strings only.
+//                      Names and keys are unique (JSON object members).
 //                      BEGIN and END are byte offsets into the data section. The tensors tile it:
 //                      the first begins at 0, each begins where the previous ended, and the last
 //                      ends at the end of the file.
@@ -19,7 +20,8 @@
 //
 // The writer emits "__metadata__" first, then the tensors in the order they were added, with
 // increasing offsets, and no whitespace inside the JSON. The reader takes members in any order
-// (the offsets, not the member order, place the tensors) and accepts exactly this JSON subset:
+// (the offsets, not the member order, place the tensors; "__metadata__" may be absent, as in
+// files other tools write) and accepts exactly this JSON subset:
 // objects, arrays, strings, and non-negative integers without sign, fraction, exponent or
 // leading zero; whitespace (space, tab, CR, LF) between tokens; strings of valid UTF-8 without
 // raw control characters, with the escapes \" \\ \/ \b \f \n \r \t and \uXXXX (surrogate pairs
@@ -513,6 +515,10 @@ class CheckpointWriter {
             throw CheckpointError("cannot write checkpoint " + path + ": " + step + " " + file + tail + ": " +
                                   detail::errno_text(err));
         };
+        const std::string h = header();
+        if (h.size() > kMaxHeaderBytes)
+            throw CheckpointError("cannot write checkpoint " + path + ": its header would be " + std::to_string(h.size()) +
+                                  " bytes, more than the " + std::to_string(kMaxHeaderBytes) + "-byte limit readers accept");
         {
             // Until the rename, any way out removes the temp file.
             struct TempFile {
@@ -529,7 +535,6 @@ class CheckpointWriter {
                 file.keep = true;  // nothing was created
                 fail(err, "cannot create temporary file", tmp);
             }
-            const std::string h = header();
             const uint64_t n = h.size();
             bool ok = detail::write_fully(file.fd.fd, &n, 8) && detail::write_fully(file.fd.fd, h.data(), n);
             for (size_t i = 0; ok && i < tensors_.size(); ++i)

@@ -67,7 +67,7 @@ inline void nccl_check(ncclResult_t r, const char* what, const char* file, int l
         std::exit(EXIT_FAILURE);
     }
 }
-#define CHECK_NCCL(call) nccl_check((call), #call, __FILE__, __LINE__)
+#define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
 inline void mpi_check(int rc, const char* what, const char* file, int line) {
     if (rc != MPI_SUCCESS) {
         char msg[MPI_MAX_ERROR_STRING];
@@ -77,7 +77,7 @@ inline void mpi_check(int rc, const char* what, const char* file, int line) {
         std::exit(EXIT_FAILURE);
     }
 }
-#define CHECK_MPI(call) mpi_check((call), #call, __FILE__, __LINE__)
+#define MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)
 
 // ---- host: the rows touched since the last exchange ----
 // One bit per row. Marking is O(ids); taking the sorted list scans N/64 words and costs O(1) per
@@ -230,10 +230,10 @@ public:
                       void* device_buffer, size_t device_bytes, int32_t* pinned_rows, size_t pinned_bytes)
         : rows_(rows), cols_(cols), max_touched_(std::min(max_touched, rows)), mpi_(mpi), nccl_(nccl), comms_(comms) {
         int mpi_rank = 0, mpi_world = 0;
-        CHECK_MPI(MPI_Comm_rank(mpi, &mpi_rank));
-        CHECK_MPI(MPI_Comm_size(mpi, &mpi_world));
-        CHECK_NCCL(ncclCommUserRank(nccl, &rank_));
-        CHECK_NCCL(ncclCommCount(nccl, &world_));
+        MPI_CHECK(MPI_Comm_rank(mpi, &mpi_rank));
+        MPI_CHECK(MPI_Comm_size(mpi, &mpi_world));
+        NCCL_CHECK(ncclCommUserRank(nccl, &rank_));
+        NCCL_CHECK(ncclCommCount(nccl, &world_));
         kernel_require(
             mpi_rank == rank_ && mpi_world == world_,
             "SparseRowExchange: the MPI communicator (rank %d of %d) and the NCCL one (rank %d of %d) differ", mpi_rank,
@@ -302,7 +302,7 @@ public:
             CUDA_CHECK(cudaEventRecord(upload_done_, comms_));
             upload_queued_ = true;
         }
-        CHECK_MPI(
+        MPI_CHECK(
             MPI_Ialltoall(send_counts_.data(), 1, MPI_INT, recv_counts_.data(), 1, MPI_INT, mpi_, &counts_request_));
         phase_ = Phase::kCountsInFlight;
     }
@@ -311,7 +311,7 @@ public:
     // comms stream.
     void exchange_indexes() {
         expect(Phase::kCountsInFlight, "exchange_indexes");
-        CHECK_MPI(MPI_Wait(&counts_request_, MPI_STATUS_IGNORE));
+        MPI_CHECK(MPI_Wait(&counts_request_, MPI_STATUS_IGNORE));
         recv_offsets_[0] = 0;
         for (int s = 0; s < world_; ++s) {
             const int c = recv_counts_[s];
@@ -388,17 +388,17 @@ private:
     // peers' pieces at the planned offsets; empty pieces are skipped on both sides alike.
     template <class T>
     void exchange(const T* send, T* recv, size_t width, ncclDataType_t type) {
-        CHECK_NCCL(ncclGroupStart());
+        NCCL_CHECK(ncclGroupStart());
         for (int peer = 0; peer < world_; ++peer) {
             if (peer == rank_) continue;
             if (send_counts_[peer] > 0)
-                CHECK_NCCL(ncclSend(send + static_cast<size_t>(send_offsets_[peer]) * width,
+                NCCL_CHECK(ncclSend(send + static_cast<size_t>(send_offsets_[peer]) * width,
                                     static_cast<size_t>(send_counts_[peer]) * width, type, peer, nccl_, comms_));
             if (recv_counts_[peer] > 0)
-                CHECK_NCCL(ncclRecv(recv + static_cast<size_t>(recv_offsets_[peer]) * width,
+                NCCL_CHECK(ncclRecv(recv + static_cast<size_t>(recv_offsets_[peer]) * width,
                                     static_cast<size_t>(recv_counts_[peer]) * width, type, peer, nccl_, comms_));
         }
-        CHECK_NCCL(ncclGroupEnd());
+        NCCL_CHECK(ncclGroupEnd());
     }
 
     int rows_, cols_, max_touched_;

@@ -16,7 +16,7 @@ endfunction()
 
 data_host_program(dump_batches ${REPO}/data/dump_batches.cpp)
 data_host_program(bench_data_loader ${REPO}/tests/data/bench_data_loader.cpp)
-foreach(t test_data_shard test_data_bigram test_data_loader test_data_cli)
+foreach(t test_data_shard test_data_bigram test_data_loader test_data_cli test_data_checkpoint)
   data_host_program(${t} ${REPO}/tests/data/${t}.cpp)
 endforeach()
 
@@ -25,9 +25,10 @@ add_test(NAME test_data_shard COMMAND test_data_shard)
 add_test(NAME test_data_bigram COMMAND test_data_bigram)
 add_test(NAME test_data_loader COMMAND test_data_loader)
 add_test(NAME test_data_cli COMMAND test_data_cli $<TARGET_FILE:dump_batches>)
+add_test(NAME test_data_checkpoint COMMAND test_data_checkpoint)
 # One record-size micro-batch must take far less host time than a 34 ms training step.
 add_test(NAME bench_data_loader COMMAND bench_data_loader --max-ms 5)
-set_tests_properties(test_data_shard test_data_bigram test_data_loader test_data_cli bench_data_loader
+set_tests_properties(test_data_shard test_data_bigram test_data_loader test_data_cli test_data_checkpoint bench_data_loader
                      PROPERTIES ENVIRONMENT "${DATA_TEST_ENV}" TIMEOUT 120)
 
 # The Python side: the independent reference against the stored fixtures, and the dataset
@@ -40,6 +41,11 @@ if(Python3_Interpreter_FOUND)
     # No __pycache__ in the source tree from importing the scripts under test.
     set_tests_properties(${t} PROPERTIES ENVIRONMENT "${DATA_TEST_ENV};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 120)
   endforeach()
+  # The checkpoint reader script against files the C++ writer makes (the test program's
+  # --write-sample and --list modes) and files made byte by byte.
+  add_test(NAME test_read_checkpoint
+           COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/data/test_read_checkpoint.py $<TARGET_FILE:test_data_checkpoint>)
+  set_tests_properties(test_read_checkpoint PROPERTIES ENVIRONMENT "${DATA_TEST_ENV};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 120)
 else()
   message(STATUS "python3 not found: the data area's Python tests are not registered")
 endif()

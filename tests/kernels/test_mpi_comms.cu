@@ -240,7 +240,7 @@ void run_case(const Case& c, int case_no) {
 
             // The dense path: reduce-scatter average of the full gradients.
             d_dense_in.upload(grad);
-            CHECK_NCCL(ncclReduceScatter(d_dense_in.ptr, d_dense.ptr, static_cast<size_t>(per_rank) * C, ncclBfloat16,
+            NCCL_CHECK(ncclReduceScatter(d_dense_in.ptr, d_dense.ptr, static_cast<size_t>(per_rank) * C, ncclBfloat16,
                                          ncclAvg, g_nccl, compute));
             CUDA_CHECK(cudaStreamSynchronize(compute));
             const std::vector<double> dense = test::values(d_dense.download());
@@ -307,9 +307,9 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaGetDeviceCount(&devices));
     CUDA_CHECK(cudaSetDevice(g_rank % devices));
     ncclUniqueId id;
-    if (g_rank == 0) CHECK_NCCL(ncclGetUniqueId(&id));
+    if (g_rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    CHECK_NCCL(ncclCommInitRank(&g_nccl, g_world, id, g_rank));
+    NCCL_CHECK(ncclCommInitRank(&g_nccl, g_world, id, g_rank));
     if (g_rank == 0) g_seed = test::seed();
     MPI_Bcast(&g_seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
 
@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
     int mine[2] = {test::passed(), test::failed()}, total[2] = {0, 0};
     MPI_Allreduce(mine, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (g_rank == 0) std::printf("%d ranks, %.1f s; %d passed, %d failed\n", g_world, secs, total[0], total[1]);
-    CHECK_NCCL(ncclCommDestroy(g_nccl));
+    NCCL_CHECK(ncclCommDestroy(g_nccl));
     MPI_Finalize();
     return total[1] ? 1 : 0;
 }

@@ -1,0 +1,166 @@
+#!/usr/bin/env python3
+"""End-to-end tests of train_gpt_cpu on the tiny preset (Tiny Shakespeare), under emu.
+
+A short schedule (--scheduled-steps 6 --extension-steps 2: stage changes at steps 2, 4 and 6, the
+YaRN update at 2, Adam steps 1, 3, 5, 7, the untie at step 5) is trained on 1 rank (grad_accum 8),
+2 ranks and 8 ranks (sparse bigram comms), with checkpoints at steps 0, 2, 4, 6 and 8. Checked:
+  - the log: starts with the program's source, then lines in upstream's exact format; the
+    validation loss falls;
+  - tying: before the split embed == lm_head^T after every Adam step, and right after the split
+    embed's Adam moments are lm_head's transposed (gathered from all ranks' shards); after the
+    next Adam step they differ;
+  - world sizes: the parameters after 8 steps agree across 1, 2 and 8 ranks (tolerance below);
+  - resume: 1 rank resumed from step 4 to 8 equals the uninterrupted run bit for bit;
+  - failures: a NaN planted in a checkpoint stops the resumed run naming the step and the
+    parameter group; bad flags and missing data give a clear message and a non-zero exit.
+Usage: test_trainer.py TRAIN_GPT_CPU MPIRUN... (the mpirun command line as CTest runs it)
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+REPO = os.environ["REPO"]
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+import read_checkpoint  # noqa: E402
+
+BINARY = sys.argv[1]
+MPIRUN = sys.argv[2:]
+SCHEDULE = ["--preset", "tiny", "--scheduled-steps", "6", "--extension-steps", "2", "--val-every", "4",
+            "--val-tokens", "4096", "--checkpoint-steps", "0,2,4,6,8", "--log-train-loss"]
+TOTAL = 8
+SPLIT = 5  # start of stage 2 (step 4) | 1
+
+failures = []
+
+
+def check(ok, what):
+    print(("ok   " if ok else "FAIL ") + what, flush=True)
+    if not ok:
+        failures.append(what)
+
+
+def run(args, ranks=1, expect_ok=True, env=None):
+    cmd = ([BINARY] if ranks == 1 else MPIRUN + ["-np", str(ranks), "-x", "EMU_WORKERS=1", BINARY]) + args
+    e = dict(os.environ, EMU_WORKERS="2" if ranks == 1 else "1", **(env or {}))
+    p = subprocess.run(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if expect_ok and p.returncode != 0:
+        sys.exit(f"train_gpt failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+def tensors(path):
+    meta, ts = read_checkpoint.load(path)
+    return meta, {n: read_checkpoint.to_numpy(d, s, raw).astype(np.float64) for n, (d, s, raw) in ts.items()}
+
+
+def ckpt(root, step, rank=0):
+    return os.path.join(root, f"step{step:06d}", f"rank{rank}.safetensors")
+
+
+def gathered(root, step, ranks, name):
+    """A sharded state tensor reassembled from every rank's file (shards split dim 0)."""
+    return np.concatenate([tensors(ckpt(root, step, r))[1][name] for r in range(ranks)], axis=0)
+
+
+STEP_LINE = re.compile(r"^step:(\d+)/(\d+) train_time:(\d+)ms step_avg:(\d+\.\d\d)ms$")
+VAL_LINE = re.compile(r"^step:(\d+)/(\d+) val_loss:(\d+\.\d{4}) train_time:(\d+)ms step_avg:(\d+\.\d\d)ms$")
+PEAK_LINE = re.compile(r"^peak memory allocated: \d+ MiB reserved: \d+ MiB$")
+
+
+def check_log(path, label):
+    text = open(path).read()
+    check(text.startswith("-" * 100 + "\n// train_gpt.cu\n"), f"{label}: the log starts with train_gpt.cu's source")
+    check("// kernels/attention.cuh" in text and "// data/loader.h" in text, f"{label}: the log holds the headers")
+    lines = text.splitlines()
+    steps = [int(m.group(1)) for m in map(STEP_LINE.match, lines) if m]
+    vals = [(int(m.group(1)), float(m.group(3))) for m in map(VAL_LINE.match, lines) if m]
+    check(steps == list(range(1, TOTAL + 1)), f"{label}: one step line per step in upstream's format")
+    check([s for s, _ in vals] == [0, 4, 8], f"{label}: validation at steps 0, 4 and 8")
+    check(all(b < a for (_, a), (_, b) in zip(vals, vals[1:])), f"{label}: validation loss falls {vals}")
+    check(any(PEAK_LINE.match(l) for l in lines), f"{label}: the peak memory line")
+    return vals
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="trainer_test_")
+    try:
+        runs = {}
+        for ranks in (1, 2, 8):
+            root = os.path.join(tmp, f"np{ranks}")
+            run(SCHEDULE + ["--run-id", f"np{ranks}", "--log-dir", tmp, "--save-checkpoint", root], ranks)
+            runs[ranks] = root
+            check_log(os.path.join(tmp, f"np{ranks}.txt"), f"{ranks} rank(s)")
+
+        # tying, on every world size: embed == lm_head^T through the split step, then they part
+        for ranks, root in runs.items():
+            for step in (2, 4, 6):
+                _, t = tensors(ckpt(root, step))
+                check(np.array_equal(t["param.embed"], t["param.lm_head"].T),
+                      f"{ranks} rank(s): embed == lm_head^T at step {step}")
+            for key in ("exp_avg", "exp_avg_sq"):
+                lm = gathered(root, SPLIT + 1, ranks, f"{key}.lm_head")
+                em = gathered(root, SPLIT + 1, ranks, f"{key}.embed")
+                check(np.array_equal(em, lm.T), f"{ranks} rank(s): embed's {key} is lm_head's transposed after the split")
+            meta, _ = tensors(ckpt(root, SPLIT + 1))
+            check(meta["adam_steps.embed"] == meta["adam_steps.lm_head"] == "3", f"{ranks} rank(s): embed takes lm_head's Adam step count")
+            _, t = tensors(ckpt(root, TOTAL))
+            check(not np.array_equal(t["param.embed"], t["param.lm_head"].T), f"{ranks} rank(s): untied after step {SPLIT + 2}")
+
+        # world sizes: the same training up to reduction order. Each rank count sums gradients in a
+        # different order (bf16 all-reduce / reduce-scatter / sparse merge vs. one rank's
+        # accumulation), so parameters differ by rounding that the normalized updates carry
+        # forward; measured against how far training moved each parameter, the spread must stay
+        # small (observed: below 2%; a wrong reduction, scale or shard moves it to order 1).
+        _, p0 = tensors(ckpt(runs[1], 0))
+        _, ref = tensors(ckpt(runs[1], TOTAL))
+        for ranks in (2, 8):
+            _, got = tensors(ckpt(runs[ranks], TOTAL))
+            for name in sorted(n for n in ref if n.startswith("param.")):
+                moved = np.linalg.norm(ref[name] - p0[name])
+                diff = np.linalg.norm(got[name] - ref[name])
+                check(moved > 0 and diff <= 0.05 * moved,
+                      f"{ranks} ranks vs 1: {name} differs by {diff / max(moved, 1e-30):.2%} of its movement")
+
+        # resume: steps 4..8 from the step-4 checkpoint equal the straight run bit for bit
+        resumed = os.path.join(tmp, "resumed")
+        run(SCHEDULE + ["--run-id", "resumed", "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps", "8",
+                        "--resume", os.path.dirname(ckpt(runs[1], 4))])
+        _, a = tensors(ckpt(runs[1], TOTAL))
+        _, b = tensors(ckpt(resumed, TOTAL))
+        check(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a),
+              "resume from step 4 equals the uninterrupted run at step 8 (every tensor, bitwise)")
+
+        # a NaN planted in lm_head stops the run at the next step, naming it
+        bad = os.path.join(tmp, "bad", "step000002")
+        os.makedirs(bad)
+        src = ckpt(runs[1], 2)
+        raw = bytearray(open(src, "rb").read())
+        meta, infos = read_checkpoint.read_header(src)
+        info = infos["param.lm_head"]
+        start = 8 + int.from_bytes(raw[:8], "little") + info["data_offsets"][0]
+        raw[start:start + 2] = b"\xc0\x7f"  # bf16 NaN
+        open(os.path.join(bad, "rank0.safetensors"), "wb").write(raw)
+        p = run(SCHEDULE + ["--run-id", "nan", "--log-dir", tmp, "--resume", bad, "--max-steps", "3"], expect_ok=False)
+        check(p.returncode != 0 and "NaN at step 3" in p.stderr and "lm_head" in p.stderr,
+              f"a NaN stops the run naming the step and the group: {p.stderr.strip()[-200:]}")
+
+        # bad input: a clear message and a non-zero exit, nothing written
+        for args, phrase in [(["--no-such-flag"], "unknown argument"), (["--val-every", "x"], "--val-every needs an integer"),
+                             (["--preset", "huge"], "unknown preset"), (["--preset", "tiny", "--val-tokens", "100"], "multiple of the validation batch"),
+                             (["--preset", "tiny", "--train-files", "/nonexistent/*.bin"], "/nonexistent/*.bin"),
+                             (["--preset", "tiny", "--resume", os.path.join(tmp, "nowhere")], "cannot resume")]:
+            p = run(args + ["--log-dir", os.path.join(tmp, "badlogs")], expect_ok=False)
+            check(p.returncode != 0 and phrase in p.stderr, f"{' '.join(args)}: fails with '{phrase}'")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
