@@ -208,7 +208,8 @@ int main() {
     {
         Model plan_only;
         plan_only.cfg = record_preset();
-        const MemoryPlan plan = plan_memory(plan_only, 8);
+        Optimizer optimizer_plan;
+        const MemoryPlan plan = plan_memory(plan_only, optimizer_plan, 8);
         test::check(plan.total() / 1048576.0 <= kUpstreamPeakMiB, "record plan %.0f MiB exceeds upstream's %.0f MiB",
                     plan.total() / 1048576.0, kUpstreamPeakMiB);
     }
