@@ -19,12 +19,15 @@ test: configure
 	cmake --build $(BUILD) -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-# With a GPU the GPU binary, else the CPU build.
+# The main job: the tiny preset on the committed Tiny Shakespeare shards, one rank; on the GPU
+# binary when there is a GPU, else on the CPU build. RUN_FLAGS adds trainer flags.
+RUN_FLAGS ?=
+TINY_RUN = --preset tiny --val-every 10 --log-train-loss $(RUN_FLAGS)
 run: configure
 	@if nvidia-smi -L >/dev/null 2>&1; then \
-	  cmake --build $(BUILD) --target train_gpt -j $(JOBS) && ./$(BUILD)/train_gpt; \
+	  cmake --build $(BUILD) --target train_gpt -j $(JOBS) && ./$(BUILD)/train_gpt $(TINY_RUN); \
 	else \
-	  cmake --build $(BUILD) --target train_gpt_cpu -j $(JOBS) && ./$(BUILD)/train_gpt_cpu; \
+	  cmake --build $(BUILD) --target train_gpt_cpu -j $(JOBS) && ./$(BUILD)/train_gpt_cpu $(TINY_RUN); \
 	fi
 
 deps:

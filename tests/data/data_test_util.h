@@ -92,21 +92,26 @@ inline void write_raw_shard(const std::string& path, int32_t magic, int32_t vers
     write_bytes(path, bytes.data(), bytes.size());
 }
 
-// One check: fn throws DataError and its message contains every one of parts.
-inline bool expect_data_error(const std::string& what, const std::function<void()>& fn,
-                              std::initializer_list<std::string> parts) {
+// One check: fn throws an Error (by default dataload::DataError) whose message contains every one
+// of parts.
+template <class Error = dataload::DataError>
+bool expect_error_of(const std::string& what, const std::function<void()>& fn, std::initializer_list<std::string> parts) {
     try {
         fn();
-    } catch (const dataload::DataError& e) {
+    } catch (const Error& e) {
         const std::string msg = e.what();
         for (const auto& p : parts)
             if (msg.find(p) == std::string::npos)
                 return test::check(false, "%s: message \"%s\" lacks \"%s\"", what.c_str(), msg.c_str(), p.c_str());
         return test::check(true, "");
     } catch (const std::exception& e) {
-        return test::check(false, "%s: threw a non-DataError: %s", what.c_str(), e.what());
+        return test::check(false, "%s: threw a different exception: %s", what.c_str(), e.what());
     }
     return test::check(false, "%s: did not throw", what.c_str());
+}
+inline bool expect_data_error(const std::string& what, const std::function<void()>& fn,
+                              std::initializer_list<std::string> parts) {
+    return expect_error_of(what, fn, parts);
 }
 
 // Documents as a token stream: each length counts its BOS; the other tokens are arbitrary

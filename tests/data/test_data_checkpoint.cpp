@@ -30,18 +30,7 @@ namespace {
 
 // One check: fn throws CheckpointError and its message contains every one of parts.
 bool expect_error(const std::string& what, const std::function<void()>& fn, std::initializer_list<std::string> parts) {
-    try {
-        fn();
-    } catch (const CheckpointError& e) {
-        const std::string msg = e.what();
-        for (const auto& p : parts)
-            if (msg.find(p) == std::string::npos)
-                return test::check(false, "%s: message \"%s\" lacks \"%s\"", what.c_str(), msg.c_str(), p.c_str());
-        return test::check(true, "");
-    } catch (const std::exception& e) {
-        return test::check(false, "%s: threw a non-CheckpointError: %s", what.c_str(), e.what());
-    }
-    return test::check(false, "%s: did not throw", what.c_str());
+    return datatest::expect_error_of<CheckpointError>(what, fn, parts);
 }
 
 std::vector<unsigned char> random_bytes(size_t n) {
