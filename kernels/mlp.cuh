@@ -1,11 +1,13 @@
-// The ReLU^2 MLP, out = relu(x @ c_fc^T)^2 @ c_proj, as cuBLASLt matmuls around two elementwise
-// kernels, and the lambda-scaled weight the attention projections use (w_eff = sa_lambda * w).
+// The ReLU^2 MLP, out = relu(x @ c_fc^T)^2 @ c_proj: one tensor-core GEMM that writes both the
+// pre-activation and relu(pre)^2, then a cuBLASLt matmul; the backward is cuBLASLt matmuls around an
+// elementwise kernel. Also the lambda-scaled weight the attention projections use (w_eff = sa_lambda * w).
 //
-// Rounding points follow upstream's fused Triton MLP: the matmul rounds pre to bf16, post is
+// Rounding points follow upstream's fused Triton MLP: pre is the fp32 sum rounded to bf16, post is
 // relu(pre)^2 from that bf16 pre (rounded once); in the backward, g @ c_proj^T is rounded to bf16
 // by its matmul, then 2 * that * relu(pre) is rounded once more.
 #pragma once
 #include "matmul.cuh"
+#include "ptx.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -24,19 +26,25 @@ inline dim3 bf16_packs_grid(int64_t n) {
     return dim3(static_cast<unsigned>(std::max<int64_t>(1, ceil_div<int64_t>(n / 8, kPackThreads))));
 }
 
-// post = relu(pre)^2 from the bf16 pre (the product of two bf16 is exact in fp32: one rounding)
+// relu(p)^2 of 8 bf16, each rounded once (the square of a bf16 is exact in fp32). fmaxf rather than
+// a comparison so that the CPU build has no branch on the sign (half of them would mispredict);
+// either way -0 and NaN give +0.
+__device__ __forceinline__ Pack128<__nv_bfloat16> relu_square(const Pack128<__nv_bfloat16>& p) {
+    Pack128<__nv_bfloat16> out;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float r = fmaxf(__bfloat162float(p[k]), 0.0f);
+        out[k] = __float2bfloat16(r * r);
+    }
+    return out;
+}
+
+// post = relu(pre)^2 from the bf16 pre
 __global__ void __launch_bounds__(kPackThreads)
     relu_square_forward_kernel(__nv_bfloat16* post, const __nv_bfloat16* pre, int64_t n) {
     const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
     if (i >= n) return;
-    const Pack128<__nv_bfloat16> p = load128(pre + i);
-    Pack128<__nv_bfloat16> out;
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-        const float x = __bfloat162float(p[k]), r = x > 0.0f ? x : 0.0f;
-        out[k] = __float2bfloat16(r * r);
-    }
-    store128(post + i, out);
+    store128(post + i, relu_square(load128(pre + i)));
 }
 inline void relu_square_forward(__nv_bfloat16* post, const __nv_bfloat16* pre, int64_t n, cudaStream_t stream) {
     require_shape(bf16_packs_shape_error(n, {post, pre}), "relu_square_forward");
@@ -68,6 +76,151 @@ inline void relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* dpost
     CUDA_CHECK_LAUNCH();
 }
 
+// ---- pre = x @ w^T and post = relu(pre)^2 from one tensor-core GEMM ----
+// x (T, C) and w (H, C) are both K-major (the "TN" GEMM): tiles of either are loaded the same way
+// and read by non-transposed ldmatrix. A block computes a 128 x 128 tile of pre over C in steps of
+// 64, through a 3-stage cp.async pipeline; its 8 warps each own 64 x 32 of the tile. The epilogue
+// rounds the fp32 sums to bf16 once (pre), stages them in shared memory, and writes pre and
+// post = relu(pre)^2 from the same bf16 values with 16-byte stores.
+constexpr int kFcTileRows = 128;  // tokens per block
+constexpr int kFcTileCols = 128;  // hidden units per block
+constexpr int kFcTileK = 64;      // model dims per pipeline stage
+constexpr int kFcStages = 3;
+constexpr int kFcThreads = 256;
+constexpr int kFcWarpRows = 64, kFcWarpCols = 32;  // warps: 2 down the rows, 4 across the columns
+constexpr size_t kFcStageElems = size_t(kFcTileRows + kFcTileCols) * kFcTileK;
+constexpr size_t kFcSmemBytes = kFcStages * kFcStageElems * sizeof(__nv_bfloat16);
+static_assert(kFcTileRows * kFcTileCols <= kFcStages * kFcStageElems, "the epilogue's tile fits in the pipeline's");
+static_assert((kFcTileRows / kFcWarpRows) * (kFcTileCols / kFcWarpCols) * 32 == kFcThreads, "one warp per sub-tile");
+
+// Offset of (row, col) in a swizzled tile of rows of 64 (pipeline stages) or 128 (epilogue) bf16:
+// the row's 16-byte chunks are XOR-permuted by row % 8, so the 8 rows an ldmatrix reads at one
+// column, or the 8 rows the accumulators write at one column, fall in 8 distinct bank groups.
+template <int COLS>
+__device__ __forceinline__ int fc_swizzle(int row, int col) {
+    static_assert(COLS == 64 || COLS == 128, "rows of 8 or 16 chunks");
+    return row * COLS + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
+}
+
+// Issues the copies of k-step [k0, k0 + 64) of the block's x rows and w rows into a stage; chunks
+// outside the tensors (rows past T or H, columns past C) become zeros, which add nothing.
+__device__ __forceinline__ void fc_load_stage(__nv_bfloat16* stage, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                                              int m0, int n0, int k0, int T, int C, int H) {
+    constexpr int chunks_per_row = kFcTileK / 8;
+    static_assert(kFcTileRows == kFcTileCols, "x and w tiles are copied by the same threads");
+    __nv_bfloat16* sx = stage;
+    __nv_bfloat16* sw = stage + kFcTileRows * kFcTileK;
+#pragma unroll
+    for (int i = 0; i < kFcTileRows * chunks_per_row / kFcThreads; ++i) {
+        const int c = threadIdx.x + i * kFcThreads;
+        const int r = c / chunks_per_row, col = (c % chunks_per_row) * 8, k = k0 + col;
+        const bool in_x = k < C && m0 + r < T, in_w = k < C && n0 + r < H;
+        cp_async16(sx + fc_swizzle<kFcTileK>(r, col), in_x ? x + size_t(m0 + r) * C + k : x, in_x);
+        cp_async16(sw + fc_swizzle<kFcTileK>(r, col), in_w ? w + size_t(n0 + r) * C + k : w, in_w);
+    }
+}
+
+// pre = bf16(x @ w^T) with fp32 sums; post = relu(pre)^2 from the bf16 pre, as relu_square_forward
+// makes it. Two blocks per SM: at most 128 registers a thread (ptxas: no spills) and 2 x 96 KB.
+__global__ void __launch_bounds__(kFcThreads, 2)
+    linear_relu_square_forward_kernel(__nv_bfloat16* pre, __nv_bfloat16* post, const __nv_bfloat16* x,
+                                      const __nv_bfloat16* w, int T, int C, int H) {
+    __nv_bfloat16* smem = dynamic_smem<__nv_bfloat16>();
+    const int m0 = blockIdx.y * kFcTileRows, n0 = blockIdx.x * kFcTileCols;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int wm = (warp % (kFcTileRows / kFcWarpRows)) * kFcWarpRows;
+    const int wn = (warp / (kFcTileRows / kFcWarpRows)) * kFcWarpCols;
+    const int ksteps = ceil_div(C, kFcTileK);
+
+#pragma unroll
+    for (int s = 0; s < kFcStages - 1; ++s) {
+        if (s < ksteps) fc_load_stage(smem + s * kFcStageElems, x, w, m0, n0, s * kFcTileK, T, C, H);
+        cp_async_commit();  // empty groups keep the count the waits rely on
+    }
+
+    constexpr int MT = kFcWarpRows / 16, NT = kFcWarpCols / 8, KS = kFcTileK / 16;
+    float acc[MT][NT][4] = {};
+    for (int ks = 0; ks < ksteps; ++ks) {
+        cp_async_wait<kFcStages - 2>();  // k-step ks has landed (this thread's copies)...
+        __syncthreads();                 // ...everyone's, and the stage read at ks - 1 is free again
+        const int next = ks + kFcStages - 1;
+        if (next < ksteps)
+            fc_load_stage(smem + (next % kFcStages) * kFcStageElems, x, w, m0, n0, next * kFcTileK, T, C, H);
+        cp_async_commit();
+
+        // x rows "rows first" (lanes 0-15 rows at column k, 16-31 the same rows at k + 8) give A
+        // fragments; w rows "cols first" (lanes 0-7 rows at k, 8-15 at k + 8, 16-23 the next 8 rows at
+        // k, 24-31 at k + 8) give the B fragments of B = w^T for two n-tiles (layouts: ptx.cuh)
+        const __nv_bfloat16* sx = smem + (ks % kFcStages) * kFcStageElems;
+        const __nv_bfloat16* sw = sx + kFcTileRows * kFcTileK;
+        const void* x_rows[KS][MT];
+        const void* w_rows[KS][NT / 2];
+#pragma unroll
+        for (int s = 0; s < KS; ++s) {
+#pragma unroll
+            for (int m = 0; m < MT; ++m)
+                x_rows[s][m] = sx + fc_swizzle<kFcTileK>(wm + 16 * m + (lane & 15), 16 * s + ((lane >> 4) << 3));
+#pragma unroll
+            for (int p = 0; p < NT / 2; ++p)
+                w_rows[s][p] = sw + fc_swizzle<kFcTileK>(wn + 16 * p + (lane & 7) + ((lane >> 4) << 3),
+                                                         16 * s + (((lane >> 3) & 1) << 3));
+        }
+        mma_m16n8k16_bf16_from_smem<KS, MT, NT>(acc, x_rows, w_rows);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the stages: the epilogue reuses their memory
+
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int m = 0; m < MT; ++m)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            const int row = wm + 16 * m + g, col = wn + 8 * n + 2 * t;
+            *reinterpret_cast<__nv_bfloat162*>(smem + fc_swizzle<kFcTileCols>(row, col)) =
+                __floats2bfloat162_rn(acc[m][n][0], acc[m][n][1]);
+            *reinterpret_cast<__nv_bfloat162*>(smem + fc_swizzle<kFcTileCols>(row + 8, col)) =
+                __floats2bfloat162_rn(acc[m][n][2], acc[m][n][3]);
+        }
+    __syncthreads();
+    constexpr int out_chunks_per_row = kFcTileCols / 8;
+#pragma unroll
+    for (int i = 0; i < kFcTileRows * out_chunks_per_row / kFcThreads; ++i) {
+        const int c = threadIdx.x + i * kFcThreads;
+        const int r = c / out_chunks_per_row, col = (c % out_chunks_per_row) * 8;
+        if (m0 + r >= T || n0 + col >= H) continue;
+        const Pack128<__nv_bfloat16> p = load128(smem + fc_swizzle<kFcTileCols>(r, col));
+        const size_t at = size_t(m0 + r) * H + n0 + col;
+        store128(pre + at, p);
+        store128(post + at, relu_square(p));
+    }
+}
+
+inline std::string linear_relu_square_shape_error(int T, int C, int H,
+                                                  std::initializer_list<const void*> pointers) {
+    if (T <= 0 || C <= 0 || H <= 0)
+        return "T (" + std::to_string(T) + "), C (" + std::to_string(C) + ") and H (" + std::to_string(H) +
+               ") must be positive";
+    if (C % 8 != 0 || H % 8 != 0)
+        return "C (" + std::to_string(C) + ") and H (" + std::to_string(H) + ") must be multiples of 8";
+    if (ceil_div(T, kFcTileRows) > 65535) return "T (" + std::to_string(T) + ") needs more than 65535 row tiles";
+    if (!all_aligned16(pointers)) return "a buffer is not 16-byte aligned";
+    return "";
+}
+
+// pre (T, H) = x (T, C) @ w (H, C)^T, post (T, H) = relu(pre)^2, both bf16; one kernel.
+inline void linear_relu_square_forward(__nv_bfloat16* pre, __nv_bfloat16* post, const __nv_bfloat16* x,
+                                       const __nv_bfloat16* w, int T, int C, int H, cudaStream_t stream) {
+    require_shape(linear_relu_square_shape_error(T, C, H, {pre, post, x, w}), "linear_relu_square_forward");
+    static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_forward_kernel,
+                                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                      static_cast<int>(kFcSmemBytes))),
+                                      true);
+    (void)smem_allowed;
+    const dim3 grid(static_cast<unsigned>(ceil_div(H, kFcTileCols)), static_cast<unsigned>(ceil_div(T, kFcTileRows)));
+    launch(linear_relu_square_forward_kernel, grid, dim3(kFcThreads), kFcSmemBytes, stream, pre, post, x, w, T, C, H);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---- the whole MLP: x (T, C); c_fc (H, C); c_proj (H, C); pre, post (T, H); out (T, C) ----
 inline std::string mlp_shape_error(int T, int C, int H) {
     if (T <= 0 || C <= 0 || H <= 0)
@@ -84,8 +237,7 @@ inline void mlp_forward(CublasLt& lt, __nv_bfloat16* out, __nv_bfloat16* pre, __
                         const __nv_bfloat16* x, const __nv_bfloat16* c_fc, const __nv_bfloat16* c_proj, int T, int C,
                         int H, cudaStream_t stream) {
     require_shape(mlp_shape_error(T, C, H), "mlp_forward");
-    matmul_forward(lt, pre, x, c_fc, T, H, C, stream);
-    relu_square_forward(post, pre, static_cast<int64_t>(T) * H, stream);
+    linear_relu_square_forward(pre, post, x, c_fc, T, C, H, stream);
     matmul_bf16(lt, out, post, false, c_proj, false, T, C, H, stream);
 }
 

@@ -278,3 +278,179 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 #endif
+
+// ---- a warp's tile product straight from shared memory: ldmatrix x4 loads feeding mma.sync ----
+// For s < S, in order: a[m] = ldmatrix<4>(a_rows[s][m]) for m < M (A fragments of 16x16 blocks),
+// r[p] = ldmatrix<4>(b_rows[s][p]) for p < N/2, with b[2p] = {r[p][0], r[p][1]} and
+// b[2p+1] = {r[p][2], r[p][3]} (B fragments of two 16x8 blocks: the rows read are B's columns, so
+// B^T lies row-major in shared memory, as in a "TN" GEMM), then acc[m][n] = a[m] @ b[n] + acc[m][n]
+// for every m < M, n < N. a_rows[s][m] and b_rows[s][p] are this lane's row addresses for each load.
+// On the GPU this is exactly that loop. Under emu it is one meeting of the warp instead of
+// S (M + N/2 + M N) collectives (each costs a fiber switch per lane), and the products run on
+// tiles unpacked straight from shared memory, which the CPU can vectorize.
+template <int S, int M, int N>
+__device__ __forceinline__ void mma_m16n8k16_bf16_from_smem(float (&acc)[M][N][4], const void* const (&a_rows)[S][M],
+                                                            const void* const (&b_rows)[S][N / 2]);
+
+#ifdef __CUDACC__
+
+template <int S, int M, int N>
+__device__ __forceinline__ void mma_m16n8k16_bf16_from_smem(float (&acc)[M][N][4], const void* const (&a_rows)[S][M],
+                                                            const void* const (&b_rows)[S][N / 2]) {
+    static_assert(N % 2 == 0, "B fragments come in pairs of n-tiles");
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+        uint32_t a[M][4], r[N / 2][4];
+#pragma unroll
+        for (int m = 0; m < M; ++m) ldmatrix<4>(a[m], a_rows[s][m]);
+#pragma unroll
+        for (int p = 0; p < N / 2; ++p) ldmatrix<4>(r[p], b_rows[s][p]);
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int n = 0; n < N; ++n) {
+                const uint32_t b[2] = {r[n / 2][2 * (n % 2)], r[n / 2][2 * (n % 2) + 1]};
+                mma_m16n8k16_bf16(acc[m][n], a[m], b, acc[m][n]);
+            }
+    }
+}
+
+#else  // emulated twin
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace emu {
+inline float bf16_bits_value(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+// Each lane deposits pointers to its own arrays; the last lane to arrive reads every lane's
+// addresses and accumulators and writes the accumulators back (the other lanes are parked at
+// the collective, so their arrays are not in use).
+struct MmaFromSmemIn {
+    const void* const* a_rows;
+    const void* const* b_rows;
+    float* acc;
+    int s, m, n;
+};
+
+// D[m][n] += A[m] @ B[n] for 16x16 A tiles and 16x8 B and D tiles (B, D rows of 8 columns). Each
+// output adds its 16 products in k order, as the single mma twin does (products of bf16 are exact in
+// fp32), so both versions give the single twin's bits. A row of every n-tile at once: one broadcast
+// of A feeds 2N (SSE) or N (AVX2) independent chains.
+template <int M, int N>
+void mma_tiles_accumulate_sse(float (&D)[M][N][16][8], const float (&A)[M][16][16], const float (&B)[N][16][8]) {
+    typedef float Quad __attribute__((vector_size(16)));  // 4 of a tile row's 8 columns
+    for (int m = 0; m < M; ++m)
+        for (int i = 0; i < 16; ++i) {
+            Quad d[N][2];
+#pragma GCC unroll 8
+            for (int n = 0; n < N; ++n) std::memcpy(d[n], D[m][n][i], sizeof d[n]);
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; ++k) {
+                const float a = A[m][i][k];
+#pragma GCC unroll 8
+                for (int n = 0; n < N; ++n) {
+                    Quad b[2];
+                    std::memcpy(b, B[n][k], sizeof b);
+                    d[n][0] += a * b[0];
+                    d[n][1] += a * b[1];
+                }
+            }
+#pragma GCC unroll 8
+            for (int n = 0; n < N; ++n) std::memcpy(D[m][n][i], d[n], sizeof d[n]);
+        }
+}
+template <int M, int N>
+__attribute__((target("avx2"))) void mma_tiles_accumulate_avx2(float (&D)[M][N][16][8], const float (&A)[M][16][16],
+                                                                const float (&B)[N][16][8]) {
+    typedef float Oct __attribute__((vector_size(32)));  // a tile row's 8 columns
+    for (int m = 0; m < M; ++m)
+        for (int i = 0; i < 16; ++i) {
+            Oct d[N];
+#pragma GCC unroll 8
+            for (int n = 0; n < N; ++n) std::memcpy(&d[n], D[m][n][i], sizeof d[n]);
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; ++k) {
+                const float a = A[m][i][k];
+#pragma GCC unroll 8
+                for (int n = 0; n < N; ++n) {
+                    Oct b;
+                    std::memcpy(&b, B[n][k], sizeof b);
+                    d[n] += a * b;
+                }
+            }
+#pragma GCC unroll 8
+            for (int n = 0; n < N; ++n) std::memcpy(D[m][n][i], &d[n], sizeof d[n]);
+        }
+}
+
+template <int S, int M, int N>
+void mma_m16n8k16_bf16_from_smem_combine(const unsigned char* in, unsigned char*, unsigned) {
+    MmaFromSmemIn lane[32];
+    alignas(16) float D[M][N][16][8];  // D[m][n] is the 16x8 accumulator tile (m, n)
+    for (int l = 0; l < 32; ++l) {
+        std::memcpy(&lane[l], in + l * kSlotBytes, sizeof lane[l]);
+        if (lane[l].s != S || lane[l].m != M || lane[l].n != N) {
+            std::fprintf(stderr, "emu: divergent warp: lanes met at mma_m16n8k16_bf16_from_smem with different shapes\n");
+            std::abort();
+        }
+        const int g = l / 4, t = l % 4;
+        for (int m = 0; m < M; ++m)
+#pragma GCC unroll 8
+            for (int n = 0; n < N; ++n) {
+                const float* c = lane[l].acc + 4 * (m * N + n);
+                D[m][n][g][2 * t] = c[0];
+                D[m][n][g][2 * t + 1] = c[1];
+                D[m][n][g + 8][2 * t] = c[2];
+                D[m][n][g + 8][2 * t + 1] = c[3];
+            }
+    }
+    for (int s = 0; s < S; ++s) {
+        // Matrix i of an x4 load is the 8 rows whose addresses lanes 8i..8i+7 give. In the A fragment
+        // it is the 8x8 block (i % 2, i / 2); in the B fragments of pair p it holds columns j of n-tile
+        // 2p + i / 2, rows 8 (i % 2) + e of B, kept here as B[n][k][8 columns].
+        float A[M][16][16];
+        alignas(16) float B[N][16][8];
+        for (int i = 0; i < 4; ++i)
+            for (int j = 0; j < 8; ++j) {
+                const MmaFromSmemIn& src = lane[8 * i + j];
+                for (int m = 0; m < M; ++m) {
+                    const auto* row = static_cast<const uint16_t*>(src.a_rows[s * M + m]);
+#pragma GCC unroll 8
+                    for (int e = 0; e < 8; ++e) A[m][8 * (i % 2) + j][8 * (i / 2) + e] = bf16_bits_value(row[e]);
+                }
+                for (int p = 0; p < N / 2; ++p) {
+                    const auto* row = static_cast<const uint16_t*>(src.b_rows[s * (N / 2) + p]);
+#pragma GCC unroll 8
+                    for (int e = 0; e < 8; ++e) B[2 * p + i / 2][8 * (i % 2) + e][j] = bf16_bits_value(row[e]);
+                }
+            }
+        static const bool avx2 = __builtin_cpu_supports("avx2");
+        if (avx2) mma_tiles_accumulate_avx2<M, N>(D, A, B);
+        else mma_tiles_accumulate_sse<M, N>(D, A, B);
+    }
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int m = 0; m < M; ++m)
+#pragma GCC unroll 8
+            for (int n = 0; n < N; ++n) {
+                float* c = lane[l].acc + 4 * (m * N + n);
+                c[0] = D[m][n][g][2 * t];
+                c[1] = D[m][n][g][2 * t + 1];
+                c[2] = D[m][n][g + 8][2 * t];
+                c[3] = D[m][n][g + 8][2 * t + 1];
+            }
+    }
+}
+}  // namespace emu
+
+template <int S, int M, int N>
+__device__ __forceinline__ void mma_m16n8k16_bf16_from_smem(float (&acc)[M][N][4], const void* const (&a_rows)[S][M],
+                                                            const void* const (&b_rows)[S][N / 2]) {
+    static_assert(N % 2 == 0, "B fragments come in pairs of n-tiles");
+    const emu::MmaFromSmemIn in{&a_rows[0][0], &b_rows[0][0], &acc[0][0][0], S, M, N};
+    std::memcpy(emu::collective_slot(), &in, sizeof in);
+    emu::collective_arrive("mma_m16n8k16_bf16_from_smem", 0xffffffffu, emu::mma_m16n8k16_bf16_from_smem_combine<S, M, N>);
+}
+
+#endif

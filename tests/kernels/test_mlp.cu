@@ -1,11 +1,15 @@
-// kernels/mlp.cuh: the ReLU^2 elementwise kernels bit for bit, the MLP forward/backward stage by
-// stage and end to end against double-precision loops, a finite-difference check of its backward,
-// the lambda-scaled weight pair (with its deterministic dlambda), and the fixed-order sum.
+// kernels/mlp.cuh: the ReLU^2 elementwise kernels bit for bit, the fused c_fc GEMM + ReLU^2 against
+// double-precision loops (and, on the CPU build, bit for bit against cuBLASLt + the elementwise
+// kernel), the MLP forward/backward stage by stage and end to end against double-precision loops, a
+// finite-difference check of its backward, the lambda-scaled weight pair (with its deterministic
+// dlambda), the fixed-order sum, and the shape rules.
 #include "../../kernels/mlp.cuh"
 #include "../device_util.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -75,6 +79,75 @@ void test_relu_square_kernels(int64_t n) {
     test::check(same_bits(d_dpre.download(), want_dpre), "relu_square_backward n %lld: bit-exact", (long long)n);
     relu_square_backward(d_dh.ptr, d_dh.ptr, d_pre.ptr, n, nullptr);
     test::check(same_bits(d_dh.download(), want_dpre), "relu_square_backward in place n %lld", (long long)n);
+}
+
+// ---- the fused c_fc GEMM: pre = x @ w^T and post = relu(pre)^2 from one kernel ----
+// relu(v)^2 of each bf16 v, rounded once, as upstream's where(pre > 0, pre, 0)^2 from the bf16 pre.
+std::vector<bf16> relu_square_reference(const std::vector<bf16>& pre) {
+    std::vector<bf16> post(pre.size());
+    for (size_t i = 0; i < pre.size(); ++i) {
+        const double r = std::max(value(pre[i]), 0.0);
+        post[i] = to_bf16(r * r);
+    }
+    return post;
+}
+
+void test_linear_relu_square(int T, int C, int H) {
+    const std::string what = " T " + std::to_string(T) + " C " + std::to_string(C) + " H " + std::to_string(H);
+    const size_t n = size_t(T) * H, guard = 8 * size_t(H);  // rows past T must stay untouched
+    const auto x = normal_bf16(size_t(T) * C), w = normal_bf16(size_t(H) * C, 0.0, 0.5 / std::sqrt(double(C)));
+    const std::vector<bf16> sentinel(n + guard, to_bf16(-7.0));
+    DeviceBuffer<bf16> d_x(x), d_w(w), d_pre(sentinel), d_post(sentinel);
+    linear_relu_square_forward(d_pre.ptr, d_post.ptr, d_x.ptr, d_w.ptr, T, C, H, nullptr);
+    auto pre = d_pre.download(), post = d_post.download();
+    const bool guard_kept = std::all_of(pre.begin() + n, pre.end(), [](bf16 v) { return value(v) == -7.0; }) &&
+                            std::all_of(post.begin() + n, post.end(), [](bf16 v) { return value(v) == -7.0; });
+    test::check(guard_kept, "linear_relu_square_forward writes nothing past row T%s", what.c_str());
+    pre.resize(n);
+    post.resize(n);
+
+    // pre: fp32 accumulation (1e-5 sqrt(K) of sum |x w|) then one bf16 rounding (2^-9, 2^-8 allowed)
+    const Gemm ref = gemm(T, H, C, values(x), C, 1, values(w), 1, C);  // x @ w^T
+    check_within("linear_relu_square_forward pre" + what, values(pre), ref.out, gemm_tolerance(ref, C));
+    // post: exactly relu(pre)^2 from the kernel's own bf16 pre, rounded once
+    test::check(same_bits(post, relu_square_reference(pre)), "linear_relu_square_forward post = relu(pre)^2%s",
+                what.c_str());
+
+#ifndef __CUDACC__
+    // Emulated, the mma adds each element's products in k order from zero, as emu's cuBLASLt does: the
+    // same bits as the unfused path. (On the GPU the accumulation orders differ; both paths are held to
+    // the reference above.)
+    DeviceBuffer<bf16> u_pre(n), u_post(n);
+    CublasLt lt;
+    matmul_forward(lt, u_pre.ptr, d_x.ptr, d_w.ptr, T, H, C, nullptr);
+    relu_square_forward(u_post.ptr, u_pre.ptr, static_cast<int64_t>(n), nullptr);
+    test::check(same_bits(pre, u_pre.download()) && same_bits(post, u_post.download()),
+                "linear_relu_square_forward: the same bits as cuBLASLt + relu_square_forward on emu%s", what.c_str());
+#endif
+}
+
+// Wall time of the fused kernel against the unfused pair at one shape (printed, not checked).
+void report_linear_relu_square_time(int T, int C, int H) {
+    const auto x = normal_bf16(size_t(T) * C), w = normal_bf16(size_t(H) * C, 0.0, 0.05);
+    DeviceBuffer<bf16> d_x(x), d_w(w), d_pre(size_t(T) * H), d_post(size_t(T) * H);
+    CublasLt lt;
+    const auto time_ms = [](int reps, auto&& fn) {
+        fn();  // warm-up: plans, first-touch
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < reps; ++i) fn();
+        CUDA_CHECK(cudaDeviceSynchronize());
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+    };
+    const double fused = time_ms(5, [&] {
+        linear_relu_square_forward(d_pre.ptr, d_post.ptr, d_x.ptr, d_w.ptr, T, C, H, nullptr);
+    });
+    const double unfused = time_ms(5, [&] {
+        matmul_forward(lt, d_pre.ptr, d_x.ptr, d_w.ptr, T, H, C, nullptr);
+        relu_square_forward(d_post.ptr, d_pre.ptr, int64_t(T) * H, nullptr);
+    });
+    std::printf("time T %d C %d H %d: linear_relu_square_forward %.3f ms, matmul_forward + relu_square_forward %.3f ms\n",
+                T, C, H, fused, unfused);
 }
 
 // ---- the MLP ----
@@ -327,6 +400,21 @@ void test_shape_rules() {
     test::check(mlp_shape_error(256, 128, 512).empty() && !mlp_shape_error(256, 100, 400).empty() &&
                     !mlp_shape_error(256, 128, 500).empty() && !mlp_shape_error(0, 128, 512).empty(),
                 "mlp shape rules (C and H multiples of 8, T positive)");
+    test::check(linear_relu_square_shape_error(3, 8, 32, {p}).empty() &&
+                    linear_relu_square_shape_error(272, 768, 3072, {p}).empty() &&
+                    !linear_relu_square_shape_error(256, 100, 512, {p}).empty() &&
+                    !linear_relu_square_shape_error(256, 128, 500, {p}).empty() &&
+                    !linear_relu_square_shape_error(0, 128, 512, {p}).empty() &&
+                    !linear_relu_square_shape_error(256, 128, 512, {reinterpret_cast<char*>(p) + 8}).empty(),
+                "linear_relu_square shape rules (C and H multiples of 8, T positive, 16-byte alignment)");
+    // a bad call stops with the launcher's name and the reason, before touching memory
+    bf16* fake = reinterpret_cast<bf16*>(256);
+    test::check_fails_with("linear_relu_square_forward with C 100", "linear_relu_square_forward: C (100)", [=] {
+        linear_relu_square_forward(fake, fake, fake, fake, 256, 100, 512, nullptr);
+    });
+    test::check_fails_with("linear_relu_square_forward with a misaligned buffer", "not 16-byte aligned", [=] {
+        linear_relu_square_forward(fake, fake + 1, fake, fake, 256, 128, 512, nullptr);
+    });
 }
 
 int main() {
@@ -338,6 +426,14 @@ int main() {
 
     test_relu_square_kernels(8 * 1000);
     test_relu_square_kernels(64 * 3072);
+
+    test_linear_relu_square(256, 128, 512);  // tiny preset
+    test_linear_relu_square(272, 128, 512);  // ragged: T not a multiple of the 128-row tile
+    test_linear_relu_square(512, 128, 512);
+    test_linear_relu_square(144, 768, 3072);  // record width, ragged T
+    test_linear_relu_square(200, 200, 136);   // C not a multiple of the 64-wide k-step, H of the tile, T of 16
+    test_linear_relu_square(3, 8, 32);        // less than one of everything
+    report_linear_relu_square_time(512, 128, 512);
 
     test_mlp({256, 128, 512});  // tiny preset
     test_mlp({24, 64, 256});
