@@ -130,7 +130,10 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
 
     // Tolerances, from the spread seen over many seeds: bf16 activations through 11 layers put
     // 1-2.5% of error in the big tensors' gradients; gradients that are sums over every token of
-    // products (lambdas, 12-wide gates) cancel, which raises their relative error to several percent.
+    // products (12-wide gates) cancel, which raises their relative error to several percent. The
+    // lambdas (scalars and x0_lambdas, each one dot product over T x C of a bf16 stream gradient with
+    // a stream) can cancel almost completely: they are checked one by one below, with an absolute
+    // slack scaled by the norm of all lambda gradients together.
     const ref::Params mg = download_params(m.grads, rc);
     auto got_t = mg.tensors();
     auto want_t = rg.tensors();
@@ -141,14 +144,21 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         for (size_t e = 0; e < a.size(); ++e) diff[e] = a[e] - b[e];
         const double rel = norm2(diff) / std::max(norm2(b), 1e-30);
         const bool reduced = a.size() <= size_t(kAttnLayers) * c.num_heads * kGate;
+        const bool lambdas = &b == &rg.scalars || &b == &rg.x0_lambdas;
         std::printf("  grad %-15s |ref| %.4e  relative error %.3e\n", got_t[i].first, norm2(b), rel);
-        test::check(rel < (reduced ? 0.15 : 0.05), "gradient of %s: relative error %.3e", got_t[i].first, rel);
+        if (!lambdas)
+            test::check(rel < (reduced ? 0.15 : 0.05), "gradient of %s: relative error %.3e", got_t[i].first, rel);
     }
-    const double scalars_norm = norm2(rg.scalars);
+    const double lambdas_norm = std::hypot(norm2(rg.scalars), norm2(rg.x0_lambdas));
     for (int i = 0; i < ref::kScalarsUsed; ++i) {
         const double a = mg.scalars[i], b = rg.scalars[i];
-        test::check(std::fabs(a - b) <= 0.1 * std::fabs(b) + 0.02 * scalars_norm, "scalars[%d] gradient %.6g vs %.6g", i,
+        test::check(std::fabs(a - b) <= 0.1 * std::fabs(b) + 0.02 * lambdas_norm, "scalars[%d] gradient %.6g vs %.6g", i,
                     a, b);
+    }
+    for (int i = 0; i < kLayers; ++i) {
+        const double a = mg.x0_lambdas[i], b = rg.x0_lambdas[i];
+        test::check(std::fabs(a - b) <= 0.1 * std::fabs(b) + 0.02 * lambdas_norm, "x0_lambdas[%d] gradient %.6g vs %.6g",
+                    i, a, b);
     }
 
 }
