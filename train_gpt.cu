@@ -1115,18 +1115,14 @@ void reset_optimizer(Optimizer& o, cudaStream_t s) {
 
 inline ncclDataType_t nccl_type(const OptimGroup& q) { return q.t.fp32 ? ncclFloat32 : ncclBfloat16; }
 
-// Starts the gradient reduction of one group on the comms stream: all-reduce (average) in place,
-// or reduce-scatter (average) into this rank's shard.
+// Starts the gradient reduction of one sharded group on the comms stream: reduce-scatter
+// (average) into this rank's shard, or the sparse exchange of the touched rows (their indexes
+// travelled during the forward). One rank has nothing to reduce.
 void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
-    if (q.comms == Comms::sharded_sparse) {  // only the touched rows travel (indexes went during the forward)
+    if (q.comms == Comms::sharded_sparse)
         o.exchange->exchange_values(static_cast<bf16*>(q.t.grad), o.grads_ready);
-    } else if (q.distributed) {
-        const int64_t n = q.shard_elems();
-        if (q.comms == Comms::replicated)
-            NCCL_CHECK(ncclAllReduce(q.t.grad, q.t.grad, n, nccl_type(q), ncclAvg, comm, o.comms));
-        else
-            NCCL_CHECK(ncclReduceScatter(q.t.grad, q.grad_shard, n, nccl_type(q), ncclAvg, comm, o.comms));
-    }
+    else if (q.distributed)
+        NCCL_CHECK(ncclReduceScatter(q.t.grad, q.grad_shard, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
     CUDA_CHECK(cudaEventRecord(q.reduced, o.comms));
 }
 
@@ -1220,11 +1216,29 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     if (do_adam && tied)  // lm_head (C, V) += embed's gradient (V, C) transposed
         transpose(m.grads.lm_head, m.grads.embed, V, C, C, V, true, s);
 
-    // reductions in the table's order, each as soon as the gradients are there
+    // reductions in the table's order, each as soon as the gradients are there; a run of small
+    // all-reduces (the replicated groups) goes as one NCCL group
     CUDA_CHECK(cudaEventRecord(o.grads_ready, s));
     CUDA_CHECK(cudaStreamWaitEvent(o.comms, o.grads_ready, 0));
-    for (OptimGroup& q : o.group)
-        if (steps(q)) launch_reduce(o, q, comm);
+    std::vector<OptimGroup*> small_run;
+    auto close_small_run = [&] {
+        if (small_run.empty()) return;
+        NCCL_CHECK(ncclGroupEnd());
+        for (OptimGroup* q : small_run) CUDA_CHECK(cudaEventRecord(q->reduced, o.comms));
+        small_run.clear();
+    };
+    for (OptimGroup& q : o.group) {
+        if (!steps(q)) continue;
+        if (q.distributed && q.comms == Comms::replicated) {
+            if (small_run.empty()) NCCL_CHECK(ncclGroupStart());
+            NCCL_CHECK(ncclAllReduce(q.t.grad, q.t.grad, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
+            small_run.push_back(&q);
+            continue;
+        }
+        close_small_run();
+        launch_reduce(o, q, comm);
+    }
+    close_small_run();
     // updates in the work order, each followed by its gather
     for (const char* label : kWorkOrder) {
         const int i = param_group(label);
