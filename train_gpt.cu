@@ -106,7 +106,9 @@ Config record_preset() {
 }
 
 // Every feature of the record at a width a CPU trains in minutes: 2 heads of 64, windows in
-// blocks of 32 tokens so that they bite within 256-token documents.
+// blocks of 32 tokens so that they bite within 128- to 192-token micro-batches. The batches are
+// small enough that the whole 34-step schedule fits in the committed Tiny Shakespeare shard (the
+// BOS-aligned loader starts every micro-batch at a document; the shard has 399).
 Config tiny_preset() {
     Config c = record_preset();
     c.name = "tiny";
@@ -123,9 +125,9 @@ Config tiny_preset() {
     c.scheduled_iterations = 30;
     c.extension_iterations = 4;
     c.block_size = 32;
-    c.stages[0].batch_tokens = 8 * 256;
-    c.stages[1].batch_tokens = 8 * 384;
-    c.stages[2].batch_tokens = c.stages[3].batch_tokens = 8 * 512;
+    c.stages[0].batch_tokens = 8 * 128;
+    c.stages[1].batch_tokens = 8 * 160;
+    c.stages[2].batch_tokens = c.stages[3].batch_tokens = 8 * 192;
     return c;
 }
 
@@ -1352,6 +1354,7 @@ struct RunOptions {
     bool warmup = false;                 // the CPU build gains nothing from it
 #endif
     bool log_train_loss = false;
+    bool log_grad_norms = false;
     std::string save_dir, resume_dir;
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
 };
@@ -1456,6 +1459,43 @@ void load_batch(Run& r, Loader& loader, DeviceBatch& b) {
                       r.bigram.data(), static_cast<int>(batch.num_tokens), r.s);
 }
 
+// A group's whole parameter or gradient, as floats on the host (failure reports and logs only).
+std::vector<float> host_values(const OptimGroup& q, const void* device) {
+    const size_t n = size_t(q.t.rows * q.t.row_elems);
+    std::vector<float> v(n);
+    if (q.t.fp32) {
+        CUDA_CHECK(cudaMemcpy(v.data(), device, n * 4, cudaMemcpyDeviceToHost));
+    } else {
+        std::vector<bf16> h(n);
+        CUDA_CHECK(cudaMemcpy(h.data(), device, n * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; ++i) v[i] = __bfloat162float(h[i]);
+    }
+    return v;
+}
+
+// The first parameter group (table order) holding a non-finite parameter or gradient, or "".
+std::string nonfinite_group(Run& r) {
+    for (const OptimGroup& q : r.o.group)
+        for (const auto& [what, ptr] : {std::pair{"parameter", q.t.param}, std::pair{"gradient", q.t.grad}})
+            for (float x : host_values(q, ptr))
+                if (!std::isfinite(x)) return std::string(what) + " " + q.rule->label;
+    return "";
+}
+
+// Rank 0's gradient norms (its own micro-steps, before any reduction or tying), one line.
+void log_grad_norms(Run& r, int step) {
+    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    std::string line;
+    for (const OptimGroup& q : r.o.group) {
+        double sum = 0;
+        for (float x : host_values(q, q.t.grad)) sum += double(x) * x;
+        char item[96];
+        std::snprintf(item, sizeof item, " %s:%.6e", q.rule->label, std::sqrt(sum));
+        line += item;
+    }
+    print0(r, "step:%d/%d grad_norms%s\n", step + 1, r.sch.total_steps, line.c_str());
+}
+
 // One training step: grad_accum micro-steps of forward and backward, then the optimizer. The
 // loss of each micro-step lands in r.losses when the stream gets there.
 void train_step(Run& r, int step) {
@@ -1472,6 +1512,7 @@ void train_step(Run& r, int step) {
         // Adam's parameters keep the even step's gradients for the odd step's update
         gpt_backward(r.m, r.m.batch, f, {i > 0, i > 0 || adam_step}, r.s);
     }
+    if (r.opt.log_grad_norms) log_grad_norms(r, step);
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);
 }
 
@@ -1482,26 +1523,6 @@ double step_train_loss(Run& r) {
     double all = 0;
     MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     return all / double(r.state.batch_tokens);
-}
-
-// The first parameter group (table order) holding a non-finite parameter or gradient, or "".
-std::string nonfinite_group(Run& r) {
-    for (const OptimGroup& q : r.o.group) {
-        for (const auto& [what, ptr] : {std::pair{"parameter", q.t.param}, std::pair{"gradient", q.t.grad}}) {
-            const size_t n = size_t(q.t.rows * q.t.row_elems);
-            std::vector<float> v(n);
-            if (q.t.fp32) {
-                CUDA_CHECK(cudaMemcpy(v.data(), ptr, n * 4, cudaMemcpyDeviceToHost));
-            } else {
-                std::vector<bf16> h(n);
-                CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * 2, cudaMemcpyDeviceToHost));
-                for (size_t i = 0; i < n; ++i) v[i] = __bfloat162float(h[i]);
-            }
-            for (float x : v)
-                if (!std::isfinite(x)) return std::string(what) + " " + q.rule->label;
-        }
-    }
-    return "";
 }
 
 // The CPU build scans every step, so a failure names where the first non-finite value appeared
@@ -1906,6 +1927,7 @@ const char* kUsage =
     "  --warmup 0|1             warm up on the steps around each schedule change, then restore the initial\n"
     "                           state (default: 1 on the GPU build, 0 on the CPU build)\n"
     "  --log-train-loss         also log each step's training loss (step:N/M train_loss:X)\n"
+    "  --log-grad-norms         also log rank 0's gradient norms per parameter group before each optimizer step\n"
     "  --save-checkpoint DIR    save checkpoints under DIR/stepNNNNNN/ (default: at the last step)\n"
     "  --checkpoint-steps LIST  comma-separated steps to save at (0: the initial state)\n"
     "  --resume DIR             continue from a checkpoint directory DIR/stepNNNNNN\n"
@@ -1968,6 +1990,7 @@ int main(int argc, char** argv) {
         else if (arg == "--extension-steps") extension = static_cast<int>(parse_int(arg, value(), 0));
         else if (arg == "--warmup") opt.warmup = parse_int(arg, value(), 0) != 0;
         else if (arg == "--log-train-loss") opt.log_train_loss = true;
+        else if (arg == "--log-grad-norms") opt.log_grad_norms = true;
         else if (arg == "--save-checkpoint") opt.save_dir = value();
         else if (arg == "--checkpoint-steps") {
             std::string list = value(), item;

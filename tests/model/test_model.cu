@@ -231,7 +231,7 @@ int main() {
 
     check_init(m, c);
     const int T = c.max_train_tokens();
-    std::vector<int32_t> inputs(T), targets(T), bigram(T), cu = {0, 100, 217, T};
+    std::vector<int32_t> inputs(T), targets(T), bigram(T), cu = {0, 70, 131, T};
     for (int t = 0; t < T; ++t) inputs[t] = test::randint(0, c.vocab_size - 1);
     for (int t = 0; t < T; ++t) targets[t] = t + 1 < T ? inputs[t + 1] : test::randint(0, c.vocab_size - 1);
     for (int d : {0, 100, 217}) inputs[d] = 50256;

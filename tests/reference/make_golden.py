@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Golden values of the tiny preset's training run from the independent PyTorch reference.
+
+Starts from the C++ trainer's initial checkpoint (so both runs start from the same parameters),
+builds exactly the batches the trainer sees (tests/data/ref_loader.py, a transcription of upstream's
+loader, driven as upstream's training loop drives it) and asserts that every micro-batch fed here has
+the CRC-32s the C++ side prints (train_gpt --dump-batches for training, dump_batches --val for
+validation). Then it trains the schedule (torch_reference.Trainer, world size 1) and writes the
+fixture JSON: the step-0 loss and gradient norms, every step's training loss, the validation losses,
+the final parameters' norms, and every hyperparameter used.
+
+  python3 tests/reference/make_golden.py        (from the repository root; see README.md here)
+
+Needs torch (CPU) and the built C++ tools (build/train_gpt_cpu, build/dump_batches: `make cpu`).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Tuple
+
+# glibc returns every large block to the kernel on free and faults it in again on the next
+# allocation; the reference allocates (T, V) tensors per micro-batch, which doubles its run time.
+# Keep the heap instead (the variables are read at process start, hence the re-exec).
+_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 34), "MALLOC_TRIM_THRESHOLD_": str(1 << 34)}
+if __name__ == "__main__" and sys.platform.startswith("linux") and any(k not in os.environ for k in _MALLOC_ENV):
+    os.execve(sys.executable, [sys.executable] + sys.argv, {**os.environ, **_MALLOC_ENV})
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
+
+import torch  # noqa: E402
+
+import ref_loader  # noqa: E402
+import torch_reference as R  # noqa: E402
+
+FORMAT = "train_gpt golden 1"
+TRAIN_GLOB = "data/tinyshakespeare/tinyshakespeare_train_*.bin"  # the tiny preset's shards, from the repo root
+VAL_GLOB = "data/tinyshakespeare/tinyshakespeare_val_*.bin"
+Checksums = Dict[Tuple[int, int], Tuple[int, int, int, int]]  # (step, micro) -> crc32 of inputs, targets, bigram, cu
+
+
+class GoldenError(Exception):
+    pass
+
+
+def parse_dump(text: str, what: str, rank: int = 0) -> Checksums:
+    """The CRC-32s of one rank's micro-batches in data/dump.h's text (one section, train or val)."""
+    header = re.search(r"^# (train|val) batches: world_size=(\d+) grad_accum=(\d+)", text, re.M)
+    if not header or header.group(1) != what:
+        raise GoldenError(f"the {what} dump has no '# {what} batches' header:\n{text[:500]}")
+    if int(header.group(2)) != 1 or int(header.group(3)) != 8:
+        raise GoldenError(f"the {what} dump is for world_size={header.group(2)} grad_accum={header.group(3)}, "
+                          "want 1 and 8 (the reference runs one process)")
+    out: Checksums = {}
+    key = None
+    for line in text.splitlines():
+        m = re.match(r"step (\d+) micro (\d+) rank (\d+):", line)
+        if m:
+            key = (int(m.group(1)), int(m.group(2))) if int(m.group(3)) == rank else None
+            continue
+        m = re.match(r"\s+crc32 inputs (\w{8}) targets (\w{8}) bigram (\w{8}) cu_seqlens (\w{8})", line)
+        if m and key is not None:
+            out[key] = tuple(int(g, 16) for g in m.groups())
+    if not out:
+        raise GoldenError(f"no micro-batch checksums in the {what} dump")
+    return out
+
+
+def run(cmd: List[str], what: str) -> str:
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise GoldenError(f"{what} failed (exit {p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return p.stdout
+
+
+class CheckedBatches:
+    """Micro-batches from ref_loader, each checked against the C++ side's checksums."""
+
+    def __init__(self, expected: Checksums, what: str):
+        self.expected, self.what, self.checked = expected, what, 0
+
+    def take(self, raw: dict, step: int, micro: int) -> R.Batch:
+        b = R.Batch.from_lists(raw["inputs"], raw["targets"], raw["cu"], raw["bigram"])
+        got = tuple(ref_loader.crc(t.tolist()) for t in (b.inputs, b.targets, b.bigram, b.cu_seqlens))
+        want = self.expected.get((step, micro))
+        if want is None:
+            raise GoldenError(f"the {self.what} dump has no step {step} micro {micro}")
+        if got != want:
+            raise GoldenError(f"{self.what} step {step} micro {micro}: checksums {['%08x' % x for x in got]} differ "
+                              f"from the C++ loader's {['%08x' % x for x in want]}")
+        self.checked += 1
+        return b
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def initial_checkpoint(args, tmp: str) -> str:
+    if args.checkpoint:
+        return args.checkpoint
+    run([args.trainer, "--preset", "tiny", "--seed", str(args.seed), "--max-steps", "0", "--val-every", "0",
+         "--save-checkpoint", os.path.join(tmp, "ckpt"), "--checkpoint-steps", "0", "--log-dir", tmp,
+         "--run-id", "golden-init"], "the trainer (initial checkpoint)")
+    path = os.path.join(tmp, "ckpt", "step000000", "rank0.safetensors")
+    if not os.path.exists(path):
+        raise GoldenError(f"the trainer wrote no {path}")
+    return path
+
+
+def schedule_table(tr: R.Trainer, steps: int) -> List[dict]:
+    s = tr.schedule
+    rows = []
+    for step in range(steps + 1):
+        ws = s.windows(step)
+        rows.append(dict(step=step, lr=s.lr(step), muon_momentum=s.muon_momentum(step),
+                         mtp_weights=s.mtp_weights(step).tolist(), ws_short=ws[0], ws_long=ws[1],
+                         batch_tokens=s.batch_tokens(step), adam=R.Schedule.is_adam_step(step)))
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--trainer", default="build/train_gpt_cpu", help="the C++ trainer (CPU build), run in the repo root")
+    p.add_argument("--dump-tool", default="build/dump_batches", help="the C++ batch dump tool (validation batches)")
+    p.add_argument("--checkpoint", help="initial checkpoint (rank0.safetensors); default: made by --trainer")
+    p.add_argument("--train-dump", help="file with the trainer's --dump-batches text; default: run --trainer")
+    p.add_argument("--val-dump", help="file with dump_batches --val text; default: run --dump-tool")
+    p.add_argument("--seed", type=int, default=1337, help="the trainer's --seed for the initial checkpoint")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: the whole schedule)")
+    p.add_argument("--scheduled-steps", type=int, default=None, help="passed to the trainer too")
+    p.add_argument("--extension-steps", type=int, default=None, help="passed to the trainer too")
+    p.add_argument("--val-every", type=int, default=10, help="validate every N steps and at the last step")
+    p.add_argument("--val-tokens", type=int, default=None, help="validation tokens (the trainer's flag)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: reproducible sums, and fastest on a "
+                                                           "busy machine)")
+    p.add_argument("--out", default=os.path.join("tests", "reference", "fixtures", "tiny_golden.json"))
+    args = p.parse_args(argv)
+    try:
+        return generate(args)
+    except (GoldenError, ValueError, OSError) as e:
+        print(f"make_golden: error: {e}", file=sys.stderr)
+        return 1
+
+
+def generate(args) -> int:
+    torch.set_num_threads(args.threads)
+    cfg = R.tiny_config()
+    cfg.val_loss_every = args.val_every
+    schedule_flags = []
+    if args.scheduled_steps is not None:
+        cfg.scheduled_iterations = args.scheduled_steps
+        schedule_flags += ["--scheduled-steps", str(args.scheduled_steps)]
+    if args.extension_steps is not None:
+        cfg.extension_iterations = args.extension_steps
+        schedule_flags += ["--extension-steps", str(args.extension_steps)]
+    if args.val_tokens is not None:
+        if args.val_tokens <= 0 or args.val_tokens % cfg.val_batch_tokens:
+            raise GoldenError(f"--val-tokens must be a positive multiple of {cfg.val_batch_tokens}")
+        cfg.val_tokens = args.val_tokens
+    total = cfg.total_steps
+    steps = total if args.steps is None else args.steps
+    if not 0 <= steps <= total:
+        raise GoldenError(f"--steps must be in 0..{total}")
+    train_files = sorted(glob.glob(os.path.join(ROOT, TRAIN_GLOB)))
+    val_files = sorted(glob.glob(os.path.join(ROOT, VAL_GLOB)))
+    if not train_files or not val_files:
+        raise GoldenError("the Tiny Shakespeare shards are missing from data/tinyshakespeare/")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt_path = initial_checkpoint(args, tmp)
+        tensors, meta = R.read_safetensors(ckpt_path, prefix="param.")
+        ckpt_hash = sha256(ckpt_path)
+    if meta.get("preset", "tiny") != "tiny" or meta.get("step", "0") != "0":
+        raise GoldenError(f"{ckpt_path} is preset {meta.get('preset')} step {meta.get('step')}, want tiny step 0")
+    params = R.params_from_checkpoint(cfg, tensors)
+    if not torch.equal(params["embed"], params["lm_head"].t()):
+        raise GoldenError("the checkpoint's embed is not lm_head^T (they start tied)")
+
+    if steps > 0:
+        dump_cmd = [args.trainer, "--preset", "tiny", *schedule_flags, "--dump-batches", str(steps)]
+        train_text = open(args.train_dump).read() if args.train_dump else run(dump_cmd, "the trainer's --dump-batches")
+        train_sums = CheckedBatches(parse_dump(train_text, "train"), "train")
+    val_micro = cfg.grad_accum * cfg.val_tokens // cfg.val_batch_tokens
+    val_text = open(args.val_dump).read() if args.val_dump else run(
+        [args.dump_tool, "--val", "--files", VAL_GLOB,
+         "--world-size", "1", "--grad-accum", str(cfg.grad_accum), "--batch-tokens", str(cfg.val_batch_tokens),
+         "--bigram-vocab", str(cfg.bigram_vocab), "--batches", str(val_micro // cfg.grad_accum)], "dump_batches --val")
+    val_sums = CheckedBatches(parse_dump(val_text, "val"), "val")
+
+    tr = R.Trainer(cfg, params)
+    train_gen = ref_loader.generator(train_files, 0, 1, cfg.stages[0].batch_tokens, cfg.max_seq_len, cfg.grad_accum,
+                                     True, cfg.bigram_vocab)
+    started, batch_tokens = False, cfg.stages[0].batch_tokens
+    result = dict(format=FORMAT, preset="tiny", steps=steps, step0_loss=None, step0_grad_norms=None, train_losses=[],
+                  val_losses={})
+    t_start = time.time()
+    for step in range(steps + 1):
+        tr.advance(step)
+        if step == steps or (args.val_every > 0 and step % args.val_every == 0):
+            if step == total:
+                tr.apply_final_window_extension()
+            gen = ref_loader.generator(val_files, 0, 1, cfg.val_batch_tokens, -1, cfg.grad_accum, False,
+                                       cfg.bigram_vocab)
+            batches = [val_sums.take(next(gen), i // cfg.grad_accum, i % cfg.grad_accum) for i in range(val_micro)]
+            result["val_losses"][str(step)] = tr.evaluate(batches)
+            print(f"step:{step}/{total} val_loss:{result['val_losses'][str(step)]:.4f} ({time.time() - t_start:.0f} s)",
+                  file=sys.stderr, flush=True)
+        if step == steps:
+            break
+        send = None
+        if tr.schedule.batch_tokens(step) != batch_tokens:
+            batch_tokens = tr.schedule.batch_tokens(step)
+            send = (batch_tokens, cfg.max_seq_len, cfg.grad_accum)
+        micro = []
+        for i in range(cfg.grad_accum):
+            raw = train_gen.send(send) if started else next(train_gen)
+            started = True
+            micro.append(train_sums.take(raw, step, i))
+        loss_sum = tr.accumulate_gradients(micro)
+        if step == 0:
+            result["step0_loss"] = loss_sum / batch_tokens
+            result["step0_grad_norms"] = tr.grad_norms()
+        tr.optimizer_step(step)
+        result["train_losses"].append(loss_sum / batch_tokens)
+        print(f"step:{step + 1}/{total} train_loss:{result['train_losses'][-1]:.4f} ({time.time() - t_start:.0f} s)",
+              file=sys.stderr, flush=True)
+    result["final_param_norms"] = tr.param_norms()
+    result["hyperparameters"] = dict(
+        config=cfg.to_json(), split_step=tr.schedule.split_step, stage_boundaries=tr.schedule.boundaries,
+        transition_steps=tr.schedule.transition_steps(), schedule=schedule_table(tr, steps),
+        param_table={n: dict(label=R.LABELS[n], optim=o, adam_betas=b, lr_mul=lm, wd_mul=wm)
+                     for n, (o, b, lm, wm) in R.PARAM_TABLE.items()},
+        normuon_lr_muls={n: tr.optimizer.lr_muls(n) for n in ("attn_bank", "mlp_bank")})
+    result["source"] = dict(
+        checkpoint_metadata=meta, checkpoint_sha256=ckpt_hash, torch=torch.__version__, threads=args.threads,
+        train_files=[os.path.relpath(f, ROOT) for f in train_files],
+        val_files=[os.path.relpath(f, ROOT) for f in val_files],
+        micro_batches_checked=dict(train=train_sums.checked if steps > 0 else 0, val=val_sums.checked),
+        seconds=round(time.time() - t_start, 1))
+    out = args.out if os.path.isabs(args.out) else os.path.join(ROOT, args.out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp_out = out + ".tmp"
+    with open(tmp_out, "w") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    os.replace(tmp_out, out)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
