@@ -207,21 +207,18 @@ constexpr int kLossThreads = 512;
 __device__ __forceinline__ float softcap_sigmoid(float logit) {
     return __fdividef(1.0f, 1.0f + __expf(-(logit + kSoftcapShift) * kSoftcapInvWidth));
 }
-// z = 23 * softcap_sigmoid(logit): fp32 in training; rounded to bf16 in evaluation (kBf16).
-template <bool kBf16>
-__device__ __forceinline__ float softcap(float logit) {
-    const float z = kSoftcapHeight * softcap_sigmoid(logit);
-    return kBf16 ? __bfloat162float(__float2bfloat16(z)) : z;
-}
-// A loss kernel's row: sum of exp(softcap<kBf16>(logit)) over the row's V logits, by the whole block with
+// z = 23 * softcap_sigmoid(logit) in fp32, in training and in evaluation: upstream's eval computes
+// the softcap on bf16 logits and casts it to fp32, and torch.compile fuses that chain into the
+// cross-entropy without materializing (so without rounding) the bf16 intermediate.
+__device__ __forceinline__ float softcap(float logit) { return kSoftcapHeight * softcap_sigmoid(logit); }
+// A loss kernel's row: sum of exp(softcap(logit)) over the row's V logits, by the whole block with
 // 16-byte streaming loads; every thread gets it.
-template <bool kBf16>
 __device__ __forceinline__ float softcap_row_exp_sum(const __nv_bfloat16* row, int V) {
     float sum = 0.0f;
     for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
         const Pack128<__nv_bfloat16> l = load128cs(row + c);
 #pragma unroll
-        for (int k = 0; k < 8; ++k) sum += __expf(softcap<kBf16>(__bfloat162float(l[k])));
+        for (int k = 0; k < 8; ++k) sum += __expf(softcap(__bfloat162float(l[k])));
     }
     return block_reduce_sum(sum);
 }
@@ -248,14 +245,14 @@ __global__ void __launch_bounds__(kLossThreads)
                                     const float* mtp_weights, int n_predict, int T, int V) {
     const int t = blockIdx.x;
     const __nv_bfloat16* row = logits + static_cast<int64_t>(t) * V;
-    const float sum = softcap_row_exp_sum<false>(row, V);
+    const float sum = softcap_row_exp_sum(row, V);
     if (threadIdx.x != 0) return;
     const float lse = logf(sum);
     float loss = 0.0f;
     for (int k = 0; k < n_predict && t + k < T; ++k) {
         const float w = mtp_weights[k];
         const int target = targets[t + k];
-        if (w > 0.0f && target >= 0 && target < V) loss += w * (lse - softcap<false>(__bfloat162float(row[target])));
+        if (w > 0.0f && target >= 0 && target < V) loss += w * (lse - softcap(__bfloat162float(row[target])));
     }
     row_losses[t] = loss;
     lse_out[t] = lse;
@@ -325,16 +322,16 @@ inline void softcap_mtp_loss_backward(__nv_bfloat16* dlogits, const __nv_bfloat1
     CUDA_CHECK_LAUNCH();
 }
 
-// Evaluation, row t: the fp32 cross-entropy lse(zb) - zb[target] of zb = bf16(23 sigmoid((l + 5) / 7.5));
+// Evaluation, row t: the fp32 cross-entropy lse(z) - z[target] of z = 23 sigmoid((l + 5) / 7.5);
 // a target outside [0, V) gives NaN (evaluation data has none).
 __global__ void __launch_bounds__(kLossThreads)
     softcap_eval_loss_kernel(float* row_losses, const __nv_bfloat16* logits, const int* targets, int V) {
     const int t = blockIdx.x;
     const __nv_bfloat16* row = logits + static_cast<int64_t>(t) * V;
-    const float sum = softcap_row_exp_sum<true>(row, V);
+    const float sum = softcap_row_exp_sum(row, V);
     if (threadIdx.x != 0) return;
     const int target = targets[t];
-    const float z_target = target >= 0 && target < V ? softcap<true>(__bfloat162float(row[target])) : NAN;
+    const float z_target = target >= 0 && target < V ? softcap(__bfloat162float(row[target])) : NAN;
     row_losses[t] = logf(sum) - z_target;
 }
 
