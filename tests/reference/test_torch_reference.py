@@ -103,7 +103,7 @@ class ScheduleTest(unittest.TestCase):
             self.assertEqual(got.tolist(), torch.tensor(w, dtype=torch.float32).tolist(), f"step {step}")
         for step, ws in {0: (1, 3), 9: (1, 3), 10: (3, 7), 19: (3, 7), 20: (5, 11), 30: (6, 13), 34: (6, 13)}.items():
             self.assertEqual(s.windows(step), ws, f"step {step}")
-        for step, bt in {0: 2048, 10: 3072, 20: 4096, 33: 4096}.items():
+        for step, bt in {0: 8 * 128, 10: 8 * 160, 20: 8 * 192, 33: 8 * 192}.items():  # tiny_preset()'s stages
             self.assertEqual(s.batch_tokens(step), bt)
 
     def test_trainer_windows_and_yarn(self):
