@@ -123,17 +123,15 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     CUDA_CHECK(cudaStreamSynchronize(s));
     const double loss = download_f(m.loss, 1)[0];
     ref::Params rg;
-    const double ref_loss = ref::forward_backward(rc, rp, rb, rc.grad_scale, rg);
+    ref::Tape tape;
+    const double ref_loss = ref::forward_backward(rc, rp, rb, rc.grad_scale, rg, &tape);
     std::printf("loss: model %.6f reference %.6f (relative %.2e)\n", loss, ref_loss, std::fabs(loss - ref_loss) / ref_loss);
     // bf16 activations through 11 layers and an FP8 head: the sum over rows agrees to ~1e-3.
     test::check(std::fabs(loss - ref_loss) <= 5e-3 * ref_loss, "training loss %.6f vs reference %.6f", loss, ref_loss);
 
     // Tolerances, from the spread seen over many seeds: bf16 activations through 11 layers put
     // 1-2.5% of error in the big tensors' gradients; gradients that are sums over every token of
-    // products (12-wide gates) cancel, which raises their relative error to several percent. The
-    // lambdas (scalars and x0_lambdas, each one dot product over T x C of a bf16 stream gradient with
-    // a stream) can cancel almost completely: they are checked one by one below, with an absolute
-    // slack scaled by the norm of all lambda gradients together.
+    // products (12-wide gates) cancel, which raises their relative error to several percent.
     const ref::Params mg = download_params(m.grads, rc);
     auto got_t = mg.tensors();
     auto want_t = rg.tensors();
@@ -149,18 +147,22 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         if (!lambdas)
             test::check(rel < (reduced ? 0.15 : 0.05), "gradient of %s: relative error %.3e", got_t[i].first, rel);
     }
-    const double lambdas_norm = std::hypot(norm2(rg.scalars), norm2(rg.x0_lambdas));
-    for (int i = 0; i < ref::kScalarsUsed; ++i) {
-        const double a = mg.scalars[i], b = rg.scalars[i];
-        test::check(std::fabs(a - b) <= 0.1 * std::fabs(b) + 0.02 * lambdas_norm, "scalars[%d] gradient %.6g vs %.6g", i,
-                    a, b);
-    }
-    for (int i = 0; i < kLayers; ++i) {
-        const double a = mg.x0_lambdas[i], b = rg.x0_lambdas[i];
-        test::check(std::fabs(a - b) <= 0.1 * std::fabs(b) + 0.02 * lambdas_norm, "x0_lambdas[%d] gradient %.6g vs %.6g",
-                    i, a, b);
-    }
-
+    // Each lambda's gradient is a sum of products d_i x_i of a stream gradient with a stream over
+    // T x C, and the sum can cancel almost completely, so a relative check on it is meaningless. The
+    // scale of its error is the root-sum-square of the products (the reference's scale): over 30
+    // seeds the error stayed below 0.14 of it, while the gradients themselves are 0.1-4 of it.
+    // Layer 6's sa lambdas have no products at all and must be exactly zero.
+    double worst = 0.0;
+    auto check_lambda = [&](const char* name, int i, double a, double b, double scale) {
+        if (scale > 0) worst = std::max(worst, std::fabs(a - b) / scale);
+        test::check(std::fabs(a - b) <= 0.3 * scale, "%s[%d] gradient %.6g vs %.6g (error scale %.4g)", name, i, a, b,
+                    scale);
+    };
+    for (int i = 0; i < ref::kScalarsUsed; ++i)
+        check_lambda("scalars", i, mg.scalars[i], rg.scalars[i], tape.scalar_scales[i]);
+    for (int i = 0; i < kLayers; ++i)
+        check_lambda("x0_lambdas", i, mg.x0_lambdas[i], rg.x0_lambdas[i], tape.x0_lambda_scales[i]);
+    std::printf("  lambdas: largest error %.3f of its scale\n", worst);
 }
 
 double mean_of(const std::vector<float>& v) {

@@ -389,6 +389,11 @@ struct Tape {
     std::vector<double> lse;                 // (T) log-sum-exp of the softcapped logits
     std::vector<double> row_loss;            // (T) training: MTP row losses; eval: per-row cross-entropy
     double loss = 0.0;
+    // Backward: each lambda's gradient is a sum of products d_i x_i of a stream gradient and a
+    // stream; these are the root-sum-squares of those products, the scale of the rounding error an
+    // independent error of relative size e in each d_i leaves in the sum (about e times it), however
+    // much the products cancel.
+    std::vector<double> scalar_scales, x0_lambda_scales;
 };
 
 namespace detail {
@@ -398,6 +403,13 @@ inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 inline double dot(const double* a, const double* b, size_t n) {
     double s = 0.0;
     for (size_t i = 0; i < n; ++i) s += a[i] * b[i];
+    return s;
+}
+
+// <a, b>, adding the sum of squares of its products to `sq` (see Tape::scalar_scales).
+inline double scaled_dot(const double* a, const double* b, size_t n, double& sq) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; ++i) s += a[i] * b[i], sq += (a[i] * b[i]) * (a[i] * b[i]);
     return s;
 }
 
@@ -777,7 +789,8 @@ namespace detail {
 // Attention block backward: dout is the gradient of x_attn's attention branch; adds the
 // gradient of x_mix (through norm(x_mix)) into dx_mix and parameter gradients into g.
 inline void attention_block_backward(const Config& c, const Params& p, const Batch& b, int layer, const LayerTape& L,
-                                     const std::vector<double>& dout, std::vector<double>& dx_mix, Params& g) {
+                                     const std::vector<double>& dout, std::vector<double>& dx_mix, Params& g,
+                                     std::vector<double>& scalar_sq) {
     const size_t T = c.T, C = c.C, H = c.H, D = c.D;
     const int bank = attn_bank_index(layer), table = value_table(layer);
     const size_t wofs = size_t(bank) * 4 * C * C;
@@ -788,7 +801,7 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
     const bool paired = c.paired[layer];
 
     // projection: x_attn = x_mix + sa1 * yg @ Wo^T
-    g.scalars[scalar_sa(layer, 1)] += dot(dout.data(), L.o_raw.data(), T * C);
+    g.scalars[scalar_sa(layer, 1)] += scaled_dot(dout.data(), L.o_raw.data(), T * C, scalar_sq[scalar_sa(layer, 1)]);
     matmul_tn_acc(dout.data(), L.yg.data(), dW + 3 * C * C, T, C, C, sa1);
     std::vector<double> dyg(T * C);
     matmul_nn(dout.data(), W + 3 * C * C, dyg.data(), T, C, C);
@@ -853,7 +866,8 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
             std::copy_n(dv.data() + o, D, row + 2 * C);
         }
     // qkv = sa0 * qkv_raw, qkv_raw = xa @ Wqkv^T
-    g.scalars[scalar_sa(layer, 0)] += dot(dqkv.data(), L.qkv_raw.data(), T * 3 * C);
+    g.scalars[scalar_sa(layer, 0)] +=
+        scaled_dot(dqkv.data(), L.qkv_raw.data(), T * 3 * C, scalar_sq[scalar_sa(layer, 0)]);
     matmul_tn_acc(dqkv.data(), L.xa.data(), dW, T, 3 * C, C, sa0);
     std::vector<double> dxa_raw(T * C);
     matmul_nn(dqkv.data(), W, dxa_raw.data(), T, 3 * C, C);
@@ -898,6 +912,9 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     const double* S = p.scalars.data();
     Params& g = grads;
     g = Params::zeros(c);
+    std::vector<double>& sq = tp.scalar_scales;  // sums of squares until the end
+    sq.assign(c.num_scalars(), 0.0);
+    tp.x0_lambda_scales.assign(kLayers, 0.0);
 
     // logits' gradient, row by row: dz = s * (S_w p - sum_k w_k onehot(target[t+k])), dl = dz * z (1 - sig) / C
     std::vector<double> dl(T * V);
@@ -936,7 +953,7 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     std::vector<double> dx(T * C, 0.0);
     rms_norm_backward_acc(tp.xn.data(), tp.rstd_f.data(), dxn.data(), dx.data(), T, C);
     const double bo = S[kScalarBackout];
-    g.scalars[kScalarBackout] -= dot(dx.data(), tp.layers[kBackoutLayer].x_out.data(), T * C);
+    g.scalars[kScalarBackout] -= scaled_dot(dx.data(), tp.layers[kBackoutLayer].x_out.data(), T * C, sq[kScalarBackout]);
     std::vector<double> d_backout(T * C), d_skip(T * C, 0.0), dx0(T * C, 0.0), dxb(T * C, 0.0);
     for (size_t e = 0; e < T * C; ++e) d_backout[e] = -bo * dx[e];
 
@@ -949,14 +966,14 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
         mlp_block_backward(c, p, i, L, dx, g);  // dx: now d x_attn
         if (attn_bank_index(i) >= 0) {
             std::vector<double> dx_mix(dx);
-            attention_block_backward(c, p, b, i, L, dx, dx_mix, g);
+            attention_block_backward(c, p, b, i, L, dx, dx_mix, g, sq);
             dx.swap(dx_mix);
         }
         // mix: x_mix = resid * x_in + x0_lambda * x0 + bigram_lambda * x_bigram
         const double r = S[scalar_resid(i)], a0 = p.x0_lambdas[i], bl = S[scalar_bigram(i)];
-        g.scalars[scalar_resid(i)] += dot(dx.data(), L.x_in.data(), T * C);
-        g.x0_lambdas[i] += dot(dx.data(), tp.x0.data(), T * C);
-        g.scalars[scalar_bigram(i)] += dot(dx.data(), tp.x_bigram.data(), T * C);
+        g.scalars[scalar_resid(i)] += scaled_dot(dx.data(), L.x_in.data(), T * C, sq[scalar_resid(i)]);
+        g.x0_lambdas[i] += scaled_dot(dx.data(), tp.x0.data(), T * C, tp.x0_lambda_scales[i]);
+        g.scalars[scalar_bigram(i)] += scaled_dot(dx.data(), tp.x_bigram.data(), T * C, sq[scalar_bigram(i)]);
         axpy(a0, dx.data(), dx0.data(), T * C);
         axpy(bl, dx.data(), dxb.data(), T * C);
         for (double& e : dx) e *= r;  // now d x_in
@@ -966,8 +983,11 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
             for (size_t t = 0; t < T; ++t) {
                 const double sg = tp.skip_sig[t];
                 axpy(sl * 2.0 * sg, dx.data() + t * C, d_skip.data() + t * C, C);
-                const double dgate = dot(dx.data() + t * C, skip.data() + t * C, C);
-                g.scalars[kScalarSkip] += dgate * 2.0 * sg * sl * (1.0 - sl);
+                double dgate_sq = 0.0;
+                const double dgate = scaled_dot(dx.data() + t * C, skip.data() + t * C, C, dgate_sq);
+                const double ds = 2.0 * sg * sl * (1.0 - sl);
+                g.scalars[kScalarSkip] += dgate * ds;
+                sq[kScalarSkip] += dgate_sq * ds * ds;
                 const double dzs = dgate * sl * 2.0 * sg * (1.0 - sg);
                 axpy(dzs, tp.x0.data() + t * C, g.skip_gate.data(), kGateDim);
                 axpy(dzs, p.skip_gate.data(), dx0.data() + t * C, kGateDim);
@@ -984,8 +1004,10 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     for (size_t t = 1; t < T; ++t) {
         const double sg = tp.smear_sig[t];
         axpy(lam * sg, dsm.data() + t * C, demb.data() + (t - 1) * C, C);
-        const double dgate = dot(dsm.data() + t * C, tp.emb.data() + (t - 1) * C, C);
+        double dgate_sq = 0.0;
+        const double dgate = scaled_dot(dsm.data() + t * C, tp.emb.data() + (t - 1) * C, C, dgate_sq);
         g.scalars[kScalarSmear] += dgate * sg;
+        sq[kScalarSmear] += dgate_sq * sg * sg;
         const double dzs = dgate * lam * sg * (1.0 - sg);
         axpy(dzs, tp.emb.data() + t * C, g.smear_gate.data(), kGateDim);
         axpy(dzs, p.smear_gate.data(), demb.data() + t * C, kGateDim);
@@ -994,6 +1016,8 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
         axpy(1.0, demb.data() + t * C, g.embed.data() + size_t(b.inputs[t]) * C, C);
         axpy(1.0, dxb.data() + t * C, g.bigram_embed.data() + size_t(b.bigram[t]) * C, C);
     }
+    for (double& e : sq) e = std::sqrt(e);
+    for (double& e : tp.x0_lambda_scales) e = std::sqrt(e);
     return loss;
 }
 
