@@ -28,11 +28,41 @@
 #define __shared__ static thread_local
 #define __launch_bounds__(...)
 
+// Rounding to bf16. The CUDA header's host __float2bfloat16 decides round-to-nearest-even with
+// compares that mispredict on about half of real data, which made it the largest cost of whole
+// kernels (the loss backward: 45 ns per element, 19 without). These give the same bits without
+// branches: NaN becomes 0x7fff as there; anything else rounds by adding 0x7fff plus the lowest
+// kept bit. Macros, as the header's functions cannot be overloaded.
+namespace emu {
+inline unsigned short float_to_bf16_bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    return static_cast<unsigned short>((u & 0x7fffffffu) > 0x7f800000u ? 0x7fffu : rounded);
+}
+inline __nv_bfloat16 float_to_bf16(float f) {
+    __nv_bfloat16_raw r;
+    r.x = float_to_bf16_bits(f);
+    return r;
+}
+inline __nv_bfloat162 floats_to_bf162(float lo, float hi) {
+    __nv_bfloat162_raw r;
+    r.x = float_to_bf16_bits(lo);
+    r.y = float_to_bf16_bits(hi);
+    return r;
+}
+}  // namespace emu
+#define __float2bfloat16(x) ::emu::float_to_bf16(x)
+#define __float2bfloat16_rn(x) ::emu::float_to_bf16(x)
+#define __floats2bfloat162_rn(lo, hi) ::emu::floats_to_bf162((lo), (hi))
+#define __float22bfloat162_rn(f) ::emu::floats_to_bf162((f).x, (f).y)
+
 namespace emu {
 
 struct ThreadState {        // one per CUDA thread (fiber)
     uint3 thread_idx;
     unsigned lane, warp;
+    unsigned char* slot;    // this lane's deposit slot for warp collectives
 };
 struct BlockState {         // one per block in flight on a worker
     uint3 block_idx;
@@ -70,7 +100,7 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_byte
 // then receives its own `out`. `what` names the operation (lanes must agree on it).
 constexpr size_t kSlotBytes = 64;
 using Combine = void (*)(const unsigned char* in_slots, unsigned char* out_slots, unsigned mask);
-unsigned char* collective_slot();  // the calling lane's deposit slot
+inline unsigned char* collective_slot() { return t_thread->slot; }  // the calling lane's deposit slot
 // Arrives at the collective (after depositing), waits for the others; returns this lane's result slot.
 const unsigned char* collective_arrive(const char* what, unsigned mask, Combine combine);
 // Inline so that the copies have constant sizes: this is the emulator's hottest path.

@@ -1,12 +1,15 @@
-// Kernel execution on the CPU. Each CUDA thread is a fiber (Boost.Context's fcontext: a
-// switch is a few nanoseconds, unlike ucontext's signal-mask syscalls). A block's fibers run
-// on one worker thread, in turns: a fiber runs until it reaches a barrier or a warp
-// collective it must wait at, then the next runnable fiber runs. Blocks are spread over a
-// pool of workers. When a whole turn makes no progress, the block has deadlocked.
+// Kernel execution on the CPU. Each CUDA thread is a fiber (on x86-64 a six-register stack
+// switch of our own; elsewhere Boost.Context's fcontext; both a few nanoseconds, unlike
+// ucontext's signal-mask syscalls). A block's fibers run on one worker thread, in turns: a
+// fiber runs until it reaches a barrier or a warp collective it must wait at, then hands over
+// directly to the next runnable fiber. Blocks are spread over a pool of workers. When a whole
+// turn makes no progress, the block has deadlocked.
 #include "cuda_emu.h"
 #include "runtime_state.h"
 
+#if !(defined(__x86_64__) && defined(__ELF__))
 #include <boost/context/detail/fcontext.hpp>
+#endif
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
@@ -32,7 +35,80 @@ __thread ThreadState* t_thread = nullptr;
 __thread BlockState* t_block = nullptr;
 
 namespace {
+
+// ---- execution contexts: a stack to run a fiber on, and the switch between two of them ----
+// A context is the state a switch left behind; jump(to, self) saves the running context at
+// *self and resumes `to`. A new context starts in fiber_entry (defined with the Worker).
+[[noreturn]] void fiber_entry();
+#if defined(__x86_64__) && defined(__ELF__)
+// The System V callee-saved registers go on the stack, the stack pointer is the context. The
+// FPU control words (which Boost also saves) are left alone: no fiber changes rounding modes.
+// The switch ends in `ret` (Boost pops and jumps): fibers switch from the same few call sites,
+// so the return-stack predictor stays right, where a jump leaves it one entry off and every
+// return after the switch mispredicts (measured: 53 ns per lane of a shuffle, 19 with `ret`).
+extern "C" __attribute__((visibility("hidden"))) void emu_context_switch(void** save, void* to);
+extern "C" __attribute__((visibility("hidden"))) void emu_context_start();
+asm(R"(
+    .text
+    .p2align 4
+    .globl emu_context_switch
+    .hidden emu_context_switch
+    .type emu_context_switch, @function
+emu_context_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_context_switch, .-emu_context_switch
+
+    .p2align 4
+    .globl emu_context_start
+    .hidden emu_context_start
+    .type emu_context_start, @function
+emu_context_start:
+    endbr64
+    callq *%r12
+    ud2
+    .size emu_context_start, .-emu_context_start
+)");
+using Context = void*;
+// The frame emu_context_switch pops: six registers (r12 = the entry), then emu_context_start as the
+// return address, leaving the stack 16-byte aligned for its call, as the ABI wants.
+Context make_context(unsigned char* top, size_t) {
+    void** sp = reinterpret_cast<void**>(top - 16);
+    *--sp = reinterpret_cast<void*>(&emu_context_start);
+    *--sp = nullptr;                                        // rbp
+    *--sp = nullptr;                                        // rbx
+    *--sp = reinterpret_cast<void*>(&fiber_entry);          // r12
+    for (int i = 0; i < 3; ++i) *--sp = nullptr;            // r13, r14, r15
+    return sp;
+}
+inline void jump(Context to, Context* self) { emu_context_switch(self, to); }
+#else
 namespace bc = boost::context::detail;
+using Context = bc::fcontext_t;
+// fcontext hands the resumed side the context it left; the jumper passes where that belongs.
+void boost_entry(bc::transfer_t t) {
+    *static_cast<Context*>(t.data) = t.fctx;
+    fiber_entry();
+}
+Context make_context(unsigned char* top, size_t bytes) { return bc::make_fcontext(top, bytes, &boost_entry); }
+inline void jump(Context to, Context* self) {
+    const bc::transfer_t t = bc::jump_fcontext(to, self);
+    *static_cast<Context*>(t.data) = t.fctx;
+}
+#endif
 
 constexpr unsigned kMaxThreadsPerBlock = 1024;
 
@@ -49,10 +125,11 @@ size_t env_size(const char* name, size_t fallback) {
 }
 
 struct Fiber : ThreadState {
-    bc::fcontext_t ctx;
+    Context ctx;               // valid once started
     const uint64_t* wait_gen;  // blocked while *wait_gen == wait_val
     uint64_t wait_val;
     const char* waiting_at;
+    int stack;                 // index of the stack it runs on; -1 before it starts
     bool done;
 };
 
@@ -94,19 +171,21 @@ public:
     }
     void run_blocks(Job& job);
 
-    // Called on fibers.
+    // Called on fibers. The fiber waits while *gen == val; the next runnable fiber of the pass runs.
     void yield(Fiber* f, const uint64_t* gen, uint64_t val, const char* what) {
         f->wait_gen = gen;
         f->wait_val = val;
         f->waiting_at = what;
-        bc::transfer_t t = bc::jump_fcontext(sched_, nullptr);
-        sched_ = t.fctx;
+        Fiber* next = next_in_pass();
+        jump(next ? next->ctx : sched_, &f->ctx);
+        release_retired_stack();
     }
     [[noreturn]] void fail_on_fiber(Fiber* f, const std::string& why) {
         record_failure("thread (" + std::to_string(f->thread_idx.x) + "," + std::to_string(f->thread_idx.y) +
                        "," + std::to_string(f->thread_idx.z) + "): " + why);
         f->done = true;
-        bc::jump_fcontext(sched_, nullptr);
+        stop_ = true;
+        jump(sched_, &f->ctx);
         std::abort();  // an abandoned fiber is never resumed
     }
     Warp& warp(unsigned w) { return warps_[w]; }
@@ -117,22 +196,64 @@ public:
     const char* bar_what = nullptr;
 
 private:
-    size_t stride() const { return stack_bytes_ + page(); }
-    static size_t page() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
+    // Each stack has a guard page below it and a page of room above for its skew.
+    size_t stride() const { return stack_bytes_ + 2 * page_; }
+    // Stack tops at a different offset within the page per fiber: with page-aligned tops, every
+    // fiber's hot frames would share the same few L1 sets and evict each other at every switch.
+    unsigned char* stack_top(unsigned i) const { return stacks_ + (i + 1) * stride() - (i % 64) * 64; }
     void ensure_stacks(unsigned n);
     void run_block(Job& job, uint64_t linear_block);
+    bool run_pass(const unsigned* fibers, unsigned count);
     void record_failure(const std::string& why);
-    static void fiber_main(bc::transfer_t t);
+    friend void fiber_entry();
+    // The next fiber of the current pass that can run (made the current thread), or none: the
+    // pass is over and the scheduler takes over. Fibers hand over to each other directly, one
+    // switch per resume, in the same order a scheduler loop over the pass would resume them.
+    // A fiber takes a stack from the pool when it first runs and gives it back when it exits, so
+    // the threads of a kernel without barriers take turns on two stacks that stay in cache (a
+    // stack per thread, each on its own pages, missed the cache and the TLB at every start).
+    Fiber* next_in_pass() {
+        while (++pass_pos_ < pass_count_) {
+            Fiber& f = fibers_[pass_[pass_pos_]];
+            if (f.done || (f.wait_gen && *f.wait_gen == f.wait_val)) continue;
+            if (f.stack < 0) {
+                f.stack = free_stacks_.back();
+                free_stacks_.pop_back();
+                f.ctx = make_context(stack_top(static_cast<unsigned>(f.stack)), stack_bytes_);
+            }
+            f.wait_gen = nullptr;
+            t_thread = &f;
+            ++pass_resumed_;
+            return &f;
+        }
+        return nullptr;
+    }
+    // An exited fiber's stack is still in use until the switch away from it: whoever runs next
+    // returns it to the pool.
+    void release_retired_stack() {
+        if (retired_stack_ >= 0) {
+            free_stacks_.push_back(retired_stack_);
+            retired_stack_ = -1;
+        }
+    }
 
     size_t stack_bytes_;
+    const size_t page_ = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     unsigned char* stacks_ = nullptr;
     unsigned stack_capacity_ = 0;
     std::vector<Fiber> fibers_;
     std::vector<Warp> warps_;
     std::vector<unsigned char> smem_;
-    std::vector<unsigned> order_;
+    std::vector<unsigned> order_, identity_, lead_;  // passes: shuffled, index order, the lead warp
     BlockState block_{};
-    bc::fcontext_t sched_ = nullptr;
+    Context sched_ = nullptr;         // the scheduler's resume point (on the worker's own stack)
+    const unsigned* pass_ = nullptr;  // the pass in progress: fiber indices in resume order
+    unsigned pass_count_ = 0, pass_resumed_ = 0;
+    int64_t pass_pos_ = 0;
+    unsigned remaining_ = 0;        // fibers of the block not yet done
+    std::vector<int> free_stacks_;  // stacks no fiber runs on; the next to hand out last
+    int retired_stack_ = -1;        // the stack of the fiber that just exited
+    bool stop_ = false;             // a fiber failed: abandon the block
     Job* job_ = nullptr;
     std::mt19937_64 rng_;
 };
@@ -179,17 +300,22 @@ void Worker::ensure_stacks(unsigned n) {
         std::exit(2);
     }
     stacks_ = static_cast<unsigned char*>(p);
-    for (unsigned i = 0; i < n; ++i) mprotect(stacks_ + i * stride(), page(), PROT_NONE);  // overflow faults
+    for (unsigned i = 0; i < n; ++i) mprotect(stacks_ + i * stride(), page_, PROT_NONE);  // overflow faults
     stack_capacity_ = n;
 }
 
-void Worker::fiber_main(bc::transfer_t t) {
-    Worker* w = static_cast<Worker*>(t.data);
-    w->sched_ = t.fctx;
+// Every fiber starts here: runs its CUDA thread, then hands over to the next fiber of the pass.
+void fiber_entry() {
+    Worker* w = t_worker;
+    w->release_retired_stack();
     w->job_->thunk(w->job_->closure);
-    static_cast<Fiber*>(t_thread)->done = true;
-    bc::jump_fcontext(w->sched_, nullptr);
-    std::abort();
+    Fiber* f = static_cast<Fiber*>(t_thread);
+    f->done = true;
+    --w->remaining_;
+    w->retired_stack_ = f->stack;
+    Fiber* next = w->next_in_pass();
+    jump(next ? next->ctx : w->sched_, &f->ctx);
+    std::abort();  // a finished fiber is never resumed
 }
 
 void Worker::record_failure(const std::string& why) {
@@ -220,52 +346,48 @@ void Worker::run_block(Job& job, uint64_t linear) {
     }
     bar_arrived = 0;
     bar_count = 0;
+    uint3 idx = make_uint3(0, 0, 0);
     for (unsigned i = 0; i < n; ++i) {
         Fiber& f = fibers_[i];
-        f.thread_idx = make_uint3(i % bd.x, i / bd.x % bd.y, i / (bd.x * bd.y));
+        f.thread_idx = idx;
+        if (++idx.x == bd.x) {
+            idx.x = 0;
+            if (++idx.y == bd.y) idx.y = 0, ++idx.z;
+        }
         f.lane = i % 32;
         f.warp = i / 32;
+        f.slot = warps_[f.warp].in + f.lane * kSlotBytes;
         f.wait_gen = nullptr;
         f.waiting_at = nullptr;
+        f.stack = -1;
         f.done = false;
-        unsigned char* top = stacks_ + (i + 1) * stride();
-        f.ctx = bc::make_fcontext(top, stack_bytes_, &Worker::fiber_main);
     }
+    // Every stack is free at a block's start (a failed block's fibers are abandoned); they are
+    // handed out in index order.
+    free_stacks_.resize(n);
+    for (unsigned i = 0; i < n; ++i) free_stacks_[i] = static_cast<int>(n - 1 - i);
+    retired_stack_ = -1;
 
     const bool shuffled = settings().random_seed != 0;
-    unsigned remaining = n;
-    // Resumes fiber i if it can run; false if it is blocked or done. Sets `stop` on a failure.
-    bool stop = false;
-    auto step = [&](unsigned i) {
-        Fiber& f = fibers_[i];
-        if (f.done || (f.wait_gen && *f.wait_gen == f.wait_val)) return false;
-        f.wait_gen = nullptr;
-        t_thread = &f;
-        bc::transfer_t t = bc::jump_fcontext(f.ctx, this);
-        f.ctx = t.fctx;
-        if (job.failed.load(std::memory_order_relaxed)) stop = true;
-        if (f.done) --remaining;
-        return true;
-    };
+    remaining_ = n;
+    stop_ = false;
     const unsigned warps = (n + 31) / 32;
-    while (remaining) {
+    while (remaining_) {
         bool progressed = false;
         if (shuffled) {
             // One warp, chosen at random, first runs as far as it can on its own (to its next block
             // barrier): a warp racing ahead of the others exposes a missing __syncthreads.
             const unsigned lead = static_cast<unsigned>(rng_() % warps), first = lead * 32;
             const unsigned last = std::min(n, first + 32);
-            for (bool again = true; again && !stop;) {
-                again = false;
-                for (unsigned i = first; i < last && !stop; ++i) again |= step(i);
-                progressed |= again;
-            }
+            lead_.resize(last - first);
+            std::iota(lead_.begin(), lead_.end(), first);
+            while (!stop_ && run_pass(lead_.data(), last - first)) progressed = true;
             std::shuffle(order_.begin(), order_.begin() + n, rng_);
         }
-        for (unsigned k = 0; k < n && !stop; ++k) progressed |= step(shuffled ? order_[k] : k);
-        if (stop) return;
+        if (!stop_) progressed |= run_pass(shuffled ? order_.data() : identity_.data(), n);
+        if (stop_) return;
         if (!progressed) {
-            unsigned exited = n - remaining;
+            unsigned exited = n - remaining_;
             std::unordered_map<std::string, unsigned> waiting;
             for (unsigned i = 0; i < n; ++i)
                 if (!fibers_[i].done) ++waiting[fibers_[i].waiting_at];
@@ -278,6 +400,20 @@ void Worker::run_block(Job& job, uint64_t linear) {
     }
 }
 
+// Resumes, in the order given, each listed fiber that can run, once: each runs until it waits or
+// exits, then hands over to the next. True if any ran.
+bool Worker::run_pass(const unsigned* fibers, unsigned count) {
+    pass_ = fibers;
+    pass_count_ = count;
+    pass_pos_ = -1;
+    pass_resumed_ = 0;
+    if (Fiber* first = next_in_pass()) {
+        jump(first->ctx, &sched_);
+        release_retired_stack();
+    }
+    return pass_resumed_ > 0;
+}
+
 void Worker::run_blocks(Job& job) {
     job_ = &job;
     const unsigned n = job.threads;
@@ -287,6 +423,10 @@ void Worker::run_blocks(Job& job) {
     if (smem_.size() < job.smem_bytes) smem_.resize(job.smem_bytes);
     if (order_.size() < n) order_.resize(n);
     std::iota(order_.begin(), order_.end(), 0u);
+    if (identity_.size() < n) {
+        identity_.resize(n);
+        std::iota(identity_.begin(), identity_.end(), 0u);
+    }
     rng_.seed(job.seed ^ reinterpret_cast<uintptr_t>(this));
     const uint64_t blocks = job.block_order.size();
     for (;;) {
@@ -454,26 +594,35 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
     if (job.failed) set_sticky_error(cudaErrorLaunchFailure, job.error);
 }
 
-unsigned char* collective_slot() {
-    return current_worker_on_fiber().warp(t_thread->warp).in + t_thread->lane * kSlotBytes;
+namespace {
+// The failures, out of the hot paths below so that those keep small frames.
+[[noreturn, gnu::noinline, gnu::cold]] void fail_lane_not_in_mask(Worker& w, Fiber* f, const char* what) {
+    w.fail_on_fiber(f, std::string(what) + " with a mask that does not include the calling lane");
 }
+[[noreturn, gnu::noinline, gnu::cold]] void fail_divergent_warp(Worker& w, Fiber* f, const char* what, unsigned m,
+                                                              const WarpGroup& g) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "divergent warp: lane %u reached %s (mask %08x) while others wait at %s (mask %08x)",
+                  f->lane, what, m, g.what, g.mask);
+    w.fail_on_fiber(f, buf);
+}
+[[noreturn, gnu::noinline, gnu::cold]] void fail_divergent_block(Worker& w, Fiber* f, const char* what) {
+    w.fail_on_fiber(f, std::string("divergent block: reached ") + what + " while others wait at " + w.bar_what);
+}
+}  // namespace
 
 const unsigned char* collective_arrive(const char* what, unsigned mask, Combine combine) {
     Fiber* f = static_cast<Fiber*>(t_thread);
     Worker& w = current_worker_on_fiber();
     Warp& wp = w.warp(f->warp);
     const unsigned m = mask & wp.lanes;
-    if (!((m >> f->lane) & 1u))
-        w.fail_on_fiber(f, std::string(what) + " with a mask that does not include the calling lane");
+    if (!((m >> f->lane) & 1u)) fail_lane_not_in_mask(w, f, what);
     WarpGroup& g = wp.groups[__builtin_ctz(m)];
     if (g.arrived == 0) {
         g.mask = m;
         g.what = what;
     } else if (g.mask != m || (g.what != what && std::strcmp(g.what, what) != 0)) {
-        char buf[160];
-        std::snprintf(buf, sizeof buf, "divergent warp: lane %u reached %s (mask %08x) while others wait at %s (mask %08x)",
-                      f->lane, what, m, g.what, g.mask);
-        w.fail_on_fiber(f, buf);
+        fail_divergent_warp(w, f, what, m, g);
     }
     if (++g.arrived == static_cast<unsigned>(__builtin_popcount(m))) {
         combine(wp.in, wp.out, m);
@@ -492,7 +641,7 @@ int block_barrier(const char* what, int pred) {
     if (w.bar_arrived == 0) {
         w.bar_what = what;
     } else if (w.bar_what != what && std::strcmp(w.bar_what, what) != 0) {
-        w.fail_on_fiber(f, std::string("divergent block: reached ") + what + " while others wait at " + w.bar_what);
+        fail_divergent_block(w, f, what);
     }
     w.bar_count += pred != 0;
     if (++w.bar_arrived == n) {

@@ -70,7 +70,9 @@ __host__ __device__ __forceinline__ unsigned char fp8_code_from_float(float v) {
     return static_cast<unsigned char>(sign | code);
 }
 
-constexpr int kQuantTile = 64, kQuantThreads = 256;
+// 128 threads per 64x64 tile: 4 16-byte loads each keep enough bytes in flight for this memory-bound
+// pass, and the CPU build's cost per thread (a fiber and a barrier each) halves against 256.
+constexpr int kQuantTile = 64, kQuantThreads = 128;
 
 // out = fp8(in / *scale) (rows, cols) and the same codes transposed, out_t (cols, rows): a 64x64
 // tile goes through shared memory so both layouts are written with wide stores.
@@ -104,9 +106,15 @@ __global__ void __launch_bounds__(kQuantThreads)
         const int cc = i / (kQuantTile / 16), rr = (i % (kQuantTile / 16)) * 16;
         const int r = r0 + rr, c = c0 + cc;
         if (r >= rows || c >= cols) continue;
-        uint32_t w[4] = {0, 0, 0, 0};
+        const int shift = 8 * (cc % 4);
+        uint32_t w[4];
 #pragma unroll
-        for (int k = 0; k < 16; ++k) w[k / 4] |= ((tile[rr + k][cc / 4] >> (8 * (cc % 4))) & 0xFFu) << (8 * (k % 4));
+        for (int q = 0; q < 4; ++q) {  // each word built in a register (a compiler that keeps the loops rolled, too)
+            uint32_t word = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) word |= ((tile[rr + 4 * q + k][cc / 4] >> shift) & 0xFFu) << (8 * k);
+            w[q] = word;
+        }
         *reinterpret_cast<uint4*>(out_t_bytes + static_cast<int64_t>(c) * rows + r) =
             make_uint4(w[0], w[1], w[2], w[3]);
     }
@@ -165,15 +173,33 @@ inline std::string lm_head_shape_error(int T, int C, int V) {
     return "";
 }
 
-// logits (T, V) bf16 = (e4m3(x / x_s) @ e4m3(w / w_s)) * x_s * w_s, fp32 accumulation (fast accum,
-// as upstream); writes all four e4m3 buffers of `buf`.
+// The weight's two e4m3 copies in `buf`, w_f8 = e4m3(w / w_s) (C, V) and w_f8_t (V, C). The weight only
+// changes at optimizer steps: a training step can make them once for all of its micro-steps and run
+// each micro-step's forward with lm_head_fp8_forward_quantized_weight.
+inline void lm_head_fp8_quantize_weight(const LmHeadFp8Buffers& buf, const __nv_bfloat16* w,
+                                        const LmHeadFp8Scales* scales, int C, int V, cudaStream_t stream) {
+    require_shape(lm_head_shape_error(16, C, V), "lm_head_fp8_quantize_weight");
+    quantize_fp8_two_layouts(buf.w_f8, buf.w_f8_t, w, &scales->w, C, V, stream);
+}
+
+// logits (T, V) bf16 = (e4m3(x / x_s) @ w_f8) * x_s * w_s, fp32 accumulation (fast accum, as upstream), with
+// the weight's copies already in `buf` (lm_head_fp8_quantize_weight); writes x_f8 and x_f8_t.
+inline void lm_head_fp8_forward_quantized_weight(CublasLt& lt, __nv_bfloat16* logits, const LmHeadFp8Buffers& buf,
+                                                 const __nv_bfloat16* x, const LmHeadFp8Scales* scales, int T, int C,
+                                                 int V, cudaStream_t stream) {
+    require_shape(lm_head_shape_error(T, C, V), "lm_head_fp8_forward_quantized_weight");
+    quantize_fp8_two_layouts(buf.x_f8, buf.x_f8_t, x, &scales->x, T, C, stream);
+    matmul_fp8(lt, logits, buf.x_f8, &scales->x, buf.w_f8_t, &scales->w, T, V, C, stream, /*fast_accum=*/true);
+}
+
+// logits (T, V) bf16 = (e4m3(x / x_s) @ e4m3(w / w_s)) * x_s * w_s: both of the above; writes all four
+// e4m3 buffers of `buf`.
 inline void lm_head_fp8_forward(CublasLt& lt, __nv_bfloat16* logits, const LmHeadFp8Buffers& buf,
                                 const __nv_bfloat16* x, const __nv_bfloat16* w, const LmHeadFp8Scales* scales, int T,
                                 int C, int V, cudaStream_t stream) {
     require_shape(lm_head_shape_error(T, C, V), "lm_head_fp8_forward");
-    quantize_fp8_two_layouts(buf.x_f8, buf.x_f8_t, x, &scales->x, T, C, stream);
-    quantize_fp8_two_layouts(buf.w_f8, buf.w_f8_t, w, &scales->w, C, V, stream);
-    matmul_fp8(lt, logits, buf.x_f8, &scales->x, buf.w_f8_t, &scales->w, T, V, C, stream, /*fast_accum=*/true);
+    lm_head_fp8_quantize_weight(buf, w, scales, C, V, stream);
+    lm_head_fp8_forward_quantized_weight(lt, logits, buf, x, scales, T, C, V, stream);
 }
 
 // With g_f8 = e5m2(dlogits / grad_s): dw (C, V) (+)= x_f8^T @ g_f8 * x_s * grad_s into the bf16

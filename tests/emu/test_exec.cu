@@ -1,9 +1,12 @@
 // emu's kernel execution: thread indexing, shared memory, barriers, every warp collective,
-// atomics, launch checks, deadlock detection. Each expectation is computed on the host
-// from CUDA's documented semantics, independently of emu's code.
+// atomics, launch checks, deadlock detection, stacks reused after threads exit, bf16 rounding.
+// Each expectation is computed on the host from CUDA's documented semantics, independently of
+// emu's code.
 #include "../../kernels/common.cuh"
 #include "../device_util.h"
 
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -442,6 +445,57 @@ void test_failures() {
     test::check(bad == 0, "large per-thread stack frames: %d wrong", bad);
 }
 
+// ---- a thread's stack is handed on when it exits ----
+// Odd threads exit at once, so the even threads after them start on the stacks they left; each even
+// thread fills 8 KB of locals, waits at a __syncwarp of the even lanes while later odd threads start
+// and exit, then checks its locals (volatile: they must live in the stack's memory).
+__global__ void locals_survive_exits(int* out) {
+    const int t = static_cast<int>(threadIdx.x), id = static_cast<int>(blockIdx.x * blockDim.x) + t;
+    if (t % 2) {
+        out[id] = -1;
+        return;
+    }
+    volatile int local[2048];
+    for (int i = 0; i < 2048; ++i) local[i] = id * 7 + i;
+    __syncwarp(0x55555555u);
+    int wrong = 0;
+    for (int i = 0; i < 2048; ++i) wrong += local[i] != id * 7 + i;
+    out[id] = wrong;
+}
+void test_stack_reuse() {
+    const int blocks = 6, threads = 96;
+    DeviceBuffer<int> out(blocks * threads);
+    launch(locals_survive_exits, dim3(blocks), dim3(threads), 0, nullptr, out.ptr);
+    CUDA_CHECK_LAUNCH();
+    const std::vector<int> h = out.download();
+    int bad = 0;
+    for (int i = 0; i < blocks * threads; ++i) bad += h[i] != (i % 2 ? -1 : 0);
+    test::check(bad == 0, "locals of live threads while others exit and new ones start: %d threads wrong", bad);
+}
+
+// ---- bf16 rounding: emu's __float2bfloat16 family against the CUDA header's host functions ----
+// A function name in parentheses is not a macro call, so (__float2bfloat16)(x) is the header's own.
+bool same_bits(const void* a, const void* b, size_t n) { return std::memcmp(a, b, n) == 0; }
+void test_bf16_rounding() {
+    std::vector<uint32_t> patterns = {
+        0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffc00001u,
+        0xffffffffu, 0x7f7fffffu, 0xff7fffffu, 0x7f7f8000u, 0x00000001u, 0x807fffffu, 0x3f808000u,
+        0x3f818000u, 0x3f808001u, 0x3f807fffu, 0xbf808000u, 0xbf818000u};  // zeros, inf, NaNs, max, ties
+    for (uint64_t u = 0; u < (uint64_t(1) << 32); u += 4093) patterns.push_back(static_cast<uint32_t>(u));
+    for (int i = 0; i < (1 << 20); ++i) patterns.push_back(static_cast<uint32_t>(test::rng()()));
+    int bad = 0;
+    for (const uint32_t bits : patterns) {
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        const __nv_bfloat16 a = __float2bfloat16(f), b = (__float2bfloat16)(f);
+        const __nv_bfloat16 c = __float2bfloat16_rn(f), d = (__float2bfloat16_rn)(f);
+        const __nv_bfloat162 p = __floats2bfloat162_rn(f, -f), q = (__floats2bfloat162_rn)(f, -f);
+        const __nv_bfloat162 r = __float22bfloat162_rn(make_float2(-f, f)), w = (__float22bfloat162_rn)(make_float2(-f, f));
+        bad += !same_bits(&a, &b, 2) || !same_bits(&c, &d, 2) || !same_bits(&p, &q, 4) || !same_bits(&r, &w, 4);
+    }
+    test::check(bad == 0, "bf16 rounding differs from the CUDA header's for %d of %zu floats", bad, patterns.size());
+}
+
 // ---- streams and events run in issue order ----
 void test_streams_and_events() {
     cudaStream_t s1, s2;
@@ -495,6 +549,8 @@ int main() {
     test_barrier_predicates();
     test_atomics();
     test_failures();
+    test_stack_reuse();
+    test_bf16_rounding();
     test_streams_and_events();
     return test::finish();
 }
