@@ -526,6 +526,7 @@ struct StepSchedule {
     int ws_short = 0, ws_long = 0;   // windows in tokens
     const float* mtp_weights;        // device, n_predict weights
     int n_predict = 1;
+    bool lm_head_quantized = false;  // the step's FP8 lm_head weight is already made (later micro-steps)
 };
 
 // ============================================================================================
@@ -745,7 +746,8 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Acts& 
     backout_forward(a.x_final, a.h_final, a.rstd_final, a.x_out, a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda,
                     T, C, s);
     if (a.training) {
-        lm_head_fp8_forward(*m.lt, a.logits, a.fp8, a.h_final, p.lm_head, m.fp8_scales, T, C, V, s);
+        if (!sch.lm_head_quantized) lm_head_fp8_quantize_weight(a.fp8, p.lm_head, m.fp8_scales, C, V, s);
+        lm_head_fp8_forward(*m.lt, a.logits, a.fp8, a.h_final, m.fp8_scales, T, C, V, s);
         softcap_mtp_loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, sch.mtp_weights,
                                  sch.n_predict, T, V, s);
     } else {
@@ -1473,12 +1475,29 @@ std::vector<float> host_values(const OptimGroup& q, const void* device) {
     return v;
 }
 
+// Whether a group's parameter or gradient holds a NaN or an infinity: all-ones exponents, read in
+// chunks without conversion (the CPU build checks every group after every step).
+bool has_nonfinite(const OptimGroup& q, const void* device) {
+    const size_t bytes = size_t(q.t.rows * q.t.row_elems) * (q.t.fp32 ? 4 : 2);
+    std::vector<uint32_t> chunk(std::min(bytes, size_t(1) << 22) / 4);
+    for (size_t done = 0; done < bytes; done += chunk.size() * 4) {
+        const size_t n = std::min(chunk.size() * 4, bytes - done);
+        chunk[(n - 1) / 4] = 0;  // an odd bf16 count leaves half a word: zeros are finite
+        CUDA_CHECK(cudaMemcpy(chunk.data(), static_cast<const char*>(device) + done, n, cudaMemcpyDeviceToHost));
+        const uint32_t exponents = q.t.fp32 ? 0x7f800000u : 0x7f807f80u;
+        for (size_t i = 0; i < (n + 3) / 4; ++i) {
+            const uint32_t e = chunk[i] & exponents;
+            if (q.t.fp32 ? e == exponents : (e & 0x7f80u) == 0x7f80u || (e >> 16) == 0x7f80u) return true;
+        }
+    }
+    return false;
+}
+
 // The first parameter group (table order) holding a non-finite parameter or gradient, or "".
 std::string nonfinite_group(Run& r) {
     for (const OptimGroup& q : r.o.group)
         for (const auto& [what, ptr] : {std::pair{"parameter", q.t.param}, std::pair{"gradient", q.t.grad}})
-            for (float x : host_values(q, ptr))
-                if (!std::isfinite(x)) return std::string(what) + " " + q.rule->label;
+            if (has_nonfinite(q, ptr)) return std::string(what) + " " + q.rule->label;
     return "";
 }
 
@@ -1499,9 +1518,10 @@ void log_grad_norms(Run& r, int step) {
 // One training step: grad_accum micro-steps of forward and backward, then the optimizer. The
 // loss of each micro-step lands in r.losses when the stream gets there.
 void train_step(Run& r, int step) {
-    const StepSchedule f = r.forward_schedule();
+    StepSchedule f = r.forward_schedule();
     const bool adam_step = step % 2 == 1;
     for (int i = 0; i < r.m.cfg.grad_accum(); ++i) {
+        f.lm_head_quantized = i > 0;
         load_batch(r, *r.train, r.m.batch);
         // sparse bigram comms: the counts travel during the forward, the row indexes before the backward
         if (r.o.sparse) r.o.touched->mark(r.bigram.data(), size_t(r.m.batch.T));

@@ -174,32 +174,21 @@ inline std::string lm_head_shape_error(int T, int C, int V) {
 }
 
 // The weight's two e4m3 copies in `buf`, w_f8 = e4m3(w / w_s) (C, V) and w_f8_t (V, C). The weight only
-// changes at optimizer steps: a training step can make them once for all of its micro-steps and run
-// each micro-step's forward with lm_head_fp8_forward_quantized_weight.
+// changes at optimizer steps, so a training step makes them once for all of its micro-steps.
 inline void lm_head_fp8_quantize_weight(const LmHeadFp8Buffers& buf, const __nv_bfloat16* w,
                                         const LmHeadFp8Scales* scales, int C, int V, cudaStream_t stream) {
     require_shape(lm_head_shape_error(16, C, V), "lm_head_fp8_quantize_weight");
     quantize_fp8_two_layouts(buf.w_f8, buf.w_f8_t, w, &scales->w, C, V, stream);
 }
 
-// logits (T, V) bf16 = (e4m3(x / x_s) @ w_f8) * x_s * w_s, fp32 accumulation (fast accum, as upstream), with
-// the weight's copies already in `buf` (lm_head_fp8_quantize_weight); writes x_f8 and x_f8_t.
-inline void lm_head_fp8_forward_quantized_weight(CublasLt& lt, __nv_bfloat16* logits, const LmHeadFp8Buffers& buf,
-                                                 const __nv_bfloat16* x, const LmHeadFp8Scales* scales, int T, int C,
-                                                 int V, cudaStream_t stream) {
-    require_shape(lm_head_shape_error(T, C, V), "lm_head_fp8_forward_quantized_weight");
+// logits (T, V) bf16 = (e4m3(x / x_s) @ w_f8) * x_s * w_s, fp32 accumulation (fast accum, as upstream),
+// with the weight's copies already in `buf` (lm_head_fp8_quantize_weight); writes x_f8 and x_f8_t.
+inline void lm_head_fp8_forward(CublasLt& lt, __nv_bfloat16* logits, const LmHeadFp8Buffers& buf,
+                                const __nv_bfloat16* x, const LmHeadFp8Scales* scales, int T, int C, int V,
+                                cudaStream_t stream) {
+    require_shape(lm_head_shape_error(T, C, V), "lm_head_fp8_forward");
     quantize_fp8_two_layouts(buf.x_f8, buf.x_f8_t, x, &scales->x, T, C, stream);
     matmul_fp8(lt, logits, buf.x_f8, &scales->x, buf.w_f8_t, &scales->w, T, V, C, stream, /*fast_accum=*/true);
-}
-
-// logits (T, V) bf16 = (e4m3(x / x_s) @ e4m3(w / w_s)) * x_s * w_s: both of the above; writes all four
-// e4m3 buffers of `buf`.
-inline void lm_head_fp8_forward(CublasLt& lt, __nv_bfloat16* logits, const LmHeadFp8Buffers& buf,
-                                const __nv_bfloat16* x, const __nv_bfloat16* w, const LmHeadFp8Scales* scales, int T,
-                                int C, int V, cudaStream_t stream) {
-    require_shape(lm_head_shape_error(T, C, V), "lm_head_fp8_forward");
-    lm_head_fp8_quantize_weight(buf, w, scales, C, V, stream);
-    lm_head_fp8_forward_quantized_weight(lt, logits, buf, x, scales, T, C, V, stream);
 }
 
 // With g_f8 = e5m2(dlogits / grad_s): dw (C, V) (+)= x_f8^T @ g_f8 * x_s * grad_s into the bf16

@@ -74,35 +74,35 @@ struct MmaIn {
 };
 static_assert(sizeof(MmaIn) <= kSlotBytes);
 
+// D (+)= A B over 16x8 tiles, k ascending from the accumulator (defined with the tile products below).
+template <int M, int N>
+void mma_tiles_accumulate(float (&D)[M][N][16][8], const float (&A)[M][16][16], const float (&B)[N][16][8]);
+
 inline void mma_m16n8k16_bf16_combine(const unsigned char* in, unsigned char* out, unsigned) {
-    float A[16][16], B[16][8], C[16][8];
+    float A[1][16][16];
+    alignas(16) float B[1][16][8], D[1][1][16][8];
     for (int l = 0; l < 32; ++l) {
         MmaIn f;
         std::memcpy(&f, in + l * kSlotBytes, sizeof f);
         const int g = l / 4, t = l % 4;
         const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
         for (int i = 0; i < 4; ++i) {
-            A[rows[i]][cols[i]] = bf16_lo(f.a[i]);
-            A[rows[i]][cols[i] + 1] = bf16_hi(f.a[i]);
+            A[0][rows[i]][cols[i]] = bf16_lo(f.a[i]);
+            A[0][rows[i]][cols[i] + 1] = bf16_hi(f.a[i]);
         }
         for (int i = 0; i < 2; ++i) {
-            B[2 * t + 8 * i][g] = bf16_lo(f.b[i]);
-            B[2 * t + 8 * i + 1][g] = bf16_hi(f.b[i]);
+            B[0][2 * t + 8 * i][g] = bf16_lo(f.b[i]);
+            B[0][2 * t + 8 * i + 1][g] = bf16_hi(f.b[i]);
         }
-        C[g][2 * t] = f.c[0];
-        C[g][2 * t + 1] = f.c[1];
-        C[g + 8][2 * t] = f.c[2];
-        C[g + 8][2 * t + 1] = f.c[3];
+        D[0][0][g][2 * t] = f.c[0];
+        D[0][0][g][2 * t + 1] = f.c[1];
+        D[0][0][g + 8][2 * t] = f.c[2];
+        D[0][0][g + 8][2 * t + 1] = f.c[3];
     }
+    mma_tiles_accumulate<1, 1>(D, A, B);  // products of bf16 are exact in fp32
     for (int l = 0; l < 32; ++l) {
         const int g = l / 4, t = l % 4;
-        const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
-        float d[4];
-        for (int i = 0; i < 4; ++i) {
-            float acc = C[rows[i]][cols[i]];
-            for (int k = 0; k < 16; ++k) acc += A[rows[i]][k] * B[k][cols[i]];  // products of bf16 are exact in fp32
-            d[i] = acc;
-        }
+        const float d[4] = {D[0][0][g][2 * t], D[0][0][g][2 * t + 1], D[0][0][g + 8][2 * t], D[0][0][g + 8][2 * t + 1]};
         std::memcpy(out + l * kSlotBytes, d, sizeof d);
     }
 }
@@ -384,6 +384,13 @@ __attribute__((target("avx2"))) void mma_tiles_accumulate_avx2(float (&D)[M][N][
         }
 }
 
+template <int M, int N>
+void mma_tiles_accumulate(float (&D)[M][N][16][8], const float (&A)[M][16][16], const float (&B)[N][16][8]) {
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    if (avx2) mma_tiles_accumulate_avx2<M, N>(D, A, B);
+    else mma_tiles_accumulate_sse<M, N>(D, A, B);
+}
+
 template <int S, int M, int N>
 void mma_m16n8k16_bf16_from_smem_combine(const unsigned char* in, unsigned char*, unsigned) {
     MmaFromSmemIn lane[32];
@@ -425,9 +432,7 @@ void mma_m16n8k16_bf16_from_smem_combine(const unsigned char* in, unsigned char*
                     for (int e = 0; e < 8; ++e) B[2 * p + i / 2][8 * (i % 2) + e][j] = bf16_bits_value(row[e]);
                 }
             }
-        static const bool avx2 = __builtin_cpu_supports("avx2");
-        if (avx2) mma_tiles_accumulate_avx2<M, N>(D, A, B);
-        else mma_tiles_accumulate_sse<M, N>(D, A, B);
+        mma_tiles_accumulate<M, N>(D, A, B);
     }
     for (int l = 0; l < 32; ++l) {
         const int g = l / 4, t = l % 4;
