@@ -1479,7 +1479,7 @@ std::vector<float> host_values(const OptimGroup& q, const void* device) {
 // chunks without conversion (the CPU build checks every group after every step).
 bool has_nonfinite(const OptimGroup& q, const void* device) {
     const size_t bytes = size_t(q.t.rows * q.t.row_elems) * (q.t.fp32 ? 4 : 2);
-    std::vector<uint32_t> chunk(std::min(bytes, size_t(1) << 22) / 4);
+    std::vector<uint32_t> chunk((std::min(bytes, size_t(1) << 22) + 3) / 4);
     for (size_t done = 0; done < bytes; done += chunk.size() * 4) {
         const size_t n = std::min(chunk.size() * 4, bytes - done);
         chunk[(n - 1) / 4] = 0;  // an odd bf16 count leaves half a word: zeros are finite
