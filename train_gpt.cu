@@ -538,6 +538,7 @@ struct Model {
     Params params, grads;
     Acts train, eval;
     BackwardBufs bw;
+    float* untie_scratch;         // (C, V) over the dead activations: lm_head's moments gathered at the untie step
     DeviceBatch batch, eval_batch;
     YarnRope rope;
     LmHeadFp8Scales* fp8_scales;  // device
@@ -571,7 +572,11 @@ void layout_activations(Arena& a, Model& m) {
     const size_t training_end = a.mark();
     a.rewind_to(shared, training_end);
     layout_acts(a, c, Tv, false, m.eval);
-    a.rewind_to(shared, std::max(training_end, a.mark()));
+    const size_t high = std::max(training_end, a.mark());
+    // the untie step gathers there between a backward and the next forward
+    a.rewind_to(shared, high);
+    m.untie_scratch = a.take<float>("untie_scratch", {c.model_dim, c.padded_vocab});
+    a.rewind_to(shared, std::max(high, a.mark()));
 }
 
 // ---- initialization, as upstream's GPT.__init__ (values from a counter-based generator, so the
@@ -1165,24 +1170,18 @@ void copy_lm_head_state_to_embed(Model& m, Optimizer& o, ncclComm_t comm, cudaSt
     OptimGroup &lm = o["lm_head"], &em = o["embed"];
     const int64_t C = m.cfg.model_dim, V = m.cfg.padded_vocab;
     em.adam_steps = lm.adam_steps;
-    float* full = nullptr;  // once per run: a temporary outside the arenas
-    if (o.world > 1) CUDA_CHECK(cudaMalloc(&full, size_t(C) * V * sizeof(float)));
     for (auto [from, to] : {std::pair{lm.exp_avg, em.exp_avg}, std::pair{lm.exp_avg_sq, em.exp_avg_sq}}) {
         const float* whole = from;
-        if (o.world > 1) {
+        if (o.world > 1) {  // after the backward (and the previous transpose) is done with that memory
             CUDA_CHECK(cudaEventRecord(o.grads_ready, s));
             CUDA_CHECK(cudaStreamWaitEvent(o.comms, o.grads_ready, 0));
-            NCCL_CHECK(ncclAllGather(from, full, lm.shard_elems(), ncclFloat32, comm, o.comms));
+            NCCL_CHECK(ncclAllGather(from, m.untie_scratch, lm.shard_elems(), ncclFloat32, comm, o.comms));
             CUDA_CHECK(cudaEventRecord(o.comms_done, o.comms));
             CUDA_CHECK(cudaStreamWaitEvent(s, o.comms_done, 0));
-            whole = full;
+            whole = m.untie_scratch;
         }
         // embed's rows [rank * shard, +shard) are lm_head's columns of the same range, transposed
         transpose(to, whole + o.rank * em.shard_rows, C, em.shard_rows, V, C, false, s);
-    }
-    if (full) {
-        CUDA_CHECK(cudaStreamSynchronize(s));
-        CUDA_CHECK(cudaFree(full));
     }
     o.split = true;
 }
