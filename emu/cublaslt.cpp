@@ -8,6 +8,7 @@
 
 #include <cublasLt.h>
 
+#include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -948,7 +949,12 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     // cuBLASLt applies the D scale only when D is fp8; emu emulates bf16 and fp32 D, so it never applies.
     const Gemm g{p, static_cast<const uint8_t*>(A), static_cast<const uint8_t*>(B), static_cast<const uint8_t*>(C),
                  static_cast<uint8_t*>(D), read_float(alpha) * scale, read_float(beta)};
+    const auto start = std::chrono::steady_clock::now();
     run_gemm(g);
+    if (emu::profiling())
+        emu::profile_add("cublasLtMatmul " + type_name(p.a_type) + " " + std::to_string(p.m) + "x" + std::to_string(p.n) +
+                             "x" + std::to_string(p.k) + (p.batch > 1 ? " batch " + std::to_string(p.batch) : ""),
+                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -16,6 +16,8 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <cstdio>
@@ -264,6 +266,7 @@ struct Settings {
     unsigned workers;
     uint64_t random_seed;  // 0: threads run in index order
     size_t stack_bytes;
+    bool profile;
 };
 
 const Settings& settings() {
@@ -276,6 +279,7 @@ const Settings& settings() {
         if (r.workers == 0) r.workers = 1;
         r.random_seed = env_size("EMU_RANDOM_ORDER", 0);
         r.stack_bytes = env_size("EMU_STACK_KB", 256) * 1024;
+        r.profile = env_size("EMU_PROFILE", 0) != 0;
         return r;
     }();
     return s;
@@ -534,6 +538,35 @@ Worker& current_worker_on_fiber() { return *t_worker; }
 
 int worker_count() { return static_cast<int>(settings().workers); }
 
+bool profiling() { return settings().profile; }
+
+void profile_add(const std::string& name, double seconds) {
+    struct Entry {
+        double seconds = 0;
+        uint64_t calls = 0;
+    };
+    static std::mutex m;
+    static std::unordered_map<std::string, Entry>* table = [] {
+        static std::unordered_map<std::string, Entry> t;
+        std::atexit([] {
+            std::vector<std::pair<std::string, Entry>> rows(t.begin(), t.end());
+            std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+            double total = 0;
+            for (const auto& r : rows) total += r.second.seconds;
+            std::fprintf(stderr, "emu profile (pid %d): %.3f s in kernels and matmuls\n%10s %6s %9s  %s\n", int(getpid()),
+                         total, "seconds", "share", "calls", "kernel");
+            for (const auto& r : rows)
+                std::fprintf(stderr, "%10.3f %5.1f%% %9llu  %s\n", r.second.seconds, 100 * r.second.seconds / total,
+                             static_cast<unsigned long long>(r.second.calls), r.first.c_str());
+        });
+        return &t;
+    }();
+    std::lock_guard<std::mutex> lock(m);
+    Entry& e = (*table)[name];
+    e.seconds += seconds;
+    e.calls += 1;
+}
+
 void parallel_for(int64_t tasks, const std::function<void(int64_t)>& task) {
     if (tasks < 2) {
         for (int64_t i = 0; i < tasks; ++i) task(i);
@@ -590,7 +623,10 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
         set_sticky_error(cudaErrorLaunchFailure, "emu: kernel launched from inside a kernel (dynamic parallelism is not emulated)");
         return;
     }
+    const auto start = std::chrono::steady_clock::now();
     pool().run([&job] { this_worker().run_blocks(job); });
+    if (settings().profile)
+        profile_add(kernel_name(kernel), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     if (job.failed) set_sticky_error(cudaErrorLaunchFailure, job.error);
 }
 

@@ -18,4 +18,8 @@ size_t max_dynamic_smem(const void* kernel);  // 48 KiB unless raised by cudaFun
 // Runs task(i) for every i in [0, tasks) on emu's workers (the caller among them); one piece of
 // parallel work at a time.
 void parallel_for(int64_t tasks, const std::function<void(int64_t)>& task);
+// EMU_PROFILE=1: wall time summed per kernel and per kind of cuBLASLt matmul, printed at exit,
+// so that a slow CPU-build run shows which work to make cheaper.
+bool profiling();
+void profile_add(const std::string& name, double seconds);
 }  // namespace emu

@@ -423,8 +423,7 @@ __global__ void __launch_bounds__(kAttnThreads)
         float alpha[2], base[2];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {  // the 4 lanes of a quad hold one row between them
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
-            tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
+            tile_max[r] = warp_butterfly<WarpMax, 2>(tile_max[r]);
             const float m_new = fmaxf(m[r], tile_max[r]);
             base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero, not NaN
             alpha[r] = exp2f(m[r] - base[r]);
@@ -455,8 +454,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     float inv[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        l[r] = warp_butterfly<WarpSum, 2>(l[r]);
         inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
         const int row = r == 0 ? qt.row_lo : qt.row_hi;
         if (t == 0 && row < p.T)
@@ -505,8 +503,7 @@ __global__ void attention_backward_delta_kernel(float* delta, const __nv_bfloat1
 #pragma unroll
         for (int i = 0; i < 8; ++i) s += __bfloat162float(a[i]) * __bfloat162float(b[i]);
     }
-#pragma unroll
-    for (int offset = G / 2; offset > 0; offset >>= 1) s += __shfl_xor_sync(0xffffffffu, s, offset);
+    s = warp_butterfly<WarpSum, G / 2>(s);
     if (c == 0 && pair < T * H) delta[size_t(pair % H) * T + pair / H] = s;
 }
 

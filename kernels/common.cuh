@@ -3,6 +3,7 @@
 #pragma once
 #include "platform.cuh"
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -51,16 +52,8 @@ __host__ __device__ constexpr T ceil_div(T a, T b) {
 
 // ---- reductions ----
 // Sum over the 32 lanes of a warp; every lane gets the result (butterfly).
-__device__ __forceinline__ float warp_reduce_sum(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
-}
-__device__ __forceinline__ float warp_reduce_max(float v) {
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-    return v;
-}
+__device__ __forceinline__ float warp_reduce_sum(float v) { return warp_butterfly<WarpSum, 16>(v); }
+__device__ __forceinline__ float warp_reduce_max(float v) { return warp_butterfly<WarpMax, 16>(v); }
 
 // Sum over a 1-D block whose size is a multiple of 32; every thread gets the result.
 // The leading barrier lets consecutive calls reuse the same scratch.
@@ -148,20 +141,23 @@ __global__ void sum_block_partials_kernel(SumTargets targets, const float* parti
 }
 constexpr int kSumPartialsThreads = 128;     // per value: the partials of up to ~1000 blocks
 constexpr int kSumFixedOrderThreads = 1024;  // one long array (e.g. a loss per row)
+// Threads for summing n values: whole warps, no more than there are values (a few dozen partials
+// need one warp, not a thousand idle threads), at most `most`. The order depends on n only.
+inline int sum_threads(int n, int most) { return std::clamp((n + 31) / 32 * 32, 32, most); }
 
 // targets (+)= the per-value sums of `blocks` blocks' partials, block b's values at partials[b * stride + v].
 inline void sum_block_partials(const SumTargets& targets, const float* partials, int blocks, int stride,
                                bool accumulate, cudaStream_t stream) {
     if (targets.count == 0) return;
-    launch(sum_block_partials_kernel, dim3(targets.count), dim3(kSumPartialsThreads), 0, stream, targets, partials,
-           blocks, stride, 1.0f, accumulate);
+    launch(sum_block_partials_kernel, dim3(targets.count), dim3(sum_threads(blocks, kSumPartialsThreads)), 0, stream,
+           targets, partials, blocks, stride, 1.0f, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 // out = (accumulate ? out : 0) + scale * sum(in[0:n]), one block in a fixed order.
 inline void sum_fixed_order(float* out, const float* in, int n, float scale, bool accumulate, cudaStream_t stream) {
     kernel_require(n >= 0, "sum_fixed_order: n %d is negative", n);
-    launch(sum_block_partials_kernel, dim3(1), dim3(kSumFixedOrderThreads), 0, stream, SumTargets().add(out), in, n, 1,
-           scale, accumulate);
+    launch(sum_block_partials_kernel, dim3(1), dim3(sum_threads(n, kSumFixedOrderThreads)), 0, stream,
+           SumTargets().add(out), in, n, 1, scale, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -33,3 +33,24 @@ __device__ __forceinline__ T* dynamic_smem() {
     return reinterpret_cast<T*>(emu::t_block->dyn_smem);
 #endif
 }
+
+// The operations of warp butterflies.
+struct WarpSum {
+    __device__ static float apply(float a, float b) { return a + b; }
+};
+struct WarpMax {
+    __device__ static float apply(float a, float b) { return fmaxf(a, b); }
+};
+// For offset = First, First/2, ..., 1 in turn, v = Op::apply(v, v of lane ^ offset) over a full warp:
+// every lane of an aligned group of 2*First lanes ends with the same bits. The GPU shuffles once
+// per round; emu does the whole butterfly in one meeting of the warp, with the same arithmetic.
+template <class Op, int First>
+__device__ __forceinline__ float warp_butterfly(float v) {
+#ifdef __CUDACC__
+#pragma unroll
+    for (int offset = First; offset > 0; offset >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+#else
+    return emu::butterfly<Op, First>(v);
+#endif
+}

@@ -215,8 +215,14 @@ inline dim3 attn_head_lane_grid(int T, int H, int D) {
 }
 // Sum over the `lanes` adjacent lanes of a head row (a power of two up to 32, aligned).
 __device__ __forceinline__ float attn_head_row_sum(float v, int lanes) {
-    for (int offset = lanes / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-    return v;
+    switch (lanes) {
+        case 32: return warp_butterfly<WarpSum, 16>(v);
+        case 16: return warp_butterfly<WarpSum, 8>(v);
+        case 8: return warp_butterfly<WarpSum, 4>(v);
+        case 4: return warp_butterfly<WarpSum, 2>(v);
+        case 2: return warp_butterfly<WarpSum, 1>(v);
+        default: return v;
+    }
 }
 __device__ __forceinline__ void rope_load8(float* dst, const bf16* src) {
     const Pack128<bf16> p = load128(src);

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <string>
 
-constexpr int kTransposeTile = 32;
-constexpr int kTransposeRows = 8;  // threads per tile column: each thread moves 4 elements
+constexpr int kTransposeTile = 64;
+constexpr int kTransposeRows = 4;  // threads per tile column: each thread moves 16 elements
 
 // out (cols, rows; leading dim out_ld) = in (rows, cols; leading dim in_ld)^T, or out += in^T when
 // `add` (fp32 sum of the stored value and the new one, rounded once). A 32x32 tile goes through

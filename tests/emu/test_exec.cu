@@ -189,6 +189,67 @@ void test_shuffles() {
     test::check(bad == 0, "half-warp shuffles with disjoint masks: %d lanes wrong", bad);
 }
 
+// ---- butterflies: one meeting of the warp, the same bits as a __shfl_xor_sync per round ----
+template <class Op, int First>
+__global__ void butterfly_pair(float* fused, float* rounds, const float* in) {
+    const float v = in[threadIdx.x];
+    fused[threadIdx.x] = warp_butterfly<Op, First>(v);
+    float r = v;
+    for (int offset = First; offset > 0; offset >>= 1) r = Op::apply(r, __shfl_xor_sync(0xffffffffu, r, offset));
+    rounds[threadIdx.x] = r;
+}
+
+template <class Op, int First>
+void check_butterfly(const char* op, int threads, bool specials) {
+    std::vector<float> in = test::uniform_vector(size_t(threads), -1e3, 1e3);
+    if (specials)
+        for (int i = 0; i < threads; i += 7) in[size_t(i)] = i % 3 == 0 ? INFINITY : i % 3 == 1 ? -INFINITY : NAN;
+    DeviceBuffer<float> din(in), fused(threads), rounds(threads);
+    launch(butterfly_pair<Op, First>, dim3(1), dim3(threads), 0, nullptr, fused.ptr, rounds.ptr, din.ptr);
+    CUDA_CHECK_LAUNCH();
+    const auto a = fused.download(), b = rounds.download();
+    int bad = 0;
+    for (int i = 0; i < threads; ++i)  // NaN payloads depend on the compiler's operand order (a GPU has one NaN)
+        bad += std::memcmp(&a[size_t(i)], &b[size_t(i)], sizeof(float)) != 0 && !(std::isnan(a[size_t(i)]) && std::isnan(b[size_t(i)]));
+    // independently: a full aligned group of 2 * First lanes ends with the group's sum or max
+    double worst = 0;
+    for (int g = 0; !specials && g + 2 * First <= threads && (g + 2 * First - 1) / 32 == g / 32; g += 2 * First) {
+        double want = std::is_same_v<Op, WarpSum> ? 0.0 : -INFINITY;
+        for (int i = g; i < g + 2 * First; ++i) want = std::is_same_v<Op, WarpSum> ? want + in[size_t(i)] : std::max(want, double(in[size_t(i)]));
+        for (int i = g; i < g + 2 * First; ++i) worst = std::max(worst, std::fabs(a[size_t(i)] - want));
+    }
+    test::check(bad == 0 && worst <= 1e-2, "warp_butterfly %s from offset %d, %d threads%s: %d lanes differ from the shuffle rounds, "
+                "worst error %g", op, First, threads, specials ? " with inf and NaN" : "", bad, worst);
+}
+
+__global__ void butterflies_disagree(float* out) {
+    out[threadIdx.x] = threadIdx.x < 8 ? warp_butterfly<WarpSum, 4>(1.0f) : warp_butterfly<WarpSum, 8>(1.0f);
+}
+
+void test_butterflies() {
+    for (bool specials : {false, true})
+        for (int threads : {64, 48}) {  // 48: the second warp is partial, its missing lanes read all ones
+            check_butterfly<WarpSum, 16>("sum", threads, specials);
+            check_butterfly<WarpSum, 8>("sum", threads, specials);
+            check_butterfly<WarpSum, 2>("sum", threads, specials);
+            check_butterfly<WarpSum, 1>("sum", threads, specials);
+            check_butterfly<WarpMax, 16>("max", threads, specials);
+            check_butterfly<WarpMax, 4>("max", threads, specials);
+        }
+    cudaError_t e;
+    std::string msg;
+    {
+        DeviceBuffer<float> out(32);  // freed before the reset below
+        launch(butterflies_disagree, dim3(1), dim3(32), 0, nullptr, out.ptr);
+        e = cudaGetLastError();
+        msg = emu::last_kernel_error();
+    }
+    test::check(e == cudaErrorLaunchFailure && msg.find("divergent") != std::string::npos &&
+                    msg.find("warp_butterfly(8)") != std::string::npos,
+                "lanes at butterflies of different widths fail as a divergent warp: %s", msg.c_str());
+    CUDA_CHECK(cudaDeviceReset());
+}
+
 // ---- votes ----
 __global__ void votes(unsigned* out, const int* pred) {
     const int p = pred[threadIdx.x];
@@ -544,6 +605,7 @@ int main() {
     test_indexing();
     test_elementwise_and_reductions();
     test_shuffles();
+    test_butterflies();
     test_votes();
     test_shared_memory();
     test_barrier_predicates();

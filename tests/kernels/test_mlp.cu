@@ -422,6 +422,8 @@ int main() {
     test_shape_rules();
     test_sum_fixed_order(5000, 1.0f);
     test_sum_fixed_order(37, -0.25f);
+    test_sum_fixed_order(24, 0.5f);    // one warp
+    test_sum_fixed_order(1100, 2.0f);  // more values than the largest block
     test_sum_fixed_order(0, 1.0f);
 
     test_relu_square_kernels(8 * 1000);

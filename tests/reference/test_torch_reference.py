@@ -103,11 +103,12 @@ class ScheduleTest(unittest.TestCase):
             self.assertEqual(got.tolist(), torch.tensor(w, dtype=torch.float32).tolist(), f"step {step}")
         for step, ws in {0: (1, 3), 9: (1, 3), 10: (3, 7), 19: (3, 7), 20: (5, 11), 30: (6, 13), 34: (6, 13)}.items():
             self.assertEqual(s.windows(step), ws, f"step {step}")
-        for step, bt in {0: 8 * 128, 10: 8 * 160, 20: 8 * 192, 33: 8 * 192}.items():  # tiny_preset()'s stages
+        for step, bt in {0: 8 * 32, 10: 8 * 48, 20: 8 * 64, 33: 8 * 64}.items():  # tiny_preset()'s stages
             self.assertEqual(s.batch_tokens(step), bt)
 
     def test_trainer_windows_and_yarn(self):
         cfg = small_config()
+        cfg.block_size = 32  # windows long enough that YaRN's ramp is partial for the fastest frequencies
         tr = R.Trainer(cfg, R.init_params(cfg, 1))
         f0 = tr.yarn.freq.clone()
         for step in range(10):

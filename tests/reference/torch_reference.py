@@ -145,20 +145,20 @@ def record_config() -> Config:
 
 
 def tiny_config() -> Config:
-    """train_gpt.cu's tiny_preset(): the record's 11 layers at width 128, windows in blocks of 32."""
+    """train_gpt.cu's tiny_preset(): the record's 11 layers at width 128, windows in blocks of 8."""
     c = record_config()
     c.name = "tiny"
     c.model_dim, c.num_heads, c.head_dim, c.mlp_dim = 128, 2, 64, 512
     c.bigram_vocab = 4096 * 5
     c.max_seq_len = 256
-    c.val_batch_tokens = 8 * 512
-    c.val_tokens = 8 * 512 * 4
+    c.val_batch_tokens = 8 * 256
+    c.val_tokens = 8 * 256
     c.scheduled_iterations, c.extension_iterations = 30, 4
-    c.block_size = 32
+    c.block_size = 8
     c.val_loss_every = 10
-    c.stages[0].batch_tokens = 8 * 128
-    c.stages[1].batch_tokens = 8 * 160
-    c.stages[2].batch_tokens = c.stages[3].batch_tokens = 8 * 192
+    c.stages[0].batch_tokens = 8 * 32
+    c.stages[1].batch_tokens = 8 * 48
+    c.stages[2].batch_tokens = c.stages[3].batch_tokens = 8 * 64
     return c
 
 

@@ -102,7 +102,9 @@ def check_golden(runs, logs):
     tensors to 3% (observed below 0.1%), those of the lambdas and 12-wide gates (each a dot product
     over every token of a bf16 stream gradient, which cancels) to 15% (observed up to 10%, the same
     spread the model test sees against its double-precision reference), plus 1e-6 for the exactly
-    zero ones; the final parameters' norms to 2% (observed below 0.4%)."""
+    zero ones; the final parameters' norms to 2% (observed below 0.4%), those of the lambdas and gates
+    to 15%: Adam normalizes their noisy gradients, so an element whose gradient flips sign between
+    steps moves by a full step either way (observed up to 4.6%, smear_gate's 12 elements)."""
     golden = json.load(open(os.path.join(REPO, "tests", "reference", "fixtures", "tiny_golden.json")))
     check(golden["steps"] == TOTAL and golden["hyperparameters"]["config"]["scheduled_iterations"] == 6,
           "the golden fixture was made for this schedule")
@@ -131,7 +133,8 @@ def check_golden(runs, logs):
             label = name[len("param."):]
             want = golden["final_param_norms"][GOLDEN_NAMES.get(label, label)]
             got = float(np.linalg.norm(t))
-            check(abs(got - want) <= 0.02 * want + 1e-6, f"final norm of {label}: {got:.6e} vs {want:.6e}")
+            tol = 0.15 if label in small else 0.02
+            check(abs(got - want) <= tol * want + 1e-6, f"final norm of {label}: {got:.6e} vs {want:.6e} (tolerance {tol:.0%})")
 
 
 def main():
