@@ -556,7 +556,7 @@ void profile_add(const std::string& name, double seconds) {
             std::fprintf(stderr, "emu profile (pid %d): %.3f s in kernels and matmuls\n%10s %6s %9s  %s\n", int(getpid()),
                          total, "seconds", "share", "calls", "kernel");
             for (const auto& r : rows)
-                std::fprintf(stderr, "%10.3f %5.1f%% %9llu  %s\n", r.second.seconds, 100 * r.second.seconds / total,
+                std::fprintf(stderr, "%10.3f %5.1f%% %9llu  %s\n", r.second.seconds, total > 0 ? 100 * r.second.seconds / total : 0.0,
                              static_cast<unsigned long long>(r.second.calls), r.first.c_str());
         });
         return &t;

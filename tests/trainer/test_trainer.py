@@ -98,13 +98,14 @@ GOLDEN_NAMES = {"attn": "attn_bank", "mlp": "mlp_bank", "value_embed": "value_em
 def check_golden(runs, logs):
     """The trainer against the PyTorch reference's golden run of this schedule. Tolerances: bf16
     activations and reduction order put ~1e-4 of relative noise in the per-token losses (observed
-    1.2e-4 at most): the losses must agree to 1e-3 relative; step 0's gradient norms of the big
+    2.2e-4 at most): the losses must agree to 1e-3 relative; step 0's gradient norms of the big
     tensors to 3% (observed below 0.1%), those of the lambdas and 12-wide gates (each a dot product
-    over every token of a bf16 stream gradient, which cancels) to 15% (observed up to 10%, the same
-    spread the model test sees against its double-precision reference), plus 1e-6 for the exactly
-    zero ones; the final parameters' norms to 2% (observed below 0.4%), those of the lambdas and gates
-    to 15%: Adam normalizes their noisy gradients, so an element whose gradient flips sign between
-    steps moves by a full step either way (observed up to 4.6%, smear_gate's 12 elements)."""
+    over every token of a bf16 stream gradient, which cancels) to 15% (observed 2% on this preset,
+    10% on earlier ones, the spread the model test sees against its double-precision reference),
+    plus 1e-6 for the exactly zero ones; the final parameters' norms to 2% (observed below 0.4%),
+    those of the lambdas and gates to 15%: Adam normalizes their noisy gradients, so an element whose
+    gradient flips sign between steps moves by a full step either way (observed up to 4.6%,
+    smear_gate's 12 elements)."""
     golden = json.load(open(os.path.join(REPO, "tests", "reference", "fixtures", "tiny_golden.json")))
     check(golden["steps"] == TOTAL and golden["hyperparameters"]["config"]["scheduled_iterations"] == 6,
           "the golden fixture was made for this schedule")
