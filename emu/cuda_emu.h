@@ -142,9 +142,6 @@ inline int lane_id() { return static_cast<int>(t_thread->lane); }
 // A butterfly of __shfl_xor_sync rounds (offsets first, first/2, ..., 1; each lane v = Op::apply(v,
 // v of lane ^ offset)) computed in one warp meeting instead of one per round: the same arithmetic in
 // the same order, so the same bits. A source lane that does not exist reads all ones, as shfl does.
-struct ButterflyIn {
-    float v;
-};
 template <class Op, int First>
 void butterfly_combine(const unsigned char* in, unsigned char* out, unsigned mask) {
     float v[32];
@@ -168,15 +165,21 @@ void butterfly_combine(const unsigned char* in, unsigned char* out, unsigned mas
     for (unsigned lane = 0; lane < 32; ++lane)
         if ((mask >> lane) & 1u) std::memcpy(out + lane * kSlotBytes, &v[lane], sizeof(float));
 }
-// `what` names the offsets, so lanes that disagree on them fail as a divergent warp.
+// The collective's name tells the offsets, so lanes that disagree on them fail as a divergent warp.
+constexpr const char* butterfly_name(int first) {
+    switch (first) {
+        case 1: return "warp_butterfly(1)";
+        case 2: return "warp_butterfly(2)";
+        case 4: return "warp_butterfly(4)";
+        case 8: return "warp_butterfly(8)";
+        default: return "warp_butterfly(16)";
+    }
+}
 template <class Op, int First>
 float butterfly(float v) {
     static_assert(First == 1 || First == 2 || First == 4 || First == 8 || First == 16, "offsets are powers of two up to 16");
-    static constexpr const char* kNames[] = {"", "warp_butterfly(1)", "warp_butterfly(2)", "", "warp_butterfly(4)", "",
-                                             "", "", "warp_butterfly(8)", "", "", "", "", "", "", "",
-                                             "warp_butterfly(16)"};
     float r;
-    warp_collective(kNames[First], 0xffffffffu, &v, sizeof v, &r, sizeof r, butterfly_combine<Op, First>);
+    warp_collective(butterfly_name(First), 0xffffffffu, &v, sizeof v, &r, sizeof r, butterfly_combine<Op, First>);
     return r;
 }
 unsigned warp_lanes();  // the lanes that exist in the calling thread's warp (a partial last warp has fewer)
