@@ -951,10 +951,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                  static_cast<uint8_t*>(D), read_float(alpha) * scale, read_float(beta)};
     const auto start = std::chrono::steady_clock::now();
     run_gemm(g);
-    if (emu::profiling())
-        emu::profile_add("cublasLtMatmul " + type_name(p.a_type) + " " + std::to_string(p.m) + "x" + std::to_string(p.n) +
-                             "x" + std::to_string(p.k) + (p.batch > 1 ? " batch " + std::to_string(p.batch) : ""),
-                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    emu::profile_since(start, [&p] {
+        return "cublasLtMatmul " + type_name(p.a_type) + " " + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" +
+               std::to_string(p.k) + (p.batch > 1 ? " batch " + std::to_string(p.batch) : "");
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 

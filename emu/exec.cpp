@@ -538,31 +538,30 @@ Worker& current_worker_on_fiber() { return *t_worker; }
 
 int worker_count() { return static_cast<int>(settings().workers); }
 
-bool profiling() { return settings().profile; }
-
-void profile_add(const std::string& name, double seconds) {
+void profile_since(std::chrono::steady_clock::time_point start, const std::function<std::string()>& name) {
+    if (!settings().profile) return;
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     struct Entry {
         double seconds = 0;
         uint64_t calls = 0;
     };
-    static std::mutex m;
-    static std::unordered_map<std::string, Entry>* table = [] {
-        static std::unordered_map<std::string, Entry> t;
-        std::atexit([] {
-            std::vector<std::pair<std::string, Entry>> rows(t.begin(), t.end());
-            std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+    static struct Table {  // printed when the program exits
+        std::mutex m;
+        std::unordered_map<std::string, Entry> rows;
+        ~Table() {
+            std::vector<std::pair<std::string, Entry>> sorted(rows.begin(), rows.end());
+            std::sort(sorted.begin(), sorted.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
             double total = 0;
-            for (const auto& r : rows) total += r.second.seconds;
+            for (const auto& r : sorted) total += r.second.seconds;
             std::fprintf(stderr, "emu profile (pid %d): %.3f s in kernels and matmuls\n%10s %6s %9s  %s\n", int(getpid()),
                          total, "seconds", "share", "calls", "kernel");
-            for (const auto& r : rows)
+            for (const auto& r : sorted)
                 std::fprintf(stderr, "%10.3f %5.1f%% %9llu  %s\n", r.second.seconds, total > 0 ? 100 * r.second.seconds / total : 0.0,
                              static_cast<unsigned long long>(r.second.calls), r.first.c_str());
-        });
-        return &t;
-    }();
-    std::lock_guard<std::mutex> lock(m);
-    Entry& e = (*table)[name];
+        }
+    } table;
+    std::lock_guard<std::mutex> lock(table.m);
+    Entry& e = table.rows[name()];
     e.seconds += seconds;
     e.calls += 1;
 }
@@ -625,8 +624,7 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
     }
     const auto start = std::chrono::steady_clock::now();
     pool().run([&job] { this_worker().run_blocks(job); });
-    if (settings().profile)
-        profile_add(kernel_name(kernel), std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    profile_since(start, [kernel] { return kernel_name(kernel); });
     if (job.failed) set_sticky_error(cudaErrorLaunchFailure, job.error);
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -19,7 +20,7 @@ size_t max_dynamic_smem(const void* kernel);  // 48 KiB unless raised by cudaFun
 // parallel work at a time.
 void parallel_for(int64_t tasks, const std::function<void(int64_t)>& task);
 // EMU_PROFILE=1: wall time summed per kernel and per kind of cuBLASLt matmul, printed at exit,
-// so that a slow CPU-build run shows which work to make cheaper.
-bool profiling();
-void profile_add(const std::string& name, double seconds);
+// so that a slow CPU-build run shows which work to make cheaper. profile_since adds the time since
+// `start` to `name` (a function, so that the name is only made when profiling).
+void profile_since(std::chrono::steady_clock::time_point start, const std::function<std::string()>& name);
 }  // namespace emu

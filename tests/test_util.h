@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdarg>
@@ -105,6 +106,20 @@ inline bool check_within(const std::string& what, const std::vector<double>& got
     }
     return check(bad == 0, "%s: %zu of %zu values off; worst at %zu: got %.9g want %.9g tol %.3g", what.c_str(), bad,
                  got.size(), worst, got[worst], want[worst], tol[worst]);
+}
+
+// |got - want| <= bound * scale element by element (scale: each value's expected error size, so a
+// zero scale demands equality); returns the largest |got - want| / scale, for the log.
+inline double check_within_scale(const std::string& what, const std::vector<double>& got, const std::vector<double>& want,
+                                 const std::vector<double>& scale, double bound) {
+    std::vector<double> tol(scale.size());
+    double worst = 0.0;
+    for (size_t i = 0; i < scale.size(); ++i) {
+        tol[i] = bound * scale[i];
+        if (scale[i] > 0 && i < got.size() && i < want.size()) worst = std::max(worst, std::fabs(got[i] - want[i]) / scale[i]);
+    }
+    check_within(what, got, want, tol);
+    return worst;
 }
 
 // The same elements, bit for bit.

@@ -396,6 +396,19 @@ struct Tape {
     std::vector<double> scalar_scales, x0_lambda_scales;
 };
 
+// The lambdas, laid end to end: the used scalars, then x0_lambdas. Their gradients from `g`, and
+// from a tape the scale of each one's error, for checks element by element.
+inline std::vector<double> lambda_gradients(const Params& g) {
+    std::vector<double> v(g.scalars.begin(), g.scalars.begin() + kScalarsUsed);
+    v.insert(v.end(), g.x0_lambdas.begin(), g.x0_lambdas.end());
+    return v;
+}
+inline std::vector<double> lambda_error_scales(const Tape& t) {
+    std::vector<double> v(t.scalar_scales.begin(), t.scalar_scales.begin() + kScalarsUsed);
+    v.insert(v.end(), t.x0_lambda_scales.begin(), t.x0_lambda_scales.end());
+    return v;
+}
+
 namespace detail {
 
 inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }

@@ -636,17 +636,9 @@ void check_fp8_tiny() {
     // The lambdas' gradients are sums of products that cancel (Tape::scalar_scales): each within a
     // fraction of the root-sum-square of its products: over 9 seeds the largest was 0.23 of it, while
     // the gradients themselves are 0.01-4 of it.
-    double worst = 0.0;
-    auto check_lambdas = [&](const char* name, const std::vector<double>& a, const std::vector<double>& e,
-                             const std::vector<double>& scale, size_t n) {
-        for (size_t i = 0; i < n; ++i) {
-            if (scale[i] > 0) worst = std::max(worst, std::fabs(a[i] - e[i]) / scale[i]);
-            test::check(std::fabs(a[i] - e[i]) <= 0.6 * scale[i],
-                        "FP8 vs exact gradient of %s[%zu]: %.6g vs %.6g (scale %.4g)", name, i, a[i], e[i], scale[i]);
-        }
-    };
-    check_lambdas("scalars", g8.scalars, gx.scalars, exact_tape.scalar_scales, kScalarsUsed);
-    check_lambdas("x0_lambdas", g8.x0_lambdas, gx.x0_lambdas, exact_tape.x0_lambda_scales, kLayers);
+    const double worst = test::check_within_scale("FP8 vs exact lambda gradients (scalars, then x0_lambdas)",
+                                                  lambda_gradients(g8), lambda_gradients(gx),
+                                                  lambda_error_scales(exact_tape), 0.6);
     std::printf("  FP8 vs exact lambda gradients: largest difference %.3f of the scale\n", worst);
     std::printf("  cosine fp8/exact: lm_head %.5f, attn_bank %.5f, scalars %.5f\n", cosine(g8.lm_head, gx.lm_head),
                 cosine(g8.attn_bank, gx.attn_bank), cosine(g8.scalars, gx.scalars));
