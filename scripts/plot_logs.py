@@ -221,7 +221,7 @@ def summary_rows(groups, target):
                     f"{statistics.fmean(times):.2f}" + (f" ± {statistics.stdev(times):.2f}" if len(times) > 1 else "")]
         else:
             row += ["-", "-", "-"]
-        for baseline, values, fmt in ((base_losses, vals, "+.4f"), (base_times, times, "+.2f")):
+        for baseline, values, fmt in ((base_losses, vals, "+.4f"), (base_times, times, "+.2f s")):
             row.append(versus(baseline, values, fmt) if k else "(baseline)")
         rows.append(row)
     return rows
@@ -233,7 +233,8 @@ def versus(base, values, fmt):
         return "-"
     welch = stats.welch_t_test(base, values)
     diff = statistics.fmean(values) - statistics.fmean(base)
-    return f"{diff:{fmt}}" + (f", p={stats.format_p(welch[2])}" if welch else "")
+    number, _, unit = fmt.partition(" ")
+    return f"{diff:{number}}" + (f" {unit}" if unit else "") + (f", p={stats.format_p(welch[2])}" if welch else "")
 
 
 def build_figure(groups, target, title):
@@ -302,8 +303,8 @@ def build_figure(groups, target, title):
     for k, color in enumerate(colors):
         cells[k + 1, 0].set_facecolor(color)
         cells[k + 1, 0].set_alpha(0.35)
-    table.set_title(f"summary of the finished runs (p(mean<{target}): one-sided t-test; vs {groups[0].name}: "
-                    "difference of means, Welch's two-sided p)", fontsize="medium")
+    table.set_title(f"finished runs; p(mean<{target}): one-sided t-test;\nvs {groups[0].name}: difference of means, "
+                    "Welch's two-sided p", fontsize="medium")
 
     for ax in (by_time, zoom, by_step):
         ax.grid(True, which="both", alpha=0.3)

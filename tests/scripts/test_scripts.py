@@ -44,6 +44,9 @@ static void log_step(FILE* f, int step, int total, double ms) {
 // step:1555/1555 val_loss:2.0000 train_time:1ms step_avg:0.00ms
     print0(f"step:{step}/{train_steps} val_loss:{val_loss:.4f} train_time:{training_time_ms:.0f}ms")
  * step:1555/1555 val_loss:2.5000 train_time:2ms step_avg:0.01ms (quoted in a block comment)
+    print0(r, "seed: %llu\n", seed);  // the header lines' format strings, indented or quoted
+  seed: 4242
+"source_hash: 0123456789abcdef"
 ====================================================================================================
 Running train_gpt (CUDA 12.8, NCCL 2.27)
 |   0  NVIDIA H100 80GB HBM3          On  |   00000000:05:00.0 Off |                    0 |
@@ -51,17 +54,22 @@ Running train_gpt (CUDA 12.8, NCCL 2.27)
 """
 
 
-def log_text(final_loss, final_ms, total=1555, stop_at=None, every=250):
+def log_text(final_loss, final_ms, total=1555, stop_at=None, every=250, header="", train_loss=False,
+             max_steps=None):
     """A log whose validations fall every `every` steps and at the end, the last one with the
-    given loss and time. stop_at: the run ends after that training step (incomplete)."""
-    out = [FAKE_HEADER]
-    last = total if stop_at is None else stop_at
-    ms_per_step = final_ms / total
+    given loss and time. stop_at: the run breaks off after that training step (incomplete);
+    max_steps: it stops normally there (--max-steps), validated and closed. header: lines after the
+    source (e.g. "seed: 3\n"); train_loss: "step:k/N train_loss:X" lines too."""
+    out = [FAKE_HEADER, header]
+    last = stop_at or max_steps or total
+    ms_per_step = final_ms / last
     for step in range(0, last + 1):
         t = step * ms_per_step
         if step > 0:
+            if train_loss:
+                out.append(f"step:{step}/{total} train_loss:{10.9 - 7.0 * step / total + 0.1 * (step % 3):.4f}\n")
             out.append(f"step:{step}/{total} train_time:{t:.0f}ms step_avg:{t / step:.2f}ms\n")
-        if step == total:
+        if step == total or step == max_steps:
             loss_text = final_loss if isinstance(final_loss, str) else f"{final_loss:.4f}"
             out.append(f"step:{step}/{total} val_loss:{loss_text} train_time:{final_ms}ms "
                        f"step_avg:{final_ms / step:.2f}ms\n")
@@ -222,8 +230,36 @@ class Parsing(unittest.TestCase):
 
     def test_inconsistent_totals(self):
         text = log_text(3.28, 90000) + "step:1600/1600 val_loss:3.2000 train_time:99000ms step_avg:61.88ms\n"
-        with self.assertRaisesRegex(stats.LogError, r"total step count 1600 differs from the 1555"):
+        with self.assertRaisesRegex(stats.NotALog, r"total step count 1600 differs from the 1555"):
             stats.parse_log(write(os.path.join(self.tmp, "x.txt"), text))
+
+    def test_header_lines(self):
+        # Only "key: value" at the start of a line counts; the source dump's indented and quoted
+        # copies (FAKE_HEADER) do not.
+        run = stats.parse_log(write(os.path.join(self.tmp, "a.txt"), log_text(3.28, 90000)))
+        self.assertEqual((run.seed, run.source_hash), (None, None))
+        header = "world_size: 8\nseed: 17\nsource_hash: 00ff00ff00ff00ff\n"
+        run = stats.parse_log(write(os.path.join(self.tmp, "b.txt"), log_text(3.28, 90000, header=header)))
+        self.assertEqual((run.seed, run.source_hash), (17, "00ff00ff00ff00ff"))
+
+    def test_stopped_by_max_steps(self):
+        # A run stopped by --max-steps ends normally after a validation at its last step: finished.
+        run = stats.parse_log(write(os.path.join(self.tmp, "m.txt"), log_text(8.95, 13000, total=34, max_steps=6)))
+        self.assertEqual(run.final, (8.95, 13000))
+        self.assertEqual(run.steps, "6/34")
+        self.assertIsNone(run.problem())
+        # Without the closing line it broke off there: incomplete.
+        text = log_text(8.95, 13000, total=34, max_steps=6).replace("peak memory allocated", "peak memory?")
+        run = stats.parse_log(write(os.path.join(self.tmp, "n.txt"), text))
+        self.assertIsNone(run.final)
+        self.assertEqual(run.problem(), "incomplete: last validation at step 6 of 34, training reached step 6")
+
+    def test_train_loss_lines(self):
+        run = stats.parse_log(write(os.path.join(self.tmp, "t.txt"), log_text(3.28, 9000, total=20, every=5,
+                                                                           train_loss=True)))
+        self.assertEqual([p[0] for p in run.train_losses], list(range(1, 21)))
+        self.assertEqual(run.train_losses[2], (3, round(10.9 - 7.0 * 3 / 20 + 0.0, 4)))
+        self.assertEqual(run.final, (3.28, 9000))
 
 
 class Summary(unittest.TestCase):
@@ -233,12 +269,12 @@ class Summary(unittest.TestCase):
     def tearDown(self):
         shutil.rmtree(self.tmp)
 
-    def json_of(self, args):
+    def json_of(self, args, code=0):
         """stats.py --json run in this process (the command-line tests below run it as a program)."""
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = stats.main(["--json"] + args)
-        self.assertEqual(code, 0, err.getvalue())
+            got = stats.main(["--json"] + args)
+        self.assertEqual(got, code, err.getvalue())
         return json.loads(out.getvalue()), err.getvalue()
 
     def test_numbers_match_independent_computation(self):
@@ -247,25 +283,28 @@ class Summary(unittest.TestCase):
         paths = write_logs(self.tmp, runs)
         s, _ = self.json_of(paths)
         losses = [v[0] for v in runs.values()]
-        times = [v[1] for v in runs.values()]
+        times = [v[1] / 1000 for v in runs.values()]
         self.assertEqual(s["n"], 6)
         self.assertEqual([r["run_id"] for r in s["runs"]], list(runs))
         self.assertEqual([r["val_loss"] for r in s["runs"]], losses)
-        self.assertEqual([r["train_time_ms"] for r in s["runs"]], times)
-        self.assertAlmostEqual(s["val_loss_mean"], statistics.mean(losses), places=12)
-        self.assertAlmostEqual(s["val_loss_std"], statistics.stdev(losses), places=12)
-        self.assertAlmostEqual(s["train_time_ms_mean"], statistics.mean(times), places=8)
-        self.assertAlmostEqual(s["train_time_ms_std"], statistics.stdev(times), places=8)
+        self.assertEqual([r["train_time_s"] for r in s["runs"]], times)
+        for key, values in (("val_loss", losses), ("train_time_s", times)):
+            d = s[key]
+            self.assertAlmostEqual(d["mean"], statistics.mean(values), places=10)
+            self.assertAlmostEqual(d["std"], statistics.stdev(values), places=10)
+            self.assertEqual(d["median"], sorted(values)[2] / 2 + sorted(values)[3] / 2)
+            self.assertEqual((d["min"], d["max"]), (min(values), max(values)))
         t = (statistics.mean(losses) - 3.28) / (statistics.stdev(losses) / math.sqrt(6))
         self.assertAlmostEqual(s["t"], t, places=10)
         self.assertEqual(s["df"], 5)
         self.assertAlmostEqual(s["p"], t_cdf_quadrature(t, 5), places=10)
         self.assertEqual(s["target"], 3.28)
+        self.assertEqual((s["skipped"], s["duplicates"]), ([], []))
 
     def test_hand_worked_example_and_text_output(self):
         # Losses 3.2740, 3.2770, 3.2800: mean 3.2770, s = 0.003, t = -0.003 / (0.003/sqrt 3) = -sqrt 3,
         # df 2, p = P(T_2 <= -sqrt 3) = 1/2 - sqrt(3)/(2 sqrt 5) = 0.1127017.
-        # Times 94000, 95000, 99000 ms: mean 96000 ms = 1.6 min, std sqrt(7e6) = 2645.75 ms.
+        # Times 94, 95, 99 s: mean 96 s, median 95 s, std sqrt(7) = 2.64575 s.
         paths = write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000), "c": (3.2800, 99000)})
         s, _ = self.json_of(paths)
         self.assertAlmostEqual(s["t"], -math.sqrt(3), places=9)
@@ -274,12 +313,14 @@ class Summary(unittest.TestCase):
         r = run_py("stats.py", paths)
         self.assertEqual(r.returncode, 0, r.stderr)
         out = r.stdout
-        self.assertRegex(out, r"(?m)^a\s+1555\s+3\.2740\s+94000ms\s+\(1\.567 min\)$")
-        self.assertRegex(out, r"(?m)^c\s+1555\s+3\.2800\s+99000ms\s+\(1\.650 min\)$")
-        self.assertIn("n = 3\n", out)
-        self.assertIn("val_loss: mean 3.27700, std 0.00300", out)
-        self.assertIn("one-sided t-test, H1: mean < 3.28: t = -1.732, df = 2, p = 0.1127", out)
-        self.assertIn("train_time: mean 96000 ms (1.6000 min), std 2646 ms (0.0441 min)", out)
+        self.assertRegex(out, r"(?m)^a\s+-\s+1555/1555\s+3\.2740\s+94\.000$")
+        self.assertRegex(out, r"(?m)^c\s+-\s+1555/1555\s+3\.2800\s+99\.000$")
+        self.assertIn("n = 3 (1555/1555 steps each)\n", out)
+        self.assertIn("val_loss: mean 3.27700, median 3.2770, min-max 3.2740-3.2800, std 0.00300\n", out)
+        self.assertIn("one-sided t-test, H1: mean < 3.28: p=0.1127 (t = -1.732, df = 2)", out)
+        self.assertIn("time: mean 96.000 s, median 95.000 s, min-max 94.000-99.000 s, std 2.646 s\n", out)
+        self.assertIn("val_losses = [3.2740, 3.2770, 3.2800]\ntimes = [94.000, 95.000, 99.000]\n", out)
+        self.assertEqual(r.stderr, "")
 
     def test_target_option(self):
         paths = write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000), "c": (3.2800, 99000)})
@@ -287,45 +328,128 @@ class Summary(unittest.TestCase):
         self.assertAlmostEqual(s["t"], 0.0, places=9)
         self.assertAlmostEqual(s["p"], 0.5, places=9)
 
-    def test_directories_and_duplicates(self):
+    def test_directories_and_repeated_paths(self):
         write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000)})
         write(os.path.join(self.tmp, "notes.md"), "not a log\n")
         write(os.path.join(self.tmp, "sub", "c.txt"), log_text(3.30, 90000))  # not recursive
         s, _ = self.json_of([self.tmp, os.path.join(self.tmp, "a.txt")])
         self.assertEqual([r["run_id"] for r in s["runs"]], ["a", "b"])
 
+    def test_record_71_copies_counted_once(self):
+        # Upstream's five runs of record 71 (their final losses and times), then the same logs
+        # copied under other names: n stays 5 and p 0.0423, with a warning for each copy. Counted
+        # twice, n would be 10 and p 0.0038.
+        final = {"02fee7bd": (3.2789, 95168), "2a84e38a": (3.2772, 95219), "37f71dac": (3.2804, 95069),
+                 "5b64cd5c": (3.2770, 95277), "82f163f6": (3.2792, 95303)}
+        originals = write_logs(self.tmp, final)
+        for path in originals:
+            shutil.copy(path, os.path.join(self.tmp, "copy-of-" + os.path.basename(path)))
+        s, err = self.json_of([self.tmp])
+        self.assertEqual(s["n"], 5)
+        self.assertEqual(sorted(r["run_id"] for r in s["runs"]), sorted(final))
+        self.assertAlmostEqual(s["p"], 0.0423, places=4)
+        losses = [v[0] for v in final.values()]
+        t = (statistics.mean(losses) - 3.28) / (statistics.stdev(losses) / math.sqrt(5))
+        self.assertAlmostEqual(s["p"], t_cdf_quadrature(t, 4), places=10)
+        self.assertEqual(len(s["duplicates"]), 5)
+        for path in originals:
+            copy = os.path.join(self.tmp, "copy-of-" + os.path.basename(path))
+            self.assertIn(f"warning: {copy}: duplicate of {path}: the same step and validation lines", err)
+        # A stray text file besides: listed, skipped, and the report still comes.
+        write(os.path.join(self.tmp, "README.txt"), "notes on these runs\n")
+        r = run_py("stats.py", [self.tmp])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("n = 5 (1555/1555 steps each)", r.stdout)
+        self.assertIn("p=0.0423", r.stdout)
+        self.assertIn("README.txt: skipped: no val_loss line", r.stderr)
+        # The planted bug it guards against: without the duplicate check, n = 10.
+        runs, _ = stats.read_runs([self.tmp], strict=False)
+        self.assertEqual(len(runs), 10)
+        self.assertAlmostEqual(stats.one_sample_t_test_less([r.final[0] for r in runs], 3.28)[2], 0.0038, places=4)
+
+    def test_same_seed_and_source_is_a_duplicate(self):
+        # The trainer is deterministic: a rerun of a seed gives the same losses (its times differ).
+        head = "seed: {}\nsource_hash: 1234567890abcdef\n"
+        a = write(os.path.join(self.tmp, "a.txt"), log_text(3.2790, 95000, header=head.format(1)))
+        b = write(os.path.join(self.tmp, "b.txt"), log_text(3.2790, 95400, header=head.format(1)))
+        c = write(os.path.join(self.tmp, "c.txt"), log_text(3.2790, 95200, header=head.format(2)))
+        d = write(os.path.join(self.tmp, "d.txt"), log_text(3.2770, 95300, header=head.format(3)))
+        s, err = self.json_of([a, b, c, d])
+        self.assertEqual([r["run_id"] for r in s["runs"]], ["a", "c", "d"])  # c: another seed, same loss
+        self.assertEqual([r["seed"] for r in s["runs"]], [1, 2, 3])
+        self.assertEqual(s["duplicates"], [{"path": b, "duplicate_of": a, "why": s["duplicates"][0]["why"]}])
+        self.assertIn(f"{b}: duplicate of {a}: the same source_hash, seed 1 and val losses", err)
+        r = run_py("stats.py", [a, c, d])
+        self.assertRegex(r.stdout, r"(?m)^c\s+2\s+1555/1555\s+3\.2790\s+95\.200$")
+        # Upstream's logs have no seed: equal losses alone are not a duplicate.
+        e = write(os.path.join(self.tmp, "e.txt"), log_text(3.2790, 95000))
+        f = write(os.path.join(self.tmp, "f.txt"), log_text(3.2790, 95100))
+        s, err = self.json_of([e, f])
+        self.assertEqual(s["n"], 2)
+        self.assertEqual(err, "")
+
+    def test_mixed_schedules_and_sources_refused_unless_mix(self):
+        a, b = write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000)})
+        long = write(os.path.join(self.tmp, "long.txt"), log_text(3.2750, 140000, total=2285))
+        r = run_py("stats.py", [a, b, long])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("runs are not comparable: different schedules (final step/total steps): "
+                      "1555/1555: a, b; 2285/2285: long. Give --mix to pool them anyway", r.stderr)
+        s, err = self.json_of(["--mix", a, b, long])
+        self.assertEqual(s["n"], 3)
+        self.assertIn("warning: pooling runs (--mix): different schedules", err)
+        hashed = write(os.path.join(self.tmp, "h.txt"), log_text(3.2760, 94500, header="source_hash: 00000000000000aa\n"))
+        other = write(os.path.join(self.tmp, "o.txt"), log_text(3.2765, 94600, header="source_hash: 00000000000000bb\n"))
+        r = run_py("stats.py", [hashed, other])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("different sources (source_hash): 00000000000000aa: h; 00000000000000bb: o", r.stderr)
+        r = run_py("stats.py", [a, hashed])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("none (not this trainer's log): a", r.stderr)
+        # A run stopped by --max-steps is a schedule of its own.
+        short = write(os.path.join(self.tmp, "s.txt"), log_text(3.5, 60000, max_steps=1000))
+        r = run_py("stats.py", [a, b, short])
+        self.assertIn("1000/1555: s", r.stderr)
+
     def test_one_run(self):
         paths = write_logs(self.tmp, {"solo": (3.2761, 95000)})
-        s, _ = self.json_of(paths)
-        self.assertEqual((s["n"], s["val_loss_std"], s["p"]), (1, None, None))
+        s, err = self.json_of(paths, code=1)
+        self.assertEqual((s["n"], s["val_loss"]["std"], s["p"]), (1, None, None))
+        self.assertIn("the t-test needs at least 2 finished runs; 1 counted", err)
         r = run_py("stats.py", paths)
-        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.returncode, 1)
         self.assertIn("std n/a (one run)", r.stdout)
-        self.assertIn("H1: mean < 3.28: n/a (one run)", r.stdout)
+        self.assertIn("H1: mean < 3.28: p n/a (one run)", r.stdout)
 
-    def test_incomplete_runs_warn_or_fail_with_strict(self):
+    def test_unfinished_and_stray_files_skipped_or_fail_with_strict(self):
         paths = write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000)})
         partial = write(os.path.join(self.tmp, "partial.txt"), log_text(3.28, 90000, stop_at=1300))
         bad = write(os.path.join(self.tmp, "bad.txt"), log_text("nan", 90000))
-        s, err = self.json_of(paths + [partial, bad])
+        early = write(os.path.join(self.tmp, "early.txt"), FAKE_HEADER + "step:1/1555 train_time:60ms step_avg:60.00ms\n")
+        s, err = self.json_of(paths + [partial, bad, early])
         self.assertEqual(s["n"], 2)
-        self.assertIn(f"warning: {partial}: incomplete: last validation at step 1250 of 1555", err)
-        self.assertIn(f"warning: {bad}: diverged: final val loss nan", err)
-        r = run_py("stats.py", ["--strict"] + paths + [partial])
-        self.assertEqual(r.returncode, 1)
-        self.assertIn(f"error: {partial}: incomplete", r.stderr)
+        self.assertIn(f"warning: {partial}: skipped: incomplete: last validation at step 1250 of 1555", err)
+        self.assertIn(f"warning: {bad}: skipped: diverged: final val loss nan", err)
+        self.assertIn(f"warning: {early}: skipped: no val_loss line", err)
+        self.assertEqual([d["path"] for d in s["skipped"]], [partial, bad, early])
+        for extra in (partial, early):
+            r = run_py("stats.py", ["--strict"] + paths + [extra])
+            self.assertEqual(r.returncode, 1)
+            self.assertIn(f"error: {extra}: ", r.stderr)
+            self.assertIn("(--strict)", r.stderr)
         r = run_py("stats.py", [partial])
         self.assertEqual(r.returncode, 1)
-        self.assertIn("no complete runs among the logs given", r.stderr)
+        self.assertIn("no finished runs among the logs given", r.stderr)
+        r = run_py("stats.py", paths[:1] + [early])  # one run left after skipping: no test
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("needs at least 2 finished runs; 1 counted", r.stderr)
 
     def test_errors(self):
-        good = write_logs(self.tmp, {"a": (3.2740, 94000)})
-        header = write(os.path.join(self.tmp, "header_only.txt"), FAKE_HEADER)
+        good = write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2750, 94500)})
         empty_dir = os.path.join(self.tmp, "empty")
         os.makedirs(empty_dir)
         cases = [
             (good + [os.path.join(self.tmp, "missing.txt")], 1, "missing.txt: no such file or directory"),
-            (good + [header], 1, "header_only.txt: no val_loss line"),
             ([empty_dir], 1, "directory has no *.txt logs"),
             ([], 2, "no logs given"),
             (good + ["--", good[0]], 2, '"--" separates the two sets of --compare'),
