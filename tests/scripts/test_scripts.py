@@ -26,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.environ.get("REPO") or os.path.dirname(os.path.dirname(HERE))
 SCRIPTS = os.path.join(REPO, "scripts")
 sys.path.insert(0, SCRIPTS)
+import plot_logs  # noqa: E402
 import stats  # noqa: E402
 
 BASH = shutil.which("bash") or "/bin/bash"
@@ -54,20 +55,21 @@ Running train_gpt (CUDA 12.8, NCCL 2.27)
 """
 
 
-def log_text(final_loss, final_ms, total=1555, stop_at=None, every=250, header="", train_loss=False,
+def log_text(final_loss, final_ms, total=1555, stop_at=None, every=250, header="", train_loss=None,
              max_steps=None):
     """A log whose validations fall every `every` steps and at the end, the last one with the
     given loss and time. stop_at: the run breaks off after that training step (incomplete);
     max_steps: it stops normally there (--max-steps), validated and closed. header: lines after the
-    source (e.g. "seed: 3\n"); train_loss: "step:k/N train_loss:X" lines too."""
+    source (e.g. "seed: 3\n"); train_loss: an offset, to log "step:k/N train_loss:X" lines too."""
     out = [FAKE_HEADER, header]
     last = stop_at or max_steps or total
     ms_per_step = final_ms / last
     for step in range(0, last + 1):
         t = step * ms_per_step
         if step > 0:
-            if train_loss:
-                out.append(f"step:{step}/{total} train_loss:{10.9 - 7.0 * step / total + 0.1 * (step % 3):.4f}\n")
+            if train_loss is not None:
+                loss = 10.9 - 7.0 * step / total + 0.1 * (step % 3) + train_loss
+                out.append(f"step:{step}/{total} train_loss:{loss:.4f}\n")
             out.append(f"step:{step}/{total} train_time:{t:.0f}ms step_avg:{t / step:.2f}ms\n")
         if step == total or step == max_steps:
             loss_text = final_loss if isinstance(final_loss, str) else f"{final_loss:.4f}"
@@ -256,7 +258,7 @@ class Parsing(unittest.TestCase):
 
     def test_train_loss_lines(self):
         run = stats.parse_log(write(os.path.join(self.tmp, "t.txt"), log_text(3.28, 9000, total=20, every=5,
-                                                                           train_loss=True)))
+                                                                           train_loss=0.0)))
         self.assertEqual([p[0] for p in run.train_losses], list(range(1, 21)))
         self.assertEqual(run.train_losses[2], (3, round(10.9 - 7.0 * 3 / 20 + 0.0, 4)))
         self.assertEqual(run.final, (3.28, 9000))
@@ -482,9 +484,9 @@ class Compare(unittest.TestCase):
         r = run_py("stats.py", ["--json", "--compare"] + self.old + ["--"] + self.new)
         self.assertEqual(r.returncode, 0, r.stderr)
         c = json.loads(r.stdout)
-        d = c["train_time_ms"]
-        self.assertAlmostEqual(d["difference"], -5500, places=6)
-        self.assertAlmostEqual(d["relative"], -5500 / 102000, places=12)
+        d = c["train_time_s"]
+        self.assertAlmostEqual(d["difference"], -5.5, places=9)
+        self.assertAlmostEqual(d["relative"], -5.5 / 102, places=12)
         self.assertAlmostEqual(d["t"], -5.5 / math.sqrt(1.75), places=9)
         self.assertAlmostEqual(d["df"], 1.75 ** 2 / ((4 / 3) ** 2 / 2 + (5 / 12) ** 2 / 3), places=9)
         self.assertAlmostEqual(d["t"], -4.15761, places=5)
@@ -503,14 +505,14 @@ class Compare(unittest.TestCase):
     def test_text_and_directories(self):
         r = run_py("stats.py", ["--compare", os.path.join(self.tmp, "old"), "--", os.path.join(self.tmp, "new")])
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("train_time: new - old = -5500 ms (-5.39%); Welch t = -4.158, df = 3.23, two-sided p = 0.02182", r.stdout)
-        self.assertIn("new is faster by 5500 ms (5.39% less time than old)", r.stdout)
-        self.assertRegex(r.stdout, r"(?m)^n4\s+1555\s+3\.2775\s+98000ms")
-        # Swapped: "old" is now the faster set; the saving is still 5.39% of the slower's 102000 ms,
-        # while new - old is +5.70% of old's 96500 ms.
+        self.assertIn("time: new - old = -5.500 s (-5.39%); Welch t = -4.158, df = 3.23, two-sided p=0.0218", r.stdout)
+        self.assertIn("new is faster by 5.500 s (5.39% less time than old)", r.stdout)
+        self.assertRegex(r.stdout, r"(?m)^n4\s+-\s+1555/1555\s+3\.2775\s+98\.000$")
+        # Swapped: "old" is now the faster set; the saving is still 5.39% of the slower's 102 s,
+        # while new - old is +5.70% of old's 96.5 s.
         r = run_py("stats.py", ["--compare", os.path.join(self.tmp, "new"), "--", os.path.join(self.tmp, "old")])
-        self.assertIn("train_time: new - old = +5500 ms (+5.70%)", r.stdout)
-        self.assertIn("old is faster by 5500 ms (5.39% less time than new)", r.stdout)
+        self.assertIn("time: new - old = +5.500 s (+5.70%)", r.stdout)
+        self.assertIn("old is faster by 5.500 s (5.39% less time than new)", r.stdout)
         self.assertIn("Welch t = 4.158", r.stdout)
 
     def test_errors(self):
@@ -518,7 +520,7 @@ class Compare(unittest.TestCase):
             (["--compare"] + self.old, 2, "--compare needs both sets"),
             (["--compare", "--"] + self.new, 2, "--compare needs both sets"),
             (["--compare"] + self.old + ["--"], 2, "--compare needs both sets"),
-            (["--compare"] + self.old + ["--", self.new[0]], 1, "needs at least 2 complete runs in each set; new has 1"),
+            (["--compare"] + self.old + ["--", self.new[0]], 1, "needs at least 2 finished runs in each set; new has 1"),
             (["--compare"] + self.old + ["--", os.path.join(self.tmp, "nope")], 1, "nope: no such file or directory"),
         ]
         for args, code, message in cases:
@@ -533,6 +535,23 @@ class Compare(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("new: n = 4", r.stdout)
 
+    def test_sets_checked_each_on_its_own(self):
+        # A copy in one set is counted once; the sets may differ in schedule (a record that
+        # shortens the run), but the runs of one set may not, unless --mix.
+        shutil.copy(self.new[0], os.path.join(self.tmp, "new", "zz-copy.txt"))
+        r = run_py("stats.py", ["--json", "--compare", os.path.join(self.tmp, "old"), "--", os.path.join(self.tmp, "new")])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["new"]["n"], 4)
+        self.assertIn("zz-copy.txt: duplicate of", r.stderr)
+        shorter = write_logs(os.path.join(self.tmp, "short"), {"s1": (3.2790, 90000), "s2": (3.2795, 90500)}, total=1500)
+        r = run_py("stats.py", ["--compare"] + self.old + ["--"] + shorter)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = run_py("stats.py", ["--compare"] + self.old + ["--"] + shorter + self.new)
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("runs in the new set are not comparable: different schedules", r.stderr)
+        r = run_py("stats.py", ["--mix", "--compare"] + self.old + ["--"] + shorter + self.new)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
 
 def have_matplotlib():
     r = subprocess.run([sys.executable, "-c", "import matplotlib"], capture_output=True)
@@ -540,25 +559,154 @@ def have_matplotlib():
 
 
 class Plot(unittest.TestCase):
+    """plot_logs.py: its options, and the figure's contents read back from the artists it draws
+    (each tagged with a gid naming what and whose it is), against numbers computed here."""
+
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="test_scripts_")
-        self.logs = write_logs(self.tmp, {"run-a": (3.2789, 95168), "run-b": (3.2771, 96100)})
-        self.logs.append(write(os.path.join(self.tmp, "partial.txt"), log_text(3.28, 90000, stop_at=700)))
+        self.old_dir, self.new_dir = os.path.join(self.tmp, "old"), os.path.join(self.tmp, "new")
+        self.old = {"o1": (3.2789, 95168), "o2": (3.2771, 96100), "o3": (3.2795, 95500)}
+        self.new = {"n1": (3.2760, 93000), "n2": (3.2772, 93400), "n3": (3.2768, 92800)}
+        write_logs(self.old_dir, self.old)
+        for k, (rid, (loss, ms)) in enumerate(self.new.items()):
+            write(os.path.join(self.new_dir, rid + ".txt"), log_text(loss, ms, train_loss=0.01 * k))
+        self.partial = write(os.path.join(self.old_dir, "partial.txt"), log_text(3.28, 90000, stop_at=700))
+        self.bad = write(os.path.join(self.new_dir, "bad.txt"), log_text("nan", 91000))
+        write(os.path.join(self.new_dir, "notes.txt"), "what changed: ...\n")
+        self.logs = [os.path.join(self.old_dir, f"{rid}.txt") for rid in self.old] + [self.partial]
 
     def tearDown(self):
         shutil.rmtree(self.tmp)
 
-    @unittest.skipUnless(have_matplotlib(), "matplotlib is not installed: the plot itself is not drawn "
-                                            "(python3 -m pip install matplotlib)")
+    def groups(self):
+        return plot_logs.load_groups([("old", self.old_dir), ("new", self.new_dir)])
+
+    def test_groups_parsed(self):
+        self.assertEqual(plot_logs.parse_group("old=logs/a=b"), ("old", "logs/a=b"))
+        for bad in ("old", "=logs", "old="):
+            with self.assertRaisesRegex(Exception, "is not NAME=LOG_OR_DIR"):
+                plot_logs.parse_group(bad)
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            groups = plot_logs.load_groups([("new", self.new_dir), ("old", self.logs[0]), ("old", self.logs[1]),
+                                            ("new", self.old_dir)])
+        self.assertEqual([g.name for g in groups], ["new", "old"])
+        new, old = groups
+        self.assertEqual(sorted(r.run_id for r in new.finished), sorted(list(self.new) + list(self.old)))
+        self.assertEqual([r.run_id for r in new.truncated], ["partial"])
+        self.assertEqual([r.run_id for r in new.diverged], ["bad"])
+        self.assertEqual([r.run_id for r in old.finished], ["o1", "o2"])
+        self.assertIn("notes.txt: skipped: no val_loss line", err.getvalue())
+
+    @unittest.skipUnless(have_matplotlib(), "matplotlib is not installed (python3 -m pip install matplotlib)")
+    def test_figure_panels(self):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        with contextlib.redirect_stderr(io.StringIO()):
+            fig = plot_logs.build_figure(self.groups(), 3.28, "old vs new")
+        self.addCleanup(plt.close, fig)
+        by_time, zoom, by_step, finals, times, table = fig.axes[:6]
+        self.assertEqual(by_time.get_title(), "val loss by training time")
+        self.assertEqual(zoom.get_title(), "zoom: the end of the runs near the target 3.28")
+        self.assertEqual(by_step.get_title(), "training loss by step")
+        self.assertIn("final val loss of each run", finals.get_title())
+        self.assertIn("training time of each run", times.get_title())
+
+        def tagged(ax, gid):
+            found = [a for a in ax.get_children() if a.get_gid() == gid]
+            self.assertEqual(len(found), 1, gid)
+            return found[0]
+
+        # The old group's mean curve and band, from its three finished runs (not the truncated one).
+        runs = [stats.parse_log(os.path.join(self.old_dir, f"{rid}.txt")) for rid in self.old]
+        steps = [p[0] for p in runs[0].val_points]
+        mean_loss = [statistics.mean(r.val_points[i][1] for r in runs) for i in range(len(steps))]
+        mean_s = [statistics.mean(r.val_points[i][2] for r in runs) / 1000 for i in range(len(steps))]
+        for ax in (by_time, zoom):
+            line = tagged(ax, "mean:old")
+            self.assertEqual(len(line.get_xdata()), len(steps))
+            for got, want in zip(line.get_xdata(), mean_s):
+                self.assertAlmostEqual(got, want, places=9)
+            for got, want in zip(line.get_ydata(), mean_loss):
+                self.assertAlmostEqual(got, want, places=9)
+        band_y = tagged(by_time, "band:old").get_paths()[0].vertices[:, 1]
+        self.assertAlmostEqual(min(band_y), 3.2771, places=9)
+        self.assertAlmostEqual(max(band_y), 10.8258, places=9)
+        # The truncated run: an X at its last validation (step 500 of its 700), on both curve panels.
+        last = stats.parse_log(self.partial).val_points[-1]
+        for ax in (by_time, zoom):
+            mark = tagged(ax, "truncated:old:partial")
+            self.assertEqual(mark.get_marker(), "X")
+            self.assertEqual((mark.get_xdata()[0], mark.get_ydata()[0]), (last[2] / 1000, last[1]))
+        # The diverged run: a star at its last finite point (step 1500).
+        bad = stats.parse_log(self.bad).val_points[-2]
+        mark = tagged(by_time, "diverged:new:bad")
+        self.assertEqual(mark.get_marker(), "*")
+        self.assertEqual((mark.get_xdata()[0], mark.get_ydata()[0]), (bad[2] / 1000, bad[1]))
+        # The strip panels: one point per finished run at its final loss or time, the mean as a bar.
+        for ax, gid, values in ((finals, "final:old", [v[0] for v in self.old.values()]),
+                                (finals, "final:new", [v[0] for v in self.new.values()]),
+                                (times, "time:new", [v[1] / 1000 for v in self.new.values()])):
+            points = tagged(ax, gid).get_offsets()
+            self.assertEqual(sorted(points[:, 1].tolist()), sorted(values), gid)
+            self.assertAlmostEqual(tagged(ax, gid.replace(":", "-mean:")).get_ydata()[0], statistics.mean(values))
+        labels = [t.get_text() for t in finals.get_xticklabels()]
+        self.assertEqual(labels, ["old\n(3 finished; 1 truncated)", "new\n(3 finished; 1 diverged)"])
+        # The training loss: the new group's mean over the runs that log it.
+        new_runs = [stats.parse_log(os.path.join(self.new_dir, f"{rid}.txt")) for rid in self.new]
+        line = tagged(by_step, "train-mean:new")
+        want = [statistics.mean(r.train_losses[i][1] for r in new_runs) for i in range(1555)]
+        self.assertEqual(len(line.get_ydata()), 1555)
+        for got, w in zip(line.get_ydata()[::97], want[::97]):
+            self.assertAlmostEqual(got, w, places=9)
+        # The table: the one-sided p of each group and new's time difference with Welch's p.
+        cells = tagged(table, "summary").get_celld()
+        rows = {cells[r, 0].get_text().get_text(): [cells[r, c].get_text().get_text() for c in range(7)]
+                for r in (1, 2)}
+        for name, group in (("old", self.old), ("new", self.new)):
+            losses = [v[0] for v in group.values()]
+            t = (statistics.mean(losses) - 3.28) / (statistics.stdev(losses) / math.sqrt(3))
+            self.assertEqual(rows[name][3], f"{t_cdf_quadrature(t, 2):.4f}")
+        old_s = [v[1] / 1000 for v in self.old.values()]
+        new_s = [v[1] / 1000 for v in self.new.values()]
+        self.assertTrue(rows["new"][6].startswith(f"{statistics.mean(new_s) - statistics.mean(old_s):+.2f} s, p="))
+        self.assertEqual(rows["old"][5:], ["(baseline)", "(baseline)"])
+
+    @unittest.skipUnless(have_matplotlib(), "matplotlib is not installed (python3 -m pip install matplotlib)")
+    def test_zoom_window_and_val_by_step(self):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        groups = plot_logs.load_groups([("old", self.old_dir)])
+        fig = plot_logs.build_figure(groups, 3.28, "")
+        self.addCleanup(plt.close, fig)
+        self.assertEqual(fig.axes[1].get_ylim(), (3.28 - 0.015, 3.28 + 0.025))
+        self.assertTrue(fig.axes[2].get_title().startswith("val loss by step (no train_loss lines"))
+        # Runs that end far from the target (a short CPU run): the window covers their finals.
+        tiny = write_logs(os.path.join(self.tmp, "tiny"), {"t1": (8.95, 13000), "t2": (8.92, 14000)}, total=34,
+                          max_steps=6)
+        fig = plot_logs.build_figure(plot_logs.load_groups([("tiny", tiny[0]), ("tiny", tiny[1])]), 3.28, "")
+        self.addCleanup(plt.close, fig)
+        lo, hi = fig.axes[1].get_ylim()
+        self.assertTrue(lo < 8.92 and 8.95 < hi < 9.0, (lo, hi))
+        self.assertIn("no run ends near the target", fig.axes[1].get_title())
+
+    @unittest.skipUnless(have_matplotlib(), "matplotlib is not installed (python3 -m pip install matplotlib)")
     def test_draws_png(self):
         out = os.path.join(self.tmp, "val.png")
-        r = run_py("plot_logs.py", self.logs + ["-o", out, "--title", "two runs"])
+        r = run_py("plot_logs.py", ["--group", f"old={self.old_dir}", "--group", f"new={self.new_dir}", "-o", out,
+                                    "--title", "two groups"])
         self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertIn("wrote", r.stdout)
+        self.assertIn("(old: 3 finished; 1 truncated, new: 3 finished; 1 diverged)", r.stdout)
+        self.assertIn("notes.txt: skipped", r.stderr)
         with open(out, "rb") as f:
             data = f.read()
         self.assertEqual(data[:8], b"\x89PNG\r\n\x1a\n")
-        self.assertGreater(len(data), 10000)
+        self.assertGreater(len(data), 50000)
+        r = run_py("plot_logs.py", self.logs + ["-o", out])  # plain logs: one group
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("(runs: 3 finished; 1 truncated)", r.stdout)
 
     def test_without_matplotlib(self):
         # A matplotlib that cannot be imported, first on the path.
@@ -575,9 +723,12 @@ class Plot(unittest.TestCase):
         header = write(os.path.join(self.tmp, "h", "header.txt"), FAKE_HEADER)
         cases = [
             (self.logs + [os.path.join(self.tmp, "gone.txt"), "-o", out], 1, "gone.txt: no such file or directory"),
-            ([header, "-o", out], 1, "header.txt: no val_loss line"),
+            ([header, "-o", out], 1, "group runs: no log with a validation among"),
             (self.logs + ["-o", os.path.join(self.tmp, "no_dir", "x.png")], 1, "does not exist"),
             (self.logs, 2, "the following arguments are required: -o/--output"),
+            (["--group", "old", "-o", out], 2, "'old' is not NAME=LOG_OR_DIR"),
+            (["--group", f"old={self.old_dir}", self.logs[0], "-o", out], 2, "not both"),
+            (["-o", out], 2, "no logs given"),
         ]
         for args, code, message in cases:
             r = run_py("plot_logs.py", args)
