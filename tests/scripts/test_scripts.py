@@ -753,11 +753,34 @@ i=0
 while [ "$i" -lt "$n" ]; do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-0000000$i)"; i=$((i + 1)); done
 """
 
-# With $STUB_LOSSES, plays the trainer (stub_trainer below); else exits with $STUB_MPIRUN_EXIT.
+# With -npernode, runs its command once per hostfile node (stub_nodes below); with --check-platform
+# exits with $STUB_CHECK_EXIT; with $STUB_LOSSES, plays the trainer (stub_trainer below); else
+# exits with $STUB_MPIRUN_EXIT.
 MPIRUN_BODY = """
+case " $* " in *" -npernode "*) exec "$STUB_PYTHON" "$STUB_TEST_DIR/test_scripts.py" --stub-nodes "$@" ;; esac
+case " $* " in *" --check-platform "*) exit "${STUB_CHECK_EXIT:-0}" ;; esac
 [ -z "$STUB_LOSSES" ] || exec "$STUB_PYTHON" "$STUB_TEST_DIR/test_scripts.py" --stub-trainer "$@"
 exit "${STUB_MPIRUN_EXIT:-0}"
 """
+
+
+def stub_nodes(args):
+    """The stub mpirun's "-npernode 1 COMMAND": COMMAND once per node of --hostfile, as rank i of
+    the nodes, with $STUB_NODE_GPUS's i-th count as its nvidia-smi's GPUs; output in reverse rank
+    order (a real mpirun's order is arbitrary)."""
+    with open(args[args.index("--hostfile") + 1]) as f:
+        hosts = [line.split()[0] for line in f if line.split() and not line.startswith("#")]
+    command = args[args.index("-npernode") + 2:]
+    gpus = os.environ["STUB_NODE_GPUS"].split(",")
+    outputs = []
+    for i in range(len(hosts)):
+        env = dict(os.environ, OMPI_COMM_WORLD_RANK=str(i), STUB_GPUS=gpus[i])
+        r = subprocess.run(command, capture_output=True, text=True, env=env)
+        outputs.append(r.stdout)
+        if r.returncode:
+            return r.returncode
+    sys.stdout.write("".join(reversed(outputs)))
+    return 0
 
 
 def stub_trainer(args):
@@ -765,7 +788,8 @@ def stub_trainer(args):
     $STUB_LOSSES holds one final loss per call, comma-separated; "fail-partial" writes an
     incomplete log and exits 1, "fail-early" exits 1 without a log."""
     with open(os.path.join(os.environ["STUB_RECORD_DIR"], "mpirun")) as f:
-        calls = sum(1 for line in f if line.startswith("CALL "))
+        text = f.read()
+    calls = text.count("CALL ") - text.count("ARG --check-platform\n")
     what = os.environ["STUB_LOSSES"].split(",")[calls - 1]
     run_id = args[args.index("--run-id") + 1]
     log_dir = args[args.index("--log-dir") + 1] if "--log-dir" in args else "logs"
@@ -785,7 +809,7 @@ class Launch(unittest.TestCase):
         self.stubs = os.path.join(self.tmp, "stubs")
         self.record = os.path.join(self.tmp, "record")
         os.makedirs(self.record)
-        for name, body in (("nvidia-smi", NVIDIA_SMI_BODY), ("make", ""), ("mpirun", MPIRUN_BODY),
+        for name, body in (("nvidia-smi", NVIDIA_SMI_BODY), ("make", ""), ("cmake", ""), ("mpirun", MPIRUN_BODY),
                            ("other-mpirun", "")):
             path = write(os.path.join(self.stubs, name), RECORDER.format(name=name, body=body))
             os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
@@ -803,7 +827,9 @@ class Launch(unittest.TestCase):
                     "BUILD": self.build}
         # The scripts' settings, should the caller's environment hold any.
         for var in ("NP", "MPIRUN", "MPI_BIND", "SKIP_BUILD", "LOG_DIR", "RUN_PREFIX", "STUB_LOSSES", "STUB_GPUS",
-                    "STUB_MPIRUN_EXIT"):
+                    "STUB_MPIRUN_EXIT", "STUB_CHECK_EXIT", "HOSTFILE", "SEED", "BINARY", "SKIP_PLATFORM_CHECK"):
+            os.environ.pop(var, None)
+        for var in [v for v in os.environ if v.startswith("NCCL_")]:
             os.environ.pop(var, None)
 
     def tearDown(self):
@@ -847,10 +873,12 @@ class Launch(unittest.TestCase):
         self.assertEqual(os.path.realpath(make[0]["argv"][1]), os.path.realpath(REPO))
         self.assertEqual(make[0]["argv"][2], "BUILD=" + self.build)
         mpirun = self.calls("mpirun")
-        self.assertEqual(len(mpirun), 1)
-        self.assertEqual(mpirun[0]["argv"], ["-np", "8"] + self.numa_placement(8) + [self.trainer] + flags)
-        self.assertIn("--bind-to", mpirun[0]["argv"])
-        self.assertEqual(os.path.realpath(mpirun[0]["cwd"]), os.path.realpath(REPO))
+        self.assertEqual(len(mpirun), 2)  # the platform check on every rank, then the run
+        launch = ["-np", "8"] + self.numa_placement(8) + [self.trainer] + flags
+        self.assertEqual(mpirun[0]["argv"], launch + ["--check-platform"])
+        self.assertEqual(mpirun[1]["argv"], launch)
+        self.assertIn("--bind-to", mpirun[1]["argv"])
+        self.assertEqual(os.path.realpath(mpirun[1]["cwd"]), os.path.realpath(REPO))
         self.assertIn("+ mpirun -np 8", r.stderr)
 
     def test_overrides(self):
@@ -860,13 +888,20 @@ class Launch(unittest.TestCase):
         self.assertEqual(self.calls("make"), [])
         self.assertEqual(self.calls("mpirun"), [])
         other = self.calls("other-mpirun")
-        self.assertEqual(other[0]["argv"], ["--mca", "btl", "self", "-np", "2", "--bind-to", "none", self.trainer]
+        self.assertEqual(other[1]["argv"], ["--mca", "btl", "self", "-np", "2", "--bind-to", "none", self.trainer]
                          + self.data_flags)
         # "--flag=value" forms of the data flags are checked too.
         eq_flags = ["--train-files=" + self.data_flags[1], "--val-files=" + self.data_flags[3]]
-        r = self.sh("run_record.sh", eq_flags, SKIP_BUILD="1", NP="4", STUB_GPUS="4")
+        r = self.sh("run_record.sh", eq_flags, SKIP_BUILD="1", NP="4", STUB_GPUS="4", SKIP_PLATFORM_CHECK="1")
         self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(len(self.calls("mpirun")), 1)
         self.assertEqual(self.calls("mpirun")[0]["argv"][:2], ["-np", "4"])
+        # BINARY: another trainer.
+        other_trainer = write(os.path.join(self.tmp, "mine", "train_gpt"), "#!/bin/sh\n")
+        os.chmod(other_trainer, 0o755)
+        r = self.sh("run_record.sh", self.data_flags, SKIP_BUILD="1", BINARY=other_trainer, SKIP_PLATFORM_CHECK="1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(other_trainer, self.calls("mpirun")[-1]["argv"])
 
     def test_trainer_exit_status_is_returned(self):
         r = self.sh("run_record.sh", self.data_flags, SKIP_BUILD="1", STUB_MPIRUN_EXIT="3")
@@ -921,6 +956,10 @@ class Launch(unittest.TestCase):
         r = self.sh("run_record.sh", self.data_flags, SKIP_BUILD="1", MPIRUN="no-such-mpirun")
         self.assertEqual(r.returncode, 1)
         self.assertIn("no-such-mpirun not found", r.stderr)
+        r = self.sh("run_record.sh", self.data_flags, SKIP_BUILD="1", STUB_CHECK_EXIT="1")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("the platform check failed on 8 rank(s) (above): no training started", r.stderr)
+        self.assertEqual(len(self.calls("mpirun")), 1)
         r = self.sh("run_record.sh", ["--help"])
         self.assertEqual(r.returncode, 0)
         self.assertIn("NP=8", r.stdout)
@@ -933,16 +972,20 @@ class Launch(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertEqual(len(self.calls("make")), 1)  # built once for the series
         calls = self.calls("mpirun")
-        self.assertEqual(len(calls), 3)
+        self.assertEqual(len(calls), 4)  # checked once for the series
+        self.assertEqual(calls[0]["argv"][-1], "--check-platform")
+        calls = calls[1:]
         ids = [c["argv"][c["argv"].index("--run-id") + 1] for c in calls]
-        self.assertRegex(ids[0], r"^record-\d{8}-\d{6}-1$")
-        self.assertEqual(ids, [ids[0][:-1] + str(i) for i in (1, 2, 3)])
+        self.assertRegex(ids[0], r"^record-\d{8}-\d{6}-1-seed0$")
+        self.assertEqual(ids, [ids[0][:-len("1-seed0")] + f"{i + 1}-seed{i}" for i in range(3)])
+        # Each run its own seed, base 0: deterministic runs with one seed would repeat one loss.
+        self.assertEqual([c["argv"][c["argv"].index("--seed") + 1] for c in calls], ["0", "1", "2"])
         self.assertEqual(sorted(os.listdir(logs)), sorted(i + ".txt" for i in ids))
         for c in calls:  # the user's flags reach every run
             self.assertEqual(c["argv"][-len(self.data_flags) - 2:], self.data_flags + ["--log-dir", logs])
-        self.assertIn("n = 3\n", r.stdout)
-        self.assertIn("val_loss: mean 3.27800, std 0.00100", r.stdout)
-        self.assertIn("train_time: mean 95200 ms", r.stdout)
+        self.assertIn("n = 3 (1555/1555 steps each)\n", r.stdout)
+        self.assertIn("val_loss: mean 3.27800, median 3.2780, min-max 3.2770-3.2790, std 0.00100", r.stdout)
+        self.assertIn("time: mean 95.200 s", r.stdout)
         self.assertIn("3 runs: 3 finished, 0 failed", r.stderr)
 
     def test_series_directory_from_env_and_default(self):
@@ -953,33 +996,33 @@ class Launch(unittest.TestCase):
         self.assertEqual(self.calls("make"), [])
         names = sorted(os.listdir(logs))
         self.assertEqual(len(names), 2)
-        self.assertRegex(names[0], r"^try-\d{8}-\d{6}-1\.txt$")
+        self.assertRegex(names[0], r"^try-\d{8}-\d{6}-1-seed0\.txt$")
         argv = self.calls("mpirun")[0]["argv"]
         self.assertEqual(argv[argv.index("--log-dir") + 1], logs)
-        self.assertIn("n = 2\n", r.stdout)
+        self.assertIn("n = 2 (1555/1555 steps each)\n", r.stdout)
 
     def test_series_with_a_failed_run(self):
         logs = os.path.join(self.tmp, "series")
         r = self.sh("run_many.sh", ["3"] + self.data_flags + ["--log-dir", logs],
                     STUB_LOSSES="3.2770,fail-partial,3.2790")
         self.assertEqual(r.returncode, 1)
-        self.assertEqual(len(self.calls("mpirun")), 3)  # the series went on
+        self.assertEqual(len(self.calls("mpirun")), 4)  # the series went on
         self.assertIn("run 2 of 3 failed (exit status 1)", r.stderr)
         self.assertIn("3 runs: 2 finished, 1 failed", r.stderr)
-        self.assertIn("n = 2\n", r.stdout)
+        self.assertIn("n = 2 (1555/1555 steps each)\n", r.stdout)
         self.assertIn("val_loss: mean 3.27800", r.stdout)
 
     def test_series_stops_when_nothing_is_logged(self):
         logs = os.path.join(self.tmp, "series")
         r = self.sh("run_many.sh", ["3"] + self.data_flags + ["--log-dir", logs], STUB_LOSSES="fail-early,3.2,3.2")
         self.assertEqual(r.returncode, 1)
-        self.assertEqual(len(self.calls("mpirun")), 1)
+        self.assertEqual(len(self.calls("mpirun")), 2)
         self.assertIn("run 1 of 3 failed (exit status 1) before writing", r.stderr)
         # Missing data: run_record.sh's message, and no launch.
         r = self.sh("run_many.sh", ["2", "--train-files", os.path.join(self.tmp, "none_*.bin"), "--log-dir", logs])
         self.assertEqual(r.returncode, 1)
         self.assertIn("python3 data/cached_fineweb10B.py 9", r.stderr)
-        self.assertEqual(len(self.calls("mpirun")), 1)
+        self.assertEqual(len(self.calls("mpirun")), 2)
 
     def test_series_usage_errors(self):
         for n in ("0", "-1", "abc", "2.5", "", "00"):
@@ -996,8 +1039,110 @@ class Launch(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertEqual(self.calls("mpirun"), [])
 
+    def test_series_seeds(self):
+        logs = os.path.join(self.tmp, "series")
+        r = self.sh("run_many.sh", ["3", "--seed", "40"] + self.data_flags + ["--log-dir", logs],
+                    STUB_LOSSES="3.2770,3.2790,3.2780", SKIP_BUILD="1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        runs = [c["argv"] for c in self.calls("mpirun") if "--check-platform" not in c["argv"]]
+        self.assertEqual([a.count("--seed") for a in runs], [1, 1, 1])  # the base seed is not passed on
+        self.assertEqual([a[a.index("--seed") + 1] for a in runs], ["40", "41", "42"])
+        self.assertTrue(all(a[a.index("--run-id") + 1].endswith(f"-seed{40 + i}") for i, a in enumerate(runs)))
+        os.remove(os.path.join(self.record, "mpirun"))
+        r = self.sh("run_many.sh", ["2", "--seed=7"] + self.data_flags + ["--log-dir", logs], SEED="100",
+                    STUB_LOSSES="3.2770,3.2790", SKIP_BUILD="1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        runs = [c["argv"] for c in self.calls("mpirun") if "--check-platform" not in c["argv"]]
+        self.assertEqual([a[a.index("--seed") + 1] for a in runs], ["7", "8"])  # the flag over $SEED
+        os.remove(os.path.join(self.record, "mpirun"))
+        r = self.sh("run_many.sh", ["2"] + self.data_flags + ["--log-dir", logs], SEED="100",
+                    STUB_LOSSES="3.2770,3.2790", SKIP_BUILD="1")
+        runs = [c["argv"] for c in self.calls("mpirun") if "--check-platform" not in c["argv"]]
+        self.assertEqual([a[a.index("--seed") + 1] for a in runs], ["100", "101"])
+        for args, env in ((["2", "--seed", "x"], {}), (["2", "--seed"], {}), (["2"], {"SEED": "-3"})):
+            r = self.sh("run_many.sh", args + self.data_flags, **env)
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn("the base seed (--seed or SEED) must be a whole number", r.stderr)
+
+    # the CPU build
+
+    def test_cpu(self):
+        # No GPU, no FineWeb: --cpu runs the CPU build, one rank by default, oversubscribed.
+        r = self.sh("run_record.sh", ["--cpu", "--preset", "tiny", "--max-steps", "6"], STUB_GPUS="-1")
+        cpu_trainer = os.path.join(self.build, "train_gpt_cpu")
+        self.assertEqual(r.returncode, 1)  # the stub cmake builds nothing
+        self.assertIn(f"{cpu_trainer} is missing", r.stderr)
+        self.assertEqual(self.calls("nvidia-smi"), [])
+        self.assertEqual(self.calls("make")[0]["argv"][2:], ["BUILD=" + self.build, "configure"])
+        self.assertEqual(self.calls("cmake")[0]["argv"][:4], ["--build", self.build, "--target", "train_gpt_cpu"])
+        self.assertEqual(self.calls("mpirun"), [])
+        write(cpu_trainer, "#!/bin/sh\n")
+        os.chmod(cpu_trainer, 0o755)
+        r = self.sh("run_record.sh", ["--cpu", "--preset", "tiny", "--max-steps", "6"], STUB_GPUS="-1", NP="2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        run = ["-np", "2", "--oversubscribe", "--bind-to", "none", cpu_trainer, "--preset", "tiny", "--max-steps", "6"]
+        self.assertEqual([c["argv"] for c in self.calls("mpirun")], [run + ["--check-platform"], run])
+        # A series on the CPU build.
+        os.remove(os.path.join(self.record, "mpirun"))
+        logs = os.path.join(self.tmp, "cpu_series")
+        r = self.sh("run_many.sh", ["2", "--cpu", "--preset", "tiny", "--log-dir", logs], STUB_GPUS="-1",
+                    STUB_LOSSES="8.95,8.93", SKIP_BUILD="1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("n = 2 (1555/1555 steps each)", r.stdout)
+        self.assertTrue(all(cpu_trainer in c["argv"] for c in self.calls("mpirun")))
+        r = self.sh("run_record.sh", ["--cpu"], HOSTFILE=os.path.join(self.tmp, "h"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--cpu runs on this machine only", r.stderr)
+
+    # several machines
+
+    def hostfile(self, text):
+        return write(os.path.join(self.tmp, "hosts"), text)
+
+    def test_hostfile_two_nodes(self):
+        hosts = self.hostfile("# two 4-GPU nodes\nnodeA slots=4\n\nnodeB slots=4 max_slots=4  # the second\n")
+        r = self.sh("run_record.sh", self.data_flags + ["--run-id", "x"], HOSTFILE=hosts, STUB_NODE_GPUS="4,4",
+                    STUB_GPUS="0", NCCL_DEBUG="INFO", NCCL_SOCKET_IFNAME="eth0", SKIP_BUILD="1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        calls = [c["argv"] for c in self.calls("mpirun")]
+        self.assertEqual(len(calls), 3)
+        self.assertEqual(calls[0][:4], ["--hostfile", hosts, "-npernode", "1"])  # every node's GPUs
+        self.assertEqual(self.calls("nvidia-smi")[0]["argv"], ["-L"])
+        self.assertEqual(len(self.calls("nvidia-smi")), 2)  # one per node, none on this machine
+        run = calls[2]
+        self.assertEqual(run[:4], ["-np", "8", "--hostfile", hosts])  # 8 ranks: the slots summed
+        forwarded = sorted(run[i + 1] for i, a in enumerate(run) if a == "-x")
+        self.assertIn("NCCL_DEBUG", forwarded)
+        self.assertIn("NCCL_SOCKET_IFNAME", forwarded)
+        self.assertEqual(run[run.index("--map-by"):run.index("--map-by") + 4], ["--map-by", "slot", "--bind-to", "none"])
+        self.assertEqual(run[-len(self.data_flags) - 3:], [self.trainer] + self.data_flags + ["--run-id", "x"])
+        self.assertEqual(calls[1], run + ["--check-platform"])
+
+    def test_hostfile_problems(self):
+        hosts = self.hostfile("nodeA slots=4\nnodeB slots=4\n")
+        r = self.sh("run_record.sh", self.data_flags, HOSTFILE=hosts, STUB_NODE_GPUS="4,2", SKIP_BUILD="1")
+        self.assertEqual(r.returncode, 1)
+        self.assertRegex(r.stderr, r"node nodeB \(\S+\) lists 2 GPU\(s\), but its slots=4 ranks need one GPU each")
+        self.assertEqual(len(self.calls("mpirun")), 1)  # no launch after the node check
+        r = self.sh("run_record.sh", self.data_flags, HOSTFILE=hosts, STUB_NODE_GPUS="4,4", NP="4", SKIP_BUILD="1")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("NP=4 differs from the 8 slots of HOSTFILE", r.stderr)
+        cases = [("nodeA slots=4\nnodeB\n", "line 2: 'nodeB' has no slots=N"),
+                 ("nodeA slots=0\n", "line 1: 'nodeA' has no slots=N"),
+                 ("nodeA slots=4\nnodeA slots=4\n", "line 2: 'nodeA' is listed twice"),
+                 ("# nothing\n\n", "names no node")]
+        for text, message in cases:
+            r = self.sh("run_record.sh", self.data_flags, HOSTFILE=self.hostfile(text), STUB_NODE_GPUS="4,4")
+            self.assertEqual(r.returncode, 1, text)
+            self.assertIn(message, r.stderr, text)
+        r = self.sh("run_record.sh", self.data_flags, HOSTFILE=os.path.join(self.tmp, "none"))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("cannot be read", r.stderr)
+
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--stub-trainer"]:
         sys.exit(stub_trainer(sys.argv[2:]))
+    if sys.argv[1:2] == ["--stub-nodes"]:
+        sys.exit(stub_nodes(sys.argv[2:]))
     unittest.main(verbosity=2)
