@@ -295,7 +295,7 @@ def build_figure(groups, target, title):
     rows = summary_rows(groups, target)
     cells = table.table(cellText=rows, colLabels=["group", "n", "val loss", f"p(mean<{target})", "time (s)",
                                                   f"loss vs {groups[0].name}", f"time vs {groups[0].name}"],
-                        loc="center", cellLoc="center", gid="summary")
+                        loc="upper center", cellLoc="center", gid="summary")
     cells.auto_set_font_size(False)
     cells.set_fontsize(10)
     cells.auto_set_column_width(range(len(rows[0])))
