@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
-# N record attempts in a row (scripts/run_record.sh each), their logs in one directory, then
-# their statistics (scripts/stats.py: mean val loss and its t-test against 3.28, mean time).
+# N record attempts in a row (scripts/run_record.sh each), each with its own seed, their logs in
+# one directory, then their statistics (scripts/stats.py: mean val loss and its t-test against
+# 3.28, mean time).
 #
-#   scripts/run_many.sh N [train_gpt flags...]
+#   scripts/run_many.sh N [--cpu] [train_gpt flags...]
 #
-# Run i's id is <prefix>-<timestamp>-<i> (the timestamp is the series' start), its log
-# <dir>/<id>.txt. The directory is the --log-dir flag's if one is given, else $LOG_DIR, else
-# logs/<prefix>-<timestamp>; relative paths are taken from the repository root, as in
-# run_record.sh. Other flags go to every run unchanged (--run-id is this script's to choose).
+# Run i (1 to N) trains with seed S+i-1, where S is the --seed flag's value, else $SEED, else 0;
+# its id is <prefix>-<timestamp>-<i>-seed<S+i-1> (the timestamp is the series' start), its log
+# <dir>/<id>.txt. Distinct seeds are what make the t-test meaningful: the trainer is deterministic,
+# so runs with one seed give one val loss, and their "spread" would be zero. The directory is the
+# --log-dir flag's if one is given, else $LOG_DIR, else logs/<prefix>-<timestamp>; relative paths
+# are taken from the repository root, as in run_record.sh. Other flags go to every run unchanged
+# (--run-id is this script's to choose); --cpu runs the CPU build (see run_record.sh).
 #
-# Environment: RUN_PREFIX (default record), LOG_DIR (above), and run_record.sh's: NP, MPIRUN,
-# MPI_BIND, SKIP_BUILD, BUILD. The first run builds the trainer, the others reuse it.
+# Environment: RUN_PREFIX (default record), SEED, LOG_DIR (above), and run_record.sh's: NP,
+# HOSTFILE, MPIRUN, MPI_BIND, BINARY, SKIP_BUILD, SKIP_PLATFORM_CHECK, BUILD. The first run
+# builds the trainer and runs the platform check; the others reuse both.
 #
 # A run that fails before writing its log (no GPU, no data, a build error) stops the series: the
 # next would fail the same way. A run that fails after writing its log is reported, left out of
 # the statistics, and the series goes on.
-# Exit status: 0 every run finished and the statistics were printed; 1 a run failed or the
-# statistics could not be computed; 2 bad usage.
+# Exit status: 0 every run finished and the statistics were printed; 1 a run failed, or the
+# statistics could not be computed (they need two finished runs); 2 bad usage.
 set -euo pipefail
 
 usage() {
   echo "run_many.sh: $*" >&2
-  echo "usage: scripts/run_many.sh N [train_gpt flags...]   (N: how many runs, a positive whole number)" >&2
+  echo "usage: scripts/run_many.sh N [--cpu] [train_gpt flags...]   (N: how many runs, a positive whole number)" >&2
   exit 2
 }
 
@@ -45,18 +50,29 @@ prefix=${RUN_PREFIX:-record}
 stamp=$(date +%Y%m%d-%H%M%S)
 
 dir=
-args=("$@")
-for ((i = 0; i < ${#args[@]}; i++)); do
-  case ${args[i]} in
+seed=${SEED:-0}
+args=()  # the flags for every run: all but --seed, which is this script's base seed
+set -- "$@" ""  # a sentinel, so that a flag's value is read as "$2" even for the last flag
+while (($# > 1)); do
+  case $1 in
     --log-dir)
-      ((i + 1 < ${#args[@]})) || usage "--log-dir needs a value (a directory)"
-      dir=${args[i + 1]}
-      i=$((i + 1))
+      [[ -n $2 ]] || usage "--log-dir needs a value (a directory)"
+      dir=$2
+      args+=("$1" "$2")
+      shift
       ;;
-    --log-dir=*) dir=${args[i]#*=} ;;
-    --run-id | --run-id=*) usage "--run-id is chosen by run_many.sh (<prefix>-<timestamp>-<i>); set RUN_PREFIX instead" ;;
+    --log-dir=*) dir=${1#*=}; args+=("$1") ;;
+    --seed) seed=$2; shift ;;
+    --seed=*) seed=${1#*=} ;;
+    --run-id | --run-id=*) usage "--run-id is chosen by run_many.sh (<prefix>-<timestamp>-<i>-seed<S>); set RUN_PREFIX instead" ;;
+    *) args+=("$1") ;;
   esac
+  shift
 done
+if [[ ! $seed =~ ^[0-9]+$ ]]; then
+  usage "the base seed (--seed or SEED) must be a whole number, got '$seed'"
+fi
+seed=$((10#$seed))
 log_dir_flag=()
 if [[ -z $dir ]]; then
   dir=${LOG_DIR:-logs/$prefix-$stamp}
@@ -67,11 +83,12 @@ mkdir -p "$dir"
 finished=()
 failed=()
 for ((i = 1; i <= n; i++)); do
-  id=$prefix-$stamp-$i
+  run_seed=$((seed + i - 1))
+  id=$prefix-$stamp-$i-seed$run_seed
   log=$dir/$id.txt
   echo "== run $i of $n: $id (log $log)" >&2
   status=0
-  scripts/run_record.sh --run-id "$id" "${log_dir_flag[@]}" "$@" || status=$?
+  scripts/run_record.sh --run-id "$id" --seed "$run_seed" "${log_dir_flag[@]}" "${args[@]}" || status=$?
   if ((status == 0)) && [[ -f $log ]]; then
     finished+=("$log")
   elif ((status == 0)); then
@@ -84,7 +101,7 @@ for ((i = 1; i <= n; i++)); do
     echo "run_many.sh: run $i of $n failed (exit status $status) before writing $log: stopping the series" >&2
     exit 1
   fi
-  export SKIP_BUILD=1  # built (or skipped) once for the whole series
+  export SKIP_BUILD=1 SKIP_PLATFORM_CHECK=1  # built and checked (or skipped) once for the whole series
 done
 
 echo "== $n runs: ${#finished[@]} finished, ${#failed[@]} failed; logs in $dir" >&2

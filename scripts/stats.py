@@ -1,31 +1,41 @@
 #!/usr/bin/env python3
 """Statistics of speedrun record attempts, read from their logs.
 
-  scripts/stats.py [--strict] [--target LOSS] [--json] LOG_OR_DIR...
-  scripts/stats.py [--strict] [--json] --compare OLD_LOG_OR_DIR... -- NEW_LOG_OR_DIR...
+  scripts/stats.py [--strict] [--mix] [--target LOSS] [--json] LOG_OR_DIR...
+  scripts/stats.py [--strict] [--mix] [--json] --compare OLD_LOG_OR_DIR... -- NEW_LOG_OR_DIR...
 
-Summary mode prints each run's final validation loss and training time, then over the runs:
-n, the mean and sample standard deviation (n-1) of the final val loss, the one-sided one-sample
-t-test of H1 "mean val loss < LOSS" (default 3.28, the speedrun's target; a record claim wants
-p < 0.01), and the mean and standard deviation of the training time in ms and minutes.
+Summary mode prints each run's seed, steps, final validation loss and training time, then over
+the runs, in seconds as record READMEs give them: n; the val loss's mean, median, min-max and
+sample standard deviation (n-1) with the one-sided one-sample t-test of H1 "mean val loss < LOSS"
+(default 3.28, the speedrun's target; a record claim wants p < 0.01); the training time's mean,
+median, min-max and standard deviation; and both lists, ready to paste into a README.
 
 Compare mode (--compare) reads two sets of runs, OLD before the lone "--" and NEW after it, and
 compares their training times and final val losses with Welch's t-test (unequal variances,
 two-sided p-value), saying which set is faster and by how much.
 
-A directory stands for every *.txt file in it (not recursive). A log is the trainer's: lines
-such as
+A directory stands for every *.txt file in it (not recursive). A log is the trainer's (or
+upstream's): lines such as
   step:1555/1555 val_loss:3.2789 train_time:95168ms step_avg:61.20ms
 anywhere in the file (the source code printed at its top, format strings included, never matches:
-only whole lines of numbers in exactly this form count). A run is complete when it has a val_loss
-line whose step is the total N of step:N/N; its final val loss and training time are that line's.
+only whole lines of numbers in exactly this form count), and, in this trainer's logs, the header
+lines "seed: N" and "source_hash: H" at the start of a line. A run is finished when it has a
+val_loss line at the total step N of step:k/N, or when it ended normally (its "peak memory" line)
+right after a validation at its last step (a run stopped by --max-steps); its final val loss and
+training time are that line's.
 
-Problems:
-  a missing file, a log with no val_loss line, lines that disagree on the total step count,
-  or no logs at all: an error (exit status 1).
-  an incomplete run (no val_loss line at the last step) or a diverged one (val loss nan or inf):
-  a warning on stderr and the run is left out; with --strict, an error instead.
-Exit status: 0 done, 1 an error above or too few runs for the requested test, 2 bad arguments.
+What is counted:
+  - a file that is not a log, or whose run stopped before its first validation, is listed and
+    skipped; so is an unfinished run (no validation at its last step) or a diverged one (val loss
+    nan or inf). With --strict each of these is an error instead.
+  - identical runs are counted once, with a warning: logs with the same step and validation lines
+    (a copied log), or with the same source_hash, seed and val losses (the trainer is
+    deterministic: a rerun of a seed adds no evidence). Upstream's logs have no seed or hash.
+  - the runs of a set must share their schedule (steps) and source_hash (logs without one count as
+    one more source): mixed runs are refused unless --mix is given.
+  - a missing file, a directory without *.txt files, or no logs at all: an error.
+Exit status: 0 done (at least two runs counted in each set); 1 an error above, or fewer than two
+runs left to count; 2 bad arguments.
 
 The Student t distribution is computed here (regularized incomplete beta function by its
 continued fraction), so only the standard library is needed.
@@ -44,10 +54,20 @@ TARGET_LOSS = 3.28
 # Whole lines only: the source printed at the top of a log holds the same text as format strings.
 VAL_LINE = re.compile(r"step:(\d+)/(\d+) val_loss:(-?(?:\d+\.\d+|nan|inf)) train_time:(\d+)ms step_avg:(\d+\.\d+)ms")
 TRAIN_LINE = re.compile(r"step:(\d+)/(\d+) train_time:(\d+)ms step_avg:(\d+\.\d+)ms")
+TRAIN_LOSS_LINE = re.compile(r"step:(\d+)/(\d+) train_loss:(-?(?:\d+\.\d+|nan|inf))")
+# The trainer's closing line (upstream's too): the run ended normally.
+END_LINE = "peak memory allocated:"
+# This trainer's header lines, at the start of a line (the source dump holds the words only
+# indented or quoted). Upstream's logs have none.
+HEADER_LINES = {"seed": re.compile(r"seed: (\d+)"), "source_hash": re.compile(r"source_hash: ([0-9a-f]{16})")}
 
 
 class LogError(Exception):
     """A problem that stops the script, with the message for the user."""
+
+
+class NotALog(LogError):
+    """A file that holds no run: skipped with its reason (an error under --strict)."""
 
 
 # ---- the Student t distribution ----
@@ -163,25 +183,41 @@ def welch_t_test(old, new):
 # ---- logs ----
 
 class Run:
-    """What one log says: every validation point, the total step count, and the final result."""
+    """What one log says: its header, every validation point, the total step count, the result."""
 
     def __init__(self, path):
         self.path = path
         self.run_id = os.path.splitext(os.path.basename(path))[0]
-        self.total = None       # N of step:k/N
-        self.val_points = []    # (step, val_loss, train_time_ms), in file order
+        self.seed = None          # the "seed:" header line (this trainer's logs only)
+        self.source_hash = None   # the "source_hash:" header line
+        self.total = None         # N of step:k/N
+        self.val_points = []      # (step, val_loss, train_time_ms), in file order
+        self.train_losses = []    # (step, train_loss) of "step:k/N train_loss:X" lines
         self.last_train_step = None
+        self.ended = False        # the trainer's closing line came after the last step line
+        self.step_lines = []      # every step line's text, in order: a copied log has the same
 
     @property
     def final(self):
-        """The last val_loss line at the total step as (val_loss, train_time_ms), or None."""
+        """(val_loss, train_time_ms) of the run's end, or None when it did not finish: the last
+        validation at the total step, or, when the run ended normally (stopped by --max-steps),
+        a validation at its last trained step."""
         for step, loss, time_ms in reversed(self.val_points):
             if step == self.total:
                 return loss, time_ms
+        step, loss, time_ms = self.val_points[-1]
+        if self.ended and step == (self.last_train_step or 0):
+            return loss, time_ms
         return None
 
+    @property
+    def steps(self):
+        """The step of the final validation, over the total: "1555/1555", or "6/34" for a run
+        stopped by --max-steps; runs with different values have different schedules."""
+        return f"{self.val_points[-1][0] if self.final else '?'}/{self.total}"
+
     def problem(self):
-        """None for a complete run with a finite final loss, else why it cannot be counted."""
+        """None for a finished run with a finite final loss, else why it cannot be counted."""
         final = self.final
         if final is None:
             last = self.val_points[-1][0]
@@ -193,7 +229,8 @@ class Run:
 
 
 def parse_log(path):
-    """Reads one log. Raises LogError if it cannot be read or holds no validation line."""
+    """Reads one log. Raises NotALog if it holds no validation line or its step lines disagree,
+    LogError if it cannot be read."""
     run = Run(path)
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -201,23 +238,35 @@ def parse_log(path):
     except OSError as e:
         raise LogError(f"{path}: cannot read: {e.strerror}")
     for number, line in enumerate(lines, 1):
+        key = next((k for k, pattern in HEADER_LINES.items() if pattern.fullmatch(line)), None)
+        if key:
+            value = line.split(": ", 1)[1]
+            setattr(run, key, int(value) if key == "seed" else value)
+            continue
         line = line.strip()
+        if line.startswith(END_LINE):
+            run.ended = bool(run.step_lines)
+            continue
         m = VAL_LINE.fullmatch(line)
         if m:
             step, total = int(m.group(1)), int(m.group(2))
             run.val_points.append((step, float(m.group(3)), int(m.group(4))))
-        else:
-            m = TRAIN_LINE.fullmatch(line)
-            if not m:
-                continue
+        elif m := TRAIN_LINE.fullmatch(line):
             step, total = int(m.group(1)), int(m.group(2))
             run.last_train_step = step
+        elif m := TRAIN_LOSS_LINE.fullmatch(line):
+            step, total = int(m.group(1)), int(m.group(2))
+            run.train_losses.append((step, float(m.group(3))))
+        else:
+            continue
+        run.step_lines.append(line)
+        run.ended = False
         if run.total is None:
             run.total = total
         elif total != run.total:
-            raise LogError(f"{path}:{number}: total step count {total} differs from the {run.total} of earlier lines")
+            raise NotALog(f"{path}:{number}: total step count {total} differs from the {run.total} of earlier lines")
     if not run.val_points:
-        raise LogError(f"{path}: no val_loss line (not a training log, or the run stopped before its first validation)")
+        raise NotALog(f"{path}: no val_loss line (not a training log, or the run stopped before its first validation)")
     return run
 
 
@@ -226,7 +275,7 @@ def expand(paths):
     files, seen = [], set()
     for path in paths:
         if os.path.isdir(path):
-            found = sorted(glob.glob(os.path.join(glob.escape(path), "*.txt")))
+            found = sorted(f for f in glob.glob(os.path.join(glob.escape(path), "*.txt")) if os.path.isfile(f))
             if not found:
                 raise LogError(f"{path}: directory has no *.txt logs")
         elif os.path.exists(path):
@@ -243,39 +292,110 @@ def expand(paths):
     return files
 
 
-def complete_runs(paths, strict, label=""):
-    """Parses the logs; returns the runs that count. Incomplete or diverged runs are skipped with
-    a warning, or raise LogError under strict."""
-    runs = []
+def read_runs(paths, strict):
+    """Parses the logs. Returns (finished runs, [(path, why skipped)]); under strict a skipped file
+    raises LogError instead."""
+    runs, skipped = [], []
     for path in expand(paths):
-        run = parse_log(path)
-        problem = run.problem()
-        if problem is None:
+        try:
+            run = parse_log(path)
+            why = run.problem()
+        except NotALog as e:
+            why = str(e).removeprefix(f"{path}: ")
+        if why is None:
             runs.append(run)
         elif strict:
-            raise LogError(f"{path}: {problem} (--strict)")
+            raise LogError(f"{path}: {why} (--strict)")
         else:
-            print(f"stats.py: warning: {path}: {problem}; left out", file=sys.stderr)
+            skipped.append((path, why))
+    return runs, skipped
+
+
+def duplicate_reason(run, earlier):
+    """Why `run` repeats `earlier` (its evidence is already counted), or None."""
+    if run.step_lines == earlier.step_lines:
+        return "the same step and validation lines (a copied log)"
+    if (run.source_hash is not None and run.seed is not None and run.source_hash == earlier.source_hash
+            and run.seed == earlier.seed and [p[1] for p in run.val_points] == [p[1] for p in earlier.val_points]):
+        return f"the same source_hash, seed {run.seed} and val losses (the trainer is deterministic: a rerun)"
+    return None
+
+
+def drop_duplicates(runs):
+    """Returns (the runs each counted once, [(run, the earlier run it repeats, why)])."""
+    kept, repeats = [], []
+    for run in runs:
+        for earlier in kept:
+            why = duplicate_reason(run, earlier)
+            if why:
+                repeats.append((run, earlier, why))
+                break
+        else:
+            kept.append(run)
+    return kept, repeats
+
+
+def mixture(runs):
+    """A message naming how the runs differ in schedule or source_hash, or None when they agree."""
+    problems = []
+    for what, key in (("schedules (final step/total steps)", lambda r: r.steps),
+                      ("sources (source_hash)", lambda r: r.source_hash or "none (not this trainer's log)")):
+        groups = {}
+        for r in runs:
+            groups.setdefault(key(r), []).append(r.run_id)
+        if len(groups) > 1:
+            parts = "; ".join(f"{value}: {', '.join(ids)}" for value, ids in groups.items())
+            problems.append(f"different {what}: {parts}")
+    return "; ".join(problems) or None
+
+
+def counted_runs(paths, strict, mix, label=""):
+    """The runs a set's statistics count: finished, each once, of one schedule and source. What is
+    left out is reported on stderr; a mixture is an error unless mix."""
+    runs, skipped = read_runs(paths, strict)
+    for path, why in skipped:
+        warn(f"{path}: skipped: {why}")
+    runs, repeats = drop_duplicates(runs)
+    for run, earlier, why in repeats:
+        warn(f"{run.path}: duplicate of {earlier.path}: {why}; counted once")
     if not runs:
-        raise LogError(f"no complete runs{label} among the logs given")
-    return runs
+        raise LogError(f"no finished runs{label} among the logs given")
+    mixed = mixture(runs)
+    if mixed and not mix:
+        raise LogError(f"runs{label} are not comparable: {mixed}. Give --mix to pool them anyway")
+    if mixed:
+        warn(f"pooling runs{label} (--mix): {mixed}")
+    return runs, skipped, repeats
+
+
+def warn(message):
+    print(f"stats.py: warning: {message}", file=sys.stderr)
 
 
 # ---- reports ----
 
-def summarize(runs, target=None):
+def seconds(ms):
+    return ms / 1000.0
+
+
+def describe(values):
+    """mean, median, min, max and sample std (None for one value) of a list."""
+    return {"mean": statistics.fmean(values), "median": statistics.median(values), "min": min(values),
+            "max": max(values), "std": statistics.stdev(values) if len(values) > 1 else None}
+
+
+def summarize(runs, target=None, skipped=(), repeats=()):
     """The numbers of summary mode, as a dict (what --json prints)."""
     losses = [r.final[0] for r in runs]
-    times = [r.final[1] for r in runs]
-    n = len(runs)
+    times = [seconds(r.final[1]) for r in runs]
     out = {
-        "runs": [{"run_id": r.run_id, "path": r.path, "steps": r.total,
-                  "val_loss": r.final[0], "train_time_ms": r.final[1]} for r in runs],
-        "n": n,
-        "val_loss_mean": statistics.fmean(losses),
-        "val_loss_std": statistics.stdev(losses) if n > 1 else None,
-        "train_time_ms_mean": statistics.fmean(times),
-        "train_time_ms_std": statistics.stdev(times) if n > 1 else None,
+        "runs": [{"run_id": r.run_id, "path": r.path, "seed": r.seed, "source_hash": r.source_hash,
+                  "steps": r.steps, "val_loss": r.final[0], "train_time_s": seconds(r.final[1])} for r in runs],
+        "n": len(runs),
+        "val_loss": describe(losses),
+        "train_time_s": describe(times),
+        "skipped": [{"path": path, "why": why} for path, why in skipped],
+        "duplicates": [{"path": r.path, "duplicate_of": e.path, "why": why} for r, e, why in repeats],
     }
     if target is not None:
         test = one_sample_t_test_less(losses, target)
@@ -284,43 +404,54 @@ def summarize(runs, target=None):
     return out
 
 
-def minutes(ms):
-    return ms / 60000.0
+def format_p(p):
+    """As record READMEs print it (p=%.4f), with two significant digits below 0.0001."""
+    return f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
 
 
 def print_runs(runs):
     width = max(len("run"), *(len(r.run_id) for r in runs))
-    print(f"{'run':<{width}}  {'steps':>5}  {'val_loss':>8}  {'train_time':>10}")
+    steps_width = max(len("steps"), *(len(r.steps) for r in runs))
+    print(f"{'run':<{width}}  {'seed':>6}  {'steps':>{steps_width}}  {'val_loss':>8}  {'time_s':>8}")
     for r in runs:
         loss, time_ms = r.final
-        print(f"{r.run_id:<{width}}  {r.total:>5}  {loss:8.4f}  {time_ms:>8d}ms  ({minutes(time_ms):.3f} min)")
+        seed = "-" if r.seed is None else str(r.seed)
+        print(f"{r.run_id:<{width}}  {seed:>6}  {r.steps:>{steps_width}}  {loss:8.4f}  {seconds(time_ms):8.3f}")
+
+
+def spread_text(d, fmt, unit="", mean_fmt=None):
+    """mean_fmt: one more digit for the mean and std than the values have."""
+    mean_fmt = mean_fmt or fmt
+    std = "n/a (one run)" if d["std"] is None else f"{d['std']:{mean_fmt}}{unit}"
+    return (f"mean {d['mean']:{mean_fmt}}{unit}, median {d['median']:{fmt}}{unit}, "
+            f"min-max {d['min']:{fmt}}-{d['max']:{fmt}}{unit}, std {std}")
 
 
 def print_summary(s):
-    std = s["val_loss_std"]
-    print(f"n = {s['n']}")
-    std_text = "n/a (one run)" if std is None else f"{std:.5f}"
-    print(f"val_loss: mean {s['val_loss_mean']:.5f}, std {std_text}")
+    runs = s["runs"]
+    print(f"n = {s['n']} ({runs[0]['steps']} steps each)")
+    print(f"val_loss: {spread_text(s['val_loss'], '.4f', mean_fmt='.5f')}")
     if "target" in s:
         if s["t"] is None:
             why = "one run" if s["n"] < 2 else "no spread"
-            print(f"  one-sided t-test, H1: mean < {s['target']}: n/a ({why})")
+            print(f"  one-sided t-test, H1: mean < {s['target']}: p n/a ({why})")
         else:
-            print(f"  one-sided t-test, H1: mean < {s['target']}: t = {s['t']:.3f}, df = {s['df']}, p = {s['p']:.4g}")
-    mean, std = s["train_time_ms_mean"], s["train_time_ms_std"]
-    std_text = "n/a (one run)" if std is None else f"{std:.0f} ms ({minutes(std):.4f} min)"
-    print(f"train_time: mean {mean:.0f} ms ({minutes(mean):.4f} min), std {std_text}")
+            print(f"  one-sided t-test, H1: mean < {s['target']}: p={format_p(s['p'])} "
+                  f"(t = {s['t']:.3f}, df = {s['df']})")
+    print(f"time: {spread_text(s['train_time_s'], '.3f', ' s')}")
+    print("val_losses = [" + ", ".join(f"{r['val_loss']:.4f}" for r in runs) + "]")
+    print("times = [" + ", ".join(f"{r['train_time_s']:.3f}" for r in runs) + "]")
 
 
-def compare(old_runs, new_runs):
-    """The numbers of compare mode, as a dict (what --json prints)."""
-    out = {"old": summarize(old_runs), "new": summarize(new_runs)}
-    for key, value in (("train_time_ms", lambda r: r.final[1]), ("val_loss", lambda r: r.final[0])):
-        old = [value(r) for r in old_runs]
-        new = [value(r) for r in new_runs]
-        diff = statistics.fmean(new) - statistics.fmean(old)
-        test = welch_t_test(old, new)
-        out[key] = {"difference": diff, "relative": diff / statistics.fmean(old),
+def compare(old, new):
+    """The numbers of compare mode, as a dict (what --json prints). old, new: (runs, skipped, repeats)."""
+    out = {"old": summarize(*old[:1], None, *old[1:]), "new": summarize(*new[:1], None, *new[1:])}
+    for key, value in (("train_time_s", lambda r: seconds(r.final[1])), ("val_loss", lambda r: r.final[0])):
+        a = [value(r) for r in old[0]]
+        b = [value(r) for r in new[0]]
+        diff = statistics.fmean(b) - statistics.fmean(a)
+        test = welch_t_test(a, b)
+        out[key] = {"difference": diff, "relative": diff / statistics.fmean(a),
                     "t": test[0] if test else None, "df": test[1] if test else None,
                     "p": test[2] if test else None}
     return out
@@ -329,22 +460,22 @@ def compare(old_runs, new_runs):
 def print_compare(c):
     for name in ("old", "new"):
         s = c[name]
-        print(f"{name}: n = {s['n']}, val_loss mean {s['val_loss_mean']:.5f} std {s['val_loss_std']:.5f}, "
-              f"train_time mean {s['train_time_ms_mean']:.0f} ms ({minutes(s['train_time_ms_mean']):.4f} min) "
-              f"std {s['train_time_ms_std']:.0f} ms")
-    for key, unit, fmt in (("train_time_ms", " ms", "+.0f"), ("val_loss", "", "+.4f")):
+        loss, time = s["val_loss"], s["train_time_s"]
+        print(f"{name}: n = {s['n']}, val_loss mean {loss['mean']:.5f} std {loss['std']:.5f}, "
+              f"time mean {time['mean']:.3f} s std {time['std']:.3f} s")
+    for key, name, fmt, unit in (("train_time_s", "time", "+.3f", " s"), ("val_loss", "val_loss", "+.4f", "")):
         d = c[key]
-        test = "n/a (no spread)" if d["t"] is None else f"t = {d['t']:.3f}, df = {d['df']:.2f}, two-sided p = {d['p']:.4g}"
-        print(f"{key.replace('_ms', '')}: new - old = {d['difference']:{fmt}}{unit} ({100 * d['relative']:+.2f}%); "
-              f"Welch {test}")
-    d = c["train_time_ms"]
+        test = "n/a (no spread)" if d["t"] is None else \
+            f"t = {d['t']:.3f}, df = {d['df']:.2f}, two-sided p={format_p(d['p'])}"
+        print(f"{name}: new - old = {d['difference']:{fmt}}{unit} ({100 * d['relative']:+.2f}%); Welch {test}")
+    d = c["train_time_s"]
     if d["difference"] == 0:
         print("new and old take the same mean time")
     else:
         faster, slower = ("new", "old") if d["difference"] < 0 else ("old", "new")
         amount = abs(d["difference"])
-        base = c[slower]["train_time_ms_mean"]
-        print(f"{faster} is faster by {amount:.0f} ms ({100 * amount / base:.2f}% less time than {slower})")
+        base = c[slower]["train_time_s"]["mean"]
+        print(f"{faster} is faster by {amount:.3f} s ({100 * amount / base:.2f}% less time than {slower})")
 
 
 def parse_args(argv):
@@ -352,7 +483,10 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter, usage=argparse.SUPPRESS)
     p.add_argument("logs", nargs="*", metavar="LOG_OR_DIR")
     p.add_argument("--compare", action="store_true", help="compare OLD... -- NEW... with Welch's t-test")
-    p.add_argument("--strict", action="store_true", help="an incomplete or diverged run is an error, not a warning")
+    p.add_argument("--strict", action="store_true",
+                   help="a file that is not a finished run (not a log, incomplete, diverged) is an error, not a warning")
+    p.add_argument("--mix", action="store_true",
+                   help="pool runs of different schedules or source hashes (a warning, not an error)")
     p.add_argument("--target", type=float, default=TARGET_LOSS,
                    help=f"val loss of the one-sided test's null hypothesis (default {TARGET_LOSS})")
     p.add_argument("--json", action="store_true", help="print the numbers as one JSON object")
@@ -377,28 +511,31 @@ def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.compare:
-            old_runs = complete_runs(args.logs, args.strict, " in the old set")
-            new_runs = complete_runs(args.new, args.strict, " in the new set")
-            for name, runs in (("old", old_runs), ("new", new_runs)):
+            old = counted_runs(args.logs, args.strict, args.mix, " in the old set")
+            new = counted_runs(args.new, args.strict, args.mix, " in the new set")
+            for name, (runs, _, _) in (("old", old), ("new", new)):
                 if len(runs) < 2:
-                    raise LogError(f"Welch's t-test needs at least 2 complete runs in each set; {name} has {len(runs)}")
-            result = compare(old_runs, new_runs)
+                    raise LogError(f"Welch's t-test needs at least 2 finished runs in each set; {name} has {len(runs)}")
+            result = compare(old, new)
             if args.json:
                 print(json.dumps(result, indent=1))
             else:
-                for name, runs in (("old", old_runs), ("new", new_runs)):
+                for name, (runs, _, _) in (("old", old), ("new", new)):
                     print(f"{name}:")
                     print_runs(runs)
                 print()
                 print_compare(result)
         else:
-            runs = complete_runs(args.logs, args.strict)
-            result = summarize(runs, args.target)
+            runs, skipped, repeats = counted_runs(args.logs, args.strict, args.mix)
+            result = summarize(runs, args.target, skipped, repeats)
             if args.json:
                 print(json.dumps(result, indent=1))
             else:
                 print_runs(runs)
+                print()
                 print_summary(result)
+            if len(runs) < 2:
+                raise LogError(f"the t-test needs at least 2 finished runs; {len(runs)} counted")
     except LogError as e:
         print(f"stats.py: error: {e}", file=sys.stderr)
         return 1

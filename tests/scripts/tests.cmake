@@ -4,7 +4,7 @@ find_package(Python3 COMPONENTS Interpreter QUIET)
 if(Python3_Interpreter_FOUND)
   add_test(NAME test_scripts COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_scripts.py)
   # No __pycache__ in the source tree from importing the scripts under test.
-  set_tests_properties(test_scripts PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 120)
+  set_tests_properties(test_scripts PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 300)
 else()
   message(STATUS "python3 not found: the record scripts' tests are not registered")
 endif()
