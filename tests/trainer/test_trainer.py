@@ -221,7 +221,10 @@ def main():
         raw[start:start + 2] = b"\xc0\x7f"  # bf16 NaN
         open(os.path.join(bad, "rank0.safetensors"), "wb").write(raw)
         # (the edited file no longer matches the manifest, so the copy has none: --resume-unverified)
-        p = run(SCHEDULE + ["--run-id", "nan", "--log-dir", tmp, "--resume", bad, "--resume-unverified", "--max-steps", "3"],
+        # (and no --checkpoint-steps: they need --save-checkpoint and must lie within the run)
+        at = SCHEDULE.index("--checkpoint-steps")
+        no_saves = SCHEDULE[:at] + SCHEDULE[at + 2:]
+        p = run(no_saves + ["--run-id", "nan", "--log-dir", tmp, "--resume", bad, "--resume-unverified", "--max-steps", "3"],
                 expect_ok=False)
         check(p.returncode != 0 and "NaN at step 3" in p.stderr and "lm_head" in p.stderr,
               f"a NaN stops the run naming the step and the group: {p.stderr.strip()[-200:]}")
