@@ -30,16 +30,23 @@
 // escapes " and \ as \" and \\, newline and tab as \n and \t, other control characters as
 // \u00XX, and writes all other characters as raw UTF-8.
 //
-// Writing goes through PATH.tmp.<pid>, synced to disk, then renamed over PATH, then the directory
-// synced: a reader sees the previous checkpoint or the new one, never a mix, even when the writer
-// is killed (which leaves only its temp file behind). Tensor bytes are streamed in both
-// directions (no whole-file buffer), with 64-bit offsets throughout.
+// Writing goes through PATH.tmp.<host>.<pid>, synced to disk, then renamed over PATH, then the
+// directory synced: a reader sees the previous checkpoint or the new one, never a mix, even when
+// the writer is killed (which leaves only its temp file behind: remove_stale_temps() clears those
+// of dead processes of this host, and remove_active_temp() is a signal handler's way to remove the
+// process's own). Tensor bytes are streamed in both directions (no whole-file buffer), with 64-bit
+// offsets throughout, and the writer returns the file's size and CRC-32C.
+//
+// A checkpoint directory holds one file per rank and, written last, a manifest (manifest.json:
+// {"meta": {"KEY": "VALUE", ...}, "files": [{"name": N, "bytes": B, "crc32c": "8 hex digits"}, ...]},
+// the same JSON subset) that makes the files one unit: verify_file() checks a file against it.
 // Host code only (C++20, POSIX), no CUDA or MPI dependency.
 #pragma once
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <stdexcept>
@@ -48,6 +55,10 @@
 #include <utility>
 #include <vector>
 
+#include <array>
+#include <csignal>
+
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -72,6 +83,56 @@ inline size_t dtype_size(std::string_view dtype) {
     if (dtype == "I64") return 8;
     if (dtype == "U8") return 1;
     return 0;
+}
+
+// ---- CRC-32C (Castagnoli: reflected polynomial 0x82F63B78, initial and final inversion), the
+// checksum of iSCSI, ext4 and SSE4.2's crc32 instruction; "123456789" gives 0xE3069283. Computed
+// eight bytes at a time ("slicing-by-8") from tables built at compile time: about 1-2 GB/s, so a
+// record checkpoint's files are summed while they are written at no visible cost. ----
+namespace detail {
+using Crc32cTables = std::array<std::array<uint32_t, 256>, 8>;
+constexpr Crc32cTables make_crc32c_tables() {
+    Crc32cTables t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; ++k) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        t[0][i] = c;
+    }
+    for (int s = 1; s < 8; ++s)
+        for (uint32_t i = 0; i < 256; ++i) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+    return t;
+}
+inline constexpr Crc32cTables kCrc32c = make_crc32c_tables();
+}  // namespace detail
+
+// The CRC-32C of `crc`'s bytes followed by n more at data: crc32c(crc32c(0, a), b) == crc32c(0, ab).
+inline uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
+    const auto& t = detail::kCrc32c;
+    const auto* p = static_cast<const unsigned char*>(data);
+    uint32_t c = ~crc;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint32_t lo, hi;
+        std::memcpy(&lo, p, 4);
+        std::memcpy(&hi, p + 4, 4);
+        lo ^= c;
+        c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^ t[3][hi & 0xFF] ^
+            t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+    }
+    for (; n > 0; --n, ++p) c = (c >> 8) ^ t[0][(c ^ *p) & 0xFF];
+    return ~c;
+}
+
+// What a file holds, in the two numbers a manifest records.
+struct FileDigest {
+    uint64_t bytes = 0;
+    uint32_t crc32c = 0;
+    bool operator==(const FileDigest&) const = default;
+};
+
+inline std::string crc_text(uint32_t crc) {
+    char s[16];
+    std::snprintf(s, sizeof s, "%08x", crc);
+    return s;
 }
 
 namespace detail {
@@ -216,9 +277,15 @@ inline int64_t pread_fully(int fd, void* dst, uint64_t n, uint64_t offset) {
     return static_cast<int64_t>(done);
 }
 
-// Writes all n bytes, looping over short writes and EINTR; false with errno set on an error.
-inline bool write_fully(int fd, const void* src, uint64_t n) {
+// Writes all n bytes, looping over short writes and EINTR, and adds them to *digest when given;
+// false with errno set on an error.
+inline bool write_fully(int fd, const void* src, uint64_t n, FileDigest* digest = nullptr) {
     const auto* p = static_cast<const char*>(src);
+    if (digest) {
+        for (uint64_t done = 0; done < n; done += kIoChunk)
+            digest->crc32c = crc32c(digest->crc32c, p + done, static_cast<size_t>(std::min(n - done, kIoChunk)));
+        digest->bytes += n;
+    }
     while (n > 0) {
         const ssize_t w = ::write(fd, p, static_cast<size_t>(std::min(n, kIoChunk)));
         if (w < 0) {
@@ -229,6 +296,42 @@ inline bool write_fully(int fd, const void* src, uint64_t n) {
         n -= static_cast<uint64_t>(w);
     }
     return true;
+}
+
+// The host name as temp file names carry it (characters other than [A-Za-z0-9-] become '-', so
+// the name stays one path component and the pid after its last '.' is unambiguous).
+inline std::string host_tag() {
+    char h[256] = {};
+    if (::gethostname(h, sizeof h - 1) != 0) return "unknown-host";
+    std::string t = h;
+    for (char& c : t)
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-')) c = '-';
+    return t.empty() ? "unknown-host" : t;
+}
+
+// The temp file this process is writing, for a signal handler (fixed storage: no allocation there).
+inline char active_temp[4096];
+inline volatile std::sig_atomic_t active_temp_set = 0;
+
+// Marks `tmp` as the active temp file while it exists (a signal handler may remove it).
+struct ActiveTemp {
+    explicit ActiveTemp(const std::string& tmp) {
+        if (tmp.size() < sizeof active_temp) {
+            std::memcpy(active_temp, tmp.c_str(), tmp.size() + 1);
+            active_temp_set = 1;
+        }
+    }
+    ~ActiveTemp() { active_temp_set = 0; }
+    ActiveTemp(const ActiveTemp&) = delete;
+    ActiveTemp& operator=(const ActiveTemp&) = delete;
+};
+
+// Syncs the directory holding `path`, making a rename into it durable; false with errno set.
+inline bool sync_parent_dir(const std::string& path, std::string& dir) {
+    const size_t slash = path.find_last_of('/');
+    dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+    Fd d(open_retry(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    return d.fd >= 0 && ::fsync(d.fd) == 0;
 }
 
 // The parsed header: a JSON value of the accepted subset. An object's member names are in keys,
@@ -451,6 +554,38 @@ class JsonParser {
 
 }  // namespace detail
 
+// Where a file is written before it is renamed to `path`: PATH.tmp.<host>.<pid>.
+inline std::string temp_path(const std::string& path) {
+    return path + ".tmp." + detail::host_tag() + "." + std::to_string(::getpid());
+}
+
+// Async-signal-safe: removes the temp file this process is writing, if any (SIGINT/SIGTERM handlers).
+inline void remove_active_temp() {
+    if (detail::active_temp_set) ::unlink(detail::active_temp);
+}
+
+// Removes the temp files in `dir` that processes of this host left when they died (their pid is
+// gone), and returns their names. Those of live processes and of other hosts (a shared file system)
+// are left alone: their writers may still be at work.
+inline std::vector<std::string> remove_stale_temps(const std::string& dir) {
+    std::vector<std::string> removed;
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return removed;
+    const std::string mark = ".tmp." + detail::host_tag() + ".";
+    while (const dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        const size_t at = name.rfind(mark);
+        if (at == std::string::npos || at + mark.size() >= name.size()) continue;
+        const std::string pid_text = name.substr(at + mark.size());
+        if (pid_text.find_first_not_of("0123456789") != std::string::npos || pid_text.size() > 9) continue;
+        const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+        if (pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+        if (::unlink((dir + "/" + name).c_str()) == 0) removed.push_back(name);
+    }
+    ::closedir(d);
+    return removed;
+}
+
 // Collects metadata and tensors, then writes them as one checkpoint file. The tensors' bytes are
 // not copied: each data pointer must stay valid until write() returns.
 class CheckpointWriter {
@@ -505,10 +640,11 @@ class CheckpointWriter {
         return h;
     }
 
-    // Writes the file atomically (see the top of this file); throws CheckpointError naming the
-    // path and the system's reason, leaving no temp file and whatever was at path untouched.
-    void write(const std::string& path) const {
-        const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+    // Writes the file atomically (see the top of this file) and returns its size and CRC-32C;
+    // throws CheckpointError naming the path and the system's reason, leaving no temp file and
+    // whatever was at path untouched.
+    FileDigest write(const std::string& path) const {
+        const std::string tmp = temp_path(path);
         // Called as fail(errno, ...) right after the failing call: no argument allocates, so errno
         // is still the failing call's.
         const auto fail = [&](int err, const char* step, const std::string& file, const char* tail = "") {
@@ -519,7 +655,9 @@ class CheckpointWriter {
         if (h.size() > kMaxHeaderBytes)
             throw CheckpointError("cannot write checkpoint " + path + ": its header would be " + std::to_string(h.size()) +
                                   " bytes, more than the " + std::to_string(kMaxHeaderBytes) + "-byte limit readers accept");
+        FileDigest digest;
         {
+            const detail::ActiveTemp active(tmp);
             // Until the rename, any way out removes the temp file.
             struct TempFile {
                 const std::string& tmp;
@@ -536,9 +674,9 @@ class CheckpointWriter {
                 fail(err, "cannot create temporary file", tmp);
             }
             const uint64_t n = h.size();
-            bool ok = detail::write_fully(file.fd.fd, &n, 8) && detail::write_fully(file.fd.fd, h.data(), n);
+            bool ok = detail::write_fully(file.fd.fd, &n, 8, &digest) && detail::write_fully(file.fd.fd, h.data(), n, &digest);
             for (size_t i = 0; ok && i < tensors_.size(); ++i)
-                ok = detail::write_fully(file.fd.fd, tensors_[i].data, tensors_[i].bytes);
+                ok = detail::write_fully(file.fd.fd, tensors_[i].data, tensors_[i].bytes, &digest);
             if (!ok) fail(errno, "writing", tmp);
             if (::fsync(file.fd.fd) != 0) fail(errno, "fsync of", tmp);
             if (::close(std::exchange(file.fd.fd, -1)) != 0) fail(errno, "closing", tmp);
@@ -546,11 +684,9 @@ class CheckpointWriter {
             file.keep = true;
         }
         // The rename is durable only once the directory entry is on disk.
-        const size_t slash = path.find_last_of('/');
-        const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-        detail::Fd d(detail::open_retry(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-        if (d.fd < 0) fail(errno, "opening its directory", dir, " to sync it");
-        if (::fsync(d.fd) != 0) fail(errno, "fsync of its directory", dir);
+        std::string dir;
+        if (!detail::sync_parent_dir(path, dir)) fail(errno, "syncing its directory", dir);
+        return digest;
     }
 
   private:
@@ -748,5 +884,153 @@ class CheckpointReader {
     std::vector<std::pair<std::string, Info>> infos_;  // in data order
     std::map<std::string, size_t> index_;
 };
+
+// ---- the manifest: what makes a directory of rank files one checkpoint ----
+
+constexpr const char* kManifestName = "manifest.json";
+
+struct ManifestFile {
+    std::string name;  // relative to the directory
+    FileDigest digest;
+};
+
+struct Manifest {
+    std::vector<std::pair<std::string, std::string>> meta;  // in the order written
+    std::vector<ManifestFile> files;
+
+    // A metadata value; throws naming the key and the manifest when it has none.
+    const std::string& get(const std::string& key, const std::string& path) const {
+        for (const auto& m : meta)
+            if (m.first == key) return m.second;
+        throw CheckpointError("manifest " + path + " has no " + detail::json_quote(key));
+    }
+};
+
+inline std::string manifest_path(const std::string& dir) { return dir + "/" + kManifestName; }
+
+// The size and CRC-32C of a file's bytes, streamed.
+inline FileDigest file_digest(const std::string& path) {
+    detail::Fd fd(detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.fd < 0) throw CheckpointError("cannot open " + path + ": " + detail::errno_text(errno));
+    std::vector<unsigned char> buf(size_t(1) << 22);
+    FileDigest d;
+    for (;;) {
+        const int64_t got = detail::pread_fully(fd.fd, buf.data(), buf.size(), d.bytes);
+        if (got < 0) throw CheckpointError("cannot read " + path + ": " + detail::errno_text(errno));
+        d.crc32c = crc32c(d.crc32c, buf.data(), static_cast<size_t>(got));
+        d.bytes += static_cast<uint64_t>(got);
+        if (static_cast<size_t>(got) < buf.size()) return d;
+    }
+}
+
+// Writes DIR/manifest.json atomically (temp file, fsync, rename, directory fsync).
+inline void write_manifest(const std::string& dir, const Manifest& m) {
+    const std::string path = manifest_path(dir), tmp = temp_path(path);
+    std::string text = "{\"meta\":{";
+    for (size_t i = 0; i < m.meta.size(); ++i)
+        text += (i ? "," : "") + detail::json_quote(m.meta[i].first) + ":" + detail::json_quote(m.meta[i].second);
+    text += "},\"files\":[";
+    for (size_t i = 0; i < m.files.size(); ++i)
+        text += std::string(i ? "," : "") + "\n{\"name\":" + detail::json_quote(m.files[i].name) +
+                ",\"bytes\":" + std::to_string(m.files[i].digest.bytes) + ",\"crc32c\":\"" +
+                crc_text(m.files[i].digest.crc32c) + "\"}";
+    text += "]}\n";
+    const auto fail = [&](const char* step) {
+        const int err = errno;
+        ::unlink(tmp.c_str());
+        throw CheckpointError("cannot write manifest " + path + ": " + step + ": " + detail::errno_text(err));
+    };
+    const detail::ActiveTemp active(tmp);
+    detail::Fd fd(detail::open_retry(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd.fd < 0) fail("creating its temporary file");
+    if (!detail::write_fully(fd.fd, text.data(), text.size())) fail("writing");
+    if (::fsync(fd.fd) != 0) fail("fsync");
+    if (::close(std::exchange(fd.fd, -1)) != 0) fail("closing");
+    if (::rename(tmp.c_str(), path.c_str()) != 0) fail("renaming into place");
+    std::string parent;
+    if (!detail::sync_parent_dir(path, parent)) fail("syncing its directory");
+}
+
+// Removes DIR/manifest.json durably (a save into an existing directory starts with this, so that a
+// save that dies midway leaves a directory without a manifest, which resume refuses); a missing
+// manifest is fine.
+inline void remove_manifest(const std::string& dir) {
+    const std::string path = manifest_path(dir);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT)
+        throw CheckpointError("cannot remove " + path + ": " + detail::errno_text(errno));
+    std::string parent;
+    if (!detail::sync_parent_dir(path, parent))
+        throw CheckpointError("cannot sync directory " + parent + ": " + detail::errno_text(errno));
+}
+
+inline bool has_manifest(const std::string& dir) { return ::access(manifest_path(dir).c_str(), F_OK) == 0; }
+
+// Reads and checks DIR/manifest.json (schema, unique file names, 8-hex-digit checksums).
+inline Manifest read_manifest(const std::string& dir) {
+    using detail::Json;
+    const std::string path = manifest_path(dir);
+    detail::Fd fd(detail::open_retry(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.fd < 0) throw CheckpointError("cannot open manifest " + path + ": " + detail::errno_text(errno));
+    struct stat st {};
+    if (::fstat(fd.fd, &st) != 0 || st.st_size > int64_t(kMaxHeaderBytes))
+        throw CheckpointError("manifest " + path + " cannot be read or is implausibly large");
+    std::string text(static_cast<size_t>(st.st_size), '\0');
+    if (detail::pread_fully(fd.fd, text.data(), text.size(), 0) != static_cast<int64_t>(text.size()))
+        throw CheckpointError("cannot read manifest " + path + ": " + detail::errno_text(errno));
+    const Json doc = detail::JsonParser(text, path).parse_document();
+    const auto bad = [&](const std::string& what) -> CheckpointError { return CheckpointError("manifest " + path + ": " + what); };
+    Manifest m;
+    const Json *meta = nullptr, *files = nullptr;
+    for (size_t k = 0; k < doc.keys.size(); ++k) {
+        if (doc.keys[k] == "meta") meta = &doc.items[k];
+        else if (doc.keys[k] == "files") files = &doc.items[k];
+        else throw bad("unknown member " + detail::json_quote(doc.keys[k]));
+    }
+    if (!meta || meta->kind != Json::Object) throw bad("\"meta\" is missing or not an object");
+    if (!files || files->kind != Json::Array) throw bad("\"files\" is missing or not an array");
+    for (size_t k = 0; k < meta->keys.size(); ++k) {
+        if (meta->items[k].kind != Json::String) throw bad("meta " + detail::json_quote(meta->keys[k]) + " is not a string");
+        m.meta.emplace_back(meta->keys[k], meta->items[k].str);
+    }
+    for (const Json& f : files->items) {
+        const Json *name = nullptr, *bytes = nullptr, *crc = nullptr;
+        if (f.kind != Json::Object) throw bad("a \"files\" entry is not an object");
+        for (size_t k = 0; k < f.keys.size(); ++k) {
+            if (f.keys[k] == "name") name = &f.items[k];
+            else if (f.keys[k] == "bytes") bytes = &f.items[k];
+            else if (f.keys[k] == "crc32c") crc = &f.items[k];
+            else throw bad("a \"files\" entry has an unknown member " + detail::json_quote(f.keys[k]));
+        }
+        if (!name || name->kind != Json::String || name->str.empty() || name->str.find('/') != std::string::npos)
+            throw bad("a \"files\" entry lacks a plain file name");
+        if (!bytes || bytes->kind != Json::Integer) throw bad("file " + name->str + " lacks its \"bytes\"");
+        if (!crc || crc->kind != Json::String || crc->str.size() != 8 ||
+            crc->str.find_first_not_of("0123456789abcdef") != std::string::npos)
+            throw bad("file " + name->str + " lacks its \"crc32c\" (8 lowercase hex digits)");
+        for (const ManifestFile& e : m.files)
+            if (e.name == name->str) throw bad("file " + name->str + " is listed twice");
+        m.files.push_back({name->str, {bytes->num, static_cast<uint32_t>(std::stoul(crc->str, nullptr, 16))}});
+    }
+    return m;
+}
+
+// Checks DIR/NAME against its manifest entry (size, then CRC-32C of every byte); throws naming the
+// file and what differs.
+inline void verify_file(const std::string& dir, const Manifest& m, const std::string& name) {
+    const std::string path = dir + "/" + name;
+    for (const ManifestFile& e : m.files) {
+        if (e.name != name) continue;
+        const FileDigest got = file_digest(path);
+        if (got.bytes != e.digest.bytes)
+            throw CheckpointError(path + " is " + std::to_string(got.bytes) + " bytes, but " + manifest_path(dir) +
+                                  " lists it at " + std::to_string(e.digest.bytes) +
+                                  " (a file of another save, or damaged)");
+        if (got.crc32c != e.digest.crc32c)
+            throw CheckpointError(path + " has CRC-32C " + crc_text(got.crc32c) + ", but " + manifest_path(dir) +
+                                  " lists " + crc_text(e.digest.crc32c) + " (its bytes changed since the save)");
+        return;
+    }
+    throw CheckpointError(manifest_path(dir) + " does not list " + name);
+}
 
 }  // namespace ckpt

@@ -1,6 +1,8 @@
 // The checkpoint file format (data/checkpoint.h): round trips of every dtype and shape kind, the
 // byte layout checked by hand, every kind of broken file with the message it must give, writer
-// misuse, a writer killed mid-write, and writes that fail.
+// misuse, a writer killed mid-write, and writes that fail; CRC-32C against the published test
+// vectors and a bit-at-a-time reference; manifests (round trip, a flipped bit, a changed size,
+// broken manifests); the removal of dead processes' temp files.
 //   test_data_checkpoint                     runs the tests
 //   test_data_checkpoint --write-sample PATH writes the fixed sample tests/data/test_read_checkpoint.py checks
 //   test_data_checkpoint --list PATH         prints what the reader sees, one JSON array a line
@@ -520,7 +522,7 @@ void test_interrupted_write(const datatest::ScratchDir& dir) {
         }
         _exit(0);
     }
-    const std::string tmp = path + ".tmp." + std::to_string(pid);
+    const std::string tmp = path + ".tmp." + ckpt::detail::host_tag() + "." + std::to_string(pid);
     off_t seen = 0;
     bool growing = false;
     for (int i = 0; i < 20000 && !growing; ++i) {  // up to ~10 s
@@ -561,6 +563,134 @@ void test_interrupted_write(const datatest::ScratchDir& dir) {
     test::check(names.size() == 1 && names[0] == "resume.safetensors", "interrupted write: stray entries");
 }
 
+// CRC-32C one bit at a time, straight from the definition (reflected polynomial 0x82F63B78).
+uint32_t crc32c_bitwise(const unsigned char* p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; ++i) {
+        c ^= p[i];
+        for (int k = 0; k < 8; ++k) c = c & 1 ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    }
+    return ~c;
+}
+
+void test_crc32c() {
+    // RFC 3720 (iSCSI) appendix B.4 and the common check value.
+    std::vector<unsigned char> zeros(32, 0), ones(32, 0xFF), up(32), down(32);
+    for (int i = 0; i < 32; ++i) up[i] = static_cast<unsigned char>(i), down[i] = static_cast<unsigned char>(31 - i);
+    const char* check = "123456789";
+    const struct {
+        const void* p;
+        size_t n;
+        uint32_t want;
+    } vectors[] = {{zeros.data(), 32, 0x8A9136AAu}, {ones.data(), 32, 0x62A8AB43u}, {up.data(), 32, 0x46DD794Eu},
+                   {down.data(), 32, 0x113FDB5Cu},  {check, 9, 0xE3069283u},        {check, 0, 0u}};
+    for (const auto& v : vectors)
+        test::check(ckpt::crc32c(0, v.p, v.n) == v.want, "crc32c of a known vector: %08x, want %08x",
+                    ckpt::crc32c(0, v.p, v.n), v.want);
+    // Random data at every alignment and length, in random pieces, against the bitwise reference.
+    const auto data = random_bytes(5000);
+    for (int trial = 0; trial < 200; ++trial) {
+        const size_t begin = test::rng()() % 64, n = test::rng()() % (data.size() - begin);
+        const uint32_t want = crc32c_bitwise(data.data() + begin, n);
+        uint32_t got = 0;
+        for (size_t at = 0; at < n;) {
+            const size_t piece = std::min<size_t>(n - at, test::rng()() % 40);
+            got = ckpt::crc32c(got, data.data() + begin + at, piece);
+            at += piece;
+        }
+        if (!test::check(got == want && ckpt::crc32c(0, data.data() + begin, n) == want,
+                         "crc32c of %zu random bytes at offset %zu: %08x, want %08x", n, begin, got, want))
+            break;
+    }
+}
+
+void test_manifest(const datatest::ScratchDir& dir) {
+    const auto a = random_bytes(3000), b = random_bytes(777);
+    CheckpointWriter wa, wb;
+    wa.meta("rank", "0");
+    wa.tensor("a", "U8", {3000}, a.data(), a.size());
+    wb.tensor("b", "U8", {777}, b.data(), b.size());
+    const ckpt::FileDigest da = wa.write(dir.file("rank0.safetensors")), db = wb.write(dir.file("rank1.safetensors"));
+    const auto bytes0 = file_bytes(dir.file("rank0.safetensors"));
+    test::check(da.bytes == bytes0.size() && da.crc32c == crc32c_bitwise(bytes0.data(), bytes0.size()),
+                "the writer's digest is the file's size and CRC-32C");
+    test::check(ckpt::file_digest(dir.file("rank1.safetensors")) == db, "file_digest agrees with the writer's");
+
+    ckpt::Manifest m;
+    m.meta = {{"step", "7"}, {"note", "quote \" and \\"}};
+    m.files = {{"rank0.safetensors", da}, {"rank1.safetensors", db}};
+    test::check(!ckpt::has_manifest(dir.path()), "no manifest before one is written");
+    ckpt::write_manifest(dir.path(), m);
+    test::check(!has_entry_with(dir, ".tmp."), "the manifest's temp file is gone");
+    const ckpt::Manifest back = ckpt::read_manifest(dir.path());
+    test::check(back.meta == m.meta && back.files.size() == 2 && back.files[0].name == "rank0.safetensors" &&
+                    back.files[0].digest == da && back.files[1].digest == db,
+                "the manifest reads back");
+    bool ok = true;
+    try {
+        ckpt::verify_file(dir.path(), back, "rank0.safetensors");
+        ckpt::verify_file(dir.path(), back, "rank1.safetensors");
+    } catch (const CheckpointError& e) {
+        ok = test::check(false, "intact files verify: %s", e.what());
+    }
+    (void)ok;
+    const std::string p1 = dir.file("rank1.safetensors");
+    // One flipped bit anywhere (here in the tensor data) fails the checksum, naming the file.
+    auto flipped = file_bytes(p1);
+    flipped[flipped.size() - 100] ^= 0x08;
+    datatest::write_bytes(p1, flipped.data(), flipped.size());
+    expect_error("a flipped bit", [&] { ckpt::verify_file(dir.path(), back, "rank1.safetensors"); },
+                 {p1, "CRC-32C", ckpt::crc_text(db.crc32c)});
+    // Another rank's file in its place: the size differs.
+    datatest::write_bytes(p1, bytes0.data(), bytes0.size());
+    expect_error("a file of another size", [&] { ckpt::verify_file(dir.path(), back, "rank1.safetensors"); },
+                 {p1, std::to_string(bytes0.size()) + " bytes", std::to_string(db.bytes)});
+    expect_error("a file the manifest does not list", [&] { ckpt::verify_file(dir.path(), back, "rank2.safetensors"); },
+                 {"does not list rank2.safetensors"});
+    expect_error("a missing meta key", [&] { back.get("seed", "M"); }, {"manifest M has no \"seed\""});
+
+    const std::string mpath = ckpt::manifest_path(dir.path());
+    for (const auto& [text, part] : std::vector<std::pair<std::string, std::string>>{
+             {"{\"meta\":{},\"files\":[{\"name\":\"r\",\"bytes\":1,\"crc32c\":\"0000000g\"}]}", "8 lowercase hex"},
+             {"{\"meta\":{},\"files\":[{\"name\":\"r\",\"crc32c\":\"00000000\"}]}", "lacks its \"bytes\""},
+             {"{\"meta\":{},\"files\":[{\"name\":\"../r\",\"bytes\":1,\"crc32c\":\"00000000\"}]}", "plain file name"},
+             {"{\"meta\":{},\"files\":[{\"name\":\"r\",\"bytes\":1,\"crc32c\":\"00000000\"},"
+              "{\"name\":\"r\",\"bytes\":1,\"crc32c\":\"00000000\"}]}", "listed twice"},
+             {"{\"meta\":{\"step\":7},\"files\":[]}", "not a string"},
+             {"{\"files\":[]}", "\"meta\" is missing"},
+             {"{\"meta\":{},\"files\":[],\"extra\":1}", "unknown member"},
+             {"{\"meta\":{},\"files\":[]", "bad header JSON"}}) {
+        datatest::write_bytes(mpath, text.data(), text.size());
+        expect_error("broken manifest " + text, [&] { ckpt::read_manifest(dir.path()); }, {mpath, part});
+    }
+    ckpt::remove_manifest(dir.path());
+    test::check(!ckpt::has_manifest(dir.path()), "remove_manifest removes it");
+    ckpt::remove_manifest(dir.path());  // and a missing one is fine
+    expect_error("no manifest", [&] { ckpt::read_manifest(dir.path()); }, {"cannot open manifest " + mpath});
+}
+
+// A dead writer's temp file of this host goes; a live process's, another host's and other files stay.
+void test_stale_temps(const datatest::ScratchDir& dir) {
+    std::fflush(stdout);
+    const pid_t dead = ::fork();
+    if (dead == 0) _exit(0);
+    ::waitpid(dead, nullptr, 0);
+    const std::string host = ckpt::detail::host_tag();
+    const std::string stale = "rank0.safetensors.tmp." + host + "." + std::to_string(dead);
+    const std::string live = "rank1.safetensors.tmp." + host + "." + std::to_string(::getppid());
+    const std::string other = "rank2.safetensors.tmp.other-host-x." + std::to_string(dead);
+    for (const std::string& name : {stale, live, other, std::string("rank0.safetensors")})
+        datatest::write_bytes(dir.file(name), "x", 1);
+    const auto removed = ckpt::remove_stale_temps(dir.path());
+    const auto left = dir.entries();
+    test::check(removed == std::vector<std::string>{stale} && left.size() == 3 &&
+                    std::find(left.begin(), left.end(), stale) == left.end(),
+                "remove_stale_temps removes exactly the dead process's temp file (%zu removed, %zu left)", removed.size(),
+                left.size());
+    test::check(ckpt::temp_path("/d/f") == "/d/f.tmp." + host + "." + std::to_string(::getpid()),
+                "temp files are named PATH.tmp.<host>.<pid>");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -590,6 +720,11 @@ int main(int argc, char** argv) {
     test_write_failures(d3);
     datatest::ScratchDir d4;
     test_interrupted_write(d4);
+    test_crc32c();
+    datatest::ScratchDir d5;
+    test_manifest(d5);
+    datatest::ScratchDir d6;
+    test_stale_temps(d6);
 
     // The sample the Python test checks also reads back here.
     const std::string sample = d2.file("sample.safetensors");

@@ -8,3 +8,12 @@ if(Python3_Interpreter_FOUND)
 else()
   message(STATUS "python3 not found: the trainer's end-to-end test is not registered")
 endif()
+
+# Bad inputs and faults (tests/trainer/test_failures.py): flags, startup checks, a full log disk,
+# checkpoint manifests and mixed or damaged rank files, non-finite state, signals. Mounts a small
+# tmpfs when it runs as root, else uses the CPU build's TRAIN_GPT_LOG_LIMIT.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME test_trainer_failures COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_failures.py
+           $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
+  set_tests_properties(test_trainer_failures PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1200)
+endif()
