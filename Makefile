@@ -3,6 +3,7 @@
 #   make cpu    the CPU build: train_gpt_cpu and the test programs, against emu/
 #   make test   both builds, then every test through CTest
 #   make run    the main job
+# Each first runs scripts/install_deps.sh: the Debian packages and the Python environment .venv.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -20,18 +21,20 @@ test: configure
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The main job: the tiny preset on the committed Tiny Shakespeare shards, one rank; on the GPU
-# binary when there is a GPU, else on the CPU build. RUN_FLAGS adds trainer flags.
+# binary when there is a GPU and the GPU build is on, else on the CPU build. RUN_FLAGS adds
+# trainer flags.
 RUN_FLAGS ?=
 TINY_RUN = --preset tiny --val-every 10 --log-train-loss $(RUN_FLAGS)
 run: configure
-	@if nvidia-smi -L >/dev/null 2>&1; then \
+	@if nvidia-smi -L >/dev/null 2>&1 && grep -q '^BUILD_GPU:BOOL=ON' $(BUILD)/CMakeCache.txt; then \
 	  cmake --build $(BUILD) --target train_gpt -j $(JOBS) && ./$(BUILD)/train_gpt $(TINY_RUN); \
 	else \
 	  cmake --build $(BUILD) --target train_gpt_cpu -j $(JOBS) && ./$(BUILD)/train_gpt_cpu $(TINY_RUN); \
 	fi
 
+# Debian packages and the Python environment .venv (scripts/install_deps.sh); quick when all is there.
 deps:
-	scripts/install_deps.sh
+	@scripts/install_deps.sh
 
 configure: deps
 	@test -f $(BUILD)/CMakeCache.txt || cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
