@@ -21,8 +21,8 @@ A run whose log ends before its last step is drawn as far as it got and marked w
 (truncated); one whose val loss became nan or inf is drawn to its last finite point and marked
 with a star (diverged); neither counts in the means or the strip panels. A directory stands for
 every *.txt file in it; logs are read as scripts/stats.py reads them: a file that is not a log
-is listed and skipped, a copy of a log counted once. Needs matplotlib (python3 -m pip install
-matplotlib); it draws without a display (Agg backend).
+is listed and skipped, a copy of a log counted once. Needs matplotlib (in the project's .venv, which make
+creates); it draws without a display (Agg backend).
 Exit status: 0 written, 1 a missing file, no run in a group, no matplotlib, or the image could not
 be written, 2 bad arguments.
 """
@@ -348,7 +348,8 @@ def main(argv=None):
     try:
         import matplotlib
     except ImportError:
-        return fail("matplotlib is not installed; install it with: python3 -m pip install matplotlib")
+        return fail("matplotlib is not installed: run this with the project's .venv/bin/python (make creates it), "
+                    "or python3 -m pip install matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig = build_figure(groups, args.target, args.title)
