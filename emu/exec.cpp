@@ -638,13 +638,12 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
         return;
     }
     const KernelInfo& info = kernel_info(kernel);
-    if (threads > info.max_threads) {
-        set_launch_error(cudaErrorLaunchOutOfResources, "emu: launch of kernel " + info.name + " with " +
-                                                            std::to_string(threads) + " threads per block: its __launch_bounds__ allow " +
-                                                            std::to_string(info.max_threads));
+    if (threads > info.max_threads) {  // as the GPU refuses a launch beyond what the kernel was compiled for
+        set_launch_error(cudaErrorLaunchOutOfResources,
+                         "emu: launch of kernel " + info.name + " with " + std::to_string(threads) +
+                             " threads per block: its __launch_bounds__ allow " + std::to_string(info.max_threads));
         return;
     }
-    log_launch(info, threads, smem_bytes);
     const size_t smem_limit = max_dynamic_smem(kernel);
     if (smem_bytes > smem_limit) {
         set_launch_error(cudaErrorInvalidValue,
@@ -654,6 +653,7 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
         return;
     }
     if (sticky_error() != cudaSuccess) return;
+    log_launch(info, threads, smem_bytes);
 
     Job job;
     job.kernel = kernel;

@@ -125,11 +125,8 @@ bool in_device_allocation(const void* p, size_t bytes) {
     static thread_local Found last;
     State& s = state();
     const auto* q = static_cast<const unsigned char*>(p);
-    if (last.version != s.allocations_changed.load(std::memory_order_acquire)) {
-        std::lock_guard<std::mutex> lock(s.m);
-        last = Found{};
-        last.version = s.allocations_changed.load();
-    }
+    const uint64_t version = s.allocations_changed.load(std::memory_order_acquire);
+    if (last.version != version) last = Found{nullptr, nullptr, version};
     if (!(q >= last.begin && q + bytes <= last.end)) {
         std::lock_guard<std::mutex> lock(s.m);
         auto it = s.allocations.upper_bound(q);
