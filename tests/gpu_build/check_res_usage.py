@@ -8,8 +8,9 @@ kernel symbol> <threads per block> <dynamic shared bytes>" (g++ and nvcc mangle 
 resources come from `cuobjdump -res-usage` on the GPU binaries. On an H100 (sm_90) a configuration fits
 when its registers, allocated per warp in units of 256, take at most the 65,536 of an SM, and its static
 shared memory (cuobjdump's SHARED less the 1 KiB the system reserves per block) plus the dynamic bytes
-take at most 227 KiB; and no kernel may use local memory or a stack (register spills). Exit status 1 and
-a line per violation when anything does not fit.
+take at most 227 KiB; and no kernel may use local memory or a stack frame (where ptxas puts register
+spills), except the frames listed in STACK_FRAMES with their exact size. Exit status 1 and a line per
+violation when anything does not fit.
 """
 import argparse
 import glob
@@ -24,6 +25,13 @@ REGISTERS_PER_SM = 65536
 REGISTER_UNIT = 256  # registers are allocated per warp, in units of 256
 RESERVED_SHARED = 1024  # per block, counted in cuobjdump's SHARED on sm_90
 MAX_SHARED = 227 * 1024  # per block: static + dynamic (cudaDevAttrMaxSharedMemoryPerBlockOptin)
+
+# Stack frames that hold no spills, by kernel symbol: bytes and why (ptxas -v reports "0 bytes spill
+# stores" for each). A different size fails, so a spill that joins one later still shows.
+STACK_FRAMES = {
+    "_Z22yarn_fill_table_kernelP13__nv_bfloat16PKfii":
+        (32, "sinf/cosf keep the table of their slow argument reduction (|x| >= 105615) on the stack"),
+}
 
 
 def find_cuobjdump(repo):
@@ -83,8 +91,10 @@ def violations(kernels, launches):
     """The problems, one line each, and the number of launch configurations checked."""
     problems = []
     for sym, r in sorted(kernels.items()):
-        if r["LOCAL"] or r["STACK"]:
-            problems.append(f"{sym}: spills or uses local memory (LOCAL {r['LOCAL']} bytes, STACK {r['STACK']} bytes)")
+        allowed_stack = STACK_FRAMES.get(sym, (0, ""))[0]
+        if r["LOCAL"] or r["STACK"] != allowed_stack:
+            problems.append(f"{sym}: spills or uses local memory (LOCAL {r['LOCAL']} bytes, STACK {r['STACK']} bytes"
+                            f"{f'; its known frame is {allowed_stack}' if allowed_stack else ''})")
     checked = 0
     for sym, threads, smem in sorted(launches):
         r = kernels.get(sym)

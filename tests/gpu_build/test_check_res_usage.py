@@ -55,6 +55,14 @@ class Checks(unittest.TestCase):
         self.assertTrue(any("_Z7spilledPf: spills" in p for p in problems), problems)
         self.assertTrue(any("_Z7missingv: launched by the CPU tests but in none" in p for p in problems), problems)
 
+    def test_known_stack_frame(self):
+        sym = "_Z22yarn_fill_table_kernelP13__nv_bfloat16PKfii"
+        size = cru.STACK_FRAMES[sym][0]
+        for stack, fits in ((size, True), (size + 8, False), (0, False)):
+            r = {"REG": 20, "SHARED": 1024, "LOCAL": 0, "STACK": stack}
+            problems, _ = cru.violations({sym: r}, {(sym, 256, 0)})
+            self.assertEqual(not problems, fits, (stack, problems))
+
     def test_bad_log_line(self):
         with self.assertRaises(ValueError):
             cru.parse_launch_log("_Z4heavyPf 128\n")
