@@ -3,6 +3,15 @@
 // blocked GEMM that accumulates in fp32 over the exact operand values. Validation follows the
 // real library's statuses and Hopper's fp8 rules (TN only, 16-byte alignment), so a call that
 // succeeds here also succeeds on an H100. Streams run at issue time, so the GEMM runs at once.
+//
+// Alignment, as the real heuristic models it: the MIN_ALIGNMENT_{A,B,C,D}_BYTES preferences (default
+// 256) promise how aligned each matrix's pointer is; the heuristic never sees the pointers, only the
+// leading dimensions and batch strides. So the algorithm it returns may rely on each matrix being
+// aligned to the largest power of two (at most 256) that divides the preference, ld * element size
+// and, batched, stride * element size; emu's algorithm relies on exactly that, and cublasLtMatmul
+// rejects a pointer below it (CUBLAS_STATUS_NOT_SUPPORTED), as an H100 may. A caller whose pointers
+// are less aligned states it in the preferences, as PyTorch does. Where that alignment falls below
+// what any kernel takes (the element size; 16 bytes for fp8) there is no algorithm.
 #include "cuda_emu.h"
 #include "runtime_state.h"
 
@@ -63,7 +72,9 @@ struct DescState {
 struct PrefState {
     uint64_t magic;
     uint64_t max_workspace;
+    uint32_t min_alignment[4];  // A, B, C, D, in bytes
 };
+constexpr uint32_t kDefaultMinAlignment = 256;  // cuBLASLt's default, and the most any algorithm needs
 static_assert(sizeof(LayoutState) <= sizeof(cublasLtMatrixLayoutOpaque_t));
 static_assert(sizeof(DescState) <= sizeof(cublasLtMatmulDescOpaque_t));
 static_assert(sizeof(PrefState) <= sizeof(cublasLtMatmulPreferenceOpaque_t));
@@ -116,8 +127,14 @@ Field desc_field(DescState& s, cublasLtMatmulDescAttributes_t attr) {
     }
 }
 Field pref_field(PrefState& s, cublasLtMatmulPreferenceAttributes_t attr) {
-    if (attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return field(s.max_workspace);
-    return {nullptr, 0};
+    switch (attr) {
+        case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES: return field(s.max_workspace);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES: return field(s.min_alignment[0]);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES: return field(s.min_alignment[1]);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES: return field(s.min_alignment[2]);
+        case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES: return field(s.min_alignment[3]);
+        default: return {nullptr, 0};
+    }
 }
 
 // The documented Get contract: size 0 asks for the size; otherwise the buffer must fit exactly.
@@ -218,6 +235,25 @@ struct Problem {
 };
 
 const char* op_name(int32_t t) { return t == CUBLAS_OP_N ? "N" : "T"; }
+
+// The kernels read the fp8 scales, and alpha and beta in device pointer mode, from device memory; in host
+// pointer mode alpha and beta are host values (a device pointer would be dereferenced on the host).
+cublasStatus_t check_pointer_residency(const char* fn, const DescState& d, const void* alpha, const void* beta) {
+    const struct {
+        const void* p;
+        const char* name;
+    } scales[3] = {{d.a_scale, "A_SCALE_POINTER"}, {d.b_scale, "B_SCALE_POINTER"}, {d.d_scale, "D_SCALE_POINTER"}};
+    for (const auto& s : scales)
+        if (s.p && !emu::in_device_allocation(s.p, sizeof(float)))
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "CUBLASLT_MATMUL_DESC_%s %p is not device memory (cudaMalloc)",
+                        s.name, s.p);
+    const bool device_mode = d.pointer_mode == CUBLASLT_POINTER_MODE_DEVICE;
+    for (const void* p : {alpha, beta})
+        if (emu::in_device_allocation(p, sizeof(float)) != device_mode)
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "%s %p is %s memory, but the pointer mode is %s",
+                        p == alpha ? "alpha" : "beta", p, device_mode ? "host" : "device", device_mode ? "DEVICE" : "HOST");
+    return CUBLAS_STATUS_SUCCESS;
+}
 
 // The checks cuBLASLt makes before choosing an algorithm, with its statuses. `fn` names the caller.
 cublasStatus_t check_problem(const char* fn, const DescState& d, const LayoutState& A, const LayoutState& B,
@@ -691,6 +727,45 @@ void run_gemm(const Gemm& g) {
 
 bool misaligned(const void* ptr, size_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes != 0; }
 
+// The largest power of two dividing x (x > 0), at most `cap`; `cap` for x == 0.
+uint64_t alignment_of(uint64_t x, uint64_t cap) { return x == 0 ? cap : std::min<uint64_t>(x & (~x + 1), cap); }
+
+// What the returned algorithm needs of each matrix's pointer, in bytes (see the top of this file):
+// A, B, C, D. The emulated algorithm carries it in its opaque data after its tag.
+struct AlgoAlignment {
+    uint64_t bytes[4];
+};
+AlgoAlignment algo_alignment(const Problem& p, const uint32_t (&min_alignment)[4]) {
+    const uint32_t types[4] = {p.a_type, p.b_type, p.cd_type, p.cd_type};
+    const int64_t lds[4] = {p.lda, p.ldb, p.ldc, p.ldd};
+    const int64_t strides[4] = {p.stride_a, p.stride_b, p.stride_c, p.stride_d};
+    AlgoAlignment r;
+    for (int i = 0; i < 4; ++i) {
+        const uint64_t es = type_size(types[i]);
+        uint64_t a = alignment_of(min_alignment[i], kDefaultMinAlignment);
+        a = alignment_of(uint64_t(lds[i]) * es, a);
+        if (p.batch > 1) a = alignment_of(uint64_t(strides[i]) * es, a);
+        r.bytes[i] = a;
+    }
+    return r;
+}
+// No algorithm where a matrix's alignment is below what every kernel needs.
+cublasStatus_t check_algo_alignment(const char* fn, const Problem& p, const AlgoAlignment& al,
+                                    const uint32_t (&min_alignment)[4]) {
+    const uint32_t types[4] = {p.a_type, p.b_type, p.cd_type, p.cd_type};
+    const bool fp8 = is_fp8(p.a_type);
+    for (int i = 0; i < 4; ++i) {
+        const uint64_t need = fp8 ? 16 : type_size(types[i]);
+        if (al.bytes[i] < need)
+            return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                        "no algorithm: matrix %c can only be relied on for %llu-byte alignment (MIN_ALIGNMENT_%c_BYTES %u, "
+                        "leading dimension and batch stride in bytes), and %s kernels need %llu",
+                        "ABCD"[i], static_cast<unsigned long long>(al.bytes[i]), "ABCD"[i], min_alignment[i],
+                        fp8 ? "fp8" : type_name(types[i]).c_str(), static_cast<unsigned long long>(need));
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 }  // namespace
 
 extern "C" {
@@ -841,7 +916,7 @@ cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t desc, cublasL
 cublasStatus_t cublasLtMatmulPreferenceInit_internal(cublasLtMatmulPreference_t pref, size_t size) {
     if (!pref || size < sizeof(cublasLtMatmulPreferenceOpaque_t))
         return fail(CUBLAS_STATUS_ALLOC_FAILED, "cublasLtMatmulPreferenceInit", "storage of %zu bytes is too small", size);
-    store(pref, PrefState{kPrefMagic, 0});
+    store(pref, PrefState{kPrefMagic, 0, {kDefaultMinAlignment, kDefaultMinAlignment, kDefaultMinAlignment, kDefaultMinAlignment}});
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
@@ -900,8 +975,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cublasLtM
     if (!load(pref, kPrefMagic, &ps)) return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "not a live preference");
     Problem p;
     if (cublasStatus_t st = check_problem(fn, ds, A, B, C, D, &p)) return st;
+    const AlgoAlignment al = algo_alignment(p, ps.min_alignment);
+    if (cublasStatus_t st = check_algo_alignment(fn, p, al, ps.min_alignment)) return st;
     results[0] = cublasLtMatmulHeuristicResult_t{};
     results[0].algo.data[0] = kAlgoMagic;
+    for (int i = 0; i < 4; ++i) results[0].algo.data[1 + i] = al.bytes[i];
     results[0].workspaceSize = 0;
     results[0].state = CUBLAS_STATUS_SUCCESS;
     results[0].wavesCount = 1.0f;
@@ -932,12 +1010,28 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     if (cublasStatus_t st = check_problem(fn, ds, la, lb, lc, ld, &p)) return st;
     if (!alpha || !beta) return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "alpha or beta is NULL");
     if (!A || !B || !C || !D) return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "a matrix pointer (A, B, C or D) is NULL");
-    const bool fp8 = is_fp8(p.a_type);
-    const size_t align_a = fp8 ? 16 : type_size(p.a_type), align_b = fp8 ? 16 : type_size(p.b_type);
-    const size_t align_cd = fp8 ? 16 : type_size(p.cd_type);
-    if (misaligned(A, align_a) || misaligned(B, align_b) || misaligned(C, align_cd) || misaligned(D, align_cd))
-        return fail(fp8 ? CUBLAS_STATUS_NOT_SUPPORTED : CUBLAS_STATUS_INVALID_VALUE, fn,
-                    "pointers must be %s-aligned (A %p, B %p, C %p, D %p)", fp8 ? "16-byte" : "element", A, B, C, D);
+    // Without an algorithm, cublasLtMatmul chooses one as the heuristic does under default preferences.
+    AlgoAlignment al;
+    if (algo) {
+        for (int i = 0; i < 4; ++i) al.bytes[i] = algo->data[1 + i];
+    } else {
+        const uint32_t defaults[4] = {kDefaultMinAlignment, kDefaultMinAlignment, kDefaultMinAlignment, kDefaultMinAlignment};
+        al = algo_alignment(p, defaults);
+        if (cublasStatus_t st = check_algo_alignment(fn, p, al, defaults)) return st;
+    }
+    const void* ptrs[4] = {A, B, C, D};
+    const uint32_t types[4] = {p.a_type, p.b_type, p.cd_type, p.cd_type};
+    for (int i = 0; i < 4; ++i)
+        if (misaligned(ptrs[i], type_size(types[i])))
+            return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "matrix %c at %p is not aligned to its %s elements", "ABCD"[i],
+                        ptrs[i], type_name(types[i]).c_str());
+    for (int i = 0; i < 4; ++i)
+        if (misaligned(ptrs[i], al.bytes[i]))
+            return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn,
+                        "matrix %c at %p is not %llu-byte aligned, which the algorithm relies on (it was chosen under "
+                        "CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES; lower that preference to the pointer's alignment)",
+                        "ABCD"[i], ptrs[i], static_cast<unsigned long long>(al.bytes[i]), "ABCD"[i]);
+    if (cublasStatus_t st = check_pointer_residency(fn, ds, alpha, beta)) return st;
     if (C == D && (p.ldc != p.ldd || p.stride_c != p.stride_d))
         return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "in place (C == D) needs C and D layouts to match");
     if (emu::sticky_error() != cudaSuccess)

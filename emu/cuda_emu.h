@@ -24,6 +24,9 @@
 
 // The CUDA headers define these as nothing for a host compiler; a block's static shared
 // memory must be one object for all its threads, and a worker runs one block at a time.
+// Emu finds these objects in the program's symbol table (to poison them at every block start and
+// to know shared addresses): a function-local `static thread_local` outside namespace emu is
+// static shared memory. Launch bounds are read from the sources at build time (launch_bounds.h).
 #undef __shared__
 #define __shared__ static thread_local
 #define __launch_bounds__(...)
@@ -68,6 +71,7 @@ struct BlockState {         // one per block in flight on a worker
     uint3 block_idx;
     dim3 block_dim, grid_dim;
     unsigned char* dyn_smem;
+    size_t dyn_smem_bytes;
 };
 extern __thread ThreadState* t_thread;
 extern __thread BlockState* t_block;
@@ -183,6 +187,13 @@ float butterfly(float v) {
     return r;
 }
 unsigned warp_lanes();  // the lanes that exist in the calling thread's warp (a partial last warp has fewer)
+
+// For the PTX twins' checks (kernels/ptx.cuh): where an access lies, and how a thread fails.
+bool in_block_shared(const void* p, size_t bytes);       // inside one of the calling block's shared objects
+bool in_device_allocation(const void* p, size_t bytes);  // inside one cudaMalloc allocation
+// Stops the calling CUDA thread's kernel with a message naming the kernel, block and thread; the
+// launch leaves a sticky cudaErrorLaunchFailure, as a faulting kernel does on a GPU.
+[[noreturn]] void fail_thread(const char* why);
 
 }  // namespace emu
 

@@ -5,6 +5,8 @@
 // directly to the next runnable fiber. Blocks are spread over a pool of workers. When a whole
 // turn makes no progress, the block has deadlocked.
 #include "cuda_emu.h"
+#include "launch_bounds.h"
+#include "poison.h"
 #include "runtime_state.h"
 
 #if !(defined(__x86_64__) && defined(__ELF__))
@@ -12,6 +14,7 @@
 #endif
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -26,8 +29,10 @@
 #include <mutex>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -338,9 +343,11 @@ void Worker::run_block(Job& job, uint64_t linear) {
     block_.block_dim = bd;
     block_.grid_dim = g;
     block_.dyn_smem = smem_.data();
+    block_.dyn_smem_bytes = job.smem_bytes;
     t_block = &block_;
     const unsigned n = job.threads;
-    if (settings().random_seed) std::memset(smem_.data(), 0xff, job.smem_bytes);  // stale data shows as NaN
+    poison_fresh(smem_.data(), job.smem_bytes);  // what an earlier block left shows as NaN
+    poison_static_shared();
 
     for (unsigned w = 0; w * 32 < n; ++w) {
         Warp& wp = warps_[w];
@@ -507,25 +514,64 @@ Pool& pool() {
     return *p;
 }
 
-std::string kernel_name(const void* kernel) {
+// The function's name without its return type, template arguments, parameters or namespaces:
+// "void adam_step_kernel<float>(float*, ...)" is adam_step_kernel.
+std::string plain_identifier(std::string demangled) {
+    if (demangled.rfind("void ", 0) == 0) demangled.erase(0, 5);  // templates show their return type
+    demangled = demangled.substr(0, demangled.find_first_of("<("));
+    const size_t colons = demangled.rfind("::");
+    return colons == std::string::npos ? demangled : demangled.substr(colons + 2);
+}
+
+struct KernelInfo {
+    std::string name;      // demangled and quoted, for messages
+    std::string symbol;    // mangled, as the GPU build's cuobjdump lists it; empty if unknown
+    unsigned max_threads;  // its __launch_bounds__ (launch_bounds.h), else the device's limit
+};
+const KernelInfo& kernel_info(const void* kernel) {
     static std::mutex m;
-    static std::unordered_map<const void*, std::string> names;
+    static std::unordered_map<const void*, KernelInfo> infos;
     std::lock_guard<std::mutex> lock(m);
-    auto it = names.find(kernel);
-    if (it != names.end()) return it->second;
-    std::string name;
+    auto it = infos.find(kernel);
+    if (it != infos.end()) return it->second;
+    KernelInfo k{"", "", kMaxThreadsPerBlock};
     Dl_info info{};
     if (dladdr(kernel, &info) && info.dli_sname) {
         int status = 0;
         char* d = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
-        name = status == 0 && d ? d : info.dli_sname;
+        const std::string demangled = status == 0 && d ? d : info.dli_sname;
         std::free(d);
+        k.name = "'" + demangled + "'";
+        k.symbol = info.dli_sname;
+        const std::string id = plain_identifier(demangled);
+        for (size_t i = 0; i < kLaunchBoundCount; ++i)
+            if (id == kLaunchBounds[i].kernel) k.max_threads = kLaunchBounds[i].max_threads;
     } else {
         char buf[64];
         std::snprintf(buf, sizeof buf, "at %p (build with -rdynamic for names)", kernel);
-        name = buf;
+        k.name = buf;
     }
-    return names[kernel] = "'" + name + "'";
+    return infos.emplace(kernel, k).first->second;
+}
+std::string kernel_name(const void* kernel) { return kernel_info(kernel).name; }
+
+// EMU_LAUNCH_LOG=FILE: each distinct (kernel symbol, threads per block, dynamic shared bytes) this
+// process launches, appended to FILE as one line (processes may share the file), for the check of the
+// GPU build's resource usage (tests/gpu_build/).
+void log_launch(const KernelInfo& k, uint64_t threads, size_t smem_bytes) {
+    static const char* path = std::getenv("EMU_LAUNCH_LOG");
+    if (!path || !*path || k.symbol.empty()) return;
+    static std::mutex m;
+    static std::set<std::tuple<std::string, uint64_t, size_t>> seen;
+    std::lock_guard<std::mutex> lock(m);
+    if (!seen.emplace(k.symbol, threads, smem_bytes).second) return;
+    const std::string line = k.symbol + " " + std::to_string(threads) + " " + std::to_string(smem_bytes) + "\n";
+    const int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0 || write(fd, line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+        std::fprintf(stderr, "emu: EMU_LAUNCH_LOG=%s: cannot append to it\n", path);
+        std::exit(2);
+    }
+    close(fd);
 }
 
 std::string dims(dim3 d) {
@@ -591,6 +637,13 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
         set_launch_error(cudaErrorInvalidConfiguration, "emu: launch of kernel " + kernel_name(kernel) + ": " + bad);
         return;
     }
+    const KernelInfo& info = kernel_info(kernel);
+    if (threads > info.max_threads) {  // as the GPU refuses a launch beyond what the kernel was compiled for
+        set_launch_error(cudaErrorLaunchOutOfResources,
+                         "emu: launch of kernel " + info.name + " with " + std::to_string(threads) +
+                             " threads per block: its __launch_bounds__ allow " + std::to_string(info.max_threads));
+        return;
+    }
     const size_t smem_limit = max_dynamic_smem(kernel);
     if (smem_bytes > smem_limit) {
         set_launch_error(cudaErrorInvalidValue,
@@ -600,6 +653,7 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
         return;
     }
     if (sticky_error() != cudaSuccess) return;
+    log_launch(info, threads, smem_bytes);
 
     Job job;
     job.kernel = kernel;
@@ -690,6 +744,17 @@ int block_barrier(const char* what, int pred) {
 }
 
 unsigned warp_lanes() { return current_worker_on_fiber().warp(t_thread->warp).lanes; }
+
+bool in_block_shared(const void* p, size_t bytes) {
+    const auto* q = static_cast<const unsigned char*>(p);
+    const BlockState& b = *t_block;
+    if (q >= b.dyn_smem && q + bytes <= b.dyn_smem + b.dyn_smem_bytes) return true;
+    return in_static_shared(p, bytes);
+}
+
+void fail_thread(const char* why) {
+    current_worker_on_fiber().fail_on_fiber(static_cast<Fiber*>(t_thread), why);
+}
 
 void shfl_combine(const unsigned char* in, unsigned char* out, unsigned mask) {
     for (unsigned lane = 0; lane < 32; ++lane) {

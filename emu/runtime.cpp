@@ -2,11 +2,14 @@
 // every stream executes its work at issue time, so streams run in issue order and an
 // event records the moment its stream reached it. The device reports an H100 SXM.
 #include "cuda_emu.h"
+#include "poison.h"
 #include "runtime_state.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <new>
 #include <string>
@@ -29,7 +32,12 @@ struct State {
     cudaError_t last = cudaSuccess;
     cudaError_t sticky = cudaSuccess;
     std::string message;
-    std::unordered_map<const void*, size_t> allocations;  // device and pinned, by pointer
+    struct Allocation {
+        size_t bytes;
+        bool device;  // cudaMalloc; else cudaMallocHost
+    };
+    std::map<const unsigned char*, Allocation> allocations;  // ordered: an address finds its allocation
+    std::atomic<uint64_t> allocations_changed{0};            // bumped by every allocation and free
     size_t device_bytes = 0, peak_device_bytes = 0;
     std::unordered_map<const void*, int> max_dyn_smem;
     int device = 0;
@@ -52,9 +60,11 @@ cudaError_t check_sticky() { return state().sticky; }
 void* alloc_bytes(size_t bytes, bool device) {
     void* p = nullptr;
     if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) return nullptr;
+    emu::poison_fresh(p, bytes);
     State& s = state();
     std::lock_guard<std::mutex> lock(s.m);
-    s.allocations[p] = device ? bytes : 0;
+    s.allocations[static_cast<const unsigned char*>(p)] = {bytes, device};
+    ++s.allocations_changed;
     if (device) {
         s.device_bytes += bytes;
         s.peak_device_bytes = std::max(s.peak_device_bytes, s.device_bytes);
@@ -67,11 +77,12 @@ cudaError_t free_bytes(void* p, const char* what) {
     bool known;
     {
         std::lock_guard<std::mutex> lock(s.m);
-        auto it = s.allocations.find(p);
+        auto it = s.allocations.find(static_cast<const unsigned char*>(p));
         known = it != s.allocations.end();
         if (known) {
-            s.device_bytes -= it->second;
+            if (it->second.device) s.device_bytes -= it->second.bytes;
             s.allocations.erase(it);
+            ++s.allocations_changed;
         }
     }
     if (!known) return fail(cudaErrorInvalidValue, std::string("emu: ") + what + " of a pointer it did not allocate");
@@ -104,6 +115,29 @@ size_t max_dynamic_smem(const void* kernel) {
     return it == s.max_dyn_smem.end() ? kDefaultDynSmem : static_cast<size_t>(it->second);
 }
 const char* last_kernel_error() { return state().message.c_str(); }
+bool in_device_allocation(const void* p, size_t bytes) {
+    // The PTX twins ask for every 16-byte copy: the last allocation found is remembered per thread
+    // until the next allocation or free.
+    struct Found {
+        const unsigned char *begin = nullptr, *end = nullptr;
+        uint64_t version = ~0ull;
+    };
+    static thread_local Found last;
+    State& s = state();
+    const auto* q = static_cast<const unsigned char*>(p);
+    const uint64_t version = s.allocations_changed.load(std::memory_order_acquire);
+    if (last.version != version) last = Found{nullptr, nullptr, version};
+    if (!(q >= last.begin && q + bytes <= last.end)) {
+        std::lock_guard<std::mutex> lock(s.m);
+        auto it = s.allocations.upper_bound(q);
+        if (it == s.allocations.begin()) return false;
+        --it;
+        if (!it->second.device) return false;
+        last.begin = it->first;
+        last.end = it->first + it->second.bytes;
+    }
+    return q >= last.begin && q + bytes <= last.end;
+}
 size_t peak_device_bytes() { return state().peak_device_bytes; }
 }  // namespace emu
 
@@ -129,6 +163,7 @@ const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorNotReady: return "cudaErrorNotReady";
         case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
         case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+        case cudaErrorLaunchOutOfResources: return "cudaErrorLaunchOutOfResources";
         default: return "cudaErrorUnknown";
     }
 }
@@ -143,6 +178,7 @@ const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorNotReady: return "device not ready";
         case cudaErrorLaunchFailure: return "unspecified launch failure";
         case cudaErrorInvalidDeviceFunction: return "invalid device function";
+        case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
         default: return "unknown error";
     }
 }

@@ -14,6 +14,7 @@
 #include "platform.cuh"
 
 #include <cstdint>
+#include <cstdio>
 
 // D = A @ B + C on one 16x16x16 tile: bf16 inputs, fp32 accumulation.
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
@@ -107,6 +108,19 @@ inline void mma_m16n8k16_bf16_combine(const unsigned char* in, unsigned char* ou
     }
 }
 
+// What the hardware requires of a shared-memory operand the twins are handed: 16-byte aligned, and all
+// `bytes` of it inside one of the block's shared objects (static __shared__ or the dynamic buffer).
+// A violation stops the kernel naming the calling thread, as the fault would on the GPU.
+[[noreturn, gnu::noinline, gnu::cold]] inline void fail_access(const char* what, const void* p, const char* why) {
+    char msg[200];
+    std::snprintf(msg, sizeof msg, "%s: address %p %s", what, p, why);
+    fail_thread(msg);
+}
+inline void check_shared_operand(const char* what, const void* p, size_t bytes) {
+    if (reinterpret_cast<uintptr_t>(p) % 16) fail_access(what, p, "is not 16-byte aligned");
+    if (!in_block_shared(p, bytes)) fail_access(what, p, "is not inside one of the block's shared memory objects");
+}
+
 template <int N, bool Trans>
 void ldmatrix_combine(const unsigned char* in, unsigned char* out, unsigned) {
     for (int l = 0; l < 32; ++l) {
@@ -145,6 +159,8 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
 template <int N, bool Trans>
 __device__ __forceinline__ void ldmatrix_ptx(uint32_t (&r)[N], const void* row) {
     static_assert(N == 1 || N == 2 || N == 4, "ldmatrix loads 1, 2 or 4 matrices");
+    // Lanes past the N matrices' 8 N row addresses give none; their operand is unused.
+    if (emu::lane_id() < 8 * N) emu::check_shared_operand("ldmatrix row", row, 16);
     emu::warp_collective(Trans ? "ldmatrix.trans" : "ldmatrix", 0xffffffffu, &row, sizeof row, r, sizeof r,
                          emu::ldmatrix_combine<N, Trans>);
 }
@@ -257,7 +273,23 @@ inline bool cp_async_complete_early() {
 }
 }  // namespace emu
 
+namespace emu {
+// cp.async.cg.shared.global: the destination in the block's shared memory, the source (read only when
+// filling) 16-byte aligned and inside one device allocation.
+inline void check_cp_async(void* smem_dst, const void* gmem_src, bool fill) {
+    check_shared_operand("cp.async destination", smem_dst, 16);
+    if (!fill || in_device_allocation(gmem_src, 16)) {
+        if (fill && reinterpret_cast<uintptr_t>(gmem_src) % 16) fail_access("cp.async source", gmem_src, "is not 16-byte aligned");
+        return;
+    }
+    fail_access("cp.async source", gmem_src,
+                in_block_shared(gmem_src, 16) ? "lies in shared memory: cp.async copies global memory to shared"
+                                              : "is not inside one device allocation (cudaMalloc) for all 16 bytes");
+}
+}  // namespace emu
+
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool fill) {
+    emu::check_cp_async(smem_dst, gmem_src, fill);
     emu::CpAsyncQueue& q = emu::cp_async_queue();
     if (emu::cp_async_complete_early()) {
         if (fill) std::memcpy(smem_dst, gmem_src, 16);
@@ -453,6 +485,10 @@ template <int S, int M, int N>
 __device__ __forceinline__ void mma_m16n8k16_bf16_from_smem(float (&acc)[M][N][4], const void* const (&a_rows)[S][M],
                                                             const void* const (&b_rows)[S][N / 2]) {
     static_assert(N % 2 == 0, "B fragments come in pairs of n-tiles");
+    for (int s = 0; s < S; ++s) {
+        for (int m = 0; m < M; ++m) emu::check_shared_operand("ldmatrix row", a_rows[s][m], 16);
+        for (int p = 0; p < N / 2; ++p) emu::check_shared_operand("ldmatrix row", b_rows[s][p], 16);
+    }
     const emu::MmaFromSmemIn in{&a_rows[0][0], &b_rows[0][0], &acc[0][0][0], S, M, N};
     std::memcpy(emu::collective_slot(), &in, sizeof in);
     emu::collective_arrive("mma_m16n8k16_bf16_from_smem", 0xffffffffu, emu::mma_m16n8k16_bf16_from_smem_combine<S, M, N>);

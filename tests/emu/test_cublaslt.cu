@@ -225,6 +225,7 @@ struct Call {
     std::function<void(cublasLtMatmulDesc_t)> tweak_desc;
     std::function<void(cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t)>
         tweak_layouts;
+    uint32_t min_alignment[4] = {256, 256, 256, 256};  // the preferences for A, B, C, D
     bool use_heuristic_algo = true;
     const cublasLtMatmulAlgo_t* algo = nullptr;
 };
@@ -245,6 +246,11 @@ cublasStatus_t run_call(cublasLtHandle_t h, const Call& x) {
     if (x.tweak_layouts) x.tweak_layouts(A, B, C, D);
     cublasLtMatmulPreference_t pref;
     CUBLASLT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const cublasLtMatmulPreferenceAttributes_t align_attrs[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i)
+        CUBLASLT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, align_attrs[i], &x.min_alignment[i], sizeof(uint32_t)));
     cublasLtMatmulHeuristicResult_t r{};
     int found = 0;
     cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(h, desc, A, B, C, D, pref, 1, &r, &found);
@@ -327,7 +333,13 @@ void test_descriptors(cublasLtHandle_t h) {
     EXPECT_STATUS(cublasLtMatmulPreferenceGetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_back, sizeof ws_back, nullptr), CUBLAS_STATUS_SUCCESS);
     test::check(ws_back == ws, "workspace preference read back as %llu", static_cast<unsigned long long>(ws_back));
     const uint32_t align = 16;
-    EXPECT_STATUS(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof align), CUBLAS_STATUS_NOT_SUPPORTED);
+    uint32_t align_back = 0;
+    EXPECT_STATUS(cublasLtMatmulPreferenceGetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_back, sizeof align_back, nullptr), CUBLAS_STATUS_SUCCESS);
+    test::check(align_back == 256, "the default minimum alignment is %u, want cuBLASLt's 256", align_back);
+    EXPECT_STATUS(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align, sizeof align), CUBLAS_STATUS_SUCCESS);
+    EXPECT_STATUS(cublasLtMatmulPreferenceGetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_back, sizeof align_back, nullptr), CUBLAS_STATUS_SUCCESS);
+    test::check(align_back == align, "minimum alignment of A read back as %u", align_back);
+    EXPECT_STATUS(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_SEARCH_MODE, &align, sizeof align), CUBLAS_STATUS_NOT_SUPPORTED);
     EXPECT_STATUS(cublasLtMatmulPreferenceDestroy(p), CUBLAS_STATUS_SUCCESS);
 
     // Storage that no Create or Init made is not a descriptor.
@@ -552,6 +564,118 @@ void test_semantics(cublasLtHandle_t h) {
     }
 }
 
+// The real heuristic's alignment model (emu/cublaslt.cpp): under the default 256-byte preferences the
+// algorithm may rely on 256-byte aligned pointers, less only where a leading dimension or batch stride
+// (in bytes) or a lower preference says so; below what the kernels take there is no algorithm. Scales
+// live in device memory; alpha and beta where the pointer mode says.
+void test_alignment_rules(cublasLtHandle_t h) {
+    std::mt19937_64 g(test::seed() + 5);
+    DeviceBuffer<e4m3> a8(random_values<e4m3>(64 * 64 + 256, 100.0, g)), b8(random_values<e4m3>(64 * 64, 100.0, g));
+    DeviceBuffer<bf16> d(64 * 64), d_moved(64 * 64 + 256);
+    DeviceBuffer<float> scales(std::vector<float>{0.5f, 4.0f});
+    const unsigned char* a16 = reinterpret_cast<const unsigned char*>(a8.ptr) + 16;  // 16- but not 256-byte aligned
+
+    Call fp8;  // k = 256: A's and B's leading dimensions are 256 bytes
+    fp8.ta = fp8.tb = CUDA_R_8F_E4M3;
+    fp8.trans_a = true;
+    fp8.k = 256;
+    fp8.a = a16;
+    fp8.b = b8.ptr;
+    fp8.c = fp8.d = d.ptr;
+    EXPECT_STATUS(run_call(h, fp8), CUBLAS_STATUS_NOT_SUPPORTED);  // planted: the default preference promised 256
+    fp8.min_alignment[0] = 16;  // stated, as PyTorch does: the same call runs
+    EXPECT_STATUS(run_call(h, fp8), CUBLAS_STATUS_SUCCESS);
+    const auto from_a16 = d.download();
+    {  // the same operand bytes at an aligned address under the defaults: the same product
+        std::vector<e4m3> host(256 * 16);
+        CUDA_CHECK(cudaMemcpy(host.data(), a16, host.size(), cudaMemcpyDeviceToHost));
+        DeviceBuffer<e4m3> aligned(host);
+        Call x = fp8;
+        x.a = aligned.ptr;
+        x.min_alignment[0] = 256;
+        EXPECT_STATUS(run_call(h, x), CUBLAS_STATUS_SUCCESS);
+        const auto want = d.download();
+        test::check(test::same_bits(from_a16, want), "fp8 from a 16-byte aligned A differs from the aligned copy");
+    }
+    fp8.min_alignment[0] = 8;  // fp8 kernels need 16 bytes: no algorithm
+    EXPECT_STATUS(run_call(h, fp8), CUBLAS_STATUS_NOT_SUPPORTED);
+    fp8.min_alignment[0] = 16;
+    fp8.min_alignment[3] = 32;
+    fp8.d = d_moved.ptr + 8;  // 16 bytes in: below the 32 promised for D
+    fp8.c = fp8.d;
+    EXPECT_STATUS(run_call(h, fp8), CUBLAS_STATUS_NOT_SUPPORTED);
+    fp8.min_alignment[2] = fp8.min_alignment[3] = 16;
+    EXPECT_STATUS(run_call(h, fp8), CUBLAS_STATUS_SUCCESS);
+
+    // bf16: a leading dimension of 17 elements (34 bytes) allows only 2-byte alignment, so the algorithm
+    // cannot rely on more, and an element-aligned pointer is enough.
+    DeviceBuffer<bf16> a(random_values<bf16>(4096, 1.0, g)), b(random_values<bf16>(16 * 16, 1.0, g));
+    Call bf;
+    bf.a = a.ptr + 1;
+    bf.b = b.ptr;
+    bf.c = bf.d = d.ptr;
+    EXPECT_STATUS(run_call(h, bf), CUBLAS_STATUS_NOT_SUPPORTED);  // tight ld 16: 32 bytes
+    bf.lda = 17;
+    EXPECT_STATUS(run_call(h, bf), CUBLAS_STATUS_SUCCESS);
+    bf.lda = 0;
+    bf.min_alignment[0] = 1;  // below the element size: no algorithm
+    EXPECT_STATUS(run_call(h, bf), CUBLAS_STATUS_NOT_SUPPORTED);
+    {  // lda 128 (256 bytes) and a batch stride of 272 elements (544 bytes) allow 32-byte alignment: a
+       // pointer 32 bytes in runs, 16 does not
+        Call x;
+        x.lda = 128;
+        x.b = b.ptr;
+        x.c = x.d = d.ptr;
+        x.tweak_layouts = [](cublasLtMatrixLayout_t A, cublasLtMatrixLayout_t B, cublasLtMatrixLayout_t C,
+                             cublasLtMatrixLayout_t D) {
+            const int32_t two = 2;
+            const int64_t strides[4] = {272, 0, 256, 256};
+            cublasLtMatrixLayout_t ls[4] = {A, B, C, D};
+            for (int i = 0; i < 4; ++i) {
+                CUBLASLT_CHECK(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &two, sizeof two));
+                CUBLASLT_CHECK(cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                                &strides[i], sizeof strides[i]));
+            }
+        };
+        x.a = a.ptr + 16;
+        EXPECT_STATUS(run_call(h, x), CUBLAS_STATUS_SUCCESS);
+        x.a = a.ptr + 8;
+        EXPECT_STATUS(run_call(h, x), CUBLAS_STATUS_NOT_SUPPORTED);
+    }
+
+    // Scale pointers in host memory, alpha in the wrong memory for its pointer mode.
+    std::vector<float> host_scales{0.5f, 4.0f};
+    Call x = fp8;
+    x.a = a8.ptr;
+    x.min_alignment[0] = 256;
+    const float* host_scale = host_scales.data();
+    x.tweak_desc = [host_scale](cublasLtMatmulDesc_t desc) {
+        CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &host_scale, sizeof host_scale));
+    };
+    EXPECT_STATUS(run_call(h, x), CUBLAS_STATUS_INVALID_VALUE);  // planted: a host scale
+    const float* device_scale = scales.ptr;
+    x.tweak_desc = [device_scale](cublasLtMatmulDesc_t desc) {
+        CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &device_scale, sizeof device_scale));
+    };
+    EXPECT_STATUS(run_call(h, x), CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayout_t l;
+    CUBLASLT_CHECK(cublasLtMatrixLayoutCreate(&l, CUDA_R_16BF, 16, 16, 16));
+    for (const int32_t mode : {CUBLASLT_POINTER_MODE_HOST, CUBLASLT_POINTER_MODE_DEVICE}) {
+        cublasLtMatmulDesc_t desc;
+        CUBLASLT_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &mode, sizeof mode));
+        const bool device = mode == CUBLASLT_POINTER_MODE_DEVICE;
+        const float* right = device ? scales.ptr : host_scales.data();
+        const float* wrong = device ? host_scales.data() : scales.ptr;
+        EXPECT_STATUS(cublasLtMatmul(h, desc, right, a.ptr, l, b.ptr, l, right, d.ptr, l, d.ptr, l, nullptr, nullptr, 0, 0),
+                      CUBLAS_STATUS_SUCCESS);
+        EXPECT_STATUS(cublasLtMatmul(h, desc, wrong, a.ptr, l, b.ptr, l, right, d.ptr, l, d.ptr, l, nullptr, nullptr, 0, 0),
+                      CUBLAS_STATUS_INVALID_VALUE);
+        CUBLASLT_CHECK(cublasLtMatmulDescDestroy(desc));
+    }
+    CUBLASLT_CHECK(cublasLtMatrixLayoutDestroy(l));
+}
+
 // D = alpha * 1 for many alphas: the epilogue's bf16 rounding (vector lanes and the scalar tail)
 // must match __float2bfloat16 bit for bit, ties to even, NaN and overflow included.
 void test_bf16_rounding(cublasLtHandle_t h) {
@@ -596,6 +720,7 @@ int main() {
     CUBLASLT_CHECK(cublasLtCreate(&h));
     test_descriptors(h);
     test_semantics(h);
+    test_alignment_rules(h);
     test_bf16_rounding(h);
     CUBLASLT_CHECK(cublasLtDestroy(h));
     return test::finish();

@@ -1,0 +1,30 @@
+# The GPU build's resources against the launch configurations the launchers use. Emu logs each distinct
+# (kernel, threads per block, dynamic shared bytes) the kernel and model tests launch (EMU_LAUNCH_LOG);
+# check_res_usage.py joins that with `cuobjdump -res-usage` of the GPU binaries built from the same
+# sources: registers and shared memory must fit an H100's SM and block, and no kernel may spill.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(NOT Python3_Interpreter_FOUND)
+  return()
+endif()
+add_test(NAME test_check_res_usage COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/gpu_build/test_check_res_usage.py)
+if(NOT BUILD_GPU)
+  return()
+endif()
+set(LAUNCH_LOG ${CMAKE_CURRENT_BINARY_DIR}/launch_log.txt)
+add_test(NAME launch_log_fresh COMMAND ${CMAKE_COMMAND} -E rm -f ${LAUNCH_LOG})
+set_tests_properties(launch_log_fresh PROPERTIES FIXTURES_SETUP launch_log_fresh)
+file(GLOB LAUNCH_LOG_FEEDERS CONFIGURE_DEPENDS ${REPO}/tests/kernels/test_*.cu ${REPO}/tests/model/test_*.cu)
+set(GPU_BINARIES $<TARGET_FILE:train_gpt>)
+foreach(src ${LAUNCH_LOG_FEEDERS})
+  get_filename_component(name ${src} NAME_WE)
+  list(APPEND GPU_BINARIES $<TARGET_FILE:${name}_gpu>)
+  set(feeder ${name})
+  if(name MATCHES "^test_mpi_")
+    set(feeder ${name}_np2)
+  endif()
+  set_property(TEST ${feeder} APPEND PROPERTY ENVIRONMENT "EMU_LAUNCH_LOG=${LAUNCH_LOG}")
+  set_tests_properties(${feeder} PROPERTIES FIXTURES_SETUP launch_log FIXTURES_REQUIRED launch_log_fresh)
+endforeach()
+add_test(NAME gpu_res_usage COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/gpu_build/check_res_usage.py
+         --launch-log ${LAUNCH_LOG} ${GPU_BINARIES})
+set_tests_properties(gpu_res_usage PROPERTIES FIXTURES_REQUIRED launch_log)
