@@ -715,7 +715,7 @@ class Plot(unittest.TestCase):
         out = os.path.join(self.tmp, "val.png")
         r = run_py("plot_logs.py", self.logs + ["-o", out], env={"PYTHONPATH": os.path.dirname(fake)})
         self.assertEqual(r.returncode, 1)
-        self.assertIn("matplotlib is not installed; install it with: python3 -m pip install matplotlib", r.stderr)
+        self.assertIn("matplotlib is not installed: run this with the project's .venv/bin/python", r.stderr)
         self.assertFalse(os.path.exists(out))
 
     def test_errors(self):
