@@ -388,6 +388,7 @@ void test_grouped_collectives(ncclComm_t comm, const char* label) {
     dvec<float> d_before = d;
     dvec<int32_t> e_before = e;
 
+    CUDA_CHECK(cudaDeviceSynchronize());  // a_recv's zeroing has landed: it is read directly below
     ok(ncclGroupStart(), what + " outer ncclGroupStart");
     ok(ncclGroupStart(), what + " inner ncclGroupStart");
     ok(ncclAllReduce(a_send.ptr, a_recv.ptr, na, ncclFloat32, ncclSum, comm, g_stream), what + " fp32 sum");
