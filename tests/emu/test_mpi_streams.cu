@@ -1,10 +1,10 @@
 // EMU_STREAMS=deferred: work waits in its stream until something needs it, and the race detector
 // stops a program whose streams touch the same memory without an order between them. Each planted
-// bug runs in a forked child that must stop with a message naming both operations and the buffer
-// (the detector stops at issue, before any MPI message, so a child never talks to the other
-// ranks); the same program with the ordering in place must run and give the exact result. Run on
-// 2 and 8 ranks (the NCCL calls are real collectives); the mode is set here unless the
-// environment chose a seed.
+// bug runs in a forked child that must stop with a message naming both operations and the buffer;
+// the same program with the ordering in place must run and give the exact result. Run on 2 and 8
+// ranks: the correct program's NCCL calls are real collectives, while a child's use a
+// communicator of its rank alone (a forked child must not exchange MPI messages). The mode is set
+// here unless the environment chose a seed.
 #include "emu/streams.h"
 #include "kernels/common.cuh"
 #include "tests/device_util.h"
@@ -33,7 +33,7 @@ __global__ void fill(float* x, int n, float v) {
 namespace {
 
 int g_rank = 0, g_n = 1;
-ncclComm_t g_comm = nullptr;
+ncclComm_t g_comm = nullptr, g_self = nullptr;  // all ranks; this rank alone
 
 unsigned blocks(int n) { return static_cast<unsigned>((n + 127) / 128); }
 
@@ -76,16 +76,18 @@ void test_deferral() {
 // Backward on the compute stream, reduce-scatter of the gradient on the comms stream, update of
 // this rank's shard back on the compute stream: the trainer's overlap, in miniature. `wait_grads`
 // and `wait_reduced` are the two cudaStreamWaitEvent calls that order it.
-void overlap_step(bool wait_grads, bool wait_reduced, std::vector<float>* param_out) {
+void overlap_step(ncclComm_t comm, bool wait_grads, bool wait_reduced, std::vector<float>* param_out) {
     Streams st;
-    const int shard = 1000, n = shard * g_n;
+    int ranks = 1;
+    ncclCommCount(comm, &ranks);
+    const int shard = 1000, n = shard * ranks;
     test::DeviceBuffer<float> grad(static_cast<size_t>(n)), reduced(shard), param(shard);
     name_device_range(grad.ptr, grad.n * sizeof(float), "grad");
     name_device_range(reduced.ptr, reduced.n * sizeof(float), "grad_shard");
     launch(backward, dim3(blocks(n)), dim3(128), 0, st.compute, grad.ptr, n, g_rank);
     CUDA_CHECK(cudaEventRecord(st.grads_ready, st.compute));
     if (wait_grads) CUDA_CHECK(cudaStreamWaitEvent(st.comms, st.grads_ready, 0));
-    if (ncclReduceScatter(grad.ptr, reduced.ptr, shard, ncclFloat32, ncclSum, g_comm, st.comms) != ncclSuccess)
+    if (ncclReduceScatter(grad.ptr, reduced.ptr, shard, ncclFloat32, ncclSum, comm, st.comms) != ncclSuccess)
         std::exit(3);
     CUDA_CHECK(cudaEventRecord(st.reduced, st.comms));
     if (wait_reduced) CUDA_CHECK(cudaStreamWaitEvent(st.compute, st.reduced, 0));
@@ -96,7 +98,7 @@ void overlap_step(bool wait_grads, bool wait_reduced, std::vector<float>* param_
 
 void test_overlap() {
     std::vector<float> param;
-    overlap_step(true, true, &param);
+    overlap_step(g_comm, true, true, &param);
     // element i of rank r's shard sums (q + r * shard + i) over ranks q
     const int shard = 1000;
     size_t bad = 0;
@@ -108,10 +110,10 @@ void test_overlap() {
     test::check(bad == 0, "overlapped backward, reduce-scatter and update: %zu values wrong (rank %d)", bad, g_rank);
     expect_stop("reduce-scatter without waiting for the backward",
                 {"race on 'grad'", "ncclReduceScatter(", "reads it while kernel 'backward(float*, int, int)'", "writes it"},
-                [] { overlap_step(false, true, nullptr); });
+                [] { overlap_step(g_self, false, true, nullptr); });
     expect_stop("update without waiting for the reduce-scatter",
                 {"race on 'grad_shard'", "kernel 'update(float*, float const*, int)'", "reads it while ncclReduceScatter("},
-                [] { overlap_step(true, false, nullptr); });
+                [] { overlap_step(g_self, true, false, nullptr); });
 }
 
 // Two streams writing one buffer: ordered by an event, by a host synchronize, or by the legacy
@@ -219,6 +221,9 @@ int main(int argc, char** argv) {
     if (g_rank == 0) ncclGetUniqueId(&id);
     MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
     if (ncclCommInitRank(&g_comm, g_n, id, g_rank) != ncclSuccess) MPI_Abort(MPI_COMM_WORLD, 1);
+    ncclUniqueId own;
+    ncclGetUniqueId(&own);
+    if (ncclCommInitRank(&g_self, 1, own, 0) != ncclSuccess) MPI_Abort(MPI_COMM_WORLD, 1);
 
     test_deferral();
     test_overlap();
@@ -227,6 +232,7 @@ int main(int argc, char** argv) {
     test_group_rules();
 
     ncclCommDestroy(g_comm);
+    ncclCommDestroy(g_self);
     int local[2] = {test::passed(), test::failed()}, total[2] = {0, 0};
     MPI_Allreduce(local, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     test::passed() = total[0];
