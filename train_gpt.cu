@@ -219,6 +219,7 @@ public:
         const size_t bytes = static_cast<size_t>(n) * sizeof(T), at = used_;
         used_ += (bytes + 255) / 256 * 256;
         if (!base_) entries_.push_back({name, dtype_of<T>(), std::move(shape), at, bytes});
+        if (base_) name_device_range(base_ + at, bytes, name.c_str());
         return base_ ? reinterpret_cast<T*>(base_ + at) : nullptr;
     }
     // Raw bytes (workspaces).
@@ -1085,7 +1086,8 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
         std::vector<float> mul(q.shard_rows);  // c_proj matrices (odd global index of the MLP bank) take 2x
         for (int64_t i = 0; i < q.shard_rows; ++i)
             mul[i] = normuon_matrix_lr_mul(std::strcmp(q.rule->label, "mlp") == 0, int(rank * q.shard_rows + i));
-        CUDA_CHECK(cudaMemcpyAsync(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+        // blocking: `mul` is gone before the stream would get to an asynchronous copy
+        CUDA_CHECK(cudaMemcpy(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
@@ -1459,7 +1461,9 @@ void advance_schedule(Run& r, int step) {
     }
     const std::vector<float> w = r.sch.mtp_weights(step);
     r.n_predict = static_cast<int>(w.size());
-    CUDA_CHECK(cudaMemcpyAsync(r.m.mtp_weights, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice, r.s));
+    // blocking: `w` is gone before the stream would get to an asynchronous copy (r.s is idle here in the
+    // step loop, which synchronizes it first)
+    CUDA_CHECK(cudaMemcpy(r.m.mtp_weights, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
 }
 
 // The schedule as at the start of a run: stage 0's windows and batch, YaRN reset.

@@ -14,6 +14,7 @@
 // what any kernel takes (the element size; 16 bytes for fp8) there is no algorithm.
 #include "cuda_emu.h"
 #include "runtime_state.h"
+#include "streams.h"
 
 #include <cublasLt.h>
 
@@ -994,7 +995,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                               size_t workspace_bytes, cudaStream_t stream) {
     (void)workspace;
     (void)workspace_bytes;  // the emulated algorithm needs none
-    (void)stream;           // every stream runs at issue time
     const char* fn = "cublasLtMatmul";
     if (!handle || handle->magic != kHandleMagic)
         return fail(CUBLAS_STATUS_NOT_INITIALIZED, fn, "handle was not created by cublasLtCreate");
@@ -1037,18 +1037,36 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     if (emu::sticky_error() != cudaSuccess)
         return fail(CUBLAS_STATUS_EXECUTION_FAILED, fn, "the device has a sticky error from an earlier kernel");
 
-    float scale = 1.0f;
-    if (ds.a_scale) scale *= read_float(ds.a_scale);
-    if (ds.b_scale) scale *= read_float(ds.b_scale);
-    // cuBLASLt applies the D scale only when D is fp8; emu emulates bf16 and fp32 D, so it never applies.
-    const Gemm g{p, static_cast<const uint8_t*>(A), static_cast<const uint8_t*>(B), static_cast<const uint8_t*>(C),
-                 static_cast<uint8_t*>(D), read_float(alpha) * scale, read_float(beta)};
-    const auto start = std::chrono::steady_clock::now();
-    run_gemm(g);
-    emu::profile_since(start, [&p] {
+    // alpha and beta are host values, read at the call; the scales are device memory, read when
+    // the stream runs the matmul (a kernel before it on the stream may write them).
+    const float alpha_value = read_float(alpha), beta_value = read_float(beta);
+    const auto name = [p] {
         return "cublasLtMatmul " + type_name(p.a_type) + " " + std::to_string(p.m) + "x" + std::to_string(p.n) + "x" +
                std::to_string(p.k) + (p.batch > 1 ? " batch " + std::to_string(p.batch) : "");
-    });
+    };
+    emu::StreamWork w;
+    w.what = name;
+    const auto span = [](const LayoutState& l) {  // bytes from the first element to past the last
+        const int64_t one = static_cast<int64_t>(l.cols - 1) * l.ld + static_cast<int64_t>(l.rows);
+        const int64_t all = l.rows && l.cols ? one + (l.batch_count - 1) * l.batch_stride : 0;
+        return static_cast<size_t>(all) * type_size(l.type);
+    };
+    w.accesses = {{A, span(la), false}, {B, span(lb), false}, {D, span(ld), true},
+                  {ds.a_scale, ds.a_scale ? sizeof(float) : 0, false}, {ds.b_scale, ds.b_scale ? sizeof(float) : 0, false}};
+    if (beta_value != 0.0f) w.accesses.push_back({C, span(lc), false});
+    w.run = [=] {
+        if (emu::sticky_error() != cudaSuccess) return;
+        float scale = 1.0f;
+        if (ds.a_scale) scale *= read_float(ds.a_scale);
+        if (ds.b_scale) scale *= read_float(ds.b_scale);
+        // cuBLASLt applies the D scale only when D is fp8; emu emulates bf16 and fp32 D, so it never applies.
+        const Gemm g{p, static_cast<const uint8_t*>(A), static_cast<const uint8_t*>(B), static_cast<const uint8_t*>(C),
+                     static_cast<uint8_t*>(D), alpha_value * scale, beta_value};
+        const auto start = std::chrono::steady_clock::now();
+        run_gemm(g);
+        emu::profile_since(start, name);
+    };
+    emu::submit(stream, std::move(w), emu::RunAt::by_mode);
     return CUBLAS_STATUS_SUCCESS;
 }
 

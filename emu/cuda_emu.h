@@ -18,9 +18,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 // The CUDA headers define these as nothing for a host compiler; a block's static shared
 // memory must be one object for all its threads, and a worker runs one block at a time.
@@ -76,11 +78,33 @@ struct BlockState {         // one per block in flight on a worker
 extern __thread ThreadState* t_thread;
 extern __thread BlockState* t_block;
 
-// Kernel launch: runs `thunk(closure)` once per CUDA thread of the grid, synchronously, as
-// a stream that executes in issue order would. Errors become the sticky launch error.
+// The pointers among a kernel's arguments, for the race detector of deferred streams (streams.h):
+// a pointer to const is only read; any other, and any pointer-sized word of a struct argument
+// that points into a buffer, may be written.
+struct PointerArg {
+    const void* p;
+    bool written;
+};
+bool tracks_accesses();  // EMU_STREAMS=deferred
+template <class T>
+void pointer_args(const T& arg, std::vector<PointerArg>& out) {
+    if constexpr (std::is_pointer_v<T>) {
+        out.push_back({static_cast<const void*>(arg), !std::is_const_v<std::remove_pointer_t<T>>});
+    } else if constexpr (std::is_class_v<T> && std::is_trivially_copyable_v<T> && alignof(T) >= alignof(void*)) {
+        for (size_t at = 0; at + sizeof(void*) <= sizeof(T); at += sizeof(void*)) {
+            const void* p;
+            std::memcpy(&p, reinterpret_cast<const unsigned char*>(&arg) + at, sizeof p);
+            out.push_back({p, true});
+        }
+    }
+}
+
+// Kernel launch: `thunk(closure)` runs once per CUDA thread of the grid when the stream gets to
+// the launch (streams.h). Shape errors are reported at the launch, as CUDA does; errors while
+// running become the sticky error.
 using Thunk = void (*)(const void* closure);
-void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream,
-            Thunk thunk, const void* closure);
+void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, Thunk thunk,
+            std::shared_ptr<const void> closure, std::vector<PointerArg> pointers);
 
 template <class... P, class... A>
 void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes,
@@ -90,14 +114,21 @@ void launch_kernel(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_byte
         void (*kernel)(P...);
         std::tuple<std::decay_t<P>...> args;
     };
-    const Closure closure{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+    // A copy: the launch may run after the caller's arguments are gone.
+    auto closure = std::make_shared<const Closure>(Closure{kernel, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)});
+    std::vector<PointerArg> pointers;
+    if (tracks_accesses()) std::apply([&](const auto&... a) { (pointer_args(a, pointers), ...); }, closure->args);
     launch(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes, stream,
            [](const void* c) {
                const auto* cl = static_cast<const Closure*>(c);
                std::apply(cl->kernel, cl->args);
            },
-           &closure);
+           std::move(closure), std::move(pointers));
 }
+
+// Names the bytes [p, p + bytes) of a buffer for emu's diagnostics; the race detector takes a
+// kernel's pointer argument to reach to the end of the innermost named range that holds it.
+void name_range(const void* p, size_t bytes, const char* name);
 
 // A warp collective among the lanes of `mask`: each lane deposits `in`; the last lane to
 // arrive runs `combine` over all deposits, which writes every lane's result; each lane

@@ -8,6 +8,7 @@
 #include "launch_bounds.h"
 #include "poison.h"
 #include "runtime_state.h"
+#include "streams.h"
 
 #if !(defined(__x86_64__) && defined(__ELF__))
 #include <boost/context/detail/fcontext.hpp>
@@ -623,9 +624,39 @@ void parallel_for(int64_t tasks, const std::function<void(int64_t)>& task) {
     });
 }
 
+namespace {
+// Runs a launch's grid on the workers (when its stream gets to it).
+void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, Thunk thunk, const void* closure) {
+    if (sticky_error() != cudaSuccess) return;
+    const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
+    Job job;
+    job.kernel = kernel;
+    job.thunk = thunk;
+    job.closure = closure;
+    job.grid = grid;
+    job.block = block;
+    job.smem_bytes = smem_bytes;
+    job.threads = block.x * block.y * block.z;
+    job.block_order.resize(blocks);
+    std::iota(job.block_order.begin(), job.block_order.end(), uint64_t{0});
+    job.seed = settings().random_seed;
+    if (job.seed) {
+        static std::atomic<uint64_t> launches{0};
+        job.seed += launches.fetch_add(1) * 0x9E3779B97F4A7C15ull;
+        std::mt19937_64 rng(job.seed);
+        std::shuffle(job.block_order.begin(), job.block_order.end(), rng);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    pool().run([&job] { this_worker().run_blocks(job); });
+    profile_since(start, [kernel] { return kernel_name(kernel); });
+    if (job.failed) set_sticky_error(cudaErrorLaunchFailure, job.error);
+}
+}  // namespace
+
+bool tracks_accesses() { return stream_mode() == StreamMode::deferred; }
+
 void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t stream, Thunk thunk,
-            const void* closure) {
-    (void)stream;  // every stream runs in issue order at issue time: a legal schedule of any program
+            std::shared_ptr<const void> closure, std::vector<PointerArg> pointers) {
     const uint64_t threads = uint64_t(block.x) * block.y * block.z;
     const uint64_t blocks = uint64_t(grid.x) * grid.y * grid.z;
     std::string bad;
@@ -654,32 +685,15 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
     }
     if (sticky_error() != cudaSuccess) return;
     log_launch(info, threads, smem_bytes);
-
-    Job job;
-    job.kernel = kernel;
-    job.thunk = thunk;
-    job.closure = closure;
-    job.grid = grid;
-    job.block = block;
-    job.smem_bytes = smem_bytes;
-    job.threads = static_cast<unsigned>(threads);
-    job.block_order.resize(blocks);
-    std::iota(job.block_order.begin(), job.block_order.end(), uint64_t{0});
-    job.seed = settings().random_seed;
-    if (job.seed) {
-        static std::atomic<uint64_t> launches{0};
-        job.seed += launches.fetch_add(1) * 0x9E3779B97F4A7C15ull;
-        std::mt19937_64 rng(job.seed);
-        std::shuffle(job.block_order.begin(), job.block_order.end(), rng);
-    }
     if (t_thread) {
         set_sticky_error(cudaErrorLaunchFailure, "emu: kernel launched from inside a kernel (dynamic parallelism is not emulated)");
         return;
     }
-    const auto start = std::chrono::steady_clock::now();
-    pool().run([&job] { this_worker().run_blocks(job); });
-    profile_since(start, [kernel] { return kernel_name(kernel); });
-    if (job.failed) set_sticky_error(cudaErrorLaunchFailure, job.error);
+    StreamWork w;
+    w.what = [kernel] { return "kernel " + kernel_name(kernel); };
+    for (const PointerArg& a : pointers) w.accesses.push_back({a.p, kToEnd, a.written});
+    w.run = [=, closure = std::move(closure)] { run_grid(kernel, grid, block, smem_bytes, thunk, closure.get()); };
+    submit(stream, std::move(w), RunAt::by_mode);
 }
 
 namespace {

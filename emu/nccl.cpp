@@ -1,7 +1,13 @@
 // The NCCL calls our programs make, on the CPU, over MPI. A communicator is an MPI
 // communicator; a collective is a few rounds of MPI point-to-point messages that runs, blocking,
-// when it is issued. That is a legal schedule: emu executes every stream's work at issue time,
-// and NCCL requires every rank to issue a communicator's collectives in the same order.
+// when it is issued, as work on its stream after the work it depends on (streams.h): NCCL
+// requires every rank to issue a communicator's collectives in the same order, so running them
+// in issue order pairs them up whatever each rank's deferred streams do.
+//
+// Checked as the GPU would punish them: buffers must be device memory (cudaMalloc, not host
+// memory) and fit in their allocation; send and receive buffers may overlap only in NCCL's
+// in-place forms (all-gather: sendbuff == recvbuff + rank * sendcount; reduce-scatter: recvbuff
+// == sendbuff + rank * recvcount); a blocking CUDA call inside a group stops the program.
 //
 // Reductions are deterministic and identical on every rank: each element is reduced by exactly
 // one rank (its owner), which combines the ranks' values in rank order, accumulating 16- and
@@ -22,6 +28,8 @@
 // in issue order, so every rank must issue them in the same order.
 #include <mpi.h>
 #include <nccl.h>
+
+#include "streams.h"
 
 #include <unistd.h>
 
@@ -309,6 +317,7 @@ struct Op {
     ncclRedOp_t op;
     int root;  // the peer, for Send and Recv
     ncclComm* comm;
+    cudaStream_t stream;
 };
 
 bool is_p2p(Kind k) { return k == Kind::Send || k == Kind::Recv; }
@@ -502,39 +511,149 @@ ncclResult_t check_comm(const ncclComm* comm, const char* fn) {
 
 const char* root_word(Kind k) { return is_p2p(k) ? "peer" : "root"; }
 
+// How many times `count` elements each buffer holds, and which buffers this rank uses.
+struct Extents {
+    size_t send_blocks = 1, recv_blocks = 1;
+    bool needs_send = true, needs_recv = true;
+};
+Extents extents_of(const Op& o) {
+    const int n = o.comm->nranks, me = o.comm->rank;
+    Extents e;
+    switch (o.kind) {
+        case Kind::ReduceScatter: e.send_blocks = n; break;
+        case Kind::AllGather: e.recv_blocks = n; break;
+        case Kind::AlltoAll: e.send_blocks = e.recv_blocks = n; break;
+        case Kind::Broadcast: e.needs_send = me == o.root; break;
+        case Kind::Reduce: e.needs_recv = me == o.root; break;
+        case Kind::Gather: e.recv_blocks = n, e.needs_recv = me == o.root; break;
+        case Kind::Scatter: e.send_blocks = n, e.needs_send = me == o.root; break;
+        case Kind::Send: e.needs_recv = false; break;
+        case Kind::Recv: e.needs_send = false; break;
+        default: break;
+    }
+    return e;
+}
+
+// NCCL reads and writes its buffers on the GPU: they must lie in one cudaMalloc allocation each.
+ncclResult_t check_device(const Op& o, const char* name, const void* p, size_t bytes) {
+    const void* base;
+    size_t size;
+    emu::Memory kind;
+    if (!emu::find_allocation(p, &base, &size, &kind))
+        return fail(ncclInvalidArgument, o.fn, "%s %p is not device memory (pageable host memory?): NCCL needs a cudaMalloc'ed buffer",
+                    name, p);
+    if (kind != emu::Memory::device)
+        return fail(ncclInvalidArgument, o.fn, "%s %p is pinned host memory (cudaMallocHost): NCCL needs a cudaMalloc'ed buffer",
+                    name, p);
+    const size_t offset = static_cast<size_t>(static_cast<const char*>(p) - static_cast<const char*>(base));
+    if (bytes > size - offset)
+        return fail(ncclInvalidArgument, o.fn, "%s %p: its %zu bytes run %zu bytes past the end of its %zu-byte allocation",
+                    name, p, bytes, bytes - (size - offset), size);
+    return ncclSuccess;
+}
+
+// Send and receive buffers may overlap only in NCCL's in-place forms: the same pointer for the
+// element-wise collectives; for all-gather and gather the send buffer is this rank's block of the
+// receive buffer, for reduce-scatter and scatter the receive buffer is this rank's block of the send buffer.
+ncclResult_t check_overlap(const Op& o, size_t send_bytes, size_t recv_bytes) {
+    const auto* sp = static_cast<const char*>(o.send);
+    const auto* rp = static_cast<const char*>(o.recv);
+    if (!(sp < rp + recv_bytes && rp < sp + send_bytes)) return ncclSuccess;
+    const size_t block = o.count * type_size(o.type), me = static_cast<size_t>(o.comm->rank);
+    switch (o.kind) {
+        case Kind::AllReduce: case Kind::Broadcast: case Kind::Reduce:
+            if (sp == rp) return ncclSuccess;
+            return fail(ncclInvalidArgument, o.fn, "sendbuff %p and recvbuff %p overlap without being equal (in place needs "
+                        "sendbuff == recvbuff)", o.send, o.recv);
+        case Kind::AllGather: case Kind::Gather:
+            if (sp == rp + me * block) return ncclSuccess;
+            return fail(ncclInvalidArgument, o.fn, "sendbuff %p overlaps recvbuff %p but is not this rank's block: in place "
+                        "needs sendbuff == recvbuff + rank * sendcount * elemsize = %p (rank %zu)",
+                        o.send, o.recv, static_cast<const void*>(rp + me * block), me);
+        case Kind::ReduceScatter: case Kind::Scatter:
+            if (rp == sp + me * block) return ncclSuccess;
+            return fail(ncclInvalidArgument, o.fn, "recvbuff %p overlaps sendbuff %p but is not this rank's block: in place "
+                        "needs recvbuff == sendbuff + rank * recvcount * elemsize = %p (rank %zu)",
+                        o.recv, o.send, static_cast<const void*>(sp + me * block), me);
+        default:
+            return fail(ncclInvalidArgument, o.fn, "sendbuff %p and recvbuff %p overlap: NCCL's %s has no in-place form",
+                        o.send, o.recv, o.fn);
+    }
+}
+
 ncclResult_t validate(const Op& o) {
     if (ncclResult_t r = check_comm(o.comm, o.fn)) return r;
-    const int n = o.comm->nranks, me = o.comm->rank;
+    const int n = o.comm->nranks;
     if (o.type < 0 || o.type >= ncclNumTypes)
         return fail(ncclInvalidArgument, o.fn, "datatype %d is not an ncclDataType_t", static_cast<int>(o.type));
     if (reduces(o.kind) && (o.op < 0 || o.op >= ncclNumOps))
         return fail(ncclInvalidArgument, o.fn, "reduction op %d is not a built-in ncclRedOp_t", static_cast<int>(o.op));
     if ((has_root(o.kind) || is_p2p(o.kind)) && (o.root < 0 || o.root >= n))
         return fail(ncclInvalidArgument, o.fn, "%s %d is outside the communicator's ranks [0, %d)", root_word(o.kind), o.root, n);
-    // How many times `count` elements each buffer holds.
-    size_t send_blocks = 1, recv_blocks = 1;
-    bool needs_send = true, needs_recv = true;
-    switch (o.kind) {
-        case Kind::ReduceScatter: send_blocks = n; break;
-        case Kind::AllGather: recv_blocks = n; break;
-        case Kind::AlltoAll: send_blocks = recv_blocks = n; break;
-        case Kind::Broadcast: needs_send = me == o.root; break;
-        case Kind::Reduce: needs_recv = me == o.root; break;
-        case Kind::Gather: recv_blocks = n, needs_recv = me == o.root; break;
-        case Kind::Scatter: send_blocks = n, needs_send = me == o.root; break;
-        case Kind::Send: needs_recv = false; break;
-        case Kind::Recv: needs_send = false; break;
-        default: break;
-    }
-    const size_t es = type_size(o.type), blocks = std::max(send_blocks, recv_blocks);
+    const Extents e = extents_of(o);
+    const size_t es = type_size(o.type), blocks = std::max(e.send_blocks, e.recv_blocks);
     if (o.count > static_cast<size_t>(PTRDIFF_MAX) / (blocks * es))
         return fail(ncclInvalidArgument, o.fn, "count %zu overflows the address space (%zu block(s) of %zu-byte elements)",
                     o.count, blocks, es);
-    if (o.count > 0 && needs_send && !o.send) return fail(ncclInvalidArgument, o.fn, "sendbuff is NULL");
-    if (o.count > 0 && needs_recv && !o.recv) return fail(ncclInvalidArgument, o.fn, "recvbuff is NULL");
-    if (o.kind == Kind::AlltoAll && o.count > 0 && o.send == o.recv)
-        return fail(ncclInvalidArgument, o.fn, "sendbuff == recvbuff: NCCL's all-to-all has no in-place form");
+    if (o.count == 0) return ncclSuccess;
+    if (e.needs_send && !o.send) return fail(ncclInvalidArgument, o.fn, "sendbuff is NULL");
+    if (e.needs_recv && !o.recv) return fail(ncclInvalidArgument, o.fn, "recvbuff is NULL");
+    const size_t send_bytes = e.send_blocks * o.count * es, recv_bytes = e.recv_blocks * o.count * es;
+    if (e.needs_send)
+        if (ncclResult_t r = check_device(o, "sendbuff", o.send, send_bytes)) return r;
+    if (e.needs_recv)
+        if (ncclResult_t r = check_device(o, "recvbuff", o.recv, recv_bytes)) return r;
+    if (e.needs_send && e.needs_recv) return check_overlap(o, send_bytes, recv_bytes);
     return ncclSuccess;
+}
+
+// What an operation reads and writes on this rank, for the race detector.
+void declare_accesses(const Op& o, std::vector<emu::Access>& out) {
+    const Extents e = extents_of(o);
+    const size_t es = type_size(o.type);
+    if (e.needs_send) out.push_back({o.send, e.send_blocks * o.count * es, false});
+    if (e.needs_recv) out.push_back({o.recv, e.recv_blocks * o.count * es, true});
+}
+
+std::string describe(const Op& o) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "%s(sendbuff %p, recvbuff %p, count %zu)", o.fn, o.send, static_cast<void*>(o.recv), o.count);
+    return buf;
+}
+
+// Issues a group (or one operation) as work on its stream, run at once after the work it
+// depends on. Running NCCL calls at issue keeps every rank's collectives in issue order, as
+// NCCL requires, whatever order each rank's deferred streams pick; and no rank's host can block
+// in MPI on a collective its peer left queued. Operations on several streams make those streams
+// wait for each other around the group, as NCCL's group launch does.
+ncclResult_t issue_group(const std::vector<Op>& ops) {
+    if (ops.empty()) return ncclSuccess;
+    const cudaStream_t first = ops.front().stream;
+    std::vector<cudaStream_t> others;
+    for (const Op& o : ops)
+        if (o.stream != first && std::find(others.begin(), others.end(), o.stream) == others.end()) others.push_back(o.stream);
+    cudaEvent_t joined = nullptr;
+    if (!others.empty()) cudaEventCreateWithFlags(&joined, cudaEventDisableTiming);
+    for (cudaStream_t t : others) {
+        cudaEventRecord(joined, t);
+        cudaStreamWaitEvent(first, joined, 0);
+    }
+    ncclResult_t result = ncclSuccess;
+    emu::StreamWork w;
+    std::string what;
+    for (const Op& o : ops) {
+        declare_accesses(o, w.accesses);
+        what += (what.empty() ? "" : " + ") + describe(o);
+    }
+    w.what = [what] { return what; };
+    w.run = [&ops, &result] { result = run_group(ops); };
+    emu::submit(first, std::move(w), emu::RunAt::now);
+    if (joined) {
+        cudaEventRecord(joined, first);
+        for (cudaStream_t t : others) cudaStreamWaitEvent(t, joined, 0);
+        cudaEventDestroy(joined);
+    }
+    return result;
 }
 
 ncclResult_t submit(const Op& o) {
@@ -546,7 +665,7 @@ ncclResult_t submit(const Op& o) {
         t_group.ops.push_back(o);
         return ncclSuccess;
     }
-    return run_group({o});
+    return issue_group({o});
 }
 
 // ---- communicators ----
@@ -767,56 +886,56 @@ const char* ncclGetErrorString(ncclResult_t result) {
 const char* ncclGetLastError(ncclComm_t) { return t_last_error.c_str(); }
 
 ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
-    return submit({Kind::AllReduce, "ncclAllReduce", sendbuff, recvbuff, count, datatype, op, 0, comm});
+                           ncclComm_t comm, cudaStream_t stream) {
+    return submit({Kind::AllReduce, "ncclAllReduce", sendbuff, recvbuff, count, datatype, op, 0, comm, stream});
 }
 
 ncclResult_t ncclReduceScatter(const void* sendbuff, void* recvbuff, size_t recvcount, ncclDataType_t datatype,
-                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t) {
-    return submit({Kind::ReduceScatter, "ncclReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, 0, comm});
+                               ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+    return submit({Kind::ReduceScatter, "ncclReduceScatter", sendbuff, recvbuff, recvcount, datatype, op, 0, comm, stream});
 }
 
 ncclResult_t ncclAllGather(const void* sendbuff, void* recvbuff, size_t sendcount, ncclDataType_t datatype,
-                           ncclComm_t comm, cudaStream_t) {
-    return submit({Kind::AllGather, "ncclAllGather", sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm});
+                           ncclComm_t comm, cudaStream_t stream) {
+    return submit({Kind::AllGather, "ncclAllGather", sendbuff, recvbuff, sendcount, datatype, ncclSum, 0, comm, stream});
 }
 
 ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                           ncclComm_t comm, cudaStream_t) {
-    return submit({Kind::Broadcast, "ncclBroadcast", sendbuff, recvbuff, count, datatype, ncclSum, root, comm});
+                           ncclComm_t comm, cudaStream_t stream) {
+    return submit({Kind::Broadcast, "ncclBroadcast", sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream});
 }
 
-ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t) {
-    return submit({Kind::Broadcast, "ncclBcast", buff, buff, count, datatype, ncclSum, root, comm});
+ncclResult_t ncclBcast(void* buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm, cudaStream_t stream) {
+    return submit({Kind::Broadcast, "ncclBcast", buff, buff, count, datatype, ncclSum, root, comm, stream});
 }
 
 ncclResult_t ncclReduce(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclRedOp_t op,
-                        int root, ncclComm_t comm, cudaStream_t) {
-    return submit({Kind::Reduce, "ncclReduce", sendbuff, recvbuff, count, datatype, op, root, comm});
+                        int root, ncclComm_t comm, cudaStream_t stream) {
+    return submit({Kind::Reduce, "ncclReduce", sendbuff, recvbuff, count, datatype, op, root, comm, stream});
 }
 
 ncclResult_t ncclAlltoAll(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, ncclComm_t comm,
-                          cudaStream_t) {
-    return submit({Kind::AlltoAll, "ncclAlltoAll", sendbuff, recvbuff, count, datatype, ncclSum, 0, comm});
+                          cudaStream_t stream) {
+    return submit({Kind::AlltoAll, "ncclAlltoAll", sendbuff, recvbuff, count, datatype, ncclSum, 0, comm, stream});
 }
 
 ncclResult_t ncclGather(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                        ncclComm_t comm, cudaStream_t) {
-    return submit({Kind::Gather, "ncclGather", sendbuff, recvbuff, count, datatype, ncclSum, root, comm});
+                        ncclComm_t comm, cudaStream_t stream) {
+    return submit({Kind::Gather, "ncclGather", sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream});
 }
 
 ncclResult_t ncclScatter(const void* sendbuff, void* recvbuff, size_t count, ncclDataType_t datatype, int root,
-                         ncclComm_t comm, cudaStream_t) {
-    return submit({Kind::Scatter, "ncclScatter", sendbuff, recvbuff, count, datatype, ncclSum, root, comm});
+                         ncclComm_t comm, cudaStream_t stream) {
+    return submit({Kind::Scatter, "ncclScatter", sendbuff, recvbuff, count, datatype, ncclSum, root, comm, stream});
 }
 
 ncclResult_t ncclSend(const void* sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
-                      cudaStream_t) {
-    return submit({Kind::Send, "ncclSend", sendbuff, nullptr, count, datatype, ncclSum, peer, comm});
+                      cudaStream_t stream) {
+    return submit({Kind::Send, "ncclSend", sendbuff, nullptr, count, datatype, ncclSum, peer, comm, stream});
 }
 
-ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t) {
-    return submit({Kind::Recv, "ncclRecv", nullptr, recvbuff, count, datatype, ncclSum, peer, comm});
+ncclResult_t ncclRecv(void* recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream) {
+    return submit({Kind::Recv, "ncclRecv", nullptr, recvbuff, count, datatype, ncclSum, peer, comm, stream});
 }
 
 ncclResult_t ncclGroupStart() {
@@ -833,8 +952,12 @@ ncclResult_t ncclGroupEnd() {
     const ncclResult_t error = t_group.error;
     t_group.ops.clear();
     t_group.error = ncclSuccess;
-    const ncclResult_t r = run_group(ops);
+    const ncclResult_t r = issue_group(ops);
     return error != ncclSuccess ? error : r;
 }
 
 }  // extern "C"
+
+namespace emu {
+int nccl_group_depth() { return t_group.depth; }
+}  // namespace emu

@@ -1,9 +1,12 @@
-// The CUDA runtime calls our programs make, on the CPU. Device memory is host memory;
-// every stream executes its work at issue time, so streams run in issue order and an
-// event records the moment its stream reached it. The device reports an H100 SXM.
+// The CUDA runtime calls our programs make, on the CPU. Device memory is host memory; copies
+// and memsets are stream work (streams.cpp decides when it runs). The device reports an H100 SXM.
 #include "cuda_emu.h"
 #include "poison.h"
 #include "runtime_state.h"
+#include "streams.h"
+
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,16 +17,7 @@
 #include <new>
 #include <string>
 #include <unordered_map>
-
-struct CUstream_st {
-    unsigned flags;
-    int priority;
-};
-struct CUevent_st {
-    std::chrono::steady_clock::time_point when;
-    bool recorded;
-    unsigned flags;
-};
+#include <vector>
 
 namespace {
 
@@ -65,14 +59,17 @@ void* alloc_bytes(size_t bytes, bool device) {
     std::lock_guard<std::mutex> lock(s.m);
     s.allocations[static_cast<const unsigned char*>(p)] = {bytes, device};
     ++s.allocations_changed;
+    emu::note_allocation(p, bytes, device ? emu::Memory::device : emu::Memory::pinned);
     if (device) {
         s.device_bytes += bytes;
         s.peak_device_bytes = std::max(s.peak_device_bytes, s.device_bytes);
     }
     return p;
 }
+// Freeing synchronizes the device, as CUDA's cudaFree and cudaFreeHost do: no queued work still uses p.
 cudaError_t free_bytes(void* p, const char* what) {
     if (!p) return cudaSuccess;
+    emu::synchronize_device();
     State& s = state();
     bool known;
     {
@@ -86,8 +83,99 @@ cudaError_t free_bytes(void* p, const char* what) {
         }
     }
     if (!known) return fail(cudaErrorInvalidValue, std::string("emu: ") + what + " of a pointer it did not allocate");
+    emu::forget_allocation(p);
     std::free(p);
     return cudaSuccess;
+}
+
+// ---- copies and memsets: stream work ----
+
+// The bytes [p, p + bytes) of this process, or false where they are no longer mapped (a freed
+// large block goes back to the system): read through the kernel, which reports what a plain
+// read would crash on.
+bool read_host(void* to, const void* from, size_t bytes) {
+    iovec local{to, bytes}, remote{const_cast<void*>(from), bytes};
+    return process_vm_readv(getpid(), &local, 1, &remote, 1, 0) == static_cast<ssize_t>(bytes);
+}
+
+// The host side of a copy that runs after its call returns, as emu saw it at the call. When the
+// copy runs, the host memory must be as it was: a GPU reads (or writes) it then, so a host that
+// changed it in between (freed, reused, refilled it) raced with the copy.
+struct HostSide {
+    const char* fn;
+    const void* p;
+    size_t bytes;
+    bool is_source;
+    emu::Memory kind;
+    std::vector<unsigned char> seen;
+    void check() const {
+        std::vector<unsigned char> now(bytes);
+        const bool mapped = read_host(now.data(), p, bytes);
+        if (mapped && now == seen) return;
+        char where[32];
+        std::snprintf(where, sizeof where, "%p", p);
+        emu::fatal(std::string(fn) + " of " + std::to_string(bytes) + " bytes " + (is_source ? "from" : "to") + " " +
+                   (kind == emu::Memory::pinned ? "pinned" : "pageable") + " host memory at " + where + ": the host " +
+                   (mapped ? "changed" : "unmapped") + " that buffer (freed or reused it?) before its stream ran the "
+                   "copy; keep it alive and unchanged until the stream is synchronized past the copy");
+    }
+};
+
+// Copies `height` rows of `width` bytes between pitched buffers, as work on stream s: a blocking
+// call runs it now and waits for the legacy stream; a copy with pageable host memory waits for
+// the stream's next work or synchronization; in deferred mode every copy waits until needed.
+cudaError_t copy_2d(const char* fn, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
+                    size_t height, cudaStream_t s, bool blocking) {
+    if (check_sticky()) return check_sticky();
+    if (width > dpitch || width > spitch)
+        return fail(cudaErrorInvalidValue, std::string("emu: ") + fn + ": width exceeds a pitch");
+    if (width == 0 || height == 0) return cudaSuccess;
+    const size_t dst_span = dpitch * (height - 1) + width, src_span = spitch * (height - 1) + width;
+    const emu::Memory dst_kind = emu::memory_of(dst), src_kind = emu::memory_of(src);
+    const bool pageable = dst_kind == emu::Memory::pageable || src_kind == emu::Memory::pageable;
+    const emu::RunAt at = blocking ? emu::RunAt::now : pageable ? emu::RunAt::at_sync : emu::RunAt::by_mode;
+    std::vector<HostSide> host;
+    if (at == emu::RunAt::at_sync || (at == emu::RunAt::by_mode && emu::stream_mode() == emu::StreamMode::deferred)) {
+        const auto watch = [&](const void* p, size_t bytes, bool is_source, emu::Memory kind) {
+            if (kind == emu::Memory::device) return;
+            const auto* b = static_cast<const unsigned char*>(p);
+            host.push_back({fn, p, bytes, is_source, kind, std::vector<unsigned char>(b, b + bytes)});
+        };
+        watch(src, src_span, true, src_kind);
+        watch(dst, dst_span, false, dst_kind);
+    }
+    emu::StreamWork w;
+    w.what = [=] {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "%s of %zu bytes (%p to %p)", fn, width * height, src, dst);
+        return std::string(buf);
+    };
+    w.accesses = {{src, src_span, false}, {dst, dst_span, true}};
+    w.run = [=, host = std::move(host)] {
+        for (const HostSide& h : host) h.check();
+        for (size_t r = 0; r < height; ++r)
+            std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+    };
+    if (blocking && emu::nccl_group_depth() > 0)
+        emu::fatal(std::string(fn) + " inside ncclGroupStart/ncclGroupEnd: a blocking call there can wait forever on a GPU");
+    emu::submit(s, std::move(w), at);
+    if (blocking) emu::synchronize_stream(nullptr);
+    return check_sticky();
+}
+
+cudaError_t set_bytes(const char* fn, void* p, int value, size_t bytes, cudaStream_t s) {
+    if (check_sticky()) return check_sticky();
+    if (bytes == 0) return cudaSuccess;
+    emu::StreamWork w;
+    w.what = [=] {
+        char buf[128];
+        std::snprintf(buf, sizeof buf, "%s of %zu bytes at %p", fn, bytes, p);
+        return std::string(buf);
+    };
+    w.accesses = {{p, bytes, true}};
+    w.run = [=] { std::memset(p, value, bytes); };
+    emu::submit(s, std::move(w), emu::RunAt::by_mode);
+    return check_sticky();
 }
 
 }  // namespace
@@ -196,6 +284,7 @@ cudaError_t cudaGetDevice(int* device) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceReset(void) {
+    emu::synchronize_device();
     State& s = state();
     std::lock_guard<std::mutex> lock(s.m);
     s.last = s.sticky = cudaSuccess;
@@ -203,7 +292,6 @@ cudaError_t cudaDeviceReset(void) {
     s.max_dyn_smem.clear();
     return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize(void) { return check_sticky(); }
 
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
     if (device != 0) return fail(cudaErrorInvalidDevice, "emu: only device 0 exists");
@@ -307,79 +395,22 @@ cudaError_t cudaMallocHost(void** p, size_t bytes) {
 cudaError_t cudaHostAlloc(void** p, size_t bytes, unsigned) { return cudaMallocHost(p, bytes); }
 cudaError_t cudaFreeHost(void* p) { return free_bytes(p, "cudaFreeHost"); }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind) {
-    if (check_sticky()) return check_sticky();
-    if (bytes) std::memmove(dst, src, bytes);
-    return cudaSuccess;
+    return copy_2d("cudaMemcpy", dst, bytes, src, bytes, bytes, 1, nullptr, true);
 }
-cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
-    return cudaMemcpy(dst, src, bytes, kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind, cudaStream_t s) {
+    return copy_2d("cudaMemcpyAsync", dst, bytes, src, bytes, bytes, 1, s, false);
 }
 cudaError_t cudaMemcpy2D(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
                          cudaMemcpyKind) {
-    if (check_sticky()) return check_sticky();
-    if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue, "emu: cudaMemcpy2D: width exceeds a pitch");
-    for (size_t r = 0; r < height; ++r)
-        std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
-    return cudaSuccess;
+    return copy_2d("cudaMemcpy2D", dst, dpitch, src, spitch, width, height, nullptr, true);
 }
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
-                              cudaMemcpyKind kind, cudaStream_t) {
-    return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+                              cudaMemcpyKind, cudaStream_t s) {
+    return copy_2d("cudaMemcpy2DAsync", dst, dpitch, src, spitch, width, height, s, false);
 }
-cudaError_t cudaMemset(void* p, int value, size_t bytes) {
-    if (check_sticky()) return check_sticky();
-    if (bytes) std::memset(p, value, bytes);
-    return cudaSuccess;
-}
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) { return cudaMemset(p, value, bytes); }
-
-// ---- streams and events ----
-cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int priority) {
-    *s = new CUstream_st{flags, priority};
-    return check_sticky();
-}
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) { return cudaStreamCreateWithPriority(s, flags, 0); }
-cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithPriority(s, 0, 0); }
-cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    delete s;
-    return cudaSuccess;
-}
-cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
-    *least = 0;
-    *greatest = -5;
-    return cudaSuccess;
-}
-cudaError_t cudaStreamSynchronize(cudaStream_t) { return check_sticky(); }
-cudaError_t cudaStreamQuery(cudaStream_t) { return check_sticky(); }
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
-    if (!e) return fail(cudaErrorInvalidResourceHandle, "emu: cudaStreamWaitEvent on a null event");
-    return check_sticky();
-}
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
-    *e = new CUevent_st{{}, false, flags};
-    return cudaSuccess;
-}
-cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
-cudaError_t cudaEventDestroy(cudaEvent_t e) {
-    delete e;
-    return cudaSuccess;
-}
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
-    if (!e) return fail(cudaErrorInvalidResourceHandle, "emu: cudaEventRecord on a null event");
-    e->when = std::chrono::steady_clock::now();
-    e->recorded = true;
-    return check_sticky();
-}
-cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned) { return cudaEventRecord(e, s); }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return check_sticky(); }
-cudaError_t cudaEventQuery(cudaEvent_t) { return check_sticky(); }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
-    if (!start || !end || !start->recorded || !end->recorded)
-        return fail(cudaErrorInvalidResourceHandle, "emu: cudaEventElapsedTime on an event never recorded");
-    if ((start->flags | end->flags) & cudaEventDisableTiming)
-        return fail(cudaErrorInvalidResourceHandle, "emu: cudaEventElapsedTime on an event created with cudaEventDisableTiming");
-    *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
-    return cudaSuccess;
+cudaError_t cudaMemset(void* p, int value, size_t bytes) { return set_bytes("cudaMemset", p, value, bytes, nullptr); }
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s) {
+    return set_bytes("cudaMemsetAsync", p, value, bytes, s);
 }
 
 }  // extern "C"

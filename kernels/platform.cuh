@@ -23,6 +23,17 @@ inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_byte
 #endif
 }
 
+// Names a range of device memory for emu's diagnostics: EMU_STREAMS=deferred's race detector
+// names buffers by it and takes a kernel's pointer argument to reach to the end of the range
+// that holds it. Nothing on the GPU.
+inline void name_device_range(const void* p, size_t bytes, const char* name) {
+#ifdef __CUDACC__
+    (void)p, (void)bytes, (void)name;
+#else
+    emu::name_range(p, bytes, name);
+#endif
+}
+
 // The block's dynamic shared memory (its size is the launch's smem_bytes), 16-byte aligned.
 template <class T>
 __device__ __forceinline__ T* dynamic_smem() {

@@ -241,6 +241,7 @@ void test_butterflies() {
     {
         DeviceBuffer<float> out(32);  // freed before the reset below
         launch(butterflies_disagree, dim3(1), dim3(32), 0, nullptr, out.ptr);
+        cudaDeviceSynchronize();  // the failure is known once the kernel has run
         e = cudaGetLastError();
         msg = emu::last_kernel_error();
     }
@@ -474,6 +475,8 @@ __global__ void big_stack_frame(float* out) {  // 16 KB of locals per thread fit
 }
 
 void expect_kernel_failure(const char* what, const char* kernel, const char* phrase) {
+    // As on a GPU, a kernel's failure is known once the host waits for it (deferred streams run it then).
+    test::check(cudaDeviceSynchronize() == cudaErrorLaunchFailure, "%s: the synchronize must report the failure", what);
     const cudaError_t e = cudaGetLastError();
     const std::string msg = emu::last_kernel_error();
     test::check(e == cudaErrorLaunchFailure, "%s: expected cudaErrorLaunchFailure, got %s", what, cudaGetErrorName(e));
@@ -557,7 +560,7 @@ void test_bf16_rounding() {
     test::check(bad == 0, "bf16 rounding differs from the CUDA header's for %d of %zu floats", bad, patterns.size());
 }
 
-// ---- streams and events run in issue order ----
+// ---- streams ordered by events ----
 void test_streams_and_events() {
     cudaStream_t s1, s2;
     cudaEvent_t e0, e1;
@@ -568,6 +571,7 @@ void test_streams_and_events() {
     const int n = 1 << 16;
     auto x = test::uniform_vector(n, -1, 1);
     DeviceBuffer<float> dx(x), dy(n);
+    CUDA_CHECK(cudaDeviceSynchronize());  // s1 does not wait for the legacy stream's upload by itself
     CUDA_CHECK(cudaEventRecord(e0, s1));
     CUDA_CHECK(cudaMemsetAsync(dy.ptr, 0, n * 4, s1));
     launch(axpy, dim3(16), dim3(256), 0, s1, dy.ptr, dx.ptr, 2.0f, n);

@@ -173,10 +173,29 @@ void check_values(const std::string& what, const T* got, const std::vector<doubl
     test::check_close(what, g.data(), w.data(), n, atol, rtol);
 }
 
+// NCCL's buffers are device memory: vectors whose storage is cudaMalloc'ed (host code reads and
+// writes them directly, as emu's device memory is host memory).
+template <class T>
+struct DeviceAllocator {
+    using value_type = T;
+    DeviceAllocator() = default;
+    template <class U>
+    DeviceAllocator(const DeviceAllocator<U>&) {}
+    T* allocate(size_t n) {
+        void* p = nullptr;
+        CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)));
+        return static_cast<T*>(p);
+    }
+    void deallocate(T* p, size_t) { cudaFree(p); }
+    bool operator==(const DeviceAllocator&) const { return true; }
+};
+template <class T>
+using dvec = std::vector<T, DeviceAllocator<T>>;
+
 // ---- the main suite: every collective on one data type and count ----
 template <class T>
-std::vector<T> inputs(uint64_t c, uint64_t src, size_t count) {
-    std::vector<T> v(count);
+dvec<T> inputs(uint64_t c, uint64_t src, size_t count) {
+    dvec<T> v(count);
     for (size_t i = 0; i < count; ++i) v[i] = Type<T>::make(bits(c, src, i));
     return v;
 }
@@ -186,7 +205,7 @@ void test_all_reduce(ncclComm_t comm, const char* label, size_t count, ncclRedOp
     const uint64_t c = ++g_case;
     const std::string what = fmt("%s all-reduce %s %s count %zu%s", label, Type<T>::name, op_name(op), count,
                                  in_place ? " in place" : "");
-    std::vector<T> send = inputs<T>(c, g_rank, count), recv(count);
+    dvec<T> send = inputs<T>(c, g_rank, count), recv(count);
     std::vector<double> want(count);
     for (size_t i = 0; i < count; ++i) want[i] = exact<T>(op, [&](int r) { return Type<T>::make(bits(c, r, i)); });
     T* out = in_place ? send.data() : recv.data();
@@ -200,7 +219,7 @@ void test_reduce_scatter(ncclComm_t comm, const char* label, size_t count, ncclR
     const uint64_t c = ++g_case;
     const std::string what = fmt("%s reduce-scatter %s %s count %zu%s rank %d", label, Type<T>::name, op_name(op), count,
                                  in_place ? " in place" : "", g_rank);
-    std::vector<T> send = inputs<T>(c, g_rank, count * g_n), recv(count);
+    dvec<T> send = inputs<T>(c, g_rank, count * g_n), recv(count);
     std::vector<double> want(count);
     for (size_t i = 0; i < count; ++i)
         want[i] = exact<T>(op, [&](int r) { return Type<T>::make(bits(c, r, g_rank * count + i)); });
@@ -213,8 +232,8 @@ template <class T>
 void test_all_gather(ncclComm_t comm, const char* label, size_t count, bool in_place) {
     const uint64_t c = ++g_case;
     const std::string what = fmt("%s all-gather %s count %zu%s", label, Type<T>::name, count, in_place ? " in place" : "");
-    std::vector<T> send = inputs<T>(c, g_rank, count);
-    std::vector<T> recv = inputs<T>(c, 1000 + g_rank, count * g_n);  // garbage the gather must overwrite
+    dvec<T> send = inputs<T>(c, g_rank, count);
+    dvec<T> recv = inputs<T>(c, 1000 + g_rank, count * g_n);  // garbage the gather must overwrite
     std::vector<double> want(count * g_n);
     for (int r = 0; r < g_n; ++r)
         for (size_t i = 0; i < count; ++i) want[r * count + i] = Type<T>::value(Type<T>::make(bits(c, r, i)));
@@ -234,7 +253,7 @@ void test_broadcast(ncclComm_t comm, const char* label, size_t count, bool in_pl
     const int root = g_n - 1;
     const std::string what = fmt("%s broadcast %s count %zu root %d%s", label, Type<T>::name, count, root,
                                  in_place ? " in place" : "");
-    std::vector<T> send = inputs<T>(c, g_rank, count), recv = inputs<T>(c, 1000 + g_rank, count);
+    dvec<T> send = inputs<T>(c, g_rank, count), recv = inputs<T>(c, 1000 + g_rank, count);
     std::vector<double> want(count);
     for (size_t i = 0; i < count; ++i) want[i] = Type<T>::value(Type<T>::make(bits(c, root, i)));
     T* out = in_place ? send.data() : recv.data();
@@ -249,7 +268,7 @@ void test_reduce(ncclComm_t comm, const char* label, size_t count, ncclRedOp_t o
     const int root = g_n / 2;
     const std::string what = fmt("%s reduce %s %s count %zu root %d%s rank %d", label, Type<T>::name, op_name(op), count,
                                  root, in_place ? " in place" : "", g_rank);
-    std::vector<T> send = inputs<T>(c, g_rank, count), recv(count);
+    dvec<T> send = inputs<T>(c, g_rank, count), recv(count);
     std::vector<double> want(count);
     for (size_t i = 0; i < count; ++i) want[i] = exact<T>(op, [&](int r) { return Type<T>::make(bits(c, r, i)); });
     T* out = in_place ? send.data() : recv.data();
@@ -292,7 +311,7 @@ void test_send_recv_all_to_all(ncclComm_t comm, const char* label, size_t scale)
         return (bits(c, 7777, from * g_n + to) % 9) * scale + static_cast<size_t>(from + to) % 3;
     };
     const auto src = [](int from, int to) { return static_cast<uint64_t>(from * g_n + to); };
-    std::vector<std::vector<T>> out(g_n), in(g_n);
+    std::vector<dvec<T>> out(g_n), in(g_n);
     for (int p = 0; p < g_n; ++p) {
         out[p] = inputs<T>(c, src(g_rank, p), count(g_rank, p));
         in[p] = inputs<T>(c, 1000000 + p, count(p, g_rank));  // garbage to be overwritten
@@ -318,7 +337,7 @@ void test_ring_ungrouped(ncclComm_t comm, const char* label) {
     if (g_n < 2) return;  // a lone rank would send to itself without a group
     const uint64_t c = ++g_case;
     const int next = (g_rank + 1) % g_n, prev = (g_rank + g_n - 1) % g_n;
-    std::vector<float> out = inputs<float>(c, g_rank, 3000), in(3000, -7.0f);
+    dvec<float> out = inputs<float>(c, g_rank, 3000), in(3000, -7.0f);
     const std::string what = fmt("%s ungrouped ring send/recv", label);
     if (g_rank % 2 == 0) ok(ncclSend(out.data(), out.size(), ncclFloat32, next, comm, g_stream), what + " ncclSend");
     ok(ncclRecv(in.data(), in.size(), ncclFloat32, prev, comm, g_stream), what + " ncclRecv");
@@ -332,8 +351,8 @@ void test_ring_ungrouped(ncclComm_t comm, const char* label) {
 void test_mixed_group(ncclComm_t comm, const char* label) {
     const uint64_t c = ++g_case;
     const int next = (g_rank + 1) % g_n, prev = (g_rank + g_n - 1) % g_n;
-    std::vector<int32_t> out = inputs<int32_t>(c, 100 + g_rank, 500), in(500, -1);
-    std::vector<int32_t> a = inputs<int32_t>(c, g_rank, 777), sum(777);
+    dvec<int32_t> out = inputs<int32_t>(c, 100 + g_rank, 500), in(500, -1);
+    dvec<int32_t> a = inputs<int32_t>(c, g_rank, 777), sum(777);
     const std::string what = fmt("%s mixed group", label);
     const auto collective = [&] {
         ok(ncclAllReduce(a.data(), sum.data(), a.size(), ncclInt32, ncclSum, comm, g_stream), what + " ncclAllReduce");
@@ -359,16 +378,17 @@ void test_grouped_collectives(ncclComm_t comm, const char* label) {
     const std::string what = fmt("%s grouped collectives", label);
     const size_t na = 1000, nb = 7, nc = 12345, nd = 1, ne = 100;
     const int root = g_n - 1;
-    std::vector<float> a = inputs<float>(c, g_rank, na), d = inputs<float>(c + 1, g_rank, nd);
-    std::vector<__nv_bfloat16> b = inputs<__nv_bfloat16>(c, g_rank, nb);
-    std::vector<int32_t> cc = inputs<int32_t>(c, g_rank, nc), e = inputs<int32_t>(c + 2, g_rank, ne);
+    dvec<float> a = inputs<float>(c, g_rank, na), d = inputs<float>(c + 1, g_rank, nd);
+    dvec<__nv_bfloat16> b = inputs<__nv_bfloat16>(c, g_rank, nb);
+    dvec<int32_t> cc = inputs<int32_t>(c, g_rank, nc), e = inputs<int32_t>(c + 2, g_rank, ne);
     ++g_case, ++g_case;
-    test::DeviceBuffer<float> a_send(a), a_recv(na);  // a_recv starts zeroed
-    std::vector<__nv_bfloat16> b_out(nb, __float2bfloat16(-3.0f));
-    std::vector<int32_t> c_out(nc, -5);
-    std::vector<float> d_before = d;
-    std::vector<int32_t> e_before = e;
+    test::DeviceBuffer<float> a_send(std::vector<float>(a.begin(), a.end())), a_recv(na);  // a_recv starts zeroed
+    dvec<__nv_bfloat16> b_out(nb, __float2bfloat16(-3.0f));
+    dvec<int32_t> c_out(nc, -5);
+    dvec<float> d_before = d;
+    dvec<int32_t> e_before = e;
 
+    CUDA_CHECK(cudaDeviceSynchronize());  // a_recv's zeroing has landed: it is read directly below
     ok(ncclGroupStart(), what + " outer ncclGroupStart");
     ok(ncclGroupStart(), what + " inner ncclGroupStart");
     ok(ncclAllReduce(a_send.ptr, a_recv.ptr, na, ncclFloat32, ncclSum, comm, g_stream), what + " fp32 sum");
@@ -377,8 +397,7 @@ void test_grouped_collectives(ncclComm_t comm, const char* label) {
     ok(ncclAllReduce(d.data(), d.data(), nd, ncclFloat32, ncclSum, comm, g_stream), what + " fp32 in place");
     ok(ncclBroadcast(e.data(), e.data(), ne, ncclInt32, root, comm, g_stream), what + " broadcast");
     ok(ncclGroupEnd(), what + " inner ncclGroupEnd");
-    float a0 = 1.0f;
-    CUDA_CHECK(cudaMemcpy(&a0, a_recv.ptr, sizeof(float), cudaMemcpyDeviceToHost));
+    const float a0 = a_recv.ptr[0];  // read directly: a blocking cudaMemcpy inside a group is refused
     test::check(a0 == 0.0f && c_out[0] == -5 && d == d_before && (g_rank == root || e == e_before),
                 "%s: an operation ran before the outermost ncclGroupEnd (rank %d)", what.c_str(), g_rank);
     ok(ncclGroupEnd(), what + " outer ncclGroupEnd");
@@ -412,14 +431,14 @@ void test_other_collectives(ncclComm_t comm, const char* label) {
         const std::string who = fmt(" count %zu rank %d", count, g_rank);
         const auto value = [&](uint64_t src, size_t i) { return static_cast<double>(Type<T>::make(bits(c, src, i))); };
 
-        std::vector<T> buf = inputs<T>(c, g_rank, count);
+        dvec<T> buf = inputs<T>(c, g_rank, count);
         ok(ncclBcast(buf.data(), count, ncclInt32, 1 % g_n, comm, g_stream), fmt("%s ncclBcast", label));
         std::vector<double> want(count);
         for (size_t i = 0; i < count; ++i) want[i] = value(1 % g_n, i);
         check_values(fmt("%s ncclBcast root %d", label, 1 % g_n) + who, buf.data(), want, kCopy);
 
         // all-to-all: block p of rank r's send goes to block r of rank p's receive
-        std::vector<T> send(count * g_n), recv(count * g_n, -9);
+        dvec<T> send(count * g_n), recv(count * g_n, -9);
         for (int p = 0; p < g_n; ++p)
             for (size_t i = 0; i < count; ++i) send[p * count + i] = Type<T>::make(bits(c, 100 + g_rank * g_n + p, i));
         ok(ncclAlltoAll(send.data(), recv.data(), count, ncclInt32, comm, g_stream), fmt("%s ncclAlltoAll", label));
@@ -431,7 +450,7 @@ void test_other_collectives(ncclComm_t comm, const char* label) {
         for (bool in_place : {false, true}) {
             const std::string ip = in_place ? " in place" : "";
             // gather to the root; in place, the root's own block already sits in recvbuff
-            std::vector<T> mine = inputs<T>(c, 200 + g_rank, count), all(count * g_n, -9);
+            dvec<T> mine = inputs<T>(c, 200 + g_rank, count), all(count * g_n, -9);
             const T* from = mine.data();
             if (in_place && g_rank == root) {
                 std::copy(mine.begin(), mine.end(), all.begin() + root * count);
@@ -444,7 +463,7 @@ void test_other_collectives(ncclComm_t comm, const char* label) {
                 check_values(fmt("%s ncclGather root %d", label, root) + ip + who, all.data(), want, kCopy);
             }
             // scatter from the root; in place, the root's block stays where it is in sendbuff
-            std::vector<T> blocks = inputs<T>(c, 300 + g_rank, count * g_n), part(count, -9);
+            dvec<T> blocks = inputs<T>(c, 300 + g_rank, count * g_n), part(count, -9);
             T* to = in_place && g_rank == root ? blocks.data() + root * count : part.data();
             ok(ncclScatter(blocks.data(), to, count, ncclInt32, root, comm, g_stream), fmt("%s ncclScatter", label) + ip);
             std::vector<double> want_part(count);
@@ -461,7 +480,7 @@ template <class T>
 void all_types_case(ncclComm_t comm, ncclDataType_t id, const char* name, T (*from_float)(float)) {
     const uint64_t c = ++g_case;
     const size_t count = 33;
-    std::vector<T> send(count), got(count);
+    dvec<T> send(count), got(count);
     std::vector<int> ones(count, 0);
     for (size_t i = 0; i < count; ++i) {
         send[i] = from_float(static_cast<float>(bits(c, g_rank, i) & 1));
@@ -581,7 +600,7 @@ void test_split_communicators() {
     test::check(count == size && rank == g_rank / 2, "even/odd communicator: count %d rank %d, want %d %d", count, rank,
                 size, g_rank / 2);
     const uint64_t cs = ++g_case;
-    std::vector<int32_t> x = inputs<int32_t>(cs, g_rank, 100), sum(100);
+    dvec<int32_t> x = inputs<int32_t>(cs, g_rank, 100), sum(100);
     ok(ncclAllReduce(x.data(), sum.data(), x.size(), ncclInt32, ncclSum, c, g_stream), "even/odd all-reduce");
     size_t bad = 0;
     for (size_t i = 0; i < x.size(); ++i) {
@@ -595,7 +614,8 @@ void test_split_communicators() {
 
 // The lifecycle calls: config, finalize, abort, and destroy with work still queued.
 void test_lifecycle() {
-    float x[4] = {1, 2, 3, 4}, y[4] = {};
+    dvec<float> xs = {1, 2, 3, 4}, ys(4, 0.0f);
+    float *x = xs.data(), *y = ys.data();
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t c = nullptr;
@@ -626,7 +646,8 @@ void test_lifecycle() {
 // Misuse on a working communicator: each call must return NCCL's code and leave the
 // communicator usable.
 void test_errors(ncclComm_t comm) {
-    float x[16] = {}, y[16 * 8] = {};
+    dvec<float> xs(16, 0.0f), ys(16 * 8, 0.0f);
+    float *x = xs.data(), *y = ys.data();
     for (int i = 0; i < 16; ++i) x[i] = static_cast<float>(i + g_rank);
     const auto bad_type = static_cast<ncclDataType_t>(ncclNumTypes);
     const auto bad_op = static_cast<ncclRedOp_t>(ncclNumOps);
@@ -667,12 +688,54 @@ void test_errors(ncclComm_t comm) {
     test::check(y[15] == static_cast<float>(15 + g_n - 1), "all-reduce max after the errors: %g (rank %d)", y[15], g_rank);
 }
 
+// The rules a GPU enforces by failing (or by silently wrong results), each broken once and kept
+// once: buffers in device memory, inside their allocation, and overlapping only in NCCL's
+// in-place forms (all-gather: sendbuff == recvbuff + rank * sendcount; reduce-scatter: recvbuff ==
+// sendbuff + rank * recvcount). A refused call moves no data, so every rank returns alike.
+void test_buffer_rules(ncclComm_t comm) {
+    const size_t count = 6, n = static_cast<size_t>(g_n), me = static_cast<size_t>(g_rank);
+    dvec<float> all(count * n, 0.0f), one(count, 1.0f);
+    std::vector<float> pageable(count * n, 1.0f);
+    float* pinned = nullptr;
+    CUDA_CHECK(cudaMallocHost(&pinned, count * n * sizeof(float)));
+    expect(ncclAllReduce(pageable.data(), one.data(), count, ncclFloat32, ncclSum, comm, g_stream), ncclInvalidArgument,
+           "all-reduce from pageable host memory");
+    expect(ncclAllGather(one.data(), pinned, count, ncclFloat32, comm, g_stream), ncclInvalidArgument,
+           "all-gather into pinned host memory");
+    expect(ncclAllReduce(one.data(), all.data() + all.size() - count + 1, count, ncclFloat32, ncclSum, comm, g_stream),
+           ncclInvalidArgument, "all-reduce into a buffer that runs past its allocation");
+    expect(ncclAllReduce(all.data(), all.data() + 1, count, ncclFloat32, ncclSum, comm, g_stream), ncclInvalidArgument,
+           "all-reduce with partly overlapping buffers");
+    // in place at the wrong block (the next rank's), then at the right one
+    const size_t wrong = (me + 1) % n;
+    for (size_t i = 0; i < count; ++i) all[me * count + i] = static_cast<float>(100 * g_rank + i);
+    if (g_n > 1)
+        expect(ncclAllGather(all.data() + wrong * count, all.data(), count, ncclFloat32, comm, g_stream), ncclInvalidArgument,
+               "in-place all-gather at another rank's block");
+    ok(ncclAllGather(all.data() + me * count, all.data(), count, ncclFloat32, comm, g_stream), "in-place all-gather");
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    size_t bad = 0;
+    for (size_t r = 0; r < n; ++r)
+        for (size_t i = 0; i < count; ++i) bad += all[r * count + i] != static_cast<float>(100 * r + i);
+    test::check(bad == 0, "in-place all-gather: %zu values wrong (rank %d)", bad, g_rank);
+    if (g_n > 1)
+        expect(ncclReduceScatter(all.data(), all.data() + wrong * count, count, ncclFloat32, ncclSum, comm, g_stream),
+               ncclInvalidArgument, "in-place reduce-scatter into another rank's block");
+    ok(ncclReduceScatter(all.data(), all.data() + me * count, count, ncclFloat32, ncclSum, comm, g_stream),
+       "in-place reduce-scatter");
+    CUDA_CHECK(cudaStreamSynchronize(g_stream));
+    bad = 0;
+    for (size_t i = 0; i < count; ++i) bad += all[me * count + i] != static_cast<float>(n * (100 * me + i));
+    test::check(bad == 0, "in-place reduce-scatter: %zu values wrong (rank %d)", bad, g_rank);
+    CUDA_CHECK(cudaFreeHost(pinned));
+}
+
 // Ranks 0 and 1 disagree on send/recv counts (rank 0 sends `scale`*5 elements, rank 1 sends
 // `scale`*9, each expects `scale`*7): each receiver is told, and neither hangs.
 void test_count_mismatch(ncclComm_t comm, const char* label, size_t scale) {
     if (g_n < 2 || g_rank >= 2) return;
     const int peer = 1 - g_rank;
-    std::vector<int32_t> out(9 * scale), in(9 * scale);
+    dvec<int32_t> out(9 * scale), in(9 * scale);
     const std::string what = fmt("%s recv of %zu elements from a send of %zu", label, 7 * scale, (g_rank == 0 ? 9 : 5) * scale);
     ok(ncclGroupStart(), what + " ncclGroupStart");
     ok(ncclSend(out.data(), (g_rank == 0 ? 5 : 9) * scale, ncclInt32, peer, comm, g_stream), what + " ncclSend");
@@ -716,6 +779,7 @@ int main(int argc, char** argv) {
     test_split_communicators();
     test_lifecycle();
     test_errors(comm);
+    test_buffer_rules(comm);
     test_count_mismatch(comm, "default slices:", 1);
     test_count_mismatch(sliced, "1000-byte slices:", 100);  // several slices' worth: still one message
     ok(ncclCommDestroy(sliced), "ncclCommDestroy");

@@ -17,3 +17,9 @@ add_test(NAME emu_launch_bounds_scan_unresolved COMMAND ${CMAKE_COMMAND} -DOUTPU
          -DSOURCES=${REPO}/tests/emu/fixtures/launch_bounds_bad.cuh -P ${REPO}/emu/launch_bounds.cmake)
 set_tests_properties(emu_launch_bounds_scan_unresolved PROPERTIES
   PASS_REGULAR_EXPRESSION "launch bounds of unresolved_kernel: 'kNowhere' is not a")
+# emu's suite and the NCCL shim's again with deferred streams (work runs when needed, in a seeded
+# order, under the race detector): the results and the error reports must not change.
+add_test(NAME test_exec_deferred_streams COMMAND test_exec)
+set_tests_properties(test_exec_deferred_streams PROPERTIES ENVIRONMENT "EMU_STREAMS=deferred:3")
+add_test(NAME test_mpi_nccl_np2_deferred_streams COMMAND ${MPIRUN} -np 2 -x EMU_WORKERS=1 $<TARGET_FILE:test_mpi_nccl>)
+set_tests_properties(test_mpi_nccl_np2_deferred_streams PROPERTIES ENVIRONMENT "EMU_STREAMS=deferred:3" TIMEOUT 600)
