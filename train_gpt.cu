@@ -681,9 +681,11 @@ void broadcast_params(Model& m, ncclComm_t comm, cudaStream_t s) {
 MixLambdas mix_lambdas(const Params& p, int l) {
     return {p.scalars + kResidLambdas + l, p.x0_lambdas + l, p.scalars + kBigramLambdas + l};
 }
-int layer_window(const StepSchedule& sch, int l) { return is_long_window(l) ? sch.ws_long : sch.ws_short; }
+int layer_window(const StepSchedule& step_sch, int l) {
+    return is_long_window(l) ? step_sch.ws_long : step_sch.ws_short;
+}
 
-AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule& sch, const bf16* xa) {
+AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule& step_sch, const bf16* xa) {
     const Config& c = m.cfg;
     AttnAux aux;
     aux.T = b.T;
@@ -691,7 +693,7 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
     aux.D = c.head_dim;
     aux.paired = is_paired(l);
     // upstream shifts keys on every non-paired layer whose window equals the long one
-    aux.key_offset = !is_paired(l) && layer_window(sch, l) == sch.ws_long;
+    aux.key_offset = !is_paired(l) && layer_window(step_sch, l) == step_sch.ws_long;
     aux.rope_table = m.rope.table;
     aux.rope_positions = m.rope.positions;
     aux.xa = xa;
@@ -705,7 +707,7 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
 // Training (a = m.train): the FP8 lm_head and the multi-token-prediction loss summed over rows,
 // every tensor the backward needs kept. Eval (a = m.eval): the bf16 lm_head and the mean
 // cross-entropy. The loss lands in m.loss.
-void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Acts& a, cudaStream_t s) {
+void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, Acts& a, cudaStream_t s) {
     const Config& c = m.cfg;
     const Params& p = m.params;
     const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim, V = c.padded_vocab, M = c.mlp_dim;
@@ -733,10 +735,10 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Acts& 
             const float* sa = p.scalars + kSaLambdas + 2 * l;
             lambda_scaled_weight_forward(L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C, s);
             lambda_scaled_weight_forward(L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C, s);
-            const AttnAux aux = attn_aux(m, l, b, sch, L.h_attn);
+            const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
             matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s);
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
-            attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(sch, l),
+            attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(step_sch, l),
                               is_paired(l), scale, s);
             attn_output_gate_forward(aux, L.y_gated, L.y, s);
             matmul_forward(*m.lt, a.block_out, L.y_gated, L.wo_eff, T, C, C, s);
@@ -751,10 +753,10 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Acts& 
     backout_forward(a.x_final, a.h_final, a.rstd_final, a.x_out, a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda,
                     T, C, s);
     if (a.training) {
-        if (!sch.lm_head_quantized) lm_head_fp8_quantize_weight(a.fp8, p.lm_head, m.fp8_scales, C, V, s);
+        if (!step_sch.lm_head_quantized) lm_head_fp8_quantize_weight(a.fp8, p.lm_head, m.fp8_scales, C, V, s);
         lm_head_fp8_forward(*m.lt, a.logits, a.fp8, a.h_final, m.fp8_scales, T, C, V, s);
-        softcap_mtp_loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, sch.mtp_weights,
-                                 sch.n_predict, T, V, s);
+        softcap_mtp_loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, step_sch.mtp_weights,
+                                 step_sch.n_predict, T, V, s);
     } else {
         for (int r = 0; r < T; r += a.logit_rows) {
             const int rows = std::min(a.logit_rows, T - r);
@@ -773,7 +775,7 @@ struct Accumulate {
     bool matrices;  // the NorMuon banks (attn, mlp)
     bool others;    // every Adam parameter
 };
-void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Accumulate acc, cudaStream_t s) {
+void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, Accumulate acc, cudaStream_t s) {
     const Config& c = m.cfg;
     const Params& p = m.params;
     const Params& g = m.grads;
@@ -790,7 +792,8 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Accum
     }
 
     // loss -> logits (in place) -> lm_head and its input
-    softcap_mtp_loss_backward(a.logits, a.logits, a.lse_head, b.targets, sch.mtp_weights, sch.n_predict, m.dloss, T, V, s);
+    softcap_mtp_loss_backward(a.logits, a.logits, a.lse_head, b.targets, step_sch.mtp_weights, step_sch.n_predict,
+                              m.dloss, T, V, s);
     lm_head_fp8_backward(*m.lt, w.dh, g.lm_head, accumulate, a.fp8, a.logits, m.fp8_scales, T, C, V, s);
     backout_backward(dX, dX_backout, g.scalars + kBackoutLambda, w.scratch, w.dh, a.x_final, a.rstd_final,
                      a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda, accumulate, T, C, s);
@@ -802,17 +805,17 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Accum
                      p.c_proj(c, l), L.pre, L.post, T, C, M, s);
         if (has_attention(l)) {
             residual_add_backward(dX, w.dh, L.xa, L.rstd_mlp, T, C, s);  // dX now: the gradient of xm's stream use
-            const AttnAux aux = attn_aux(m, l, b, sch, L.h_attn);
+            const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
             const float* sa = p.scalars + kSaLambdas + 2 * l;
             float* dsa = g.scalars + kSaLambdas + 2 * l;
             // output projection: block_out = y_gated @ wo_eff^T
             matmul_backward_weight(*m.lt, w.dw_eff, dX, L.y_gated, T, C, C, s);
             matmul_backward_input(*m.lt, w.dy, dX, L.wo_eff, T, C, C, s);
             lambda_scaled_weight_backward(g.wo(c, l), dsa + 1, w.scratch, w.dw_eff, p.wo(c, l), sa + 1, int64_t(C) * C,
-                                          acc.matrices, accumulate, s);
+                                          {.dw = acc.matrices, .dlambda = accumulate}, s);
             attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
             attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
-                               layer_window(sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s);
+                               layer_window(step_sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s);
             const int table = value_table(l);
             bf16* dve = table >= 0 ? w.dve[table] : nullptr;
             float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
@@ -821,7 +824,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Accum
             matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s);
             matmul_backward_input(*m.lt, w.dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s);
             lambda_scaled_weight_backward(g.wqkv(c, l), dsa, w.scratch, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C,
-                                          acc.matrices, accumulate, s);
+                                          {.dw = acc.matrices, .dlambda = accumulate}, s);
             attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
                                 w.scratch, accumulate, s);
         }
@@ -833,14 +836,16 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& sch, Accum
         if (l == kBackoutLayer + 1) d_in = dX_backout, add_to_d_in = true;
         if (l == kSkipFrom + 1) d_in = dX_skip, add_to_d_in = true;
         residual_mix_backward(d_in, w.gx0, w.gxb, {g.scalars + kResidLambdas + l, g.x0_lambdas + l, g.scalars + kBigramLambdas + l},
-                              w.scratch, dX, w.dh, L.xm, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(p, l), l == 0,
-                              add_to_d_in, l != kLayers - 1, accumulate, T, C, s);
+                              w.scratch, dX, w.dh, L.xm, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(p, l),
+                              {.first_layer = l == 0, .accumulate_dx = add_to_d_in,
+                               .accumulate_x0_grads = l != kLayers - 1, .accumulate_lambda_grads = accumulate},
+                              T, C, s);
         if (l == kBackoutLayer + 1) std::swap(dX, dX_backout);  // the layer below continues from there
         if (l == kSkipFrom + 1) std::swap(dX, dX_skip);
         if (l == kSkipTo)  // the skip add's output gradient (dX) also reaches layer 3's output and the gate
             gated_skip_add_backward(dX_skip, w.gx0, g.skip_gate, g.scalars + kSkipLambda, w.scratch, dX,
-                                    a.layer[kSkipFrom + 1].x, a.x0, p.skip_gate, p.scalars + kSkipLambda, false,
-                                    accumulate, T, C, s);
+                                    a.layer[kSkipFrom + 1].x, a.x0, p.skip_gate, p.scalars + kSkipLambda,
+                                    {.accumulate_d_skip = false, .accumulate_param_grads = accumulate}, T, C, s);
     }
     // x0 = norm(smeared); smeared = smear(embed[ids])
     rmsnorm_backward(w.d_smeared, w.gx0, a.smeared, a.rstd_x0, T, C, false, s);
@@ -1350,11 +1355,8 @@ struct RunOptions {
     int64_t val_tokens = -1;             // -1: the preset's
     uint64_t seed = 1337;
     int max_steps = -1;                  // stop after this many steps (tests, golden runs); -1: the schedule's
-#ifdef __CUDACC__
-    bool warmup = true;                  // compiles nothing, but warms cuBLASLt heuristics and NCCL paths
-#else
-    bool warmup = false;                 // the CPU build gains nothing from it
-#endif
+    // compiles nothing, but warms cuBLASLt heuristics and NCCL paths; the CPU build gains nothing from it
+    bool warmup = !kEmulated;
     bool log_train_loss = false;
     bool log_grad_norms = false;
     int check_finite = 0;                // also check parameters and optimizer state every N steps; 0: never
@@ -1370,7 +1372,9 @@ struct ScheduleState {
     int64_t batch_tokens = 0;
 };
 
-// Host state of the step: pinned loss slots read one step late (no sync inside a step).
+// Host state of the run. Each micro-step's loss lands in a pinned slot read one step late, so reading
+// the losses adds no wait; a step still waits on the stream where it uploads a batch (BatchUploader
+// reuses its host buffers) and in the sparse bigram exchange.
 struct Run {
     Model& m;
     Optimizer& o;
@@ -1392,13 +1396,13 @@ struct Run {
     std::string first_nonfinite;  // CPU build: where a non-finite value first appeared
     FILE* log = nullptr;
     std::string log_path;
-    StepSchedule forward_schedule() const {
-        StepSchedule f;
-        f.ws_short = state.ws_short * m.cfg.block_size;
-        f.ws_long = state.ws_long * m.cfg.block_size;
-        f.mtp_weights = m.mtp_weights;
-        f.n_predict = n_predict;
-        return f;
+    StepSchedule step_schedule() const {
+        StepSchedule step_sch;
+        step_sch.ws_short = state.ws_short * m.cfg.block_size;
+        step_sch.ws_long = state.ws_long * m.cfg.block_size;
+        step_sch.mtp_weights = m.mtp_weights;
+        step_sch.n_predict = n_predict;
+        return step_sch;
     }
 };
 
@@ -1414,15 +1418,15 @@ struct Run {
 void log_write(Run& r, const char* text, size_t n) {
     if (!r.log) return;
     bool ok = std::fwrite(text, 1, n, r.log) == n && std::fflush(r.log) == 0;
-#ifndef __CUDACC__
-    // The CPU build's full disk for tests where no small file system can be mounted:
-    // TRAIN_GPT_LOG_LIMIT=N fails every log write that would take the log past N bytes.
-    static const char* limit = std::getenv("TRAIN_GPT_LOG_LIMIT");
-    if (ok && limit && std::ftell(r.log) > std::atol(limit)) {
-        ok = false;
-        errno = ENOSPC;
+    if constexpr (kEmulated) {
+        // The CPU build's full disk for tests where no small file system can be mounted:
+        // TRAIN_GPT_LOG_LIMIT=N fails every log write that would take the log past N bytes.
+        static const char* limit = std::getenv("TRAIN_GPT_LOG_LIMIT");
+        if (ok && limit && std::ftell(r.log) > std::atol(limit)) {
+            ok = false;
+            errno = ENOSPC;
+        }
     }
-#endif
     if (!ok) {
         const int err = errno;
         std::fclose(std::exchange(r.log, nullptr));
@@ -1568,19 +1572,19 @@ void log_grad_norms(Run& r, int step) {
 // One training step: grad_accum micro-steps of forward and backward, then the optimizer. The
 // loss of each micro-step lands in r.losses when the stream gets there.
 void train_step(Run& r, int step) {
-    StepSchedule f = r.forward_schedule();
+    StepSchedule step_sch = r.step_schedule();
     const bool adam_step = step % 2 == 1;
     for (int i = 0; i < r.m.cfg.grad_accum(); ++i) {
-        f.lm_head_quantized = i > 0;
+        step_sch.lm_head_quantized = i > 0;
         load_batch(r, *r.train, r.m.batch);
         // sparse bigram comms: the counts travel during the forward, the row indexes before the backward
         if (r.o.sparse) r.o.touched->mark(r.bigram.data(), size_t(r.m.batch.T));
         if (r.o.sparse && adam_step) r.o.exchange->begin(*r.o.touched);
-        gpt_forward(r.m, r.m.batch, f, r.m.train, r.s);
+        gpt_forward(r.m, r.m.batch, step_sch, r.m.train, r.s);
         if (r.o.sparse && adam_step) r.o.exchange->exchange_indexes();
         CUDA_CHECK(cudaMemcpyAsync(r.losses + i, r.m.loss, sizeof(float), cudaMemcpyDeviceToHost, r.s));
         // Adam's parameters keep the even step's gradients for the odd step's update
-        gpt_backward(r.m, r.m.batch, f, {i > 0, i > 0 || adam_step}, r.s);
+        gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step}, r.s);
     }
     if (r.opt.log_grad_norms) log_grad_norms(r, step);
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);
@@ -1598,14 +1602,9 @@ double step_train_loss(Run& r) {
 // The CPU build scans every step, so a failure names where the first non-finite value appeared
 // (a GPU run cannot afford the copies; it only stops).
 void watch_nonfinite(Run& r, int step) {
-#ifndef __CUDACC__
-    if (!r.first_nonfinite.empty()) return;
+    if (!kEmulated || !r.first_nonfinite.empty()) return;
     if (const std::string g = nonfinite_group(r); !g.empty())
         r.first_nonfinite = g + " (non-finite before step " + std::to_string(step) + ")";
-#else
-    (void)r;
-    (void)step;
-#endif
 }
 
 // *flag = 1 when x (n fp32 or bf16 elements) holds a NaN or an infinity: an all-ones exponent,
@@ -1683,14 +1682,14 @@ void check_finite(Run& r, int step, const char* when) {
 // schedule's windows; `final` extends the long window as upstream's last validation does.
 double validate(Run& r, bool final) {
     const Config& c = r.m.cfg;
-    StepSchedule f = r.forward_schedule();
-    if (final) f.ws_long = c.final_ws_long * c.block_size;  // YaRN is not re-applied for it
+    StepSchedule step_sch = r.step_schedule();
+    if (final) step_sch.ws_long = c.final_ws_long * c.block_size;  // YaRN is not re-applied for it
     r.val->rewind();
     const int64_t steps = c.grad_accum() * c.val_tokens / c.val_batch_tokens;
     double sum = 0;
     for (int64_t i = 0; i < steps; ++i) {
         load_batch(r, *r.val, r.m.eval_batch);
-        gpt_forward(r.m, r.m.eval_batch, f, r.m.eval, r.s);
+        gpt_forward(r.m, r.m.eval_batch, step_sch, r.m.eval, r.s);
         float loss;
         CUDA_CHECK(cudaMemcpyAsync(&loss, r.m.loss, sizeof loss, cudaMemcpyDeviceToHost, r.s));
         CUDA_CHECK(cudaStreamSynchronize(r.s));
@@ -1935,7 +1934,7 @@ void warm_up(Run& r) {
     for (int step : steps) {
         advance_schedule(r, step);
         load_batch(r, *r.val, r.m.eval_batch);
-        gpt_forward(r.m, r.m.eval_batch, r.forward_schedule(), r.m.eval, r.s);
+        gpt_forward(r.m, r.m.eval_batch, r.step_schedule(), r.m.eval, r.s);
         train_step(r, step);
     }
     CUDA_CHECK(cudaStreamSynchronize(r.s));
@@ -2005,10 +2004,7 @@ void run_training(Run& r) {
             CUDA_CHECK(cudaStreamSynchronize(r.s));
             const double loss = step_train_loss(r);
             if (!std::isfinite(loss)) {
-                std::string where = r.first_nonfinite;
-#ifdef __CUDACC__
-                where = "(the CPU build names the parameter group)";
-#endif
+                const std::string where = kEmulated ? r.first_nonfinite : "(the CPU build names the parameter group)";
                 fail("the training loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
                      std::to_string(step) + "; first non-finite: " + (where.empty() ? "the loss itself" : where));
             }
@@ -2086,11 +2082,7 @@ void log_environment(Run& r, const Distributed& d) {
     CUDA_CHECK(cudaDriverGetVersion(&driver));
     CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
     NCCL_CHECK(ncclGetVersion(&nccl));
-#ifdef __CUDACC__
-    const char* build = "GPU build (nvcc)";
-#else
-    const char* build = "CPU build (g++ against emu/)";
-#endif
+    const char* build = kEmulated ? "CPU build (g++ against emu/)" : "GPU build (nvcc)";
     print0(r, "%s, git %s, flags: %s\n", build,
 #ifndef TRAIN_GPT_NO_MAIN
            kGitRevision,

@@ -1,6 +1,7 @@
 // The training and validation data loaders: the same batches, token for token, as the
 // reference's distributed_data_generator (train: BOS-aligned; val: contiguous slices), written
-// into caller-provided host buffers (pinned in the trainer, ready for async copies).
+// into caller-provided host buffers (in the trainer, ordinary std::vectors: its BatchUploader copies
+// each batch to the device and waits for the copies before the next batch overwrites them).
 //
 // Terms: a step consumes batch_tokens tokens across all ranks and grad_accum micro-steps; each
 // call to next() is one micro-step for one rank and yields

@@ -219,7 +219,7 @@ float butterfly(float v) {
 }
 unsigned warp_lanes();  // the lanes that exist in the calling thread's warp (a partial last warp has fewer)
 
-// For the PTX twins' checks (kernels/ptx.cuh): where an access lies, and how a thread fails.
+// For the PTX twins' checks (ptx_twins.h): where an access lies, and how a thread fails.
 bool in_block_shared(const void* p, size_t bytes);       // inside one of the calling block's shared objects
 bool in_device_allocation(const void* p, size_t bytes);  // inside one cudaMalloc allocation
 // Stops the calling CUDA thread's kernel with a message naming the kernel, block and thread; the

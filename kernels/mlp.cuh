@@ -242,8 +242,9 @@ inline void mlp_forward(CublasLt& lt, __nv_bfloat16* out, __nv_bfloat16* pre, __
 }
 
 // Given dout (T, C): dc_proj (+)= post^T @ dout; dpre = 2 (dout @ c_proj^T) relu(pre);
-// dc_fc (+)= dpre^T @ x; dx = dpre @ c_fc. Weight gradients come first, so their reductions can
-// start early. dpre (T, H) is scratch and may be the post buffer: post is last read by dc_proj.
+// dc_fc (+)= dpre^T @ x; dx = dpre @ c_fc. dc_proj comes first: dpre (T, H) is scratch and may be
+// the post buffer, and post is last read by dc_proj. (The gradients' reductions across ranks start
+// after the whole backward, in the optimizer step.)
 // post may be null (not kept from the forward): it is then recomputed from pre into dpre, the
 // same bits, at the cost of one elementwise pass.
 inline void mlp_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16* dc_fc, __nv_bfloat16* dc_proj,
@@ -322,15 +323,20 @@ __global__ void __launch_bounds__(kPackThreads)
     if (threadIdx.x == 0) partials[blockIdx.x] = dot;
 }
 
+// Which gradients lambda_scaled_weight_backward adds into (write them with designators).
+struct LambdaScaledAccumulate {
+    bool dw;
+    bool dlambda;
+};
 // dw (+)= lambda * dw_eff; dlambda (+)= sum(dw_eff * w), summed deterministically through `scratch`
 // (lambda_scaled_weight_backward_scratch_bytes(n)). dw_eff is the bf16 gradient of w_eff.
 inline void lambda_scaled_weight_backward(__nv_bfloat16* dw, float* dlambda, float* scratch,
                                           const __nv_bfloat16* dw_eff, const __nv_bfloat16* w, const float* lambda,
-                                          int64_t n, bool accumulate_dw, bool accumulate_dlambda, cudaStream_t stream) {
+                                          int64_t n, LambdaScaledAccumulate accumulate, cudaStream_t stream) {
     require_shape(bf16_packs_shape_error(n, {dw, dw_eff, w}), "lambda_scaled_weight_backward");
     const int blocks = lambda_scaled_weight_backward_blocks(n);
     launch(lambda_scaled_weight_backward_kernel, dim3(blocks), dim3(kPackThreads), 0, stream, dw, scratch, dw_eff, w,
-           lambda, n, accumulate_dw);
+           lambda, n, accumulate.dw);
     CUDA_CHECK_LAUNCH();
-    sum_fixed_order(dlambda, scratch, blocks, 1.0f, accumulate_dlambda, stream);
+    sum_fixed_order(dlambda, scratch, blocks, 1.0f, accumulate.dlambda, stream);
 }

@@ -1,5 +1,7 @@
-// The one place where the GPU build and the CPU build (emu/) differ for kernel code:
-// which headers provide CUDA, how a kernel is launched, where dynamic shared memory is.
+// Where the GPU build and the CPU build (emu/) differ for kernel code: which headers provide CUDA,
+// how a kernel is launched, where dynamic shared memory is, how a warp butterfly exchanges values.
+// (The inline PTX of kernels/ptx.cuh has its CPU twins in emu/ptx_twins.h.) Code that compiles on
+// both sides and only chooses differently tests kEmulated with `if constexpr`, not the preprocessor.
 #pragma once
 
 #ifdef __CUDACC__
@@ -11,6 +13,13 @@
 #endif
 
 #include <utility>
+
+// True in the CPU build: kernels run on emu's fibers, on data small enough for tests.
+#ifdef __CUDACC__
+constexpr bool kEmulated = false;
+#else
+constexpr bool kEmulated = true;
+#endif
 
 // The only way kernels are launched (the CPU build runs them on emu's fibers).
 template <class... P, class... A>

@@ -23,12 +23,14 @@
 //     if (attention) { residual_add_backward(dX, dhm, xa, rstd_a, T, C, s);  attention backward (d ao = dX) -> dha }
 //     else           { dha = dhm }
 //     residual_mix_backward(dIn, gx0, gxb, {&d_resid_l[i], &d_x0_l[i], &d_bigram_l[i]}, scratch, dX, dha, xm, rstd_m,
-//                           x, x0, x0_bigram, {&resid_l[i], ...}, i == 0, acc_in, i != 10, acc, T, C, s);
+//                           x, x0, x0_bigram, {&resid_l[i], ...}, {.first_layer = i == 0, .accumulate_dx = acc_in,
+//                           .accumulate_x0_grads = i != 10, .accumulate_lambda_grads = acc}, T, C, s);
 //       dIn receives the gradient of the layer's input: dX itself in place (acc_in = false), the buffer that
 //       already holds layer 7's backout share (i = 8) or layer 3's skip share (i = 4) (acc_in = true),
 //       or gx0 at layer 0 (acc_in = true).
 //     if (i == 6) gated_skip_add_backward(dX3, gx0, d_skip_gate, d_skip_lambda, scratch, dX, x_layer3, x0, skip_gate,
-//                                         skip_lambda, false, acc, T, C, s);   (layer 5's output gradient is dX)
+//                                         skip_lambda, {.accumulate_d_skip = false, .accumulate_param_grads = acc},
+//                                         T, C, s);   (layer 5's output gradient is dX)
 // Before layer 0: rmsnorm_backward(d_smeared, gx0, smeared, rstd_0, T, C, false, s) (norm.cuh).
 //
 // Rounding: each stored tensor is computed in fp32 from its bf16 inputs and rounded once; a fused norm
@@ -57,6 +59,14 @@ struct MixLambdaGrads {
     float* resid;
     float* x0;
     float* bigram;
+};
+// How residual_mix_backward meets its layer and its outputs (write them with designators:
+// {.first_layer = ..., .accumulate_dx = ..., ...}, so no two can trade places).
+struct MixBackwardOptions {
+    bool first_layer;              // layer 0: x is x0, dx receives x0's gradient, dx0 is unused
+    bool accumulate_dx;            // add into dx (it holds another share of the input's gradient)
+    bool accumulate_x0_grads;      // add into dx0 and dx0_bigram (every layer but the first the backward meets)
+    bool accumulate_lambda_grads;  // add into the lambda gradients
 };
 
 // ---- deterministic parameter gradients from per-block partial sums ----
@@ -127,8 +137,10 @@ __global__ void __launch_bounds__(kNormThreads, 3)
     residual_mix_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram, float* partials,
                                  const __nv_bfloat16* g, const __nv_bfloat16* dh, const __nv_bfloat16* x_mix,
                                  const float* h_rstd, const __nv_bfloat16* x, const __nv_bfloat16* x0,
-                                 const __nv_bfloat16* x0_bigram, MixLambdas lambdas, bool first_layer,
-                                 bool accumulate_dx, bool accumulate_x0_grads, int T, int C) {
+                                 const __nv_bfloat16* x0_bigram, MixLambdas lambdas, MixBackwardOptions o, int T,
+                                 int C) {
+    const bool first_layer = o.first_layer, accumulate_dx = o.accumulate_dx;
+    const bool accumulate_x0_grads = o.accumulate_x0_grads;
     const int lane = threadIdx.x % 32;
     const float l = *lambdas.x0, b = *lambdas.bigram;
     const float r = first_layer ? *lambdas.resid + l : *lambdas.resid;
@@ -169,21 +181,19 @@ __global__ void __launch_bounds__(kNormThreads, 3)
 // From the gradient of the mix output's two uses: g (the stream, added around the next block) and dh (the
 // norm that block read). dx: the gradient of the layer's input; it may be g itself (in place) unless
 // accumulate_dx. At layer 0 (first_layer) x is x0: dx is x0's gradient (accumulate it) and dx0 is unused.
-// accumulate_x0_grads: add into dx0 and dx0_bigram (every layer but the first one the backward meets).
-// accumulate: add into the lambda gradients. `scratch`: residual_backward_scratch_bytes(T).
+// The options: MixBackwardOptions. `scratch`: residual_backward_scratch_bytes(T).
 inline void residual_mix_backward(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram,
                                   MixLambdaGrads lambda_grads, float* scratch, const __nv_bfloat16* g,
                                   const __nv_bfloat16* dh, const __nv_bfloat16* x_mix, const float* h_rstd,
                                   const __nv_bfloat16* x, const __nv_bfloat16* x0, const __nv_bfloat16* x0_bigram,
-                                  MixLambdas lambdas, bool first_layer, bool accumulate_dx, bool accumulate_x0_grads,
-                                  bool accumulate, int T, int C, cudaStream_t stream) {
+                                  MixLambdas lambdas, MixBackwardOptions options, int T, int C, cudaStream_t stream) {
     require_norm_rows("residual_mix_backward", T, C, {dx, dx0, dx0_bigram, g, dh, x_mix, x, x0, x0_bigram});
     const int blocks = residual_backward_blocks(T);
     launch(residual_mix_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dx0, dx0_bigram, scratch, g,
-           dh, x_mix, h_rstd, x, x0, x0_bigram, lambdas, first_layer, accumulate_dx, accumulate_x0_grads, T, C);
+           dh, x_mix, h_rstd, x, x0, x0_bigram, lambdas, options, T, C);
     CUDA_CHECK_LAUNCH();
     sum_block_partials(SumTargets().add(lambda_grads.resid).add(lambda_grads.x0).add(lambda_grads.bigram), scratch,
-                       blocks, 3, accumulate, stream);
+                       blocks, 3, options.accumulate_lambda_grads, stream);
 }
 
 // ---- the gated skip from layer 3 into layer 6 ----
@@ -281,23 +291,28 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     if (lane < kResidualMaxPartials) lane_sums[threadIdx.x / 32][lane] = acc;
     store_block_partials(partials + static_cast<size_t>(blockIdx.x) * kResidualMaxPartials, lane_sums);
 }
+// Which outputs of gated_skip_add_backward already hold a share to add to (write them with designators).
+struct SkipBackwardOptions {
+    bool accumulate_d_skip;       // d_skip, layer 3's output gradient
+    bool accumulate_param_grads;  // d_skip_gate and d_skip_lambda
+};
 // g: the gradient of the skip add's output (also the gradient of its input x, unchanged). d_skip: the
-// gradient of layer 3's output (accumulate_d_skip adds into it). dx0 must hold x0's gradient so far: the
-// gate's share is added into its first 12 columns. accumulate: add into d_skip_gate and d_skip_lambda.
+// gradient of layer 3's output. dx0 must hold x0's gradient so far: the gate's share is added into its
+// first 12 columns.
 inline void gated_skip_add_backward(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, __nv_bfloat16* d_skip_gate,
                                     float* d_skip_lambda, float* scratch, const __nv_bfloat16* g,
                                     const __nv_bfloat16* skip, const __nv_bfloat16* x0, const __nv_bfloat16* gate_w,
-                                    const float* skip_lambda, bool accumulate_d_skip, bool accumulate, int T, int C,
+                                    const float* skip_lambda, SkipBackwardOptions options, int T, int C,
                                     cudaStream_t stream) {
     require_norm_rows("gated_skip_add_backward", T, C, {d_skip, dx0, g, skip, x0});
     kernel_require(C >= 2 * kNormPackWidth, "gated_skip_add_backward: C=%d is narrower than the skip gate's %d inputs",
                    C, kSkipGateWidth);
     const int blocks = residual_backward_blocks(T);
     launch(gated_skip_add_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, d_skip, dx0, scratch, g, skip,
-           x0, gate_w, skip_lambda, accumulate_d_skip, T, C);
+           x0, gate_w, skip_lambda, options.accumulate_d_skip, T, C);
     CUDA_CHECK_LAUNCH();
     sum_block_partials(SumTargets().add(d_skip_gate, kSkipGateWidth).add(d_skip_lambda), scratch, blocks,
-                       kResidualMaxPartials, accumulate, stream);
+                       kResidualMaxPartials, options.accumulate_param_grads, stream);
 }
 
 // ---- block outputs ----

@@ -318,7 +318,7 @@ void test_lambda_scaled_weight(int64_t n) {
         d_dw.upload(dw_old);
         d_dlambda.upload(std::vector<float>{dlambda_old});
         lambda_scaled_weight_backward(d_dw.ptr, d_dlambda.ptr, d_scratch.ptr, d_dweff.ptr, d_w.ptr, d_lambda.ptr, n,
-                                      accumulate, accumulate, nullptr);
+                                      {.dw = accumulate, .dlambda = accumulate}, nullptr);
         for (size_t i = 0; i < want.size(); ++i) {
             const double o = accumulate ? value(dw_old[i]) : 0.0, d = double(lambda) * value(dw_eff[i]);
             want[i] = o + d;
@@ -333,8 +333,8 @@ void test_lambda_scaled_weight(int64_t n) {
         if (!accumulate) first_dlambda = static_cast<float>(got);
     }
     // deterministic: the same inputs give the same bits
-    lambda_scaled_weight_backward(d_dw.ptr, d_dlambda.ptr, d_scratch.ptr, d_dweff.ptr, d_w.ptr, d_lambda.ptr, n, false,
-                                  false, nullptr);
+    lambda_scaled_weight_backward(d_dw.ptr, d_dlambda.ptr, d_scratch.ptr, d_dweff.ptr, d_w.ptr, d_lambda.ptr, n,
+                                  {.dw = false, .dlambda = false}, nullptr);
     const float again = d_dlambda.download()[0];
     test::check(std::memcmp(&again, &first_dlambda, sizeof again) == 0,
                 "lambda_scaled_weight_backward dlambda is deterministic%s", what.c_str());
@@ -347,8 +347,8 @@ void test_lambda_scaled_weight_finite_differences(int64_t n) {
     DeviceBuffer<bf16> d_w(w), d_G(G), d_dw(static_cast<size_t>(n));
     DeviceBuffer<float> d_lambda(std::vector<float>{lambda}), d_dlambda(1),
         d_scratch(lambda_scaled_weight_backward_scratch_bytes(n) / sizeof(float));
-    lambda_scaled_weight_backward(d_dw.ptr, d_dlambda.ptr, d_scratch.ptr, d_G.ptr, d_w.ptr, d_lambda.ptr, n, false,
-                                  false, nullptr);
+    lambda_scaled_weight_backward(d_dw.ptr, d_dlambda.ptr, d_scratch.ptr, d_G.ptr, d_w.ptr, d_lambda.ptr, n,
+                                  {.dw = false, .dlambda = false}, nullptr);
     auto wv = values(w);
     const auto Gv = values(G);
     double lam = lambda;

@@ -277,8 +277,10 @@ void check_mix(const Shape& s, bool first) {
         d_dxb.upload(old_dxb);
         d_grads.upload(old_grads);
         residual_mix_backward(d_dx.ptr, first ? nullptr : d_dx0.ptr, d_dxb.ptr, grads, d_scratch.ptr, d_g.ptr, d_dh.ptr,
-                              d_xm.ptr, d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas, first, acc, acc, acc, s.T, s.C,
-                              nullptr);
+                              d_xm.ptr, d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas,
+                              {.first_layer = first, .accumulate_dx = acc, .accumulate_x0_grads = acc,
+                               .accumulate_lambda_grads = acc},
+                              s.T, s.C, nullptr);
         const auto dx = d_dx.download(), dx0 = d_dx0.download(), dxb = d_dxb.download();
         const auto pg = d_grads.download();
         V w_dx = want.dx, w_dx0 = want.dx0, w_dxb = want.dxb, m_dx = mag_dx, m_dx0 = mag_dx0, m_dxb = mag_dxb;
@@ -312,8 +314,10 @@ void check_mix(const Shape& s, bool first) {
             d_dx0.upload(old_dx0);
             d_dxb.upload(old_dxb);
             residual_mix_backward(d_dx.ptr, first ? nullptr : d_dx0.ptr, d_dxb.ptr, grads, d_scratch.ptr, d_g.ptr,
-                                  d_dh.ptr, d_xm.ptr, d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas, first, false,
-                                  false, false, s.T, s.C, nullptr);
+                                  d_dh.ptr, d_xm.ptr, d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas,
+                                  {.first_layer = first, .accumulate_dx = false, .accumulate_x0_grads = false,
+                                   .accumulate_lambda_grads = false},
+                                  s.T, s.C, nullptr);
             test::check(same_bits(d_dx.download(), dx) && same_bits(d_dx0.download(), dx0) &&
                             same_bits(d_dxb.download(), dxb) && same_bits(d_grads.download(), pg),
                         "residual_mix_backward reproducible%s", how.c_str());
@@ -322,8 +326,10 @@ void check_mix(const Shape& s, bool first) {
     if (!first) {  // in place: the layer input's gradient overwrites the stream gradient it came from
         DeviceBuffer<bf16> d_gdx(g);
         residual_mix_backward(d_gdx.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.ptr, d_gdx.ptr, d_dh.ptr, d_xm.ptr,
-                              d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas, false, false, false, false, s.T, s.C,
-                              nullptr);
+                              d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas,
+                              {.first_layer = false, .accumulate_dx = false, .accumulate_x0_grads = false,
+                               .accumulate_lambda_grads = false},
+                              s.T, s.C, nullptr);
         check_within("residual_mix_backward dx in place" + at, values(d_gdx.download()), want.dx,
                      bf16_tol(want.dx, mag_dx));
     }
@@ -364,7 +370,8 @@ void check_skip(const Shape& s) {
         d_dw.upload(old_dw);
         d_dlam.upload(old_dlam);
         gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.ptr, d_g.ptr, d_skip.ptr,
-                                d_x0.ptr, d_w.ptr, d_lam.ptr, acc, acc, s.T, s.C, nullptr);
+                                d_x0.ptr, d_w.ptr, d_lam.ptr,
+                                {.accumulate_d_skip = acc, .accumulate_param_grads = acc}, s.T, s.C, nullptr);
         const auto dskip = d_dskip.download(), dx0 = d_dx0.download(), dw = d_dw.download();
         const auto dlam = d_dlam.download();
 
@@ -416,7 +423,7 @@ void check_skip(const Shape& s) {
             d_dskip.upload(old_dskip);
             d_dx0.upload(dx0_before);
             gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.ptr, d_g.ptr, d_skip.ptr,
-                                    d_x0.ptr, d_w.ptr, d_lam.ptr, false, false, s.T, s.C, nullptr);
+                                    d_x0.ptr, d_w.ptr, d_lam.ptr, SkipBackwardOptions{}, s.T, s.C, nullptr);
             test::check(same_bits(d_dskip.download(), dskip) && same_bits(d_dx0.download(), dx0) &&
                             same_bits(d_dw.download(), dw) && same_bits(d_dlam.download(), dlam),
                         "gated_skip_add_backward reproducible%s", how.c_str());
@@ -549,7 +556,9 @@ void check_mix_finite_differences(bool first) {
     residual_mix_forward(d_xm.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_x0.ptr, d_xb.ptr, lambdas, first, s.T, s.C, nullptr);
     residual_mix_backward(d_dx.ptr, d_dx0.ptr, d_dxb.ptr, MixLambdaGrads{d_grads.ptr, d_grads.ptr + 1, d_grads.ptr + 2},
                           d_scratch.ptr, d_g.ptr, d_dh.ptr, d_xm.ptr, d_rstd.ptr, d_x.ptr, d_x0.ptr, d_xb.ptr, lambdas,
-                          first, false, false, false, s.T, s.C, nullptr);
+                          {.first_layer = first, .accumulate_dx = false, .accumulate_x0_grads = false,
+                           .accumulate_lambda_grads = false},
+                          s.T, s.C, nullptr);
     const auto pg = d_grads.download();
     check_scalar("residual_mix_backward d resid_lambda vs differences" + at, pg[0], fd_r, want.mag_r / 64);
     check_scalar("residual_mix_backward d x0_lambda vs differences" + at, pg[1], fd_l, want.mag_l / 64);
@@ -593,7 +602,7 @@ void check_skip_finite_differences() {
         d_dx0(std::vector<bf16>(s.n(), __float2bfloat16(0.0f))), d_dw(kGate);
     DeviceBuffer<float> d_lam(lam), d_dlam(1), d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
     gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.ptr, d_g.ptr, d_skip.ptr, d_x0.ptr,
-                            d_w.ptr, d_lam.ptr, false, false, s.T, s.C, nullptr);
+                            d_w.ptr, d_lam.ptr, SkipBackwardOptions{}, s.T, s.C, nullptr);
     V tw(kGate);
     for (int k = 0; k < kGate; ++k) tw[k] = want.dw_mag[k] / 16 + 1e-9;
     check_within("gated_skip_add_backward d skip_gate vs differences", values(d_dw.download()), fd_w, tw);

@@ -100,7 +100,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     yarn_rope_apply(m.rope, old_long, ws_long, s);
     const float w[3] = {1.0f, 0.5f, 0.25f};
     CUDA_CHECK(cudaMemcpy(m.mtp_weights, w, sizeof w, cudaMemcpyHostToDevice));
-    const StepSchedule sch{ws_short, ws_long, m.mtp_weights, 3};
+    const StepSchedule step_sch{ws_short, ws_long, m.mtp_weights, 3};
 
     ref::Config rc = ref::Config::make(T, c.padded_vocab, c.model_dim, c.num_heads, c.head_dim, c.bigram_vocab,
                                        ws_short, ws_long);
@@ -118,8 +118,8 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     ref::perturb(rp, test::seed() + 7, 0.02);
     upload_params(m.params, rp);
 
-    gpt_forward(m, m.batch, sch, m.train, s);
-    gpt_backward(m, m.batch, sch, {false, false}, s);
+    gpt_forward(m, m.batch, step_sch, m.train, s);
+    gpt_backward(m, m.batch, step_sch, {false, false}, s);
     CUDA_CHECK(cudaStreamSynchronize(s));
     const double loss = download_f(m.loss, 1)[0];
     ref::Params rg;
@@ -235,9 +235,9 @@ int main() {
     up.upload(m.batch, c, inputs.data(), targets.data(), cu.data(), int(cu.size()), bigram.data(), T, s);
     const float w[3] = {1.0f, 0.5f, 0.25f};
     CUDA_CHECK(cudaMemcpy(m.mtp_weights, w, sizeof w, cudaMemcpyHostToDevice));
-    StepSchedule sch{c.stages[0].ws_short * c.block_size, c.stages[0].ws_long * c.block_size, m.mtp_weights, 3};
+    StepSchedule step_sch{c.stages[0].ws_short * c.block_size, c.stages[0].ws_long * c.block_size, m.mtp_weights, 3};
     const auto t0 = std::chrono::steady_clock::now();
-    gpt_forward(m, m.batch, sch, m.train, s);
+    gpt_forward(m, m.batch, step_sch, m.train, s);
     const float loss = download_f(m.loss, 1)[0];
     // An untrained lm_head gives ~0 logits: every softcapped logit is 23*sigmoid(5/7.5), the
     // softmax is uniform, and each row costs ln(V) per unit of MTP weight (rows near the end fewer).
@@ -246,7 +246,7 @@ int main() {
         for (int k = 0; k < 3; ++k) weight += t + k < T ? w[k] : 0.0;
     const double uniform = weight * std::log(double(c.padded_vocab));
     test::check(std::fabs(loss - uniform) < 1e-2 * uniform, "untrained loss %.4f, uniform %.4f", loss, uniform);
-    gpt_backward(m, m.batch, sch, {false, false}, s);
+    gpt_backward(m, m.batch, step_sch, {false, false}, s);
     CUDA_CHECK(cudaStreamSynchronize(s));
     std::printf("tiny preset, %d tokens: forward + backward %.2f s\n", T,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

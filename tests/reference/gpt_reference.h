@@ -1,5 +1,5 @@
-// An independent reference of the record's whole GPT (modded-nanogpt 2026-02-06, see
-// shared/SPEC.md): forward, training loss (FP8 lm_head, softcapped multi-token prediction) or
+// An independent reference of the record's whole GPT (the modded-nanogpt record of 2026-02-06,
+// "Sparse bigram gradient comms"): forward, training loss (FP8 lm_head, softcapped multi-token prediction) or
 // evaluation loss, and a hand-written reverse-mode backward to every parameter. Plain C++ in
 // double precision with loops; it shares nothing with kernels/, so that a model built from the
 // kernels can be checked against it. Host code only (it also compiles under nvcc).

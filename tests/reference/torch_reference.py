@@ -1,4 +1,5 @@
-"""An independent PyTorch reference of the speedrun (modded-nanogpt record 2026-02-06, shared/SPEC.md).
+"""An independent PyTorch reference of the speedrun (the modded-nanogpt record of 2026-02-06, "Sparse
+bigram gradient comms").
 
 The model, the combined NorMuon + Adam optimizer and the schedule, written plainly with autograd for
 one process on the CPU (world size 1: 8 micro-batches of gradient accumulation per step; the sharded
