@@ -215,20 +215,67 @@ struct Params {
     }
 };
 
+// ---- the parameter registry: every parameter once, with its name (the optimizer table's label,
+// the name in logs, checkpoints and --print-memory), shape and initialization. Gradients take the
+// same layout in their own arena. The optimizer sees a parameter as shape[0] rows of the product of
+// the other dimensions; a NorMuon parameter is shape[0] matrices of shape[1] x shape[2]. ----
+enum class Init {
+    zeros,
+    uniform,             // U(-b, b), b = sqrt(3) / (2 sqrt(model_dim)): upstream's CastedLinear init
+    uniform_c_fc,        // the MLP bank: each layer's c_fc uniform (a stream per layer), c_proj zeros
+    normal,              // N(0, 0.005^2): upstream's lm_head
+    lm_head_transposed,  // embed starts tied to lm_head
+    scalars,             // the scalars vector's values (initial_scalars)
+};
+struct ParamSpec {
+    const char* name;
+    std::vector<int64_t> shape;
+    Init init;
+    uint64_t seed_stream = 0;  // random inits draw from the generator stream seed * 16 + seed_stream
+};
+
+// Calls visit(spec, field) for every parameter of `p` in arena order (field: a bf16* or float*
+// member of Params, which the visitor may set).
+template <class Visit>
+void visit_params(const Config& c, Params& p, Visit&& visit) {
+    const int64_t V = c.padded_vocab, C = c.model_dim, H = c.num_heads, M = c.mlp_dim;
+    visit(ParamSpec{"embed", {V, C}, Init::lm_head_transposed}, p.embed);
+    visit(ParamSpec{"lm_head", {C, V}, Init::normal, 3}, p.lm_head);
+    visit(ParamSpec{"bigram_embed", {c.bigram_vocab, C}, Init::zeros}, p.bigram_embed);
+    visit(ParamSpec{"value_embed", {kValueTables * V, C}, Init::zeros}, p.value_embeds);
+    visit(ParamSpec{"attn", {4 * kAttnLayers, C, C}, Init::uniform, 1}, p.attn_bank);  // [Wq; Wk; Wv; Wo] per layer
+    visit(ParamSpec{"mlp", {2 * (kLayers + 1), M, C}, Init::uniform_c_fc, 2}, p.mlp_bank);  // [c_fc, c_proj] per layer
+    visit(ParamSpec{"attn_gate_bank", {kAttnLayers, H, kGate}, Init::zeros}, p.attn_gate_bank);
+    visit(ParamSpec{"ve_gate_bank", {kValueTables, H, kGate}, Init::zeros}, p.ve_gate_bank);
+    visit(ParamSpec{"smear_gate", {1, kGate}, Init::zeros}, p.smear_gate);
+    visit(ParamSpec{"skip_gate", {1, kGate}, Init::zeros}, p.skip_gate);
+    visit(ParamSpec{"x0_lambdas", {kLayers}, Init::zeros}, p.x0_lambdas);
+    visit(ParamSpec{"scalars", {kScalars}, Init::scalars}, p.scalars);
+}
+
+// One registered parameter of a placed Params: its spec and where it lives.
+struct ParamEntry {
+    ParamSpec spec;
+    void* data;
+    bool fp32;
+    int64_t elems() const {
+        int64_t n = 1;
+        for (int64_t d : spec.shape) n *= d;
+        return n;
+    }
+};
+std::vector<ParamEntry> param_entries(const Config& c, Params& p) {
+    std::vector<ParamEntry> out;
+    visit_params(c, p, [&](ParamSpec spec, auto*& field) {
+        out.push_back({std::move(spec), field, std::is_same_v<std::remove_reference_t<decltype(*field)>, float>});
+    });
+    return out;
+}
+
 void layout_params(Arena& a, const Config& c, Params& p) {
-    const int64_t V = c.padded_vocab, C = c.model_dim, H = c.num_heads;
-    p.embed = a.take<bf16>("embed", {V, C});
-    p.lm_head = a.take<bf16>("lm_head", {C, V});
-    p.bigram_embed = a.take<bf16>("bigram_embed", {c.bigram_vocab, C});
-    p.value_embeds = a.take<bf16>("value_embeds", {kValueTables * V, C});
-    p.attn_bank = a.take<bf16>("attn_bank", {kAttnLayers, 4 * C, C});
-    p.mlp_bank = a.take<bf16>("mlp_bank", {kLayers + 1, 2, c.mlp_dim, C});
-    p.attn_gate_bank = a.take<bf16>("attn_gate_bank", {kAttnLayers, H, kGate});
-    p.ve_gate_bank = a.take<bf16>("ve_gate_bank", {kValueTables, H, kGate});
-    p.smear_gate = a.take<bf16>("smear_gate", {1, kGate});
-    p.skip_gate = a.take<bf16>("skip_gate", {1, kGate});
-    p.x0_lambdas = a.take<float>("x0_lambdas", {kLayers});
-    p.scalars = a.take<float>("scalars", {kScalars});
+    visit_params(c, p, [&](const ParamSpec& spec, auto*& field) {
+        field = a.take<std::remove_reference_t<decltype(*field)>>(spec.name, spec.shape);
+    });
 }
 
 // ---- activations: what the backward reads, per layer, plus the step's other buffers ----
@@ -531,27 +578,9 @@ __global__ void init_normal_kernel(bf16* p, int64_t n, uint64_t seed, float std)
 }
 inline dim3 grid_for(int64_t n) { return dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(n, 256), 4096))); }
 
-void init_params(Model& m, uint64_t seed, cudaStream_t s) {
-    const Config& c = m.cfg;
-    const Params& p = m.params;
-    const int64_t V = c.padded_vocab, C = c.model_dim;
-    const float bound = std::sqrt(3.0f) * 0.5f / std::sqrt(static_cast<float>(C));
-    // zeros: bigram_embed, value_embeds, c_proj, gates, x0_lambdas (the arena starts zeroed; reset it)
-    for (auto [ptr, bytes] : {std::pair<void*, size_t>{p.bigram_embed, size_t(c.bigram_vocab) * C * 2},
-                              {p.value_embeds, size_t(kValueTables) * V * C * 2},
-                              {p.mlp_bank, size_t(kLayers + 1) * 2 * c.mlp_dim * C * 2},
-                              {p.attn_gate_bank, size_t(kAttnLayers) * c.num_heads * kGate * 2},
-                              {p.ve_gate_bank, size_t(kValueTables) * c.num_heads * kGate * 2},
-                              {p.smear_gate, kGate * 2}, {p.skip_gate, kGate * 2}, {p.x0_lambdas, kLayers * 4}})
-        CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, s));
-    const int64_t attn_n = int64_t(kAttnLayers) * 4 * C * C, fc_n = int64_t(c.mlp_dim) * C;
-    launch(init_uniform_kernel, grid_for(attn_n), dim3(256), 0, s, p.attn_bank, attn_n, seed * 16 + 1, bound);
-    for (int l = 0; l <= kLayers; ++l)
-        launch(init_uniform_kernel, grid_for(fc_n), dim3(256), 0, s, p.c_fc(c, l), fc_n, seed * 16 + 2 + l * 1000003, bound);
-    launch(init_normal_kernel, grid_for(C * V), dim3(256), 0, s, p.lm_head, C * V, seed * 16 + 3, 0.005f);
-    CUDA_CHECK_LAUNCH();
-    transpose(p.embed, p.lm_head, C, V, V, C, /*add=*/false, s);
-    std::vector<float> scalars(kScalars, 1.0f);  // the tail is padding: ones, as upstream
+// The scalars vector as upstream starts it; the tail is padding: ones, as upstream.
+std::vector<float> initial_scalars() {
+    std::vector<float> scalars(kScalars, 1.0f);
     for (int l = 0; l < kLayers; ++l) {
         scalars[kResidLambdas + l] = 1.1f;
         scalars[kSaLambdas + 2 * l] = 0.5f;
@@ -561,7 +590,44 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
     scalars[kSmearLambda] = 0.0f;
     scalars[kBackoutLambda] = 0.5f;
     scalars[kSkipLambda] = -1.5f;
-    CUDA_CHECK(cudaMemcpyAsync(p.scalars, scalars.data(), kScalars * sizeof(float), cudaMemcpyHostToDevice, s));
+    return scalars;
+}
+
+// Every parameter by its registry rule (the arena starts zeroed; zeros are written again so that
+// a re-init is complete). embed follows lm_head, so tied copies come last.
+void init_params(Model& m, uint64_t seed, cudaStream_t s) {
+    const Config& c = m.cfg;
+    const float bound = std::sqrt(3.0f) * 0.5f / std::sqrt(static_cast<float>(c.model_dim));
+    const std::vector<ParamEntry> params = param_entries(c, m.params);
+    for (const ParamEntry& e : params) {
+        bf16* p = static_cast<bf16*>(e.data);
+        const int64_t n = e.elems();
+        const uint64_t key = seed * 16 + e.spec.seed_stream;
+        switch (e.spec.init) {
+        case Init::zeros: CUDA_CHECK(cudaMemsetAsync(e.data, 0, size_t(n) * (e.fp32 ? 4 : 2), s)); break;
+        case Init::uniform: launch(init_uniform_kernel, grid_for(n), dim3(256), 0, s, p, n, key, bound); break;
+        case Init::uniform_c_fc: {
+            const int64_t half = n / e.spec.shape[0] * 2, fc_n = half / 2;  // one layer's [c_fc, c_proj]
+            CUDA_CHECK(cudaMemsetAsync(e.data, 0, size_t(n) * 2, s));
+            for (int64_t l = 0; l < e.spec.shape[0] / 2; ++l)
+                launch(init_uniform_kernel, grid_for(fc_n), dim3(256), 0, s, p + l * half, fc_n, key + l * 1000003, bound);
+            break;
+        }
+        case Init::normal: launch(init_normal_kernel, grid_for(n), dim3(256), 0, s, p, n, key, 0.005f); break;
+        case Init::scalars: {
+            const std::vector<float> v = initial_scalars();
+            CUDA_CHECK(cudaMemcpyAsync(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+            CUDA_CHECK(cudaStreamSynchronize(s));  // v is a local
+            break;
+        }
+        case Init::lm_head_transposed: break;
+        }
+    }
+    CUDA_CHECK_LAUNCH();
+    for (const ParamEntry& e : params)
+        if (e.spec.init == Init::lm_head_transposed)
+            transpose(static_cast<bf16*>(e.data), m.params.lm_head, c.model_dim, c.padded_vocab, c.padded_vocab,
+                      c.model_dim, /*add=*/false, s);
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
@@ -857,6 +923,41 @@ const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_g
                                               "ve_gate_bank", "x0_lambdas", "lm_head",   "bigram_embed",
                                               "value_embed",  "embed",      "attn",      "mlp"};
 
+// Why the optimizer table, the work order and the registry disagree, or "" when every registered
+// parameter has exactly one table row and one place in the work order (upstream asserts the same at
+// startup). An empty name is a missing work-order entry.
+std::string param_table_error(const std::vector<std::string>& registry, const std::vector<std::string>& table,
+                              const std::vector<std::string>& order) {
+    std::string out;
+    for (const auto& [what, names] : {std::pair{"kParamTable", &table}, std::pair{"kWorkOrder", &order}}) {
+        for (size_t i = 0; i < names->size(); ++i) {
+            const std::string& name = (*names)[i];
+            if (name.empty()) out += std::string(what) + " entry " + std::to_string(i) + " is empty; ";
+            else if (std::find(registry.begin(), registry.end(), name) == registry.end())
+                out += std::string(what) + " names '" + name + "', which is no registered parameter; ";
+            else if (std::find(names->begin(), names->begin() + i, name) != names->begin() + i)
+                out += std::string(what) + " names '" + name + "' twice; ";
+        }
+        for (const std::string& name : registry)
+            if (std::find(names->begin(), names->end(), name) == names->end())
+                out += std::string(what) + " lacks the registered parameter '" + name + "'; ";
+    }
+    return out.empty() ? out : out.substr(0, out.size() - 2);
+}
+
+// This program's table, work order and registry checked against each other; stops naming the difference.
+void check_param_table(const Config& c) {
+    Params unplaced{};
+    std::vector<std::string> registry, table, order;
+    for (const ParamEntry& e : param_entries(c, unplaced)) registry.push_back(e.spec.name);
+    for (const ParamRule& r : kParamTable) table.push_back(r.label);
+    for (const char* label : kWorkOrder) order.push_back(label ? label : "");
+    if (const std::string e = param_table_error(registry, table, order); !e.empty()) {
+        std::fprintf(stderr, "train_gpt: the parameter registry, kParamTable and kWorkOrder disagree: %s\n", e.c_str());
+        std::exit(EXIT_FAILURE);
+    }
+}
+
 int param_group(const char* label) {
     for (int i = 0; i < kParamGroups; ++i)
         if (std::strcmp(kParamTable[i].label, label) == 0) return i;
@@ -872,22 +973,21 @@ struct ParamTensor {
     int64_t rows, row_elems;
     int mat_rows = 0, mat_cols = 0;  // NorMuon's matrix shape
 };
-ParamTensor param_tensor(const Config& c, const Params& p, const Params& g, int group) {
-    const int64_t V = c.padded_vocab, C = c.model_dim, H = c.num_heads, M = c.mlp_dim;
-    const std::string label = kParamTable[group].label;
-    auto bf = [](bf16* a, bf16* b, int64_t rows, int64_t elems) { return ParamTensor{a, b, false, rows, elems}; };
-    if (label == "attn") return {p.attn_bank, g.attn_bank, false, 4 * kAttnLayers, C * C, int(C), int(C)};
-    if (label == "mlp") return {p.mlp_bank, g.mlp_bank, false, 2 * (kLayers + 1), M * C, int(M), int(C)};
-    if (label == "scalars") return {p.scalars, g.scalars, true, kScalars, 1};
-    if (label == "smear_gate") return bf(p.smear_gate, g.smear_gate, 1, kGate);
-    if (label == "skip_gate") return bf(p.skip_gate, g.skip_gate, 1, kGate);
-    if (label == "attn_gate_bank") return bf(p.attn_gate_bank, g.attn_gate_bank, kAttnLayers, H * kGate);
-    if (label == "ve_gate_bank") return bf(p.ve_gate_bank, g.ve_gate_bank, kValueTables, H * kGate);
-    if (label == "x0_lambdas") return {p.x0_lambdas, g.x0_lambdas, true, kLayers, 1};
-    if (label == "bigram_embed") return bf(p.bigram_embed, g.bigram_embed, c.bigram_vocab, C);
-    if (label == "lm_head") return bf(p.lm_head, g.lm_head, C, V);
-    if (label == "value_embed") return bf(p.value_embeds, g.value_embeds, kValueTables * V, C);
-    return bf(p.embed, g.embed, V, C);  // "embed"
+// The registry entry of a table row, in the parameter and the gradient arena.
+ParamTensor param_tensor(const Config& c, Params& p, Params& g, const ParamRule& rule) {
+    const std::vector<ParamEntry> params = param_entries(c, p), grads = param_entries(c, g);
+    for (size_t i = 0; i < params.size(); ++i) {
+        const std::vector<int64_t>& shape = params[i].spec.shape;
+        if (params[i].spec.name != std::string(rule.label)) continue;
+        ParamTensor t{params[i].data, grads[i].data, params[i].fp32, shape[0], params[i].elems() / shape[0]};
+        if (rule.optim == Optim::normuon) {
+            t.mat_rows = int(shape.at(1));
+            t.mat_cols = int(shape.at(2));
+        }
+        return t;
+    }
+    std::fprintf(stderr, "train_gpt: kParamTable's '%s' is no registered parameter\n", rule.label);
+    std::exit(EXIT_FAILURE);
 }
 
 // Per-step scalars of every group, uploaded in one copy (the kernels read them from the device).
@@ -938,12 +1038,12 @@ struct Optimizer {
 
 // The optimizer's arena: Adam moments of each shard, NorMuon's momentum, second moment and
 // mantissa, the reduced gradient shards, Polar Express scratch and the step scalars.
-void layout_optimizer(Arena& a, Optimizer& o, const Config& c, const Params& p, const Params& g, bool sparse_active) {
+void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params& g, bool sparse_active) {
     size_t scratch = 0;
     for (int i = 0; i < kParamGroups; ++i) {
         OptimGroup& q = o.group[i];
         q.rule = &kParamTable[i];
-        q.t = param_tensor(c, p, g, i);
+        q.t = param_tensor(c, p, g, kParamTable[i]);
         q.comms = q.rule->comms == Comms::sharded_sparse && !sparse_active ? Comms::sharded : q.rule->comms;
         q.distributed = o.world > 1;
         const bool sharded = q.comms != Comms::replicated;
@@ -983,6 +1083,7 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
     o.rank = rank;
     o.world = world;
     o.sparse = sparse_active;
+    check_param_table(m.cfg);
     place(o.arena, [&](Arena& a) { layout_optimizer(a, o, m.cfg, m.params, m.grads, sparse_active); });
     CUDA_CHECK(cudaMallocHost(&o.host_scalars, 2 * sizeof(OptimScalars)));
     CUDA_CHECK(cudaStreamCreateWithFlags(&o.comms, cudaStreamNonBlocking));
