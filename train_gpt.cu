@@ -996,6 +996,22 @@ struct OptimScalars {
     NorMuonStepScalars normuon[kParamGroups];
 };
 
+// One tensor of a group's optimizer state, registered when the optimizer is laid out: reset zeroes
+// it, checkpoints save and load it as "<name>.<label>" with this dtype and shape, and the finite
+// check scans it (floats only: NorMuon's mantissa is integer bits).
+struct StateTensor {
+    const char* name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    void* data;
+    int64_t elems() const {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        return n;
+    }
+    size_t bytes() const { return size_t(elems()) * (dtype == DType::u16 ? 2 : 4); }
+};
+
 struct OptimGroup {
     const ParamRule* rule;
     ParamTensor t;
@@ -1007,6 +1023,7 @@ struct OptimGroup {
     int adam_steps = 0;
     float *momentum, *second_moment, *matrix_lr_mul;  // NorMuon
     uint16_t* mantissa;
+    std::vector<StateTensor> state;  // every tensor above that an optimizer step reads back
     cudaEvent_t reduced = nullptr, updated = nullptr;
     int64_t shard_elems() const { return shard_rows * t.row_elems; }
     size_t elem_bytes() const { return t.fp32 ? 4 : 2; }
@@ -1036,6 +1053,14 @@ struct Optimizer {
     OptimGroup& operator[](const char* label) { return group[param_group(label)]; }
 };
 
+// A state tensor of group q from the optimizer's arena, registered in q.state.
+template <class T>
+T* take_state(Arena& a, OptimGroup& q, const char* name, std::vector<int64_t> shape) {
+    T* p = a.take<T>(std::string("optim.") + q.rule->label + "." + name, shape);
+    q.state.push_back({name, dtype_of<T>(), std::move(shape), p});
+    return p;
+}
+
 // The optimizer's arena: Adam moments of each shard, NorMuon's momentum, second moment and
 // mantissa, the reduced gradient shards, Polar Express scratch and the step scalars.
 void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params& g, bool sparse_active) {
@@ -1056,14 +1081,15 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params
         else if (sharded && q.distributed)
             q.grad_shard = q.t.fp32 ? static_cast<void*>(a.take<float>(n + "grad_shard", {q.shard_rows, q.t.row_elems}))
                                     : static_cast<void*>(a.take<bf16>(n + "grad_shard", {q.shard_rows, q.t.row_elems}));
+        q.state.clear();
         if (q.rule->optim == Optim::adam) {
-            q.exp_avg = a.take<float>(n + "exp_avg", {q.shard_rows, q.t.row_elems});
-            q.exp_avg_sq = a.take<float>(n + "exp_avg_sq", {q.shard_rows, q.t.row_elems});
+            q.exp_avg = take_state<float>(a, q, "exp_avg", {q.shard_rows, q.t.row_elems});
+            q.exp_avg_sq = take_state<float>(a, q, "exp_avg_sq", {q.shard_rows, q.t.row_elems});
         } else {
             const int count = static_cast<int>(q.shard_rows), r = q.t.mat_rows, cl = q.t.mat_cols;
-            q.momentum = a.take<float>(n + "momentum", {count, r, cl});
-            q.second_moment = a.take<float>(n + "second_moment", {count, normuon_second_moment_len(r, cl)});
-            q.mantissa = a.take<uint16_t>(n + "mantissa", {count, r, cl});
+            q.momentum = take_state<float>(a, q, "momentum", {q.shard_rows, q.t.row_elems});
+            q.mantissa = take_state<uint16_t>(a, q, "mantissa", {q.shard_rows, q.t.row_elems});
+            q.second_moment = take_state<float>(a, q, "second_moment", {q.shard_rows * normuon_second_moment_len(r, cl)});
             q.matrix_lr_mul = a.take<float>(n + "matrix_lr_mul", {count});
             scratch = std::max(scratch, normuon_scratch_bytes(count, r, cl));
         }
@@ -1126,16 +1152,7 @@ void destroy_optimizer(Optimizer& o) {
 // Zeroes every state (upstream's reset after the warm-up restores the initial optimizer state).
 void reset_optimizer(Optimizer& o, cudaStream_t s) {
     for (OptimGroup& q : o.group) {
-        const size_t n = size_t(q.shard_elems());
-        if (q.rule->optim == Optim::adam) {
-            CUDA_CHECK(cudaMemsetAsync(q.exp_avg, 0, n * sizeof(float), s));
-            CUDA_CHECK(cudaMemsetAsync(q.exp_avg_sq, 0, n * sizeof(float), s));
-        } else {
-            CUDA_CHECK(cudaMemsetAsync(q.momentum, 0, n * sizeof(float), s));
-            CUDA_CHECK(cudaMemsetAsync(q.mantissa, 0, n * sizeof(uint16_t), s));
-            CUDA_CHECK(cudaMemsetAsync(q.second_moment, 0,
-                                       q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols) * sizeof(float), s));
-        }
+        for (const StateTensor& t : q.state) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), s));
         q.adam_steps = 0;
     }
     o.split = false;

@@ -21,6 +21,9 @@ std::string checkpoint_path(const std::string& dir, int step, int rank) {
     return dir + name;
 }
 
+// A state tensor's dtype as safetensors names it.
+const char* safetensors_dtype(DType t) { return t == DType::u16 ? "U16" : t == DType::bf16 ? "BF16" : "F32"; }
+
 // A device region's host copy, kept alive until the writer has written it.
 struct HostCopies {
     std::vector<std::vector<unsigned char>> blocks;
@@ -84,18 +87,11 @@ void save_checkpoint(Run& r, int step) {
         const char* dt = q.t.fp32 ? "F32" : "BF16";
         const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes();
         if (r.d.rank == 0) w.tensor("param." + label, dt, {q.t.rows, q.t.row_elems}, host.copy(q.t.param, full), full);
-        const std::vector<int64_t> shard = {q.shard_rows, q.t.row_elems};
-        const size_t n = size_t(q.shard_elems());
+        for (const StateTensor& t : q.state)
+            w.tensor(t.name + ("." + label), safetensors_dtype(t.dtype), t.shape, host.copy(t.data, t.bytes()), t.bytes());
         if (q.rule->optim == Optim::adam) {
             w.meta("adam_steps." + label, std::to_string(q.adam_steps));
-            w.tensor("exp_avg." + label, "F32", shard, host.copy(q.exp_avg, n * 4), n * 4);
-            w.tensor("exp_avg_sq." + label, "F32", shard, host.copy(q.exp_avg_sq, n * 4), n * 4);
             if (pending_adam_grads) w.tensor("grad." + label, dt, {q.t.rows, q.t.row_elems}, host.copy(q.t.grad, full), full);
-        } else {
-            const int64_t len = q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols);
-            w.tensor("momentum." + label, "F32", shard, host.copy(q.momentum, n * 4), n * 4);
-            w.tensor("mantissa." + label, "U16", shard, host.copy(q.mantissa, n * 2), n * 2);
-            w.tensor("second_moment." + label, "F32", {len}, host.copy(q.second_moment, len * 4), len * 4);
         }
     }
     ckpt::FileDigest digest;
@@ -210,19 +206,14 @@ int load_checkpoint(Run& r, const std::string& dir) {
         for (OptimGroup& q : r.o.group) {
             const std::string label = q.rule->label;
             const char* dt = q.t.fp32 ? "F32" : "BF16";
-            const std::vector<int64_t> whole = {q.t.rows, q.t.row_elems}, shard = {q.shard_rows, q.t.row_elems};
-            const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes(), n = size_t(q.shard_elems());
+            const std::vector<int64_t> whole = {q.t.rows, q.t.row_elems};
+            const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes();
             load(first, "param." + label, dt, whole, q.t.param, full);
+            for (const StateTensor& t : q.state)
+                load(mine, t.name + ("." + label), safetensors_dtype(t.dtype), t.shape, t.data, t.bytes());
             if (q.rule->optim == Optim::adam) {
                 q.adam_steps = std::stoi(mine.meta("adam_steps." + label));
-                load(mine, "exp_avg." + label, "F32", shard, q.exp_avg, n * 4);
-                load(mine, "exp_avg_sq." + label, "F32", shard, q.exp_avg_sq, n * 4);
                 if (step % 2 == 1) load(mine, "grad." + label, dt, whole, q.t.grad, full);
-            } else {
-                const int64_t len = q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols);
-                load(mine, "momentum." + label, "F32", shard, q.momentum, n * 4);
-                load(mine, "mantissa." + label, "U16", shard, q.mantissa, n * 2);
-                load(mine, "second_moment." + label, "F32", {len}, q.second_moment, size_t(len) * 4);
             }
         }
         return step;

@@ -89,17 +89,11 @@ std::vector<StateBuffer> state_buffers(const Run& r, int step) {
     std::vector<StateBuffer> out;
     for (const OptimGroup& q : r.o.group) {
         const std::string label = q.rule->label;
-        const int64_t full = q.t.rows * q.t.row_elems, n = q.shard_elems();
+        const int64_t full = q.t.rows * q.t.row_elems;
         out.push_back({"param." + label, q.t.param, full, q.t.fp32});
-        if (q.rule->optim == Optim::adam) {
-            out.push_back({"exp_avg." + label, q.exp_avg, n, true});
-            out.push_back({"exp_avg_sq." + label, q.exp_avg_sq, n, true});
-            if (step % 2 == 1) out.push_back({"grad." + label, q.t.grad, full, q.t.fp32});
-        } else {
-            out.push_back({"momentum." + label, q.momentum, n, true});
-            out.push_back({"second_moment." + label, q.second_moment,
-                           q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols), true});
-        }
+        for (const StateTensor& t : q.state)
+            if (t.dtype == DType::f32) out.push_back({t.name + ("." + label), t.data, t.elems(), true});
+        if (q.rule->optim == Optim::adam && step % 2 == 1) out.push_back({"grad." + label, q.t.grad, full, q.t.fp32});
     }
     return out;
 }
