@@ -22,6 +22,8 @@
 #include "train/arena.h"
 #include "train/distributed.h"
 #include "train/flags.h"
+#include "train/init_random.h"
+#include "train/param_check.h"
 #include "train/platform_check.h"
 
 #include <mpi.h>
@@ -552,31 +554,8 @@ void layout_activations(Arena& a, Model& m) {
     a.rewind_to(shared, std::max(high, a.mark()));
 }
 
-// ---- initialization, as upstream's GPT.__init__ (values from a counter-based generator, so the
-// same seed gives the same parameters on any GPU and in the CPU build) ----
-__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-// A uniform in (0, 1) from the 24 high bits of the hash of (seed, i).
-__device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
-    return (static_cast<float>(splitmix64(seed ^ splitmix64(i)) >> 40) + 0.5f) * 0x1p-24f;
-}
-// p[i] = uniform(-bound, bound)
-__global__ void init_uniform_kernel(bf16* p, int64_t n, uint64_t seed, float bound) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        p[i] = __float2bfloat16((2.0f * hash_uniform(seed, i) - 1.0f) * bound);
-}
-// p[i] = normal(0, std) by Box-Muller on two hashed uniforms
-__global__ void init_normal_kernel(bf16* p, int64_t n, uint64_t seed, float std) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const float u1 = hash_uniform(seed, 2 * i), u2 = hash_uniform(seed, 2 * i + 1);
-        p[i] = __float2bfloat16(std * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2));
-    }
-}
-inline dim3 grid_for(int64_t n) { return dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(n, 256), 4096))); }
+// ---- initialization, as upstream's GPT.__init__ (values from train/init_random.h's counter-based
+// generator, so the same seed gives the same parameters on any GPU and in the CPU build) ----
 
 // The scalars vector as upstream starts it; the tail is padding: ones, as upstream.
 std::vector<float> initial_scalars() {
@@ -923,27 +902,6 @@ const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_g
                                               "ve_gate_bank", "x0_lambdas", "lm_head",   "bigram_embed",
                                               "value_embed",  "embed",      "attn",      "mlp"};
 
-// Why the optimizer table, the work order and the registry disagree, or "" when every registered
-// parameter has exactly one table row and one place in the work order (upstream asserts the same at
-// startup). An empty name is a missing work-order entry.
-std::string param_table_error(const std::vector<std::string>& registry, const std::vector<std::string>& table,
-                              const std::vector<std::string>& order) {
-    std::string out;
-    for (const auto& [what, names] : {std::pair{"kParamTable", &table}, std::pair{"kWorkOrder", &order}}) {
-        for (size_t i = 0; i < names->size(); ++i) {
-            const std::string& name = (*names)[i];
-            if (name.empty()) out += std::string(what) + " entry " + std::to_string(i) + " is empty; ";
-            else if (std::find(registry.begin(), registry.end(), name) == registry.end())
-                out += std::string(what) + " names '" + name + "', which is no registered parameter; ";
-            else if (std::find(names->begin(), names->begin() + i, name) != names->begin() + i)
-                out += std::string(what) + " names '" + name + "' twice; ";
-        }
-        for (const std::string& name : registry)
-            if (std::find(names->begin(), names->end(), name) == names->end())
-                out += std::string(what) + " lacks the registered parameter '" + name + "'; ";
-    }
-    return out.empty() ? out : out.substr(0, out.size() - 2);
-}
 
 // This program's table, work order and registry checked against each other; stops naming the difference.
 void check_param_table(const Config& c) {
@@ -996,21 +954,6 @@ struct OptimScalars {
     NorMuonStepScalars normuon[kParamGroups];
 };
 
-// One tensor of a group's optimizer state, registered when the optimizer is laid out: reset zeroes
-// it, checkpoints save and load it as "<name>.<label>" with this dtype and shape, and the finite
-// check scans it (floats only: NorMuon's mantissa is integer bits).
-struct StateTensor {
-    const char* name;
-    DType dtype;
-    std::vector<int64_t> shape;
-    void* data;
-    int64_t elems() const {
-        int64_t n = 1;
-        for (int64_t d : shape) n *= d;
-        return n;
-    }
-    size_t bytes() const { return size_t(elems()) * (dtype == DType::u16 ? 2 : 4); }
-};
 
 struct OptimGroup {
     const ParamRule* rule;
@@ -1299,49 +1242,7 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
 }
 
-// ============================================================================================
-// The memory plan: every arena of a rank for a config, measured without a device.
-// ============================================================================================
-
-struct MemoryPlan {
-    size_t params, grads, state, activations, optimizer, workspace;
-    size_t total() const { return params + grads + state + activations + optimizer + workspace; }
-};
-MemoryPlan plan_memory(Model& m, Optimizer& o, int world) {
-    layout_params(m.param_arena, m.cfg, m.params);
-    layout_params(m.grad_arena, m.cfg, m.grads);
-    layout_state(m.state_arena, m);
-    layout_activations(m.act_arena, m);
-    o.world = world;
-    layout_optimizer(o.arena, o, m.cfg, m.params, m.grads, world == 8 && m.cfg.grad_accum() == 1);
-    return {m.param_arena.bytes(), m.grad_arena.bytes(), m.state_arena.bytes(), m.act_arena.bytes(),
-            o.arena.bytes(), CublasLt::kWorkspaceBytes};
-}
-
-// Upstream's record run peaks at 31253 MiB allocated per GPU; ours must not need more.
-constexpr double kUpstreamPeakMiB = 31253;
-
-void print_memory_plan(const Config& c, FILE* f) {
-    if (const std::string e = config_error(c); !e.empty()) {
-        std::fprintf(stderr, "train_gpt: %s\n", e.c_str());
-        std::exit(EXIT_FAILURE);
-    }
-    Model m;
-    m.cfg = c;
-    m.cfg.world_size = 8;
-    Optimizer o;
-    const MemoryPlan plan = plan_memory(m, o, 8);
-    std::fprintf(f, "memory plan per rank, preset %s (8 ranks; %d train and %d eval tokens per micro-step):\n",
-                 c.name.c_str(), c.max_train_tokens(), c.val_micro_tokens());
-    m.param_arena.print(f, true);
-    m.grad_arena.print(f, false);
-    m.state_arena.print(f, true);
-    m.act_arena.print(f, true);
-    o.arena.print(f, true);
-    std::fprintf(f, "%-12s %10.1f MiB\n", "workspace", plan.workspace / 1048576.0);
-    std::fprintf(f, "%-12s %10.1f MiB (upstream's record peaks at %.0f MiB)\n", "total", plan.total() / 1048576.0,
-                 kUpstreamPeakMiB);
-}
+#include "train/memory_plan.h"
 
 // ============================================================================================
 // The training run: upstream's main section. Schedule state, batches, validation, logging,

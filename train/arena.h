@@ -17,6 +17,9 @@ inline const char* dtype_name(DType t) {
     return t == DType::bf16 ? "bf16" : t == DType::f32 ? "fp32" : t == DType::i32 ? "int32" : t == DType::u16 ? "uint16"
            : t == DType::f8 ? "fp8" : "bytes";
 }
+inline size_t dtype_size(DType t) {
+    return t == DType::f32 || t == DType::i32 ? 4 : t == DType::bf16 || t == DType::u16 ? 2 : 1;
+}
 template <class T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<float>() { return DType::f32; }
@@ -88,6 +91,22 @@ private:
     unsigned char* base_ = nullptr;
     size_t used_ = 0, peak_ = 0;
     std::vector<Entry> entries_;
+};
+
+// One tensor of a group's optimizer state, registered when the optimizer is laid out: reset zeroes
+// it, checkpoints save and load it as "<name>.<label>" with this dtype and shape, and the finite
+// check scans it (floats only: NorMuon's mantissa is integer bits).
+struct StateTensor {
+    const char* name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    void* data;
+    int64_t elems() const {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        return n;
+    }
+    size_t bytes() const { return size_t(elems()) * dtype_size(dtype); }
 };
 
 // Places a layout: measure, allocate, place (the layout function fills its struct's pointers).
