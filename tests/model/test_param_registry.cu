@@ -1,7 +1,9 @@
 // The parameter registry against the optimizer table and the work order: the program's own three
 // agree, and each planted disagreement (a missing, an unknown, a repeated or an empty name) is
 // named; the placed registry matches the arenas (parameters and gradients at the same offsets,
-// every registered tensor inside its arena, the optimizer's view of each group from its shape).
+// every registered tensor inside its arena, the optimizer's view of each group from its shape); a
+// toy parameter added as the README's editing guide says (one registry line, one table row, one
+// work-order entry) is laid out after the others in both arenas and passes the startup check.
 #define TRAIN_GPT_NO_MAIN
 #include "../../train_gpt.cu"
 #include "../test_util.h"
@@ -82,10 +84,49 @@ void check_placed_registry(Model& m) {
     test::check(params.size() == size_t(kParamGroups), "one table row per registered parameter");
 }
 
+// The program's parameters plus one toy parameter, registered as the editing guide adds one.
+struct ToyParams {
+    Params base;
+    bf16* toy_scale = nullptr;
+};
+template <class Visit>
+void visit_toy_params(const Config& c, ToyParams& p, Visit&& visit) {
+    visit_params(c, p.base, visit);
+    visit(ParamSpec{"toy_scale", {1, c.model_dim}, Init::zeros}, p.toy_scale);
+}
+void layout_toy_params(Arena& a, const Config& c, ToyParams& p) {
+    visit_toy_params(c, p, [&](const ParamSpec& spec, auto*& field) {
+        field = a.take<std::remove_reference_t<decltype(*field)>>(spec.name, spec.shape);
+    });
+}
+
+void check_toy_parameter(const Config& c) {
+    Arena params("parameters"), grads("gradients");
+    ToyParams p, g;
+    place(params, [&](Arena& a) { layout_toy_params(a, c, p); });
+    place(grads, [&](Arena& a) { layout_toy_params(a, c, g); });
+    const std::vector<ParamEntry> base = param_entries(c, p.base);
+    const char* scalars_end = static_cast<const char*>(base.back().data) + base.back().elems() * 4;
+    const ptrdiff_t at = reinterpret_cast<const char*>(p.toy_scale) - static_cast<const char*>(params.base());
+    test::check(p.toy_scale != nullptr && reinterpret_cast<const char*>(p.toy_scale) >= scalars_end &&
+                    size_t(at) + size_t(c.model_dim) * 2 <= params.bytes(),
+                "the toy parameter is placed after the registered ones, inside the arena");
+    test::check(reinterpret_cast<const char*>(g.toy_scale) - static_cast<const char*>(grads.base()) == at,
+                "the toy parameter's gradient sits at its offset in the gradient arena");
+    std::vector<std::string> reg = registry_names(c), table = table_labels(), order = work_order();
+    reg.push_back("toy_scale");
+    test::check(!param_table_error(reg, table, order).empty(), "the registered toy parameter needs a table row");
+    table.push_back("toy_scale");
+    order.insert(order.begin() + test::randint(0, int(order.size())), "toy_scale");
+    const std::string e = param_table_error(reg, table, order);
+    test::check(e.empty(), "with its table row and work-order entry the toy parameter passes the check (got: %s)", e.c_str());
+}
+
 int main() {
     test::seed();
     const Config c = tiny_preset();
     check_table_agreement(c);
+    check_toy_parameter(c);
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreate(&s));
     Model m;
