@@ -19,6 +19,12 @@
 #include "kernels/optim.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/transpose.cuh"
+#include "train/arena.h"
+#include "train/distributed.h"
+#include "train/flags.h"
+#include "train/init_random.h"
+#include "train/param_check.h"
+#include "train/platform_check.h"
 
 #include <mpi.h>
 #include <nccl.h>
@@ -182,92 +188,6 @@ constexpr int kScalars = 4 * kLayers + 3 + 4;
 // every tensor from an arena by name; run once to measure, once more to place.
 // ============================================================================================
 
-enum class DType { bf16, f32, i32, u16, f8, bytes };
-inline const char* dtype_name(DType t) {
-    return t == DType::bf16 ? "bf16" : t == DType::f32 ? "fp32" : t == DType::i32 ? "int32" : t == DType::u16 ? "uint16"
-           : t == DType::f8 ? "fp8" : "bytes";
-}
-template <class T> constexpr DType dtype_of();
-template <> constexpr DType dtype_of<__nv_bfloat16>() { return DType::bf16; }
-template <> constexpr DType dtype_of<float>() { return DType::f32; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::i32; }
-template <> constexpr DType dtype_of<uint16_t>() { return DType::u16; }
-template <> constexpr DType dtype_of<__nv_fp8_e4m3>() { return DType::f8; }
-template <> constexpr DType dtype_of<__nv_fp8_e5m2>() { return DType::f8; }
-template <> constexpr DType dtype_of<unsigned char>() { return DType::bytes; }
-
-class Arena {
-public:
-    struct Entry {
-        std::string name;
-        DType dtype;
-        std::vector<int64_t> shape;
-        size_t offset, bytes;
-    };
-    explicit Arena(const char* kind) : kind_(kind) {}
-    ~Arena() {
-        if (base_) cudaFree(base_);
-    }
-    Arena(const Arena&) = delete;
-    Arena& operator=(const Arena&) = delete;
-
-    // The next tensor: 256-byte aligned; null while measuring.
-    template <class T>
-    T* take(const std::string& name, std::vector<int64_t> shape) {
-        int64_t n = 1;
-        for (int64_t d : shape) n *= d;
-        const size_t bytes = static_cast<size_t>(n) * sizeof(T), at = used_;
-        used_ += (bytes + 255) / 256 * 256;
-        if (!base_) entries_.push_back({name, dtype_of<T>(), std::move(shape), at, bytes});
-        if (base_) name_device_range(base_ + at, bytes, name.c_str());
-        return base_ ? reinterpret_cast<T*>(base_ + at) : nullptr;
-    }
-    // Raw bytes (workspaces).
-    void* take_bytes(const std::string& name, size_t bytes) {
-        return take<unsigned char>(name, {static_cast<int64_t>(bytes)});
-    }
-    // A region two layouts share (used only one at a time): both measure from the same start.
-    size_t mark() const { return used_; }
-    void rewind_to(size_t at, size_t high_water) {
-        peak_ = std::max(peak_, high_water);
-        used_ = at;
-    }
-    size_t bytes() const { return std::max(used_, peak_); }
-    void* base() const { return base_; }
-
-    // Allocate what the measuring pass counted; the caller then runs its layout again.
-    void allocate() {
-        const size_t total = bytes();
-        CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), total));
-        CUDA_CHECK(cudaMemset(base_, 0, total));
-        used_ = peak_ = 0;
-    }
-    void print(FILE* f, bool tensors) const {
-        std::fprintf(f, "%-12s %10.1f MiB\n", kind_, bytes() / 1048576.0);
-        if (!tensors) return;
-        for (const Entry& e : entries_) {
-            std::string shape;
-            for (int64_t d : e.shape) shape += (shape.empty() ? "" : " x ") + std::to_string(d);
-            std::fprintf(f, "    %-28s %-5s %-24s %10.2f MiB\n", e.name.c_str(), dtype_name(e.dtype), shape.c_str(),
-                         e.bytes / 1048576.0);
-        }
-    }
-
-private:
-    const char* kind_;
-    unsigned char* base_ = nullptr;
-    size_t used_ = 0, peak_ = 0;
-    std::vector<Entry> entries_;
-};
-
-// Places a layout: measure, allocate, place (the layout function fills its struct's pointers).
-template <class Layout>
-void place(Arena& arena, Layout layout) {
-    layout(arena);
-    arena.allocate();
-    layout(arena);
-}
-
 // ---- parameters (and, with the same layout, their gradients) ----
 using bf16 = __nv_bfloat16;
 struct Params {
@@ -297,20 +217,67 @@ struct Params {
     }
 };
 
+// ---- the parameter registry: every parameter once, with its name (the optimizer table's label,
+// the name in logs, checkpoints and --print-memory), shape and initialization. Gradients take the
+// same layout in their own arena. The optimizer sees a parameter as shape[0] rows of the product of
+// the other dimensions; a NorMuon parameter is shape[0] matrices of shape[1] x shape[2]. ----
+enum class Init {
+    zeros,
+    uniform,             // U(-b, b), b = sqrt(3) / (2 sqrt(model_dim)): upstream's CastedLinear init
+    uniform_c_fc,        // the MLP bank: each layer's c_fc uniform (a stream per layer), c_proj zeros
+    normal,              // N(0, 0.005^2): upstream's lm_head
+    lm_head_transposed,  // embed starts tied to lm_head
+    scalars,             // the scalars vector's values (initial_scalars)
+};
+struct ParamSpec {
+    const char* name;
+    std::vector<int64_t> shape;
+    Init init;
+    uint64_t seed_stream = 0;  // random inits draw from the generator stream seed * 16 + seed_stream
+};
+
+// Calls visit(spec, field) for every parameter of `p` in arena order (field: a bf16* or float*
+// member of Params, which the visitor may set).
+template <class Visit>
+void visit_params(const Config& c, Params& p, Visit&& visit) {
+    const int64_t V = c.padded_vocab, C = c.model_dim, H = c.num_heads, M = c.mlp_dim;
+    visit(ParamSpec{"embed", {V, C}, Init::lm_head_transposed}, p.embed);
+    visit(ParamSpec{"lm_head", {C, V}, Init::normal, 3}, p.lm_head);
+    visit(ParamSpec{"bigram_embed", {c.bigram_vocab, C}, Init::zeros}, p.bigram_embed);
+    visit(ParamSpec{"value_embed", {kValueTables * V, C}, Init::zeros}, p.value_embeds);
+    visit(ParamSpec{"attn", {4 * kAttnLayers, C, C}, Init::uniform, 1}, p.attn_bank);  // [Wq; Wk; Wv; Wo] per layer
+    visit(ParamSpec{"mlp", {2 * (kLayers + 1), M, C}, Init::uniform_c_fc, 2}, p.mlp_bank);  // [c_fc, c_proj] per layer
+    visit(ParamSpec{"attn_gate_bank", {kAttnLayers, H, kGate}, Init::zeros}, p.attn_gate_bank);
+    visit(ParamSpec{"ve_gate_bank", {kValueTables, H, kGate}, Init::zeros}, p.ve_gate_bank);
+    visit(ParamSpec{"smear_gate", {1, kGate}, Init::zeros}, p.smear_gate);
+    visit(ParamSpec{"skip_gate", {1, kGate}, Init::zeros}, p.skip_gate);
+    visit(ParamSpec{"x0_lambdas", {kLayers}, Init::zeros}, p.x0_lambdas);
+    visit(ParamSpec{"scalars", {kScalars}, Init::scalars}, p.scalars);
+}
+
+// One registered parameter of a placed Params: its spec and where it lives.
+struct ParamEntry {
+    ParamSpec spec;
+    void* data;
+    bool fp32;
+    int64_t elems() const {
+        int64_t n = 1;
+        for (int64_t d : spec.shape) n *= d;
+        return n;
+    }
+};
+std::vector<ParamEntry> param_entries(const Config& c, Params& p) {
+    std::vector<ParamEntry> out;
+    visit_params(c, p, [&](ParamSpec spec, auto*& field) {
+        out.push_back({std::move(spec), field, std::is_same_v<std::remove_reference_t<decltype(*field)>, float>});
+    });
+    return out;
+}
+
 void layout_params(Arena& a, const Config& c, Params& p) {
-    const int64_t V = c.padded_vocab, C = c.model_dim, H = c.num_heads;
-    p.embed = a.take<bf16>("embed", {V, C});
-    p.lm_head = a.take<bf16>("lm_head", {C, V});
-    p.bigram_embed = a.take<bf16>("bigram_embed", {c.bigram_vocab, C});
-    p.value_embeds = a.take<bf16>("value_embeds", {kValueTables * V, C});
-    p.attn_bank = a.take<bf16>("attn_bank", {kAttnLayers, 4 * C, C});
-    p.mlp_bank = a.take<bf16>("mlp_bank", {kLayers + 1, 2, c.mlp_dim, C});
-    p.attn_gate_bank = a.take<bf16>("attn_gate_bank", {kAttnLayers, H, kGate});
-    p.ve_gate_bank = a.take<bf16>("ve_gate_bank", {kValueTables, H, kGate});
-    p.smear_gate = a.take<bf16>("smear_gate", {1, kGate});
-    p.skip_gate = a.take<bf16>("skip_gate", {1, kGate});
-    p.x0_lambdas = a.take<float>("x0_lambdas", {kLayers});
-    p.scalars = a.take<float>("scalars", {kScalars});
+    visit_params(c, p, [&](const ParamSpec& spec, auto*& field) {
+        field = a.take<std::remove_reference_t<decltype(*field)>>(spec.name, spec.shape);
+    });
 }
 
 // ---- activations: what the backward reads, per layer, plus the step's other buffers ----
@@ -587,53 +554,12 @@ void layout_activations(Arena& a, Model& m) {
     a.rewind_to(shared, std::max(high, a.mark()));
 }
 
-// ---- initialization, as upstream's GPT.__init__ (values from a counter-based generator, so the
-// same seed gives the same parameters on any GPU and in the CPU build) ----
-__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-// A uniform in (0, 1) from the 24 high bits of the hash of (seed, i).
-__device__ __forceinline__ float hash_uniform(uint64_t seed, uint64_t i) {
-    return (static_cast<float>(splitmix64(seed ^ splitmix64(i)) >> 40) + 0.5f) * 0x1p-24f;
-}
-// p[i] = uniform(-bound, bound)
-__global__ void init_uniform_kernel(bf16* p, int64_t n, uint64_t seed, float bound) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-        p[i] = __float2bfloat16((2.0f * hash_uniform(seed, i) - 1.0f) * bound);
-}
-// p[i] = normal(0, std) by Box-Muller on two hashed uniforms
-__global__ void init_normal_kernel(bf16* p, int64_t n, uint64_t seed, float std) {
-    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-        const float u1 = hash_uniform(seed, 2 * i), u2 = hash_uniform(seed, 2 * i + 1);
-        p[i] = __float2bfloat16(std * sqrtf(-2.0f * logf(u1)) * cosf(6.2831853f * u2));
-    }
-}
-inline dim3 grid_for(int64_t n) { return dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(n, 256), 4096))); }
+// ---- initialization, as upstream's GPT.__init__ (values from train/init_random.h's counter-based
+// generator, so the same seed gives the same parameters on any GPU and in the CPU build) ----
 
-void init_params(Model& m, uint64_t seed, cudaStream_t s) {
-    const Config& c = m.cfg;
-    const Params& p = m.params;
-    const int64_t V = c.padded_vocab, C = c.model_dim;
-    const float bound = std::sqrt(3.0f) * 0.5f / std::sqrt(static_cast<float>(C));
-    // zeros: bigram_embed, value_embeds, c_proj, gates, x0_lambdas (the arena starts zeroed; reset it)
-    for (auto [ptr, bytes] : {std::pair<void*, size_t>{p.bigram_embed, size_t(c.bigram_vocab) * C * 2},
-                              {p.value_embeds, size_t(kValueTables) * V * C * 2},
-                              {p.mlp_bank, size_t(kLayers + 1) * 2 * c.mlp_dim * C * 2},
-                              {p.attn_gate_bank, size_t(kAttnLayers) * c.num_heads * kGate * 2},
-                              {p.ve_gate_bank, size_t(kValueTables) * c.num_heads * kGate * 2},
-                              {p.smear_gate, kGate * 2}, {p.skip_gate, kGate * 2}, {p.x0_lambdas, kLayers * 4}})
-        CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, s));
-    const int64_t attn_n = int64_t(kAttnLayers) * 4 * C * C, fc_n = int64_t(c.mlp_dim) * C;
-    launch(init_uniform_kernel, grid_for(attn_n), dim3(256), 0, s, p.attn_bank, attn_n, seed * 16 + 1, bound);
-    for (int l = 0; l <= kLayers; ++l)
-        launch(init_uniform_kernel, grid_for(fc_n), dim3(256), 0, s, p.c_fc(c, l), fc_n, seed * 16 + 2 + l * 1000003, bound);
-    launch(init_normal_kernel, grid_for(C * V), dim3(256), 0, s, p.lm_head, C * V, seed * 16 + 3, 0.005f);
-    CUDA_CHECK_LAUNCH();
-    transpose(p.embed, p.lm_head, C, V, V, C, /*add=*/false, s);
-    std::vector<float> scalars(kScalars, 1.0f);  // the tail is padding: ones, as upstream
+// The scalars vector as upstream starts it; the tail is padding: ones, as upstream.
+std::vector<float> initial_scalars() {
+    std::vector<float> scalars(kScalars, 1.0f);
     for (int l = 0; l < kLayers; ++l) {
         scalars[kResidLambdas + l] = 1.1f;
         scalars[kSaLambdas + 2 * l] = 0.5f;
@@ -643,7 +569,44 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
     scalars[kSmearLambda] = 0.0f;
     scalars[kBackoutLambda] = 0.5f;
     scalars[kSkipLambda] = -1.5f;
-    CUDA_CHECK(cudaMemcpyAsync(p.scalars, scalars.data(), kScalars * sizeof(float), cudaMemcpyHostToDevice, s));
+    return scalars;
+}
+
+// Every parameter by its registry rule (the arena starts zeroed; zeros are written again so that
+// a re-init is complete). embed follows lm_head, so tied copies come last.
+void init_params(Model& m, uint64_t seed, cudaStream_t s) {
+    const Config& c = m.cfg;
+    const float bound = std::sqrt(3.0f) * 0.5f / std::sqrt(static_cast<float>(c.model_dim));
+    const std::vector<ParamEntry> params = param_entries(c, m.params);
+    for (const ParamEntry& e : params) {
+        bf16* p = static_cast<bf16*>(e.data);
+        const int64_t n = e.elems();
+        const uint64_t key = seed * 16 + e.spec.seed_stream;
+        switch (e.spec.init) {
+        case Init::zeros: CUDA_CHECK(cudaMemsetAsync(e.data, 0, size_t(n) * (e.fp32 ? 4 : 2), s)); break;
+        case Init::uniform: launch(init_uniform_kernel, grid_for(n), dim3(256), 0, s, p, n, key, bound); break;
+        case Init::uniform_c_fc: {
+            const int64_t half = n / e.spec.shape[0] * 2, fc_n = half / 2;  // one layer's [c_fc, c_proj]
+            CUDA_CHECK(cudaMemsetAsync(e.data, 0, size_t(n) * 2, s));
+            for (int64_t l = 0; l < e.spec.shape[0] / 2; ++l)
+                launch(init_uniform_kernel, grid_for(fc_n), dim3(256), 0, s, p + l * half, fc_n, key + l * 1000003, bound);
+            break;
+        }
+        case Init::normal: launch(init_normal_kernel, grid_for(n), dim3(256), 0, s, p, n, key, 0.005f); break;
+        case Init::scalars: {
+            const std::vector<float> v = initial_scalars();
+            CUDA_CHECK(cudaMemcpyAsync(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+            CUDA_CHECK(cudaStreamSynchronize(s));  // v is a local
+            break;
+        }
+        case Init::lm_head_transposed: break;
+        }
+    }
+    CUDA_CHECK_LAUNCH();
+    for (const ParamEntry& e : params)
+        if (e.spec.init == Init::lm_head_transposed)
+            transpose(static_cast<bf16*>(e.data), m.params.lm_head, c.model_dim, c.padded_vocab, c.padded_vocab,
+                      c.model_dim, /*add=*/false, s);
     CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
@@ -944,6 +907,20 @@ const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_g
                                               "ve_gate_bank", "x0_lambdas", "lm_head",   "bigram_embed",
                                               "value_embed",  "embed",      "attn",      "mlp"};
 
+
+// This program's table, work order and registry checked against each other; stops naming the difference.
+void check_param_table(const Config& c) {
+    Params unplaced{};
+    std::vector<std::string> registry, table, order;
+    for (const ParamEntry& e : param_entries(c, unplaced)) registry.push_back(e.spec.name);
+    for (const ParamRule& r : kParamTable) table.push_back(r.label);
+    for (const char* label : kWorkOrder) order.push_back(label ? label : "");
+    if (const std::string e = param_table_error(registry, table, order); !e.empty()) {
+        std::fprintf(stderr, "train_gpt: the parameter registry, kParamTable and kWorkOrder disagree: %s\n", e.c_str());
+        std::exit(EXIT_FAILURE);
+    }
+}
+
 int param_group(const char* label) {
     for (int i = 0; i < kParamGroups; ++i)
         if (std::strcmp(kParamTable[i].label, label) == 0) return i;
@@ -959,22 +936,21 @@ struct ParamTensor {
     int64_t rows, row_elems;
     int mat_rows = 0, mat_cols = 0;  // NorMuon's matrix shape
 };
-ParamTensor param_tensor(const Config& c, const Params& p, const Params& g, int group) {
-    const int64_t V = c.padded_vocab, C = c.model_dim, H = c.num_heads, M = c.mlp_dim;
-    const std::string label = kParamTable[group].label;
-    auto bf = [](bf16* a, bf16* b, int64_t rows, int64_t elems) { return ParamTensor{a, b, false, rows, elems}; };
-    if (label == "attn") return {p.attn_bank, g.attn_bank, false, 4 * kAttnLayers, C * C, int(C), int(C)};
-    if (label == "mlp") return {p.mlp_bank, g.mlp_bank, false, 2 * (kLayers + 1), M * C, int(M), int(C)};
-    if (label == "scalars") return {p.scalars, g.scalars, true, kScalars, 1};
-    if (label == "smear_gate") return bf(p.smear_gate, g.smear_gate, 1, kGate);
-    if (label == "skip_gate") return bf(p.skip_gate, g.skip_gate, 1, kGate);
-    if (label == "attn_gate_bank") return bf(p.attn_gate_bank, g.attn_gate_bank, kAttnLayers, H * kGate);
-    if (label == "ve_gate_bank") return bf(p.ve_gate_bank, g.ve_gate_bank, kValueTables, H * kGate);
-    if (label == "x0_lambdas") return {p.x0_lambdas, g.x0_lambdas, true, kLayers, 1};
-    if (label == "bigram_embed") return bf(p.bigram_embed, g.bigram_embed, c.bigram_vocab, C);
-    if (label == "lm_head") return bf(p.lm_head, g.lm_head, C, V);
-    if (label == "value_embed") return bf(p.value_embeds, g.value_embeds, kValueTables * V, C);
-    return bf(p.embed, g.embed, V, C);  // "embed"
+// The registry entry of a table row, in the parameter and the gradient arena.
+ParamTensor param_tensor(const Config& c, Params& p, Params& g, const ParamRule& rule) {
+    const std::vector<ParamEntry> params = param_entries(c, p), grads = param_entries(c, g);
+    for (size_t i = 0; i < params.size(); ++i) {
+        const std::vector<int64_t>& shape = params[i].spec.shape;
+        if (params[i].spec.name != std::string(rule.label)) continue;
+        ParamTensor t{params[i].data, grads[i].data, params[i].fp32, shape[0], params[i].elems() / shape[0]};
+        if (rule.optim == Optim::normuon) {
+            t.mat_rows = int(shape.at(1));
+            t.mat_cols = int(shape.at(2));
+        }
+        return t;
+    }
+    std::fprintf(stderr, "train_gpt: kParamTable's '%s' is no registered parameter\n", rule.label);
+    std::exit(EXIT_FAILURE);
 }
 
 // Per-step scalars of every group, uploaded in one copy (the kernels read them from the device).
@@ -982,6 +958,7 @@ struct OptimScalars {
     AdamStepScalars adam[kParamGroups];
     NorMuonStepScalars normuon[kParamGroups];
 };
+
 
 struct OptimGroup {
     const ParamRule* rule;
@@ -994,6 +971,7 @@ struct OptimGroup {
     int adam_steps = 0;
     float *momentum, *second_moment, *matrix_lr_mul;  // NorMuon
     uint16_t* mantissa;
+    std::vector<StateTensor> state;  // every tensor above that an optimizer step reads back
     cudaEvent_t reduced = nullptr, updated = nullptr;
     int64_t shard_elems() const { return shard_rows * t.row_elems; }
     size_t elem_bytes() const { return t.fp32 ? 4 : 2; }
@@ -1023,14 +1001,22 @@ struct Optimizer {
     OptimGroup& operator[](const char* label) { return group[param_group(label)]; }
 };
 
+// A state tensor of group q from the optimizer's arena, registered in q.state.
+template <class T>
+T* take_state(Arena& a, OptimGroup& q, const char* name, std::vector<int64_t> shape) {
+    T* p = a.take<T>(std::string("optim.") + q.rule->label + "." + name, shape);
+    q.state.push_back({name, dtype_of<T>(), std::move(shape), p});
+    return p;
+}
+
 // The optimizer's arena: Adam moments of each shard, NorMuon's momentum, second moment and
 // mantissa, the reduced gradient shards, Polar Express scratch and the step scalars.
-void layout_optimizer(Arena& a, Optimizer& o, const Config& c, const Params& p, const Params& g, bool sparse_active) {
+void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params& g, bool sparse_active) {
     size_t scratch = 0;
     for (int i = 0; i < kParamGroups; ++i) {
         OptimGroup& q = o.group[i];
         q.rule = &kParamTable[i];
-        q.t = param_tensor(c, p, g, i);
+        q.t = param_tensor(c, p, g, kParamTable[i]);
         q.comms = q.rule->comms == Comms::sharded_sparse && !sparse_active ? Comms::sharded : q.rule->comms;
         q.distributed = o.world > 1;
         const bool sharded = q.comms != Comms::replicated;
@@ -1043,14 +1029,15 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, const Params& p, 
         else if (sharded && q.distributed)
             q.grad_shard = q.t.fp32 ? static_cast<void*>(a.take<float>(n + "grad_shard", {q.shard_rows, q.t.row_elems}))
                                     : static_cast<void*>(a.take<bf16>(n + "grad_shard", {q.shard_rows, q.t.row_elems}));
+        q.state.clear();
         if (q.rule->optim == Optim::adam) {
-            q.exp_avg = a.take<float>(n + "exp_avg", {q.shard_rows, q.t.row_elems});
-            q.exp_avg_sq = a.take<float>(n + "exp_avg_sq", {q.shard_rows, q.t.row_elems});
+            q.exp_avg = take_state<float>(a, q, "exp_avg", {q.shard_rows, q.t.row_elems});
+            q.exp_avg_sq = take_state<float>(a, q, "exp_avg_sq", {q.shard_rows, q.t.row_elems});
         } else {
             const int count = static_cast<int>(q.shard_rows), r = q.t.mat_rows, cl = q.t.mat_cols;
-            q.momentum = a.take<float>(n + "momentum", {count, r, cl});
-            q.second_moment = a.take<float>(n + "second_moment", {count, normuon_second_moment_len(r, cl)});
-            q.mantissa = a.take<uint16_t>(n + "mantissa", {count, r, cl});
+            q.momentum = take_state<float>(a, q, "momentum", {q.shard_rows, q.t.row_elems});
+            q.mantissa = take_state<uint16_t>(a, q, "mantissa", {q.shard_rows, q.t.row_elems});
+            q.second_moment = take_state<float>(a, q, "second_moment", {q.shard_rows * normuon_second_moment_len(r, cl)});
             q.matrix_lr_mul = a.take<float>(n + "matrix_lr_mul", {count});
             scratch = std::max(scratch, normuon_scratch_bytes(count, r, cl));
         }
@@ -1070,6 +1057,7 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
     o.rank = rank;
     o.world = world;
     o.sparse = sparse_active;
+    check_param_table(m.cfg);
     place(o.arena, [&](Arena& a) { layout_optimizer(a, o, m.cfg, m.params, m.grads, sparse_active); });
     CUDA_CHECK(cudaMallocHost(&o.host_scalars, 2 * sizeof(OptimScalars)));
     CUDA_CHECK(cudaStreamCreateWithFlags(&o.comms, cudaStreamNonBlocking));
@@ -1112,16 +1100,7 @@ void destroy_optimizer(Optimizer& o) {
 // Zeroes every state (upstream's reset after the warm-up restores the initial optimizer state).
 void reset_optimizer(Optimizer& o, cudaStream_t s) {
     for (OptimGroup& q : o.group) {
-        const size_t n = size_t(q.shard_elems());
-        if (q.rule->optim == Optim::adam) {
-            CUDA_CHECK(cudaMemsetAsync(q.exp_avg, 0, n * sizeof(float), s));
-            CUDA_CHECK(cudaMemsetAsync(q.exp_avg_sq, 0, n * sizeof(float), s));
-        } else {
-            CUDA_CHECK(cudaMemsetAsync(q.momentum, 0, n * sizeof(float), s));
-            CUDA_CHECK(cudaMemsetAsync(q.mantissa, 0, n * sizeof(uint16_t), s));
-            CUDA_CHECK(cudaMemsetAsync(q.second_moment, 0,
-                                       q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols) * sizeof(float), s));
-        }
+        for (const StateTensor& t : q.state) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), s));
         q.adam_steps = 0;
     }
     o.split = false;
@@ -1268,103 +1247,12 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
 }
 
-// ============================================================================================
-// The memory plan: every arena of a rank for a config, measured without a device.
-// ============================================================================================
-
-struct MemoryPlan {
-    size_t params, grads, state, activations, optimizer, workspace;
-    size_t total() const { return params + grads + state + activations + optimizer + workspace; }
-};
-MemoryPlan plan_memory(Model& m, Optimizer& o, int world) {
-    layout_params(m.param_arena, m.cfg, m.params);
-    layout_params(m.grad_arena, m.cfg, m.grads);
-    layout_state(m.state_arena, m);
-    layout_activations(m.act_arena, m);
-    o.world = world;
-    layout_optimizer(o.arena, o, m.cfg, m.params, m.grads, world == 8 && m.cfg.grad_accum() == 1);
-    return {m.param_arena.bytes(), m.grad_arena.bytes(), m.state_arena.bytes(), m.act_arena.bytes(),
-            o.arena.bytes(), CublasLt::kWorkspaceBytes};
-}
-
-// Upstream's record run peaks at 31253 MiB allocated per GPU; ours must not need more.
-constexpr double kUpstreamPeakMiB = 31253;
-
-void print_memory_plan(const Config& c, FILE* f) {
-    if (const std::string e = config_error(c); !e.empty()) {
-        std::fprintf(stderr, "train_gpt: %s\n", e.c_str());
-        std::exit(EXIT_FAILURE);
-    }
-    Model m;
-    m.cfg = c;
-    m.cfg.world_size = 8;
-    Optimizer o;
-    const MemoryPlan plan = plan_memory(m, o, 8);
-    std::fprintf(f, "memory plan per rank, preset %s (8 ranks; %d train and %d eval tokens per micro-step):\n",
-                 c.name.c_str(), c.max_train_tokens(), c.val_micro_tokens());
-    m.param_arena.print(f, true);
-    m.grad_arena.print(f, false);
-    m.state_arena.print(f, true);
-    m.act_arena.print(f, true);
-    o.arena.print(f, true);
-    std::fprintf(f, "%-12s %10.1f MiB\n", "workspace", plan.workspace / 1048576.0);
-    std::fprintf(f, "%-12s %10.1f MiB (upstream's record peaks at %.0f MiB)\n", "total", plan.total() / 1048576.0,
-                 kUpstreamPeakMiB);
-}
-
-// One process per GPU: the rank from MPI, the device from the rank on this node, the NCCL
-// communicator from a unique id that rank 0 makes and MPI broadcasts (works across nodes).
-struct Distributed {
-    int rank = 0, world = 1, device = 0;
-    ncclComm_t comm = nullptr;
-};
-Distributed start_distributed(int* argc, char*** argv) {
-    Distributed d;
-    MPI_Init(argc, argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &d.rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &d.world);
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d.rank, MPI_INFO_NULL, &local);
-    int local_rank, devices;
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_free(&local);
-    CUDA_CHECK(cudaGetDeviceCount(&devices));
-    d.device = local_rank % devices;
-    CUDA_CHECK(cudaSetDevice(d.device));
-    ncclUniqueId id;
-    if (d.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    NCCL_CHECK(ncclCommInitRank(&d.comm, d.world, id, d.rank));
-    return d;
-}
-void stop_distributed(Distributed& d) {
-    NCCL_CHECK(ncclCommDestroy(d.comm));
-    MPI_Finalize();
-}
+#include "train/memory_plan.h"
 
 // ============================================================================================
 // The training run: upstream's main section. Schedule state, batches, validation, logging,
 // checkpoints, the warm-up, the timed loop.
 // ============================================================================================
-
-// What a run is asked to do beyond the config (the command line).
-struct RunOptions {
-    std::string train_files, val_files;  // empty: the preset's
-    std::string run_id, log_dir = "logs";
-    int val_every = 250;                 // 0: only at the end
-    int64_t val_tokens = -1;             // -1: the preset's
-    uint64_t seed = 1337;
-    int max_steps = -1;                  // stop after this many steps (tests, golden runs); -1: the schedule's
-    // compiles nothing, but warms cuBLASLt heuristics and NCCL paths; the CPU build gains nothing from it
-    bool warmup = !kEmulated;
-    bool log_train_loss = false;
-    bool log_grad_norms = false;
-    int check_finite = 0;                // also check parameters and optimizer state every N steps; 0: never
-    std::string save_dir, resume_dir;
-    bool resume_unverified = false;      // accept a checkpoint directory without a manifest (saved before them)
-    std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
-    std::string command;                 // the command line, for the log
-};
 
 // The schedule's state during a run (upstream's TrainingManager.advance_schedule).
 struct ScheduleState {
@@ -1406,50 +1294,10 @@ struct Run {
     }
 };
 
-[[noreturn]] void fail(const std::string& why) {
-    std::fprintf(stderr, "train_gpt: %s\n", why.c_str());
-    std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::exit(EXIT_FAILURE);
-}
-
-// Appends to the log and flushes; a full disk or any other write error stops the run (every rank,
-// through MPI_Abort) naming the file, so a log never ends silently short.
-void log_write(Run& r, const char* text, size_t n) {
-    if (!r.log) return;
-    bool ok = std::fwrite(text, 1, n, r.log) == n && std::fflush(r.log) == 0;
-    if constexpr (kEmulated) {
-        // The CPU build's full disk for tests where no small file system can be mounted:
-        // TRAIN_GPT_LOG_LIMIT=N fails every log write that would take the log past N bytes.
-        static const char* limit = std::getenv("TRAIN_GPT_LOG_LIMIT");
-        if (ok && limit && std::ftell(r.log) > std::atol(limit)) {
-            ok = false;
-            errno = ENOSPC;
-        }
-    }
-    if (!ok) {
-        const int err = errno;
-        std::fclose(std::exchange(r.log, nullptr));
-        fail("cannot write the log " + r.log_path + ": " + std::strerror(err));
-    }
-}
-
-// Rank 0 prints to the console and the log file; every line is flushed (a crash keeps the log).
-void print0(Run& r, const char* fmt, ...) {
-    if (r.d.rank != 0) return;
-    va_list ap, again;
-    va_start(ap, fmt);
-    va_copy(again, ap);
-    const int n = std::max(std::vsnprintf(nullptr, 0, fmt, ap), 0);  // any length: a command line, nvidia-smi
-    va_end(ap);
-    std::string line(size_t(n) + 1, '\0');
-    std::vsnprintf(line.data(), line.size(), fmt, again);
-    va_end(again);
-    line.pop_back();
-    std::fputs(line.c_str(), stdout);
-    std::fflush(stdout);
-    log_write(r, line.data(), line.size());
-}
+#include "train/log.h"
+#include "train/finite.h"
+#include "train/checkpoint_io.h"
+#include "train/startup_checks.h"
 
 // Applies the schedule of `step`: windows (YaRN follows the long window), batch size, MTP weights.
 void advance_schedule(Run& r, int step) {
@@ -1515,46 +1363,6 @@ void load_batch(Run& r, Loader& loader, DeviceBatch& b) {
                       r.bigram.data(), static_cast<int>(batch.num_tokens), r.s);
 }
 
-// A group's whole parameter or gradient, as floats on the host (failure reports and logs only).
-std::vector<float> host_values(const OptimGroup& q, const void* device) {
-    const size_t n = size_t(q.t.rows * q.t.row_elems);
-    std::vector<float> v(n);
-    if (q.t.fp32) {
-        CUDA_CHECK(cudaMemcpy(v.data(), device, n * 4, cudaMemcpyDeviceToHost));
-    } else {
-        std::vector<bf16> h(n);
-        CUDA_CHECK(cudaMemcpy(h.data(), device, n * 2, cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < n; ++i) v[i] = __bfloat162float(h[i]);
-    }
-    return v;
-}
-
-// Whether a group's parameter or gradient holds a NaN or an infinity: all-ones exponents, read in
-// chunks without conversion (the CPU build checks every group after every step).
-bool has_nonfinite(const OptimGroup& q, const void* device) {
-    const size_t bytes = size_t(q.t.rows * q.t.row_elems) * (q.t.fp32 ? 4 : 2);
-    std::vector<uint32_t> chunk((std::min(bytes, size_t(1) << 22) + 3) / 4);
-    for (size_t done = 0; done < bytes; done += chunk.size() * 4) {
-        const size_t n = std::min(chunk.size() * 4, bytes - done);
-        chunk[(n - 1) / 4] = 0;  // an odd bf16 count leaves half a word: zeros are finite
-        CUDA_CHECK(cudaMemcpy(chunk.data(), static_cast<const char*>(device) + done, n, cudaMemcpyDeviceToHost));
-        const uint32_t exponents = q.t.fp32 ? 0x7f800000u : 0x7f807f80u;
-        for (size_t i = 0; i < (n + 3) / 4; ++i) {
-            const uint32_t e = chunk[i] & exponents;
-            if (q.t.fp32 ? e == exponents : (e & 0x7f80u) == 0x7f80u || (e >> 16) == 0x7f80u) return true;
-        }
-    }
-    return false;
-}
-
-// The first parameter group (table order) holding a non-finite parameter or gradient, or "".
-std::string nonfinite_group(Run& r) {
-    for (const OptimGroup& q : r.o.group)
-        for (const auto& [what, ptr] : {std::pair{"parameter", q.t.param}, std::pair{"gradient", q.t.grad}})
-            if (has_nonfinite(q, ptr)) return std::string(what) + " " + q.rule->label;
-    return "";
-}
-
 // Rank 0's gradient norms (its own micro-steps, before any reduction or tying), one line.
 void log_grad_norms(Run& r, int step) {
     CUDA_CHECK(cudaStreamSynchronize(r.s));
@@ -1599,85 +1407,6 @@ double step_train_loss(Run& r) {
     return all / double(r.state.batch_tokens);
 }
 
-// The CPU build scans every step, so a failure names where the first non-finite value appeared
-// (a GPU run cannot afford the copies; it only stops).
-void watch_nonfinite(Run& r, int step) {
-    if (!kEmulated || !r.first_nonfinite.empty()) return;
-    if (const std::string g = nonfinite_group(r); !g.empty())
-        r.first_nonfinite = g + " (non-finite before step " + std::to_string(step) + ")";
-}
-
-// *flag = 1 when x (n fp32 or bf16 elements) holds a NaN or an infinity: an all-ones exponent,
-// tested on the bits. Threads that find one all store the same 1, so no atomic is needed.
-__global__ void flag_nonfinite(const void* x, int64_t n, int fp32, int* flag) {
-    bool bad = false;
-    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-        bad |= fp32 ? (static_cast<const uint32_t*>(x)[i] & 0x7f800000u) == 0x7f800000u
-                    : (static_cast<const uint16_t*>(x)[i] & 0x7f80u) == 0x7f80u;
-    if (bad) *flag = 1;
-}
-
-// A float buffer the finite check covers, named as in the checkpoint.
-struct StateBuffer {
-    std::string name;
-    const void* data;
-    int64_t n;
-    bool fp32;
-};
-
-// This rank's parameters and optimizer state by group, in table order: what a checkpoint holds
-// (the Adam gradients only while they are state: after an even step). NorMuon's mantissa is
-// integer bits, not a float.
-std::vector<StateBuffer> state_buffers(const Run& r, int step) {
-    std::vector<StateBuffer> out;
-    for (const OptimGroup& q : r.o.group) {
-        const std::string label = q.rule->label;
-        const int64_t full = q.t.rows * q.t.row_elems, n = q.shard_elems();
-        out.push_back({"param." + label, q.t.param, full, q.t.fp32});
-        if (q.rule->optim == Optim::adam) {
-            out.push_back({"exp_avg." + label, q.exp_avg, n, true});
-            out.push_back({"exp_avg_sq." + label, q.exp_avg_sq, n, true});
-            if (step % 2 == 1) out.push_back({"grad." + label, q.t.grad, full, q.t.fp32});
-        } else {
-            out.push_back({"momentum." + label, q.momentum, n, true});
-            out.push_back({"second_moment." + label, q.second_moment,
-                           q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols), true});
-        }
-    }
-    return out;
-}
-constexpr int kMaxStateBuffers = 4 * kParamGroups;
-
-// The device-side finite check of every rank's parameters and optimizer state (one kernel per
-// buffer, one copy of the flags back): where the first non-finite value is, as "exp_avg.scalars on
-// rank 1" (table order, then rank), or "" when all are finite. Collective.
-std::string nonfinite_state(Run& r, int step) {
-    const std::vector<StateBuffer> bufs = state_buffers(r, step);
-    CUDA_CHECK(cudaMemsetAsync(r.finite_flags, 0, kMaxStateBuffers * sizeof(int), r.s));
-    for (size_t i = 0; i < bufs.size(); ++i)
-        if (bufs[i].n > 0)
-            launch(flag_nonfinite, grid_for(bufs[i].n), dim3(256), 0, r.s, bufs[i].data, bufs[i].n, int(bufs[i].fp32),
-                   r.finite_flags + i);
-    CUDA_CHECK_LAUNCH();
-    int flags[kMaxStateBuffers];
-    CUDA_CHECK(cudaMemcpyAsync(flags, r.finite_flags, sizeof flags, cudaMemcpyDeviceToHost, r.s));
-    CUDA_CHECK(cudaStreamSynchronize(r.s));
-    int mine = INT32_MAX;  // buffer index * world + rank of the first bad buffer
-    for (size_t i = 0; i < bufs.size() && mine == INT32_MAX; ++i)
-        if (flags[i]) mine = int(i) * r.d.world + r.d.rank;
-    int first = INT32_MAX;
-    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (first == INT32_MAX) return "";
-    return bufs[size_t(first / r.d.world)].name + " on rank " + std::to_string(first % r.d.world);
-}
-
-// Stops the run when a parameter or optimizer state holds a NaN or an infinity (at `step`, `when`).
-void check_finite(Run& r, int step, const char* when) {
-    if (const std::string where = nonfinite_state(r, step); !where.empty())
-        fail("non-finite values in " + where + " at step " + std::to_string(step) + " (" + when + ")");
-}
-
 // Mean validation loss over val_tokens (upstream: every rank's mean, averaged), with the
 // schedule's windows; `final` extends the long window as upstream's last validation does.
 double validate(Run& r, bool final) {
@@ -1698,223 +1427,6 @@ double validate(Run& r, bool final) {
     double all = 0;
     MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     return all / double(steps) / r.d.world;
-}
-
-// ---- checkpoints: one file per rank, DIR/stepNNNNNN/rankR.safetensors (format: data/checkpoint.h) ----
-std::string checkpoint_path(const std::string& dir, int step, int rank) {
-    char name[64];
-    std::snprintf(name, sizeof name, "/step%06d/rank%d.safetensors", step, rank);
-    return dir + name;
-}
-
-// A device region's host copy, kept alive until the writer has written it.
-struct HostCopies {
-    std::vector<std::vector<unsigned char>> blocks;
-    const void* copy(const void* device, size_t bytes) {
-        blocks.emplace_back(bytes);
-        CUDA_CHECK(cudaMemcpy(blocks.back().data(), device, bytes, cudaMemcpyDeviceToHost));
-        return blocks.back().data();
-    }
-};
-
-// A fresh identity for one save, the same on every rank (rank 0's, broadcast): every rank file and
-// the manifest carry it, so files of different saves of one directory cannot pass for one.
-std::string new_save_id() {
-    std::random_device rd;
-    uint64_t id = uint64_t(rd()) << 32 | rd();
-    MPI_Bcast(&id, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-    char text[20];
-    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(id));
-    return text;
-}
-
-// Everything the next step depends on: the parameters (rank 0; every rank holds the same), this
-// rank's optimizer state, the Adam gradients accumulated over an even step, and the counters.
-// The data position and YaRN follow from the step: a resume replays the loader and the schedule.
-// The directory is one unit: rank 0 first removes an old manifest, every rank writes its file, then
-// rank 0 writes the manifest listing each file's size and CRC-32C. A save that dies midway leaves
-// no manifest, and resume refuses the directory. Nothing is written when any rank's parameters or
-// optimizer state hold a non-finite value.
-void save_checkpoint(Run& r, int step) {
-    CUDA_CHECK(cudaStreamSynchronize(r.s));
-    check_finite(r, step, "before saving a checkpoint");
-    const std::string path = checkpoint_path(r.opt.save_dir, step, r.d.rank);
-    const std::string dir = path.substr(0, path.rfind('/'));
-    const std::string save_id = new_save_id();
-    try {
-        if (r.d.rank == 0) {
-            for (const std::string& p : {r.opt.save_dir, dir})
-                if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create " + p + ": " + std::strerror(errno));
-            ckpt::remove_manifest(dir);
-        }
-        MPI_Barrier(MPI_COMM_WORLD);
-        for (const std::string& stale : ckpt::remove_stale_temps(dir))
-            std::fprintf(stderr, "train_gpt: removed %s/%s, the temp file of a dead process\n", dir.c_str(), stale.c_str());
-    } catch (const std::exception& e) {
-        fail(e.what());
-    }
-    HostCopies host;
-    ckpt::CheckpointWriter w;
-    w.meta("format", "train_gpt checkpoint 1");
-    w.meta("preset", r.m.cfg.name);
-    w.meta("step", std::to_string(step));
-    w.meta("world_size", std::to_string(r.d.world));
-    w.meta("rank", std::to_string(r.d.rank));
-    w.meta("seed", std::to_string(r.opt.seed));
-    w.meta("run_id", r.opt.run_id);
-    w.meta("save_id", save_id);
-    w.meta("split_embed", r.o.split ? "1" : "0");
-    const bool pending_adam_grads = step % 2 == 1;  // the even step's gradients wait for this odd step
-    for (const OptimGroup& q : r.o.group) {
-        const std::string label = q.rule->label;
-        const char* dt = q.t.fp32 ? "F32" : "BF16";
-        const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes();
-        if (r.d.rank == 0) w.tensor("param." + label, dt, {q.t.rows, q.t.row_elems}, host.copy(q.t.param, full), full);
-        const std::vector<int64_t> shard = {q.shard_rows, q.t.row_elems};
-        const size_t n = size_t(q.shard_elems());
-        if (q.rule->optim == Optim::adam) {
-            w.meta("adam_steps." + label, std::to_string(q.adam_steps));
-            w.tensor("exp_avg." + label, "F32", shard, host.copy(q.exp_avg, n * 4), n * 4);
-            w.tensor("exp_avg_sq." + label, "F32", shard, host.copy(q.exp_avg_sq, n * 4), n * 4);
-            if (pending_adam_grads) w.tensor("grad." + label, dt, {q.t.rows, q.t.row_elems}, host.copy(q.t.grad, full), full);
-        } else {
-            const int64_t len = q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols);
-            w.tensor("momentum." + label, "F32", shard, host.copy(q.momentum, n * 4), n * 4);
-            w.tensor("mantissa." + label, "U16", shard, host.copy(q.mantissa, n * 2), n * 2);
-            w.tensor("second_moment." + label, "F32", {len}, host.copy(q.second_moment, len * 4), len * 4);
-        }
-    }
-    ckpt::FileDigest digest;
-    try {
-        digest = w.write(path);
-    } catch (const std::exception& e) {
-        fail(e.what());
-    }
-    std::vector<ckpt::FileDigest> all(r.d.world);
-    static_assert(sizeof(ckpt::FileDigest) == 16, "gathered as bytes");
-    MPI_Gather(&digest, sizeof digest, MPI_BYTE, all.data(), sizeof digest, MPI_BYTE, 0, MPI_COMM_WORLD);
-    if (r.d.rank == 0) {
-        ckpt::Manifest man;
-        man.meta = {{"format", "train_gpt manifest 1"},  {"preset", r.m.cfg.name},
-                    {"step", std::to_string(step)},      {"world_size", std::to_string(r.d.world)},
-                    {"seed", std::to_string(r.opt.seed)}, {"run_id", r.opt.run_id},
-                    {"save_id", save_id}};
-        for (int k = 0; k < r.d.world; ++k) man.files.push_back({"rank" + std::to_string(k) + ".safetensors", all[k]});
-        try {
-            ckpt::write_manifest(dir, man);
-        } catch (const std::exception& e) {
-            fail(e.what());
-        }
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
-    print0(r, "saved checkpoint %s\n", dir.c_str());
-}
-
-// What every file of a checkpoint directory must agree on: its manifest's (or, for a directory
-// saved before manifests, rank 0's file's) metadata.
-struct CheckpointIdentity {
-    std::string preset, step, seed, world_size, save_id;  // save_id: "" in files from before it
-};
-
-// A rank file's metadata against the directory's identity and the rank it must be: a file of
-// another rank or another save (a copy, a directory a killed re-save left mixed) is refused by name.
-void check_rank_file(const ckpt::CheckpointReader& f, int rank, const CheckpointIdentity& id) {
-    const auto differs = [&](const char* key, const std::string& want) {
-        if (f.meta(key) != want)
-            throw std::runtime_error(f.path() + " has " + key + " " + f.meta(key) + ", but the directory's is " + want +
-                                     " (a file of another " + (std::string(key) == "rank" ? "rank" : "save") + ")");
-    };
-    differs("rank", std::to_string(rank));
-    differs("preset", id.preset);
-    differs("step", id.step);
-    differs("seed", id.seed);
-    differs("world_size", id.world_size);
-    if (!id.save_id.empty()) differs("save_id", f.has_meta("save_id") ? id.save_id : "");
-}
-
-// A checkpoint continues only a run of its own preset, world size and seed.
-void check_same_run(const Run& r, const CheckpointIdentity& id) {
-    if (id.preset != r.m.cfg.name || id.world_size != std::to_string(r.d.world))
-        throw std::runtime_error("it was saved by preset " + id.preset + " on " + id.world_size + " ranks; this run is preset " +
-                                 r.m.cfg.name + " on " + std::to_string(r.d.world));
-    if (id.seed != std::to_string(r.opt.seed))
-        throw std::runtime_error("it was saved by a run with --seed " + id.seed + "; this run has --seed " +
-                                 std::to_string(r.opt.seed));
-}
-
-// The directory's identity from its manifest, after checking this rank's file and rank 0's
-// against the manifest's sizes and checksums; without a manifest only with --resume-unverified.
-CheckpointIdentity verified_identity(Run& r, const std::string& dir) {
-    const std::string mine = "rank" + std::to_string(r.d.rank) + ".safetensors";
-    if (!ckpt::has_manifest(dir)) {
-        if (!r.opt.resume_unverified)
-            throw std::runtime_error(ckpt::manifest_path(dir) + " is missing: the save did not finish (a run or re-save " +
-                                     "killed midway), or the checkpoint predates manifests. --resume-unverified loads " +
-                                     "a directory saved before manifests without verifying its bytes");
-        print0(r, "WARNING: %s has no manifest: nothing in it can be verified (--resume-unverified); its files are only "
-                  "checked against each other's metadata and this run's shapes\n", dir.c_str());
-        const ckpt::CheckpointReader first(dir + "/rank0.safetensors");
-        const CheckpointIdentity id{first.meta("preset"), first.meta("step"), first.meta("seed"), first.meta("world_size"),
-                                    first.has_meta("save_id") ? first.meta("save_id") : ""};
-        check_same_run(r, id);
-        return id;
-    }
-    const ckpt::Manifest man = ckpt::read_manifest(dir);
-    const std::string mpath = ckpt::manifest_path(dir);
-    const CheckpointIdentity id{man.get("preset", mpath), man.get("step", mpath), man.get("seed", mpath),
-                                man.get("world_size", mpath), man.get("save_id", mpath)};
-    check_same_run(r, id);
-    if (man.files.size() != size_t(r.d.world))
-        throw std::runtime_error(mpath + " lists " + std::to_string(man.files.size()) + " files for " + id.world_size + " ranks");
-    ckpt::verify_file(dir, man, mine);
-    if (r.d.rank != 0) ckpt::verify_file(dir, man, "rank0.safetensors");
-    return id;
-}
-
-// Loads the checkpoint in `dir` (a stepNNNNNN directory a run of the same preset, world size and
-// seed saved), verified as above and tensor by tensor against this run's dtypes and shapes;
-// returns its step.
-int load_checkpoint(Run& r, const std::string& dir) {
-    try {
-        const CheckpointIdentity id = verified_identity(r, dir);
-        const ckpt::CheckpointReader mine(dir + "/rank" + std::to_string(r.d.rank) + ".safetensors");
-        const ckpt::CheckpointReader first(dir + "/rank0.safetensors");  // the parameters
-        check_rank_file(mine, r.d.rank, id);
-        check_rank_file(first, 0, id);
-        const int step = std::stoi(id.step);
-        auto load = [](const ckpt::CheckpointReader& f, const std::string& name, const char* dtype,
-                       const std::vector<int64_t>& shape, void* device, size_t bytes) {
-            const ckpt::CheckpointReader::Info& in = f.info(name);
-            if (in.dtype != dtype || in.shape != shape)
-                throw std::runtime_error(f.path() + ": tensor " + name + " is " + in.dtype + " " + ckpt::detail::shape_text(in.shape) +
-                                         ", this run's is " + dtype + " " + ckpt::detail::shape_text(shape));
-            std::vector<unsigned char> h(bytes);
-            f.read(name, h.data(), bytes);
-            CUDA_CHECK(cudaMemcpy(device, h.data(), bytes, cudaMemcpyHostToDevice));
-        };
-        r.o.split = mine.meta("split_embed") == "1";
-        for (OptimGroup& q : r.o.group) {
-            const std::string label = q.rule->label;
-            const char* dt = q.t.fp32 ? "F32" : "BF16";
-            const std::vector<int64_t> whole = {q.t.rows, q.t.row_elems}, shard = {q.shard_rows, q.t.row_elems};
-            const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes(), n = size_t(q.shard_elems());
-            load(first, "param." + label, dt, whole, q.t.param, full);
-            if (q.rule->optim == Optim::adam) {
-                q.adam_steps = std::stoi(mine.meta("adam_steps." + label));
-                load(mine, "exp_avg." + label, "F32", shard, q.exp_avg, n * 4);
-                load(mine, "exp_avg_sq." + label, "F32", shard, q.exp_avg_sq, n * 4);
-                if (step % 2 == 1) load(mine, "grad." + label, dt, whole, q.t.grad, full);
-            } else {
-                const int64_t len = q.shard_rows * normuon_second_moment_len(q.t.mat_rows, q.t.mat_cols);
-                load(mine, "momentum." + label, "F32", shard, q.momentum, n * 4);
-                load(mine, "mantissa." + label, "U16", shard, q.mantissa, n * 2);
-                load(mine, "second_moment." + label, "F32", {len}, q.second_moment, size_t(len) * 4);
-            }
-        }
-        return step;
-    } catch (const std::exception& e) {
-        fail("cannot resume from " + dir + ": " + e.what());
-    }
 }
 
 // Upstream's warm-up: the steps around every schedule change (and an eval forward at each), so
@@ -2048,467 +1560,27 @@ void run_training(Run& r) {
     print0(r, "peak memory allocated: %zu MiB reserved: %zu MiB\n", mib, mib);
 }
 
-// ---- the log's preamble: the source, the environment, the config (upstream prints its code,
-// then nvidia-smi, then the run) ----
-#ifndef TRAIN_GPT_NO_MAIN
-struct SourceFile {
-    const char* path;
-    const char* text;
-};
-extern const SourceFile kSourceFiles[];
-extern const size_t kSourceFileCount;
-extern const char* const kGitRevision;
-#endif
-#ifndef TRAIN_GPT_BUILD_FLAGS
-#define TRAIN_GPT_BUILD_FLAGS "unknown"
-#endif
-
-std::string command_output(const char* cmd) {
-    std::string out;
-    if (FILE* p = popen(cmd, "r")) {
-        char buf[4096];
-        size_t n;
-        while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-        pclose(p);
-    }
-    return out;
-}
-
-void log_environment(Run& r, const Distributed& d) {
-    cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, d.device));
-    int devices = 0, driver = 0, runtime = 0, nccl = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&devices));
-    CUDA_CHECK(cudaDriverGetVersion(&driver));
-    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
-    NCCL_CHECK(ncclGetVersion(&nccl));
-    const char* build = kEmulated ? "CPU build (g++ against emu/)" : "GPU build (nvcc)";
-    print0(r, "%s, git %s, flags: %s\n", build,
-#ifndef TRAIN_GPT_NO_MAIN
-           kGitRevision,
-#else
-           "unknown",
-#endif
-           TRAIN_GPT_BUILD_FLAGS);
-    print0(r, "device: %s x %d visible, %d SMs; %d rank(s)\n", prop.name, devices, prop.multiProcessorCount, d.world);
-    print0(r, "CUDA driver %d, runtime %d, cuBLASLt %zu, NCCL %d\n", driver, runtime, cublasLtGetVersion(), nccl);
-    const std::string smi = command_output("nvidia-smi 2>/dev/null");
-    if (!smi.empty()) print0(r, "%s", smi.c_str());
-}
-
-// ---- the log's header lines (a fixed `key: value` form that scripts/stats.py parses) ----
-
-// An argument as a POSIX shell reads it back: as it is when it holds only safe characters, else in
-// single quotes (Python's shlex.quote).
-std::string shell_quote(const std::string& a) {
-    const bool safe = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
-        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || std::strchr("_@%+=:,./-", c);
-    });
-    if (safe) return a;
-    std::string q = "'";
-    for (char c : a) q += c == '\'' ? std::string("'\"'\"'") : std::string(1, c);
-    return q + "'";
-}
-
-std::string command_line(int argc, char** argv) {
-    std::string cmd;
-    for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + shell_quote(argv[i]);
-    return cmd;
-}
-
-// Every rank's host name in rank order, a run of equal consecutive names as name(ranks a-b). Collective.
-std::string host_list(const Distributed& d) {
-    constexpr int kName = 256;
-    char mine[kName] = {};
-    if (gethostname(mine, kName - 1) != 0) std::snprintf(mine, kName, "unknown");
-    std::vector<char> all(size_t(kName) * d.world);
-    MPI_Allgather(mine, kName, MPI_CHAR, all.data(), kName, MPI_CHAR, MPI_COMM_WORLD);
-    std::string out;
-    for (int a = 0; a < d.world;) {
-        const std::string name = &all[size_t(a) * kName];
-        int b = a;
-        while (b + 1 < d.world && name == &all[size_t(b + 1) * kName]) ++b;
-        out += (out.empty() ? "" : " ") + name + (b > a ? "(ranks " + std::to_string(a) + "-" + std::to_string(b) + ")" : "");
-        a = b + 1;
-    }
-    return out;
-}
-
-#ifndef TRAIN_GPT_NO_MAIN
-// FNV-1a 64 over the embedded source files in bundle order, each as its path, a NUL, its text, a NUL:
-// runs of the same code share it.
-std::string source_hash() {
-    uint64_t h = 0xcbf29ce484222325ull;
-    const auto add = [&](const char* p, size_t n) {
-        for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 0x100000001b3ull;
-    };
-    for (size_t i = 0; i < kSourceFileCount; ++i) {
-        add(kSourceFiles[i].path, std::strlen(kSourceFiles[i].path) + 1);
-        add(kSourceFiles[i].text, std::strlen(kSourceFiles[i].text) + 1);
-    }
-    char text[20];
-    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
-    return text;
-}
-#endif
-
-// command, date_utc, hosts, world_size, seed, source_hash: each line starts with its key.
-void log_header(Run& r, const Distributed& d) {
-    const std::string hosts = host_list(d);
-    char date[32];
-    const std::time_t now = std::time(nullptr);
-    std::tm utc{};
-    gmtime_r(&now, &utc);
-    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &utc);
-    print0(r, "command: %s\n", r.opt.command.c_str());
-    print0(r, "date_utc: %s\n", date);
-    print0(r, "hosts: %s\n", hosts.c_str());
-    print0(r, "world_size: %d\n", d.world);
-    print0(r, "seed: %llu\n", static_cast<unsigned long long>(r.opt.seed));
-#ifndef TRAIN_GPT_NO_MAIN
-    print0(r, "source_hash: %s\n", source_hash().c_str());
-#endif
-}
-
-void log_config(Run& r) {
-    const Config& c = r.m.cfg;
-    print0(r, "config %s: layers %d, model_dim %d, heads %d x %d, mlp %d, vocab %d (padded %d), bigram_vocab %d\n",
-           c.name.c_str(), kLayers, c.model_dim, c.num_heads, c.head_dim, c.mlp_dim, c.vocab_size, c.padded_vocab,
-           c.bigram_vocab);
-    print0(r, "  steps %d scheduled + %d extension, cooldown %.2f, split at step %d, block %d tokens, final long window %d\n",
-           c.scheduled_iterations, c.extension_iterations, c.cooldown_frac, r.sch.split_step, c.block_size, c.final_ws_long);
-    for (size_t i = 0; i < c.stages.size(); ++i) {
-        const TrainingStage& st = c.stages[i];
-        std::string mtp;
-        for (size_t k = 0; k < st.mtp_start.size(); ++k)
-            mtp += (k ? ", " : "") + std::to_string(st.mtp_start[k]).substr(0, 4) + "->" +
-                   std::to_string(st.mtp_end[k]).substr(0, 4);
-        print0(r, "  stage %zu: from step %d, batch %lld tokens, windows (%d, %d), lr_mul %.2f, mtp [%s]\n", i,
-               r.sch.starts[i], static_cast<long long>(st.batch_tokens), st.ws_short, st.ws_long, st.lr_mul, mtp.c_str());
-    }
-    print0(r, "  adam lr %g eps %g wd %g; normuon lr %g beta2 %g wd %g, momentum %g->%g over %d steps, cool-down %d\n",
-           c.adam_lr, c.adam_eps, c.adam_wd, c.normuon_lr, c.normuon_beta2, c.normuon_wd, c.muon_momentum_min,
-           c.muon_momentum_max, c.muon_warmup_steps, c.muon_cooldown_steps);
-    print0(r, "  world %d, grad_accum %d, val every %d steps on %lld tokens, train %s, val %s, seed %llu\n", r.d.world,
-           c.grad_accum(), r.opt.val_every, static_cast<long long>(c.val_tokens), r.opt.train_files.c_str(),
-           r.opt.val_files.c_str(), static_cast<unsigned long long>(r.opt.seed));
-}
-
-// ---- startup checks: what can be known before the first step is checked before anything is written ----
-
-// Every rank stops cleanly (no MPI_Abort) when any rank's check failed; the lowest failing rank
-// prints its message. Collective.
-void agree_or_exit(Distributed& d, const std::string& error) {
-    const int mine = error.empty() ? INT32_MAX : d.rank;
-    int first = INT32_MAX;
-    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (first == INT32_MAX) return;
-    if (d.rank == first) {
-        std::fprintf(stderr, "train_gpt: %s\n", error.c_str());
-        std::fflush(stderr);
-    }
-    stop_distributed(d);
-    std::exit(EXIT_FAILURE);
-}
-
-// The repository the binary was built in: the parent of the executable's directory (build/..).
-std::string repo_dir() {
-    char exe[4096];
-    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    const std::string path = n > 0 ? std::string(exe, size_t(n)) : "./build/train_gpt";
-    const std::string build = path.substr(0, path.rfind('/'));
-    return build.substr(0, build.rfind('/'));
-}
-
-std::string current_dir() {
-    char cwd[4096];
-    return getcwd(cwd, sizeof cwd) ? cwd : "(unknown)";
-}
-
-// The shards a run reads: a preset's default path is relative to the repository, wherever the run
-// starts; a path given on the command line is taken as it is.
-struct DataFiles {
-    std::string train, val;
-    bool train_default = false, val_default = false;
-    std::string remedy;  // how to get the preset's default data
-};
-
-// Why the shards `glob` names cannot be opened (no match, a bad header), or "".
-std::string shard_error(const std::string& what, const std::string& glob, bool is_default, const std::string& remedy) {
-    try {
-        for (const std::string& f : dataload::expand_glob(glob)) dataload::read_shard_header(f);
-    } catch (const dataload::DataError& e) {
-        if (!is_default) return what + ": " + e.what();
-        return what + ": " + e.what() + " (the preset's default, relative to the repository; the current directory is " +
-               current_dir() + "): " + remedy + ", or give " +
-               (what == "training data" ? "--train-files" : "--val-files");
-    }
-    return "";
-}
-
-// Whether the training shards hold the tokens of steps [0, last) on every rank, walked as the
-// loader walks them (documents cut at max_seq_len, shard tails skipped, the batch growing with
-// the stages), or why not.
-std::string train_tokens_error(const Config& c, const Schedule& sch, const std::string& glob, int world, int last) {
-    int step = 0;
-    try {
-        dataload::TrainLoader::Options lo;
-        lo.bigram_vocab = c.bigram_vocab;
-        dataload::TrainLoader loader(glob, 0, world, c.stages.front().batch_tokens, c.max_seq_len, c.grad_accum(), lo);
-        for (; step < last; ++step) {
-            loader.set_batch(sch.lookup(step).first->batch_tokens, c.max_seq_len, c.grad_accum());
-            for (int i = 0; i < c.grad_accum(); ++i) loader.advance();
-        }
-    } catch (const dataload::DataError& e) {
-        return "the training data cannot feed this run's " + std::to_string(last) + " steps on " + std::to_string(world) +
-               " rank(s): it runs out in step " + std::to_string(step) + ": " + e.what();
-    }
-    return "";
-}
-
-// Whether the validation shards hold val_tokens as the validation loader takes them, or why not.
-std::string val_tokens_error(const Config& c, const std::string& glob, int world) {
-    try {
-        dataload::ValLoader loader(glob, 0, world, c.val_batch_tokens, c.grad_accum(), c.bigram_vocab);
-        for (int64_t i = 0; i < c.grad_accum() * c.val_tokens / c.val_batch_tokens; ++i) loader.advance();
-    } catch (const dataload::DataError& e) {
-        return "the validation data cannot supply --val-tokens " + std::to_string(c.val_tokens) + ": " + e.what();
-    }
-    return "";
-}
-
-// The data checks, in the order their messages are most useful (rank 0 reads for every rank).
-std::string data_error(const Config& c, const DataFiles& f, int world, int last) {
-    const Schedule sch(c);
-    for (const std::string& e : {shard_error("training data", f.train, f.train_default, f.remedy),
-                                 shard_error("validation data", f.val, f.val_default, f.remedy)})
-        if (!e.empty()) return e;
-    if (std::string e = val_tokens_error(c, f.val, world); !e.empty()) return e;
-    return train_tokens_error(c, sch, f.train, world, last);
-}
-
-// Rank 0: the log directory and the checkpoint directory exist or can be made (their parents must
-// exist), and the run id is new (a reused one would mix two runs in one log).
-std::string output_dirs_error(const RunOptions& opt, const std::string& log_path) {
-    for (const auto& [what, dir] : {std::pair{"log", opt.log_dir}, std::pair{"checkpoint", opt.save_dir}}) {
-        if (dir.empty()) continue;
-        struct stat st {};
-        if (mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
-            return std::string("cannot create the ") + what + " directory " + dir + ": " + std::strerror(errno);
-        if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-            return std::string("the ") + what + " directory " + dir + " is not a directory";
-    }
-    if (access(log_path.c_str(), F_OK) == 0)
-        return "the log " + log_path + " already exists: run id " + opt.run_id +
-               " was used before; give a new --run-id (or none, for a random one)";
-    return "";
-}
-
-// Every rank: a file can be written in the checkpoint directory (a read-only or full disk is found
-// now, not at the first save after hours of training).
-std::string checkpoint_dir_write_error(const std::string& dir) {
-    if (dir.empty()) return "";
-    const std::string probe = ckpt::temp_path(dir + "/.write_check");
-    FILE* f = std::fopen(probe.c_str(), "w");
-    bool ok = f && std::fputs("ok\n", f) >= 0 && std::fflush(f) == 0 && fsync(fileno(f)) == 0;
-    const int err = errno;
-    if (f) ok = std::fclose(f) == 0 && ok;
-    std::remove(probe.c_str());
-    return ok ? "" : "cannot write in the checkpoint directory " + dir + ": " + std::strerror(err);
-}
-
-// SIGINT and SIGTERM (mpirun forwards them) remove a checkpoint temp file being written, then end
-// the process as the signal would have.
-extern "C" void on_stop_signal(int sig) {
-    ckpt::remove_active_temp();
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-}
-
 // ============================================================================================
 // main
 // ============================================================================================
 
-// x[i] = sin(0.01*i + offset): distinct, known data on every rank.
-__global__ void fill_sine_pattern(__nv_bfloat16* x, int n, float offset) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] = __float2bfloat16(sinf(0.01f * i + offset));
-}
-
-// On every rank: a kernel, a cuBLASLt matmul and an NCCL all-reduce, compared with the host.
-int platform_check(int rank, int world, ncclComm_t comm, cudaStream_t stream) {
-    const int M = 64, N = 48, K = 96;
-    __nv_bfloat16 *a, *b;
-    float* out;
-    CUDA_CHECK(cudaMalloc(&a, M * K * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc(&b, N * K * sizeof(__nv_bfloat16)));
-    CUDA_CHECK(cudaMalloc(&out, M * N * sizeof(float)));
-    launch(fill_sine_pattern, dim3(ceil_div(M * K, 256)), dim3(256), 0, stream, a, M * K, float(rank));
-    launch(fill_sine_pattern, dim3(ceil_div(N * K, 256)), dim3(256), 0, stream, b, N * K, float(1000 + rank));
-    CUDA_CHECK_LAUNCH();
-    CublasLt lt;
-    matmul_forward(lt, out, a, b, M, N, K, stream);
-    NCCL_CHECK(ncclAllReduce(out, out, M * N, ncclFloat32, ncclSum, comm, stream));
-    std::vector<float> got(M * N);
-    CUDA_CHECK(cudaMemcpyAsync(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
-    auto bf16_round = [](float v) { return __bfloat162float(__float2bfloat16(v)); };
-    double worst = 0;
-    for (int i = 0; i < M; ++i)
-        for (int j = 0; j < N; ++j) {
-            double want = 0;
-            for (int r = 0; r < world; ++r)
-                for (int k = 0; k < K; ++k)
-                    want += double(bf16_round(std::sin(0.01f * (i * K + k) + float(r)))) *
-                            bf16_round(std::sin(0.01f * (j * K + k) + float(1000 + r)));
-            worst = std::max(worst, std::fabs(got[i * N + j] - want) / (1.0 + std::fabs(want)));
-        }
-    double worst_all;
-    MPI_Allreduce(&worst, &worst_all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    const bool ok = worst_all < 1e-4;  // fp32 accumulation of K products, summed over ranks
-    if (rank == 0)
-        std::printf("platform check %s: kernel, cuBLASLt matmul and NCCL all-reduce on %d rank(s) "
-                    "(max relative error %.2e)\n", ok ? "passed" : "FAILED", world, worst_all);
-    CUDA_CHECK(cudaFree(a));
-    CUDA_CHECK(cudaFree(b));
-    CUDA_CHECK(cudaFree(out));
-    return ok ? 0 : 1;
-}
-
-// The largest step count a flag takes: far beyond any real schedule, and small enough that step
-// arithmetic (sums, products with the accumulation count) stays inside int.
-constexpr int64_t kMaxSteps = 10'000'000;
-
-const char* kUsage =
-    "usage: train_gpt [options]        (GPU: mpirun -np 8 ./build/train_gpt; CPU: ./build/train_gpt_cpu --preset tiny)\n"
-    "  --preset NAME            record (default) or tiny\n"
-    "  --train-files GLOB       training shards (default: the preset's, under the repository)\n"
-    "  --val-files GLOB         validation shards (default: the preset's, under the repository)\n"
-    "  --val-every N            validate every N steps and at the end; 0: only at the end (0..10000000, default 250)\n"
-    "  --val-tokens N           validation tokens, a multiple of the validation batch (1..2^40, default: the preset's)\n"
-    "  --run-id ID              log file name, new for each run (default: a random id)\n"
-    "  --log-dir DIR            where logs go (default logs)\n"
-    "  --seed N                 parameter initialization seed (0..2^63-1, default 1337)\n"
-    "  --max-steps N            stop after N steps; the schedule stays the full run's (0..10000000)\n"
-    "  --scheduled-steps N      length of the scheduled part (stages by fraction, lr cool-down; 1..10000000,\n"
-    "                           default: the preset's)\n"
-    "  --extension-steps N      steps after it at the final stage (0..10000000, default: the preset's)\n"
-    "  --warmup 0|1             warm up on the steps around each schedule change, then restore the initial\n"
-    "                           state (default: 1 on the GPU build, 0 on the CPU build)\n"
-    "  --log-train-loss         also log each step's training loss (step:N/M train_loss:X)\n"
-    "  --log-grad-norms         also log rank 0's gradient norms per parameter group before each optimizer step\n"
-    "  --check-finite N         also check parameters and optimizer state for NaN/inf every N steps (0..10000000,\n"
-    "                           default 0: only at each validation and before each save)\n"
-    "  --save-checkpoint DIR    save checkpoints under DIR/stepNNNNNN/ (default: at the last step); DIR's parent\n"
-    "                           must exist\n"
-    "  --checkpoint-steps LIST  comma-separated steps to save at, each 0..the last step (0: the initial state);\n"
-    "                           needs --save-checkpoint\n"
-    "  --resume DIR             continue from a checkpoint directory DIR/stepNNNNNN (verified by its manifest)\n"
-    "  --resume-unverified      also accept a checkpoint directory without a manifest (saved before manifests)\n"
-    "  --print-memory           print the per-rank memory plan of the preset and exit (no GPU needed)\n"
-    "  --dump-batches N         print the first N training batches of every rank and exit (1..10000000)\n"
-    "  --check-platform         run the platform check (kernel, cuBLASLt, NCCL on every rank) and exit\n"
-    "  --help                   this text\n";
-
-[[noreturn]] void usage_error(const std::string& why) {
-    std::fprintf(stderr, "train_gpt: %s\n%s", why.c_str(), kUsage);
-    std::exit(2);
-}
-
-int64_t parse_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
-    char* end = nullptr;
-    errno = 0;
-    const long long x = std::strtoll(v.c_str(), &end, 10);
-    if (v.empty() || *end != '\0' || errno != 0 || x < lo || x > hi)
-        usage_error(flag + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
-    return x;
-}
-int parse_steps(const std::string& flag, const std::string& v, int64_t lo) {
-    return static_cast<int>(parse_int(flag, v, lo, kMaxSteps));
-}
-
-// What a command line asks for: one run mode (checked to be one) and the run's options.
-enum class Mode { train, print_memory, dump_batches, check_platform };
-
-std::string random_run_id() {
-    std::random_device rd;
-    char id[40];
-    std::snprintf(id, sizeof id, "%08x-%04x-%04x", rd(), rd() & 0xffff, rd() & 0xffff);
-    return id;
-}
-
 #ifndef TRAIN_GPT_NO_MAIN
 int main(int argc, char** argv) {
-    Config cfg = record_preset();
-    RunOptions opt;
-    opt.command = command_line(argc, argv);
-    Mode mode = Mode::train;
-    const char* mode_flag = nullptr;
-    auto set_mode = [&](Mode m, const char* flag) {
-        if (mode_flag && mode != m) usage_error(std::string(mode_flag) + " and " + flag + " are separate modes: give one");
-        mode = m;
-        mode_flag = flag;
-    };
-    int64_t dump = 0;
-    int scheduled = -1, extension = -1;  // presets are chosen by flag order: apply these after
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) usage_error(arg + " needs a value");
-            return argv[++i];
-        };
-        if (arg == "--help" || arg == "-h") {
-            std::printf("%s", kUsage);
-            return 0;
-        } else if (arg == "--preset") {
-            const std::string name = value();
-            if (name == "record") cfg = record_preset();
-            else if (name == "tiny") cfg = tiny_preset();
-            else usage_error("unknown preset '" + name + "' (record or tiny)");
-        } else if (arg == "--train-files") opt.train_files = value();
-        else if (arg == "--val-files") opt.val_files = value();
-        else if (arg == "--val-every") opt.val_every = parse_steps(arg, value(), 0);
-        else if (arg == "--val-tokens") opt.val_tokens = parse_int(arg, value(), 1, int64_t(1) << 40);
-        else if (arg == "--run-id") opt.run_id = value();
-        else if (arg == "--log-dir") opt.log_dir = value();
-        else if (arg == "--seed") opt.seed = static_cast<uint64_t>(parse_int(arg, value(), 0, INT64_MAX));
-        else if (arg == "--max-steps") opt.max_steps = parse_steps(arg, value(), 0);
-        else if (arg == "--scheduled-steps") scheduled = parse_steps(arg, value(), 1);
-        else if (arg == "--extension-steps") extension = parse_steps(arg, value(), 0);
-        else if (arg == "--warmup") opt.warmup = parse_int(arg, value(), 0, 1) != 0;
-        else if (arg == "--log-train-loss") opt.log_train_loss = true;
-        else if (arg == "--log-grad-norms") opt.log_grad_norms = true;
-        else if (arg == "--check-finite") opt.check_finite = parse_steps(arg, value(), 0);
-        else if (arg == "--save-checkpoint") opt.save_dir = value();
-        else if (arg == "--checkpoint-steps") {
-            std::string list = value(), item;
-            for (size_t at = 0; at <= list.size(); ++at)
-                if (at == list.size() || list[at] == ',') {
-                    opt.checkpoint_steps.push_back(parse_steps(arg, item, 0));
-                    item.clear();
-                } else {
-                    item += list[at];
-                }
-        } else if (arg == "--resume") opt.resume_dir = value();
-        else if (arg == "--resume-unverified") opt.resume_unverified = true;
-        else if (arg == "--print-memory") set_mode(Mode::print_memory, "--print-memory");
-        else if (arg == "--dump-batches") {
-            set_mode(Mode::dump_batches, "--dump-batches");
-            dump = parse_steps(arg, value(), 1);
-        } else if (arg == "--check-platform") set_mode(Mode::check_platform, "--check-platform");
-        else usage_error("unknown argument '" + arg + "'");
+    CommandLine cl = parse_command_line(argc, argv);
+    if (cl.mode == Mode::help) {
+        std::printf("%s", kUsage);
+        return 0;
     }
-    if (mode == Mode::print_memory) {
+    RunOptions& opt = cl.opt;
+    Config cfg = cl.preset == "record" ? record_preset() : cl.preset == "tiny" ? tiny_preset() : Config{};
+    if (cfg.name != cl.preset) usage_error("unknown preset '" + cl.preset + "' (record or tiny)");
+    if (cl.mode == Mode::print_memory) {
         print_memory_plan(cfg, stdout);
         return 0;
     }
-    if (scheduled > 0) cfg.scheduled_iterations = scheduled;
-    if (extension >= 0) cfg.extension_iterations = extension;
-    DataFiles files{opt.train_files, opt.val_files, opt.train_files.empty(), opt.val_files.empty(),
-                    cfg.name == "tiny" ? "python3 data/prepare_tinyshakespeare.py makes it"
-                                       : "python3 data/cached_fineweb10B.py 9 downloads it"};
-    if (files.train_default) files.train = cfg.train_files[0] == '/' ? cfg.train_files : repo_dir() + "/" + cfg.train_files;
-    if (files.val_default) files.val = cfg.val_files[0] == '/' ? cfg.val_files : repo_dir() + "/" + cfg.val_files;
+    if (cl.scheduled > 0) cfg.scheduled_iterations = cl.scheduled;
+    if (cl.extension >= 0) cfg.extension_iterations = cl.extension;
+    const DataFiles files = data_files(cfg, opt);
     opt.train_files = files.train;
     opt.val_files = files.val;
     if (opt.val_tokens > 0) cfg.val_tokens = opt.val_tokens;
@@ -2517,28 +1589,20 @@ int main(int argc, char** argv) {
                     " tokens)");
     const int total_steps = cfg.scheduled_iterations + cfg.extension_iterations;
     const int last = opt.max_steps >= 0 ? std::min(total_steps, opt.max_steps) : total_steps;
-    if (!opt.checkpoint_steps.empty() && opt.save_dir.empty())
-        usage_error("--checkpoint-steps needs --save-checkpoint DIR (where to save)");
-    for (int st : opt.checkpoint_steps)
-        if (st > last)
-            usage_error("--checkpoint-steps " + std::to_string(st) + " is beyond this run's last step " + std::to_string(last) +
-                        " (steps 0.." + std::to_string(last) + ")");
-    if (opt.resume_unverified && opt.resume_dir.empty()) usage_error("--resume-unverified goes with --resume DIR");
-    if (opt.run_id.empty()) opt.run_id = random_run_id();
-    if (opt.run_id.find('/') != std::string::npos) usage_error("--run-id '" + opt.run_id + "' must not contain '/'");
+    check_run_options(opt, last);
 
     Distributed d = start_distributed(&argc, &argv);
     cfg.world_size = d.world;
     if (const std::string e = config_error(cfg); !e.empty()) fail(e);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
-    if (mode == Mode::check_platform) {
+    if (cl.mode == Mode::check_platform) {
         const int rc = platform_check(d.rank, d.world, d.comm, stream);
         CUDA_CHECK(cudaStreamDestroy(stream));
         stop_distributed(d);
         return rc;
     }
-    if (mode == Mode::dump_batches) {
+    if (cl.mode == Mode::dump_batches) {
         agree_or_exit(d, d.rank == 0 ? shard_error("training data", files.train, files.train_default, files.remedy) : "");
         if (d.rank == 0) {
             dataload::DumpConfig dc;
@@ -2548,10 +1612,10 @@ int main(int argc, char** argv) {
             dc.batch_tokens = cfg.stages.front().batch_tokens;
             dc.max_seq_len = cfg.max_seq_len;
             dc.bigram_vocab = cfg.bigram_vocab;
-            dc.batches = dump;
+            dc.batches = cl.dump_batches;
             const Schedule sch(cfg);
             for (size_t k = 1; k < cfg.stages.size(); ++k)
-                if (cfg.stages[k].batch_tokens != cfg.stages[k - 1].batch_tokens && sch.starts[k] < dump)
+                if (cfg.stages[k].batch_tokens != cfg.stages[k - 1].batch_tokens && sch.starts[k] < cl.dump_batches)
                     dc.changes.push_back({sch.starts[k], cfg.stages[k].batch_tokens, cfg.max_seq_len});
             try {
                 dataload::dump_batches(stdout, dc);
@@ -2591,25 +1655,8 @@ int main(int argc, char** argv) {
     r.cu.resize(dataload::max_num_docs_for(T));
     CUDA_CHECK(cudaMallocHost(&r.losses, cfg.grad_accum() * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&r.finite_flags, kMaxStateBuffers * sizeof(int)));
-    if (d.rank == 0) {
-        r.log_path = log_path;
-        r.log = std::fopen(log_path.c_str(), "wx");  // exclusive: a log is never appended to another run's
-        if (!r.log) fail("cannot create the log " + log_path + ": " + std::strerror(errno));
-        std::printf("%s\n", log_path.c_str());
-        const std::string rule(100, '-');
-        for (size_t i = 0; i < kSourceFileCount; ++i) {
-            const std::string head = rule + "\n// " + kSourceFiles[i].path + "\n" + rule + "\n";
-            log_write(r, head.data(), head.size());
-            log_write(r, kSourceFiles[i].text, std::strlen(kSourceFiles[i].text));
-            log_write(r, "\n", 1);
-        }
-        const std::string end = std::string(100, '=') + "\n";
-        log_write(r, end.data(), end.size());
-    }
-    log_environment(r, d);
-    log_header(r, d);
-    log_config(r);
-    print0(r, "%s\n", std::string(100, '=').c_str());
+    if (d.rank == 0) open_log(r, log_path);
+    log_preamble(r);
     try {
         run_training(r);
     } catch (const std::exception& e) {  // data errors

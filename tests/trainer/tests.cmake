@@ -17,3 +17,11 @@ if(Python3_Interpreter_FOUND)
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
   set_tests_properties(test_trainer_failures PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1200)
 endif()
+
+# Checkpoints keep their on-disk layout (tests/trainer/test_checkpoint_layout.py): the tensor list of
+# a save at an odd and an even step against the fixture listed from main at d302bc7's save.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME test_checkpoint_layout COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_checkpoint_layout.py
+           $<TARGET_FILE:train_gpt_cpu>)
+  set_tests_properties(test_checkpoint_layout PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 600)
+endif()

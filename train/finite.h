@@ -1,0 +1,124 @@
+// Non-finite scans: whether parameters, gradients or optimizer state hold a NaN or an infinity,
+// read on the bits (an all-ones exponent). The CPU build scans on the host after every step to name
+// where the first one appeared; every build runs the device-side check at each validation, before
+// each save and every --check-finite N steps. Part of train_gpt.cu's run section: included after its Run.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+// A group's whole parameter or gradient, as floats on the host (failure reports and logs only).
+std::vector<float> host_values(const OptimGroup& q, const void* device) {
+    const size_t n = size_t(q.t.rows * q.t.row_elems);
+    std::vector<float> v(n);
+    if (q.t.fp32) {
+        CUDA_CHECK(cudaMemcpy(v.data(), device, n * 4, cudaMemcpyDeviceToHost));
+    } else {
+        std::vector<bf16> h(n);
+        CUDA_CHECK(cudaMemcpy(h.data(), device, n * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < n; ++i) v[i] = __bfloat162float(h[i]);
+    }
+    return v;
+}
+
+// Whether a group's parameter or gradient holds a NaN or an infinity: all-ones exponents, read in
+// chunks without conversion (the CPU build checks every group after every step).
+bool has_nonfinite(const OptimGroup& q, const void* device) {
+    const size_t bytes = size_t(q.t.rows * q.t.row_elems) * (q.t.fp32 ? 4 : 2);
+    std::vector<uint32_t> chunk((std::min(bytes, size_t(1) << 22) + 3) / 4);
+    for (size_t done = 0; done < bytes; done += chunk.size() * 4) {
+        const size_t n = std::min(chunk.size() * 4, bytes - done);
+        chunk[(n - 1) / 4] = 0;  // an odd bf16 count leaves half a word: zeros are finite
+        CUDA_CHECK(cudaMemcpy(chunk.data(), static_cast<const char*>(device) + done, n, cudaMemcpyDeviceToHost));
+        const uint32_t exponents = q.t.fp32 ? 0x7f800000u : 0x7f807f80u;
+        for (size_t i = 0; i < (n + 3) / 4; ++i) {
+            const uint32_t e = chunk[i] & exponents;
+            if (q.t.fp32 ? e == exponents : (e & 0x7f80u) == 0x7f80u || (e >> 16) == 0x7f80u) return true;
+        }
+    }
+    return false;
+}
+
+// The first parameter group (table order) holding a non-finite parameter or gradient, or "".
+std::string nonfinite_group(Run& r) {
+    for (const OptimGroup& q : r.o.group)
+        for (const auto& [what, ptr] : {std::pair{"parameter", q.t.param}, std::pair{"gradient", q.t.grad}})
+            if (has_nonfinite(q, ptr)) return std::string(what) + " " + q.rule->label;
+    return "";
+}
+
+// The CPU build scans every step, so a failure names where the first non-finite value appeared
+// (a GPU run cannot afford the copies; it only stops).
+void watch_nonfinite(Run& r, int step) {
+    if (!kEmulated || !r.first_nonfinite.empty()) return;
+    if (const std::string g = nonfinite_group(r); !g.empty())
+        r.first_nonfinite = g + " (non-finite before step " + std::to_string(step) + ")";
+}
+
+// *flag = 1 when x (n fp32 or bf16 elements) holds a NaN or an infinity: an all-ones exponent,
+// tested on the bits. Threads that find one all store the same 1, so no atomic is needed.
+__global__ void flag_nonfinite(const void* x, int64_t n, int fp32, int* flag) {
+    bool bad = false;
+    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        bad |= fp32 ? (static_cast<const uint32_t*>(x)[i] & 0x7f800000u) == 0x7f800000u
+                    : (static_cast<const uint16_t*>(x)[i] & 0x7f80u) == 0x7f80u;
+    if (bad) *flag = 1;
+}
+
+// A float buffer the finite check covers, named as in the checkpoint.
+struct StateBuffer {
+    std::string name;
+    const void* data;
+    int64_t n;
+    bool fp32;
+};
+
+// This rank's parameters and optimizer state by group, in table order: what a checkpoint holds
+// (the Adam gradients only while they are state: after an even step). NorMuon's mantissa is
+// integer bits, not a float.
+std::vector<StateBuffer> state_buffers(const Run& r, int step) {
+    std::vector<StateBuffer> out;
+    for (const OptimGroup& q : r.o.group) {
+        const std::string label = q.rule->label;
+        const int64_t full = q.t.rows * q.t.row_elems;
+        out.push_back({"param." + label, q.t.param, full, q.t.fp32});
+        for (const StateTensor& t : q.state)
+            if (t.dtype == DType::f32) out.push_back({t.name + ("." + label), t.data, t.elems(), true});
+        if (q.rule->optim == Optim::adam && step % 2 == 1) out.push_back({"grad." + label, q.t.grad, full, q.t.fp32});
+    }
+    return out;
+}
+constexpr int kMaxStateBuffers = 4 * kParamGroups;
+
+// The device-side finite check of every rank's parameters and optimizer state (one kernel per
+// buffer, one copy of the flags back): where the first non-finite value is, as "exp_avg.scalars on
+// rank 1" (table order, then rank), or "" when all are finite. Collective.
+std::string nonfinite_state(Run& r, int step) {
+    const std::vector<StateBuffer> bufs = state_buffers(r, step);
+    CUDA_CHECK(cudaMemsetAsync(r.finite_flags, 0, kMaxStateBuffers * sizeof(int), r.s));
+    for (size_t i = 0; i < bufs.size(); ++i)
+        if (bufs[i].n > 0)
+            launch(flag_nonfinite, grid_for(bufs[i].n), dim3(256), 0, r.s, bufs[i].data, bufs[i].n, int(bufs[i].fp32),
+                   r.finite_flags + i);
+    CUDA_CHECK_LAUNCH();
+    int flags[kMaxStateBuffers];
+    CUDA_CHECK(cudaMemcpyAsync(flags, r.finite_flags, sizeof flags, cudaMemcpyDeviceToHost, r.s));
+    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    int mine = INT32_MAX;  // buffer index * world + rank of the first bad buffer
+    for (size_t i = 0; i < bufs.size() && mine == INT32_MAX; ++i)
+        if (flags[i]) mine = int(i) * r.d.world + r.d.rank;
+    int first = INT32_MAX;
+    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (first == INT32_MAX) return "";
+    return bufs[size_t(first / r.d.world)].name + " on rank " + std::to_string(first % r.d.world);
+}
+
+// Stops the run when a parameter or optimizer state holds a NaN or an infinity (at `step`, `when`).
+void check_finite(Run& r, int step, const char* when) {
+    if (const std::string where = nonfinite_state(r, step); !where.empty())
+        fail("non-finite values in " + where + " at step " + std::to_string(step) + " (" + when + ")");
+}

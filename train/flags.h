@@ -1,0 +1,187 @@
+// The command line: what a run is asked to do beyond its config, the usage text, and the flags'
+// value rules (a bad value stops with the usage and exit code 2, before any process starts).
+#pragma once
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+// What a run is asked to do beyond the config (the command line).
+struct RunOptions {
+    std::string train_files, val_files;  // empty: the preset's
+    std::string run_id, log_dir = "logs";
+    int val_every = 250;                 // 0: only at the end
+    int64_t val_tokens = -1;             // -1: the preset's
+    uint64_t seed = 1337;
+    int max_steps = -1;                  // stop after this many steps (tests, golden runs); -1: the schedule's
+    // compiles nothing, but warms cuBLASLt heuristics and NCCL paths; the CPU build gains nothing from it
+    bool warmup = !kEmulated;
+    bool log_train_loss = false;
+    bool log_grad_norms = false;
+    int check_finite = 0;                // also check parameters and optimizer state every N steps; 0: never
+    std::string save_dir, resume_dir;
+    bool resume_unverified = false;      // accept a checkpoint directory without a manifest (saved before them)
+    std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
+    std::string command;                 // the command line, for the log
+};
+
+// The largest step count a flag takes: far beyond any real schedule, and small enough that step
+// arithmetic (sums, products with the accumulation count) stays inside int.
+constexpr int64_t kMaxSteps = 10'000'000;
+
+const char* kUsage =
+    "usage: train_gpt [options]        (GPU: mpirun -np 8 ./build/train_gpt; CPU: ./build/train_gpt_cpu --preset tiny)\n"
+    "  --preset NAME            record (default) or tiny\n"
+    "  --train-files GLOB       training shards (default: the preset's, under the repository)\n"
+    "  --val-files GLOB         validation shards (default: the preset's, under the repository)\n"
+    "  --val-every N            validate every N steps and at the end; 0: only at the end (0..10000000, default 250)\n"
+    "  --val-tokens N           validation tokens, a multiple of the validation batch (1..2^40, default: the preset's)\n"
+    "  --run-id ID              log file name, new for each run (default: a random id)\n"
+    "  --log-dir DIR            where logs go (default logs)\n"
+    "  --seed N                 parameter initialization seed (0..2^63-1, default 1337)\n"
+    "  --max-steps N            stop after N steps; the schedule stays the full run's (0..10000000)\n"
+    "  --scheduled-steps N      length of the scheduled part (stages by fraction, lr cool-down; 1..10000000,\n"
+    "                           default: the preset's)\n"
+    "  --extension-steps N      steps after it at the final stage (0..10000000, default: the preset's)\n"
+    "  --warmup 0|1             warm up on the steps around each schedule change, then restore the initial\n"
+    "                           state (default: 1 on the GPU build, 0 on the CPU build)\n"
+    "  --log-train-loss         also log each step's training loss (step:N/M train_loss:X)\n"
+    "  --log-grad-norms         also log rank 0's gradient norms per parameter group before each optimizer step\n"
+    "  --check-finite N         also check parameters and optimizer state for NaN/inf every N steps (0..10000000,\n"
+    "                           default 0: only at each validation and before each save)\n"
+    "  --save-checkpoint DIR    save checkpoints under DIR/stepNNNNNN/ (default: at the last step); DIR's parent\n"
+    "                           must exist\n"
+    "  --checkpoint-steps LIST  comma-separated steps to save at, each 0..the last step (0: the initial state);\n"
+    "                           needs --save-checkpoint\n"
+    "  --resume DIR             continue from a checkpoint directory DIR/stepNNNNNN (verified by its manifest)\n"
+    "  --resume-unverified      also accept a checkpoint directory without a manifest (saved before manifests)\n"
+    "  --print-memory           print the per-rank memory plan of the preset and exit (no GPU needed)\n"
+    "  --dump-batches N         print the first N training batches of every rank and exit (1..10000000)\n"
+    "  --check-platform         run the platform check (kernel, cuBLASLt, NCCL on every rank) and exit\n"
+    "  --help                   this text\n";
+
+[[noreturn]] void usage_error(const std::string& why) {
+    std::fprintf(stderr, "train_gpt: %s\n%s", why.c_str(), kUsage);
+    std::exit(2);
+}
+
+int64_t parse_int(const std::string& flag, const std::string& v, int64_t lo, int64_t hi) {
+    char* end = nullptr;
+    errno = 0;
+    const long long x = std::strtoll(v.c_str(), &end, 10);
+    if (v.empty() || *end != '\0' || errno != 0 || x < lo || x > hi)
+        usage_error(flag + " needs an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got '" + v + "'");
+    return x;
+}
+int parse_steps(const std::string& flag, const std::string& v, int64_t lo) {
+    return static_cast<int>(parse_int(flag, v, lo, kMaxSteps));
+}
+
+// An argument as a POSIX shell reads it back: as it is when it holds only safe characters, else in
+// single quotes (Python's shlex.quote).
+std::string shell_quote(const std::string& a) {
+    const bool safe = !a.empty() && std::all_of(a.begin(), a.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || std::strchr("_@%+=:,./-", c);
+    });
+    if (safe) return a;
+    std::string q = "'";
+    for (char c : a) q += c == '\'' ? std::string("'\"'\"'") : std::string(1, c);
+    return q + "'";
+}
+
+std::string command_line(int argc, char** argv) {
+    std::string cmd;
+    for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + shell_quote(argv[i]);
+    return cmd;
+}
+
+// What a command line asks for: one run mode (checked to be one) and the run's options.
+enum class Mode { train, print_memory, dump_batches, check_platform, help };
+
+std::string random_run_id() {
+    std::random_device rd;
+    char id[40];
+    std::snprintf(id, sizeof id, "%08x-%04x-%04x", rd(), rd() & 0xffff, rd() & 0xffff);
+    return id;
+}
+
+// The options that depend on each other and on the run's last step; gives the run an id.
+void check_run_options(RunOptions& opt, int last) {
+    if (!opt.checkpoint_steps.empty() && opt.save_dir.empty())
+        usage_error("--checkpoint-steps needs --save-checkpoint DIR (where to save)");
+    for (int st : opt.checkpoint_steps)
+        if (st > last)
+            usage_error("--checkpoint-steps " + std::to_string(st) + " is beyond this run's last step " + std::to_string(last) +
+                        " (steps 0.." + std::to_string(last) + ")");
+    if (opt.resume_unverified && opt.resume_dir.empty()) usage_error("--resume-unverified goes with --resume DIR");
+    if (opt.run_id.empty()) opt.run_id = random_run_id();
+    if (opt.run_id.find('/') != std::string::npos) usage_error("--run-id '" + opt.run_id + "' must not contain '/'");
+}
+
+// The command line as given (presets and step counts are applied by main, flag order aside).
+struct CommandLine {
+    Mode mode = Mode::train;
+    RunOptions opt;
+    std::string preset = "record";
+    int scheduled = -1, extension = -1;  // -1: the preset's
+    int64_t dump_batches = 0;
+};
+
+CommandLine parse_command_line(int argc, char** argv) {
+    CommandLine cl;
+    RunOptions& opt = cl.opt;
+    opt.command = command_line(argc, argv);
+    const char* mode_flag = nullptr;
+    auto set_mode = [&](Mode m, const char* flag) {
+        if (mode_flag && cl.mode != m) usage_error(std::string(mode_flag) + " and " + flag + " are separate modes: give one");
+        cl.mode = m;
+        mode_flag = flag;
+    };
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) usage_error(arg + " needs a value");
+            return argv[++i];
+        };
+        if (arg == "--help" || arg == "-h") {
+            cl.mode = Mode::help;  // whatever else the line holds
+            return cl;
+        } else if (arg == "--preset") cl.preset = value();
+        else if (arg == "--train-files") opt.train_files = value();
+        else if (arg == "--val-files") opt.val_files = value();
+        else if (arg == "--val-every") opt.val_every = parse_steps(arg, value(), 0);
+        else if (arg == "--val-tokens") opt.val_tokens = parse_int(arg, value(), 1, int64_t(1) << 40);
+        else if (arg == "--run-id") opt.run_id = value();
+        else if (arg == "--log-dir") opt.log_dir = value();
+        else if (arg == "--seed") opt.seed = static_cast<uint64_t>(parse_int(arg, value(), 0, INT64_MAX));
+        else if (arg == "--max-steps") opt.max_steps = parse_steps(arg, value(), 0);
+        else if (arg == "--scheduled-steps") cl.scheduled = parse_steps(arg, value(), 1);
+        else if (arg == "--extension-steps") cl.extension = parse_steps(arg, value(), 0);
+        else if (arg == "--warmup") opt.warmup = parse_int(arg, value(), 0, 1) != 0;
+        else if (arg == "--log-train-loss") opt.log_train_loss = true;
+        else if (arg == "--log-grad-norms") opt.log_grad_norms = true;
+        else if (arg == "--check-finite") opt.check_finite = parse_steps(arg, value(), 0);
+        else if (arg == "--save-checkpoint") opt.save_dir = value();
+        else if (arg == "--checkpoint-steps") {
+            std::string list = value(), item;
+            for (size_t at = 0; at <= list.size(); ++at)
+                if (at == list.size() || list[at] == ',') {
+                    opt.checkpoint_steps.push_back(parse_steps(arg, item, 0));
+                    item.clear();
+                } else {
+                    item += list[at];
+                }
+        } else if (arg == "--resume") opt.resume_dir = value();
+        else if (arg == "--resume-unverified") opt.resume_unverified = true;
+        else if (arg == "--print-memory") set_mode(Mode::print_memory, "--print-memory");
+        else if (arg == "--dump-batches") {
+            set_mode(Mode::dump_batches, "--dump-batches");
+            cl.dump_batches = parse_steps(arg, value(), 1);
+        } else if (arg == "--check-platform") set_mode(Mode::check_platform, "--check-platform");
+        else usage_error("unknown argument '" + arg + "'");
+    }
+    return cl;
+}

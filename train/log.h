@@ -1,0 +1,196 @@
+// The run's log: rank 0 prints every line to the console and the log file, which starts with the
+// source that produced it (embedded at build time by cmake/embed_sources.cmake), then the
+// environment, the header lines scripts/stats.py parses, and the config. Part of train_gpt.cu's run
+// section: included after its Run.
+#pragma once
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <string>
+#include <utility>
+
+[[noreturn]] void fail(const std::string& why) {
+    std::fprintf(stderr, "train_gpt: %s\n", why.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    std::exit(EXIT_FAILURE);
+}
+
+// Appends to the log and flushes; a full disk or any other write error stops the run (every rank,
+// through MPI_Abort) naming the file, so a log never ends silently short.
+void log_write(Run& r, const char* text, size_t n) {
+    if (!r.log) return;
+    bool ok = std::fwrite(text, 1, n, r.log) == n && std::fflush(r.log) == 0;
+    if constexpr (kEmulated) {
+        // The CPU build's full disk for tests where no small file system can be mounted:
+        // TRAIN_GPT_LOG_LIMIT=N fails every log write that would take the log past N bytes.
+        static const char* limit = std::getenv("TRAIN_GPT_LOG_LIMIT");
+        if (ok && limit && std::ftell(r.log) > std::atol(limit)) {
+            ok = false;
+            errno = ENOSPC;
+        }
+    }
+    if (!ok) {
+        const int err = errno;
+        std::fclose(std::exchange(r.log, nullptr));
+        fail("cannot write the log " + r.log_path + ": " + std::strerror(err));
+    }
+}
+
+// Rank 0 prints to the console and the log file; every line is flushed (a crash keeps the log).
+void print0(Run& r, const char* fmt, ...) {
+    if (r.d.rank != 0) return;
+    va_list ap, again;
+    va_start(ap, fmt);
+    va_copy(again, ap);
+    const int n = std::max(std::vsnprintf(nullptr, 0, fmt, ap), 0);  // any length: a command line, nvidia-smi
+    va_end(ap);
+    std::string line(size_t(n) + 1, '\0');
+    std::vsnprintf(line.data(), line.size(), fmt, again);
+    va_end(again);
+    line.pop_back();
+    std::fputs(line.c_str(), stdout);
+    std::fflush(stdout);
+    log_write(r, line.data(), line.size());
+}
+
+// ---- the log's preamble: the source, the environment, the config (upstream prints its code,
+// then nvidia-smi, then the run) ----
+#ifndef TRAIN_GPT_NO_MAIN
+struct SourceFile {
+    const char* path;
+    const char* text;
+};
+extern const SourceFile kSourceFiles[];
+extern const size_t kSourceFileCount;
+extern const char* const kGitRevision;
+#endif
+#ifndef TRAIN_GPT_BUILD_FLAGS
+#define TRAIN_GPT_BUILD_FLAGS "unknown"
+#endif
+
+std::string command_output(const char* cmd) {
+    std::string out;
+    if (FILE* p = popen(cmd, "r")) {
+        char buf[4096];
+        size_t n;
+        while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+        pclose(p);
+    }
+    return out;
+}
+
+void log_environment(Run& r, const Distributed& d) {
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, d.device));
+    int devices = 0, driver = 0, runtime = 0, nccl = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    CUDA_CHECK(cudaDriverGetVersion(&driver));
+    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    NCCL_CHECK(ncclGetVersion(&nccl));
+    const char* build = kEmulated ? "CPU build (g++ against emu/)" : "GPU build (nvcc)";
+    print0(r, "%s, git %s, flags: %s\n", build,
+#ifndef TRAIN_GPT_NO_MAIN
+           kGitRevision,
+#else
+           "unknown",
+#endif
+           TRAIN_GPT_BUILD_FLAGS);
+    print0(r, "device: %s x %d visible, %d SMs; %d rank(s)\n", prop.name, devices, prop.multiProcessorCount, d.world);
+    print0(r, "CUDA driver %d, runtime %d, cuBLASLt %zu, NCCL %d\n", driver, runtime, cublasLtGetVersion(), nccl);
+    const std::string smi = command_output("nvidia-smi 2>/dev/null");
+    if (!smi.empty()) print0(r, "%s", smi.c_str());
+}
+
+// ---- the log's header lines (a fixed `key: value` form that scripts/stats.py parses) ----
+
+#ifndef TRAIN_GPT_NO_MAIN
+// FNV-1a 64 over the embedded source files in bundle order, each as its path, a NUL, its text, a NUL:
+// runs of the same code share it.
+std::string source_hash() {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const auto add = [&](const char* p, size_t n) {
+        for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 0x100000001b3ull;
+    };
+    for (size_t i = 0; i < kSourceFileCount; ++i) {
+        add(kSourceFiles[i].path, std::strlen(kSourceFiles[i].path) + 1);
+        add(kSourceFiles[i].text, std::strlen(kSourceFiles[i].text) + 1);
+    }
+    char text[20];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+    return text;
+}
+#endif
+
+// command, date_utc, hosts, world_size, seed, source_hash: each line starts with its key.
+void log_header(Run& r, const Distributed& d) {
+    const std::string hosts = host_list(d);
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::tm utc{};
+    gmtime_r(&now, &utc);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &utc);
+    print0(r, "command: %s\n", r.opt.command.c_str());
+    print0(r, "date_utc: %s\n", date);
+    print0(r, "hosts: %s\n", hosts.c_str());
+    print0(r, "world_size: %d\n", d.world);
+    print0(r, "seed: %llu\n", static_cast<unsigned long long>(r.opt.seed));
+#ifndef TRAIN_GPT_NO_MAIN
+    print0(r, "source_hash: %s\n", source_hash().c_str());
+#endif
+}
+
+void log_config(Run& r) {
+    const Config& c = r.m.cfg;
+    print0(r, "config %s: layers %d, model_dim %d, heads %d x %d, mlp %d, vocab %d (padded %d), bigram_vocab %d\n",
+           c.name.c_str(), kLayers, c.model_dim, c.num_heads, c.head_dim, c.mlp_dim, c.vocab_size, c.padded_vocab,
+           c.bigram_vocab);
+    print0(r, "  steps %d scheduled + %d extension, cooldown %.2f, split at step %d, block %d tokens, final long window %d\n",
+           c.scheduled_iterations, c.extension_iterations, c.cooldown_frac, r.sch.split_step, c.block_size, c.final_ws_long);
+    for (size_t i = 0; i < c.stages.size(); ++i) {
+        const TrainingStage& st = c.stages[i];
+        std::string mtp;
+        for (size_t k = 0; k < st.mtp_start.size(); ++k)
+            mtp += (k ? ", " : "") + std::to_string(st.mtp_start[k]).substr(0, 4) + "->" +
+                   std::to_string(st.mtp_end[k]).substr(0, 4);
+        print0(r, "  stage %zu: from step %d, batch %lld tokens, windows (%d, %d), lr_mul %.2f, mtp [%s]\n", i,
+               r.sch.starts[i], static_cast<long long>(st.batch_tokens), st.ws_short, st.ws_long, st.lr_mul, mtp.c_str());
+    }
+    print0(r, "  adam lr %g eps %g wd %g; normuon lr %g beta2 %g wd %g, momentum %g->%g over %d steps, cool-down %d\n",
+           c.adam_lr, c.adam_eps, c.adam_wd, c.normuon_lr, c.normuon_beta2, c.normuon_wd, c.muon_momentum_min,
+           c.muon_momentum_max, c.muon_warmup_steps, c.muon_cooldown_steps);
+    print0(r, "  world %d, grad_accum %d, val every %d steps on %lld tokens, train %s, val %s, seed %llu\n", r.d.world,
+           c.grad_accum(), r.opt.val_every, static_cast<long long>(c.val_tokens), r.opt.train_files.c_str(),
+           r.opt.val_files.c_str(), static_cast<unsigned long long>(r.opt.seed));
+}
+
+#ifndef TRAIN_GPT_NO_MAIN
+// Rank 0 creates the log (exclusive: a log is never appended to another run's) and writes the
+// embedded source files into it, each under a rule with its path.
+void open_log(Run& r, const std::string& path) {
+    r.log_path = path;
+    r.log = std::fopen(path.c_str(), "wx");
+    if (!r.log) fail("cannot create the log " + path + ": " + std::strerror(errno));
+    std::printf("%s\n", path.c_str());
+    const std::string rule(100, '-');
+    for (size_t i = 0; i < kSourceFileCount; ++i) {
+        const std::string head = rule + "\n// " + kSourceFiles[i].path + "\n" + rule + "\n";
+        log_write(r, head.data(), head.size());
+        log_write(r, kSourceFiles[i].text, std::strlen(kSourceFiles[i].text));
+        log_write(r, "\n", 1);
+    }
+    const std::string end = std::string(100, '=') + "\n";
+    log_write(r, end.data(), end.size());
+}
+#endif
+
+// What follows the source: the environment, the header lines and the config, then a rule.
+void log_preamble(Run& r) {
+    log_environment(r, r.d);
+    log_header(r, r.d);
+    log_config(r);
+    print0(r, "%s\n", std::string(100, '=').c_str());
+}

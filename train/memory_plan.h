@@ -1,0 +1,45 @@
+// The memory plan: every arena of a rank for a config, measured without a device (--print-memory,
+// and the model test's bound against upstream's peak). Part of train_gpt.cu: included after its
+// optimizer.
+#pragma once
+#include <cstdio>
+
+struct MemoryPlan {
+    size_t params, grads, state, activations, optimizer, workspace;
+    size_t total() const { return params + grads + state + activations + optimizer + workspace; }
+};
+MemoryPlan plan_memory(Model& m, Optimizer& o, int world) {
+    layout_params(m.param_arena, m.cfg, m.params);
+    layout_params(m.grad_arena, m.cfg, m.grads);
+    layout_state(m.state_arena, m);
+    layout_activations(m.act_arena, m);
+    o.world = world;
+    layout_optimizer(o.arena, o, m.cfg, m.params, m.grads, world == 8 && m.cfg.grad_accum() == 1);
+    return {m.param_arena.bytes(), m.grad_arena.bytes(), m.state_arena.bytes(), m.act_arena.bytes(),
+            o.arena.bytes(), CublasLt::kWorkspaceBytes};
+}
+
+// Upstream's record run peaks at 31253 MiB allocated per GPU; ours must not need more.
+constexpr double kUpstreamPeakMiB = 31253;
+
+void print_memory_plan(const Config& c, FILE* f) {
+    if (const std::string e = config_error(c); !e.empty()) {
+        std::fprintf(stderr, "train_gpt: %s\n", e.c_str());
+        std::exit(EXIT_FAILURE);
+    }
+    Model m;
+    m.cfg = c;
+    m.cfg.world_size = 8;
+    Optimizer o;
+    const MemoryPlan plan = plan_memory(m, o, 8);
+    std::fprintf(f, "memory plan per rank, preset %s (8 ranks; %d train and %d eval tokens per micro-step):\n",
+                 c.name.c_str(), c.max_train_tokens(), c.val_micro_tokens());
+    m.param_arena.print(f, true);
+    m.grad_arena.print(f, false);
+    m.state_arena.print(f, true);
+    m.act_arena.print(f, true);
+    o.arena.print(f, true);
+    std::fprintf(f, "%-12s %10.1f MiB\n", "workspace", plan.workspace / 1048576.0);
+    std::fprintf(f, "%-12s %10.1f MiB (upstream's record peaks at %.0f MiB)\n", "total", plan.total() / 1048576.0,
+                 kUpstreamPeakMiB);
+}
