@@ -11,6 +11,7 @@
 #include "kernels/comms.cuh"
 #include "kernels/common.cuh"
 #include "kernels/embed.cuh"
+#include "kernels/finite.cuh"
 #include "kernels/head.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/mlp.cuh"

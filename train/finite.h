@@ -58,17 +58,6 @@ void watch_nonfinite(Run& r, int step) {
         r.first_nonfinite = g + " (non-finite before step " + std::to_string(step) + ")";
 }
 
-// *flag = 1 when x (n fp32 or bf16 elements) holds a NaN or an infinity: an all-ones exponent,
-// tested on the bits. Threads that find one all store the same 1, so no atomic is needed.
-__global__ void flag_nonfinite(const void* x, int64_t n, int fp32, int* flag) {
-    bool bad = false;
-    const int64_t stride = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-        bad |= fp32 ? (static_cast<const uint32_t*>(x)[i] & 0x7f800000u) == 0x7f800000u
-                    : (static_cast<const uint16_t*>(x)[i] & 0x7f80u) == 0x7f80u;
-    if (bad) *flag = 1;
-}
-
 // A float buffer the finite check covers, named as in the checkpoint.
 struct StateBuffer {
     std::string name;
@@ -94,16 +83,17 @@ std::vector<StateBuffer> state_buffers(const Run& r, int step) {
 }
 constexpr int kMaxStateBuffers = 4 * kParamGroups;
 
-// The device-side finite check of every rank's parameters and optimizer state (one kernel per
-// buffer, one copy of the flags back): where the first non-finite value is, as "exp_avg.scalars on
+// The device-side finite check of every rank's parameters and optimizer state (kernels/finite.cuh,
+// one launch per buffer, one copy of the flags back): where the first non-finite value is, as "exp_avg.scalars on
 // rank 1" (table order, then rank), or "" when all are finite. Collective.
 std::string nonfinite_state(Run& r, int step) {
     const std::vector<StateBuffer> bufs = state_buffers(r, step);
+    if (bufs.size() > size_t(kMaxStateBuffers))  // a group registered more float state than the flags hold
+        fail("the finite check covers " + std::to_string(bufs.size()) + " buffers; raise kMaxStateBuffers (" +
+             std::to_string(kMaxStateBuffers) + ")");
     CUDA_CHECK(cudaMemsetAsync(r.finite_flags, 0, kMaxStateBuffers * sizeof(int), r.s));
     for (size_t i = 0; i < bufs.size(); ++i)
-        if (bufs[i].n > 0)
-            launch(flag_nonfinite, grid_for(bufs[i].n), dim3(256), 0, r.s, bufs[i].data, bufs[i].n, int(bufs[i].fp32),
-                   r.finite_flags + i);
+        flag_nonfinite(bufs[i].data, bufs[i].n, bufs[i].fp32, r.finite_flags + i, r.s);
     CUDA_CHECK_LAUNCH();
     int flags[kMaxStateBuffers];
     CUDA_CHECK(cudaMemcpyAsync(flags, r.finite_flags, sizeof flags, cudaMemcpyDeviceToHost, r.s));

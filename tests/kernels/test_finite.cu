@@ -1,0 +1,53 @@
+// kernels/finite.cuh: the non-finite flag of fp32 and bf16 buffers against std::isfinite on the host,
+// on fresh random data with NaNs and infinities planted at random places (or none), ragged sizes and
+// sizes past the grid's 4096 x 256 threads, and the edge values: the largest finite numbers, the
+// subnormals and negative zero are finite.
+#include "../../kernels/finite.cuh"
+#include "../device_util.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+// x: random normal values, `planted` of them replaced by `bad` at random positions (or the last one
+// at the very end), plus the edge values; the flag must be 1 exactly when std::isfinite fails
+// somewhere, and an already set flag stays.
+template <class T>
+void check_flag(int64_t n, int planted, float bad, bool last_at_end = false) {
+    std::vector<T> x(static_cast<size_t>(n));
+    for (T& v : x) v = static_cast<T>(static_cast<float>(test::normal(0.0, 1e3)));
+    const float edges[] = {std::numeric_limits<float>::denorm_min(), -0.0f, 3.3e38f, -3.3e38f};
+    for (float e : edges) x[size_t(test::randint(0, int(n - 1)))] = static_cast<T>(e);
+    for (int k = 0; k < planted; ++k) x[size_t(test::randint(0, int(n - 1)))] = static_cast<T>(bad);
+    if (last_at_end) x.back() = static_cast<T>(bad);
+    bool want = false;
+    for (const T& v : x) want |= !std::isfinite(test::value(v));
+    test::DeviceBuffer<T> dx(x);
+    test::DeviceBuffer<int> flag(std::vector<int>{0});
+    flag_nonfinite(dx.ptr, n, sizeof(T) == 4, flag.ptr, nullptr);
+    const std::string what = std::string(sizeof(T) == 4 ? "fp32" : "bf16") + " n=" + std::to_string(n) + " " +
+                             std::to_string(planted) + " x " + std::to_string(bad);
+    test::check(flag.download()[0] == int(want), "%s: flag %d, want %d", what.c_str(), flag.download()[0], int(want));
+    test::DeviceBuffer<int> set(std::vector<int>{1});
+    flag_nonfinite(dx.ptr, n, sizeof(T) == 4, set.ptr, nullptr);
+    test::check(set.download()[0] == 1, "%s: a set flag was cleared", what.c_str());
+}
+
+int main() {
+    test::seed();
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    for (int64_t n : {5, 1000, 70001}) {
+        for (float bad : {nan, inf, -inf})
+            for (int planted : {0, 1, 3}) {
+                check_flag<float>(n, planted, bad);
+                check_flag<__nv_bfloat16>(n, planted, bad);
+            }
+    }
+    // Past the grid's 4096 x 256 threads: the grid-stride loop must reach the last elements.
+    const int64_t big = int64_t(4096) * 256 + 77;
+    check_flag<float>(big, 0, nan, true);
+    check_flag<__nv_bfloat16>(big, 0, inf, true);
+    check_flag<float>(big, 0, nan);
+    return test::finish();
+}
