@@ -12,6 +12,8 @@
 #include "../emu/cuda_emu.h"
 #endif
 
+#include "work.cuh"
+
 #include <utility>
 
 // True in the CPU build: kernels run on emu's fibers, on data small enough for tests.
@@ -30,6 +32,19 @@ inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_byte
 #else
     emu::launch_kernel(kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
 #endif
+}
+
+// How launchers launch: the same, with the launch's work described for the step profiler (recorded
+// while a recording is on, and only recorded in a dry run).
+template <class... P, class... A>
+inline void launch(const Work& work, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes,
+                   cudaStream_t stream, A&&... args) {
+    WorkRecorder& rec = work_recorder();
+    if (rec.on) {
+        rec.add(OpKind::kernel, rec.stream_index(stream), -1, work);
+        if (rec.dry_run) return;
+    }
+    launch(kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
 }
 
 // Names a range of device memory for emu's diagnostics: EMU_STREAMS=deferred's race detector
