@@ -24,34 +24,26 @@
 #include "train/distributed.h"
 #include "train/flags.h"
 #include "train/init_random.h"
-#include "train/param_check.h"
 #include "train/platform_check.h"
 
 #include <mpi.h>
 #include <nccl.h>
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <csignal>
-#include <ctime>
 #include <future>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <random>
 #include <string>
 #include <utility>
 #include <vector>
-
 
 // ============================================================================================
 // Configuration: every hyperparameter of the record in one place (upstream's Hyperparameters
@@ -437,65 +429,7 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.scratch = static_cast<float*>(a.take_bytes("bw.scratch", w.scratch_bytes));
 }
 
-// ---- a micro-batch on the device, and what the host built for the embedding backward ----
-struct DeviceBatch {
-    int T = 0, num_cu = 0;
-    int capacity = 0, cu_capacity = 0;  // what the arena holds
-    int32_t *inputs, *targets, *cu_seqlens, *bigram;
-    IdSegments token_segments, bigram_segments;  // host descriptions of the packed buffers
-    int32_t *token_segments_dev, *bigram_segments_dev;
-};
-void layout_batch(Arena& a, int T, DeviceBatch& b) {
-    const int64_t cu = dataload::max_num_docs_for(T);
-    b.capacity = T;
-    b.cu_capacity = static_cast<int>(cu);
-    b.inputs = a.take<int32_t>("batch.inputs", {T});
-    b.targets = a.take<int32_t>("batch.targets", {T});
-    b.cu_seqlens = a.take<int32_t>("batch.cu_seqlens", {cu});
-    b.bigram = a.take<int32_t>("batch.bigram", {T});
-    b.token_segments_dev = a.take<int32_t>("batch.token_segments", {static_cast<int64_t>(id_segments_capacity_ints(T))});
-    b.bigram_segments_dev = a.take<int32_t>("batch.bigram_segments", {static_cast<int64_t>(id_segments_capacity_ints(T))});
-}
-
-// Copies one rank's micro-batch to the device and builds, on the host, the id segments the
-// embedding backward needs (positions grouped by token id and by bigram id).
-struct BatchUploader {
-    IdSegmentBuilder builder;
-    std::vector<int32_t> token_packed, bigram_packed;
-    void upload(DeviceBatch& b, const Config& c, const int32_t* inputs, const int32_t* targets, const int32_t* cu_seqlens,
-                int num_cu, const int32_t* bigram, int T, cudaStream_t s) {
-        auto fail = [](const std::string& why) {
-            std::fprintf(stderr, "train_gpt: bad batch: %s\n", why.c_str());
-            std::exit(EXIT_FAILURE);
-        };
-        if (T <= 0 || T % 16 != 0) fail(std::to_string(T) + " tokens is not a positive multiple of 16");
-        if (T > b.capacity) fail(std::to_string(T) + " tokens exceed the " + std::to_string(b.capacity) + " the arena holds");
-        if (num_cu < 2 || num_cu > b.cu_capacity || cu_seqlens[0] != 0 || cu_seqlens[num_cu - 1] != T)
-            fail("cu_seqlens must have 2.." + std::to_string(b.cu_capacity) + " entries from 0 to T");
-        for (int t = 0; t < T; ++t)
-            if (inputs[t] < 0 || inputs[t] >= c.vocab_size || targets[t] < 0 || targets[t] >= c.vocab_size)
-                fail("token id " + std::to_string(inputs[t] < 0 || inputs[t] >= c.vocab_size ? inputs[t] : targets[t]) +
-                     " at position " + std::to_string(t) + " is outside the vocabulary [0, " +
-                     std::to_string(c.vocab_size) + ")");
-        b.T = T;
-        b.num_cu = num_cu;
-        token_packed.resize(id_segments_capacity_ints(T));
-        bigram_packed.resize(id_segments_capacity_ints(T));
-        b.token_segments = builder.build(inputs, T, c.padded_vocab, token_packed.data());
-        b.bigram_segments = builder.build(bigram, T, c.bigram_vocab, bigram_packed.data());
-        const size_t n = size_t(T) * sizeof(int32_t);
-        CUDA_CHECK(cudaMemcpyAsync(b.inputs, inputs, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.targets, targets, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.bigram, bigram, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.cu_seqlens, cu_seqlens, num_cu * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.token_segments_dev, token_packed.data(), b.token_segments.ints() * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.bigram_segments_dev, bigram_packed.data(), b.bigram_segments.ints() * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, s));
-        // the packed buffers are reused by the next upload: they must have reached the device
-        CUDA_CHECK(cudaStreamSynchronize(s));
-    }
-};
+#include "train/device_batch.h"
 
 // What the schedule decides for one forward.
 struct StepSchedule {
@@ -909,50 +843,7 @@ const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_g
                                               "value_embed",  "embed",      "attn",      "mlp"};
 
 
-// This program's table, work order and registry checked against each other; stops naming the difference.
-void check_param_table(const Config& c) {
-    Params unplaced{};
-    std::vector<std::string> registry, table, order;
-    for (const ParamEntry& e : param_entries(c, unplaced)) registry.push_back(e.spec.name);
-    for (const ParamRule& r : kParamTable) table.push_back(r.label);
-    for (const char* label : kWorkOrder) order.push_back(label ? label : "");
-    if (const std::string e = param_table_error(registry, table, order); !e.empty()) {
-        std::fprintf(stderr, "train_gpt: the parameter registry, kParamTable and kWorkOrder disagree: %s\n", e.c_str());
-        std::exit(EXIT_FAILURE);
-    }
-}
-
-int param_group(const char* label) {
-    for (int i = 0; i < kParamGroups; ++i)
-        if (std::strcmp(kParamTable[i].label, label) == 0) return i;
-    std::fprintf(stderr, "train_gpt: no parameter group '%s'\n", label);
-    std::exit(EXIT_FAILURE);
-}
-
-// A parameter as the optimizer sees it: `rows` entries along dim 0 (NorMuon: matrices) of
-// `row_elems` elements each; sharded parameters are split along dim 0.
-struct ParamTensor {
-    void *param, *grad;
-    bool fp32;
-    int64_t rows, row_elems;
-    int mat_rows = 0, mat_cols = 0;  // NorMuon's matrix shape
-};
-// The registry entry of a table row, in the parameter and the gradient arena.
-ParamTensor param_tensor(const Config& c, Params& p, Params& g, const ParamRule& rule) {
-    const std::vector<ParamEntry> params = param_entries(c, p), grads = param_entries(c, g);
-    for (size_t i = 0; i < params.size(); ++i) {
-        const std::vector<int64_t>& shape = params[i].spec.shape;
-        if (params[i].spec.name != std::string(rule.label)) continue;
-        ParamTensor t{params[i].data, grads[i].data, params[i].fp32, shape[0], params[i].elems() / shape[0]};
-        if (rule.optim == Optim::normuon) {
-            t.mat_rows = int(shape.at(1));
-            t.mat_cols = int(shape.at(2));
-        }
-        return t;
-    }
-    std::fprintf(stderr, "train_gpt: kParamTable's '%s' is no registered parameter\n", rule.label);
-    std::exit(EXIT_FAILURE);
-}
+#include "train/param_check.h"
 
 // Per-step scalars of every group, uploaded in one copy (the kernels read them from the device).
 struct OptimScalars {
@@ -1333,50 +1224,7 @@ void open_train_loader(Run& r) {
                                                       r.m.cfg.max_seq_len, r.m.cfg.grad_accum(), lo);
 }
 
-// Where the p-th token of a micro-batch's concatenated shard ranges sits in its shard.
-int64_t shard_position(const dataload::Batch& b, int64_t p) {
-    for (size_t k = 0; k < b.starts.size(); p -= b.ends[k] - b.starts[k], ++k)
-        if (p < b.ends[k] - b.starts[k]) return b.starts[k] + p;
-    return -1;
-}
-
-// A token id outside the vocabulary stops the run naming the shard, the token's position in it and
-// the rank (input p is concatenated token p, target p is token p + 1).
-template <class Loader>
-void check_vocabulary(const Run& r, const Loader& loader, const dataload::Batch& b) {
-    const int vocab = r.m.cfg.vocab_size;
-    for (int64_t p = 0; p < b.num_tokens; ++p)
-        for (const auto& [id, at] : {std::pair{r.inputs[p], p}, std::pair{r.targets[p], p + 1}})
-            if (id < 0 || id >= vocab)
-                fail("token id " + std::to_string(id) + " at token " + std::to_string(shard_position(b, at)) + " of shard " +
-                     loader.files()[b.shard] + " (read by rank " + std::to_string(r.d.rank) +
-                     ") is outside the vocabulary [0, " + std::to_string(vocab) + ")");
-}
-
-// The next micro-batch of `loader` onto the device.
-template <class Loader>
-void load_batch(Run& r, Loader& loader, DeviceBatch& b) {
-    dataload::BatchBuffers buf{r.inputs.data(), r.targets.data(), r.cu.data(), r.bigram.data(),
-                               static_cast<int64_t>(r.inputs.size()), static_cast<int64_t>(r.cu.size())};
-    const dataload::Batch batch = loader.next(buf);
-    check_vocabulary(r, loader, batch);
-    r.uploader.upload(b, r.m.cfg, r.inputs.data(), r.targets.data(), r.cu.data(), static_cast<int>(batch.cu_entries),
-                      r.bigram.data(), static_cast<int>(batch.num_tokens), r.s);
-}
-
-// Rank 0's gradient norms (its own micro-steps, before any reduction or tying), one line.
-void log_grad_norms(Run& r, int step) {
-    CUDA_CHECK(cudaStreamSynchronize(r.s));
-    std::string line;
-    for (const OptimGroup& q : r.o.group) {
-        double sum = 0;
-        for (float x : host_values(q, q.t.grad)) sum += double(x) * x;
-        char item[96];
-        std::snprintf(item, sizeof item, " %s:%.6e", q.rule->label, std::sqrt(sum));
-        line += item;
-    }
-    print0(r, "step:%d/%d grad_norms%s\n", step + 1, r.sch.total_steps, line.c_str());
-}
+#include "train/batches.h"
 
 // One training step: grad_accum micro-steps of forward and backward, then the optimizer. The
 // loss of each micro-step lands in r.losses when the stream gets there.
@@ -1457,21 +1305,6 @@ void warm_up(Run& r) {
     reset_schedule(r);
     open_train_loader(r);
     CUDA_CHECK(cudaStreamSynchronize(r.s));
-}
-
-// A resumed run reaches the checkpoint's data position, YaRN state and touched bigram rows by
-// replaying the schedule and the loader (host work only) up to `step`.
-void replay_to(Run& r, int step) {
-    for (int st = 0; st < step; ++st) {
-        advance_schedule(r, st);
-        if (r.o.sparse && st % 2 == 1) r.o.touched = std::make_unique<TouchedRows>(r.m.cfg.bigram_vocab);
-        for (int i = 0; i < r.m.cfg.grad_accum(); ++i) {
-            dataload::BatchBuffers buf{r.inputs.data(), r.targets.data(), r.cu.data(), r.bigram.data(),
-                                       static_cast<int64_t>(r.inputs.size()), static_cast<int64_t>(r.cu.size())};
-            const dataload::Batch b = r.train->next(buf);
-            if (r.o.sparse && st % 2 == 0) r.o.touched->mark(r.bigram.data(), size_t(b.num_tokens));
-        }
-    }
 }
 
 size_t allocated_bytes(const Run& r) {
@@ -1604,26 +1437,7 @@ int main(int argc, char** argv) {
         return rc;
     }
     if (cl.mode == Mode::dump_batches) {
-        agree_or_exit(d, d.rank == 0 ? shard_error("training data", files.train, files.train_default, files.remedy) : "");
-        if (d.rank == 0) {
-            dataload::DumpConfig dc;
-            dc.files = opt.train_files;
-            dc.world_size = d.world;
-            dc.grad_accum = cfg.grad_accum();
-            dc.batch_tokens = cfg.stages.front().batch_tokens;
-            dc.max_seq_len = cfg.max_seq_len;
-            dc.bigram_vocab = cfg.bigram_vocab;
-            dc.batches = cl.dump_batches;
-            const Schedule sch(cfg);
-            for (size_t k = 1; k < cfg.stages.size(); ++k)
-                if (cfg.stages[k].batch_tokens != cfg.stages[k - 1].batch_tokens && sch.starts[k] < cl.dump_batches)
-                    dc.changes.push_back({sch.starts[k], cfg.stages[k].batch_tokens, cfg.max_seq_len});
-            try {
-                dataload::dump_batches(stdout, dc);
-            } catch (const std::exception& e) {
-                fail(e.what());
-            }
-        }
+        dump_batches_mode(cfg, cl.dump_batches, files, d);
         CUDA_CHECK(cudaStreamDestroy(stream));
         stop_distributed(d);
         return 0;

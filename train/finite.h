@@ -1,4 +1,4 @@
-// Non-finite scans: whether parameters, gradients or optimizer state hold a NaN or an infinity,
+// Non-finite scans (and the gradient norms log, which reads gradients the same way): whether parameters, gradients or optimizer state hold a NaN or an infinity,
 // read on the bits (an all-ones exponent). The CPU build scans on the host after every step to name
 // where the first one appeared; every build runs the device-side check at each validation, before
 // each save and every --check-finite N steps. Part of train_gpt.cu's run section: included after its Run.
@@ -111,4 +111,18 @@ std::string nonfinite_state(Run& r, int step) {
 void check_finite(Run& r, int step, const char* when) {
     if (const std::string where = nonfinite_state(r, step); !where.empty())
         fail("non-finite values in " + where + " at step " + std::to_string(step) + " (" + when + ")");
+}
+
+// Rank 0's gradient norms (its own micro-steps, before any reduction or tying), one line.
+void log_grad_norms(Run& r, int step) {
+    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    std::string line;
+    for (const OptimGroup& q : r.o.group) {
+        double sum = 0;
+        for (float x : host_values(q, q.t.grad)) sum += double(x) * x;
+        char item[96];
+        std::snprintf(item, sizeof item, " %s:%.6e", q.rule->label, std::sqrt(sum));
+        line += item;
+    }
+    print0(r, "step:%d/%d grad_norms%s\n", step + 1, r.sch.total_steps, line.c_str());
 }

@@ -1,7 +1,11 @@
-// The startup check of the parameter registry against the optimizer table and its work order
-// (upstream asserts the same): every registered parameter exactly once in each.
+// The parameter registry meets the optimizer table: the startup check that every registered parameter
+// is in kParamTable and kWorkOrder exactly once (upstream asserts the same), and the lookups from a
+// table row to its registry entry. Part of train_gpt.cu: included after its optimizer table.
 #pragma once
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -26,4 +30,49 @@ std::string param_table_error(const std::vector<std::string>& registry, const st
                 out += std::string(what) + " lacks the registered parameter '" + name + "'; ";
     }
     return out.empty() ? out : out.substr(0, out.size() - 2);
+}
+
+// This program's table, work order and registry checked against each other; stops naming the difference.
+void check_param_table(const Config& c) {
+    Params unplaced{};
+    std::vector<std::string> registry, table, order;
+    for (const ParamEntry& e : param_entries(c, unplaced)) registry.push_back(e.spec.name);
+    for (const ParamRule& r : kParamTable) table.push_back(r.label);
+    for (const char* label : kWorkOrder) order.push_back(label ? label : "");
+    if (const std::string e = param_table_error(registry, table, order); !e.empty()) {
+        std::fprintf(stderr, "train_gpt: the parameter registry, kParamTable and kWorkOrder disagree: %s\n", e.c_str());
+        std::exit(EXIT_FAILURE);
+    }
+}
+
+int param_group(const char* label) {
+    for (int i = 0; i < kParamGroups; ++i)
+        if (std::strcmp(kParamTable[i].label, label) == 0) return i;
+    std::fprintf(stderr, "train_gpt: no parameter group '%s'\n", label);
+    std::exit(EXIT_FAILURE);
+}
+
+// A parameter as the optimizer sees it: `rows` entries along dim 0 (NorMuon: matrices) of
+// `row_elems` elements each; sharded parameters are split along dim 0.
+struct ParamTensor {
+    void *param, *grad;
+    bool fp32;
+    int64_t rows, row_elems;
+    int mat_rows = 0, mat_cols = 0;  // NorMuon's matrix shape
+};
+// The registry entry of a table row, in the parameter and the gradient arena.
+ParamTensor param_tensor(const Config& c, Params& p, Params& g, const ParamRule& rule) {
+    const std::vector<ParamEntry> params = param_entries(c, p), grads = param_entries(c, g);
+    for (size_t i = 0; i < params.size(); ++i) {
+        const std::vector<int64_t>& shape = params[i].spec.shape;
+        if (params[i].spec.name != std::string(rule.label)) continue;
+        ParamTensor t{params[i].data, grads[i].data, params[i].fp32, shape[0], params[i].elems() / shape[0]};
+        if (rule.optim == Optim::normuon) {
+            t.mat_rows = int(shape.at(1));
+            t.mat_cols = int(shape.at(2));
+        }
+        return t;
+    }
+    std::fprintf(stderr, "train_gpt: kParamTable's '%s' is no registered parameter\n", rule.label);
+    std::exit(EXIT_FAILURE);
 }

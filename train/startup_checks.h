@@ -15,6 +15,7 @@
 
 // ---- startup checks: what can be known before the first step is checked before anything is written ----
 
+
 // The repository the binary was built in: the parent of the executable's directory (build/..).
 std::string repo_dir() {
     char exe[4096];
