@@ -16,6 +16,7 @@
 // is the same one.
 #include "../../kernels/comms.cuh"
 #include "../device_util.h"
+#include "../kernels/sparse_exchange_rig.h"
 
 #include <mpi.h>
 #include <nccl.h>
@@ -83,12 +84,6 @@ bool same_ops(const std::vector<StepOp>& a, const std::vector<StepOp>& b) {
     return true;
 }
 
-std::vector<unsigned char> device_bytes(const void* p, size_t n) {
-    std::vector<unsigned char> h(n);
-    CUDA_CHECK(cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost));
-    return h;
-}
-
 void run(uint64_t seed, ncclComm_t nccl) {
     const int W = g_world, me = g_rank, C = 64, R = 32 * W, per_rank = R / W, max_touched = R;
     const std::string tag = "rank " + std::to_string(me) + " of " + std::to_string(W);
@@ -139,16 +134,7 @@ void run(uint64_t seed, ncclComm_t nccl) {
         return w;
     };
 
-    cudaStream_t compute, comms;
-    CUDA_CHECK(cudaStreamCreate(&compute));
-    CUDA_CHECK(cudaStreamCreate(&comms));
-    cudaEvent_t grad_ready;
-    CUDA_CHECK(cudaEventCreateWithFlags(&grad_ready, cudaEventDisableTiming));
-    const size_t dev_bytes = sparse_exchange_device_bytes(R, C, W, max_touched);
-    const size_t host_bytes = sparse_exchange_host_bytes(R, max_touched);
-    DeviceBuffer<unsigned char> workspace(dev_bytes);
-    int32_t* pinned = nullptr;
-    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned), host_bytes));
+    SparseExchangeRig rig(R, C, W, max_touched);
     std::vector<bf16> grad(static_cast<size_t>(R) * C, test::to_bf16(0.0));
     std::mt19937_64 values(seed + static_cast<uint64_t>(me));
     for (int i = 0; i < R; ++i)
@@ -158,8 +144,7 @@ void run(uint64_t seed, ncclComm_t nccl) {
     DeviceBuffer<bf16> d_grad(grad.size());
     {
         TouchedRows touched(R);
-        SparseRowExchange ex(R, C, max_touched, MPI_COMM_WORLD, nccl, comms, workspace.ptr, dev_bytes, pinned,
-                             host_bytes);
+        SparseRowExchange ex = rig.exchange(R, C, max_touched, nccl);
         // One exchange over `mine` with the gradient uploaded fresh (outside the recording), recorded.
         const auto exchange = [&](bool dry) {
             d_grad.upload(grad);
@@ -167,9 +152,9 @@ void run(uint64_t seed, ncclComm_t nccl) {
             work_recorder().start(dry);
             ex.begin(touched);
             ex.exchange_indexes();
-            CUDA_CHECK(record_event(grad_ready, compute));
-            ex.exchange_values(d_grad.ptr, grad_ready);
-            ex.merge(compute);
+            CUDA_CHECK(record_event(rig.grad_ready, rig.compute));
+            ex.exchange_values(d_grad.ptr, rig.grad_ready);
+            ex.merge(rig.compute);
             std::vector<StepOp> ops = work_recorder().ops;
             work_recorder().stop();
             CUDA_CHECK(cudaDeviceSynchronize());
@@ -181,13 +166,13 @@ void run(uint64_t seed, ncclComm_t nccl) {
         test::check(matches(first, expected(false), why), "%s, first exchange: %s", tag.c_str(), why.c_str());
         const std::vector<bf16> merged = d_grad.download();
 
-        CUDA_CHECK(cudaMemset(workspace.ptr, 0xFF, dev_bytes));
-        const std::vector<unsigned char> ws_before = device_bytes(workspace.ptr, dev_bytes);
+        CUDA_CHECK(cudaMemset(rig.workspace.ptr, 0xFF, rig.device_bytes));
+        const std::vector<unsigned char> ws_before = rig.workspace.download();
         const std::vector<StepOp> dry = exchange(true);
         test::check(matches(dry, expected(true), why), "%s, dry exchange: %s", tag.c_str(), why.c_str());
         test::check(ex.recv_counts() == recv, "%s, dry exchange: the receive counts were not exchanged", tag.c_str());
         test::check(test::same_bits(d_grad.download(), grad), "%s, dry exchange: the gradient changed", tag.c_str());
-        test::check(device_bytes(workspace.ptr, dev_bytes) == ws_before,
+        test::check(rig.workspace.download() == ws_before,
                     "%s, dry exchange: the exchange's device buffer changed", tag.c_str());
 
         const std::vector<StepOp> again = exchange(false);
@@ -212,10 +197,6 @@ void run(uint64_t seed, ncclComm_t nccl) {
         test::check(totals[0] == totals[1] && totals[0] > 0, "%s: %d rows sent and %d received in all", tag.c_str(),
                     totals[0], totals[1]);
     }
-    CUDA_CHECK(cudaFreeHost(pinned));
-    CUDA_CHECK(cudaEventDestroy(grad_ready));
-    CUDA_CHECK(cudaStreamDestroy(compute));
-    CUDA_CHECK(cudaStreamDestroy(comms));
 }
 
 }  // namespace
