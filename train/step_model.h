@@ -70,6 +70,10 @@ struct CostModel {
     // A tile's fixed cost (pipeline fill, epilogue) expressed as K: efficiency x k / (k + ramp).
     // An assumption: at peak a 128x256 tile spends ~8.7 ns per unit of K, so 128 is ~1.1 us per tile.
     double gemm_k_ramp = 128;
+    // Split-K: when the output's tiles leave SMs idle (a weight gradient, 3072x768 with K = 16384,
+    // is 72 tiles on 132 SMs), cuBLASLt's heuristics split K; the model takes the best of 1..8
+    // splits, each extra split costing its fp32 partials written and read back through HBM.
+    int gemm_max_split_k = 8;
 
     // -- tensor-core kernels that are not GEMMs: TFLOP/s on the tiles they execute, by family --
     std::vector<FamilyValue> tc_tflops = {
@@ -176,18 +180,24 @@ inline double memory_bound_us(const Work& w, const CostModel& cm) {
 }
 
 // cuBLASLt by shape: whole waves of output tiles over the SMs, each tile's K loop at the per-SM
-// share of peak x base efficiency x k / (k + ramp). Without a shape: the FLOPs at peak x efficiency.
+// share of peak x base efficiency x k / (k + ramp); the better tile orientation and split of K.
+// Without a shape: the FLOPs at peak x efficiency.
 inline double gemm_compute_us(const Work& w, const CostModel& cm) {
     const bool fp8 = w.gemm == GemmType::fp8;
     const double rate = (fp8 ? cm.fp8_tflops * cm.gemm_fp8_efficiency : cm.bf16_tflops * cm.gemm_bf16_efficiency) * 1e6;
     if (w.m <= 0 || w.n <= 0 || w.k <= 0) return w.tc_flops / rate;
-    const double ramp = w.k / (w.k + cm.gemm_k_ramp);
-    const double tile_us = 2.0 * cm.gemm_tile_m * cm.gemm_tile_n * w.k / (rate * ramp / cm.sms);
-    const auto waves = [&](int64_t tm, int64_t tn) {
-        const int64_t tiles = (w.m + tm - 1) / tm * ((w.n + tn - 1) / tn) * std::max(w.batch, 1);
-        return (tiles + cm.sms - 1) / cm.sms;
-    };
-    return tile_us * double(std::min(waves(cm.gemm_tile_m, cm.gemm_tile_n), waves(cm.gemm_tile_n, cm.gemm_tile_m)));
+    const int64_t batch = std::max(w.batch, 1);
+    const auto tiles = [&](int64_t tm, int64_t tn) { return (w.m + tm - 1) / tm * ((w.n + tn - 1) / tn) * batch; };
+    const int64_t out_tiles = std::min(tiles(cm.gemm_tile_m, cm.gemm_tile_n), tiles(cm.gemm_tile_n, cm.gemm_tile_m));
+    double best = std::numeric_limits<double>::infinity();
+    for (int split = 1; split <= std::max(cm.gemm_max_split_k, 1) && split <= w.k; ++split) {
+        const double k = double((w.k + split - 1) / split), ramp = k / (k + cm.gemm_k_ramp);
+        const double tile_us = 2.0 * cm.gemm_tile_m * cm.gemm_tile_n * k / (rate * ramp / cm.sms);
+        const int64_t waves = (out_tiles * split + cm.sms - 1) / cm.sms;
+        const double partials = split > 1 ? 8.0 * w.m * w.n * batch * split / (cm.hbm_tbs * 1e6 * cm.hbm_efficiency) : 0;
+        best = std::min(best, double(waves) * tile_us + partials);
+    }
+    return best;
 }
 
 // Host <-> device over PCIe by the name's direction (copy_h2d, copy_d2h); anything else moves
@@ -547,11 +557,19 @@ class Replay {
 
 }  // namespace step_model_detail
 
+// What keeps a model from pricing these recordings, or "": a malformed recording, or ranks that
+// are not the model's GPUs (one rank may stand for all of them).
+inline std::string replay_error(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm) {
+    if (ranks.size() > 1 && int(ranks.size()) != cm.world_size)
+        return std::to_string(ranks.size()) + " ranks recorded, but the model is for " + std::to_string(cm.world_size) + " GPUs";
+    return recording_error(ranks);
+}
+
 // Replays one step of every rank (ranks[r]: rank r's ops in host issue order) on the model: per
 // rank, when each op ran, the step's makespan, exposed and overlapped communication, the critical
-// path. Stops the process with recording_error()'s message on a malformed recording.
+// path. Stops the process with replay_error()'s message when it has one.
 inline std::vector<Timeline> replay(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm) {
-    if (const std::string e = recording_error(ranks); !e.empty()) step_model_fail(e);
+    if (const std::string e = replay_error(ranks, cm); !e.empty()) step_model_fail(e);
     return step_model_detail::Replay(ranks, cm).run();
 }
 
@@ -645,8 +663,8 @@ struct PlanReport {
     std::vector<StageReport> stages;
 };
 
-// What is wrong with a plan, or "".
-inline std::string plan_error(const std::vector<PlanStage>& stages) {
+// What is wrong with a plan for the model, or "".
+inline std::string plan_error(const std::vector<PlanStage>& stages, const CostModel& cm) {
     for (const PlanStage& st : stages) {
         const struct {
             const char* kind;
@@ -658,7 +676,7 @@ inline std::string plan_error(const std::vector<PlanStage>& stages) {
             if (k.steps < 0) return where + "a negative step count (" + std::to_string(k.steps) + ")";
             if (k.steps > 0 && k.ranks.empty()) return where + std::to_string(k.steps) + " steps but no recording";
             if (!k.ranks.empty())
-                if (const std::string e = recording_error(k.ranks); !e.empty()) return where + e;
+                if (const std::string e = replay_error(k.ranks, cm); !e.empty()) return where + e;
         }
     }
     return "";
@@ -666,7 +684,7 @@ inline std::string plan_error(const std::vector<PlanStage>& stages) {
 
 inline PlanReport plan_report(const std::string& preset, const std::string& schedule,
                               const std::vector<PlanStage>& stages, const CostModel& cm) {
-    if (const std::string e = plan_error(stages); !e.empty()) step_model_fail(e);
+    if (const std::string e = plan_error(stages, cm); !e.empty()) step_model_fail(e);
     PlanReport p{preset, schedule, cm.world_size, cm.nodes, 0, {}};
     for (const PlanStage& st : stages) {
         StageReport s;
@@ -728,7 +746,7 @@ inline std::string format_plan(const PlanReport& p) {
     }
     appendf(o, "whole run: %d steps, %.3f s modeled (the sum over the schedule)\n", steps, p.total_ms / 1e3);
     for (const StageReport& s : p.stages) {
-        appendf(o, "\n%s: kernel families (the slowest rank's; FLOPs and bytes of the Adam step)\n", s.stage.c_str());
+        appendf(o, "\n%s: kernel families (the slowest rank's; per Adam step, or even step if Adam's has none)\n", s.stage.c_str());
         appendf(o, "%-36s %12s %10s %9s %9s %9s\n", "family", "count e/a", "GFLOP", "GB", "even ms", "adam ms");
         std::vector<std::string> names;
         for (const ModeledStep* m : {&s.adam, &s.even})
@@ -742,7 +760,8 @@ inline std::string format_plan(const PlanReport& p) {
                 if (f.name == n) a = f;
             char counts[32];
             std::snprintf(counts, sizeof counts, "%d/%d", e.count, a.count);
-            appendf(o, "%-36s %12s %10.2f %9.3f %9.3f %9.3f\n", n.c_str(), counts, a.flops / 1e9, a.bytes / 1e9, e.ms, a.ms);
+            const FamilyRow& work = a.count ? a : e;
+            appendf(o, "%-36s %12s %10.2f %9.3f %9.3f %9.3f\n", n.c_str(), counts, work.flops / 1e9, work.bytes / 1e9, e.ms, a.ms);
         }
         for (const ModeledStep* m : {&s.even, &s.adam}) {
             if (m->collectives.empty()) continue;
@@ -1033,8 +1052,8 @@ inline std::string format_schedule_comparison(const PlanReport& ours, const Plan
     std::string o;
     appendf(o, "Ours vs upstream's schedule, modeled (preset %s, %d GPUs on %d node%s)\n", ours.preset.c_str(),
             ours.world_size, ours.nodes, ours.nodes == 1 ? "" : "s");
-    appendf(o, "%-10s %14s %14s %14s %14s %14s %14s\n", "stage", "even ours", "even upstream", "adam ours",
-            "adam upstream", "stage s ours", "upstream");
+    appendf(o, "%-10s %14s %14s %14s %14s %14s %14s\n", "stage", "even ms ours", "upstream", "adam ms ours",
+            "upstream", "stage s ours", "upstream");
     for (size_t i = 0; i < ours.stages.size() && i < upstream.stages.size(); ++i) {
         const StageReport &a = ours.stages[i], &b = upstream.stages[i];
         appendf(o, "%-10s %14.3f %14.3f %14.3f %14.3f %14.3f %14.3f\n", a.stage.c_str(), a.even.ms, b.even.ms, a.adam.ms,

@@ -24,7 +24,7 @@ static CostModel round_model() {
     m.sms = 4;
     m.bf16_tflops = 4, m.fp8_tflops = 8, m.fp32_tflops = 1, m.hbm_tbs = 1;  // 1e6 flop/us per SM in bf16
     m.gemm_bf16_efficiency = m.gemm_fp8_efficiency = 1;
-    m.gemm_tile_m = 100, m.gemm_tile_n = 100, m.gemm_k_ramp = 0;
+    m.gemm_tile_m = 100, m.gemm_tile_n = 100, m.gemm_k_ramp = 0, m.gemm_max_split_k = 1;
     m.tc_tflops = {{"attention_forward", 2}, {"fa3_attention_forward", 4}};
     m.tc_default_tflops = 1;
     m.hbm_efficiency = 1, m.hbm_efficiency_by_family = {}, m.cuda_core_efficiency = 1;
@@ -259,6 +259,13 @@ static void test_gemm_waves() {
     cm.gemm_tile_n = 200;
     check_near(us(gemm("g", 0, 500, 100, 50)), 3, "the better orientation: one wave of 2 us, + 1");
     cm.gemm_tile_n = 100;
+    // Split-K, up to 8: one 100x100 tile with k = 400 takes 0.02 us per unit of K, 8 us on one SM.
+    // Split 2: 4 us + 2 x 1e4 fp32 partials written and read (8 x 1e4 x 2 bytes = 0.16 us); split 3:
+    // k 134, 2.68 + 0.24; split 4: 2 + 0.32 = 2.32, the best (5 splits take two waves: 3.2 + 0.4).
+    cm.gemm_max_split_k = 8;
+    check_near(us(gemm("g", 0, 100, 100, 400)), 3.32, "split K four ways: 2.32 + 1");
+    check_near(us(gemm("g", 0, 400, 100, 50)), 2, "four tiles fill the SMs: no split");
+    cm.gemm_max_split_k = 1;
     // In a replay: the fifth tile shows in the makespan (issued at 1: [1, 3] vs [1, 4]).
     check_near(replay_one({gemm("g", 0, 400, 100, 50)}, cm).makespan_us, 3, "one wave's makespan");
     check_near(replay_one({gemm("g", 0, 500, 100, 50)}, cm).makespan_us, 4, "two waves' makespan");
@@ -567,13 +574,16 @@ static void test_errors() {
     test::check(recording_error({{collective("c", Comm::none, 0, 1)}}).find("without a kind") != std::string::npos, "Comm::none");
     test::check_fails_with("replay of mismatched ranks", "step_model: collective/MPI call 1 differs",
                            [&] { replay({a, b}, round_model()); });
+    test::check(replay_error({a, a, a}, round_model()) == "3 ranks recorded, but the model is for 2 GPUs",
+                "ranks against the model: %s", replay_error({a, a, a}, round_model()).c_str());
+    test::check(replay_error({a}, round_model()).empty(), "one rank may stand for every GPU");
 
     PlanStage s{"s1", 2, 1, 0, {three_kernels()}, {}, {}};
-    test::check(plan_error({s}).find("stage s1, adam step: 1 steps but no recording") != std::string::npos, "%s", plan_error({s}).c_str());
+    test::check(plan_error({s}, round_model()).find("stage s1, adam step: 1 steps but no recording") != std::string::npos, "%s", plan_error({s}, round_model()).c_str());
     s.adam = {a, b};
-    test::check(plan_error({s}).find("stage s1, adam step: collective/MPI call 1 differs") != std::string::npos, "%s", plan_error({s}).c_str());
+    test::check(plan_error({s}, round_model()).find("stage s1, adam step: collective/MPI call 1 differs") != std::string::npos, "%s", plan_error({s}, round_model()).c_str());
     s.adam = {three_kernels()}, s.steps_even = -1;
-    test::check(plan_error({s}).find("negative step count") != std::string::npos, "%s", plan_error({s}).c_str());
+    test::check(plan_error({s}, round_model()).find("negative step count") != std::string::npos, "%s", plan_error({s}, round_model()).c_str());
     test::check_fails_with("plan_report of a bad plan", "step_model: stage s1, even step: a negative step count",
                            [&] { plan_report("p", "ours", {s}, round_model()); });
     test::check_fails_with("a model that does not split", "6 GPUs do not split evenly over 4 nodes", [] { h100_model(6, 4); });
