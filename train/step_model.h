@@ -12,6 +12,14 @@
 // Deliberately left out: CUDA graphs (every launch pays its overhead), SMs that a running NCCL
 // kernel takes from overlapped compute, L2 reuse between kernels, clocks below boost under load.
 //
+// Use (--plan-step): record one even, one Adam and (at the split step) one untie step per stage on
+// every rank, then
+//   const CostModel cm = h100_model(world_size);               // or h100_model(world_size, nodes)
+//   const PlanReport ours = plan_report(preset, "ours", stages, cm);
+//   const PlanReport up = plan_report(preset, "upstream", upstream_schedule(stages), cm);
+//   format_plan(ours), format_schedule_comparison(ours, up)    // the text
+//   write_plan_json(path, ours), write_chrome_trace(path, ours)  // each gives its error, or ""
+//
 // Host C++17 only: no CUDA, nothing but work.cuh and the standard library. Errors in what a caller
 // passes come back as a message from the *_error functions; the functions that compute stop the
 // process with that message when given what those functions refuse.
@@ -339,7 +347,7 @@ inline std::string recording_error(const std::vector<std::vector<StepOp>>& ranks
 struct OpTiming {
     double host_begin_us = 0, host_end_us = 0;  // the host enqueuing the op (or waiting, for host_sync)
     double start_us = 0, end_us = 0;            // on its stream (device ops); others: the host's time
-    double exposed_comm_us = 0;  // stream 0 idle waiting for another stream's event, or a collective on it
+    double exposed_comm_us = 0;  // stream 0 idle waiting on another stream (events), or in a collective
     double overlapped_us = 0;    // collectives: how long stream 0 computed meanwhile
 };
 struct PathShare {
@@ -373,10 +381,12 @@ inline Stamp later(Stamp a, Stamp b) { return b.t > a.t ? b : a; }  // ties keep
 struct RankState {
     size_t pos = 0;
     Stamp host;
-    std::vector<Stamp> tail, wait_same, wait_other;  // per stream; waits not yet absorbed by an op
+    // Per stream: the last op's end, and the latest event waited for since. A time set on the
+    // stream itself is never later than its tail, so a wait that delays an op is on another stream.
+    std::vector<Stamp> tail, wait;
     struct Event {
         Stamp at;
-        int stream = -1;  // -1: never recorded (a wait on it is a no-op, as in CUDA)
+        bool recorded = false;  // a wait on an event never recorded is a no-op, as in CUDA
     };
     std::vector<Event> events;
     bool arrived = false;  // at its next rendezvous, with `ready` and `own_us`
@@ -422,11 +432,11 @@ class Replay {
     }
     static void add_stream(RankState& s, int stream) {
         if (int(s.tail.size()) > stream) return;
-        for (std::vector<Stamp>* v : {&s.tail, &s.wait_same, &s.wait_other}) v->resize(size_t(stream) + 1);
+        s.tail.resize(size_t(stream) + 1), s.wait.resize(size_t(stream) + 1);
     }
     static Stamp stream_ready(RankState& s, int stream) {
         add_stream(s, stream);
-        return later(later(s.tail[stream], s.wait_same[stream]), s.wait_other[stream]);
+        return later(s.tail[stream], s.wait[stream]);
     }
     static Stamp device_ready(RankState& s, int stream) {  // every stream (-1) or one
         if (stream >= 0) return stream_ready(s, stream);
@@ -446,7 +456,7 @@ class Replay {
         if (op.stream == 0)
             t.exposed_comm_us = op.kind == OpKind::collective ? end.t - own.t : std::max(0.0, start.t - own.t);
         s.tail[op.stream] = end;
-        s.wait_same[op.stream] = s.wait_other[op.stream] = Stamp{};
+        s.wait[op.stream] = Stamp{};
     }
 
     // Runs rank r's ops until its end or its next rendezvous (where it arrives and waits).
@@ -463,19 +473,16 @@ class Replay {
             if (is_device_op(op.kind)) {
                 ++s.tl.launches;
                 const Stamp ready = stream_ready(s, op.stream);
-                const Stamp own = later(later(s.tail[op.stream], s.wait_same[op.stream]), s.host);
+                const Stamp own = later(s.tail[op.stream], s.host);
                 run_on_stream(s, op, t, later(ready, s.host), device_us(op, cm_), own);
             } else if (op.kind == OpKind::event_record) {
                 if (int(s.events.size()) <= op.event) s.events.resize(size_t(op.event) + 1);
-                s.events[op.event] = {stream_ready(s, op.stream), op.stream};
+                s.events[op.event] = {stream_ready(s, op.stream), true};
                 t.start_us = t.end_us = s.events[op.event].at.t;
             } else if (op.kind == OpKind::event_wait) {
                 add_stream(s, op.stream);
-                if (op.event < int(s.events.size()) && s.events[op.event].stream >= 0) {
-                    const RankState::Event& e = s.events[op.event];
-                    std::vector<Stamp>& w = e.stream == op.stream ? s.wait_same : s.wait_other;
-                    w[op.stream] = later(w[op.stream], e.at);
-                }
+                if (op.event < int(s.events.size()) && s.events[op.event].recorded)
+                    s.wait[op.stream] = later(s.wait[op.stream], s.events[op.event].at);
                 t.start_us = t.end_us = s.host.t;
             } else {  // host_sync
                 ++s.tl.host_syncs;
@@ -493,7 +500,7 @@ class Replay {
             ++s.tl.launches;
             host_pay(s, t, cm_.host_collective_us);
             s.ready = later(stream_ready(s, op.stream), s.host);
-            s.own_ready = later(later(s.tail[op.stream], s.wait_same[op.stream]), s.host);
+            s.own_ready = later(s.tail[op.stream], s.host);
             s.own_us = device_us(op, cm_);
         } else {  // a blocking MPI call: the host first waits as any host_sync does
             ++s.tl.host_syncs;

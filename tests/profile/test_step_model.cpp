@@ -141,6 +141,16 @@ static void test_event_wait() {
     check_near(path_share(tl, "kc"), 0, "kc off the critical path");
     test::check(tl.launches == 4, "launches: %d", tl.launches);
 
+    // Stream 0 waits for stream 1 through an event it records itself: still exposed.
+    //   ka s0 10e6 B [1, 12]; kb s1 20e6 B issued 2 -> [2, 23]; record e1 on s1 (23); s0 waits e1;
+    //   record e0 on s0: 23, a time stream 1 set; s0 waits e0; kc s0 0 B issued 3 -> [23, 24]:
+    //   stream 0 idle from 12 to 23 for stream 1, 11 us exposed.
+    const Timeline relayed = replay_one({kernel("ka", 0, 10e6), kernel("kb", 1, 20e6), record(1, 1), wait(0, 1),
+                                         record(0, 0), wait(0, 0), kernel("kc", 0, 0)},
+                                        round_model());
+    check_span(relayed.ops[6], 23, 24, "kc after the relayed event");
+    check_near(relayed.exposed_comm_us, 11, "a wait relayed through stream 0's own event");
+
     // A wait on an event never recorded is a no-op (CUDA's rule): kd would start at 4.
     const Timeline none = replay_one({kernel("ka", 1, 10e6), wait(0, 7), kernel("kd", 0, 1e6)}, round_model());
     check_span(none.ops[2], 2, 4, "a wait on an unrecorded event");
@@ -401,15 +411,13 @@ static void check_schedule(const std::vector<std::vector<StepOp>>& ranks, const 
     std::vector<std::vector<size_t>> at(R);
     for (size_t r = 0; r < R; ++r) {
         const std::vector<StepOp>& ops = ranks[r];
-        std::vector<int> last(3, -1);                        // last device op per stream
-        std::vector<double> waits(3, 0), waits_other(3, 0);  // pending waits per stream
-        std::vector<double> ev(4, 0);
-        std::vector<int> ev_stream(4, -1);
+        std::vector<int> last(3, -1);               // the last device op per stream
+        std::vector<double> waits(3, 0), ev(4, 0);  // the latest event waited for since it, per stream; stamps
+        std::vector<bool> recorded(4, false);
         double host = 0;
         bool ok = true;
-        const auto stream_free = [&](int s) {
-            return std::max({last[s] >= 0 ? tl[r].ops[last[s]].end_us : 0.0, waits[s], waits_other[s]});
-        };
+        const auto tail = [&](int s) { return last[s] >= 0 ? tl[r].ops[last[s]].end_us : 0.0; };
+        const auto stream_free = [&](int s) { return std::max(tail(s), waits[s]); };
         for (size_t i = 0; i < ops.size(); ++i) {
             const StepOp& op = ops[i];
             const OpTiming& t = tl[r].ops[i];
@@ -417,8 +425,7 @@ static void check_schedule(const std::vector<std::vector<StepOp>>& ranks, const 
             host += host_cost_us(op.kind, cm);  // host syncs and MPI calls: 0, they wait instead
             if (op.kind != OpKind::host_sync) ok = ok && near(t.host_end_us, host);
             if (is_device_op(op.kind)) {
-                const double own =
-                    std::max({last[op.stream] >= 0 ? tl[r].ops[last[op.stream]].end_us : 0.0, waits[op.stream], host});
+                const double own = std::max(tail(op.stream), host);  // what delays it beyond this is another stream
                 const double earliest = std::max(stream_free(op.stream), host);
                 if (op.kind == OpKind::collective) {
                     ready[r].push_back(earliest), own_dur[r].push_back(device_us(op, cm)), at[r].push_back(i);
@@ -429,15 +436,12 @@ static void check_schedule(const std::vector<std::vector<StepOp>>& ranks, const 
                 }
                 if (op.kind == OpKind::collective && op.stream == 0) ok = ok && near(t.exposed_comm_us, t.end_us - own);
                 last[op.stream] = int(i);
-                waits[op.stream] = waits_other[op.stream] = 0;
+                waits[op.stream] = 0;
             } else if (op.kind == OpKind::event_record) {
-                ev[op.event] = stream_free(op.stream), ev_stream[op.event] = op.stream;
+                ev[op.event] = stream_free(op.stream), recorded[op.event] = true;
                 ok = ok && near(t.end_us, ev[op.event]);
             } else if (op.kind == OpKind::event_wait) {
-                if (ev_stream[op.event] >= 0) {
-                    double& w = ev_stream[op.event] == op.stream ? waits[op.stream] : waits_other[op.stream];
-                    w = std::max(w, ev[op.event]);
-                }
+                if (recorded[op.event]) waits[op.stream] = std::max(waits[op.stream], ev[op.event]);
             } else {  // host_sync, and MPI calls (checked against the other ranks below)
                 double target = host;
                 for (int s = 0; s < 3; ++s)
