@@ -389,8 +389,8 @@ struct RankState {
         bool recorded = false;  // a wait on an event never recorded is a no-op, as in CUDA
     };
     std::vector<Event> events;
-    bool arrived = false;  // at its next rendezvous, with `ready` and `own_us`
-    Stamp ready, own_ready;
+    bool arrived = false;  // at its next rendezvous: when it is ready, `own_ready` without other
+    Stamp ready, own_ready;  // streams' events, and its own duration (collectives)
     double own_us = 0;
     Timeline tl;
 };
@@ -411,7 +411,7 @@ class Replay {
                 all_arrived = all_arrived && st_[r].arrived;
             }
             if (all_done) break;
-            // recording_error() checked that every rank meets the same rendezvous in the same order
+            // replay_error() checked that every rank meets the same rendezvous in the same order
             if (!all_arrived) step_model_fail("replay: ranks stopped at different points (a bug in the replay)");
             resolve();
         }
@@ -449,7 +449,9 @@ class Replay {
         if (us > 0) s.host = add_node("host_launch", s.host.t, us, s.host.node);
         t.host_end_us = s.host.t;
     }
-    // The op starts: its stream takes it; stream 0 (the compute stream) records what it waited for.
+    // The op starts: its stream takes it. On stream 0, the compute stream, the time past `own` (its
+    // stream's tail or its issue) went to waiting on other streams: exposed communication; a
+    // collective there is exposed whole.
     void run_on_stream(RankState& s, const StepOp& op, OpTiming& t, Stamp start, double dur, Stamp own) {
         const Stamp end = add_node(family_name(op.work), start.t, dur, start.node);
         t.start_us = start.t, t.end_us = end.t;
