@@ -10,6 +10,7 @@ each state entry removed in turn (a planted miscount), which it must report.
 
     test_memory_plan_state.py TRAIN_GPT_CPU
 """
+import math
 import re
 import subprocess
 import sys
@@ -32,7 +33,7 @@ def check(ok, what):
 
 
 def parse(text):
-    """({arena: [(name, dtype, bytes)]}, {state name: (groups, bytes)}, total bytes or None)."""
+    """({arena: [(name, dtype, shape, bytes)]}, {state name: (groups, bytes)}, total bytes or None)."""
     arenas, summary, total, current = {}, {}, None, None
     for line in text.splitlines():
         if SUMMARY.match(line):
@@ -46,11 +47,8 @@ def parse(text):
             total = int(m.group(1))
         elif current is not None and line.startswith("    "):
             tokens = line.split()  # name dtype d0 x d1 ... MiB-value MiB
-            elems = 1
-            for d in tokens[2:-2]:
-                if d != "x":
-                    elems *= int(d)
-            current.append((tokens[0], tokens[1], elems * DTYPE_BYTES[tokens[1]]))
+            shape = [int(d) for d in tokens[2:-2] if d != "x"]
+            current.append((tokens[0], tokens[1], shape, math.prod(shape) * DTYPE_BYTES[tokens[1]]))
     return arenas, summary, total
 
 
@@ -58,7 +56,7 @@ def mismatches(text):
     """What in the summary disagrees with the optimizer arena's state entries ([] when all agree)."""
     arenas, summary, total = parse(text)
     want = {}
-    for name, _, nbytes in arenas.get("optimizer", []):
+    for name, _, _, nbytes in arenas.get("optimizer", []):
         parts = name.split(".")
         if len(parts) == 3 and parts[0] == "optim" and parts[2] in STATE_NAMES:
             groups, b = want.get(parts[2], (0, 0))
