@@ -32,6 +32,14 @@ def check(ok, what):
         failures.append(what)
 
 
+def finish():
+    """The exit status: 1 when a check failed."""
+    if failures:
+        print(f"{len(failures)} check(s) failed")
+        return 1
+    return 0
+
+
 def parse(text):
     """({arena: [(name, dtype, shape, bytes)]}, {state name: (groups, bytes)}, total bytes or None)."""
     arenas, summary, total, current = {}, {}, None, None
@@ -97,10 +105,7 @@ def main():
         check(state_lines and caught == state_lines,
               f"{preset}: the comparison reports each planted miscount (the arena without one of its "
               f"{len(state_lines)} state entries; caught {len(caught)})")
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":

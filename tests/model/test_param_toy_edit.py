@@ -37,21 +37,13 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 sys.path.insert(0, HERE)
 import param_toy_edit  # noqa: E402
 import read_checkpoint  # noqa: E402
-from test_memory_plan_state import parse as parse_memory_plan  # noqa: E402
+from test_memory_plan_state import check, finish, parse as parse_memory_plan  # noqa: E402
 
 CMAKE, BUILD, PLAIN, TOY, NO_ROW = sys.argv[1:6]
 STEPS = 2
 ARGS = ["--preset", "tiny", "--max-steps", str(STEPS), "--val-every", "1", "--val-tokens", "2048", "--warmup", "0",
         "--log-train-loss", "--log-grad-norms", "--checkpoint-steps", "1,2"]
 DTYPES = {"float": ("fp32", "F32", 4), "bf16": ("bf16", "BF16", 2)}
-
-failures = []
-
-
-def check(ok, what):
-    print(("ok   " if ok else "FAIL ") + what, flush=True)
-    if not ok:
-        failures.append(what)
 
 
 def example():
@@ -184,10 +176,7 @@ def main():
         check_print_memory(name, dtype, dims)
         check_training(name, dtype, dims, init, tmp)
         check_planted(name, tmp)
-    if failures:
-        print(f"{len(failures)} check(s) failed")
-        return 1
-    return 0
+    return finish()
 
 
 if __name__ == "__main__":
