@@ -1,6 +1,6 @@
-// The memory plan: every arena of a rank for a config, measured without a device (--print-memory,
-// and the model test's bound against upstream's peak). Part of train_gpt.cu: included after its
-// optimizer.
+// The memory plan: every arena of a rank for a config, measured without a device, and the optimizer
+// state by name (--print-memory, and the model test's bound against upstream's peak). Part of
+// train_gpt.cu: included after its optimizer.
 #pragma once
 #include <algorithm>
 #include <cstdio>
