@@ -46,12 +46,13 @@ function(toy_trainer name)
 endfunction()
 toy_trainer(train_gpt_toy_cpu)
 # The planted failure: the registry line without its table row (nor its work-order entry: kWorkOrder's
-# length is the table's, so a 13th entry would not compile).
+# length is the table's, so one entry more would not compile).
 toy_trainer(train_gpt_toy_no_row_cpu --omit kParamTable --omit kWorkOrder)
 
 # The README's example through the real program: the toy trainer starts (the table check passes),
 # lists the parameter and its Adam state in --print-memory, trains 2 steps with the unedited trainer's
-# losses and checkpoints bit for bit plus the toy's tensors; the planted one stops at startup naming it.
+# logged losses and its checkpoint tensors bit for bit, plus the toy's; the planted one stops at startup
+# naming it.
 add_test(NAME param_toy_edit
          COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/model/test_param_toy_edit.py ${CMAKE_COMMAND} ${CMAKE_BINARY_DIR}
                  $<TARGET_FILE:train_gpt_cpu> $<TARGET_FILE:train_gpt_toy_cpu> $<TARGET_FILE:train_gpt_toy_no_row_cpu>)
