@@ -113,17 +113,17 @@ void test_linear_relu_square(int T, int C, int H) {
     test::check(same_bits(post, relu_square_reference(pre)), "linear_relu_square_forward post = relu(pre)^2%s",
                 what.c_str());
 
-#ifndef __CUDACC__
     // Emulated, the mma adds each element's products in k order from zero, as emu's cuBLASLt does: the
     // same bits as the unfused path. (On the GPU the accumulation orders differ; both paths are held to
     // the reference above.)
-    DeviceBuffer<bf16> u_pre(n), u_post(n);
-    CublasLt lt;
-    matmul_forward(lt, u_pre.ptr, d_x.ptr, d_w.ptr, T, H, C, nullptr);
-    relu_square_forward(u_post.ptr, u_pre.ptr, static_cast<int64_t>(n), nullptr);
-    test::check(same_bits(pre, u_pre.download()) && same_bits(post, u_post.download()),
-                "linear_relu_square_forward: the same bits as cuBLASLt + relu_square_forward on emu%s", what.c_str());
-#endif
+    if constexpr (kEmulated) {
+        DeviceBuffer<bf16> u_pre(n), u_post(n);
+        CublasLt lt;
+        matmul_forward(lt, u_pre.ptr, d_x.ptr, d_w.ptr, T, H, C, nullptr);
+        relu_square_forward(u_post.ptr, u_pre.ptr, static_cast<int64_t>(n), nullptr);
+        test::check(same_bits(pre, u_pre.download()) && same_bits(post, u_post.download()),
+                    "linear_relu_square_forward: the same bits as cuBLASLt + relu_square_forward on emu%s", what.c_str());
+    }
 }
 
 // Wall time of the fused kernel against the unfused pair at one shape (printed, not checked).

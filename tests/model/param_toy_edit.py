@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""The README's worked example of adding a parameter, applied to a copy of train_gpt.cu.
+
+    param_toy_edit.py README TRAIN_GPT_CU OUT [--omit PLACE]...
+
+reads the example's lines from README.md's editing guide (the code block between the
+`<!-- param-toy-edit -->` and `<!-- /param-toy-edit -->` markers; each line ends with `// in PLACE`)
+and inserts each, verbatim, into train_gpt.cu at its place's anchor, which must be found exactly once.
+--omit PLACE leaves that place's line out (the planted failures of test_param_toy_edit.py). The
+build rule of tests/model/tests.cmake runs it; the test imports it for the example's lines.
+"""
+import re
+import sys
+
+BEGIN, END = "<!-- param-toy-edit -->", "<!-- /param-toy-edit -->"
+LINE = re.compile(r"^(?P<code>.*\S)\s+// in (?P<place>[A-Za-z_ ]+?)(?::.*)?$")
+
+
+class EditError(Exception):
+    pass
+
+
+def example_lines(readme_text):
+    """[(place, line)] of the README's example, in its order."""
+    if readme_text.count(BEGIN) != 1 or readme_text.count(END) != 1:
+        raise EditError(f"README.md: expected one {BEGIN} ... {END} block")
+    block = readme_text.split(BEGIN, 1)[1].split(END, 1)[0].strip().splitlines()
+    if len(block) < 3 or not block[0].startswith("```") or block[-1] != "```":
+        raise EditError("README.md: the param-toy-edit block is not one fenced code block")
+    out = []
+    for line in block[1:-1]:
+        m = LINE.match(line)
+        if not m or m.group("place") not in ANCHORS:
+            raise EditError(f"README.md: example line {line!r} does not end with '// in PLACE', PLACE one of "
+                            f"{', '.join(ANCHORS)}")
+        out.append((m.group("place"), line))
+    if sorted(p for p, _ in out) != sorted(ANCHORS):
+        raise EditError(f"README.md: the example must give one line for each of {', '.join(ANCHORS)}")
+    return out
+
+
+def only(lines, pattern, start=None, what=""):
+    """The index of the one line matching `pattern`: in the whole file, or in the block from line
+    `start` to the first blank line (the anchor must be inside that block)."""
+    lo, hi = 0, len(lines)
+    if start is not None:
+        lo, hi = start, next((i for i in range(start, len(lines)) if not lines[i].strip()), len(lines))
+    hits = [i for i in range(lo, hi) if re.search(pattern, lines[i])]
+    if len(hits) != 1:
+        raise EditError(f"train_gpt.cu: {what or pattern} found {len(hits)} times, expected once")
+    return hits[0]
+
+
+# Each place's anchor: the index of the line its example line goes after.
+def last_params_field(lines):
+    return only(lines, r"^\s*float\* scalars;", only(lines, r"^struct Params \{$"), "struct Params' scalars field")
+
+
+def last_registry_line(lines):
+    return only(lines, r'^\s*visit\(ParamSpec\{"scalars"', only(lines, r"^void visit_params\("), "visit_params' scalars line")
+
+
+def last_table_row(lines):
+    return only(lines, r"^\};$", only(lines, r"^const ParamRule kParamTable\[\] = \{$"), "kParamTable's closing brace") - 1
+
+
+def work_order_first_line(lines):  # the declaration, its list continuing on the next line
+    return only(lines, r"^const char\* const kWorkOrder\[kParamGroups\] = \{.*,$", what="kWorkOrder's first line")
+
+
+ANCHORS = {
+    "struct Params": last_params_field,
+    "visit_params": last_registry_line,
+    "kParamTable": last_table_row,
+    "kWorkOrder": work_order_first_line,
+}
+
+
+def apply(readme_text, source_text, omit=()):
+    """train_gpt.cu with the example's lines inserted, each indented as its anchor (a work-order entry
+    under the list's first), but those of the places in `omit`."""
+    lines = source_text.split("\n")
+    inserts = []
+    for place, line in example_lines(readme_text):
+        at = ANCHORS[place](lines)  # every anchor is checked, omitted or not
+        anchor = lines[at]
+        indent = " " * (anchor.index("{") + 1) if place == "kWorkOrder" else anchor[:len(anchor) - len(anchor.lstrip())]
+        if place not in omit:
+            inserts.append((at, indent + line))
+    for at, text in sorted(inserts, reverse=True):
+        lines.insert(at + 1, text)
+    return "\n".join(lines)
+
+
+def main(argv):
+    args, omit = [], []
+    it = iter(argv)
+    for a in it:
+        if a == "--omit":
+            omit.append(next(it, ""))
+        else:
+            args.append(a)
+    if len(args) != 3 or any(p not in ANCHORS for p in omit):
+        sys.exit(__doc__)
+    readme, source, out = args
+    try:
+        text = apply(open(readme).read(), open(source).read(), omit)
+    except EditError as e:
+        sys.exit(f"param_toy_edit.py: {e}")
+    with open(out, "w") as f:
+        f.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
