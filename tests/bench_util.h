@@ -159,7 +159,7 @@ public:
             std::printf("bench: emu (the CPU build): the times are the CPU emulation's wall time, not a GPU's%s\n",
                         o.shapes == ShapeSet::record ? "; record shapes under emu may take long (minutes per launcher)"
                                                      : "");
-        std::printf("%-30s %-44s %13s  %s\n", "launcher", "shape", "mean", "work (FLOPs, bytes) and H100 fractions");
+        std::printf("%-30s %-46s %13s  %s\n", "launcher", "shape", "mean", "work (FLOPs, bytes) and H100 fractions");
         CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: it waits for the uploads on the default stream
         CUDA_CHECK(cudaEventCreate(&start_));
         CUDA_CHECK(cudaEventCreate(&stop_));
@@ -199,7 +199,7 @@ public:
 
     // The closing line; the exit code (a benchmark that timed nothing failed).
     int finish() const {
-        std::printf("bench %s: %d launchers timed\n", opt_.program.c_str(), launchers_);
+        std::printf("bench %s: timed %d launcher calls, one line each\n", opt_.program.c_str(), launchers_);
         return launchers_ > 0 ? 0 : 1;
     }
 
@@ -212,7 +212,7 @@ private:
             if (w.tc_flops > 0) work += fmt(" (%.1f%% of tensor peak)", 100 * w.tc_seconds / s);
             work += fmt("  %6.3f TB/s (%.1f%% of HBM)", w.bytes / s * 1e-12, 100 * w.bytes / kPeakHbmBytes / s);
         }
-        std::printf("%-30s %-44s %10.4f ms  %s\n", launcher.c_str(), shape.c_str(), ms, work.c_str());
+        std::printf("%-30s %-46s %10.4f ms  %s\n", launcher.c_str(), shape.c_str(), ms, work.c_str());
         std::fflush(stdout);
     }
 
