@@ -148,7 +148,8 @@ inline Totals total_work(const std::vector<StepOp>& ops) {
 // ---- timing ----
 class Bench {
 public:
-    explicit Bench(const Options& o) : opt_(o), preset_(o.preset()) {
+    // note: what the shape column leaves out, printed above the table.
+    explicit Bench(const Options& o, const std::string& note = "") : opt_(o), preset_(o.preset()) {
         test::seed();
         const Preset& p = preset_;
         std::printf("bench %s: %s shapes (model_dim %d, %d heads of %d, mlp %d, vocab %d, T %d tokens per "
@@ -159,6 +160,7 @@ public:
             std::printf("bench: emu (the CPU build): the times are the CPU emulation's wall time, not a GPU's%s\n",
                         o.shapes == ShapeSet::record ? "; record shapes under emu may take long (minutes per launcher)"
                                                      : "");
+        if (!note.empty()) std::printf("bench: %s\n", note.c_str());
         std::printf("%-30s %-46s %13s  %s\n", "launcher", "shape", "mean", "work (FLOPs, bytes) and H100 fractions");
         CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: it waits for the uploads on the default stream
         CUDA_CHECK(cudaEventCreate(&start_));
