@@ -210,9 +210,9 @@ private:
         std::string work = "(no Work recorded)";
         if (w.ops > 0) {
             const double s = ms * 1e-3;
-            work = fmt("%9.3f GFLOP %10.2f MB  %8.2f TFLOP/s", w.flops * 1e-9, w.bytes * 1e-6, w.flops / s * 1e-12);
-            if (w.tc_flops > 0) work += fmt(" (%.1f%% of tensor peak)", 100 * w.tc_seconds / s);
-            work += fmt("  %6.3f TB/s (%.1f%% of HBM)", w.bytes / s * 1e-12, 100 * w.bytes / kPeakHbmBytes / s);
+            work = fmt("%9.4g GFLOP %9.4g MB %9.3g TFLOP/s", w.flops * 1e-9, w.bytes * 1e-6, w.flops / s * 1e-12);
+            if (w.tc_flops > 0) work += fmt(" (%.3g%% of tensor peak)", 100 * w.tc_seconds / s);
+            work += fmt(" %9.3g TB/s (%.3g%% of HBM)", w.bytes / s * 1e-12, 100 * w.bytes / kPeakHbmBytes / s);
         }
         std::printf("%-30s %-46s %10.4f ms  %s\n", launcher.c_str(), shape.c_str(), ms, work.c_str());
         std::fflush(stdout);
