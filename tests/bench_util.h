@@ -114,12 +114,14 @@ inline int nothing_to_bench(const Options& o, const char* why) {
 
 // printf into a std::string, for the shape column.
 __attribute__((format(printf, 1, 2))) inline std::string fmt(const char* f, ...) {
-    char buf[256];
-    std::va_list ap;
+    std::va_list ap, again;
     va_start(ap, f);
-    std::vsnprintf(buf, sizeof buf, f, ap);
+    va_copy(again, ap);
+    std::string s(static_cast<size_t>(std::vsnprintf(nullptr, 0, f, ap)), '\0');
+    std::vsnprintf(s.data(), s.size() + 1, f, again);
+    va_end(again);
     va_end(ap);
-    return buf;
+    return s;
 }
 
 // ---- the Work of one call ----
@@ -127,14 +129,15 @@ struct Totals {
     int ops = 0;                // kernels, GEMMs, copies and memsets the call enqueued
     double flops = 0;           // tensor-core and other
     double tc_flops = 0;
-    double tc_seconds = 0;      // the tensor-core work at peak: bf16 at 989 TFLOP/s, FP8 GEMMs at 1979
+    double tc_seconds = 0;      // the tensor-core work's time at the peaks above (FP8 GEMMs at FP8's)
     double bytes = 0;           // read and written
 };
 inline Totals total_work(const std::vector<StepOp>& ops) {
     Totals t;
     for (const StepOp& op : ops) {
-        if (op.kind != OpKind::kernel && op.kind != OpKind::gemm && op.kind != OpKind::copy && op.kind != OpKind::memset)
-            continue;
+        const bool device_work = op.kind == OpKind::kernel || op.kind == OpKind::gemm || op.kind == OpKind::copy ||
+                                 op.kind == OpKind::memset;
+        if (!device_work) continue;
         const Work& w = op.work;
         ++t.ops;
         t.flops += w.tc_flops + w.flops;
@@ -158,8 +161,7 @@ public:
                     o.program.c_str(), p.name, p.C, p.H, p.D, p.M, p.V, p.T(), p.ranks, kWarmupCalls, o.iters);
         if (kEmulated)
             std::printf("bench: emu (the CPU build): the times are the CPU emulation's wall time, not a GPU's%s\n",
-                        o.shapes == ShapeSet::record ? "; record shapes under emu may take long (minutes per launcher)"
-                                                     : "");
+                        o.shapes == ShapeSet::record ? "; record shapes under emu may take long" : "");
         if (!note.empty()) std::printf("bench: %s\n", note.c_str());
         std::printf("%-30s %-46s %13s  %s\n", "launcher", "shape", "mean", "work (FLOPs, bytes) and H100 fractions");
         CUDA_CHECK(cudaStreamCreate(&stream_));  // blocking: it waits for the uploads on the default stream
@@ -186,7 +188,6 @@ public:
         call(stream_);
         rec.stop();
         const Totals work = total_work(rec.ops);
-        rec.ops.clear();
         for (int i = 1; i < kWarmupCalls; ++i) call(stream_);
         CUDA_CHECK(cudaEventRecord(start_, stream_));
         for (int i = 0; i < opt_.iters; ++i) call(stream_);

@@ -287,14 +287,15 @@ void bench_stage(bench::Bench& b, const bench::Preset& p, int stage) {
         const std::vector<int> cu = pb.cu_seqlens();
         DeviceBuffer<int> d_cu(cu);
         const int num_cu = static_cast<int>(cu.size());
-        const std::string at = bench::fmt("stage %d T=%d H=%d D=%d %s w=%d", stage + 1, T, H, D, kind.name, kind.window);
+        const std::string at =
+            bench::fmt("stage %d T=%d H=%d D=%d %s w=%d", stage + 1, T, H, D, kind.name, kind.window);
         b.run("attention_forward", at, [&](cudaStream_t s) {
             attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr, num_cu, T, H, D, pb.window, pb.paired,
                               pb.scale, s, cu.data());
         });
         b.run("attention_backward", at, [&](cudaStream_t s) {
-            attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr, num_cu,
-                               T, H, D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes, s,
+            attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr,
+                               num_cu, T, H, D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes, s,
                                AttentionBackwardMode::deterministic, cu.data());
         });
     }

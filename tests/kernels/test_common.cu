@@ -75,7 +75,8 @@ int bench_common(const bench::Options& o) {
     test::DeviceBuffer<__nv_bfloat16> gate(kSkipGateWidth);
     b.run("sum_block_partials", bench::fmt("%d values x %d blocks (T=%d C=%d)", kValues, blocks, T, C),
           [&](cudaStream_t s) {
-              sum_block_partials(SumTargets().add(gate.ptr, kSkipGateWidth).add(lambda.ptr), partials.ptr, blocks, kValues, true, s);
+              sum_block_partials(SumTargets().add(gate.ptr, kSkipGateWidth).add(lambda.ptr), partials.ptr, blocks,
+                                 kValues, true, s);
           });
     b.run("sum_fixed_order", bench::fmt("n=%d (a loss over T rows)", T),
           [&](cudaStream_t s) { sum_fixed_order(loss.ptr, rows.ptr, T, 1.0f, false, s); });

@@ -369,8 +369,8 @@ int bench_embed(const bench::Options& o) {
     b.run("embedding_gather", rows + bench::fmt(" bigram vocab %d", p.bigram_vocab),
           [&](cudaStream_t s) { embedding_gather(out.ptr, bigram.ptr, d_bigram_ids.ptr, T, C, s); });
 
-    DeviceBuffer<bf16> gate(uniform_bf16(kGateWidth, -1, 1)), dout(uniform_bf16(size_t(T) * C, -1, 1)), dx(size_t(T) * C),
-        dgate(kGateWidth);
+    DeviceBuffer<bf16> gate(uniform_bf16(kGateWidth, -1, 1)), dout(uniform_bf16(size_t(T) * C, -1, 1)),
+        dx(size_t(T) * C), dgate(kGateWidth);
     DeviceBuffer<float> lambda(std::vector<float>{0.5f}), dlambda(1),
         smear_scratch(embed_smear_backward_scratch_bytes(T) / sizeof(float));
     b.run("embed_smear_forward", rows + bench::fmt(" vocab %d", V), [&](cudaStream_t s) {
@@ -398,7 +398,8 @@ int bench_embed(const bench::Options& o) {
           });
     b.run("embedding_backward", rows + bench::fmt(" bigram, %d rows, %d ids", p.bigram_vocab, by_bigram.s.num_unique),
           [&](cudaStream_t s) {
-              embedding_backward(bigram_grad.ptr, dout.ptr, by_bigram.s, by_bigram.packed->ptr, scratch.ptr, C, true, s);
+              embedding_backward(bigram_grad.ptr, dout.ptr, by_bigram.s, by_bigram.packed->ptr, scratch.ptr, C, true,
+                                 s);
           });
     return b.finish();
 }

@@ -407,7 +407,9 @@ std::unique_ptr<DeviceBuffer<T>> random_operand(int64_t rows, int64_t cols, doub
 int bench_matmul(const bench::Options& o) {
     bench::Bench b(o);
     const int T = b.preset().T(), C = b.preset().C, H = b.preset().M, V = b.preset().V;
-    const auto mnk = [](const char* what, int M, int N, int K) { return bench::fmt("%s: M=%d N=%d K=%d", what, M, N, K); };
+    const auto mnk = [](const char* what, int M, int N, int K) {
+        return bench::fmt("%s: M=%d N=%d K=%d", what, M, N, K);
+    };
     CublasLt lt;
     const auto x = random_operand<bf16>(T, C, 1.0), y = random_operand<bf16>(T, 3 * C, 1.0),
                w = random_operand<bf16>(3 * C, C, 0.05), dw = random_operand<bf16>(3 * C, C, 0.0),

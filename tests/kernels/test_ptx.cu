@@ -116,7 +116,8 @@ void check_mma(void (*kernel)(float*, const __nv_bfloat16*, const __nv_bfloat16*
 
 int main(int argc, char** argv) {
     if (const auto o = bench::parse(argc, argv))
-        return bench::nothing_to_bench(*o, "inline PTX primitives: attention_forward/backward and linear_relu_square_forward time them in test_attention and test_mlp");
+        return bench::nothing_to_bench(*o, "inline PTX primitives: test_attention and test_mlp time the kernels "
+                                           "built on them");
     test::seed();
     check_ldmatrix<1, false>();
     check_ldmatrix<2, false>();
