@@ -5,6 +5,7 @@
 // check of the reference's and the kernel's gradients; bit-identical reruns of the
 // deterministic backward.
 #include "../../kernels/attention.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -263,9 +264,55 @@ void check_deterministic(const Problem& pb) {
     std::printf("%-44s deterministic: two runs bit-identical\n", pb.name.c_str());
 }
 
+// ---- benchmark: forward and backward of each kind of layer in each training stage ----
+// Documents of the preset's longest length (the loader cuts there), the stage's windows.
+void bench_stage(bench::Bench& b, const bench::Preset& p, int stage) {
+    const bench::Stage& st = p.stage[stage];
+    const int T = st.T, H = p.H, D = p.D;
+    const std::vector<int> docs(T / p.max_seq_len, p.max_seq_len);
+    const size_t n = size_t(T) * H * D;
+    DeviceBuffer<__nv_bfloat16> q(normal_bf16(n)), k(normal_bf16(n)), v(normal_bf16(n)), dout(normal_bf16(n)), out(n),
+        dq(n), dk(n), dv(n);
+    DeviceBuffer<float> lse(size_t(T) * H);
+    const size_t ws_bytes = attention_backward_workspace_bytes(T, H, D);
+    DeviceBuffer<unsigned char> ws(ws_bytes);
+    struct Kind {
+        const char* name;
+        int window;
+        bool paired;
+    };
+    const Kind kinds[] = {{"paired", st.ws_short, true}, {"short", st.ws_short, false}, {"long", st.ws_long, false}};
+    for (const Kind& kind : kinds) {
+        const Problem pb{kind.name, T, H, D, docs, kind.window, kind.paired, 0.12f};
+        const std::vector<int> cu = pb.cu_seqlens();
+        DeviceBuffer<int> d_cu(cu);
+        const int num_cu = static_cast<int>(cu.size());
+        const std::string at =
+            bench::fmt("stage %d T=%d H=%d D=%d %s w=%d", stage + 1, T, H, D, kind.name, kind.window);
+        b.run("attention_forward", at, [&](cudaStream_t s) {
+            attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr, num_cu, T, H, D, pb.window, pb.paired,
+                              pb.scale, s, cu.data());
+        });
+        b.run("attention_backward", at, [&](cudaStream_t s) {
+            attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr,
+                               num_cu, T, H, D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes, s,
+                               AttentionBackwardMode::deterministic, cu.data());
+        });
+    }
+}
+
+int bench_attention(const bench::Options& o) {
+    bench::Bench b(o, bench::fmt("documents of %d tokens (where the loader cuts); layers paired (0, 2, 5, 9), "
+                                 "short-window (1, 4, 7, 8) and long-window (3, 10); w: the window in tokens",
+                                 o.preset().max_seq_len));
+    for (int stage = 0; stage < 3; ++stage) bench_stage(b, b.preset(), stage);
+    return b.finish();
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_attention(*o);
     test::seed();
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<Problem> ps = problems();

@@ -1,6 +1,8 @@
 // kernels/common.cuh: warp and block reductions and the 128-bit vector helpers, against
 // double-precision host loops on fresh random data.
 #include "../../kernels/common.cuh"
+#include "../../kernels/residual.cuh"  // the benchmark's partial-sum shapes
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -61,7 +63,28 @@ void check_packs(const char* name) {
     test::check_close(std::string("Pack128 load/store, ") + name, test::values(dy.download()), want, 0, 0);
 }
 
-int main() {
+// ---- benchmark: the second pass of the residual backwards' parameter gradients, and the loss sum ----
+int bench_common(const bench::Options& o) {
+    bench::Bench b(o);
+    const int T = b.preset().T(), C = b.preset().C;
+    // the gated skip's backward: 12 bf16 skip_gate gradients and the fp32 skip lambda's, one partial per block
+    constexpr int kValues = kResidualMaxPartials;
+    const int blocks = residual_backward_blocks(T);
+    test::DeviceBuffer<float> partials(test::uniform_vector(size_t(blocks) * kValues, -1, 1)), lambda(1),
+        rows(test::uniform_vector(size_t(T), 0, 10)), loss(1);
+    test::DeviceBuffer<__nv_bfloat16> gate(kSkipGateWidth);
+    b.run("sum_block_partials", bench::fmt("%d values x %d blocks (T=%d C=%d)", kValues, blocks, T, C),
+          [&](cudaStream_t s) {
+              sum_block_partials(SumTargets().add(gate.ptr, kSkipGateWidth).add(lambda.ptr), partials.ptr, blocks,
+                                 kValues, true, s);
+          });
+    b.run("sum_fixed_order", bench::fmt("n=%d (a loss over T rows)", T),
+          [&](cudaStream_t s) { sum_fixed_order(loss.ptr, rows.ptr, T, 1.0f, false, s); });
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_common(*o);
     test::seed();
     test::check(ceil_div(10, 3) == 4 && ceil_div(9, 3) == 3 && ceil_div<size_t>(1, 128) == 1, "ceil_div");
     static_assert(Pack128<float>::size == 4 && Pack128<__nv_bfloat16>::size == 8 && sizeof(Pack128<__nv_bfloat16>) == 16);

@@ -8,6 +8,7 @@
 // product is exact in fp32 and double alike: the bf16 rounding of the logit is then the same
 // in the kernel and the reference, and a gate never flips between two bf16 neighbours.
 #include "../../kernels/embed.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -342,9 +343,71 @@ void test_embedding_backward(const char* what, const std::vector<int32_t>& ids, 
     test::check(test::same_bits(first, second), "embedding backward %s: two runs differ in bits", what);
 }
 
+// ---- benchmark: the trainer's embedding launchers (token ids Zipf-like, bigram ids uniform) ----
+// The ids' segments as the trainer's batch uploader makes them: built on the host, packed on the device.
+struct DeviceSegments {
+    IdSegments s;
+    std::unique_ptr<DeviceBuffer<int32_t>> packed;
+    DeviceSegments(const std::vector<int32_t>& ids, int vocab) {
+        const int T = static_cast<int>(ids.size());
+        std::vector<int32_t> host(id_segments_capacity_ints(T));
+        s = IdSegmentBuilder().build(ids.data(), T, vocab, host.data());
+        packed = std::make_unique<DeviceBuffer<int32_t>>(host);
+    }
+};
+
+int bench_embed(const bench::Options& o) {
+    bench::Bench b(o);
+    const bench::Preset& p = b.preset();
+    const int T = p.T(), C = p.C, V = p.V, tables = 1 + 5;  // embed and the five value embeddings
+    const std::string rows = bench::fmt("T=%d C=%d", T, C);
+    const std::vector<int32_t> ids = zipf_ids(T, V), bigram_ids = random_ids(T, p.bigram_vocab);
+    DeviceBuffer<int32_t> d_ids(ids), d_bigram_ids(bigram_ids);
+    DeviceBuffer<bf16> embed(size_t(V) * C), bigram(size_t(p.bigram_vocab) * C), out(size_t(T) * C);
+    bench::fill_tiled(embed, uniform_bf16(size_t(1) << 20, -1, 1));
+    bench::fill_tiled(bigram, uniform_bf16(size_t(1) << 20, -1, 1));
+    b.run("embedding_gather", rows + bench::fmt(" bigram vocab %d", p.bigram_vocab),
+          [&](cudaStream_t s) { embedding_gather(out.ptr, bigram.ptr, d_bigram_ids.ptr, T, C, s); });
+
+    DeviceBuffer<bf16> gate(uniform_bf16(kGateWidth, -1, 1)), dout(uniform_bf16(size_t(T) * C, -1, 1)),
+        dx(size_t(T) * C), dgate(kGateWidth);
+    DeviceBuffer<float> lambda(std::vector<float>{0.5f}), dlambda(1),
+        smear_scratch(embed_smear_backward_scratch_bytes(T) / sizeof(float));
+    b.run("embed_smear_forward", rows + bench::fmt(" vocab %d", V), [&](cudaStream_t s) {
+        embed_smear_forward(out.ptr, embed.ptr, d_ids.ptr, gate.ptr, lambda.ptr, T, C, s);
+    });
+    b.run("embed_smear_backward", rows, [&](cudaStream_t s) {
+        embed_smear_backward(dx.ptr, dgate.ptr, dlambda.ptr, dout.ptr, embed.ptr, d_ids.ptr, gate.ptr, lambda.ptr,
+                             smear_scratch.ptr, T, C, true, s);
+    });
+
+    // the token ids' tables share one call; each reads its own per-position gradient
+    const DeviceSegments by_token(ids, V), by_bigram(bigram_ids, p.bigram_vocab);
+    DeviceBuffer<bf16> grads(size_t(tables) * V * C), douts(size_t(tables) * T * C), bigram_grad(bigram.n);
+    bench::fill_tiled(douts, uniform_bf16(size_t(1) << 20, -1, 1));
+    DeviceBuffer<float> scratch(embedding_backward_scratch_bytes(T, C, tables) / sizeof(float));
+    EmbeddingGradBatch batch;
+    batch.count = tables;
+    for (int k = 0; k < tables; ++k) {
+        batch.grad[k] = grads.ptr + size_t(k) * V * C;
+        batch.dout[k] = douts.ptr + size_t(k) * T * C;
+    }
+    b.run("embedding_backward", rows + bench::fmt(" %d tables of %d rows, %d ids", tables, V, by_token.s.num_unique),
+          [&](cudaStream_t s) {
+              embedding_backward(batch, by_token.s, by_token.packed->ptr, scratch.ptr, C, true, s);
+          });
+    b.run("embedding_backward", rows + bench::fmt(" bigram, %d rows, %d ids", p.bigram_vocab, by_bigram.s.num_unique),
+          [&](cudaStream_t s) {
+              embedding_backward(bigram_grad.ptr, dout.ptr, by_bigram.s, by_bigram.packed->ptr, scratch.ptr, C, true,
+                                 s);
+          });
+    return b.finish();
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_embed(*o);
     test::seed();
     // bad input: a child process must exit non-zero (forked before emu starts its threads)
     test::check_fails_with("id out of range", "is outside [0, 50304)", [] {

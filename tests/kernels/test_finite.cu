@@ -3,6 +3,7 @@
 // sizes past the grid's 4096 x 256 threads, and the edge values: the largest finite numbers, the
 // subnormals and negative zero are finite.
 #include "../../kernels/finite.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <cmath>
@@ -34,7 +35,24 @@ void check_flag(int64_t n, int planted, float bad, bool last_at_end = false) {
     test::check(set.download()[0] == 1, "%s: a set flag was cleared", what.c_str());
 }
 
-int main() {
+// ---- benchmark: the check over the largest parameter and a large optimizer-state shard ----
+int bench_finite(const bench::Options& o) {
+    bench::Bench b(o);
+    const bench::Preset& p = b.preset();
+    const int64_t n_bigram = int64_t(p.bigram_vocab) * p.C, n_state = int64_t(5) * p.V * p.C / p.ranks;
+    test::DeviceBuffer<__nv_bfloat16> bigram(static_cast<size_t>(n_bigram));
+    bench::fill_tiled(bigram, test::normal_bf16(size_t(1) << 20));
+    test::DeviceBuffer<float> state(test::uniform_vector(static_cast<size_t>(n_state), -1, 1));
+    test::DeviceBuffer<int> flag(std::vector<int>{0});
+    b.run("flag_nonfinite", bench::fmt("bf16 bigram_embed (%d, %d)", p.bigram_vocab, p.C),
+          [&](cudaStream_t s) { flag_nonfinite(bigram.ptr, n_bigram, false, flag.ptr, s); });
+    b.run("flag_nonfinite", bench::fmt("fp32 Adam moment shard n=%lld", (long long)n_state),
+          [&](cudaStream_t s) { flag_nonfinite(state.ptr, n_state, true, flag.ptr, s); });
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_finite(*o);
     test::seed();
     const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
     for (int64_t n : {5, 1000, 70001}) {

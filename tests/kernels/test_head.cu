@@ -4,6 +4,7 @@
 // and the eval loss against double-precision loops, and a finite-difference check of the loss
 // backward.
 #include "../../kernels/head.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -558,7 +559,53 @@ void test_shape_rules() {
         "loss shape rules (V multiple of 8, 1..%d weights, aligned logits)", kMaxMtpWeights);
 }
 
-int main() {
+// ---- benchmark: the head of one training micro-step and of an eval batch ----
+int bench_head(const bench::Options& o) {
+    bench::Bench b(o);
+    const bench::Preset& p = b.preset();
+    const int T = p.T(), C = p.C, V = p.V;
+    const std::string at = bench::fmt("T=%d C=%d V=%d", T, C, V);
+    DeviceBuffer<bf16> x(normal_bf16(size_t(T) * C)), w(normal_bf16(size_t(C) * V, 0.0, 0.02)), dx(size_t(T) * C),
+        dw(size_t(C) * V), logits(size_t(T) * V), dlogits(size_t(T) * V);
+    bench::fill_tiled(logits, random_logits(16, V));
+    DeviceBuffer<LmHeadFp8Scales> scales(std::vector<LmHeadFp8Scales>{lm_head_fp8_scales(8 / p.ranks)});  // accum steps
+    DeviceBuffer<e4m3> x_f8(size_t(T) * C), x_f8_t(size_t(T) * C), w_f8(size_t(C) * V), w_f8_t(size_t(C) * V);
+    DeviceBuffer<e5m2> g_f8(size_t(T) * V), g_f8_t(size_t(T) * V);
+    const LmHeadFp8Buffers buf{x_f8.ptr, x_f8_t.ptr, w_f8.ptr, w_f8_t.ptr, g_f8.ptr, g_f8_t.ptr};
+    CublasLt lt;
+    b.run("lm_head_fp8_quantize_weight", bench::fmt("C=%d V=%d", C, V),
+          [&](cudaStream_t s) { lm_head_fp8_quantize_weight(buf, w.ptr, scales.ptr, C, V, s); });
+    b.run("lm_head_fp8_forward", at,
+          [&](cudaStream_t s) { lm_head_fp8_forward(lt, dlogits.ptr, buf, x.ptr, scales.ptr, T, C, V, s); });
+    b.run("lm_head_fp8_backward", at, [&](cudaStream_t s) {
+        lm_head_fp8_backward(lt, dx.ptr, dw.ptr, false, buf, logits.ptr, scales.ptr, T, C, V, s);
+    });
+    b.run("lm_head_bf16_forward", at,
+          [&](cudaStream_t s) { lm_head_bf16_forward(lt, dlogits.ptr, x.ptr, w.ptr, T, C, V, s); });
+
+    std::vector<int> targets(T);
+    for (auto& t : targets) t = test::randint(0, V - 1);
+    std::vector<float> weights(p.n_predict);  // 1, 1/2, 1/4: stage 1's first step
+    for (int k = 0; k < p.n_predict; ++k) weights[k] = 1.0f / float(1 << k);
+    DeviceBuffer<int> d_targets(targets);
+    DeviceBuffer<float> d_weights(weights), rows(T), lse(T), loss(1), dloss(std::vector<float>{2.0f});
+    const std::string mtp = bench::fmt("T=%d V=%d, %d MTP weights", T, V, p.n_predict);
+    b.run("softcap_mtp_loss_forward", mtp, [&](cudaStream_t s) {
+        softcap_mtp_loss_forward(loss.ptr, false, rows.ptr, lse.ptr, logits.ptr, d_targets.ptr, d_weights.ptr,
+                                 p.n_predict, T, V, s);
+    });
+    b.run("softcap_mtp_loss_backward", mtp, [&](cudaStream_t s) {
+        softcap_mtp_loss_backward(dlogits.ptr, logits.ptr, lse.ptr, d_targets.ptr, d_weights.ptr, p.n_predict,
+                                  dloss.ptr, T, V, s);
+    });
+    b.run("softcap_eval_loss", bench::fmt("T=%d V=%d", T, V), [&](cudaStream_t s) {
+        softcap_eval_loss(loss.ptr, false, 1.0f / T, rows.ptr, logits.ptr, d_targets.ptr, T, V, s);
+    });
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_head(*o);
     test::seed();
     test_shape_rules();
     test_quantization();

@@ -3,9 +3,11 @@
 // shapes and the error statuses of bad calls. Each result is checked against a double-precision
 // GEMM of the exact operand values (bf16 and fp8 inputs are quantized on the host first).
 #include "../../kernels/matmul.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -393,7 +395,76 @@ void test_wrapper() {
     test::check(lt.plan_count() == plans + 1, "a new shape made %zu plans", lt.plan_count() - plans);
 }
 
-int main() {
+// ---- benchmark: the record's GEMMs by purpose (one layer's; the Polar Express ones: test_optim) ----
+// A random (rows x cols) operand of type T: one random block tiled, as the largest are billions of bytes.
+template <class T>
+std::unique_ptr<DeviceBuffer<T>> random_operand(int64_t rows, int64_t cols, double range) {
+    auto d = std::make_unique<DeviceBuffer<T>>(static_cast<size_t>(rows * cols));
+    bench::fill_tiled(*d, random_matrix<T>(std::min<size_t>(d->n, size_t(1) << 20), range));
+    return d;
+}
+
+int bench_matmul(const bench::Options& o) {
+    bench::Bench b(o);
+    const int T = b.preset().T(), C = b.preset().C, H = b.preset().M, V = b.preset().V;
+    const auto mnk = [](const char* what, int M, int N, int K) {
+        return bench::fmt("%s: M=%d N=%d K=%d", what, M, N, K);
+    };
+    CublasLt lt;
+    const auto x = random_operand<bf16>(T, C, 1.0), y = random_operand<bf16>(T, 3 * C, 1.0),
+               w = random_operand<bf16>(3 * C, C, 0.05), dw = random_operand<bf16>(3 * C, C, 0.0),
+               hidden = random_operand<bf16>(T, H, 1.0), dhidden = random_operand<bf16>(T, H, 1.0),
+               mlp_w = random_operand<bf16>(H, C, 0.05), dmlp_w = random_operand<bf16>(H, C, 0.0),
+               dx = random_operand<bf16>(T, C, 0.0), logits = random_operand<bf16>(T, V, 1.0),
+               lm_head = random_operand<bf16>(C, V, 0.05);
+    // the attention's projections: qkv = h @ wqkv^T (N = 3C), block_out = y @ wo^T (N = C)
+    for (const auto& [what, N] : {std::pair{"qkv", 3 * C}, std::pair{"attention out", C}}) {
+        b.run("matmul_forward", mnk(what, T, N, C),
+              [&](cudaStream_t s) { matmul_forward(lt, y->ptr, x->ptr, w->ptr, T, N, C, s); });
+        b.run("matmul_backward_weight", mnk(what, T, N, C),
+              [&](cudaStream_t s) { matmul_backward_weight(lt, dw->ptr, y->ptr, x->ptr, T, N, C, s); });
+        b.run("matmul_backward_input", mnk(what, T, N, C),
+              [&](cudaStream_t s) { matmul_backward_input(lt, dx->ptr, y->ptr, w->ptr, T, N, C, s); });
+    }
+    // the MLP (c_fc's forward is linear_relu_square_forward's own kernel; cuBLASLt's here to compare)
+    b.run("matmul_forward", mnk("c_fc fwd (cuBLASLt)", T, H, C),
+          [&](cudaStream_t s) { matmul_forward(lt, hidden->ptr, x->ptr, mlp_w->ptr, T, H, C, s); });
+    b.run("matmul_bf16", mnk("c_proj fwd", T, C, H), [&](cudaStream_t s) {
+        matmul_bf16(lt, dx->ptr, hidden->ptr, false, mlp_w->ptr, false, T, C, H, s);
+    });
+    b.run("matmul_bf16", mnk("c_proj dw", H, C, T), [&](cudaStream_t s) {
+        matmul_bf16(lt, dmlp_w->ptr, hidden->ptr, true, x->ptr, false, H, C, T, s);
+    });
+    b.run("matmul_bf16", mnk("c_proj dx", T, H, C), [&](cudaStream_t s) {
+        matmul_bf16(lt, dhidden->ptr, x->ptr, false, mlp_w->ptr, true, T, H, C, s);
+    });
+    b.run("matmul_backward_weight", mnk("c_fc", T, H, C),
+          [&](cudaStream_t s) { matmul_backward_weight(lt, dmlp_w->ptr, dhidden->ptr, x->ptr, T, H, C, s); });
+    b.run("matmul_backward_input", mnk("c_fc", T, H, C),
+          [&](cudaStream_t s) { matmul_backward_input(lt, dx->ptr, dhidden->ptr, mlp_w->ptr, T, H, C, s); });
+    // the lm_head: training in FP8 (head.cuh's three GEMMs, on operands quantized as it does), eval in bf16
+    const auto x8 = random_operand<e4m3>(T, C, 448), x8_t = random_operand<e4m3>(C, T, 448),
+               w8 = random_operand<e4m3>(C, V, 448), w8_t = random_operand<e4m3>(V, C, 448);
+    const auto g8 = random_operand<e5m2>(T, V, 57344), g8_t = random_operand<e5m2>(V, T, 57344);
+    const auto dlm_head = random_operand<bf16>(C, V, 0.0);
+    DeviceBuffer<float> scales(std::vector<float>{1e-3f, 1e-3f, 1e-5f});  // the values do not change the time
+    const float *sx = scales.ptr, *sw = scales.ptr + 1, *sg = scales.ptr + 2;
+    b.run("matmul_fp8", mnk("lm_head fwd e4m3*e4m3", T, V, C), [&](cudaStream_t s) {
+        matmul_fp8(lt, logits->ptr, x8->ptr, sx, w8_t->ptr, sw, T, V, C, s, /*fast_accum=*/true);
+    });
+    b.run("matmul_fp8", mnk("lm_head dw e4m3*e5m2", C, V, T), [&](cudaStream_t s) {
+        matmul_fp8(lt, dlm_head->ptr, x8_t->ptr, sx, g8_t->ptr, sg, C, V, T, s, false, 1.0f);
+    });
+    b.run("matmul_fp8", mnk("lm_head dx e5m2*e4m3", T, C, V),
+          [&](cudaStream_t s) { matmul_fp8(lt, dx->ptr, g8->ptr, sg, w8->ptr, sw, T, C, V, s); });
+    b.run("matmul_bf16", mnk("lm_head eval bf16", T, V, C), [&](cudaStream_t s) {
+        matmul_bf16(lt, logits->ptr, x->ptr, false, lm_head->ptr, false, T, V, C, s);
+    });
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_matmul(*o);
     test::seed();
     test_raw_api();
     test_errors();

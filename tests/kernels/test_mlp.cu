@@ -4,6 +4,7 @@
 // finite-difference check of its backward, the lambda-scaled weight pair (with its deterministic
 // dlambda), the fixed-order sum, and the shape rules.
 #include "../../kernels/mlp.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -417,7 +418,53 @@ void test_shape_rules() {
     });
 }
 
-int main() {
+// ---- benchmark: the MLP of one layer, its parts, and the attention's lambda-scaled weights ----
+int bench_mlp(const bench::Options& o) {
+    bench::Bench b(o);
+    const int T = b.preset().T(), C = b.preset().C, H = b.preset().M;
+    const std::string at = bench::fmt("T=%d C=%d H=%d", T, C, H);
+    const double w_std = 0.5 / std::sqrt(double(C));
+    DeviceBuffer<bf16> x(normal_bf16(size_t(T) * C)), c_fc(normal_bf16(size_t(H) * C, 0.0, w_std)),
+        c_proj(normal_bf16(size_t(H) * C, 0.0, w_std)), dout(normal_bf16(size_t(T) * C, 0.0, 0.1)), out(size_t(T) * C),
+        pre(size_t(T) * H), post(size_t(T) * H), dpre(size_t(T) * H), dx(size_t(T) * C), dfc(size_t(H) * C),
+        dproj(size_t(H) * C);
+    CublasLt lt;
+    b.run("mlp_forward", at, [&](cudaStream_t s) {
+        mlp_forward(lt, out.ptr, pre.ptr, post.ptr, x.ptr, c_fc.ptr, c_proj.ptr, T, C, H, s);
+    });
+    b.run("mlp_backward", at, [&](cudaStream_t s) {
+        mlp_backward(lt, dx.ptr, dfc.ptr, dproj.ptr, false, dpre.ptr, dout.ptr, x.ptr, c_fc.ptr, c_proj.ptr, pre.ptr,
+                     post.ptr, T, C, H, s);
+    });
+    b.run("linear_relu_square_forward", at, [&](cudaStream_t s) {
+        linear_relu_square_forward(pre.ptr, post.ptr, x.ptr, c_fc.ptr, T, C, H, s);
+    });
+    const int64_t n = int64_t(T) * H;
+    b.run("relu_square_forward", bench::fmt("n=%lld (T x H)", (long long)n),
+          [&](cudaStream_t s) { relu_square_forward(dpre.ptr, pre.ptr, n, s); });
+    b.run("relu_square_backward", bench::fmt("n=%lld (T x H)", (long long)n),
+          [&](cudaStream_t s) { relu_square_backward(dpre.ptr, post.ptr, pre.ptr, n, s); });
+
+    // the attention's projections: w_eff = sa_lambda * w for [Wq; Wk; Wv] (3 C x C) and Wo (C x C)
+    const int64_t n_qkv = int64_t(3) * C * C;
+    DeviceBuffer<bf16> w(normal_bf16(size_t(n_qkv), 0.0, 0.03)), w_eff(static_cast<size_t>(n_qkv)),
+        dw_eff(normal_bf16(size_t(n_qkv), 0.0, 0.01)), dw(static_cast<size_t>(n_qkv));
+    DeviceBuffer<float> lambda(std::vector<float>{0.5f}), dlambda(1),
+        scratch(lambda_scaled_weight_backward_scratch_bytes(n_qkv) / sizeof(float));
+    for (const auto& [what, n_w] : {std::pair{"qkv", n_qkv}, std::pair{"o", int64_t(C) * C}}) {
+        const std::string shape = bench::fmt("%s: n=%lld", what, (long long)n_w);
+        b.run("lambda_scaled_weight_forward", shape,
+              [&](cudaStream_t s) { lambda_scaled_weight_forward(w_eff.ptr, w.ptr, lambda.ptr, n_w, s); });
+        b.run("lambda_scaled_weight_backward", shape, [&](cudaStream_t s) {
+            lambda_scaled_weight_backward(dw.ptr, dlambda.ptr, scratch.ptr, dw_eff.ptr, w.ptr, lambda.ptr, n_w,
+                                          {.dw = false, .dlambda = true}, s);
+        });
+    }
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_mlp(*o);
     test::seed();
     test_shape_rules();
     test_sum_fixed_order(5000, 1.0f);

@@ -19,12 +19,14 @@
 // Every rank can compute every rank's ids and gradient: they derive from rank 0's seed
 // (TEST_SEED replays a run) and the case, the cycle, the step and the rank.
 #include "../../kernels/comms.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 #include "sparse_exchange_rig.h"
 
 #include <mpi.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -288,7 +290,28 @@ void test_errors() {
 
 }  // namespace
 
+// ---- benchmark: the merge's kernels on one rank (the exchange itself is NCCL's and MPI's) ----
+int bench_comms(const bench::Options& o) {
+    bench::Bench b(o);
+    const bench::Preset& p = b.preset();
+    const int C = p.C, own_rows = p.bigram_vocab / p.ranks;
+    // one source's rows in the own slice: its two steps' tokens spread over the ranks' slices
+    const int n = std::min(own_rows, 2 * p.T() / p.ranks);
+    std::vector<int32_t> rows(own_rows);
+    for (int i = 0; i < own_rows; ++i) rows[i] = i;
+    std::shuffle(rows.begin(), rows.end(), test::rng());
+    rows.resize(n);
+    DeviceBuffer<int32_t> d_rows(rows);
+    DeviceBuffer<bf16> slice(test::normal_bf16(size_t(own_rows) * C)), vals(test::normal_bf16(size_t(n) * C));
+    b.run("add_rows", bench::fmt("%d rows of C=%d into a slice of %d", n, C, own_rows),
+          [&](cudaStream_t s) { add_rows(slice.ptr, d_rows.ptr, vals.ptr, n, C, s); });
+    b.run("scale_bf16", bench::fmt("own slice of bigram_embed, %d x %d", own_rows, C),
+          [&](cudaStream_t s) { scale_bf16(slice.ptr, int64_t(own_rows) * C, 1.0f / p.ranks, s); });
+    return b.finish();
+}
+
 int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_comms(*o);
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);

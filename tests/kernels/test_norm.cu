@@ -3,6 +3,7 @@
 // reference against central finite differences, accumulation into an existing gradient, bitwise
 // reproducibility, and the shape rules.
 #include "../../kernels/norm.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <string>
@@ -108,7 +109,21 @@ void check_shape_rules() {
     test::check(norm_rows_shape_error(4, 1032) != nullptr, "C wider than a warp's registers rejected");
 }
 
-int main() {
+// ---- benchmark ----
+int bench_norm(const bench::Options& o) {
+    bench::Bench b(o);
+    const int T = b.preset().T(), C = b.preset().C;
+    const std::string shape = bench::fmt("T=%d C=%d", T, C);
+    DeviceBuffer<bf16> x(norm_input(T, C)), dy(normal_bf16(size_t(T) * C)), y(size_t(T) * C), dx(size_t(T) * C);
+    DeviceBuffer<float> rstd(T);
+    b.run("rmsnorm_forward", shape, [&](cudaStream_t s) { rmsnorm_forward(y.ptr, rstd.ptr, x.ptr, T, C, s); });
+    b.run("rmsnorm_backward", shape,
+          [&](cudaStream_t s) { rmsnorm_backward(dx.ptr, dy.ptr, x.ptr, rstd.ptr, T, C, false, s); });
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_norm(*o);
     test::seed();
     check_shape_rules();
     // tiny preset widths and lengths, a record-width ragged T, the widest row, the narrowest, an odd width

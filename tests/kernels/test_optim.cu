@@ -4,6 +4,7 @@
 // with bf16 rounding emulated where the algorithm rounds; the fp32 formulas that upstream fixes
 // exactly (torch's lerp, the precise-parameter update) are checked bit for bit.
 #include "../../kernels/optim.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -769,7 +770,73 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank) {
     cudaFree(dsc);
 }
 
-int main() {
+// ---- benchmark: one rank's optimizer updates, on its shard of 8 ----
+// Adam on the largest bf16 shards; NorMuon on a shard of each bank, whole and stage by stage.
+void bench_adam(bench::Bench& b, const char* what, int64_t n) {
+    DeviceBuffer<bf16> p(test::uniform_bf16(size_t(n), -0.03, 0.03)), g(test::normal_bf16(size_t(n), 0, 1e-3));
+    DeviceBuffer<float> m(test::uniform_vector(size_t(n), -1e-3, 1e-3)), v(test::uniform_vector(size_t(n), 0, 1e-6));
+    DeviceBuffer<AdamStepScalars> sc(std::vector<AdamStepScalars>{adam_step_scalars(0.008, 1.0, 75.0, 0.75, 0.95, 0.005,
+                                                                                    5.0, 1)});
+    const AdamHyper h = adam_hyper(0.75, 0.95, 1e-10);
+    b.run("adam_step", bench::fmt("bf16 %s shard n=%lld", what, (long long)n),
+          [&](cudaStream_t s) { adam_step(p.ptr, m.ptr, v.ptr, g.ptr, n, h, sc.ptr, s); });
+}
+
+void bench_normuon(bench::Bench& b, CublasLt& lt, const char* bank, int matrices, int rows, int cols) {
+    const int count = matrices / b.preset().ranks;
+    const int64_t n = int64_t(count) * rows * cols;
+    const bool per_row = rows >= cols;
+    DeviceBuffer<bf16> p(test::uniform_bf16(size_t(n), -0.03, 0.03)), g(test::normal_bf16(size_t(n), 0, 1e-3));
+    DeviceBuffer<float> m(test::uniform_vector(size_t(n), -1e-3, 1e-3)), mul(std::vector<float>(count, 1.0f)),
+        second(test::uniform_vector(size_t(count) * (per_row ? rows : cols), 1e-3, 2e-3));
+    std::vector<uint16_t> lo(static_cast<size_t>(n));
+    for (auto& x : lo) x = static_cast<uint16_t>(test::randint(0, 65535));
+    DeviceBuffer<uint16_t> mantissa(lo);
+    DeviceBuffer<NorMuonStepScalars> sc(std::vector<NorMuonStepScalars>{
+        normuon_step_scalars(0.023, 1.0, normuon_shape_lr_mul(rows, cols), 1.2, 1.0, 0.95)});
+    const float w = 0.05f;  // 1 - beta2
+    const size_t scratch_bytes = normuon_scratch_bytes(count, rows, cols);
+    DeviceBuffer<char> scratch(scratch_bytes);
+    const NorMuonScratch l = normuon_scratch_layout(scratch.ptr, count, rows, cols);
+    const NorMuonShard shard{p.ptr, g.ptr, m.ptr, second.ptr, mantissa.ptr, mul.ptr, count, rows, cols};
+    const bool split = rows > kPolarExpressSplitRows;
+    const std::string at = bench::fmt("%s: %d of %d x %d%s", bank, count, rows, cols, split ? " (split form)" : "");
+    b.run("normuon_step", at,
+          [&](cudaStream_t s) { normuon_step(lt, shard, sc.ptr, w, scratch.ptr, scratch_bytes, s); });
+    b.run("normuon_momentum", at, [&](cudaStream_t s) {
+        normuon_momentum(m.ptr, l.norm_partials, g.ptr, sc.ptr, count, rows, cols, s);
+    });
+    b.run("polar_express_normalize", at, [&](cudaStream_t s) {
+        polar_express_normalize(l.x, m.ptr, g.ptr, l.norm_partials, sc.ptr, count, rows, cols, s);
+    });
+    // later calls iterate from the last one's output: an orthogonalized matrix, as well-scaled as the first input
+    const bf16* v = nullptr;
+    b.run("polar_express_iterate", at, [&](cudaStream_t s) {
+        v = polar_express_iterate(lt, l.x, l.x_other, l.gram, l.poly, count, rows, cols, split, s);
+    });
+    b.run("normuon_variance_stats", at, [&](cudaStream_t s) {
+        normuon_variance_stats(second.ptr, l.step, l.variance_partials, v, count, rows, cols, w, s);
+    });
+    b.run("normuon_scale_and_update", at, [&](cudaStream_t s) {
+        normuon_scale_and_update(p.ptr, mantissa.ptr, v, l.step, l.variance_partials, mul.ptr, sc.ptr, count, rows,
+                                 cols, s);
+    });
+}
+
+int bench_optim(const bench::Options& o) {
+    bench::Bench b(o);
+    const bench::Preset& p = b.preset();
+    const int64_t table = int64_t(p.V) * p.C;
+    bench_adam(b, "value_embed", 5 * table / p.ranks);
+    bench_adam(b, "embed", table / p.ranks);
+    CublasLt lt;
+    bench_normuon(b, lt, "attn", 40, p.C, p.C);  // the banks: [Wq; Wk; Wv; Wo] of 10 layers, [c_fc, c_proj] of 12
+    bench_normuon(b, lt, "mlp", 24, p.M, p.C);
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_optim(*o);
     test::seed();
     const auto t0 = std::chrono::steady_clock::now();
     auto lap = [&, last = t0](const char* what) mutable {

@@ -3,6 +3,7 @@
 // hand-built fragments and by ldmatrix, against a double-precision matmul.
 #include "../../kernels/common.cuh"
 #include "../../kernels/ptx.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -113,7 +114,10 @@ void check_mma(void (*kernel)(float*, const __nv_bfloat16*, const __nv_bfloat16*
     test::check_close(name, dd.download(), want, 1e-5, 1e-5);
 }
 
-int main() {
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv))
+        return bench::nothing_to_bench(*o, "inline PTX primitives: test_attention and test_mlp time the kernels "
+                                           "built on them");
     test::seed();
     check_ldmatrix<1, false>();
     check_ldmatrix<2, false>();

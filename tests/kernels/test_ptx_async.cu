@@ -5,6 +5,7 @@
 // (EMU_RANDOM_ORDER completes some copies at issue instead, to expose overwritten buffers.)
 #include "../../kernels/common.cuh"
 #include "../../kernels/ptx.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <cstdlib>
@@ -122,7 +123,9 @@ void check_wait_points() {
                         "emu cp.async: data visible before its wait (%08x %08x %08x)", seen[0], seen[1], seen[3]);
 }
 
-int main() {
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv))
+        return bench::nothing_to_bench(*o, "cp.async primitives: the attention kernels time them in test_attention");
     test::seed();
     check_copy_rows();
     check_pipeline<2>(7);

@@ -4,6 +4,7 @@
 // so only the lanes' row addresses tell the primitive where its operands are.
 #include "../../kernels/common.cuh"
 #include "../../kernels/ptx.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -122,7 +123,9 @@ void check_tile_product() {
     test::check_within(what + " vs double", gotd, want, tol);
 }
 
-int main() {
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv))
+        return bench::nothing_to_bench(*o, "the warp tile product: linear_relu_square_forward times it in test_mlp");
     test::seed();
     check_tile_product<1, 1, 2>();
     check_tile_product<2, 2, 4>();

@@ -12,6 +12,7 @@
 // within 1: a table entry may differ from bf16(correctly rounded value) only where the fp32
 // value lies within 2 ulp of a bf16 rounding boundary, and the check accepts exactly that.
 #include "../../kernels/rope.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -636,7 +637,54 @@ AttnAux bad_aux() {
 
 }  // namespace
 
-int main() {
+// ---- benchmark: the launchers around the attention of each kind of layer, and the YaRN update ----
+int bench_rope(const bench::Options& o) {
+    bench::Bench b(o);
+    const bench::Preset& p = b.preset();
+    const int T = p.T(), H = p.H, D = p.D;
+    Rope rope(D, 2 * p.stage[2].T);
+    yarn_rope_reset(rope.r, b.stream());
+    struct Kind {
+        const char* name;
+        bool paired, key_offset, ve;
+    };
+    const Kind kinds[] = {{"paired, ve (layers 0, 9)", true, false, true},
+                          {"key offset, ve (layer 10)", false, true, true},
+                          {"plain (layers 4, 7)", false, false, false}};
+    for (const Kind& k : kinds) {
+        Case c = make_case(T, H, D, k.paired, k.key_offset, k.ve, false);
+        c.V = p.V;  // the value-embedding rows the ids pick from: a real table's
+        c.ve_table = uniform_bf16(static_cast<size_t>(c.V) * c.C, -1, 1);
+        for (auto& i : c.ids) i = test::randint(0, c.V - 1);
+        Run r(c, rope);
+        const std::string at = bench::fmt("T=%d H=%d D=%d %s", T, H, D, k.name);
+        b.run("attn_qkv_forward", at, [&](cudaStream_t s) {
+            attn_qkv_forward(r.aux, r.q.ptr, r.k.ptr, r.v.ptr, r.rstd_q.ptr, r.rstd_k.ptr, r.qkv.ptr, s);
+        });
+        b.run("attn_qkv_backward", at, [&](cudaStream_t s) {
+            attn_qkv_backward(r.aux, r.dqkv.ptr, k.ve ? r.dve.ptr : nullptr, k.ve ? r.dz_ve.ptr : nullptr, r.dq.ptr,
+                              r.dk.ptr, r.dv.ptr, r.qkv.ptr, r.rstd_q.ptr, r.rstd_k.ptr, s);
+        });
+        if (k.key_offset) continue;  // the gates do not depend on the key offset: with and without ve suffice
+        b.run("attn_output_gate_forward", at,
+              [&](cudaStream_t s) { attn_output_gate_forward(r.aux, r.y_gated.ptr, r.y.ptr, s); });
+        b.run("attn_output_gate_backward", at, [&](cudaStream_t s) {
+            attn_output_gate_backward(r.aux, r.dy.ptr, r.dz_attn.ptr, r.dy_gated.ptr, r.y.ptr, s);
+        });
+        b.run("attn_gates_backward", at, [&](cudaStream_t s) {
+            attn_gates_backward(r.aux, r.dxa.ptr, r.d_attn_gate.ptr, k.ve ? r.d_ve_gate.ptr : nullptr, r.dz_attn.ptr,
+                                k.ve ? r.dz_ve.ptr : nullptr, r.scratch.ptr, true, s);
+        });
+    }
+    // at a stage change: stage 1's long window to stage 2's, over the table of stage 3's paired positions
+    b.run("yarn_rope_apply", bench::fmt("D=%d positions=%d", D, rope.r.positions), [&](cudaStream_t s) {
+        yarn_rope_apply(rope.r, p.stage[0].ws_long, p.stage[1].ws_long, s);
+    });
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_rope(*o);
     test::seed();
     // bad input: a child process must exit non-zero (forked before emu starts its threads)
     test::check_fails_with("head_dim 48", "head_dim must be 16, 32, 64, 128 or 256", [] {

@@ -1,6 +1,7 @@
 // kernels/transpose.cuh: plain, accumulating and column-slice transposes of bf16 and fp32 matrices,
 // ragged against the 32x32 tile, against host loops on fresh random data.
 #include "../../kernels/transpose.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <string>
@@ -30,7 +31,29 @@ void check_transpose(int rows, int cols, int in_ld, int out_ld, bool add) {
                       got, want, 0.0, 0.0);
 }
 
-int main() {
+// ---- benchmark: the trainer's three transposes ----
+int bench_transpose(const bench::Options& o) {
+    bench::Bench b(o);
+    const int64_t C = b.preset().C, V = b.preset().V, shard = V / b.preset().ranks;
+    using bf16 = __nv_bfloat16;
+    test::DeviceBuffer<bf16> embed(test::normal_bf16(size_t(V * C))), lm_head(test::normal_bf16(size_t(V * C)));
+    test::DeviceBuffer<float> moments(test::uniform_vector(size_t(C * V), -1, 1)), shard_out(size_t(shard * C));
+    // Adam steps while tied: lm_head's gradient (C, V) += embed's gradient (V, C) transposed
+    b.run("transpose", bench::fmt("bf16 add (%lld, %lld)^T", (long long)V, (long long)C), [&](cudaStream_t s) {
+        transpose(lm_head.ptr, embed.ptr, V, C, C, V, true, s);
+    });
+    // then embed = lm_head^T
+    b.run("transpose", bench::fmt("bf16 (%lld, %lld)^T", (long long)C, (long long)V), [&](cudaStream_t s) {
+        transpose(embed.ptr, lm_head.ptr, C, V, V, C, false, s);
+    });
+    // the untie step: a rank's columns of lm_head's gathered fp32 moments into embed's rows
+    b.run("transpose", bench::fmt("fp32 columns (%lld, %lld of %lld)^T", (long long)C, (long long)shard, (long long)V),
+          [&](cudaStream_t s) { transpose(shard_out.ptr, moments.ptr, C, shard, V, C, false, s); });
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_transpose(*o);
     test::seed();
     for (bool add : {false, true}) {
         check_transpose<__nv_bfloat16>(64, 96, 96, 64, add);

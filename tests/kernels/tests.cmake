@@ -1,0 +1,9 @@
+# The kernel tests' benchmark mode (`test_X --bench`, tests/bench_util.h): three of them time their
+# launchers once at the tiny preset's shapes; each launcher must get a line with a positive time and
+# its recorded Work, and bad flags must fail naming the flag (tests/kernels/bench_smoke.py).
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME kernel_bench_smoke COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/kernels/bench_smoke.py
+           $<TARGET_FILE:test_norm> $<TARGET_FILE:test_residual> $<TARGET_FILE:test_mlp>)
+  set_tests_properties(kernel_bench_smoke PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" TIMEOUT 300)
+endif()
