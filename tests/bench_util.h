@@ -10,6 +10,7 @@
 //     if (const auto o = bench::parse(argc, argv)) return bench_X(*o);
 #pragma once
 #include "device_util.h"
+#include "../train/step_model.h"
 
 #include <cstdarg>
 #include <cstdio>
@@ -46,9 +47,10 @@ constexpr Preset kRecord{"record", 768, 6, 128, 3072, 50304, 50304 * 5, 2048, 8,
 constexpr Preset kTiny{"tiny", 128, 2, 64, 512, 50304, 4096 * 5, 256, 8, 3,
                        {{256, 8, 24}, {512, 24, 56}, {768, 40, 88}}};
 
-// H100 SXM peaks (NVIDIA's datasheet: dense tensor-core bf16 and FP8, HBM3 bandwidth), the ones the step
-// profiler's fractions are of.
-constexpr double kPeakBf16Flops = 989e12, kPeakFp8Flops = 1979e12, kPeakHbmBytes = 3.35e12;
+// H100 SXM peaks, the step profiler's (train/step_model.h's CostModel holds them with their source).
+const CostModel kH100 = h100_model(8);
+const double kPeakBf16Flops = kH100.bf16_tflops * 1e12, kPeakFp8Flops = kH100.fp8_tflops * 1e12,
+             kPeakHbmBytes = kH100.hbm_tbs * 1e12;
 
 // ---- the command line ----
 enum class ShapeSet { record, tiny };
