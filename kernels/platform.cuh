@@ -34,17 +34,89 @@ inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_byte
 #endif
 }
 
-// How launchers launch: the same, with the launch's work described for the step profiler (recorded
-// while a recording is on, and only recorded in a dry run).
+// ---- operations the step profiler sees (work.cuh): recorded while a recording is on, skipped in a
+// dry run. Each helper below replaces one CUDA call and returns what that call returns (cudaSuccess
+// when skipped), so call sites keep their CUDA_CHECK. ----
+
+// Records an op of `kind` enqueued on `stream`; returns whether to execute it (false in a dry run).
+inline bool record_op(OpKind kind, const Work& work, cudaStream_t stream) {
+    WorkRecorder& rec = work_recorder();
+    if (!rec.on) return true;
+    rec.add(kind, rec.stream_index(stream), -1, work);
+    return !rec.dry_run;
+}
+
+// How launchers launch: the same, with the launch's work described for the step profiler.
 template <class... P, class... A>
 inline void launch(const Work& work, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes,
                    cudaStream_t stream, A&&... args) {
+    if (record_op(OpKind::kernel, work, stream)) launch(kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
+}
+
+// cudaEventRecord(e, s) and cudaStreamWaitEvent(s, e): the stream graph between recorded ops.
+inline cudaError_t record_event(cudaEvent_t e, cudaStream_t s) {
+    WorkRecorder& rec = work_recorder();
+    if (rec.on) rec.add(OpKind::event_record, rec.stream_index(s), rec.event_index(e), Work{.name = "event_record"});
+    return rec.dry_run ? cudaSuccess : cudaEventRecord(e, s);
+}
+inline cudaError_t wait_event(cudaStream_t s, cudaEvent_t e) {
+    WorkRecorder& rec = work_recorder();
+    if (rec.on) rec.add(OpKind::event_wait, rec.stream_index(s), rec.event_index(e), Work{.name = "event_wait"});
+    return rec.dry_run ? cudaSuccess : cudaStreamWaitEvent(s, e, 0);
+}
+
+// cudaMemcpyAsync with an explicit direction (copy_h2d, copy_d2h, copy_d2d; cudaMemcpyDefault and
+// host-to-host are refused with cudaErrorInvalidMemcpyDirection). Bytes count global memory only: an
+// upload writes them, a download reads them, a device copy does both.
+inline cudaError_t copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+    const double n = static_cast<double>(bytes);
+    Work w;
+    switch (kind) {
+        case cudaMemcpyHostToDevice: w = Work{.name = "copy_h2d", .bytes_written = n}; break;
+        case cudaMemcpyDeviceToHost: w = Work{.name = "copy_d2h", .bytes_read = n}; break;
+        case cudaMemcpyDeviceToDevice: w = Work{.name = "copy_d2d", .bytes_read = n, .bytes_written = n}; break;
+        default: return cudaErrorInvalidMemcpyDirection;
+    }
+    return record_op(OpKind::copy, w, s) ? cudaMemcpyAsync(dst, src, bytes, kind, s) : cudaSuccess;
+}
+// cudaMemsetAsync.
+inline cudaError_t memset_async(void* p, int value, size_t bytes, cudaStream_t s) {
+    const Work w{.name = "memset", .bytes_written = static_cast<double>(bytes)};
+    return record_op(OpKind::memset, w, s) ? cudaMemsetAsync(p, value, bytes, s) : cudaSuccess;
+}
+
+// Host waits, named by why the host waits. cudaStreamSynchronize(s):
+inline cudaError_t sync_stream(cudaStream_t s, const char* why) {
+    WorkRecorder& rec = work_recorder();
+    if (rec.on) rec.add(OpKind::host_sync, rec.stream_index(s), -1, Work{.name = why});
+    return rec.dry_run ? cudaSuccess : cudaStreamSynchronize(s);
+}
+// cudaDeviceSynchronize():
+inline cudaError_t sync_device(const char* why) {
+    WorkRecorder& rec = work_recorder();
+    if (rec.on) rec.add(OpKind::host_sync, -1, -1, Work{.name = why});
+    return rec.dry_run ? cudaSuccess : cudaDeviceSynchronize();
+}
+// cudaEventSynchronize(e): recorded as a wait for the stream of e's latest record in this recording
+// (the contract has no finer host wait); an event last recorded before the recording began waits on
+// work the recording treats as done, and is not recorded.
+inline cudaError_t sync_event(cudaEvent_t e, const char* why) {
     WorkRecorder& rec = work_recorder();
     if (rec.on) {
-        rec.add(OpKind::kernel, rec.stream_index(stream), -1, work);
-        if (rec.dry_run) return;
+        const int event = rec.event_index(e);
+        for (size_t i = rec.ops.size(); i-- > 0;)
+            if (rec.ops[i].kind == OpKind::event_record && rec.ops[i].event == event) {
+                rec.add(OpKind::host_sync, rec.ops[i].stream, -1, Work{.name = why});
+                break;
+            }
     }
-    launch(kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
+    return rec.dry_run ? cudaSuccess : cudaEventSynchronize(e);
+}
+// A blocking host call that waits for other ranks (an MPI wait or collective): recorded as a wait on
+// the whole device, named mpi_<call>. The caller makes the call, in a dry run too.
+inline void record_host_wait(const char* name) {
+    WorkRecorder& rec = work_recorder();
+    if (rec.on) rec.add(OpKind::host_sync, -1, -1, Work{.name = name});
 }
 
 // Names a range of device memory for emu's diagnostics: EMU_STREAMS=deferred's race detector
