@@ -25,6 +25,7 @@
 #include "train/flags.h"
 #include "train/init_random.h"
 #include "train/platform_check.h"
+#include "train/streams.h"
 
 #include <mpi.h>
 #include <nccl.h>
@@ -518,20 +519,19 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
         const int64_t n = e.elems();
         const uint64_t key = seed * 16 + e.spec.seed_stream;
         switch (e.spec.init) {
-        case Init::zeros: CUDA_CHECK(cudaMemsetAsync(e.data, 0, size_t(n) * (e.fp32 ? 4 : 2), s)); break;
-        case Init::uniform: launch(init_uniform_kernel, grid_for(n), dim3(256), 0, s, p, n, key, bound); break;
+        case Init::zeros: CUDA_CHECK(memset_async(e.data, 0, size_t(n) * (e.fp32 ? 4 : 2), s)); break;
+        case Init::uniform: init_uniform(p, n, key, bound, s); break;
         case Init::uniform_c_fc: {
             const int64_t half = n / e.spec.shape[0] * 2, fc_n = half / 2;  // one layer's [c_fc, c_proj]
-            CUDA_CHECK(cudaMemsetAsync(e.data, 0, size_t(n) * 2, s));
-            for (int64_t l = 0; l < e.spec.shape[0] / 2; ++l)
-                launch(init_uniform_kernel, grid_for(fc_n), dim3(256), 0, s, p + l * half, fc_n, key + l * 1000003, bound);
+            CUDA_CHECK(memset_async(e.data, 0, size_t(n) * 2, s));
+            for (int64_t l = 0; l < e.spec.shape[0] / 2; ++l) init_uniform(p + l * half, fc_n, key + l * 1000003, bound, s);
             break;
         }
-        case Init::normal: launch(init_normal_kernel, grid_for(n), dim3(256), 0, s, p, n, key, 0.005f); break;
+        case Init::normal: init_normal(p, n, key, 0.005f, s); break;
         case Init::scalars: {
             const std::vector<float> v = initial_scalars();
-            CUDA_CHECK(cudaMemcpyAsync(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
-            CUDA_CHECK(cudaStreamSynchronize(s));  // v is a local
+            CUDA_CHECK(copy_async(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+            CUDA_CHECK(sync_stream(s, "init_scalars"));  // v is a local
             break;
         }
         case Init::lm_head_transposed: break;
@@ -542,7 +542,7 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
         if (e.spec.init == Init::lm_head_transposed)
             transpose(static_cast<bf16*>(e.data), m.params.lm_head, c.model_dim, c.padded_vocab, c.padded_vocab,
                       c.model_dim, /*add=*/false, s);
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(sync_stream(s, "init_params"));
 }
 
 // Builds the model for a config on the current device: arenas placed, parameters initialized,
@@ -561,16 +561,16 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
     init_params(m, seed, s);
     yarn_rope_reset(m.rope, s);
     const LmHeadFp8Scales scales = lm_head_fp8_scales(c.grad_accum());
-    CUDA_CHECK(cudaMemcpyAsync(m.fp8_scales, &scales, sizeof scales, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(copy_async(m.fp8_scales, &scales, sizeof scales, cudaMemcpyHostToDevice, s));
     const float grad_scale = 2.0f / c.grad_accum();  // upstream backpropagates loss * grad_scale
-    CUDA_CHECK(cudaMemcpyAsync(m.dloss, &grad_scale, sizeof grad_scale, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(copy_async(m.dloss, &grad_scale, sizeof grad_scale, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(sync_stream(s, "build_model"));
 }
 
 // Every rank starts from rank 0's parameters, as upstream broadcasts them after init (the
 // counter-based init already agrees; the broadcast makes it a fact whatever the seeds).
 void broadcast_params(Model& m, ncclComm_t comm, cudaStream_t s) {
-    NCCL_CHECK(ncclBroadcast(m.param_arena.base(), m.param_arena.base(), m.param_arena.bytes(), ncclUint8, 0, comm, s));
+    NCCL_CHECK(broadcast(m.param_arena.base(), m.param_arena.base(), m.param_arena.bytes(), ncclUint8, 0, comm, s));
 }
 
 // ============================================================================================
@@ -684,9 +684,9 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     bf16 *dX = w.dX, *dX_skip = w.dX_skip, *dX_backout = w.dX_backout;  // stream gradients change buffers below
     const bool accumulate = acc.others;
     if (!accumulate) {  // the embedding backward writes only the rows of this batch's ids
-        CUDA_CHECK(cudaMemsetAsync(g.embed, 0, size_t(V) * C * sizeof(bf16), s));
-        CUDA_CHECK(cudaMemsetAsync(g.value_embeds, 0, size_t(kValueTables) * V * C * sizeof(bf16), s));
-        CUDA_CHECK(cudaMemsetAsync(g.bigram_embed, 0, size_t(c.bigram_vocab) * C * sizeof(bf16), s));
+        CUDA_CHECK(memset_async(g.embed, 0, size_t(V) * C * sizeof(bf16), s));
+        CUDA_CHECK(memset_async(g.value_embeds, 0, size_t(kValueTables) * V * C * sizeof(bf16), s));
+        CUDA_CHECK(memset_async(g.bigram_embed, 0, size_t(c.bigram_vocab) * C * sizeof(bf16), s));
     }
 
     // loss -> logits (in place) -> lm_head and its input
@@ -971,10 +971,11 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
         std::vector<float> mul(q.shard_rows);  // c_proj matrices (odd global index of the MLP bank) take 2x
         for (int64_t i = 0; i < q.shard_rows; ++i)
             mul[i] = normuon_matrix_lr_mul(std::strcmp(q.rule->label, "mlp") == 0, int(rank * q.shard_rows + i));
-        // blocking: `mul` is gone before the stream would get to an asynchronous copy
-        CUDA_CHECK(cudaMemcpy(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice));
+        // waited for: `mul` is gone before the stream would get to the copy
+        CUDA_CHECK(copy_async(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(sync_stream(s, "matrix_lr_mul"));
     }
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(sync_stream(s, "build_optimizer"));
 }
 
 void destroy_optimizer(Optimizer& o) {
@@ -992,7 +993,7 @@ void destroy_optimizer(Optimizer& o) {
 // Zeroes every state (upstream's reset after the warm-up restores the initial optimizer state).
 void reset_optimizer(Optimizer& o, cudaStream_t s) {
     for (OptimGroup& q : o.group) {
-        for (const StateTensor& t : q.state) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), s));
+        for (const StateTensor& t : q.state) CUDA_CHECK(memset_async(t.data, 0, t.bytes(), s));
         q.adam_steps = 0;
     }
     o.split = false;
@@ -1008,13 +1009,13 @@ void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
     if (q.comms == Comms::sharded_sparse)
         o.exchange->exchange_values(static_cast<bf16*>(q.t.grad), o.grads_ready);
     else if (q.distributed)
-        NCCL_CHECK(ncclReduceScatter(q.t.grad, q.grad_shard, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
-    CUDA_CHECK(cudaEventRecord(q.reduced, o.comms));
+        NCCL_CHECK(reduce_scatter(q.t.grad, q.grad_shard, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
+    CUDA_CHECK(record_event(q.reduced, o.comms));
 }
 
 // The update of this rank's shard, on the compute stream once its reduction has landed.
 void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t s) {
-    CUDA_CHECK(cudaStreamWaitEvent(s, q.reduced, 0));
+    CUDA_CHECK(wait_event(s, q.reduced));
     if (q.comms == Comms::sharded_sparse) o.exchange->merge(s);  // into q.grad_shard, the own slice
     if (q.rule->optim == Optim::adam) {
         const AdamHyper h = adam_hyper(q.rule->beta1, q.rule->beta2, m.cfg.adam_eps);
@@ -1036,9 +1037,8 @@ void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t
 // Gathers an updated shard to every rank, on the comms stream after the update.
 void launch_gather(Optimizer& o, OptimGroup& q, ncclComm_t comm, cudaStream_t s) {
     if (!q.distributed || q.comms == Comms::replicated) return;
-    CUDA_CHECK(cudaEventRecord(q.updated, s));
-    CUDA_CHECK(cudaStreamWaitEvent(o.comms, q.updated, 0));
-    NCCL_CHECK(ncclAllGather(q.param_shard(o.rank), q.t.param, q.shard_elems(), nccl_type(q), comm, o.comms));
+    CUDA_CHECK(join_stream(o.comms, q.updated, s));
+    NCCL_CHECK(all_gather(q.param_shard(o.rank), q.t.param, q.shard_elems(), nccl_type(q), comm, o.comms));
 }
 
 // At the untie step embed takes lm_head's Adam state: its moments transposed (lm_head is sharded
@@ -1050,11 +1050,9 @@ void copy_lm_head_state_to_embed(Model& m, Optimizer& o, ncclComm_t comm, cudaSt
     for (auto [from, to] : {std::pair{lm.exp_avg, em.exp_avg}, std::pair{lm.exp_avg_sq, em.exp_avg_sq}}) {
         const float* whole = from;
         if (o.world > 1) {  // after the backward (and the previous transpose) is done with that memory
-            CUDA_CHECK(cudaEventRecord(o.grads_ready, s));
-            CUDA_CHECK(cudaStreamWaitEvent(o.comms, o.grads_ready, 0));
-            NCCL_CHECK(ncclAllGather(from, m.untie_scratch, lm.shard_elems(), ncclFloat32, comm, o.comms));
-            CUDA_CHECK(cudaEventRecord(o.comms_done, o.comms));
-            CUDA_CHECK(cudaStreamWaitEvent(s, o.comms_done, 0));
+            CUDA_CHECK(join_stream(o.comms, o.grads_ready, s));
+            NCCL_CHECK(all_gather(from, m.untie_scratch, lm.shard_elems(), ncclFloat32, comm, o.comms));
+            CUDA_CHECK(join_stream(s, o.comms_done, o.comms));
             whole = m.untie_scratch;
         }
         // embed's rows [rank * shard, +shard) are lm_head's columns of the same range, transposed
@@ -1092,26 +1090,25 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     };
     OptimScalars& host = o.host_scalars[step & 1];
     fill_step_scalars(c, sch, o, step, do_adam, host);
-    CUDA_CHECK(cudaMemcpyAsync(o.scalars, &host, sizeof host, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(copy_async(o.scalars, &host, sizeof host, cudaMemcpyHostToDevice, s));
     if (do_adam && tied)  // lm_head (C, V) += embed's gradient (V, C) transposed
         transpose(m.grads.lm_head, m.grads.embed, V, C, C, V, true, s);
 
     // reductions in the table's order, each as soon as the gradients are there; a run of small
     // all-reduces (the replicated groups) goes as one NCCL group
-    CUDA_CHECK(cudaEventRecord(o.grads_ready, s));
-    CUDA_CHECK(cudaStreamWaitEvent(o.comms, o.grads_ready, 0));
+    CUDA_CHECK(join_stream(o.comms, o.grads_ready, s));
     std::vector<OptimGroup*> small_run;
     auto close_small_run = [&] {
         if (small_run.empty()) return;
-        NCCL_CHECK(ncclGroupEnd());
-        for (OptimGroup* q : small_run) CUDA_CHECK(cudaEventRecord(q->reduced, o.comms));
+        NCCL_CHECK(group_end());
+        for (OptimGroup* q : small_run) CUDA_CHECK(record_event(q->reduced, o.comms));
         small_run.clear();
     };
     for (OptimGroup& q : o.group) {
         if (!steps(q)) continue;
         if (q.distributed && q.comms == Comms::replicated) {
-            if (small_run.empty()) NCCL_CHECK(ncclGroupStart());
-            NCCL_CHECK(ncclAllReduce(q.t.grad, q.t.grad, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
+            if (small_run.empty()) NCCL_CHECK(group_start());
+            NCCL_CHECK(all_reduce(q.t.grad, q.t.grad, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
             small_run.push_back(&q);
             continue;
         }
@@ -1127,15 +1124,14 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         if (q.rule->optim == Optim::adam) ++q.adam_steps;
         update_group(m, o, q, i, s);
         launch_gather(o, q, comm, s);
-        if (std::strcmp(label, "lm_head") == 0) CUDA_CHECK(cudaEventRecord(o.lm_head_gathered, o.comms));
+        if (std::strcmp(label, "lm_head") == 0) CUDA_CHECK(record_event(o.lm_head_gathered, o.comms));
     }
     if (do_adam && tied) {  // embed = lm_head^T once lm_head is whole again
-        CUDA_CHECK(cudaStreamWaitEvent(s, o.lm_head_gathered, 0));
+        CUDA_CHECK(wait_event(s, o.lm_head_gathered));
         transpose(m.params.embed, m.params.lm_head, C, V, V, C, false, s);
     }
     // the next forward reads every parameter
-    CUDA_CHECK(cudaEventRecord(o.comms_done, o.comms));
-    CUDA_CHECK(cudaStreamWaitEvent(s, o.comms_done, 0));
+    CUDA_CHECK(join_stream(s, o.comms_done, o.comms));
     if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
 }
 
@@ -1205,9 +1201,10 @@ void advance_schedule(Run& r, int step) {
     }
     const std::vector<float> w = r.sch.mtp_weights(step);
     r.n_predict = static_cast<int>(w.size());
-    // blocking: `w` is gone before the stream would get to an asynchronous copy (r.s is idle here in the
-    // step loop, which synchronizes it first)
-    CUDA_CHECK(cudaMemcpy(r.m.mtp_weights, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // waited for: `w` is gone before the stream would get to the copy (r.s is idle here in the step loop,
+    // which synchronizes it first)
+    CUDA_CHECK(copy_async(r.m.mtp_weights, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice, r.s));
+    CUDA_CHECK(sync_stream(r.s, "mtp_weights"));
 }
 
 // The schedule as at the start of a run: stage 0's windows and batch, YaRN reset.
@@ -1239,7 +1236,7 @@ void train_step(Run& r, int step) {
         if (r.o.sparse && adam_step) r.o.exchange->begin(*r.o.touched);
         gpt_forward(r.m, r.m.batch, step_sch, r.m.train, r.s);
         if (r.o.sparse && adam_step) r.o.exchange->exchange_indexes();
-        CUDA_CHECK(cudaMemcpyAsync(r.losses + i, r.m.loss, sizeof(float), cudaMemcpyDeviceToHost, r.s));
+        CUDA_CHECK(copy_async(r.losses + i, r.m.loss, sizeof(float), cudaMemcpyDeviceToHost, r.s));
         // Adam's parameters keep the even step's gradients for the odd step's update
         gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step}, r.s);
     }
@@ -1252,6 +1249,7 @@ double step_train_loss(Run& r) {
     double sum = 0;
     for (int i = 0; i < r.m.cfg.grad_accum(); ++i) sum += r.losses[i];
     double all = 0;
+    record_host_wait("mpi_allreduce");
     MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     return all / double(r.state.batch_tokens);
 }
@@ -1269,8 +1267,8 @@ double validate(Run& r, bool final) {
         load_batch(r, *r.val, r.m.eval_batch);
         gpt_forward(r.m, r.m.eval_batch, step_sch, r.m.eval, r.s);
         float loss;
-        CUDA_CHECK(cudaMemcpyAsync(&loss, r.m.loss, sizeof loss, cudaMemcpyDeviceToHost, r.s));
-        CUDA_CHECK(cudaStreamSynchronize(r.s));
+        CUDA_CHECK(copy_async(&loss, r.m.loss, sizeof loss, cudaMemcpyDeviceToHost, r.s));
+        CUDA_CHECK(sync_stream(r.s, "val_loss"));
         sum += loss;
     }
     double all = 0;
@@ -1347,7 +1345,7 @@ void run_training(Run& r) {
         save_checkpoint(r, 0);  // the initial state (the reference's starting point)
     for (int step = start; step <= last; ++step) {
         if (step > start) {  // the previous step's losses have landed once the stream is past it
-            CUDA_CHECK(cudaStreamSynchronize(r.s));
+            CUDA_CHECK(sync_stream(r.s, "step_losses"));
             const double loss = step_train_loss(r);
             if (!std::isfinite(loss)) {
                 const std::string where = kEmulated ? r.first_nonfinite : "(the CPU build names the parameter group)";

@@ -58,15 +58,15 @@ struct BatchUploader {
         b.token_segments = builder.build(inputs, T, c.padded_vocab, token_packed.data());
         b.bigram_segments = builder.build(bigram, T, c.bigram_vocab, bigram_packed.data());
         const size_t n = size_t(T) * sizeof(int32_t);
-        CUDA_CHECK(cudaMemcpyAsync(b.inputs, inputs, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.targets, targets, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.bigram, bigram, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.cu_seqlens, cu_seqlens, num_cu * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.token_segments_dev, token_packed.data(), b.token_segments.ints() * sizeof(int32_t),
+        CUDA_CHECK(copy_async(b.inputs, inputs, n, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(copy_async(b.targets, targets, n, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(copy_async(b.bigram, bigram, n, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(copy_async(b.cu_seqlens, cu_seqlens, num_cu * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(copy_async(b.token_segments_dev, token_packed.data(), b.token_segments.ints() * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.bigram_segments_dev, bigram_packed.data(), b.bigram_segments.ints() * sizeof(int32_t),
+        CUDA_CHECK(copy_async(b.bigram_segments_dev, bigram_packed.data(), b.bigram_segments.ints() * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, s));
         // the packed buffers are reused by the next upload: they must have reached the device
-        CUDA_CHECK(cudaStreamSynchronize(s));
+        CUDA_CHECK(sync_stream(s, "batch_upload"));
     }
 };
