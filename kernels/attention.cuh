@@ -94,12 +94,21 @@ void attn_allow_smem(Kernel* kernel, size_t bytes) {
 }
 
 // ---- the tile schedule: which keys a row sees, which queries see a key ----
+// The schedule runs on the host too, over a host copy of cu_seqlens, to count the tiles the kernels
+// visit (attn_tile_counts); the device reads the bounds through the read-only cache.
+__host__ __device__ __forceinline__ int attn_cu_bound(const AttnProblem& p, int i) {
+#ifdef __CUDA_ARCH__
+    return __ldg(p.cu_seqlens + i);
+#else
+    return p.cu_seqlens[i];
+#endif
+}
 // Number of document bounds at or before row i.
-__device__ __forceinline__ int attn_bounds_upto(const AttnProblem& p, int i) {
+__host__ __device__ __forceinline__ int attn_bounds_upto(const AttnProblem& p, int i) {
     int lo = 0, hi = p.num_cu;
     while (lo < hi) {
         const int mid = (lo + hi) >> 1;
-        if (__ldg(p.cu_seqlens + mid) * p.cu_mult <= i) lo = mid + 1;
+        if (attn_cu_bound(p, mid) * p.cu_mult <= i) lo = mid + 1;
         else hi = mid;
     }
     return lo;
@@ -107,19 +116,45 @@ __device__ __forceinline__ int attn_bounds_upto(const AttnProblem& p, int i) {
 // The first key row i sees: its document's start or the window's left edge. Non-decreasing in
 // i, so a tile of rows needs keys from attn_first_key(first row) on, and every key from there
 // to the tile's last row is seen by some row.
-__device__ __forceinline__ int attn_first_key(const AttnProblem& p, int i) {
+__host__ __device__ __forceinline__ int attn_first_key(const AttnProblem& p, int i) {
     const int n = attn_bounds_upto(p, i);
-    const int doc_start = n ? __ldg(p.cu_seqlens + n - 1) * p.cu_mult : 0;
+    const int doc_start = n ? attn_cu_bound(p, n - 1) * p.cu_mult : 0;
     return max(doc_start, i - p.window);
 }
 // The last query that sees key j (its document's end or the window's right edge); also
 // non-decreasing, so a tile of keys is seen by queries from its first key to
 // attn_last_query(its last key).
-__device__ __forceinline__ int attn_last_query(const AttnProblem& p, int j) {
+__host__ __device__ __forceinline__ int attn_last_query(const AttnProblem& p, int j) {
     const int n = attn_bounds_upto(p, j);
-    const int doc_end = n < p.num_cu ? __ldg(p.cu_seqlens + n) * p.cu_mult : p.T;
+    const int doc_end = n < p.num_cu ? attn_cu_bound(p, n) * p.cu_mult : p.T;
     return min(min(doc_end, p.T) - 1, j + p.window);
 }
+
+// ---- the work of a call, for the step profiler (work.cuh) ----
+// The tiles one head's kernels visit, walked as they walk them: over the 64-row query tiles, the
+// 64-key tiles from the diagonal down to the first key a row sees (forward and dq kernels,
+// attn_query_tile's num_tiles); over the 64-key tiles, the 32-query sub-tiles from the diagonal to
+// the last query that sees a key (the dk/dv kernel). Counted over cu_seqlens_host, the host copy of
+// the bounds; the walk costs two binary searches per tile, so it runs only while the profiler
+// records (the counts are 0 otherwise).
+struct AttnTileCounts {
+    int64_t key_tiles = 0;       // (query tile, key tile) pairs
+    int64_t query_subtiles = 0;  // (key tile, query sub-tile) pairs
+};
+inline AttnTileCounts attn_tile_counts(const char* who, AttnProblem p, const int* cu_seqlens_host) {
+    AttnTileCounts c;
+    if (!work_recorder().on) return c;
+    kernel_require(cu_seqlens_host != nullptr, "%s: recording a step needs the host copy of cu_seqlens", who);
+    p.cu_seqlens = cu_seqlens_host;
+    for (int q0 = 0; q0 < p.T; q0 += kAttnTileRows)
+        c.key_tiles += (q0 + kAttnTileKeys - 1 - attn_first_key(p, q0)) / kAttnTileKeys + 1;
+    for (int k0 = 0; k0 < p.T; k0 += kAttnTileRows)
+        c.query_subtiles += (attn_last_query(p, min(k0 + kAttnTileRows, p.T) - 1) - k0) / kAttnBwdQueries + 1;
+    return c;
+}
+// bf16 bytes of one of q, k, v, out (T, H, D), and fp32 bytes of lse or delta (H, T), in the view.
+inline double attn_rows_bytes(const AttnProblem& p, int D) { return 2.0 * p.T * p.H * D; }
+inline double attn_stats_bytes(const AttnProblem& p) { return 4.0 * p.T * p.H; }
 
 // ---- shared-memory tiles and tensor-core fragments ----
 // Offset of element (row, col) in a tile of rows of COLS bf16. The 16-byte chunks of a row are
@@ -467,24 +502,37 @@ __global__ void __launch_bounds__(kAttnThreads)
 // D is a template argument so that every fragment loop unrolls into straight-line mma code.
 template <int D>
 void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                         const __nv_bfloat16* v, const AttnProblem& p, cudaStream_t stream) {
+                         const __nv_bfloat16* v, const AttnProblem& p, const Work& work, cudaStream_t stream) {
     constexpr size_t smem = attention_forward_smem_bytes<D>();
     static const bool configured = (attn_allow_smem(attention_forward_kernel<D>, smem), true);
     (void)configured;
-    launch(attention_forward_kernel<D>, dim3(ceil_div(p.T, kAttnTileRows), p.H), dim3(kAttnThreads), smem, stream,
-           out, lse, q, k, v, p);
+    launch(work, attention_forward_kernel<D>, dim3(ceil_div(p.T, kAttnTileRows), p.H), dim3(kAttnThreads), smem,
+           stream, out, lse, q, k, v, p);
+}
+
+// Per visited (query tile, key tile) pair and head, the products q k^T and p v and the softmax's 4
+// operations per score; reads q, k, v and the bounds, writes out and lse.
+inline Work attention_forward_work(const AttnProblem& p, int D, const AttnTileCounts& c) {
+    const double scores = static_cast<double>(c.key_tiles) * p.H * kAttnTileRows * kAttnTileKeys;
+    return Work{.name = "attention_forward", .tc_flops = 2 * 2 * scores * D, .flops = 4 * scores,
+                .bytes_read = 3 * attn_rows_bytes(p, D) + 4.0 * p.num_cu,
+                .bytes_written = attn_rows_bytes(p, D) + attn_stats_bytes(p)};
 }
 
 // out (T, H, D) bf16 = attention(q, k, v); lse (H, T) fp32 for the backward (for paired heads:
 // (H/2, 2T), the same H*T floats). Upstream's softmax_scale is YaRN's attn_scale, not 1/sqrt(D).
+// cu_seqlens_host: the host copy of cu_seqlens, which the step profiler needs to count the tiles
+// (required while it records, unused otherwise).
 inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, const int* cu_seqlens, int num_cu_seqlens, int T, int H, int D,
-                              int window, bool paired, float softmax_scale, cudaStream_t stream) {
+                              int window, bool paired, float softmax_scale, cudaStream_t stream,
+                              const int* cu_seqlens_host = nullptr) {
     const AttnProblem p =
         attn_problem("attention_forward", cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
     kernel_require(all_aligned16({out, lse, q, k, v}), "attention_forward: tensors must be 16-byte aligned");
-    if (D == 64) attention_forward_d<64>(out, lse, q, k, v, p, stream);
-    else attention_forward_d<128>(out, lse, q, k, v, p, stream);
+    const Work work = attention_forward_work(p, D, attn_tile_counts("attention_forward", p, cu_seqlens_host));
+    if (D == 64) attention_forward_d<64>(out, lse, q, k, v, p, work, stream);
+    else attention_forward_d<128>(out, lse, q, k, v, p, work, stream);
 }
 
 // ---- backward ----
@@ -754,55 +802,91 @@ inline size_t attention_backward_workspace_bytes(int T, int H, int D,
     return attn_delta_bytes(T, H) + (mode == AttentionBackwardMode::atomic_dq ? size_t(T) * H * D * sizeof(float) : 0);
 }
 
+// The Work of attention_backward's kernels, all named attention_backward. delta: a multiply-add per
+// element of dout; reads dout and out, writes delta.
+inline Work attention_backward_delta_work(const AttnProblem& p, int D) {
+    return Work{.name = "attention_backward", .flops = 2.0 * p.T * p.H * D, .bytes_read = 2 * attn_rows_bytes(p, D),
+                .bytes_written = attn_stats_bytes(p)};
+}
+// dk and dv: per visited (key tile, query sub-tile) pair and head, the products k q^T, v dout^T,
+// p^T dout and ds^T q (atomic_dq: also ds k, added into the fp32 dq sum) and 4 operations per score;
+// reads q, k, v, dout, lse, delta and the bounds, writes dk and dv (atomic_dq: reads and writes the sum).
+inline Work attention_backward_dkdv_work(const AttnProblem& p, int D, const AttnTileCounts& c, bool atomic_dq) {
+    const double scores = static_cast<double>(c.query_subtiles) * p.H * kAttnTileRows * kAttnBwdQueries;
+    const double dq_sum = atomic_dq ? 2 * attn_rows_bytes(p, D) : 0;  // fp32: twice the bf16 bytes
+    return Work{.name = "attention_backward", .tc_flops = (atomic_dq ? 5 : 4) * 2 * scores * D, .flops = 4 * scores,
+                .bytes_read = 4 * attn_rows_bytes(p, D) + 2 * attn_stats_bytes(p) + 4.0 * p.num_cu + dq_sum,
+                .bytes_written = 2 * attn_rows_bytes(p, D) + dq_sum};
+}
+// dq: per visited (query tile, key tile) pair and head, the products q k^T, dout v^T and ds k and 4
+// operations per score; reads q, k, v, dout, lse, delta and the bounds, writes dq.
+inline Work attention_backward_dq_work(const AttnProblem& p, int D, const AttnTileCounts& c) {
+    const double scores = static_cast<double>(c.key_tiles) * p.H * kAttnTileRows * kAttnTileKeys;
+    return Work{.name = "attention_backward", .tc_flops = 3 * 2 * scores * D, .flops = 4 * scores,
+                .bytes_read = 4 * attn_rows_bytes(p, D) + 2 * attn_stats_bytes(p) + 4.0 * p.num_cu,
+                .bytes_written = attn_rows_bytes(p, D)};
+}
+// atomic_dq's last pass: reads the fp32 dq sum, writes dq, a multiply per element.
+inline Work attention_backward_dq_convert_work(const AttnProblem& p, int D) {
+    return Work{.name = "attention_backward", .flops = 1.0 * p.T * p.H * D, .bytes_read = 2 * attn_rows_bytes(p, D),
+                .bytes_written = attn_rows_bytes(p, D)};
+}
+
 template <int D>
 void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout,
                           const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* q,
-                          const __nv_bfloat16* k, const __nv_bfloat16* v, const AttnProblem& p, void* workspace,
-                          cudaStream_t stream, AttentionBackwardMode mode) {
+                          const __nv_bfloat16* k, const __nv_bfloat16* v, const AttnProblem& p,
+                          const AttnTileCounts& counts, void* workspace, cudaStream_t stream,
+                          AttentionBackwardMode mode) {
     const int tiles = ceil_div(p.T, kAttnTileRows);
     float* delta = static_cast<float*>(workspace);
     const int delta_threads = p.T * p.H * (D / 8);
-    launch(attention_backward_delta_kernel<D>, dim3(ceil_div(delta_threads, 256)), dim3(256), 0, stream, delta, dout,
-           out, p.T, p.H);
+    launch(attention_backward_delta_work(p, D), attention_backward_delta_kernel<D>, dim3(ceil_div(delta_threads, 256)),
+           dim3(256), 0, stream, delta, dout, out, p.T, p.H);
     if (mode == AttentionBackwardMode::deterministic) {
         constexpr size_t smem_kv = attention_backward_dkdv_smem_bytes<D, false>();
         constexpr size_t smem_q = attention_backward_dq_smem_bytes<D>();
         static const bool configured = (attn_allow_smem(attention_backward_dkdv_kernel<D, false>, smem_kv),
                                         attn_allow_smem(attention_backward_dq_kernel<D>, smem_q), true);
         (void)configured;
-        launch(attention_backward_dkdv_kernel<D, false>, dim3(tiles, p.H), dim3(kAttnThreads), smem_kv, stream, dk, dv,
-               static_cast<float*>(nullptr), q, k, v, dout, lse, static_cast<const float*>(delta), p);
-        launch(attention_backward_dq_kernel<D>, dim3(tiles, p.H), dim3(kAttnThreads), smem_q, stream, dq, q, k, v,
+        launch(attention_backward_dkdv_work(p, D, counts, false), attention_backward_dkdv_kernel<D, false>,
+               dim3(tiles, p.H), dim3(kAttnThreads), smem_kv, stream, dk, dv, static_cast<float*>(nullptr), q, k, v,
                dout, lse, static_cast<const float*>(delta), p);
+        launch(attention_backward_dq_work(p, D, counts), attention_backward_dq_kernel<D>, dim3(tiles, p.H),
+               dim3(kAttnThreads), smem_q, stream, dq, q, k, v, dout, lse, static_cast<const float*>(delta), p);
     } else {
         constexpr size_t smem_kv = attention_backward_dkdv_smem_bytes<D, true>();
         static const bool configured = (attn_allow_smem(attention_backward_dkdv_kernel<D, true>, smem_kv), true);
         (void)configured;
         const size_t n = size_t(p.T) * p.H * D;
         float* dq_accum = reinterpret_cast<float*>(static_cast<char*>(workspace) + attn_delta_bytes(p.T, p.H));
-        CUDA_CHECK(cudaMemsetAsync(dq_accum, 0, n * sizeof(float), stream));
-        launch(attention_backward_dkdv_kernel<D, true>, dim3(tiles, p.H), dim3(kAttnThreads), smem_kv, stream, dk, dv,
-               dq_accum, q, k, v, dout, lse, static_cast<const float*>(delta), p);
-        launch(attention_backward_dq_convert_kernel, dim3(static_cast<unsigned>(ceil_div<size_t>(n / 8, 256))),
-               dim3(256), 0, stream, dq, static_cast<const float*>(dq_accum), p.scale_log2 / kAttnLog2e, n / 8);
+        CUDA_CHECK(memset_async(dq_accum, 0, n * sizeof(float), stream));
+        launch(attention_backward_dkdv_work(p, D, counts, true), attention_backward_dkdv_kernel<D, true>,
+               dim3(tiles, p.H), dim3(kAttnThreads), smem_kv, stream, dk, dv, dq_accum, q, k, v, dout, lse,
+               static_cast<const float*>(delta), p);
+        launch(attention_backward_dq_convert_work(p, D), attention_backward_dq_convert_kernel,
+               dim3(static_cast<unsigned>(ceil_div<size_t>(n / 8, 256))), dim3(256), 0, stream, dq,
+               static_cast<const float*>(dq_accum), p.scale_log2 / kAttnLog2e, n / 8);
     }
 }
 
 // dq, dk, dv (T, H, D) bf16 from dout, the forward's out and lse, and its inputs; same shapes,
 // flags and scale as the forward call. `workspace` holds attention_backward_workspace_bytes(T,
-// H, D, mode) bytes, 16-byte aligned, owned by the caller.
+// H, D, mode) bytes, 16-byte aligned, owned by the caller. cu_seqlens_host: as for the forward.
 inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* dv, const __nv_bfloat16* dout,
                                const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* q,
                                const __nv_bfloat16* k, const __nv_bfloat16* v, const int* cu_seqlens,
                                int num_cu_seqlens, int T, int H, int D, int window, bool paired, float softmax_scale,
                                void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                               AttentionBackwardMode mode = AttentionBackwardMode::deterministic) {
+                               AttentionBackwardMode mode = AttentionBackwardMode::deterministic,
+                               const int* cu_seqlens_host = nullptr) {
     const AttnProblem p =
         attn_problem("attention_backward", cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
     kernel_require(workspace_bytes >= attention_backward_workspace_bytes(T, H, D, mode),
                    "attention_backward: workspace smaller than attention_backward_workspace_bytes()");
     kernel_require(all_aligned16({dq, dk, dv, dout, out, lse, q, k, v, workspace}),
                    "attention_backward: tensors and workspace must be 16-byte aligned");
-    if (D == 64) attention_backward_d<64>(dq, dk, dv, dout, out, lse, q, k, v, p, workspace, stream, mode);
-    else attention_backward_d<128>(dq, dk, dv, dout, out, lse, q, k, v, p, workspace, stream, mode);
+    const AttnTileCounts counts = attn_tile_counts("attention_backward", p, cu_seqlens_host);
+    if (D == 64) attention_backward_d<64>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode);
+    else attention_backward_d<128>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode);
 }

@@ -110,6 +110,11 @@ struct SumTargets {
     int runs = 0, count = 0;
     SumTargets& add(float* p, int n = 1) { return add_run({p, nullptr, n}); }
     SumTargets& add(__nv_bfloat16* p, int n = 1) { return add_run({nullptr, p, n}); }
+    double bytes() const {
+        double b = 0;
+        for (int r = 0; r < runs; ++r) b += static_cast<double>(run[r].len) * (run[r].f32 ? 4 : 2);
+        return b;
+    }
 
 private:
     SumTargets& add_run(const Run& r) {
@@ -145,19 +150,29 @@ constexpr int kSumFixedOrderThreads = 1024;  // one long array (e.g. a loss per 
 // need one warp, not a thousand idle threads), at most `most`. The order depends on n only.
 inline int sum_threads(int n, int most) { return std::clamp((n + 31) / 32 * 32, 32, most); }
 
+// What the second pass moves: `blocks` partials per value read, the targets written (and read when
+// accumulating); an add per partial.
+inline Work sum_block_partials_work(const char* name, const SumTargets& targets, int blocks, bool accumulate) {
+    const double partials = static_cast<double>(targets.count) * blocks;
+    return Work{.name = name, .flops = partials,
+                .bytes_read = partials * sizeof(float) + (accumulate ? targets.bytes() : 0),
+                .bytes_written = targets.bytes()};
+}
 // targets (+)= the per-value sums of `blocks` blocks' partials, block b's values at partials[b * stride + v].
 inline void sum_block_partials(const SumTargets& targets, const float* partials, int blocks, int stride,
                                bool accumulate, cudaStream_t stream) {
     if (targets.count == 0) return;
-    launch(sum_block_partials_kernel, dim3(targets.count), dim3(sum_threads(blocks, kSumPartialsThreads)), 0, stream,
-           targets, partials, blocks, stride, 1.0f, accumulate);
+    launch(sum_block_partials_work("sum_block_partials", targets, blocks, accumulate), sum_block_partials_kernel,
+           dim3(targets.count), dim3(sum_threads(blocks, kSumPartialsThreads)), 0, stream, targets, partials, blocks,
+           stride, 1.0f, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 // out = (accumulate ? out : 0) + scale * sum(in[0:n]), one block in a fixed order.
 inline void sum_fixed_order(float* out, const float* in, int n, float scale, bool accumulate, cudaStream_t stream) {
     kernel_require(n >= 0, "sum_fixed_order: n %d is negative", n);
-    launch(sum_block_partials_kernel, dim3(1), dim3(sum_threads(n, kSumFixedOrderThreads)), 0, stream,
-           SumTargets().add(out), in, n, 1, scale, accumulate);
+    const SumTargets target = SumTargets().add(out);
+    launch(sum_block_partials_work("sum_fixed_order", target, n, accumulate), sum_block_partials_kernel, dim3(1),
+           dim3(sum_threads(n, kSumFixedOrderThreads)), 0, stream, target, in, n, 1, scale, accumulate);
     CUDA_CHECK_LAUNCH();
 }
 

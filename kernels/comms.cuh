@@ -32,6 +32,12 @@
 // bound on the distinct rows a rank touches between two exchanges (at most N; two steps' tokens
 // per rank bound it). Nothing is allocated per step.
 //
+// For the step profiler (work.cuh) every call records what it enqueues: the upload (copy_h2d), each
+// grouped round of sends and receives as one collective (nccl_send_recv_indexes, _values: the bytes
+// this rank sends and receives), the gather and merge kernels, the event records and waits, and the
+// count exchange's wait as host_sync mpi_wait. In a dry run the device work is skipped and the host
+// part runs for real: the counts are exchanged over MPI, so the sizes are the step's own.
+//
 // Streams and lifetimes (all ordering is by events; the only host waits are the count exchange
 // and the safety wait on the pinned buffer described below):
 //   - the comms stream (given at construction) carries the upload, the index and value exchanges
@@ -142,14 +148,20 @@ __global__ void add_rows_kernel(bf16* grad, const int32_t* rows, const bf16* val
     for (int k = 0; k < 8; ++k) out[k] = __float2bfloat16(__bfloat162float(out[k]) + __bfloat162float(v[k]));
     store128(g, out);
 }
+// Reads the n row indexes, the n sent rows and the grad rows they land on; writes those grad rows; an
+// add per element.
+inline Work add_rows_work(int n, int C) {
+    return Work{.name = "add_rows", .flops = 1.0 * n * C, .bytes_read = 4.0 * n + 4.0 * n * C,
+                .bytes_written = 2.0 * n * C};
+}
 inline void add_rows(bf16* grad, const int32_t* rows, const bf16* vals, int n, int C, cudaStream_t stream) {
     kernel_require(n >= 0 && C > 0 && C % 8 == 0, "add_rows: need n >= 0 and C a positive multiple of 8 (n=%d C=%d)", n,
                    C);
     kernel_require(all_aligned16({grad, vals}), "add_rows: grad and vals must be 16-byte aligned");
     if (n == 0) return;
     const int64_t threads = static_cast<int64_t>(n) * (C / 8);
-    launch(add_rows_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, kCommsThreads))), dim3(kCommsThreads),
-           0, stream, grad, rows, vals, n, C);
+    launch(add_rows_work(n, C), add_rows_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, kCommsThreads))),
+           dim3(kCommsThreads), 0, stream, grad, rows, vals, n, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -162,13 +174,17 @@ __global__ void scale_bf16_kernel(bf16* x, int64_t n, float scale) {
     for (int k = 0; k < 8; ++k) v[k] = __float2bfloat16(__bfloat162float(v[k]) * scale);
     store128(x + at, v);
 }
+// Reads and writes x; a multiply per element.
+inline Work scale_bf16_work(int64_t n) {
+    return Work{.name = "scale_bf16", .flops = 1.0 * n, .bytes_read = 2.0 * n, .bytes_written = 2.0 * n};
+}
 inline void scale_bf16(bf16* x, int64_t n, float scale, cudaStream_t stream) {
     kernel_require(n >= 0 && n % 8 == 0, "scale_bf16: n must be a non-negative multiple of 8 (n=%lld)",
                    static_cast<long long>(n));
     kernel_require(is_aligned16(x), "scale_bf16: x must be 16-byte aligned");
     if (n == 0) return;
-    launch(scale_bf16_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(n / 8, kCommsThreads))), dim3(kCommsThreads),
-           0, stream, x, n, scale);
+    launch(scale_bf16_work(n), scale_bf16_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(n / 8, kCommsThreads))),
+           dim3(kCommsThreads), 0, stream, x, n, scale);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -284,7 +300,7 @@ public:
         kernel_require(touched.count() <= max_touched_,
                        "SparseRowExchange::begin: %d rows touched, more than max_touched %d the buffers were sized for",
                        touched.count(), max_touched_);
-        if (upload_queued_) CUDA_CHECK(cudaEventSynchronize(upload_done_));  // see the pinned buffer's lifetime
+        if (upload_queued_) CUDA_CHECK(sync_event(upload_done_, "sparse_upload_wait"));  // the pinned buffer's lifetime
         const int n = touched.take_sorted(host_rows_, max_touched_);
         // The list is sorted, so each owner's rows are one run; the own run is cut out.
         std::vector<int>& first = send_offsets_;
@@ -297,9 +313,9 @@ public:
         for (int r = rank_ + 1; r <= world_; ++r) first[r] -= own_end - own_begin;
         send_total_ = n - (own_end - own_begin);
         if (send_total_ > 0) {
-            CUDA_CHECK(cudaMemcpyAsync(send_rows_, host_rows_, static_cast<size_t>(send_total_) * sizeof(int32_t),
-                                       cudaMemcpyHostToDevice, comms_));
-            CUDA_CHECK(cudaEventRecord(upload_done_, comms_));
+            CUDA_CHECK(copy_async(send_rows_, host_rows_, static_cast<size_t>(send_total_) * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, comms_));
+            CUDA_CHECK(record_event(upload_done_, comms_));
             upload_queued_ = true;
         }
         MPI_CHECK(
@@ -311,6 +327,7 @@ public:
     // comms stream.
     void exchange_indexes() {
         expect(Phase::kCountsInFlight, "exchange_indexes");
+        record_host_wait("mpi_wait");
         MPI_CHECK(MPI_Wait(&counts_request_, MPI_STATUS_IGNORE));
         recv_offsets_[0] = 0;
         for (int s = 0; s < world_; ++s) {
@@ -324,8 +341,8 @@ public:
         }
         recv_total_ = recv_offsets_[world_];
         // The previous merge must be done reading the received rows before new ones land.
-        if (merge_queued_) CUDA_CHECK(cudaStreamWaitEvent(comms_, merged_, 0));
-        exchange<int32_t>(send_rows_, recv_rows_, 1, ncclInt32);
+        if (merge_queued_) CUDA_CHECK(wait_event(comms_, merged_));
+        exchange<int32_t>(send_rows_, recv_rows_, 1, ncclInt32, "nccl_send_recv_indexes");
         phase_ = Phase::kIndexesExchanged;
     }
 
@@ -335,10 +352,10 @@ public:
         expect(Phase::kIndexesExchanged, "exchange_values");
         kernel_require(grad && is_aligned16(grad), "SparseRowExchange::exchange_values: grad must be 16-byte aligned");
         kernel_require(grad_ready != nullptr, "SparseRowExchange::exchange_values: grad_ready is null");
-        CUDA_CHECK(cudaStreamWaitEvent(comms_, grad_ready, 0));
+        CUDA_CHECK(wait_event(comms_, grad_ready));
         if (send_total_ > 0) embedding_gather(send_vals_, grad, send_rows_, send_total_, cols_, comms_);
-        exchange<bf16>(send_vals_, recv_vals_, static_cast<size_t>(cols_), ncclBfloat16);
-        CUDA_CHECK(cudaEventRecord(values_done_, comms_));
+        exchange<bf16>(send_vals_, recv_vals_, static_cast<size_t>(cols_), ncclBfloat16, "nccl_send_recv_values");
+        CUDA_CHECK(record_event(values_done_, comms_));
         grad_ = grad;
         phase_ = Phase::kValuesExchanged;
     }
@@ -347,13 +364,13 @@ public:
     // scales the slice by 1/world. Returns the own slice (rows_per_rank() x C, in grad).
     bf16* merge(cudaStream_t stream) {
         expect(Phase::kValuesExchanged, "merge");
-        CUDA_CHECK(cudaStreamWaitEvent(stream, values_done_, 0));
+        CUDA_CHECK(wait_event(stream, values_done_));
         for (int s = 0; s < world_; ++s)
             add_rows(grad_, recv_rows_ + recv_offsets_[s], recv_vals_ + static_cast<size_t>(recv_offsets_[s]) * cols_,
                      recv_counts_[s], cols_, stream);
         bf16* own = grad_ + static_cast<size_t>(rank_) * per_rank_ * cols_;
         scale_bf16(own, static_cast<int64_t>(per_rank_) * cols_, 1.0f / static_cast<float>(world_), stream);
-        CUDA_CHECK(cudaEventRecord(merged_, stream));
+        CUDA_CHECK(record_event(merged_, stream));
         merge_queued_ = true;
         phase_ = Phase::kIdle;
         return own;
@@ -385,9 +402,13 @@ private:
                        call, phase_call(phase_));
     }
     // One grouped round of sends and receives on the comms stream, `width` elements per row, the
-    // peers' pieces at the planned offsets; empty pieces are skipped on both sides alike.
+    // peers' pieces at the planned offsets; empty pieces are skipped on both sides alike. Recorded as
+    // one collective on every rank, an empty one too, so that the k-th collective of every rank is the same.
     template <class T>
-    void exchange(const T* send, T* recv, size_t width, ncclDataType_t type) {
+    void exchange(const T* send, T* recv, size_t width, ncclDataType_t type, const char* name) {
+        const double bytes = static_cast<double>(send_total_ + recv_total_) * width * sizeof(T);
+        if (!record_op(OpKind::collective, Work{.name = name, .comm = Comm::send_recv, .comm_bytes = bytes}, comms_))
+            return;
         NCCL_CHECK(ncclGroupStart());
         for (int peer = 0; peer < world_; ++peer) {
             if (peer == rank_) continue;

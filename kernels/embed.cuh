@@ -48,12 +48,16 @@ __global__ void embedding_gather_kernel(bf16* out, const bf16* table, const int3
     const int t = static_cast<int>(idx / packs), c = static_cast<int>(idx % packs) * 8;
     store128(out + static_cast<size_t>(t) * C + c, load128(table + static_cast<size_t>(ids[t]) * C + c));
 }
+// Reads the ids and the T rows they pick, writes out.
+inline Work embedding_gather_work(int T, int C) {
+    return Work{.name = "embedding_gather", .bytes_read = 4.0 * T + 2.0 * T * C, .bytes_written = 2.0 * T * C};
+}
 inline void embedding_gather(bf16* out, const bf16* table, const int32_t* ids, int T, int C, cudaStream_t stream) {
     kernel_require(T > 0 && C > 0 && C % 8 == 0,
                    "embedding_gather: need T > 0 and C a positive multiple of 8 (T=%d C=%d)", T, C);
     const int64_t threads = static_cast<int64_t>(T) * (C / 8);
-    launch(embedding_gather_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))), dim3(256), 0, stream,
-           out, table, ids, T, C);
+    launch(embedding_gather_work(T, C), embedding_gather_kernel,
+           dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))), dim3(256), 0, stream, out, table, ids, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -75,13 +79,20 @@ __global__ void embed_smear_forward_kernel(bf16* out, const bf16* embed, const i
     }
     store128(out + static_cast<size_t>(t) * C + c, y);
 }
+// Reads the ids, their T rows (x[t-1] is a row already read), the gate and lambda; writes out; a
+// 12-wide gate per row and a multiply-add per element.
+inline Work embed_smear_forward_work(int T, int C) {
+    return Work{.name = "embed_smear_forward", .flops = 2.0 * T * (C + kGateWidth),
+                .bytes_read = 4.0 * T + 2.0 * T * C + 2.0 * kGateWidth + 4, .bytes_written = 2.0 * T * C};
+}
 inline void embed_smear_forward(bf16* out, const bf16* embed, const int32_t* ids, const bf16* smear_gate,
                                 const float* smear_lambda, int T, int C, cudaStream_t stream) {
     kernel_require(T > 0 && C >= kGateWidth && C % 8 == 0,
                    "embed_smear_forward: need T > 0 and C a multiple of 8, at least 12 (T=%d C=%d)", T, C);
     const int64_t threads = static_cast<int64_t>(T) * (C / 8);
-    launch(embed_smear_forward_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))), dim3(256), 0,
-           stream, out, embed, ids, smear_gate, smear_lambda, T, C);
+    launch(embed_smear_forward_work(T, C), embed_smear_forward_kernel,
+           dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))), dim3(256), 0, stream, out, embed, ids,
+           smear_gate, smear_lambda, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -147,6 +158,13 @@ inline int embed_smear_backward_blocks(int T) { return ceil_div(T, kSmearRowsPer
 inline size_t embed_smear_backward_scratch_bytes(int T) {
     return static_cast<size_t>(embed_smear_backward_blocks(T)) * kSmearPartials * sizeof(float);
 }
+// Reads dout, the ids and their T rows, the gate and lambda; writes dx and the blocks' partials; a
+// dot and a multiply-add per element.
+inline Work embed_smear_backward_work(int T, int C) {
+    return Work{.name = "embed_smear_backward", .flops = 4.0 * T * C,
+                .bytes_read = 4.0 * T * C + 4.0 * T + 2.0 * kGateWidth + 4,
+                .bytes_written = 2.0 * T * C + 4.0 * embed_smear_backward_blocks(T) * kSmearPartials};
+}
 // dx: (T, C) gradient of the gathered embedding rows (feed it to embedding_backward with the
 // token ids); d_smear_gate: (12) bf16; d_smear_lambda: one fp32 element of the scalars' gradient.
 // `accumulate` applies to the two parameter gradients; dx is always overwritten.
@@ -157,8 +175,8 @@ inline void embed_smear_backward(bf16* dx, bf16* d_smear_gate, float* d_smear_la
     kernel_require(T > 0 && C >= kGateWidth && C % 8 == 0,
                    "embed_smear_backward: need T > 0 and C a multiple of 8, at least 12 (T=%d C=%d)", T, C);
     const int blocks = embed_smear_backward_blocks(T);
-    launch(embed_smear_backward_kernel, dim3(blocks), dim3(kSmearWarps * 32), 0, stream, dx, scratch, dout, embed, ids,
-           smear_gate, smear_lambda, T, C);
+    launch(embed_smear_backward_work(T, C), embed_smear_backward_kernel, dim3(blocks), dim3(kSmearWarps * 32), 0,
+           stream, dx, scratch, dout, embed, ids, smear_gate, smear_lambda, T, C);
     CUDA_CHECK_LAUNCH();
     sum_block_partials(SumTargets().add(d_smear_lambda).add(d_smear_gate, kGateWidth), scratch, blocks, kSmearPartials,
                        accumulate, stream);
@@ -364,6 +382,24 @@ __global__ void embedding_grad_merge_kernel(EmbeddingGradBatch batch, const int3
     embedding_grad_store_row(batch.grad[table] + static_cast<size_t>(row) * C + c, acc, accumulate);
 }
 
+// The two passes of embedding_backward over `tables` tables. Items: read the order and the items, every
+// position's row of dout (an add per element), and the rows they overwrite only when accumulating;
+// write the single-chunk ids' rows (bf16) and the chunk sums (fp32 slots). Merges: read the merges
+// and the slots (an add per element), write the multi-chunk ids' rows.
+inline Work embedding_grad_items_work(const IdSegments& s, int C, int tables, bool accumulate) {
+    const double single_rows = 2.0 * (s.num_unique - s.num_merges) * C, slots = 4.0 * s.num_slots * C;
+    const double per_table_read = 2.0 * s.T * C + (accumulate ? single_rows : 0);
+    return Work{.name = "embedding_backward", .flops = 1.0 * tables * s.T * C,
+                .bytes_read = 4.0 * s.T + 16.0 * s.num_items + tables * per_table_read,
+                .bytes_written = tables * (single_rows + slots)};
+}
+inline Work embedding_grad_merge_work(const IdSegments& s, int C, int tables, bool accumulate) {
+    const double merged_rows = 2.0 * s.num_merges * C;
+    return Work{.name = "embedding_backward", .flops = 1.0 * tables * s.num_slots * C,
+                .bytes_read = 12.0 * s.num_merges + tables * (4.0 * s.num_slots * C + (accumulate ? merged_rows : 0)),
+                .bytes_written = tables * merged_rows};
+}
+
 // Scratch for embedding_backward: fp32 chunk sums, per table.
 inline size_t embedding_backward_scratch_bytes(int T, int C, int tables = 1) {
     return static_cast<size_t>(tables) * embedding_grad_max_slots(T) * C * sizeof(float);
@@ -385,13 +421,15 @@ inline void embedding_backward(const EmbeddingGradBatch& batch, const IdSegments
     const int threads_x = C / 8, rows = std::max(1, 256 / threads_x);
     const int max_slots = embedding_grad_max_slots(segments.T);
     const dim3 block(threads_x, rows);
-    launch(embedding_grad_items_kernel, dim3(ceil_div(segments.num_items, rows), batch.count), block, 0, stream, batch,
+    launch(embedding_grad_items_work(segments, C, batch.count, accumulate), embedding_grad_items_kernel,
+           dim3(ceil_div(segments.num_items, rows), batch.count), block, 0, stream, batch,
            device_packed + segments.order_at(), device_packed + segments.items_at(), segments.num_items, scratch,
            max_slots, C, accumulate);
     CUDA_CHECK_LAUNCH();
     if (segments.num_merges > 0) {
-        launch(embedding_grad_merge_kernel, dim3(ceil_div(segments.num_merges, rows), batch.count), block, 0, stream,
-               batch, device_packed + segments.merges_at(), segments.num_merges, static_cast<const float*>(scratch),
+        launch(embedding_grad_merge_work(segments, C, batch.count, accumulate), embedding_grad_merge_kernel,
+               dim3(ceil_div(segments.num_merges, rows), batch.count), block, 0, stream, batch,
+               device_packed + segments.merges_at(), segments.num_merges, static_cast<const float*>(scratch),
                max_slots, C, accumulate);
         CUDA_CHECK_LAUNCH();
     }

@@ -17,10 +17,15 @@ __global__ void flag_nonfinite_kernel(const void* x, int64_t n, bool fp32, int* 
     if (bad) *flag = 1;
 }
 
+// Reads x, writes the flag (at most); a test per element.
+inline Work flag_nonfinite_work(int64_t n, bool fp32) {
+    return Work{.name = "flag_nonfinite", .flops = static_cast<double>(n),
+                .bytes_read = static_cast<double>(n) * (fp32 ? 4 : 2), .bytes_written = sizeof(int)};
+}
 // Sets *flag to 1 when x holds a non-finite value; leaves it as it is otherwise (the caller zeroes
 // it). A grid-stride loop over at most 4096 blocks: one launch for any n.
 inline void flag_nonfinite(const void* x, int64_t n, bool fp32, int* flag, cudaStream_t stream) {
     if (n <= 0) return;
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(n, 256), 4096));
-    launch(flag_nonfinite_kernel, dim3(blocks), dim3(256), 0, stream, x, n, fp32, flag);
+    launch(flag_nonfinite_work(n, fp32), flag_nonfinite_kernel, dim3(blocks), dim3(256), 0, stream, x, n, fp32, flag);
 }

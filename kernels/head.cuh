@@ -128,14 +128,19 @@ inline std::string quantize_fp8_shape_error(int rows, int cols, std::initializer
     return "";
 }
 
+// Reads in and the scale, writes both fp8 layouts; a division per element.
+inline Work quantize_fp8_two_layouts_work(int rows, int cols) {
+    const double n = static_cast<double>(rows) * cols;
+    return Work{.name = "quantize_fp8_two_layouts", .flops = n, .bytes_read = 2 * n + 4, .bytes_written = 2 * n};
+}
 // out (rows, cols) = fp8(in / *scale) and out_t (cols, rows) its transpose; scale in device memory.
 template <class F8, Fp8Overflow overflow = kLmHeadFp8Overflow>
 void quantize_fp8_two_layouts(F8* out, F8* out_t, const __nv_bfloat16* in, const float* scale, int rows, int cols,
                               cudaStream_t stream) {
     require_shape(quantize_fp8_shape_error(rows, cols, {out, out_t, in}), "quantize_fp8_two_layouts");
     const dim3 grid(ceil_div(cols, kQuantTile), ceil_div(rows, kQuantTile));
-    launch(quantize_fp8_two_layouts_kernel<F8, overflow>, grid, dim3(kQuantThreads), 0, stream, out, out_t, in, scale,
-           rows, cols);
+    launch(quantize_fp8_two_layouts_work(rows, cols), quantize_fp8_two_layouts_kernel<F8, overflow>, grid,
+           dim3(kQuantThreads), 0, stream, out, out_t, in, scale, rows, cols);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -188,7 +193,8 @@ inline void lm_head_fp8_forward(CublasLt& lt, __nv_bfloat16* logits, const LmHea
                                 cudaStream_t stream) {
     require_shape(lm_head_shape_error(T, C, V), "lm_head_fp8_forward");
     quantize_fp8_two_layouts(buf.x_f8, buf.x_f8_t, x, &scales->x, T, C, stream);
-    matmul_fp8(lt, logits, buf.x_f8, &scales->x, buf.w_f8_t, &scales->w, T, V, C, stream, /*fast_accum=*/true);
+    matmul_fp8(lt, logits, buf.x_f8, &scales->x, buf.w_f8_t, &scales->w, T, V, C, stream, /*fast_accum=*/true, 0.0f,
+               "gemm_lm_head");
 }
 
 // With g_f8 = e5m2(dlogits / grad_s): dw (C, V) (+)= x_f8^T @ g_f8 * x_s * grad_s into the bf16
@@ -200,15 +206,16 @@ inline void lm_head_fp8_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16*
     require_shape(lm_head_shape_error(T, C, V), "lm_head_fp8_backward");
     quantize_fp8_two_layouts(buf.g_f8, buf.g_f8_t, dlogits, &scales->grad, T, V, stream);
     matmul_fp8(lt, dw, buf.x_f8_t, &scales->x, buf.g_f8_t, &scales->grad, C, V, T, stream, /*fast_accum=*/false,
-               accumulate_dw ? 1.0f : 0.0f);
-    matmul_fp8(lt, dx, buf.g_f8, &scales->grad, buf.w_f8, &scales->w, T, C, V, stream, /*fast_accum=*/false);
+               accumulate_dw ? 1.0f : 0.0f, "gemm_lm_head_dw");
+    matmul_fp8(lt, dx, buf.g_f8, &scales->grad, buf.w_f8, &scales->w, T, C, V, stream, /*fast_accum=*/false, 0.0f,
+               "gemm_lm_head_dx");
 }
 
 // Evaluation: logits (T, V) = x (T, C) @ w (C, V) in bf16.
 inline void lm_head_bf16_forward(CublasLt& lt, __nv_bfloat16* logits, const __nv_bfloat16* x, const __nv_bfloat16* w,
                                  int T, int C, int V, cudaStream_t stream) {
     kernel_require(T > 0 && C > 0 && V > 0, "lm_head_bf16_forward: T, C and V must be positive");
-    matmul_bf16(lt, logits, x, false, w, false, T, V, C, stream);
+    matmul_bf16(lt, logits, x, false, w, false, T, V, C, stream, 1.0f, 0.0f, nullptr, {}, "gemm_lm_head_eval");
 }
 
 // ---- softcapped losses: one block per row of V logits, 16-byte loads ----
@@ -273,14 +280,20 @@ __global__ void __launch_bounds__(kLossThreads)
     lse_out[t] = lse;
 }
 
+// Reads the logits, targets and weights, writes row_losses and lse; the softcap, an exp and an add per
+// logit (7 operations).
+inline Work softcap_mtp_loss_forward_work(int T, int V, int n_predict) {
+    return Work{.name = "softcap_mtp_loss_forward", .flops = 7.0 * T * V,
+                .bytes_read = 2.0 * T * V + 4.0 * T + 4.0 * n_predict, .bytes_written = 8.0 * T};
+}
 // Training forward: row_losses (T), lse (T, for the backward), and *loss_total (+)= sum of the rows
 // (fixed order). targets (T) int32; mtp_weights (n_predict) fp32, both in device memory.
 inline void softcap_mtp_loss_forward(float* loss_total, bool accumulate_total, float* row_losses, float* lse,
                                      const __nv_bfloat16* logits, const int* targets, const float* mtp_weights,
                                      int n_predict, int T, int V, cudaStream_t stream) {
     require_shape(mtp_shape_error(T, V, logits, n_predict), "softcap_mtp_loss_forward");
-    launch(softcap_mtp_loss_forward_kernel, dim3(T), dim3(kLossThreads), 0, stream, row_losses, lse, logits, targets,
-           mtp_weights, n_predict, T, V);
+    launch(softcap_mtp_loss_forward_work(T, V, n_predict), softcap_mtp_loss_forward_kernel, dim3(T), dim3(kLossThreads),
+           0, stream, row_losses, lse, logits, targets, mtp_weights, n_predict, T, V);
     CUDA_CHECK_LAUNCH();
     sum_fixed_order(loss_total, row_losses, T, 1.0f, accumulate_total, stream);
 }
@@ -325,6 +338,12 @@ __global__ void __launch_bounds__(kLossThreads)
     }
 }
 
+// Reads the logits, lse, targets, weights and dloss, writes dlogits; the softcap, its derivative and
+// the softmax, 12 operations per logit.
+inline Work softcap_mtp_loss_backward_work(int T, int V, int n_predict) {
+    return Work{.name = "softcap_mtp_loss_backward", .flops = 12.0 * T * V,
+                .bytes_read = 2.0 * T * V + 8.0 * T + 4.0 * n_predict + 4, .bytes_written = 2.0 * T * V};
+}
 // Training backward: dlogits (T, V) bf16 from logits, the forward's lse and the gradient *dloss of
 // the total loss (the same for every row: the loss is their sum). dlogits may be logits (in place).
 inline void softcap_mtp_loss_backward(__nv_bfloat16* dlogits, const __nv_bfloat16* logits, const float* lse,
@@ -332,8 +351,8 @@ inline void softcap_mtp_loss_backward(__nv_bfloat16* dlogits, const __nv_bfloat1
                                       int T, int V, cudaStream_t stream) {
     require_shape(mtp_shape_error(T, V, logits, n_predict), "softcap_mtp_loss_backward");
     kernel_require(is_aligned16(dlogits), "softcap_mtp_loss_backward: dlogits are not 16-byte aligned");
-    launch(softcap_mtp_loss_backward_kernel, dim3(T), dim3(kLossThreads), 0, stream, dlogits, logits, lse, targets,
-           mtp_weights, n_predict, dloss, T, V);
+    launch(softcap_mtp_loss_backward_work(T, V, n_predict), softcap_mtp_loss_backward_kernel, dim3(T),
+           dim3(kLossThreads), 0, stream, dlogits, logits, lse, targets, mtp_weights, n_predict, dloss, T, V);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -350,12 +369,18 @@ __global__ void __launch_bounds__(kLossThreads)
     row_losses[t] = logf(sum) - z_target;
 }
 
+// Reads the logits and targets, writes row_losses; 7 operations per logit, as in training.
+inline Work softcap_eval_loss_work(int T, int V) {
+    return Work{.name = "softcap_eval_loss", .flops = 7.0 * T * V, .bytes_read = 2.0 * T * V + 4.0 * T,
+                .bytes_written = 4.0 * T};
+}
 // Evaluation: row_losses (T) and *loss (+)= scale * their sum (fixed order); scale = 1/T gives the
 // batch's mean, 1/total rows accumulates a mean over several calls.
 inline void softcap_eval_loss(float* loss, bool accumulate, float scale, float* row_losses, const __nv_bfloat16* logits,
                               const int* targets, int T, int V, cudaStream_t stream) {
     require_shape(loss_shape_error(T, V, logits), "softcap_eval_loss");
-    launch(softcap_eval_loss_kernel, dim3(T), dim3(kLossThreads), 0, stream, row_losses, logits, targets, V);
+    launch(softcap_eval_loss_work(T, V), softcap_eval_loss_kernel, dim3(T), dim3(kLossThreads), 0, stream, row_losses,
+           logits, targets, V);
     CUDA_CHECK_LAUNCH();
     sum_fixed_order(loss, row_losses, T, scale, accumulate, stream);
 }

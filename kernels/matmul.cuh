@@ -2,7 +2,9 @@
 // computes out(MxN) = op(a)(MxK) @ op(b)(KxN). cuBLASLt is column-major, so a call asks it for
 // out^T = op(b)^T @ op(a)^T, which is the same memory: its A is our b, its B is our a.
 // Descriptors and the algorithm are made once per problem shape and cached, so a training step
-// makes no heuristic queries after the first.
+// makes no heuristic queries after the first. Each call is recorded for the step profiler as a
+// `gemm` op named by its caller's purpose (`gemm_<what>`, default gemm_bf16 / gemm_fp8); a dry run
+// records it and makes no plan and no call.
 #pragma once
 #include "common.cuh"
 
@@ -35,6 +37,14 @@ constexpr cudaDataType_t cuda_data_type() {
     if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
     if constexpr (std::is_same_v<T, __nv_fp8_e4m3>) return CUDA_R_8F_E4M3;
     return CUDA_R_8F_E5M2;
+}
+
+inline double cuda_data_type_bytes(cudaDataType_t t) {
+    switch (t) {
+        case CUDA_R_32F: return 4;
+        case CUDA_R_16BF: return 2;
+        default: return 1;  // the fp8 formats
+    }
 }
 
 // Strided batch: matrix i of an operand starts i * stride elements after matrix 0 (a stride of 0
@@ -83,9 +93,27 @@ public:
         bool operator==(const Shape& o) const { return key() == o.key(); }
     };
 
+    // What a call computes and moves: 2 m n k per matrix of the batch on the tensor cores; A and B read
+    // once (an operand with batch stride 0 once for the whole batch), C when beta != 0, D written, and
+    // the fp8 scales. name: the caller's gemm_<what>, or nullptr for gemm_bf16 / gemm_fp8.
+    static Work gemm_work(const Shape& s, bool reads_c, const char* name) {
+        const auto operand = [&s](cudaDataType_t type, int rows, int cols, int64_t stride) {
+            return cuda_data_type_bytes(type) * rows * cols * (stride == 0 ? 1 : s.batch);
+        };
+        const double d = cuda_data_type_bytes(s.d_type) * s.m * s.n * s.batch;
+        return Work{.name = name ? name : (s.scaled ? "gemm_fp8" : "gemm_bf16"),
+                    .tc_flops = 2.0 * s.m * s.n * s.k * s.batch,
+                    .bytes_read = operand(s.a_type, s.m, s.k, s.stride_a) + operand(s.b_type, s.k, s.n, s.stride_b) +
+                                  (reads_c ? d : 0) + (s.scaled ? 2 * sizeof(float) : 0),
+                    .bytes_written = d,
+                    .gemm = s.scaled ? GemmType::fp8 : GemmType::bf16,
+                    .m = s.m, .n = s.n, .k = s.k, .batch = s.batch};
+    }
+
     // D = alpha * scale_a * scale_b * op(A) @ op(B) + beta * C (scales only for fp8, else NULL)
     void run(const Shape& s, const void* A, const void* B, const void* C, void* D, float alpha, float beta,
-             const float* scale_a, const float* scale_b, cudaStream_t stream) {
+             const float* scale_a, const float* scale_b, cudaStream_t stream, const char* name = nullptr) {
+        if (!record_op(OpKind::gemm, gemm_work(s, beta != 0.0f, name), stream)) return;
         Plan& p = plan(s, scale_a, scale_b);
         if (s.scaled) {
             CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a,
@@ -172,7 +200,7 @@ private:
 template <class Out, class A, class B>
 void matmul_rowmajor(CublasLt& lt, Out* out, const A* a, bool trans_a, const B* b, bool trans_b, int M, int N, int K,
                      float alpha, float beta, const Out* c, const float* scale_a, const float* scale_b,
-                     bool fast_accum, const MatmulBatch& batch, cudaStream_t stream) {
+                     bool fast_accum, const MatmulBatch& batch, cudaStream_t stream, const char* name) {
     // Row-major a (MxK) is column-major a^T (KxM, ld K); stored transposed (KxM) it is column-major MxK, ld M.
     CublasLt::Shape s{};
     s.a_type = cuda_data_type<B>();
@@ -192,39 +220,41 @@ void matmul_rowmajor(CublasLt& lt, Out* out, const A* a, bool trans_a, const B* 
     s.stride_a = batch.stride_b;
     s.stride_b = batch.stride_a;
     s.stride_d = batch.stride_out;
-    lt.run(s, b, a, c ? c : out, out, alpha, beta, scale_b, scale_a, stream);
+    lt.run(s, b, a, c ? c : out, out, alpha, beta, scale_b, scale_a, stream, name);
 }
 
 // ---- bf16 ----
 // out(MxN) = alpha * op(a) @ op(b) + beta * c; a is MxK (KxM if trans_a), b is KxN (NxK if trans_b),
-// out and c (default: out) are bf16 or fp32; with a batch, each matrix i at its stride.
+// out and c (default: out) are bf16 or fp32; with a batch, each matrix i at its stride. name: the
+// profiler's gemm_<what> (default gemm_bf16), as for every wrapper below.
 template <class Out>
 void matmul_bf16(CublasLt& lt, Out* out, const __nv_bfloat16* a, bool trans_a, const __nv_bfloat16* b, bool trans_b,
                  int M, int N, int K, cudaStream_t stream, float alpha = 1.0f, float beta = 0.0f,
-                 const Out* c = nullptr, const MatmulBatch& batch = {}) {
+                 const std::type_identity_t<Out>* c = nullptr, const MatmulBatch& batch = {},
+                 const char* name = nullptr) {
     matmul_rowmajor(lt, out, a, trans_a, b, trans_b, M, N, K, alpha, beta, c, static_cast<const float*>(nullptr),
-                    static_cast<const float*>(nullptr), false, batch, stream);
+                    static_cast<const float*>(nullptr), false, batch, stream, name);
 }
 
 // out(MxN) = x(MxK) @ w(NxK)^T (+ out when accumulating): a linear layer's forward
 template <class Out>
 void matmul_forward(CublasLt& lt, Out* out, const __nv_bfloat16* x, const __nv_bfloat16* w, int M, int N, int K,
-                    cudaStream_t stream, bool accumulate = false) {
-    matmul_bf16(lt, out, x, false, w, true, M, N, K, stream, 1.0f, accumulate ? 1.0f : 0.0f);
+                    cudaStream_t stream, bool accumulate = false, const char* name = nullptr) {
+    matmul_bf16(lt, out, x, false, w, true, M, N, K, stream, 1.0f, accumulate ? 1.0f : 0.0f, nullptr, {}, name);
 }
 
 // dx(MxK) = dy(MxN) @ w(NxK) (+ dx when accumulating): a linear layer's gradient to its input
 template <class Out>
 void matmul_backward_input(CublasLt& lt, Out* dx, const __nv_bfloat16* dy, const __nv_bfloat16* w, int M, int N, int K,
-                           cudaStream_t stream, bool accumulate = false) {
-    matmul_bf16(lt, dx, dy, false, w, false, M, K, N, stream, 1.0f, accumulate ? 1.0f : 0.0f);
+                           cudaStream_t stream, bool accumulate = false, const char* name = nullptr) {
+    matmul_bf16(lt, dx, dy, false, w, false, M, K, N, stream, 1.0f, accumulate ? 1.0f : 0.0f, nullptr, {}, name);
 }
 
 // dw(NxK) = dy(MxN)^T @ x(MxK) (+ dw when accumulating): a linear layer's gradient to its weight
 template <class Out>
 void matmul_backward_weight(CublasLt& lt, Out* dw, const __nv_bfloat16* dy, const __nv_bfloat16* x, int M, int N, int K,
-                            cudaStream_t stream, bool accumulate = false) {
-    matmul_bf16(lt, dw, dy, true, x, false, N, K, M, stream, 1.0f, accumulate ? 1.0f : 0.0f);
+                            cudaStream_t stream, bool accumulate = false, const char* name = nullptr) {
+    matmul_bf16(lt, dw, dy, true, x, false, N, K, M, stream, 1.0f, accumulate ? 1.0f : 0.0f, nullptr, {}, name);
 }
 
 // ---- fp8 ----
@@ -235,7 +265,8 @@ void matmul_backward_weight(CublasLt& lt, Out* dw, const __nv_bfloat16* dy, cons
 // exactly in fp32).
 template <class Out, class A8, class B8>
 void matmul_fp8(CublasLt& lt, Out* out, const A8* a, const float* scale_a, const B8* b, const float* scale_b, int M,
-                int N, int K, cudaStream_t stream, bool fast_accum = false, float beta = 0.0f) {
+                int N, int K, cudaStream_t stream, bool fast_accum = false, float beta = 0.0f,
+                const char* name = nullptr) {
     static_assert(!std::is_same_v<A8, __nv_fp8_e5m2> || !std::is_same_v<B8, __nv_fp8_e5m2>,
                   "cuBLASLt has no e5m2 x e5m2 matmul");
     static_assert((std::is_same_v<A8, __nv_fp8_e4m3> || std::is_same_v<A8, __nv_fp8_e5m2>) &&
@@ -243,5 +274,5 @@ void matmul_fp8(CublasLt& lt, Out* out, const A8* a, const float* scale_a, const
                   "matmul_fp8 takes fp8 operands");
     static_assert(std::is_same_v<Out, __nv_bfloat16> || std::is_same_v<Out, float>, "matmul_fp8 writes bf16 or fp32");
     matmul_rowmajor(lt, out, a, false, b, true, M, N, K, 1.0f, beta, static_cast<const Out*>(nullptr), scale_a, scale_b,
-                    fast_accum, MatmulBatch{}, stream);
+                    fast_accum, MatmulBatch{}, stream, name);
 }

@@ -46,10 +46,15 @@ __global__ void __launch_bounds__(kPackThreads)
     if (i >= n) return;
     store128(post + i, relu_square(load128(pre + i)));
 }
+// Reads pre, writes post; a max and a square per element.
+inline Work relu_square_forward_work(int64_t n) {
+    return Work{.name = "relu_square_forward", .flops = 2.0 * n, .bytes_read = 2.0 * n, .bytes_written = 2.0 * n};
+}
 inline void relu_square_forward(__nv_bfloat16* post, const __nv_bfloat16* pre, int64_t n, cudaStream_t stream) {
     require_shape(bf16_packs_shape_error(n, {post, pre}), "relu_square_forward");
     if (n == 0) return;
-    launch(relu_square_forward_kernel, bf16_packs_grid(n), dim3(kPackThreads), 0, stream, post, pre, n);
+    launch(relu_square_forward_work(n), relu_square_forward_kernel, bf16_packs_grid(n), dim3(kPackThreads), 0, stream,
+           post, pre, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -68,11 +73,16 @@ __global__ void __launch_bounds__(kPackThreads)
     }
     store128(dpre + i, out);
 }
+// Reads dpost_pre and pre, writes dpre; a compare and two multiplies per element.
+inline Work relu_square_backward_work(int64_t n) {
+    return Work{.name = "relu_square_backward", .flops = 3.0 * n, .bytes_read = 4.0 * n, .bytes_written = 2.0 * n};
+}
 inline void relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* dpost_pre, const __nv_bfloat16* pre,
                                  int64_t n, cudaStream_t stream) {
     require_shape(bf16_packs_shape_error(n, {dpre, dpost_pre, pre}), "relu_square_backward");
     if (n == 0) return;
-    launch(relu_square_backward_kernel, bf16_packs_grid(n), dim3(kPackThreads), 0, stream, dpre, dpost_pre, pre, n);
+    launch(relu_square_backward_work(n), relu_square_backward_kernel, bf16_packs_grid(n), dim3(kPackThreads), 0, stream,
+           dpre, dpost_pre, pre, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -207,6 +217,14 @@ inline std::string linear_relu_square_shape_error(int T, int C, int H,
     return "";
 }
 
+// The MMAs the grid executes, every 128 x 128 tile over C in whole 64-wide k-steps (the padding past
+// T, H and C included); reads x and w, writes pre and post; a max and a square per output.
+inline Work linear_relu_square_forward_work(int T, int C, int H) {
+    const double rows = ceil_div(T, kFcTileRows) * kFcTileRows, cols = ceil_div(H, kFcTileCols) * kFcTileCols;
+    const double depth = ceil_div(C, kFcTileK) * kFcTileK;
+    return Work{.name = "linear_relu_square_forward", .tc_flops = 2 * rows * cols * depth, .flops = 2.0 * T * H,
+                .bytes_read = 2.0 * (T + H) * C, .bytes_written = 4.0 * T * H};
+}
 // pre (T, H) = x (T, C) @ w (H, C)^T, post (T, H) = relu(pre)^2, both bf16; one kernel.
 inline void linear_relu_square_forward(__nv_bfloat16* pre, __nv_bfloat16* post, const __nv_bfloat16* x,
                                        const __nv_bfloat16* w, int T, int C, int H, cudaStream_t stream) {
@@ -217,7 +235,8 @@ inline void linear_relu_square_forward(__nv_bfloat16* pre, __nv_bfloat16* post, 
                                       true);
     (void)smem_allowed;
     const dim3 grid(static_cast<unsigned>(ceil_div(H, kFcTileCols)), static_cast<unsigned>(ceil_div(T, kFcTileRows)));
-    launch(linear_relu_square_forward_kernel, grid, dim3(kFcThreads), kFcSmemBytes, stream, pre, post, x, w, T, C, H);
+    launch(linear_relu_square_forward_work(T, C, H), linear_relu_square_forward_kernel, grid, dim3(kFcThreads),
+           kFcSmemBytes, stream, pre, post, x, w, T, C, H);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -238,7 +257,7 @@ inline void mlp_forward(CublasLt& lt, __nv_bfloat16* out, __nv_bfloat16* pre, __
                         int H, cudaStream_t stream) {
     require_shape(mlp_shape_error(T, C, H), "mlp_forward");
     linear_relu_square_forward(pre, post, x, c_fc, T, C, H, stream);
-    matmul_bf16(lt, out, post, false, c_proj, false, T, C, H, stream);
+    matmul_bf16(lt, out, post, false, c_proj, false, T, C, H, stream, 1.0f, 0.0f, nullptr, {}, "gemm_mlp_proj");
 }
 
 // Given dout (T, C): dc_proj (+)= post^T @ dout; dpre = 2 (dout @ c_proj^T) relu(pre);
@@ -259,11 +278,11 @@ inline void mlp_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16* dc_fc, 
         post = dpre;
     }
     const float beta = accumulate_weight_grads ? 1.0f : 0.0f;
-    matmul_bf16(lt, dc_proj, post, true, dout, false, H, C, T, stream, 1.0f, beta);
-    matmul_bf16(lt, dpre, dout, false, c_proj, true, T, H, C, stream);
+    matmul_bf16(lt, dc_proj, post, true, dout, false, H, C, T, stream, 1.0f, beta, nullptr, {}, "gemm_mlp_proj_dw");
+    matmul_bf16(lt, dpre, dout, false, c_proj, true, T, H, C, stream, 1.0f, 0.0f, nullptr, {}, "gemm_mlp_proj_dx");
     relu_square_backward(dpre, dpre, pre, n, stream);
-    matmul_backward_weight(lt, dc_fc, dpre, x, T, H, C, stream, accumulate_weight_grads);
-    matmul_backward_input(lt, dx, dpre, c_fc, T, H, C, stream);
+    matmul_backward_weight(lt, dc_fc, dpre, x, T, H, C, stream, accumulate_weight_grads, "gemm_mlp_fc_dw");
+    matmul_backward_input(lt, dx, dpre, c_fc, T, H, C, stream, false, "gemm_mlp_fc_dx");
 }
 
 // ---- lambda-scaled weight: the attention's F.linear(x, sa_lambda * w), with sa_lambda a scalar
@@ -281,11 +300,17 @@ __global__ void __launch_bounds__(kPackThreads)
     for (int k = 0; k < 8; ++k) out[k] = __float2bfloat16(l * __bfloat162float(p[k]));
     store128(w_eff + i, out);
 }
+// Reads w and lambda, writes w_eff; a multiply per element.
+inline Work lambda_scaled_weight_forward_work(int64_t n) {
+    return Work{.name = "lambda_scaled_weight_forward", .flops = 1.0 * n, .bytes_read = 2.0 * n + sizeof(float),
+                .bytes_written = 2.0 * n};
+}
 inline void lambda_scaled_weight_forward(__nv_bfloat16* w_eff, const __nv_bfloat16* w, const float* lambda, int64_t n,
                                          cudaStream_t stream) {
     require_shape(bf16_packs_shape_error(n, {w_eff, w}), "lambda_scaled_weight_forward");
     if (n == 0) return;
-    launch(lambda_scaled_weight_forward_kernel, bf16_packs_grid(n), dim3(kPackThreads), 0, stream, w_eff, w, lambda, n);
+    launch(lambda_scaled_weight_forward_work(n), lambda_scaled_weight_forward_kernel, bf16_packs_grid(n),
+           dim3(kPackThreads), 0, stream, w_eff, w, lambda, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -328,6 +353,13 @@ struct LambdaScaledAccumulate {
     bool dw;
     bool dlambda;
 };
+// Reads dw_eff, w, lambda (dw too when accumulating); writes dw and a partial per block; two
+// multiply-adds per element.
+inline Work lambda_scaled_weight_backward_work(int64_t n, bool accumulate_dw) {
+    return Work{.name = "lambda_scaled_weight_backward", .flops = 4.0 * n,
+                .bytes_read = (accumulate_dw ? 6.0 : 4.0) * n + sizeof(float),
+                .bytes_written = 2.0 * n + 4.0 * lambda_scaled_weight_backward_blocks(n)};
+}
 // dw (+)= lambda * dw_eff; dlambda (+)= sum(dw_eff * w), summed deterministically through `scratch`
 // (lambda_scaled_weight_backward_scratch_bytes(n)). dw_eff is the bf16 gradient of w_eff.
 inline void lambda_scaled_weight_backward(__nv_bfloat16* dw, float* dlambda, float* scratch,
@@ -335,8 +367,8 @@ inline void lambda_scaled_weight_backward(__nv_bfloat16* dw, float* dlambda, flo
                                           int64_t n, LambdaScaledAccumulate accumulate, cudaStream_t stream) {
     require_shape(bf16_packs_shape_error(n, {dw, dw_eff, w}), "lambda_scaled_weight_backward");
     const int blocks = lambda_scaled_weight_backward_blocks(n);
-    launch(lambda_scaled_weight_backward_kernel, dim3(blocks), dim3(kPackThreads), 0, stream, dw, scratch, dw_eff, w,
-           lambda, n, accumulate.dw);
+    launch(lambda_scaled_weight_backward_work(n, accumulate.dw), lambda_scaled_weight_backward_kernel, dim3(blocks),
+           dim3(kPackThreads), 0, stream, dw, scratch, dw_eff, w, lambda, n, accumulate.dw);
     CUDA_CHECK_LAUNCH();
     sum_fixed_order(dlambda, scratch, blocks, 1.0f, accumulate.dlambda, stream);
 }

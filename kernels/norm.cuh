@@ -34,6 +34,9 @@ inline void require_norm_rows(const char* who, int T, int C, std::initializer_li
         kernel_require(is_aligned16(p), "%s: every tensor must start on a 16-byte boundary (got %p)", who, p);
 }
 inline int norm_row_blocks(int T) { return ceil_div(T, kNormRowsPerBlock); }
+// Bytes of n (T, C) bf16 tensors and of a (T) fp32 statistic: what the row kernels' Work counts.
+inline double norm_rows_bytes(int T, int C, int n = 1) { return 2.0 * n * T * C; }
+inline double norm_rstd_bytes(int T) { return 4.0 * T; }
 
 // ---- a row held by a warp (device) ----
 // The lane's share of one bf16 row; packs past the row's end are zeros, so sums may include them.
@@ -109,9 +112,15 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     const NormRow v = norm_row_load(x + off, C, lane);
     norm_row_store_normalized(y + off, rstd + row, v, norm_row_rstd(v, C), C, lane);
 }
+// Reads x; writes y and rstd; a square-add and a multiply per element.
+inline Work rmsnorm_forward_work(int T, int C) {
+    return Work{.name = "rmsnorm_forward", .flops = 3.0 * T * C, .bytes_read = norm_rows_bytes(T, C),
+                .bytes_written = norm_rows_bytes(T, C) + norm_rstd_bytes(T)};
+}
 inline void rmsnorm_forward(__nv_bfloat16* y, float* rstd, const __nv_bfloat16* x, int T, int C, cudaStream_t stream) {
     require_norm_rows("rmsnorm_forward", T, C, {y, x});
-    launch(rmsnorm_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, y, rstd, x, T, C);
+    launch(rmsnorm_forward_work(T, C), rmsnorm_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0,
+           stream, y, rstd, x, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -137,11 +146,17 @@ __global__ void __launch_bounds__(kNormThreads, 4)
         store128(dx + off + col, out);
     }
 }
+// Reads dy, x, rstd (dx too when accumulating); writes dx; the dot and the gradient, 5 or 6 per element.
+inline Work rmsnorm_backward_work(int T, int C, bool accumulate) {
+    return Work{.name = "rmsnorm_backward", .flops = (accumulate ? 6.0 : 5.0) * T * C,
+                .bytes_read = norm_rows_bytes(T, C, accumulate ? 3 : 2) + norm_rstd_bytes(T),
+                .bytes_written = norm_rows_bytes(T, C)};
+}
 // accumulate: add into dx (a residual-stream gradient that already holds the other paths' share).
 inline void rmsnorm_backward(__nv_bfloat16* dx, const __nv_bfloat16* dy, const __nv_bfloat16* x, const float* rstd,
                              int T, int C, bool accumulate, cudaStream_t stream) {
     require_norm_rows("rmsnorm_backward", T, C, {dx, dy, x});
-    launch(rmsnorm_backward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, dx, dy, x, rstd, T, C,
-           accumulate);
+    launch(rmsnorm_backward_work(T, C, accumulate), rmsnorm_backward_kernel, dim3(norm_row_blocks(T)),
+           dim3(kNormThreads), 0, stream, dx, dy, x, rstd, T, C, accumulate);
     CUDA_CHECK_LAUNCH();
 }

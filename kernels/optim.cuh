@@ -156,6 +156,13 @@ __global__ void __launch_bounds__(kOptimThreads)
         param[i] = static_cast<T>(p);
     }
 }
+// Reads param, grad, both moments and the scalars, writes param and the moments; ~12 operations per element.
+template <class T>
+inline Work adam_step_work(int64_t n) {
+    const double e = static_cast<double>(n);
+    return Work{.name = "adam_step", .flops = 12 * e, .bytes_read = e * (2 * sizeof(T) + 8) + sizeof(AdamStepScalars),
+                .bytes_written = e * (sizeof(T) + 8)};
+}
 // Adam on a shard of n elements: param and grad of type T (bf16 or float), fp32 moments, this step's
 // scalars in device memory.
 template <class T>
@@ -166,8 +173,8 @@ inline void adam_step(T* param, float* exp_avg, float* exp_avg_sq, const T* grad
     if (n == 0) return;
     const bool vectorized = all_aligned16({param, exp_avg, exp_avg_sq, grad});
     const int64_t blocks = ceil_div<int64_t>(ceil_div<int64_t>(n, kOptimVec), kOptimThreads);
-    launch(adam_step_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kOptimThreads), 0, stream, param, exp_avg,
-           exp_avg_sq, grad, n, h, scalars, vectorized);
+    launch(adam_step_work<T>(n), adam_step_kernel<T>, dim3(static_cast<unsigned>(blocks)), dim3(kOptimThreads), 0,
+           stream, param, exp_avg, exp_avg_sq, grad, n, h, scalars, vectorized);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -241,6 +248,17 @@ __host__ __device__ inline int normuon_second_moment_len(int rows, int cols) {
 inline int normuon_elementwise_blocks(int rows, int cols) {
     return static_cast<int>(ceil_div<int64_t>(normuon_matrix_elems(rows, cols), kNorMuonElemsPerBlock));
 }
+// Elements of a shard of `count` (rows, cols) matrices, and bytes of its per-block partial sums (one
+// per elementwise block) and of one fp32 per reduced row or column: the units of NorMuon's Work.
+inline double normuon_shard_elems(int count, int rows, int cols) {
+    return static_cast<double>(count) * normuon_matrix_elems(rows, cols);
+}
+inline double normuon_norm_partials_bytes(int count, int rows, int cols) {
+    return 4.0 * count * normuon_elementwise_blocks(rows, cols);
+}
+inline double normuon_second_moment_bytes(int count, int rows, int cols) {
+    return 4.0 * count * normuon_second_moment_len(rows, cols);
+}
 // Blocks per matrix of the variance statistics: two partial sums each.
 inline int normuon_variance_blocks(int rows, int cols) {
     return normuon_reduces_rows(rows, cols) ? ceil_div(rows, kNorMuonVarianceRows)
@@ -272,14 +290,22 @@ __global__ void __launch_bounds__(kOptimThreads)
     sumsq = block_reduce_sum(sumsq);
     if (threadIdx.x == 0) norm_partials[static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x] = sumsq;
 }
+// Reads grad, momentum and the scalars, writes momentum and the norm's partials; two lerps and a
+// square-add per element.
+inline Work normuon_momentum_work(int count, int rows, int cols) {
+    const double n = normuon_shard_elems(count, rows, cols);
+    return Work{.name = "normuon_momentum", .flops = 6 * n, .bytes_read = 6 * n + sizeof(NorMuonStepScalars),
+                .bytes_written = 4 * n + normuon_norm_partials_bytes(count, rows, cols)};
+}
 // Updates the fp32 momentum of `count` (rows, cols) matrices from the bf16 gradient and leaves
 // normuon_elementwise_blocks(rows, cols) partial sums of u^2 per matrix in norm_partials.
 inline void normuon_momentum(float* momentum, float* norm_partials, const __nv_bfloat16* grad,
                              const NorMuonStepScalars* scalars, int count, int rows, int cols, cudaStream_t stream) {
     require_shape(normuon_shape_error(count, rows, cols), "normuon_momentum");
     kernel_require(all_aligned16({momentum, grad}), "normuon_momentum: momentum and grad must be 16-byte aligned");
-    launch(normuon_momentum_kernel, dim3(normuon_elementwise_blocks(rows, cols), count), dim3(kOptimThreads), 0, stream,
-           momentum, norm_partials, grad, scalars, normuon_matrix_elems(rows, cols));
+    launch(normuon_momentum_work(count, rows, cols), normuon_momentum_kernel,
+           dim3(normuon_elementwise_blocks(rows, cols), count), dim3(kOptimThreads), 0, stream, momentum, norm_partials,
+           grad, scalars, normuon_matrix_elems(rows, cols));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -307,6 +333,13 @@ __global__ void __launch_bounds__(kOptimThreads)
         optim_store8(x + base + i, out);
     }
 }
+// Reads grad, momentum, the norm's partials and the scalars, writes x; a lerp and a division per element.
+inline Work polar_express_normalize_work(int count, int rows, int cols) {
+    const double n = normuon_shard_elems(count, rows, cols);
+    return Work{.name = "polar_express_normalize", .flops = 3 * n,
+                .bytes_read = 6 * n + normuon_norm_partials_bytes(count, rows, cols) + sizeof(NorMuonStepScalars),
+                .bytes_written = 2 * n};
+}
 // Writes the normalized bf16 input of Polar Express for `count` matrices; norm_partials as left by
 // normuon_momentum for the same shape.
 inline void polar_express_normalize(__nv_bfloat16* x, const float* momentum, const __nv_bfloat16* grad,
@@ -315,8 +348,9 @@ inline void polar_express_normalize(__nv_bfloat16* x, const float* momentum, con
     require_shape(normuon_shape_error(count, rows, cols), "polar_express_normalize");
     kernel_require(all_aligned16({x, momentum, grad}),
                    "polar_express_normalize: x, momentum and grad must be 16-byte aligned");
-    launch(polar_express_normalize_kernel, dim3(normuon_elementwise_blocks(rows, cols), count), dim3(kOptimThreads), 0,
-           stream, x, momentum, grad, norm_partials, scalars, normuon_matrix_elems(rows, cols));
+    launch(polar_express_normalize_work(count, rows, cols), polar_express_normalize_kernel,
+           dim3(normuon_elementwise_blocks(rows, cols), count), dim3(kOptimThreads), 0, stream, x, momentum, grad,
+           norm_partials, scalars, normuon_matrix_elems(rows, cols));
     CUDA_CHECK_LAUNCH();
 }
 
@@ -333,11 +367,15 @@ __global__ void __launch_bounds__(kOptimThreads)
         optim_store8(out + i, o);
     }
 }
+// Reads out and x, writes out; a multiply-add per element.
+inline Work polar_express_add_scaled_work(int64_t n) {
+    return Work{.name = "polar_express_add_scaled", .flops = 2.0 * n, .bytes_read = 4.0 * n, .bytes_written = 2.0 * n};
+}
 inline void polar_express_add_scaled(__nv_bfloat16* out, const __nv_bfloat16* x, float a, int64_t n,
                                      cudaStream_t stream) {
     const int64_t blocks = std::min<int64_t>(ceil_div<int64_t>(n / kOptimVec, kOptimThreads), 4096);
-    launch(polar_express_add_scaled_kernel, dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1))),
-           dim3(kOptimThreads), 0, stream, out, x, a, n);
+    launch(polar_express_add_scaled_work(n), polar_express_add_scaled_kernel,
+           dim3(static_cast<unsigned>(std::max<int64_t>(blocks, 1))), dim3(kOptimThreads), 0, stream, out, x, a, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -354,19 +392,23 @@ inline void polar_express_iteration(CublasLt& lt, __nv_bfloat16* x_out, const __
     const __nv_bfloat16* none = nullptr;
     // A = X X^T (s x s): for a tall stored matrix X^T, that is stored^T @ stored
     if (tall)
-        matmul_bf16(lt, gram, x, true, x, false, s, s, l, stream, 1.0f, 0.0f, none, {count, xs, xs, ss});
+        matmul_bf16(lt, gram, x, true, x, false, s, s, l, stream, 1.0f, 0.0f, none, {count, xs, xs, ss},
+                    "gemm_polar_gram");
     else
-        matmul_bf16(lt, gram, x, false, x, true, s, s, l, stream, 1.0f, 0.0f, none, {count, xs, xs, ss});
+        matmul_bf16(lt, gram, x, false, x, true, s, s, l, stream, 1.0f, 0.0f, none, {count, xs, xs, ss},
+                    "gemm_polar_gram");
     // B = c A A + b A, one rounding
-    matmul_bf16(lt, poly, gram, false, gram, false, s, s, s, stream, c, b, static_cast<const __nv_bfloat16*>(gram),
-                {count, ss, ss, ss});
+    matmul_bf16(lt, poly, gram, false, gram, false, s, s, s, stream, c, b, gram, {count, ss, ss, ss},
+                "gemm_polar_poly");
     // X' = a X + B X; stored tall: X'^T = a X^T + X^T B^T
     const float beta = split ? 0.0f : a;
     const __nv_bfloat16* add = split ? none : x;
     if (tall)
-        matmul_bf16(lt, x_out, x, false, poly, true, l, s, s, stream, 1.0f, beta, add, {count, xs, ss, xs});
+        matmul_bf16(lt, x_out, x, false, poly, true, l, s, s, stream, 1.0f, beta, add, {count, xs, ss, xs},
+                    "gemm_polar_update");
     else
-        matmul_bf16(lt, x_out, poly, false, x, false, s, l, s, stream, 1.0f, beta, add, {count, ss, xs, xs});
+        matmul_bf16(lt, x_out, poly, false, x, false, s, l, s, stream, 1.0f, beta, add, {count, ss, xs, xs},
+                    "gemm_polar_update");
     if (split) polar_express_add_scaled(x_out, x, a, xs * count, stream);
 }
 
@@ -478,6 +520,12 @@ __global__ void __launch_bounds__(kOptimThreads)
             warp_terms[0][threadIdx.x] + warp_terms[1][threadIdx.x];
 }
 
+// Reads v and the second moment, writes the second moment, step and the partials; a square-add per element.
+inline Work normuon_variance_stats_work(int count, int rows, int cols) {
+    const double n = normuon_shard_elems(count, rows, cols), moments = normuon_second_moment_bytes(count, rows, cols);
+    return Work{.name = "normuon_variance_stats", .flops = 2 * n, .bytes_read = 2 * n + moments,
+                .bytes_written = 2 * moments + 8.0 * count * normuon_variance_blocks(rows, cols)};
+}
 // Updates the second moment (fp32, count x normuon_second_moment_len) toward the mean square of v
 // along its reduced dimension with weight second_moment_weight = 1 - beta2, writes step = rsqrt of it
 // (same shape) and normuon_variance_blocks(rows, cols) pairs of partial sums per matrix.
@@ -486,12 +534,13 @@ inline void normuon_variance_stats(float* second_moment, float* step, float* par
     require_shape(normuon_shape_error(count, rows, cols), "normuon_variance_stats");
     kernel_require(is_aligned16(v), "normuon_variance_stats: v must be 16-byte aligned");
     const dim3 grid(normuon_variance_blocks(rows, cols), count);
+    const Work work = normuon_variance_stats_work(count, rows, cols);
     if (normuon_reduces_rows(rows, cols))
-        launch(normuon_row_variance_kernel, grid, dim3(kOptimThreads), 0, stream, second_moment, step, partials, v,
-               rows, cols, second_moment_weight);
+        launch(work, normuon_row_variance_kernel, grid, dim3(kOptimThreads), 0, stream, second_moment, step, partials,
+               v, rows, cols, second_moment_weight);
     else
-        launch(normuon_col_variance_kernel, grid, dim3(kOptimThreads), 0, stream, second_moment, step, partials, v,
-               rows, cols, second_moment_weight);
+        launch(work, normuon_col_variance_kernel, grid, dim3(kOptimThreads), 0, stream, second_moment, step, partials,
+               v, rows, cols, second_moment_weight);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -542,6 +591,16 @@ __global__ void __launch_bounds__(kOptimThreads)
         store128(mantissa + base + i, lo_out);
     }
 }
+// Reads v, param, mantissa, step, the variance partials, the multipliers and the scalars; writes param
+// and mantissa; the scale, its rounding and the cautious update, ~9 operations per element.
+inline Work normuon_scale_and_update_work(int count, int rows, int cols, bool per_matrix_lr) {
+    const double n = normuon_shard_elems(count, rows, cols);
+    return Work{.name = "normuon_scale_and_update", .flops = 9 * n,
+                .bytes_read = 6 * n + normuon_second_moment_bytes(count, rows, cols) +
+                              8.0 * count * normuon_variance_blocks(rows, cols) + (per_matrix_lr ? 4.0 * count : 0) +
+                              sizeof(NorMuonStepScalars),
+                .bytes_written = 4 * n};
+}
 // Scales v by the variance statistics (normuon_variance_stats on the same v) and applies the cautious
 // update to `count` bf16 matrices with their mantissas. matrix_lr_mul: count device floats, or nullptr
 // for all 1.
@@ -552,9 +611,10 @@ inline void normuon_scale_and_update(__nv_bfloat16* param, uint16_t* mantissa, c
     require_shape(normuon_shape_error(count, rows, cols), "normuon_scale_and_update");
     kernel_require(all_aligned16({param, mantissa, v}),
                    "normuon_scale_and_update: param, mantissa and v must be 16-byte aligned");
-    launch(normuon_scale_and_update_kernel, dim3(normuon_elementwise_blocks(rows, cols), count), dim3(kOptimThreads), 0,
-           stream, param, mantissa, v, step, variance_partials, normuon_variance_blocks(rows, cols), matrix_lr_mul,
-           scalars, rows, cols);
+    const Work work = normuon_scale_and_update_work(count, rows, cols, matrix_lr_mul != nullptr);
+    launch(work, normuon_scale_and_update_kernel, dim3(normuon_elementwise_blocks(rows, cols), count),
+           dim3(kOptimThreads), 0, stream, param, mantissa, v, step, variance_partials,
+           normuon_variance_blocks(rows, cols), matrix_lr_mul, scalars, rows, cols);
     CUDA_CHECK_LAUNCH();
 }
 

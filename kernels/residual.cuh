@@ -120,13 +120,20 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     }
     norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
 }
+// Reads x, x0 (not at the first layer), x0_bigram and the lambdas; writes x_out, h and rstd; the mix's
+// multiply-adds and the norm, 8 operations per element.
+inline Work residual_mix_forward_work(int T, int C, bool first_layer) {
+    return Work{.name = "residual_mix_forward", .flops = 8.0 * T * C,
+                .bytes_read = norm_rows_bytes(T, C, first_layer ? 2 : 3) + 3 * sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C, 2) + norm_rstd_bytes(T)};
+}
 // first_layer (layer 0): x is x0 itself, and its coefficient is resid + x0 lambda (x0 is not read).
 inline void residual_mix_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
                                  const __nv_bfloat16* x0, const __nv_bfloat16* x0_bigram, MixLambdas lambdas,
                                  bool first_layer, int T, int C, cudaStream_t stream) {
     require_norm_rows("residual_mix_forward", T, C, {x_out, h, x, x0, x0_bigram});
-    launch(residual_mix_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x,
-           x0, x0_bigram, lambdas, first_layer, T, C);
+    launch(residual_mix_forward_work(T, C, first_layer), residual_mix_forward_kernel, dim3(norm_row_blocks(T)),
+           dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x, x0, x0_bigram, lambdas, first_layer, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -178,6 +185,16 @@ __global__ void __launch_bounds__(kNormThreads, 3)
     }
     store_warp_reduced_partials(partials, acc);
 }
+// Reads g, dh, x_mix, x, x0 (not at the first layer), x0_bigram, rstd and the lambdas, and the
+// gradients it adds into; writes dx, dx0 (not at the first layer), dx0_bigram and the partials; the
+// norm's gradient, three products and three scaled outputs, ~16 operations per element.
+inline Work residual_mix_backward_work(int T, int C, const MixBackwardOptions& o) {
+    const int inputs = o.first_layer ? 5 : 6, outputs = o.first_layer ? 2 : 3;  // x0 and dx0 only past layer 0
+    const int added = (o.accumulate_dx ? 1 : 0) + (o.accumulate_x0_grads ? outputs - 1 : 0);
+    return Work{.name = "residual_mix_backward", .flops = 16.0 * T * C,
+                .bytes_read = norm_rows_bytes(T, C, inputs + added) + norm_rstd_bytes(T) + 3 * sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C, outputs) + 12.0 * residual_backward_blocks(T)};
+}
 // From the gradient of the mix output's two uses: g (the stream, added around the next block) and dh (the
 // norm that block read). dx: the gradient of the layer's input; it may be g itself (in place) unless
 // accumulate_dx. At layer 0 (first_layer) x is x0: dx is x0's gradient (accumulate it) and dx0 is unused.
@@ -189,8 +206,8 @@ inline void residual_mix_backward(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bf
                                   MixLambdas lambdas, MixBackwardOptions options, int T, int C, cudaStream_t stream) {
     require_norm_rows("residual_mix_backward", T, C, {dx, dx0, dx0_bigram, g, dh, x_mix, x, x0, x0_bigram});
     const int blocks = residual_backward_blocks(T);
-    launch(residual_mix_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dx0, dx0_bigram, scratch, g,
-           dh, x_mix, h_rstd, x, x0, x0_bigram, lambdas, options, T, C);
+    launch(residual_mix_backward_work(T, C, options), residual_mix_backward_kernel, dim3(blocks), dim3(kNormThreads), 0,
+           stream, dx, dx0, dx0_bigram, scratch, g, dh, x_mix, h_rstd, x, x0, x0_bigram, lambdas, options, T, C);
     CUDA_CHECK_LAUNCH();
     sum_block_partials(SumTargets().add(lambda_grads.resid).add(lambda_grads.x0).add(lambda_grads.bigram), scratch,
                        blocks, 3, options.accumulate_lambda_grads, stream);
@@ -235,6 +252,12 @@ __global__ void __launch_bounds__(kNormThreads, 4)
         store128(x_out + off + col, out);
     }
 }
+// Reads x, skip, x0's first 12 columns, the gate and lambda; writes x_out; a multiply-add per element.
+inline Work gated_skip_add_forward_work(int T, int C) {
+    return Work{.name = "gated_skip_add_forward", .flops = 2.0 * T * (C + kSkipGateWidth),
+                .bytes_read = norm_rows_bytes(T, C, 2) + 2.0 * kSkipGateWidth * (T + 1) + sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C)};
+}
 // skip: layer 3's output; gate_w: skip_gate (12 bf16); x_out may be x (in place).
 inline void gated_skip_add_forward(__nv_bfloat16* x_out, const __nv_bfloat16* x, const __nv_bfloat16* skip,
                                    const __nv_bfloat16* x0, const __nv_bfloat16* gate_w, const float* skip_lambda,
@@ -242,8 +265,8 @@ inline void gated_skip_add_forward(__nv_bfloat16* x_out, const __nv_bfloat16* x,
     require_norm_rows("gated_skip_add_forward", T, C, {x_out, x, skip, x0});
     kernel_require(C >= 2 * kNormPackWidth, "gated_skip_add_forward: C=%d is narrower than the skip gate's %d inputs",
                    C, kSkipGateWidth);
-    launch(gated_skip_add_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, x, skip, x0,
-           gate_w, skip_lambda, T, C);
+    launch(gated_skip_add_forward_work(T, C), gated_skip_add_forward_kernel, dim3(norm_row_blocks(T)),
+           dim3(kNormThreads), 0, stream, x_out, x, skip, x0, gate_w, skip_lambda, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -296,6 +319,16 @@ struct SkipBackwardOptions {
     bool accumulate_d_skip;       // d_skip, layer 3's output gradient
     bool accumulate_param_grads;  // d_skip_gate and d_skip_lambda
 };
+// Reads g, skip (d_skip too when accumulating), x0's and dx0's first 12 columns, the gate and lambda;
+// writes d_skip, dx0's first 12 columns and the partials; a dot and a multiply per element.
+inline Work gated_skip_add_backward_work(int T, int C, bool accumulate_d_skip) {
+    const double gate_columns = 2.0 * kSkipGateWidth * T;  // of x0 and of dx0
+    return Work{.name = "gated_skip_add_backward", .flops = 3.0 * T * C,
+                .bytes_read = norm_rows_bytes(T, C, accumulate_d_skip ? 3 : 2) + 2 * gate_columns +
+                              2.0 * kSkipGateWidth + sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C) + gate_columns +
+                                 4.0 * kResidualMaxPartials * residual_backward_blocks(T)};
+}
 // g: the gradient of the skip add's output (also the gradient of its input x, unchanged). d_skip: the
 // gradient of layer 3's output. dx0 must hold x0's gradient so far: the gate's share is added into its
 // first 12 columns.
@@ -308,8 +341,9 @@ inline void gated_skip_add_backward(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, _
     kernel_require(C >= 2 * kNormPackWidth, "gated_skip_add_backward: C=%d is narrower than the skip gate's %d inputs",
                    C, kSkipGateWidth);
     const int blocks = residual_backward_blocks(T);
-    launch(gated_skip_add_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, d_skip, dx0, scratch, g, skip,
-           x0, gate_w, skip_lambda, options.accumulate_d_skip, T, C);
+    launch(gated_skip_add_backward_work(T, C, options.accumulate_d_skip), gated_skip_add_backward_kernel, dim3(blocks),
+           dim3(kNormThreads), 0, stream, d_skip, dx0, scratch, g, skip, x0, gate_w, skip_lambda,
+           options.accumulate_d_skip, T, C);
     CUDA_CHECK_LAUNCH();
     sum_block_partials(SumTargets().add(d_skip_gate, kSkipGateWidth).add(d_skip_lambda), scratch, blocks,
                        kResidualMaxPartials, options.accumulate_param_grads, stream);
@@ -336,13 +370,19 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     }
     if (h) norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
 }
+// Reads x and y; writes x_out, and h and rstd with the norm; an add per element, 3 more with the norm.
+inline Work residual_add_forward_work(int T, int C, bool norm) {
+    return Work{.name = "residual_add_forward", .flops = (norm ? 4.0 : 1.0) * T * C,
+                .bytes_read = norm_rows_bytes(T, C, 2),
+                .bytes_written = norm_rows_bytes(T, C, norm ? 2 : 1) + (norm ? norm_rstd_bytes(T) : 0)};
+}
 // Adds a block's output y into the stream; with h (and h_rstd) also the norm the next block reads.
 // x_out may be x (in place) when the backward does not need x.
 inline void residual_add_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
                                  const __nv_bfloat16* y, int T, int C, cudaStream_t stream) {
     require_norm_rows("residual_add_forward", T, C, {x_out, h, x, y});
-    launch(residual_add_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x, y,
-           T, C);
+    launch(residual_add_forward_work(T, C, h != nullptr), residual_add_forward_kernel, dim3(norm_row_blocks(T)),
+           dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x, y, T, C);
     CUDA_CHECK_LAUNCH();
 }
 // The add passes its output's gradient dX to both x and y unchanged; with a norm, that gradient first
@@ -374,13 +414,18 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     }
     norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
 }
+// Reads x, x_backout and lambda; writes x_out, h and rstd; a multiply-add and the norm per element.
+inline Work backout_forward_work(int T, int C) {
+    return Work{.name = "backout_forward", .flops = 5.0 * T * C, .bytes_read = norm_rows_bytes(T, C, 2) + sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C, 2) + norm_rstd_bytes(T)};
+}
 // x: the last layer's output; x_backout: layer 7's output; h feeds the lm_head.
 inline void backout_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
                             const __nv_bfloat16* x_backout, const float* backout_lambda, int T, int C,
                             cudaStream_t stream) {
     require_norm_rows("backout_forward", T, C, {x_out, h, x, x_backout});
-    launch(backout_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x,
-           x_backout, backout_lambda, T, C);
+    launch(backout_forward_work(T, C), backout_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream,
+           x_out, h, h_rstd, x, x_backout, backout_lambda, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -416,6 +461,13 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     }
     store_warp_reduced_partials(partials, acc);
 }
+// Reads dh, x_out, x_backout, rstd and lambda; writes dx, dx_backout and the partials; the norm's
+// gradient, a product and a scale per element.
+inline Work backout_backward_work(int T, int C) {
+    return Work{.name = "backout_backward", .flops = 9.0 * T * C,
+                .bytes_read = norm_rows_bytes(T, C, 3) + norm_rstd_bytes(T) + sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C, 2) + 4.0 * residual_backward_blocks(T)};
+}
 // dh: the lm_head input's gradient. dx: the last layer's output gradient; dx_backout: layer 7's output's
 // share (both overwritten: they are the first gradients of those streams). accumulate: add into
 // d_backout_lambda. `scratch`: residual_backward_scratch_bytes(T).
@@ -425,8 +477,8 @@ inline void backout_backward(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float
                              cudaStream_t stream) {
     require_norm_rows("backout_backward", T, C, {dx, dx_backout, dh, x_out, x_backout});
     const int blocks = residual_backward_blocks(T);
-    launch(backout_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dx_backout, scratch, dh, x_out,
-           h_rstd, x_backout, backout_lambda, T, C);
+    launch(backout_backward_work(T, C), backout_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx,
+           dx_backout, scratch, dh, x_out, h_rstd, x_backout, backout_lambda, T, C);
     CUDA_CHECK_LAUNCH();
     sum_block_partials(SumTargets().add(d_backout_lambda), scratch, blocks, 1, accumulate, stream);
 }

@@ -122,10 +122,16 @@ __global__ void yarn_fill_table_kernel(bf16* table, const float* freq, int n, in
     table[2 * idx] = __float2bfloat16(cosf(theta));
     table[2 * idx + 1] = __float2bfloat16(sinf(theta));
 }
+// Reads the frequencies, writes the table; a multiply, a cos and a sin per entry.
+inline Work yarn_fill_table_work(const YarnRope& r) {
+    return Work{.name = "yarn_fill_table", .flops = 3.0 * r.positions * (r.head_dim / 4),
+                .bytes_read = 4.0 * (r.head_dim / 4),
+                .bytes_written = static_cast<double>(yarn_table_bytes(r.head_dim, r.positions))};
+}
 inline void yarn_fill_table(const YarnRope& r, cudaStream_t stream) {
     const int64_t threads = static_cast<int64_t>(r.positions) * (r.head_dim / 4);
-    launch(yarn_fill_table_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))), dim3(256), 0, stream,
-           r.table, static_cast<const float*>(r.freq), r.head_dim / 4, r.positions);
+    launch(yarn_fill_table_work(r), yarn_fill_table_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))),
+           dim3(256), 0, stream, r.table, static_cast<const float*>(r.freq), r.head_dim / 4, r.positions);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -133,7 +139,9 @@ inline void yarn_fill_table(const YarnRope& r, cudaStream_t stream) {
 inline void yarn_rope_reset(YarnRope& r, cudaStream_t stream) {
     const int n = r.head_dim / 4;
     const float step = 1.0f / static_cast<float>(n - 1);  // torch: (end - start) / (steps - 1) in fp32 on the host
-    launch(yarn_reset_frequencies_kernel, dim3(1), dim3(n), 0, stream, r.freq, n, step);
+    // writes the n frequencies, a multiply-add and a power each
+    const Work work{.name = "yarn_rope_reset", .flops = 2.0 * n, .bytes_written = 4.0 * n};
+    launch(work, yarn_reset_frequencies_kernel, dim3(1), dim3(n), 0, stream, r.freq, n, step);
     CUDA_CHECK_LAUNCH();
     yarn_fill_table(r, stream);
     r.attn_scale = 0.1;
@@ -149,8 +157,10 @@ inline void yarn_rope_apply(YarnRope& r, int old_window, int new_window, cudaStr
     const double scaling = static_cast<double>(old_window) / new_window;
     const float inv_two_pi = 1.0f / static_cast<float>(6.283185307179586);  // Python's 2 * math.pi
     const float inv_span = 1.0f / static_cast<float>(beta - alpha);
-    launch(yarn_interpolate_frequencies_kernel, dim3(1), dim3(n), 0, stream, r.freq, n, static_cast<float>(old_window),
-           inv_two_pi, static_cast<float>(alpha), inv_span, static_cast<float>(scaling),
+    // reads and writes the n frequencies, 8 operations each
+    const Work work{.name = "yarn_rope_apply", .flops = 8.0 * n, .bytes_read = 4.0 * n, .bytes_written = 4.0 * n};
+    launch(work, yarn_interpolate_frequencies_kernel, dim3(1), dim3(n), 0, stream, r.freq, n,
+           static_cast<float>(old_window), inv_two_pi, static_cast<float>(alpha), inv_span, static_cast<float>(scaling),
            static_cast<float>(1.0 - scaling));
     CUDA_CHECK_LAUNCH();
     yarn_fill_table(r, stream);
@@ -188,6 +198,18 @@ inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
         kernel_require(needed <= a.rope_positions, "%s: rotary table has %d positions, this layer needs %lld", who,
                        a.rope_positions, static_cast<long long>(needed));
     }
+}
+
+// Bytes the attention auxiliaries move, the units of their Work: a (T, C) bf16 tensor; a (T, H) fp32
+// statistic; the rotary table rows the layer's positions read (T, or 2T for paired heads, D bytes each);
+// the gates' first 12 columns of xa (and of dxa) and one (H, 12) gate; the value-embedding extras (the
+// ids, the gathered rows, the gate's columns of xa and the gate).
+inline double attn_aux_rows_bytes(const AttnAux& a) { return 2.0 * a.T * a.H * a.D; }
+inline double attn_aux_stats_bytes(const AttnAux& a) { return 4.0 * a.T * a.H; }
+inline double attn_aux_rope_bytes(const AttnAux& a) { return (a.paired ? 2.0 : 1.0) * a.T * a.D; }
+inline double attn_aux_gate_bytes(const AttnAux& a) { return 2.0 * kGateWidth * (a.T + a.H); }
+inline double attn_aux_ve_bytes(const AttnAux& a) {
+    return a.ve_table ? 4.0 * a.T + attn_aux_rows_bytes(a) + attn_aux_gate_bytes(a) : 0;
 }
 
 // One thread per 8 dims of one head row: D/8 adjacent lanes share a row (rows never straddle a
@@ -308,14 +330,22 @@ __global__ void attn_qkv_forward_kernel(bf16* q_out, bf16* k_out, bf16* v_out, f
         rope_store8(v_out + out_at, v);
     }
 }
+// Reads qkv's q and k (and v when written), the rotary rows and the value-embedding extras; writes q, k,
+// v and both rstd; the norm and rotary, 6 operations per q and k element, 2 per v element with ve.
+inline Work attn_qkv_forward_work(const AttnAux& a, bool writes_v) {
+    const double rows = attn_aux_rows_bytes(a), elems = rows / 2;
+    return Work{.name = "attn_qkv_forward", .flops = 12 * elems + (a.ve_table ? 2 * elems : 0),
+                .bytes_read = (writes_v ? 3 : 2) * rows + attn_aux_rope_bytes(a) + attn_aux_ve_bytes(a),
+                .bytes_written = (writes_v ? 3 : 2) * rows + 2 * attn_aux_stats_bytes(a)};
+}
 // q, k, v: (T, H, D); rstd_q, rstd_k: (T, H) fp32 for the backward. v may be null on a layer
 // without value embeddings when the attention reads v from qkv (row stride 3C) instead.
 inline void attn_qkv_forward(const AttnAux& a, bf16* q, bf16* k, bf16* v, float* rstd_q, float* rstd_k,
                              const bf16* qkv, cudaStream_t stream) {
     attn_aux_check(a, "attn_qkv_forward", true);
     kernel_require(a.ve_table == nullptr || v != nullptr, "attn_qkv_forward: a layer with value embeddings needs v");
-    launch(attn_qkv_forward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, q, k, v, rstd_q, rstd_k, qkv,
-           a);
+    launch(attn_qkv_forward_work(a, v != nullptr), attn_qkv_forward_kernel, attn_head_lane_grid(a.T, a.H, a.D),
+           dim3(256), 0, stream, q, k, v, rstd_q, rstd_k, qkv, a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -399,6 +429,15 @@ __global__ void attn_qkv_backward_kernel(bf16* dqkv, bf16* dve, float* dz_ve, co
         if (l.d0 == 0) dz_ve[l.row] = dz;
     }
 }
+// Reads dq, dk, dv, qkv's q and k, both rstd, the rotary rows and the value-embedding extras; writes
+// dqkv (and dve, dz_ve); the rotary and norm backward, 10 operations per q and k element, 4 per v
+// element with ve.
+inline Work attn_qkv_backward_work(const AttnAux& a) {
+    const double rows = attn_aux_rows_bytes(a), elems = rows / 2;
+    return Work{.name = "attn_qkv_backward", .flops = 20 * elems + (a.ve_table ? 4 * elems : 0),
+                .bytes_read = 5 * rows + 2 * attn_aux_stats_bytes(a) + attn_aux_rope_bytes(a) + attn_aux_ve_bytes(a),
+                .bytes_written = 3 * rows + (a.ve_table ? rows + attn_aux_stats_bytes(a) : 0)};
+}
 // dqkv: (T, 3C); dve: (T, C) gradient of the gathered value-embedding rows (to embedding_backward
 // with the token ids); dz_ve: (T, H) fp32 gradient of the ve gate logits (to attn_gates_backward).
 // dve and dz_ve only on layers with value embeddings.
@@ -408,8 +447,8 @@ inline void attn_qkv_backward(const AttnAux& a, bf16* dqkv, bf16* dve, float* dz
     attn_aux_check(a, "attn_qkv_backward", true);
     kernel_require((a.ve_table != nullptr) == (dve != nullptr && dz_ve != nullptr),
                    "attn_qkv_backward: dve and dz_ve are needed exactly on layers with value embeddings");
-    launch(attn_qkv_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, dqkv, dve, dz_ve, dq, dk, dv,
-           qkv, rstd_q, rstd_k, a);
+    launch(attn_qkv_backward_work(a), attn_qkv_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0,
+           stream, dqkv, dve, dz_ve, dq, dk, dv, qkv, rstd_q, rstd_k, a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -426,10 +465,16 @@ __global__ void attn_output_gate_forward_kernel(bf16* y_gated, const bf16* y, At
     for (int i = 0; i < 8; ++i) v[i] *= s;
     rope_store8(y_gated + at, v);
 }
+// Reads y, the gate's columns of xa and the gate; writes y_gated; a multiply per element.
+inline Work attn_output_gate_forward_work(const AttnAux& a) {
+    return Work{.name = "attn_output_gate_forward", .flops = attn_aux_rows_bytes(a) / 2,
+                .bytes_read = attn_aux_rows_bytes(a) + attn_aux_gate_bytes(a), .bytes_written = attn_aux_rows_bytes(a)};
+}
 inline void attn_output_gate_forward(const AttnAux& a, bf16* y_gated, const bf16* y, cudaStream_t stream) {
     attn_aux_check(a, "attn_output_gate_forward", false);
     kernel_require(a.attn_gate != nullptr, "attn_output_gate_forward: no attn_gate");
-    launch(attn_output_gate_forward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, y_gated, y, a);
+    launch(attn_output_gate_forward_work(a), attn_output_gate_forward_kernel, attn_head_lane_grid(a.T, a.H, a.D),
+           dim3(256), 0, stream, y_gated, y, a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -453,13 +498,20 @@ __global__ void attn_output_gate_backward_kernel(bf16* dy, float* dz_attn, const
     rope_store8(dy + at, g);
     if (l.d0 == 0) dz_attn[l.row] = dz;
 }
+// Reads dy_gated, y, the gate's columns of xa and the gate; writes dy and dz_attn; a multiply-add and
+// a multiply per element.
+inline Work attn_output_gate_backward_work(const AttnAux& a) {
+    return Work{.name = "attn_output_gate_backward", .flops = 1.5 * attn_aux_rows_bytes(a),
+                .bytes_read = 2 * attn_aux_rows_bytes(a) + attn_aux_gate_bytes(a),
+                .bytes_written = attn_aux_rows_bytes(a) + attn_aux_stats_bytes(a)};
+}
 // dy: gradient of the attention output before the gate (may alias dy_gated); dz_attn: (T, H) fp32.
 inline void attn_output_gate_backward(const AttnAux& a, bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y,
                                       cudaStream_t stream) {
     attn_aux_check(a, "attn_output_gate_backward", false);
     kernel_require(a.attn_gate != nullptr, "attn_output_gate_backward: no attn_gate");
-    launch(attn_output_gate_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0, stream, dy, dz_attn, dy_gated,
-           y, a);
+    launch(attn_output_gate_backward_work(a), attn_output_gate_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D),
+           dim3(256), 0, stream, dy, dz_attn, dy_gated, y, a);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -492,6 +544,17 @@ __global__ void attn_gates_backward_kernel(bf16* dxa, float* partials, const flo
 inline size_t attn_gates_backward_scratch_bytes(int T, int H) {
     return static_cast<size_t>(ceil_div(T, kGateRowsPerBlock)) * 2 * H * kGateWidth * sizeof(float);
 }
+// Reads dz_attn (and dz_ve), the gates' columns of xa and dxa and the gates (attn_aux_gate_bytes counts
+// xa's columns with a gate: dxa's come on top); writes dxa's columns and the partials; a multiply-add
+// per (row, head, column) and gate, twice.
+inline Work attn_gates_backward_work(const AttnAux& a, bool ve, int blocks, int n_w) {
+    const int gates = ve ? 2 : 1;
+    const double columns = 2.0 * kGateWidth * a.T;
+    return Work{.name = "attn_gates_backward", .flops = 4.0 * gates * a.T * a.H * kGateWidth,
+                .bytes_read = gates * attn_aux_stats_bytes(a) + columns + attn_aux_gate_bytes(a) +
+                              (ve ? 2.0 * kGateWidth * a.H : 0),
+                .bytes_written = columns + 4.0 * blocks * n_w};
+}
 // dxa: (T, C) gradient of the attention input, updated in place in its first 12 channels.
 // d_attn_gate, d_ve_gate: (H, 12) bf16 (d_ve_gate and dz_ve only with value embeddings);
 // `accumulate` as for every parameter gradient.
@@ -503,7 +566,8 @@ inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* d_attn_gate, 
                    "attn_gates_backward: d_ve_gate and dz_ve are needed exactly on layers with value embeddings");
     const int blocks = ceil_div(a.T, kGateRowsPerBlock), per_gate = a.H * kGateWidth;
     const int n_w = dz_ve != nullptr ? 2 * per_gate : per_gate;
-    launch(attn_gates_backward_kernel, dim3(blocks), dim3(128), 0, stream, dxa, scratch, dz_attn, dz_ve, a);
+    launch(attn_gates_backward_work(a, dz_ve != nullptr, blocks, n_w), attn_gates_backward_kernel, dim3(blocks),
+           dim3(128), 0, stream, dxa, scratch, dz_attn, dz_ve, a);
     CUDA_CHECK_LAUNCH();
     SumTargets targets;
     targets.add(d_attn_gate, per_gate);

@@ -42,6 +42,13 @@ inline std::string transpose_shape_error(int64_t rows, int64_t cols, int64_t in_
     return "";
 }
 
+// Reads in (and out when adding, with an add per element); writes out.
+template <class T>
+inline Work transpose_work(int64_t rows, int64_t cols, bool add) {
+    const double n = static_cast<double>(rows) * cols, bytes = n * sizeof(T);
+    return Work{.name = "transpose", .flops = add ? n : 0, .bytes_read = add ? 2 * bytes : bytes,
+                .bytes_written = bytes};
+}
 // out = in^T (add: out += in^T) for in (rows, cols) read with leading dimension in_ld (a column
 // slice of a wider matrix when in_ld > cols) and out (cols, rows) with leading dimension out_ld.
 template <class T>
@@ -51,7 +58,7 @@ inline void transpose(T* out, const T* in, int64_t rows, int64_t cols, int64_t i
     if (rows == 0 || cols == 0) return;
     const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(cols, kTransposeTile)),
                     static_cast<unsigned>(ceil_div<int64_t>(rows, kTransposeTile)));
-    launch(transpose_kernel<T>, grid, dim3(kTransposeTile, kTransposeRows), 0, stream, out, in, rows, cols, in_ld, out_ld,
-           add);
+    launch(transpose_work<T>(rows, cols, add), transpose_kernel<T>, grid, dim3(kTransposeTile, kTransposeRows), 0,
+           stream, out, in, rows, cols, in_ld, out_ld, add);
     CUDA_CHECK_LAUNCH();
 }
