@@ -614,6 +614,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
         std::exit(EXIT_FAILURE);
     }
     const float scale = static_cast<float>(m.rope.attn_scale);
+    const Range range("forward");
 
     // x = x0 = norm(smear(embed[ids])); the bigram rows join every layer's mix
     embed_smear_forward(a.smeared, p.embed, b.inputs, p.smear_gate, p.scalars + kSmearLambda, T, C, s);
@@ -621,6 +622,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     embedding_gather(a.x0_bigram, p.bigram_embed, b.bigram, T, C, s);
 
     for (int l = 0; l < kLayers; ++l) {
+        const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
         if (l == kSkipTo)  // x += sigmoid(skip_lambda) * 2 * sigmoid(x0[:, :12] . skip_gate) * (layer 3's output)
             gated_skip_add_forward(L.x, L.x, a.layer[kSkipFrom + 1].x, a.x0, p.skip_gate, p.scalars + kSkipLambda, T,
@@ -637,7 +639,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s);
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
             attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(step_sch, l),
-                              is_paired(l), scale, s);
+                              is_paired(l), scale, s, b.cu_seqlens_host.data());
             attn_output_gate_forward(aux, L.y_gated, L.y, s);
             matmul_forward(*m.lt, a.block_out, L.y_gated, L.wo_eff, T, C, C, s);
             residual_add_forward(L.xa, L.h_mlp, L.rstd_mlp, L.xm, a.block_out, T, C, s);
@@ -683,6 +685,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     const float scale = static_cast<float>(m.rope.attn_scale);
     bf16 *dX = w.dX, *dX_skip = w.dX_skip, *dX_backout = w.dX_backout;  // stream gradients change buffers below
     const bool accumulate = acc.others;
+    const Range range("backward");
     if (!accumulate) {  // the embedding backward writes only the rows of this batch's ids
         CUDA_CHECK(memset_async(g.embed, 0, size_t(V) * C * sizeof(bf16), s));
         CUDA_CHECK(memset_async(g.value_embeds, 0, size_t(kValueTables) * V * C * sizeof(bf16), s));
@@ -697,6 +700,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                      a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda, accumulate, T, C, s);
     // the last layer's output gradient is in dX; layers run backward, each leaving its input's in dX
     for (int l = kLayers - 1; l >= 0; --l) {
+        const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
         const bf16* mlp_in = has_attention(l) ? L.h_mlp : L.h_attn;
         mlp_backward(*m.lt, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.matrices, L.post, dX, mlp_in, p.c_fc(c, l),
@@ -713,7 +717,8 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                                           {.dw = acc.matrices, .dlambda = accumulate}, s);
             attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
             attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
-                               layer_window(step_sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s);
+                               layer_window(step_sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s,
+                               AttentionBackwardMode::deterministic, b.cu_seqlens_host.data());
             const int table = value_table(l);
             bf16* dve = table >= 0 ? w.dve[table] : nullptr;
             float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
@@ -1084,6 +1089,7 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     const Config& c = m.cfg;
     const bool do_adam = step % 2 == 1, tied = !o.split;
     const int64_t C = c.model_dim, V = c.padded_vocab;
+    const Range range("optimizer");
     auto steps = [&](const OptimGroup& q) {
         if (q.rule->optim == Optim::adam && !do_adam) return false;
         return !(tied && std::strcmp(q.rule->label, "embed") == 0);  // tied: updated through lm_head

@@ -18,6 +18,7 @@ struct DeviceBatch {
     int32_t *inputs, *targets, *cu_seqlens, *bigram;
     IdSegments token_segments, bigram_segments;  // host descriptions of the packed buffers
     int32_t *token_segments_dev, *bigram_segments_dev;
+    std::vector<int32_t> cu_seqlens_host;  // the step profiler counts attention's tiles over it
 };
 void layout_batch(Arena& a, int T, DeviceBatch& b) {
     const int64_t cu = dataload::max_num_docs_for(T);
@@ -53,6 +54,7 @@ struct BatchUploader {
                      std::to_string(c.vocab_size) + ")");
         b.T = T;
         b.num_cu = num_cu;
+        b.cu_seqlens_host.assign(cu_seqlens, cu_seqlens + num_cu);
         token_packed.resize(id_segments_capacity_ints(T));
         bigram_packed.resize(id_segments_capacity_ints(T));
         b.token_segments = builder.build(inputs, T, c.padded_vocab, token_packed.data());

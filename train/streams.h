@@ -38,28 +38,46 @@ inline int nccl_ranks(ncclComm_t comm) {
     return n;
 }
 
+// Issues a collective (issue() makes the NCCL call) unless a dry run skips it; its timing ends after it.
+template <class Issue>
+inline ncclResult_t collective(const Work& w, cudaStream_t s, Issue&& issue) {
+    if (!record_collective(w, s)) return ncclSuccess;
+    const ncclResult_t r = issue();
+    end_op();
+    return r;
+}
+
 inline ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op,
                                ncclComm_t comm, cudaStream_t s) {
-    const Work w = collective_work("nccl_all_reduce", Comm::all_reduce, double(count), t);
-    return record_collective(w, s) ? ncclAllReduce(send, recv, count, t, op, comm, s) : ncclSuccess;
+    return collective(collective_work("nccl_all_reduce", Comm::all_reduce, double(count), t), s,
+                      [&] { return ncclAllReduce(send, recv, count, t, op, comm, s); });
 }
-// The input buffer (every rank's shard, recv_count each) is what a reduce-scatter moves.
+// A reduce-scatter moves its input buffer: every rank's shard of recv_count.
 inline ncclResult_t reduce_scatter(const void* send, void* recv, size_t recv_count, ncclDataType_t t, ncclRedOp_t op,
                                    ncclComm_t comm, cudaStream_t s) {
-    const Work w = collective_work("nccl_reduce_scatter", Comm::reduce_scatter, double(recv_count) * nccl_ranks(comm), t);
-    return record_collective(w, s) ? ncclReduceScatter(send, recv, recv_count, t, op, comm, s) : ncclSuccess;
+    return collective(collective_work("nccl_reduce_scatter", Comm::reduce_scatter, double(recv_count) * nccl_ranks(comm), t),
+                      s, [&] { return ncclReduceScatter(send, recv, recv_count, t, op, comm, s); });
 }
-// The gathered output (every rank's send_count) is what an all-gather moves.
+// An all-gather moves its gathered output: every rank's send_count.
 inline ncclResult_t all_gather(const void* send, void* recv, size_t send_count, ncclDataType_t t, ncclComm_t comm,
                                cudaStream_t s) {
-    const Work w = collective_work("nccl_all_gather", Comm::all_gather, double(send_count) * nccl_ranks(comm), t);
-    return record_collective(w, s) ? ncclAllGather(send, recv, send_count, t, comm, s) : ncclSuccess;
+    return collective(collective_work("nccl_all_gather", Comm::all_gather, double(send_count) * nccl_ranks(comm), t), s,
+                      [&] { return ncclAllGather(send, recv, send_count, t, comm, s); });
 }
 inline ncclResult_t broadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t comm,
                               cudaStream_t s) {
-    const Work w = collective_work("nccl_broadcast", Comm::broadcast, double(count), t);
-    return record_collective(w, s) ? ncclBroadcast(send, recv, count, t, root, comm, s) : ncclSuccess;
+    return collective(collective_work("nccl_broadcast", Comm::broadcast, double(count), t), s,
+                      [&] { return ncclBroadcast(send, recv, count, t, root, comm, s); });
 }
-// ncclGroupStart / ncclGroupEnd: nothing to group in a dry run.
-inline ncclResult_t group_start() { return dry_running() ? ncclSuccess : ncclGroupStart(); }
-inline ncclResult_t group_end() { return dry_running() ? ncclSuccess : ncclGroupEnd(); }
+// ncclGroupStart / ncclGroupEnd: nothing to group in a dry run; timed, the group's collectives share its time.
+inline ncclResult_t group_start() {
+    if (dry_running()) return ncclSuccess;
+    if (op_timer().on) op_timer().begin_group();
+    return ncclGroupStart();
+}
+inline ncclResult_t group_end() {
+    if (dry_running()) return ncclSuccess;
+    const ncclResult_t r = ncclGroupEnd();
+    if (op_timer().on) op_timer().end_group();
+    return r;
+}
