@@ -1,0 +1,17 @@
+# Profile area: the step profiler (issue 17).
+
+# ---- the cost model (train/step_model.h) ----
+# Host-only C++17 (what the header promises), built with the host compiler alone: no emu, no CUDA.
+# The test hands the JSON it writes to Python's json module through check_step_model_json.py.
+add_executable(test_step_model ${REPO}/tests/profile/test_step_model.cpp)
+target_include_directories(test_step_model PRIVATE ${REPO})
+set_target_properties(test_step_model PROPERTIES CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+target_compile_options(test_step_model PRIVATE -Wall -Wextra -Werror)
+add_dependencies(cpu_all test_step_model)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME step_model COMMAND test_step_model ${Python3_EXECUTABLE} ${REPO}/tests/profile/check_step_model_json.py)
+else()
+  add_test(NAME step_model COMMAND test_step_model)  # says the JSON checks are skipped
+endif()
+set_tests_properties(step_model PROPERTIES TIMEOUT 120 ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
+# ---- end of the cost model ----

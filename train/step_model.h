@@ -1,0 +1,1066 @@
+// The step cost model (issue 17, `--plan-step`): what a recorded training step would take on H100s.
+// A recording is kernels/work.cuh's StepOps of one step, one list per rank, in host issue order.
+// Each operation is priced from its Work alone (rooflines with an efficiency per kernel family,
+// cuBLASLt GEMMs by shape, NCCL's alpha-beta model for collectives), then every rank's stream/event
+// graph is replayed event by event (replay()): the host pays a launch cost per operation, an
+// operation starts when the host has issued it, its stream is free and the events its stream waits
+// on have completed, and the k-th collective of every rank starts on all ranks together.
+//
+// It is a model, not a measurement: the constants sit in one table (CostModel) with the source of
+// each; where no published number fits, the value is an assumption and says so. Compare schedules
+// with it and trust differences more than absolute numbers; `--profile-steps` measures on a GPU.
+// Deliberately left out: CUDA graphs (every launch pays its overhead), SMs that a running NCCL
+// kernel takes from overlapped compute, L2 reuse between kernels, clocks below boost under load.
+//
+// Host C++17 only: no CUDA, nothing but work.cuh and the standard library. Errors in what a caller
+// passes come back as a message from the *_error functions; the functions that compute stop the
+// process with that message when given what those functions refuse.
+#pragma once
+#include "../kernels/work.cuh"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdarg>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+// ---- the constants: one table, every number with its source ----
+
+struct FamilyValue {
+    const char* family;  // a Work.name prefix; the longest matching prefix wins
+    double value;
+};
+
+// One of NCCL's protocols in its own tuning model (src/graph/tuning.cc, ncclTopoTuneModel: defaults
+// of baseLatencies, hwLatencies and llMaxBws): a ring collective of s steps, i of them between
+// nodes, costs base + (s - i) * nvlink_step + i * net_step, plus its bytes at bw_fraction of the
+// ring's bus bandwidth (capped at bw_cap_gbs when not 0). NCCL picks the fastest; so does the model.
+struct NcclProtocol {
+    const char* name;
+    double base_us, nvlink_step_us, net_step_us;
+    double bw_fraction, bw_cap_gbs;
+};
+
+struct CostModel {
+    // -- the GPU: NVIDIA H100 SXM5 80GB datasheet (dense, i.e. without 2:4 sparsity) --
+    int sms = 132;
+    double bf16_tflops = 989;   // tensor cores, bf16 in, fp32 accumulate
+    double fp8_tflops = 1979;   // tensor cores, e4m3/e5m2
+    double fp32_tflops = 67;    // CUDA cores (non-tensor fp32)
+    double hbm_tbs = 3.35;      // HBM3
+
+    // -- cuBLASLt GEMMs: peak x base efficiency x wave quantization x small-K ramp --
+    // bf16: the best large H100 SXM matmuls measure ~780-795 TFLOP/s (Chillee's "H100 peak matmul
+    // FLOPS" gist, 780 TF with CUTLASS autotuning; Stas Bekman's mamf-finder table in ml-engineering).
+    double gemm_bf16_efficiency = 0.80;
+    // fp8: an assumption, ~1.38 PFLOP/s for large cuBLASLt fp8 GEMMs (fp8's epilogue and scaling
+    // cost relatively more than bf16's at twice the math rate).
+    double gemm_fp8_efficiency = 0.70;
+    // The output tile whose waves over the 132 SMs quantize the duration: 128x256, a CUTLASS/cuBLAS
+    // Hopper bf16 and fp8 tile and the one upstream's Triton ReLU^2 GEMM uses (BLOCK_SIZE_M 128,
+    // BLOCK_SIZE_N 256). The model takes the better of the two orientations, as a heuristic would.
+    int gemm_tile_m = 128, gemm_tile_n = 256;
+    // A tile's fixed cost (pipeline fill, epilogue) expressed as K: efficiency x k / (k + ramp).
+    // An assumption: at peak a 128x256 tile spends ~8.7 ns per unit of K, so 128 is ~1.1 us per tile.
+    double gemm_k_ramp = 128;
+    // Split-K: when the output's tiles leave SMs idle (a weight gradient, 3072x768 with K = 16384,
+    // is 72 tiles on 132 SMs), cuBLASLt's heuristics split K; the model takes the best of 1..8
+    // splits, each extra split costing its fp32 partials written and read back through HBM.
+    int gemm_max_split_k = 8;
+
+    // -- tensor-core kernels that are not GEMMs: TFLOP/s on the tiles they execute, by family --
+    std::vector<FamilyValue> tc_tflops = {
+        // Ours: FA2-class kernels on mma.sync (the Ampere instruction). The FlashAttention-3 paper
+        // (Shah et al. 2024) reports FlashAttention-2 at ~35% of H100 peak forward (~350 TFLOP/s at
+        // long sequences); our tiles are smaller (64 rows, 4 warps) and the windows short, so a
+        // third of peak. Backward: FA2 runs at ~85% of its forward rate (FA2 paper: 63% vs 73% of
+        // A100 peak).
+        {"attention_forward", 330},
+        {"attention_backward", 280},
+        // Ours: the fused c_fc + ReLU^2 GEMM on mma.sync, 128x128 tiles, 3-stage cp.async. mma.sync
+        // reaches about 2/3 of Hopper's wgmma peak (FlashAttention-3 paper); assume ~70% of that.
+        {"linear_relu_square_forward", 450},
+        // Upstream's (upstream_schedule()): FlashAttention-3, head dim 128. Forward: 565 TFLOP/s at
+        // seqlen 2048 (pytorch/benchmark PR 2391, FA3 vs Triton FA2 on H100); backward: the FA3
+        // paper's 1.5-1.75x over FA2, i.e. ~1.6 x 280.
+        {"fa3_attention_forward", 560},
+        {"fa3_attention_backward", 450},
+    };
+    double tc_default_tflops = 450;  // any other tensor-core kernel: assumed like our mma.sync GEMM
+
+    // -- memory-bound kernels: bytes at HBM x efficiency, or flops at the CUDA cores, the slower --
+    // An assumption for the typical fused elementwise/row-reduction kernel (streaming copies reach
+    // ~90% of 3.35 TB/s; row reductions over 768 columns, short grids and tails do worse).
+    double hbm_efficiency = 0.70;
+    // Families measured (--profile-steps) far from the default go here, e.g. {"embedding_backward", 0.4}.
+    std::vector<FamilyValue> hbm_efficiency_by_family = {};
+    // Of fp32_tflops: elementwise kernels issue loads, address math and SFU ops beside their FMAs.
+    double cuda_core_efficiency = 0.5;
+
+    // -- launches outside CUDA graphs, and the host --
+    double host_launch_us = 2.5;      // cudaLaunchKernel / cudaMemcpyAsync / cudaMemsetAsync: 2-4 us
+    double host_gemm_us = 4.0;        // cublasLtMatmul with a cached plan (assumption)
+    double host_collective_us = 5.0;  // an NCCL call's enqueue (assumption)
+    double host_event_us = 1.0;       // cudaEventRecord / cudaStreamWaitEvent (assumption)
+    double host_sync_us = 5.0;        // a synchronize returns this long after the stream drains (assumption)
+    double mpi_us = 5.0;              // a small blocking MPI call between ranks of a node (assumption)
+    double device_launch_us = 1.0;    // fixed device time per kernel: the ~1 us gap between kernels
+
+    // -- copies (H100 SXM5: PCIe Gen5 x16, 64 GB/s per direction) --
+    double pcie_pinned_gbs = 50;    // cudaMemcpyAsync from/to pinned host memory
+    double pcie_pageable_gbs = 25;  // through a staging buffer: a copy whose name contains "pageable"
+    double copy_latency_us = 2.0;   // a DMA transfer's setup (assumption)
+
+    // -- collectives: NCCL ring alpha-beta, within a node over NVLink/NVSwitch or across nodes --
+    int world_size = 8, nodes = 1;
+    // NVLink 4 carries 450 GB/s per direction per GPU; with protocol overhead NCCL gets ~370 GB/s of
+    // bus bandwidth on 8 H100s for ring collectives (NCCL maintainer, nccl-tests issue 212; NVLS
+    // all-reduces reach ~480, not modeled: our all-reduces are KB-sized, where LL wins).
+    double nvlink_busbw_gbs = 370;
+    // Across nodes (DGX H100: 8 ConnectX-7 400 Gb/s InfiniBand NICs per node, rail-optimized): each
+    // NIC carries one ring channel's crossing, so a ring's bus bandwidth is at most the node's NICs'
+    // total at nccl-tests' ~90% of line rate, and never above NVLink's.
+    int nics_per_node = 8;
+    double nic_gbs = 50;
+    double nic_efficiency = 0.9;
+    std::vector<NcclProtocol> nccl_protocols = {
+        {"LL", 6.6, 0.6, 2.7, 0.5, 141},  // Hopper single-node llMaxBw: 141 GB/s
+        {"LL128", 14.0, 1.9, 4.0, 0.92, 0},
+        {"Simple", 8.4, 3.4, 14.0, 1.0, 0},
+    };
+};
+
+[[noreturn]] inline void step_model_fail(const std::string& why) {
+    std::fprintf(stderr, "step_model: %s\n", why.c_str());
+    std::fflush(stderr);
+    std::exit(EXIT_FAILURE);
+}
+
+// The H100 table for world_size GPUs on `nodes` nodes (world_size a multiple of nodes).
+inline CostModel h100_model(int world_size, int nodes = 1) {
+    if (world_size < 1 || nodes < 1 || world_size % nodes != 0)
+        step_model_fail("h100_model: " + std::to_string(world_size) + " GPUs do not split evenly over " +
+                        std::to_string(nodes) + " nodes");
+    CostModel m;
+    m.world_size = world_size;
+    m.nodes = nodes;
+    return m;
+}
+
+// ---- pricing one operation (microseconds of device time) ----
+
+inline const char* family_name(const Work& w) { return w.name ? w.name : ""; }
+inline bool name_starts(const char* name, const char* prefix) {
+    return std::strncmp(name, prefix, std::strlen(prefix)) == 0;
+}
+inline double family_value(const std::vector<FamilyValue>& table, const char* name, double fallback) {
+    size_t best = 0;
+    double v = fallback;
+    for (const FamilyValue& f : table) {
+        const size_t n = std::strlen(f.family);
+        if (n > best && name_starts(name, f.family)) best = n, v = f.value;
+    }
+    return v;
+}
+inline double work_bytes(const Work& w) { return w.bytes_read + w.bytes_written; }
+
+// Bytes at the family's share of HBM bandwidth, or CUDA-core flops, whichever takes longer.
+inline double memory_bound_us(const Work& w, const CostModel& cm) {
+    const double eff = family_value(cm.hbm_efficiency_by_family, family_name(w), cm.hbm_efficiency);
+    const double bytes_us = work_bytes(w) / (cm.hbm_tbs * 1e6 * eff);  // 1 TB/s = 1e6 bytes per us
+    const double flops_us = w.flops / (cm.fp32_tflops * 1e6 * cm.cuda_core_efficiency);
+    return std::max(bytes_us, flops_us);
+}
+
+// cuBLASLt by shape: whole waves of output tiles over the SMs, each tile's K loop at the per-SM
+// share of peak x base efficiency x k / (k + ramp); the better tile orientation and split of K.
+// Without a shape: the FLOPs at peak x efficiency.
+inline double gemm_compute_us(const Work& w, const CostModel& cm) {
+    const bool fp8 = w.gemm == GemmType::fp8;
+    const double rate = (fp8 ? cm.fp8_tflops * cm.gemm_fp8_efficiency : cm.bf16_tflops * cm.gemm_bf16_efficiency) * 1e6;
+    if (w.m <= 0 || w.n <= 0 || w.k <= 0) return w.tc_flops / rate;
+    const int64_t batch = std::max(w.batch, 1);
+    const auto tiles = [&](int64_t tm, int64_t tn) { return (w.m + tm - 1) / tm * ((w.n + tn - 1) / tn) * batch; };
+    const int64_t out_tiles = std::min(tiles(cm.gemm_tile_m, cm.gemm_tile_n), tiles(cm.gemm_tile_n, cm.gemm_tile_m));
+    double best = std::numeric_limits<double>::infinity();
+    for (int split = 1; split <= std::max(cm.gemm_max_split_k, 1) && split <= w.k; ++split) {
+        const double k = double((w.k + split - 1) / split), ramp = k / (k + cm.gemm_k_ramp);
+        const double tile_us = 2.0 * cm.gemm_tile_m * cm.gemm_tile_n * k / (rate * ramp / cm.sms);
+        const int64_t waves = (out_tiles * split + cm.sms - 1) / cm.sms;
+        const double partials = split > 1 ? 8.0 * w.m * w.n * batch * split / (cm.hbm_tbs * 1e6 * cm.hbm_efficiency) : 0;
+        best = std::min(best, double(waves) * tile_us + partials);
+    }
+    return best;
+}
+
+// Host <-> device over PCIe by the name's direction (copy_h2d, copy_d2h); anything else moves
+// through HBM like a memory-bound kernel.
+inline double copy_us(const Work& w, const CostModel& cm) {
+    const char* name = family_name(w);
+    if (!name_starts(name, "copy_h2d") && !name_starts(name, "copy_d2h"))
+        return memory_bound_us(w, cm) + cm.device_launch_us;
+    const double gbs = std::strstr(name, "pageable") ? cm.pcie_pageable_gbs : cm.pcie_pinned_gbs;
+    return cm.copy_latency_us + std::max(w.bytes_read, w.bytes_written) / (gbs * 1e3);  // 1 GB/s = 1e3 bytes per us
+}
+
+// NCCL's ring: steps and the share of the buffer each GPU moves, per kind (nccl-tests' busbw
+// conversion: reduce-scatter and all-gather (N-1)/N of the full buffer, all-reduce 2(N-1)/N,
+// broadcast 1). send_recv (the sparse exchange's grouped sends): comm_bytes are what this rank
+// sends, spread evenly over the other ranks, each at once; one step.
+inline double collective_us(Comm kind, double bytes, const CostModel& cm) {
+    const int n = cm.world_size, nodes = cm.nodes, per_node = n / nodes;
+    if (n <= 1 || kind == Comm::none) return cm.device_launch_us;
+    const double net_busbw = cm.nics_per_node * cm.nic_gbs * cm.nic_efficiency;
+    const double busbw = nodes > 1 ? std::min(cm.nvlink_busbw_gbs, net_busbw) : cm.nvlink_busbw_gbs;
+    int steps = 1, net_steps = nodes > 1 ? 1 : 0;
+    double factor = 1.0;
+    if (kind == Comm::all_reduce) {
+        steps = 2 * (n - 1), net_steps = 2 * (nodes - 1), factor = 2.0 * (n - 1) / n;
+    } else if (kind == Comm::reduce_scatter || kind == Comm::all_gather) {
+        steps = n - 1, net_steps = nodes - 1, factor = double(n - 1) / n;
+    } else if (kind == Comm::broadcast) {
+        steps = n, net_steps = nodes > 1 ? n : 0;  // NCCL prices every broadcast step at the slower link
+    }
+    double best = std::numeric_limits<double>::infinity();
+    for (const NcclProtocol& p : cm.nccl_protocols) {
+        const auto bw = [&](double gbs) {
+            const double b = gbs * p.bw_fraction;
+            return (p.bw_cap_gbs > 0 ? std::min(b, p.bw_cap_gbs) : b) * 1e3;  // bytes per us
+        };
+        const double latency = p.base_us + (steps - net_steps) * p.nvlink_step_us + net_steps * p.net_step_us;
+        double transfer = bytes * factor / bw(busbw);
+        if (kind == Comm::send_recv && nodes > 1) {  // the off-node share leaves through this GPU's NIC
+            const double off = double(n - per_node) / (n - 1);
+            transfer = std::max(bytes * (1 - off) / bw(cm.nvlink_busbw_gbs), bytes * off / bw(cm.nic_gbs * cm.nic_efficiency));
+        }
+        best = std::min(best, latency + transfer);
+    }
+    return best;
+}
+
+// Device time of one enqueued operation (not events or host waits).
+inline double device_us(const StepOp& op, const CostModel& cm) {
+    const Work& w = op.work;
+    switch (op.kind) {
+    case OpKind::collective: return collective_us(w.comm, w.comm_bytes, cm);
+    case OpKind::copy: return copy_us(w, cm);
+    case OpKind::memset: return memory_bound_us(w, cm) + cm.device_launch_us;
+    case OpKind::gemm:
+    case OpKind::kernel: {
+        double compute = 0;
+        if (op.kind == OpKind::gemm || w.gemm != GemmType::none) compute = gemm_compute_us(w, cm);
+        else if (w.tc_flops > 0) compute = w.tc_flops / (family_value(cm.tc_tflops, family_name(w), cm.tc_default_tflops) * 1e6);
+        return std::max(compute, memory_bound_us(w, cm)) + cm.device_launch_us;
+    }
+    default: return 0;
+    }
+}
+
+inline bool is_device_op(OpKind k) {
+    return k == OpKind::kernel || k == OpKind::gemm || k == OpKind::copy || k == OpKind::memset ||
+           k == OpKind::collective;
+}
+inline double host_cost_us(OpKind k, const CostModel& cm) {
+    switch (k) {
+    case OpKind::gemm: return cm.host_gemm_us;
+    case OpKind::collective: return cm.host_collective_us;
+    case OpKind::event_record:
+    case OpKind::event_wait: return cm.host_event_us;
+    case OpKind::host_sync: return 0;  // priced as a wait (host_sync_us, mpi_us)
+    default: return cm.host_launch_us;
+    }
+}
+
+// ---- checking recordings ----
+
+inline bool is_mpi_call(const StepOp& op) {
+    return op.kind == OpKind::host_sync && name_starts(family_name(op.work), "mpi_");
+}
+// Collectives and blocking MPI calls meet across ranks: the k-th of each rank is the same one.
+inline bool is_rendezvous(const StepOp& op) { return op.kind == OpKind::collective || is_mpi_call(op); }
+inline std::vector<const StepOp*> rendezvous_of(const std::vector<StepOp>& ops) {
+    std::vector<const StepOp*> out;
+    for (const StepOp& op : ops)
+        if (is_rendezvous(op)) out.push_back(&op);
+    return out;
+}
+
+inline std::string op_error(const StepOp& op) {
+    const Work& w = op.work;
+    const double numbers[] = {w.tc_flops, w.flops, w.bytes_read, w.bytes_written, w.comm_bytes};
+    for (double x : numbers)
+        if (!(x >= 0 && std::isfinite(x))) return "a FLOP or byte count is negative or not finite";
+    if (w.m < 0 || w.n < 0 || w.k < 0 || w.batch < 0) return "a negative GEMM dimension";
+    if (op.stream < -1 || (op.stream == -1 && op.kind != OpKind::host_sync))
+        return "stream " + std::to_string(op.stream) + " (only a host_sync may name stream -1, the whole device)";
+    const bool event_op = op.kind == OpKind::event_record || op.kind == OpKind::event_wait;
+    if (event_op && op.event < 0) return "an event operation without an event";
+    if (op.kind == OpKind::collective && w.comm == Comm::none) return "a collective without a kind (Comm::none)";
+    return "";
+}
+
+// What is wrong with a step's recordings (one per rank), or "": every operation well formed, and
+// every rank issuing the same collectives and MPI calls (by name and kind) in the same order.
+inline std::string recording_error(const std::vector<std::vector<StepOp>>& ranks) {
+    if (ranks.empty()) return "no ranks recorded";
+    for (size_t r = 0; r < ranks.size(); ++r)
+        for (size_t i = 0; i < ranks[r].size(); ++i)
+            if (std::string e = op_error(ranks[r][i]); !e.empty())
+                return "rank " + std::to_string(r) + ", operation " + std::to_string(i) + " (" +
+                       family_name(ranks[r][i].work) + "): " + e;
+    const std::vector<const StepOp*> first = rendezvous_of(ranks[0]);
+    for (size_t r = 1; r < ranks.size(); ++r) {
+        const std::vector<const StepOp*> mine = rendezvous_of(ranks[r]);
+        for (size_t k = 0; k < std::min(first.size(), mine.size()); ++k) {
+            const StepOp &a = *first[k], &b = *mine[k];
+            if (a.kind != b.kind || a.work.comm != b.work.comm || std::strcmp(family_name(a.work), family_name(b.work)))
+                return "collective/MPI call " + std::to_string(k) + " differs: rank 0 issues " + family_name(a.work) +
+                       ", rank " + std::to_string(r) + " issues " + family_name(b.work);
+        }
+        if (first.size() != mine.size())
+            return "rank 0 issues " + std::to_string(first.size()) + " collectives and MPI calls, rank " +
+                   std::to_string(r) + " issues " + std::to_string(mine.size());
+    }
+    return "";
+}
+
+// ---- the replay ----
+
+struct OpTiming {
+    double host_begin_us = 0, host_end_us = 0;  // the host enqueuing the op (or waiting, for host_sync)
+    double start_us = 0, end_us = 0;            // on its stream (device ops); others: the host's time
+    double exposed_comm_us = 0;  // stream 0 idle waiting for another stream's event, or a collective on it
+    double overlapped_us = 0;    // collectives: how long stream 0 computed meanwhile
+};
+struct PathShare {
+    std::string name;  // a family, "host_launch" (the host issuing), "host_sync", or an mpi_ call
+    double us;
+};
+struct Timeline {  // one rank's step
+    std::vector<OpTiming> ops;  // one per StepOp
+    double makespan_us = 0;     // the host and every stream done
+    double exposed_comm_us = 0;
+    int launches = 0, host_syncs = 0;
+    // What the step's end depends on: walking back from the last thing to finish through the
+    // constraint that set each start (host, stream order, event, or the rank a collective waited
+    // for), time per family, largest first; the shares add up to makespan_us.
+    std::vector<PathShare> critical_path;
+};
+
+namespace step_model_detail {
+
+struct Node {  // a stretch of time on the critical-path graph
+    std::string label;
+    double begin, end;
+    int pred;  // the node whose end set `begin`, or -1 (time 0)
+};
+struct Stamp {  // a time and the node it comes from
+    double t = 0;
+    int node = -1;
+};
+inline Stamp later(Stamp a, Stamp b) { return b.t > a.t ? b : a; }  // ties keep a
+
+struct RankState {
+    size_t pos = 0;
+    Stamp host;
+    std::vector<Stamp> tail, wait_same, wait_other;  // per stream; waits not yet absorbed by an op
+    struct Event {
+        Stamp at;
+        int stream = -1;  // -1: never recorded (a wait on it is a no-op, as in CUDA)
+    };
+    std::vector<Event> events;
+    bool arrived = false;  // at its next rendezvous, with `ready` and `own_us`
+    Stamp ready, own_ready;
+    double own_us = 0;
+    Timeline tl;
+};
+
+class Replay {
+  public:
+    Replay(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm) : ranks_(ranks), cm_(cm), st_(ranks.size()) {
+        for (size_t r = 0; r < ranks.size(); ++r) st_[r].tl.ops.resize(ranks[r].size());
+    }
+
+    std::vector<Timeline> run() {
+        for (;;) {
+            bool all_done = true, all_arrived = true;
+            for (size_t r = 0; r < st_.size(); ++r) {
+                advance(r);
+                all_done = all_done && st_[r].pos == ranks_[r].size();
+                all_arrived = all_arrived && st_[r].arrived;
+            }
+            if (all_done) break;
+            // recording_error() checked that every rank meets the same rendezvous in the same order
+            if (!all_arrived) step_model_fail("replay: ranks stopped at different points (a bug in the replay)");
+            resolve();
+        }
+        std::vector<Timeline> out;
+        for (size_t r = 0; r < st_.size(); ++r) out.push_back(finish(r));
+        return out;
+    }
+
+  private:
+    const std::vector<std::vector<StepOp>>& ranks_;
+    const CostModel& cm_;
+    std::vector<RankState> st_;
+    std::vector<Node> nodes_;
+
+    Stamp add_node(std::string label, double begin, double dur, int pred) {
+        nodes_.push_back({std::move(label), begin, begin + dur, pred});
+        return {begin + dur, int(nodes_.size()) - 1};
+    }
+    static void add_stream(RankState& s, int stream) {
+        if (int(s.tail.size()) > stream) return;
+        for (std::vector<Stamp>* v : {&s.tail, &s.wait_same, &s.wait_other}) v->resize(size_t(stream) + 1);
+    }
+    static Stamp stream_ready(RankState& s, int stream) {
+        add_stream(s, stream);
+        return later(later(s.tail[stream], s.wait_same[stream]), s.wait_other[stream]);
+    }
+    static Stamp device_ready(RankState& s, int stream) {  // every stream (-1) or one
+        if (stream >= 0) return stream_ready(s, stream);
+        Stamp t;
+        for (int i = 0; i < int(s.tail.size()); ++i) t = later(t, stream_ready(s, i));
+        return t;
+    }
+    void host_pay(RankState& s, OpTiming& t, double us) {
+        t.host_begin_us = s.host.t;
+        if (us > 0) s.host = add_node("host_launch", s.host.t, us, s.host.node);
+        t.host_end_us = s.host.t;
+    }
+    // The op starts: its stream takes it; stream 0 (the compute stream) records what it waited for.
+    void run_on_stream(RankState& s, const StepOp& op, OpTiming& t, Stamp start, double dur, Stamp own) {
+        const Stamp end = add_node(family_name(op.work), start.t, dur, start.node);
+        t.start_us = start.t, t.end_us = end.t;
+        if (op.stream == 0)
+            t.exposed_comm_us = op.kind == OpKind::collective ? end.t - own.t : std::max(0.0, start.t - own.t);
+        s.tail[op.stream] = end;
+        s.wait_same[op.stream] = s.wait_other[op.stream] = Stamp{};
+    }
+
+    // Runs rank r's ops until its end or its next rendezvous (where it arrives and waits).
+    void advance(size_t r) {
+        RankState& s = st_[r];
+        while (s.pos < ranks_[r].size() && !s.arrived) {
+            const StepOp& op = ranks_[r][s.pos];
+            OpTiming& t = s.tl.ops[s.pos];
+            if (is_rendezvous(op)) {
+                arrive(s, op, t);
+                return;
+            }
+            host_pay(s, t, host_cost_us(op.kind, cm_));
+            if (is_device_op(op.kind)) {
+                ++s.tl.launches;
+                const Stamp ready = stream_ready(s, op.stream);
+                const Stamp own = later(later(s.tail[op.stream], s.wait_same[op.stream]), s.host);
+                run_on_stream(s, op, t, later(ready, s.host), device_us(op, cm_), own);
+            } else if (op.kind == OpKind::event_record) {
+                if (int(s.events.size()) <= op.event) s.events.resize(size_t(op.event) + 1);
+                s.events[op.event] = {stream_ready(s, op.stream), op.stream};
+                t.start_us = t.end_us = s.events[op.event].at.t;
+            } else if (op.kind == OpKind::event_wait) {
+                add_stream(s, op.stream);
+                if (op.event < int(s.events.size()) && s.events[op.event].stream >= 0) {
+                    const RankState::Event& e = s.events[op.event];
+                    std::vector<Stamp>& w = e.stream == op.stream ? s.wait_same : s.wait_other;
+                    w[op.stream] = later(w[op.stream], e.at);
+                }
+                t.start_us = t.end_us = s.host.t;
+            } else {  // host_sync
+                ++s.tl.host_syncs;
+                const Stamp w = later(s.host, device_ready(s, op.stream));
+                const char* name = family_name(op.work);
+                s.host = add_node(*name ? name : "host_sync", w.t, cm_.host_sync_us, w.node);
+                t.start_us = w.t, t.end_us = t.host_end_us = s.host.t;
+            }
+            ++s.pos;
+        }
+    }
+
+    void arrive(RankState& s, const StepOp& op, OpTiming& t) {
+        if (op.kind == OpKind::collective) {
+            ++s.tl.launches;
+            host_pay(s, t, cm_.host_collective_us);
+            s.ready = later(stream_ready(s, op.stream), s.host);
+            s.own_ready = later(later(s.tail[op.stream], s.wait_same[op.stream]), s.host);
+            s.own_us = device_us(op, cm_);
+        } else {  // a blocking MPI call: the host first waits as any host_sync does
+            ++s.tl.host_syncs;
+            t.host_begin_us = s.host.t;
+            s.ready = later(s.host, device_ready(s, op.stream));
+        }
+        s.arrived = true;
+    }
+
+    // Every rank is at the same collective or MPI call: it starts when the last rank is ready.
+    void resolve() {
+        Stamp start;
+        double dur = 0;
+        for (const RankState& s : st_) start = later(start, s.ready), dur = std::max(dur, s.own_us);
+        for (size_t r = 0; r < st_.size(); ++r) {
+            RankState& s = st_[r];
+            const StepOp& op = ranks_[r][s.pos];
+            OpTiming& t = s.tl.ops[s.pos];
+            if (op.kind == OpKind::collective) {
+                run_on_stream(s, op, t, start, dur, s.own_ready);
+            } else {
+                s.host = add_node(family_name(op.work), start.t, cm_.mpi_us, start.node);
+                t.start_us = start.t, t.end_us = t.host_end_us = s.host.t;
+            }
+            s.arrived = false;
+            s.own_us = 0;
+            ++s.pos;
+        }
+    }
+
+    Timeline finish(size_t r) {
+        RankState& s = st_[r];
+        Timeline tl = std::move(s.tl);
+        const Stamp end = later(device_ready(s, -1), s.host);
+        tl.makespan_us = end.t;
+        // collectives' overlap with stream 0's compute (stream 0's ops run one after another)
+        std::vector<const OpTiming*> busy;
+        for (size_t i = 0; i < ranks_[r].size(); ++i) {
+            const StepOp& op = ranks_[r][i];
+            if (op.stream == 0 && is_device_op(op.kind) && op.kind != OpKind::collective) busy.push_back(&tl.ops[i]);
+            tl.exposed_comm_us += tl.ops[i].exposed_comm_us;
+        }
+        for (size_t i = 0; i < ranks_[r].size(); ++i) {
+            if (ranks_[r][i].kind != OpKind::collective) continue;
+            OpTiming& c = tl.ops[i];
+            auto it = std::lower_bound(busy.begin(), busy.end(), c.start_us,
+                                       [](const OpTiming* b, double t) { return b->end_us <= t; });
+            for (; it != busy.end() && (*it)->start_us < c.end_us; ++it)
+                c.overlapped_us += std::min(c.end_us, (*it)->end_us) - std::max(c.start_us, (*it)->start_us);
+        }
+        tl.critical_path = critical_path(end);
+        return tl;
+    }
+
+    // Every node begins where its predecessor ends (a Stamp carries both), and the first at 0.
+    std::vector<PathShare> critical_path(Stamp end) const {
+        std::map<std::string, double> by_name;
+        for (int n = end.node; n >= 0; n = nodes_[n].pred) by_name[nodes_[n].label] += nodes_[n].end - nodes_[n].begin;
+        std::vector<PathShare> out;
+        for (const auto& [name, us] : by_name) out.push_back({name, us});
+        std::stable_sort(out.begin(), out.end(), [](const PathShare& a, const PathShare& b) { return a.us > b.us; });
+        return out;
+    }
+};
+
+}  // namespace step_model_detail
+
+// What keeps a model from pricing these recordings, or "": a malformed recording, or ranks that
+// are not the model's GPUs (one rank may stand for all of them).
+inline std::string replay_error(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm) {
+    if (ranks.size() > 1 && int(ranks.size()) != cm.world_size)
+        return std::to_string(ranks.size()) + " ranks recorded, but the model is for " + std::to_string(cm.world_size) + " GPUs";
+    return recording_error(ranks);
+}
+
+// Replays one step of every rank (ranks[r]: rank r's ops in host issue order) on the model: per
+// rank, when each op ran, the step's makespan, exposed and overlapped communication, the critical
+// path. Stops the process with replay_error()'s message when it has one.
+inline std::vector<Timeline> replay(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm) {
+    if (const std::string e = replay_error(ranks, cm); !e.empty()) step_model_fail(e);
+    return step_model_detail::Replay(ranks, cm).run();
+}
+
+// ---- a modeled step, a plan of stages, and their reports ----
+
+struct FamilyRow {  // the device ops of one family (not collectives) in one rank's step
+    std::string name;
+    int count = 0;
+    double tc_flops = 0, flops = 0, bytes = 0, ms = 0;  // flops: tensor-core and other
+};
+struct CollectiveRow {
+    std::string name;
+    int count = 0;
+    double bytes = 0, ms = 0, overlapped_ms = 0;
+};
+
+// One step of every rank, replayed. The step takes as long as its slowest rank (`rank`); the
+// family tables, exposed communication and critical path are that rank's.
+struct ModeledStep {
+    std::string label;
+    std::vector<std::vector<StepOp>> ranks;  // empty: a step the schedule does not have
+    std::vector<Timeline> timelines;
+    int rank = 0;
+    double ms = 0, exposed_comm_ms = 0;
+    int launches = 0, host_syncs = 0;
+    std::vector<FamilyRow> kernels;  // largest modeled time first
+    std::vector<CollectiveRow> collectives;
+    std::vector<PathShare> critical_path;
+};
+
+inline void add_family(std::vector<FamilyRow>& rows, const StepOp& op, const OpTiming& t) {
+    const char* name = family_name(op.work);
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const FamilyRow& f) { return f.name == name; });
+    if (it == rows.end()) it = rows.insert(rows.end(), FamilyRow{name});
+    ++it->count;
+    it->tc_flops += op.work.tc_flops;
+    it->flops += op.work.tc_flops + op.work.flops;
+    it->bytes += work_bytes(op.work);
+    it->ms += (t.end_us - t.start_us) / 1e3;
+}
+inline void add_collective(std::vector<CollectiveRow>& rows, const StepOp& op, const OpTiming& t) {
+    const char* name = family_name(op.work);
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const CollectiveRow& c) { return c.name == name; });
+    if (it == rows.end()) it = rows.insert(rows.end(), CollectiveRow{name});
+    ++it->count;
+    it->bytes += op.work.comm_bytes;
+    it->ms += (t.end_us - t.start_us) / 1e3;
+    it->overlapped_ms += t.overlapped_us / 1e3;
+}
+
+inline ModeledStep model_step(std::string label, std::vector<std::vector<StepOp>> ranks, const CostModel& cm) {
+    ModeledStep m;
+    m.label = std::move(label);
+    m.ranks = std::move(ranks);
+    if (m.ranks.empty()) return m;
+    m.timelines = replay(m.ranks, cm);
+    for (size_t r = 1; r < m.timelines.size(); ++r)
+        if (m.timelines[r].makespan_us > m.timelines[m.rank].makespan_us) m.rank = int(r);
+    const Timeline& tl = m.timelines[m.rank];
+    m.ms = tl.makespan_us / 1e3;
+    m.exposed_comm_ms = tl.exposed_comm_us / 1e3;
+    m.launches = tl.launches;
+    m.host_syncs = tl.host_syncs;
+    const std::vector<StepOp>& ops = m.ranks[m.rank];
+    for (size_t i = 0; i < ops.size(); ++i) {
+        if (ops[i].kind == OpKind::collective) add_collective(m.collectives, ops[i], tl.ops[i]);
+        else if (is_device_op(ops[i].kind)) add_family(m.kernels, ops[i], tl.ops[i]);
+    }
+    std::stable_sort(m.kernels.begin(), m.kernels.end(), [](const FamilyRow& a, const FamilyRow& b) { return a.ms > b.ms; });
+    m.critical_path = tl.critical_path;
+    return m;
+}
+
+// A training stage: how many steps of each kind the schedule runs, and one recorded step of each
+// (every rank's ops). The counts are disjoint: the untie step is not also counted as an Adam step.
+struct PlanStage {
+    std::string name;
+    int steps_even = 0, steps_adam = 0, steps_untie = 0;
+    std::vector<std::vector<StepOp>> even, adam, untie;  // untie: empty unless the stage has the split step
+};
+struct StageReport {
+    std::string stage;
+    int steps_even = 0, steps_adam = 0, steps_untie = 0;
+    ModeledStep even, adam, untie;
+    double total_ms = 0;  // the stage's steps, each at its kind's modeled time
+};
+struct PlanReport {
+    std::string preset, schedule;  // schedule: "ours", or "upstream" (upstream_schedule())
+    int world_size = 1, nodes = 1;
+    double total_ms = 0;  // the whole run: the sum over the schedule
+    std::vector<StageReport> stages;
+};
+
+// What is wrong with a plan for the model, or "".
+inline std::string plan_error(const std::vector<PlanStage>& stages, const CostModel& cm) {
+    for (const PlanStage& st : stages) {
+        const struct {
+            const char* kind;
+            int steps;
+            const std::vector<std::vector<StepOp>>& ranks;
+        } kinds[] = {{"even", st.steps_even, st.even}, {"adam", st.steps_adam, st.adam}, {"untie", st.steps_untie, st.untie}};
+        for (const auto& k : kinds) {
+            const std::string where = "stage " + st.name + ", " + k.kind + " step: ";
+            if (k.steps < 0) return where + "a negative step count (" + std::to_string(k.steps) + ")";
+            if (k.steps > 0 && k.ranks.empty()) return where + std::to_string(k.steps) + " steps but no recording";
+            if (!k.ranks.empty())
+                if (const std::string e = replay_error(k.ranks, cm); !e.empty()) return where + e;
+        }
+    }
+    return "";
+}
+
+inline PlanReport plan_report(const std::string& preset, const std::string& schedule,
+                              const std::vector<PlanStage>& stages, const CostModel& cm) {
+    if (const std::string e = plan_error(stages, cm); !e.empty()) step_model_fail(e);
+    PlanReport p{preset, schedule, cm.world_size, cm.nodes, 0, {}};
+    for (const PlanStage& st : stages) {
+        StageReport s;
+        s.stage = st.name;
+        s.steps_even = st.steps_even, s.steps_adam = st.steps_adam, s.steps_untie = st.steps_untie;
+        s.even = model_step(st.name + " even", st.even, cm);
+        s.adam = model_step(st.name + " adam", st.adam, cm);
+        s.untie = model_step(st.name + " untie", st.untie, cm);
+        s.total_ms = s.steps_even * s.even.ms + s.steps_adam * s.adam.ms + s.steps_untie * s.untie.ms;
+        p.total_ms += s.total_ms;
+        p.stages.push_back(std::move(s));
+    }
+    return p;
+}
+
+// ---- text ----
+
+#if defined(__GNUC__)
+__attribute__((format(printf, 2, 3)))
+#endif
+inline void appendf(std::string& out, const char* fmt, ...) {
+    va_list ap, again;
+    va_start(ap, fmt);
+    va_copy(again, ap);
+    const int n = std::max(std::vsnprintf(nullptr, 0, fmt, ap), 0);
+    va_end(ap);
+    std::string s(size_t(n) + 1, '\0');
+    std::vsnprintf(s.data(), s.size(), fmt, again);
+    va_end(again);
+    s.pop_back();
+    out += s;
+}
+
+inline std::string format_critical_path(const std::vector<PathShare>& path, size_t most) {
+    std::string out;
+    for (size_t i = 0; i < std::min(path.size(), most); ++i)
+        appendf(out, "%s%s %.3f", i ? ", " : "", path[i].name.c_str(), path[i].us / 1e3);
+    return out;
+}
+
+// The stage table, then per stage its kernel families, collectives and critical paths.
+inline std::string format_plan(const PlanReport& p) {
+    std::string o;
+    appendf(o, "Modeled step times, preset %s, schedule %s: H100 cost model, %d GPUs on %d node%s (a model, not a measurement)\n",
+            p.preset.c_str(), p.schedule.c_str(), p.world_size, p.nodes, p.nodes == 1 ? "" : "s");
+    appendf(o, "%-10s %16s %9s %9s %9s %22s %14s %14s\n", "stage", "steps e/a/u", "even ms", "adam ms", "untie ms",
+            "exposed comm e/a ms", "launches e/a", "host syncs e/a");
+    int steps = 0;
+    for (const StageReport& s : p.stages) {
+        char untie[16] = "-", steps_text[48], exposed[48], launches[32], syncs[32];
+        if (!s.untie.ranks.empty()) std::snprintf(untie, sizeof untie, "%.3f", s.untie.ms);
+        std::snprintf(steps_text, sizeof steps_text, "%d/%d/%d", s.steps_even, s.steps_adam, s.steps_untie);
+        std::snprintf(exposed, sizeof exposed, "%.3f/%.3f", s.even.exposed_comm_ms, s.adam.exposed_comm_ms);
+        std::snprintf(launches, sizeof launches, "%d/%d", s.even.launches, s.adam.launches);
+        std::snprintf(syncs, sizeof syncs, "%d/%d", s.even.host_syncs, s.adam.host_syncs);
+        appendf(o, "%-10s %16s %9.3f %9.3f %9s %22s %14s %14s\n", s.stage.c_str(), steps_text, s.even.ms, s.adam.ms, untie,
+                exposed, launches, syncs);
+        steps += s.steps_even + s.steps_adam + s.steps_untie;
+    }
+    appendf(o, "whole run: %d steps, %.3f s modeled (the sum over the schedule)\n", steps, p.total_ms / 1e3);
+    for (const StageReport& s : p.stages) {
+        appendf(o, "\n%s: kernel families (the slowest rank's; per Adam step, or even step if Adam's has none)\n", s.stage.c_str());
+        appendf(o, "%-36s %12s %10s %9s %9s %9s\n", "family", "count e/a", "GFLOP", "GB", "even ms", "adam ms");
+        std::vector<std::string> names;
+        for (const ModeledStep* m : {&s.adam, &s.even})
+            for (const FamilyRow& f : m->kernels)
+                if (std::find(names.begin(), names.end(), f.name) == names.end()) names.push_back(f.name);
+        for (const std::string& n : names) {
+            FamilyRow e, a;
+            for (const FamilyRow& f : s.even.kernels)
+                if (f.name == n) e = f;
+            for (const FamilyRow& f : s.adam.kernels)
+                if (f.name == n) a = f;
+            char counts[32];
+            std::snprintf(counts, sizeof counts, "%d/%d", e.count, a.count);
+            const FamilyRow& work = a.count ? a : e;
+            appendf(o, "%-36s %12s %10.2f %9.3f %9.3f %9.3f\n", n.c_str(), counts, work.flops / 1e9, work.bytes / 1e9, e.ms, a.ms);
+        }
+        for (const ModeledStep* m : {&s.even, &s.adam}) {
+            if (m->collectives.empty()) continue;
+            appendf(o, "%s: collectives of the %s\n", s.stage.c_str(), m == &s.even ? "even step" : "Adam step");
+            appendf(o, "%-36s %6s %10s %9s %14s\n", "name", "count", "MB", "ms", "overlapped ms");
+            for (const CollectiveRow& c : m->collectives)
+                appendf(o, "%-36s %6d %10.3f %9.3f %14.3f\n", c.name.c_str(), c.count, c.bytes / 1e6, c.ms, c.overlapped_ms);
+        }
+        for (const ModeledStep* m : {&s.even, &s.adam, &s.untie})
+            if (!m->ranks.empty())
+                appendf(o, "%s: critical path (ms): %s\n", m->label.c_str(), format_critical_path(m->critical_path, 8).c_str());
+    }
+    return o;
+}
+
+// ---- JSON: the plan (--json) and a Chrome/Perfetto trace (--trace) ----
+
+// A JSON string: quotes, backslashes and control characters escaped.
+inline std::string json_string(const std::string& s) {
+    std::string out = "\"";
+    for (const char c : s) {
+        if (c == '"' || c == '\\') out += '\\';
+        if (static_cast<unsigned char>(c) < 0x20) appendf(out, "\\u%04x", static_cast<unsigned>(c));
+        else out += c;
+    }
+    return out + "\"";
+}
+// Finite by construction (recording_error() refuses non-finite inputs); JSON has no NaN anyway.
+inline std::string json_number(double x) {
+    std::string out;
+    appendf(out, "%.9g", std::isfinite(x) ? x : 0.0);
+    return out;
+}
+
+inline std::string kernels_json(const std::vector<FamilyRow>& rows) {
+    std::string o = "[";
+    for (size_t i = 0; i < rows.size(); ++i)
+        o += std::string(i ? ",\n      " : "\n      ") + "{\"name\": " + json_string(rows[i].name) +
+             ", \"count\": " + std::to_string(rows[i].count) + ", \"flops\": " + json_number(rows[i].flops) +
+             ", \"tc_flops\": " + json_number(rows[i].tc_flops) + ", \"bytes\": " + json_number(rows[i].bytes) +
+             ", \"modeled_ms\": " + json_number(rows[i].ms) + "}";
+    return o + "]";
+}
+inline std::string collectives_json(const std::vector<CollectiveRow>& rows) {
+    std::string o = "[";
+    for (size_t i = 0; i < rows.size(); ++i)
+        o += std::string(i ? ",\n      " : "\n      ") + "{\"name\": " + json_string(rows[i].name) +
+             ", \"count\": " + std::to_string(rows[i].count) + ", \"bytes\": " + json_number(rows[i].bytes) +
+             ", \"modeled_ms\": " + json_number(rows[i].ms) + ", \"overlapped_ms\": " + json_number(rows[i].overlapped_ms) + "}";
+    return o + "]";
+}
+inline std::string critical_path_json(const std::vector<PathShare>& path) {
+    std::string o = "[";
+    for (size_t i = 0; i < path.size(); ++i)
+        o += std::string(i ? ", " : "") + "{\"name\": " + json_string(path[i].name) + ", \"ms\": " + json_number(path[i].us / 1e3) + "}";
+    return o + "]";
+}
+
+// The issue's keys, plus: schedule, nodes, per stage the step counts, untie_ms (null without an
+// untie step), the even step's kernels and collectives (kernels/collectives are the Adam step's,
+// which has every family of the even step and Adam's own), host syncs per step kind
+// (host_syncs_in_step is the larger), and the critical paths.
+inline std::string plan_json(const PlanReport& p) {
+    std::string o = "{\n  \"preset\": " + json_string(p.preset) + ",\n  \"schedule\": " + json_string(p.schedule) +
+                    ",\n  \"world_size\": " + std::to_string(p.world_size) + ",\n  \"nodes\": " + std::to_string(p.nodes) +
+                    ",\n  \"total_ms\": " + json_number(p.total_ms) + ",\n  \"stages\": [";
+    for (size_t i = 0; i < p.stages.size(); ++i) {
+        const StageReport& s = p.stages[i];
+        const bool untie = !s.untie.ranks.empty();
+        o += std::string(i ? "," : "") + "\n    {\"stage\": " + json_string(s.stage) +
+             ", \"steps_even\": " + std::to_string(s.steps_even) + ", \"steps_adam\": " + std::to_string(s.steps_adam) +
+             ", \"steps_untie\": " + std::to_string(s.steps_untie) + ",\n     \"even_ms\": " + json_number(s.even.ms) +
+             ", \"adam_ms\": " + json_number(s.adam.ms) + ", \"untie_ms\": " + (untie ? json_number(s.untie.ms) : "null") +
+             ", \"total_ms\": " + json_number(s.total_ms) +
+             ",\n     \"exposed_comm_even_ms\": " + json_number(s.even.exposed_comm_ms) +
+             ", \"exposed_comm_adam_ms\": " + json_number(s.adam.exposed_comm_ms) +
+             ",\n     \"launches_even\": " + std::to_string(s.even.launches) +
+             ", \"launches_adam\": " + std::to_string(s.adam.launches) +
+             ", \"host_syncs_in_step\": " + std::to_string(std::max(s.even.host_syncs, s.adam.host_syncs)) +
+             ", \"host_syncs_even\": " + std::to_string(s.even.host_syncs) +
+             ", \"host_syncs_adam\": " + std::to_string(s.adam.host_syncs) +
+             ",\n     \"kernels\": " + kernels_json(s.adam.kernels) +
+             ",\n     \"collectives\": " + collectives_json(s.adam.collectives) +
+             ",\n     \"kernels_even\": " + kernels_json(s.even.kernels) +
+             ",\n     \"collectives_even\": " + collectives_json(s.even.collectives) +
+             ",\n     \"critical_path_even\": " + critical_path_json(s.even.critical_path) +
+             ",\n     \"critical_path_adam\": " + critical_path_json(s.adam.critical_path) + "}";
+    }
+    return o + "\n  ]\n}\n";
+}
+
+// Chrome Trace Event format (chrome://tracing, ui.perfetto.dev): a process per rank, a thread for
+// the host (0) and one per stream (stream + 1); the steps one after another, 100 us apart, each a
+// span on the host thread named by its label; every op an "X" event on the host (its launch or
+// wait) and, for device ops, one on its stream, with its work in args.
+inline std::string chrome_trace_json(const std::vector<const ModeledStep*>& steps) {
+    std::string o = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
+    bool first = true;
+    const auto event = [&](const std::string& e) {
+        o += (first ? "\n" : ",\n") + e;
+        first = false;
+    };
+    const auto x = [&](const std::string& name, const char* cat, size_t pid, int tid, double ts, double dur,
+                       const std::string& args) {
+        std::string e;
+        appendf(e, "{\"ph\": \"X\", \"name\": %s, \"cat\": \"%s\", \"pid\": %zu, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f",
+                json_string(name).c_str(), cat, pid, tid, ts, dur);
+        event(e + (args.empty() ? "}" : ", \"args\": {" + args + "}}"));
+    };
+    size_t most_ranks = 0;
+    int most_streams = 0;
+    for (const ModeledStep* m : steps) {
+        most_ranks = std::max(most_ranks, m->ranks.size());
+        for (const std::vector<StepOp>& ops : m->ranks)
+            for (const StepOp& op : ops) most_streams = std::max(most_streams, op.stream + 1);
+    }
+    for (size_t r = 0; r < most_ranks; ++r) {
+        event("{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": " + std::to_string(r) +
+              ", \"args\": {\"name\": \"rank " + std::to_string(r) + "\"}}");
+        for (int t = 0; t <= most_streams; ++t)
+            event("{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": " + std::to_string(r) + ", \"tid\": " +
+                  std::to_string(t) + ", \"args\": {\"name\": " +
+                  (t ? "\"stream " + std::to_string(t - 1) + "\"" : std::string("\"host\"")) + "}}");
+    }
+    double offset = 0;
+    for (const ModeledStep* m : steps) {
+        double longest = 0;
+        for (size_t r = 0; r < m->ranks.size(); ++r) {
+            const Timeline& tl = m->timelines[r];
+            longest = std::max(longest, tl.makespan_us);
+            x(m->label, "step", r, 0, offset, tl.makespan_us, "");
+            for (size_t i = 0; i < m->ranks[r].size(); ++i) {
+                const StepOp& op = m->ranks[r][i];
+                const OpTiming& t = tl.ops[i];
+                const Work& w = op.work;
+                std::string name = family_name(w);
+                if (name.empty()) name = op.kind == OpKind::event_record ? "event_record" : op.kind == OpKind::event_wait ? "event_wait" : "host_sync";
+                x(name, "host", r, 0, offset + t.host_begin_us, t.host_end_us - t.host_begin_us, "");
+                if (!is_device_op(op.kind)) continue;
+                std::string args = "\"tc_flops\": " + json_number(w.tc_flops) + ", \"flops\": " + json_number(w.flops) +
+                                   ", \"bytes\": " + json_number(work_bytes(w)) + ", \"range\": " + json_string(op.range);
+                if (op.kind == OpKind::collective)
+                    args += ", \"comm_bytes\": " + json_number(w.comm_bytes) + ", \"overlapped_us\": " + json_number(t.overlapped_us);
+                x(name, "device", r, op.stream + 1, offset + t.start_us, t.end_us - t.start_us, args);
+            }
+        }
+        offset += longest + 100;
+    }
+    return o + "\n]}\n";
+}
+inline std::vector<const ModeledStep*> modeled_steps(const PlanReport& p) {
+    std::vector<const ModeledStep*> out;
+    for (const StageReport& s : p.stages)
+        for (const ModeledStep* m : {&s.even, &s.adam, &s.untie})
+            if (!m->ranks.empty()) out.push_back(m);
+    return out;
+}
+
+// Writes text to path; the error, or "".
+inline std::string write_text_file(const std::string& path, const std::string& text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (!f) return "cannot write " + path + ": " + std::strerror(errno);
+    const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    const int err = errno;
+    if (std::fclose(f) != 0 || !ok) return "cannot write " + path + ": " + std::strerror(ok ? errno : err);
+    return "";
+}
+inline std::string write_plan_json(const std::string& path, const PlanReport& p) { return write_text_file(path, plan_json(p)); }
+inline std::string write_chrome_trace(const std::string& path, const PlanReport& p) {
+    return write_text_file(path, chrome_trace_json(modeled_steps(p)));
+}
+
+// ---- upstream's schedule (item 4): the same recorded work, run as upstream's record runs it ----
+// Each difference is one rule below; a rule whose families a recording lacks changes nothing.
+
+struct ScheduleRule {
+    const char* name;
+    const char* what;
+};
+inline const std::vector<ScheduleRule>& upstream_rules() {
+    static const std::vector<ScheduleRule> rules = {
+        {"fa3_attention",
+         "attention kernels with tensor-core work (attention_*) become fa3_<family>, priced at FlashAttention-3's "
+         "rates (the fa3_ rows of CostModel::tc_tflops): upstream calls FA3's flash_attn_varlen_func. The executed "
+         "tiles stay ours; our deterministic backward computes 7 tile products where FA3's computes 5, so upstream's "
+         "attention backward is overstated by up to 7/5"},
+        {"triton_linear_relu_square_forward",
+         "linear_relu_square_forward is priced as a bf16 GEMM of its shape (upstream's persistent Triton kernel on "
+         "TMA and wgmma, 128x256x64 tiles, the GEMM model's tile) and renamed triton_linear_relu_square_forward"},
+        {"fused_relu_square_backward",
+         "relu_square_backward disappears into the GEMM just before it on its stream that writes its input "
+         "(upstream's linear_relu_square(grad, W2, aux=pre): the epilogue reads pre and writes dpre): that GEMM "
+         "also reads pre (the op's bytes written); the elementwise pass's own traffic and launch are gone"},
+        {"comms_after_backward",
+         "collectives issued inside the backward (range \"backward...\") on a stream other than 0, with the other "
+         "ops of those streams there, move after the backward's last op, behind one event stream 0 records there: "
+         "upstream launches its reductions from the optimizer step. Ours already issue after the backward, so today "
+         "this changes nothing; it keeps upstream's order when ours changes"},
+        {"sum_block_partials_kept",
+         "our sum_block_partials launches (the second pass of our deterministic reductions) are kept although "
+         "upstream's torch reductions have no such launch: a small overstatement of upstream"},
+    };
+    return rules;
+}
+
+// A stable name for a renamed family (Work.name is a pointer; recordings outlive any local string).
+inline const char* intern_family(const std::string& name) {
+    static std::set<std::string> names;
+    return names.insert(name).first->c_str();
+}
+inline bool in_backward(const StepOp& op) { return name_starts(op.range.c_str(), "backward"); }
+
+inline void rule_fa3_attention(std::vector<StepOp>& ops) {
+    for (StepOp& op : ops)
+        if (name_starts(family_name(op.work), "attention_") && op.work.tc_flops > 0)
+            op.work.name = intern_family(std::string("fa3_") + family_name(op.work));
+}
+inline void rule_triton_linear_relu_square_forward(std::vector<StepOp>& ops) {
+    for (StepOp& op : ops)
+        if (name_starts(family_name(op.work), "linear_relu_square_forward")) {
+            op.work.gemm = GemmType::bf16;
+            op.work.name = intern_family(std::string("triton_") + family_name(op.work));
+        }
+}
+inline void rule_fused_relu_square_backward(std::vector<StepOp>& ops) {
+    std::vector<StepOp> out;
+    for (const StepOp& op : ops) {
+        if (name_starts(family_name(op.work), "relu_square_backward")) {
+            auto prev = std::find_if(out.rbegin(), out.rend(),
+                                     [&](const StepOp& p) { return p.stream == op.stream && is_device_op(p.kind); });
+            const bool gemm = prev != out.rend() && prev->kind == OpKind::gemm;
+            const Work& g = gemm ? prev->work : op.work;
+            const bool writes_input = g.m <= 0 || double(g.m) * g.n * std::max(g.batch, 1) * 2 == op.work.bytes_written;
+            if (gemm && writes_input) {
+                prev->work.bytes_read += op.work.bytes_written;
+                continue;
+            }
+        }
+        out.push_back(op);
+    }
+    ops = std::move(out);
+}
+inline void rule_comms_after_backward(std::vector<StepOp>& ops) {
+    int last = -1;
+    bool collective = false;
+    for (int i = 0; i < int(ops.size()); ++i)
+        if (in_backward(ops[i])) {
+            last = i;
+            collective = collective || (ops[i].kind == OpKind::collective && ops[i].stream > 0);
+        }
+    if (!collective) return;
+    int event = 0;
+    for (const StepOp& op : ops) event = std::max(event, op.event + 1);
+    std::vector<StepOp> out, moved;
+    std::vector<int> streams;
+    for (int i = 0; i <= last; ++i) {
+        const bool move = in_backward(ops[i]) && ops[i].stream > 0;
+        (move ? moved : out).push_back(ops[i]);
+        if (move && std::find(streams.begin(), streams.end(), ops[i].stream) == streams.end())
+            streams.push_back(ops[i].stream);
+    }
+    const std::string range = ops[last].range;
+    out.push_back({OpKind::event_record, 0, event, Work{}, range});
+    for (int s : streams) out.push_back({OpKind::event_wait, s, event, Work{}, range});
+    out.insert(out.end(), moved.begin(), moved.end());
+    out.insert(out.end(), ops.begin() + last + 1, ops.end());
+    ops = std::move(out);
+}
+
+inline std::vector<StepOp> upstream_schedule(const std::vector<StepOp>& ops) {
+    std::vector<StepOp> out = ops;
+    rule_fa3_attention(out);
+    rule_triton_linear_relu_square_forward(out);
+    rule_fused_relu_square_backward(out);
+    rule_comms_after_backward(out);
+    return out;
+}
+inline std::vector<PlanStage> upstream_schedule(const std::vector<PlanStage>& stages) {
+    std::vector<PlanStage> out = stages;
+    for (PlanStage& s : out)
+        for (std::vector<std::vector<StepOp>>* step : {&s.even, &s.adam, &s.untie})
+            for (std::vector<StepOp>& ops : *step) ops = upstream_schedule(ops);
+    return out;
+}
+
+// Ours against upstream's schedule, stage by stage, then the rules that make the difference.
+inline std::string format_schedule_comparison(const PlanReport& ours, const PlanReport& upstream) {
+    std::string o;
+    appendf(o, "Ours vs upstream's schedule, modeled (preset %s, %d GPUs on %d node%s)\n", ours.preset.c_str(),
+            ours.world_size, ours.nodes, ours.nodes == 1 ? "" : "s");
+    appendf(o, "%-10s %14s %14s %14s %14s %14s %14s\n", "stage", "even ms ours", "upstream", "adam ms ours",
+            "upstream", "stage s ours", "upstream");
+    for (size_t i = 0; i < ours.stages.size() && i < upstream.stages.size(); ++i) {
+        const StageReport &a = ours.stages[i], &b = upstream.stages[i];
+        appendf(o, "%-10s %14.3f %14.3f %14.3f %14.3f %14.3f %14.3f\n", a.stage.c_str(), a.even.ms, b.even.ms, a.adam.ms,
+                b.adam.ms, a.total_ms / 1e3, b.total_ms / 1e3);
+    }
+    appendf(o, "whole run: ours %.3f s, upstream's schedule %.3f s\nupstream's schedule, rule by rule:\n",
+            ours.total_ms / 1e3, upstream.total_ms / 1e3);
+    for (const ScheduleRule& r : upstream_rules()) appendf(o, "  %s: %s\n", r.name, r.what);
+    return o;
+}
