@@ -1249,6 +1249,7 @@ void train_step(Run& r, int step) {
     if (r.opt.log_grad_norms) log_grad_norms(r, step);
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);
 }
+#include "train/profile.h"
 
 // The mean training loss per token of the step just run (after the stream has passed it).
 double step_train_loss(Run& r) {
@@ -1389,7 +1390,7 @@ void run_training(Run& r) {
             check_finite(r, step, "--check-finite");
             t0 = clock::now();
         }
-        train_step(r, step);
+        run_train_step(r, step);
         const double approx_ms = training_ms + elapsed_ms();
         print0(r, "step:%d/%d train_time:%.0fms step_avg:%.2fms\n", step + 1, total, approx_ms,
                approx_ms / (step + 1 - start));
@@ -1450,8 +1451,10 @@ int main(int argc, char** argv) {
     // Startup checks, before anything is written: the data (rank 0 walks the whole run's batches on a
     // thread while the model is built), the output directories, the run id, then every rank's write
     // access to the checkpoint directory.
+    const bool planning = cl.mode == Mode::plan_step;
+    const PlanData plan_data = planning ? start_plan_step(opt, cfg, files, d) : PlanData{};  // a dry run from here
     std::future<std::string> data_check;
-    if (d.rank == 0) data_check = std::async(std::launch::async, data_error, cfg, files, d.world, last);
+    if (d.rank == 0 && !planning) data_check = std::async(std::launch::async, data_error, cfg, files, d.world, last);
     Model m;
     Optimizer o;
     const Schedule sch(cfg);
@@ -1460,8 +1463,8 @@ int main(int argc, char** argv) {
     const bool sparse = d.world == 8 && cfg.grad_accum() == 1;
     build_optimizer(o, m, d.rank, d.world, sparse, d.comm, stream);
     const std::string log_path = opt.log_dir + "/" + opt.run_id + ".txt";
-    agree_or_exit(d, d.rank == 0 ? data_check.get() : "");
-    agree_or_exit(d, d.rank == 0 ? output_dirs_error(opt, log_path) : "");
+    agree_or_exit(d, d.rank == 0 && !planning ? data_check.get() : "");
+    agree_or_exit(d, d.rank == 0 && !planning ? output_dirs_error(opt, log_path) : "");
     agree_or_exit(d, checkpoint_dir_write_error(opt.save_dir));
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
@@ -1474,6 +1477,7 @@ int main(int argc, char** argv) {
     r.cu.resize(dataload::max_num_docs_for(T));
     CUDA_CHECK(cudaMallocHost(&r.losses, cfg.grad_accum() * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&r.finite_flags, kMaxStateBuffers * sizeof(int)));
+    if (planning) return plan_step_mode(r, plan_data, cl.plan);
     if (d.rank == 0) open_log(r, log_path);
     log_preamble(r);
     try {
