@@ -1303,13 +1303,13 @@ void warm_up(Run& r) {
         gpt_forward(r.m, r.m.eval_batch, r.step_schedule(), r.m.eval, r.s);
         train_step(r, step);
     }
-    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    CUDA_CHECK(sync_stream(r.s, "warm_up"));
     CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), initial.data(), initial.size(), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(r.m.grad_arena.base(), 0, r.m.grad_arena.bytes()));
     reset_optimizer(r.o, r.s);
     reset_schedule(r);
     open_train_loader(r);
-    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    CUDA_CHECK(sync_stream(r.s, "warm_up"));
 }
 
 size_t allocated_bytes(const Run& r) {
@@ -1344,7 +1344,7 @@ void run_training(Run& r) {
     };
     using clock = std::chrono::steady_clock;
     double training_ms = 0;
-    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(sync_device("train_clock"));
     auto t0 = clock::now();
     auto elapsed_ms = [&] { return std::chrono::duration<double, std::milli>(clock::now() - t0).count(); };
     if (!r.opt.save_dir.empty() && start == 0 && std::find(r.opt.checkpoint_steps.begin(), r.opt.checkpoint_steps.end(),
@@ -1365,7 +1365,7 @@ void run_training(Run& r) {
         advance_schedule(r, step);
         const bool final = step == total;
         if (step == last || (r.opt.val_every > 0 && step % r.opt.val_every == 0)) {
-            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(sync_device("train_clock"));
             training_ms += elapsed_ms();
             const double val_loss = validate(r, final);
             // step_avg: over the steps this run timed (a resumed run did not time those before it)
@@ -1376,7 +1376,7 @@ void run_training(Run& r) {
                 fail("the validation loss became " + std::string(std::isnan(val_loss) ? "NaN" : "infinite") + " at step " +
                      std::to_string(step) + (where.empty() ? "" : "; non-finite values in " + where));
             if (!where.empty()) fail("non-finite values in " + where + " at step " + std::to_string(step) + " (at validation)");
-            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(sync_device("train_clock"));
             t0 = clock::now();
         }
         if (wants_checkpoint(step)) {
@@ -1485,7 +1485,7 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {  // data errors
         fail(e.what());
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(sync_stream(stream, "end_of_run"));
     if (r.log && std::fclose(std::exchange(r.log, nullptr)) != 0)
         fail("cannot write the log " + log_path + ": " + std::strerror(errno));
     CUDA_CHECK(cudaFreeHost(r.losses));

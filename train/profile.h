@@ -381,6 +381,6 @@ void run_train_step(Run& r, int step) {
     const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     op_timer().stop();
     work_recorder().stop();
-    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(sync_device("profile_read"));
     report_profiled_step(r, step, host_ms);
 }

@@ -5,7 +5,7 @@ plan (CTest plan_step_cli):
   - the tiny preset on 1 and 2 ranks: the JSON has the issue's keys, every stage's values are positive,
     an Adam step launches at least what an even step does, the stage steps add up to the schedule and
     total_ms is their sum of modeled step times (recomputed here); the trace parses with one process
-    per rank; no log is written;
+    per rank; no log is written; no kernel or matmul runs (emu's EMU_PROFILE lists none);
   - --schedule upstream prices upstream's schedule (the JSON says so) and prints the comparison;
   - the record preset on 8 ranks finishes in under 2 minutes and prints every stage (with the Tiny
     Shakespeare stand-in when FineWeb is absent, saying so);
@@ -41,9 +41,9 @@ def check(ok, what):
         failures.append(what)
 
 
-def run(args, ranks=1, cwd=None):
+def run(args, ranks=1, cwd=None, env=None):
     cmd = ([BINARY] if ranks == 1 else MPIRUN + ["-np", str(ranks), "-x", "EMU_WORKERS=1", BINARY]) + args
-    env = dict(os.environ, EMU_WORKERS="2" if ranks == 1 else "1")
+    env = dict(os.environ, EMU_WORKERS="2" if ranks == 1 else "1", **(env or {}))
     return subprocess.run(cmd, cwd=cwd or REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -100,6 +100,12 @@ def test_plan(tmp):
         check(sum(e.get("ph") == "X" for e in events) > 1000, f"tiny on {ranks} rank(s): the trace has the ops")
         check(not os.path.exists(os.path.join(out, "logs")), f"tiny on {ranks} rank(s): no log written")
         check("whole run: 34 steps" in p.stdout, f"tiny on {ranks} rank(s): the whole run's modeled time is printed")
+
+    # emu's per-kernel profile (EMU_PROFILE=1) lists every kernel and matmul run: a plan runs none
+    p = must(run(["--preset", "tiny", "--plan-step"], env={"EMU_PROFILE": "1"}), "tiny --plan-step under EMU_PROFILE")
+    check("emu profile" not in p.stderr, "tiny --plan-step: no kernel or matmul ran (emu's profile is empty)")
+    p = must(run(["--preset", "tiny", "--check-platform"], env={"EMU_PROFILE": "1"}), "--check-platform")
+    check("emu profile" in p.stderr, "(the same profile lists --check-platform's kernel)")
 
     js = os.path.join(tmp, "upstream.json")
     p = must(run(["--preset", "tiny", "--plan-step", "--schedule", "upstream", "--json", js]), "--schedule upstream")
