@@ -93,18 +93,20 @@ public:
         bool operator==(const Shape& o) const { return key() == o.key(); }
     };
 
-    // What a call computes and moves: 2 m n k per matrix of the batch on the tensor cores; A and B read
-    // once (an operand with batch stride 0 once for the whole batch), C when beta != 0, D written, and
-    // the fp8 scales. name: the caller's gemm_<what>, or nullptr for gemm_bf16 / gemm_fp8.
-    static Work gemm_work(const Shape& s, bool reads_c, const char* name) {
+    // What a call computes and moves: 2 m n k per matrix of the batch on the tensor cores; each distinct
+    // operand read once (one with batch stride 0 once for the whole batch; X X^T reads X once), C only
+    // when beta != 0 (c: null otherwise), the fp8 scales; D written. name: the caller's gemm_<what>, or
+    // nullptr for gemm_bf16 / gemm_fp8.
+    static Work gemm_work(const Shape& s, const void* a, const void* b, const void* c, const char* name) {
         const auto operand = [&s](cudaDataType_t type, int rows, int cols, int64_t stride) {
             return cuda_data_type_bytes(type) * rows * cols * (stride == 0 ? 1 : s.batch);
         };
         const double d = cuda_data_type_bytes(s.d_type) * s.m * s.n * s.batch;
+        const double read = operand(s.a_type, s.m, s.k, s.stride_a) +
+                            (b != a ? operand(s.b_type, s.k, s.n, s.stride_b) : 0) + (c && c != a && c != b ? d : 0);
         return Work{.name = name ? name : (s.scaled ? "gemm_fp8" : "gemm_bf16"),
                     .tc_flops = 2.0 * s.m * s.n * s.k * s.batch,
-                    .bytes_read = operand(s.a_type, s.m, s.k, s.stride_a) + operand(s.b_type, s.k, s.n, s.stride_b) +
-                                  (reads_c ? d : 0) + (s.scaled ? 2 * sizeof(float) : 0),
+                    .bytes_read = read + (s.scaled ? 2 * sizeof(float) : 0),
                     .bytes_written = d,
                     .gemm = s.scaled ? GemmType::fp8 : GemmType::bf16,
                     .m = s.m, .n = s.n, .k = s.k, .batch = s.batch};
@@ -113,7 +115,7 @@ public:
     // D = alpha * scale_a * scale_b * op(A) @ op(B) + beta * C (scales only for fp8, else NULL)
     void run(const Shape& s, const void* A, const void* B, const void* C, void* D, float alpha, float beta,
              const float* scale_a, const float* scale_b, cudaStream_t stream, const char* name = nullptr) {
-        if (!record_op(OpKind::gemm, gemm_work(s, beta != 0.0f, name), stream)) return;
+        if (!record_op(OpKind::gemm, gemm_work(s, A, B, beta != 0.0f ? C : nullptr, name), stream)) return;
         Plan& p = plan(s, scale_a, scale_b);
         if (s.scaled) {
             CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scale_a,

@@ -219,13 +219,12 @@ inline cudaError_t sync_device(const char* why) {
 // work the recording treats as done, and is not recorded.
 inline cudaError_t sync_event(cudaEvent_t e, const char* why) {
     WorkRecorder& rec = work_recorder();
-    if (rec.on) {
-        const int event = rec.event_index(e);
-        for (size_t i = rec.ops.size(); i-- > 0;)
-            if (rec.ops[i].kind == OpKind::event_record && rec.ops[i].event == event) {
-                rec.add(OpKind::host_sync, rec.ops[i].stream, -1, Work{.name = why});
-                break;
-            }
+    for (size_t i = rec.on ? rec.ops.size() : 0; i-- > 0;) {
+        const StepOp& op = rec.ops[i];
+        if (op.kind == OpKind::event_record && rec.events[static_cast<size_t>(op.event)] == e) {
+            rec.add(OpKind::host_sync, op.stream, -1, Work{.name = why});
+            break;
+        }
     }
     return rec.dry_run ? cudaSuccess : timed_host_wait([&] { return cudaEventSynchronize(e); });
 }

@@ -544,15 +544,13 @@ __global__ void attn_gates_backward_kernel(bf16* dxa, float* partials, const flo
 inline size_t attn_gates_backward_scratch_bytes(int T, int H) {
     return static_cast<size_t>(ceil_div(T, kGateRowsPerBlock)) * 2 * H * kGateWidth * sizeof(float);
 }
-// Reads dz_attn (and dz_ve), the gates' columns of xa and dxa and the gates (attn_aux_gate_bytes counts
-// xa's columns with a gate: dxa's come on top); writes dxa's columns and the partials; a multiply-add
-// per (row, head, column) and gate, twice.
+// Reads dz_attn (and dz_ve), the first 12 columns of xa and of dxa, and the gates; writes dxa's columns
+// and the partials; two multiply-adds per (row, head, column) and gate.
 inline Work attn_gates_backward_work(const AttnAux& a, bool ve, int blocks, int n_w) {
     const int gates = ve ? 2 : 1;
-    const double columns = 2.0 * kGateWidth * a.T;
+    const double columns = 2.0 * kGateWidth * a.T, gate = 2.0 * kGateWidth * a.H;
     return Work{.name = "attn_gates_backward", .flops = 4.0 * gates * a.T * a.H * kGateWidth,
-                .bytes_read = gates * attn_aux_stats_bytes(a) + columns + attn_aux_gate_bytes(a) +
-                              (ve ? 2.0 * kGateWidth * a.H : 0),
+                .bytes_read = gates * (attn_aux_stats_bytes(a) + gate) + 2 * columns,
                 .bytes_written = columns + 4.0 * blocks * n_w};
 }
 // dxa: (T, C) gradient of the attention input, updated in place in its first 12 channels.

@@ -20,6 +20,7 @@
 // (TEST_SEED replays a run) and the case, the cycle, the step and the rank.
 #include "../../kernels/comms.cuh"
 #include "../device_util.h"
+#include "sparse_exchange_rig.h"
 
 #include <mpi.h>
 #include <nccl.h>
@@ -121,22 +122,14 @@ void run_case(const Case& c, int case_no) {
     const uint64_t case_key = key(g_seed, static_cast<uint64_t>(case_no));
     const std::string tag = std::string(c.name) + " (rank " + std::to_string(me) + " of " + std::to_string(W) + ")";
 
-    cudaStream_t compute, comms;
-    CUDA_CHECK(cudaStreamCreate(&compute));
-    CUDA_CHECK(cudaStreamCreate(&comms));
-    cudaEvent_t grad_ready;
-    CUDA_CHECK(cudaEventCreateWithFlags(&grad_ready, cudaEventDisableTiming));
-    const size_t dev_bytes = sparse_exchange_device_bytes(R, C, W, max_touched);
-    const size_t host_bytes = sparse_exchange_host_bytes(R, max_touched);
-    DeviceBuffer<unsigned char> workspace(dev_bytes);
-    int32_t* pinned = nullptr;
-    CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned), std::max<size_t>(host_bytes, 1)));
+    SparseExchangeRig rig(R, C, W, max_touched);
+    cudaStream_t compute = rig.compute, comms = rig.comms;
+    cudaEvent_t grad_ready = rig.grad_ready;
     const size_t n = static_cast<size_t>(R) * C;
     DeviceBuffer<bf16> d_grad(n), d_dense_in(n), d_dense(static_cast<size_t>(per_rank) * C);
     {
         TouchedRows touched(R);
-        SparseRowExchange ex(R, C, max_touched, MPI_COMM_WORLD, g_nccl, comms, workspace.ptr, dev_bytes, pinned,
-                             host_bytes);
+        SparseRowExchange ex = rig.exchange(R, C, max_touched, g_nccl);
         for (int cycle = 0; cycle < c.cycles; ++cycle) {
             const uint64_t cycle_key = key(case_key, static_cast<uint64_t>(cycle), 0xca7);
             // Every rank's touched rows over the two steps (host reference), and this rank's marks.
@@ -248,10 +241,6 @@ void run_case(const Case& c, int case_no) {
                                got_v, dense, dense_tol);
         }
     }
-    CUDA_CHECK(cudaFreeHost(pinned));
-    CUDA_CHECK(cudaEventDestroy(grad_ready));
-    CUDA_CHECK(cudaStreamDestroy(compute));
-    CUDA_CHECK(cudaStreamDestroy(comms));
 }
 
 // Shape rules and misuse stop with a message (in a child process; rank 0 only).
