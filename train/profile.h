@@ -13,13 +13,13 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "../data/loader.h"
+#include "step_measure.h"
 #include "step_model.h"
 
 // ============================================================================================
@@ -282,14 +282,6 @@ int plan_step_mode(Run& r, const PlanData& data, const PlanOptions& plan) {
 // --profile-steps
 // ============================================================================================
 
-// One family's measured ops in a profiled step.
-struct MeasuredFamily {
-    std::string name;
-    int count = 0;
-    double ms = 0, tc_flops = 0, flops = 0, bytes = 0;
-    bool fp8 = false, collective = false;
-};
-
 // Milliseconds from `origin` to e (both recorded and complete).
 double event_ms(cudaEvent_t origin, cudaEvent_t e) {
     float ms = 0;
@@ -297,77 +289,43 @@ double event_ms(cudaEvent_t origin, cudaEvent_t e) {
     return ms;
 }
 
-// Time stream 0 sat idle waiting for work of another stream (an event recorded there): over each gap
-// between consecutive timed ops of stream 0, the part before the latest such event it waited on
-// completed (the end of the last timed op before that event's record on its stream).
-double exposed_comm_ms(const std::vector<StepOp>& ops, const std::vector<double>& start,
-                       const std::vector<double>& end) {
-    std::map<int, double> last_end;     // stream -> end of its last timed op so far
-    std::map<int, double> event_ready;  // event -> when its latest record completed (other streams only)
-    double exposed = 0, gap_from = -1, waited = -1;
-    for (size_t i = 0; i < ops.size(); ++i) {
-        const StepOp& op = ops[i];
-        if (op.kind == OpKind::event_record) {
-            const auto it = last_end.find(op.stream);
-            if (op.stream != 0 && it != last_end.end()) event_ready[op.event] = it->second;
-            else event_ready.erase(op.event);
-        } else if (op.kind == OpKind::event_wait && op.stream == 0) {
-            if (const auto it = event_ready.find(op.event); it != event_ready.end()) waited = std::max(waited, it->second);
-        } else if (start[i] >= 0) {
-            if (op.stream == 0) {
-                if (op.kind == OpKind::collective) exposed += end[i] - start[i];
-                if (gap_from >= 0 && waited > gap_from) exposed += std::min(waited, start[i]) - gap_from;
-                gap_from = end[i];
-                waited = -1;
-            }
-            last_end[op.stream] = end[i];
-        }
+// The step just recorded and timed, its times read from the events (after a sync).
+TimedStep timed_step() {
+    TimedStep t{work_recorder().ops, {}, {}, {}};
+    t.start_ms.assign(t.ops.size(), -1);
+    t.end_ms.assign(t.ops.size(), -1);
+    t.share.assign(t.ops.size(), 1);
+    const std::vector<OpTimer::Span>& spans = op_timer().spans;
+    for (const OpTimer::Span& s : spans) {
+        t.start_ms[s.op] = event_ms(spans.front().start, s.start);
+        t.end_ms[s.op] = event_ms(spans.front().start, s.end);
+        t.share[s.op] = s.share;
     }
-    return exposed;
+    return t;
 }
 
 // The table of a profiled step (rank 0's), then one line: device time, host time, exposed comms.
 void report_profiled_step(Run& r, int step, double host_ms) {
-    const std::vector<StepOp>& ops = work_recorder().ops;
-    const std::vector<OpTimer::Span>& spans = op_timer().spans;
-    if (spans.empty()) return;
-    std::vector<double> start(ops.size(), -1), end(ops.size(), -1);
-    double device_ms = 0;
-    std::vector<MeasuredFamily> families;
-    for (const OpTimer::Span& s : spans) {
-        start[s.op] = event_ms(spans.front().start, s.start);
-        end[s.op] = event_ms(spans.front().start, s.end);
-        device_ms = std::max(device_ms, end[s.op]);
-        const StepOp& op = ops[s.op];
-        auto f = std::find_if(families.begin(), families.end(), [&](const MeasuredFamily& m) { return m.name == op.work.name; });
-        if (f == families.end()) f = families.insert(families.end(), MeasuredFamily{op.work.name});
-        ++f->count;
-        f->ms += (end[s.op] - start[s.op]) * s.share;
-        f->tc_flops += op.work.tc_flops;
-        f->flops += op.work.tc_flops + op.work.flops;
-        f->bytes += op.kind == OpKind::collective ? op.work.comm_bytes : op.work.bytes_read + op.work.bytes_written;
-        f->fp8 = f->fp8 || op.work.gemm == GemmType::fp8;
-        f->collective = op.kind == OpKind::collective;
-    }
-    std::stable_sort(families.begin(), families.end(), [](const MeasuredFamily& a, const MeasuredFamily& b) { return a.ms > b.ms; });
+    const TimedStep t = timed_step();
+    const double step_ms = device_ms(t);
     const CostModel peak = h100_model(r.d.world);
     print0(r, "profile of step %d (rank 0 of %d%s; its train_time includes this profile's events, sync and report)\n", step,
            r.d.world, kEmulated ? "; times are the CPU emulation's, not a GPU's" : "");
     print0(r, "%-34s %6s %10s %7s %9s %8s %8s %8s\n", "family", "count", "total ms", "share", "TFLOP/s", "of peak", "TB/s",
            "of HBM");
-    for (const MeasuredFamily& f : families) {
+    for (const MeasuredFamily& f : measured_families(t)) {
         const double s = std::max(f.ms, 1e-9) / 1e3;
         const double tflops = f.flops / s / 1e12, tbs = f.bytes / s / 1e12;
         const double tc_peak = f.fp8 ? peak.fp8_tflops : peak.bf16_tflops;
         char compute[32] = "-", memory[32] = "-";
         if (f.tc_flops > 0) std::snprintf(compute, sizeof compute, "%.1f%%", 100 * f.tc_flops / s / 1e12 / tc_peak);
         if (!f.collective) std::snprintf(memory, sizeof memory, "%.1f%%", 100 * tbs / peak.hbm_tbs);
-        print0(r, "%-34s %6d %10.3f %6.1f%% %9.3f %8s %8.4f %8s\n", f.name.c_str(), f.count, f.ms, 100 * f.ms / device_ms,
-               tflops, compute, tbs, memory);
+        print0(r, "%-34s %6d %10.3f %6.1f%% %9.3f %8s %8.4f %8s\n", f.name.c_str(), f.count, f.ms,
+               100 * f.ms / std::max(step_ms, 1e-9), tflops, compute, tbs, memory);
     }
     print0(r, "step %d: %zu ops, device %.3f ms (first op's start to last op's end), host %.3f ms enqueueing (%.3f ms of it "
               "in host waits), exposed communication %.3f ms\n",
-           step, spans.size(), device_ms, host_ms, op_timer().host_wait_ms, exposed_comm_ms(ops, start, end));
+           step, op_timer().spans.size(), step_ms, host_ms, op_timer().host_wait_ms, exposed_comm_ms(t));
 }
 
 // A training step of the run: as it is, or, within --profile-steps, recorded (not dry) and every op

@@ -28,3 +28,11 @@ if(Python3_Interpreter_FOUND)
 else()
   message(STATUS "python3 not found: check_recorded_calls is not registered")
 endif()
+
+# ---- the trainer's side: --profile-steps' arithmetic (train/step_measure.h) on hand-made times ----
+add_executable(test_step_measure ${REPO}/tests/profile/test_step_measure.cpp)
+target_include_directories(test_step_measure PRIVATE ${REPO})
+set_target_properties(test_step_measure PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+target_compile_options(test_step_measure PRIVATE -Wall -Wextra -Werror)
+add_dependencies(cpu_all test_step_measure)
+add_test(NAME profile_steps_measure COMMAND test_step_measure)
