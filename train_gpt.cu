@@ -1470,12 +1470,7 @@ int main(int argc, char** argv) {
     std::signal(SIGTERM, on_stop_signal);
 
     Run r(m, o, sch, opt, d, stream);
-    const int T = std::max(cfg.max_train_tokens(), cfg.val_micro_tokens());
-    r.inputs.resize(T);
-    r.targets.resize(T);
-    r.bigram.resize(T);
-    r.cu.resize(dataload::max_num_docs_for(T));
-    CUDA_CHECK(cudaMallocHost(&r.losses, cfg.grad_accum() * sizeof(float)));
+    allocate_host_buffers(r);
     CUDA_CHECK(cudaMalloc(&r.finite_flags, kMaxStateBuffers * sizeof(int)));
     if (planning) return plan_step_mode(r, plan_data, cl.plan);
     if (d.rank == 0) open_log(r, log_path);

@@ -81,7 +81,8 @@ public:
             reserved_ = std::max<size_t>(total, 1);
             void* p = mmap(nullptr, reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
             if (p == MAP_FAILED) {
-                std::fprintf(stderr, "train_gpt: cannot reserve %zu bytes of address space for the %s arena\n", total, kind_);
+                std::fprintf(stderr, "train_gpt: cannot reserve %zu bytes of address space for the %s arena\n", total,
+                             kind_);
                 std::exit(EXIT_FAILURE);
             }
             base_ = static_cast<unsigned char*>(p);

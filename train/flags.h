@@ -136,8 +136,9 @@ void check_run_options(RunOptions& opt, int last) {
             usage_error("--checkpoint-steps " + std::to_string(st) + " is beyond this run's last step " + std::to_string(last) +
                         " (steps 0.." + std::to_string(last) + ")");
     if (opt.resume_unverified && opt.resume_dir.empty()) usage_error("--resume-unverified goes with --resume DIR");
-    if (opt.profile_steps.last >= last)
-        usage_error("--profile-steps " + std::to_string(opt.profile_steps.first) + ":" + std::to_string(opt.profile_steps.last) +
+    const StepRange& p = opt.profile_steps;
+    if (p.last >= last)
+        usage_error("--profile-steps " + std::to_string(p.first) + ":" + std::to_string(p.last) +
                     " reaches beyond the steps this run trains (" +
                     (last > 0 ? "0.." + std::to_string(last - 1) : std::string("none")) + ")");
     if (opt.run_id.empty()) opt.run_id = random_run_id();

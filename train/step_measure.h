@@ -30,7 +30,8 @@ inline std::vector<MeasuredFamily> measured_families(const TimedStep& t) {
     for (size_t i = 0; i < t.ops.size(); ++i) {
         if (t.start_ms[i] < 0) continue;
         const StepOp& op = t.ops[i];
-        auto f = std::find_if(families.begin(), families.end(), [&](const MeasuredFamily& m) { return m.name == op.work.name; });
+        auto f = std::find_if(families.begin(), families.end(),
+                              [&](const MeasuredFamily& m) { return m.name == op.work.name; });
         if (f == families.end()) f = families.insert(families.end(), MeasuredFamily{op.work.name});
         ++f->count;
         f->ms += (t.end_ms[i] - t.start_ms[i]) * t.share[i];
@@ -40,7 +41,8 @@ inline std::vector<MeasuredFamily> measured_families(const TimedStep& t) {
         f->fp8 = f->fp8 || op.work.gemm == GemmType::fp8;
         f->collective = op.kind == OpKind::collective;
     }
-    std::stable_sort(families.begin(), families.end(), [](const MeasuredFamily& a, const MeasuredFamily& b) { return a.ms > b.ms; });
+    std::stable_sort(families.begin(), families.end(),
+                     [](const MeasuredFamily& a, const MeasuredFamily& b) { return a.ms > b.ms; });
     return families;
 }
 

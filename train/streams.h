@@ -55,13 +55,15 @@ inline ncclResult_t all_reduce(const void* send, void* recv, size_t count, ncclD
 // A reduce-scatter moves its input buffer: every rank's shard of recv_count.
 inline ncclResult_t reduce_scatter(const void* send, void* recv, size_t recv_count, ncclDataType_t t, ncclRedOp_t op,
                                    ncclComm_t comm, cudaStream_t s) {
-    return collective(collective_work("nccl_reduce_scatter", Comm::reduce_scatter, double(recv_count) * nccl_ranks(comm), t),
-                      s, [&] { return ncclReduceScatter(send, recv, recv_count, t, op, comm, s); });
+    const double input = double(recv_count) * nccl_ranks(comm);
+    return collective(collective_work("nccl_reduce_scatter", Comm::reduce_scatter, input, t), s,
+                      [&] { return ncclReduceScatter(send, recv, recv_count, t, op, comm, s); });
 }
 // An all-gather moves its gathered output: every rank's send_count.
 inline ncclResult_t all_gather(const void* send, void* recv, size_t send_count, ncclDataType_t t, ncclComm_t comm,
                                cudaStream_t s) {
-    return collective(collective_work("nccl_all_gather", Comm::all_gather, double(send_count) * nccl_ranks(comm), t), s,
+    const double output = double(send_count) * nccl_ranks(comm);
+    return collective(collective_work("nccl_all_gather", Comm::all_gather, output, t), s,
                       [&] { return ncclAllGather(send, recv, send_count, t, comm, s); });
 }
 inline ncclResult_t broadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t comm,

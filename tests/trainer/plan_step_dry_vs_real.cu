@@ -76,12 +76,7 @@ int main(int argc, char** argv) {
     RunOptions opt;
     opt.train_files = std::string(repo) + "/" + c.train_files;
     Run r(m, o, sch, opt, d, s);
-    const int T = std::max(c.max_train_tokens(), c.val_micro_tokens());
-    r.inputs.resize(T);
-    r.targets.resize(T);
-    r.bigram.resize(T);
-    r.cu.resize(dataload::max_num_docs_for(T));
-    CUDA_CHECK(cudaMallocHost(&r.losses, c.grad_accum() * sizeof(float)));
+    allocate_host_buffers(r);
 
     const std::vector<std::vector<StepOp>> real = run_steps(r, false), dry = run_steps(r, true);
     for (size_t k = 0; k < real.size(); ++k) {
