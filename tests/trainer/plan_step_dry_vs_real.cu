@@ -1,5 +1,6 @@
 // --plan-step's dry run records what a real step does: the same operations (kind, stream, event,
-// family, range, and every number of their Work) in the same order. The tiny preset on a short
+// family, range, and every number of their Work) in the same order; the ranges name the layers of
+// the forward and backward and the optimizer. The tiny preset on a short
 // schedule (stage changes at steps 2, 4 and 6, the untie at step 5) trains steps 0..7 for real with
 // steps 2..7 recorded, then the same steps again from the same start (a fresh loader: the same
 // data) in a dry run; each recording must equal its real twin. Steps 0 and 1 run unrecorded first
@@ -87,6 +88,13 @@ int main(int argc, char** argv) {
                     real[k].size());
         test::check(d.world == 1 || collectives > 0, "rank %d step %d: no collectives recorded on %d ranks", d.rank,
                     step, d.world);
+        // the ranges (NVTX on the GPU) name the ops: a layer's forward and backward, the optimizer
+        for (const char* range : {"forward/layer 0", "forward/layer 10", "backward/layer 3", "optimizer"}) {
+            const bool named = std::any_of(real[k].begin(), real[k].end(), [&](const StepOp& op) {
+                return op.range == range && (op.kind == OpKind::kernel || op.kind == OpKind::gemm);
+            });
+            test::check(named, "rank %d step %d: no op in range %s", d.rank, step, range);
+        }
         const std::string diff = recording_difference(real[k], dry[k]);
         test::check(diff.empty(), "rank %d step %d: the dry run differs from the real step at %s", d.rank, step,
                     diff.c_str());
