@@ -1,12 +1,31 @@
-// What a test of kernels/comms.cuh's SparseRowExchange sets up around the exchange: a compute and a
-// comms stream, the event the gradient's last writer records, and the device and pinned buffers
-// sized for the exchange. Released with the rig; the exchange it makes must go first.
+// What a test of kernels/comms.cuh's SparseRowExchange sets up around the exchange: each rank's
+// device and the NCCL communicator of all ranks, and the rig: a compute and a comms stream, the event
+// the gradient's last writer records, and the device and pinned buffers sized for the exchange.
 #pragma once
 #include "../../kernels/comms.cuh"
 #include "../device_util.h"
 
+#include <mpi.h>
+#include <nccl.h>
+
 #include <algorithm>
 #include <cstdint>
+
+// On every rank (after MPI_Init): device rank % devices, and a communicator of MPI_COMM_WORLD's ranks
+// in their order, its id from rank 0.
+inline ncclComm_t nccl_world(int rank, int world) {
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    CUDA_CHECK(cudaSetDevice(rank % devices));
+    ncclUniqueId id;
+    if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    ncclComm_t comm;
+    NCCL_CHECK(ncclCommInitRank(&comm, world, id, rank));
+    return comm;
+}
+
+// The streams, event and buffers of one exchange; released with the rig, after the exchange it makes.
 
 struct SparseExchangeRig {
     size_t device_bytes, host_bytes;

@@ -292,13 +292,7 @@ int main(int argc, char** argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
     MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-    int devices = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&devices));
-    CUDA_CHECK(cudaSetDevice(g_rank % devices));
-    ncclUniqueId id;
-    if (g_rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    NCCL_CHECK(ncclCommInitRank(&g_nccl, g_world, id, g_rank));
+    g_nccl = nccl_world(g_rank, g_world);
     if (g_rank == 0) g_seed = test::seed();
     MPI_Bcast(&g_seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
 

@@ -209,14 +209,7 @@ int main(int argc, char** argv) {
         if (g_rank == 0) std::fprintf(stderr, "test_mpi_work_comms: at most 8 ranks\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    int devices = 0;
-    CUDA_CHECK(cudaGetDeviceCount(&devices));
-    CUDA_CHECK(cudaSetDevice(g_rank % devices));
-    ncclUniqueId id;
-    if (g_rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
-    ncclComm_t nccl;
-    NCCL_CHECK(ncclCommInitRank(&nccl, g_world, id, g_rank));
+    const ncclComm_t nccl = nccl_world(g_rank, g_world);
     uint64_t seed = 0;
     if (g_rank == 0) seed = test::seed();
     MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
