@@ -12,6 +12,14 @@
 // Deliberately left out: CUDA graphs (every launch pays its overhead), SMs that a running NCCL
 // kernel takes from overlapped compute, L2 reuse between kernels, clocks below boost under load.
 //
+// Use (--plan-step): record one even, one Adam and (at the split step) one untie step per stage on
+// every rank, then
+//   const CostModel cm = h100_model(world_size);               // or h100_model(world_size, nodes)
+//   const PlanReport ours = plan_report(preset, "ours", stages, cm);
+//   const PlanReport up = plan_report(preset, "upstream", upstream_schedule(stages), cm);
+//   format_plan(ours), format_schedule_comparison(ours, up)    // the text
+//   write_plan_json(path, ours), write_chrome_trace(path, ours)  // each gives its error, or ""
+//
 // Host C++17 only: no CUDA, nothing but work.cuh and the standard library. Errors in what a caller
 // passes come back as a message from the *_error functions; the functions that compute stop the
 // process with that message when given what those functions refuse.
@@ -57,8 +65,8 @@ struct CostModel {
     double hbm_tbs = 3.35;      // HBM3
 
     // -- cuBLASLt GEMMs: peak x base efficiency x wave quantization x small-K ramp --
-    // bf16: the best large H100 SXM matmuls measure ~780-795 TFLOP/s (Chillee's "H100 peak matmul
-    // FLOPS" gist, 780 TF with CUTLASS autotuning; Stas Bekman's mamf-finder table in ml-engineering).
+    // bf16: the best large H100 SXM matmuls measure ~780 TFLOP/s (Horace He's "H100 peak matmul
+    // FLOPS" gist: 780 with CUTLASS autotuning), 79% of peak.
     double gemm_bf16_efficiency = 0.80;
     // fp8: an assumption, ~1.38 PFLOP/s for large cuBLASLt fp8 GEMMs (fp8's epilogue and scaling
     // cost relatively more than bf16's at twice the math rate).
@@ -80,8 +88,8 @@ struct CostModel {
         // Ours: FA2-class kernels on mma.sync (the Ampere instruction). The FlashAttention-3 paper
         // (Shah et al. 2024) reports FlashAttention-2 at ~35% of H100 peak forward (~350 TFLOP/s at
         // long sequences); our tiles are smaller (64 rows, 4 warps) and the windows short, so a
-        // third of peak. Backward: FA2 runs at ~85% of its forward rate (FA2 paper: 63% vs 73% of
-        // A100 peak).
+        // third of peak. Backward: FA2 runs at ~85% of its forward rate (FA2 paper, A100: up to 63%
+        // of peak backward, 73% forward).
         {"attention_forward", 330},
         {"attention_backward", 280},
         // Ours: the fused c_fc + ReLU^2 GEMM on mma.sync, 128x128 tiles, 3-stage cp.async. mma.sync
@@ -194,7 +202,8 @@ inline double gemm_compute_us(const Work& w, const CostModel& cm) {
         const double k = double((w.k + split - 1) / split), ramp = k / (k + cm.gemm_k_ramp);
         const double tile_us = 2.0 * cm.gemm_tile_m * cm.gemm_tile_n * k / (rate * ramp / cm.sms);
         const int64_t waves = (out_tiles * split + cm.sms - 1) / cm.sms;
-        const double partials = split > 1 ? 8.0 * w.m * w.n * batch * split / (cm.hbm_tbs * 1e6 * cm.hbm_efficiency) : 0;
+        const double partial_bytes = split > 1 ? 8.0 * w.m * w.n * batch * split : 0;  // fp32, written and read
+        const double partials = partial_bytes / (cm.hbm_tbs * 1e6 * cm.hbm_efficiency);
         best = std::min(best, double(waves) * tile_us + partials);
     }
     return best;
@@ -238,7 +247,8 @@ inline double collective_us(Comm kind, double bytes, const CostModel& cm) {
         double transfer = bytes * factor / bw(busbw);
         if (kind == Comm::send_recv && nodes > 1) {  // the off-node share leaves through this GPU's NIC
             const double off = double(n - per_node) / (n - 1);
-            transfer = std::max(bytes * (1 - off) / bw(cm.nvlink_busbw_gbs), bytes * off / bw(cm.nic_gbs * cm.nic_efficiency));
+            const double nic = cm.nic_gbs * cm.nic_efficiency;
+            transfer = std::max(bytes * (1 - off) / bw(cm.nvlink_busbw_gbs), bytes * off / bw(nic));
         }
         best = std::min(best, latency + transfer);
     }
@@ -249,17 +259,18 @@ inline double collective_us(Comm kind, double bytes, const CostModel& cm) {
 inline double device_us(const StepOp& op, const CostModel& cm) {
     const Work& w = op.work;
     switch (op.kind) {
-    case OpKind::collective: return collective_us(w.comm, w.comm_bytes, cm);
-    case OpKind::copy: return copy_us(w, cm);
-    case OpKind::memset: return memory_bound_us(w, cm) + cm.device_launch_us;
-    case OpKind::gemm:
-    case OpKind::kernel: {
-        double compute = 0;
-        if (op.kind == OpKind::gemm || w.gemm != GemmType::none) compute = gemm_compute_us(w, cm);
-        else if (w.tc_flops > 0) compute = w.tc_flops / (family_value(cm.tc_tflops, family_name(w), cm.tc_default_tflops) * 1e6);
-        return std::max(compute, memory_bound_us(w, cm)) + cm.device_launch_us;
-    }
-    default: return 0;
+        case OpKind::collective: return collective_us(w.comm, w.comm_bytes, cm);
+        case OpKind::copy: return copy_us(w, cm);
+        case OpKind::memset: return memory_bound_us(w, cm) + cm.device_launch_us;
+        case OpKind::gemm:
+        case OpKind::kernel: {
+            const double tc_rate = family_value(cm.tc_tflops, family_name(w), cm.tc_default_tflops) * 1e6;
+            double compute = 0;
+            if (op.kind == OpKind::gemm || w.gemm != GemmType::none) compute = gemm_compute_us(w, cm);
+            else if (w.tc_flops > 0) compute = w.tc_flops / tc_rate;
+            return std::max(compute, memory_bound_us(w, cm)) + cm.device_launch_us;
+        }
+        default: return 0;
     }
 }
 
@@ -269,12 +280,12 @@ inline bool is_device_op(OpKind k) {
 }
 inline double host_cost_us(OpKind k, const CostModel& cm) {
     switch (k) {
-    case OpKind::gemm: return cm.host_gemm_us;
-    case OpKind::collective: return cm.host_collective_us;
-    case OpKind::event_record:
-    case OpKind::event_wait: return cm.host_event_us;
-    case OpKind::host_sync: return 0;  // priced as a wait (host_sync_us, mpi_us)
-    default: return cm.host_launch_us;
+        case OpKind::gemm: return cm.host_gemm_us;
+        case OpKind::collective: return cm.host_collective_us;
+        case OpKind::event_record:
+        case OpKind::event_wait: return cm.host_event_us;
+        case OpKind::host_sync: return 0;  // priced as a wait (host_sync_us, mpi_us)
+        default: return cm.host_launch_us;
     }
 }
 
@@ -336,7 +347,7 @@ inline std::string recording_error(const std::vector<std::vector<StepOp>>& ranks
 struct OpTiming {
     double host_begin_us = 0, host_end_us = 0;  // the host enqueuing the op (or waiting, for host_sync)
     double start_us = 0, end_us = 0;            // on its stream (device ops); others: the host's time
-    double exposed_comm_us = 0;  // stream 0 idle waiting for another stream's event, or a collective on it
+    double exposed_comm_us = 0;  // stream 0 idle waiting on another stream (events), or in a collective
     double overlapped_us = 0;    // collectives: how long stream 0 computed meanwhile
 };
 struct PathShare {
@@ -370,21 +381,24 @@ inline Stamp later(Stamp a, Stamp b) { return b.t > a.t ? b : a; }  // ties keep
 struct RankState {
     size_t pos = 0;
     Stamp host;
-    std::vector<Stamp> tail, wait_same, wait_other;  // per stream; waits not yet absorbed by an op
+    // Per stream: the last op's end, and the latest event waited for since. A time set on the
+    // stream itself is never later than its tail, so a wait that delays an op is on another stream.
+    std::vector<Stamp> tail, wait;
     struct Event {
         Stamp at;
-        int stream = -1;  // -1: never recorded (a wait on it is a no-op, as in CUDA)
+        bool recorded = false;  // a wait on an event never recorded is a no-op, as in CUDA
     };
     std::vector<Event> events;
-    bool arrived = false;  // at its next rendezvous, with `ready` and `own_us`
-    Stamp ready, own_ready;
+    bool arrived = false;  // at its next rendezvous: when it is ready, `own_ready` without other
+    Stamp ready, own_ready;  // streams' events, and its own duration (collectives)
     double own_us = 0;
     Timeline tl;
 };
 
 class Replay {
   public:
-    Replay(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm) : ranks_(ranks), cm_(cm), st_(ranks.size()) {
+    Replay(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm)
+        : ranks_(ranks), cm_(cm), st_(ranks.size()) {
         for (size_t r = 0; r < ranks.size(); ++r) st_[r].tl.ops.resize(ranks[r].size());
     }
 
@@ -397,7 +411,7 @@ class Replay {
                 all_arrived = all_arrived && st_[r].arrived;
             }
             if (all_done) break;
-            // recording_error() checked that every rank meets the same rendezvous in the same order
+            // replay_error() checked that every rank meets the same rendezvous in the same order
             if (!all_arrived) step_model_fail("replay: ranks stopped at different points (a bug in the replay)");
             resolve();
         }
@@ -418,11 +432,11 @@ class Replay {
     }
     static void add_stream(RankState& s, int stream) {
         if (int(s.tail.size()) > stream) return;
-        for (std::vector<Stamp>* v : {&s.tail, &s.wait_same, &s.wait_other}) v->resize(size_t(stream) + 1);
+        s.tail.resize(size_t(stream) + 1), s.wait.resize(size_t(stream) + 1);
     }
     static Stamp stream_ready(RankState& s, int stream) {
         add_stream(s, stream);
-        return later(later(s.tail[stream], s.wait_same[stream]), s.wait_other[stream]);
+        return later(s.tail[stream], s.wait[stream]);
     }
     static Stamp device_ready(RankState& s, int stream) {  // every stream (-1) or one
         if (stream >= 0) return stream_ready(s, stream);
@@ -435,14 +449,16 @@ class Replay {
         if (us > 0) s.host = add_node("host_launch", s.host.t, us, s.host.node);
         t.host_end_us = s.host.t;
     }
-    // The op starts: its stream takes it; stream 0 (the compute stream) records what it waited for.
+    // The op starts: its stream takes it. On stream 0, the compute stream, the time past `own` (its
+    // stream's tail or its issue) went to waiting on other streams: exposed communication; a
+    // collective there is exposed whole.
     void run_on_stream(RankState& s, const StepOp& op, OpTiming& t, Stamp start, double dur, Stamp own) {
         const Stamp end = add_node(family_name(op.work), start.t, dur, start.node);
         t.start_us = start.t, t.end_us = end.t;
         if (op.stream == 0)
             t.exposed_comm_us = op.kind == OpKind::collective ? end.t - own.t : std::max(0.0, start.t - own.t);
         s.tail[op.stream] = end;
-        s.wait_same[op.stream] = s.wait_other[op.stream] = Stamp{};
+        s.wait[op.stream] = Stamp{};
     }
 
     // Runs rank r's ops until its end or its next rendezvous (where it arrives and waits).
@@ -459,19 +475,16 @@ class Replay {
             if (is_device_op(op.kind)) {
                 ++s.tl.launches;
                 const Stamp ready = stream_ready(s, op.stream);
-                const Stamp own = later(later(s.tail[op.stream], s.wait_same[op.stream]), s.host);
+                const Stamp own = later(s.tail[op.stream], s.host);
                 run_on_stream(s, op, t, later(ready, s.host), device_us(op, cm_), own);
             } else if (op.kind == OpKind::event_record) {
                 if (int(s.events.size()) <= op.event) s.events.resize(size_t(op.event) + 1);
-                s.events[op.event] = {stream_ready(s, op.stream), op.stream};
+                s.events[op.event] = {stream_ready(s, op.stream), true};
                 t.start_us = t.end_us = s.events[op.event].at.t;
             } else if (op.kind == OpKind::event_wait) {
                 add_stream(s, op.stream);
-                if (op.event < int(s.events.size()) && s.events[op.event].stream >= 0) {
-                    const RankState::Event& e = s.events[op.event];
-                    std::vector<Stamp>& w = e.stream == op.stream ? s.wait_same : s.wait_other;
-                    w[op.stream] = later(w[op.stream], e.at);
-                }
+                if (op.event < int(s.events.size()) && s.events[op.event].recorded)
+                    s.wait[op.stream] = later(s.wait[op.stream], s.events[op.event].at);
                 t.start_us = t.end_us = s.host.t;
             } else {  // host_sync
                 ++s.tl.host_syncs;
@@ -489,7 +502,7 @@ class Replay {
             ++s.tl.launches;
             host_pay(s, t, cm_.host_collective_us);
             s.ready = later(stream_ready(s, op.stream), s.host);
-            s.own_ready = later(later(s.tail[op.stream], s.wait_same[op.stream]), s.host);
+            s.own_ready = later(s.tail[op.stream], s.host);
             s.own_us = device_us(op, cm_);
         } else {  // a blocking MPI call: the host first waits as any host_sync does
             ++s.tl.host_syncs;
@@ -561,7 +574,8 @@ class Replay {
 // are not the model's GPUs (one rank may stand for all of them).
 inline std::string replay_error(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm) {
     if (ranks.size() > 1 && int(ranks.size()) != cm.world_size)
-        return std::to_string(ranks.size()) + " ranks recorded, but the model is for " + std::to_string(cm.world_size) + " GPUs";
+        return std::to_string(ranks.size()) + " ranks recorded, but the model is for " +
+               std::to_string(cm.world_size) + " GPUs";
     return recording_error(ranks);
 }
 
@@ -600,24 +614,27 @@ struct ModeledStep {
     std::vector<PathShare> critical_path;
 };
 
+template <class Row>
+Row& row_named(std::vector<Row>& rows, const char* name) {
+    for (Row& r : rows)
+        if (r.name == name) return r;
+    rows.push_back(Row{name});
+    return rows.back();
+}
 inline void add_family(std::vector<FamilyRow>& rows, const StepOp& op, const OpTiming& t) {
-    const char* name = family_name(op.work);
-    auto it = std::find_if(rows.begin(), rows.end(), [&](const FamilyRow& f) { return f.name == name; });
-    if (it == rows.end()) it = rows.insert(rows.end(), FamilyRow{name});
-    ++it->count;
-    it->tc_flops += op.work.tc_flops;
-    it->flops += op.work.tc_flops + op.work.flops;
-    it->bytes += work_bytes(op.work);
-    it->ms += (t.end_us - t.start_us) / 1e3;
+    FamilyRow& f = row_named(rows, family_name(op.work));
+    ++f.count;
+    f.tc_flops += op.work.tc_flops;
+    f.flops += op.work.tc_flops + op.work.flops;
+    f.bytes += work_bytes(op.work);
+    f.ms += (t.end_us - t.start_us) / 1e3;
 }
 inline void add_collective(std::vector<CollectiveRow>& rows, const StepOp& op, const OpTiming& t) {
-    const char* name = family_name(op.work);
-    auto it = std::find_if(rows.begin(), rows.end(), [&](const CollectiveRow& c) { return c.name == name; });
-    if (it == rows.end()) it = rows.insert(rows.end(), CollectiveRow{name});
-    ++it->count;
-    it->bytes += op.work.comm_bytes;
-    it->ms += (t.end_us - t.start_us) / 1e3;
-    it->overlapped_ms += t.overlapped_us / 1e3;
+    CollectiveRow& c = row_named(rows, family_name(op.work));
+    ++c.count;
+    c.bytes += op.work.comm_bytes;
+    c.ms += (t.end_us - t.start_us) / 1e3;
+    c.overlapped_ms += t.overlapped_us / 1e3;
 }
 
 inline ModeledStep model_step(std::string label, std::vector<std::vector<StepOp>> ranks, const CostModel& cm) {
@@ -638,7 +655,8 @@ inline ModeledStep model_step(std::string label, std::vector<std::vector<StepOp>
         if (ops[i].kind == OpKind::collective) add_collective(m.collectives, ops[i], tl.ops[i]);
         else if (is_device_op(ops[i].kind)) add_family(m.kernels, ops[i], tl.ops[i]);
     }
-    std::stable_sort(m.kernels.begin(), m.kernels.end(), [](const FamilyRow& a, const FamilyRow& b) { return a.ms > b.ms; });
+    std::stable_sort(m.kernels.begin(), m.kernels.end(),
+                     [](const FamilyRow& a, const FamilyRow& b) { return a.ms > b.ms; });
     m.critical_path = tl.critical_path;
     return m;
 }
@@ -670,7 +688,8 @@ inline std::string plan_error(const std::vector<PlanStage>& stages, const CostMo
             const char* kind;
             int steps;
             const std::vector<std::vector<StepOp>>& ranks;
-        } kinds[] = {{"even", st.steps_even, st.even}, {"adam", st.steps_adam, st.adam}, {"untie", st.steps_untie, st.untie}};
+        } kinds[] = {
+            {"even", st.steps_even, st.even}, {"adam", st.steps_adam, st.adam}, {"untie", st.steps_untie, st.untie}};
         for (const auto& k : kinds) {
             const std::string where = "stage " + st.name + ", " + k.kind + " step: ";
             if (k.steps < 0) return where + "a negative step count (" + std::to_string(k.steps) + ")";
@@ -728,7 +747,8 @@ inline std::string format_critical_path(const std::vector<PathShare>& path, size
 // The stage table, then per stage its kernel families, collectives and critical paths.
 inline std::string format_plan(const PlanReport& p) {
     std::string o;
-    appendf(o, "Modeled step times, preset %s, schedule %s: H100 cost model, %d GPUs on %d node%s (a model, not a measurement)\n",
+    appendf(o, "Modeled step times, preset %s, schedule %s: H100 cost model, %d GPUs on %d node%s (a model, not a "
+               "measurement)\n",
             p.preset.c_str(), p.schedule.c_str(), p.world_size, p.nodes, p.nodes == 1 ? "" : "s");
     appendf(o, "%-10s %16s %9s %9s %9s %22s %14s %14s\n", "stage", "steps e/a/u", "even ms", "adam ms", "untie ms",
             "exposed comm e/a ms", "launches e/a", "host syncs e/a");
@@ -740,13 +760,14 @@ inline std::string format_plan(const PlanReport& p) {
         std::snprintf(exposed, sizeof exposed, "%.3f/%.3f", s.even.exposed_comm_ms, s.adam.exposed_comm_ms);
         std::snprintf(launches, sizeof launches, "%d/%d", s.even.launches, s.adam.launches);
         std::snprintf(syncs, sizeof syncs, "%d/%d", s.even.host_syncs, s.adam.host_syncs);
-        appendf(o, "%-10s %16s %9.3f %9.3f %9s %22s %14s %14s\n", s.stage.c_str(), steps_text, s.even.ms, s.adam.ms, untie,
-                exposed, launches, syncs);
+        appendf(o, "%-10s %16s %9.3f %9.3f %9s %22s %14s %14s\n", s.stage.c_str(), steps_text, s.even.ms, s.adam.ms,
+                untie, exposed, launches, syncs);
         steps += s.steps_even + s.steps_adam + s.steps_untie;
     }
     appendf(o, "whole run: %d steps, %.3f s modeled (the sum over the schedule)\n", steps, p.total_ms / 1e3);
     for (const StageReport& s : p.stages) {
-        appendf(o, "\n%s: kernel families (the slowest rank's; per Adam step, or even step if Adam's has none)\n", s.stage.c_str());
+        appendf(o, "\n%s: kernel families (the slowest rank's; per Adam step, or even step if Adam's has none)\n",
+                s.stage.c_str());
         appendf(o, "%-36s %12s %10s %9s %9s %9s\n", "family", "count e/a", "GFLOP", "GB", "even ms", "adam ms");
         std::vector<std::string> names;
         for (const ModeledStep* m : {&s.adam, &s.even})
@@ -761,18 +782,21 @@ inline std::string format_plan(const PlanReport& p) {
             char counts[32];
             std::snprintf(counts, sizeof counts, "%d/%d", e.count, a.count);
             const FamilyRow& work = a.count ? a : e;
-            appendf(o, "%-36s %12s %10.2f %9.3f %9.3f %9.3f\n", n.c_str(), counts, work.flops / 1e9, work.bytes / 1e9, e.ms, a.ms);
+            appendf(o, "%-36s %12s %10.2f %9.3f %9.3f %9.3f\n", n.c_str(), counts, work.flops / 1e9, work.bytes / 1e9,
+                    e.ms, a.ms);
         }
         for (const ModeledStep* m : {&s.even, &s.adam}) {
             if (m->collectives.empty()) continue;
             appendf(o, "%s: collectives of the %s\n", s.stage.c_str(), m == &s.even ? "even step" : "Adam step");
             appendf(o, "%-36s %6s %10s %9s %14s\n", "name", "count", "MB", "ms", "overlapped ms");
             for (const CollectiveRow& c : m->collectives)
-                appendf(o, "%-36s %6d %10.3f %9.3f %14.3f\n", c.name.c_str(), c.count, c.bytes / 1e6, c.ms, c.overlapped_ms);
+                appendf(o, "%-36s %6d %10.3f %9.3f %14.3f\n", c.name.c_str(), c.count, c.bytes / 1e6, c.ms,
+                        c.overlapped_ms);
         }
         for (const ModeledStep* m : {&s.even, &s.adam, &s.untie})
             if (!m->ranks.empty())
-                appendf(o, "%s: critical path (ms): %s\n", m->label.c_str(), format_critical_path(m->critical_path, 8).c_str());
+                appendf(o, "%s: critical path (ms): %s\n", m->label.c_str(),
+                        format_critical_path(m->critical_path, 8).c_str());
     }
     return o;
 }
@@ -795,82 +819,95 @@ inline std::string json_number(double x) {
     appendf(out, "%.9g", std::isfinite(x) ? x : 0.0);
     return out;
 }
+// A JSON object's members in the order added; `raw` takes a value already in JSON.
+struct JsonObject {
+    std::string members;
+    JsonObject& raw(const char* key, const std::string& value) {
+        members += (members.empty() ? "" : ", ") + json_string(key) + ": " + value;
+        return *this;
+    }
+    JsonObject& num(const char* key, double v) { return raw(key, json_number(v)); }
+    JsonObject& integer(const char* key, int64_t v) { return raw(key, std::to_string(v)); }
+    JsonObject& str(const char* key, const std::string& v) { return raw(key, json_string(v)); }
+    std::string text() const { return "{" + members + "}"; }
+};
+// A JSON array of f(item) for each item, one per line at the given indent.
+template <class T, class F>
+std::string json_array(const std::vector<T>& items, const char* indent, F f) {
+    std::string out = "[";
+    for (size_t i = 0; i < items.size(); ++i) out += (i ? ",\n" : "\n") + std::string(indent) + f(items[i]);
+    return out + "]";
+}
 
 inline std::string kernels_json(const std::vector<FamilyRow>& rows) {
-    std::string o = "[";
-    for (size_t i = 0; i < rows.size(); ++i)
-        o += std::string(i ? ",\n      " : "\n      ") + "{\"name\": " + json_string(rows[i].name) +
-             ", \"count\": " + std::to_string(rows[i].count) + ", \"flops\": " + json_number(rows[i].flops) +
-             ", \"tc_flops\": " + json_number(rows[i].tc_flops) + ", \"bytes\": " + json_number(rows[i].bytes) +
-             ", \"modeled_ms\": " + json_number(rows[i].ms) + "}";
-    return o + "]";
+    return json_array(rows, "      ", [](const FamilyRow& f) {
+        return JsonObject().str("name", f.name).integer("count", f.count).num("flops", f.flops)
+            .num("tc_flops", f.tc_flops).num("bytes", f.bytes).num("modeled_ms", f.ms).text();
+    });
 }
 inline std::string collectives_json(const std::vector<CollectiveRow>& rows) {
-    std::string o = "[";
-    for (size_t i = 0; i < rows.size(); ++i)
-        o += std::string(i ? ",\n      " : "\n      ") + "{\"name\": " + json_string(rows[i].name) +
-             ", \"count\": " + std::to_string(rows[i].count) + ", \"bytes\": " + json_number(rows[i].bytes) +
-             ", \"modeled_ms\": " + json_number(rows[i].ms) + ", \"overlapped_ms\": " + json_number(rows[i].overlapped_ms) + "}";
-    return o + "]";
+    return json_array(rows, "      ", [](const CollectiveRow& c) {
+        return JsonObject().str("name", c.name).integer("count", c.count).num("bytes", c.bytes)
+            .num("modeled_ms", c.ms).num("overlapped_ms", c.overlapped_ms).text();
+    });
 }
 inline std::string critical_path_json(const std::vector<PathShare>& path) {
-    std::string o = "[";
-    for (size_t i = 0; i < path.size(); ++i)
-        o += std::string(i ? ", " : "") + "{\"name\": " + json_string(path[i].name) + ", \"ms\": " + json_number(path[i].us / 1e3) + "}";
-    return o + "]";
+    return json_array(path, "      ",
+                      [](const PathShare& p) { return JsonObject().str("name", p.name).num("ms", p.us / 1e3).text(); });
 }
 
 // The issue's keys, plus: schedule, nodes, per stage the step counts, untie_ms (null without an
 // untie step), the even step's kernels and collectives (kernels/collectives are the Adam step's,
-// which has every family of the even step and Adam's own), host syncs per step kind
-// (host_syncs_in_step is the larger), and the critical paths.
+// which has every family of the even step and Adam's own, or the even step's in a stage without
+// Adam steps), host syncs per step kind (host_syncs_in_step is the larger), the critical paths.
+inline std::string stage_json(const StageReport& s) {
+    const ModeledStep& main = s.adam.ranks.empty() ? s.even : s.adam;
+    return JsonObject()
+        .str("stage", s.stage)
+        .integer("steps_even", s.steps_even).integer("steps_adam", s.steps_adam).integer("steps_untie", s.steps_untie)
+        .num("even_ms", s.even.ms).num("adam_ms", s.adam.ms)
+        .raw("untie_ms", s.untie.ranks.empty() ? "null" : json_number(s.untie.ms))
+        .num("total_ms", s.total_ms)
+        .num("exposed_comm_even_ms", s.even.exposed_comm_ms).num("exposed_comm_adam_ms", s.adam.exposed_comm_ms)
+        .integer("launches_even", s.even.launches).integer("launches_adam", s.adam.launches)
+        .integer("host_syncs_in_step", std::max(s.even.host_syncs, s.adam.host_syncs))
+        .integer("host_syncs_even", s.even.host_syncs).integer("host_syncs_adam", s.adam.host_syncs)
+        .raw("kernels", kernels_json(main.kernels)).raw("collectives", collectives_json(main.collectives))
+        .raw("kernels_even", kernels_json(s.even.kernels)).raw("collectives_even", collectives_json(s.even.collectives))
+        .raw("critical_path_even", critical_path_json(s.even.critical_path))
+        .raw("critical_path_adam", critical_path_json(s.adam.critical_path))
+        .text();
+}
 inline std::string plan_json(const PlanReport& p) {
-    std::string o = "{\n  \"preset\": " + json_string(p.preset) + ",\n  \"schedule\": " + json_string(p.schedule) +
-                    ",\n  \"world_size\": " + std::to_string(p.world_size) + ",\n  \"nodes\": " + std::to_string(p.nodes) +
-                    ",\n  \"total_ms\": " + json_number(p.total_ms) + ",\n  \"stages\": [";
-    for (size_t i = 0; i < p.stages.size(); ++i) {
-        const StageReport& s = p.stages[i];
-        const bool untie = !s.untie.ranks.empty();
-        o += std::string(i ? "," : "") + "\n    {\"stage\": " + json_string(s.stage) +
-             ", \"steps_even\": " + std::to_string(s.steps_even) + ", \"steps_adam\": " + std::to_string(s.steps_adam) +
-             ", \"steps_untie\": " + std::to_string(s.steps_untie) + ",\n     \"even_ms\": " + json_number(s.even.ms) +
-             ", \"adam_ms\": " + json_number(s.adam.ms) + ", \"untie_ms\": " + (untie ? json_number(s.untie.ms) : "null") +
-             ", \"total_ms\": " + json_number(s.total_ms) +
-             ",\n     \"exposed_comm_even_ms\": " + json_number(s.even.exposed_comm_ms) +
-             ", \"exposed_comm_adam_ms\": " + json_number(s.adam.exposed_comm_ms) +
-             ",\n     \"launches_even\": " + std::to_string(s.even.launches) +
-             ", \"launches_adam\": " + std::to_string(s.adam.launches) +
-             ", \"host_syncs_in_step\": " + std::to_string(std::max(s.even.host_syncs, s.adam.host_syncs)) +
-             ", \"host_syncs_even\": " + std::to_string(s.even.host_syncs) +
-             ", \"host_syncs_adam\": " + std::to_string(s.adam.host_syncs) +
-             ",\n     \"kernels\": " + kernels_json(s.adam.kernels) +
-             ",\n     \"collectives\": " + collectives_json(s.adam.collectives) +
-             ",\n     \"kernels_even\": " + kernels_json(s.even.kernels) +
-             ",\n     \"collectives_even\": " + collectives_json(s.even.collectives) +
-             ",\n     \"critical_path_even\": " + critical_path_json(s.even.critical_path) +
-             ",\n     \"critical_path_adam\": " + critical_path_json(s.adam.critical_path) + "}";
-    }
-    return o + "\n  ]\n}\n";
+    return JsonObject()
+               .str("preset", p.preset).str("schedule", p.schedule)
+               .integer("world_size", p.world_size).integer("nodes", p.nodes)
+               .num("total_ms", p.total_ms)
+               .raw("stages", json_array(p.stages, "  ", stage_json))
+               .text() + "\n";
 }
 
 // Chrome Trace Event format (chrome://tracing, ui.perfetto.dev): a process per rank, a thread for
 // the host (0) and one per stream (stream + 1); the steps one after another, 100 us apart, each a
 // span on the host thread named by its label; every op an "X" event on the host (its launch or
 // wait) and, for device ops, one on its stream, with its work in args.
+inline JsonObject trace_event(const char* ph, const std::string& name, size_t pid, int tid) {
+    return JsonObject().str("ph", ph).str("name", name).integer("pid", int64_t(pid)).integer("tid", tid);
+}
+inline std::string trace_x(const std::string& name, const char* cat, size_t pid, int tid, double ts, double dur,
+                           const JsonObject& args) {
+    JsonObject e = trace_event("X", name, pid, tid).str("cat", cat).num("ts", ts).num("dur", dur);
+    if (!args.members.empty()) e.raw("args", args.text());
+    return e.text();
+}
+inline std::string op_label(const StepOp& op) {
+    const char* name = family_name(op.work);
+    if (*name) return name;
+    if (op.kind == OpKind::event_record) return "event_record";
+    return op.kind == OpKind::event_wait ? "event_wait" : "host_sync";
+}
 inline std::string chrome_trace_json(const std::vector<const ModeledStep*>& steps) {
-    std::string o = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [";
-    bool first = true;
-    const auto event = [&](const std::string& e) {
-        o += (first ? "\n" : ",\n") + e;
-        first = false;
-    };
-    const auto x = [&](const std::string& name, const char* cat, size_t pid, int tid, double ts, double dur,
-                       const std::string& args) {
-        std::string e;
-        appendf(e, "{\"ph\": \"X\", \"name\": %s, \"cat\": \"%s\", \"pid\": %zu, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f",
-                json_string(name).c_str(), cat, pid, tid, ts, dur);
-        event(e + (args.empty() ? "}" : ", \"args\": {" + args + "}}"));
-    };
+    std::vector<std::string> events;
     size_t most_ranks = 0;
     int most_streams = 0;
     for (const ModeledStep* m : steps) {
@@ -879,12 +916,12 @@ inline std::string chrome_trace_json(const std::vector<const ModeledStep*>& step
             for (const StepOp& op : ops) most_streams = std::max(most_streams, op.stream + 1);
     }
     for (size_t r = 0; r < most_ranks; ++r) {
-        event("{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": " + std::to_string(r) +
-              ", \"args\": {\"name\": \"rank " + std::to_string(r) + "\"}}");
+        const auto name = [](const std::string& n) { return JsonObject().str("name", n).text(); };
+        events.push_back(trace_event("M", "process_name", r, 0).raw("args", name("rank " + std::to_string(r))).text());
         for (int t = 0; t <= most_streams; ++t)
-            event("{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": " + std::to_string(r) + ", \"tid\": " +
-                  std::to_string(t) + ", \"args\": {\"name\": " +
-                  (t ? "\"stream " + std::to_string(t - 1) + "\"" : std::string("\"host\"")) + "}}");
+            events.push_back(trace_event("M", "thread_name", r, t)
+                                 .raw("args", name(t ? "stream " + std::to_string(t - 1) : "host"))
+                                 .text());
     }
     double offset = 0;
     for (const ModeledStep* m : steps) {
@@ -892,25 +929,26 @@ inline std::string chrome_trace_json(const std::vector<const ModeledStep*>& step
         for (size_t r = 0; r < m->ranks.size(); ++r) {
             const Timeline& tl = m->timelines[r];
             longest = std::max(longest, tl.makespan_us);
-            x(m->label, "step", r, 0, offset, tl.makespan_us, "");
+            events.push_back(trace_x(m->label, "step", r, 0, offset, tl.makespan_us, JsonObject()));
             for (size_t i = 0; i < m->ranks[r].size(); ++i) {
                 const StepOp& op = m->ranks[r][i];
                 const OpTiming& t = tl.ops[i];
-                const Work& w = op.work;
-                std::string name = family_name(w);
-                if (name.empty()) name = op.kind == OpKind::event_record ? "event_record" : op.kind == OpKind::event_wait ? "event_wait" : "host_sync";
-                x(name, "host", r, 0, offset + t.host_begin_us, t.host_end_us - t.host_begin_us, "");
+                events.push_back(trace_x(op_label(op), "host", r, 0, offset + t.host_begin_us,
+                                         t.host_end_us - t.host_begin_us, JsonObject()));
                 if (!is_device_op(op.kind)) continue;
-                std::string args = "\"tc_flops\": " + json_number(w.tc_flops) + ", \"flops\": " + json_number(w.flops) +
-                                   ", \"bytes\": " + json_number(work_bytes(w)) + ", \"range\": " + json_string(op.range);
+                JsonObject args;
+                args.num("tc_flops", op.work.tc_flops).num("flops", op.work.flops).num("bytes", work_bytes(op.work));
+                args.str("range", op.range);
                 if (op.kind == OpKind::collective)
-                    args += ", \"comm_bytes\": " + json_number(w.comm_bytes) + ", \"overlapped_us\": " + json_number(t.overlapped_us);
-                x(name, "device", r, op.stream + 1, offset + t.start_us, t.end_us - t.start_us, args);
+                    args.num("comm_bytes", op.work.comm_bytes).num("overlapped_us", t.overlapped_us);
+                events.push_back(trace_x(op_label(op), "device", r, op.stream + 1, offset + t.start_us,
+                                         t.end_us - t.start_us, args));
             }
         }
         offset += longest + 100;
     }
-    return o + "\n]}\n";
+    const auto as_is = [](const std::string& e) { return e; };
+    return JsonObject().str("displayTimeUnit", "ms").raw("traceEvents", json_array(events, "", as_is)).text() + "\n";
 }
 inline std::vector<const ModeledStep*> modeled_steps(const PlanReport& p) {
     std::vector<const ModeledStep*> out;
@@ -929,7 +967,9 @@ inline std::string write_text_file(const std::string& path, const std::string& t
     if (std::fclose(f) != 0 || !ok) return "cannot write " + path + ": " + std::strerror(ok ? errno : err);
     return "";
 }
-inline std::string write_plan_json(const std::string& path, const PlanReport& p) { return write_text_file(path, plan_json(p)); }
+inline std::string write_plan_json(const std::string& path, const PlanReport& p) {
+    return write_text_file(path, plan_json(p));
+}
 inline std::string write_chrome_trace(const std::string& path, const PlanReport& p) {
     return write_text_file(path, chrome_trace_json(modeled_steps(p)));
 }
@@ -1056,8 +1096,8 @@ inline std::string format_schedule_comparison(const PlanReport& ours, const Plan
             "upstream", "stage s ours", "upstream");
     for (size_t i = 0; i < ours.stages.size() && i < upstream.stages.size(); ++i) {
         const StageReport &a = ours.stages[i], &b = upstream.stages[i];
-        appendf(o, "%-10s %14.3f %14.3f %14.3f %14.3f %14.3f %14.3f\n", a.stage.c_str(), a.even.ms, b.even.ms, a.adam.ms,
-                b.adam.ms, a.total_ms / 1e3, b.total_ms / 1e3);
+        appendf(o, "%-10s %14.3f %14.3f %14.3f %14.3f %14.3f %14.3f\n", a.stage.c_str(), a.even.ms, b.even.ms,
+                a.adam.ms, b.adam.ms, a.total_ms / 1e3, b.total_ms / 1e3);
     }
     appendf(o, "whole run: ours %.3f s, upstream's schedule %.3f s\nupstream's schedule, rule by rule:\n",
             ours.total_ms / 1e3, upstream.total_ms / 1e3);

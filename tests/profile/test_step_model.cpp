@@ -74,6 +74,10 @@ static void check_span(const OpTiming& t, double start, double end, const char* 
     test::check(near(t.start_us, start) && near(t.end_us, end), "%s: ran [%.9g, %.9g], want [%.9g, %.9g]", what,
                 t.start_us, t.end_us, start, end);
 }
+// An error message that says what it should.
+static void check_says(const std::string& got, const char* phrase, const char* what) {
+    test::check(got.find(phrase) != std::string::npos, "%s: '%s' does not say '%s'", what, got.c_str(), phrase);
+}
 static double path_share(const Timeline& tl, const char* name) {
     for (const PathShare& p : tl.critical_path)
         if (p.name == name) return p.us;
@@ -123,8 +127,8 @@ static void test_one_stream() {
 // Stream 0 sat idle 17 - 15 = 2 us for stream 1's event: exposed. Makespan 19; the critical path
 // kd 2 <- kb 5 <- ka 11 <- the first launch 1.
 static std::vector<StepOp> two_streams() {
-    return {kernel("ka", 0, 10e6), record(0, 0), wait(1, 0), kernel("kb", 1, 4e6), record(1, 1),
-            kernel("kc", 0, 2e6), wait(0, 1), kernel("kd", 0, 1e6)};
+    return {kernel("ka", 0, 10e6), record(0, 0),         wait(1, 0), kernel("kb", 1, 4e6),
+            record(1, 1),          kernel("kc", 0, 2e6), wait(0, 1), kernel("kd", 0, 1e6)};
 }
 static void test_event_wait() {
     const Timeline tl = replay_one(two_streams(), round_model());
@@ -136,6 +140,16 @@ static void test_event_wait() {
     check_near(path_share(tl, "kb"), 5, "kb on the critical path");
     check_near(path_share(tl, "kc"), 0, "kc off the critical path");
     test::check(tl.launches == 4, "launches: %d", tl.launches);
+
+    // Stream 0 waits for stream 1 through an event it records itself: still exposed.
+    //   ka s0 10e6 B [1, 12]; kb s1 20e6 B issued 2 -> [2, 23]; record e1 on s1 (23); s0 waits e1;
+    //   record e0 on s0: 23, a time stream 1 set; s0 waits e0; kc s0 0 B issued 3 -> [23, 24]:
+    //   stream 0 idle from 12 to 23 for stream 1, 11 us exposed.
+    const Timeline relayed = replay_one({kernel("ka", 0, 10e6), kernel("kb", 1, 20e6), record(1, 1), wait(0, 1),
+                                         record(0, 0), wait(0, 0), kernel("kc", 0, 0)},
+                                        round_model());
+    check_span(relayed.ops[6], 23, 24, "kc after the relayed event");
+    check_near(relayed.exposed_comm_us, 11, "a wait relayed through stream 0's own event");
 
     // A wait on an event never recorded is a no-op (CUDA's rule): kd would start at 4.
     const Timeline none = replay_one({kernel("ka", 1, 10e6), wait(0, 7), kernel("kd", 0, 1e6)}, round_model());
@@ -175,8 +189,14 @@ static void test_host_sync() {
 // Exposed: kb 5e6 B -> [12, 18]; kc waits for e1 at 27 -> [27, 28]: 27 - 18 = 9 us exposed, 18 - 12
 // = 6 us overlapped; makespan 28 = kc 1 + rs 15 + ka 11 + the first launch 1.
 static std::vector<StepOp> comms_graph(double kb_bytes) {
-    return {kernel("ka", 0, 10e6), record(0, 0), wait(1, 0), collective("nccl_reduce_scatter", Comm::reduce_scatter, 1, 8e3),
-            kernel("kb", 0, kb_bytes), record(1, 1), wait(0, 1), kernel("kc", 0, 0)};
+    return {kernel("ka", 0, 10e6),
+            record(0, 0),
+            wait(1, 0),
+            collective("nccl_reduce_scatter", Comm::reduce_scatter, 1, 8e3),
+            kernel("kb", 0, kb_bytes),
+            record(1, 1),
+            wait(0, 1),
+            kernel("kc", 0, 0)};
 }
 static void test_collective_overlap() {
     const CostModel cm = round_model();
@@ -225,7 +245,8 @@ static void test_two_ranks() {
     // runs [2, 12], so rank 0 is ready at 18 (stream 1), rank 1 at 18; both leave at 18 + 1 = 19
     // and issue kb at 20 -> [20, 21].
     const std::vector<std::vector<StepOp>> sends = {
-        {collective("nccl_send_recv", Comm::send_recv, 1, 2e3), kernel("ka", 0, 9e6), sync(-1, "mpi_wait"), kernel("kb", 0, 0)},
+        {collective("nccl_send_recv", Comm::send_recv, 1, 2e3), kernel("ka", 0, 9e6), sync(-1, "mpi_wait"),
+         kernel("kb", 0, 0)},
         {collective("nccl_send_recv", Comm::send_recv, 1, 6e3), sync(-1, "mpi_wait"), kernel("kb", 0, 0)}};
     const std::vector<Timeline> st = replay(sends, cm);
     check_span(st[0].ops[0], 1, 18, "rank 0's sends last as long as rank 1's");
@@ -278,7 +299,8 @@ static void test_prices() {
     check_near(device_us(kernel("norm_forward", 0, 1e6), cm), 3, "norm_forward at 0.5: 2 us + 1");
     check_near(device_us(kernel("norm_backward_x", 0, 1e6), cm), 5, "norm_backward at 0.25: 4 us + 1");
     check_near(device_us(kernel("other", 0, 1e6), cm), 2, "the default efficiency");
-    check_near(device_us(with_flops(kernel("custom_mma", 0, 0), 3e6, 0), cm), 4, "an unknown tensor-core family at 1 TFLOP/s");
+    check_near(device_us(with_flops(kernel("custom_mma", 0, 0), 3e6, 0), cm), 4,
+               "an unknown tensor-core family at 1 TFLOP/s");
     // copies: PCIe by direction (1e6 bytes at 1e3 B/us pinned, half that pageable), d2d through HBM
     StepOp h2d = kernel("copy_h2d", 0, 0);
     h2d.kind = OpKind::copy, h2d.work.bytes_written = 1e6;
@@ -350,17 +372,24 @@ static std::vector<std::vector<StepOp>> random_step(int nranks) {
         for (int i = 0; i < n || next < shared.size(); ++i) {
             if (next < shared.size() && test::randint(0, 5) == 0) {
                 StepOp c = shared[next++];
-                if (c.kind == OpKind::collective && c.work.comm == Comm::send_recv) c.work.comm_bytes = test::uniform(0, 1e5);
+                if (c.kind == OpKind::collective && c.work.comm == Comm::send_recv)
+                    c.work.comm_bytes = test::uniform(0, 1e5);
                 ops.push_back(c);
                 continue;
             }
             if (i >= n) continue;
             const int s = test::randint(0, 2), pick = test::randint(0, 9);
-            if (pick <= 3) ops.push_back(with_flops(kernel(names[pick], s, test::uniform(0, 3e7)), test::uniform(0, 3e7), test::uniform(0, 1e7)));
-            else if (pick == 4) ops.push_back(gemm("g", s, test::randint(1, 900), test::randint(1, 900), test::randint(1, 300)));
-            else if (pick == 5) ops.push_back(record(s, test::randint(0, 3)));
-            else if (pick <= 7) ops.push_back(wait(s, test::randint(0, 3)));
-            else if (pick == 8) ops.push_back(sync(test::randint(-1, 2)));
+            if (pick <= 3)
+                ops.push_back(with_flops(kernel(names[pick], s, test::uniform(0, 3e7)), test::uniform(0, 3e7),
+                                         test::uniform(0, 1e7)));
+            else if (pick == 4)
+                ops.push_back(gemm("g", s, test::randint(1, 900), test::randint(1, 900), test::randint(1, 300)));
+            else if (pick == 5)
+                ops.push_back(record(s, test::randint(0, 3)));
+            else if (pick <= 7)
+                ops.push_back(wait(s, test::randint(0, 3)));
+            else if (pick == 8)
+                ops.push_back(sync(test::randint(-1, 2)));
             else {
                 StepOp c = kernel(test::randint(0, 1) ? "copy_h2d" : "copy_d2d", s, test::uniform(0, 1e6));
                 c.kind = OpKind::copy;
@@ -382,13 +411,13 @@ static void check_schedule(const std::vector<std::vector<StepOp>>& ranks, const 
     std::vector<std::vector<size_t>> at(R);
     for (size_t r = 0; r < R; ++r) {
         const std::vector<StepOp>& ops = ranks[r];
-        std::vector<int> last(3, -1);                      // last device op per stream
-        std::vector<double> waits(3, 0), waits_other(3, 0);  // pending waits per stream
-        std::vector<double> ev(4, 0);
-        std::vector<int> ev_stream(4, -1);
+        std::vector<int> last(3, -1);               // the last device op per stream
+        std::vector<double> waits(3, 0), ev(4, 0);  // the latest event waited for since it, per stream; stamps
+        std::vector<bool> recorded(4, false);
         double host = 0;
         bool ok = true;
-        const auto stream_free = [&](int s) { return std::max({last[s] >= 0 ? tl[r].ops[last[s]].end_us : 0.0, waits[s], waits_other[s]}); };
+        const auto tail = [&](int s) { return last[s] >= 0 ? tl[r].ops[last[s]].end_us : 0.0; };
+        const auto stream_free = [&](int s) { return std::max(tail(s), waits[s]); };
         for (size_t i = 0; i < ops.size(); ++i) {
             const StepOp& op = ops[i];
             const OpTiming& t = tl[r].ops[i];
@@ -396,7 +425,7 @@ static void check_schedule(const std::vector<std::vector<StepOp>>& ranks, const 
             host += host_cost_us(op.kind, cm);  // host syncs and MPI calls: 0, they wait instead
             if (op.kind != OpKind::host_sync) ok = ok && near(t.host_end_us, host);
             if (is_device_op(op.kind)) {
-                const double own = std::max({last[op.stream] >= 0 ? tl[r].ops[last[op.stream]].end_us : 0.0, waits[op.stream], host});
+                const double own = std::max(tail(op.stream), host);  // what delays it beyond this is another stream
                 const double earliest = std::max(stream_free(op.stream), host);
                 if (op.kind == OpKind::collective) {
                     ready[r].push_back(earliest), own_dur[r].push_back(device_us(op, cm)), at[r].push_back(i);
@@ -407,15 +436,12 @@ static void check_schedule(const std::vector<std::vector<StepOp>>& ranks, const 
                 }
                 if (op.kind == OpKind::collective && op.stream == 0) ok = ok && near(t.exposed_comm_us, t.end_us - own);
                 last[op.stream] = int(i);
-                waits[op.stream] = waits_other[op.stream] = 0;
+                waits[op.stream] = 0;
             } else if (op.kind == OpKind::event_record) {
-                ev[op.event] = stream_free(op.stream), ev_stream[op.event] = op.stream;
+                ev[op.event] = stream_free(op.stream), recorded[op.event] = true;
                 ok = ok && near(t.end_us, ev[op.event]);
             } else if (op.kind == OpKind::event_wait) {
-                if (ev_stream[op.event] >= 0) {
-                    double& w = ev_stream[op.event] == op.stream ? waits[op.stream] : waits_other[op.stream];
-                    w = std::max(w, ev[op.event]);
-                }
+                if (recorded[op.event]) waits[op.stream] = std::max(waits[op.stream], ev[op.event]);
             } else {  // host_sync, and MPI calls (checked against the other ranks below)
                 double target = host;
                 for (int s = 0; s < 3; ++s)
@@ -444,8 +470,10 @@ static void check_schedule(const std::vector<std::vector<StepOp>>& ranks, const 
         for (size_t r = 0; r < R; ++r) start = std::max(start, ready[r][k]), dur = std::max(dur, own_dur[r][k]);
         for (size_t r = 0; r < R; ++r) {
             const OpTiming& t = tl[r].ops[at[r][k]];
-            if (ranks[r][at[r][k]].kind == OpKind::collective) ok = ok && near(t.start_us, start) && near(t.end_us, start + dur);
-            else ok = ok && near(t.start_us, start) && near(t.host_end_us, start + cm.mpi_us);
+            if (ranks[r][at[r][k]].kind == OpKind::collective)
+                ok = ok && near(t.start_us, start) && near(t.end_us, start + dur);
+            else
+                ok = ok && near(t.start_us, start) && near(t.host_end_us, start + cm.mpi_us);
         }
     }
     test::check(ok, "%s: collectives and MPI calls do not meet at the latest rank", what.c_str());
@@ -500,8 +528,13 @@ static void test_upstream_schedule() {
     // GEMM reads pre's 1e4 bytes too. Not after a GEMM on its stream, or of another size: kept.
     StepOp relu = kernel("relu_square_backward", 0, 2e4);
     relu.work.bytes_written = 1e4;
-    const std::vector<StepOp> ours = {gemm("gemm_dpre", 0, 100, 50, 10), kernel("other_stream", 1, 5), relu,
-                                      kernel("k", 0, 0), relu, gemm("gemm_other", 0, 10, 10, 10), relu};
+    const std::vector<StepOp> ours = {gemm("gemm_dpre", 0, 100, 50, 10),
+                                      kernel("other_stream", 1, 5),
+                                      relu,
+                                      kernel("k", 0, 0),
+                                      relu,
+                                      gemm("gemm_other", 0, 10, 10, 10),
+                                      relu};
     const std::vector<StepOp> up = upstream_schedule(ours);
     test::check(up.size() == 6, "two of three relu_square_backward kept: %zu ops", up.size());
     check_near(up[0].work.bytes_read, 1e4, "the dpre GEMM reads pre");
@@ -533,7 +566,8 @@ static void test_upstream_schedule() {
         {OpKind::event_record, 0}, {OpKind::event_wait, 1}, {OpKind::event_wait, 1},   {OpKind::collective, 1},
         {OpKind::event_record, 1}, {OpKind::event_wait, 0}, {OpKind::kernel, 0}};
     bool order = moved.size() == want.size();
-    for (size_t i = 0; order && i < want.size(); ++i) order = moved[i].kind == want[i].first && moved[i].stream == want[i].second;
+    for (size_t i = 0; order && i < want.size(); ++i)
+        order = moved[i].kind == want[i].first && moved[i].stream == want[i].second;
     test::check(order, "comms after the backward: %zu ops in the wrong order", moved.size());
     test::check(moved.size() == want.size() && moved[4].event == 2 && moved[5].event == 2 && moved[6].event == 0,
                 "a new event behind the backward");
@@ -541,54 +575,61 @@ static void test_upstream_schedule() {
     check_near(replay_one(moved, cm).makespan_us, 60, "upstream's: the reduce-scatter after the backward");
 
     // Nothing to change: the same ops, field by field (the collective is outside the backward).
-    const std::vector<StepOp> plain = {kernel("embed", 0, 4), gemm("gemm_x", 0, 10, 10, 10), record(0, 0), wait(1, 0),
-                                       collective("nccl_all_gather", Comm::all_gather, 1, 64, "optimizer"), sync(-1)};
+    const std::vector<StepOp> plain = {kernel("embed", 0, 4),
+                                       gemm("gemm_x", 0, 10, 10, 10),
+                                       record(0, 0),
+                                       wait(1, 0),
+                                       collective("nccl_all_gather", Comm::all_gather, 1, 64, "optimizer"),
+                                       sync(-1)};
     const std::vector<StepOp> same = upstream_schedule(plain);
     bool identical = same.size() == plain.size();
     for (size_t i = 0; identical && i < plain.size(); ++i)
-        identical = same[i].kind == plain[i].kind && same[i].stream == plain[i].stream && same[i].event == plain[i].event &&
-                    same[i].work.name == plain[i].work.name && same[i].work.bytes_read == plain[i].work.bytes_read &&
-                    same[i].work.gemm == plain[i].work.gemm && same[i].range == plain[i].range;
+        identical = same[i].kind == plain[i].kind && same[i].stream == plain[i].stream &&
+                    same[i].event == plain[i].event && same[i].work.name == plain[i].work.name &&
+                    same[i].work.bytes_read == plain[i].work.bytes_read && same[i].work.gemm == plain[i].work.gemm &&
+                    same[i].range == plain[i].range;
     test::check(identical, "a recording without upstream's differences is unchanged");
 }
 
 // ---- bad recordings and plans ----
 
 static void test_errors() {
-    const std::vector<StepOp> a = {collective("nccl_all_reduce", Comm::all_reduce, 1, 8), collective("nccl_all_gather", Comm::all_gather, 1, 8)};
+    const std::vector<StepOp> a = {collective("nccl_all_reduce", Comm::all_reduce, 1, 8),
+                                   collective("nccl_all_gather", Comm::all_gather, 1, 8)};
     std::vector<StepOp> b = a;
     b[1] = collective("nccl_reduce_scatter", Comm::reduce_scatter, 1, 8);
-    const std::string differ = recording_error({a, a, b});
-    test::check(differ.find("rank 2 issues nccl_reduce_scatter") != std::string::npos && differ.find("call 1 differs") != std::string::npos,
-                "mismatched collectives: %s", differ.c_str());
-    const std::string count = recording_error({a, {a[0]}});
-    test::check(count.find("rank 0 issues 2") != std::string::npos && count.find("rank 1 issues 1") != std::string::npos,
-                "missing collective: %s", count.c_str());
+    check_says(recording_error({a, a, b}),
+               "call 1 differs: rank 0 issues nccl_all_gather, rank 2 issues nccl_reduce_scatter",
+               "mismatched collectives");
+    check_says(recording_error({a, {a[0]}}), "rank 0 issues 2 collectives and MPI calls, rank 1 issues 1",
+               "a missing one");
     test::check(recording_error({a, a}).empty(), "matching ranks are fine");
-    test::check(recording_error({}).find("no ranks") != std::string::npos, "no ranks");
-    StepOp neg = kernel("k", 0, -1);
-    test::check(recording_error({{kernel("ok", 0, 1), neg}}).find("operation 1 (k): a FLOP or byte count is negative") != std::string::npos,
-                "negative bytes: %s", recording_error({{neg}}).c_str());
-    test::check(recording_error({{kernel("k", -1, 1)}}).find("stream -1") != std::string::npos, "stream -1 kernel");
-    test::check(recording_error({{wait(0, -1)}}).find("without an event") != std::string::npos, "event op without event");
-    test::check(recording_error({{collective("c", Comm::none, 0, 1)}}).find("without a kind") != std::string::npos, "Comm::none");
-    test::check_fails_with("replay of mismatched ranks", "step_model: collective/MPI call 1 differs",
-                           [&] { replay({a, b}, round_model()); });
-    test::check(replay_error({a, a, a}, round_model()) == "3 ranks recorded, but the model is for 2 GPUs",
-                "ranks against the model: %s", replay_error({a, a, a}, round_model()).c_str());
+    check_says(recording_error({}), "no ranks", "no ranks");
+    check_says(recording_error({{kernel("ok", 0, 1), kernel("k", 0, -1)}}),
+               "rank 0, operation 1 (k): a FLOP or byte count is negative", "negative bytes");
+    check_says(recording_error({{kernel("k", -1, 1)}}), "stream -1 (only a host_sync", "a kernel on stream -1");
+    check_says(recording_error({{wait(0, -1)}}), "an event operation without an event", "an event op without an event");
+    check_says(recording_error({{collective("c", Comm::none, 0, 1)}}), "a collective without a kind", "Comm::none");
+    test::check_fails_with("replay of mismatched ranks", "step_model: collective/MPI call 1 differs", [&] {
+        replay({a, b}, round_model());
+    });
+    check_says(replay_error({a, a, a}, round_model()), "3 ranks recorded, but the model is for 2 GPUs",
+               "ranks vs GPUs");
     test::check(replay_error({a}, round_model()).empty(), "one rank may stand for every GPU");
 
+    const CostModel cm = round_model();
     PlanStage s{"s1", 2, 1, 0, {three_kernels()}, {}, {}};
-    test::check(plan_error({s}, round_model()).find("stage s1, adam step: 1 steps but no recording") != std::string::npos, "%s", plan_error({s}, round_model()).c_str());
+    check_says(plan_error({s}, cm), "stage s1, adam step: 1 steps but no recording", "a missing recording");
     s.adam = {a, b};
-    test::check(plan_error({s}, round_model()).find("stage s1, adam step: collective/MPI call 1 differs") != std::string::npos, "%s", plan_error({s}, round_model()).c_str());
+    check_says(plan_error({s}, cm), "stage s1, adam step: collective/MPI call 1 differs", "a bad recording");
     s.adam = {three_kernels()}, s.steps_even = -1;
-    test::check(plan_error({s}, round_model()).find("negative step count") != std::string::npos, "%s", plan_error({s}, round_model()).c_str());
+    check_says(plan_error({s}, cm), "stage s1, even step: a negative step count (-1)", "a negative count");
     test::check_fails_with("plan_report of a bad plan", "step_model: stage s1, even step: a negative step count",
-                           [&] { plan_report("p", "ours", {s}, round_model()); });
-    test::check_fails_with("a model that does not split", "6 GPUs do not split evenly over 4 nodes", [] { h100_model(6, 4); });
-    const std::string write = write_plan_json("/nonexistent-dir/plan.json", PlanReport{});
-    test::check(write.find("cannot write /nonexistent-dir/plan.json") != std::string::npos, "write error: %s", write.c_str());
+                           [&] { plan_report("p", "ours", {s}, cm); });
+    test::check_fails_with("a model that does not split", "6 GPUs do not split evenly over 4 nodes",
+                           [] { h100_model(6, 4); });
+    check_says(write_plan_json("/nonexistent-dir/plan.json", PlanReport{}), "cannot write /nonexistent-dir/plan.json",
+               "an unwritable path");
 }
 
 // ---- the plan: totals, JSON and trace parsed back ----
@@ -596,6 +637,7 @@ static void test_errors() {
 // Stage s1: 3 even steps of three_kernels() (37 us) and 2 Adam steps of comms_graph(5e6) (28 us):
 // 111 + 56 = 167 us. Stage s2: 1 even step of two_streams() (19 us), no Adam step, 1 untie step of
 // host_sync_graph() (15 us): 34 us. Whole run 201 us = 0.201 ms.
+// s2 has no Adam step: its "kernels" are the even step's, slowest first: ka 11 us, kb 5, kc 3, kd 2.
 // Trace events ("X"): per step and rank, the step's span, one host event per op and one per
 // device op: three_kernels 1+3+3 = 7, comms_graph 1+8+4 = 13, two_streams 1+8+4 = 13,
 // host_sync_graph 1+3+2 = 6: 39. The steps sit 100 us apart: s1 even at 0, s1 adam at 137, s2 even
@@ -614,12 +656,14 @@ static void test_plan(const char* python, const char* checker) {
                     near(p.stages[0].even.kernels[0].flops, 20e6) && near(p.stages[0].even.kernels[0].bytes, 5e6),
                 "s1's even families, slowest first");
     const std::string text = format_plan(p);
-    test::check(text.find("whole run: 7 steps, 0.000 s") != std::string::npos && text.find("s2 untie: critical path") != std::string::npos,
-                "the text report:\n%s", text.c_str());
+    check_says(text, "whole run: 7 steps, 0.000 s", "the text report's total");
+    // host_sync_graph(): ka 11, the launches of ka and kb 2, the sync 1, kb 1
+    check_says(text, "s2 untie: critical path (ms): ka 0.011, host_launch 0.002, host_sync 0.001, kb 0.001",
+               "the text report's critical paths");
     const PlanReport up = plan_report("tiny", "upstream", upstream_schedule(stages), cm);
     const std::string cmp = format_schedule_comparison(p, up);
-    test::check(cmp.find("comms_after_backward:") != std::string::npos && cmp.find("fa3_attention:") != std::string::npos,
-                "the comparison names the rules:\n%s", cmp.c_str());
+    for (const ScheduleRule& r : upstream_rules())
+        check_says(cmp, (std::string(r.name) + ": ").c_str(), "a rule named");
     // s1's even step has attention_forward (6e6 flops): 3 us ours, 1.5 us at FA3's 4 TFLOP/s -> 35.5 us.
     check_near(up.stages[0].even.ms, 0.0355, "upstream's s1 even step");
 
@@ -633,11 +677,18 @@ static void test_plan(const char* python, const char* checker) {
     test::check(write_plan_json(plan, p).empty() && write_chrome_trace(trace, p).empty(), "writing the JSON files");
     const std::string want_plan =
         R"({"preset": "tiny", "world_size": 2, "total_ms": 0.201, "stages": [)"
-        R"({"stage": "s1", "even_ms": 0.037, "adam_ms": 0.028, "untie_ms": null, "exposed_comm_even_ms": 0, "exposed_comm_adam_ms": 0.009,)"
+        R"({"stage": "s1", "even_ms": 0.037, "adam_ms": 0.028, "untie_ms": null,)"
+        R"( "exposed_comm_even_ms": 0, "exposed_comm_adam_ms": 0.009,)"
         R"( "launches_even": 3, "launches_adam": 4, "host_syncs_in_step": 0},)"
-        R"({"stage": "s2", "even_ms": 0.019, "adam_ms": 0, "untie_ms": 0.015, "exposed_comm_even_ms": 0.002, "launches_even": 4, "launches_adam": 0}]})";
-    const std::string want_trace = R"({"x_events": 39, "find": [{"name": "kb", "pid": 0, "tid": 2, "ts": 277, "dur": 5}]})";
-    const std::string cmd = std::string(python) + " " + checker + " " + plan + " '" + want_plan + "' " + trace + " '" + want_trace + "'";
+        R"({"stage": "s2", "even_ms": 0.019, "adam_ms": 0, "untie_ms": 0.015, "exposed_comm_even_ms": 0.002,)"
+        R"( "launches_even": 4, "launches_adam": 0,)"
+        R"( "kernels": [{"name": "ka", "count": 1, "bytes": 10e6, "modeled_ms": 0.011},)"
+        R"( {"name": "kb"}, {"name": "kc"}, {"name": "kd"}],)"
+        R"( "collectives": []}]})";
+    const std::string want_trace =
+        R"({"x_events": 39, "find": [{"name": "kb", "pid": 0, "tid": 2, "ts": 277, "dur": 5}]})";
+    const std::string cmd =
+        std::string(python) + " " + checker + " " + plan + " '" + want_plan + "' " + trace + " '" + want_trace + "'";
     std::fflush(stdout);
     const int rc = std::system(cmd.c_str());
     test::check(rc == 0, "the Python JSON check failed (exit %d): %s", rc, cmd.c_str());
