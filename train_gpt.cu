@@ -636,12 +636,12 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             lambda_scaled_weight_forward(L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C, s);
             lambda_scaled_weight_forward(L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C, s);
             const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
-            matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s);
+            matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
             attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(step_sch, l),
                               is_paired(l), scale, s, b.cu_seqlens_host.data());
             attn_output_gate_forward(aux, L.y_gated, L.y, s);
-            matmul_forward(*m.lt, a.block_out, L.y_gated, L.wo_eff, T, C, C, s);
+            matmul_forward(*m.lt, a.block_out, L.y_gated, L.wo_eff, T, C, C, s, false, "gemm_attn_out");
             residual_add_forward(L.xa, L.h_mlp, L.rstd_mlp, L.xm, a.block_out, T, C, s);
             stream = L.xa;
             mlp_in = L.h_mlp;
@@ -711,8 +711,8 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             const float* sa = p.scalars + kSaLambdas + 2 * l;
             float* dsa = g.scalars + kSaLambdas + 2 * l;
             // output projection: block_out = y_gated @ wo_eff^T
-            matmul_backward_weight(*m.lt, w.dw_eff, dX, L.y_gated, T, C, C, s);
-            matmul_backward_input(*m.lt, w.dy, dX, L.wo_eff, T, C, C, s);
+            matmul_backward_weight(*m.lt, w.dw_eff, dX, L.y_gated, T, C, C, s, false, "gemm_attn_out_dw");
+            matmul_backward_input(*m.lt, w.dy, dX, L.wo_eff, T, C, C, s, false, "gemm_attn_out_dx");
             lambda_scaled_weight_backward(g.wo(c, l), dsa + 1, w.scratch, w.dw_eff, p.wo(c, l), sa + 1, int64_t(C) * C,
                                           {.dw = acc.matrices, .dlambda = accumulate}, s);
             attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
@@ -724,8 +724,8 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
             attn_qkv_backward(aux, w.dqkv, dve, dz_ve, w.dq, w.dk, w.dv, L.qkv, L.rstd_q, L.rstd_k, s);
             // qkv = h_attn @ wqkv_eff^T
-            matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s);
-            matmul_backward_input(*m.lt, w.dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s);
+            matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s, false, "gemm_attn_qkv_dw");
+            matmul_backward_input(*m.lt, w.dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv_dx");
             lambda_scaled_weight_backward(g.wqkv(c, l), dsa, w.scratch, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C,
                                           {.dw = acc.matrices, .dlambda = accumulate}, s);
             attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
