@@ -85,25 +85,30 @@ class Planted(unittest.TestCase):
                           "    int rank() const { return rank_; }")
         self.assert_flags(f"kernels/comms.cuh:{line}: ncclSend outside a recording helper")
 
-    def test_raw_copy_in_training_step(self):
-        line = self.plant("train_gpt.cu", "CUDA_CHECK(copy_async(r.losses + i,", "CUDA_CHECK(cudaMemcpyAsync(r.losses + i,")
-        self.assert_flags(f"train_gpt.cu:{line}: cudaMemcpyAsync outside a recording helper (use copy_async)")
-
-    def test_raw_collective_in_optimizer(self):
-        line = self.plant("train_gpt.cu", "NCCL_CHECK(reduce_scatter(", "NCCL_CHECK(ncclReduceScatter(")
-        self.assert_flags(f"train_gpt.cu:{line}: ncclReduceScatter outside a recording helper")
-
-    def test_blocking_copy_in_step_path(self):
-        line = self.plant("train/device_batch.h", "CUDA_CHECK(copy_async(b.inputs, inputs, n, cudaMemcpyHostToDevice, s));",
-                          "CUDA_CHECK(cudaMemcpy(b.inputs, inputs, n, cudaMemcpyHostToDevice));")
-        self.assert_flags(f"train/device_batch.h:{line}: cudaMemcpy outside a recording helper (use copy_async and sync_stream)")
-
-    def test_exception_is_for_its_function(self):
-        # warm_up may restore the parameters with cudaMemcpy; the run's loop may not
-        line = self.plant("train_gpt.cu", "        watch_nonfinite(r, step);",
-                          "        CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), r.m.param_arena.base(), 4, cudaMemcpyDeviceToDevice));\n"
-                          "        watch_nonfinite(r, step);")
-        self.assert_flags(f"train_gpt.cu:{line}: cudaMemcpy outside a recording helper")
+    def test_raw_calls_in_trainer(self):
+        # the step's copy, collective and blocking copy; warm_up may restore the parameters with
+        # cudaMemcpy, the run's loop may not
+        cases = [
+            ("train_gpt.cu", "CUDA_CHECK(copy_async(r.losses + i,", "CUDA_CHECK(cudaMemcpyAsync(r.losses + i,",
+             "cudaMemcpyAsync outside a recording helper (use copy_async)"),
+            ("train_gpt.cu", "NCCL_CHECK(reduce_scatter(", "NCCL_CHECK(ncclReduceScatter(",
+             "ncclReduceScatter outside a recording helper"),
+            ("train/device_batch.h", "CUDA_CHECK(copy_async(b.inputs, inputs, n, cudaMemcpyHostToDevice, s));",
+             "CUDA_CHECK(cudaMemcpy(b.inputs, inputs, n, cudaMemcpyHostToDevice));",
+             "cudaMemcpy outside a recording helper (use copy_async and sync_stream)"),
+            ("train_gpt.cu", "        watch_nonfinite(r, step);",
+             "        CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), r.m.param_arena.base(), 4, cudaMemcpyDeviceToDevice));\n"
+             "        watch_nonfinite(r, step);", "cudaMemcpy outside a recording helper"),
+        ]
+        for rel, old, new, why in cases:
+            with self.subTest(planted=new.strip()):
+                path = os.path.join(self.tmp, rel)
+                with open(path, encoding="utf-8") as f:
+                    clean = f.read()
+                line = self.plant(rel, old, new)
+                self.assert_flags(f"{rel}:{line}: {why}")
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(clean)
 
     def test_comments_and_strings_are_not_calls(self):
         self.plant("kernels/norm.cuh", "// ---- kernels and launchers ----",
