@@ -25,6 +25,7 @@
 #include "train/flags.h"
 #include "train/init_random.h"
 #include "train/platform_check.h"
+#include "train/streams.h"
 
 #include <mpi.h>
 #include <nccl.h>
@@ -518,20 +519,19 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
         const int64_t n = e.elems();
         const uint64_t key = seed * 16 + e.spec.seed_stream;
         switch (e.spec.init) {
-        case Init::zeros: CUDA_CHECK(cudaMemsetAsync(e.data, 0, size_t(n) * (e.fp32 ? 4 : 2), s)); break;
-        case Init::uniform: launch(init_uniform_kernel, grid_for(n), dim3(256), 0, s, p, n, key, bound); break;
+        case Init::zeros: CUDA_CHECK(memset_async(e.data, 0, size_t(n) * (e.fp32 ? 4 : 2), s)); break;
+        case Init::uniform: init_uniform(p, n, key, bound, s); break;
         case Init::uniform_c_fc: {
             const int64_t half = n / e.spec.shape[0] * 2, fc_n = half / 2;  // one layer's [c_fc, c_proj]
-            CUDA_CHECK(cudaMemsetAsync(e.data, 0, size_t(n) * 2, s));
-            for (int64_t l = 0; l < e.spec.shape[0] / 2; ++l)
-                launch(init_uniform_kernel, grid_for(fc_n), dim3(256), 0, s, p + l * half, fc_n, key + l * 1000003, bound);
+            CUDA_CHECK(memset_async(e.data, 0, size_t(n) * 2, s));
+            for (int64_t l = 0; l < e.spec.shape[0] / 2; ++l) init_uniform(p + l * half, fc_n, key + l * 1000003, bound, s);
             break;
         }
-        case Init::normal: launch(init_normal_kernel, grid_for(n), dim3(256), 0, s, p, n, key, 0.005f); break;
+        case Init::normal: init_normal(p, n, key, 0.005f, s); break;
         case Init::scalars: {
             const std::vector<float> v = initial_scalars();
-            CUDA_CHECK(cudaMemcpyAsync(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
-            CUDA_CHECK(cudaStreamSynchronize(s));  // v is a local
+            CUDA_CHECK(copy_async(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+            CUDA_CHECK(sync_stream(s, "init_scalars"));  // v is a local
             break;
         }
         case Init::lm_head_transposed: break;
@@ -542,7 +542,7 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
         if (e.spec.init == Init::lm_head_transposed)
             transpose(static_cast<bf16*>(e.data), m.params.lm_head, c.model_dim, c.padded_vocab, c.padded_vocab,
                       c.model_dim, /*add=*/false, s);
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(sync_stream(s, "init_params"));
 }
 
 // Builds the model for a config on the current device: arenas placed, parameters initialized,
@@ -561,16 +561,16 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
     init_params(m, seed, s);
     yarn_rope_reset(m.rope, s);
     const LmHeadFp8Scales scales = lm_head_fp8_scales(c.grad_accum());
-    CUDA_CHECK(cudaMemcpyAsync(m.fp8_scales, &scales, sizeof scales, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(copy_async(m.fp8_scales, &scales, sizeof scales, cudaMemcpyHostToDevice, s));
     const float grad_scale = 2.0f / c.grad_accum();  // upstream backpropagates loss * grad_scale
-    CUDA_CHECK(cudaMemcpyAsync(m.dloss, &grad_scale, sizeof grad_scale, cudaMemcpyHostToDevice, s));
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(copy_async(m.dloss, &grad_scale, sizeof grad_scale, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(sync_stream(s, "build_model"));
 }
 
 // Every rank starts from rank 0's parameters, as upstream broadcasts them after init (the
 // counter-based init already agrees; the broadcast makes it a fact whatever the seeds).
 void broadcast_params(Model& m, ncclComm_t comm, cudaStream_t s) {
-    NCCL_CHECK(ncclBroadcast(m.param_arena.base(), m.param_arena.base(), m.param_arena.bytes(), ncclUint8, 0, comm, s));
+    NCCL_CHECK(broadcast(m.param_arena.base(), m.param_arena.base(), m.param_arena.bytes(), ncclUint8, 0, comm, s));
 }
 
 // ============================================================================================
@@ -614,6 +614,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
         std::exit(EXIT_FAILURE);
     }
     const float scale = static_cast<float>(m.rope.attn_scale);
+    const Range range("forward");
 
     // x = x0 = norm(smear(embed[ids])); the bigram rows join every layer's mix
     embed_smear_forward(a.smeared, p.embed, b.inputs, p.smear_gate, p.scalars + kSmearLambda, T, C, s);
@@ -621,6 +622,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     embedding_gather(a.x0_bigram, p.bigram_embed, b.bigram, T, C, s);
 
     for (int l = 0; l < kLayers; ++l) {
+        const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
         if (l == kSkipTo)  // x += sigmoid(skip_lambda) * 2 * sigmoid(x0[:, :12] . skip_gate) * (layer 3's output)
             gated_skip_add_forward(L.x, L.x, a.layer[kSkipFrom + 1].x, a.x0, p.skip_gate, p.scalars + kSkipLambda, T,
@@ -634,12 +636,12 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             lambda_scaled_weight_forward(L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C, s);
             lambda_scaled_weight_forward(L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C, s);
             const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
-            matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s);
+            matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
             attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(step_sch, l),
-                              is_paired(l), scale, s);
+                              is_paired(l), scale, s, b.cu_seqlens_host.data());
             attn_output_gate_forward(aux, L.y_gated, L.y, s);
-            matmul_forward(*m.lt, a.block_out, L.y_gated, L.wo_eff, T, C, C, s);
+            matmul_forward(*m.lt, a.block_out, L.y_gated, L.wo_eff, T, C, C, s, false, "gemm_attn_out");
             residual_add_forward(L.xa, L.h_mlp, L.rstd_mlp, L.xm, a.block_out, T, C, s);
             stream = L.xa;
             mlp_in = L.h_mlp;
@@ -683,10 +685,11 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     const float scale = static_cast<float>(m.rope.attn_scale);
     bf16 *dX = w.dX, *dX_skip = w.dX_skip, *dX_backout = w.dX_backout;  // stream gradients change buffers below
     const bool accumulate = acc.others;
+    const Range range("backward");
     if (!accumulate) {  // the embedding backward writes only the rows of this batch's ids
-        CUDA_CHECK(cudaMemsetAsync(g.embed, 0, size_t(V) * C * sizeof(bf16), s));
-        CUDA_CHECK(cudaMemsetAsync(g.value_embeds, 0, size_t(kValueTables) * V * C * sizeof(bf16), s));
-        CUDA_CHECK(cudaMemsetAsync(g.bigram_embed, 0, size_t(c.bigram_vocab) * C * sizeof(bf16), s));
+        CUDA_CHECK(memset_async(g.embed, 0, size_t(V) * C * sizeof(bf16), s));
+        CUDA_CHECK(memset_async(g.value_embeds, 0, size_t(kValueTables) * V * C * sizeof(bf16), s));
+        CUDA_CHECK(memset_async(g.bigram_embed, 0, size_t(c.bigram_vocab) * C * sizeof(bf16), s));
     }
 
     // loss -> logits (in place) -> lm_head and its input
@@ -697,6 +700,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                      a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda, accumulate, T, C, s);
     // the last layer's output gradient is in dX; layers run backward, each leaving its input's in dX
     for (int l = kLayers - 1; l >= 0; --l) {
+        const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
         const bf16* mlp_in = has_attention(l) ? L.h_mlp : L.h_attn;
         mlp_backward(*m.lt, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.matrices, L.post, dX, mlp_in, p.c_fc(c, l),
@@ -707,20 +711,21 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             const float* sa = p.scalars + kSaLambdas + 2 * l;
             float* dsa = g.scalars + kSaLambdas + 2 * l;
             // output projection: block_out = y_gated @ wo_eff^T
-            matmul_backward_weight(*m.lt, w.dw_eff, dX, L.y_gated, T, C, C, s);
-            matmul_backward_input(*m.lt, w.dy, dX, L.wo_eff, T, C, C, s);
+            matmul_backward_weight(*m.lt, w.dw_eff, dX, L.y_gated, T, C, C, s, false, "gemm_attn_out_dw");
+            matmul_backward_input(*m.lt, w.dy, dX, L.wo_eff, T, C, C, s, false, "gemm_attn_out_dx");
             lambda_scaled_weight_backward(g.wo(c, l), dsa + 1, w.scratch, w.dw_eff, p.wo(c, l), sa + 1, int64_t(C) * C,
                                           {.dw = acc.matrices, .dlambda = accumulate}, s);
             attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
             attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
-                               layer_window(step_sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s);
+                               layer_window(step_sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s,
+                               AttentionBackwardMode::deterministic, b.cu_seqlens_host.data());
             const int table = value_table(l);
             bf16* dve = table >= 0 ? w.dve[table] : nullptr;
             float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
             attn_qkv_backward(aux, w.dqkv, dve, dz_ve, w.dq, w.dk, w.dv, L.qkv, L.rstd_q, L.rstd_k, s);
             // qkv = h_attn @ wqkv_eff^T
-            matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s);
-            matmul_backward_input(*m.lt, w.dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s);
+            matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s, false, "gemm_attn_qkv_dw");
+            matmul_backward_input(*m.lt, w.dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv_dx");
             lambda_scaled_weight_backward(g.wqkv(c, l), dsa, w.scratch, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C,
                                           {.dw = acc.matrices, .dlambda = accumulate}, s);
             attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
@@ -971,10 +976,11 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
         std::vector<float> mul(q.shard_rows);  // c_proj matrices (odd global index of the MLP bank) take 2x
         for (int64_t i = 0; i < q.shard_rows; ++i)
             mul[i] = normuon_matrix_lr_mul(std::strcmp(q.rule->label, "mlp") == 0, int(rank * q.shard_rows + i));
-        // blocking: `mul` is gone before the stream would get to an asynchronous copy
-        CUDA_CHECK(cudaMemcpy(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice));
+        // waited for: `mul` is gone before the stream would get to the copy
+        CUDA_CHECK(copy_async(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(sync_stream(s, "matrix_lr_mul"));
     }
-    CUDA_CHECK(cudaStreamSynchronize(s));
+    CUDA_CHECK(sync_stream(s, "build_optimizer"));
 }
 
 void destroy_optimizer(Optimizer& o) {
@@ -992,7 +998,7 @@ void destroy_optimizer(Optimizer& o) {
 // Zeroes every state (upstream's reset after the warm-up restores the initial optimizer state).
 void reset_optimizer(Optimizer& o, cudaStream_t s) {
     for (OptimGroup& q : o.group) {
-        for (const StateTensor& t : q.state) CUDA_CHECK(cudaMemsetAsync(t.data, 0, t.bytes(), s));
+        for (const StateTensor& t : q.state) CUDA_CHECK(memset_async(t.data, 0, t.bytes(), s));
         q.adam_steps = 0;
     }
     o.split = false;
@@ -1008,13 +1014,13 @@ void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
     if (q.comms == Comms::sharded_sparse)
         o.exchange->exchange_values(static_cast<bf16*>(q.t.grad), o.grads_ready);
     else if (q.distributed)
-        NCCL_CHECK(ncclReduceScatter(q.t.grad, q.grad_shard, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
-    CUDA_CHECK(cudaEventRecord(q.reduced, o.comms));
+        NCCL_CHECK(reduce_scatter(q.t.grad, q.grad_shard, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
+    CUDA_CHECK(record_event(q.reduced, o.comms));
 }
 
 // The update of this rank's shard, on the compute stream once its reduction has landed.
 void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t s) {
-    CUDA_CHECK(cudaStreamWaitEvent(s, q.reduced, 0));
+    CUDA_CHECK(wait_event(s, q.reduced));
     if (q.comms == Comms::sharded_sparse) o.exchange->merge(s);  // into q.grad_shard, the own slice
     if (q.rule->optim == Optim::adam) {
         const AdamHyper h = adam_hyper(q.rule->beta1, q.rule->beta2, m.cfg.adam_eps);
@@ -1036,9 +1042,8 @@ void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t
 // Gathers an updated shard to every rank, on the comms stream after the update.
 void launch_gather(Optimizer& o, OptimGroup& q, ncclComm_t comm, cudaStream_t s) {
     if (!q.distributed || q.comms == Comms::replicated) return;
-    CUDA_CHECK(cudaEventRecord(q.updated, s));
-    CUDA_CHECK(cudaStreamWaitEvent(o.comms, q.updated, 0));
-    NCCL_CHECK(ncclAllGather(q.param_shard(o.rank), q.t.param, q.shard_elems(), nccl_type(q), comm, o.comms));
+    CUDA_CHECK(join_stream(o.comms, q.updated, s));
+    NCCL_CHECK(all_gather(q.param_shard(o.rank), q.t.param, q.shard_elems(), nccl_type(q), comm, o.comms));
 }
 
 // At the untie step embed takes lm_head's Adam state: its moments transposed (lm_head is sharded
@@ -1050,11 +1055,9 @@ void copy_lm_head_state_to_embed(Model& m, Optimizer& o, ncclComm_t comm, cudaSt
     for (auto [from, to] : {std::pair{lm.exp_avg, em.exp_avg}, std::pair{lm.exp_avg_sq, em.exp_avg_sq}}) {
         const float* whole = from;
         if (o.world > 1) {  // after the backward (and the previous transpose) is done with that memory
-            CUDA_CHECK(cudaEventRecord(o.grads_ready, s));
-            CUDA_CHECK(cudaStreamWaitEvent(o.comms, o.grads_ready, 0));
-            NCCL_CHECK(ncclAllGather(from, m.untie_scratch, lm.shard_elems(), ncclFloat32, comm, o.comms));
-            CUDA_CHECK(cudaEventRecord(o.comms_done, o.comms));
-            CUDA_CHECK(cudaStreamWaitEvent(s, o.comms_done, 0));
+            CUDA_CHECK(join_stream(o.comms, o.grads_ready, s));
+            NCCL_CHECK(all_gather(from, m.untie_scratch, lm.shard_elems(), ncclFloat32, comm, o.comms));
+            CUDA_CHECK(join_stream(s, o.comms_done, o.comms));
             whole = m.untie_scratch;
         }
         // embed's rows [rank * shard, +shard) are lm_head's columns of the same range, transposed
@@ -1086,32 +1089,32 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     const Config& c = m.cfg;
     const bool do_adam = step % 2 == 1, tied = !o.split;
     const int64_t C = c.model_dim, V = c.padded_vocab;
+    const Range range("optimizer");
     auto steps = [&](const OptimGroup& q) {
         if (q.rule->optim == Optim::adam && !do_adam) return false;
         return !(tied && std::strcmp(q.rule->label, "embed") == 0);  // tied: updated through lm_head
     };
     OptimScalars& host = o.host_scalars[step & 1];
     fill_step_scalars(c, sch, o, step, do_adam, host);
-    CUDA_CHECK(cudaMemcpyAsync(o.scalars, &host, sizeof host, cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(copy_async(o.scalars, &host, sizeof host, cudaMemcpyHostToDevice, s));
     if (do_adam && tied)  // lm_head (C, V) += embed's gradient (V, C) transposed
         transpose(m.grads.lm_head, m.grads.embed, V, C, C, V, true, s);
 
     // reductions in the table's order, each as soon as the gradients are there; a run of small
     // all-reduces (the replicated groups) goes as one NCCL group
-    CUDA_CHECK(cudaEventRecord(o.grads_ready, s));
-    CUDA_CHECK(cudaStreamWaitEvent(o.comms, o.grads_ready, 0));
+    CUDA_CHECK(join_stream(o.comms, o.grads_ready, s));
     std::vector<OptimGroup*> small_run;
     auto close_small_run = [&] {
         if (small_run.empty()) return;
-        NCCL_CHECK(ncclGroupEnd());
-        for (OptimGroup* q : small_run) CUDA_CHECK(cudaEventRecord(q->reduced, o.comms));
+        NCCL_CHECK(group_end());
+        for (OptimGroup* q : small_run) CUDA_CHECK(record_event(q->reduced, o.comms));
         small_run.clear();
     };
     for (OptimGroup& q : o.group) {
         if (!steps(q)) continue;
         if (q.distributed && q.comms == Comms::replicated) {
-            if (small_run.empty()) NCCL_CHECK(ncclGroupStart());
-            NCCL_CHECK(ncclAllReduce(q.t.grad, q.t.grad, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
+            if (small_run.empty()) NCCL_CHECK(group_start());
+            NCCL_CHECK(all_reduce(q.t.grad, q.t.grad, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
             small_run.push_back(&q);
             continue;
         }
@@ -1127,15 +1130,14 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         if (q.rule->optim == Optim::adam) ++q.adam_steps;
         update_group(m, o, q, i, s);
         launch_gather(o, q, comm, s);
-        if (std::strcmp(label, "lm_head") == 0) CUDA_CHECK(cudaEventRecord(o.lm_head_gathered, o.comms));
+        if (std::strcmp(label, "lm_head") == 0) CUDA_CHECK(record_event(o.lm_head_gathered, o.comms));
     }
     if (do_adam && tied) {  // embed = lm_head^T once lm_head is whole again
-        CUDA_CHECK(cudaStreamWaitEvent(s, o.lm_head_gathered, 0));
+        CUDA_CHECK(wait_event(s, o.lm_head_gathered));
         transpose(m.params.embed, m.params.lm_head, C, V, V, C, false, s);
     }
     // the next forward reads every parameter
-    CUDA_CHECK(cudaEventRecord(o.comms_done, o.comms));
-    CUDA_CHECK(cudaStreamWaitEvent(s, o.comms_done, 0));
+    CUDA_CHECK(join_stream(s, o.comms_done, o.comms));
     if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
 }
 
@@ -1205,9 +1207,10 @@ void advance_schedule(Run& r, int step) {
     }
     const std::vector<float> w = r.sch.mtp_weights(step);
     r.n_predict = static_cast<int>(w.size());
-    // blocking: `w` is gone before the stream would get to an asynchronous copy (r.s is idle here in the
-    // step loop, which synchronizes it first)
-    CUDA_CHECK(cudaMemcpy(r.m.mtp_weights, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice));
+    // waited for: `w` is gone before the stream would get to the copy (r.s is idle here in the step loop,
+    // which synchronizes it first)
+    CUDA_CHECK(copy_async(r.m.mtp_weights, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice, r.s));
+    CUDA_CHECK(sync_stream(r.s, "mtp_weights"));
 }
 
 // The schedule as at the start of a run: stage 0's windows and batch, YaRN reset.
@@ -1239,19 +1242,21 @@ void train_step(Run& r, int step) {
         if (r.o.sparse && adam_step) r.o.exchange->begin(*r.o.touched);
         gpt_forward(r.m, r.m.batch, step_sch, r.m.train, r.s);
         if (r.o.sparse && adam_step) r.o.exchange->exchange_indexes();
-        CUDA_CHECK(cudaMemcpyAsync(r.losses + i, r.m.loss, sizeof(float), cudaMemcpyDeviceToHost, r.s));
+        CUDA_CHECK(copy_async(r.losses + i, r.m.loss, sizeof(float), cudaMemcpyDeviceToHost, r.s));
         // Adam's parameters keep the even step's gradients for the odd step's update
         gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step}, r.s);
     }
     if (r.opt.log_grad_norms) log_grad_norms(r, step);
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);
 }
+#include "train/profile.h"
 
 // The mean training loss per token of the step just run (after the stream has passed it).
 double step_train_loss(Run& r) {
     double sum = 0;
     for (int i = 0; i < r.m.cfg.grad_accum(); ++i) sum += r.losses[i];
     double all = 0;
+    record_host_wait("mpi_allreduce");
     MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     return all / double(r.state.batch_tokens);
 }
@@ -1269,8 +1274,8 @@ double validate(Run& r, bool final) {
         load_batch(r, *r.val, r.m.eval_batch);
         gpt_forward(r.m, r.m.eval_batch, step_sch, r.m.eval, r.s);
         float loss;
-        CUDA_CHECK(cudaMemcpyAsync(&loss, r.m.loss, sizeof loss, cudaMemcpyDeviceToHost, r.s));
-        CUDA_CHECK(cudaStreamSynchronize(r.s));
+        CUDA_CHECK(copy_async(&loss, r.m.loss, sizeof loss, cudaMemcpyDeviceToHost, r.s));
+        CUDA_CHECK(sync_stream(r.s, "val_loss"));
         sum += loss;
     }
     double all = 0;
@@ -1298,13 +1303,13 @@ void warm_up(Run& r) {
         gpt_forward(r.m, r.m.eval_batch, r.step_schedule(), r.m.eval, r.s);
         train_step(r, step);
     }
-    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    CUDA_CHECK(sync_stream(r.s, "warm_up"));
     CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), initial.data(), initial.size(), cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemset(r.m.grad_arena.base(), 0, r.m.grad_arena.bytes()));
     reset_optimizer(r.o, r.s);
     reset_schedule(r);
     open_train_loader(r);
-    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    CUDA_CHECK(sync_stream(r.s, "warm_up"));
 }
 
 size_t allocated_bytes(const Run& r) {
@@ -1339,7 +1344,7 @@ void run_training(Run& r) {
     };
     using clock = std::chrono::steady_clock;
     double training_ms = 0;
-    CUDA_CHECK(cudaDeviceSynchronize());
+    CUDA_CHECK(sync_device("train_clock"));
     auto t0 = clock::now();
     auto elapsed_ms = [&] { return std::chrono::duration<double, std::milli>(clock::now() - t0).count(); };
     if (!r.opt.save_dir.empty() && start == 0 && std::find(r.opt.checkpoint_steps.begin(), r.opt.checkpoint_steps.end(),
@@ -1347,7 +1352,7 @@ void run_training(Run& r) {
         save_checkpoint(r, 0);  // the initial state (the reference's starting point)
     for (int step = start; step <= last; ++step) {
         if (step > start) {  // the previous step's losses have landed once the stream is past it
-            CUDA_CHECK(cudaStreamSynchronize(r.s));
+            CUDA_CHECK(sync_stream(r.s, "step_losses"));
             const double loss = step_train_loss(r);
             if (!std::isfinite(loss)) {
                 const std::string where = kEmulated ? r.first_nonfinite : "(the CPU build names the parameter group)";
@@ -1360,7 +1365,7 @@ void run_training(Run& r) {
         advance_schedule(r, step);
         const bool final = step == total;
         if (step == last || (r.opt.val_every > 0 && step % r.opt.val_every == 0)) {
-            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(sync_device("train_clock"));
             training_ms += elapsed_ms();
             const double val_loss = validate(r, final);
             // step_avg: over the steps this run timed (a resumed run did not time those before it)
@@ -1371,7 +1376,7 @@ void run_training(Run& r) {
                 fail("the validation loss became " + std::string(std::isnan(val_loss) ? "NaN" : "infinite") + " at step " +
                      std::to_string(step) + (where.empty() ? "" : "; non-finite values in " + where));
             if (!where.empty()) fail("non-finite values in " + where + " at step " + std::to_string(step) + " (at validation)");
-            CUDA_CHECK(cudaDeviceSynchronize());
+            CUDA_CHECK(sync_device("train_clock"));
             t0 = clock::now();
         }
         if (wants_checkpoint(step)) {
@@ -1385,7 +1390,7 @@ void run_training(Run& r) {
             check_finite(r, step, "--check-finite");
             t0 = clock::now();
         }
-        train_step(r, step);
+        run_train_step(r, step);
         const double approx_ms = training_ms + elapsed_ms();
         print0(r, "step:%d/%d train_time:%.0fms step_avg:%.2fms\n", step + 1, total, approx_ms,
                approx_ms / (step + 1 - start));
@@ -1446,8 +1451,10 @@ int main(int argc, char** argv) {
     // Startup checks, before anything is written: the data (rank 0 walks the whole run's batches on a
     // thread while the model is built), the output directories, the run id, then every rank's write
     // access to the checkpoint directory.
+    const bool planning = cl.mode == Mode::plan_step;
+    const PlanData plan_data = planning ? start_plan_step(opt, cfg, files, d) : PlanData{};  // a dry run from here
     std::future<std::string> data_check;
-    if (d.rank == 0) data_check = std::async(std::launch::async, data_error, cfg, files, d.world, last);
+    if (d.rank == 0 && !planning) data_check = std::async(std::launch::async, data_error, cfg, files, d.world, last);
     Model m;
     Optimizer o;
     const Schedule sch(cfg);
@@ -1456,20 +1463,16 @@ int main(int argc, char** argv) {
     const bool sparse = d.world == 8 && cfg.grad_accum() == 1;
     build_optimizer(o, m, d.rank, d.world, sparse, d.comm, stream);
     const std::string log_path = opt.log_dir + "/" + opt.run_id + ".txt";
-    agree_or_exit(d, d.rank == 0 ? data_check.get() : "");
-    agree_or_exit(d, d.rank == 0 ? output_dirs_error(opt, log_path) : "");
+    agree_or_exit(d, d.rank == 0 && !planning ? data_check.get() : "");
+    agree_or_exit(d, d.rank == 0 && !planning ? output_dirs_error(opt, log_path) : "");
     agree_or_exit(d, checkpoint_dir_write_error(opt.save_dir));
     std::signal(SIGINT, on_stop_signal);
     std::signal(SIGTERM, on_stop_signal);
 
     Run r(m, o, sch, opt, d, stream);
-    const int T = std::max(cfg.max_train_tokens(), cfg.val_micro_tokens());
-    r.inputs.resize(T);
-    r.targets.resize(T);
-    r.bigram.resize(T);
-    r.cu.resize(dataload::max_num_docs_for(T));
-    CUDA_CHECK(cudaMallocHost(&r.losses, cfg.grad_accum() * sizeof(float)));
+    allocate_host_buffers(r);
     CUDA_CHECK(cudaMalloc(&r.finite_flags, kMaxStateBuffers * sizeof(int)));
+    if (planning) return plan_step_mode(r, plan_data, cl.plan);
     if (d.rank == 0) open_log(r, log_path);
     log_preamble(r);
     try {
@@ -1477,7 +1480,7 @@ int main(int argc, char** argv) {
     } catch (const std::exception& e) {  // data errors
         fail(e.what());
     }
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    CUDA_CHECK(sync_stream(stream, "end_of_run"));
     if (r.log && std::fclose(std::exchange(r.log, nullptr)) != 0)
         fail("cannot write the log " + log_path + ": " + std::strerror(errno));
     CUDA_CHECK(cudaFreeHost(r.losses));

@@ -95,9 +95,12 @@ struct IndexedShard {
     std::vector<int64_t> bos;  // positions of every BOS, ascending
 };
 
-inline std::shared_ptr<const IndexedShard> load_indexed_shard(const std::string& path) {
+// The shard's tokens, `repeat` times in a row, and their BOS index.
+inline std::shared_ptr<const IndexedShard> load_indexed_shard(const std::string& path, int repeat = 1) {
     auto s = std::make_shared<IndexedShard>();
     s->tokens = read_shard(path);
+    const size_t once = s->tokens.size();
+    for (int k = 1; k < repeat; ++k) s->tokens.insert(s->tokens.end(), s->tokens.begin(), s->tokens.begin() + once);
     const uint16_t* t = s->tokens.data();
     const int64_t n = static_cast<int64_t>(s->tokens.size());
     for (int64_t i = 0; i < n; ++i)
@@ -135,6 +138,9 @@ class TrainLoader {
     struct Options {
         bool prefetch = true;  // read and index the next shard on a background thread
         int32_t bigram_vocab = kRecordBigramVocab;
+        // Each shard read this many times in a row, as one shard: a stand-in shard too short for a
+        // micro-step of every rank (--plan-step's fallback data) serves as a longer one.
+        int repeat = 1;
     };
 
     // Opens the shards matching pattern (sorted as Python sorts), checks every header, loads the
@@ -146,9 +152,10 @@ class TrainLoader {
             throw DataError("rank " + std::to_string(rank) + " is outside world size " + std::to_string(world_size));
         if (options_.bigram_vocab < 2)
             throw DataError("bigram table size must be at least 2, got " + std::to_string(options_.bigram_vocab));
+        if (options_.repeat < 1) throw DataError("repeat must be at least 1, got " + std::to_string(options_.repeat));
         set_batch(batch_tokens, max_seq_len, grad_accum);
         detail::check_all_headers(files_);
-        shard_ = detail::load_indexed_shard(files_[0]);
+        shard_ = detail::load_indexed_shard(files_[0], options_.repeat);
         next_file_ = 1;
         start_prefetch();
     }
@@ -263,7 +270,7 @@ class TrainLoader {
                             " rank(s)); add shards or shorten the run");
         // A read error of a prefetched shard surfaces here, when the shard is needed, exactly as it
         // would without prefetching.
-        shard_ = pending_.valid() ? pending_.get() : detail::load_indexed_shard(files_[next_file_]);
+        shard_ = pending_.valid() ? pending_.get() : detail::load_indexed_shard(files_[next_file_], options_.repeat);
         shard_index_ = next_file_++;
         bos_next_ = 0;
         start_prefetch();
@@ -271,7 +278,7 @@ class TrainLoader {
 
     void start_prefetch() {
         if (options_.prefetch && next_file_ < files_.size())
-            pending_ = std::async(std::launch::async, detail::load_indexed_shard, files_[next_file_]);
+            pending_ = std::async(std::launch::async, detail::load_indexed_shard, files_[next_file_], options_.repeat);
     }
 
     std::string pattern_;

@@ -14,7 +14,16 @@
 
 #include "work.cuh"
 
+#ifdef __CUDACC__
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 #include <utility>
+#include <vector>
 
 // True in the CPU build: kernels run on emu's fibers, on data small enough for tests.
 #ifdef __CUDACC__
@@ -38,29 +47,120 @@ inline void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_byte
 // dry run. Each helper below replaces one CUDA call and returns what that call returns (cudaSuccess
 // when skipped), so call sites keep their CUDA_CHECK. ----
 
+// ---- --profile-steps: a recording that is timed. While the timer is on (with a recording that is not
+// a dry run), every op record_op records lies between two CUDA events on its stream, a start event
+// recorded just before the op is enqueued and an end event just after. The helpers below end their op
+// at once; an op its caller enqueues after record_op returns (a cuBLASLt call, a send/recv round) is
+// ended by the next helper call or by OpTimer::stop: nothing is enqueued on its stream in between, so
+// the end event still marks its completion (unless the host dawdles while that stream is idle, which
+// a step does not do between a GEMM and the next launch). The events come from a pool that grows to a
+// step's op count once and is reused; nothing waits for them until the step is read.
+struct OpTimer {
+    struct Span {
+        size_t op;  // index in work_recorder().ops
+        cudaEvent_t start, end;
+        cudaStream_t stream;
+        double share = 1;  // of (end - start): 1 / n for each of n collectives issued as one NCCL group
+    };
+    bool on = false;
+    std::vector<Span> spans;
+    double host_wait_ms = 0;  // host time spent in the CUDA host waits (sync_*) while on
+
+    void start() {
+        on = true;
+        spans.clear();
+        used_ = 0;
+        host_wait_ms = 0;
+    }
+    void stop() {
+        end_open();
+        on = false;
+    }
+    // The op just recorded starts on `stream`.
+    void begin(size_t op, cudaStream_t stream) {
+        end_open();
+        spans.push_back({op, next_event(), next_event(), stream});
+        check(cudaEventRecord(spans.back().start, stream));
+        open_ = !grouping_;
+    }
+    // The last op begun has been enqueued.
+    void end_open() {
+        if (!open_) return;
+        check(cudaEventRecord(spans.back().end, spans.back().stream));
+        open_ = false;
+    }
+    // Collectives issued between ncclGroupStart and ncclGroupEnd run as one when the group ends: each
+    // ends there and is charged its share of the group's time.
+    void begin_group() {
+        end_open();
+        grouping_ = true;
+        group_from_ = spans.size();
+    }
+    void end_group() {
+        grouping_ = false;
+        const size_t n = spans.size() - group_from_;
+        for (size_t i = group_from_; i < spans.size(); ++i) {
+            check(cudaEventRecord(spans[i].end, spans[i].stream));
+            spans[i].share = 1.0 / static_cast<double>(n);
+        }
+    }
+
+private:
+    std::vector<cudaEvent_t> pool_;
+    size_t used_ = 0, group_from_ = 0;
+    bool open_ = false, grouping_ = false;
+    cudaEvent_t next_event() {
+        if (used_ == pool_.size()) {
+            pool_.emplace_back();
+            check(cudaEventCreate(&pool_.back()));
+        }
+        return pool_[used_++];
+    }
+    static void check(cudaError_t e) {
+        if (e == cudaSuccess) return;
+        std::fprintf(stderr, "step profiler: %s\n", cudaGetErrorString(e));
+        std::exit(EXIT_FAILURE);
+    }
+};
+inline OpTimer& op_timer() {
+    static OpTimer t;
+    return t;
+}
+
 // Records an op of `kind` enqueued on `stream`; returns whether to execute it (false in a dry run).
+// While the timer is on the op's start event is recorded here.
 inline bool record_op(OpKind kind, const Work& work, cudaStream_t stream) {
     WorkRecorder& rec = work_recorder();
     if (!rec.on) return true;
     rec.add(kind, rec.stream_index(stream), -1, work);
-    return !rec.dry_run;
+    if (rec.dry_run) return false;
+    if (op_timer().on) op_timer().begin(rec.ops.size() - 1, stream);
+    return true;
+}
+// Ends the timing of the op record_op began (its end event), if any.
+inline void end_op() {
+    if (op_timer().on) op_timer().end_open();
 }
 
 // How launchers launch: the same, with the launch's work described for the step profiler.
 template <class... P, class... A>
 inline void launch(const Work& work, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem_bytes,
                    cudaStream_t stream, A&&... args) {
-    if (record_op(OpKind::kernel, work, stream)) launch(kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
+    if (!record_op(OpKind::kernel, work, stream)) return;
+    launch(kernel, grid, block, smem_bytes, stream, std::forward<A>(args)...);
+    end_op();
 }
 
 // cudaEventRecord(e, s) and cudaStreamWaitEvent(s, e): the stream graph between recorded ops.
 inline cudaError_t record_event(cudaEvent_t e, cudaStream_t s) {
     WorkRecorder& rec = work_recorder();
+    end_op();
     if (rec.on) rec.add(OpKind::event_record, rec.stream_index(s), rec.event_index(e), Work{.name = "event_record"});
     return rec.dry_run ? cudaSuccess : cudaEventRecord(e, s);
 }
 inline cudaError_t wait_event(cudaStream_t s, cudaEvent_t e) {
     WorkRecorder& rec = work_recorder();
+    end_op();
     if (rec.on) rec.add(OpKind::event_wait, rec.stream_index(s), rec.event_index(e), Work{.name = "event_wait"});
     return rec.dry_run ? cudaSuccess : cudaStreamWaitEvent(s, e, 0);
 }
@@ -77,25 +177,42 @@ inline cudaError_t copy_async(void* dst, const void* src, size_t bytes, cudaMemc
         case cudaMemcpyDeviceToDevice: w = Work{.name = "copy_d2d", .bytes_read = n, .bytes_written = n}; break;
         default: return cudaErrorInvalidMemcpyDirection;
     }
-    return record_op(OpKind::copy, w, s) ? cudaMemcpyAsync(dst, src, bytes, kind, s) : cudaSuccess;
+    if (!record_op(OpKind::copy, w, s)) return cudaSuccess;
+    const cudaError_t r = cudaMemcpyAsync(dst, src, bytes, kind, s);
+    end_op();
+    return r;
 }
 // cudaMemsetAsync.
 inline cudaError_t memset_async(void* p, int value, size_t bytes, cudaStream_t s) {
     const Work w{.name = "memset", .bytes_written = static_cast<double>(bytes)};
-    return record_op(OpKind::memset, w, s) ? cudaMemsetAsync(p, value, bytes, s) : cudaSuccess;
+    if (!record_op(OpKind::memset, w, s)) return cudaSuccess;
+    const cudaError_t r = cudaMemsetAsync(p, value, bytes, s);
+    end_op();
+    return r;
+}
+
+// The host's wait in `wait` (a CUDA host wait), timed while the timer is on.
+template <class Wait>
+inline cudaError_t timed_host_wait(Wait&& wait) {
+    end_op();
+    if (!op_timer().on) return wait();
+    const auto t0 = std::chrono::steady_clock::now();
+    const cudaError_t r = wait();
+    op_timer().host_wait_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return r;
 }
 
 // Host waits, named by why the host waits. cudaStreamSynchronize(s):
 inline cudaError_t sync_stream(cudaStream_t s, const char* why) {
     WorkRecorder& rec = work_recorder();
     if (rec.on) rec.add(OpKind::host_sync, rec.stream_index(s), -1, Work{.name = why});
-    return rec.dry_run ? cudaSuccess : cudaStreamSynchronize(s);
+    return rec.dry_run ? cudaSuccess : timed_host_wait([&] { return cudaStreamSynchronize(s); });
 }
 // cudaDeviceSynchronize():
 inline cudaError_t sync_device(const char* why) {
     WorkRecorder& rec = work_recorder();
     if (rec.on) rec.add(OpKind::host_sync, -1, -1, Work{.name = why});
-    return rec.dry_run ? cudaSuccess : cudaDeviceSynchronize();
+    return rec.dry_run ? cudaSuccess : timed_host_wait([] { return cudaDeviceSynchronize(); });
 }
 // cudaEventSynchronize(e): recorded as a wait for the stream of e's latest record in this recording
 // (the contract has no finer host wait); an event last recorded before the recording began waits on
@@ -109,14 +226,44 @@ inline cudaError_t sync_event(cudaEvent_t e, const char* why) {
             break;
         }
     }
-    return rec.dry_run ? cudaSuccess : cudaEventSynchronize(e);
+    return rec.dry_run ? cudaSuccess : timed_host_wait([&] { return cudaEventSynchronize(e); });
 }
 // A blocking host call that waits for other ranks (an MPI wait or collective): recorded as a wait on
 // the whole device, named mpi_<call>. The caller makes the call, in a dry run too.
 inline void record_host_wait(const char* name) {
     WorkRecorder& rec = work_recorder();
+    end_op();
     if (rec.on) rec.add(OpKind::host_sync, -1, -1, Work{.name = name});
 }
+
+// A named range of the program (forward, backward, optimizer, layer 3): while a recording is on the
+// open ranges name its ops (StepOp.range, "forward/layer 3"), and the GPU build marks it for Nsight
+// Systems (NVTX). Nothing else happens in the CPU build.
+class Range {
+public:
+    explicit Range(const char* name, int index = -1) {
+        WorkRecorder& rec = work_recorder();
+        pushed_ = rec.on;
+        if (!pushed_ && kEmulated) return;
+        const std::string text = index < 0 ? std::string(name) : std::string(name) + " " + std::to_string(index);
+        if (pushed_) rec.ranges.push_back(text);
+#ifdef __CUDACC__
+        nvtxRangePushA(text.c_str());
+#endif
+    }
+    ~Range() {
+        WorkRecorder& rec = work_recorder();
+        if (pushed_ && !rec.ranges.empty()) rec.ranges.pop_back();
+#ifdef __CUDACC__
+        nvtxRangePop();
+#endif
+    }
+    Range(const Range&) = delete;
+    Range& operator=(const Range&) = delete;
+
+private:
+    bool pushed_;
+};
 
 // Names a range of device memory for emu's diagnostics: EMU_STREAMS=deferred's race detector
 // names buffers by it and takes a kernel's pointer argument to reach to the end of the range

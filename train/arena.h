@@ -1,11 +1,16 @@
 // Arenas: one device allocation per kind of tensor (parameters, gradients, activations, optimizer
 // state). A layout function takes every tensor from an arena by name, shape and element type; run
 // once to measure, once more to place. The names and shapes make `--print-memory` and the memory
-// plan readable.
+// plan readable. In a dry run (kernels/work.cuh: --plan-step) an arena is address space reserved on
+// the host and never touched (no access is allowed there: a stray read or write faults), so the record
+// preset's 30 GB per rank plans on a machine of any size.
 #pragma once
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,7 +44,8 @@ public:
     };
     explicit Arena(const char* kind) : kind_(kind) {}
     ~Arena() {
-        if (base_) cudaFree(base_);
+        if (reserved_) munmap(base_, reserved_);
+        else if (base_) cudaFree(base_);
     }
     Arena(const Arena&) = delete;
     Arena& operator=(const Arena&) = delete;
@@ -68,11 +74,22 @@ public:
     size_t bytes() const { return std::max(used_, peak_); }
     void* base() const { return base_; }
 
-    // Allocate what the measuring pass counted; the caller then runs its layout again.
+    // Allocate what the measuring pass counted, zeroed; the caller then runs its layout again.
     void allocate() {
         const size_t total = bytes();
-        CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), total));
-        CUDA_CHECK(cudaMemset(base_, 0, total));
+        if (dry_running()) {
+            reserved_ = std::max<size_t>(total, 1);
+            void* p = mmap(nullptr, reserved_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (p == MAP_FAILED) {
+                std::fprintf(stderr, "train_gpt: cannot reserve %zu bytes of address space for the %s arena\n", total,
+                             kind_);
+                std::exit(EXIT_FAILURE);
+            }
+            base_ = static_cast<unsigned char*>(p);
+        } else {
+            CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&base_), total));
+            CUDA_CHECK(cudaMemset(base_, 0, total));
+        }
         used_ = peak_ = 0;
     }
     void print(FILE* f, bool tensors) const {
@@ -89,6 +106,7 @@ public:
 private:
     const char* kind_;
     unsigned char* base_ = nullptr;
+    size_t reserved_ = 0;  // a dry run's reservation (bytes), else 0
     size_t used_ = 0, peak_ = 0;
     std::vector<Entry> entries_;
 };

@@ -1,7 +1,8 @@
-// The run's batches on the host: each micro-batch read, checked against the vocabulary and uploaded,
-// the loader replayed to a resumed run's position, and --dump-batches. Part of train_gpt.cu's run
-// section: included after its Run and its schedule's advance.
+// The run's batches on the host: their buffers, each micro-batch read, checked against the vocabulary
+// and uploaded, the loader replayed to a resumed run's position, and --dump-batches. Part of
+// train_gpt.cu's run section: included after its Run and its schedule's advance.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -16,6 +17,18 @@ int64_t shard_position(const dataload::Batch& b, int64_t p) {
     for (size_t k = 0; k < b.starts.size(); p -= b.ends[k] - b.starts[k], ++k)
         if (p < b.ends[k] - b.starts[k]) return b.starts[k] + p;
     return -1;
+}
+
+// The host buffers a micro-batch is read into (sized for the larger of a training and a validation
+// micro-batch) and the pinned slots of a step's micro-step losses.
+void allocate_host_buffers(Run& r) {
+    const Config& c = r.m.cfg;
+    const int T = std::max(c.max_train_tokens(), c.val_micro_tokens());
+    r.inputs.resize(T);
+    r.targets.resize(T);
+    r.bigram.resize(T);
+    r.cu.resize(dataload::max_num_docs_for(T));
+    CUDA_CHECK(cudaMallocHost(&r.losses, c.grad_accum() * sizeof(float)));
 }
 
 // A token id outside the vocabulary stops the run naming the shard, the token's position in it and

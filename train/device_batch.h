@@ -18,6 +18,7 @@ struct DeviceBatch {
     int32_t *inputs, *targets, *cu_seqlens, *bigram;
     IdSegments token_segments, bigram_segments;  // host descriptions of the packed buffers
     int32_t *token_segments_dev, *bigram_segments_dev;
+    std::vector<int32_t> cu_seqlens_host;  // the step profiler counts attention's tiles over it
 };
 void layout_batch(Arena& a, int T, DeviceBatch& b) {
     const int64_t cu = dataload::max_num_docs_for(T);
@@ -53,20 +54,21 @@ struct BatchUploader {
                      std::to_string(c.vocab_size) + ")");
         b.T = T;
         b.num_cu = num_cu;
+        b.cu_seqlens_host.assign(cu_seqlens, cu_seqlens + num_cu);
         token_packed.resize(id_segments_capacity_ints(T));
         bigram_packed.resize(id_segments_capacity_ints(T));
         b.token_segments = builder.build(inputs, T, c.padded_vocab, token_packed.data());
         b.bigram_segments = builder.build(bigram, T, c.bigram_vocab, bigram_packed.data());
         const size_t n = size_t(T) * sizeof(int32_t);
-        CUDA_CHECK(cudaMemcpyAsync(b.inputs, inputs, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.targets, targets, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.bigram, bigram, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.cu_seqlens, cu_seqlens, num_cu * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.token_segments_dev, token_packed.data(), b.token_segments.ints() * sizeof(int32_t),
+        CUDA_CHECK(copy_async(b.inputs, inputs, n, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(copy_async(b.targets, targets, n, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(copy_async(b.bigram, bigram, n, cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(copy_async(b.cu_seqlens, cu_seqlens, num_cu * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(copy_async(b.token_segments_dev, token_packed.data(), b.token_segments.ints() * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(cudaMemcpyAsync(b.bigram_segments_dev, bigram_packed.data(), b.bigram_segments.ints() * sizeof(int32_t),
+        CUDA_CHECK(copy_async(b.bigram_segments_dev, bigram_packed.data(), b.bigram_segments.ints() * sizeof(int32_t),
                                    cudaMemcpyHostToDevice, s));
         // the packed buffers are reused by the next upload: they must have reached the device
-        CUDA_CHECK(cudaStreamSynchronize(s));
+        CUDA_CHECK(sync_stream(s, "batch_upload"));
     }
 };

@@ -10,15 +10,18 @@
 #include <utility>
 #include <vector>
 
-// A group's whole parameter or gradient, as floats on the host (failure reports and logs only).
-std::vector<float> host_values(const OptimGroup& q, const void* device) {
+// A group's whole parameter or gradient, as floats on the host (failure reports and logs only), read
+// on stream s (the stream that wrote it).
+std::vector<float> host_values(const OptimGroup& q, const void* device, cudaStream_t s) {
     const size_t n = size_t(q.t.rows * q.t.row_elems);
     std::vector<float> v(n);
     if (q.t.fp32) {
-        CUDA_CHECK(cudaMemcpy(v.data(), device, n * 4, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(copy_async(v.data(), device, n * 4, cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(sync_stream(s, "host_values"));
     } else {
         std::vector<bf16> h(n);
-        CUDA_CHECK(cudaMemcpy(h.data(), device, n * 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(copy_async(h.data(), device, n * 2, cudaMemcpyDeviceToHost, s));
+        CUDA_CHECK(sync_stream(s, "host_values"));
         for (size_t i = 0; i < n; ++i) v[i] = __bfloat162float(h[i]);
     }
     return v;
@@ -91,13 +94,13 @@ std::string nonfinite_state(Run& r, int step) {
     if (bufs.size() > size_t(kMaxStateBuffers))  // a group registered more float state than the flags hold
         fail("the finite check covers " + std::to_string(bufs.size()) + " buffers; raise kMaxStateBuffers (" +
              std::to_string(kMaxStateBuffers) + ")");
-    CUDA_CHECK(cudaMemsetAsync(r.finite_flags, 0, kMaxStateBuffers * sizeof(int), r.s));
+    CUDA_CHECK(memset_async(r.finite_flags, 0, kMaxStateBuffers * sizeof(int), r.s));
     for (size_t i = 0; i < bufs.size(); ++i)
         flag_nonfinite(bufs[i].data, bufs[i].n, bufs[i].fp32, r.finite_flags + i, r.s);
     CUDA_CHECK_LAUNCH();
     int flags[kMaxStateBuffers];
-    CUDA_CHECK(cudaMemcpyAsync(flags, r.finite_flags, sizeof flags, cudaMemcpyDeviceToHost, r.s));
-    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    CUDA_CHECK(copy_async(flags, r.finite_flags, sizeof flags, cudaMemcpyDeviceToHost, r.s));
+    CUDA_CHECK(sync_stream(r.s, "finite_flags"));
     int mine = INT32_MAX;  // buffer index * world + rank of the first bad buffer
     for (size_t i = 0; i < bufs.size() && mine == INT32_MAX; ++i)
         if (flags[i]) mine = int(i) * r.d.world + r.d.rank;
@@ -115,11 +118,10 @@ void check_finite(Run& r, int step, const char* when) {
 
 // Rank 0's gradient norms (its own micro-steps, before any reduction or tying), one line.
 void log_grad_norms(Run& r, int step) {
-    CUDA_CHECK(cudaStreamSynchronize(r.s));
     std::string line;
     for (const OptimGroup& q : r.o.group) {
         double sum = 0;
-        for (float x : host_values(q, q.t.grad)) sum += double(x) * x;
+        for (float x : host_values(q, q.t.grad, r.s)) sum += double(x) * x;
         char item[96];
         std::snprintf(item, sizeof item, " %s:%.6e", q.rule->label, std::sqrt(sum));
         line += item;

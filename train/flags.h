@@ -9,6 +9,12 @@
 #include <string>
 #include <vector>
 
+// Steps first..last (inclusive); none while first < 0.
+struct StepRange {
+    int first = -1, last = -1;
+    bool contains(int step) const { return first >= 0 && step >= first && step <= last; }
+};
+
 // What a run is asked to do beyond the config (the command line).
 struct RunOptions {
     std::string train_files, val_files;  // empty: the preset's
@@ -25,7 +31,14 @@ struct RunOptions {
     std::string save_dir, resume_dir;
     bool resume_unverified = false;      // accept a checkpoint directory without a manifest (saved before them)
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
+    StepRange profile_steps;             // --profile-steps A:B: time every operation of steps A..B
     std::string command;                 // the command line, for the log
+};
+
+// --plan-step's outputs and the schedule it prices.
+struct PlanOptions {
+    std::string json_path, trace_path;  // empty: none
+    bool upstream = false;              // price upstream's schedule of the same work (--schedule upstream)
 };
 
 // The largest step count a flag takes: far beyond any real schedule, and small enough that step
@@ -61,6 +74,12 @@ const char* kUsage =
     "  --print-memory           print the per-rank memory plan of the preset and exit (no GPU needed)\n"
     "  --dump-batches N         print the first N training batches of every rank and exit (1..10000000)\n"
     "  --check-platform         run the platform check (kernel, cuBLASLt, NCCL on every rank) and exit\n"
+    "  --plan-step              model the step time on H100s without a GPU: record one step of each stage\n"
+    "                           (even, Adam, the untie step) in a dry run, price it, print the tables and exit\n"
+    "  --json FILE, --trace FILE  with --plan-step: also write the plan as JSON, and a Chrome/Perfetto trace\n"
+    "  --schedule ours|upstream with --plan-step: price our schedule (default) or upstream's for the same work\n"
+    "  --profile-steps A:B      time every operation of training steps A..B (0 <= A <= B < the run's last step)\n"
+    "                           and print a table per step; those steps' times include the report\n"
     "  --help                   this text\n";
 
 [[noreturn]] void usage_error(const std::string& why) {
@@ -99,7 +118,7 @@ std::string command_line(int argc, char** argv) {
 }
 
 // What a command line asks for: one run mode (checked to be one) and the run's options.
-enum class Mode { train, print_memory, dump_batches, check_platform, help };
+enum class Mode { train, print_memory, dump_batches, check_platform, plan_step, help };
 
 std::string random_run_id() {
     std::random_device rd;
@@ -117,6 +136,11 @@ void check_run_options(RunOptions& opt, int last) {
             usage_error("--checkpoint-steps " + std::to_string(st) + " is beyond this run's last step " + std::to_string(last) +
                         " (steps 0.." + std::to_string(last) + ")");
     if (opt.resume_unverified && opt.resume_dir.empty()) usage_error("--resume-unverified goes with --resume DIR");
+    const StepRange& p = opt.profile_steps;
+    if (p.last >= last)
+        usage_error("--profile-steps " + std::to_string(p.first) + ":" + std::to_string(p.last) +
+                    " reaches beyond the steps this run trains (" +
+                    (last > 0 ? "0.." + std::to_string(last - 1) : std::string("none")) + ")");
     if (opt.run_id.empty()) opt.run_id = random_run_id();
     if (opt.run_id.find('/') != std::string::npos) usage_error("--run-id '" + opt.run_id + "' must not contain '/'");
 }
@@ -128,13 +152,24 @@ struct CommandLine {
     std::string preset = "record";
     int scheduled = -1, extension = -1;  // -1: the preset's
     int64_t dump_batches = 0;
+    PlanOptions plan;
 };
+
+// A:B with 0 <= A <= B <= kMaxSteps.
+StepRange parse_step_range(const std::string& flag, const std::string& v) {
+    const size_t colon = v.find(':');
+    if (colon == std::string::npos) usage_error(flag + " needs A:B (first and last step), got '" + v + "'");
+    StepRange r{parse_steps(flag, v.substr(0, colon), 0), parse_steps(flag, v.substr(colon + 1), 0)};
+    if (r.first > r.last) usage_error(flag + " " + v + ": the first step is after the last");
+    return r;
+}
 
 CommandLine parse_command_line(int argc, char** argv) {
     CommandLine cl;
     RunOptions& opt = cl.opt;
     opt.command = command_line(argc, argv);
     const char* mode_flag = nullptr;
+    const char* plan_flag = nullptr;  // the last flag given that only --plan-step takes
     auto set_mode = [&](Mode m, const char* flag) {
         if (mode_flag && cl.mode != m) usage_error(std::string(mode_flag) + " and " + flag + " are separate modes: give one");
         cl.mode = m;
@@ -181,7 +216,19 @@ CommandLine parse_command_line(int argc, char** argv) {
             set_mode(Mode::dump_batches, "--dump-batches");
             cl.dump_batches = parse_steps(arg, value(), 1);
         } else if (arg == "--check-platform") set_mode(Mode::check_platform, "--check-platform");
+        else if (arg == "--plan-step") set_mode(Mode::plan_step, "--plan-step");
+        else if (arg == "--json") cl.plan.json_path = value(), plan_flag = "--json";
+        else if (arg == "--trace") cl.plan.trace_path = value(), plan_flag = "--trace";
+        else if (arg == "--schedule") {
+            plan_flag = "--schedule";
+            const std::string v = value();
+            if (v != "ours" && v != "upstream") usage_error("--schedule needs ours or upstream, got '" + v + "'");
+            cl.plan.upstream = v == "upstream";
+        } else if (arg == "--profile-steps") opt.profile_steps = parse_step_range(arg, value());
         else usage_error("unknown argument '" + arg + "'");
     }
+    if (plan_flag && cl.mode != Mode::plan_step) usage_error(std::string(plan_flag) + " goes with --plan-step");
+    if (opt.profile_steps.first >= 0 && cl.mode != Mode::train)
+        usage_error(std::string("--profile-steps times a training run: it does not go with ") + mode_flag);
     return cl;
 }

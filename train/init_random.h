@@ -29,3 +29,14 @@ __global__ void init_normal_kernel(__nv_bfloat16* p, int64_t n, uint64_t seed, f
     }
 }
 inline dim3 grid_for(int64_t n) { return dim3(static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(n, 256), 4096))); }
+
+// The launchers. Their work is the n bf16 writes (the integer hashing is not counted: these run once,
+// before training).
+inline void init_uniform(__nv_bfloat16* p, int64_t n, uint64_t seed, float bound, cudaStream_t s) {
+    launch(Work{.name = "init_uniform", .bytes_written = 2.0 * n}, init_uniform_kernel, grid_for(n), dim3(256), 0, s, p,
+           n, seed, bound);
+}
+inline void init_normal(__nv_bfloat16* p, int64_t n, uint64_t seed, float std, cudaStream_t s) {
+    launch(Work{.name = "init_normal", .bytes_written = 2.0 * n}, init_normal_kernel, grid_for(n), dim3(256), 0, s, p, n,
+           seed, std);
+}

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """check_recorded_calls.py on the repository (clean: exit 0) and on copies of its sources with one
-planted violation each: a launch without its Work, a raw CUDA call where a helper records it, a raw
-NCCL call outside the one function allowed to make it, a Work-less launch hidden from nothing but a
+planted violation each: a launch without its Work, a raw CUDA call where a helper records it (in the
+kernels and in the trainer's step: a copy, a blocking copy, a collective), a raw NCCL call outside the
+one function allowed to make it, a raw call beside an exception that is for another function, a Work-less launch hidden from nothing but a
 comment (still caught) and one inside a comment or string (not a call), and an exception that no
 longer matches anything. Each planted copy must exit 1 naming the file and line."""
 import os
@@ -83,6 +84,31 @@ class Planted(unittest.TestCase):
                           "    void planted(const int* x) { NCCL_CHECK(ncclSend(x, 1, ncclInt32, 0, nccl_, comms_)); }\n"
                           "    int rank() const { return rank_; }")
         self.assert_flags(f"kernels/comms.cuh:{line}: ncclSend outside a recording helper")
+
+    def test_raw_calls_in_trainer(self):
+        # the step's copy, collective and blocking copy; warm_up may restore the parameters with
+        # cudaMemcpy, the run's loop may not
+        cases = [
+            ("train_gpt.cu", "CUDA_CHECK(copy_async(r.losses + i,", "CUDA_CHECK(cudaMemcpyAsync(r.losses + i,",
+             "cudaMemcpyAsync outside a recording helper (use copy_async)"),
+            ("train_gpt.cu", "NCCL_CHECK(reduce_scatter(", "NCCL_CHECK(ncclReduceScatter(",
+             "ncclReduceScatter outside a recording helper"),
+            ("train/device_batch.h", "CUDA_CHECK(copy_async(b.inputs, inputs, n, cudaMemcpyHostToDevice, s));",
+             "CUDA_CHECK(cudaMemcpy(b.inputs, inputs, n, cudaMemcpyHostToDevice));",
+             "cudaMemcpy outside a recording helper (use copy_async and sync_stream)"),
+            ("train_gpt.cu", "        watch_nonfinite(r, step);",
+             "        CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), r.m.param_arena.base(), 4, cudaMemcpyDeviceToDevice));\n"
+             "        watch_nonfinite(r, step);", "cudaMemcpy outside a recording helper"),
+        ]
+        for rel, old, new, why in cases:
+            with self.subTest(planted=new.strip()):
+                path = os.path.join(self.tmp, rel)
+                with open(path, encoding="utf-8") as f:
+                    clean = f.read()
+                line = self.plant(rel, old, new)
+                self.assert_flags(f"{rel}:{line}: {why}")
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(clean)
 
     def test_comments_and_strings_are_not_calls(self):
         self.plant("kernels/norm.cuh", "// ---- kernels and launchers ----",

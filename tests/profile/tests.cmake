@@ -1,15 +1,4 @@
-# The step profiler. (test_work_counts.cu and test_mpi_work_comms.cu, the launchers' records, are
-# registered by the top-level glob like every tests/*/test_*.cu.)
-
-# The launchers' side: every launch passes a Work, every recorded call goes through a helper
-# (check_recorded_calls.py on the sources, and on copies with planted violations).
-find_package(Python3 COMPONENTS Interpreter QUIET)
-if(Python3_Interpreter_FOUND)
-  add_test(NAME check_recorded_calls COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/profile/test_check_recorded_calls.py)
-  set_tests_properties(check_recorded_calls PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 120)
-else()
-  message(STATUS "python3 not found: check_recorded_calls is not registered")
-endif()
+# The step profiler: the cost model, the launchers' records, the trainer's measurements.
 
 # ---- the cost model (train/step_model.h) ----
 # Host-only C++17 (what the header promises), built with the host compiler alone: no emu, no CUDA.
@@ -26,3 +15,24 @@ else()
 endif()
 set_tests_properties(step_model PROPERTIES TIMEOUT 120 ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1")
 # ---- end of the cost model ----
+
+# The step profiler. (test_work_counts.cu and test_mpi_work_comms.cu, the launchers' records, are
+# registered by the top-level glob like every tests/*/test_*.cu.)
+
+# The launchers' side: every launch passes a Work, every recorded call goes through a helper
+# (check_recorded_calls.py on the sources, and on copies with planted violations).
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME check_recorded_calls COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/profile/test_check_recorded_calls.py)
+  set_tests_properties(check_recorded_calls PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 120)
+else()
+  message(STATUS "python3 not found: check_recorded_calls is not registered")
+endif()
+
+# ---- the trainer's side: --profile-steps' arithmetic (train/step_measure.h) on hand-made times ----
+add_executable(test_step_measure ${REPO}/tests/profile/test_step_measure.cpp)
+target_include_directories(test_step_measure PRIVATE ${REPO})
+set_target_properties(test_step_measure PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)
+target_compile_options(test_step_measure PRIVATE -Wall -Wextra -Werror)
+add_dependencies(cpu_all test_step_measure)
+add_test(NAME profile_steps_measure COMMAND test_step_measure)

@@ -25,3 +25,21 @@ if(Python3_Interpreter_FOUND)
            $<TARGET_FILE:train_gpt_cpu>)
   set_tests_properties(test_checkpoint_layout PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 600)
 endif()
+
+# The step profiler in the trainer (issue 17). plan_step_dry_vs_real: --plan-step's dry run records
+# the same operations as the real steps it stands for (tests/trainer/plan_step_dry_vs_real.cu), on 1
+# rank and on 8 (collectives, the sparse exchange).
+cpu_program(plan_step_dry_vs_real ${REPO}/tests/trainer/plan_step_dry_vs_real.cu)
+add_test(NAME plan_step_dry_vs_real_np1 COMMAND plan_step_dry_vs_real)
+add_test(NAME plan_step_dry_vs_real_np8 COMMAND ${MPIRUN} -np 8 -x EMU_WORKERS=1 $<TARGET_FILE:plan_step_dry_vs_real>)
+set_tests_properties(plan_step_dry_vs_real_np1 plan_step_dry_vs_real_np8 PROPERTIES ENVIRONMENT "REPO=${REPO}" TIMEOUT 900)
+# The command line (tests/trainer/test_plan_step.py): --plan-step's JSON, trace and stages on 1, 2 and
+# 8 ranks (the record preset on 8 in under 2 minutes), --profile-steps' tables against the recording.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME plan_step_cli COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_plan_step.py plan
+           $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
+  add_test(NAME profile_steps_cli COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_plan_step.py profile
+           $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
+  set_tests_properties(plan_step_cli profile_steps_cli PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1"
+                       TIMEOUT 600)
+endif()

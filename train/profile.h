@@ -1,0 +1,344 @@
+// The step profiler's two modes (issue 17), on the recordings of kernels/work.cuh:
+//   --plan-step          every rank records one step of each kind of each training stage in a dry run
+//                        (host code, data, sparse-exchange sizes and the stream graph for real, no
+//                        device work), rank 0 gathers them and prices them with train/step_model.h;
+//   --profile-steps A:B  steps A..B of a real run are recorded and every op timed with CUDA events
+//                        (platform.cuh's OpTimer); after each, a table per family of what it took.
+// Part of train_gpt.cu's run section: included after train_step.
+#pragma once
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../data/loader.h"
+#include "step_measure.h"
+#include "step_model.h"
+
+// ============================================================================================
+// --plan-step
+// ============================================================================================
+
+// What a stage records: its first even step, the first odd step after it (an Adam step), and the
+// schedule's untie step when the stage has it (an Adam step of its own kind). -1: none.
+struct StagePlan {
+    int first = 0, end = 0;  // the stage's steps [first, end)
+    int even = -1, adam = -1, untie = -1;
+    int steps_even = 0, steps_adam = 0, steps_untie = 0;  // how many of each the schedule runs
+    int last_recorded() const { return std::max({even, adam, untie}); }
+    int first_recorded() const {
+        int f = end;
+        for (int s : {even, adam, untie})
+            if (s >= 0) f = std::min(f, s);
+        return f;
+    }
+};
+
+std::vector<StagePlan> stage_plans(const Schedule& sch) {
+    std::vector<StagePlan> plans;
+    for (size_t i = 0; i < sch.starts.size(); ++i) {
+        StagePlan p;
+        p.first = sch.starts[i];
+        p.end = sch.stage_end(i);
+        for (int st = p.first; st < p.end; ++st) {
+            if (st == sch.split_step) {
+                ++p.steps_untie;
+                p.untie = st;
+            } else if (st % 2 == 0) {
+                ++p.steps_even;
+                if (p.even < 0) p.even = st;
+            } else {
+                ++p.steps_adam;
+            }
+        }
+        // the Adam step after the even one (else, in a stage that has none after it, the first)
+        for (int from : {std::max(p.first, p.even + 1), p.first})
+            for (int st = from; st < p.end && p.adam < 0; ++st)
+                if (st % 2 == 1 && st != sch.split_step) p.adam = st;
+        plans.push_back(p);
+    }
+    return plans;
+}
+
+// The batches a plan reads. The preset's training data, or, when it is absent (no FineWeb on a
+// laptop), the committed Tiny Shakespeare shard. Each stage's steps read from the data's start (a
+// fresh loader per stage: the plan prices steps, not the run's position in its data), so a short
+// shard serves every stage; a shard too short for a stage's steps (the record preset's 393,216
+// tokens per micro-step on 8 ranks against Tiny Shakespeare's ~305,000) is read several times over
+// as one (TrainLoader::Options::repeat): the smallest count that holds every stage's steps.
+struct PlanData {
+    std::string files;
+    int repeat = 1;
+};
+
+// Whether a fresh loader of `repeat` feeds the steps a stage runs (first recorded..last recorded).
+bool feeds_stage(const Config& c, const Schedule& sch, const StagePlan& p, const std::string& files, int world,
+                 int repeat) {
+    try {
+        dataload::TrainLoader::Options lo;
+        lo.bigram_vocab = c.bigram_vocab;
+        lo.prefetch = false;
+        lo.repeat = repeat;
+        const int64_t batch = sch.lookup(p.first).first->batch_tokens;
+        dataload::TrainLoader loader(files, 0, world, batch, c.max_seq_len, c.grad_accum(), lo);
+        for (int st = p.first_recorded(); st <= p.last_recorded(); ++st)
+            for (int i = 0; i < c.grad_accum(); ++i) loader.advance();
+    } catch (const dataload::DataError&) {
+        return false;
+    }
+    return true;
+}
+
+PlanData plan_data(const Config& c, const DataFiles& f, int world) {
+    PlanData data{f.train};
+    if (!f.train_default || shard_error("training data", f.train, true, "").empty()) return data;
+    data.files = repo_dir() + "/" + tiny_preset().train_files;
+    if (const std::string e = shard_error("training data", data.files, true, "python3 data/prepare_tinyshakespeare.py");
+        !e.empty())
+        fail("--plan-step: neither the preset's data nor the fallback is there: " + e);
+    const Schedule sch(c);
+    for (const StagePlan& p : stage_plans(sch))
+        while (p.last_recorded() >= 0 && !feeds_stage(c, sch, p, data.files, world, data.repeat))
+            if (++data.repeat > 64) fail("--plan-step: " + data.files + " cannot feed a step of this preset");
+    return data;
+}
+
+// Before the model is built: the dry run starts (building does no device work, so the record preset
+// plans on a CPU), and what a plan does not do is turned off (logs and checkpoints).
+PlanData start_plan_step(RunOptions& opt, const Config& c, const DataFiles& f, const Distributed& d) {
+    const PlanData data = plan_data(c, f, d.world);
+    if (d.rank == 0 && data.files != f.train)
+        std::printf("plan-step: %s not found; batches from %s%s (sizes of the sparse exchange depend on the data)\n",
+                    f.train.c_str(), data.files.c_str(),
+                    data.repeat > 1 ? (", read " + std::to_string(data.repeat) + " times over as one shard").c_str() : "");
+    opt.train_files = data.files;
+    opt.save_dir.clear();
+    opt.checkpoint_steps.clear();
+    opt.log_grad_norms = false;
+    work_recorder().start(/*dry=*/true);
+    return data;
+}
+
+// One recorded training step: train_step in the dry run, its ops taken. The dry run stays on between
+// recordings, so the schedule's changes (YaRN, MTP weights) do no device work either.
+std::vector<StepOp> record_step(Run& r, int step) {
+    WorkRecorder& rec = work_recorder();
+    rec.start(/*dry=*/true);
+    r.o.split = step > r.sch.split_step;  // embed is tied until the untie step
+    train_step(r, step);
+    std::vector<StepOp> ops = std::move(rec.ops);
+    rec.start(/*dry=*/true);
+    return ops;
+}
+
+// ---- recordings between ranks: rank 0 gathers every rank's (MPI), as bytes ----
+struct OpWriter {
+    std::string bytes;
+    template <class T>
+    void put(const T& v) {
+        bytes.append(reinterpret_cast<const char*>(&v), sizeof v);
+    }
+    void put_text(const std::string& s) {
+        put(static_cast<uint32_t>(s.size()));
+        bytes += s;
+    }
+    void put_ops(const std::vector<StepOp>& ops) {
+        put(static_cast<uint32_t>(ops.size()));
+        for (const StepOp& op : ops) {
+            const Work& w = op.work;
+            put(op.kind), put(op.stream), put(op.event), put_text(w.name ? w.name : "");
+            put(w.tc_flops), put(w.flops), put(w.bytes_read), put(w.bytes_written);
+            put(w.gemm), put(w.m), put(w.n), put(w.k), put(w.batch), put(w.comm), put(w.comm_bytes);
+            put_text(op.range);
+        }
+    }
+};
+struct OpReader {
+    const char* at;
+    template <class T>
+    void get(T& v) {
+        std::memcpy(&v, at, sizeof v);
+        at += sizeof v;
+    }
+    std::string get_text() {
+        uint32_t n = 0;
+        get(n);
+        std::string s(at, n);
+        at += n;
+        return s;
+    }
+    std::vector<StepOp> get_ops() {
+        uint32_t n = 0;
+        get(n);
+        std::vector<StepOp> ops(n);
+        for (StepOp& op : ops) {
+            Work& w = op.work;
+            get(op.kind), get(op.stream), get(op.event);
+            w.name = intern_family(get_text());  // a stable pointer for the gathered names
+            get(w.tc_flops), get(w.flops), get(w.bytes_read), get(w.bytes_written);
+            get(w.gemm), get(w.m), get(w.n), get(w.k), get(w.batch), get(w.comm), get(w.comm_bytes);
+            op.range = get_text();
+        }
+        return ops;
+    }
+};
+
+// Every rank's recordings on rank 0: out[k][r] is rank r's recording k (empty elsewhere). Collective.
+std::vector<std::vector<std::vector<StepOp>>> gather_recordings(const std::vector<std::vector<StepOp>>& mine,
+                                                                const Distributed& d) {
+    OpWriter w;
+    for (const std::vector<StepOp>& ops : mine) w.put_ops(ops);
+    const long long size = static_cast<long long>(w.bytes.size());
+    std::vector<long long> sizes(d.world);
+    MPI_Gather(&size, 1, MPI_LONG_LONG, sizes.data(), 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    std::vector<int> counts(d.world), offsets(d.world);
+    long long total = 0;
+    for (int r = 0; r < d.world; ++r) {
+        if (sizes[r] > INT32_MAX - total) fail("--plan-step: the recordings exceed 2 GB");
+        counts[r] = static_cast<int>(sizes[r]), offsets[r] = static_cast<int>(total), total += sizes[r];
+    }
+    std::string all(d.rank == 0 ? size_t(total) : 0, '\0');
+    MPI_Gatherv(w.bytes.data(), static_cast<int>(size), MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE, 0,
+                MPI_COMM_WORLD);
+    std::vector<std::vector<std::vector<StepOp>>> out(mine.size());
+    if (d.rank != 0) return out;
+    for (int r = 0; r < d.world; ++r) {
+        OpReader in{all.data() + offsets[r]};
+        for (auto& step : out) step.push_back(in.get_ops());
+    }
+    return out;
+}
+
+// --plan-step: records every stage's steps on every rank, then rank 0 prices them and prints the
+// tables (and writes --json, --trace). Returns the exit code; writes no log and no checkpoint.
+int plan_step_mode(Run& r, const PlanData& data, const PlanOptions& plan) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Config& c = r.m.cfg;
+    const std::vector<StagePlan> plans = stage_plans(r.sch);
+    std::vector<std::vector<StepOp>> mine;  // per stage: even, adam, untie (empty where none)
+    reset_schedule(r);
+    try {
+        for (const StagePlan& p : plans) {
+            for (int kind = 0; kind < 3; ++kind) mine.emplace_back();
+            if (p.last_recorded() < 0) continue;
+            dataload::TrainLoader::Options lo;
+            lo.bigram_vocab = c.bigram_vocab;
+            lo.repeat = data.repeat;
+            r.train = std::make_unique<dataload::TrainLoader>(r.opt.train_files, r.d.rank, r.d.world,
+                                                              r.sch.lookup(p.first).first->batch_tokens, c.max_seq_len,
+                                                              c.grad_accum(), lo);
+            if (r.o.sparse) r.o.touched = std::make_unique<TouchedRows>(c.bigram_vocab);
+            // every step from the first recorded to the last runs (the others too, unrecorded), so
+            // an Adam step exchanges the rows of the even step before it, as in a run
+            for (int st = p.first_recorded(); st <= p.last_recorded(); ++st) {
+                advance_schedule(r, st);
+                std::vector<StepOp> ops = record_step(r, st);
+                const int kind = st == p.even ? 0 : st == p.adam ? 1 : st == p.untie ? 2 : -1;
+                if (kind >= 0) mine[mine.size() - 3 + kind] = std::move(ops);
+            }
+        }
+    } catch (const std::exception& e) {  // data errors
+        fail(e.what());
+    }
+    work_recorder().stop();
+    const double record_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::vector<std::vector<std::vector<StepOp>>> all = gather_recordings(mine, r.d);
+    if (r.d.rank == 0) {
+        std::vector<PlanStage> stages;
+        for (size_t i = 0; i < plans.size(); ++i) {
+            const StagePlan& p = plans[i];
+            if (p.end == p.first) continue;  // a stage the schedule leaves out (no extension steps)
+            auto taken = [&](int step, size_t k) {  // every rank's recording k, or none for a step not recorded
+                return step < 0 ? std::vector<std::vector<StepOp>>{} : std::move(all[3 * i + k]);
+            };
+            stages.push_back({"stage " + std::to_string(i), p.steps_even, p.steps_adam, p.steps_untie, taken(p.even, 0),
+                              taken(p.adam, 1), taken(p.untie, 2)});
+        }
+        const CostModel cm = h100_model(r.d.world);
+        const PlanReport ours = plan_report(c.name, "ours", stages, cm);
+        std::printf("plan-step: preset %s on %d rank(s): one step of each kind per stage recorded in a dry run in %.1f s\n",
+                    c.name.c_str(), r.d.world, record_s);
+        const PlanReport report = plan.upstream ? plan_report(c.name, "upstream", upstream_schedule(stages), cm) : ours;
+        std::printf("%s", format_plan(report).c_str());
+        if (plan.upstream) std::printf("\n%s", format_schedule_comparison(ours, report).c_str());
+        if (!plan.json_path.empty())
+            if (const std::string e = write_plan_json(plan.json_path, report); !e.empty()) fail(e);
+        if (!plan.trace_path.empty())
+            if (const std::string e = write_chrome_trace(plan.trace_path, report); !e.empty()) fail(e);
+        std::fflush(stdout);
+    }
+    stop_distributed(r.d);
+    return 0;
+}
+
+// ============================================================================================
+// --profile-steps
+// ============================================================================================
+
+// Milliseconds from `origin` to e (both recorded and complete).
+double event_ms(cudaEvent_t origin, cudaEvent_t e) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, origin, e));
+    return ms;
+}
+
+// The step just recorded and timed, its times read from the events (after a sync).
+TimedStep timed_step() {
+    TimedStep t{work_recorder().ops, {}, {}, {}};
+    t.start_ms.assign(t.ops.size(), -1);
+    t.end_ms.assign(t.ops.size(), -1);
+    t.share.assign(t.ops.size(), 1);
+    const std::vector<OpTimer::Span>& spans = op_timer().spans;
+    for (const OpTimer::Span& s : spans) {
+        t.start_ms[s.op] = event_ms(spans.front().start, s.start);
+        t.end_ms[s.op] = event_ms(spans.front().start, s.end);
+        t.share[s.op] = s.share;
+    }
+    return t;
+}
+
+// The table of a profiled step (rank 0's), then one line: device time, host time, exposed comms.
+void report_profiled_step(Run& r, int step, double host_ms) {
+    const TimedStep t = timed_step();
+    const double step_ms = device_ms(t);
+    const CostModel peak = h100_model(r.d.world);
+    print0(r, "profile of step %d (rank 0 of %d%s; its train_time includes this profile's events, sync and report)\n", step,
+           r.d.world, kEmulated ? "; times are the CPU emulation's, not a GPU's" : "");
+    print0(r, "%-34s %6s %10s %7s %9s %8s %8s %8s\n", "family", "count", "total ms", "share", "TFLOP/s", "of peak", "TB/s",
+           "of HBM");
+    for (const MeasuredFamily& f : measured_families(t)) {
+        const double s = std::max(f.ms, 1e-9) / 1e3;
+        const double tflops = f.flops / s / 1e12, tbs = f.bytes / s / 1e12;
+        const double tc_peak = f.fp8 ? peak.fp8_tflops : peak.bf16_tflops;
+        char compute[32] = "-", memory[32] = "-";
+        if (f.tc_flops > 0) std::snprintf(compute, sizeof compute, "%.1f%%", 100 * f.tc_flops / s / 1e12 / tc_peak);
+        if (!f.collective) std::snprintf(memory, sizeof memory, "%.1f%%", 100 * tbs / peak.hbm_tbs);
+        print0(r, "%-34s %6d %10.3f %6.1f%% %9.3f %8s %8.4f %8s\n", f.name.c_str(), f.count, f.ms,
+               100 * f.ms / std::max(step_ms, 1e-9), tflops, compute, tbs, memory);
+    }
+    print0(r, "step %d: %zu ops, device %.3f ms (first op's start to last op's end), host %.3f ms enqueueing (%.3f ms of it "
+              "in host waits), exposed communication %.3f ms\n",
+           step, op_timer().spans.size(), step_ms, host_ms, op_timer().host_wait_ms, exposed_comm_ms(t));
+}
+
+// A training step of the run: as it is, or, within --profile-steps, recorded (not dry) and every op
+// timed; the device is synchronized after it (outside the timed window) to read the times.
+void run_train_step(Run& r, int step) {
+    if (!r.opt.profile_steps.contains(step)) return train_step(r, step);
+    work_recorder().start(/*dry=*/false);
+    op_timer().start();
+    const auto t0 = std::chrono::steady_clock::now();
+    train_step(r, step);
+    const double host_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    op_timer().stop();
+    work_recorder().stop();
+    CUDA_CHECK(sync_device("profile_read"));
+    report_profiled_step(r, step, host_ms);
+}
