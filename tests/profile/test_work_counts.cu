@@ -198,13 +198,20 @@ void test_common() {
     check_family("flag_nonfinite fp32", {kernel("flag_nonfinite", bytes(d32), bytes(flag))}, {out(flag)},
                  [&] { flag_nonfinite(d32.ptr, 333, true, flag.ptr, nullptr); });
 
-    const int rows = 70, cols = 50;
+    const int rows = 70, cols = 50;  // element by element
     DeviceBuffer<bf16> in(uniform_bf16(rows * cols, -1, 1)), t(rows * cols);
     DeviceBuffer<float> in32(test::uniform_vector(rows * cols, -1, 1)), t32(rows * cols);
     check_family("transpose", {kernel("transpose", bytes(in), bytes(t))}, {out(t)},
                  [&] { transpose(t.ptr, in.ptr, rows, cols, cols, rows, false, nullptr); });
     check_family("transpose fp32 adding", {kernel("transpose", bytes(in32) + bytes(t32), bytes(t32))}, {inout(t32)},
                  [&] { transpose(t32.ptr, in32.ptr, rows, cols, cols, rows, true, nullptr); });
+    const int vrows = 72, vcols = 48;  // 16-byte accesses, ragged tiles
+    DeviceBuffer<bf16> vin(uniform_bf16(vrows * vcols, -1, 1)), vt(vrows * vcols);
+    DeviceBuffer<float> vin32(test::uniform_vector(vrows * vcols, -1, 1)), vt32(vrows * vcols);
+    check_family("transpose 16-byte", {kernel("transpose", bytes(vin), bytes(vt))}, {out(vt)},
+                 [&] { transpose(vt.ptr, vin.ptr, vrows, vcols, vcols, vrows, false, nullptr); });
+    check_family("transpose fp32 16-byte adding", {kernel("transpose", bytes(vin32) + bytes(vt32), bytes(vt32))},
+                 {inout(vt32)}, [&] { transpose(vt32.ptr, vin32.ptr, vrows, vcols, vcols, vrows, true, nullptr); });
 }
 
 // ---- norm, residual ----
