@@ -71,8 +71,9 @@ __host__ __device__ __forceinline__ unsigned char fp8_code_from_float(float v) {
     return static_cast<unsigned char>(sign | code);
 }
 
-// 128 threads per 64x64 tile: 2 items of 16 elements each keep enough bytes in flight for this
-// memory-bound pass, and the CPU build's cost per thread (a fiber and a barrier each) halves against 256.
+// 128 threads per 64x64 tile: 2 items of 16 elements (4 16-byte loads) each keep enough bytes in flight
+// for this memory-bound pass, and the CPU build's cost per thread (a fiber and a barrier each) halves
+// against 256.
 constexpr int kQuantTile = 64, kQuantThreads = 128;
 
 // The bf16 values a quantization reads: 16 consecutive elements of a row-major matrix.
@@ -108,9 +109,10 @@ __global__ void __launch_bounds__(kQuantThreads)
         for (int q = 0; q < 4; ++q) {
             uint32_t word = 0;
 #pragma unroll
-            for (int k = 0; k < 4; ++k)
-                word |= static_cast<uint32_t>(fp8_code_from_float<F8, overflow>(__bfloat162float(x[q / 2][4 * (q % 2) + k]) / s))
-                        << (8 * k);
+            for (int k = 0; k < 4; ++k) {
+                const float v = __bfloat162float(x[q / 2][4 * (q % 2) + k]);
+                word |= static_cast<uint32_t>(fp8_code_from_float<F8, overflow>(v / s)) << (8 * k);
+            }
             w[q] = word;
             tile[rr][cc / 4 + q] = word;
         }
@@ -136,7 +138,9 @@ __global__ void __launch_bounds__(kQuantThreads)
     }
 }
 // The grid of quantize_fp8_two_layouts_kernel: one block per 64x64 tile.
-inline dim3 quantize_fp8_grid(int rows, int cols) { return dim3(ceil_div(cols, kQuantTile), ceil_div(rows, kQuantTile)); }
+inline dim3 quantize_fp8_grid(int rows, int cols) {
+    return dim3(ceil_div(cols, kQuantTile), ceil_div(rows, kQuantTile));
+}
 
 inline std::string quantize_fp8_shape_error(int rows, int cols, std::initializer_list<const void*> pointers) {
     if (rows <= 0 || cols <= 0 || rows % 16 != 0 || cols % 16 != 0)

@@ -1,8 +1,9 @@
 // kernels/head.cuh: FP8 quantization bit for bit against a reference written from the formats'
 // definitions, the FP8 lm_head forward/backward and the bf16 eval lm_head against double GEMMs of
 // the exact (dequantized) operands, the softcapped multi-token-prediction loss forward/backward
-// and the eval loss against double-precision loops, and a finite-difference check of the loss
-// backward.
+// and the eval loss against double-precision loops, a finite-difference check of the loss
+// backward, and the fused e5m2 loss backward against the bf16 backward then the quantization, byte
+// for byte.
 #include "../../kernels/head.cuh"
 #include "../bench_util.h"
 #include "../device_util.h"
@@ -426,9 +427,9 @@ std::vector<bf16> random_logits(int T, int V) {
 // The fused backward (softcap_mtp_loss_backward_fp8) against the two-step path (the bf16 backward, then
 // quantize_fp8_two_layouts): both e5m2 layouts byte for byte, on the test's fresh logits with the
 // forward's lse, at the scale of a 3-step accumulation.
-void check_mtp_fp8_fused(const std::vector<bf16>& logits, const DeviceBuffer<float>& d_lse, const DeviceBuffer<int>& d_targets,
-                         const DeviceBuffer<float>& d_weights, const DeviceBuffer<float>& d_g, int n_predict, int T,
-                         int V, const std::string& what) {
+void check_mtp_fp8_fused(const std::vector<bf16>& logits, const DeviceBuffer<float>& d_lse,
+                         const DeviceBuffer<int>& d_targets, const DeviceBuffer<float>& d_weights,
+                         const DeviceBuffer<float>& d_g, int n_predict, int T, int V, const std::string& what) {
     const float grad_s = lm_head_fp8_scales(3).grad;
     DeviceBuffer<bf16> d_logits(logits), d_dlogits(logits.size());
     DeviceBuffer<float> d_grad_s(std::vector<float>{grad_s});
