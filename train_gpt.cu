@@ -692,10 +692,10 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         CUDA_CHECK(memset_async(g.bigram_embed, 0, size_t(c.bigram_vocab) * C * sizeof(bf16), s));
     }
 
-    // loss -> logits (in place) -> lm_head and its input
-    softcap_mtp_loss_backward(a.logits, a.logits, a.lse_head, b.targets, step_sch.mtp_weights, step_sch.n_predict,
-                              m.dloss, T, V, s);
-    lm_head_fp8_backward(*m.lt, w.dh, g.lm_head, accumulate, a.fp8, a.logits, m.fp8_scales, T, C, V, s);
+    // loss -> its e5m2 gradient, both layouts in one pass -> lm_head and its input
+    softcap_mtp_loss_backward_fp8(a.fp8.g_f8, a.fp8.g_f8_t, &m.fp8_scales->grad, a.logits, a.lse_head, b.targets,
+                                  step_sch.mtp_weights, step_sch.n_predict, m.dloss, T, V, s);
+    lm_head_fp8_backward(*m.lt, w.dh, g.lm_head, accumulate, a.fp8, m.fp8_scales, T, C, V, s);
     backout_backward(dX, dX_backout, g.scalars + kBackoutLambda, w.scratch, w.dh, a.x_final, a.rstd_final,
                      a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda, accumulate, T, C, s);
     // the last layer's output gradient is in dX; layers run backward, each leaving its input's in dX

@@ -12,7 +12,8 @@
 //   it saves a (C, V) fp32 buffer and a pass over it, and follows this project's accumulate rule.
 // - Training's softcap z = 23 sigmoid((l + 5) / 7.5) stays fp32 (upstream's Triton kernels);
 //   evaluation rounds z to bf16 before the fp32 cross-entropy (upstream computes it in bf16, then
-//   .float()). dlogits are rounded to bf16 once.
+//   .float()). dlogits are rounded to bf16 once; training's e5m2 gradient quantizes that bf16 value
+//   (as upstream quantizes its bf16 grad), in the same pass that computes it.
 #pragma once
 #include "matmul.cuh"
 
@@ -70,35 +71,52 @@ __host__ __device__ __forceinline__ unsigned char fp8_code_from_float(float v) {
     return static_cast<unsigned char>(sign | code);
 }
 
-// 128 threads per 64x64 tile: 4 16-byte loads each keep enough bytes in flight for this memory-bound
-// pass, and the CPU build's cost per thread (a fiber and a barrier each) halves against 256.
+// 128 threads per 64x64 tile: 2 items of 16 elements (4 16-byte loads) each keep enough bytes in flight
+// for this memory-bound pass, and the CPU build's cost per thread (a fiber and a barrier each) halves
+// against 256.
 constexpr int kQuantTile = 64, kQuantThreads = 128;
 
-// out = fp8(in / *scale) (rows, cols) and the same codes transposed, out_t (cols, rows): a 64x64
-// tile goes through shared memory so both layouts are written with wide stores.
-template <class F8, Fp8Overflow overflow>
+// The bf16 values a quantization reads: 16 consecutive elements of a row-major matrix.
+struct Bf16Matrix {
+    const __nv_bfloat16* in;
+    int cols;
+    __device__ __forceinline__ void load16(Pack128<__nv_bfloat16> (&x)[2], int r, int c) const {
+        const __nv_bfloat16* p = in + static_cast<int64_t>(r) * cols + c;
+        x[0] = load128cs(p);
+        x[1] = load128cs(p + 8);
+    }
+};
+
+// out = fp8(x / *scale) (rows, cols) and the same codes transposed, out_t (cols, rows), where x
+// (rows, cols) is what `src` gives (Bf16Matrix: a stored matrix; the loss backward: its dlogits).
+// A 64x64 tile goes through shared memory so both layouts are written with 16-byte stores.
+template <class F8, Fp8Overflow overflow, class Source>
 __global__ void __launch_bounds__(kQuantThreads)
-    quantize_fp8_two_layouts_kernel(F8* out, F8* out_t, const __nv_bfloat16* in, const float* scale, int rows,
-                                    int cols) {
+    quantize_fp8_two_layouts_kernel(F8* out, F8* out_t, Source src, const float* scale, int rows, int cols) {
     __shared__ uint32_t tile[kQuantTile][kQuantTile / 4 + 1];  // bytes [r][c]; the extra word spreads banks
     const int r0 = blockIdx.y * kQuantTile, c0 = blockIdx.x * kQuantTile;
     const float s = *scale;
     unsigned char* out_bytes = reinterpret_cast<unsigned char*>(out);
     unsigned char* out_t_bytes = reinterpret_cast<unsigned char*>(out_t);
-    for (int i = threadIdx.x; i < kQuantTile * kQuantTile / 8; i += blockDim.x) {
-        const int rr = i / (kQuantTile / 8), cc = (i % (kQuantTile / 8)) * 8;
+    for (int i = threadIdx.x; i < kQuantTile * kQuantTile / 16; i += blockDim.x) {
+        const int rr = i / (kQuantTile / 16), cc = (i % (kQuantTile / 16)) * 16;
         const int r = r0 + rr, c = c0 + cc;
         if (r >= rows || c >= cols) continue;
-        const Pack128<__nv_bfloat16> x = load128cs(in + static_cast<int64_t>(r) * cols + c);
-        uint32_t lo = 0, hi = 0;
+        Pack128<__nv_bfloat16> x[2];
+        src.load16(x, r, c);
+        uint32_t w[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            lo |= static_cast<uint32_t>(fp8_code_from_float<F8, overflow>(__bfloat162float(x[k]) / s)) << (8 * k);
-            hi |= static_cast<uint32_t>(fp8_code_from_float<F8, overflow>(__bfloat162float(x[k + 4]) / s)) << (8 * k);
+        for (int q = 0; q < 4; ++q) {
+            uint32_t word = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const float v = __bfloat162float(x[q / 2][4 * (q % 2) + k]);
+                word |= static_cast<uint32_t>(fp8_code_from_float<F8, overflow>(v / s)) << (8 * k);
+            }
+            w[q] = word;
+            tile[rr][cc / 4 + q] = word;
         }
-        *reinterpret_cast<uint2*>(out_bytes + static_cast<int64_t>(r) * cols + c) = make_uint2(lo, hi);
-        tile[rr][cc / 4] = lo;
-        tile[rr][cc / 4 + 1] = hi;
+        *reinterpret_cast<uint4*>(out_bytes + static_cast<int64_t>(r) * cols + c) = make_uint4(w[0], w[1], w[2], w[3]);
     }
     __syncthreads();
     // out_t row c holds column c of the tile: each thread writes 16 consecutive rows of one column
@@ -119,6 +137,10 @@ __global__ void __launch_bounds__(kQuantThreads)
             make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
+// The grid of quantize_fp8_two_layouts_kernel: one block per 64x64 tile.
+inline dim3 quantize_fp8_grid(int rows, int cols) {
+    return dim3(ceil_div(cols, kQuantTile), ceil_div(rows, kQuantTile));
+}
 
 inline std::string quantize_fp8_shape_error(int rows, int cols, std::initializer_list<const void*> pointers) {
     if (rows <= 0 || cols <= 0 || rows % 16 != 0 || cols % 16 != 0)
@@ -138,9 +160,9 @@ template <class F8, Fp8Overflow overflow = kLmHeadFp8Overflow>
 void quantize_fp8_two_layouts(F8* out, F8* out_t, const __nv_bfloat16* in, const float* scale, int rows, int cols,
                               cudaStream_t stream) {
     require_shape(quantize_fp8_shape_error(rows, cols, {out, out_t, in}), "quantize_fp8_two_layouts");
-    const dim3 grid(ceil_div(cols, kQuantTile), ceil_div(rows, kQuantTile));
-    launch(quantize_fp8_two_layouts_work(rows, cols), quantize_fp8_two_layouts_kernel<F8, overflow>, grid,
-           dim3(kQuantThreads), 0, stream, out, out_t, in, scale, rows, cols);
+    launch(quantize_fp8_two_layouts_work(rows, cols), quantize_fp8_two_layouts_kernel<F8, overflow, Bf16Matrix>,
+           quantize_fp8_grid(rows, cols), dim3(kQuantThreads), 0, stream, out, out_t, Bf16Matrix{in, cols}, scale, rows,
+           cols);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -197,14 +219,14 @@ inline void lm_head_fp8_forward(CublasLt& lt, __nv_bfloat16* logits, const LmHea
                "gemm_lm_head");
 }
 
-// With g_f8 = e5m2(dlogits / grad_s): dw (C, V) (+)= x_f8^T @ g_f8 * x_s * grad_s into the bf16
+// With g_f8 = e5m2(dlogits / grad_s) and g_f8_t already in `buf` (softcap_mtp_loss_backward_fp8, or
+// quantize_fp8_two_layouts of bf16 dlogits): dw (C, V) (+)= x_f8^T @ g_f8 * x_s * grad_s into the bf16
 // lm_head gradient, then dx (T, C) bf16 = g_f8 @ w_f8^T * grad_s * w_s (both exact fp32 accumulation).
-// Reads x_f8_t and w_f8 from the forward; writes g_f8 and g_f8_t.
+// Reads x_f8_t and w_f8 from the forward.
 inline void lm_head_fp8_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16* dw, bool accumulate_dw,
-                                 const LmHeadFp8Buffers& buf, const __nv_bfloat16* dlogits,
-                                 const LmHeadFp8Scales* scales, int T, int C, int V, cudaStream_t stream) {
+                                 const LmHeadFp8Buffers& buf, const LmHeadFp8Scales* scales, int T, int C, int V,
+                                 cudaStream_t stream) {
     require_shape(lm_head_shape_error(T, C, V), "lm_head_fp8_backward");
-    quantize_fp8_two_layouts(buf.g_f8, buf.g_f8_t, dlogits, &scales->grad, T, V, stream);
     matmul_fp8(lt, dw, buf.x_f8_t, &scales->x, buf.g_f8_t, &scales->grad, C, V, T, stream, /*fast_accum=*/false,
                accumulate_dw ? 1.0f : 0.0f, "gemm_lm_head_dw");
     matmul_fp8(lt, dx, buf.g_f8, &scales->grad, buf.w_f8, &scales->w, T, C, V, stream, /*fast_accum=*/false, 0.0f,
@@ -301,41 +323,57 @@ inline void softcap_mtp_loss_forward(float* loss_total, bool accumulate_total, f
 // dlogit = g (S_w p - sum_k w_k [col == target[t+k]]) (1/7.5) z (1 - sigmoid), p = exp(z - lse),
 // S_w = sum of w_k over k < n_predict with t + k < T. As upstream, S_w and the target terms do not
 // check w_k > 0 or the target's range (a target outside [0, V) matches no column).
+// MtpGradRow holds a row's constants; both backward kernels compute through it and
+// mtp_dlogits8, so the fused fp8 form rounds exactly as the bf16 form does.
+struct MtpGradRow {
+    float g, lse, s_w;
+    int target[kMaxMtpWeights];
+    float weight[kMaxMtpWeights];
+};
+__device__ __forceinline__ MtpGradRow mtp_grad_row(const float* lse, const int* targets, const float* mtp_weights,
+                                                   int n_predict, const float* dloss, int t, int T) {
+    MtpGradRow row;
+    row.g = *dloss;
+    row.lse = lse[t];
+    row.s_w = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kMaxMtpWeights; ++k) {
+        const bool used = k < n_predict && t + k < T;
+        row.weight[k] = used ? mtp_weights[k] : 0.0f;
+        row.target[k] = used ? targets[t + k] : -1;
+        row.s_w += row.weight[k];
+    }
+    return row;
+}
+// The bf16 dlogits of the row's 8 logits l at columns [c, c + 8).
+__device__ __forceinline__ Pack128<__nv_bfloat16> mtp_dlogits8(const MtpGradRow& row, const Pack128<__nv_bfloat16>& l,
+                                                              int c) {
+    float hit[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int k = 0; k < kMaxMtpWeights; ++k) {
+        const unsigned offset = static_cast<unsigned>(row.target[k]) - static_cast<unsigned>(c);  // < 8: in this pack
+        if (offset < 8u) hit[offset] += row.weight[k];
+    }
+    Pack128<__nv_bfloat16> out;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const float s = softcap_sigmoid(__bfloat162float(l[k]));
+        const float z = kSoftcapHeight * s;
+        const float p = __expf(z - row.lse);
+        out[k] = __float2bfloat16(row.g * (row.s_w * p - hit[k]) * (kSoftcapInvWidth * z * (1.0f - s)));
+    }
+    return out;
+}
+
 __global__ void __launch_bounds__(kLossThreads)
     softcap_mtp_loss_backward_kernel(__nv_bfloat16* dlogits, const __nv_bfloat16* logits, const float* lse,
                                      const int* targets, const float* mtp_weights, int n_predict, const float* dloss,
                                      int T, int V) {
     const int t = blockIdx.x;
-    const int64_t row = static_cast<int64_t>(t) * V;
-    const float g = *dloss, row_lse = lse[t];
-    int target[kMaxMtpWeights];
-    float weight[kMaxMtpWeights];
-    float s_w = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kMaxMtpWeights; ++k) {
-        const bool used = k < n_predict && t + k < T;
-        weight[k] = used ? mtp_weights[k] : 0.0f;
-        target[k] = used ? targets[t + k] : -1;
-        s_w += weight[k];
-    }
-    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
-        const Pack128<__nv_bfloat16> l = load128cs(logits + row + c);
-        float hit[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll
-        for (int k = 0; k < kMaxMtpWeights; ++k) {
-            const unsigned offset = static_cast<unsigned>(target[k]) - static_cast<unsigned>(c);  // < 8: in this pack
-            if (offset < 8u) hit[offset] += weight[k];
-        }
-        Pack128<__nv_bfloat16> out;
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const float s = softcap_sigmoid(__bfloat162float(l[k]));
-            const float z = kSoftcapHeight * s;
-            const float p = __expf(z - row_lse);
-            out[k] = __float2bfloat16(g * (s_w * p - hit[k]) * (kSoftcapInvWidth * z * (1.0f - s)));
-        }
-        store128(dlogits + row + c, out);
-    }
+    const int64_t row_start = static_cast<int64_t>(t) * V;
+    const MtpGradRow row = mtp_grad_row(lse, targets, mtp_weights, n_predict, dloss, t, T);
+    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8)
+        store128(dlogits + row_start + c, mtp_dlogits8(row, load128cs(logits + row_start + c), c));
 }
 
 // Reads the logits, lse, targets, weights and dloss, writes dlogits; the softcap, its derivative and
@@ -344,8 +382,9 @@ inline Work softcap_mtp_loss_backward_work(int T, int V, int n_predict) {
     return Work{.name = "softcap_mtp_loss_backward", .flops = 12.0 * T * V,
                 .bytes_read = 2.0 * T * V + 8.0 * T + 4.0 * n_predict + 4, .bytes_written = 2.0 * T * V};
 }
-// Training backward: dlogits (T, V) bf16 from logits, the forward's lse and the gradient *dloss of
-// the total loss (the same for every row: the loss is their sum). dlogits may be logits (in place).
+// The bf16 form of the training backward: dlogits (T, V) from logits, the forward's lse and the
+// gradient *dloss of the total loss (the same for every row: the loss is their sum). dlogits may be
+// logits (in place). Training runs the fused fp8 form below; this one is its reference in the tests.
 inline void softcap_mtp_loss_backward(__nv_bfloat16* dlogits, const __nv_bfloat16* logits, const float* lse,
                                       const int* targets, const float* mtp_weights, int n_predict, const float* dloss,
                                       int T, int V, cudaStream_t stream) {
@@ -353,6 +392,50 @@ inline void softcap_mtp_loss_backward(__nv_bfloat16* dlogits, const __nv_bfloat1
     kernel_require(is_aligned16(dlogits), "softcap_mtp_loss_backward: dlogits are not 16-byte aligned");
     launch(softcap_mtp_loss_backward_work(T, V, n_predict), softcap_mtp_loss_backward_kernel, dim3(T),
            dim3(kLossThreads), 0, stream, dlogits, logits, lse, targets, mtp_weights, n_predict, dloss, T, V);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The quantization source of the fused backward: the bf16 dlogits of 16 logits, computed, not loaded.
+struct MtpDlogits {
+    const __nv_bfloat16* logits;
+    const float *lse, *mtp_weights, *dloss;
+    const int* targets;
+    int n_predict, T, V;
+    __device__ __forceinline__ void load16(Pack128<__nv_bfloat16> (&x)[2], int t, int c) const {
+        const MtpGradRow row = mtp_grad_row(lse, targets, mtp_weights, n_predict, dloss, t, T);
+        const __nv_bfloat16* l = logits + static_cast<int64_t>(t) * V + c;
+        x[0] = mtp_dlogits8(row, load128cs(l), c);
+        x[1] = mtp_dlogits8(row, load128cs(l + 8), c + 8);
+    }
+};
+
+// The quantization's rules (T and V multiples of 16, aligned buffers) and the loss's.
+inline std::string mtp_fp8_shape_error(int T, int V, int n_predict, const void* logits, const void* g_f8,
+                                       const void* g_f8_t) {
+    const std::string e = quantize_fp8_shape_error(T, V, {logits, g_f8, g_f8_t});
+    return e.empty() ? mtp_shape_error(T, V, logits, n_predict) : e;
+}
+// Reads what the bf16 backward reads and the scale, writes both e5m2 layouts; a division more per logit.
+inline Work softcap_mtp_loss_backward_fp8_work(int T, int V, int n_predict) {
+    Work w = softcap_mtp_loss_backward_work(T, V, n_predict);
+    w.name = "softcap_mtp_loss_backward_fp8";
+    w.flops += 1.0 * T * V;
+    w.bytes_read += 4;
+    return w;
+}
+// The training backward, fused with the lm_head's gradient quantization: g_f8 (T, V) =
+// e5m2(dlogits / *grad_scale) and g_f8_t (V, T) its transpose, with dlogits the bf16 values of
+// softcap_mtp_loss_backward (never stored): the same bytes as that kernel followed by
+// quantize_fp8_two_layouts, in one pass over the logits.
+inline void softcap_mtp_loss_backward_fp8(__nv_fp8_e5m2* g_f8, __nv_fp8_e5m2* g_f8_t, const float* grad_scale,
+                                          const __nv_bfloat16* logits, const float* lse, const int* targets,
+                                          const float* mtp_weights, int n_predict, const float* dloss, int T, int V,
+                                          cudaStream_t stream) {
+    require_shape(mtp_fp8_shape_error(T, V, n_predict, logits, g_f8, g_f8_t), "softcap_mtp_loss_backward_fp8");
+    const MtpDlogits src{logits, lse, mtp_weights, dloss, targets, n_predict, T, V};
+    launch(softcap_mtp_loss_backward_fp8_work(T, V, n_predict),
+           quantize_fp8_two_layouts_kernel<__nv_fp8_e5m2, kLmHeadFp8Overflow, MtpDlogits>, quantize_fp8_grid(T, V),
+           dim3(kQuantThreads), 0, stream, g_f8, g_f8_t, src, grad_scale, T, V);
     CUDA_CHECK_LAUNCH();
 }
 

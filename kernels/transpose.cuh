@@ -7,30 +7,58 @@
 #include <cstdint>
 #include <string>
 
-constexpr int kTransposeTile = 64;
-constexpr int kTransposeRows = 4;  // threads per tile column: each thread moves 16 elements
+constexpr int kTransposeTile = 64, kTransposeThreads = 256;
+
+// N consecutive elements moved by one global load or store (16 bytes on the vector path).
+template <class T, int N>
+struct alignas(sizeof(T) * N) TransposeVec {
+    T v[N];
+};
 
 // out (cols, rows; leading dim out_ld) = in (rows, cols; leading dim in_ld)^T, or out += in^T when
-// `add` (fp32 sum of the stored value and the new one, rounded once). A 32x32 tile goes through
-// shared memory so that both the reads and the writes are row-contiguous.
-template <class T>
-__global__ void __launch_bounds__(kTransposeTile* kTransposeRows)
+// `add` (fp32 sum of the stored value and the new one, rounded once). A 64x64 tile goes through
+// shared memory so that both the reads and the writes are row-contiguous, each access N elements
+// (N = transpose_vector_width's choice: every vector lies wholly inside or outside the matrix).
+template <class T, int N>
+__global__ void __launch_bounds__(kTransposeThreads)
     transpose_kernel(T* out, const T* in, int64_t rows, int64_t cols, int64_t in_ld, int64_t out_ld, bool add) {
-    __shared__ float tile[kTransposeTile][kTransposeTile + 1];  // +1: no bank conflicts on the transposed read
+    using Vec = TransposeVec<T, N>;
+    constexpr int per_row = kTransposeTile / N;  // vectors per tile row
+    __shared__ float tile[kTransposeTile][kTransposeTile + 1];  // +1: fewer bank conflicts on the transposed read
     const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTransposeTile, c0 = static_cast<int64_t>(blockIdx.x) * kTransposeTile;
-    for (int i = threadIdx.y; i < kTransposeTile; i += kTransposeRows) {
-        const int64_t r = r0 + i, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) tile[i][threadIdx.x] = static_cast<float>(in[r * in_ld + c]);
+    for (int i = threadIdx.x; i < kTransposeTile * per_row; i += blockDim.x) {
+        const int rr = i / per_row, cc = (i % per_row) * N;
+        const int64_t r = r0 + rr, c = c0 + cc;
+        if (r >= rows || c >= cols) continue;
+        const Vec x = *reinterpret_cast<const Vec*>(in + r * in_ld + c);
+#pragma unroll
+        for (int k = 0; k < N; ++k) tile[rr][cc + k] = static_cast<float>(x.v[k]);
     }
     __syncthreads();
-    for (int i = threadIdx.y; i < kTransposeTile; i += kTransposeRows) {
-        const int64_t c = c0 + i, r = r0 + threadIdx.x;  // out row c, column r
-        if (r < rows && c < cols) {
-            T* o = out + c * out_ld + r;
-            const float v = tile[threadIdx.x][i];
-            *o = static_cast<T>(add ? static_cast<float>(*o) + v : v);
+    for (int i = threadIdx.x; i < kTransposeTile * per_row; i += blockDim.x) {
+        const int cc = i / per_row, rr = (i % per_row) * N;  // out row c0 + cc, columns r0 + rr ...
+        const int64_t c = c0 + cc, r = r0 + rr;
+        if (r >= rows || c >= cols) continue;
+        Vec* o = reinterpret_cast<Vec*>(out + c * out_ld + r);
+        Vec y;
+        if (add) y = *o;
+#pragma unroll
+        for (int k = 0; k < N; ++k) {
+            const float v = tile[rr + k][cc];
+            y.v[k] = static_cast<T>(add ? static_cast<float>(y.v[k]) + v : v);
         }
+        *o = y;
     }
+}
+
+// 16 / sizeof(T) elements per access where both matrices allow 16-byte accesses: aligned pointers,
+// leading dimensions, rows and cols all multiples of that width (the trainer's transposes are);
+// otherwise 1 (element by element, any shape).
+template <class T>
+inline int transpose_vector_width(const T* out, const T* in, int64_t rows, int64_t cols, int64_t in_ld, int64_t out_ld) {
+    constexpr int64_t n = 16 / sizeof(T);
+    const bool whole = rows % n == 0 && cols % n == 0 && in_ld % n == 0 && out_ld % n == 0;
+    return whole && is_aligned16(out) && is_aligned16(in) ? static_cast<int>(n) : 1;
 }
 
 inline std::string transpose_shape_error(int64_t rows, int64_t cols, int64_t in_ld, int64_t out_ld) {
@@ -50,7 +78,8 @@ inline Work transpose_work(int64_t rows, int64_t cols, bool add) {
                 .bytes_written = bytes};
 }
 // out = in^T (add: out += in^T) for in (rows, cols) read with leading dimension in_ld (a column
-// slice of a wider matrix when in_ld > cols) and out (cols, rows) with leading dimension out_ld.
+// slice of a wider matrix when in_ld > cols) and out (cols, rows) with leading dimension out_ld;
+// 16-byte accesses where transpose_vector_width allows them.
 template <class T>
 inline void transpose(T* out, const T* in, int64_t rows, int64_t cols, int64_t in_ld, int64_t out_ld, bool add,
                       cudaStream_t stream) {
@@ -58,7 +87,12 @@ inline void transpose(T* out, const T* in, int64_t rows, int64_t cols, int64_t i
     if (rows == 0 || cols == 0) return;
     const dim3 grid(static_cast<unsigned>(ceil_div<int64_t>(cols, kTransposeTile)),
                     static_cast<unsigned>(ceil_div<int64_t>(rows, kTransposeTile)));
-    launch(transpose_work<T>(rows, cols, add), transpose_kernel<T>, grid, dim3(kTransposeTile, kTransposeRows), 0,
-           stream, out, in, rows, cols, in_ld, out_ld, add);
+    constexpr int n = 16 / sizeof(T);
+    if (transpose_vector_width(out, in, rows, cols, in_ld, out_ld) == n)
+        launch(transpose_work<T>(rows, cols, add), transpose_kernel<T, n>, grid, dim3(kTransposeThreads), 0, stream,
+               out, in, rows, cols, in_ld, out_ld, add);
+    else
+        launch(transpose_work<T>(rows, cols, add), transpose_kernel<T, 1>, grid, dim3(kTransposeThreads), 0, stream,
+               out, in, rows, cols, in_ld, out_ld, add);
     CUDA_CHECK_LAUNCH();
 }

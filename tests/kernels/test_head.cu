@@ -1,8 +1,9 @@
 // kernels/head.cuh: FP8 quantization bit for bit against a reference written from the formats'
 // definitions, the FP8 lm_head forward/backward and the bf16 eval lm_head against double GEMMs of
 // the exact (dequantized) operands, the softcapped multi-token-prediction loss forward/backward
-// and the eval loss against double-precision loops, and a finite-difference check of the loss
-// backward.
+// and the eval loss against double-precision loops, a finite-difference check of the loss
+// backward, and the fused e5m2 loss backward against the bf16 backward then the quantization, byte
+// for byte.
 #include "../../kernels/head.cuh"
 #include "../bench_util.h"
 #include "../device_util.h"
@@ -337,10 +338,11 @@ void test_lm_head_fp8(int T, int C, int V, int grad_accum, double w_std) {
 
     for (bool accumulate : {false, true}) {
         d_dw.upload(dw_old);
-        lm_head_fp8_backward(lt, d_dx.ptr, d_dw.ptr, accumulate, buf, d_dlogits.ptr, d_scales.ptr, T, C, V, nullptr);
+        quantize_fp8_two_layouts(g_f8.ptr, g_f8_t.ptr, d_dlogits.ptr, &d_scales.ptr->grad, T, V, nullptr);
         const std::string what = shape + (accumulate ? " (accumulate dw)" : "");
         test::check(bytes_of(g_f8.download()) == gq && bytes_of(g_f8_t.download()) == transposed(gq, T, V),
                     "lm_head backward: g_f8 and g_f8_t bit-exact%s", what.c_str());
+        lm_head_fp8_backward(lt, d_dx.ptr, d_dw.ptr, accumulate, buf, d_scales.ptr, T, C, V, nullptr);
         check_gemm(
             "lm_head fp8 backward dx" + what, T, C, V, [&](int t, int v) { return gv[size_t(t) * V + v]; },
             [&](int v, int c) { return wv[size_t(c) * V + v]; }, zero, d_dx.download(), false);
@@ -422,6 +424,30 @@ std::vector<bf16> random_logits(int T, int V) {
     return l;
 }
 
+// The fused backward (softcap_mtp_loss_backward_fp8) against the two-step path (the bf16 backward, then
+// quantize_fp8_two_layouts): both e5m2 layouts byte for byte, on the test's fresh logits with the
+// forward's lse, at the scale of a 3-step accumulation.
+void check_mtp_fp8_fused(const std::vector<bf16>& logits, const DeviceBuffer<float>& d_lse,
+                         const DeviceBuffer<int>& d_targets, const DeviceBuffer<float>& d_weights,
+                         const DeviceBuffer<float>& d_g, int n_predict, int T, int V, const std::string& what) {
+    const float grad_s = lm_head_fp8_scales(3).grad;
+    DeviceBuffer<bf16> d_logits(logits), d_dlogits(logits.size());
+    DeviceBuffer<float> d_grad_s(std::vector<float>{grad_s});
+    DeviceBuffer<e5m2> two_step(logits.size()), two_step_t(logits.size()), fused(logits.size()), fused_t(logits.size());
+    softcap_mtp_loss_backward(d_dlogits.ptr, d_logits.ptr, d_lse.ptr, d_targets.ptr, d_weights.ptr, n_predict, d_g.ptr,
+                              T, V, nullptr);
+    quantize_fp8_two_layouts(two_step.ptr, two_step_t.ptr, d_dlogits.ptr, d_grad_s.ptr, T, V, nullptr);
+    softcap_mtp_loss_backward_fp8(fused.ptr, fused_t.ptr, d_grad_s.ptr, d_logits.ptr, d_lse.ptr, d_targets.ptr,
+                                  d_weights.ptr, n_predict, d_g.ptr, T, V, nullptr);
+    const auto want = bytes_of(two_step.download()), want_t = bytes_of(two_step_t.download());
+    size_t nonzero = 0;
+    for (unsigned char b : want) nonzero += (b & 0x7Fu) != 0;
+    test::check(nonzero > want.size() / 2, "mtp fused fp8 backward%s: only %zu of %zu codes nonzero", what.c_str(),
+                nonzero, want.size());
+    test::check(bytes_of(fused.download()) == want && bytes_of(fused_t.download()) == want_t,
+                "mtp fused fp8 backward%s: g_f8 and g_f8_t equal the two-step path's bytes", what.c_str());
+}
+
 void test_mtp_loss(int T, int V, const std::vector<float>& weights, bool invalid_targets, float g) {
     std::string what = " T " + std::to_string(T) + " V " + std::to_string(V) + " weights {";
     for (float w : weights) what += std::to_string(w).substr(0, 4) + " ";
@@ -475,6 +501,7 @@ void test_mtp_loss(int T, int V, const std::vector<float>& weights, bool invalid
     softcap_mtp_loss_backward(d_logits.ptr, d_logits.ptr, d_lse.ptr, d_targets.ptr, d_weights.ptr, n_predict, d_g.ptr,
                               T, V, nullptr);
     test::check(bytes_of(d_logits.download()) == bytes_of(dlogits), "mtp loss backward in place%s", what.c_str());
+    if (T % 16 == 0 && V % 16 == 0) check_mtp_fp8_fused(logits, d_lse, d_targets, d_weights, d_g, n_predict, T, V, what);
 }
 
 // The backward against central differences of the double forward L = g sum_t loss_t, at every logit.
@@ -557,6 +584,12 @@ void test_shape_rules() {
             !mtp_shape_error(256, 50304, p, 0).empty() && !mtp_shape_error(256, 50304, p, kMaxMtpWeights + 1).empty() &&
             !loss_shape_error(0, 50304, p).empty() && !loss_shape_error(8, 64, reinterpret_cast<char*>(p) + 2).empty(),
         "loss shape rules (V multiple of 8, 1..%d weights, aligned logits)", kMaxMtpWeights);
+    test::check(mtp_fp8_shape_error(64, 1024, 3, p, p, p).empty() && !mtp_fp8_shape_error(40, 1024, 3, p, p, p).empty() &&
+                    !mtp_fp8_shape_error(64, 1000, 3, p, p, p).empty() &&
+                    !mtp_fp8_shape_error(64, 1024, 0, p, p, p).empty() &&
+                    !mtp_fp8_shape_error(64, 1024, 3, p, reinterpret_cast<char*>(p) + 8, p).empty(),
+                "fused fp8 loss backward shape rules (T and V multiples of 16, 1..%d weights, aligned buffers)",
+                kMaxMtpWeights);
 }
 
 // ---- benchmark: the head of one training micro-step and of an eval batch ----
@@ -577,9 +610,8 @@ int bench_head(const bench::Options& o) {
           [&](cudaStream_t s) { lm_head_fp8_quantize_weight(buf, w.ptr, scales.ptr, C, V, s); });
     b.run("lm_head_fp8_forward", at,
           [&](cudaStream_t s) { lm_head_fp8_forward(lt, dlogits.ptr, buf, x.ptr, scales.ptr, T, C, V, s); });
-    b.run("lm_head_fp8_backward", at, [&](cudaStream_t s) {
-        lm_head_fp8_backward(lt, dx.ptr, dw.ptr, false, buf, logits.ptr, scales.ptr, T, C, V, s);
-    });
+    b.run("lm_head_fp8_backward", at,
+          [&](cudaStream_t s) { lm_head_fp8_backward(lt, dx.ptr, dw.ptr, false, buf, scales.ptr, T, C, V, s); });
     b.run("lm_head_bf16_forward", at,
           [&](cudaStream_t s) { lm_head_bf16_forward(lt, dlogits.ptr, x.ptr, w.ptr, T, C, V, s); });
 
@@ -597,6 +629,10 @@ int bench_head(const bench::Options& o) {
     b.run("softcap_mtp_loss_backward", mtp, [&](cudaStream_t s) {
         softcap_mtp_loss_backward(dlogits.ptr, logits.ptr, lse.ptr, d_targets.ptr, d_weights.ptr, p.n_predict,
                                   dloss.ptr, T, V, s);
+    });
+    b.run("softcap_mtp_loss_backward_fp8", mtp, [&](cudaStream_t s) {
+        softcap_mtp_loss_backward_fp8(g_f8.ptr, g_f8_t.ptr, &scales.ptr->grad, logits.ptr, lse.ptr, d_targets.ptr,
+                                      d_weights.ptr, p.n_predict, dloss.ptr, T, V, s);
     });
     b.run("softcap_eval_loss", bench::fmt("T=%d V=%d", T, V), [&](cudaStream_t s) {
         softcap_eval_loss(loss.ptr, false, 1.0f / T, rows.ptr, logits.ptr, d_targets.ptr, T, V, s);
@@ -622,6 +658,7 @@ int main(int argc, char** argv) {
     test_mtp_loss(64, 1024, {1.0f, 0.0f, 0.125f}, true, 1.0f);
     test_mtp_loss(33, 200, {1.0f, 0.3f}, true, 2.0f);
     test_mtp_loss(16, 8 * 96, {1.0f}, false, 2.0f);
+    test_mtp_loss(48, 208, {1.0f, 0.5f, 0.25f}, true, 2.0f);  // ragged tiles of the fused backward both ways
     test_mtp_loss(3, 24, {1.0f, 0.5f, 0.25f}, false, 1.0f);  // every row near the end
     test_mtp_loss_finite_differences(6, 16, {1.0f, 0.5f, 0.25f});
     test_mtp_loss_finite_differences(5, 24, {0.8f, 0.3f});

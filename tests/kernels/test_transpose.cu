@@ -1,5 +1,6 @@
 // kernels/transpose.cuh: plain, accumulating and column-slice transposes of bf16 and fp32 matrices,
-// ragged against the 32x32 tile, against host loops on fresh random data.
+// ragged against the 64x64 tile, with 16-byte accesses and element by element, against host loops on
+// fresh random data.
 #include "../../kernels/transpose.cuh"
 #include "../bench_util.h"
 #include "../device_util.h"
@@ -7,10 +8,11 @@
 #include <string>
 #include <vector>
 
-// in (rows, in_ld) holds the matrix in columns [0, cols); out (cols, out_ld) starts with random
-// contents so that the untouched tail and the add are both checked.
+// in (rows, in_ld) holds the matrix in columns [col0, col0 + cols); out (cols, out_ld) starts with
+// random contents so that the untouched tail and the add are both checked.
+// `width`: the elements per access the shapes allow (transpose_vector_width), so each path is covered.
 template <class T>
-void check_transpose(int rows, int cols, int in_ld, int out_ld, bool add) {
+void check_transpose(int rows, int cols, int in_ld, int out_ld, bool add, int width, int col0 = 0) {
     std::vector<T> in(size_t(rows) * in_ld), out(size_t(cols) * out_ld);
     for (T& v : in) v = static_cast<T>(static_cast<float>(test::normal()));
     for (T& v : out) v = static_cast<T>(static_cast<float>(test::normal()));
@@ -18,17 +20,21 @@ void check_transpose(int rows, int cols, int in_ld, int out_ld, bool add) {
     for (size_t i = 0; i < out.size(); ++i) want[i] = test::value(out[i]);
     for (int r = 0; r < rows; ++r)
         for (int c = 0; c < cols; ++c) {
-            const double x = test::value(in[size_t(r) * in_ld + c]);
+            const double x = test::value(in[size_t(r) * in_ld + col0 + c]);
             double& o = want[size_t(c) * out_ld + r];
             // the kernel adds in fp32 and rounds once to T
             o = add ? test::value(static_cast<T>(static_cast<float>(o) + static_cast<float>(x))) : x;
         }
     test::DeviceBuffer<T> din(in), dout(out);
-    transpose(dout.ptr, din.ptr, rows, cols, in_ld, out_ld, add, nullptr);
+    const std::string what = std::string(sizeof(T) == 2 ? "bf16" : "fp32") + " transpose " + std::to_string(rows) +
+                             "x" + std::to_string(cols) + " (ld " + std::to_string(in_ld) + ", " +
+                             std::to_string(out_ld) + ", from column " + std::to_string(col0) + ")" +
+                             (add ? " add" : "");
+    test::check(transpose_vector_width(dout.ptr, din.ptr + col0, rows, cols, in_ld, out_ld) == width,
+                "%s: %d elements per access", what.c_str(), width);
+    transpose(dout.ptr, din.ptr + col0, rows, cols, in_ld, out_ld, add, nullptr);
     const std::vector<double> got = test::values(dout.download());
-    test::check_close(std::string(sizeof(T) == 2 ? "bf16" : "fp32") + " transpose " + std::to_string(rows) + "x" +
-                          std::to_string(cols) + (add ? " add" : ""),
-                      got, want, 0.0, 0.0);
+    test::check_close(what, got, want, 0.0, 0.0);
 }
 
 // ---- benchmark: the trainer's three transposes ----
@@ -56,10 +62,17 @@ int main(int argc, char** argv) {
     if (const auto o = bench::parse(argc, argv)) return bench_transpose(*o);
     test::seed();
     for (bool add : {false, true}) {
-        check_transpose<__nv_bfloat16>(64, 96, 96, 64, add);
-        check_transpose<__nv_bfloat16>(37, 70, 70, 37, add);     // ragged in both directions
-        check_transpose<__nv_bfloat16>(128, 300, 512, 130, add); // a column slice into padded rows
-        check_transpose<float>(33, 65, 200, 40, add);
+        // 16-byte accesses (8 bf16, 4 fp32): rows, cols, leading dimensions and pointers allow them
+        check_transpose<__nv_bfloat16>(64, 96, 96, 64, add, 8);
+        check_transpose<__nv_bfloat16>(72, 200, 208, 80, add, 8);  // ragged tiles both ways
+        check_transpose<float>(36, 68, 200, 40, add, 4, 8);       // a column slice (the untie step's)
+        // element by element where they do not
+        check_transpose<__nv_bfloat16>(37, 70, 70, 37, add, 1);     // ragged in both directions
+        check_transpose<__nv_bfloat16>(128, 300, 512, 130, add, 1); // a column slice into padded rows
+        check_transpose<__nv_bfloat16>(72, 200, 208, 80, add, 1, 3); // a slice not 16-byte aligned
+        check_transpose<float>(33, 65, 200, 40, add, 1);
+        check_transpose<float>(36, 68, 200, 40, add, 1, 2);  // 8-byte aligned
+        check_transpose<float>(36, 68, 200, 42, add, 1);     // out's rows not a multiple of 4 elements
     }
     test::check_fails_with("a leading dimension shorter than a row", "leading dimensions", [] {
         transpose<float>(nullptr, nullptr, 4, 8, 4, 4, false, nullptr);

@@ -198,13 +198,20 @@ void test_common() {
     check_family("flag_nonfinite fp32", {kernel("flag_nonfinite", bytes(d32), bytes(flag))}, {out(flag)},
                  [&] { flag_nonfinite(d32.ptr, 333, true, flag.ptr, nullptr); });
 
-    const int rows = 70, cols = 50;
+    const int rows = 70, cols = 50;  // element by element
     DeviceBuffer<bf16> in(uniform_bf16(rows * cols, -1, 1)), t(rows * cols);
     DeviceBuffer<float> in32(test::uniform_vector(rows * cols, -1, 1)), t32(rows * cols);
     check_family("transpose", {kernel("transpose", bytes(in), bytes(t))}, {out(t)},
                  [&] { transpose(t.ptr, in.ptr, rows, cols, cols, rows, false, nullptr); });
     check_family("transpose fp32 adding", {kernel("transpose", bytes(in32) + bytes(t32), bytes(t32))}, {inout(t32)},
                  [&] { transpose(t32.ptr, in32.ptr, rows, cols, cols, rows, true, nullptr); });
+    const int vrows = 72, vcols = 48;  // 16-byte accesses, ragged tiles
+    DeviceBuffer<bf16> vin(uniform_bf16(vrows * vcols, -1, 1)), vt(vrows * vcols);
+    DeviceBuffer<float> vin32(test::uniform_vector(vrows * vcols, -1, 1)), vt32(vrows * vcols);
+    check_family("transpose 16-byte", {kernel("transpose", bytes(vin), bytes(vt))}, {out(vt)},
+                 [&] { transpose(vt.ptr, vin.ptr, vrows, vcols, vcols, vrows, false, nullptr); });
+    check_family("transpose fp32 16-byte adding", {kernel("transpose", bytes(vin32) + bytes(vt32), bytes(vt32))},
+                 {inout(vt32)}, [&] { transpose(vt32.ptr, vin32.ptr, vrows, vcols, vcols, vrows, true, nullptr); });
 }
 
 // ---- norm, residual ----
@@ -618,20 +625,19 @@ void test_head(CublasLt& lt) {
                             {out(x_f8), out(x_f8_t), out(logits)},
                             [&] { lm_head_fp8_forward(lt, logits.ptr, buf, x.ptr, sc, T, C, V, nullptr); });
     if (ops.size() == 2) check_gemm_shape("gemm_lm_head", ops[1], GemmType::fp8, V, T, C, 1);
+    quantize_fp8_two_layouts(g_f8.ptr, g_f8_t.ptr, dlogits.ptr, &sc->grad, T, V, nullptr);  // the backward's input
     ops = check_family("lm_head_fp8_backward",
-                       {kernel("quantize_fp8_two_layouts", bytes(dlogits) + scale, bytes(g_f8) + bytes(g_f8_t)),
-                        gemm("gemm_lm_head_dw", bytes(x_f8_t) + bytes(g_f8_t) + 2 * scale, bytes(dw)),
+                       {gemm("gemm_lm_head_dw", bytes(x_f8_t) + bytes(g_f8_t) + 2 * scale, bytes(dw)),
                         gemm("gemm_lm_head_dx", bytes(g_f8) + bytes(w_f8) + 2 * scale, bytes(dx))},
-                       {out(g_f8), out(g_f8_t), out(dw), out(dx)},
-                       [&] { lm_head_fp8_backward(lt, dx.ptr, dw.ptr, false, buf, dlogits.ptr, sc, T, C, V, nullptr); });
-    if (ops.size() == 3) check_gemm_shape("gemm_lm_head_dw", ops[1], GemmType::fp8, V, C, T, 1);
+                       {out(dw), out(dx)},
+                       [&] { lm_head_fp8_backward(lt, dx.ptr, dw.ptr, false, buf, sc, T, C, V, nullptr); });
+    if (ops.size() == 2) check_gemm_shape("gemm_lm_head_dw", ops[0], GemmType::fp8, V, C, T, 1);
     check_family("lm_head_fp8_backward accumulating dw",
-                 {kernel("quantize_fp8_two_layouts", bytes(dlogits) + scale, bytes(g_f8) + bytes(g_f8_t)),
-                  gemm("gemm_lm_head_dw", bytes(x_f8_t) + bytes(g_f8_t) + 2 * scale + bytes(dw), bytes(dw)),
+                 {gemm("gemm_lm_head_dw", bytes(x_f8_t) + bytes(g_f8_t) + 2 * scale + bytes(dw), bytes(dw)),
                   gemm("gemm_lm_head_dx", bytes(g_f8) + bytes(w_f8) + 2 * scale, bytes(dx))},
-                 {out(g_f8), out(g_f8_t), inout(dw), out(dx)},
-                 [&] { lm_head_fp8_backward(lt, dx.ptr, dw.ptr, true, buf, dlogits.ptr, sc, T, C, V, nullptr); },
-                 bytes(g_f8) + bytes(g_f8_t) + bytes(dx));  // dw is updated in place
+                 {inout(dw), out(dx)},
+                 [&] { lm_head_fp8_backward(lt, dx.ptr, dw.ptr, true, buf, sc, T, C, V, nullptr); },
+                 bytes(dx));  // dw is updated in place
     check_family("lm_head_bf16_forward", {gemm("gemm_lm_head_eval", bytes(x) + bytes(w), bytes(logits))},
                  {out(logits)}, [&] { lm_head_bf16_forward(lt, logits.ptr, x.ptr, w.ptr, T, C, V, nullptr); });
 
@@ -653,6 +659,14 @@ void test_head(CublasLt& lt) {
                  {out(dlogits)}, [&] {
                      softcap_mtp_loss_backward(dlogits.ptr, logits.ptr, lse.ptr, d_targets.ptr, weights.ptr, P,
                                                dloss.ptr, T, V, nullptr);
+                 });
+    check_family("softcap_mtp_loss_backward_fp8",
+                 {kernel("softcap_mtp_loss_backward_fp8",
+                         bytes(logits) + bytes(lse) + bytes(d_targets) + bytes(weights) + bytes(dloss) + scale,
+                         bytes(g_f8) + bytes(g_f8_t))},
+                 {out(g_f8), out(g_f8_t)}, [&] {
+                     softcap_mtp_loss_backward_fp8(g_f8.ptr, g_f8_t.ptr, &sc->grad, logits.ptr, lse.ptr,
+                                                   d_targets.ptr, weights.ptr, P, dloss.ptr, T, V, nullptr);
                  });
     check_family("softcap_eval_loss",
                  {kernel("softcap_eval_loss", bytes(logits) + bytes(d_targets), bytes(rows)),
