@@ -279,9 +279,9 @@ inline void linear_relu_square_forward(__nv_bfloat16* pre, __nv_bfloat16* post, 
                                                                nullptr, x, w, T, C, H, stream);
 }
 
-// dpre (T, H) = 2 bf16(g (T, C) @ w (H, C)^T) relu(pre), all bf16; one kernel. The same bits as
-// relu_square_backward on a matmul's bf16 product with the same fp32 sums (the product is rounded
-// first, as upstream's matmul rounds it). dpre may be pre.
+// dpre (T, H) = 2 bf16(g (T, C) @ w (H, C)^T) relu(pre), all bf16; one kernel. The product is
+// rounded to bf16 first, as upstream's fused kernel rounds its accumulator before the derivative:
+// the same bits as a matmul with the same fp32 sums then relu_square_backward. dpre may be pre.
 inline void linear_relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* g, const __nv_bfloat16* w,
                                         const __nv_bfloat16* pre, int T, int C, int H, cudaStream_t stream) {
     require_shape(linear_relu_square_shape_error(T, C, H, {dpre, g, w, pre}), "linear_relu_square_backward");
