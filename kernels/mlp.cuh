@@ -1,10 +1,11 @@
 // The ReLU^2 MLP, out = relu(x @ c_fc^T)^2 @ c_proj: one tensor-core GEMM that writes both the
-// pre-activation and relu(pre)^2, then a cuBLASLt matmul; the backward is cuBLASLt matmuls around an
-// elementwise kernel. Also the lambda-scaled weight the attention projections use (w_eff = sa_lambda * w).
+// pre-activation and relu(pre)^2, then a cuBLASLt matmul; the backward is cuBLASLt matmuls around the
+// same tensor-core GEMM, whose epilogue applies ReLU^2's derivative. Also the lambda-scaled weight the
+// attention projections use (w_eff = sa_lambda * w).
 //
 // Rounding points follow upstream's fused Triton MLP: pre is the fp32 sum rounded to bf16, post is
-// relu(pre)^2 from that bf16 pre (rounded once); in the backward, g @ c_proj^T is rounded to bf16
-// by its matmul, then 2 * that * relu(pre) is rounded once more.
+// relu(pre)^2 from that bf16 pre (rounded once); in the backward, g @ c_proj^T is rounded to bf16,
+// then 2 * that * relu(pre) is rounded once more.
 #pragma once
 #include "matmul.cuh"
 #include "ptx.cuh"
@@ -58,20 +59,26 @@ inline void relu_square_forward(__nv_bfloat16* post, const __nv_bfloat16* pre, i
     CUDA_CHECK_LAUNCH();
 }
 
-// dpre = 2 * dpost_pre * relu(pre), dpost_pre = dout @ c_proj^T as its matmul rounded it; dpre may be dpost_pre
-__global__ void __launch_bounds__(kPackThreads)
-    relu_square_backward_kernel(__nv_bfloat16* dpre, const __nv_bfloat16* dpost_pre, const __nv_bfloat16* pre,
-                                int64_t n) {
-    const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
-    if (i >= n) return;
-    const Pack128<__nv_bfloat16> d = load128(dpost_pre + i), p = load128(pre + i);
+// 2 * d * relu(p) of 8 bf16 pairs, rounded once (2 d relu(p) of two bf16 is exact in fp32). The
+// comparison, not fmaxf: -0 and NaN in p must give +0, whatever fmaxf returns for -0.
+__device__ __forceinline__ Pack128<__nv_bfloat16> relu_square_backward(const Pack128<__nv_bfloat16>& d,
+                                                                       const Pack128<__nv_bfloat16>& p) {
     Pack128<__nv_bfloat16> out;
 #pragma unroll
     for (int k = 0; k < 8; ++k) {
         const float x = __bfloat162float(p[k]);
         out[k] = __float2bfloat16(2.0f * __bfloat162float(d[k]) * (x > 0.0f ? x : 0.0f));
     }
-    store128(dpre + i, out);
+    return out;
+}
+
+// dpre = 2 * dpost_pre * relu(pre), dpost_pre = dout @ c_proj^T as its matmul rounded it; dpre may be dpost_pre
+__global__ void __launch_bounds__(kPackThreads)
+    relu_square_backward_kernel(__nv_bfloat16* dpre, const __nv_bfloat16* dpost_pre, const __nv_bfloat16* pre,
+                                int64_t n) {
+    const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+    if (i >= n) return;
+    store128(dpre + i, relu_square_backward(load128(dpost_pre + i), load128(pre + i)));
 }
 // Reads dpost_pre and pre, writes dpre; a compare and two multiplies per element.
 inline Work relu_square_backward_work(int64_t n) {
@@ -86,12 +93,13 @@ inline void relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* dpost
     CUDA_CHECK_LAUNCH();
 }
 
-// ---- pre = x @ w^T and post = relu(pre)^2 from one tensor-core GEMM ----
+// ---- g = x @ w^T on tensor cores, with ReLU^2 (forward) or its derivative (backward) in the epilogue ----
 // x (T, C) and w (H, C) are both K-major (the "TN" GEMM): tiles of either are loaded the same way
-// and read by non-transposed ldmatrix. A block computes a 128 x 128 tile of pre over C in steps of
+// and read by non-transposed ldmatrix. A block computes a 128 x 128 tile of g over C in steps of
 // 64, through a 3-stage cp.async pipeline; its 8 warps each own 64 x 32 of the tile. The epilogue
-// rounds the fp32 sums to bf16 once (pre), stages them in shared memory, and writes pre and
-// post = relu(pre)^2 from the same bf16 values with 16-byte stores.
+// rounds the fp32 sums to bf16 once (g), stages them in shared memory, and writes with 16-byte
+// accesses, by FcEpilogue: the forward's pre = g and post = relu(pre)^2, or the backward's
+// dpre = 2 g relu(pre) (g = dout @ c_proj^T).
 constexpr int kFcTileRows = 128;  // tokens per block
 constexpr int kFcTileCols = 128;  // hidden units per block
 constexpr int kFcTileK = 64;      // model dims per pipeline stage
@@ -130,11 +138,20 @@ __device__ __forceinline__ void fc_load_stage(__nv_bfloat16* stage, const __nv_b
     }
 }
 
-// pre = bf16(x @ w^T) with fp32 sums; post = relu(pre)^2 from the bf16 pre, as relu_square_forward
-// makes it. Two blocks per SM: at most 128 registers a thread (ptxas: no spills) and 2 x 96 KB.
+// What the epilogue makes of g, the bf16 rounding of a tile's fp32 sums.
+enum class FcEpilogue {
+    relu_square_forward,   // out = pre = g; post = relu(pre)^2, as relu_square_forward makes it
+    relu_square_backward,  // reads pre; out = dpre = 2 g relu(pre), as relu_square_backward makes it
+};
+
+// g = bf16(x @ w^T) with fp32 sums, then the epilogue E; `post` is written by the forward only and
+// `pre` read by the backward only (the other is null). The backward's pre may be its out: each
+// element is read by the thread that then writes it. Two blocks per SM: at most 128 registers a
+// thread (ptxas: no spills) and 2 x 96 KB.
+template <FcEpilogue E>
 __global__ void __launch_bounds__(kFcThreads, 2)
-    linear_relu_square_forward_kernel(__nv_bfloat16* pre, __nv_bfloat16* post, const __nv_bfloat16* x,
-                                      const __nv_bfloat16* w, int T, int C, int H) {
+    linear_relu_square_kernel(__nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre,
+                              const __nv_bfloat16* x, const __nv_bfloat16* w, int T, int C, int H) {
     __nv_bfloat16* smem = dynamic_smem<__nv_bfloat16>();
     const int m0 = blockIdx.y * kFcTileRows, n0 = blockIdx.x * kFcTileCols;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -198,10 +215,14 @@ __global__ void __launch_bounds__(kFcThreads, 2)
         const int c = threadIdx.x + i * kFcThreads;
         const int r = c / out_chunks_per_row, col = (c % out_chunks_per_row) * 8;
         if (m0 + r >= T || n0 + col >= H) continue;
-        const Pack128<__nv_bfloat16> p = load128(smem + fc_swizzle<kFcTileCols>(r, col));
+        const Pack128<__nv_bfloat16> g = load128(smem + fc_swizzle<kFcTileCols>(r, col));
         const size_t at = size_t(m0 + r) * H + n0 + col;
-        store128(pre + at, p);
-        store128(post + at, relu_square(p));
+        if constexpr (E == FcEpilogue::relu_square_forward) {
+            store128(out + at, g);
+            store128(post + at, relu_square(g));
+        } else {
+            store128(out + at, relu_square_backward(g, load128(pre + at)));
+        }
     }
 }
 
@@ -218,26 +239,54 @@ inline std::string linear_relu_square_shape_error(int T, int C, int H,
 }
 
 // The MMAs the grid executes, every 128 x 128 tile over C in whole 64-wide k-steps (the padding past
-// T, H and C included); reads x and w, writes pre and post; a max and a square per output.
-inline Work linear_relu_square_forward_work(int T, int C, int H) {
+// T, H and C included).
+inline double linear_relu_square_tc_flops(int T, int C, int H) {
     const double rows = ceil_div(T, kFcTileRows) * kFcTileRows, cols = ceil_div(H, kFcTileCols) * kFcTileCols;
     const double depth = ceil_div(C, kFcTileK) * kFcTileK;
-    return Work{.name = "linear_relu_square_forward", .tc_flops = 2 * rows * cols * depth, .flops = 2.0 * T * H,
-                .bytes_read = 2.0 * (T + H) * C, .bytes_written = 4.0 * T * H};
+    return 2 * rows * cols * depth;
 }
-// pre (T, H) = x (T, C) @ w (H, C)^T, post (T, H) = relu(pre)^2, both bf16; one kernel.
-inline void linear_relu_square_forward(__nv_bfloat16* pre, __nv_bfloat16* post, const __nv_bfloat16* x,
-                                       const __nv_bfloat16* w, int T, int C, int H, cudaStream_t stream) {
-    require_shape(linear_relu_square_shape_error(T, C, H, {pre, post, x, w}), "linear_relu_square_forward");
-    static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_forward_kernel,
+// Reads x and w, writes pre and post; a max and a square per output.
+inline Work linear_relu_square_forward_work(int T, int C, int H) {
+    return Work{.name = "linear_relu_square_forward", .tc_flops = linear_relu_square_tc_flops(T, C, H),
+                .flops = 2.0 * T * H, .bytes_read = 2.0 * (T + H) * C, .bytes_written = 4.0 * T * H};
+}
+// Reads g's operands and pre, writes dpre; a compare and two multiplies per output.
+inline Work linear_relu_square_backward_work(int T, int C, int H) {
+    return Work{.name = "linear_relu_square_backward", .tc_flops = linear_relu_square_tc_flops(T, C, H),
+                .flops = 3.0 * T * H, .bytes_read = 2.0 * (T + H) * C + 2.0 * T * H, .bytes_written = 2.0 * T * H};
+}
+
+template <FcEpilogue E>
+void launch_linear_relu_square(const Work& work, __nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre,
+                               const __nv_bfloat16* x, const __nv_bfloat16* w, int T, int C, int H,
+                               cudaStream_t stream) {
+    static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_kernel<E>,
                                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                       static_cast<int>(kFcSmemBytes))),
                                       true);
     (void)smem_allowed;
     const dim3 grid(static_cast<unsigned>(ceil_div(H, kFcTileCols)), static_cast<unsigned>(ceil_div(T, kFcTileRows)));
-    launch(linear_relu_square_forward_work(T, C, H), linear_relu_square_forward_kernel, grid, dim3(kFcThreads),
-           kFcSmemBytes, stream, pre, post, x, w, T, C, H);
+    launch(work, linear_relu_square_kernel<E>, grid, dim3(kFcThreads), kFcSmemBytes, stream, out, post, pre, x, w, T,
+           C, H);
     CUDA_CHECK_LAUNCH();
+}
+
+// pre (T, H) = x (T, C) @ w (H, C)^T, post (T, H) = relu(pre)^2, both bf16; one kernel.
+inline void linear_relu_square_forward(__nv_bfloat16* pre, __nv_bfloat16* post, const __nv_bfloat16* x,
+                                       const __nv_bfloat16* w, int T, int C, int H, cudaStream_t stream) {
+    require_shape(linear_relu_square_shape_error(T, C, H, {pre, post, x, w}), "linear_relu_square_forward");
+    launch_linear_relu_square<FcEpilogue::relu_square_forward>(linear_relu_square_forward_work(T, C, H), pre, post,
+                                                               nullptr, x, w, T, C, H, stream);
+}
+
+// dpre (T, H) = 2 bf16(g (T, C) @ w (H, C)^T) relu(pre), all bf16; one kernel. The product is
+// rounded to bf16 first, as upstream's fused kernel rounds its accumulator before the derivative:
+// the same bits as a matmul with the same fp32 sums then relu_square_backward. dpre may be pre.
+inline void linear_relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* g, const __nv_bfloat16* w,
+                                        const __nv_bfloat16* pre, int T, int C, int H, cudaStream_t stream) {
+    require_shape(linear_relu_square_shape_error(T, C, H, {dpre, g, w, pre}), "linear_relu_square_backward");
+    launch_linear_relu_square<FcEpilogue::relu_square_backward>(linear_relu_square_backward_work(T, C, H), dpre,
+                                                                nullptr, pre, g, w, T, C, H, stream);
 }
 
 // ---- the whole MLP: x (T, C); c_fc (H, C); c_proj (H, C); pre, post (T, H); out (T, C) ----
@@ -266,6 +315,9 @@ inline void mlp_forward(CublasLt& lt, __nv_bfloat16* out, __nv_bfloat16* pre, __
 // after the whole backward, in the optimizer step.)
 // post may be null (not kept from the forward): it is then recomputed from pre into dpre, the
 // same bits, at the cost of one elementwise pass.
+// dpre is one tensor-core kernel (linear_relu_square_backward) wherever its shape rules hold; past
+// them (T beyond 65535 row tiles, or a buffer not 16-byte aligned) it is a cuBLASLt matmul and
+// relu_square_backward, the same bits where the two accumulate in the same order (emu).
 inline void mlp_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16* dc_fc, __nv_bfloat16* dc_proj,
                          bool accumulate_weight_grads, __nv_bfloat16* dpre, const __nv_bfloat16* dout,
                          const __nv_bfloat16* x, const __nv_bfloat16* c_fc, const __nv_bfloat16* c_proj,
@@ -279,8 +331,12 @@ inline void mlp_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16* dc_fc, 
     }
     const float beta = accumulate_weight_grads ? 1.0f : 0.0f;
     matmul_bf16(lt, dc_proj, post, true, dout, false, H, C, T, stream, 1.0f, beta, nullptr, {}, "gemm_mlp_proj_dw");
-    matmul_bf16(lt, dpre, dout, false, c_proj, true, T, H, C, stream, 1.0f, 0.0f, nullptr, {}, "gemm_mlp_proj_dx");
-    relu_square_backward(dpre, dpre, pre, n, stream);
+    if (linear_relu_square_shape_error(T, C, H, {dpre, dout, c_proj, pre}).empty()) {
+        linear_relu_square_backward(dpre, dout, c_proj, pre, T, C, H, stream);
+    } else {
+        matmul_bf16(lt, dpre, dout, false, c_proj, true, T, H, C, stream, 1.0f, 0.0f, nullptr, {}, "gemm_mlp_proj_dx");
+        relu_square_backward(dpre, dpre, pre, n, stream);
+    }
     matmul_backward_weight(lt, dc_fc, dpre, x, T, H, C, stream, accumulate_weight_grads, "gemm_mlp_fc_dw");
     matmul_backward_input(lt, dx, dpre, c_fc, T, H, C, stream, false, "gemm_mlp_fc_dx");
 }

@@ -19,8 +19,9 @@ EXPECTED = {
     "test_residual": ["residual_mix_forward", "residual_mix_backward", "gated_skip_add_forward",
                       "gated_skip_add_backward", "residual_add_forward", "residual_add_backward",
                       "backout_forward", "backout_backward"],
-    "test_mlp": ["mlp_forward", "mlp_backward", "linear_relu_square_forward", "relu_square_forward",
-                 "relu_square_backward", "lambda_scaled_weight_forward", "lambda_scaled_weight_backward"],
+    "test_mlp": ["mlp_forward", "mlp_backward", "linear_relu_square_forward", "linear_relu_square_backward",
+                 "relu_square_forward", "relu_square_backward", "lambda_scaled_weight_forward",
+                 "lambda_scaled_weight_backward"],
 }
 
 # launcher, shape, mean ms, then the Work: GFLOP, MB, TFLOP/s ... TB/s (fractions of the H100's peaks)

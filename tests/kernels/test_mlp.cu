@@ -1,6 +1,7 @@
-// kernels/mlp.cuh: the ReLU^2 elementwise kernels bit for bit, the fused c_fc GEMM + ReLU^2 against
-// double-precision loops (and, on the CPU build, bit for bit against cuBLASLt + the elementwise
-// kernel), the MLP forward/backward stage by stage and end to end against double-precision loops, a
+// kernels/mlp.cuh: the ReLU^2 elementwise kernels bit for bit, the fused c_fc GEMM + ReLU^2 and the
+// fused dpre GEMM + ReLU^2's derivative against double-precision loops (and, on the CPU build, bit for
+// bit against cuBLASLt + the elementwise kernels), the MLP forward/backward stage by stage and end to
+// end against double-precision loops, a
 // finite-difference check of its backward, the lambda-scaled weight pair (with its deterministic
 // dlambda), the fixed-order sum, and the shape rules.
 #include "../../kernels/mlp.cuh"
@@ -124,6 +125,60 @@ void test_linear_relu_square(int T, int C, int H) {
         relu_square_forward(u_post.ptr, u_pre.ptr, static_cast<int64_t>(n), nullptr);
         test::check(same_bits(pre, u_pre.download()) && same_bits(post, u_post.download()),
                     "linear_relu_square_forward: the same bits as cuBLASLt + relu_square_forward on emu%s", what.c_str());
+    }
+}
+
+// dpre = 2 bf16(g @ w^T) relu(pre), the dpre GEMM of the MLP backward with ReLU^2's derivative fused.
+void test_linear_relu_square_backward(int T, int C, int H) {
+    const std::string what = " T " + std::to_string(T) + " C " + std::to_string(C) + " H " + std::to_string(H);
+    const size_t n = size_t(T) * H, guard = 8 * size_t(H);  // rows past T must stay untouched
+    const auto g = normal_bf16(size_t(T) * C, 0.0, 0.1), w = normal_bf16(size_t(H) * C, 0.0, 0.5 / std::sqrt(double(C)));
+    auto pre = normal_bf16(n);
+    for (size_t i = 0; i < n; i += 11) pre[i] = to_bf16(i % 2 ? 0.0 : -0.0);  // relu's corner: +0 out
+    const std::vector<bf16> sentinel(n + guard, to_bf16(-7.0));
+    DeviceBuffer<bf16> d_g(g), d_w(w), d_pre(pre), d_dpre(sentinel);
+    linear_relu_square_backward(d_dpre.ptr, d_g.ptr, d_w.ptr, d_pre.ptr, T, C, H, nullptr);
+    auto dpre = d_dpre.download();
+    test::check(std::all_of(dpre.begin() + n, dpre.end(), [](bf16 v) { return value(v) == -7.0; }),
+                "linear_relu_square_backward writes nothing past row T%s", what.c_str());
+    dpre.resize(n);
+
+    // against the double GEMM: g's fp32 accumulation and rounding, then dpre's rounding (2^-7 in all)
+    const Gemm ref = gemm(T, H, C, values(g), C, 1, values(w), 1, C);  // g @ w^T
+    std::vector<double> want(n), tol(n);
+    for (size_t i = 0; i < n; ++i) {
+        const double r = std::max(value(pre[i]), 0.0);
+        want[i] = 2.0 * ref.out[i] * r;
+        tol[i] = 2.0 * r * 1e-5 * std::sqrt(C + 1.0) * ref.mag[i] + std::fabs(want[i]) / 128 + 1e-30;
+    }
+    check_within("linear_relu_square_backward" + what, values(dpre), want, tol);
+
+    // The epilogue exactly: the forward's kernel shares the main loop, so its pre is the backward's
+    // bf16 g bit for bit (on the GPU too); dpre must be 2 g relu(pre) from it, rounded once.
+    DeviceBuffer<bf16> d_gw(n), d_post(n);
+    linear_relu_square_forward(d_gw.ptr, d_post.ptr, d_g.ptr, d_w.ptr, T, C, H, nullptr);
+    const auto gw = d_gw.download();
+    std::vector<bf16> want_bits(n);
+    for (size_t i = 0; i < n; ++i)
+        want_bits[i] = to_bf16(2.0 * value(gw[i]) * (value(pre[i]) > 0 ? value(pre[i]) : 0.0));
+    test::check(same_bits(dpre, want_bits), "linear_relu_square_backward = 2 bf16(g) relu(pre), rounded once%s",
+                what.c_str());
+
+    // in place (dpre is pre): the same bits
+    DeviceBuffer<bf16> d_inplace(pre);
+    linear_relu_square_backward(d_inplace.ptr, d_g.ptr, d_w.ptr, d_inplace.ptr, T, C, H, nullptr);
+    test::check(same_bits(d_inplace.download(), dpre), "linear_relu_square_backward in place (dpre is pre)%s",
+                what.c_str());
+
+    // Emulated, the mma adds in k order from zero as emu's cuBLASLt does: today's two-step path's bits
+    if constexpr (kEmulated) {
+        DeviceBuffer<bf16> u_dpre(n);
+        CublasLt lt;
+        matmul_bf16(lt, u_dpre.ptr, d_g.ptr, false, d_w.ptr, true, T, H, C, nullptr);
+        relu_square_backward(u_dpre.ptr, u_dpre.ptr, d_pre.ptr, static_cast<int64_t>(n), nullptr);
+        test::check(same_bits(dpre, u_dpre.download()),
+                    "linear_relu_square_backward: the same bits as cuBLASLt + relu_square_backward on emu%s",
+                    what.c_str());
     }
 }
 
@@ -416,6 +471,14 @@ void test_shape_rules() {
     test::check_fails_with("linear_relu_square_forward with a misaligned buffer", "not 16-byte aligned", [=] {
         linear_relu_square_forward(fake, fake + 1, fake, fake, 256, 128, 512, nullptr);
     });
+    test::check(!linear_relu_square_shape_error(65535 * kFcTileRows + 1, 128, 512, {p}).empty() &&
+                    linear_relu_square_shape_error(65535 * kFcTileRows, 128, 512, {p}).empty(),
+                "linear_relu_square shape rules (at most 65535 row tiles)");
+    test::check_fails_with("linear_relu_square_backward with H 500", "linear_relu_square_backward: C (128) and H (500)",
+                           [=] { linear_relu_square_backward(fake, fake, fake, fake, 256, 128, 500, nullptr); });
+    test::check_fails_with("linear_relu_square_backward with a misaligned pre", "not 16-byte aligned", [=] {
+        linear_relu_square_backward(fake, fake, fake, fake + 4, 256, 128, 512, nullptr);
+    });
 }
 
 // ---- benchmark: the MLP of one layer, its parts, and the attention's lambda-scaled weights ----
@@ -438,6 +501,9 @@ int bench_mlp(const bench::Options& o) {
     });
     b.run("linear_relu_square_forward", at, [&](cudaStream_t s) {
         linear_relu_square_forward(pre.ptr, post.ptr, x.ptr, c_fc.ptr, T, C, H, s);
+    });
+    b.run("linear_relu_square_backward", at, [&](cudaStream_t s) {
+        linear_relu_square_backward(dpre.ptr, dout.ptr, c_proj.ptr, pre.ptr, T, C, H, s);
     });
     const int64_t n = int64_t(T) * H;
     b.run("relu_square_forward", bench::fmt("n=%lld (T x H)", (long long)n),
@@ -483,6 +549,11 @@ int main(int argc, char** argv) {
     test_linear_relu_square(200, 200, 136);   // C not a multiple of the 64-wide k-step, H of the tile, T of 16
     test_linear_relu_square(3, 8, 32);        // less than one of everything
     report_linear_relu_square_time(512, 128, 512);
+
+    test_linear_relu_square_backward(256, 128, 512);  // tiny preset
+    test_linear_relu_square_backward(144, 768, 3072);  // record width, ragged T
+    test_linear_relu_square_backward(200, 200, 136);   // ragged C, H and T
+    test_linear_relu_square_backward(3, 8, 32);        // less than one of everything
 
     test_mlp({256, 128, 512});  // tiny preset
     test_mlp({24, 64, 256});
