@@ -248,12 +248,13 @@ inline double linear_relu_square_tc_flops(int T, int C, int H) {
 // Reads x and w, writes pre and post; a max and a square per output.
 inline Work linear_relu_square_forward_work(int T, int C, int H) {
     return Work{.name = "linear_relu_square_forward", .tc_flops = linear_relu_square_tc_flops(T, C, H),
-                .flops = 2.0 * T * H, .bytes_read = 2.0 * (T + H) * C, .bytes_written = 4.0 * T * H};
+                .flops = 2.0 * T * H, .bytes_read = 2.0 * (T + H) * C, .bytes_written = 4.0 * T * H, .m = H, .n = T, .k = C};
 }
 // Reads g's operands and pre, writes dpre; a compare and two multiplies per output.
 inline Work linear_relu_square_backward_work(int T, int C, int H) {
     return Work{.name = "linear_relu_square_backward", .tc_flops = linear_relu_square_tc_flops(T, C, H),
-                .flops = 3.0 * T * H, .bytes_read = 2.0 * (T + H) * C + 2.0 * T * H, .bytes_written = 2.0 * T * H};
+                .flops = 3.0 * T * H, .bytes_read = 2.0 * (T + H) * C + 2.0 * T * H, .bytes_written = 2.0 * T * H,
+                .m = H, .n = T, .k = C};
 }
 
 template <FcEpilogue E>

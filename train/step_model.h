@@ -95,6 +95,7 @@ struct CostModel {
         // Ours: the fused c_fc + ReLU^2 GEMM on mma.sync, 128x128 tiles, 3-stage cp.async. mma.sync
         // reaches about 2/3 of Hopper's wgmma peak (FlashAttention-3 paper); assume ~70% of that.
         {"linear_relu_square_forward", 450},
+        {"linear_relu_square_backward", 450},  // the same kernel with ReLU^2's derivative in its epilogue
         // Upstream's (upstream_schedule()): FlashAttention-3, head dim 128. Forward: 565 TFLOP/s at
         // seqlen 2048 (pytorch/benchmark PR 2391, FA3 vs Triton FA2 on H100); backward: the FA3
         // paper's 1.5-1.75x over FA2, i.e. ~1.6 x 280.
@@ -988,13 +989,15 @@ inline const std::vector<ScheduleRule>& upstream_rules() {
          "rates (the fa3_ rows of CostModel::tc_tflops): upstream calls FA3's flash_attn_varlen_func. The executed "
          "tiles stay ours; our deterministic backward computes 7 tile products where FA3's computes 5, so upstream's "
          "attention backward is overstated by up to 7/5"},
-        {"triton_linear_relu_square_forward",
-         "linear_relu_square_forward is priced as a bf16 GEMM of its shape (upstream's persistent Triton kernel on "
-         "TMA and wgmma, 128x256x64 tiles, the GEMM model's tile) and renamed triton_linear_relu_square_forward"},
+        {"triton_linear_relu_square",
+         "linear_relu_square_forward and _backward (our fused c_fc kernel and dpre kernel, shapes in the Work) are "
+         "priced as bf16 GEMMs of their shape (upstream's persistent Triton kernel on TMA and wgmma, 128x256x64 "
+         "tiles, the GEMM model's tile) and renamed triton_<family>"},
         {"fused_relu_square_backward",
          "relu_square_backward disappears into the GEMM just before it on its stream that writes its input "
          "(upstream's linear_relu_square(grad, W2, aux=pre): the epilogue reads pre and writes dpre): that GEMM "
-         "also reads pre (the op's bytes written); the elementwise pass's own traffic and launch are gone"},
+         "also reads pre (the op's bytes written); the elementwise pass's own traffic and launch are gone. Our step "
+         "fuses it too (linear_relu_square_backward) except on mlp_backward's fallback path, so this rarely fires"},
         {"comms_after_backward",
          "collectives issued inside the backward (range \"backward...\") on a stream other than 0, with the other "
          "ops of those streams there, move after the backward's last op, behind one event stream 0 records there: "
@@ -1019,9 +1022,9 @@ inline void rule_fa3_attention(std::vector<StepOp>& ops) {
         if (name_starts(family_name(op.work), "attention_") && op.work.tc_flops > 0)
             op.work.name = intern_family(std::string("fa3_") + family_name(op.work));
 }
-inline void rule_triton_linear_relu_square_forward(std::vector<StepOp>& ops) {
+inline void rule_triton_linear_relu_square(std::vector<StepOp>& ops) {
     for (StepOp& op : ops)
-        if (name_starts(family_name(op.work), "linear_relu_square_forward")) {
+        if (name_starts(family_name(op.work), "linear_relu_square_")) {
             op.work.gemm = GemmType::bf16;
             op.work.name = intern_family(std::string("triton_") + family_name(op.work));
         }
@@ -1074,7 +1077,7 @@ inline void rule_comms_after_backward(std::vector<StepOp>& ops) {
 inline std::vector<StepOp> upstream_schedule(const std::vector<StepOp>& ops) {
     std::vector<StepOp> out = ops;
     rule_fa3_attention(out);
-    rule_triton_linear_relu_square_forward(out);
+    rule_triton_linear_relu_square(out);
     rule_fused_relu_square_backward(out);
     rule_comms_after_backward(out);
     return out;
