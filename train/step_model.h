@@ -998,6 +998,11 @@ inline const std::vector<ScheduleRule>& upstream_rules() {
          "(upstream's linear_relu_square(grad, W2, aux=pre): the epilogue reads pre and writes dpre): that GEMM "
          "also reads pre (the op's bytes written); the elementwise pass's own traffic and launch are gone. Our step "
          "fuses it too (linear_relu_square_backward) except on mlp_backward's fallback path, so this rarely fires"},
+        {"separate_loss_quantization",
+         "softcap_mtp_loss_backward_fp8 (our loss backward writing the e5m2 gradient in both layouts) becomes "
+         "upstream's two passes: the compiled loss backward writes a bf16 gradient, then the FP8 lm_head's custom "
+         "op quantizes it (grad / grad_s to e5m2, both layouts): the second pass reads and writes what the first "
+         "writes (a bf16 matrix and two e5m2 layouts have the same bytes), one launch more"},
         {"comms_after_backward",
          "collectives issued inside the backward (range \"backward...\") on a stream other than 0, with the other "
          "ops of those streams there, move after the backward's last op, behind one event stream 0 records there: "
@@ -1047,6 +1052,22 @@ inline void rule_fused_relu_square_backward(std::vector<StepOp>& ops) {
     }
     ops = std::move(out);
 }
+inline void rule_separate_loss_quantization(std::vector<StepOp>& ops) {
+    std::vector<StepOp> out;
+    for (const StepOp& op : ops) {
+        if (!name_starts(family_name(op.work), "softcap_mtp_loss_backward_fp8")) {
+            out.push_back(op);
+            continue;
+        }
+        StepOp loss = op, quantize = op;
+        loss.work.name = "softcap_mtp_loss_backward";
+        quantize.work = Work{.name = "quantize_fp8_two_layouts", .bytes_read = op.work.bytes_written,
+                             .bytes_written = op.work.bytes_written};
+        out.push_back(loss);
+        out.push_back(quantize);
+    }
+    ops = std::move(out);
+}
 inline void rule_comms_after_backward(std::vector<StepOp>& ops) {
     int last = -1;
     bool collective = false;
@@ -1079,6 +1100,7 @@ inline std::vector<StepOp> upstream_schedule(const std::vector<StepOp>& ops) {
     rule_fa3_attention(out);
     rule_triton_linear_relu_square(out);
     rule_fused_relu_square_backward(out);
+    rule_separate_loss_quantization(out);
     rule_comms_after_backward(out);
     return out;
 }

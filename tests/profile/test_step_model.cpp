@@ -541,6 +541,23 @@ static void test_upstream_schedule() {
     test::check(std::string(up[3].work.name) == "relu_square_backward" && std::string(up[4].work.name) == "gemm_other",
                 "the unfused ones stay in place");
 
+    // Our fused loss backward becomes upstream's two passes: the loss backward as recorded (its 3e4
+    // bytes read, 2e4 written), then a quantization reading and writing those 2e4 bytes.
+    StepOp fused_loss = kernel("softcap_mtp_loss_backward_fp8", 0, 0);
+    fused_loss.work.bytes_read = 3e4, fused_loss.work.bytes_written = 2e4;
+    const std::vector<StepOp> fused = {kernel("k", 0, 0), fused_loss};
+    const std::vector<StepOp> split = upstream_schedule(fused);
+    test::check(split.size() == 3, "the fused loss backward becomes two ops: %zu", split.size());
+    if (split.size() == 3) {
+        test::check(std::string(split[1].work.name) == "softcap_mtp_loss_backward" &&
+                        std::string(split[2].work.name) == "quantize_fp8_two_layouts",
+                    "named %s then %s", split[1].work.name, split[2].work.name);
+        check_near(split[1].work.bytes_read, 3e4, "the loss pass reads what ours reads");
+        check_near(split[2].work.bytes_read, 2e4, "the quantization reads the bf16 gradient");
+        check_near(split[2].work.bytes_written, 2e4, "and writes both e5m2 layouts");
+        test::check(split[2].stream == 0, "on the loss's stream");
+    }
+
     // Collectives inside the backward move after it, behind a new event (here 2):
     //   ours:     fwd [1, 2]; bwd1 10e6 B issued 2 -> [2, 13]; rec e0 s0 (13); s1 waits e0;
     //             rs s1 issued 3 -> [13, 28]; bwd2 30e6 B issued 4 -> [13, 44]; rec e1 s1 (28);
