@@ -519,7 +519,7 @@ inline void attn_output_gate_backward(const AttnAux& a, bf16* dy, float* dz_attn
 // d_attn_gate[h, j] = sum_t dz_attn[t, h] xa[t, j] (d_ve_gate likewise from dz_ve), and
 // dxa[t, j] += sum_h dz_attn[t, h] attn_gate[h, j] + dz_ve[t, h] ve_gate[h, j], for j < 12.
 constexpr int kGateRowsPerBlock = 128;
-__global__ void attn_gates_backward_kernel(bf16* dxa, float* partials, const float* dz_attn, const float* dz_ve,
+__global__ void attn_gates_backward_kernel(bf16* dxa, LastBlockSum sum, const float* dz_attn, const float* dz_ve,
                                            AttnAux a) {
     const int C = a.H * a.D, per_gate = a.H * kGateWidth, n_w = dz_ve != nullptr ? 2 * per_gate : per_gate;
     const int t0 = blockIdx.x * kGateRowsPerBlock, t1 = min(a.T, t0 + kGateRowsPerBlock);
@@ -529,7 +529,7 @@ __global__ void attn_gates_backward_kernel(bf16* dxa, float* partials, const flo
         const float* dz = ve ? dz_ve : dz_attn;
         float s = 0.0f;
         for (int t = t0; t < t1; ++t) s = fmaf(dz[t * a.H + h], __bfloat162float(a.xa[static_cast<size_t>(t) * C + j]), s);
-        partials[static_cast<size_t>(blockIdx.x) * n_w + k] = s;
+        sum.scratch.partials[static_cast<size_t>(blockIdx.x) * n_w + k] = s;
     }
     for (int i = threadIdx.x; i < (t1 - t0) * kGateWidth; i += blockDim.x) {
         const int t = t0 + i / kGateWidth, j = i % kGateWidth;
@@ -540,6 +540,7 @@ __global__ void attn_gates_backward_kernel(bf16* dxa, float* partials, const flo
         bf16* d = dxa + static_cast<size_t>(t) * C + j;
         *d = __float2bfloat16(__bfloat162float(*d) + s);
     }
+    last_block_sum(sum, n_w);
 }
 inline size_t attn_gates_backward_scratch_bytes(int T, int H) {
     return static_cast<size_t>(ceil_div(T, kGateRowsPerBlock)) * 2 * H * kGateWidth * sizeof(float);
@@ -557,18 +558,16 @@ inline Work attn_gates_backward_work(const AttnAux& a, bool ve, int blocks, int 
 // d_attn_gate, d_ve_gate: (H, 12) bf16 (d_ve_gate and dz_ve only with value embeddings);
 // `accumulate` as for every parameter gradient.
 inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* d_attn_gate, bf16* d_ve_gate, const float* dz_attn,
-                                const float* dz_ve, float* scratch, bool accumulate, cudaStream_t stream) {
+                                const float* dz_ve, BlockPartials scratch, bool accumulate, cudaStream_t stream) {
     attn_aux_check(a, "attn_gates_backward", false);
     kernel_require(a.attn_gate != nullptr, "attn_gates_backward: no attn_gate");
     kernel_require((a.ve_gate != nullptr) == (d_ve_gate != nullptr && dz_ve != nullptr),
                    "attn_gates_backward: d_ve_gate and dz_ve are needed exactly on layers with value embeddings");
     const int blocks = ceil_div(a.T, kGateRowsPerBlock), per_gate = a.H * kGateWidth;
     const int n_w = dz_ve != nullptr ? 2 * per_gate : per_gate;
-    launch(attn_gates_backward_work(a, dz_ve != nullptr, blocks, n_w), attn_gates_backward_kernel, dim3(blocks),
-           dim3(128), 0, stream, dxa, scratch, dz_attn, dz_ve, a);
+    LastBlockSum sum{SumTargets().add(d_attn_gate, per_gate), scratch, accumulate};
+    if (dz_ve != nullptr) sum.targets.add(d_ve_gate, per_gate);
+    launch(with_last_block_sum(attn_gates_backward_work(a, dz_ve != nullptr, blocks, n_w), sum, blocks),
+           attn_gates_backward_kernel, dim3(blocks), dim3(128), 0, stream, dxa, sum, dz_attn, dz_ve, a);
     CUDA_CHECK_LAUNCH();
-    SumTargets targets;
-    targets.add(d_attn_gate, per_gate);
-    if (dz_ve != nullptr) targets.add(d_ve_gate, per_gate);
-    sum_block_partials(targets, scratch, blocks, n_w, accumulate, stream);
 }
