@@ -416,7 +416,8 @@ struct Run {
     DeviceBuffer<bf16> qkv, xa, ve_table, ve_gate, attn_gate, q, k, v, y, y_gated, dq, dk, dv, dy_gated, dy, dqkv, dve,
         dxa, d_attn_gate, d_ve_gate;
     DeviceBuffer<int32_t> ids;
-    DeviceBuffer<float> rstd_q, rstd_k, dz_ve, dz_attn, scratch;
+    DeviceBuffer<float> rstd_q, rstd_k, dz_ve, dz_attn;
+    test::DevicePartials scratch;
     AttnAux aux;
     Run(const Case& cs, const Rope& rope)
         : c(cs), qkv(cs.qkv), xa(cs.xa), ve_table(cs.ve_table), ve_gate(cs.ve_gate), attn_gate(cs.attn_gate),
@@ -425,7 +426,7 @@ struct Run {
           dy_gated(size_t(cs.T) * cs.C), dy(size_t(cs.T) * cs.C), dqkv(size_t(cs.T) * 3 * cs.C), dve(size_t(cs.T) * cs.C),
           dxa(size_t(cs.T) * cs.C), d_attn_gate(cs.H * kGateWidth), d_ve_gate(cs.H * kGateWidth), ids(cs.ids),
           rstd_q(size_t(cs.T) * cs.H), rstd_k(size_t(cs.T) * cs.H), dz_ve(size_t(cs.T) * cs.H), dz_attn(size_t(cs.T) * cs.H),
-          scratch(attn_gates_backward_scratch_bytes(cs.T, cs.H) / 4) {
+          scratch(attn_gates_backward_scratch_bytes(cs.T, cs.H)) {
         aux.T = cs.T;
         aux.H = cs.H;
         aux.D = cs.D;
@@ -448,7 +449,7 @@ struct Run {
         attn_qkv_backward(aux, dqkv.ptr, c.ve ? dve.ptr : nullptr, c.ve ? dz_ve.ptr : nullptr, dq.ptr, dk.ptr, dv.ptr,
                           qkv.ptr, rstd_q.ptr, rstd_k.ptr, nullptr);
         attn_gates_backward(aux, dxa.ptr, d_attn_gate.ptr, c.ve ? d_ve_gate.ptr : nullptr, dz_attn.ptr,
-                            c.ve ? dz_ve.ptr : nullptr, scratch.ptr, accumulate, nullptr);
+                            c.ve ? dz_ve.ptr : nullptr, scratch.view(), accumulate, nullptr);
     }
 };
 
@@ -530,6 +531,12 @@ void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, cons
     else
         test::check(same_bits(run.d_ve_gate.download(), dvg0),
                     "attn_gates_backward %s: d_ve_gate written on a layer without value embeddings", name.c_str());
+    const int gate_blocks = ceil_div(T, kGateRowsPerBlock), n_w = (ve ? 2 : 1) * H * kGateWidth;
+    test::same_as_second_launch("attn_gates_backward d_attn_gate " + name, run.scratch, 0, gate_blocks, n_w, dag0,
+                                run.d_attn_gate.download(), accumulate);
+    if (ve)
+        test::same_as_second_launch("attn_gates_backward d_ve_gate " + name, run.scratch, H * kGateWidth, gate_blocks,
+                                    n_w, dvg0, run.d_ve_gate.download(), accumulate);
 
     // determinism: the whole backward again gives the same bits
     const auto dqkv1 = run.dqkv.download(), dxa1 = run.dxa.download(), dag1 = run.d_attn_gate.download(),
@@ -673,7 +680,7 @@ int bench_rope(const bench::Options& o) {
         });
         b.run("attn_gates_backward", at, [&](cudaStream_t s) {
             attn_gates_backward(r.aux, r.dxa.ptr, r.d_attn_gate.ptr, k.ve ? r.d_ve_gate.ptr : nullptr, r.dz_attn.ptr,
-                                k.ve ? r.dz_ve.ptr : nullptr, r.scratch.ptr, true, s);
+                                k.ve ? r.dz_ve.ptr : nullptr, r.scratch.view(), true, s);
         });
     }
     // at a stage change: stage 1's long window to stage 2's, over the table of stage 3's paired positions
