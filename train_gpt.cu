@@ -469,7 +469,7 @@ void layout_state(Arena& a, Model& m) {
     m.fp8_scales = reinterpret_cast<LmHeadFp8Scales*>(a.take<float>("fp8_scales", {3}));
     m.loss = a.take<float>("loss", {1});
     m.dloss = a.take<float>("dloss", {1});
-    m.sums_done = a.take<unsigned int>("sums_done", {1});  // zeroed once by the arena's allocation
+    m.sums_done = reinterpret_cast<unsigned int*>(a.take<int32_t>("sums_done", {1}));  // zeroed by the arena
     m.mtp_weights = a.take<float>("mtp_weights", {kMaxMtpWeights});
 }
 void layout_activations(Arena& a, Model& m) {
