@@ -532,6 +532,32 @@ void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, cons
         test::check(same_bits(run.d_ve_gate.download(), dvg0),
                     "attn_gates_backward %s: d_ve_gate written on a layer without value embeddings", name.c_str());
     const int gate_blocks = ceil_div(T, kGateRowsPerBlock), n_w = (ve ? 2 : 1) * H * kGateWidth;
+    {  // the kernel's fp32 order (fmaf over rows, over heads): dxa's columns and the partials, bit for bit
+        auto want_bits = dxa0;
+        const auto partials = run.scratch.partials.download();
+        const std::vector<float>* dz[2] = {&dza, &dzv};
+        const std::vector<bf16>* gate[2] = {&c.attn_gate, &c.ve_gate};
+        bool same_partials = true;
+        for (int t = 0; t < T; ++t)
+            for (int j = 0; j < kGateWidth; ++j) {
+                float s = 0.0f;
+                for (int g = 0; g < (ve ? 2 : 1); ++g)
+                    for (int h = 0; h < H; ++h)
+                        s = std::fmaf((*dz[g])[size_t(t) * H + h], float(value((*gate[g])[h * kGateWidth + j])), s);
+                bf16& d = want_bits[size_t(t) * c.C + j];
+                d = to_bf16(float(value(d)) + s);
+            }
+        for (int b = 0; b < gate_blocks; ++b)
+            for (int k = 0; k < n_w; ++k) {
+                const int g = k / (H * kGateWidth), h = k % (H * kGateWidth) / kGateWidth, j = k % kGateWidth;
+                float s = 0.0f;
+                for (int t = b * kGateRowsPerBlock; t < std::min(T, (b + 1) * kGateRowsPerBlock); ++t)
+                    s = std::fmaf((*dz[g])[size_t(t) * H + h], float(value(c.xa[size_t(t) * c.C + j])), s);
+                same_partials &= test::bits(s) == test::bits(partials[size_t(b) * n_w + k]);
+            }
+        test::check(same_bits(run.dxa.download(), want_bits) && same_partials,
+                    "attn_gates_backward %s: dxa and the partials in the scalar loops' fp32 order", name.c_str());
+    }
     test::same_as_second_launch("attn_gates_backward d_attn_gate " + name, run.scratch, 0, gate_blocks, n_w, dag0,
                                 run.d_attn_gate.download(), accumulate);
     if (ve)
@@ -714,6 +740,16 @@ int main(int argc, char** argv) {
         AttnAux a = bad_aux();
         a.ve_table = a.ve_gate = reinterpret_cast<const bf16*>(16);
         attn_qkv_forward(a, nullptr, nullptr, reinterpret_cast<bf16*>(16), nullptr, nullptr, nullptr, nullptr);
+    });
+    test::check_fails_with("attn_gates_backward with 33 heads", "33 heads, at most 32", [] {
+        AttnAux a = bad_aux();
+        a.H = 33;
+        attn_gates_backward(a, reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16), nullptr,
+                            reinterpret_cast<const float*>(16), nullptr, {}, false, nullptr);
+    });
+    test::check_fails_with("attn_gates_backward with dz_attn misaligned", "must be 16-byte aligned", [] {
+        attn_gates_backward(bad_aux(), reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16), nullptr,
+                            reinterpret_cast<const float*>(20), nullptr, {}, false, nullptr);
     });
     test::check_fails_with("YaRN head_dim 40", "head_dim must be a multiple of 16",
                            [] { yarn_rope_view(reinterpret_cast<void*>(16), 40, 100); });
