@@ -302,14 +302,11 @@ struct LambdaScaledBatch {
     int first_block[kLambdaScaledMaxWeights + 1] = {};
     int count = 0;
 };
-// Weight i of a batch of at most 2, chosen field by field (no dynamic index into parameter space).
+// Whether this block works on the batch's second weight. The kernels pick each field with a ternary on it:
+// a dynamic index into the parameter struct would copy it to the stack.
 template <class Weight>
-__device__ __forceinline__ int lambda_scaled_index(const LambdaScaledBatch<Weight>& b) {
-    return b.count > 1 && static_cast<int>(blockIdx.x) >= b.first_block[1] ? 1 : 0;
-}
-template <class Weight>
-__device__ __forceinline__ Weight lambda_scaled_pick(const LambdaScaledBatch<Weight>& b, int i) {
-    return i == 1 ? b.weight[1] : b.weight[0];
+__device__ __forceinline__ bool lambda_scaled_second(const LambdaScaledBatch<Weight>& b) {
+    return b.count > 1 && static_cast<int>(blockIdx.x) >= b.first_block[1];
 }
 // Lays out a batch: `blocks(n)` blocks per weight, in list order; every weight's shape is checked.
 template <class Weight, class Blocks, class Check>
@@ -330,16 +327,17 @@ LambdaScaledBatch<Weight> lambda_scaled_batch(std::initializer_list<Weight> weig
 // w_eff = lambda * w, computed in fp32 and rounded to bf16 once
 __global__ void __launch_bounds__(kPackThreads)
     lambda_scaled_weight_forward_kernel(LambdaScaledBatch<LambdaScaledForward> batch) {
-    const int k = lambda_scaled_index(batch);
-    const LambdaScaledForward f = lambda_scaled_pick(batch, k);
-    const int64_t i = (static_cast<int64_t>(blockIdx.x - batch.first_block[k]) * blockDim.x + threadIdx.x) * 8;
-    if (i >= f.n) return;
-    const float l = *f.lambda;
-    const Pack128<__nv_bfloat16> p = load128(f.w + i);
+    const bool second = lambda_scaled_second(batch);
+    const LambdaScaledForward &f0 = batch.weight[0], &f1 = batch.weight[1];
+    const int first = second ? batch.first_block[1] : 0;
+    const int64_t i = (static_cast<int64_t>(blockIdx.x - first) * blockDim.x + threadIdx.x) * 8;
+    if (i >= (second ? f1.n : f0.n)) return;
+    const float l = *(second ? f1.lambda : f0.lambda);
+    const Pack128<__nv_bfloat16> p = load128((second ? f1.w : f0.w) + i);
     Pack128<__nv_bfloat16> out;
 #pragma unroll
     for (int j = 0; j < 8; ++j) out[j] = __float2bfloat16(l * __bfloat162float(p[j]));
-    store128(f.w_eff + i, out);
+    store128((second ? f1.w_eff : f0.w_eff) + i, out);
 }
 // Reads each w and lambda, writes each w_eff; a multiply per element.
 inline Work lambda_scaled_weight_forward_work(const LambdaScaledBatch<LambdaScaledForward>& b) {
@@ -396,32 +394,38 @@ struct LambdaScaledAccumulate {
 __global__ void __launch_bounds__(kPackThreads)
     lambda_scaled_weight_backward_kernel(LambdaScaledBatch<LambdaScaledBackward> batch, BlockPartials scratch,
                                          LambdaScaledAccumulate accumulate) {
-    const int k = lambda_scaled_index(batch);
-    const LambdaScaledBackward b = lambda_scaled_pick(batch, k);
-    const int first = batch.first_block[k], blocks = batch.first_block[k + 1] - first;
-    const float l = *b.lambda;
+    const bool second = lambda_scaled_second(batch);
+    const LambdaScaledBackward &b0 = batch.weight[0], &b1 = batch.weight[1];
+    const int first = second ? batch.first_block[1] : 0;
+    const int blocks = (second ? batch.first_block[2] : batch.first_block[1]) - first;
+    __nv_bfloat16* dw = second ? b1.dw : b0.dw;
+    const __nv_bfloat16 *dw_eff = second ? b1.dw_eff : b0.dw_eff, *w = second ? b1.w : b0.w;
+    const int64_t n = second ? b1.n : b0.n;
+    const float l = *(second ? b1.lambda : b0.lambda);
     float dot = 0.0f;
-    for (int64_t i = (static_cast<int64_t>(blockIdx.x - first) * blockDim.x + threadIdx.x) * 8; i < b.n;
+    for (int64_t i = (static_cast<int64_t>(blockIdx.x - first) * blockDim.x + threadIdx.x) * 8; i < n;
          i += static_cast<int64_t>(blocks) * blockDim.x * 8) {
-        const Pack128<__nv_bfloat16> g = load128(b.dw_eff + i), p = load128(b.w + i);
+        const Pack128<__nv_bfloat16> g = load128(dw_eff + i), p = load128(w + i);
         Pack128<__nv_bfloat16> d =
-            accumulate.dw ? load128(b.dw + i) : Pack128<__nv_bfloat16>::filled(__float2bfloat16(0.0f));
+            accumulate.dw ? load128(dw + i) : Pack128<__nv_bfloat16>::filled(__float2bfloat16(0.0f));
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
             const float gj = __bfloat162float(g[j]);
             d[j] = __float2bfloat16(__bfloat162float(d[j]) + l * gj);
             dot += gj * __bfloat162float(p[j]);
         }
-        store128(b.dw + i, d);
+        store128(dw + i, d);
     }
     dot = block_reduce_sum(dot);
     if (threadIdx.x == 0) scratch.partials[blockIdx.x] = dot;
     if (!last_block_done(scratch.done)) return;
-    for (int w = 0; w < batch.count; ++w) {
-        const int from = batch.first_block[w], n = batch.first_block[w + 1] - from;
-        const float s = block_sum_as(scratch.partials + from, n, 1, sum_threads(n, kSumFixedOrderThreads));
+#pragma unroll
+    for (int k = 0; k < kLambdaScaledMaxWeights; ++k) {  // unrolled: the weights stay in parameter space
+        if (k >= batch.count) break;
+        const int from = batch.first_block[k], count = batch.first_block[k + 1] - from;
+        const float s = block_sum_as(scratch.partials + from, count, 1, sum_threads(count, kSumFixedOrderThreads));
         if (threadIdx.x == 0) {
-            float* dl = lambda_scaled_pick(batch, w).dlambda;
+            float* dl = batch.weight[k].dlambda;
             *dl = accumulate.dlambda ? *dl + s : s;
         }
     }
