@@ -211,8 +211,8 @@ inline void residual_mix_backward(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bf
     const LastBlockSum sum{SumTargets().add(lambda_grads.resid).add(lambda_grads.x0).add(lambda_grads.bigram), scratch,
                            options.accumulate_lambda_grads};
     launch(with_last_block_sum(residual_mix_backward_work(T, C, options), sum, blocks), residual_mix_backward_kernel,
-           dim3(blocks), dim3(kNormThreads), 0, stream, dx, dx0, dx0_bigram, sum, g, dh, x_mix, h_rstd, x, x0, x0_bigram,
-           lambdas, options, T, C);
+           dim3(blocks), dim3(kNormThreads), 0, stream, dx, dx0, dx0_bigram, sum, g, dh, x_mix, h_rstd, x, x0,
+           x0_bigram, lambdas, options, T, C);
     CUDA_CHECK_LAUNCH();
 }
 

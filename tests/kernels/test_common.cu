@@ -150,7 +150,8 @@ void check_last_block_sum() {
                                nullptr);
             test::check(test::same_bits(h.download(), h_want.download()) &&
                             test::same_bits(f.download(), f_want.download()),
-                        "last_block_sum over %d blocks%s: sum_block_partials' bits", blocks, acc ? ", accumulating" : "");
+                        "last_block_sum over %d blocks%s: sum_block_partials' bits", blocks,
+                        acc ? ", accumulating" : "");
             test::check(done.download()[0] == 0, "last_block_sum over %d blocks leaves the counter at zero", blocks);
         }
 }

@@ -467,6 +467,18 @@ void test_shape_rules() {
     test::check_fails_with("linear_relu_square_forward with a misaligned buffer", "not 16-byte aligned", [=] {
         linear_relu_square_forward(fake, fake + 1, fake, fake, 256, 128, 512, nullptr);
     });
+    const float* lambda = reinterpret_cast<const float*>(256);
+    test::check_fails_with("lambda_scaled_weight_forward with 3 weights", "lambda_scaled_weight_forward: 3 weights",
+                           [=] {
+                               lambda_scaled_weight_forward(
+                                   {{fake, fake, lambda, 8}, {fake, fake, lambda, 8}, {fake, fake, lambda, 8}}, nullptr);
+                           });
+    test::check_fails_with("lambda_scaled_weight_backward with n 12", "lambda_scaled_weight_backward: element count 12",
+                           [=] {
+                               lambda_scaled_weight_backward({{fake, nullptr, fake, fake, lambda, 8},
+                                                              {fake, nullptr, fake, fake, lambda, 12}},
+                                                             {}, {.dw = false, .dlambda = false}, nullptr);
+                           });
 }
 
 // ---- benchmark: the MLP of one layer, its parts, and the attention's lambda-scaled weights ----
