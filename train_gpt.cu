@@ -399,7 +399,7 @@ struct BackwardBufs {
     bf16* dqkv;              // (T, 3C)
     bf16 *dq, *dk, *dv, *dy; // (T, H, D)
     float *dz_attn, *dz_ve;  // gate logit gradients (T, H)
-    bf16* dw_eff;            // gradient of a lambda-scaled weight (3C, C)
+    bf16* dw_eff;            // gradients of a layer's lambda-scaled weights: wqkv's (3C, C), then wo's (C, C)
     float* scratch;          // partial sums, attention workspace, embedding chunk sums
     size_t scratch_bytes;
 };
@@ -422,8 +422,8 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.dy = a.take<bf16>("bw.dy", {T, C});
     w.dz_attn = a.take<float>("bw.dz_attn", {T, H});
     w.dz_ve = a.take<float>("bw.dz_ve", {T, H});
-    w.dw_eff = a.take<bf16>("bw.dw_eff", {3 * C, C});
-    w.scratch_bytes = std::max({residual_backward_scratch_bytes(T), lambda_scaled_weight_backward_scratch_bytes(3 * C * C),
+    w.dw_eff = a.take<bf16>("bw.dw_eff", {4 * C, C});
+    w.scratch_bytes = std::max({residual_backward_scratch_bytes(T), lambda_scaled_weight_backward_scratch_bytes({3 * C * C, C * C}),
                                 attn_gates_backward_scratch_bytes(T, c.num_heads), embed_smear_backward_scratch_bytes(T),
                                 embedding_backward_scratch_bytes(T, c.model_dim, 1 + kValueTables),
                                 attention_backward_workspace_bytes(T, c.num_heads, c.head_dim)});
@@ -455,6 +455,7 @@ struct Model {
     LmHeadFp8Scales* fp8_scales;  // device
     float* loss;                  // device: the last forward's loss (training: the sum over rows)
     float* dloss;                 // device: d(objective)/d(loss) = grad_scale
+    unsigned int* sums_done;      // device: the backward's reductions' ticket counter (zero between launches)
     float* mtp_weights;           // device, up to kMaxMtpWeights
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
 };
@@ -469,6 +470,7 @@ void layout_state(Arena& a, Model& m) {
     m.fp8_scales = reinterpret_cast<LmHeadFp8Scales*>(a.take<float>("fp8_scales", {3}));
     m.loss = a.take<float>("loss", {1});
     m.dloss = a.take<float>("dloss", {1});
+    m.sums_done = reinterpret_cast<unsigned int*>(a.take<int32_t>("sums_done", {1}));  // zeroed by the arena
     m.mtp_weights = a.take<float>("mtp_weights", {kMaxMtpWeights});
 }
 void layout_activations(Arena& a, Model& m) {
@@ -633,8 +635,8 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
         const bf16* mlp_in = L.h_attn;
         if (has_attention(l)) {
             const float* sa = p.scalars + kSaLambdas + 2 * l;
-            lambda_scaled_weight_forward(L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C, s);
-            lambda_scaled_weight_forward(L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C, s);
+            lambda_scaled_weight_forward({{L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
+                                          {L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}}, s);
             const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
             matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
@@ -681,6 +683,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     const Params& g = m.grads;
     Acts& a = m.train;
     BackwardBufs& w = m.bw;
+    const BlockPartials sums{w.scratch, m.sums_done};
     const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim, V = c.padded_vocab, M = c.mlp_dim;
     const float scale = static_cast<float>(m.rope.attn_scale);
     bf16 *dX = w.dX, *dX_skip = w.dX_skip, *dX_backout = w.dX_backout;  // stream gradients change buffers below
@@ -696,7 +699,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     softcap_mtp_loss_backward_fp8(a.fp8.g_f8, a.fp8.g_f8_t, &m.fp8_scales->grad, a.logits, a.lse_head, b.targets,
                                   step_sch.mtp_weights, step_sch.n_predict, m.dloss, T, V, s);
     lm_head_fp8_backward(*m.lt, w.dh, g.lm_head, accumulate, a.fp8, m.fp8_scales, T, C, V, s);
-    backout_backward(dX, dX_backout, g.scalars + kBackoutLambda, w.scratch, w.dh, a.x_final, a.rstd_final,
+    backout_backward(dX, dX_backout, g.scalars + kBackoutLambda, sums, w.dh, a.x_final, a.rstd_final,
                      a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda, accumulate, T, C, s);
     // the last layer's output gradient is in dX; layers run backward, each leaving its input's in dX
     for (int l = kLayers - 1; l >= 0; --l) {
@@ -711,10 +714,9 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             const float* sa = p.scalars + kSaLambdas + 2 * l;
             float* dsa = g.scalars + kSaLambdas + 2 * l;
             // output projection: block_out = y_gated @ wo_eff^T
-            matmul_backward_weight(*m.lt, w.dw_eff, dX, L.y_gated, T, C, C, s, false, "gemm_attn_out_dw");
+            bf16* dwo_eff = w.dw_eff + int64_t(3) * C * C;
+            matmul_backward_weight(*m.lt, dwo_eff, dX, L.y_gated, T, C, C, s, false, "gemm_attn_out_dw");
             matmul_backward_input(*m.lt, w.dy, dX, L.wo_eff, T, C, C, s, false, "gemm_attn_out_dx");
-            lambda_scaled_weight_backward(g.wo(c, l), dsa + 1, w.scratch, w.dw_eff, p.wo(c, l), sa + 1, int64_t(C) * C,
-                                          {.dw = acc.matrices, .dlambda = accumulate}, s);
             attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
             attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
                                layer_window(step_sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s,
@@ -726,10 +728,11 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             // qkv = h_attn @ wqkv_eff^T
             matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s, false, "gemm_attn_qkv_dw");
             matmul_backward_input(*m.lt, w.dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv_dx");
-            lambda_scaled_weight_backward(g.wqkv(c, l), dsa, w.scratch, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C,
-                                          {.dw = acc.matrices, .dlambda = accumulate}, s);
+            lambda_scaled_weight_backward({{g.wqkv(c, l), dsa, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
+                                           {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}},
+                                          sums, {.dw = acc.matrices, .dlambda = accumulate}, s);
             attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
-                                w.scratch, accumulate, s);
+                                sums, accumulate, s);
         }
         // the mix: its input's gradient goes to the buffer that already holds that stream's other
         // share (layer 7's output: the backout; layer 3's: the skip; layer 0's input: x0)
@@ -739,21 +742,21 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         if (l == kBackoutLayer + 1) d_in = dX_backout, add_to_d_in = true;
         if (l == kSkipFrom + 1) d_in = dX_skip, add_to_d_in = true;
         residual_mix_backward(d_in, w.gx0, w.gxb, {g.scalars + kResidLambdas + l, g.x0_lambdas + l, g.scalars + kBigramLambdas + l},
-                              w.scratch, dX, w.dh, L.xm, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(p, l),
+                              sums, dX, w.dh, L.xm, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(p, l),
                               {.first_layer = l == 0, .accumulate_dx = add_to_d_in,
                                .accumulate_x0_grads = l != kLayers - 1, .accumulate_lambda_grads = accumulate},
                               T, C, s);
         if (l == kBackoutLayer + 1) std::swap(dX, dX_backout);  // the layer below continues from there
         if (l == kSkipFrom + 1) std::swap(dX, dX_skip);
         if (l == kSkipTo)  // the skip add's output gradient (dX) also reaches layer 3's output and the gate
-            gated_skip_add_backward(dX_skip, w.gx0, g.skip_gate, g.scalars + kSkipLambda, w.scratch, dX,
+            gated_skip_add_backward(dX_skip, w.gx0, g.skip_gate, g.scalars + kSkipLambda, sums, dX,
                                     a.layer[kSkipFrom + 1].x, a.x0, p.skip_gate, p.scalars + kSkipLambda,
                                     {.accumulate_d_skip = false, .accumulate_param_grads = accumulate}, T, C, s);
     }
     // x0 = norm(smeared); smeared = smear(embed[ids])
     rmsnorm_backward(w.d_smeared, w.gx0, a.smeared, a.rstd_x0, T, C, false, s);
     embed_smear_backward(w.d_embed_rows, g.smear_gate, g.scalars + kSmearLambda, w.d_smeared, p.embed, b.inputs,
-                         p.smear_gate, p.scalars + kSmearLambda, w.scratch, T, C, accumulate, s);
+                         p.smear_gate, p.scalars + kSmearLambda, sums, T, C, accumulate, s);
     EmbeddingGradBatch by_token;  // embed and the value tables: rows picked by the token ids
     by_token.count = 1 + kValueTables;
     by_token.grad[0] = g.embed;

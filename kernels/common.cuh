@@ -125,13 +125,8 @@ private:
     }
 };
 
-// Second pass of a reduction over blocks, one block per value v:
-// target[v] = (accumulate ? target[v] : 0) + scale * sum over b < blocks of partials[b * stride + v].
-__global__ void sum_block_partials_kernel(SumTargets targets, const float* partials, int blocks, int stride,
-                                          float scale, bool accumulate) {
-    const float s = scale * block_sum_fixed_order(partials + blockIdx.x, blocks, stride);
-    if (threadIdx.x != 0) return;
-    int v = blockIdx.x;
+// Writes value v of a reduction: target[v] = (accumulate ? target[v] : 0) + s.
+__device__ __forceinline__ void store_sum_target(const SumTargets& targets, int v, float s, bool accumulate) {
 #pragma unroll
     for (int r = 0; r < SumTargets::kMaxRuns; ++r) {  // unrolled: the runs stay in parameter space
         const SumTargets::Run& run = targets.run[r];
@@ -144,11 +139,82 @@ __global__ void sum_block_partials_kernel(SumTargets targets, const float* parti
         v -= run.len;
     }
 }
+// Second pass of a reduction over blocks, one block per value v:
+// target[v] = (accumulate ? target[v] : 0) + scale * sum over b < blocks of partials[b * stride + v].
+__global__ void sum_block_partials_kernel(SumTargets targets, const float* partials, int blocks, int stride,
+                                          float scale, bool accumulate) {
+    const float s = scale * block_sum_fixed_order(partials + blockIdx.x, blocks, stride);
+    if (threadIdx.x == 0) store_sum_target(targets, blockIdx.x, s, accumulate);
+}
 constexpr int kSumPartialsThreads = 128;     // per value: the partials of up to ~1000 blocks
 constexpr int kSumFixedOrderThreads = 1024;  // one long array (e.g. a loss per row)
 // Threads for summing n values: whole warps, no more than there are values (a few dozen partials
 // need one warp, not a thousand idle threads), at most `most`. The order depends on n only.
-inline int sum_threads(int n, int most) { return std::clamp((n + 31) / 32 * 32, 32, most); }
+__host__ __device__ constexpr int sum_threads(int n, int most) {
+    const int threads = (n + 31) / 32 * 32;
+    return threads < 32 ? 32 : threads > most ? most : threads;
+}
+
+// ---- reductions fused into their producer: the last block to finish sums every block's partials ----
+// block_sum_fixed_order(x, n, stride) as a block of `threads` threads (a multiple of 32, at most 1024)
+// computes it, run by a 1-D block of any whole number of warps: each warp plays the summing block's
+// warps w, w + warps, ... in turn, so the bits are those of a separate summing launch.
+__device__ inline float block_sum_as(const float* x, int n, int stride, int threads) {
+    __shared__ float warp_sums[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32, sum_warps = threads / 32;
+    __syncthreads();  // consecutive calls reuse warp_sums
+    for (int w = warp; w < sum_warps; w += warps) {
+        float s = 0.0f;
+        // __ldcg: other blocks wrote these; read them from L2, never from a stale L1 line
+        for (int i = w * 32 + lane; i < n; i += threads) s += __ldcg(x + static_cast<size_t>(i) * stride);
+        s = warp_reduce_sum(s);
+        if (lane == 0) warp_sums[w] = s;
+    }
+    __syncthreads();
+    return warp_reduce_sum(lane < sum_warps ? warp_sums[lane] : 0.0f);
+}
+// Where a fused reduction's blocks leave their partials, and the ticket counter that finds the last
+// block. The counter must be zero before the first launch (its owner zeroes it once, when allocating
+// it); each launch's last block sets it back to zero. Launches that may run at the same time (on other
+// streams) must not share it, and nothing else may write it.
+struct BlockPartials {
+    float* partials;
+    unsigned int* done;
+};
+// What a producer's last block writes: target[v] = (accumulate ? target[v] : 0) + the sum over blocks of
+// the partials of value v, summed through `scratch`.
+struct LastBlockSum {
+    SumTargets targets;
+    BlockPartials scratch;
+    bool accumulate;
+};
+// Called by every thread of every block once the block's partials are stored; true (in every thread) in
+// the one block that draws the last ticket, which may then read every block's partials. That block sets
+// the counter back to zero at once: every block has drawn its ticket by then.
+__device__ inline bool last_block_done(unsigned int* done) {
+    __shared__ bool is_last;
+    __threadfence();  // this block's partials reach every block before its ticket is drawn
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        is_last = atomicAdd(done, 1u) == gridDim.x - 1;
+        if (is_last) *done = 0;  // the next launch finds zero
+    }
+    __syncthreads();
+    if (is_last) __threadfence();  // the partials of every earlier ticket are visible from here
+    return is_last;
+}
+// Called by every thread of every block of a producer once its block's partials are stored (block b's
+// value v at scratch.partials[b * stride + v]). The block that draws the last ticket sums them in the
+// order of a sum_threads(gridDim.x, kSumPartialsThreads)-thread summing block: the bits of
+// sum_block_partials as a second launch.
+__device__ inline void last_block_sum(const LastBlockSum& sum, int stride) {
+    if (!last_block_done(sum.scratch.done)) return;
+    const int blocks = static_cast<int>(gridDim.x), threads = sum_threads(blocks, kSumPartialsThreads);
+    for (int v = 0; v < sum.targets.count; ++v) {
+        const float s = block_sum_as(sum.scratch.partials + v, blocks, stride, threads);
+        if (threadIdx.x == 0) store_sum_target(sum.targets, v, s, sum.accumulate);
+    }
+}
 
 // What the second pass moves: `blocks` partials per value read, the targets written (and read when
 // accumulating); an add per partial.
@@ -157,6 +223,15 @@ inline Work sum_block_partials_work(const char* name, const SumTargets& targets,
     return Work{.name = name, .flops = partials,
                 .bytes_read = partials * sizeof(float) + (accumulate ? targets.bytes() : 0),
                 .bytes_written = targets.bytes()};
+}
+// A producer's Work with its last_block_sum added: the second pass's reads, writes and adds, and the
+// ticket counter's read-modify-write.
+inline Work with_last_block_sum(Work producer, const LastBlockSum& last, int blocks) {
+    const Work sum = sum_block_partials_work(producer.name, last.targets, blocks, last.accumulate);
+    producer.flops += sum.flops;
+    producer.bytes_read += sum.bytes_read + sizeof(unsigned int);
+    producer.bytes_written += sum.bytes_written + sizeof(unsigned int);
+    return producer;
 }
 // targets (+)= the per-value sums of `blocks` blocks' partials, block b's values at partials[b * stride + v].
 inline void sum_block_partials(const SumTargets& targets, const float* partials, int blocks, int stride,

@@ -104,9 +104,10 @@ constexpr int kSmearRowsPerBlock = 64;
 constexpr int kSmearWarps = 8;
 constexpr int kSmearPartials = 1 + kGateWidth;  // per block: [dlambda, dw_0 .. dw_11]
 
-// One warp per row; each block also leaves its rows' [dlambda, dw] sums in `partials`.
+// One warp per row; each block also leaves its rows' [dlambda, dw] sums in the partials, and the last
+// block to finish sums them into the gradients.
 __global__ void __launch_bounds__(kSmearWarps * 32)
-    embed_smear_backward_kernel(bf16* dx, float* partials, const bf16* dout, const bf16* embed, const int32_t* ids,
+    embed_smear_backward_kernel(bf16* dx, LastBlockSum sum, const bf16* dout, const bf16* embed, const int32_t* ids,
                                 const bf16* smear_gate, const float* smear_lambda, int T, int C) {
     __shared__ float warp_sums[kSmearWarps][kSmearPartials];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, packs = C / 8;
@@ -151,7 +152,8 @@ __global__ void __launch_bounds__(kSmearWarps * 32)
     }
     if (lane == 0) warp_sums[warp][0] = sum_lambda;
     if (lane < kGateWidth) warp_sums[warp][1 + lane] = sum_w;
-    store_block_partials(partials + static_cast<size_t>(blockIdx.x) * kSmearPartials, warp_sums);
+    store_block_partials(sum.scratch.partials + static_cast<size_t>(blockIdx.x) * kSmearPartials, warp_sums);
+    last_block_sum(sum, kSmearPartials);
 }
 
 inline int embed_smear_backward_blocks(int T) { return ceil_div(T, kSmearRowsPerBlock); }
@@ -170,16 +172,15 @@ inline Work embed_smear_backward_work(int T, int C) {
 // `accumulate` applies to the two parameter gradients; dx is always overwritten.
 inline void embed_smear_backward(bf16* dx, bf16* d_smear_gate, float* d_smear_lambda, const bf16* dout,
                                  const bf16* embed, const int32_t* ids, const bf16* smear_gate,
-                                 const float* smear_lambda, float* scratch, int T, int C, bool accumulate,
+                                 const float* smear_lambda, BlockPartials scratch, int T, int C, bool accumulate,
                                  cudaStream_t stream) {
     kernel_require(T > 0 && C >= kGateWidth && C % 8 == 0,
                    "embed_smear_backward: need T > 0 and C a multiple of 8, at least 12 (T=%d C=%d)", T, C);
     const int blocks = embed_smear_backward_blocks(T);
-    launch(embed_smear_backward_work(T, C), embed_smear_backward_kernel, dim3(blocks), dim3(kSmearWarps * 32), 0,
-           stream, dx, scratch, dout, embed, ids, smear_gate, smear_lambda, T, C);
+    const LastBlockSum sum{SumTargets().add(d_smear_lambda).add(d_smear_gate, kGateWidth), scratch, accumulate};
+    launch(with_last_block_sum(embed_smear_backward_work(T, C), sum, blocks), embed_smear_backward_kernel, dim3(blocks),
+           dim3(kSmearWarps * 32), 0, stream, dx, sum, dout, embed, ids, smear_gate, smear_lambda, T, C);
     CUDA_CHECK_LAUNCH();
-    sum_block_partials(SumTargets().add(d_smear_lambda).add(d_smear_gate, kGateWidth), scratch, blocks, kSmearPartials,
-                       accumulate, stream);
 }
 
 // ---- embedding backward over id segments ----

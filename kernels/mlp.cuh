@@ -343,89 +343,174 @@ inline void mlp_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16* dc_fc, 
 }
 
 // ---- lambda-scaled weight: the attention's F.linear(x, sa_lambda * w), with sa_lambda a scalar
-// parameter read from device memory ----
+// parameter read from device memory; an attention layer's wqkv and wo go in one launch each way ----
+constexpr int kLambdaScaledMaxWeights = 2;
+// w_eff = lambda * w, n bf16 elements.
+struct LambdaScaledForward {
+    __nv_bfloat16* w_eff;
+    const __nv_bfloat16* w;
+    const float* lambda;
+    int64_t n;
+};
+// The weights of one launch; weight i takes blocks [first_block[i], first_block[i + 1]).
+template <class Weight>
+struct LambdaScaledBatch {
+    Weight weight[kLambdaScaledMaxWeights] = {};
+    int first_block[kLambdaScaledMaxWeights + 1] = {};
+    int count = 0;
+};
+// Whether this block works on the batch's second weight. The kernels pick each field with a ternary on it:
+// a dynamic index into the parameter struct would copy it to the stack.
+template <class Weight>
+__device__ __forceinline__ bool lambda_scaled_second(const LambdaScaledBatch<Weight>& b) {
+    return b.count > 1 && static_cast<int>(blockIdx.x) >= b.first_block[1];
+}
+// Lays out a batch: `blocks(n)` blocks per weight, in list order; every weight's shape is checked.
+template <class Weight, class Blocks, class Check>
+LambdaScaledBatch<Weight> lambda_scaled_batch(std::initializer_list<Weight> weights, Blocks blocks, Check check,
+                                              const char* launcher) {
+    kernel_require(weights.size() >= 1 && weights.size() <= kLambdaScaledMaxWeights,
+                   "%s: %zu weights, need 1 to %d", launcher, weights.size(), kLambdaScaledMaxWeights);
+    LambdaScaledBatch<Weight> b;
+    for (const Weight& w : weights) {
+        require_shape(check(w), launcher);
+        b.weight[b.count] = w;
+        b.first_block[b.count + 1] = b.first_block[b.count] + blocks(w.n);
+        ++b.count;
+    }
+    return b;
+}
 
 // w_eff = lambda * w, computed in fp32 and rounded to bf16 once
 __global__ void __launch_bounds__(kPackThreads)
-    lambda_scaled_weight_forward_kernel(__nv_bfloat16* w_eff, const __nv_bfloat16* w, const float* lambda, int64_t n) {
-    const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
-    if (i >= n) return;
-    const float l = *lambda;
-    const Pack128<__nv_bfloat16> p = load128(w + i);
+    lambda_scaled_weight_forward_kernel(LambdaScaledBatch<LambdaScaledForward> batch) {
+    const bool second = lambda_scaled_second(batch);
+    const LambdaScaledForward &f0 = batch.weight[0], &f1 = batch.weight[1];
+    const int first = second ? batch.first_block[1] : 0;
+    const int64_t i = (static_cast<int64_t>(blockIdx.x - first) * blockDim.x + threadIdx.x) * 8;
+    if (i >= (second ? f1.n : f0.n)) return;
+    const float l = *(second ? f1.lambda : f0.lambda);
+    const Pack128<__nv_bfloat16> p = load128((second ? f1.w : f0.w) + i);
     Pack128<__nv_bfloat16> out;
 #pragma unroll
-    for (int k = 0; k < 8; ++k) out[k] = __float2bfloat16(l * __bfloat162float(p[k]));
-    store128(w_eff + i, out);
+    for (int j = 0; j < 8; ++j) out[j] = __float2bfloat16(l * __bfloat162float(p[j]));
+    store128((second ? f1.w_eff : f0.w_eff) + i, out);
 }
-// Reads w and lambda, writes w_eff; a multiply per element.
-inline Work lambda_scaled_weight_forward_work(int64_t n) {
-    return Work{.name = "lambda_scaled_weight_forward", .flops = 1.0 * n, .bytes_read = 2.0 * n + sizeof(float),
-                .bytes_written = 2.0 * n};
+// Reads each w and lambda, writes each w_eff; a multiply per element.
+inline Work lambda_scaled_weight_forward_work(const LambdaScaledBatch<LambdaScaledForward>& b) {
+    Work work{.name = "lambda_scaled_weight_forward"};
+    for (int i = 0; i < b.count; ++i) {
+        const double n = static_cast<double>(b.weight[i].n);
+        work.flops += n;
+        work.bytes_read += 2 * n + sizeof(float);
+        work.bytes_written += 2 * n;
+    }
+    return work;
 }
-inline void lambda_scaled_weight_forward(__nv_bfloat16* w_eff, const __nv_bfloat16* w, const float* lambda, int64_t n,
-                                         cudaStream_t stream) {
-    require_shape(bf16_packs_shape_error(n, {w_eff, w}), "lambda_scaled_weight_forward");
-    if (n == 0) return;
-    launch(lambda_scaled_weight_forward_work(n), lambda_scaled_weight_forward_kernel, bf16_packs_grid(n),
-           dim3(kPackThreads), 0, stream, w_eff, w, lambda, n);
+// Each weight's w_eff = lambda * w: an attention layer's {wqkv, sa_lambdas[0]} and {wo, sa_lambdas[1]}.
+inline void lambda_scaled_weight_forward(std::initializer_list<LambdaScaledForward> weights, cudaStream_t stream) {
+    const auto batch = lambda_scaled_batch(
+        weights, [](int64_t n) { return static_cast<int>(bf16_packs_grid(n).x); },
+        [](const LambdaScaledForward& f) { return bf16_packs_shape_error(f.n, {f.w_eff, f.w}); },
+        "lambda_scaled_weight_forward");
+    launch(lambda_scaled_weight_forward_work(batch), lambda_scaled_weight_forward_kernel,
+           dim3(batch.first_block[batch.count]), dim3(kPackThreads), 0, stream, batch);
     CUDA_CHECK_LAUNCH();
 }
 
-// The backward's block count depends on n only, so the partial sums (and dlambda) are the same bits
-// on every run and every GPU.
+// The backward's block count per weight depends on n only, so the partial sums (and dlambda) are the
+// same bits on every run and every GPU.
 constexpr int kLambdaGradMaxBlocks = 1024;
 inline int lambda_scaled_weight_backward_blocks(int64_t n) {
     const int64_t blocks = ceil_div<int64_t>(n / 8, kPackThreads);
     return static_cast<int>(std::clamp<int64_t>(blocks, 1, kLambdaGradMaxBlocks));
 }
-inline size_t lambda_scaled_weight_backward_scratch_bytes(int64_t n) {
-    return static_cast<size_t>(lambda_scaled_weight_backward_blocks(n)) * sizeof(float);
+// The partials of one launch over weights of these sizes.
+inline size_t lambda_scaled_weight_backward_scratch_bytes(std::initializer_list<int64_t> sizes) {
+    size_t blocks = 0;
+    for (int64_t n : sizes) blocks += lambda_scaled_weight_backward_blocks(n);
+    return blocks * sizeof(float);
 }
-
-// dw (+)= lambda * dw_eff (fp32, rounded once); partials[block] = this block's part of sum(dw_eff * w)
-__global__ void __launch_bounds__(kPackThreads)
-    lambda_scaled_weight_backward_kernel(__nv_bfloat16* dw, float* partials, const __nv_bfloat16* dw_eff,
-                                         const __nv_bfloat16* w, const float* lambda, int64_t n, bool accumulate) {
-    const float l = *lambda;
-    float dot = 0.0f;
-    for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x * 8) {
-        const Pack128<__nv_bfloat16> g = load128(dw_eff + i), p = load128(w + i);
-        Pack128<__nv_bfloat16> d =
-            accumulate ? load128(dw + i) : Pack128<__nv_bfloat16>::filled(__float2bfloat16(0.0f));
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-            const float gk = __bfloat162float(g[k]);
-            d[k] = __float2bfloat16(__bfloat162float(d[k]) + l * gk);
-            dot += gk * __bfloat162float(p[k]);
-        }
-        store128(dw + i, d);
-    }
-    dot = block_reduce_sum(dot);
-    if (threadIdx.x == 0) partials[blockIdx.x] = dot;
-}
-
+// dw (+)= lambda * dw_eff and dlambda (+)= sum(dw_eff * w); dw_eff is the bf16 gradient of w_eff.
+struct LambdaScaledBackward {
+    __nv_bfloat16* dw;
+    float* dlambda;
+    const __nv_bfloat16* dw_eff;
+    const __nv_bfloat16* w;
+    const float* lambda;
+    int64_t n;
+};
 // Which gradients lambda_scaled_weight_backward adds into (write them with designators).
 struct LambdaScaledAccumulate {
     bool dw;
     bool dlambda;
 };
-// Reads dw_eff, w, lambda (dw too when accumulating); writes dw and a partial per block; two
-// multiply-adds per element.
-inline Work lambda_scaled_weight_backward_work(int64_t n, bool accumulate_dw) {
-    return Work{.name = "lambda_scaled_weight_backward", .flops = 4.0 * n,
-                .bytes_read = (accumulate_dw ? 6.0 : 4.0) * n + sizeof(float),
-                .bytes_written = 2.0 * n + 4.0 * lambda_scaled_weight_backward_blocks(n)};
+
+// dw (+)= lambda * dw_eff (fp32, rounded once); partials[block] = this block's part of sum(dw_eff * w).
+// The last block to finish sums each weight's partials into its dlambda, in sum_fixed_order's order.
+__global__ void __launch_bounds__(kPackThreads)
+    lambda_scaled_weight_backward_kernel(LambdaScaledBatch<LambdaScaledBackward> batch, BlockPartials scratch,
+                                         LambdaScaledAccumulate accumulate) {
+    const bool second = lambda_scaled_second(batch);
+    const LambdaScaledBackward &b0 = batch.weight[0], &b1 = batch.weight[1];
+    const int first = second ? batch.first_block[1] : 0;
+    const int blocks = (second ? batch.first_block[2] : batch.first_block[1]) - first;
+    __nv_bfloat16* dw = second ? b1.dw : b0.dw;
+    const __nv_bfloat16 *dw_eff = second ? b1.dw_eff : b0.dw_eff, *w = second ? b1.w : b0.w;
+    const int64_t n = second ? b1.n : b0.n;
+    const float l = *(second ? b1.lambda : b0.lambda);
+    float dot = 0.0f;
+    for (int64_t i = (static_cast<int64_t>(blockIdx.x - first) * blockDim.x + threadIdx.x) * 8; i < n;
+         i += static_cast<int64_t>(blocks) * blockDim.x * 8) {
+        const Pack128<__nv_bfloat16> g = load128(dw_eff + i), p = load128(w + i);
+        Pack128<__nv_bfloat16> d =
+            accumulate.dw ? load128(dw + i) : Pack128<__nv_bfloat16>::filled(__float2bfloat16(0.0f));
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const float gj = __bfloat162float(g[j]);
+            d[j] = __float2bfloat16(__bfloat162float(d[j]) + l * gj);
+            dot += gj * __bfloat162float(p[j]);
+        }
+        store128(dw + i, d);
+    }
+    dot = block_reduce_sum(dot);
+    if (threadIdx.x == 0) scratch.partials[blockIdx.x] = dot;
+    if (!last_block_done(scratch.done)) return;
+#pragma unroll
+    for (int k = 0; k < kLambdaScaledMaxWeights; ++k) {  // unrolled: the weights stay in parameter space
+        if (k >= batch.count) break;
+        const int from = batch.first_block[k], count = batch.first_block[k + 1] - from;
+        const float s = block_sum_as(scratch.partials + from, count, 1, sum_threads(count, kSumFixedOrderThreads));
+        if (threadIdx.x == 0) {
+            float* dl = batch.weight[k].dlambda;
+            *dl = accumulate.dlambda ? *dl + s : s;
+        }
+    }
 }
-// dw (+)= lambda * dw_eff; dlambda (+)= sum(dw_eff * w), summed deterministically through `scratch`
-// (lambda_scaled_weight_backward_scratch_bytes(n)). dw_eff is the bf16 gradient of w_eff.
-inline void lambda_scaled_weight_backward(__nv_bfloat16* dw, float* dlambda, float* scratch,
-                                          const __nv_bfloat16* dw_eff, const __nv_bfloat16* w, const float* lambda,
-                                          int64_t n, LambdaScaledAccumulate accumulate, cudaStream_t stream) {
-    require_shape(bf16_packs_shape_error(n, {dw, dw_eff, w}), "lambda_scaled_weight_backward");
-    const int blocks = lambda_scaled_weight_backward_blocks(n);
-    launch(lambda_scaled_weight_backward_work(n, accumulate.dw), lambda_scaled_weight_backward_kernel, dim3(blocks),
-           dim3(kPackThreads), 0, stream, dw, scratch, dw_eff, w, lambda, n, accumulate.dw);
+// Reads each dw_eff, w, lambda (dw and dlambda too when accumulating); writes each dw and dlambda, a
+// partial per block that the last block reads back, and the ticket counter; two multiply-adds per element.
+inline Work lambda_scaled_weight_backward_work(const LambdaScaledBatch<LambdaScaledBackward>& b,
+                                               LambdaScaledAccumulate accumulate) {
+    const double partials = 4.0 * b.first_block[b.count], counter = sizeof(unsigned int);
+    Work work{.name = "lambda_scaled_weight_backward", .flops = 1.0 * b.first_block[b.count],
+              .bytes_read = partials + counter, .bytes_written = partials + counter};
+    for (int i = 0; i < b.count; ++i) {
+        const double n = static_cast<double>(b.weight[i].n), dlambda = sizeof(float);
+        work.flops += 4 * n;
+        work.bytes_read += (accumulate.dw ? 6 : 4) * n + sizeof(float) + (accumulate.dlambda ? dlambda : 0);
+        work.bytes_written += 2 * n + dlambda;
+    }
+    return work;
+}
+// For each weight, dw (+)= lambda * dw_eff and dlambda (+)= sum(dw_eff * w), summed deterministically
+// through `scratch` (lambda_scaled_weight_backward_scratch_bytes of the weights' sizes).
+inline void lambda_scaled_weight_backward(std::initializer_list<LambdaScaledBackward> weights, BlockPartials scratch,
+                                          LambdaScaledAccumulate accumulate, cudaStream_t stream) {
+    const auto batch = lambda_scaled_batch(
+        weights, lambda_scaled_weight_backward_blocks,
+        [](const LambdaScaledBackward& b) { return bf16_packs_shape_error(b.n, {b.dw, b.dw_eff, b.w}); },
+        "lambda_scaled_weight_backward");
+    launch(lambda_scaled_weight_backward_work(batch, accumulate), lambda_scaled_weight_backward_kernel,
+           dim3(batch.first_block[batch.count]), dim3(kPackThreads), 0, stream, batch, scratch, accumulate);
     CUDA_CHECK_LAUNCH();
-    sum_fixed_order(dlambda, scratch, blocks, 1.0f, accumulate.dlambda, stream);
 }

@@ -2,7 +2,8 @@
 // from layer 3 into layer 6, the block-output adds and the final backout, each fused with the RMSNorm
 // that the next block reads when one does, and their backward passes. Streams and their gradients are
 // (T, C) bf16; scalar parameters are read from device memory; parameter gradients come from per-block
-// fp32 partial sums reduced in a fixed order by a second kernel, so they are bitwise reproducible.
+// fp32 partial sums that the last block to finish reduces in a fixed order, so they are bitwise
+// reproducible (`scratch`: the partials and their ticket counter, BlockPartials).
 //
 // Forward, layer i (x: the stream entering the layer, x = x0 at layer 0; s: the stream):
 //   if (i == 6) { gated_skip_add_forward(xs, x, x_layer3, x0, skip_gate, skip_lambda, T, C, s);  x = xs; }
@@ -77,10 +78,10 @@ inline size_t residual_backward_scratch_bytes(int T) {
 }
 
 // Writes the block's sums of its threads' `acc` values (NV per thread, reduced over each warp, then over
-// warps in order) as partials[blockIdx.x * NV + v], for sum_block_partials. Every thread of the block must
-// call it.
+// warps in order) as partials[blockIdx.x * NV + v]; the last block to finish sums them into the targets.
+// Every thread of the block must call it.
 template <int NV>
-__device__ __forceinline__ void store_warp_reduced_partials(float* partials, const float (&acc)[NV]) {
+__device__ __forceinline__ void sum_warp_reduced_partials(const LastBlockSum& sum, const float (&acc)[NV]) {
     __shared__ float warp_sums[kNormRowsPerBlock][NV];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
@@ -88,7 +89,8 @@ __device__ __forceinline__ void store_warp_reduced_partials(float* partials, con
         const float s = warp_reduce_sum(acc[v]);
         if (lane == 0) warp_sums[warp][v] = s;
     }
-    store_block_partials(partials + static_cast<size_t>(blockIdx.x) * NV, warp_sums);
+    store_block_partials(sum.scratch.partials + static_cast<size_t>(blockIdx.x) * NV, warp_sums);
+    last_block_sum(sum, NV);
 }
 
 // ---- the layer mix ----
@@ -141,7 +143,7 @@ inline void residual_mix_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* 
 // dx (+)= r*gm, dx0 (+)= l*gm, dxb (+)= b*gm; partial sums of gm*x, gm*x0, gm*xb for the lambdas.
 // (3 blocks per SM, not 4: it streams seven tensors and needs 80 registers.)
 __global__ void __launch_bounds__(kNormThreads, 3)
-    residual_mix_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram, float* partials,
+    residual_mix_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram, LastBlockSum sum,
                                  const __nv_bfloat16* g, const __nv_bfloat16* dh, const __nv_bfloat16* x_mix,
                                  const float* h_rstd, const __nv_bfloat16* x, const __nv_bfloat16* x0,
                                  const __nv_bfloat16* x0_bigram, MixLambdas lambdas, MixBackwardOptions o, int T,
@@ -183,7 +185,7 @@ __global__ void __launch_bounds__(kNormThreads, 3)
             store128(dx0_bigram + at, dbv);
         }
     }
-    store_warp_reduced_partials(partials, acc);
+    sum_warp_reduced_partials(sum, acc);
 }
 // Reads g, dh, x_mix, x, x0 (not at the first layer), x0_bigram, rstd and the lambdas, and the
 // gradients it adds into; writes dx, dx0 (not at the first layer), dx0_bigram and the partials; the
@@ -198,19 +200,20 @@ inline Work residual_mix_backward_work(int T, int C, const MixBackwardOptions& o
 // From the gradient of the mix output's two uses: g (the stream, added around the next block) and dh (the
 // norm that block read). dx: the gradient of the layer's input; it may be g itself (in place) unless
 // accumulate_dx. At layer 0 (first_layer) x is x0: dx is x0's gradient (accumulate it) and dx0 is unused.
-// The options: MixBackwardOptions. `scratch`: residual_backward_scratch_bytes(T).
+// The options: MixBackwardOptions. `scratch`: residual_backward_scratch_bytes(T) of partials.
 inline void residual_mix_backward(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram,
-                                  MixLambdaGrads lambda_grads, float* scratch, const __nv_bfloat16* g,
+                                  MixLambdaGrads lambda_grads, BlockPartials scratch, const __nv_bfloat16* g,
                                   const __nv_bfloat16* dh, const __nv_bfloat16* x_mix, const float* h_rstd,
                                   const __nv_bfloat16* x, const __nv_bfloat16* x0, const __nv_bfloat16* x0_bigram,
                                   MixLambdas lambdas, MixBackwardOptions options, int T, int C, cudaStream_t stream) {
     require_norm_rows("residual_mix_backward", T, C, {dx, dx0, dx0_bigram, g, dh, x_mix, x, x0, x0_bigram});
     const int blocks = residual_backward_blocks(T);
-    launch(residual_mix_backward_work(T, C, options), residual_mix_backward_kernel, dim3(blocks), dim3(kNormThreads), 0,
-           stream, dx, dx0, dx0_bigram, scratch, g, dh, x_mix, h_rstd, x, x0, x0_bigram, lambdas, options, T, C);
+    const LastBlockSum sum{SumTargets().add(lambda_grads.resid).add(lambda_grads.x0).add(lambda_grads.bigram), scratch,
+                           options.accumulate_lambda_grads};
+    launch(with_last_block_sum(residual_mix_backward_work(T, C, options), sum, blocks), residual_mix_backward_kernel,
+           dim3(blocks), dim3(kNormThreads), 0, stream, dx, dx0, dx0_bigram, sum, g, dh, x_mix, h_rstd, x, x0,
+           x0_bigram, lambdas, options, T, C);
     CUDA_CHECK_LAUNCH();
-    sum_block_partials(SumTargets().add(lambda_grads.resid).add(lambda_grads.x0).add(lambda_grads.bigram), scratch,
-                       blocks, 3, options.accumulate_lambda_grads, stream);
 }
 
 // ---- the gated skip from layer 3 into layer 6 ----
@@ -274,7 +277,7 @@ inline void gated_skip_add_forward(__nv_bfloat16* x_out, const __nv_bfloat16* x,
 // dlogit = bf16(ds * sigmoid(lambda) * 2 * sigmoid'(logit)); dx0[t, k] += bf16(dlogit * w[k]) for k < 12;
 // partial sums of dlogit * x0[t, k] (skip_gate) and ds * 2 * sigmoid(logit) * sigmoid'(lambda) (skip_lambda).
 __global__ void __launch_bounds__(kNormThreads, 4)
-    gated_skip_add_backward_kernel(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, float* partials, const __nv_bfloat16* g,
+    gated_skip_add_backward_kernel(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, LastBlockSum sum, const __nv_bfloat16* g,
                                    const __nv_bfloat16* skip, const __nv_bfloat16* x0, const __nv_bfloat16* gate_w,
                                    const float* skip_lambda, bool accumulate_d_skip, int T, int C) {
     const int lane = threadIdx.x % 32;
@@ -312,7 +315,8 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     // per-lane values: no warp reduction, the block sums each lane's value over its warps in order
     __shared__ float lane_sums[kNormRowsPerBlock][kResidualMaxPartials];
     if (lane < kResidualMaxPartials) lane_sums[threadIdx.x / 32][lane] = acc;
-    store_block_partials(partials + static_cast<size_t>(blockIdx.x) * kResidualMaxPartials, lane_sums);
+    store_block_partials(sum.scratch.partials + static_cast<size_t>(blockIdx.x) * kResidualMaxPartials, lane_sums);
+    last_block_sum(sum, kResidualMaxPartials);
 }
 // Which outputs of gated_skip_add_backward already hold a share to add to (write them with designators).
 struct SkipBackwardOptions {
@@ -333,7 +337,7 @@ inline Work gated_skip_add_backward_work(int T, int C, bool accumulate_d_skip) {
 // gradient of layer 3's output. dx0 must hold x0's gradient so far: the gate's share is added into its
 // first 12 columns.
 inline void gated_skip_add_backward(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, __nv_bfloat16* d_skip_gate,
-                                    float* d_skip_lambda, float* scratch, const __nv_bfloat16* g,
+                                    float* d_skip_lambda, BlockPartials scratch, const __nv_bfloat16* g,
                                     const __nv_bfloat16* skip, const __nv_bfloat16* x0, const __nv_bfloat16* gate_w,
                                     const float* skip_lambda, SkipBackwardOptions options, int T, int C,
                                     cudaStream_t stream) {
@@ -341,12 +345,12 @@ inline void gated_skip_add_backward(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, _
     kernel_require(C >= 2 * kNormPackWidth, "gated_skip_add_backward: C=%d is narrower than the skip gate's %d inputs",
                    C, kSkipGateWidth);
     const int blocks = residual_backward_blocks(T);
-    launch(gated_skip_add_backward_work(T, C, options.accumulate_d_skip), gated_skip_add_backward_kernel, dim3(blocks),
-           dim3(kNormThreads), 0, stream, d_skip, dx0, scratch, g, skip, x0, gate_w, skip_lambda,
-           options.accumulate_d_skip, T, C);
+    const LastBlockSum sum{SumTargets().add(d_skip_gate, kSkipGateWidth).add(d_skip_lambda), scratch,
+                           options.accumulate_param_grads};
+    launch(with_last_block_sum(gated_skip_add_backward_work(T, C, options.accumulate_d_skip), sum, blocks),
+           gated_skip_add_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, d_skip, dx0, sum, g, skip, x0,
+           gate_w, skip_lambda, options.accumulate_d_skip, T, C);
     CUDA_CHECK_LAUNCH();
-    sum_block_partials(SumTargets().add(d_skip_gate, kSkipGateWidth).add(d_skip_lambda), scratch, blocks,
-                       kResidualMaxPartials, options.accumulate_param_grads, stream);
 }
 
 // ---- block outputs ----
@@ -432,7 +436,7 @@ inline void backout_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rst
 // gf = rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32); dx = bf16(gf), dx_backout = bf16(-bl * gf);
 // partial sums of -gf * x_backout for backout_lambda.
 __global__ void __launch_bounds__(kNormThreads, 4)
-    backout_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float* partials, const __nv_bfloat16* dh,
+    backout_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, LastBlockSum sum, const __nv_bfloat16* dh,
                             const __nv_bfloat16* x_out, const float* h_rstd, const __nv_bfloat16* x_backout,
                             const float* backout_lambda, int T, int C) {
     const int lane = threadIdx.x % 32;
@@ -459,7 +463,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
             store128(dx_backout + off + col, dbv);
         }
     }
-    store_warp_reduced_partials(partials, acc);
+    sum_warp_reduced_partials(sum, acc);
 }
 // Reads dh, x_out, x_backout, rstd and lambda; writes dx, dx_backout and the partials; the norm's
 // gradient, a product and a scale per element.
@@ -470,15 +474,16 @@ inline Work backout_backward_work(int T, int C) {
 }
 // dh: the lm_head input's gradient. dx: the last layer's output gradient; dx_backout: layer 7's output's
 // share (both overwritten: they are the first gradients of those streams). accumulate: add into
-// d_backout_lambda. `scratch`: residual_backward_scratch_bytes(T).
-inline void backout_backward(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float* d_backout_lambda, float* scratch,
+// d_backout_lambda. `scratch`: residual_backward_scratch_bytes(T) of partials.
+inline void backout_backward(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float* d_backout_lambda,
+                             BlockPartials scratch,
                              const __nv_bfloat16* dh, const __nv_bfloat16* x_out, const float* h_rstd,
                              const __nv_bfloat16* x_backout, const float* backout_lambda, bool accumulate, int T, int C,
                              cudaStream_t stream) {
     require_norm_rows("backout_backward", T, C, {dx, dx_backout, dh, x_out, x_backout});
     const int blocks = residual_backward_blocks(T);
-    launch(backout_backward_work(T, C), backout_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx,
-           dx_backout, scratch, dh, x_out, h_rstd, x_backout, backout_lambda, T, C);
+    const LastBlockSum sum{SumTargets().add(d_backout_lambda), scratch, accumulate};
+    launch(with_last_block_sum(backout_backward_work(T, C), sum, blocks), backout_backward_kernel, dim3(blocks),
+           dim3(kNormThreads), 0, stream, dx, dx_backout, sum, dh, x_out, h_rstd, x_backout, backout_lambda, T, C);
     CUDA_CHECK_LAUNCH();
-    sum_block_partials(SumTargets().add(d_backout_lambda), scratch, blocks, 1, accumulate, stream);
 }

@@ -518,28 +518,70 @@ inline void attn_output_gate_backward(const AttnAux& a, bf16* dy, float* dz_attn
 // ---- both gates' weight gradients and their input gradient ----
 // d_attn_gate[h, j] = sum_t dz_attn[t, h] xa[t, j] (d_ve_gate likewise from dz_ve), and
 // dxa[t, j] += sum_h dz_attn[t, h] attn_gate[h, j] + dz_ve[t, h] ve_gate[h, j], for j < 12.
+// A block takes 128 rows: it stages their xa[:, :12] and dz rows in shared memory with 16-byte loads
+// (dz's rows are contiguous), then one thread per (gate, h, j) sums over the rows in order, and one
+// thread per row updates dxa[t, :12] with a 16-byte and an 8-byte access.
 constexpr int kGateRowsPerBlock = 128;
-__global__ void attn_gates_backward_kernel(bf16* dxa, float* partials, const float* dz_attn, const float* dz_ve,
-                                           AttnAux a) {
-    const int C = a.H * a.D, per_gate = a.H * kGateWidth, n_w = dz_ve != nullptr ? 2 * per_gate : per_gate;
-    const int t0 = blockIdx.x * kGateRowsPerBlock, t1 = min(a.T, t0 + kGateRowsPerBlock);
+constexpr int kGateMaxHeads = 32;  // bounds the staged dz rows: 32 KB of shared memory for both gates
+// Shared memory: xa's 12 columns of the block's rows, then per gate its dz rows and its (H, 12) weights, fp32.
+inline size_t attn_gates_backward_smem_bytes(int H, int gates) {
+    return sizeof(float) * (kGateRowsPerBlock * kGateWidth + gates * (kGateRowsPerBlock * H + H * kGateWidth));
+}
+// dst[0:n] = src[0:n] (fp32, both 16-byte aligned), 16 bytes per load where it can.
+__device__ __forceinline__ void stage_f32(float* dst, const float* src, int n) {
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) store128(dst + 4 * i, load128(src + 4 * i));
+    for (int i = n / 4 * 4 + threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+struct alignas(8) Bf16x4 {  // an 8-byte access: dxa's columns 8-11
+    bf16 v[4];
+};
+__global__ void __launch_bounds__(kGateRowsPerBlock)
+    attn_gates_backward_kernel(bf16* dxa, LastBlockSum sum, const float* dz_attn, const float* dz_ve, AttnAux a) {
+    const int H = a.H, C = H * a.D, per_gate = H * kGateWidth, gates = dz_ve != nullptr ? 2 : 1;
+    const int n_w = gates * per_gate, t0 = blockIdx.x * kGateRowsPerBlock, rows = min(a.T - t0, kGateRowsPerBlock);
+    float* xs = dynamic_smem<float>();                    // [row][j]
+    float* dzs = xs + kGateRowsPerBlock * kGateWidth;     // [gate][row][h]
+    float* ws = dzs + gates * kGateRowsPerBlock * H;      // [gate][h][j]
+    for (int i = threadIdx.x; i < 2 * rows; i += blockDim.x) {  // columns 0-7 and 8-15 of each row
+        const int r = i / 2, c0 = 8 * (i % 2);
+        const Pack128<bf16> p = load128(a.xa + static_cast<size_t>(t0 + r) * C + c0);
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+            if (c0 + k < kGateWidth) xs[r * kGateWidth + c0 + k] = __bfloat162float(p[k]);
+    }
+    for (int g = 0; g < gates; ++g)
+        stage_f32(dzs + g * kGateRowsPerBlock * H, (g ? dz_ve : dz_attn) + static_cast<size_t>(t0) * H, rows * H);
+    for (int i = threadIdx.x; i < n_w; i += blockDim.x)
+        ws[i] = __bfloat162float(i < per_gate ? a.attn_gate[i] : a.ve_gate[i - per_gate]);
+    __syncthreads();
+
     for (int k = threadIdx.x; k < n_w; k += blockDim.x) {  // this block's rows, in order
-        const bool ve = k >= per_gate;
-        const int kk = ve ? k - per_gate : k, h = kk / kGateWidth, j = kk % kGateWidth;
-        const float* dz = ve ? dz_ve : dz_attn;
+        const int g = k / per_gate, h = k % per_gate / kGateWidth, j = k % kGateWidth;
+        const float* dz = dzs + g * kGateRowsPerBlock * H + h;
         float s = 0.0f;
-        for (int t = t0; t < t1; ++t) s = fmaf(dz[t * a.H + h], __bfloat162float(a.xa[static_cast<size_t>(t) * C + j]), s);
-        partials[static_cast<size_t>(blockIdx.x) * n_w + k] = s;
+        for (int r = 0; r < rows; ++r) s = fmaf(dz[r * H], xs[r * kGateWidth + j], s);
+        sum.scratch.partials[static_cast<size_t>(blockIdx.x) * n_w + k] = s;
     }
-    for (int i = threadIdx.x; i < (t1 - t0) * kGateWidth; i += blockDim.x) {
-        const int t = t0 + i / kGateWidth, j = i % kGateWidth;
-        float s = 0.0f;
-        for (int h = 0; h < a.H; ++h) s = fmaf(dz_attn[t * a.H + h], __bfloat162float(a.attn_gate[h * kGateWidth + j]), s);
-        if (dz_ve != nullptr)
-            for (int h = 0; h < a.H; ++h) s = fmaf(dz_ve[t * a.H + h], __bfloat162float(a.ve_gate[h * kGateWidth + j]), s);
-        bf16* d = dxa + static_cast<size_t>(t) * C + j;
-        *d = __float2bfloat16(__bfloat162float(*d) + s);
+    if (const int r = threadIdx.x; r < rows) {  // sums over h in order, attn_gate's heads before ve_gate's
+        float s[kGateWidth] = {};
+        for (int g = 0; g < gates; ++g)
+            for (int h = 0; h < H; ++h) {
+                const float dz = dzs[(g * kGateRowsPerBlock + r) * H + h];
+                const float* w = ws + (g * H + h) * kGateWidth;
+#pragma unroll
+                for (int j = 0; j < kGateWidth; ++j) s[j] = fmaf(dz, w[j], s[j]);
+            }
+        bf16* d = dxa + static_cast<size_t>(t0 + r) * C;
+        Pack128<bf16> lo = load128(d);
+        Bf16x4 hi = *reinterpret_cast<const Bf16x4*>(d + 8);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) lo[j] = __float2bfloat16(__bfloat162float(lo[j]) + s[j]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) hi.v[j] = __float2bfloat16(__bfloat162float(hi.v[j]) + s[8 + j]);
+        store128(d, lo);
+        *reinterpret_cast<Bf16x4*>(d + 8) = hi;
     }
+    last_block_sum(sum, n_w);
 }
 inline size_t attn_gates_backward_scratch_bytes(int T, int H) {
     return static_cast<size_t>(ceil_div(T, kGateRowsPerBlock)) * 2 * H * kGateWidth * sizeof(float);
@@ -557,18 +599,20 @@ inline Work attn_gates_backward_work(const AttnAux& a, bool ve, int blocks, int 
 // d_attn_gate, d_ve_gate: (H, 12) bf16 (d_ve_gate and dz_ve only with value embeddings);
 // `accumulate` as for every parameter gradient.
 inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* d_attn_gate, bf16* d_ve_gate, const float* dz_attn,
-                                const float* dz_ve, float* scratch, bool accumulate, cudaStream_t stream) {
+                                const float* dz_ve, BlockPartials scratch, bool accumulate, cudaStream_t stream) {
     attn_aux_check(a, "attn_gates_backward", false);
     kernel_require(a.attn_gate != nullptr, "attn_gates_backward: no attn_gate");
     kernel_require((a.ve_gate != nullptr) == (d_ve_gate != nullptr && dz_ve != nullptr),
                    "attn_gates_backward: d_ve_gate and dz_ve are needed exactly on layers with value embeddings");
-    const int blocks = ceil_div(a.T, kGateRowsPerBlock), per_gate = a.H * kGateWidth;
-    const int n_w = dz_ve != nullptr ? 2 * per_gate : per_gate;
-    launch(attn_gates_backward_work(a, dz_ve != nullptr, blocks, n_w), attn_gates_backward_kernel, dim3(blocks),
-           dim3(128), 0, stream, dxa, scratch, dz_attn, dz_ve, a);
+    kernel_require(a.H <= kGateMaxHeads, "attn_gates_backward: %d heads, at most %d", a.H, kGateMaxHeads);
+    kernel_require(all_aligned16({dxa, a.xa, dz_attn, dz_ve}),
+                   "attn_gates_backward: dxa, xa, dz_attn and dz_ve must be 16-byte aligned");
+    const int blocks = ceil_div(a.T, kGateRowsPerBlock), per_gate = a.H * kGateWidth, gates = dz_ve != nullptr ? 2 : 1;
+    const int n_w = gates * per_gate;
+    LastBlockSum sum{SumTargets().add(d_attn_gate, per_gate), scratch, accumulate};
+    if (dz_ve != nullptr) sum.targets.add(d_ve_gate, per_gate);
+    launch(with_last_block_sum(attn_gates_backward_work(a, dz_ve != nullptr, blocks, n_w), sum, blocks),
+           attn_gates_backward_kernel, dim3(blocks), dim3(kGateRowsPerBlock),
+           attn_gates_backward_smem_bytes(a.H, gates), stream, dxa, sum, dz_attn, dz_ve, a);
     CUDA_CHECK_LAUNCH();
-    SumTargets targets;
-    targets.add(d_attn_gate, per_gate);
-    if (dz_ve != nullptr) targets.add(d_ve_gate, per_gate);
-    sum_block_partials(targets, scratch, blocks, n_w, accumulate, stream);
 }

@@ -102,4 +102,25 @@ inline std::vector<__nv_bfloat16> gate_exact_weights(int n) {
     return w;
 }
 
+// A fused reduction's scratch (BlockPartials): room for `bytes` of partials and a ticket counter, zeroed.
+struct DevicePartials {
+    DeviceBuffer<float> partials;
+    DeviceBuffer<unsigned int> done{1};
+    explicit DevicePartials(size_t bytes) : partials(bytes / sizeof(float)) {}
+    BlockPartials view() const { return {partials.ptr, done.ptr}; }
+};
+// A fused launch's sums against sum_block_partials as a second launch over the partials it left (value
+// `first` onwards, `stride` per block, `blocks` blocks): `before` holds the targets before the launch,
+// `fused` after it. Also checks that the launch left its counter at zero.
+template <class T>
+bool same_as_second_launch(const std::string& what, const DevicePartials& p, int first, int blocks, int stride,
+                           const std::vector<T>& before, const std::vector<T>& fused, bool accumulate) {
+    DeviceBuffer<T> want(before);
+    sum_block_partials(SumTargets().add(want.ptr, static_cast<int>(before.size())), p.partials.ptr + first, blocks,
+                       stride, accumulate, nullptr);
+    const bool same = check(same_bits(fused, want.download()), "%s: the bits of sum_block_partials as a second launch",
+                            what.c_str());
+    return check(p.done.download()[0] == 0, "%s: the ticket counter is back at zero", what.c_str()) && same;
+}
+
 }  // namespace test

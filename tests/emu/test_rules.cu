@@ -122,8 +122,8 @@ void test_launch_bound_table() {
         const char* kernel;
         unsigned want;
     } spot[] = {{"relu_square_forward_kernel", kPackThreads}, {"rmsnorm_forward_kernel", kNormThreads},
-                {"attention_forward_kernel", kAttnThreads},   {"transpose_kernel", kTransposeTile * kTransposeRows},
-                {"linear_relu_square_forward_kernel", kFcThreads}};
+                {"attention_forward_kernel", kAttnThreads},   {"transpose_kernel", kTransposeThreads},
+                {"linear_relu_square_kernel", kFcThreads}};
     for (const auto& s : spot) {
         unsigned got = 0;
         for (size_t i = 0; i < emu::kLaunchBoundCount; ++i)

@@ -1,11 +1,14 @@
 // kernels/common.cuh: warp and block reductions and the 128-bit vector helpers, against
-// double-precision host loops on fresh random data.
+// double-precision host loops on fresh random data; the fused last-block sums against the second
+// launch they replace (the same bits).
 #include "../../kernels/common.cuh"
 #include "../../kernels/residual.cuh"  // the benchmark's partial-sum shapes
 #include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <vector>
 
 __global__ void warp_sums_and_maxes(float* out, const float* x) {  // one value per thread, one result pair per warp
@@ -61,6 +64,119 @@ void check_packs(const char* name) {
     launch(affine_by_packs<T>, dim3(ceil_div(n / Pack128<T>::size, 64)), dim3(64), 0, nullptr, dy.ptr, dx.ptr, n);
     CUDA_CHECK_LAUNCH();
     test::check_close(std::string("Pack128 load/store, ") + name, test::values(dy.download()), want, 0, 0);
+}
+
+// block_sum_as as a block of blockDim.x threads plays a `threads`-thread summing block.
+__global__ void sum_as(float* out, const float* x, int n, int stride, int threads) {
+    const float s = block_sum_as(x, n, stride, threads);
+    if (threadIdx.x == blockDim.x - 1) *out = s;  // every thread holds it: the last reports
+}
+// Each block copies its nv values of x as its partials; the last block to finish sums them.
+__global__ void copy_then_last_block_sum(LastBlockSum sum, const float* x, int nv) {
+    for (int v = threadIdx.x; v < nv; v += blockDim.x)
+        sum.scratch.partials[blockIdx.x * nv + v] = x[blockIdx.x * nv + v];
+    last_block_sum(sum, nv);
+}
+// Which block drew the last ticket, and what it saw: the sum of every block's partial.
+__global__ void last_block_probe(float* partials, unsigned int* done, float* sum, int* last) {
+    if (threadIdx.x == 0) partials[blockIdx.x] = static_cast<float>(blockIdx.x + 1);
+    if (!last_block_done(done)) return;
+    const float s = block_sum_as(partials, gridDim.x, 1, sum_threads(gridDim.x, kSumPartialsThreads));
+    if (threadIdx.x == 0) *sum = s, *last = blockIdx.x;
+}
+
+// Values of magnitudes 1e-3 .. 1e3: the summation order shows in the bits.
+std::vector<float> wide_values(size_t n) {
+    std::vector<float> x(n);
+    for (float& v : x) v = static_cast<float>(test::uniform(-1, 1) * std::pow(10.0, test::uniform(-3, 3)));
+    return x;
+}
+
+// block_sum_as, by blocks of 32 to 1024 threads, against block_sum_fixed_order by the block it plays
+// (sum_block_partials_kernel, one value): the same bits; and a wrong `threads` gives other bits.
+void check_block_sum_as() {
+    int order_shows = 0, cases = 0;
+    for (int n : {1, 7, 33, 300, 1000, 3000})
+        for (int stride : {1, 13})
+            for (int most : {kSumPartialsThreads, kSumFixedOrderThreads}) {
+                const int threads = sum_threads(n, most);
+                const auto x = wide_values(size_t(n) * stride);
+                test::DeviceBuffer<float> dx(x), want(1), got(1);
+                launch(sum_block_partials_kernel, dim3(1), dim3(threads), 0, nullptr, SumTargets().add(want.ptr),
+                       static_cast<const float*>(dx.ptr), n, stride, 1.0f, false);
+                CUDA_CHECK_LAUNCH();
+                const float w = want.download()[0];
+                double exact = 0;
+                for (int i = 0; i < n; ++i) exact += x[size_t(i) * stride];
+                for (int block : {32, 128, 256, 1024}) {
+                    launch(sum_as, dim3(1), dim3(block), 0, nullptr, got.ptr, static_cast<const float*>(dx.ptr), n,
+                           stride, threads);
+                    CUDA_CHECK_LAUNCH();
+                    const float g = got.download()[0];
+                    test::check(test::bits(g) == test::bits(w),
+                                "block_sum_as n=%d stride=%d as %d threads by %d: %.9g, the summing block's %.9g", n,
+                                stride, threads, block, g, w);
+                    test::check(std::fabs(g - exact) <= 1e-5 * n * 1e3, "block_sum_as n=%d: %.9g, exact %.9g", n, g,
+                                exact);
+                }
+                if (threads >= 64) {  // another order: the test would see a wrong emulation
+                    launch(sum_as, dim3(1), dim3(256), 0, nullptr, got.ptr, static_cast<const float*>(dx.ptr), n,
+                           stride, threads / 2);
+                    CUDA_CHECK_LAUNCH();
+                    ++cases;
+                    order_shows += test::bits(got.download()[0]) != test::bits(w);
+                }
+            }
+    test::check(order_shows > cases / 2, "the order shows in the bits in %d of %d cases", order_shows, cases);
+}
+
+// last_block_sum against sum_block_partials over the same partials: the same bits, into bf16 and fp32
+// targets, overwriting and accumulating; the counter is back at zero after each launch.
+void check_last_block_sum() {
+    for (int blocks : {1, 5, 37, 300, 1024})
+        for (bool acc : {false, true}) {
+            constexpr int kBf16 = 12, kF32 = 2, nv = kBf16 + kF32;
+            const auto x = wide_values(size_t(blocks) * nv);
+            const auto old_h = test::normal_bf16(kBf16);
+            const auto old_f = test::uniform_vector(kF32, -1, 1);
+            test::DeviceBuffer<float> dx(x), partials(x.size()), f(old_f), f_want(old_f);
+            test::DeviceBuffer<__nv_bfloat16> h(old_h), h_want(old_h);
+            test::DeviceBuffer<unsigned int> done(1);
+            const LastBlockSum sum{SumTargets().add(h.ptr, kBf16).add(f.ptr, kF32), {partials.ptr, done.ptr}, acc};
+            launch(copy_then_last_block_sum, dim3(blocks), dim3(64), 0, nullptr, sum, static_cast<const float*>(dx.ptr),
+                   nv);
+            CUDA_CHECK_LAUNCH();
+            sum_block_partials(SumTargets().add(h_want.ptr, kBf16).add(f_want.ptr, kF32), dx.ptr, blocks, nv, acc,
+                               nullptr);
+            test::check(test::same_bits(h.download(), h_want.download()) &&
+                            test::same_bits(f.download(), f_want.download()),
+                        "last_block_sum over %d blocks%s: sum_block_partials' bits", blocks,
+                        acc ? ", accumulating" : "");
+            test::check(done.download()[0] == 0, "last_block_sum over %d blocks leaves the counter at zero", blocks);
+        }
+}
+
+// Every launch's last block sees all the partials and resets the counter; under EMU_RANDOM_ORDER (blocks
+// run in a shuffled order) the last ticket goes to different blocks.
+void check_last_block_done() {
+    const int blocks = 37, launches = 40;
+    test::DeviceBuffer<float> partials(blocks), sum(1);
+    test::DeviceBuffer<unsigned int> done(1);
+    test::DeviceBuffer<int> last(1);
+    std::vector<bool> seen(blocks, false);
+    int distinct = 0;
+    for (int i = 0; i < launches; ++i) {
+        launch(last_block_probe, dim3(blocks), dim3(64), 0, nullptr, partials.ptr, done.ptr, sum.ptr, last.ptr);
+        CUDA_CHECK_LAUNCH();
+        const int l = last.download()[0];
+        test::check(sum.download()[0] == blocks * (blocks + 1) / 2 && done.download()[0] == 0 && l >= 0 && l < blocks,
+                    "launch %d: the last block (%d) saw every partial and reset the counter", i, l);
+        if (l >= 0 && l < blocks && !seen[l]) seen[l] = true, ++distinct;
+    }
+    const char* random = std::getenv("EMU_RANDOM_ORDER");
+    if (random && std::atoi(random) != 0)
+        test::check(distinct > 1, "EMU_RANDOM_ORDER: %d launches, %d different last blocks", launches, distinct);
+    std::printf("last_block_done: %d launches, %d different last blocks\n", launches, distinct);
 }
 
 // ---- benchmark: the second pass of the residual backwards' parameter gradients, and the loss sum ----
@@ -126,5 +242,8 @@ int main(int argc, char** argv) {
     }
     check_packs<float>("float");
     check_packs<__nv_bfloat16>("bf16");
+    check_block_sum_as();
+    check_last_block_sum();
+    check_last_block_done();
     return test::finish();
 }

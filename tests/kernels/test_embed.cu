@@ -133,11 +133,16 @@ void test_smear(int T, int C, int V, bool accumulate) {
         d_dx(static_cast<size_t>(T) * C), d_dw(dw_init);
     DeviceBuffer<int32_t> d_ids(ids);
     DeviceBuffer<float> d_lambda(std::vector<float>{lambda}), d_dlambda(std::vector<float>{dlambda_init});
-    DeviceBuffer<float> d_scratch(embed_smear_backward_scratch_bytes(T) / sizeof(float));
+    test::DevicePartials d_scratch(embed_smear_backward_scratch_bytes(T));
 
     embed_smear_forward(d_out.ptr, d_table.ptr, d_ids.ptr, d_w.ptr, d_lambda.ptr, T, C, nullptr);
     embed_smear_backward(d_dx.ptr, d_dw.ptr, d_dlambda.ptr, d_dout.ptr, d_table.ptr, d_ids.ptr, d_w.ptr, d_lambda.ptr,
-                         d_scratch.ptr, T, C, accumulate, nullptr);
+                         d_scratch.view(), T, C, accumulate, nullptr);
+    const int blocks = embed_smear_backward_blocks(T);
+    test::same_as_second_launch("smear backward d(smear_lambda) " + shape, d_scratch, 0, blocks, kSmearPartials,
+                                std::vector<float>{dlambda_init}, d_dlambda.download(), accumulate);
+    test::same_as_second_launch("smear backward d(smear_gate) " + shape, d_scratch, 1, blocks, kSmearPartials, dw_init,
+                                d_dw.download(), accumulate);
 
     std::vector<double> x(static_cast<size_t>(T) * C);
     for (int t = 0; t < T; ++t)
@@ -169,10 +174,10 @@ void test_smear_finite_differences() {
     std::iota(ids.begin(), ids.end(), 0);  // table = the gathered rows themselves
     DeviceBuffer<bf16> d_x(xb), d_w(wb), d_r(rb), d_dx(static_cast<size_t>(T) * C), d_dw(kGateWidth);
     DeviceBuffer<int32_t> d_ids(ids);
-    DeviceBuffer<float> d_lambda(std::vector<float>{lambda}), d_dlambda(1),
-        d_scratch(embed_smear_backward_scratch_bytes(T) / 4);
+    DeviceBuffer<float> d_lambda(std::vector<float>{lambda}), d_dlambda(1);
+    test::DevicePartials d_scratch(embed_smear_backward_scratch_bytes(T));
     embed_smear_backward(d_dx.ptr, d_dw.ptr, d_dlambda.ptr, d_r.ptr, d_x.ptr, d_ids.ptr, d_w.ptr, d_lambda.ptr,
-                         d_scratch.ptr, T, C, false, nullptr);
+                         d_scratch.view(), T, C, false, nullptr);
     const auto dx = values(d_dx.download()), dw = values(d_dw.download());
     const double dlambda = d_dlambda.download()[0];
 
@@ -371,14 +376,14 @@ int bench_embed(const bench::Options& o) {
 
     DeviceBuffer<bf16> gate(uniform_bf16(kGateWidth, -1, 1)), dout(uniform_bf16(size_t(T) * C, -1, 1)),
         dx(size_t(T) * C), dgate(kGateWidth);
-    DeviceBuffer<float> lambda(std::vector<float>{0.5f}), dlambda(1),
-        smear_scratch(embed_smear_backward_scratch_bytes(T) / sizeof(float));
+    DeviceBuffer<float> lambda(std::vector<float>{0.5f}), dlambda(1);
+    test::DevicePartials smear_scratch(embed_smear_backward_scratch_bytes(T));
     b.run("embed_smear_forward", rows + bench::fmt(" vocab %d", V), [&](cudaStream_t s) {
         embed_smear_forward(out.ptr, embed.ptr, d_ids.ptr, gate.ptr, lambda.ptr, T, C, s);
     });
     b.run("embed_smear_backward", rows, [&](cudaStream_t s) {
         embed_smear_backward(dx.ptr, dgate.ptr, dlambda.ptr, dout.ptr, embed.ptr, d_ids.ptr, gate.ptr, lambda.ptr,
-                             smear_scratch.ptr, T, C, true, s);
+                             smear_scratch.view(), T, C, true, s);
     });
 
     // the token ids' tables share one call; each reads its own per-position gradient

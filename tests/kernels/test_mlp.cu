@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -348,52 +349,102 @@ void test_mlp_finite_differences(int T, int C, int H) {
 }
 
 // ---- the lambda-scaled weight pair ----
-void test_lambda_scaled_weight(int64_t n) {
-    const std::string what = " n " + std::to_string(n);
-    const auto w = normal_bf16(size_t(n), 0.0, 0.03), dw_eff = normal_bf16(size_t(n), 0.0, 0.01),
-               dw_old = normal_bf16(size_t(n), 0.0, 0.01);
-    const float lambda = static_cast<float>(test::uniform(0.3, 1.5)), dlambda_old = 0.75f;
-    DeviceBuffer<bf16> d_w(w), d_weff(static_cast<size_t>(n)), d_dweff(dw_eff), d_dw(dw_old);
-    DeviceBuffer<float> d_lambda(std::vector<float>{lambda}), d_dlambda(std::vector<float>{dlambda_old}),
-        d_scratch(lambda_scaled_weight_backward_scratch_bytes(n) / sizeof(float));
-    lambda_scaled_weight_forward(d_weff.ptr, d_w.ptr, d_lambda.ptr, n, nullptr);
-    std::vector<double> want(static_cast<size_t>(n)), tol(static_cast<size_t>(n));
-    for (size_t i = 0; i < want.size(); ++i) {
-        want[i] = double(lambda) * value(w[i]);
-        tol[i] = std::fabs(want[i]) / 256;  // one bf16 rounding (via fp32: 2^-9 + 2^-24)
-    }
-    check_within("lambda_scaled_weight_forward" + what, values(d_weff.download()), want, tol);
-
-    double dot = 0.0, dot_mag = 0.0;
-    for (size_t i = 0; i < want.size(); ++i) {
-        dot += value(dw_eff[i]) * value(w[i]);
-        dot_mag += std::fabs(value(dw_eff[i]) * value(w[i]));
-    }
-    float first_dlambda = 0.0f;
-    for (bool accumulate : {false, true}) {
+// One weight's data: w, the gradient of w_eff, an old dw to add to; its own lambda and old dlambda.
+struct ScaledWeight {
+    int64_t n;
+    std::vector<bf16> w, dw_eff, dw_old;
+    float lambda, dlambda_old;
+    DeviceBuffer<bf16> d_w, d_weff, d_dweff, d_dw;
+    DeviceBuffer<float> d_lambda, d_dlambda;
+    explicit ScaledWeight(int64_t count)
+        : n(count), w(normal_bf16(size_t(n), 0.0, 0.03)), dw_eff(normal_bf16(size_t(n), 0.0, 0.01)),
+          dw_old(normal_bf16(size_t(n), 0.0, 0.01)), lambda(static_cast<float>(test::uniform(0.3, 1.5))),
+          dlambda_old(static_cast<float>(test::uniform(-1, 1))), d_w(w), d_weff(size_t(n)), d_dweff(dw_eff),
+          d_dw(dw_old), d_lambda(std::vector<float>{lambda}), d_dlambda(std::vector<float>{dlambda_old}) {}
+    LambdaScaledForward forward() { return {d_weff.ptr, d_w.ptr, d_lambda.ptr, n}; }
+    LambdaScaledBackward backward() { return {d_dw.ptr, d_dlambda.ptr, d_dweff.ptr, d_w.ptr, d_lambda.ptr, n}; }
+    void reset() {
         d_dw.upload(dw_old);
         d_dlambda.upload(std::vector<float>{dlambda_old});
-        lambda_scaled_weight_backward(d_dw.ptr, d_dlambda.ptr, d_scratch.ptr, d_dweff.ptr, d_w.ptr, d_lambda.ptr, n,
-                                      {.dw = accumulate, .dlambda = accumulate}, nullptr);
-        for (size_t i = 0; i < want.size(); ++i) {
-            const double o = accumulate ? value(dw_old[i]) : 0.0, d = double(lambda) * value(dw_eff[i]);
-            want[i] = o + d;
-            // the fp32 product and sum (2^-24 each, against the terms), then one bf16 rounding
-            tol[i] = std::fabs(want[i]) / 256 + (std::fabs(o) + std::fabs(d)) * 0x1p-22 + 1e-30;
-        }
-        const std::string w_what = what + (accumulate ? " (accumulate)" : "");
-        check_within("lambda_scaled_weight_backward dw" + w_what, values(d_dw.download()), want, tol);
-        const double got = d_dlambda.download()[0], want_dl = dot + (accumulate ? dlambda_old : 0.0);
-        test::check(std::fabs(got - want_dl) <= 1e-5 * (dot_mag + std::fabs(dlambda_old)) + 1e-12,
-                    "lambda_scaled_weight_backward dlambda%s: got %.9g want %.9g", w_what.c_str(), got, want_dl);
-        if (!accumulate) first_dlambda = static_cast<float>(got);
     }
-    // deterministic: the same inputs give the same bits
-    lambda_scaled_weight_backward(d_dw.ptr, d_dlambda.ptr, d_scratch.ptr, d_dweff.ptr, d_w.ptr, d_lambda.ptr, n,
-                                  {.dw = false, .dlambda = false}, nullptr);
-    const float again = d_dlambda.download()[0];
-    test::check(std::memcmp(&again, &first_dlambda, sizeof again) == 0,
-                "lambda_scaled_weight_backward dlambda is deterministic%s", what.c_str());
+};
+
+// Against the exact products and dot; the bits of each weight's launch alone and, for dlambda, of
+// sum_fixed_order as a second launch over the partials. `sizes`: one launch's weights (1 or 2).
+void test_lambda_scaled_weight(std::vector<int64_t> sizes) {
+    std::string what = " n";
+    for (int64_t n : sizes) what += " " + std::to_string(n);
+    std::vector<std::unique_ptr<ScaledWeight>> ws;
+    for (int64_t n : sizes) ws.push_back(std::make_unique<ScaledWeight>(n));
+    ScaledWeight& a = *ws[0];
+    ScaledWeight& b = *ws.back();
+    const bool pair = ws.size() == 2;
+    test::DevicePartials d_scratch(pair ? lambda_scaled_weight_backward_scratch_bytes({a.n, b.n})
+                                        : lambda_scaled_weight_backward_scratch_bytes({a.n}));
+    if (pair)
+        lambda_scaled_weight_forward({a.forward(), b.forward()}, nullptr);
+    else
+        lambda_scaled_weight_forward({a.forward()}, nullptr);
+    for (const auto& p : ws) {
+        std::vector<double> want(size_t(p->n)), tol(size_t(p->n));
+        for (size_t i = 0; i < want.size(); ++i) {
+            want[i] = double(p->lambda) * value(p->w[i]);
+            tol[i] = std::fabs(want[i]) / 256;  // one bf16 rounding (via fp32: 2^-9 + 2^-24)
+        }
+        check_within("lambda_scaled_weight_forward" + what, values(p->d_weff.download()), want, tol);
+        if (pair) {  // a launch of its own: the same bits
+            DeviceBuffer<bf16> alone(size_t(p->n));
+            lambda_scaled_weight_forward({{alone.ptr, p->d_w.ptr, p->d_lambda.ptr, p->n}}, nullptr);
+            test::check(same_bits(alone.download(), p->d_weff.download()),
+                        "lambda_scaled_weight_forward%s: weight of n %lld alone, the same bits", what.c_str(),
+                        (long long)p->n);
+        }
+    }
+    for (bool accumulate : {false, true}) {
+        const std::string w_what = what + (accumulate ? " (accumulate)" : "");
+        const LambdaScaledAccumulate acc{.dw = accumulate, .dlambda = accumulate};
+        for (const auto& p : ws) p->reset();
+        if (pair)
+            lambda_scaled_weight_backward({a.backward(), b.backward()}, d_scratch.view(), acc, nullptr);
+        else
+            lambda_scaled_weight_backward({a.backward()}, d_scratch.view(), acc, nullptr);
+        test::check(d_scratch.done.download()[0] == 0, "lambda_scaled_weight_backward%s: the counter is back at zero",
+                    w_what.c_str());
+        int first_block = 0;
+        for (const auto& p : ws) {
+            std::vector<double> want(size_t(p->n)), tol(size_t(p->n));
+            double dot = 0.0, dot_mag = 0.0;
+            for (size_t i = 0; i < want.size(); ++i) {
+                const double o = accumulate ? value(p->dw_old[i]) : 0.0, d = double(p->lambda) * value(p->dw_eff[i]);
+                want[i] = o + d;
+                // the fp32 product and sum (2^-24 each, against the terms), then one bf16 rounding
+                tol[i] = std::fabs(want[i]) / 256 + (std::fabs(o) + std::fabs(d)) * 0x1p-22 + 1e-30;
+                dot += value(p->dw_eff[i]) * value(p->w[i]);
+                dot_mag += std::fabs(value(p->dw_eff[i]) * value(p->w[i]));
+            }
+            const auto dw = p->d_dw.download();
+            const auto dl = p->d_dlambda.download();
+            check_within("lambda_scaled_weight_backward dw" + w_what, values(dw), want, tol);
+            const double got = dl[0], want_dl = dot + (accumulate ? p->dlambda_old : 0.0);
+            test::check(std::fabs(got - want_dl) <= 1e-5 * (dot_mag + std::fabs(p->dlambda_old)) + 1e-12,
+                        "lambda_scaled_weight_backward dlambda%s: got %.9g want %.9g", w_what.c_str(), got, want_dl);
+            // dlambda: the bits of sum_fixed_order as a second launch over this weight's partials
+            const int blocks = lambda_scaled_weight_backward_blocks(p->n);
+            DeviceBuffer<float> second(std::vector<float>{p->dlambda_old});
+            sum_fixed_order(second.ptr, d_scratch.partials.ptr + first_block, blocks, 1.0f, accumulate, nullptr);
+            test::check(same_bits(second.download(), dl),
+                        "lambda_scaled_weight_backward dlambda%s: sum_fixed_order's bits", w_what.c_str());
+            first_block += blocks;
+            if (pair) {  // a launch of its own: the same bits
+                p->reset();
+                test::DevicePartials own(lambda_scaled_weight_backward_scratch_bytes({p->n}));
+                lambda_scaled_weight_backward({p->backward()}, own.view(), acc, nullptr);
+                test::check(same_bits(p->d_dw.download(), dw) && same_bits(p->d_dlambda.download(), dl),
+                            "lambda_scaled_weight_backward%s: weight of n %lld alone, the same bits", w_what.c_str(),
+                            (long long)p->n);
+            }
+        }
+    }
 }
 
 // f(lambda, w) = sum(G * lambda * w) in double: its differences against the backward given dw_eff = G.
@@ -401,9 +452,9 @@ void test_lambda_scaled_weight_finite_differences(int64_t n) {
     const auto w = normal_bf16(size_t(n), 0.0, 0.5), G = normal_bf16(size_t(n));
     const float lambda = 0.8f;
     DeviceBuffer<bf16> d_w(w), d_G(G), d_dw(static_cast<size_t>(n));
-    DeviceBuffer<float> d_lambda(std::vector<float>{lambda}), d_dlambda(1),
-        d_scratch(lambda_scaled_weight_backward_scratch_bytes(n) / sizeof(float));
-    lambda_scaled_weight_backward(d_dw.ptr, d_dlambda.ptr, d_scratch.ptr, d_G.ptr, d_w.ptr, d_lambda.ptr, n,
+    DeviceBuffer<float> d_lambda(std::vector<float>{lambda}), d_dlambda(1);
+    test::DevicePartials d_scratch(lambda_scaled_weight_backward_scratch_bytes({n}));
+    lambda_scaled_weight_backward({{d_dw.ptr, d_dlambda.ptr, d_G.ptr, d_w.ptr, d_lambda.ptr, n}}, d_scratch.view(),
                                   {.dw = false, .dlambda = false}, nullptr);
     auto wv = values(w);
     const auto Gv = values(G);
@@ -479,6 +530,18 @@ void test_shape_rules() {
     test::check_fails_with("linear_relu_square_backward with a misaligned pre", "not 16-byte aligned", [=] {
         linear_relu_square_backward(fake, fake, fake, fake + 4, 256, 128, 512, nullptr);
     });
+    const float* lambda = reinterpret_cast<const float*>(256);
+    test::check_fails_with("lambda_scaled_weight_forward with 3 weights", "lambda_scaled_weight_forward: 3 weights",
+                           [=] {
+                               lambda_scaled_weight_forward(
+                                   {{fake, fake, lambda, 8}, {fake, fake, lambda, 8}, {fake, fake, lambda, 8}}, nullptr);
+                           });
+    test::check_fails_with("lambda_scaled_weight_backward with n 12", "lambda_scaled_weight_backward: element count 12",
+                           [=] {
+                               lambda_scaled_weight_backward({{fake, nullptr, fake, fake, lambda, 8},
+                                                              {fake, nullptr, fake, fake, lambda, 12}},
+                                                             {}, {.dw = false, .dlambda = false}, nullptr);
+                           });
 }
 
 // ---- benchmark: the MLP of one layer, its parts, and the attention's lambda-scaled weights ----
@@ -513,19 +576,22 @@ int bench_mlp(const bench::Options& o) {
 
     // the attention's projections: w_eff = sa_lambda * w for [Wq; Wk; Wv] (3 C x C) and Wo (C x C)
     const int64_t n_qkv = int64_t(3) * C * C;
-    DeviceBuffer<bf16> w(normal_bf16(size_t(n_qkv), 0.0, 0.03)), w_eff(static_cast<size_t>(n_qkv)),
-        dw_eff(normal_bf16(size_t(n_qkv), 0.0, 0.01)), dw(static_cast<size_t>(n_qkv));
-    DeviceBuffer<float> lambda(std::vector<float>{0.5f}), dlambda(1),
-        scratch(lambda_scaled_weight_backward_scratch_bytes(n_qkv) / sizeof(float));
-    for (const auto& [what, n_w] : {std::pair{"qkv", n_qkv}, std::pair{"o", int64_t(C) * C}}) {
-        const std::string shape = bench::fmt("%s: n=%lld", what, (long long)n_w);
-        b.run("lambda_scaled_weight_forward", shape,
-              [&](cudaStream_t s) { lambda_scaled_weight_forward(w_eff.ptr, w.ptr, lambda.ptr, n_w, s); });
-        b.run("lambda_scaled_weight_backward", shape, [&](cudaStream_t s) {
-            lambda_scaled_weight_backward(dw.ptr, dlambda.ptr, scratch.ptr, dw_eff.ptr, w.ptr, lambda.ptr, n_w,
-                                          {.dw = false, .dlambda = true}, s);
-        });
-    }
+    const int64_t n_o = int64_t(C) * C, n_all = n_qkv + n_o;
+    DeviceBuffer<bf16> w(normal_bf16(size_t(n_all), 0.0, 0.03)), w_eff(static_cast<size_t>(n_all)),
+        dw_eff(normal_bf16(size_t(n_all), 0.0, 0.01)), dw(static_cast<size_t>(n_all));
+    DeviceBuffer<float> lambda(std::vector<float>{0.5f, 0.7f}), dlambda(2);
+    test::DevicePartials scratch(lambda_scaled_weight_backward_scratch_bytes({n_qkv, n_o}));
+    const std::string shape = bench::fmt("qkv and o: n=%lld + %lld", (long long)n_qkv, (long long)n_o);
+    b.run("lambda_scaled_weight_forward", shape, [&](cudaStream_t s) {
+        lambda_scaled_weight_forward(
+            {{w_eff.ptr, w.ptr, lambda.ptr, n_qkv}, {w_eff.ptr + n_qkv, w.ptr + n_qkv, lambda.ptr + 1, n_o}}, s);
+    });
+    b.run("lambda_scaled_weight_backward", shape, [&](cudaStream_t s) {
+        lambda_scaled_weight_backward({{dw.ptr, dlambda.ptr, dw_eff.ptr, w.ptr, lambda.ptr, n_qkv},
+                                       {dw.ptr + n_qkv, dlambda.ptr + 1, dw_eff.ptr + n_qkv, w.ptr + n_qkv,
+                                        lambda.ptr + 1, n_o}},
+                                      scratch.view(), {.dw = false, .dlambda = true}, s);
+    });
     return b.finish();
 }
 
@@ -561,10 +627,11 @@ int main(int argc, char** argv) {
     test_mlp_finite_differences(4, 16, 64);
     test_mlp_finite_differences(3, 8, 32);
 
-    test_lambda_scaled_weight(3 * 128 * 128);  // tiny preset's q, k, v
-    test_lambda_scaled_weight(768 * 768);      // record's o
-    test_lambda_scaled_weight(3 * 768 * 768);  // record's q, k, v
-    test_lambda_scaled_weight(8 * 37);
+    test_lambda_scaled_weight({3 * 128 * 128, 128 * 128});  // tiny preset's q, k, v and o
+    test_lambda_scaled_weight({3 * 768 * 768, 768 * 768});  // the record's
+    test_lambda_scaled_weight({768 * 768});
+    test_lambda_scaled_weight({8 * 37, 8 * 5});
+    test_lambda_scaled_weight({8 * 37});
     test_lambda_scaled_weight_finite_differences(8 * 64);
     return test::finish();
 }

@@ -22,6 +22,7 @@ using V = std::vector<double>;
 
 using test::check_within;
 using test::DeviceBuffer;
+using test::DevicePartials;
 using test::normal_bf16;
 using test::round_bf16;
 using test::same_bits;
@@ -249,8 +250,8 @@ void check_mix(const Shape& s, bool first) {
 
     DeviceBuffer<bf16> d_x(x), d_x0(x0), d_xb(xb), d_g(g), d_dh(dh), d_xm(s.n()), d_h(s.n());
     DeviceBuffer<bf16> d_dx(s.n()), d_dx0(s.n()), d_dxb(s.n());
-    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(3),
-        d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(3);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
     const bf16* x_in = first ? d_x0.ptr : d_x.ptr;  // at layer 0 the stream is x0 itself
     const MixLambdas lambdas{d_lam.ptr, d_lam.ptr + 1, d_lam.ptr + 2};
     const MixLambdaGrads grads{d_grads.ptr, d_grads.ptr + 1, d_grads.ptr + 2};
@@ -277,13 +278,15 @@ void check_mix(const Shape& s, bool first) {
         d_dx0.upload(old_dx0);
         d_dxb.upload(old_dxb);
         d_grads.upload(old_grads);
-        residual_mix_backward(d_dx.ptr, first ? nullptr : d_dx0.ptr, d_dxb.ptr, grads, d_scratch.ptr, d_g.ptr, d_dh.ptr,
+        residual_mix_backward(d_dx.ptr, first ? nullptr : d_dx0.ptr, d_dxb.ptr, grads, d_scratch.view(), d_g.ptr, d_dh.ptr,
                               d_xm.ptr, d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas,
                               {.first_layer = first, .accumulate_dx = acc, .accumulate_x0_grads = acc,
                                .accumulate_lambda_grads = acc},
                               s.T, s.C, nullptr);
         const auto dx = d_dx.download(), dx0 = d_dx0.download(), dxb = d_dxb.download();
         const auto pg = d_grads.download();
+        test::same_as_second_launch("residual_mix_backward lambda gradients" + how, d_scratch, 0,
+                                    residual_backward_blocks(s.T), 3, old_grads, pg, acc);
         V w_dx = want.dx, w_dx0 = want.dx0, w_dxb = want.dxb, m_dx = mag_dx, m_dx0 = mag_dx0, m_dxb = mag_dxb;
         if (acc) {
             for (size_t i = 0; i < s.n(); ++i) {
@@ -314,7 +317,7 @@ void check_mix(const Shape& s, bool first) {
             d_dx.upload(old_dx);
             d_dx0.upload(old_dx0);
             d_dxb.upload(old_dxb);
-            residual_mix_backward(d_dx.ptr, first ? nullptr : d_dx0.ptr, d_dxb.ptr, grads, d_scratch.ptr, d_g.ptr,
+            residual_mix_backward(d_dx.ptr, first ? nullptr : d_dx0.ptr, d_dxb.ptr, grads, d_scratch.view(), d_g.ptr,
                                   d_dh.ptr, d_xm.ptr, d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas,
                                   {.first_layer = first, .accumulate_dx = false, .accumulate_x0_grads = false,
                                    .accumulate_lambda_grads = false},
@@ -326,7 +329,7 @@ void check_mix(const Shape& s, bool first) {
     }
     if (!first) {  // in place: the layer input's gradient overwrites the stream gradient it came from
         DeviceBuffer<bf16> d_gdx(g);
-        residual_mix_backward(d_gdx.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.ptr, d_gdx.ptr, d_dh.ptr, d_xm.ptr,
+        residual_mix_backward(d_gdx.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.view(), d_gdx.ptr, d_dh.ptr, d_xm.ptr,
                               d_rstd.ptr, x_in, d_x0.ptr, d_xb.ptr, lambdas,
                               {.first_layer = false, .accumulate_dx = false, .accumulate_x0_grads = false,
                                .accumulate_lambda_grads = false},
@@ -348,7 +351,8 @@ void check_skip(const Shape& s) {
 
     DeviceBuffer<bf16> d_x(x), d_skip(skip), d_x0(x0), d_w(w), d_g(g), d_out(s.n()), d_dskip(s.n()), d_dx0(s.n()),
         d_dw(kGate);
-    DeviceBuffer<float> d_lam(lam), d_dlam(1), d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+    DeviceBuffer<float> d_lam(lam), d_dlam(1);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
 
     gated_skip_add_forward(d_out.ptr, d_x.ptr, d_skip.ptr, d_x0.ptr, d_w.ptr, d_lam.ptr, s.T, s.C, nullptr);
     V mag;
@@ -370,11 +374,16 @@ void check_skip(const Shape& s) {
         d_dx0.upload(dx0_before);
         d_dw.upload(old_dw);
         d_dlam.upload(old_dlam);
-        gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.ptr, d_g.ptr, d_skip.ptr,
+        gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.view(), d_g.ptr, d_skip.ptr,
                                 d_x0.ptr, d_w.ptr, d_lam.ptr,
                                 {.accumulate_d_skip = acc, .accumulate_param_grads = acc}, s.T, s.C, nullptr);
         const auto dskip = d_dskip.download(), dx0 = d_dx0.download(), dw = d_dw.download();
         const auto dlam = d_dlam.download();
+        const int blocks = residual_backward_blocks(s.T);
+        test::same_as_second_launch("gated_skip_add_backward d_skip_gate" + how, d_scratch, 0, blocks,
+                                    kResidualMaxPartials, old_dw, dw, acc);
+        test::same_as_second_launch("gated_skip_add_backward d_skip_lambda" + how, d_scratch, kGate, blocks,
+                                    kResidualMaxPartials, old_dlam, dlam, acc);
 
         V w_dskip = want.d_skip, m_dskip = want.d_skip_mag;
         if (acc)
@@ -423,7 +432,7 @@ void check_skip(const Shape& s) {
         if (!acc) {
             d_dskip.upload(old_dskip);
             d_dx0.upload(dx0_before);
-            gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.ptr, d_g.ptr, d_skip.ptr,
+            gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.view(), d_g.ptr, d_skip.ptr,
                                     d_x0.ptr, d_w.ptr, d_lam.ptr, SkipBackwardOptions{}, s.T, s.C, nullptr);
             test::check(same_bits(d_dskip.download(), dskip) && same_bits(d_dx0.download(), dx0) &&
                             same_bits(d_dw.download(), dw) && same_bits(d_dlam.download(), dlam),
@@ -474,8 +483,8 @@ void check_backout(const Shape& s) {
     const std::vector<float> bl = {random_float(0.2, 0.8)}, old_dbl = {random_float(-1, 1)};
     const V xd = values(x), xbd = values(xbk);
     DeviceBuffer<bf16> d_x(x), d_xbk(xbk), d_dh(dh), d_xf(s.n()), d_h(s.n()), d_dx(s.n()), d_dxb(s.n());
-    DeviceBuffer<float> d_rstd(s.T), d_bl(bl), d_dbl(1),
-        d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+    DeviceBuffer<float> d_rstd(s.T), d_bl(bl), d_dbl(1);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
 
     backout_forward(d_xf.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_xbk.ptr, d_bl.ptr, s.T, s.C, nullptr);
     const V xf_ref = ref_backout(xd, xbd, bl[0]);
@@ -491,16 +500,18 @@ void check_backout(const Shape& s) {
     for (bool acc : {false, true}) {
         const std::string how = at + (acc ? " accumulate" : "");
         d_dbl.upload(old_dbl);
-        backout_backward(d_dx.ptr, d_dxb.ptr, d_dbl.ptr, d_scratch.ptr, d_dh.ptr, d_xf.ptr, d_rstd.ptr, d_xbk.ptr,
+        backout_backward(d_dx.ptr, d_dxb.ptr, d_dbl.ptr, d_scratch.view(), d_dh.ptr, d_xf.ptr, d_rstd.ptr, d_xbk.ptr,
                          d_bl.ptr, acc, s.T, s.C, nullptr);
         const auto dx = d_dx.download(), dxb = d_dxb.download();
         const auto dbl = d_dbl.download();
+        test::same_as_second_launch("backout_backward d_backout_lambda" + how, d_scratch, 0,
+                                    residual_backward_blocks(s.T), 1, old_dbl, dbl, acc);
         check_within("backout_backward dx" + how, values(dx), want.dx, bf16_tol(want.dx, want.magnitude));
         check_within("backout_backward dx_backout" + how, values(dxb), want.dxb, bf16_tol(want.dxb, mag_b));
         const double base = acc ? old_dbl[0] : 0.0;
         check_scalar("d backout_lambda" + how, dbl[0], base + want.dbl, 1e-5 * (want.mag + std::fabs(base)) + 1e-30);
         if (!acc) {
-            backout_backward(d_dx.ptr, d_dxb.ptr, d_dbl.ptr, d_scratch.ptr, d_dh.ptr, d_xf.ptr, d_rstd.ptr, d_xbk.ptr,
+            backout_backward(d_dx.ptr, d_dxb.ptr, d_dbl.ptr, d_scratch.view(), d_dh.ptr, d_xf.ptr, d_rstd.ptr, d_xbk.ptr,
                              d_bl.ptr, false, s.T, s.C, nullptr);
             test::check(
                 same_bits(d_dx.download(), dx) && same_bits(d_dxb.download(), dxb) && same_bits(d_dbl.download(), dbl),
@@ -551,12 +562,12 @@ void check_mix_finite_differences(bool first) {
     // stream (within 2^-8 of the exact one) and its rstd, so allow 2^-6 of the terms' magnitude
     DeviceBuffer<bf16> d_x(xb16), d_x0(x0b), d_xb(xbb), d_g(gb), d_dh(dhb), d_xm(s.n()), d_h(s.n()), d_dx(s.n()),
         d_dx0(s.n()), d_dxb(s.n());
-    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(3),
-        d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(3);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
     const MixLambdas lambdas{d_lam.ptr, d_lam.ptr + 1, d_lam.ptr + 2};
     residual_mix_forward(d_xm.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_x0.ptr, d_xb.ptr, lambdas, first, s.T, s.C, nullptr);
     residual_mix_backward(d_dx.ptr, d_dx0.ptr, d_dxb.ptr, MixLambdaGrads{d_grads.ptr, d_grads.ptr + 1, d_grads.ptr + 2},
-                          d_scratch.ptr, d_g.ptr, d_dh.ptr, d_xm.ptr, d_rstd.ptr, d_x.ptr, d_x0.ptr, d_xb.ptr, lambdas,
+                          d_scratch.view(), d_g.ptr, d_dh.ptr, d_xm.ptr, d_rstd.ptr, d_x.ptr, d_x0.ptr, d_xb.ptr, lambdas,
                           {.first_layer = first, .accumulate_dx = false, .accumulate_x0_grads = false,
                            .accumulate_lambda_grads = false},
                           s.T, s.C, nullptr);
@@ -601,8 +612,9 @@ void check_skip_finite_differences() {
     // rounding moves sigmoid terms by up to 2^-8 |logit| relative, so allow 2^-4 of the terms' magnitude
     DeviceBuffer<bf16> d_skip(skipb), d_x0(x0b), d_w(wb), d_g(gb), d_dskip(s.n()),
         d_dx0(std::vector<bf16>(s.n(), __float2bfloat16(0.0f))), d_dw(kGate);
-    DeviceBuffer<float> d_lam(lam), d_dlam(1), d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
-    gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.ptr, d_g.ptr, d_skip.ptr, d_x0.ptr,
+    DeviceBuffer<float> d_lam(lam), d_dlam(1);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+    gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.view(), d_g.ptr, d_skip.ptr, d_x0.ptr,
                             d_w.ptr, d_lam.ptr, SkipBackwardOptions{}, s.T, s.C, nullptr);
     V tw(kGate);
     for (int k = 0; k < kGate; ++k) tw[k] = want.dw_mag[k] / 16 + 1e-9;
@@ -636,10 +648,10 @@ void check_backout_finite_differences() {
     check_within("backout reference dx_backout vs differences", want.dxb, fd_xb, tol);
 
     DeviceBuffer<bf16> d_x(xb16), d_xbk(xbkb), d_dh(dhb), d_xf(s.n()), d_h(s.n()), d_dx(s.n()), d_dxb(s.n());
-    DeviceBuffer<float> d_rstd(s.T), d_bl(blf), d_dbl(1),
-        d_scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+    DeviceBuffer<float> d_rstd(s.T), d_bl(blf), d_dbl(1);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
     backout_forward(d_xf.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_xbk.ptr, d_bl.ptr, s.T, s.C, nullptr);
-    backout_backward(d_dx.ptr, d_dxb.ptr, d_dbl.ptr, d_scratch.ptr, d_dh.ptr, d_xf.ptr, d_rstd.ptr, d_xbk.ptr, d_bl.ptr,
+    backout_backward(d_dx.ptr, d_dxb.ptr, d_dbl.ptr, d_scratch.view(), d_dh.ptr, d_xf.ptr, d_rstd.ptr, d_xbk.ptr, d_bl.ptr,
                      false, s.T, s.C, nullptr);
     check_scalar("backout_backward d backout_lambda vs differences", d_dbl.download()[0], fd_bl, want.mag / 64);
 }
@@ -687,14 +699,14 @@ int bench_residual(const bench::Options& o) {
     DeviceBuffer<bf16> x(normal_bf16(s.n())), x0(x0_rows(s)), xb(normal_bf16(s.n(), 0.0, 0.5)), y(normal_bf16(s.n())),
         g(normal_bf16(s.n())), dh(normal_bf16(s.n())), w(skip_gate_weights()), out(s.n()), h(s.n()), dx(s.n()),
         dx0(s.n()), dxb(s.n()), dw(kGate);
-    DeviceBuffer<float> rstd(s.T), lam(std::vector<float>{1.1f, 0.5f, 0.1f}), grads(3),
-        scratch(residual_backward_scratch_bytes(s.T) / sizeof(float));
+    DeviceBuffer<float> rstd(s.T), lam(std::vector<float>{1.1f, 0.5f, 0.1f}), grads(3);
+    DevicePartials scratch(residual_backward_scratch_bytes(s.T));
     const MixLambdas lambdas{lam.ptr, lam.ptr + 1, lam.ptr + 2};
     b.run("residual_mix_forward", at, [&](cudaStream_t st) {
         residual_mix_forward(out.ptr, h.ptr, rstd.ptr, x.ptr, x0.ptr, xb.ptr, lambdas, false, s.T, s.C, st);
     });
     b.run("residual_mix_backward", at, [&](cudaStream_t st) {
-        residual_mix_backward(dx.ptr, dx0.ptr, dxb.ptr, {grads.ptr, grads.ptr + 1, grads.ptr + 2}, scratch.ptr, g.ptr,
+        residual_mix_backward(dx.ptr, dx0.ptr, dxb.ptr, {grads.ptr, grads.ptr + 1, grads.ptr + 2}, scratch.view(), g.ptr,
                               dh.ptr, out.ptr, rstd.ptr, x.ptr, x0.ptr, xb.ptr, lambdas,
                               {.first_layer = false, .accumulate_dx = false, .accumulate_x0_grads = true,
                                .accumulate_lambda_grads = true},
@@ -704,7 +716,7 @@ int bench_residual(const bench::Options& o) {
         gated_skip_add_forward(out.ptr, x.ptr, y.ptr, x0.ptr, w.ptr, lam.ptr, s.T, s.C, st);
     });
     b.run("gated_skip_add_backward", at, [&](cudaStream_t st) {
-        gated_skip_add_backward(dx.ptr, dx0.ptr, dw.ptr, grads.ptr, scratch.ptr, g.ptr, y.ptr, x0.ptr, w.ptr, lam.ptr,
+        gated_skip_add_backward(dx.ptr, dx0.ptr, dw.ptr, grads.ptr, scratch.view(), g.ptr, y.ptr, x0.ptr, w.ptr, lam.ptr,
                                 {.accumulate_d_skip = false, .accumulate_param_grads = true}, s.T, s.C, st);
     });
     b.run("residual_add_forward", at + " with norm", [&](cudaStream_t st) {
@@ -718,7 +730,7 @@ int bench_residual(const bench::Options& o) {
         backout_forward(out.ptr, h.ptr, rstd.ptr, x.ptr, y.ptr, lam.ptr, s.T, s.C, st);
     });
     b.run("backout_backward", at, [&](cudaStream_t st) {
-        backout_backward(dx.ptr, dxb.ptr, grads.ptr, scratch.ptr, dh.ptr, out.ptr, rstd.ptr, y.ptr, lam.ptr, true, s.T,
+        backout_backward(dx.ptr, dxb.ptr, grads.ptr, scratch.view(), dh.ptr, out.ptr, rstd.ptr, y.ptr, lam.ptr, true, s.T,
                          s.C, st);
     });
     return b.finish();

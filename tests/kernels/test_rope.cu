@@ -416,7 +416,8 @@ struct Run {
     DeviceBuffer<bf16> qkv, xa, ve_table, ve_gate, attn_gate, q, k, v, y, y_gated, dq, dk, dv, dy_gated, dy, dqkv, dve,
         dxa, d_attn_gate, d_ve_gate;
     DeviceBuffer<int32_t> ids;
-    DeviceBuffer<float> rstd_q, rstd_k, dz_ve, dz_attn, scratch;
+    DeviceBuffer<float> rstd_q, rstd_k, dz_ve, dz_attn;
+    test::DevicePartials scratch;
     AttnAux aux;
     Run(const Case& cs, const Rope& rope)
         : c(cs), qkv(cs.qkv), xa(cs.xa), ve_table(cs.ve_table), ve_gate(cs.ve_gate), attn_gate(cs.attn_gate),
@@ -425,7 +426,7 @@ struct Run {
           dy_gated(size_t(cs.T) * cs.C), dy(size_t(cs.T) * cs.C), dqkv(size_t(cs.T) * 3 * cs.C), dve(size_t(cs.T) * cs.C),
           dxa(size_t(cs.T) * cs.C), d_attn_gate(cs.H * kGateWidth), d_ve_gate(cs.H * kGateWidth), ids(cs.ids),
           rstd_q(size_t(cs.T) * cs.H), rstd_k(size_t(cs.T) * cs.H), dz_ve(size_t(cs.T) * cs.H), dz_attn(size_t(cs.T) * cs.H),
-          scratch(attn_gates_backward_scratch_bytes(cs.T, cs.H) / 4) {
+          scratch(attn_gates_backward_scratch_bytes(cs.T, cs.H)) {
         aux.T = cs.T;
         aux.H = cs.H;
         aux.D = cs.D;
@@ -448,7 +449,7 @@ struct Run {
         attn_qkv_backward(aux, dqkv.ptr, c.ve ? dve.ptr : nullptr, c.ve ? dz_ve.ptr : nullptr, dq.ptr, dk.ptr, dv.ptr,
                           qkv.ptr, rstd_q.ptr, rstd_k.ptr, nullptr);
         attn_gates_backward(aux, dxa.ptr, d_attn_gate.ptr, c.ve ? d_ve_gate.ptr : nullptr, dz_attn.ptr,
-                            c.ve ? dz_ve.ptr : nullptr, scratch.ptr, accumulate, nullptr);
+                            c.ve ? dz_ve.ptr : nullptr, scratch.view(), accumulate, nullptr);
     }
 };
 
@@ -530,6 +531,38 @@ void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, cons
     else
         test::check(same_bits(run.d_ve_gate.download(), dvg0),
                     "attn_gates_backward %s: d_ve_gate written on a layer without value embeddings", name.c_str());
+    const int gate_blocks = ceil_div(T, kGateRowsPerBlock), n_w = (ve ? 2 : 1) * H * kGateWidth;
+    {  // the kernel's fp32 order (fmaf over rows, over heads): dxa's columns and the partials, bit for bit
+        auto want_bits = dxa0;
+        const auto partials = run.scratch.partials.download();
+        const std::vector<float>* dz[2] = {&dza, &dzv};
+        const std::vector<bf16>* gate[2] = {&c.attn_gate, &c.ve_gate};
+        bool same_partials = true;
+        for (int t = 0; t < T; ++t)
+            for (int j = 0; j < kGateWidth; ++j) {
+                float s = 0.0f;
+                for (int g = 0; g < (ve ? 2 : 1); ++g)
+                    for (int h = 0; h < H; ++h)
+                        s = std::fmaf((*dz[g])[size_t(t) * H + h], float(value((*gate[g])[h * kGateWidth + j])), s);
+                bf16& d = want_bits[size_t(t) * c.C + j];
+                d = to_bf16(float(value(d)) + s);
+            }
+        for (int b = 0; b < gate_blocks; ++b)
+            for (int k = 0; k < n_w; ++k) {
+                const int g = k / (H * kGateWidth), h = k % (H * kGateWidth) / kGateWidth, j = k % kGateWidth;
+                float s = 0.0f;
+                for (int t = b * kGateRowsPerBlock; t < std::min(T, (b + 1) * kGateRowsPerBlock); ++t)
+                    s = std::fmaf((*dz[g])[size_t(t) * H + h], float(value(c.xa[size_t(t) * c.C + j])), s);
+                same_partials &= test::bits(s) == test::bits(partials[size_t(b) * n_w + k]);
+            }
+        test::check(same_bits(run.dxa.download(), want_bits) && same_partials,
+                    "attn_gates_backward %s: dxa and the partials in the scalar loops' fp32 order", name.c_str());
+    }
+    test::same_as_second_launch("attn_gates_backward d_attn_gate " + name, run.scratch, 0, gate_blocks, n_w, dag0,
+                                run.d_attn_gate.download(), accumulate);
+    if (ve)
+        test::same_as_second_launch("attn_gates_backward d_ve_gate " + name, run.scratch, H * kGateWidth, gate_blocks,
+                                    n_w, dvg0, run.d_ve_gate.download(), accumulate);
 
     // determinism: the whole backward again gives the same bits
     const auto dqkv1 = run.dqkv.download(), dxa1 = run.dxa.download(), dag1 = run.d_attn_gate.download(),
@@ -673,7 +706,7 @@ int bench_rope(const bench::Options& o) {
         });
         b.run("attn_gates_backward", at, [&](cudaStream_t s) {
             attn_gates_backward(r.aux, r.dxa.ptr, r.d_attn_gate.ptr, k.ve ? r.d_ve_gate.ptr : nullptr, r.dz_attn.ptr,
-                                k.ve ? r.dz_ve.ptr : nullptr, r.scratch.ptr, true, s);
+                                k.ve ? r.dz_ve.ptr : nullptr, r.scratch.view(), true, s);
         });
     }
     // at a stage change: stage 1's long window to stage 2's, over the table of stage 3's paired positions
@@ -707,6 +740,16 @@ int main(int argc, char** argv) {
         AttnAux a = bad_aux();
         a.ve_table = a.ve_gate = reinterpret_cast<const bf16*>(16);
         attn_qkv_forward(a, nullptr, nullptr, reinterpret_cast<bf16*>(16), nullptr, nullptr, nullptr, nullptr);
+    });
+    test::check_fails_with("attn_gates_backward with 33 heads", "33 heads, at most 32", [] {
+        AttnAux a = bad_aux();
+        a.H = 33;
+        attn_gates_backward(a, reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16), nullptr,
+                            reinterpret_cast<const float*>(16), nullptr, {}, false, nullptr);
+    });
+    test::check_fails_with("attn_gates_backward with dz_attn misaligned", "must be 16-byte aligned", [] {
+        attn_gates_backward(bad_aux(), reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16), nullptr,
+                            reinterpret_cast<const float*>(20), nullptr, {}, false, nullptr);
     });
     test::check_fails_with("YaRN head_dim 40", "head_dim must be a multiple of 16",
                            [] { yarn_rope_view(reinterpret_cast<void*>(16), 40, 100); });

@@ -222,7 +222,7 @@ void test_rows() {
     DeviceBuffer<bf16> y(n), h(n), dy(uniform_bf16(n, -1, 1)), dx(n), dx0(n), dxb(n), g(uniform_bf16(n, -1, 1));
     DeviceBuffer<float> rstd(T), in_rstd(test::uniform_vector(T, 0.5, 2));
     DeviceBuffer<float> lambdas(test::uniform_vector(3, 0.5, 1.5)), lambda_grads(3);
-    DeviceBuffer<float> scratch(residual_backward_scratch_bytes(T) / sizeof(float));
+    test::DevicePartials scratch(residual_backward_scratch_bytes(T));
     const double lam = bytes(lambdas) / 3;  // one fp32 scalar
 
     check_family("rmsnorm_forward", {kernel("rmsnorm_forward", bytes(x), bytes(y) + bytes(rstd))}, {out(y), out(rstd)},
@@ -245,14 +245,16 @@ void test_rows() {
                  [&] { residual_mix_forward(y.ptr, h.ptr, rstd.ptr, x.ptr, x.ptr, xb.ptr, mix, true, T, C, nullptr); });
 
     const int blocks = residual_backward_blocks(T);
-    const double partials3 = 3.0 * blocks * sizeof(float);
+    const double partials3 = 3.0 * blocks * sizeof(float), ticket = sizeof(unsigned int);
+    // the reductions' second pass runs in the producer's last block: it reads the partials back and
+    // writes the targets; the ticket counter is read and written (not poisoned: it must start at zero)
     const MixLambdaGrads mix_grads{lambda_grads.ptr, lambda_grads.ptr + 1, lambda_grads.ptr + 2};
     const double mix_in = bytes(g) + bytes(dy) + bytes(y) + bytes(in_rstd) + bytes(x) + bytes(x0) + bytes(xb) + 3 * lam;
     check_family("residual_mix_backward",
-                 {kernel("residual_mix_backward", mix_in, bytes(dx) + bytes(dx0) + bytes(dxb) + partials3),
-                  kernel("sum_block_partials", partials3, bytes(lambda_grads))},
-                 {out(dx), out(dx0), out(dxb), out(scratch), out(lambda_grads)}, [&] {
-                     residual_mix_backward(dx.ptr, dx0.ptr, dxb.ptr, mix_grads, scratch.ptr, g.ptr, dy.ptr, y.ptr,
+                 {kernel("residual_mix_backward", mix_in + partials3 + ticket,
+                         bytes(dx) + bytes(dx0) + bytes(dxb) + partials3 + bytes(lambda_grads) + ticket)},
+                 {out(dx), out(dx0), out(dxb), out(scratch.partials), out(lambda_grads), inout(scratch.done)}, [&] {
+                     residual_mix_backward(dx.ptr, dx0.ptr, dxb.ptr, mix_grads, scratch.view(), g.ptr, dy.ptr, y.ptr,
                                            in_rstd.ptr, x.ptr, x0.ptr, xb.ptr, mix,
                                            {.first_layer = false, .accumulate_dx = false, .accumulate_x0_grads = false,
                                             .accumulate_lambda_grads = false},
@@ -260,11 +262,11 @@ void test_rows() {
                  },
                  bytes(dx) + bytes(dx0) + bytes(dxb) + partials3 + bytes(lambda_grads));
     check_family("residual_mix_backward accumulating",
-                 {kernel("residual_mix_backward", mix_in + bytes(dx) + bytes(dx0) + bytes(dxb),
-                         bytes(dx) + bytes(dx0) + bytes(dxb) + partials3),
-                  kernel("sum_block_partials", partials3 + bytes(lambda_grads), bytes(lambda_grads))},
-                 {inout(dx), inout(dx0), inout(dxb), inout(lambda_grads)}, [&] {
-                     residual_mix_backward(dx.ptr, dx0.ptr, dxb.ptr, mix_grads, scratch.ptr, g.ptr, dy.ptr, y.ptr,
+                 {kernel("residual_mix_backward",
+                         mix_in + bytes(dx) + bytes(dx0) + bytes(dxb) + partials3 + bytes(lambda_grads) + ticket,
+                         bytes(dx) + bytes(dx0) + bytes(dxb) + partials3 + bytes(lambda_grads) + ticket)},
+                 {inout(dx), inout(dx0), inout(dxb), inout(lambda_grads), inout(scratch.done)}, [&] {
+                     residual_mix_backward(dx.ptr, dx0.ptr, dxb.ptr, mix_grads, scratch.view(), g.ptr, dy.ptr, y.ptr,
                                            in_rstd.ptr, x.ptr, x0.ptr, xb.ptr, mix,
                                            {.first_layer = false, .accumulate_dx = true, .accumulate_x0_grads = true,
                                             .accumulate_lambda_grads = true},
@@ -278,11 +280,11 @@ void test_rows() {
                  {out(y)}, [&] { gated_skip_add_forward(y.ptr, x.ptr, g.ptr, x0.ptr, gate.ptr, lambdas.ptr, T, C, nullptr); });
     const double partials13 = 13.0 * blocks * sizeof(float);
     check_family("gated_skip_add_backward",
-                 {kernel("gated_skip_add_backward", bytes(g) + bytes(x) + 2 * gate_cols + bytes(gate) + lam,
-                         bytes(dx) + gate_cols + partials13),
-                  kernel("sum_block_partials", partials13, bytes(d_gate) + lam)},
-                 {out(dx), out(scratch), out(d_gate), out(lambda_grads), inout(dx0)}, [&] {
-                     gated_skip_add_backward(dx.ptr, dx0.ptr, d_gate.ptr, lambda_grads.ptr, scratch.ptr, g.ptr, x.ptr,
+                 {kernel("gated_skip_add_backward",
+                         bytes(g) + bytes(x) + 2 * gate_cols + bytes(gate) + lam + partials13 + ticket,
+                         bytes(dx) + gate_cols + partials13 + bytes(d_gate) + lam + ticket)},
+                 {out(dx), out(scratch.partials), out(d_gate), out(lambda_grads), inout(dx0), inout(scratch.done)}, [&] {
+                     gated_skip_add_backward(dx.ptr, dx0.ptr, d_gate.ptr, lambda_grads.ptr, scratch.view(), g.ptr, x.ptr,
                                              x0.ptr, gate.ptr, lambdas.ptr,
                                              {.accumulate_d_skip = false, .accumulate_param_grads = false}, T, C,
                                              nullptr);
@@ -301,13 +303,13 @@ void test_rows() {
                  [&] { backout_forward(y.ptr, h.ptr, rstd.ptr, x.ptr, g.ptr, lambdas.ptr, T, C, nullptr); });
     const double partials1 = 1.0 * blocks * sizeof(float);
     check_family("backout_backward",
-                 {kernel("backout_backward", bytes(dy) + bytes(x) + bytes(in_rstd) + bytes(g) + lam,
-                         bytes(dx) + bytes(dxb) + partials1),
-                  kernel("sum_block_partials", partials1, lam)},
-                 {out(dx), out(dxb), out(scratch), out(lambda_grads)}, [&] {
-                     backout_backward(dx.ptr, dxb.ptr, lambda_grads.ptr, scratch.ptr, dy.ptr, x.ptr, in_rstd.ptr, g.ptr,
+                 {kernel("backout_backward", bytes(dy) + bytes(x) + bytes(in_rstd) + bytes(g) + lam + partials1 + ticket,
+                         bytes(dx) + bytes(dxb) + partials1 + lam + ticket)},
+                 {out(dx), out(dxb), out(scratch.partials), out(lambda_grads), inout(scratch.done)}, [&] {
+                     backout_backward(dx.ptr, dxb.ptr, lambda_grads.ptr, scratch.view(), dy.ptr, x.ptr, in_rstd.ptr, g.ptr,
                                       lambdas.ptr, false, T, C, nullptr);
-                 });
+                 },
+                 bytes(dx) + bytes(dxb) + partials1 + lam);
 }
 
 // ---- matmul ----
@@ -426,21 +428,28 @@ void test_mlp(CublasLt& lt) {
         test::check(same, "mlp_backward past 65535 row tiles: cuBLASLt + relu_square_backward (%zu ops)", big.size());
     }
 
-    const int64_t n = 4096;
+    // a layer's two weights in one launch each way (here of 4096 and 1024 elements, one buffer each)
+    const int64_t n1 = 4096, n2 = 1024, n = n1 + n2;
     DeviceBuffer<bf16> w(uniform_bf16(n, -1, 1)), w_eff(n), dw_eff(uniform_bf16(n, -1, 1)), dw(n);
-    DeviceBuffer<float> lambda(std::vector<float>{0.7f}), dlambda(1);
-    DeviceBuffer<float> scratch(lambda_scaled_weight_backward_scratch_bytes(n) / sizeof(float));
+    DeviceBuffer<float> lambda(std::vector<float>{0.7f, 0.4f}), dlambda(2);
+    test::DevicePartials scratch(lambda_scaled_weight_backward_scratch_bytes({n1, n2}));
     check_family("lambda_scaled_weight_forward",
-                 {kernel("lambda_scaled_weight_forward", bytes(w) + bytes(lambda), bytes(w_eff))}, {out(w_eff)},
-                 [&] { lambda_scaled_weight_forward(w_eff.ptr, w.ptr, lambda.ptr, n, nullptr); });
-    check_family("lambda_scaled_weight_backward",
-                 {kernel("lambda_scaled_weight_backward", bytes(dw_eff) + bytes(w) + bytes(lambda),
-                         bytes(dw) + bytes(scratch)),
-                  kernel("sum_fixed_order", bytes(scratch), bytes(dlambda))},
-                 {out(dw), out(scratch), out(dlambda)}, [&] {
-                     lambda_scaled_weight_backward(dw.ptr, dlambda.ptr, scratch.ptr, dw_eff.ptr, w.ptr, lambda.ptr, n,
-                                                   {.dw = false, .dlambda = false}, nullptr);
+                 {kernel("lambda_scaled_weight_forward", bytes(w) + bytes(lambda), bytes(w_eff))}, {out(w_eff)}, [&] {
+                     lambda_scaled_weight_forward(
+                         {{w_eff.ptr, w.ptr, lambda.ptr, n1}, {w_eff.ptr + n1, w.ptr + n1, lambda.ptr + 1, n2}}, nullptr);
                  });
+    // the partials (one per block) are read back by the last block, which also draws and resets the ticket
+    const double partials = bytes(scratch.partials), ticket = sizeof(unsigned int);
+    check_family("lambda_scaled_weight_backward",
+                 {kernel("lambda_scaled_weight_backward", bytes(dw_eff) + bytes(w) + bytes(lambda) + partials + ticket,
+                         bytes(dw) + partials + bytes(dlambda) + ticket)},
+                 {out(dw), out(scratch.partials), out(dlambda), inout(scratch.done)}, [&] {
+                     lambda_scaled_weight_backward(
+                         {{dw.ptr, dlambda.ptr, dw_eff.ptr, w.ptr, lambda.ptr, n1},
+                          {dw.ptr + n1, dlambda.ptr + 1, dw_eff.ptr + n1, w.ptr + n1, lambda.ptr + 1, n2}},
+                         scratch.view(), {.dw = false, .dlambda = false}, nullptr);
+                 },
+                 bytes(dw) + partials + bytes(dlambda));
 }
 
 // ---- attention ----
@@ -575,15 +584,17 @@ void test_embed() {
     check_family("embed_smear_forward",
                  {kernel("embed_smear_forward", bytes(d_ids) + rows + bytes(gate) + bytes(lambda), bytes(o))}, {out(o)},
                  [&] { embed_smear_forward(o.ptr, table.ptr, d_ids.ptr, gate.ptr, lambda.ptr, T, C, nullptr); });
-    DeviceBuffer<float> smear_scratch(embed_smear_backward_scratch_bytes(T) / sizeof(float));
-    check_family("embed_smear_backward",
-                 {kernel("embed_smear_backward", bytes(dout) + bytes(d_ids) + rows + bytes(gate) + bytes(lambda),
-                         bytes(dx) + bytes(smear_scratch)),
-                  kernel("sum_block_partials", bytes(smear_scratch), bytes(d_lambda) + bytes(d_gate))},
-                 {out(dx), out(smear_scratch), out(d_lambda), out(d_gate)}, [&] {
+    test::DevicePartials smear_scratch(embed_smear_backward_scratch_bytes(T));
+    const double smear_partials = bytes(smear_scratch.partials), ticket = sizeof(unsigned int);
+    check_family("embed_smear_backward",  // the last block reads the partials back, and draws and resets the ticket
+                 {kernel("embed_smear_backward",
+                         bytes(dout) + bytes(d_ids) + rows + bytes(gate) + bytes(lambda) + smear_partials + ticket,
+                         bytes(dx) + smear_partials + bytes(d_lambda) + bytes(d_gate) + ticket)},
+                 {out(dx), out(smear_scratch.partials), out(d_lambda), out(d_gate), inout(smear_scratch.done)}, [&] {
                      embed_smear_backward(dx.ptr, d_gate.ptr, d_lambda.ptr, dout.ptr, table.ptr, d_ids.ptr, gate.ptr,
-                                          lambda.ptr, smear_scratch.ptr, T, C, false, nullptr);
-                 });
+                                          lambda.ptr, smear_scratch.view(), T, C, false, nullptr);
+                 },
+                 bytes(dx) + smear_partials + bytes(d_lambda) + bytes(d_gate));
 
     // The backward into two tables from the same ids. From the ids' histogram: ids with at most 32
     // positions are summed straight into their row, the others in 32-position chunks (fp32 slots)
@@ -828,16 +839,16 @@ void test_rope() {
                  {out(dy), out(dz_attn)}, [&] { attn_output_gate_backward(a, dy.ptr, dz_attn.ptr, yg.ptr, y.ptr, nullptr); });
 
     const int blocks = ceil_div(T, kGateRowsPerBlock), n_w = 2 * H * kGateWidth;
-    DeviceBuffer<float> scratch(attn_gates_backward_scratch_bytes(T, H) / sizeof(float));
-    const double partials = 4.0 * blocks * n_w;
-    check_family("attn_gates_backward",
+    test::DevicePartials scratch(attn_gates_backward_scratch_bytes(T, H));
+    const double partials = 4.0 * blocks * n_w, ticket = sizeof(unsigned int);
+    check_family("attn_gates_backward",  // the last block reads the partials back, and draws and resets the ticket
                  {kernel("attn_gates_backward",
-                         bytes(dz_attn) + bytes(dz_ve) + xa_cols + xa_cols + bytes(attn_gate) + bytes(ve_gate),
-                         xa_cols + partials),
-                  kernel("sum_block_partials", partials, bytes(d_attn_gate) + bytes(d_ve_gate))},
-                 {inout(dxa), out(scratch), out(d_attn_gate), out(d_ve_gate)}, [&] {
-                     attn_gates_backward(a, dxa.ptr, d_attn_gate.ptr, d_ve_gate.ptr, dz_attn.ptr, dz_ve.ptr, scratch.ptr,
-                                         false, nullptr);
+                         bytes(dz_attn) + bytes(dz_ve) + xa_cols + xa_cols + bytes(attn_gate) + bytes(ve_gate) +
+                             partials + ticket,
+                         xa_cols + partials + bytes(d_attn_gate) + bytes(d_ve_gate) + ticket)},
+                 {inout(dxa), out(scratch.partials), out(d_attn_gate), out(d_ve_gate), inout(scratch.done)}, [&] {
+                     attn_gates_backward(a, dxa.ptr, d_attn_gate.ptr, d_ve_gate.ptr, dz_attn.ptr, dz_ve.ptr,
+                                         scratch.view(), false, nullptr);
                  },
                  partials + bytes(d_attn_gate) + bytes(d_ve_gate));  // dxa's columns are updated in place
 }
