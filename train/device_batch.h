@@ -2,6 +2,7 @@
 // backward needs (positions grouped by token id and by bigram id). Part of train_gpt.cu's memory
 // layout: included after its Config.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,25 +19,30 @@ struct DeviceBatch {
     int32_t *inputs, *targets, *cu_seqlens, *bigram;
     IdSegments token_segments, bigram_segments;  // host descriptions of the packed buffers
     int32_t *token_segments_dev, *bigram_segments_dev;
+    int32_t* packed;        // the arena region the six tensors above are packed into, each upload anew
+    size_t packed_ints = 0;
     std::vector<int32_t> cu_seqlens_host;  // the step profiler counts attention's tiles over it
 };
+// Whole 16-byte packs: every tensor of the packed region starts on a 16-byte boundary.
+inline size_t batch_pack_ints(size_t n) { return (n + 3) / 4 * 4; }
 void layout_batch(Arena& a, int T, DeviceBatch& b) {
     const int64_t cu = dataload::max_num_docs_for(T);
     b.capacity = T;
     b.cu_capacity = static_cast<int>(cu);
-    b.inputs = a.take<int32_t>("batch.inputs", {T});
-    b.targets = a.take<int32_t>("batch.targets", {T});
-    b.cu_seqlens = a.take<int32_t>("batch.cu_seqlens", {cu});
-    b.bigram = a.take<int32_t>("batch.bigram", {T});
-    b.token_segments_dev = a.take<int32_t>("batch.token_segments", {static_cast<int64_t>(id_segments_capacity_ints(T))});
-    b.bigram_segments_dev = a.take<int32_t>("batch.bigram_segments", {static_cast<int64_t>(id_segments_capacity_ints(T))});
+    const size_t seg = id_segments_capacity_ints(T);
+    b.packed_ints = 3 * batch_pack_ints(size_t(T)) + batch_pack_ints(size_t(cu)) + 2 * batch_pack_ints(seg);
+    b.packed = a.take<int32_t>("batch.packed", {static_cast<int64_t>(b.packed_ints)});
+    b.inputs = b.targets = b.cu_seqlens = b.bigram = b.token_segments_dev = b.bigram_segments_dev = b.packed;
 }
 
 // Copies one rank's micro-batch to the device and builds, on the host, the id segments the
-// embedding backward needs (positions grouped by token id and by bigram id).
+// embedding backward needs (positions grouped by token id and by bigram id). The six tensors are
+// packed back to back (16-byte aligned) into one host buffer laid out as the batch's arena region,
+// and the DeviceBatch's pointers are set to where they landed: one copy per micro-batch, not six,
+// moving only the bytes used.
 struct BatchUploader {
     IdSegmentBuilder builder;
-    std::vector<int32_t> token_packed, bigram_packed;
+    std::vector<int32_t> staging;  // host image of b.packed
     void upload(DeviceBatch& b, const Config& c, const int32_t* inputs, const int32_t* targets, const int32_t* cu_seqlens,
                 int num_cu, const int32_t* bigram, int T, cudaStream_t s) {
         auto fail = [](const std::string& why) {
@@ -55,20 +61,25 @@ struct BatchUploader {
         b.T = T;
         b.num_cu = num_cu;
         b.cu_seqlens_host.assign(cu_seqlens, cu_seqlens + num_cu);
-        token_packed.resize(id_segments_capacity_ints(T));
-        bigram_packed.resize(id_segments_capacity_ints(T));
-        b.token_segments = builder.build(inputs, T, c.padded_vocab, token_packed.data());
-        b.bigram_segments = builder.build(bigram, T, c.bigram_vocab, bigram_packed.data());
-        const size_t n = size_t(T) * sizeof(int32_t);
-        CUDA_CHECK(copy_async(b.inputs, inputs, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(copy_async(b.targets, targets, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(copy_async(b.bigram, bigram, n, cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(copy_async(b.cu_seqlens, cu_seqlens, num_cu * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(copy_async(b.token_segments_dev, token_packed.data(), b.token_segments.ints() * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, s));
-        CUDA_CHECK(copy_async(b.bigram_segments_dev, bigram_packed.data(), b.bigram_segments.ints() * sizeof(int32_t),
-                                   cudaMemcpyHostToDevice, s));
-        // the packed buffers are reused by the next upload: they must have reached the device
+        staging.resize(b.packed_ints);
+        size_t used = 0;  // ints of the region filled so far
+        auto place = [&](int32_t*& dev, const int32_t* from, size_t n) {
+            std::copy(from, from + n, staging.begin() + used);
+            dev = b.packed + used;
+            used += batch_pack_ints(n);
+        };
+        place(b.inputs, inputs, size_t(T));
+        place(b.targets, targets, size_t(T));
+        place(b.bigram, bigram, size_t(T));
+        place(b.cu_seqlens, cu_seqlens, size_t(num_cu));
+        b.token_segments = builder.build(inputs, T, c.padded_vocab, staging.data() + used);
+        b.token_segments_dev = b.packed + used;
+        used += batch_pack_ints(b.token_segments.ints());
+        b.bigram_segments = builder.build(bigram, T, c.bigram_vocab, staging.data() + used);
+        b.bigram_segments_dev = b.packed + used;
+        used += b.bigram_segments.ints();
+        CUDA_CHECK(copy_async(b.packed, staging.data(), used * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+        // the staging buffer is reused by the next upload: it must have reached the device
         CUDA_CHECK(sync_stream(s, "batch_upload"));
     }
 };

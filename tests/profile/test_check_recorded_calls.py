@@ -93,8 +93,9 @@ class Planted(unittest.TestCase):
              "cudaMemcpyAsync outside a recording helper (use copy_async)"),
             ("train_gpt.cu", "NCCL_CHECK(reduce_scatter(", "NCCL_CHECK(ncclReduceScatter(",
              "ncclReduceScatter outside a recording helper"),
-            ("train/device_batch.h", "CUDA_CHECK(copy_async(b.inputs, inputs, n, cudaMemcpyHostToDevice, s));",
-             "CUDA_CHECK(cudaMemcpy(b.inputs, inputs, n, cudaMemcpyHostToDevice));",
+            ("train/device_batch.h",
+             "CUDA_CHECK(copy_async(b.packed, staging.data(), used * sizeof(int32_t), cudaMemcpyHostToDevice, s));",
+             "CUDA_CHECK(cudaMemcpy(b.packed, staging.data(), used * sizeof(int32_t), cudaMemcpyHostToDevice));",
              "cudaMemcpy outside a recording helper (use copy_async and sync_stream)"),
             ("train_gpt.cu", "        watch_nonfinite(r, step);",
              "        CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), r.m.param_arena.base(), 4, cudaMemcpyDeviceToDevice));\n"
