@@ -1009,8 +1009,9 @@ inline const std::vector<ScheduleRule>& upstream_rules() {
          "upstream launches its reductions from the optimizer step. Ours already issue after the backward, so today "
          "this changes nothing; it keeps upstream's order when ours changes"},
         {"sum_block_partials_kept",
-         "our sum_block_partials launches (the second pass of our deterministic reductions) are kept although "
-         "upstream's torch reductions have no such launch: a small overstatement of upstream"},
+         "our deterministic reductions' second passes are kept although upstream's torch reductions have none: "
+         "most are fused into their producers now (last-block-done); the few left (sum_fixed_order of the loss, "
+         "sum_block_partials outside the backward) slightly overstate upstream"},
     };
     return rules;
 }
