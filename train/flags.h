@@ -39,6 +39,8 @@ struct RunOptions {
 struct PlanOptions {
     std::string json_path, trace_path;  // empty: none
     bool upstream = false;              // price upstream's schedule of the same work (--schedule upstream)
+    int nodes = 1;                      // --nodes: the ranks split evenly over this many nodes (8 GPUs each
+                                        // on the record), collectives crossing the network between them
 };
 
 // The largest step count a flag takes: far beyond any real schedule, and small enough that step
@@ -78,6 +80,7 @@ const char* kUsage =
     "                           (even, Adam, the untie step) in a dry run, price it, print the tables and exit\n"
     "  --json FILE, --trace FILE  with --plan-step: also write the plan as JSON, and a Chrome/Perfetto trace\n"
     "  --schedule ours|upstream with --plan-step: price our schedule (default) or upstream's for the same work\n"
+    "  --nodes N                with --plan-step: price collectives for the ranks split over N nodes (default 1)\n"
     "  --profile-steps A:B      time every operation of training steps A..B (0 <= A <= B < the run's last step)\n"
     "                           and print a table per step; those steps' times include the report\n"
     "  --help                   this text\n";
@@ -219,6 +222,7 @@ CommandLine parse_command_line(int argc, char** argv) {
         else if (arg == "--plan-step") set_mode(Mode::plan_step, "--plan-step");
         else if (arg == "--json") cl.plan.json_path = value(), plan_flag = "--json";
         else if (arg == "--trace") cl.plan.trace_path = value(), plan_flag = "--trace";
+        else if (arg == "--nodes") cl.plan.nodes = static_cast<int>(parse_int(arg, value(), 1, 4096)), plan_flag = "--nodes";
         else if (arg == "--schedule") {
             plan_flag = "--schedule";
             const std::string v = value();

@@ -219,6 +219,9 @@ std::vector<std::vector<std::vector<StepOp>>> gather_recordings(const std::vecto
 // --plan-step: records every stage's steps on every rank, then rank 0 prices them and prints the
 // tables (and writes --json, --trace). Returns the exit code; writes no log and no checkpoint.
 int plan_step_mode(Run& r, const PlanData& data, const PlanOptions& plan) {
+    if (r.d.world % plan.nodes != 0)
+        fail("--nodes " + std::to_string(plan.nodes) + ": the " + std::to_string(r.d.world) +
+             " ranks do not split evenly over that many nodes");
     const auto t0 = std::chrono::steady_clock::now();
     const Config& c = r.m.cfg;
     const std::vector<StagePlan> plans = stage_plans(r.sch);
@@ -261,7 +264,7 @@ int plan_step_mode(Run& r, const PlanData& data, const PlanOptions& plan) {
             stages.push_back({"stage " + std::to_string(i), p.steps_even, p.steps_adam, p.steps_untie, taken(p.even, 0),
                               taken(p.adam, 1), taken(p.untie, 2)});
         }
-        const CostModel cm = h100_model(r.d.world);
+        const CostModel cm = h100_model(r.d.world, plan.nodes);
         const PlanReport ours = plan_report(c.name, "ours", stages, cm);
         std::printf("plan-step: preset %s on %d rank(s): one step of each kind per stage recorded in a dry run in %.1f s\n",
                     c.name.c_str(), r.d.world, record_s);

@@ -113,6 +113,17 @@ def test_plan(tmp):
     check("Ours vs upstream's schedule" in p.stdout and "fa3_attention" in p.stdout,
           "--schedule upstream: the comparison and its rules are printed")
 
+    # the same plan on 2 ranks as 2 nodes of one GPU: every collective crosses the network
+    one, two = os.path.join(tmp, "nodes1.json"), os.path.join(tmp, "nodes2.json")
+    must(run(["--preset", "tiny", "--plan-step", "--json", one], 2), "tiny --plan-step on 2 ranks")
+    must(run(["--preset", "tiny", "--plan-step", "--nodes", "2", "--json", two], 2), "--nodes 2 on 2 ranks")
+    a, b = json.load(open(one)), json.load(open(two))
+    check(a["nodes"] == 1 and b["nodes"] == 2, f"--nodes: the JSON says {a['nodes']} and {b['nodes']}")
+    comm = lambda plan: sum(c["modeled_ms"] for st in plan["stages"] for c in st["collectives"])
+    check(comm(b) > comm(a), f"--nodes 2: collectives cost more over the network ({comm(b):.4f} > {comm(a):.4f} ms)")
+    p = run(["--preset", "tiny", "--plan-step", "--nodes", "3"], 2)
+    check(p.returncode != 0 and "do not split evenly" in p.stderr, "--nodes 3 on 2 ranks: refused")
+
     js = os.path.join(tmp, "record8.json")
     t0 = time.time()
     p = must(run(["--preset", "record", "--plan-step", "--json", js], 8), "record --plan-step on 8 ranks")
@@ -132,6 +143,8 @@ def test_plan(tmp):
 
     for args, phrase in [(["--json", "x.json"], "--json goes with --plan-step"),
                          (["--schedule", "upstream"], "--schedule goes with --plan-step"),
+                         (["--nodes", "2"], "--nodes goes with --plan-step"),
+                         (["--plan-step", "--nodes", "0"], "--nodes"),
                          (["--plan-step", "--schedule", "theirs"], "--schedule needs ours or upstream"),
                          (["--plan-step", "--print-memory"], "are separate modes")]:
         p = run(["--preset", "tiny"] + args)
