@@ -127,7 +127,9 @@ void check_block_sum_as() {
                     order_shows += test::bits(got.download()[0]) != test::bits(w);
                 }
             }
-    test::check(order_shows > cases / 2, "the order shows in the bits in %d of %d cases", order_shows, cases);
+    // each case shows a different order in the bits about half the time (8 of 16 seen): any one
+    // proves the bit checks above can fail; a fixed majority would make the test flaky
+    test::check(order_shows >= 2, "the order shows in the bits in %d of %d cases", order_shows, cases);
 }
 
 // last_block_sum against sum_block_partials over the same partials: the same bits, into bf16 and fp32
