@@ -129,9 +129,11 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     // bf16 activations through 11 layers and an FP8 head: the sum over rows agrees to ~1e-3.
     test::check(std::fabs(loss - ref_loss) <= 5e-3 * ref_loss, "training loss %.6f vs reference %.6f", loss, ref_loss);
 
-    // Tolerances, from the spread seen over many seeds: bf16 activations through 11 layers put
-    // 1-2.5% of error in the big tensors' gradients; gradients that are sums over every token of
-    // products (12-wide gates) cancel, which raises their relative error to several percent.
+    // Tolerances, from the spread seen over many seeds: bf16 activations through 11 layers and the
+    // FP8 head's e5m2 gradient put 1-2.5% of error in the big tensors' gradients, with a tail to
+    // ~5.5% on about one seed in 30 (TEST_SEED=11474964349816178238: embed 5.3%, lm_head 5.5%, the
+    // same before and after the fusions); a wrong gradient is off by O(1). Gradients that are sums
+    // over every token of products (12-wide gates) cancel, which raises their error to several percent.
     const ref::Params mg = download_params(m.grads, rc);
     auto got_t = mg.tensors();
     auto want_t = rg.tensors();
@@ -145,7 +147,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         const bool lambdas = &b == &rg.scalars || &b == &rg.x0_lambdas;
         std::printf("  grad %-15s |ref| %.4e  relative error %.3e\n", got_t[i].first, norm2(b), rel);
         if (!lambdas)
-            test::check(rel < (reduced ? 0.15 : 0.05), "gradient of %s: relative error %.3e", got_t[i].first, rel);
+            test::check(rel < (reduced ? 0.15 : 0.08), "gradient of %s: relative error %.3e", got_t[i].first, rel);
     }
     // Each lambda's gradient is a sum of products d_i x_i of a stream gradient with a stream over
     // T x C, and the sum can cancel almost completely, so a relative check on it is meaningless. The
