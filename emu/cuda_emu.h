@@ -32,6 +32,8 @@
 #undef __shared__
 #define __shared__ static thread_local
 #define __launch_bounds__(...)
+#undef __grid_constant__
+#define __grid_constant__
 
 // Rounding to bf16. The CUDA header's host __float2bfloat16 decides round-to-nearest-even with
 // compares that mispredict on about half of real data, which made it the largest cost of whole
@@ -74,6 +76,7 @@ struct BlockState {         // one per block in flight on a worker
     dim3 block_dim, grid_dim;
     unsigned char* dyn_smem;
     size_t dyn_smem_bytes;
+    uint64_t serial;        // distinct for every block a worker runs (state kept per block is reset by it)
 };
 extern __thread ThreadState* t_thread;
 extern __thread BlockState* t_block;
@@ -147,6 +150,9 @@ inline void warp_collective(const char* what, unsigned mask, const void* in, siz
 
 // Block barrier; returns the number of threads whose `pred` was non-zero.
 int block_barrier(const char* what, int pred);
+// Parks the calling thread until *word differs from `seen` (other threads of the block run meanwhile);
+// a block whose threads all wait, here or at barriers, fails as deadlocked, naming `what`.
+void wait_while_equal(const uint64_t* word, uint64_t seen, const char* what);
 
 // Emulation switches and diagnostics (environment: EMU_WORKERS, EMU_RANDOM_ORDER, EMU_STACK_KB;
 // EMU_GEMM and EMU_NCCL_SLICE_BYTES for the cuBLASLt and NCCL shims; see README.md).

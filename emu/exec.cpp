@@ -254,6 +254,7 @@ private:
     std::vector<unsigned char> smem_;
     std::vector<unsigned> order_, identity_, lead_;  // passes: shuffled, index order, the lead warp
     BlockState block_{};
+    uint64_t blocks_run_ = 0;
     Context sched_ = nullptr;         // the scheduler's resume point (on the worker's own stack)
     const unsigned* pass_ = nullptr;  // the pass in progress: fiber indices in resume order
     unsigned pass_count_ = 0, pass_resumed_ = 0;
@@ -345,6 +346,7 @@ void Worker::run_block(Job& job, uint64_t linear) {
     block_.grid_dim = g;
     block_.dyn_smem = smem_.data();
     block_.dyn_smem_bytes = job.smem_bytes;
+    block_.serial = ++blocks_run_;
     t_block = &block_;
     const unsigned n = job.threads;
     poison_fresh(smem_.data(), job.smem_bytes);  // what an earlier block left shows as NaN
@@ -755,6 +757,10 @@ int block_barrier(const char* what, int pred) {
         w.yield(f, &w.bar_gen, w.bar_gen, what);
     }
     return w.bar_result;
+}
+
+void wait_while_equal(const uint64_t* word, uint64_t seen, const char* what) {
+    current_worker_on_fiber().yield(static_cast<Fiber*>(t_thread), word, seen, what);
 }
 
 unsigned warp_lanes() { return current_worker_on_fiber().warp(t_thread->warp).lanes; }

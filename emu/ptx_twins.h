@@ -351,3 +351,5 @@ __device__ __forceinline__ void mma_m16n8k16_bf16_from_smem(float (&acc)[M][N][4
     std::memcpy(emu::collective_slot(), &in, sizeof in);
     emu::collective_arrive("mma_m16n8k16_bf16_from_smem", 0xffffffffu, emu::mma_m16n8k16_bf16_from_smem_combine<S, M, N>);
 }
+
+#include "hopper_twins.h"

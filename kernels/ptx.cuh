@@ -14,8 +14,11 @@
 #pragma once
 #include "platform.cuh"
 
+#include <cuda.h>
+
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 
 // D = A @ B + C on one 16x16x16 tile: bf16 inputs, fp32 accumulation.
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
@@ -63,6 +66,133 @@ __device__ __forceinline__ void cp_async_wait();
 template <int S, int M, int N>
 __device__ __forceinline__ void mma_m16n8k16_bf16_from_smem(float (&acc)[M][N][4], const void* const (&a_rows)[S][M],
                                                             const void* const (&b_rows)[S][N / 2]);
+
+
+// ---- Hopper (sm_90a): wgmma, shared-memory matrix descriptors, mbarrier, TMA ----
+// wgmma.mma_async m64nNk16, bf16 x bf16 -> fp32: a warpgroup (4 aligned warps, 128 threads) computes
+// D[64][N] = A[64][16] B[16][N] (+ D when scale_d). Warp w of the group (w = warp index % 4) owns rows
+// 16w..16w+15; lane l, g = l / 4, t = l % 4, n-chunk i < N/8:
+//   D (fp32, N/2 registers): d[4i]   = D[16w+g][8i+2t]    d[4i+1] = D[16w+g][8i+2t+1]
+//                            d[4i+2] = D[16w+g+8][8i+2t]  d[4i+3] = D[16w+g+8][8i+2t+1]
+//   A from registers (4 x 32 bits, two bf16 each, lower column first), mma.m16n8k16's A on the warp's rows:
+//     a0 = A[16w+g][2t..2t+1]  a1 = A[16w+g+8][2t..2t+1]  a2 = A[16w+g][2t+8..2t+9]  a3 = A[16w+g+8][2t+8..2t+9]
+// A (64 x 16) and B (N x 16, i.e. B^T: both "K-major", k contiguous) from shared memory through a
+// 64-bit matrix descriptor: bits 0-13 start address >> 4, 16-29 leading byte offset (LBO) >> 4,
+// 32-45 stride byte offset (SBO) >> 4, 49-51 base offset (0 here), 62-63 swizzle (0 none, 1 128B,
+// 2 64B, 3 32B). Element (r, k) of a K-major operand, r its row (m or n), lies at byte
+//   none:        start + (r/8) SBO + (r%8) 16 + (k/8) LBO + (k%8) 2   (8x8 core matrices of 16-byte rows)
+//   swizzle S:   swizzled(start + (r/8) SBO + (r%8) S + 2k)           (S = 32, 64, 128; LBO unused)
+// where swizzled(a) XORs the 16-byte chunk bits of the address (4.., log2(S/16) of them) with the bits
+// from 7 up (swizzle_address below; with 128-byte rows, chunk c of row r lands at c ^ (r % 8)); the
+// pattern repeats every 8 S bytes. TMA writes the same pattern for the tensor map's swizzle, so a tile
+// loaded by TMA with S-byte swizzle (box rows of S bytes) is read with SBO = 8 S, and k-steps within
+// the row advance the start address by 32 bytes. A swizzled operand's start must lie in the first 128
+// bytes of a pattern repeat (the descriptor's base offset stays 0).
+// Asynchrony: wgmma_fence() before the first wgmma of a batch (and after touching its registers);
+// wgmma_commit() closes a group of issued wgmmas; wgmma_wait<N>() blocks until at most N groups are in
+// flight. An accumulator's registers are undefined until the wait that retires its last wgmma: under
+// emu WgmmaAcc's element access fails on such a read, and the registers hold a NaN pattern meanwhile.
+enum class Swizzle { none, b32, b64, b128 };
+// Bytes in one swizzled row (the pattern repeats every 8 rows); 16 without swizzle.
+__host__ __device__ constexpr uint32_t swizzle_bytes(Swizzle s) {
+    return s == Swizzle::b128 ? 128u : s == Swizzle::b64 ? 64u : s == Swizzle::b32 ? 32u : 16u;
+}
+// The shared-memory byte address where the 16-byte chunk addressed by `addr` is stored under swizzle s.
+__host__ __device__ constexpr uint32_t swizzle_address(uint32_t addr, Swizzle s) {
+    return addr ^ (((addr >> 7) & (swizzle_bytes(s) / 16 - 1)) << 4);
+}
+// The shared-memory address of p, as descriptors and the hardware's swizzle see it. Under emu: its
+// offset in the block's dynamic shared memory (operands addressed this way must lie there).
+__device__ __forceinline__ uint32_t smem_address(const void* p);
+__device__ __forceinline__ uint64_t make_smem_desc(const void* start, uint32_t leading_bytes, uint32_t stride_bytes,
+                                                   Swizzle s) {
+    const uint64_t field = (uint64_t(s == Swizzle::b128 ? 1 : s == Swizzle::b64 ? 2 : s == Swizzle::b32 ? 3 : 0)) << 62;
+    return field | uint64_t((smem_address(start) & 0x3ffff) >> 4) | uint64_t((leading_bytes >> 4) & 0x3fff) << 16 |
+           uint64_t((stride_bytes >> 4) & 0x3fff) << 32;
+}
+
+// The accumulator registers of one m64nNk16 wgmma chain, N/2 fp32 per thread in the D layout above.
+template <int N>
+struct WgmmaAcc;
+constexpr bool wgmma_n_supported(int n) { return n == 64 || n == 128 || n == 256; }
+// D = A B + (scale_d ? D : 0), A and B from shared memory (descriptors).
+template <int N>
+__device__ __forceinline__ void wgmma_ss(WgmmaAcc<N>& d, uint64_t desc_a, uint64_t desc_b, bool scale_d);
+// The same with A from registers (the A layout above).
+template <int N>
+__device__ __forceinline__ void wgmma_rs(WgmmaAcc<N>& d, const uint32_t (&a)[4], uint64_t desc_b, bool scale_d);
+// Each names the accumulators it orders (the GPU build keeps the compiler from moving their accesses
+// across it).
+template <class... Acc>
+__device__ __forceinline__ void wgmma_fence(Acc&... acc);
+__device__ __forceinline__ void wgmma_commit();
+template <int Groups, class... Acc>
+__device__ __forceinline__ void wgmma_wait(Acc&... acc);
+// Writes by threads to shared memory become visible to wgmma and TMA (the async proxy) after this.
+__device__ __forceinline__ void fence_proxy_async();
+
+// mbarrier: a 64-bit shared-memory object with an expected arrival count, pending arrivals and a
+// transaction (byte) count. A phase completes when all arrivals are in and the tx-count is back at
+// zero; the phase parity then flips. mbarrier_wait(bar, p) returns once the phase of parity p has
+// completed (start with p = 0 and flip it each round).
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals);
+__device__ __forceinline__ void fence_mbarrier_init();  // before the __syncthreads that publishes the init
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar);
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes);
+__device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t parity);
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+    while (!mbarrier_try_wait(bar, parity)) {}
+}
+
+// TMA: one box of a tensor map (encode_tensor_map) from global to shared memory (128-byte aligned),
+// completing `box bytes` of transactions on `bar`. Coordinates are element indices, innermost first,
+// and may lie outside the tensor: those elements are filled with zeros.
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar);
+__device__ __forceinline__ void tma_load_3d(void* smem_dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint64_t* bar);
+
+// The tensor map of a bf16 tensor of rank R (dims innermost first, strides in bytes of dims 1..R-1),
+// loaded in boxes of `box` elements with swizzle s, through cuTensorMapEncodeTiled (the driver's,
+// found through the runtime's entry point; emu's own in the CPU build). Stops with a message on error.
+template <int R>
+CUtensorMap encode_tensor_map(const void* base, const uint64_t (&dims)[R], const uint64_t (&strides)[R - 1],
+                              const uint32_t (&box)[R], Swizzle s) {
+    static_assert(R >= 1 && R <= 5, "tensor maps have rank 1 to 5");
+    using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static const Encode encode = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+#if CUDART_VERSION >= 12050
+        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+#else
+        const cudaError_t e = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &found);
+#endif
+        if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn) {
+            std::fprintf(stderr, "encode_tensor_map: the driver has no cuTensorMapEncodeTiled (%s)\n", cudaGetErrorString(e));
+            std::exit(EXIT_FAILURE);
+        }
+        return reinterpret_cast<Encode>(fn);
+    }();
+    const CUtensorMapSwizzle swizzle = s == Swizzle::b128  ? CU_TENSOR_MAP_SWIZZLE_128B
+                                       : s == Swizzle::b64 ? CU_TENSOR_MAP_SWIZZLE_64B
+                                       : s == Swizzle::b32 ? CU_TENSOR_MAP_SWIZZLE_32B
+                                                           : CU_TENSOR_MAP_SWIZZLE_NONE;
+    cuuint32_t element_strides[R];
+    for (int i = 0; i < R; ++i) element_strides[i] = 1;
+    CUtensorMap map;
+    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, R, const_cast<void*>(base), dims, strides, box,
+                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        std::fprintf(stderr, "encode_tensor_map: cuTensorMapEncodeTiled failed (CUresult %d) for a rank-%d bf16 tensor at %p, box", int(r), R, base);
+        for (int i = 0; i < R; ++i) std::fprintf(stderr, " %u", box[i]);
+        std::fprintf(stderr, ", swizzle %u bytes\n", s == Swizzle::none ? 0u : swizzle_bytes(s));
+        std::exit(EXIT_FAILURE);
+    }
+    return map;
+}
 
 #ifdef __CUDACC__
 
@@ -132,6 +262,137 @@ __device__ __forceinline__ void mma_m16n8k16_bf16_from_smem(float (&acc)[M][N][4
                 mma_m16n8k16_bf16(acc[m][n], a[m], b, acc[m][n]);
             }
     }
+}
+
+// ---- Hopper ----
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+template <int N>
+struct WgmmaAcc {
+    static_assert(wgmma_n_supported(N), "wgmma shapes here: m64n64k16, m64n128k16, m64n256k16");
+    float r[N / 2];
+    __device__ __forceinline__ float& operator[](int i) { return r[i]; }
+    __device__ __forceinline__ const float& operator[](int i) const { return r[i]; }
+};
+
+// The accumulator operand lists: "+f" for every register, 8 at a time.
+#define WGMMA_D8(i) "+f"(d.r[i]), "+f"(d.r[i + 1]), "+f"(d.r[i + 2]), "+f"(d.r[i + 3]), "+f"(d.r[i + 4]), \
+                    "+f"(d.r[i + 5]), "+f"(d.r[i + 6]), "+f"(d.r[i + 7])
+#define WGMMA_D32(i) WGMMA_D8(i), WGMMA_D8(i + 8), WGMMA_D8(i + 16), WGMMA_D8(i + 24)
+#define WGMMA_REGS_32 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define WGMMA_REGS_64 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define WGMMA_REGS_128 \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+// scale-d is a predicate; scale-a/b are +1 and neither operand is transposed (both K-major).
+#define WGMMA_SS(n, regs, da, db, sd) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #sd ", 0;\nwgmma.mma_async.sync.aligned.m64n" #n "k16.f32.bf16.bf16 {" regs \
+    "}, %" #da ", %" #db ", p, 1, 1, 0, 0;\n}\n"
+#define WGMMA_RS(n, regs, a0, a1, a2, a3, db, sd)                                                                  \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #sd ", 0;\nwgmma.mma_async.sync.aligned.m64n" #n "k16.f32.bf16.bf16 {" regs \
+    "}, {%" #a0 ", %" #a1 ", %" #a2 ", %" #a3 "}, %" #db ", p, 1, 1, 0;\n}\n"
+
+template <int N>
+__device__ __forceinline__ void wgmma_ss(WgmmaAcc<N>& d, uint64_t desc_a, uint64_t desc_b, bool scale_d) {
+    const int sd = scale_d;
+    if constexpr (N == 64)
+        asm volatile(WGMMA_SS(64, WGMMA_REGS_32, 32, 33, 34) : WGMMA_D32(0) : "l"(desc_a), "l"(desc_b), "r"(sd));
+    else if constexpr (N == 128)
+        asm volatile(WGMMA_SS(128, WGMMA_REGS_64, 64, 65, 66) : WGMMA_D32(0), WGMMA_D32(32) : "l"(desc_a), "l"(desc_b), "r"(sd));
+    else
+        asm volatile(WGMMA_SS(256, WGMMA_REGS_128, 128, 129, 130)
+                     : WGMMA_D32(0), WGMMA_D32(32), WGMMA_D32(64), WGMMA_D32(96)
+                     : "l"(desc_a), "l"(desc_b), "r"(sd));
+}
+template <int N>
+__device__ __forceinline__ void wgmma_rs(WgmmaAcc<N>& d, const uint32_t (&a)[4], uint64_t desc_b, bool scale_d) {
+    const int sd = scale_d;
+    if constexpr (N == 64)
+        asm volatile(WGMMA_RS(64, WGMMA_REGS_32, 32, 33, 34, 35, 36, 37)
+                     : WGMMA_D32(0) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(sd));
+    else if constexpr (N == 128)
+        asm volatile(WGMMA_RS(128, WGMMA_REGS_64, 64, 65, 66, 67, 68, 69)
+                     : WGMMA_D32(0), WGMMA_D32(32) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(sd));
+    else
+        asm volatile(WGMMA_RS(256, WGMMA_REGS_128, 128, 129, 130, 131, 132, 133)
+                     : WGMMA_D32(0), WGMMA_D32(32), WGMMA_D32(64), WGMMA_D32(96)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(sd));
+}
+#undef WGMMA_D8
+#undef WGMMA_D32
+#undef WGMMA_REGS_32
+#undef WGMMA_REGS_64
+#undef WGMMA_REGS_128
+#undef WGMMA_SS
+#undef WGMMA_RS
+
+// Ties every accumulator register to this point: the compiler may not move their reads or writes across it.
+template <int N>
+__device__ __forceinline__ void wgmma_order_registers(WgmmaAcc<N>& d) {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) asm volatile("" : "+f"(d.r[i])::"memory");
+}
+template <class... Acc>
+__device__ __forceinline__ void wgmma_fence(Acc&... acc) {
+    (wgmma_order_registers(acc), ...);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int Groups, class... Acc>
+__device__ __forceinline__ void wgmma_wait(Acc&... acc) {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Groups) : "memory");
+    (wgmma_order_registers(acc), ...);
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_address(bar)), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+
+__device__ __forceinline__ void tma_load_2d(void* smem_dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem_address(smem_dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_address(bar))
+        : "memory");
+}
+__device__ __forceinline__ void tma_load_3d(void* smem_dst, const CUtensorMap* map, int c0, int c1, int c2,
+                                            uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+            smem_address(smem_dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_address(bar))
+        : "memory");
 }
 
 #else

@@ -7,3 +7,10 @@ if(Python3_Interpreter_FOUND)
            $<TARGET_FILE:test_norm> $<TARGET_FILE:test_residual> $<TARGET_FILE:test_mlp>)
   set_tests_properties(kernel_bench_smoke PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" TIMEOUT 300)
 endif()
+# The GPU build's TMA + wgmma GEMM of test_hopper (the correct variants, A from shared memory and from
+# registers): HGMMA and UTMALDG in its SASS, no local memory (tests/kernels/check_hopper_sass.py).
+if(BUILD_GPU AND Python3_Interpreter_FOUND)
+  add_test(NAME gpu_hopper_sass COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/kernels/check_hopper_sass.py
+           $<TARGET_FILE:test_hopper_gpu> _Z14gemm_tma_wgmmaILb0EL7Planted0E _Z14gemm_tma_wgmmaILb1EL7Planted0E)
+  set_tests_properties(gpu_hopper_sass PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" SKIP_RETURN_CODE 77)
+endif()
