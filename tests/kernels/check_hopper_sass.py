@@ -3,8 +3,9 @@
 Usage: check_hopper_sass.py BINARY KERNEL_SYMBOL_PREFIX...
 For each kernel whose mangled symbol starts with a prefix: `cuobjdump -sass` must show HGMMA and UTMALDG
 instructions in it, and `cuobjdump -res-usage` must give it no local memory and no stack (spills).
-cuobjdump is found as check_res_usage.py finds it; -sass also needs nvdisasm beside it or on PATH.
+cuobjdump is found as check_res_usage.py finds it; -sass also needs nvdisasm (find_nvdisasm).
 Exits 77 (CTest's skip) when either tool is missing."""
+import glob
 import os
 import re
 import shutil
@@ -30,11 +31,20 @@ def functions(text, header):
     return out
 
 
+def find_nvdisasm(cuobjdump):
+    """nvdisasm on PATH, beside cuobjdump, or from the project's .venv (the nvidia-cuda-nvdisasm wheel:
+    nvidia/cu<N>/bin or nvidia/cuda_nvdisasm/bin in site-packages); None when there is none."""
+    candidates = [shutil.which("nvdisasm") or "", os.path.join(os.path.dirname(cuobjdump), "nvdisasm")]
+    for pattern in ("nvidia/cu*/bin/nvdisasm", "nvidia/cuda_nvdisasm/bin/nvdisasm"):
+        candidates += sorted(glob.glob(os.path.join(REPO, ".venv", "lib", "python3*", "site-packages", pattern)))
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
 def main():
     binary, prefixes = sys.argv[1], sys.argv[2:]
     cuobjdump = find_cuobjdump(REPO)
-    nvdisasm = cuobjdump and (shutil.which("nvdisasm") or os.path.join(os.path.dirname(cuobjdump), "nvdisasm"))
-    if not cuobjdump or not os.access(nvdisasm, os.X_OK):
+    nvdisasm = cuobjdump and find_nvdisasm(cuobjdump)
+    if not cuobjdump or not nvdisasm:
         print("check_hopper_sass: skipped, no cuobjdump with nvdisasm here")
         return 77
     env = dict(os.environ, PATH=os.path.dirname(nvdisasm) + os.pathsep + os.environ.get("PATH", ""))

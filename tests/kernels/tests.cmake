@@ -13,4 +13,9 @@ if(BUILD_GPU AND Python3_Interpreter_FOUND)
   add_test(NAME gpu_hopper_sass COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/kernels/check_hopper_sass.py
            $<TARGET_FILE:test_hopper_gpu> _Z14gemm_tma_wgmmaILb0EL7Planted0E _Z14gemm_tma_wgmmaILb1EL7Planted0E)
   set_tests_properties(gpu_hopper_sass PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" SKIP_RETURN_CODE 77)
+  # the checker itself: a single-wgmma kernel loads no TMA box, so it must be refused
+  add_test(NAME gpu_hopper_sass_planted COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/kernels/check_hopper_sass.py
+           $<TARGET_FILE:test_hopper_gpu> _Z9one_wgmmaILi64ELb0E)
+  set_tests_properties(gpu_hopper_sass_planted PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" SKIP_RETURN_CODE 77
+                       WILL_FAIL TRUE)
 endif()
