@@ -376,8 +376,6 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
     if (training) {
         s.fp8.x_f8 = a.take<__nv_fp8_e4m3>(m + "x_f8", {T, C});
         s.fp8.x_f8_t = a.take<__nv_fp8_e4m3>(m + "x_f8_t", {C, T});
-        s.fp8.w_f8 = a.take<__nv_fp8_e4m3>(m + "w_f8", {C, V});
-        s.fp8.w_f8_t = a.take<__nv_fp8_e4m3>(m + "w_f8_t", {V, C});
         s.fp8.g_f8 = a.take<__nv_fp8_e5m2>(m + "g_f8", {T, V});
         s.fp8.g_f8_t = a.take<__nv_fp8_e5m2>(m + "g_f8_t", {V, T});
     } else {
@@ -437,7 +435,6 @@ struct StepSchedule {
     int ws_short = 0, ws_long = 0;   // windows in tokens
     const float* mtp_weights;        // device, n_predict weights
     int n_predict = 1;
-    bool lm_head_quantized = false;  // the step's FP8 lm_head weight is already made (later micro-steps)
 };
 
 // ============================================================================================
@@ -450,6 +447,8 @@ struct Model {
     Acts train, eval;
     BackwardBufs bw;
     float* untie_scratch;         // (C, V) over the dead activations: lm_head's moments gathered at the untie step
+    // remade after each change of lm_head (refresh_lm_head_copies): its FP8 copies; embed while tied
+    bool lm_head_fp8_stale = true, embed_stale = false;
     DeviceBatch batch, eval_batch;
     YarnRope rope;
     LmHeadFp8Scales* fp8_scales;  // device
@@ -478,9 +477,14 @@ void layout_activations(Arena& a, Model& m) {
     const int T = c.max_train_tokens(), Tv = c.val_micro_tokens();
     layout_batch(a, std::max(T, Tv), m.batch);
     m.eval_batch = m.batch;
+    // the FP8 lm_head weight outlives a step (made once per change of lm_head): not shared
+    auto* w_f8 = a.take<__nv_fp8_e4m3>("lm_head.w_f8", {c.model_dim, c.padded_vocab});
+    auto* w_f8_t = a.take<__nv_fp8_e4m3>("lm_head.w_f8_t", {c.padded_vocab, c.model_dim});
     // training and evaluation never hold their activations at the same time: they share the rest
     const size_t shared = a.mark();
     layout_acts(a, c, T, true, m.train);
+    m.train.fp8.w_f8 = w_f8;
+    m.train.fp8.w_f8_t = w_f8_t;
     layout_backward(a, c, T, m.bw);
     const size_t training_end = a.mark();
     a.rewind_to(shared, training_end);
@@ -604,6 +608,15 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
     return aux;
 }
 
+// After lm_head changed (an Adam step, a load): its FP8 copies, and embed = lm_head^T while they
+// are tied, in one pass; before anything reads them (a training forward, validation, a save).
+void refresh_lm_head_copies(Model& m, cudaStream_t s) {
+    if (!m.lm_head_fp8_stale) return;
+    lm_head_fp8_quantize_weight(m.train.fp8, m.params.lm_head, m.fp8_scales, m.cfg.model_dim, m.cfg.padded_vocab, s,
+                                m.embed_stale ? m.params.embed : nullptr);
+    m.lm_head_fp8_stale = m.embed_stale = false;
+}
+
 // Training (a = m.train): the FP8 lm_head and the multi-token-prediction loss summed over rows,
 // every tensor the backward needs kept. Eval (a = m.eval): the bf16 lm_head and the mean
 // cross-entropy. The loss lands in m.loss.
@@ -617,6 +630,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     }
     const float scale = static_cast<float>(m.rope.attn_scale);
     const Range range("forward");
+    if (a.training) refresh_lm_head_copies(m, s);
 
     // x = x0 = norm(smear(embed[ids])); the bigram rows join every layer's mix
     embed_smear_forward(a.smeared, p.embed, b.inputs, p.smear_gate, p.scalars + kSmearLambda, T, C, s);
@@ -655,7 +669,6 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     backout_forward(a.x_final, a.h_final, a.rstd_final, a.x_out, a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda,
                     T, C, s);
     if (a.training) {
-        if (!step_sch.lm_head_quantized) lm_head_fp8_quantize_weight(a.fp8, p.lm_head, m.fp8_scales, C, V, s);
         lm_head_fp8_forward(*m.lt, a.logits, a.fp8, a.h_final, m.fp8_scales, T, C, V, s);
         softcap_mtp_loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, step_sch.mtp_weights,
                                  step_sch.n_predict, T, V, s);
@@ -890,7 +903,7 @@ struct Optimizer {
     OptimScalars* scalars;         // device
     OptimScalars* host_scalars;    // pinned, two copies: one may still be in flight
     cudaStream_t comms = nullptr;
-    cudaEvent_t grads_ready = nullptr, comms_done = nullptr, lm_head_gathered = nullptr;
+    cudaEvent_t grads_ready = nullptr, comms_done = nullptr;
     // sparse bigram comms (8 ranks, no accumulation): rows touched since the last Adam step
     bool sparse = false;
     int sparse_max_touched = 0;
@@ -970,7 +983,7 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
             N, m.cfg.model_dim, o.sparse_max_touched, MPI_COMM_WORLD, comm, o.comms, o.sparse_buffer,
             sparse_exchange_device_bytes(N, m.cfg.model_dim, world, o.sparse_max_touched), o.sparse_pinned, pinned);
     }
-    for (cudaEvent_t* e : {&o.grads_ready, &o.comms_done, &o.lm_head_gathered})
+    for (cudaEvent_t* e : {&o.grads_ready, &o.comms_done})
         CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     for (OptimGroup& q : o.group) {
         CUDA_CHECK(cudaEventCreateWithFlags(&q.reduced, cudaEventDisableTiming));
@@ -993,7 +1006,7 @@ void destroy_optimizer(Optimizer& o) {
         cudaEventDestroy(q.reduced);
         cudaEventDestroy(q.updated);
     }
-    for (cudaEvent_t e : {o.grads_ready, o.comms_done, o.lm_head_gathered}) cudaEventDestroy(e);
+    for (cudaEvent_t e : {o.grads_ready, o.comms_done}) cudaEventDestroy(e);
     cudaStreamDestroy(o.comms);
     cudaFreeHost(o.host_scalars);
 }
@@ -1026,7 +1039,8 @@ void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t
     CUDA_CHECK(wait_event(s, q.reduced));
     if (q.comms == Comms::sharded_sparse) o.exchange->merge(s);  // into q.grad_shard, the own slice
     if (q.rule->optim == Optim::adam) {
-        const AdamHyper h = adam_hyper(q.rule->beta1, q.rule->beta2, m.cfg.adam_eps);
+        AdamHyper h = adam_hyper(q.rule->beta1, q.rule->beta2, m.cfg.adam_eps);
+        if (q.comms == Comms::sharded_sparse) h.grad_scale = 1.0f / static_cast<float>(o.world);  // merge summed it
         if (q.t.fp32)
             adam_step(static_cast<float*>(q.param_shard(o.rank)), q.exp_avg, q.exp_avg_sq,
                       static_cast<const float*>(q.grad_shard), q.shard_elems(), h, &o.scalars->adam[index], s);
@@ -1087,7 +1101,8 @@ void fill_step_scalars(const Config& c, const Schedule& sch, Optimizer& o, int s
 
 // One optimizer step (upstream's NorMuonAndAdam.step and TrainingManager.step_optimizers): NorMuon
 // every step, Adam on odd steps (its gradients accumulate over the even step before). While embed
-// is tied, its gradient joins lm_head's (transposed) and embed is copied back from lm_head.
+// is tied, its gradient joins lm_head's (transposed), and the next forward copies embed back from
+// lm_head as it makes lm_head's FP8 copies (refresh_lm_head_copies).
 void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclComm_t comm, cudaStream_t s) {
     const Config& c = m.cfg;
     const bool do_adam = step % 2 == 1, tied = !o.split;
@@ -1133,12 +1148,8 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         if (q.rule->optim == Optim::adam) ++q.adam_steps;
         update_group(m, o, q, i, s);
         launch_gather(o, q, comm, s);
-        if (std::strcmp(label, "lm_head") == 0) CUDA_CHECK(record_event(o.lm_head_gathered, o.comms));
     }
-    if (do_adam && tied) {  // embed = lm_head^T once lm_head is whole again
-        CUDA_CHECK(wait_event(s, o.lm_head_gathered));
-        transpose(m.params.embed, m.params.lm_head, C, V, V, C, false, s);
-    }
+    if (do_adam) m.lm_head_fp8_stale = true, m.embed_stale = tied;
     // the next forward reads every parameter
     CUDA_CHECK(join_stream(s, o.comms_done, o.comms));
     if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
@@ -1235,10 +1246,9 @@ void open_train_loader(Run& r) {
 // One training step: grad_accum micro-steps of forward and backward, then the optimizer. The
 // loss of each micro-step lands in r.losses when the stream gets there.
 void train_step(Run& r, int step) {
-    StepSchedule step_sch = r.step_schedule();
+    const StepSchedule step_sch = r.step_schedule();
     const bool adam_step = step % 2 == 1;
     for (int i = 0; i < r.m.cfg.grad_accum(); ++i) {
-        step_sch.lm_head_quantized = i > 0;
         load_batch(r, *r.train, r.m.batch);
         // sparse bigram comms: the counts travel during the forward, the row indexes before the backward
         if (r.o.sparse) r.o.touched->mark(r.bigram.data(), size_t(r.m.batch.T));
@@ -1270,6 +1280,7 @@ double validate(Run& r, bool final) {
     const Config& c = r.m.cfg;
     StepSchedule step_sch = r.step_schedule();
     if (final) step_sch.ws_long = c.final_ws_long * c.block_size;  // YaRN is not re-applied for it
+    refresh_lm_head_copies(r.m, r.s);  // a tied embed follows the last Adam step's lm_head
     r.val->rewind();
     const int64_t steps = c.grad_accum() * c.val_tokens / c.val_batch_tokens;
     double sum = 0;
@@ -1308,6 +1319,7 @@ void warm_up(Run& r) {
     }
     CUDA_CHECK(sync_stream(r.s, "warm_up"));
     CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), initial.data(), initial.size(), cudaMemcpyHostToDevice));
+    r.m.lm_head_fp8_stale = true, r.m.embed_stale = false;  // the restored embed is lm_head's already
     CUDA_CHECK(cudaMemset(r.m.grad_arena.base(), 0, r.m.grad_arena.bytes()));
     reset_optimizer(r.o, r.s);
     reset_schedule(r);
@@ -1420,18 +1432,8 @@ int main(int argc, char** argv) {
         print_memory_plan(cfg, stdout);
         return 0;
     }
-    if (cl.scheduled > 0) cfg.scheduled_iterations = cl.scheduled;
-    if (cl.extension >= 0) cfg.extension_iterations = cl.extension;
-    const DataFiles files = data_files(cfg, opt);
-    opt.train_files = files.train;
-    opt.val_files = files.val;
-    if (opt.val_tokens > 0) cfg.val_tokens = opt.val_tokens;
-    if (cfg.val_tokens % cfg.val_batch_tokens != 0)
-        usage_error("--val-tokens must be a multiple of the validation batch (" + std::to_string(cfg.val_batch_tokens) +
-                    " tokens)");
-    const int total_steps = cfg.scheduled_iterations + cfg.extension_iterations;
-    const int last = opt.max_steps >= 0 ? std::min(total_steps, opt.max_steps) : total_steps;
-    check_run_options(opt, last);
+    DataFiles files;
+    const int last = configure_run(cfg, cl, opt, files);
 
     Distributed d = start_distributed(&argc, &argv);
     cfg.world_size = d.world;

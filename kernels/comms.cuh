@@ -165,29 +165,6 @@ inline void add_rows(bf16* grad, const int32_t* rows, const bf16* vals, int n, i
     CUDA_CHECK_LAUNCH();
 }
 
-// x[i] = bf16(x[i] * scale) over n elements (n a multiple of 8)
-__global__ void scale_bf16_kernel(bf16* x, int64_t n, float scale) {
-    const int64_t at = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
-    if (at >= n) return;
-    Pack128<bf16> v = load128(x + at);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = __float2bfloat16(__bfloat162float(v[k]) * scale);
-    store128(x + at, v);
-}
-// Reads and writes x; a multiply per element.
-inline Work scale_bf16_work(int64_t n) {
-    return Work{.name = "scale_bf16", .flops = 1.0 * n, .bytes_read = 2.0 * n, .bytes_written = 2.0 * n};
-}
-inline void scale_bf16(bf16* x, int64_t n, float scale, cudaStream_t stream) {
-    kernel_require(n >= 0 && n % 8 == 0, "scale_bf16: n must be a non-negative multiple of 8 (n=%lld)",
-                   static_cast<long long>(n));
-    kernel_require(is_aligned16(x), "scale_bf16: x must be 16-byte aligned");
-    if (n == 0) return;
-    launch(scale_bf16_work(n), scale_bf16_kernel, dim3(static_cast<unsigned>(ceil_div<int64_t>(n / 8, kCommsThreads))),
-           dim3(kCommsThreads), 0, stream, x, n, scale);
-    CUDA_CHECK_LAUNCH();
-}
-
 // ---- buffer sizes ----
 // What is wrong with an exchange of an N x C gradient over `world` ranks ("" when nothing is).
 inline std::string sparse_exchange_shape_error(int rows, int cols, int world, int max_touched) {
@@ -360,8 +337,9 @@ public:
         phase_ = Phase::kValuesExchanged;
     }
 
-    // On `stream`: adds the received rows into the own slice, source by source in rank order, and
-    // scales the slice by 1/world. Returns the own slice (rows_per_rank() x C, in grad).
+    // On `stream`: adds the received rows into the own slice, source by source in rank order.
+    // Returns the own slice (rows_per_rank() x C, in grad), summed over the ranks: the average's
+    // 1/world is left to the update's read of it (AdamHyper::grad_scale), which saves a pass.
     bf16* merge(cudaStream_t stream) {
         expect(Phase::kValuesExchanged, "merge");
         CUDA_CHECK(wait_event(stream, values_done_));
@@ -369,7 +347,6 @@ public:
             add_rows(grad_, recv_rows_ + recv_offsets_[s], recv_vals_ + static_cast<size_t>(recv_offsets_[s]) * cols_,
                      recv_counts_[s], cols_, stream);
         bf16* own = grad_ + static_cast<size_t>(rank_) * per_rank_ * cols_;
-        scale_bf16(own, static_cast<int64_t>(per_rank_) * cols_, 1.0f / static_cast<float>(world_), stream);
         CUDA_CHECK(record_event(merged_, stream));
         merge_queued_ = true;
         phase_ = Phase::kIdle;

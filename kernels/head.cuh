@@ -88,12 +88,16 @@ struct Bf16Matrix {
 };
 
 // out = fp8(x / *scale) (rows, cols) and the same codes transposed, out_t (cols, rows), where x
-// (rows, cols) is what `src` gives (Bf16Matrix: a stored matrix; the loss backward: its dlogits).
-// A 64x64 tile goes through shared memory so both layouts are written with 16-byte stores.
-template <class F8, Fp8Overflow overflow, class Source>
+// (rows, cols) is what `src` gives (Bf16Matrix: a stored matrix; the loss backward: its dlogits);
+// with kCopyT also copy_t = x^T (cols, rows) in bf16 (the lm_head weight's tied embed).
+// A 64x64 tile goes through shared memory so every layout is written with 16-byte stores.
+template <class F8, Fp8Overflow overflow, class Source, bool kCopyT = false>
 __global__ void __launch_bounds__(kQuantThreads)
-    quantize_fp8_two_layouts_kernel(F8* out, F8* out_t, Source src, const float* scale, int rows, int cols) {
+    quantize_fp8_two_layouts_kernel(F8* out, F8* out_t, Source src, const float* scale, int rows, int cols,
+                                    __nv_bfloat16* copy_t) {
     __shared__ uint32_t tile[kQuantTile][kQuantTile / 4 + 1];  // bytes [r][c]; the extra word spreads banks
+    // the bf16 values [r][c] when copied too; rows stay 16-byte aligned, the extra 8 spread banks
+    __shared__ __align__(16) __nv_bfloat16 tile16[kCopyT ? kQuantTile : 1][kQuantTile + 8];
     const int r0 = blockIdx.y * kQuantTile, c0 = blockIdx.x * kQuantTile;
     const float s = *scale;
     unsigned char* out_bytes = reinterpret_cast<unsigned char*>(out);
@@ -117,6 +121,10 @@ __global__ void __launch_bounds__(kQuantThreads)
             tile[rr][cc / 4 + q] = word;
         }
         *reinterpret_cast<uint4*>(out_bytes + static_cast<int64_t>(r) * cols + c) = make_uint4(w[0], w[1], w[2], w[3]);
+        if constexpr (kCopyT) {
+            store128(&tile16[rr][cc], x[0]);
+            store128(&tile16[rr][cc + 8], x[1]);
+        }
     }
     __syncthreads();
     // out_t row c holds column c of the tile: each thread writes 16 consecutive rows of one column
@@ -135,6 +143,13 @@ __global__ void __launch_bounds__(kQuantThreads)
         }
         *reinterpret_cast<uint4*>(out_t_bytes + static_cast<int64_t>(c) * rows + r) =
             make_uint4(w[0], w[1], w[2], w[3]);
+        if constexpr (kCopyT) {  // the same 16 rows of column c in bf16: two 16-byte stores
+            Pack128<__nv_bfloat16> v[2];
+#pragma unroll
+            for (int k = 0; k < 16; ++k) v[k / 8][k % 8] = tile16[rr + k][cc];
+            store128(copy_t + static_cast<int64_t>(c) * rows + r, v[0]);
+            store128(copy_t + static_cast<int64_t>(c) * rows + r + 8, v[1]);
+        }
     }
 }
 // The grid of quantize_fp8_two_layouts_kernel: one block per 64x64 tile.
@@ -150,10 +165,12 @@ inline std::string quantize_fp8_shape_error(int rows, int cols, std::initializer
     return "";
 }
 
-// Reads in and the scale, writes both fp8 layouts; a division per element.
-inline Work quantize_fp8_two_layouts_work(int rows, int cols) {
+// Reads in and the scale, writes both fp8 layouts (and the bf16 transposed copy when asked); a
+// division per element.
+inline Work quantize_fp8_two_layouts_work(int rows, int cols, bool copy_t = false) {
     const double n = static_cast<double>(rows) * cols;
-    return Work{.name = "quantize_fp8_two_layouts", .flops = n, .bytes_read = 2 * n + 4, .bytes_written = 2 * n};
+    return Work{.name = "quantize_fp8_two_layouts", .flops = n, .bytes_read = 2 * n + 4,
+                .bytes_written = (copy_t ? 4 : 2) * n};
 }
 // out (rows, cols) = fp8(in / *scale) and out_t (cols, rows) its transpose; scale in device memory.
 template <class F8, Fp8Overflow overflow = kLmHeadFp8Overflow>
@@ -162,7 +179,7 @@ void quantize_fp8_two_layouts(F8* out, F8* out_t, const __nv_bfloat16* in, const
     require_shape(quantize_fp8_shape_error(rows, cols, {out, out_t, in}), "quantize_fp8_two_layouts");
     launch(quantize_fp8_two_layouts_work(rows, cols), quantize_fp8_two_layouts_kernel<F8, overflow, Bf16Matrix>,
            quantize_fp8_grid(rows, cols), dim3(kQuantThreads), 0, stream, out, out_t, Bf16Matrix{in, cols}, scale, rows,
-           cols);
+           cols, nullptr);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -200,12 +217,19 @@ inline std::string lm_head_shape_error(int T, int C, int V) {
     return "";
 }
 
-// The weight's two e4m3 copies in `buf`, w_f8 = e4m3(w / w_s) (C, V) and w_f8_t (V, C). The weight only
-// changes at optimizer steps, so a training step makes them once for all of its micro-steps.
+// The weight's two e4m3 copies in `buf`, w_f8 = e4m3(w / w_s) (C, V) and w_f8_t (V, C), and, when
+// embed is given (while it is tied to lm_head), embed = w^T (V, C) in the same pass. The weight
+// only changes at Adam steps, so the copies are made once after each change, not once per step.
 inline void lm_head_fp8_quantize_weight(const LmHeadFp8Buffers& buf, const __nv_bfloat16* w,
-                                        const LmHeadFp8Scales* scales, int C, int V, cudaStream_t stream) {
+                                        const LmHeadFp8Scales* scales, int C, int V, cudaStream_t stream,
+                                        __nv_bfloat16* embed = nullptr) {
     require_shape(lm_head_shape_error(16, C, V), "lm_head_fp8_quantize_weight");
-    quantize_fp8_two_layouts(buf.w_f8, buf.w_f8_t, w, &scales->w, C, V, stream);
+    if (!embed) return quantize_fp8_two_layouts(buf.w_f8, buf.w_f8_t, w, &scales->w, C, V, stream);
+    kernel_require(is_aligned16(embed), "lm_head_fp8_quantize_weight: embed must be 16-byte aligned");
+    launch(quantize_fp8_two_layouts_work(C, V, true),
+           quantize_fp8_two_layouts_kernel<__nv_fp8_e4m3, kLmHeadFp8Overflow, Bf16Matrix, true>, quantize_fp8_grid(C, V),
+           dim3(kQuantThreads), 0, stream, buf.w_f8, buf.w_f8_t, Bf16Matrix{w, V}, &scales->w, C, V, embed);
+    CUDA_CHECK_LAUNCH();
 }
 
 // logits (T, V) bf16 = (e4m3(x / x_s) @ w_f8) * x_s * w_s, fp32 accumulation (fast accum, as upstream),
@@ -435,7 +459,7 @@ inline void softcap_mtp_loss_backward_fp8(__nv_fp8_e5m2* g_f8, __nv_fp8_e5m2* g_
     const MtpDlogits src{logits, lse, mtp_weights, dloss, targets, n_predict, T, V};
     launch(softcap_mtp_loss_backward_fp8_work(T, V, n_predict),
            quantize_fp8_two_layouts_kernel<__nv_fp8_e5m2, kLmHeadFp8Overflow, MtpDlogits>, quantize_fp8_grid(T, V),
-           dim3(kQuantThreads), 0, stream, g_f8, g_f8_t, src, grad_scale, T, V);
+           dim3(kQuantThreads), 0, stream, g_f8, g_f8_t, src, grad_scale, T, V, nullptr);
     CUDA_CHECK_LAUNCH();
 }
 

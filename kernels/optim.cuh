@@ -87,6 +87,10 @@ __device__ __forceinline__ float optim_lerp(float self, float end, float w) {
 // Python does before the value reaches the fp32 kernel), and eps.
 struct AdamHyper {
     float beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
+    // The gradient the update uses is T(stored * grad_scale): the sparse bigram exchange leaves its
+    // slice summed over the ranks, and the average's scaling rides on Adam's read of it (bit for bit
+    // what a separate pass x = bf16(x * scale) gave, without that pass over the slice).
+    float grad_scale = 1.0f;
 };
 inline AdamHyper adam_hyper(double beta1, double beta2, double eps) {
     return {static_cast<float>(beta1), static_cast<float>(1.0 - beta1), static_cast<float>(beta2),
@@ -138,6 +142,9 @@ __global__ void __launch_bounds__(kOptimThreads)
         float p[kOptimVec], g[kOptimVec], m[kOptimVec], v[kOptimVec];
         optim_load8(param + i0, p);
         optim_load8(grad + i0, g);
+        if (h.grad_scale != 1.0f)
+#pragma unroll
+            for (int k = 0; k < kOptimVec; ++k) g[k] = static_cast<float>(static_cast<T>(g[k] * h.grad_scale));
         optim_load8(exp_avg + i0, m);
         optim_load8(exp_avg_sq + i0, v);
 #pragma unroll
@@ -149,8 +156,9 @@ __global__ void __launch_bounds__(kOptimThreads)
     }
     for (int64_t i = i0; i < n && i < i0 + kOptimVec; ++i) {
         float m = exp_avg[i], v = exp_avg_sq[i];
-        const float p =
-            adam_update_element(static_cast<float>(param[i]), static_cast<float>(grad[i]), m, v, h, step_size, eff_wd);
+        float g = static_cast<float>(grad[i]);
+        if (h.grad_scale != 1.0f) g = static_cast<float>(static_cast<T>(g * h.grad_scale));
+        const float p = adam_update_element(static_cast<float>(param[i]), g, m, v, h, step_size, eff_wd);
         exp_avg[i] = m;
         exp_avg_sq[i] = v;
         param[i] = static_cast<T>(p);

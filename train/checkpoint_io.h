@@ -53,6 +53,7 @@ std::string new_save_id() {
 // no manifest, and resume refuses the directory. Nothing is written when any rank's parameters or
 // optimizer state hold a non-finite value.
 void save_checkpoint(Run& r, int step) {
+    refresh_lm_head_copies(r.m, r.s);  // a tied embed follows the last Adam step's lm_head
     CUDA_CHECK(cudaStreamSynchronize(r.s));
     check_finite(r, step, "before saving a checkpoint");
     const std::string path = checkpoint_path(r.opt.save_dir, step, r.d.rank);
@@ -203,6 +204,7 @@ int load_checkpoint(Run& r, const std::string& dir) {
             CUDA_CHECK(cudaMemcpy(device, h.data(), bytes, cudaMemcpyHostToDevice));
         };
         r.o.split = mine.meta("split_embed") == "1";
+        r.m.lm_head_fp8_stale = true, r.m.embed_stale = false;  // a saved embed is lm_head's already while tied
         for (OptimGroup& q : r.o.group) {
             const std::string label = q.rule->label;
             const char* dt = q.t.fp32 ? "F32" : "BF16";

@@ -48,6 +48,24 @@ DataFiles data_files(const Config& c, const RunOptions& opt) {
     return f;
 }
 
+// The command line's changes to the preset (schedule lengths, data, validation tokens), checked at
+// once; opt gets the data files. Returns the run's last step.
+int configure_run(Config& cfg, const CommandLine& cl, RunOptions& opt, DataFiles& files) {
+    if (cl.scheduled > 0) cfg.scheduled_iterations = cl.scheduled;
+    if (cl.extension >= 0) cfg.extension_iterations = cl.extension;
+    files = data_files(cfg, opt);
+    opt.train_files = files.train;
+    opt.val_files = files.val;
+    if (opt.val_tokens > 0) cfg.val_tokens = opt.val_tokens;
+    if (cfg.val_tokens % cfg.val_batch_tokens != 0)
+        usage_error("--val-tokens must be a multiple of the validation batch (" + std::to_string(cfg.val_batch_tokens) +
+                    " tokens)");
+    const int total_steps = cfg.scheduled_iterations + cfg.extension_iterations;
+    const int last = opt.max_steps >= 0 ? std::min(total_steps, opt.max_steps) : total_steps;
+    check_run_options(opt, last);
+    return last;
+}
+
 // Why the shards `glob` names cannot be opened (no match, a bad header), or "".
 std::string shard_error(const std::string& what, const std::string& glob, bool is_default, const std::string& remedy) {
     try {

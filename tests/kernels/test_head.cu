@@ -331,6 +331,19 @@ void test_lm_head_fp8(int T, int C, int V, int grad_accum, double w_std) {
                 "lm_head forward: x_f8 and x_f8_t bit-exact%s", shape.c_str());
     test::check(bytes_of(w_f8.download()) == wq && bytes_of(w_f8_t.download()) == transposed(wq, C, V),
                 "lm_head_fp8_quantize_weight: w_f8 and w_f8_t bit-exact%s", shape.c_str());
+    {  // while embed is tied: the same codes, and embed = w^T (V, C) bit for bit in the same pass
+        DeviceBuffer<e4m3> w2(size_t(C) * V), w2_t(size_t(C) * V);
+        DeviceBuffer<bf16> embed(size_t(C) * V);
+        const LmHeadFp8Buffers buf2{x_f8.ptr, x_f8_t.ptr, w2.ptr, w2_t.ptr, g_f8.ptr, g_f8_t.ptr};
+        lm_head_fp8_quantize_weight(buf2, d_w.ptr, d_scales.ptr, C, V, nullptr, embed.ptr);
+        std::vector<uint16_t> want(size_t(C) * V), got(size_t(C) * V);
+        const std::vector<bf16> e = embed.download();
+        for (int r = 0; r < C; ++r)
+            for (int c = 0; c < V; ++c) std::memcpy(&want[size_t(c) * C + r], &w[size_t(r) * V + c], 2);
+        std::memcpy(got.data(), e.data(), got.size() * 2);
+        test::check(bytes_of(w2.download()) == wq && bytes_of(w2_t.download()) == transposed(wq, C, V) && got == want,
+                    "lm_head_fp8_quantize_weight with embed: both codes and embed = w^T bit-exact%s", shape.c_str());
+    }
     const auto zero = [](int, int) { return 0.0; };
     check_gemm(
         "lm_head fp8 forward logits" + shape, T, V, C, [&](int t, int k) { return xv[size_t(t) * C + k]; },

@@ -7,10 +7,10 @@
 //   - the send and receive counts and the sent and received row indexes, exactly, against a host
 //     computation from every rank's ids;
 //   - the merged own slice bit for bit against the merge's specified arithmetic done on the host
-//     (own value, then each source's row added in fp32 and rounded to bf16, in rank order, then
-//     bf16(x * (1/world)));
-//   - the merged slice against the exact average sum_r G_r / world (double): each of the k adds
-//     and the final scale round once to bf16 (relative error <= 2^-8 of a value bounded by
+//     (own value, then each source's row added in fp32 and rounded to bf16, in rank order: the
+//     sum over the ranks, which Adam reads as bf16(x * (1/world)));
+//   - that slice, scaled as Adam reads it, against the exact average sum_r G_r / world (double):
+//     each of the k adds and the scale round once to bf16 (relative error <= 2^-8 of a value bounded by
 //     sum_r |G_r|), so the tolerance is (k + 1) * 2^-8 * sum_r |G_r| / world;
 //   - the merged slice against the dense path, ncclReduceScatter with ncclAvg of the full
 //     gradients: the tolerance adds world * 2^-8 * sum_r |G_r| / world for the dense side's own
@@ -192,8 +192,8 @@ void run_case(const Case& c, int case_no) {
             test::check(received == want_received, "%s cycle %d: received row indexes differ (%zu, want %zu)",
                         tag.c_str(), cycle, received.size(), want_received.size());
 
-            // The merged slice: bit for bit against the merge's arithmetic, and within the rounding
-            // bound of the exact average.
+            // The merged slice (summed over the ranks): bit for bit against the merge's arithmetic, and,
+            // scaled by 1/world as Adam reads it, within the rounding bound of the exact average.
             const std::vector<bf16> got = d_grad.download();
             std::vector<uint16_t> got_bits, want_bits;
             std::vector<double> got_v, exact, tol, dense_tol;
@@ -214,8 +214,9 @@ void run_case(const Case& c, int case_no) {
                     }
                     const bf16 g = got[static_cast<size_t>(i) * C + j];
                     got_bits.push_back(test::bits(g));
-                    want_bits.push_back(test::bits(__float2bfloat16(acc * inv_world)));
-                    got_v.push_back(test::value(g));
+                    want_bits.push_back(test::bits(__float2bfloat16(acc)));
+                    // the average as the update reads it: the sum scaled by 1/world, rounded to bf16
+                    got_v.push_back(test::value(__float2bfloat16(test::value(g) * inv_world)));
                     exact.push_back(sum / W);
                     tol.push_back((adds + 1) * kBf16Eps * mag / W);
                     dense_tol.push_back((adds + 1 + W) * kBf16Eps * mag / W);
@@ -305,8 +306,6 @@ int bench_comms(const bench::Options& o) {
     DeviceBuffer<bf16> slice(test::normal_bf16(size_t(own_rows) * C)), vals(test::normal_bf16(size_t(n) * C));
     b.run("add_rows", bench::fmt("%d rows of C=%d into a slice of %d", n, C, own_rows),
           [&](cudaStream_t s) { add_rows(slice.ptr, d_rows.ptr, vals.ptr, n, C, s); });
-    b.run("scale_bf16", bench::fmt("own slice of bigram_embed, %d x %d", own_rows, C),
-          [&](cudaStream_t s) { scale_bf16(slice.ptr, int64_t(own_rows) * C, 1.0f / p.ranks, s); });
     return b.finish();
 }
 

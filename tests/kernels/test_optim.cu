@@ -139,7 +139,7 @@ double adam_reference(double p, double g, double& m, double& v, double b1, doubl
 // two elements of three, so the cautious mask takes both values.
 template <class T>
 void check_adam(const char* what, int64_t n, int offset, int t, double beta1, double beta2, AdamStepScalars sc,
-                bool zero_state) {
+                bool zero_state, float grad_scale = 1.0f) {
     std::vector<T> p(n + offset), g(n + offset);
     std::vector<float> m(n + offset, 0.0f), v(n + offset, 0.0f);
     int agree = 0, disagree = 0;
@@ -157,10 +157,24 @@ void check_adam(const char* what, int64_t n, int offset, int t, double beta1, do
     DeviceBuffer<T> dp(p), dg(g);
     DeviceBuffer<float> dm(m), dv(v);
     AdamStepScalars* dsc = upload_one(sc);
-    const AdamHyper h = adam_hyper(beta1, beta2, 1e-10);
+    AdamHyper h = adam_hyper(beta1, beta2, 1e-10);
+    h.grad_scale = grad_scale;
     adam_step(dp.ptr + offset, dm.ptr + offset, dv.ptr + offset, dg.ptr + offset, n, h, dsc, nullptr);
     const auto gp = dp.download();
     const auto gm = dm.download(), gv = dv.download();
+    // the gradient the update must see: the stored one scaled, rounded to T
+    for (auto& x : g) x = static_cast<T>(static_cast<float>(x) * grad_scale);
+    if (grad_scale != 1.0f) {  // bit for bit the update of a gradient scaled beforehand, in its own pass
+        DeviceBuffer<T> dp2(p), dg2(g);
+        DeviceBuffer<float> dm2(m), dv2(v);
+        adam_step(dp2.ptr + offset, dm2.ptr + offset, dv2.ptr + offset, dg2.ptr + offset, n,
+                  adam_hyper(beta1, beta2, 1e-10), dsc, nullptr);
+        const auto p2 = dp2.download();
+        const auto m2 = dm2.download(), v2 = dv2.download();
+        bool same = m2 == gm && v2 == gv;
+        for (size_t i = 0; i < p2.size(); ++i) same = same && bits(static_cast<float>(p2[i])) == bits(static_cast<float>(gp[i]));
+        test::check(same, "%s grad_scale %g: the same bits as scaling the gradient first", what, grad_scale);
+    }
     std::vector<double> wp(n), wm(n), wv(n), fp(n), fm(n), fv(n);
     for (int64_t i = 0; i < n; ++i) {
         const int64_t j = i + offset;
@@ -200,6 +214,10 @@ void test_adam() {
         check_adam<bf16>("Adam bf16 value_embed", 777, 0, t, 0.75, 0.95, sc, t == 1);
     }
     // fp32 parameters: x0_lambdas (11) and a scalars-sized vector
+    // the sparse exchange's 1/world rides on the read (a power of two, and 1/3, which rounds)
+    check_adam<bf16>("Adam bf16 scaled", 4099, 0, 7, 0.75, 0.95, strong, false, 0.125f);
+    check_adam<bf16>("Adam bf16 scaled", 1029, 1, 1, 0.75, 0.95, strong, true, 1.0f / 3.0f);
+    check_adam<float>("Adam fp32 scaled", 64, 1, 7, 0.9, 0.99, strong, false, 1.0f / 3.0f);
     check_adam<float>("Adam fp32", 11, 0, 1, 0.65, 0.95, strong, true);
     check_adam<float>("Adam fp32", 64, 1, 7, 0.9, 0.99, strong, false);
     check_adam<float>("Adam fp32 scalars", 72, 0, 3, 0.9, 0.99,

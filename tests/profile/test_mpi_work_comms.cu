@@ -129,7 +129,6 @@ void run(uint64_t seed, ncclComm_t nccl) {
         for (int s = 0; s < W; ++s)
             if (recv[s] > 0)
                 w.push_back({OpKind::kernel, 1, "", "add_rows", 4.0 * recv[s] + 4.0 * recv[s] * C, 2.0 * recv[s] * C});
-        w.push_back({OpKind::kernel, 1, "", "scale_bf16", 2.0 * per_rank * C, 2.0 * per_rank * C});
         w.push_back({OpKind::event_record, 1, "merged", "event_record"});
         return w;
     };

@@ -656,6 +656,11 @@ void test_head(CublasLt& lt) {
     check_family("lm_head_fp8_quantize_weight",
                  {kernel("quantize_fp8_two_layouts", bytes(w) + scale, bytes(w_f8) + bytes(w_f8_t))},
                  {out(w_f8), out(w_f8_t)}, [&] { lm_head_fp8_quantize_weight(buf, w.ptr, sc, C, V, nullptr); });
+    DeviceBuffer<bf16> embed(size_t(C) * V);
+    check_family("lm_head_fp8_quantize_weight (tied embed)",
+                 {kernel("quantize_fp8_two_layouts", bytes(w) + scale, bytes(w_f8) + bytes(w_f8_t) + bytes(embed))},
+                 {out(w_f8), out(w_f8_t), out(embed)},
+                 [&] { lm_head_fp8_quantize_weight(buf, w.ptr, sc, C, V, nullptr, embed.ptr); });
     auto ops = check_family("lm_head_fp8_forward",
                             {kernel("quantize_fp8_two_layouts", bytes(x) + scale, bytes(x_f8) + bytes(x_f8_t)),
                              gemm("gemm_lm_head", bytes(x_f8) + bytes(w_f8_t) + 2 * scale, bytes(logits))},
@@ -863,8 +868,6 @@ void test_comms_kernels() {
     const double touched = 2.0 * n * C;  // the grad rows added into
     check_family("add_rows", {kernel("add_rows", bytes(d_rows) + bytes(vals) + touched, touched)}, {inout(grad)},
                  [&] { add_rows(grad.ptr, d_rows.ptr, vals.ptr, n, C, nullptr); });
-    check_family("scale_bf16", {kernel("scale_bf16", bytes(grad), bytes(grad))}, {inout(grad)},
-                 [&] { scale_bf16(grad.ptr, int64_t(R) * C, 0.5f, nullptr); });
 }
 
 // ---- the recording helpers of platform.cuh ----
