@@ -117,6 +117,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     ref::Params rp = download_params(m.params, rc);
     ref::perturb(rp, test::seed() + 7, 0.02);
     upload_params(m.params, rp);
+    m.lm_head_fp8_stale = true;  // lm_head changed outside the optimizer: its FP8 copies are remade
 
     gpt_forward(m, m.batch, step_sch, m.train, s);
     gpt_backward(m, m.batch, step_sch, {false, false}, s);
