@@ -266,8 +266,9 @@ __global__ void __launch_bounds__(kFcThreads, 2)
 // waits until one group is in flight, which retires the previous k-step's wgmmas, whose stage its
 // threads then release. TMA fills rows past T or H and columns past C with zeros.
 // Tile: 128 x 256 is the largest the registers allow: m64n256's accumulators are 128 fp32 a thread,
-// which fit under 232 (256 x 232 + 128 x 40 = 64512 of the SM's 65536), while 64 more rows would
-// need 256. Against 128 x 128 it loads 48 KB per k-step for 4.2 MFLOP instead of 32 KB for 2.1 (85
+// which fit under 232 (256 x 232 + 128 x 40 = 64512 of the SM's 65536); a third consumer (192 x 256)
+// would leave at most (65536 - 128 x 24) / 384 = 162 a consumer thread for 128 accumulators, its
+// addressing and the epilogue. Against 128 x 128 it loads 48 KB per k-step for 4.2 MFLOP instead of 32 KB for 2.1 (85
 // instead of 64 FLOP a byte of L2 traffic), and each wgmma reads its A rows once for 256 columns.
 // Shared memory: the 4-stage ring (4 x 48 KB) and a 4 KB staging tile per consumer warp (32 KB; the
 // ring cannot serve: the other warpgroup's wgmmas may still read it) = 225 KB with the alignment slack,
