@@ -457,6 +457,7 @@ struct Model {
     unsigned int* sums_done;      // device: the backward's reductions' ticket counter (zero between launches)
     float* mtp_weights;           // device, up to kMaxMtpWeights
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
+    MlpKernel mlp_kernel = MlpKernel::mma;  // the MLP's c_fc GEMMs: build_model's default, or --mlp-kernel
 };
 
 // Every arena's layout; `m` may be unallocated (measuring) or allocated (placing).
@@ -560,6 +561,7 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
     }
     m.cfg = c;
     m.lt = std::make_unique<CublasLt>();
+    m.mlp_kernel = default_mlp_kernel();
     place(m.param_arena, [&](Arena& a) { layout_params(a, c, m.params); });
     place(m.grad_arena, [&](Arena& a) { layout_params(a, c, m.grads); });
     place(m.state_arena, [&](Arena& a) { layout_state(a, m); });
@@ -662,7 +664,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             stream = L.xa;
             mlp_in = L.h_mlp;
         }
-        mlp_forward(*m.lt, a.block_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
+        mlp_forward(*m.lt, m.mlp_kernel, a.block_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
         residual_add_forward(l + 1 < kLayers ? a.layer[l + 1].x : a.x_out, nullptr, nullptr, stream, a.block_out, T, C, s);
     }
     // x -= backout_lambda * (layer 7's output); h = norm(x)
@@ -719,7 +721,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
         const bf16* mlp_in = has_attention(l) ? L.h_mlp : L.h_attn;
-        mlp_backward(*m.lt, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.matrices, L.post, dX, mlp_in, p.c_fc(c, l),
+        mlp_backward(*m.lt, m.mlp_kernel, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.matrices, L.post, dX, mlp_in, p.c_fc(c, l),
                      p.c_proj(c, l), L.pre, L.post, T, C, M, s);
         if (has_attention(l)) {
             residual_add_backward(dX, w.dh, L.xa, L.rstd_mlp, T, C, s);  // dX now: the gradient of xm's stream use
@@ -1464,6 +1466,7 @@ int main(int argc, char** argv) {
     Optimizer o;
     const Schedule sch(cfg);
     build_model(m, cfg, opt.seed, stream);
+    if (opt.mlp_kernel) m.mlp_kernel = *opt.mlp_kernel;
     broadcast_params(m, d.comm, stream);
     const bool sparse = d.world == 8 && cfg.grad_accum() == 1;
     build_optimizer(o, m, d.rank, d.world, sparse, d.comm, stream);

@@ -389,6 +389,14 @@ __device__ __forceinline__ void wgmma_wait(Acc&...) {
     s.fenced = false;
 }
 __device__ __forceinline__ void fence_proxy_async() {}
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    static_assert(setmaxnreg_supported(Regs), "setmaxnreg takes 24..256 registers, a multiple of 8");
+}
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    static_assert(setmaxnreg_supported(Regs), "setmaxnreg takes 24..256 registers, a multiple of 8");
+}
 
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
     emu::check_mbarrier("mbarrier_init", bar, false);

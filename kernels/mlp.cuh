@@ -94,15 +94,30 @@ inline void relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* dpost
 }
 
 // ---- g = x @ w^T on tensor cores, with ReLU^2 (forward) or its derivative (backward) in the epilogue ----
-// x (T, C) and w (H, C) are both K-major (the "TN" GEMM): tiles of either are loaded the same way
-// and read by non-transposed ldmatrix. A block computes a 128 x 128 tile of g over C in steps of
-// 64, through a 3-stage cp.async pipeline; its 8 warps each own 64 x 32 of the tile. The epilogue
-// rounds the fp32 sums to bf16 once (g), stages them in shared memory, and writes with 16-byte
-// accesses, by FcEpilogue: the forward's pre = g and post = relu(pre)^2, or the backward's
+// x (T, C) and w (H, C) are both K-major (the "TN" GEMM). Two kernels compute it, each output adding
+// its fp32 products in 16-wide k-steps in ascending k from zero (so under emu, whose mma.sync and
+// wgmma twins add a k-step's products in k order, the two give the same bits):
+//   mma:   a block computes a 128 x 128 tile of g over C in steps of 64, through a 3-stage cp.async
+//          pipeline; its 8 warps each own 64 x 32 of the tile and issue mma.sync from ldmatrix loads.
+//   wgmma: Hopper's; a block computes a 128 x 256 tile: a producer warpgroup's TMA loads feed a
+//          4-stage mbarrier ring read by two consumer warpgroups' wgmmas (linear_relu_square_wgmma_kernel).
+// Both epilogues round the fp32 sums to bf16 once (g), stage them in shared memory, and write with
+// 16-byte accesses, by FcEpilogue: the forward's pre = g and post = relu(pre)^2, or the backward's
 // dpre = 2 g relu(pre) (g = dout @ c_proj^T).
-constexpr int kFcTileRows = 128;  // tokens per block
-constexpr int kFcTileCols = 128;  // hidden units per block
-constexpr int kFcTileK = 64;      // model dims per pipeline stage
+enum class MlpKernel { mma, wgmma };
+inline const char* mlp_kernel_name(MlpKernel k) { return k == MlpKernel::wgmma ? "wgmma" : "mma"; }
+// wgmma on Hopper (compute capability 9; emu reports 9.0, so the CPU build's tests and trainer run
+// it), mma elsewhere.
+inline MlpKernel default_mlp_kernel() {
+    int device = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major == 9 ? MlpKernel::wgmma : MlpKernel::mma;
+}
+
+constexpr int kFcTileRows = 128;  // tokens per block (both kernels)
+constexpr int kFcTileCols = 128;  // hidden units per block (mma)
+constexpr int kFcTileK = 64;      // model dims per pipeline stage (both kernels)
 constexpr int kFcStages = 3;
 constexpr int kFcThreads = 256;
 constexpr int kFcWarpRows = 64, kFcWarpCols = 32;  // warps: 2 down the rows, 4 across the columns
@@ -143,6 +158,39 @@ enum class FcEpilogue {
     relu_square_forward,   // out = pre = g; post = relu(pre)^2, as relu_square_forward makes it
     relu_square_backward,  // reads pre; out = dpre = 2 g relu(pre), as relu_square_backward makes it
 };
+
+// The epilogue's first half: a 16 x 8 accumulator fragment (c0, c1 at (row, col), (row, col + 1);
+// c2, c3 eight rows down: mma.sync's and wgmma's D layout) rounded to bf16 into a staged tile of
+// COLS-wide rows.
+template <int COLS>
+__device__ __forceinline__ void fc_stage_fragment(__nv_bfloat16* tile, int row, int col, float c0, float c1, float c2,
+                                                  float c3) {
+    *reinterpret_cast<__nv_bfloat162*>(tile + fc_swizzle<COLS>(row, col)) = __floats2bfloat162_rn(c0, c1);
+    *reinterpret_cast<__nv_bfloat162*>(tile + fc_swizzle<COLS>(row + 8, col)) = __floats2bfloat162_rn(c2, c3);
+}
+// The second half: a staged ROWS x 128 tile of g, whose (0, 0) is g's (m0, n0), out to global memory
+// by E in 16-byte accesses by THREADS threads (this one `tid`); nothing past row T or column H.
+template <FcEpilogue E, int ROWS, int THREADS>
+__device__ __forceinline__ void fc_store_tile(const __nv_bfloat16* tile, int tid, __nv_bfloat16* out,
+                                              __nv_bfloat16* post, const __nv_bfloat16* pre, int m0, int n0, int T,
+                                              int H) {
+    constexpr int COLS = 128, chunks_per_row = COLS / 8;
+    static_assert(ROWS * chunks_per_row % THREADS == 0, "every thread stores the same number of chunks");
+#pragma unroll
+    for (int i = 0; i < ROWS * chunks_per_row / THREADS; ++i) {
+        const int c = tid + i * THREADS;
+        const int r = c / chunks_per_row, col = (c % chunks_per_row) * 8;
+        if (m0 + r >= T || n0 + col >= H) continue;
+        const Pack128<__nv_bfloat16> g = load128(tile + fc_swizzle<COLS>(r, col));
+        const size_t at = size_t(m0 + r) * H + n0 + col;
+        if constexpr (E == FcEpilogue::relu_square_forward) {
+            store128(out + at, g);
+            store128(post + at, relu_square(g));
+        } else {
+            store128(out + at, relu_square_backward(g, load128(pre + at)));
+        }
+    }
+}
 
 // g = bf16(x @ w^T) with fp32 sums, then the epilogue E; `post` is written by the forward only and
 // `pre` read by the backward only (the other is null). The backward's pre may be its out: each
@@ -202,27 +250,120 @@ __global__ void __launch_bounds__(kFcThreads, 2)
     for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            const int row = wm + 16 * m + g, col = wn + 8 * n + 2 * t;
-            *reinterpret_cast<__nv_bfloat162*>(smem + fc_swizzle<kFcTileCols>(row, col)) =
-                __floats2bfloat162_rn(acc[m][n][0], acc[m][n][1]);
-            *reinterpret_cast<__nv_bfloat162*>(smem + fc_swizzle<kFcTileCols>(row + 8, col)) =
-                __floats2bfloat162_rn(acc[m][n][2], acc[m][n][3]);
+            const float(&c)[4] = acc[m][n];
+            fc_stage_fragment<kFcTileCols>(smem, wm + 16 * m + g, wn + 8 * n + 2 * t, c[0], c[1], c[2], c[3]);
         }
     __syncthreads();
-    constexpr int out_chunks_per_row = kFcTileCols / 8;
+    fc_store_tile<E, kFcTileRows, kFcThreads>(smem, threadIdx.x, out, post, pre, m0, n0, T, H);
+}
+
+// ---- the Hopper kernel: TMA -> mbarrier ring -> wgmma, warp-specialized ----
+// Warpgroup 0 produces: after setmaxnreg lowers its registers to 40, one thread loops over the
+// k-steps, waiting for a stage's `empty` barrier, then arming its `full` barrier with the stage's
+// bytes and issuing two TMA loads (x's 128 rows, w's 256 rows, 64 wide: one 128-byte swizzle span).
+// Warpgroups 1 and 2 consume, with 232 registers each: consumer c owns rows 64c..64c+63 and issues
+// four m64n256k16 wgmmas per k-step (k ascending, scale-d off for the first: sums from zero), then
+// waits until one group is in flight, which retires the previous k-step's wgmmas, whose stage its
+// threads then release. TMA fills rows past T or H and columns past C with zeros.
+// Tile: 128 x 256 is the largest the registers allow: m64n256's accumulators are 128 fp32 a thread,
+// which fit under 232 (256 x 232 + 128 x 40 = 64512 of the SM's 65536); a third consumer (192 x 256)
+// would leave at most (65536 - 128 x 24) / 384 = 162 a consumer thread for 128 accumulators, its
+// addressing and the epilogue. Against 128 x 128 it loads 48 KB per k-step for 4.2 MFLOP instead of 32 KB for 2.1 (85
+// instead of 64 FLOP a byte of L2 traffic), and each wgmma reads its A rows once for 256 columns.
+// Shared memory: the 4-stage ring (4 x 48 KB) and a 4 KB staging tile per consumer warp (32 KB; the
+// ring cannot serve: the other warpgroup's wgmmas may still read it) = 225 KB with the alignment slack,
+// so one block per SM, 384 threads.
+// Epilogue, per warp, no block barrier: its 16 x 256 sums in two 16 x 128 halves, each staged as bf16
+// in its own tile, then stored by fc_store_tile.
+constexpr int kFcwCols = 256;     // hidden units per block
+constexpr int kFcwStages = 4;
+constexpr int kFcwConsumers = 2;  // warpgroups, 64 rows each
+constexpr int kFcwThreads = 384;  // the producer warpgroup and the consumers
+constexpr int kFcwProducerRegs = 40, kFcwConsumerRegs = 232;
+constexpr uint32_t kFcwXBytes = kFcTileRows * kFcTileK * 2, kFcwWBytes = kFcwCols * kFcTileK * 2;
+constexpr uint32_t kFcwStageBytes = kFcwXBytes + kFcwWBytes;
+constexpr uint32_t kFcwStagingBytes = 16 * 128 * 2;  // a consumer warp's 16 x 128 half tile
+constexpr size_t kFcwSmemBytes = 1024 + size_t(kFcwStages) * kFcwStageBytes + 4 * kFcwConsumers * kFcwStagingBytes;
+static_assert(kFcwThreads == 128 * (kFcwConsumers + 1) && kFcTileRows == 64 * kFcwConsumers, "warpgroups");
+static_assert(kFcTileK * 2 == 128, "a k-step's row is one 128-byte swizzle span");
+static_assert(128 * kFcwProducerRegs + 128 * kFcwConsumers * kFcwConsumerRegs <= 65536, "registers of one SM");
+static_assert(kFcwSmemBytes <= 227 * 1024, "shared memory of one block");
+
+// The producer's loop (one thread).
+__device__ __forceinline__ void fc_wgmma_produce(unsigned char* ring, uint64_t* full, uint64_t* empty,
+                                                 const CUtensorMap* map_x, const CUtensorMap* map_w, int m0, int n0,
+                                                 int ksteps) {
+    for (int ks = 0; ks < ksteps; ++ks) {
+        const int s = ks % kFcwStages;
+        if (ks >= kFcwStages) mbarrier_wait(&empty[s], (ks / kFcwStages - 1) % 2);  // k-step ks - 4 is consumed
+        unsigned char* stage = ring + s * kFcwStageBytes;
+        mbarrier_arrive_expect_tx(&full[s], kFcwStageBytes);
+        tma_load_2d(stage, map_x, ks * kFcTileK, m0, &full[s]);
+        tma_load_2d(stage + kFcwXBytes, map_w, ks * kFcTileK, n0, &full[s]);
+    }
+}
+// A consumer warpgroup's loop: acc = its 64 rows of x @ w^T over every k-step, retired.
+__device__ __forceinline__ void fc_wgmma_consume(WgmmaAcc<kFcwCols>& acc, const unsigned char* ring, uint64_t* full,
+                                                 uint64_t* empty, int consumer, int ksteps) {
+    for (int ks = 0; ks < ksteps; ++ks) {
+        const int s = ks % kFcwStages;
+        mbarrier_wait(&full[s], (ks / kFcwStages) % 2);
+        const unsigned char* x = ring + s * kFcwStageBytes + consumer * 64 * 128;  // rows of 128 bytes
+        const unsigned char* w = ring + s * kFcwStageBytes + kFcwXBytes;
+        wgmma_fence(acc);
 #pragma unroll
-    for (int i = 0; i < kFcTileRows * out_chunks_per_row / kFcThreads; ++i) {
-        const int c = threadIdx.x + i * kFcThreads;
-        const int r = c / out_chunks_per_row, col = (c % out_chunks_per_row) * 8;
-        if (m0 + r >= T || n0 + col >= H) continue;
-        const Pack128<__nv_bfloat16> g = load128(smem + fc_swizzle<kFcTileCols>(r, col));
-        const size_t at = size_t(m0 + r) * H + n0 + col;
-        if constexpr (E == FcEpilogue::relu_square_forward) {
-            store128(out + at, g);
-            store128(post + at, relu_square(g));
-        } else {
-            store128(out + at, relu_square_backward(g, load128(pre + at)));
+        for (int kk = 0; kk < kFcTileK / 16; ++kk)
+            wgmma_ss(acc, make_smem_desc(x + 32 * kk, 0, 1024, Swizzle::b128),
+                     make_smem_desc(w + 32 * kk, 0, 1024, Swizzle::b128), ks > 0 || kk > 0);
+        wgmma_commit();
+        wgmma_wait<1>(acc);  // k-step ks - 1's wgmmas are retired: their stage may be refilled
+        if (ks > 0) mbarrier_arrive(&empty[(ks - 1) % kFcwStages]);
+    }
+    wgmma_wait<0>(acc);
+}
+
+// linear_relu_square_kernel's g and epilogue on Hopper; x and w come as tensor maps (boxes of 64 x
+// 128 and 64 x 256, 128-byte swizzle).
+template <FcEpilogue E>
+__global__ void __launch_bounds__(kFcwThreads, 1)
+    linear_relu_square_wgmma_kernel(__nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre,
+                                    const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                                    int T, int C, int H) {
+    __shared__ uint64_t full[kFcwStages], empty[kFcwStages];
+    unsigned char* raw = dynamic_smem<unsigned char>();
+    unsigned char* ring = raw + (1024 - smem_address(raw) % 1024) % 1024;  // the swizzle repeats every 1024 bytes
+    const int m0 = blockIdx.y * kFcTileRows, n0 = blockIdx.x * kFcwCols, ksteps = ceil_div(C, kFcTileK);
+    const int warpgroup = threadIdx.x / 128;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < kFcwStages; ++s) {
+            mbarrier_init(&full[s], 1);
+            mbarrier_init(&empty[s], 128 * kFcwConsumers);  // every consumer thread, after its own wait
         }
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (warpgroup == 0) {
+        setmaxnreg_dec<kFcwProducerRegs>();
+        if (threadIdx.x == 0) fc_wgmma_produce(ring, full, empty, &map_x, &map_w, m0, n0, ksteps);
+        return;
+    }
+    setmaxnreg_inc<kFcwConsumerRegs>();
+    const int consumer = warpgroup - 1, warp = threadIdx.x / 32 - 4, lane = threadIdx.x % 32;
+    WgmmaAcc<kFcwCols> acc;
+    fc_wgmma_consume(acc, ring, full, empty, consumer, ksteps);
+
+    __nv_bfloat16* tile = reinterpret_cast<__nv_bfloat16*>(ring + kFcwStages * kFcwStageBytes + warp * kFcwStagingBytes);
+    const int g = lane / 4, t = lane % 4, row0 = m0 + 64 * consumer + 16 * (warp % 4);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            const int f = 4 * (16 * half + i);  // the fragment of columns 128 half + 8 i..
+            fc_stage_fragment<128>(tile, g, 8 * i + 2 * t, acc[f], acc[f + 1], acc[f + 2], acc[f + 3]);
+        }
+        __syncwarp();
+        fc_store_tile<E, 16, 32>(tile, lane, out, post, pre, row0, n0 + 128 * half, T, H);
+        __syncwarp();  // the warp's stores have read the tile before the next half overwrites it
     }
 }
 
@@ -238,29 +379,30 @@ inline std::string linear_relu_square_shape_error(int T, int C, int H,
     return "";
 }
 
-// The MMAs the grid executes, every 128 x 128 tile over C in whole 64-wide k-steps (the padding past
-// T, H and C included).
-inline double linear_relu_square_tc_flops(int T, int C, int H) {
-    const double rows = ceil_div(T, kFcTileRows) * kFcTileRows, cols = ceil_div(H, kFcTileCols) * kFcTileCols;
+// The MMAs the grid executes, every 128 x 128 (mma) or 128 x 256 (wgmma) tile over C in whole 64-wide
+// k-steps (the padding past T, H and C included).
+inline double linear_relu_square_tc_flops(MlpKernel k, int T, int C, int H) {
+    const int tile_cols = k == MlpKernel::wgmma ? kFcwCols : kFcTileCols;
+    const double rows = ceil_div(T, kFcTileRows) * kFcTileRows, cols = ceil_div(H, tile_cols) * tile_cols;
     const double depth = ceil_div(C, kFcTileK) * kFcTileK;
     return 2 * rows * cols * depth;
 }
 // Reads x and w, writes pre and post; a max and a square per output.
-inline Work linear_relu_square_forward_work(int T, int C, int H) {
-    return Work{.name = "linear_relu_square_forward", .tc_flops = linear_relu_square_tc_flops(T, C, H),
+inline Work linear_relu_square_forward_work(MlpKernel k, int T, int C, int H) {
+    return Work{.name = "linear_relu_square_forward", .tc_flops = linear_relu_square_tc_flops(k, T, C, H),
                 .flops = 2.0 * T * H, .bytes_read = 2.0 * (T + H) * C, .bytes_written = 4.0 * T * H, .m = H, .n = T, .k = C};
 }
 // Reads g's operands and pre, writes dpre; a compare and two multiplies per output.
-inline Work linear_relu_square_backward_work(int T, int C, int H) {
-    return Work{.name = "linear_relu_square_backward", .tc_flops = linear_relu_square_tc_flops(T, C, H),
+inline Work linear_relu_square_backward_work(MlpKernel k, int T, int C, int H) {
+    return Work{.name = "linear_relu_square_backward", .tc_flops = linear_relu_square_tc_flops(k, T, C, H),
                 .flops = 3.0 * T * H, .bytes_read = 2.0 * (T + H) * C + 2.0 * T * H, .bytes_written = 2.0 * T * H,
                 .m = H, .n = T, .k = C};
 }
 
 template <FcEpilogue E>
-void launch_linear_relu_square(const Work& work, __nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre,
-                               const __nv_bfloat16* x, const __nv_bfloat16* w, int T, int C, int H,
-                               cudaStream_t stream) {
+void launch_linear_relu_square_mma(const Work& work, __nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre,
+                                   const __nv_bfloat16* x, const __nv_bfloat16* w, int T, int C, int H,
+                                   cudaStream_t stream) {
     static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_kernel<E>,
                                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                       static_cast<int>(kFcSmemBytes))),
@@ -271,22 +413,51 @@ void launch_linear_relu_square(const Work& work, __nv_bfloat16* out, __nv_bfloat
            C, H);
     CUDA_CHECK_LAUNCH();
 }
-
-// pre (T, H) = x (T, C) @ w (H, C)^T, post (T, H) = relu(pre)^2, both bf16; one kernel.
-inline void linear_relu_square_forward(__nv_bfloat16* pre, __nv_bfloat16* post, const __nv_bfloat16* x,
-                                       const __nv_bfloat16* w, int T, int C, int H, cudaStream_t stream) {
-    require_shape(linear_relu_square_shape_error(T, C, H, {pre, post, x, w}), "linear_relu_square_forward");
-    launch_linear_relu_square<FcEpilogue::relu_square_forward>(linear_relu_square_forward_work(T, C, H), pre, post,
-                                                               nullptr, x, w, T, C, H, stream);
+template <FcEpilogue E>
+void launch_linear_relu_square_wgmma(const Work& work, __nv_bfloat16* out, __nv_bfloat16* post,
+                                     const __nv_bfloat16* pre, const __nv_bfloat16* x, const __nv_bfloat16* w, int T,
+                                     int C, int H, cudaStream_t stream) {
+    static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_wgmma_kernel<E>,
+                                                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                      static_cast<int>(kFcwSmemBytes))),
+                                      true);
+    (void)smem_allowed;
+    const uint64_t row_bytes = uint64_t(C) * sizeof(__nv_bfloat16);
+    const CUtensorMap map_x = encode_tensor_map<2>(x, {uint64_t(C), uint64_t(T)}, {row_bytes},
+                                                   {uint32_t(kFcTileK), uint32_t(kFcTileRows)}, Swizzle::b128);
+    const CUtensorMap map_w = encode_tensor_map<2>(w, {uint64_t(C), uint64_t(H)}, {row_bytes},
+                                                   {uint32_t(kFcTileK), uint32_t(kFcwCols)}, Swizzle::b128);
+    const dim3 grid(static_cast<unsigned>(ceil_div(H, kFcwCols)), static_cast<unsigned>(ceil_div(T, kFcTileRows)));
+    launch(work, linear_relu_square_wgmma_kernel<E>, grid, dim3(kFcwThreads), kFcwSmemBytes, stream, out, post, pre,
+           map_x, map_w, T, C, H);
+    CUDA_CHECK_LAUNCH();
+}
+template <FcEpilogue E>
+void launch_linear_relu_square(MlpKernel k, const Work& work, __nv_bfloat16* out, __nv_bfloat16* post,
+                               const __nv_bfloat16* pre, const __nv_bfloat16* x, const __nv_bfloat16* w, int T, int C,
+                               int H, cudaStream_t stream) {
+    if (k == MlpKernel::wgmma)
+        launch_linear_relu_square_wgmma<E>(work, out, post, pre, x, w, T, C, H, stream);
+    else
+        launch_linear_relu_square_mma<E>(work, out, post, pre, x, w, T, C, H, stream);
 }
 
-// dpre (T, H) = 2 bf16(g (T, C) @ w (H, C)^T) relu(pre), all bf16; one kernel. The product is
+// pre (T, H) = x (T, C) @ w (H, C)^T, post (T, H) = relu(pre)^2, both bf16; one kernel, k's.
+inline void linear_relu_square_forward(MlpKernel k, __nv_bfloat16* pre, __nv_bfloat16* post, const __nv_bfloat16* x,
+                                       const __nv_bfloat16* w, int T, int C, int H, cudaStream_t stream) {
+    require_shape(linear_relu_square_shape_error(T, C, H, {pre, post, x, w}), "linear_relu_square_forward");
+    launch_linear_relu_square<FcEpilogue::relu_square_forward>(k, linear_relu_square_forward_work(k, T, C, H), pre,
+                                                               post, nullptr, x, w, T, C, H, stream);
+}
+
+// dpre (T, H) = 2 bf16(g (T, C) @ w (H, C)^T) relu(pre), all bf16; one kernel, k's. The product is
 // rounded to bf16 first, as upstream's fused kernel rounds its accumulator before the derivative:
 // the same bits as a matmul with the same fp32 sums then relu_square_backward. dpre may be pre.
-inline void linear_relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* g, const __nv_bfloat16* w,
-                                        const __nv_bfloat16* pre, int T, int C, int H, cudaStream_t stream) {
+inline void linear_relu_square_backward(MlpKernel k, __nv_bfloat16* dpre, const __nv_bfloat16* g,
+                                        const __nv_bfloat16* w, const __nv_bfloat16* pre, int T, int C, int H,
+                                        cudaStream_t stream) {
     require_shape(linear_relu_square_shape_error(T, C, H, {dpre, g, w, pre}), "linear_relu_square_backward");
-    launch_linear_relu_square<FcEpilogue::relu_square_backward>(linear_relu_square_backward_work(T, C, H), dpre,
+    launch_linear_relu_square<FcEpilogue::relu_square_backward>(k, linear_relu_square_backward_work(k, T, C, H), dpre,
                                                                 nullptr, pre, g, w, T, C, H, stream);
 }
 
@@ -301,12 +472,13 @@ inline std::string mlp_shape_error(int T, int C, int H) {
     return "";
 }
 
-// pre = x @ c_fc^T; post = relu(pre)^2; out = post @ c_proj (pre and post are kept for the backward)
-inline void mlp_forward(CublasLt& lt, __nv_bfloat16* out, __nv_bfloat16* pre, __nv_bfloat16* post,
+// pre = x @ c_fc^T; post = relu(pre)^2; out = post @ c_proj (pre and post are kept for the backward);
+// the first two by k's kernel
+inline void mlp_forward(CublasLt& lt, MlpKernel k, __nv_bfloat16* out, __nv_bfloat16* pre, __nv_bfloat16* post,
                         const __nv_bfloat16* x, const __nv_bfloat16* c_fc, const __nv_bfloat16* c_proj, int T, int C,
                         int H, cudaStream_t stream) {
     require_shape(mlp_shape_error(T, C, H), "mlp_forward");
-    linear_relu_square_forward(pre, post, x, c_fc, T, C, H, stream);
+    linear_relu_square_forward(k, pre, post, x, c_fc, T, C, H, stream);
     matmul_bf16(lt, out, post, false, c_proj, false, T, C, H, stream, 1.0f, 0.0f, nullptr, {}, "gemm_mlp_proj");
 }
 
@@ -316,10 +488,10 @@ inline void mlp_forward(CublasLt& lt, __nv_bfloat16* out, __nv_bfloat16* pre, __
 // after the whole backward, in the optimizer step.)
 // post may be null (not kept from the forward): it is then recomputed from pre into dpre, the
 // same bits, at the cost of one elementwise pass.
-// dpre is one tensor-core kernel (linear_relu_square_backward) wherever its shape rules hold; past
+// dpre is one tensor-core kernel (linear_relu_square_backward, k's) wherever its shape rules hold; past
 // them (T beyond 65535 row tiles, or a buffer not 16-byte aligned) it is a cuBLASLt matmul and
 // relu_square_backward, the same bits where the two accumulate in the same order (emu).
-inline void mlp_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16* dc_fc, __nv_bfloat16* dc_proj,
+inline void mlp_backward(CublasLt& lt, MlpKernel k, __nv_bfloat16* dx, __nv_bfloat16* dc_fc, __nv_bfloat16* dc_proj,
                          bool accumulate_weight_grads, __nv_bfloat16* dpre, const __nv_bfloat16* dout,
                          const __nv_bfloat16* x, const __nv_bfloat16* c_fc, const __nv_bfloat16* c_proj,
                          const __nv_bfloat16* pre, const __nv_bfloat16* post, int T, int C, int H,
@@ -333,7 +505,7 @@ inline void mlp_backward(CublasLt& lt, __nv_bfloat16* dx, __nv_bfloat16* dc_fc, 
     const float beta = accumulate_weight_grads ? 1.0f : 0.0f;
     matmul_bf16(lt, dc_proj, post, true, dout, false, H, C, T, stream, 1.0f, beta, nullptr, {}, "gemm_mlp_proj_dw");
     if (linear_relu_square_shape_error(T, C, H, {dpre, dout, c_proj, pre}).empty()) {
-        linear_relu_square_backward(dpre, dout, c_proj, pre, T, C, H, stream);
+        linear_relu_square_backward(k, dpre, dout, c_proj, pre, T, C, H, stream);
     } else {
         matmul_bf16(lt, dpre, dout, false, c_proj, true, T, H, C, stream, 1.0f, 0.0f, nullptr, {}, "gemm_mlp_proj_dx");
         relu_square_backward(dpre, dpre, pre, n, stream);

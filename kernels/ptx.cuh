@@ -130,6 +130,15 @@ template <int Groups, class... Acc>
 __device__ __forceinline__ void wgmma_wait(Acc&... acc);
 // Writes by threads to shared memory become visible to wgmma and TMA (the async proxy) after this.
 __device__ __forceinline__ void fence_proxy_async();
+// setmaxnreg: every warp of a warpgroup sets its threads' register ceiling to Regs (24..256, a multiple
+// of 8), lowering it (dec) or raising it (inc, which waits until the block's pool has the registers):
+// a producer warpgroup hands its registers to the consumers. The kernel's launch bound fixes the pool.
+// Under emu registers are not counted: a no-op.
+constexpr bool setmaxnreg_supported(int regs) { return regs >= 24 && regs <= 256 && regs % 8 == 0; }
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_dec();
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_inc();
 
 // mbarrier: a 64-bit shared-memory object with an expected arrival count, pending arrivals and a
 // transaction (byte) count. A phase completes when all arrivals are in and the tx-count is back at
@@ -358,6 +367,16 @@ __device__ __forceinline__ void wgmma_wait(Acc&... acc) {
     (wgmma_order_registers(acc), ...);
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    static_assert(setmaxnreg_supported(Regs), "setmaxnreg takes 24..256 registers, a multiple of 8");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Regs));
+}
+template <int Regs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    static_assert(setmaxnreg_supported(Regs), "setmaxnreg takes 24..256 registers, a multiple of 8");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Regs));
+}
 
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");

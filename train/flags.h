@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@ struct RunOptions {
     bool resume_unverified = false;      // accept a checkpoint directory without a manifest (saved before them)
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
     StepRange profile_steps;             // --profile-steps A:B: time every operation of steps A..B
+    std::optional<MlpKernel> mlp_kernel; // --mlp-kernel; none: default_mlp_kernel() (wgmma on Hopper and emu)
     std::string command;                 // the command line, for the log
 };
 
@@ -81,6 +83,8 @@ const char* kUsage =
     "  --json FILE, --trace FILE  with --plan-step: also write the plan as JSON, and a Chrome/Perfetto trace\n"
     "  --schedule ours|upstream with --plan-step: price our schedule (default) or upstream's for the same work\n"
     "  --nodes N                with --plan-step: price collectives for the ranks split over N nodes (default 1)\n"
+    "  --mlp-kernel mma|wgmma   the MLP's fused c_fc GEMMs (forward, and dpre in the backward) on mma.sync or on\n"
+    "                           Hopper's TMA + wgmma (default: wgmma on sm_90 GPUs and on the CPU build, else mma)\n"
     "  --profile-steps A:B      time every operation of training steps A..B (0 <= A <= B < the run's last step)\n"
     "                           and print a table per step; those steps' times include the report\n"
     "  --help                   this text\n";
@@ -228,6 +232,10 @@ CommandLine parse_command_line(int argc, char** argv) {
             const std::string v = value();
             if (v != "ours" && v != "upstream") usage_error("--schedule needs ours or upstream, got '" + v + "'");
             cl.plan.upstream = v == "upstream";
+        } else if (arg == "--mlp-kernel") {
+            const std::string v = value();
+            if (v != "mma" && v != "wgmma") usage_error("--mlp-kernel needs mma or wgmma, got '" + v + "'");
+            opt.mlp_kernel = v == "wgmma" ? MlpKernel::wgmma : MlpKernel::mma;
         } else if (arg == "--profile-steps") opt.profile_steps = parse_step_range(arg, value());
         else usage_error("unknown argument '" + arg + "'");
     }

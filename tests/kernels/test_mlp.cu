@@ -1,8 +1,8 @@
 // kernels/mlp.cuh: the ReLU^2 elementwise kernels bit for bit, the fused c_fc GEMM + ReLU^2 and the
-// fused dpre GEMM + ReLU^2's derivative against double-precision loops (and, on the CPU build, bit for
-// bit against cuBLASLt + the elementwise kernels), the MLP forward/backward stage by stage and end to
-// end against double-precision loops, a
-// finite-difference check of its backward, the lambda-scaled weight pair (with its deterministic
+// fused dpre GEMM + ReLU^2's derivative, each on both kernels (mma.sync and Hopper's TMA + wgmma),
+// against double-precision loops (and, on the CPU build, bit for bit against cuBLASLt + the
+// elementwise kernels and against each other), the MLP forward/backward on both kernels stage by stage
+// and end to end against double-precision loops, a finite-difference check of its backward, the lambda-scaled weight pair (with its deterministic
 // dlambda), the fixed-order sum, and the shape rules.
 #include "../../kernels/mlp.cuh"
 #include "../bench_util.h"
@@ -95,13 +95,18 @@ std::vector<bf16> relu_square_reference(const std::vector<bf16>& pre) {
     return post;
 }
 
-void test_linear_relu_square(int T, int C, int H) {
-    const std::string what = " T " + std::to_string(T) + " C " + std::to_string(C) + " H " + std::to_string(H);
+std::string shape_text(MlpKernel k, int T, int C, int H) {
+    return std::string(" (") + mlp_kernel_name(k) + ") T " + std::to_string(T) + " C " + std::to_string(C) + " H " +
+           std::to_string(H);
+}
+
+void test_linear_relu_square(MlpKernel k, int T, int C, int H) {
+    const std::string what = shape_text(k, T, C, H);
     const size_t n = size_t(T) * H, guard = 8 * size_t(H);  // rows past T must stay untouched
     const auto x = normal_bf16(size_t(T) * C), w = normal_bf16(size_t(H) * C, 0.0, 0.5 / std::sqrt(double(C)));
     const std::vector<bf16> sentinel(n + guard, to_bf16(-7.0));
     DeviceBuffer<bf16> d_x(x), d_w(w), d_pre(sentinel), d_post(sentinel);
-    linear_relu_square_forward(d_pre.ptr, d_post.ptr, d_x.ptr, d_w.ptr, T, C, H, nullptr);
+    linear_relu_square_forward(k, d_pre.ptr, d_post.ptr, d_x.ptr, d_w.ptr, T, C, H, nullptr);
     auto pre = d_pre.download(), post = d_post.download();
     const bool guard_kept = std::all_of(pre.begin() + n, pre.end(), [](bf16 v) { return value(v) == -7.0; }) &&
                             std::all_of(post.begin() + n, post.end(), [](bf16 v) { return value(v) == -7.0; });
@@ -130,15 +135,15 @@ void test_linear_relu_square(int T, int C, int H) {
 }
 
 // dpre = 2 bf16(g @ w^T) relu(pre), the dpre GEMM of the MLP backward with ReLU^2's derivative fused.
-void test_linear_relu_square_backward(int T, int C, int H) {
-    const std::string what = " T " + std::to_string(T) + " C " + std::to_string(C) + " H " + std::to_string(H);
+void test_linear_relu_square_backward(MlpKernel k, int T, int C, int H) {
+    const std::string what = shape_text(k, T, C, H);
     const size_t n = size_t(T) * H, guard = 8 * size_t(H);  // rows past T must stay untouched
     const auto g = normal_bf16(size_t(T) * C, 0.0, 0.1), w = normal_bf16(size_t(H) * C, 0.0, 0.5 / std::sqrt(double(C)));
     auto pre = normal_bf16(n);
     for (size_t i = 0; i < n; i += 11) pre[i] = to_bf16(i % 2 ? 0.0 : -0.0);  // relu's corner: +0 out
     const std::vector<bf16> sentinel(n + guard, to_bf16(-7.0));
     DeviceBuffer<bf16> d_g(g), d_w(w), d_pre(pre), d_dpre(sentinel);
-    linear_relu_square_backward(d_dpre.ptr, d_g.ptr, d_w.ptr, d_pre.ptr, T, C, H, nullptr);
+    linear_relu_square_backward(k, d_dpre.ptr, d_g.ptr, d_w.ptr, d_pre.ptr, T, C, H, nullptr);
     auto dpre = d_dpre.download();
     test::check(std::all_of(dpre.begin() + n, dpre.end(), [](bf16 v) { return value(v) == -7.0; }),
                 "linear_relu_square_backward writes nothing past row T%s", what.c_str());
@@ -157,7 +162,7 @@ void test_linear_relu_square_backward(int T, int C, int H) {
     // The epilogue exactly: the forward's kernel shares the main loop, so its pre is the backward's
     // bf16 g bit for bit (on the GPU too); dpre must be 2 g relu(pre) from it, rounded once.
     DeviceBuffer<bf16> d_gw(n), d_post(n);
-    linear_relu_square_forward(d_gw.ptr, d_post.ptr, d_g.ptr, d_w.ptr, T, C, H, nullptr);
+    linear_relu_square_forward(k, d_gw.ptr, d_post.ptr, d_g.ptr, d_w.ptr, T, C, H, nullptr);
     const auto gw = d_gw.download();
     std::vector<bf16> want_bits(n);
     for (size_t i = 0; i < n; ++i)
@@ -167,7 +172,7 @@ void test_linear_relu_square_backward(int T, int C, int H) {
 
     // in place (dpre is pre): the same bits
     DeviceBuffer<bf16> d_inplace(pre);
-    linear_relu_square_backward(d_inplace.ptr, d_g.ptr, d_w.ptr, d_inplace.ptr, T, C, H, nullptr);
+    linear_relu_square_backward(k, d_inplace.ptr, d_g.ptr, d_w.ptr, d_inplace.ptr, T, C, H, nullptr);
     test::check(same_bits(d_inplace.download(), dpre), "linear_relu_square_backward in place (dpre is pre)%s",
                 what.c_str());
 
@@ -183,8 +188,41 @@ void test_linear_relu_square_backward(int T, int C, int H) {
     }
 }
 
+// The two kernels on the same operands, forward and backward. Both add each output's products in
+// k-steps of 16 in ascending k from zero; emu's mma.sync and wgmma twins add a k-step's products in k
+// order, so under emu they give the same bits. (On the GPU the tensor cores' order within a k-step
+// is the hardware's: each kernel is held to the double reference by the tests above instead.)
+void test_fc_kernels_agree(int T, int C, int H) {
+    const std::string what = " T " + std::to_string(T) + " C " + std::to_string(C) + " H " + std::to_string(H);
+    const size_t n = size_t(T) * H;
+    const auto x = normal_bf16(size_t(T) * C), w = normal_bf16(size_t(H) * C, 0.0, 0.5 / std::sqrt(double(C)));
+    const auto pre = normal_bf16(n);
+    DeviceBuffer<bf16> d_x(x), d_w(w), d_pre(pre);
+    std::vector<bf16> out[2][3];  // [kernel][pre, post, dpre]
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) {
+        DeviceBuffer<bf16> f_pre(n), f_post(n), b_dpre(n);
+        linear_relu_square_forward(k, f_pre.ptr, f_post.ptr, d_x.ptr, d_w.ptr, T, C, H, nullptr);
+        linear_relu_square_backward(k, b_dpre.ptr, d_x.ptr, d_w.ptr, d_pre.ptr, T, C, H, nullptr);
+        const int i = k == MlpKernel::wgmma;
+        out[i][0] = f_pre.download();
+        out[i][1] = f_post.download();
+        out[i][2] = b_dpre.download();
+    }
+    const char* names[3] = {"forward pre", "forward post", "backward dpre"};
+    for (int j = 0; j < 3; ++j) {
+        size_t differ = 0;
+        for (size_t i = 0; i < n; ++i) differ += test::bits(out[0][j][i]) != test::bits(out[1][j][i]);
+        if constexpr (kEmulated)
+            test::check(differ == 0, "linear_relu_square %s: wgmma and mma kernels differ in %zu of %zu bits%s", names[j],
+                        differ, n, what.c_str());
+        else
+            std::printf("linear_relu_square %s%s: wgmma and mma differ in %zu of %zu outputs' bits\n", names[j],
+                        what.c_str(), differ, n);
+    }
+}
+
 // Wall time of the fused kernel against the unfused pair at one shape (printed, not checked).
-void report_linear_relu_square_time(int T, int C, int H) {
+void report_linear_relu_square_time(MlpKernel k, int T, int C, int H) {
     const auto x = normal_bf16(size_t(T) * C), w = normal_bf16(size_t(H) * C, 0.0, 0.05);
     DeviceBuffer<bf16> d_x(x), d_w(w), d_pre(size_t(T) * H), d_post(size_t(T) * H);
     CublasLt lt;
@@ -197,14 +235,14 @@ void report_linear_relu_square_time(int T, int C, int H) {
         return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
     };
     const double fused = time_ms(5, [&] {
-        linear_relu_square_forward(d_pre.ptr, d_post.ptr, d_x.ptr, d_w.ptr, T, C, H, nullptr);
+        linear_relu_square_forward(k, d_pre.ptr, d_post.ptr, d_x.ptr, d_w.ptr, T, C, H, nullptr);
     });
     const double unfused = time_ms(5, [&] {
         matmul_forward(lt, d_pre.ptr, d_x.ptr, d_w.ptr, T, H, C, nullptr);
         relu_square_forward(d_post.ptr, d_pre.ptr, int64_t(T) * H, nullptr);
     });
-    std::printf("time T %d C %d H %d: linear_relu_square_forward %.3f ms, matmul_forward + relu_square_forward %.3f ms\n",
-                T, C, H, fused, unfused);
+    std::printf("time T %d C %d H %d: linear_relu_square_forward (%s) %.3f ms, matmul_forward + relu_square_forward %.3f ms\n",
+                T, C, H, mlp_kernel_name(k), fused, unfused);
 }
 
 // ---- the MLP ----
@@ -212,9 +250,9 @@ struct MlpCase {
     int T, C, H;
 };
 
-void test_mlp(const MlpCase& s) {
+void test_mlp(MlpKernel k, const MlpCase& s) {
     const int T = s.T, C = s.C, H = s.H;
-    const std::string what = " T " + std::to_string(T) + " C " + std::to_string(C) + " H " + std::to_string(H);
+    const std::string what = shape_text(k, T, C, H);
     const double w_std = 0.5 / std::sqrt(double(C));  // upstream's init scale; c_proj random here (zero at init)
     const auto x = normal_bf16(size_t(T) * C), c_fc = normal_bf16(size_t(H) * C, 0.0, w_std),
                c_proj = normal_bf16(size_t(H) * C, 0.0, w_std), dout = normal_bf16(size_t(T) * C, 0.0, 0.1);
@@ -222,7 +260,7 @@ void test_mlp(const MlpCase& s) {
     DeviceBuffer<bf16> d_x(x), d_fc(c_fc), d_proj(c_proj), d_dout(dout), d_out(size_t(T) * C), d_pre(size_t(T) * H),
         d_post(size_t(T) * H), d_dpre(size_t(T) * H), d_dx(size_t(T) * C), d_dfc(dfc_old), d_dproj(dproj_old);
     CublasLt lt;
-    mlp_forward(lt, d_out.ptr, d_pre.ptr, d_post.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr, T, C, H, nullptr);
+    mlp_forward(lt, k, d_out.ptr, d_pre.ptr, d_post.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr, T, C, H, nullptr);
     const auto pre = d_pre.download(), post = d_post.download(), out = d_out.download();
     const auto xv = values(x), fcv = values(c_fc), projv = values(c_proj), doutv = values(dout);
     const auto prev = values(pre), postv = values(post);
@@ -254,7 +292,7 @@ void test_mlp(const MlpCase& s) {
         const std::string w = what + (accumulate ? " (accumulate)" : "");
         d_dfc.upload(dfc_old);
         d_dproj.upload(dproj_old);
-        mlp_backward(lt, d_dx.ptr, d_dfc.ptr, d_dproj.ptr, accumulate, d_dpre.ptr, d_dout.ptr, d_x.ptr, d_fc.ptr,
+        mlp_backward(lt, k, d_dx.ptr, d_dfc.ptr, d_dproj.ptr, accumulate, d_dpre.ptr, d_dout.ptr, d_x.ptr, d_fc.ptr,
                      d_proj.ptr, d_pre.ptr, d_post.ptr, T, C, H, nullptr);
         const auto dpre = d_dpre.download();
         const auto dprev = values(dpre);
@@ -284,7 +322,7 @@ void test_mlp(const MlpCase& s) {
     const auto dx_sep = d_dx.download(), dfc_sep = d_dfc.download(), dproj_sep = d_dproj.download();
     d_dfc.upload(dfc_old);
     d_dproj.upload(dproj_old);
-    mlp_backward(lt, d_dx.ptr, d_dfc.ptr, d_dproj.ptr, true, d_post.ptr, d_dout.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr,
+    mlp_backward(lt, k, d_dx.ptr, d_dfc.ptr, d_dproj.ptr, true, d_post.ptr, d_dout.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr,
                  d_pre.ptr, d_post.ptr, T, C, H, nullptr);
     test::check(same_bits(d_dx.download(), dx_sep) && same_bits(d_dfc.download(), dfc_sep) &&
                     same_bits(d_dproj.download(), dproj_sep),
@@ -292,7 +330,7 @@ void test_mlp(const MlpCase& s) {
     // post not kept: recomputed from pre inside the backward, the same bits again
     d_dfc.upload(dfc_old);
     d_dproj.upload(dproj_old);
-    mlp_backward(lt, d_dx.ptr, d_dfc.ptr, d_dproj.ptr, true, d_dpre.ptr, d_dout.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr,
+    mlp_backward(lt, k, d_dx.ptr, d_dfc.ptr, d_dproj.ptr, true, d_dpre.ptr, d_dout.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr,
                  d_pre.ptr, nullptr, T, C, H, nullptr);
     test::check(same_bits(d_dx.download(), dx_sep) && same_bits(d_dfc.download(), dfc_sep) &&
                     same_bits(d_dproj.download(), dproj_sep),
@@ -301,14 +339,14 @@ void test_mlp(const MlpCase& s) {
 
 // The backward against central differences of f = sum(G * mlp(x)) computed in double, at sampled
 // entries of x, c_fc and c_proj (relu^2 is C^1, so differences converge everywhere).
-void test_mlp_finite_differences(int T, int C, int H) {
+void test_mlp_finite_differences(MlpKernel k, int T, int C, int H) {
     const auto x = normal_bf16(size_t(T) * C), c_fc = normal_bf16(size_t(H) * C, 0.0, 0.3),
                c_proj = normal_bf16(size_t(H) * C, 0.0, 0.3), G = normal_bf16(size_t(T) * C);
     DeviceBuffer<bf16> d_x(x), d_fc(c_fc), d_proj(c_proj), d_G(G), d_out(size_t(T) * C), d_pre(size_t(T) * H),
         d_post(size_t(T) * H), d_dpre(size_t(T) * H), d_dx(size_t(T) * C), d_dfc(size_t(H) * C), d_dproj(size_t(H) * C);
     CublasLt lt;
-    mlp_forward(lt, d_out.ptr, d_pre.ptr, d_post.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr, T, C, H, nullptr);
-    mlp_backward(lt, d_dx.ptr, d_dfc.ptr, d_dproj.ptr, false, d_dpre.ptr, d_G.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr,
+    mlp_forward(lt, k, d_out.ptr, d_pre.ptr, d_post.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr, T, C, H, nullptr);
+    mlp_backward(lt, k, d_dx.ptr, d_dfc.ptr, d_dproj.ptr, false, d_dpre.ptr, d_G.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr,
                  d_pre.ptr, d_post.ptr, T, C, H, nullptr);
     auto xv = values(x), fcv = values(c_fc), projv = values(c_proj);
     const auto Gv = values(G);
@@ -342,9 +380,7 @@ void test_mlp_finite_differences(int T, int C, int H) {
             // bf16 intermediates (pre, post, the backward's h and dpre) each add ~2^-9 relative
             tol.push_back(std::fabs(fd.back()) / 32 + scale / 128);
         }
-        check_within(std::string("mlp backward vs finite differences: ") + p.name + " T " + std::to_string(T) + " C " +
-                         std::to_string(C) + " H " + std::to_string(H),
-                     got, fd, tol);
+        check_within(std::string("mlp backward vs finite differences: ") + p.name + shape_text(k, T, C, H), got, fd, tol);
     }
 }
 
@@ -517,18 +553,18 @@ void test_shape_rules() {
     // a bad call stops with the launcher's name and the reason, before touching memory
     bf16* fake = reinterpret_cast<bf16*>(256);
     test::check_fails_with("linear_relu_square_forward with C 100", "linear_relu_square_forward: C (100)", [=] {
-        linear_relu_square_forward(fake, fake, fake, fake, 256, 100, 512, nullptr);
+        linear_relu_square_forward(MlpKernel::mma, fake, fake, fake, fake, 256, 100, 512, nullptr);
     });
     test::check_fails_with("linear_relu_square_forward with a misaligned buffer", "not 16-byte aligned", [=] {
-        linear_relu_square_forward(fake, fake + 1, fake, fake, 256, 128, 512, nullptr);
+        linear_relu_square_forward(MlpKernel::wgmma, fake, fake + 1, fake, fake, 256, 128, 512, nullptr);
     });
     test::check(!linear_relu_square_shape_error(65535 * kFcTileRows + 1, 128, 512, {p}).empty() &&
                     linear_relu_square_shape_error(65535 * kFcTileRows, 128, 512, {p}).empty(),
                 "linear_relu_square shape rules (at most 65535 row tiles)");
     test::check_fails_with("linear_relu_square_backward with H 500", "linear_relu_square_backward: C (128) and H (500)",
-                           [=] { linear_relu_square_backward(fake, fake, fake, fake, 256, 128, 500, nullptr); });
+                           [=] { linear_relu_square_backward(MlpKernel::wgmma, fake, fake, fake, fake, 256, 128, 500, nullptr); });
     test::check_fails_with("linear_relu_square_backward with a misaligned pre", "not 16-byte aligned", [=] {
-        linear_relu_square_backward(fake, fake, fake, fake + 4, 256, 128, 512, nullptr);
+        linear_relu_square_backward(MlpKernel::mma, fake, fake, fake, fake + 4, 256, 128, 512, nullptr);
     });
     const float* lambda = reinterpret_cast<const float*>(256);
     test::check_fails_with("lambda_scaled_weight_forward with 3 weights", "lambda_scaled_weight_forward: 3 weights",
@@ -555,19 +591,22 @@ int bench_mlp(const bench::Options& o) {
         pre(size_t(T) * H), post(size_t(T) * H), dpre(size_t(T) * H), dx(size_t(T) * C), dfc(size_t(H) * C),
         dproj(size_t(H) * C);
     CublasLt lt;
-    b.run("mlp_forward", at, [&](cudaStream_t s) {
-        mlp_forward(lt, out.ptr, pre.ptr, post.ptr, x.ptr, c_fc.ptr, c_proj.ptr, T, C, H, s);
+    const MlpKernel k = default_mlp_kernel();
+    b.run("mlp_forward", at + " " + mlp_kernel_name(k), [&](cudaStream_t s) {
+        mlp_forward(lt, k, out.ptr, pre.ptr, post.ptr, x.ptr, c_fc.ptr, c_proj.ptr, T, C, H, s);
     });
-    b.run("mlp_backward", at, [&](cudaStream_t s) {
-        mlp_backward(lt, dx.ptr, dfc.ptr, dproj.ptr, false, dpre.ptr, dout.ptr, x.ptr, c_fc.ptr, c_proj.ptr, pre.ptr,
+    b.run("mlp_backward", at + " " + mlp_kernel_name(k), [&](cudaStream_t s) {
+        mlp_backward(lt, k, dx.ptr, dfc.ptr, dproj.ptr, false, dpre.ptr, dout.ptr, x.ptr, c_fc.ptr, c_proj.ptr, pre.ptr,
                      post.ptr, T, C, H, s);
     });
-    b.run("linear_relu_square_forward", at, [&](cudaStream_t s) {
-        linear_relu_square_forward(pre.ptr, post.ptr, x.ptr, c_fc.ptr, T, C, H, s);
-    });
-    b.run("linear_relu_square_backward", at, [&](cudaStream_t s) {
-        linear_relu_square_backward(dpre.ptr, dout.ptr, c_proj.ptr, pre.ptr, T, C, H, s);
-    });
+    for (MlpKernel fc : {MlpKernel::mma, MlpKernel::wgmma}) {
+        b.run("linear_relu_square_forward", at + " " + mlp_kernel_name(fc), [&](cudaStream_t s) {
+            linear_relu_square_forward(fc, pre.ptr, post.ptr, x.ptr, c_fc.ptr, T, C, H, s);
+        });
+        b.run("linear_relu_square_backward", at + " " + mlp_kernel_name(fc), [&](cudaStream_t s) {
+            linear_relu_square_backward(fc, dpre.ptr, dout.ptr, c_proj.ptr, pre.ptr, T, C, H, s);
+        });
+    }
     const int64_t n = int64_t(T) * H;
     b.run("relu_square_forward", bench::fmt("n=%lld (T x H)", (long long)n),
           [&](cudaStream_t s) { relu_square_forward(dpre.ptr, pre.ptr, n, s); });
@@ -608,24 +647,32 @@ int main(int argc, char** argv) {
     test_relu_square_kernels(8 * 1000);
     test_relu_square_kernels(64 * 3072);
 
-    test_linear_relu_square(256, 128, 512);  // tiny preset
-    test_linear_relu_square(272, 128, 512);  // ragged: T not a multiple of the 128-row tile
-    test_linear_relu_square(512, 128, 512);
-    test_linear_relu_square(144, 768, 3072);  // record width, ragged T
-    test_linear_relu_square(200, 200, 136);   // C not a multiple of the 64-wide k-step, H of the tile, T of 16
-    test_linear_relu_square(3, 8, 32);        // less than one of everything
-    report_linear_relu_square_time(512, 128, 512);
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) {
+        test_linear_relu_square(k, 256, 128, 512);  // tiny preset
+        test_linear_relu_square(k, 272, 128, 512);  // ragged: T not a multiple of the 128-row tile
+        test_linear_relu_square(k, 512, 128, 512);
+        test_linear_relu_square(k, 144, 768, 3072);  // record width, ragged T
+        test_linear_relu_square(k, 200, 200, 136);   // C not a multiple of the 64-wide k-step, H of the tile, T of 16
+        test_linear_relu_square(k, 3, 8, 32);        // less than one of everything
+        test_linear_relu_square(k, 136, 64, 264);    // wgmma: a second 256-column tile of 8 columns, one k-step
+        report_linear_relu_square_time(k, 512, 128, 512);
 
-    test_linear_relu_square_backward(256, 128, 512);  // tiny preset
-    test_linear_relu_square_backward(144, 768, 3072);  // record width, ragged T
-    test_linear_relu_square_backward(200, 200, 136);   // ragged C, H and T
-    test_linear_relu_square_backward(3, 8, 32);        // less than one of everything
+        test_linear_relu_square_backward(k, 256, 128, 512);  // tiny preset
+        test_linear_relu_square_backward(k, 144, 768, 3072);  // record width, ragged T
+        test_linear_relu_square_backward(k, 200, 200, 136);   // ragged C, H and T
+        test_linear_relu_square_backward(k, 3, 8, 32);        // less than one of everything
+        test_linear_relu_square_backward(k, 136, 64, 264);    // wgmma: ragged second column tile
 
-    test_mlp({256, 128, 512});  // tiny preset
-    test_mlp({24, 64, 256});
-    test_mlp({32, 768, 3072});  // record width
-    test_mlp_finite_differences(4, 16, 64);
-    test_mlp_finite_differences(3, 8, 32);
+        test_mlp(k, {256, 128, 512});  // tiny preset
+        test_mlp(k, {24, 64, 256});
+        test_mlp(k, {32, 768, 3072});  // record width
+        test_mlp_finite_differences(k, 4, 16, 64);
+        test_mlp_finite_differences(k, 3, 8, 32);
+    }
+    test_fc_kernels_agree(256, 128, 512);  // tiny preset
+    test_fc_kernels_agree(144, 768, 3072);  // record width, ragged T; 12 k-steps: the ring wraps 3 times
+    test_fc_kernels_agree(200, 200, 136);   // ragged C, H and T
+    test_fc_kernels_agree(3, 8, 32);
 
     test_lambda_scaled_weight({3 * 128 * 128, 128 * 128});  // tiny preset's q, k, v and o
     test_lambda_scaled_weight({3 * 768 * 768, 768 * 768});  // the record's

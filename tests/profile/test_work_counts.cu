@@ -356,42 +356,46 @@ void test_mlp(CublasLt& lt) {
     check_family("relu_square_backward", {kernel("relu_square_backward", bytes(post) + bytes(pre), bytes(dpre))},
                  {out(dpre)}, [&] { relu_square_backward(dpre.ptr, post.ptr, pre.ptr, int64_t(th), nullptr); });
 
-    auto ops = check_family("linear_relu_square_forward",
-                            {kernel("linear_relu_square_forward", bytes(x) + bytes(c_fc), bytes(pre) + bytes(post))},
-                            {out(pre), out(post)},
-                            [&] { linear_relu_square_forward(pre.ptr, post.ptr, x.ptr, c_fc.ptr, T, C, H, nullptr); });
-    if (ops.size() == 1)
-        test::check(ops[0].work.tc_flops == 2.0 * T * C * H, "linear_relu_square_forward: tc_flops %.0f, want 2 T C H",
-                    ops[0].work.tc_flops);
-    // Off the tiles: T 48, C 72, H 136 run as 128 x 256 outputs over 128 of depth (128-row, 128-column
-    // tiles, 64-wide k-steps, the padding computed too).
-    {
-        const int t = 48, c = 72, hh = 136;
-        DeviceBuffer<bf16> xs(uniform_bf16(size_t(t) * c, -1, 1)), ws(uniform_bf16(size_t(hh) * c, -1, 1));
-        DeviceBuffer<bf16> ps(size_t(t) * hh), qs(size_t(t) * hh);
-        ops = check_family("linear_relu_square_forward off the tiles",
-                           {kernel("linear_relu_square_forward", bytes(xs) + bytes(ws), bytes(ps) + bytes(qs))},
-                           {out(ps), out(qs)},
-                           [&] { linear_relu_square_forward(ps.ptr, qs.ptr, xs.ptr, ws.ptr, t, c, hh, nullptr); });
+    std::vector<StepOp> ops;
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) {
+        const std::string fc = std::string(" (") + mlp_kernel_name(k) + ")";
+        ops = check_family("linear_relu_square_forward" + fc,
+                           {kernel("linear_relu_square_forward", bytes(x) + bytes(c_fc), bytes(pre) + bytes(post))},
+                           {out(pre), out(post)},
+                           [&] { linear_relu_square_forward(k, pre.ptr, post.ptr, x.ptr, c_fc.ptr, T, C, H, nullptr); });
         if (ops.size() == 1)
-            test::check(ops[0].work.tc_flops == 2.0 * 128 * 256 * 128,
-                        "linear_relu_square_forward off the tiles: tc_flops %.0f, want 2 x 128 x 256 x 128",
-                        ops[0].work.tc_flops);
-    }
+            test::check(ops[0].work.tc_flops == 2.0 * T * C * H, "linear_relu_square_forward%s: tc_flops %.0f, want 2 T C H",
+                        fc.c_str(), ops[0].work.tc_flops);
+        // Off the tiles: T 48, C 72, H 264 run as 128 rows over 128 of depth (64-wide k-steps) and 384
+        // columns in 128-column tiles (mma) or 512 in 256-column tiles (wgmma), the padding computed too.
+        {
+            const int t = 48, c = 72, hh = 264, cols = k == MlpKernel::wgmma ? 512 : 384;
+            DeviceBuffer<bf16> xs(uniform_bf16(size_t(t) * c, -1, 1)), ws(uniform_bf16(size_t(hh) * c, -1, 1));
+            DeviceBuffer<bf16> ps(size_t(t) * hh), qs(size_t(t) * hh);
+            ops = check_family("linear_relu_square_forward off the tiles" + fc,
+                               {kernel("linear_relu_square_forward", bytes(xs) + bytes(ws), bytes(ps) + bytes(qs))},
+                               {out(ps), out(qs)},
+                               [&] { linear_relu_square_forward(k, ps.ptr, qs.ptr, xs.ptr, ws.ptr, t, c, hh, nullptr); });
+            if (ops.size() == 1)
+                test::check(ops[0].work.tc_flops == 2.0 * 128 * cols * 128,
+                            "linear_relu_square_forward off the tiles%s: tc_flops %.0f, want 2 x 128 x %d x 128",
+                            fc.c_str(), ops[0].work.tc_flops, cols);
+        }
 
-    ops = check_family("linear_relu_square_backward",
-                       {kernel("linear_relu_square_backward", bytes(dout) + bytes(c_proj) + bytes(pre), bytes(dpre))},
-                       {out(dpre)},
-                       [&] { linear_relu_square_backward(dpre.ptr, dout.ptr, c_proj.ptr, pre.ptr, T, C, H, nullptr); });
-    if (ops.size() == 1)
-        test::check(ops[0].work.tc_flops == 2.0 * T * C * H, "linear_relu_square_backward: tc_flops %.0f, want 2 T C H",
-                    ops[0].work.tc_flops);
+        ops = check_family("linear_relu_square_backward" + fc,
+                           {kernel("linear_relu_square_backward", bytes(dout) + bytes(c_proj) + bytes(pre), bytes(dpre))},
+                           {out(dpre)},
+                           [&] { linear_relu_square_backward(k, dpre.ptr, dout.ptr, c_proj.ptr, pre.ptr, T, C, H, nullptr); });
+        if (ops.size() == 1)
+            test::check(ops[0].work.tc_flops == 2.0 * T * C * H, "linear_relu_square_backward%s: tc_flops %.0f, want 2 T C H",
+                        fc.c_str(), ops[0].work.tc_flops);
+    }
 
     ops = check_family("mlp_forward",
                        {kernel("linear_relu_square_forward", bytes(x) + bytes(c_fc), bytes(pre) + bytes(post)),
                         gemm("gemm_mlp_proj", bytes(post) + bytes(c_proj), bytes(o))},
                        {out(pre), out(post), out(o)},
-                       [&] { mlp_forward(lt, o.ptr, pre.ptr, post.ptr, x.ptr, c_fc.ptr, c_proj.ptr, T, C, H, nullptr); });
+                       [&] { mlp_forward(lt, MlpKernel::wgmma, o.ptr, pre.ptr, post.ptr, x.ptr, c_fc.ptr, c_proj.ptr, T, C, H, nullptr); });
     if (ops.size() == 2) check_gemm_shape("gemm_mlp_proj", ops[1], GemmType::bf16, C, T, H, 1);
     ops = check_family("mlp_backward",
                        {gemm("gemm_mlp_proj_dw", bytes(post) + bytes(dout), bytes(dc_proj)),
@@ -399,7 +403,7 @@ void test_mlp(CublasLt& lt) {
                         gemm("gemm_mlp_fc_dw", bytes(dpre) + bytes(x), bytes(dc_fc)),
                         gemm("gemm_mlp_fc_dx", bytes(dpre) + bytes(c_fc), bytes(dx))},
                        {out(dx), out(dc_fc), out(dc_proj), out(dpre)}, [&] {
-                           mlp_backward(lt, dx.ptr, dc_fc.ptr, dc_proj.ptr, false, dpre.ptr, dout.ptr, x.ptr, c_fc.ptr,
+                           mlp_backward(lt, MlpKernel::wgmma, dx.ptr, dc_fc.ptr, dc_proj.ptr, false, dpre.ptr, dout.ptr, x.ptr, c_fc.ptr,
                                         c_proj.ptr, pre.ptr, post.ptr, T, C, H, nullptr);
                        });
     if (ops.size() == 4) {
@@ -413,7 +417,7 @@ void test_mlp(CublasLt& lt) {
         const double tc_b = 2.0 * t * c, th_b = 2.0 * t * hh, hc_b = 2.0 * hh * c;
         const auto fake = [](int i) { return reinterpret_cast<bf16*>(uintptr_t(256) * i); };  // distinct tensors
         const std::vector<StepOp> big = record(true, [&] {
-            mlp_backward(lt, fake(1), fake(2), fake(3), false, fake(4), fake(5), fake(6), fake(7), fake(8), fake(9),
+            mlp_backward(lt, MlpKernel::wgmma, fake(1), fake(2), fake(3), false, fake(4), fake(5), fake(6), fake(7), fake(8), fake(9),
                          fake(10), t, c, hh, nullptr);
         });
         const std::vector<Want> want = {gemm("gemm_mlp_proj_dw", th_b + tc_b, hc_b),

@@ -3,8 +3,9 @@
 a non-zero exit, as early as it can be known, and without losing what was already saved.
 
 Runs are tiny-preset runs of 0-2 steps (--val-every 0 --warmup 0, 2048 validation tokens).
-  - flags: integers out of range (the range in the message), conflicting modes, --checkpoint-steps
-    beyond the run or without --save-checkpoint, --resume-unverified without --resume;
+  - flags: integers out of range (the range in the message), an unknown --mlp-kernel, conflicting
+    modes, --checkpoint-steps beyond the run or without --save-checkpoint, --resume-unverified without
+    --resume;
   - startup, before anything is written: default data resolved relative to the repository (a run
     started elsewhere finds it; a binary away from its repository names the glob and the current
     directory), training shards too short for the schedule, validation shards too short for
@@ -123,6 +124,7 @@ def test_flags(tmp):
             (["--warmup", "2"], "--warmup needs an integer in [0, 1]"),
             (["--check-finite", "x"], "--check-finite needs an integer in [0, 10000000]"),
             (["--checkpoint-steps", "1,x"], "--checkpoint-steps needs an integer in [0, 10000000], got 'x'"),
+            (["--mlp-kernel", "tensor"], "--mlp-kernel needs mma or wgmma, got 'tensor'"),
             (["--print-memory", "--dump-batches", "2", "--check-platform"], "--print-memory and --dump-batches are separate modes"),
             (["--check-platform", "--print-memory"], "--check-platform and --print-memory are separate modes"),
             (["--checkpoint-steps", "1"], "--checkpoint-steps needs --save-checkpoint"),
