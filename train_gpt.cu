@@ -1329,11 +1329,6 @@ void warm_up(Run& r) {
     CUDA_CHECK(sync_stream(r.s, "warm_up"));
 }
 
-size_t allocated_bytes(const Run& r) {
-    return r.m.param_arena.bytes() + r.m.grad_arena.bytes() + r.m.state_arena.bytes() + r.m.act_arena.bytes() +
-           r.o.arena.bytes() + CublasLt::kWorkspaceBytes;
-}
-
 // Upstream's main loop: validation every val_every steps and at the end (the clock stopped), the
 // training steps, one log line each.
 void run_training(Run& r) {
@@ -1412,7 +1407,7 @@ void run_training(Run& r) {
         print0(r, "step:%d/%d train_time:%.0fms step_avg:%.2fms\n", step + 1, total, approx_ms,
                approx_ms / (step + 1 - start));
     }
-    const size_t mib = allocated_bytes(r) / 1048576;
+    const size_t mib = allocated_bytes(r.m, r.o) / 1048576;
     print0(r, "peak memory allocated: %zu MiB reserved: %zu MiB\n", mib, mib);
 }
 

@@ -33,7 +33,7 @@ struct RunOptions {
     bool resume_unverified = false;      // accept a checkpoint directory without a manifest (saved before them)
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
     StepRange profile_steps;             // --profile-steps A:B: time every operation of steps A..B
-    std::optional<MlpKernel> mlp_kernel; // --mlp-kernel; none: default_mlp_kernel() (wgmma on Hopper and emu)
+    std::optional<MlpKernel> mlp_kernel; // --mlp-kernel; none: default_mlp_kernel() (wgmma on Hopper GPUs)
     std::string command;                 // the command line, for the log
 };
 
@@ -84,7 +84,8 @@ const char* kUsage =
     "  --schedule ours|upstream with --plan-step: price our schedule (default) or upstream's for the same work\n"
     "  --nodes N                with --plan-step: price collectives for the ranks split over N nodes (default 1)\n"
     "  --mlp-kernel mma|wgmma   the MLP's fused c_fc GEMMs (forward, and dpre in the backward) on mma.sync or on\n"
-    "                           Hopper's TMA + wgmma (default: wgmma on sm_90 GPUs and on the CPU build, else mma)\n"
+    "                           Hopper's TMA + wgmma (default: wgmma on sm_90 GPUs, else mma; the CPU build runs\n"
+    "                           mma: its wgmma twins are 2x slower, and both give the same bits there)\n"
     "  --profile-steps A:B      time every operation of training steps A..B (0 <= A <= B < the run's last step)\n"
     "                           and print a table per step; those steps' times include the report\n"
     "  --help                   this text\n";

@@ -76,3 +76,9 @@ void print_memory_plan(const Config& c, FILE* f) {
     std::fprintf(f, "%-12s %10.1f MiB (upstream's record peaks at %.0f MiB)\n", "total", plan.total() / 1048576.0,
                  kUpstreamPeakMiB);
 }
+
+// What the run allocates on the device: every arena and cuBLASLt's workspace (the log's peak line).
+size_t allocated_bytes(const Model& m, const Optimizer& o) {
+    return m.param_arena.bytes() + m.grad_arena.bytes() + m.state_arena.bytes() + m.act_arena.bytes() + o.arena.bytes() +
+           CublasLt::kWorkspaceBytes;
+}

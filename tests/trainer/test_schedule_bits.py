@@ -10,7 +10,8 @@ script's --make from the program as it was before the step was rescheduled. The 
 are compared too, as printed.
 
 Runs (CTest): 1, 2 and 8 ranks in emu's default mode (8 ranks with upstream's warm-up, which must
-restore the initial state exactly), and 8 ranks with deferred streams in a random order
+restore the initial state exactly; 2 ranks with the MLP on its Hopper kernel, --mlp-kernel wgmma,
+which gives the same bits under emu), and 8 ranks with deferred streams in a random order
 (EMU_STREAMS=deferred EMU_RANDOM_ORDER=<seed>), where a missing event between streams changes the
 bits or is reported as a race. --full runs every rank count in both modes, each with the warm-up.
 
@@ -49,10 +50,10 @@ def parse_args(argv):
     return make, full, argv[0], argv[1:]
 
 
-def train(binary, mpirun, ranks, env, warmup, root):
+def train(binary, mpirun, ranks, env, warmup, extra, root):
     """Trains the schedule; returns {step: {rank: {tensor: digest}}} and the printed training losses."""
-    args = SCHEDULE + ["--warmup", "1" if warmup else "0", "--run-id", "bits", "--log-dir", root,
-                       "--save-checkpoint", os.path.join(root, "ckpt")]
+    args = SCHEDULE + extra + ["--warmup", "1" if warmup else "0", "--run-id", "bits", "--log-dir", root,
+                               "--save-checkpoint", os.path.join(root, "ckpt")]
     cmd = ([binary] if ranks == 1 else mpirun + ["-np", str(ranks), "-x", "EMU_WORKERS=1"] +
            [x for k in env for x in ("-x", k)] + [binary]) + args
     e = dict(os.environ, EMU_WORKERS="2" if ranks == 1 else "1", **env)
@@ -74,17 +75,18 @@ def train(binary, mpirun, ranks, env, warmup, root):
 def main():
     make, full, binary, mpirun = parse_args(sys.argv[1:])
     if full or make:
-        runs = [(ranks, env, True) for ranks in (1, 2, 8) for env in ({}, DEFERRED)]
+        runs = [(ranks, env, True, []) for ranks in (1, 2, 8) for env in ({}, DEFERRED)]
     else:
-        runs = [(1, {}, False), (2, {}, False), (8, {}, True), (8, DEFERRED, False)]
+        runs = [(1, {}, False, []), (2, {}, False, ["--mlp-kernel", "wgmma"]), (8, {}, True, []),
+                (8, DEFERRED, False, [])]
     want = None if make else json.load(open(FIXTURE))
     got = {}
     failures = []
-    for ranks, env, warmup in runs:
+    for ranks, env, warmup, extra in runs:
         label = f"{ranks} rank(s), {'deferred random-order streams' if env else 'default streams'}" + \
-                (", warm-up" if warmup else "")
+                (", warm-up" if warmup else "") + "".join(" " + a for a in extra)
         with tempfile.TemporaryDirectory() as root:
-            digests, losses = train(binary, mpirun, ranks, env, warmup, root)
+            digests, losses = train(binary, mpirun, ranks, env, warmup, extra, root)
         if make:
             previous = got.get(str(ranks))
             if previous and previous != {"digests": digests, "losses": losses}:

@@ -49,5 +49,5 @@ endif()
 if(Python3_Interpreter_FOUND)
   add_test(NAME schedule_bits COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_schedule_bits.py
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
-  set_tests_properties(schedule_bits PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 900)
+  set_tests_properties(schedule_bits PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1500)
 endif()
