@@ -46,6 +46,9 @@
 #include <cstdlib>
 
 enum class AttentionBackwardMode { deterministic, atomic_dq };
+// The forward's kernel: mma.sync (any sm_80+ GPU; the reference) or wgmma + TMA (Hopper,
+// attention_wgmma.cuh; the same bits under emu). The backward runs on mma.sync either way.
+enum class AttentionKernel { mma, wgmma };
 
 constexpr int kAttnWarps = 4;
 constexpr int kAttnThreads = 32 * kAttnWarps;
@@ -130,6 +133,12 @@ __host__ __device__ __forceinline__ int attn_last_query(const AttnProblem& p, in
     return min(min(doc_end, p.T) - 1, j + p.window);
 }
 
+// The 64-key tiles a tile of rows from q0 visits, from the diagonal tile (keys from q0) down to the
+// tile holding the first key its first row sees.
+__host__ __device__ __forceinline__ int attn_num_key_tiles(const AttnProblem& p, int q0) {
+    return (q0 + kAttnTileKeys - 1 - attn_first_key(p, q0)) / kAttnTileKeys + 1;
+}
+
 // ---- the work of a call, for the step profiler (work.cuh) ----
 // The tiles one head's kernels visit, walked as they walk them: over the 64-row query tiles, the
 // 64-key tiles from the diagonal down to the first key a row sees (forward and dq kernels,
@@ -147,7 +156,7 @@ inline AttnTileCounts attn_tile_counts(const char* who, AttnProblem p, const int
     kernel_require(cu_seqlens_host != nullptr, "%s: recording a step needs the host copy of cu_seqlens", who);
     p.cu_seqlens = cu_seqlens_host;
     for (int q0 = 0; q0 < p.T; q0 += kAttnTileRows)
-        c.key_tiles += (q0 + kAttnTileKeys - 1 - attn_first_key(p, q0)) / kAttnTileKeys + 1;
+        c.key_tiles += attn_num_key_tiles(p, q0);
     for (int k0 = 0; k0 < p.T; k0 += kAttnTileRows)
         c.query_subtiles += (attn_last_query(p, min(k0 + kAttnTileRows, p.T) - 1) - k0) / kAttnBwdQueries + 1;
     return c;
@@ -349,19 +358,22 @@ struct AttnQueryTile {
         return key > row || key < first;
     }
 };
-__device__ __forceinline__ AttnQueryTile attn_query_tile(const AttnProblem& p) {
-    constexpr int KT = kAttnTileKeys;
-    const int lane = threadIdx.x % 32;
+// The tiles of 64 rows from q0 on (warp `warp`'s 16 of them for the lane's two rows).
+__device__ __forceinline__ AttnQueryTile attn_query_tile_at(const AttnProblem& p, int q0, int warp, int lane) {
     AttnQueryTile qt;
-    qt.q0 = (gridDim.x - 1 - blockIdx.x) * kAttnTileRows;  // rows with the most keys start first
+    qt.q0 = q0;
     const int q_last = min(qt.q0 + kAttnTileRows, p.T) - 1;
-    qt.num_tiles = (qt.q0 + KT - 1 - attn_first_key(p, qt.q0)) / KT + 1;
+    qt.num_tiles = attn_num_key_tiles(p, qt.q0);
     qt.unmasked_from = attn_first_key(p, q_last);
-    qt.row_lo = qt.q0 + 16 * (threadIdx.x / 32) + lane / 4;
+    qt.row_lo = qt.q0 + 16 * warp + lane / 4;
     qt.row_hi = qt.row_lo + 8;
     qt.first_lo = attn_first_key(p, qt.row_lo);
     qt.first_hi = attn_first_key(p, qt.row_hi);
     return qt;
+}
+__device__ __forceinline__ AttnQueryTile attn_query_tile(const AttnProblem& p) {
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * kAttnTileRows;  // rows with the most keys start first
+    return attn_query_tile_at(p, q0, threadIdx.x / 32, threadIdx.x % 32);
 }
 // Before key tile n (keys from k0, stage n & 1): issues the copies of tile n + 1 into the other stage
 // (released by the barrier that ended tile n - 1), then waits until tile n's K and V are in place.
@@ -510,6 +522,8 @@ void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
            stream, out, lse, q, k, v, p);
 }
 
+#include "attention_wgmma.cuh"  // the Hopper forward: uses the tile walk and helpers above
+
 // Per visited (query tile, key tile) pair and head, the products q k^T and p v and the softmax's 4
 // operations per score; reads q, k, v and the bounds, writes out and lse.
 inline Work attention_forward_work(const AttnProblem& p, int D, const AttnTileCounts& c) {
@@ -522,17 +536,23 @@ inline Work attention_forward_work(const AttnProblem& p, int D, const AttnTileCo
 // out (T, H, D) bf16 = attention(q, k, v); lse (H, T) fp32 for the backward (for paired heads:
 // (H/2, 2T), the same H*T floats). Upstream's softmax_scale is YaRN's attn_scale, not 1/sqrt(D).
 // cu_seqlens_host: the host copy of cu_seqlens, which the step profiler needs to count the tiles
-// (required while it records, unused otherwise).
+// (required while it records, unused otherwise). `kernel` picks the implementation; both visit the
+// same tiles, so they share the Work.
 inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, const int* cu_seqlens, int num_cu_seqlens, int T, int H, int D,
                               int window, bool paired, float softmax_scale, cudaStream_t stream,
-                              const int* cu_seqlens_host = nullptr) {
+                              const int* cu_seqlens_host = nullptr, AttentionKernel kernel = AttentionKernel::mma) {
     const AttnProblem p =
         attn_problem("attention_forward", cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
     kernel_require(all_aligned16({out, lse, q, k, v}), "attention_forward: tensors must be 16-byte aligned");
     const Work work = attention_forward_work(p, D, attn_tile_counts("attention_forward", p, cu_seqlens_host));
-    if (D == 64) attention_forward_d<64>(out, lse, q, k, v, p, work, stream);
-    else attention_forward_d<128>(out, lse, q, k, v, p, work, stream);
+    if (kernel == AttentionKernel::wgmma) {
+        if (D == 64) attention_forward_wgmma_d<64>(out, lse, q, k, v, p, work, stream);
+        else attention_forward_wgmma_d<128>(out, lse, q, k, v, p, work, stream);
+    } else {
+        if (D == 64) attention_forward_d<64>(out, lse, q, k, v, p, work, stream);
+        else attention_forward_d<128>(out, lse, q, k, v, p, work, stream);
+    }
 }
 
 // ---- backward ----
