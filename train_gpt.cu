@@ -457,6 +457,7 @@ struct Model {
     unsigned int* sums_done;      // device: the backward's reductions' ticket counter (zero between launches)
     float* mtp_weights;           // device, up to kMaxMtpWeights
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
+    AttentionKernel attention = AttentionKernel::mma;  // the attention forward's kernel (--attention)
 };
 
 // Every arena's layout; `m` may be unallocated (measuring) or allocated (placing).
@@ -655,7 +656,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
             attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(step_sch, l),
-                              is_paired(l), scale, s, b.cu_seqlens_host.data());
+                              is_paired(l), scale, s, b.cu_seqlens_host.data(), m.attention);
             attn_output_gate_forward(aux, L.y_gated, L.y, s);
             matmul_forward(*m.lt, a.block_out, L.y_gated, L.wo_eff, T, C, C, s, false, "gemm_attn_out");
             residual_add_forward(L.xa, L.h_mlp, L.rstd_mlp, L.xm, a.block_out, T, C, s);
@@ -1464,6 +1465,7 @@ int main(int argc, char** argv) {
     Optimizer o;
     const Schedule sch(cfg);
     build_model(m, cfg, opt.seed, stream);
+    m.attention = opt.attention;
     broadcast_params(m, d.comm, stream);
     const bool sparse = d.world == 8 && cfg.grad_accum() == 1;
     build_optimizer(o, m, d.rank, d.world, sparse, d.comm, stream);

@@ -1,6 +1,8 @@
 // The command line: what a run is asked to do beyond its config, the usage text, and the flags'
 // value rules (a bad value stops with the usage and exit code 2, before any process starts).
 #pragma once
+#include "../kernels/attention.cuh"
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +34,8 @@ struct RunOptions {
     bool resume_unverified = false;      // accept a checkpoint directory without a manifest (saved before them)
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
     StepRange profile_steps;             // --profile-steps A:B: time every operation of steps A..B
+    // the attention forward's kernel: the GPU build is for sm_90a, and under emu wgmma gives mma's bits
+    AttentionKernel attention = AttentionKernel::wgmma;
     std::string command;                 // the command line, for the log
 };
 
@@ -81,6 +85,9 @@ const char* kUsage =
     "  --json FILE, --trace FILE  with --plan-step: also write the plan as JSON, and a Chrome/Perfetto trace\n"
     "  --schedule ours|upstream with --plan-step: price our schedule (default) or upstream's for the same work\n"
     "  --nodes N                with --plan-step: price collectives for the ranks split over N nodes (default 1)\n"
+    "  --attention mma|wgmma    the attention forward's kernel: wgmma (default; Hopper's wgmma + TMA, the same\n"
+    "                           bits as mma in the CPU build) or mma (mma.sync); the backward runs on mma.sync\n"
+    "                           with either (it has no wgmma version yet)\n"
     "  --profile-steps A:B      time every operation of training steps A..B (0 <= A <= B < the run's last step)\n"
     "                           and print a table per step; those steps' times include the report\n"
     "  --help                   this text\n";
@@ -228,6 +235,10 @@ CommandLine parse_command_line(int argc, char** argv) {
             const std::string v = value();
             if (v != "ours" && v != "upstream") usage_error("--schedule needs ours or upstream, got '" + v + "'");
             cl.plan.upstream = v == "upstream";
+        } else if (arg == "--attention") {
+            const std::string v = value();
+            if (v != "mma" && v != "wgmma") usage_error("--attention needs mma or wgmma, got '" + v + "'");
+            opt.attention = v == "mma" ? AttentionKernel::mma : AttentionKernel::wgmma;
         } else if (arg == "--profile-steps") opt.profile_steps = parse_step_range(arg, value());
         else usage_error("unknown argument '" + arg + "'");
     }

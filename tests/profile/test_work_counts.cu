@@ -498,16 +498,20 @@ void test_attention_case(const AttnCase& c) {
     const double tile_qk = 2.0 * 64 * 64 * D, tile_kq = 2.0 * 64 * 32 * D;  // one tile product
     const std::string tag = std::string("attention ") + c.name;
 
-    auto ops = check_family(tag + " forward",
-                            {kernel("attention_forward", bytes(q) + bytes(k) + bytes(v) + bytes(cu), bytes(o) + bytes(lse))},
-                            {out(o), out(lse)}, [&] {
-                                attention_forward(o.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, cu.ptr, num_cu, c.T, c.H, D,
-                                                  c.window, c.paired, scale, nullptr, c.cu.data());
-                            });
-    if (ops.size() == 1)
-        test::check(ops[0].work.tc_flops == pairs.q_k * heads * 2 * tile_qk,
-                    "%s forward: tc_flops %.0f, want %ld tile pairs x %d heads x 2 products", tag.c_str(),
-                    ops[0].work.tc_flops, pairs.q_k, heads);
+    // both forward kernels visit the same tiles (the wgmma one in pairs of 64-row tiles per block)
+    for (AttentionKernel fk : {AttentionKernel::mma, AttentionKernel::wgmma}) {
+        const std::string ftag = tag + (fk == AttentionKernel::mma ? " forward (mma)" : " forward (wgmma)");
+        const auto ops = check_family(
+            ftag, {kernel("attention_forward", bytes(q) + bytes(k) + bytes(v) + bytes(cu), bytes(o) + bytes(lse))},
+            {out(o), out(lse)}, [&] {
+                attention_forward(o.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, cu.ptr, num_cu, c.T, c.H, D, c.window, c.paired,
+                                  scale, nullptr, c.cu.data(), fk);
+            });
+        if (ops.size() == 1)
+            test::check(ops[0].work.tc_flops == pairs.q_k * heads * 2 * tile_qk,
+                        "%s: tc_flops %.0f, want %ld tile pairs x %d heads x 2 products", ftag.c_str(),
+                        ops[0].work.tc_flops, pairs.q_k, heads);
+    }
     const long tiles = (rows + 63) / 64, causal = tiles * (tiles + 1) / 2;
     test::check(c.skips ? pairs.q_k < causal : pairs.q_k == causal, "%s: %ld tile pairs of the %ld causal ones",
                 tag.c_str(), pairs.q_k, causal);
@@ -516,15 +520,15 @@ void test_attention_case(const AttnCase& c) {
     DeviceBuffer<float> ws(attention_backward_workspace_bytes(c.T, c.H, D, AttentionBackwardMode::atomic_dq) / 4);
     const double delta = 4.0 * c.T * c.H, dq_sum = 4.0 * n;  // fp32 (H, T) and (T, H, D)
     const double inputs = bytes(q) + bytes(k) + bytes(v) + bytes(dout) + bytes(lse) + delta + bytes(cu);
-    ops = check_family(tag + " backward",
-                       {kernel("attention_backward", bytes(dout) + bytes(o), delta),
-                        kernel("attention_backward", inputs, bytes(dk) + bytes(dv)),
-                        kernel("attention_backward", inputs, bytes(dq))},
-                       {out(dq), out(dk), out(dv), out(ws)}, [&] {
-                           attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, o.ptr, lse.ptr, q.ptr, k.ptr, v.ptr,
-                                              cu.ptr, num_cu, c.T, c.H, D, c.window, c.paired, scale, ws.ptr, ws_det,
-                                              nullptr, AttentionBackwardMode::deterministic, c.cu.data());
-                       });
+    auto ops = check_family(tag + " backward",
+                            {kernel("attention_backward", bytes(dout) + bytes(o), delta),
+                             kernel("attention_backward", inputs, bytes(dk) + bytes(dv)),
+                             kernel("attention_backward", inputs, bytes(dq))},
+                            {out(dq), out(dk), out(dv), out(ws)}, [&] {
+                                attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, o.ptr, lse.ptr, q.ptr, k.ptr, v.ptr,
+                                                   cu.ptr, num_cu, c.T, c.H, D, c.window, c.paired, scale, ws.ptr, ws_det,
+                                                   nullptr, AttentionBackwardMode::deterministic, c.cu.data());
+                            });
     if (ops.size() == 3) {
         test::check(ops[1].work.tc_flops == pairs.k_q * heads * 4 * tile_kq,
                     "%s backward dk/dv: tc_flops %.0f, want %ld tile pairs x %d heads x 4 products", tag.c_str(),
