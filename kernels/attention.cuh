@@ -46,8 +46,8 @@
 #include <cstdlib>
 
 enum class AttentionBackwardMode { deterministic, atomic_dq };
-// The forward's kernel: mma.sync (any sm_80+ GPU; the reference) or wgmma + TMA (Hopper,
-// attention_wgmma.cuh; the same bits under emu). The backward runs on mma.sync either way.
+// The kernels: mma.sync (any sm_80+ GPU; the reference) or wgmma + TMA (Hopper, attention_wgmma.cuh;
+// the same bits under emu). The wgmma backward is the deterministic mode's; atomic_dq is mma.sync only.
 enum class AttentionKernel { mma, wgmma };
 
 constexpr int kAttnWarps = 4;
@@ -857,13 +857,17 @@ void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* d
                           const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* q,
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const AttnProblem& p,
                           const AttnTileCounts& counts, void* workspace, cudaStream_t stream,
-                          AttentionBackwardMode mode) {
+                          AttentionBackwardMode mode, AttentionKernel kernel) {
     const int tiles = ceil_div(p.T, kAttnTileRows);
     float* delta = static_cast<float*>(workspace);
     const int delta_threads = p.T * p.H * (D / 8);
     launch(attention_backward_delta_work(p, D), attention_backward_delta_kernel<D>, dim3(ceil_div(delta_threads, 256)),
            dim3(256), 0, stream, delta, dout, out, p.T, p.H);
-    if (mode == AttentionBackwardMode::deterministic) {
+    if (kernel == AttentionKernel::wgmma) {
+        attention_backward_wgmma_d<D>(dq, dk, dv, dout, lse, delta, q, k, v, p,
+                                      attention_backward_dkdv_work(p, D, counts, false),
+                                      attention_backward_dq_work(p, D, counts), stream);
+    } else if (mode == AttentionBackwardMode::deterministic) {
         constexpr size_t smem_kv = attention_backward_dkdv_smem_bytes<D, false>();
         constexpr size_t smem_q = attention_backward_dq_smem_bytes<D>();
         static const bool configured = (attn_allow_smem(attention_backward_dkdv_kernel<D, false>, smem_kv),
@@ -899,14 +903,17 @@ inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat
                                int num_cu_seqlens, int T, int H, int D, int window, bool paired, float softmax_scale,
                                void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                AttentionBackwardMode mode = AttentionBackwardMode::deterministic,
-                               const int* cu_seqlens_host = nullptr) {
+                               const int* cu_seqlens_host = nullptr, AttentionKernel kernel = AttentionKernel::mma) {
     const AttnProblem p =
         attn_problem("attention_backward", cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
     kernel_require(workspace_bytes >= attention_backward_workspace_bytes(T, H, D, mode),
                    "attention_backward: workspace smaller than attention_backward_workspace_bytes()");
     kernel_require(all_aligned16({dq, dk, dv, dout, out, lse, q, k, v, workspace}),
                    "attention_backward: tensors and workspace must be 16-byte aligned");
+    kernel_require(kernel == AttentionKernel::mma || mode == AttentionBackwardMode::deterministic,
+                   "attention_backward: the wgmma backward is deterministic only (atomic_dq runs on mma.sync)");
     const AttnTileCounts counts = attn_tile_counts("attention_backward", p, cu_seqlens_host);
-    if (D == 64) attention_backward_d<64>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode);
-    else attention_backward_d<128>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode);
+    if (D == 64)
+        attention_backward_d<64>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode, kernel);
+    else attention_backward_d<128>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode, kernel);
 }

@@ -122,14 +122,14 @@ struct Result {
 
 // Forward, then (unless forward_only) the backward in `mode` from the forward's own out and lse.
 Result run_kernels(const Problem& pb, const Tensors& x, AttentionBackwardMode mode, bool forward_only = false,
-                   AttentionKernel forward = AttentionKernel::mma) {
+                   AttentionKernel kernel = AttentionKernel::mma) {
     const std::vector<int> cu = pb.cu_seqlens();
     const size_t n = size_t(pb.T) * pb.H * pb.D;
     DeviceBuffer<__nv_bfloat16> q(x.q), k(x.k), v(x.v), dout(x.dout), out(n), dq(n), dk(n), dv(n);
     DeviceBuffer<float> lse(size_t(pb.T) * pb.H);
     DeviceBuffer<int> dcu(cu);
     attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, dcu.ptr, static_cast<int>(cu.size()), pb.T, pb.H, pb.D,
-                      pb.window, pb.paired, pb.scale, nullptr, nullptr, forward);
+                      pb.window, pb.paired, pb.scale, nullptr, nullptr, kernel);
     CUDA_CHECK_LAUNCH();
     Result r;
     r.out = out.download();
@@ -139,7 +139,7 @@ Result run_kernels(const Problem& pb, const Tensors& x, AttentionBackwardMode mo
     DeviceBuffer<unsigned char> ws(ws_bytes);
     attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, dcu.ptr,
                        static_cast<int>(cu.size()), pb.T, pb.H, pb.D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes,
-                       nullptr, mode);
+                       nullptr, mode, nullptr, kernel);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaDeviceSynchronize());
     r.dq = dq.download();
@@ -191,33 +191,48 @@ void check_problem(const Problem& pb, AttentionBackwardMode mode) {
     test::check(e_dv <= kGradTol, "%s (%s): dv rel err %.3g > %.3g", name, mode_name(mode), e_dv, kGradTol);
 }
 
-// The wgmma + TMA forward against the mma.sync one on the same inputs: under emu the same bits (both
-// add each product chain in the same order, attention_wgmma.cuh); on a GPU, where the tensor cores'
-// internal order is their own, the double reference's tolerances and the same bits on a rerun.
-void check_wgmma_forward(const Problem& pb) {
+// The wgmma + TMA kernels against the mma.sync ones on the same inputs, forward and deterministic
+// backward: under emu the same bits (both add each product chain in the same order,
+// attention_wgmma.cuh); on a GPU, where the tensor cores' internal order is their own, the double
+// reference's tolerances. Either way the same bits on a rerun.
+size_t differing_bits(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bfloat16>& b) {
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += test::bits(a[i]) != test::bits(b[i]);
+    return n;
+}
+void check_wgmma(const Problem& pb) {
     const size_t n = size_t(pb.T) * pb.H * pb.D;
-    Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), {}};
-    const Reference ref = reference(pb, values(x.q), values(x.k), values(x.v), {}, false);
-    const Result mma = run_kernels(pb, x, AttentionBackwardMode::deterministic, true, AttentionKernel::mma);
-    const Result wg = run_kernels(pb, x, AttentionBackwardMode::deterministic, true, AttentionKernel::wgmma);
-    const Result again = run_kernels(pb, x, AttentionBackwardMode::deterministic, true, AttentionKernel::wgmma);
+    Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), normal_bf16(n)};
+    const Reference ref = reference(pb, values(x.q), values(x.k), values(x.v), values(x.dout), true);
+    const auto det = AttentionBackwardMode::deterministic;
+    const Result mma = run_kernels(pb, x, det, false, AttentionKernel::mma);
+    const Result wg = run_kernels(pb, x, det, false, AttentionKernel::wgmma);
+    const Result again = run_kernels(pb, x, det, false, AttentionKernel::wgmma);
     double lse_err = 0.0;
     for (size_t i = 0; i < ref.lse.size(); ++i)
         lse_err = std::max(lse_err, std::fabs(wg.lse[i] - ref.lse[i]) / std::max(1.0, std::fabs(ref.lse[i])));
-    const double e_out = rel_err(values(wg.out), ref.out);
-    size_t out_diff = 0, lse_diff = 0;
-    for (size_t i = 0; i < n; ++i) out_diff += test::bits(wg.out[i]) != test::bits(mma.out[i]);
+    const double e_out = rel_err(values(wg.out), ref.out), e_dq = rel_err(values(wg.dq), ref.g.dq),
+                 e_dk = rel_err(values(wg.dk), ref.g.dk), e_dv = rel_err(values(wg.dv), ref.g.dv);
+    size_t lse_diff = 0;
     for (size_t i = 0; i < wg.lse.size(); ++i) lse_diff += test::bits(wg.lse[i]) != test::bits(mma.lse[i]);
-    std::printf("%-44s wgmma forward out %.2e lse %.2e, bits differing from mma: out %zu lse %zu\n", pb.name.c_str(),
-                e_out, lse_err, out_diff, lse_diff);
+    const size_t diff = differing_bits(wg.out, mma.out) + lse_diff + differing_bits(wg.dq, mma.dq) +
+                        differing_bits(wg.dk, mma.dk) + differing_bits(wg.dv, mma.dv);
+    std::printf("%-44s wgmma         out %.2e lse %.2e dq %.2e dk %.2e dv %.2e; %zu values differ from mma's\n",
+                pb.name.c_str(), e_out, lse_err, e_dq, e_dk, e_dv, diff);
     const char* name = pb.name.c_str();
     test::check(e_out <= kOutTol, "%s: wgmma out rel err %.3g > %.3g", name, e_out, kOutTol);
     test::check(lse_err <= kLseTol, "%s: wgmma lse err %.3g > %.3g", name, lse_err, kLseTol);
-    test::check(test::same_bits(wg.out, again.out) && test::same_bits(wg.lse, again.lse),
-                "%s: wgmma forward differs between runs", name);
+    test::check(e_dq <= kGradTol, "%s: wgmma dq rel err %.3g > %.3g", name, e_dq, kGradTol);
+    test::check(e_dk <= kGradTol, "%s: wgmma dk rel err %.3g > %.3g", name, e_dk, kGradTol);
+    test::check(e_dv <= kGradTol, "%s: wgmma dv rel err %.3g > %.3g", name, e_dv, kGradTol);
+    using test::same_bits;
+    test::check(same_bits(wg.out, again.out) && same_bits(wg.lse, again.lse) && same_bits(wg.dq, again.dq) &&
+                    same_bits(wg.dk, again.dk) && same_bits(wg.dv, again.dv),
+                "%s: wgmma kernels differ between runs", name);
     if (kEmulated)
-        test::check(out_diff == 0 && lse_diff == 0, "%s: wgmma forward differs from mma's in %zu out, %zu lse bits",
-                    name, out_diff, lse_diff);
+        test::check(diff == 0, "%s: wgmma differs from mma in %zu values (out %zu, lse %zu, dq %zu, dk %zu, dv %zu)",
+                    name, diff, differing_bits(wg.out, mma.out), lse_diff, differing_bits(wg.dq, mma.dq),
+                    differing_bits(wg.dk, mma.dk), differing_bits(wg.dv, mma.dv));
 }
 
 // The ragged documents: a single token, lengths around one mma tile (15, 16, 17), one long
@@ -323,6 +338,10 @@ void bench_stage(bench::Bench& b, const bench::Preset& p, int stage) {
             attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr, num_cu, T, H, D, pb.window, pb.paired,
                               pb.scale, s, cu.data());
         });
+        b.run("attention_forward (wgmma)", at, [&](cudaStream_t s) {
+            attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr, num_cu, T, H, D, pb.window, pb.paired,
+                              pb.scale, s, cu.data(), AttentionKernel::wgmma);
+        });
         b.run("attention_backward", at, [&](cudaStream_t s) {
             attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr,
                                num_cu, T, H, D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes, s,
@@ -347,7 +366,7 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<Problem> ps = problems();
     for (const Problem& pb : ps) check_problem(pb, AttentionBackwardMode::deterministic);
-    for (const Problem& pb : ps) check_wgmma_forward(pb);
+    for (const Problem& pb : ps) check_wgmma(pb);
     for (const Problem& pb : ps)
         if (pb.name.find("w=127") != std::string::npos || pb.paired || pb.name.find("peaky") != std::string::npos)
             check_problem(pb, AttentionBackwardMode::atomic_dq);
