@@ -457,7 +457,7 @@ struct Model {
     unsigned int* sums_done;      // device: the backward's reductions' ticket counter (zero between launches)
     float* mtp_weights;           // device, up to kMaxMtpWeights
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
-    AttentionKernel attention = AttentionKernel::mma;  // the attention forward's kernel (--attention)
+    AttentionKernel attention = AttentionKernel::mma;  // the attention kernels; main sets --attention's
 };
 
 // Every arena's layout; `m` may be unallocated (measuring) or allocated (placing).
@@ -734,7 +734,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
             attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
                                layer_window(step_sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s,
-                               AttentionBackwardMode::deterministic, b.cu_seqlens_host.data());
+                               AttentionBackwardMode::deterministic, b.cu_seqlens_host.data(), m.attention);
             const int table = value_table(l);
             bf16* dve = table >= 0 ? w.dve[table] : nullptr;
             float* dz_ve = table >= 0 ? w.dz_ve : nullptr;

@@ -143,12 +143,14 @@ __host__ __device__ __forceinline__ int attn_num_key_tiles(const AttnProblem& p,
 // The tiles one head's kernels visit, walked as they walk them: over the 64-row query tiles, the
 // 64-key tiles from the diagonal down to the first key a row sees (forward and dq kernels,
 // attn_query_tile's num_tiles); over the 64-key tiles, the 32-query sub-tiles from the diagonal to
-// the last query that sees a key (the dk/dv kernel). Counted over cu_seqlens_host, the host copy of
+// the last query that sees a key (the mma.sync dk/dv kernel), and the 64-query tiles likewise (the
+// wgmma one, attention_wgmma.cuh). Counted over cu_seqlens_host, the host copy of
 // the bounds; the walk costs two binary searches per tile, so it runs only while the profiler
 // records (the counts are 0 otherwise).
 struct AttnTileCounts {
     int64_t key_tiles = 0;       // (query tile, key tile) pairs
-    int64_t query_subtiles = 0;  // (key tile, query sub-tile) pairs
+    int64_t query_subtiles = 0;  // (key tile, 32-query sub-tile) pairs
+    int64_t query_tiles = 0;     // (key tile, 64-query tile) pairs
 };
 inline AttnTileCounts attn_tile_counts(const char* who, AttnProblem p, const int* cu_seqlens_host) {
     AttnTileCounts c;
@@ -157,8 +159,11 @@ inline AttnTileCounts attn_tile_counts(const char* who, AttnProblem p, const int
     p.cu_seqlens = cu_seqlens_host;
     for (int q0 = 0; q0 < p.T; q0 += kAttnTileRows)
         c.key_tiles += attn_num_key_tiles(p, q0);
-    for (int k0 = 0; k0 < p.T; k0 += kAttnTileRows)
-        c.query_subtiles += (attn_last_query(p, min(k0 + kAttnTileRows, p.T) - 1) - k0) / kAttnBwdQueries + 1;
+    for (int k0 = 0; k0 < p.T; k0 += kAttnTileRows) {
+        const int queries = attn_last_query(p, min(k0 + kAttnTileRows, p.T) - 1) - k0;
+        c.query_subtiles += queries / kAttnBwdQueries + 1;
+        c.query_tiles += queries / kAttnTileRows + 1;
+    }
     return c;
 }
 // bf16 bytes of one of q, k, v, out (T, H, D), and fp32 bytes of lse or delta (H, T), in the view.
@@ -831,8 +836,12 @@ inline Work attention_backward_delta_work(const AttnProblem& p, int D) {
 // dk and dv: per visited (key tile, query sub-tile) pair and head, the products k q^T, v dout^T,
 // p^T dout and ds^T q (atomic_dq: also ds k, added into the fp32 dq sum) and 4 operations per score;
 // reads q, k, v, dout, lse, delta and the bounds, writes dk and dv (atomic_dq: reads and writes the sum).
-inline Work attention_backward_dkdv_work(const AttnProblem& p, int D, const AttnTileCounts& c, bool atomic_dq) {
-    const double scores = static_cast<double>(c.query_subtiles) * p.H * kAttnTileRows * kAttnBwdQueries;
+// The wgmma kernel's sub-tiles are its 64-query tiles.
+inline Work attention_backward_dkdv_work(const AttnProblem& p, int D, const AttnTileCounts& c, bool atomic_dq,
+                                         AttentionKernel kernel = AttentionKernel::mma) {
+    const bool wg = kernel == AttentionKernel::wgmma;
+    const double scores = static_cast<double>(wg ? c.query_tiles : c.query_subtiles) * p.H * kAttnTileRows *
+                          (wg ? kAttnTileRows : kAttnBwdQueries);
     const double dq_sum = atomic_dq ? 2 * attn_rows_bytes(p, D) : 0;  // fp32: twice the bf16 bytes
     return Work{.name = "attention_backward", .tc_flops = (atomic_dq ? 5 : 4) * 2 * scores * D, .flops = 4 * scores,
                 .bytes_read = 4 * attn_rows_bytes(p, D) + 2 * attn_stats_bytes(p) + 4.0 * p.num_cu + dq_sum,
@@ -865,7 +874,7 @@ void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* d
            dim3(256), 0, stream, delta, dout, out, p.T, p.H);
     if (kernel == AttentionKernel::wgmma) {
         attention_backward_wgmma_d<D>(dq, dk, dv, dout, lse, delta, q, k, v, p,
-                                      attention_backward_dkdv_work(p, D, counts, false),
+                                      attention_backward_dkdv_work(p, D, counts, false, kernel),
                                       attention_backward_dq_work(p, D, counts), stream);
     } else if (mode == AttentionBackwardMode::deterministic) {
         constexpr size_t smem_kv = attention_backward_dkdv_smem_bytes<D, false>();

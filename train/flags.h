@@ -34,7 +34,7 @@ struct RunOptions {
     bool resume_unverified = false;      // accept a checkpoint directory without a manifest (saved before them)
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
     StepRange profile_steps;             // --profile-steps A:B: time every operation of steps A..B
-    // the attention forward's kernel: the GPU build is for sm_90a, and under emu wgmma gives mma's bits
+    // the attention kernels: the GPU build is for sm_90a, and under emu wgmma gives mma's bits
     AttentionKernel attention = AttentionKernel::wgmma;
     std::string command;                 // the command line, for the log
 };
@@ -85,9 +85,8 @@ const char* kUsage =
     "  --json FILE, --trace FILE  with --plan-step: also write the plan as JSON, and a Chrome/Perfetto trace\n"
     "  --schedule ours|upstream with --plan-step: price our schedule (default) or upstream's for the same work\n"
     "  --nodes N                with --plan-step: price collectives for the ranks split over N nodes (default 1)\n"
-    "  --attention mma|wgmma    the attention forward's kernel: wgmma (default; Hopper's wgmma + TMA, the same\n"
-    "                           bits as mma in the CPU build) or mma (mma.sync); the backward runs on mma.sync\n"
-    "                           with either (it has no wgmma version yet)\n"
+    "  --attention mma|wgmma    the attention kernels, forward and backward: wgmma (default; Hopper's wgmma +\n"
+    "                           TMA, the same bits as mma in the CPU build) or mma (mma.sync)\n"
     "  --profile-steps A:B      time every operation of training steps A..B (0 <= A <= B < the run's last step)\n"
     "                           and print a table per step; those steps' times include the report\n"
     "  --help                   this text\n";

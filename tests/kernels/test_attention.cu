@@ -3,7 +3,8 @@
 // 1, 15, 16, 17, 300, ...), windows 0 (causal), 1, 16, 127, 128 and longer than any document,
 // H = 1, 2, 6, D = 64 and 128, and paired-head layers; both backward modes; a finite-difference
 // check of the reference's and the kernel's gradients; bit-identical reruns of the
-// deterministic backward.
+// deterministic backward. The wgmma + TMA kernels on every problem: the reference's tolerances,
+// bit-identical reruns, and under emu the mma.sync kernels' bits.
 #include "../../kernels/attention.cuh"
 #include "../bench_util.h"
 #include "../device_util.h"
@@ -235,6 +236,31 @@ void check_wgmma(const Problem& pb) {
                     differing_bits(wg.dk, mma.dk), differing_bits(wg.dv, mma.dv));
 }
 
+// The bit comparison can fail: one element of k an ulp or two off (a planted difference the kernels
+// must carry into out, lse and the gradients) leaves the wgmma results differing from mma's.
+void check_bit_comparison_sees_planted_ulp() {
+    const Problem pb{"planted ulp", 128, 2, 64, {100, 28}, 0, false, 0.15f};
+    const size_t n = size_t(pb.T) * pb.H * pb.D;
+    Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), normal_bf16(n)};
+    const Result mma = run_kernels(pb, x, AttentionBackwardMode::deterministic, false, AttentionKernel::mma);
+    __nv_bfloat16& planted = x.k[5 * pb.H * pb.D + 3];  // row 5, head 0, dim 3
+    planted = __float2bfloat16(__bfloat162float(planted) * (1.0f + 1.0f / 128));  // an ulp or two (8-bit significand)
+    const Result wg = run_kernels(pb, x, AttentionBackwardMode::deterministic, false, AttentionKernel::wgmma);
+    const size_t out = differing_bits(wg.out, mma.out), dk = differing_bits(wg.dk, mma.dk);
+    std::printf("planted ulp change of k: %zu out and %zu dk values differ from mma's\n", out, dk);
+    test::check(out > 0 && dk > 0, "planted ulp change of k: out %zu, dk %zu values differ (want both > 0)", out, dk);
+}
+
+// The wgmma backward has no atomic_dq mode: asking for it stops with a message.
+void check_wgmma_atomic_refused() {
+    test::check_fails_with("attention_backward wgmma with atomic_dq", "deterministic only", [] {
+        const Problem pb{"refused", 64, 1, 64, {64}, 0, false, 0.1f};
+        const size_t n = size_t(pb.T) * pb.H * pb.D;
+        const Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), normal_bf16(n)};
+        run_kernels(pb, x, AttentionBackwardMode::atomic_dq, false, AttentionKernel::wgmma);
+    });
+}
+
 // The ragged documents: a single token, lengths around one mma tile (15, 16, 17), one long
 // document spanning several 64-row tiles, and ends that fall mid-tile.
 const std::vector<int> kRaggedDocs = {1, 15, 16, 17, 300, 3, 64};  // 416 tokens
@@ -367,6 +393,8 @@ int main(int argc, char** argv) {
     const std::vector<Problem> ps = problems();
     for (const Problem& pb : ps) check_problem(pb, AttentionBackwardMode::deterministic);
     for (const Problem& pb : ps) check_wgmma(pb);
+    check_wgmma_atomic_refused();
+    check_bit_comparison_sees_planted_ulp();
     for (const Problem& pb : ps)
         if (pb.name.find("w=127") != std::string::npos || pb.paired || pb.name.find("peaky") != std::string::npos)
             check_problem(pb, AttentionBackwardMode::atomic_dq);
