@@ -399,6 +399,141 @@ __device__ __forceinline__ void attn_wait_kv_tile(__nv_bfloat16* sK, __nv_bfloat
     __syncthreads();
 }
 
+// ---- the element-wise steps of a query tile, shared by the mma.sync and wgmma kernels ----
+// `s(i, e)` is the lane's score e (C layout: rows row_lo for e < 2, else row_hi; key 8i + 2t + (e & 1)
+// of the tile) for i < 8: the mma kernels' s[i][e], the wgmma kernels' s[4i + e].
+//
+// Online softmax in log2 units over key tile n (keys from k0): the scores become p = exp2(x - max),
+// the running max m and partial sums l move on, and alpha is what the accumulated output must be
+// rescaled by, exp2(m_old - m_new).
+template <class Scores>
+__device__ __forceinline__ void attn_softmax_tile(Scores s, float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                  const AttnQueryTile& qt, int n, int k0, const AttnProblem& p) {
+    const int t = threadIdx.x % 4;
+    const bool masked = qt.masked(n, k0);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < kAttnTileKeys / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float x = s(i, e) * p.scale_log2;
+            if (masked) {
+                if (qt.hidden(k0 + 8 * i + 2 * t + (e & 1), e)) x = -INFINITY;
+            }
+            s(i, e) = x;
+            tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+        }
+    }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // the 4 lanes of a quad hold one row between them
+        tile_max[r] = warp_butterfly<WarpMax, 2>(tile_max[r]);
+        const float m_new = fmaxf(m[r], tile_max[r]);
+        base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero, not NaN
+        alpha[r] = exp2f(m[r] - base[r]);
+        m[r] = m_new;
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < kAttnTileKeys / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s(i, e) = exp2f(s(i, e) - base[e >> 1]);
+            l[e >> 1] += s(i, e);
+        }
+    }
+}
+// After the last tile: each row's lse (natural log) written, and 1 / sum returned in inv.
+__device__ __forceinline__ void attn_finish_rows(float (&inv)[2], float* lse, float (&l)[2], const float (&m)[2],
+                                                 const AttnQueryTile& qt, int h, const AttnProblem& p) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] = warp_butterfly<WarpSum, 2>(l[r]);
+        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        const int row = r == 0 ? qt.row_lo : qt.row_hi;
+        if (t == 0 && row < p.T)
+            lse[size_t(h) * p.T + row] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kAttnLn2 : -INFINITY;
+    }
+}
+// The dq kernels' per-row terms: lse in log2 units and delta, of the lane's rows row_lo and row_hi
+// (rows past T are never stored; reading index 0 keeps their loads inside the arrays).
+__device__ __forceinline__ void attn_row_stats(float (&lse2)[2], float (&delta_row)[2], const float* lse,
+                                               const float* delta, const AttnQueryTile& qt, int h,
+                                               const AttnProblem& p) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = r == 0 ? qt.row_lo : qt.row_hi;
+        lse2[r] = __ldg(lse + size_t(h) * p.T + (row < p.T ? row : 0)) * kAttnLog2e;
+        delta_row[r] = __ldg(delta + size_t(h) * p.T + (row < p.T ? row : 0));
+    }
+}
+// The dq kernels' step on key tile n: ds = p * (dp - delta), p from the saved lse (log2 units, per row);
+// `s(i, e)` the scores, `dp(i, e)` dout v^T, which becomes ds.
+template <class Scores, class Dp>
+__device__ __forceinline__ void attn_ds_query_tile(Scores s, Dp dp, const float (&lse2)[2], const float (&delta)[2],
+                                                   const AttnQueryTile& qt, int n, int k0, const AttnProblem& p) {
+    const int t = threadIdx.x % 4;
+    const bool masked = qt.masked(n, k0);
+#pragma unroll
+    for (int i = 0; i < kAttnTileKeys / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float pv = exp2f(s(i, e) * p.scale_log2 - lse2[e >> 1]);
+            if (masked) {
+                if (qt.hidden(k0 + 8 * i + 2 * t + (e & 1), e)) pv = 0.0f;
+            }
+            dp(i, e) = pv * (dp(i, e) - delta[e >> 1]);
+        }
+    }
+}
+
+// A key tile of 64 keys from k0 (dk/dv kernels), for warp `warp`'s 16 keys: the lane's keys (rows g and
+// g + 8 of the transposed scores) and the last query each is seen by.
+struct AttnKeyTile {
+    int k0;
+    int unmasked_to;        // queries in [k0 + 63, unmasked_to] see every key of the tile
+    int key[2], last[2];    // the lane's two keys (C-layout e < 2, else) and their last queries
+
+    // Whether the Q queries from qa need the mask.
+    __device__ __forceinline__ bool masked(int qa, int Q) const {
+        return qa < k0 + kAttnTileRows - 1 || qa + Q - 1 > unmasked_to;
+    }
+};
+__device__ __forceinline__ AttnKeyTile attn_key_tile_at(const AttnProblem& p, int k0, int warp, int lane) {
+    AttnKeyTile kt;
+    kt.k0 = k0;
+    kt.unmasked_to = attn_last_query(p, k0);
+    kt.key[0] = k0 + 16 * warp + lane / 4;
+    kt.key[1] = kt.key[0] + 8;
+    kt.last[0] = attn_last_query(p, kt.key[0]);
+    kt.last[1] = attn_last_query(p, kt.key[1]);
+    return kt;
+}
+// The dk/dv kernels' step on the Q queries from qa: `st(i, e)` (k q^T, C layout: keys by rows, query
+// 8i + 2t + (e & 1) of the tile) becomes p^T from the saved lse, `dpt(i, e)` (v dout^T) becomes
+// ds^T = p^T * (dp^T - delta); tLse and tDelta hold the tile's Q entries.
+template <int Q, class St, class Dpt>
+__device__ __forceinline__ void attn_ds_key_tile(St st, Dpt dpt, const float* tLse, const float* tDelta,
+                                                 const AttnKeyTile& kt, int qa, const AttnProblem& p) {
+    const int t = threadIdx.x % 4;
+    const bool masked = kt.masked(qa, Q);
+#pragma unroll
+    for (int i = 0; i < Q / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = 8 * i + 2 * t + (e & 1);
+            float pt = exp2f(st(i, e) * p.scale_log2 - tLse[col] * kAttnLog2e);
+            if (masked) {
+                const int query = qa + col;
+                if (query < kt.key[e >> 1] || query > kt.last[e >> 1]) pt = 0.0f;
+            }
+            st(i, e) = pt;
+            dpt(i, e) = pt * (dpt(i, e) - tDelta[col]);
+        }
+    }
+}
+
 // ---- forward ----
 // Block (query tile of 64 rows, head): out rows = softmax(scale q k^T + mask) v, lse rows.
 // Key tiles stream from the diagonal down to the tile holding the first key any row sees, so
@@ -418,7 +553,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     __nv_bfloat16* sK = sQ + kAttnTileRows * D;  // stage s at sK + s * KT * D
     __nv_bfloat16* sV = sK + 2 * KT * D;
     const int h = blockIdx.y;
-    const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
+    const int warp = threadIdx.x / 32;
     const AttnQueryTile qt = attn_query_tile(p);
     const int q0 = qt.q0;
 
@@ -458,38 +593,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         }
 
         // online softmax in log2 units: rescale what was accumulated by exp2(m_old - m_new)
-        const bool masked = qt.masked(n, k0);
-        float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = s[nt][e] * p.scale_log2;
-                if (masked) {
-                    if (qt.hidden(k0 + 8 * nt + 2 * t + (e & 1), e)) x = -INFINITY;
-                }
-                s[nt][e] = x;
-                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
-            }
-        }
-        float alpha[2], base[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {  // the 4 lanes of a quad hold one row between them
-            tile_max[r] = warp_butterfly<WarpMax, 2>(tile_max[r]);
-            const float m_new = fmaxf(m[r], tile_max[r]);
-            base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero, not NaN
-            alpha[r] = exp2f(m[r] - base[r]);
-            m[r] = m_new;
-            l[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[nt][e] = exp2f(s[nt][e] - base[e >> 1]);
-                l[e >> 1] += s[nt][e];
-            }
-        }
+        float alpha[2];
+        attn_softmax_tile([&](int i, int e) -> float& { return s[i][e]; }, m, l, alpha, qt, n, k0, p);
 #pragma unroll
         for (int nt = 0; nt < D / 8; ++nt) {
             o[nt][0] *= alpha[0];
@@ -504,14 +609,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
 
     float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] = warp_butterfly<WarpSum, 2>(l[r]);
-        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        const int row = r == 0 ? qt.row_lo : qt.row_hi;
-        if (t == 0 && row < p.T)
-            lse[size_t(h) * p.T + row] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kAttnLn2 : -INFINITY;
-    }
+    attn_finish_rows(inv, lse, l, m, qt, h, p);
     // Q's rows are in registers since tile 0, so each warp reuses its own 16 rows of sQ.
     attn_store_rows<D>(out, o, inv[0], inv[1], sQ + 16 * warp * D, q0 + 16 * warp, h, p);
 }
@@ -609,10 +707,8 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int k_last = min(k0 + KR, p.T) - 1;
     const int q_end = attn_last_query(p, k_last);
-    const int unmasked_to = attn_last_query(p, k0);  // queries in [k0 + KR - 1, unmasked_to] see every key
-    const int num_tiles = (q_end - k0) / QT + 1;      // tile n holds queries [k0 + n QT, k0 + n QT + QT)
-    const int key_lo = k0 + 16 * warp + g, key_hi = key_lo + 8;
-    const int last_lo = attn_last_query(p, key_lo), last_hi = attn_last_query(p, key_hi);
+    const int num_tiles = (q_end - k0) / QT + 1;  // tile n holds queries [k0 + n QT, k0 + n QT + QT)
+    const AttnKeyTile kt = attn_key_tile_at(p, k0, warp, lane);
 
     attn_load_rows<KR, D>(sK, k, k0, h, p);
     attn_load_rows<KR, D>(sV, v, k0, h, p);
@@ -652,22 +748,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         attn_two_products<D, QT>(st, dpt, sK, sV, tQ, tdO);
 
         // p^T from the saved lse; ds^T = p^T * (dp^T - delta); st becomes p^T, dpt becomes ds^T
-        const bool masked = qa < k0 + KR - 1 || qa + QT - 1 > unmasked_to;
-#pragma unroll
-        for (int nt = 0; nt < QT / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = 8 * nt + 2 * t + (e & 1);
-                float pt = exp2f(st[nt][e] * p.scale_log2 - tLse[col] * kAttnLog2e);
-                if (masked) {
-                    const int query = qa + col;
-                    const int key = e < 2 ? key_lo : key_hi, last = e < 2 ? last_lo : last_hi;
-                    if (query < key || query > last) pt = 0.0f;
-                }
-                st[nt][e] = pt;
-                dpt[nt][e] = pt * (dpt[nt][e] - tDelta[col]);
-            }
-        }
+        attn_ds_key_tile<QT>([&](int i, int e) -> float& { return st[i][e]; },
+                             [&](int i, int e) -> float& { return dpt[i][e]; }, tLse, tDelta, kt, qa, p);
 
         // dv += p^T dout, dk += ds^T q (the scale is applied once at the end)
 #pragma unroll
@@ -751,14 +833,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     __nv_bfloat16* sK = sdO + kAttnTileRows * D;  // stage s at sK + s * KT * D
     __nv_bfloat16* sV = sK + 2 * KT * D;
     const int h = blockIdx.y;
-    const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
+    const int warp = threadIdx.x / 32;
     const AttnQueryTile qt = attn_query_tile(p);
-    const int q0 = qt.q0, row_lo = qt.row_lo, row_hi = qt.row_hi;
-    // rows past T are never stored; reading index 0 keeps their loads inside the arrays
-    const float lse_lo = __ldg(lse + size_t(h) * p.T + (row_lo < p.T ? row_lo : 0)) * kAttnLog2e;
-    const float lse_hi = __ldg(lse + size_t(h) * p.T + (row_hi < p.T ? row_hi : 0)) * kAttnLog2e;
-    const float delta_lo = __ldg(delta + size_t(h) * p.T + (row_lo < p.T ? row_lo : 0));
-    const float delta_hi = __ldg(delta + size_t(h) * p.T + (row_hi < p.T ? row_hi : 0));
+    const int q0 = qt.q0;
+    float lse2[2], delta_row[2];
+    attn_row_stats(lse2, delta_row, lse, delta, qt, h, p);
 
     attn_load_rows<kAttnTileRows, D>(sQ, q, q0, h, p);
     attn_load_rows<kAttnTileRows, D>(sdO, dout, q0, h, p);
@@ -781,18 +860,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         attn_two_products<D, KT>(s, dp, sQ, sdO, tK, tV);
 
         // ds = p * (dp - delta) with p from the saved lse; dp becomes ds
-        const bool masked = qt.masked(n, k0);
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float pv = exp2f(s[nt][e] * p.scale_log2 - (e < 2 ? lse_lo : lse_hi));
-                if (masked) {
-                    if (qt.hidden(k0 + 8 * nt + 2 * t + (e & 1), e)) pv = 0.0f;
-                }
-                dp[nt][e] = pv * (dp[nt][e] - (e < 2 ? delta_lo : delta_hi));
-            }
-        }
+        attn_ds_query_tile([&](int i, int e) -> float& { return s[i][e]; },
+                           [&](int i, int e) -> float& { return dp[i][e]; }, lse2, delta_row, qt, n, k0, p);
 
         // dq += ds k
         attn_mma_scores_tile<D, KT>(dq_acc, dp, tK);

@@ -266,12 +266,21 @@ __device__ __forceinline__ AttnWgQueryRole attn_wg_query_role(const AttnProblem&
     r.first = 1 - r.c;
     return r;
 }
-// The forward and dq blocks: 128 query rows from q0, the heaviest first; the producer's key tiles.
-__device__ __forceinline__ int attn_wg_block_q0() {
-    return (gridDim.x - 1 - blockIdx.x) * 2 * kAttnWgRows;
-}
-__device__ __forceinline__ AttnWgWalk attn_wg_key_walk(const AttnProblem& p, int q0) {
-    return {q0, q0 + kAttnWgRows, -kAttnWgRows, 1 + attn_num_key_tiles(p, q0)};
+// The forward and dq blocks: 128 query rows of head h from q0, the heaviest first, and the producer's
+// key tiles; their barriers initialized.
+struct AttnWgQueryBlock {
+    unsigned char* smem;
+    int h, q0;
+    AttnWgWalk walk;
+};
+__device__ __forceinline__ AttnWgQueryBlock attn_wg_query_block(AttnWgBarriers& bar, const AttnProblem& p) {
+    AttnWgQueryBlock b;
+    b.smem = attn_wg_smem();
+    b.h = blockIdx.y;
+    b.q0 = (gridDim.x - 1 - blockIdx.x) * 2 * kAttnWgRows;
+    b.walk = {b.q0, b.q0 + kAttnWgRows, -kAttnWgRows, 1 + attn_num_key_tiles(p, b.q0)};
+    attn_wg_init_barriers<2>(bar);
+    return b;
 }
 
 // ---- forward ----
@@ -287,7 +296,6 @@ __device__ __forceinline__ void attn_wg_forward_consume(__nv_bfloat16* out, floa
     constexpr int KT = kAttnTileKeys;
     const AttnQueryTile& qt = role.qt;
     const unsigned char* q_tile = smem + Pipe::fixed(0, role.c);
-    const int t = threadIdx.x % 4;
     WgmmaAcc<KT> s;
     WgmmaAcc<D> o;
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // running max (log2 units) and partial sum per row
@@ -311,38 +319,8 @@ __device__ __forceinline__ void attn_wg_forward_consume(__nv_bfloat16* out, floa
         wgmma_wait<0>(s);
 
         // online softmax in log2 units, as the mma.sync kernel: s[4i + e] is its s[i][e]
-        const bool masked = qt.masked(n, k0);
-        float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int i = 0; i < KT / 8; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = s[4 * i + e] * p.scale_log2;
-                if (masked) {
-                    if (qt.hidden(k0 + 8 * i + 2 * t + (e & 1), e)) x = -INFINITY;
-                }
-                s[4 * i + e] = x;
-                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
-            }
-        }
-        float alpha[2], base[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            tile_max[r] = warp_butterfly<WarpMax, 2>(tile_max[r]);
-            const float m_new = fmaxf(m[r], tile_max[r]);
-            base[r] = m_new == -INFINITY ? 0.0f : m_new;
-            alpha[r] = exp2f(m[r] - base[r]);
-            m[r] = m_new;
-            l[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int i = 0; i < KT / 8; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[4 * i + e] = exp2f(s[4 * i + e] - base[e >> 1]);
-                l[e >> 1] += s[4 * i + e];
-            }
-        }
+        float alpha[2];
+        attn_softmax_tile([&](int i, int e) -> float& { return s[4 * i + e]; }, m, l, alpha, qt, n, k0, p);
         uint32_t pa[KT / 16][4];  // p rounded to bf16: the A fragments of O += P V's key-steps
 #pragma unroll
         for (int kk = 0; kk < KT / 16; ++kk) attn_wg_to_a(pa[kk], s, kk);
@@ -363,14 +341,7 @@ __device__ __forceinline__ void attn_wg_forward_consume(__nv_bfloat16* out, floa
     }
 
     float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] = warp_butterfly<WarpSum, 2>(l[r]);
-        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        const int row = r == 0 ? qt.row_lo : qt.row_hi;
-        if (t == 0 && row < p.T)
-            lse[size_t(h) * p.T + row] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kAttnLn2 : -INFINITY;
-    }
+    attn_finish_rows(inv, lse, l, m, qt, h, p);
     attn_wg_store_rows<D>(out, o, inv[0], inv[1], qt.row_lo, qt.row_hi, h, p);
 }
 
@@ -381,16 +352,13 @@ __global__ void __launch_bounds__(kAttnWgQueryThreads, 1)
                                    AttnProblem p) {
     using Pipe = AttnWgFwdPipe<D>;
     __shared__ AttnWgBarriers bar;
-    unsigned char* smem = attn_wg_smem();
-    const int h = blockIdx.y, q0 = attn_wg_block_q0();
-    attn_wg_init_barriers<2>(bar);
-    const AttnWgWalk walk = attn_wg_key_walk(p, q0);
+    const AttnWgQueryBlock b = attn_wg_query_block(bar, p);
     if (threadIdx.x < 128) {
-        attn_wg_produce<Pipe, D>(smem, bar, {{&map_q, nullptr}, {&map_k, &map_v}, nullptr, nullptr}, walk, h, p);
+        attn_wg_produce<Pipe, D>(b.smem, bar, {{&map_q, nullptr}, {&map_k, &map_v}, nullptr, nullptr}, b.walk, b.h, p);
         return;
     }
     attn_wg_setmaxnreg_inc<Pipe::consumer_regs>();
-    attn_wg_forward_consume<D>(out, lse, smem, bar, attn_wg_query_role(p, q0), walk.tiles, h, p);
+    attn_wg_forward_consume<D>(out, lse, b.smem, bar, attn_wg_query_role(p, b.q0), b.walk.tiles, b.h, p);
 }
 
 // ---- backward: dq ----
@@ -406,13 +374,8 @@ __device__ __forceinline__ void attn_wg_dq_consume(__nv_bfloat16* dq, const floa
     using Pipe = AttnWgDqPipe<D>;
     constexpr int KT = kAttnTileKeys;
     const AttnQueryTile& qt = role.qt;
-    const int t = threadIdx.x % 4;
-    const int row_lo = qt.row_lo, row_hi = qt.row_hi;
-    // rows past T are never stored; reading index 0 keeps their loads inside the arrays
-    const float lse_lo = __ldg(lse + size_t(h) * p.T + (row_lo < p.T ? row_lo : 0)) * kAttnLog2e;
-    const float lse_hi = __ldg(lse + size_t(h) * p.T + (row_hi < p.T ? row_hi : 0)) * kAttnLog2e;
-    const float delta_lo = __ldg(delta + size_t(h) * p.T + (row_lo < p.T ? row_lo : 0));
-    const float delta_hi = __ldg(delta + size_t(h) * p.T + (row_hi < p.T ? row_hi : 0));
+    float lse2[2], delta_row[2];
+    attn_row_stats(lse2, delta_row, lse, delta, qt, h, p);
     WgmmaAcc<KT> s, dp;
     WgmmaAcc<D> acc;
 #pragma unroll
@@ -436,18 +399,8 @@ __device__ __forceinline__ void attn_wg_dq_consume(__nv_bfloat16* dq, const floa
         wgmma_wait<0>(s, dp);
 
         // ds = p * (dp - delta) with p from the saved lse, as the mma.sync kernel
-        const bool masked = qt.masked(n, k0);
-#pragma unroll
-        for (int i = 0; i < KT / 8; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float pv = exp2f(s[4 * i + e] * p.scale_log2 - (e < 2 ? lse_lo : lse_hi));
-                if (masked) {
-                    if (qt.hidden(k0 + 8 * i + 2 * t + (e & 1), e)) pv = 0.0f;
-                }
-                dp[4 * i + e] = pv * (dp[4 * i + e] - (e < 2 ? delta_lo : delta_hi));
-            }
-        }
+        attn_ds_query_tile([&](int i, int e) -> float& { return s[4 * i + e]; },
+                           [&](int i, int e) -> float& { return dp[4 * i + e]; }, lse2, delta_row, qt, n, k0, p);
         uint32_t da[KT / 16][4];
 #pragma unroll
         for (int kk = 0; kk < KT / 16; ++kk) attn_wg_to_a(da[kk], dp, kk);
@@ -460,7 +413,7 @@ __device__ __forceinline__ void attn_wg_dq_consume(__nv_bfloat16* dq, const floa
         mbarrier_arrive(&bar.empty[st]);
     }
     const float scale = p.scale_log2 / kAttnLog2e;
-    attn_wg_store_rows<D>(dq, acc, scale, scale, row_lo, row_hi, h, p);
+    attn_wg_store_rows<D>(dq, acc, scale, scale, qt.row_lo, qt.row_hi, h, p);
 }
 
 template <int D>
@@ -472,16 +425,14 @@ __global__ void __launch_bounds__(kAttnWgQueryThreads, 1)
                                        AttnProblem p) {
     using Pipe = AttnWgDqPipe<D>;
     __shared__ AttnWgBarriers bar;
-    unsigned char* smem = attn_wg_smem();
-    const int h = blockIdx.y, q0 = attn_wg_block_q0();
-    attn_wg_init_barriers<2>(bar);
-    const AttnWgWalk walk = attn_wg_key_walk(p, q0);
+    const AttnWgQueryBlock b = attn_wg_query_block(bar, p);
     if (threadIdx.x < 128) {
-        attn_wg_produce<Pipe, D>(smem, bar, {{&map_q, &map_dout}, {&map_k, &map_v}, nullptr, nullptr}, walk, h, p);
+        attn_wg_produce<Pipe, D>(b.smem, bar, {{&map_q, &map_dout}, {&map_k, &map_v}, nullptr, nullptr}, b.walk, b.h,
+                                 p);
         return;
     }
     attn_wg_setmaxnreg_inc<Pipe::consumer_regs>();
-    attn_wg_dq_consume<D>(dq, lse, delta, smem, bar, attn_wg_query_role(p, q0), walk.tiles, h, p);
+    attn_wg_dq_consume<D>(dq, lse, delta, b.smem, bar, attn_wg_query_role(p, b.q0), b.walk.tiles, b.h, p);
 }
 
 // ---- backward: dk, dv ----
@@ -494,11 +445,8 @@ __device__ __forceinline__ void attn_wg_dkdv_consume(__nv_bfloat16* dk, __nv_bfl
                                                      AttnWgBarriers& bar, int k0, int tiles, int h,
                                                      const AttnProblem& p) {
     using Pipe = AttnWgDkdvPipe<D>;
-    constexpr int QT = kAttnWgRows, KR = kAttnWgRows;
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int unmasked_to = attn_last_query(p, k0);  // queries in [k0 + KR - 1, unmasked_to] see every key
-    const int key_lo = k0 + 16 * warp + g, key_hi = key_lo + 8;
-    const int last_lo = attn_last_query(p, key_lo), last_hi = attn_last_query(p, key_hi);
+    constexpr int QT = kAttnWgRows;
+    const AttnKeyTile kt = attn_key_tile_at(p, k0, (threadIdx.x / 32) % 4, threadIdx.x % 32);
     WgmmaAcc<QT> st, dpt;
     WgmmaAcc<D> dk_acc, dv_acc;
 #pragma unroll
@@ -519,22 +467,8 @@ __device__ __forceinline__ void attn_wg_dkdv_consume(__nv_bfloat16* dk, __nv_bfl
         wgmma_wait<0>(st, dpt);
 
         // p^T from the saved lse; ds^T = p^T * (dp^T - delta), as the mma.sync kernel
-        const bool masked = qa < k0 + KR - 1 || qa + QT - 1 > unmasked_to;
-#pragma unroll
-        for (int i = 0; i < QT / 8; ++i) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = 8 * i + 2 * t + (e & 1);
-                float pt = exp2f(st[4 * i + e] * p.scale_log2 - tLse[col] * kAttnLog2e);
-                if (masked) {
-                    const int query = qa + col;
-                    const int key = e < 2 ? key_lo : key_hi, last = e < 2 ? last_lo : last_hi;
-                    if (query < key || query > last) pt = 0.0f;
-                }
-                st[4 * i + e] = pt;
-                dpt[4 * i + e] = pt * (dpt[4 * i + e] - tDelta[col]);
-            }
-        }
+        attn_ds_key_tile<QT>([&](int i, int e) -> float& { return st[4 * i + e]; },
+                             [&](int i, int e) -> float& { return dpt[4 * i + e]; }, tLse, tDelta, kt, qa, p);
         uint32_t pa[QT / 16][4], da[QT / 16][4];
 #pragma unroll
         for (int kk = 0; kk < QT / 16; ++kk) {
@@ -551,8 +485,8 @@ __device__ __forceinline__ void attn_wg_dkdv_consume(__nv_bfloat16* dk, __nv_bfl
         mbarrier_arrive(&bar.empty[s]);
     }
     const float scale = p.scale_log2 / kAttnLog2e;
-    attn_wg_store_rows<D>(dk, dk_acc, scale, scale, key_lo, key_hi, h, p);
-    attn_wg_store_rows<D>(dv, dv_acc, 1.0f, 1.0f, key_lo, key_hi, h, p);
+    attn_wg_store_rows<D>(dk, dk_acc, scale, scale, kt.key[0], kt.key[1], h, p);
+    attn_wg_store_rows<D>(dv, dv_acc, 1.0f, 1.0f, kt.key[0], kt.key[1], h, p);
 }
 
 template <int D>

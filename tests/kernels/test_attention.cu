@@ -373,6 +373,11 @@ void bench_stage(bench::Bench& b, const bench::Preset& p, int stage) {
                                num_cu, T, H, D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes, s,
                                AttentionBackwardMode::deterministic, cu.data());
         });
+        b.run("attention_backward (wgmma)", at, [&](cudaStream_t s) {
+            attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr,
+                               num_cu, T, H, D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes, s,
+                               AttentionBackwardMode::deterministic, cu.data(), AttentionKernel::wgmma);
+        });
     }
 }
 
