@@ -488,36 +488,16 @@ __device__ __forceinline__ void attn_ds_query_tile(Scores s, Dp dp, const float 
     }
 }
 
-// A key tile of 64 keys from k0 (dk/dv kernels), for warp `warp`'s 16 keys: the lane's keys (rows g and
-// g + 8 of the transposed scores) and the last query each is seen by.
-struct AttnKeyTile {
-    int k0;
-    int unmasked_to;        // queries in [k0 + 63, unmasked_to] see every key of the tile
-    int key[2], last[2];    // the lane's two keys (C-layout e < 2, else) and their last queries
-
-    // Whether the Q queries from qa need the mask.
-    __device__ __forceinline__ bool masked(int qa, int Q) const {
-        return qa < k0 + kAttnTileRows - 1 || qa + Q - 1 > unmasked_to;
-    }
-};
-__device__ __forceinline__ AttnKeyTile attn_key_tile_at(const AttnProblem& p, int k0, int warp, int lane) {
-    AttnKeyTile kt;
-    kt.k0 = k0;
-    kt.unmasked_to = attn_last_query(p, k0);
-    kt.key[0] = k0 + 16 * warp + lane / 4;
-    kt.key[1] = kt.key[0] + 8;
-    kt.last[0] = attn_last_query(p, kt.key[0]);
-    kt.last[1] = attn_last_query(p, kt.key[1]);
-    return kt;
-}
 // The dk/dv kernels' step on the Q queries from qa: `st(i, e)` (k q^T, C layout: keys by rows, query
 // 8i + 2t + (e & 1) of the tile) becomes p^T from the saved lse, `dpt(i, e)` (v dout^T) becomes
-// ds^T = p^T * (dp^T - delta); tLse and tDelta hold the tile's Q entries.
+// ds^T = p^T * (dp^T - delta); tLse and tDelta hold the tile's Q entries. The lane's keys key_lo
+// (e < 2) and key_hi are seen by queries up to last_lo and last_hi; `masked`: whether to apply that.
+// The wgmma kernel's; the mma.sync one writes the same out (its registers are at the ceiling).
 template <int Q, class St, class Dpt>
-__device__ __forceinline__ void attn_ds_key_tile(St st, Dpt dpt, const float* tLse, const float* tDelta,
-                                                 const AttnKeyTile& kt, int qa, const AttnProblem& p) {
+__device__ __forceinline__ void attn_ds_key_tile(St st, Dpt dpt, const float* tLse, const float* tDelta, int qa,
+                                                 bool masked, int key_lo, int key_hi, int last_lo, int last_hi,
+                                                 const AttnProblem& p) {
     const int t = threadIdx.x % 4;
-    const bool masked = kt.masked(qa, Q);
 #pragma unroll
     for (int i = 0; i < Q / 8; ++i) {
 #pragma unroll
@@ -526,7 +506,8 @@ __device__ __forceinline__ void attn_ds_key_tile(St st, Dpt dpt, const float* tL
             float pt = exp2f(st(i, e) * p.scale_log2 - tLse[col] * kAttnLog2e);
             if (masked) {
                 const int query = qa + col;
-                if (query < kt.key[e >> 1] || query > kt.last[e >> 1]) pt = 0.0f;
+                const int key = e < 2 ? key_lo : key_hi, last = e < 2 ? last_lo : last_hi;
+                if (query < key || query > last) pt = 0.0f;
             }
             st(i, e) = pt;
             dpt(i, e) = pt * (dpt(i, e) - tDelta[col]);
@@ -707,8 +688,10 @@ __global__ void __launch_bounds__(kAttnThreads)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
     const int k_last = min(k0 + KR, p.T) - 1;
     const int q_end = attn_last_query(p, k_last);
-    const int num_tiles = (q_end - k0) / QT + 1;  // tile n holds queries [k0 + n QT, k0 + n QT + QT)
-    const AttnKeyTile kt = attn_key_tile_at(p, k0, warp, lane);
+    const int unmasked_to = attn_last_query(p, k0);  // queries in [k0 + KR - 1, unmasked_to] see every key
+    const int num_tiles = (q_end - k0) / QT + 1;      // tile n holds queries [k0 + n QT, k0 + n QT + QT)
+    const int key_lo = k0 + 16 * warp + g, key_hi = key_lo + 8;
+    const int last_lo = attn_last_query(p, key_lo), last_hi = attn_last_query(p, key_hi);
 
     attn_load_rows<KR, D>(sK, k, k0, h, p);
     attn_load_rows<KR, D>(sV, v, k0, h, p);
@@ -748,8 +731,24 @@ __global__ void __launch_bounds__(kAttnThreads)
         attn_two_products<D, QT>(st, dpt, sK, sV, tQ, tdO);
 
         // p^T from the saved lse; ds^T = p^T * (dp^T - delta); st becomes p^T, dpt becomes ds^T
-        attn_ds_key_tile<QT>([&](int i, int e) -> float& { return st[i][e]; },
-                             [&](int i, int e) -> float& { return dpt[i][e]; }, tLse, tDelta, kt, qa, p);
+        // (written out, not through attn_ds_key_tile: this kernel sits at the 255-register ceiling, and
+        // the shared version's inlining costs it a spill)
+        const bool masked = qa < k0 + KR - 1 || qa + QT - 1 > unmasked_to;
+#pragma unroll
+        for (int nt = 0; nt < QT / 8; ++nt) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = 8 * nt + 2 * t + (e & 1);
+                float pt = exp2f(st[nt][e] * p.scale_log2 - tLse[col] * kAttnLog2e);
+                if (masked) {
+                    const int query = qa + col;
+                    const int key = e < 2 ? key_lo : key_hi, last = e < 2 ? last_lo : last_hi;
+                    if (query < key || query > last) pt = 0.0f;
+                }
+                st[nt][e] = pt;
+                dpt[nt][e] = pt * (dpt[nt][e] - tDelta[col]);
+            }
+        }
 
         // dv += p^T dout, dk += ds^T q (the scale is applied once at the end)
 #pragma unroll

@@ -446,7 +446,9 @@ __device__ __forceinline__ void attn_wg_dkdv_consume(__nv_bfloat16* dk, __nv_bfl
                                                      const AttnProblem& p) {
     using Pipe = AttnWgDkdvPipe<D>;
     constexpr int QT = kAttnWgRows;
-    const AttnKeyTile kt = attn_key_tile_at(p, k0, (threadIdx.x / 32) % 4, threadIdx.x % 32);
+    const int unmasked_to = attn_last_query(p, k0);  // queries in [k0 + 63, unmasked_to] see every key
+    const int key_lo = k0 + 16 * ((threadIdx.x / 32) % 4) + (threadIdx.x % 32) / 4, key_hi = key_lo + 8;
+    const int last_lo = attn_last_query(p, key_lo), last_hi = attn_last_query(p, key_hi);
     WgmmaAcc<QT> st, dpt;
     WgmmaAcc<D> dk_acc, dv_acc;
 #pragma unroll
@@ -467,8 +469,10 @@ __device__ __forceinline__ void attn_wg_dkdv_consume(__nv_bfloat16* dk, __nv_bfl
         wgmma_wait<0>(st, dpt);
 
         // p^T from the saved lse; ds^T = p^T * (dp^T - delta), as the mma.sync kernel
+        const bool masked = qa < k0 + kAttnWgRows - 1 || qa + QT - 1 > unmasked_to;
         attn_ds_key_tile<QT>([&](int i, int e) -> float& { return st[4 * i + e]; },
-                             [&](int i, int e) -> float& { return dpt[4 * i + e]; }, tLse, tDelta, kt, qa, p);
+                             [&](int i, int e) -> float& { return dpt[4 * i + e]; }, tLse, tDelta, qa, masked, key_lo,
+                             key_hi, last_lo, last_hi, p);
         uint32_t pa[QT / 16][4], da[QT / 16][4];
 #pragma unroll
         for (int kk = 0; kk < QT / 16; ++kk) {
@@ -485,8 +489,8 @@ __device__ __forceinline__ void attn_wg_dkdv_consume(__nv_bfloat16* dk, __nv_bfl
         mbarrier_arrive(&bar.empty[s]);
     }
     const float scale = p.scale_log2 / kAttnLog2e;
-    attn_wg_store_rows<D>(dk, dk_acc, scale, scale, kt.key[0], kt.key[1], h, p);
-    attn_wg_store_rows<D>(dv, dv_acc, 1.0f, 1.0f, kt.key[0], kt.key[1], h, p);
+    attn_wg_store_rows<D>(dk, dk_acc, scale, scale, key_lo, key_hi, h, p);
+    attn_wg_store_rows<D>(dv, dv_acc, 1.0f, 1.0f, key_lo, key_hi, h, p);
 }
 
 template <int D>
