@@ -458,6 +458,8 @@ struct Model {
     float* mtp_weights;           // device, up to kMaxMtpWeights
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
     MlpKernel mlp_kernel = MlpKernel::mma;  // the MLP's c_fc GEMMs: build_model's default, or --mlp-kernel
+    // the attention kernels: wgmma (the GPU build is for sm_90a; under emu it gives mma's bits), or --attention
+    AttentionKernel attention = AttentionKernel::wgmma;
 };
 
 // Every arena's layout; `m` may be unallocated (measuring) or allocated (placing).
@@ -657,7 +659,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
             attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(step_sch, l),
-                              is_paired(l), scale, s, b.cu_seqlens_host.data());
+                              is_paired(l), scale, s, b.cu_seqlens_host.data(), m.attention);
             attn_output_gate_forward(aux, L.y_gated, L.y, s);
             matmul_forward(*m.lt, a.block_out, L.y_gated, L.wo_eff, T, C, C, s, false, "gemm_attn_out");
             residual_add_forward(L.xa, L.h_mlp, L.rstd_mlp, L.xm, a.block_out, T, C, s);
@@ -735,7 +737,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
             attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
                                layer_window(step_sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s,
-                               AttentionBackwardMode::deterministic, b.cu_seqlens_host.data());
+                               AttentionBackwardMode::deterministic, b.cu_seqlens_host.data(), m.attention);
             const int table = value_table(l);
             bf16* dve = table >= 0 ? w.dve[table] : nullptr;
             float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
@@ -1462,6 +1464,7 @@ int main(int argc, char** argv) {
     const Schedule sch(cfg);
     build_model(m, cfg, opt.seed, stream);
     if (opt.mlp_kernel) m.mlp_kernel = *opt.mlp_kernel;
+    if (opt.attention) m.attention = *opt.attention;
     broadcast_params(m, d.comm, stream);
     const bool sparse = d.world == 8 && cfg.grad_accum() == 1;
     build_optimizer(o, m, d.rank, d.world, sparse, d.comm, stream);

@@ -46,6 +46,9 @@
 #include <cstdlib>
 
 enum class AttentionBackwardMode { deterministic, atomic_dq };
+// The kernels: mma.sync (any sm_80+ GPU; the reference) or wgmma + TMA (Hopper, attention_wgmma.cuh;
+// the same bits under emu). The wgmma backward is the deterministic mode's; atomic_dq is mma.sync only.
+enum class AttentionKernel { mma, wgmma };
 
 constexpr int kAttnWarps = 4;
 constexpr int kAttnThreads = 32 * kAttnWarps;
@@ -130,16 +133,24 @@ __host__ __device__ __forceinline__ int attn_last_query(const AttnProblem& p, in
     return min(min(doc_end, p.T) - 1, j + p.window);
 }
 
+// The 64-key tiles a tile of rows from q0 visits, from the diagonal tile (keys from q0) down to the
+// tile holding the first key its first row sees.
+__host__ __device__ __forceinline__ int attn_num_key_tiles(const AttnProblem& p, int q0) {
+    return (q0 + kAttnTileKeys - 1 - attn_first_key(p, q0)) / kAttnTileKeys + 1;
+}
+
 // ---- the work of a call, for the step profiler (work.cuh) ----
 // The tiles one head's kernels visit, walked as they walk them: over the 64-row query tiles, the
 // 64-key tiles from the diagonal down to the first key a row sees (forward and dq kernels,
 // attn_query_tile's num_tiles); over the 64-key tiles, the 32-query sub-tiles from the diagonal to
-// the last query that sees a key (the dk/dv kernel). Counted over cu_seqlens_host, the host copy of
+// the last query that sees a key (the mma.sync dk/dv kernel), and the 64-query tiles likewise (the
+// wgmma one, attention_wgmma.cuh). Counted over cu_seqlens_host, the host copy of
 // the bounds; the walk costs two binary searches per tile, so it runs only while the profiler
 // records (the counts are 0 otherwise).
 struct AttnTileCounts {
     int64_t key_tiles = 0;       // (query tile, key tile) pairs
-    int64_t query_subtiles = 0;  // (key tile, query sub-tile) pairs
+    int64_t query_subtiles = 0;  // (key tile, 32-query sub-tile) pairs
+    int64_t query_tiles = 0;     // (key tile, 64-query tile) pairs
 };
 inline AttnTileCounts attn_tile_counts(const char* who, AttnProblem p, const int* cu_seqlens_host) {
     AttnTileCounts c;
@@ -147,9 +158,12 @@ inline AttnTileCounts attn_tile_counts(const char* who, AttnProblem p, const int
     kernel_require(cu_seqlens_host != nullptr, "%s: recording a step needs the host copy of cu_seqlens", who);
     p.cu_seqlens = cu_seqlens_host;
     for (int q0 = 0; q0 < p.T; q0 += kAttnTileRows)
-        c.key_tiles += (q0 + kAttnTileKeys - 1 - attn_first_key(p, q0)) / kAttnTileKeys + 1;
-    for (int k0 = 0; k0 < p.T; k0 += kAttnTileRows)
-        c.query_subtiles += (attn_last_query(p, min(k0 + kAttnTileRows, p.T) - 1) - k0) / kAttnBwdQueries + 1;
+        c.key_tiles += attn_num_key_tiles(p, q0);
+    for (int k0 = 0; k0 < p.T; k0 += kAttnTileRows) {
+        const int queries = attn_last_query(p, min(k0 + kAttnTileRows, p.T) - 1) - k0;
+        c.query_subtiles += queries / kAttnBwdQueries + 1;
+        c.query_tiles += queries / kAttnTileRows + 1;
+    }
     return c;
 }
 // bf16 bytes of one of q, k, v, out (T, H, D), and fp32 bytes of lse or delta (H, T), in the view.
@@ -349,19 +363,22 @@ struct AttnQueryTile {
         return key > row || key < first;
     }
 };
-__device__ __forceinline__ AttnQueryTile attn_query_tile(const AttnProblem& p) {
-    constexpr int KT = kAttnTileKeys;
-    const int lane = threadIdx.x % 32;
+// The tiles of 64 rows from q0 on (warp `warp`'s 16 of them for the lane's two rows).
+__device__ __forceinline__ AttnQueryTile attn_query_tile_at(const AttnProblem& p, int q0, int warp, int lane) {
     AttnQueryTile qt;
-    qt.q0 = (gridDim.x - 1 - blockIdx.x) * kAttnTileRows;  // rows with the most keys start first
+    qt.q0 = q0;
     const int q_last = min(qt.q0 + kAttnTileRows, p.T) - 1;
-    qt.num_tiles = (qt.q0 + KT - 1 - attn_first_key(p, qt.q0)) / KT + 1;
+    qt.num_tiles = attn_num_key_tiles(p, qt.q0);
     qt.unmasked_from = attn_first_key(p, q_last);
-    qt.row_lo = qt.q0 + 16 * (threadIdx.x / 32) + lane / 4;
+    qt.row_lo = qt.q0 + 16 * warp + lane / 4;
     qt.row_hi = qt.row_lo + 8;
     qt.first_lo = attn_first_key(p, qt.row_lo);
     qt.first_hi = attn_first_key(p, qt.row_hi);
     return qt;
+}
+__device__ __forceinline__ AttnQueryTile attn_query_tile(const AttnProblem& p) {
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * kAttnTileRows;  // rows with the most keys start first
+    return attn_query_tile_at(p, q0, threadIdx.x / 32, threadIdx.x % 32);
 }
 // Before key tile n (keys from k0, stage n & 1): issues the copies of tile n + 1 into the other stage
 // (released by the barrier that ended tile n - 1), then waits until tile n's K and V are in place.
@@ -380,6 +397,122 @@ __device__ __forceinline__ void attn_wait_kv_tile(__nv_bfloat16* sK, __nv_bfloat
         cp_async_wait<0>();
     }
     __syncthreads();
+}
+
+// ---- the element-wise steps of a query tile, shared by the mma.sync and wgmma kernels ----
+// `s(i, e)` is the lane's score e (C layout: rows row_lo for e < 2, else row_hi; key 8i + 2t + (e & 1)
+// of the tile) for i < 8: the mma kernels' s[i][e], the wgmma kernels' s[4i + e].
+//
+// Online softmax in log2 units over key tile n (keys from k0): the scores become p = exp2(x - max),
+// the running max m and partial sums l move on, and alpha is what the accumulated output must be
+// rescaled by, exp2(m_old - m_new).
+template <class Scores>
+__device__ __forceinline__ void attn_softmax_tile(Scores s, float (&m)[2], float (&l)[2], float (&alpha)[2],
+                                                  const AttnQueryTile& qt, int n, int k0, const AttnProblem& p) {
+    const int t = threadIdx.x % 4;
+    const bool masked = qt.masked(n, k0);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int i = 0; i < kAttnTileKeys / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float x = s(i, e) * p.scale_log2;
+            if (masked) {
+                if (qt.hidden(k0 + 8 * i + 2 * t + (e & 1), e)) x = -INFINITY;
+            }
+            s(i, e) = x;
+            tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
+        }
+    }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // the 4 lanes of a quad hold one row between them
+        tile_max[r] = warp_butterfly<WarpMax, 2>(tile_max[r]);
+        const float m_new = fmaxf(m[r], tile_max[r]);
+        base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero, not NaN
+        alpha[r] = exp2f(m[r] - base[r]);
+        m[r] = m_new;
+        l[r] *= alpha[r];
+    }
+#pragma unroll
+    for (int i = 0; i < kAttnTileKeys / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s(i, e) = exp2f(s(i, e) - base[e >> 1]);
+            l[e >> 1] += s(i, e);
+        }
+    }
+}
+// After the last tile: each row's lse (natural log) written, and 1 / sum returned in inv.
+__device__ __forceinline__ void attn_finish_rows(float (&inv)[2], float* lse, float (&l)[2], const float (&m)[2],
+                                                 const AttnQueryTile& qt, int h, const AttnProblem& p) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        l[r] = warp_butterfly<WarpSum, 2>(l[r]);
+        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+        const int row = r == 0 ? qt.row_lo : qt.row_hi;
+        if (t == 0 && row < p.T)
+            lse[size_t(h) * p.T + row] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kAttnLn2 : -INFINITY;
+    }
+}
+// The dq kernels' per-row terms: lse in log2 units and delta, of the lane's rows row_lo and row_hi
+// (rows past T are never stored; reading index 0 keeps their loads inside the arrays).
+__device__ __forceinline__ void attn_row_stats(float (&lse2)[2], float (&delta_row)[2], const float* lse,
+                                               const float* delta, const AttnQueryTile& qt, int h,
+                                               const AttnProblem& p) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = r == 0 ? qt.row_lo : qt.row_hi;
+        lse2[r] = __ldg(lse + size_t(h) * p.T + (row < p.T ? row : 0)) * kAttnLog2e;
+        delta_row[r] = __ldg(delta + size_t(h) * p.T + (row < p.T ? row : 0));
+    }
+}
+// The dq kernels' step on key tile n: ds = p * (dp - delta), p from the saved lse (log2 units, per row);
+// `s(i, e)` the scores, `dp(i, e)` dout v^T, which becomes ds.
+template <class Scores, class Dp>
+__device__ __forceinline__ void attn_ds_query_tile(Scores s, Dp dp, const float (&lse2)[2], const float (&delta)[2],
+                                                   const AttnQueryTile& qt, int n, int k0, const AttnProblem& p) {
+    const int t = threadIdx.x % 4;
+    const bool masked = qt.masked(n, k0);
+#pragma unroll
+    for (int i = 0; i < kAttnTileKeys / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            float pv = exp2f(s(i, e) * p.scale_log2 - lse2[e >> 1]);
+            if (masked) {
+                if (qt.hidden(k0 + 8 * i + 2 * t + (e & 1), e)) pv = 0.0f;
+            }
+            dp(i, e) = pv * (dp(i, e) - delta[e >> 1]);
+        }
+    }
+}
+
+// The dk/dv kernels' step on the Q queries from qa: `st(i, e)` (k q^T, C layout: keys by rows, query
+// 8i + 2t + (e & 1) of the tile) becomes p^T from the saved lse, `dpt(i, e)` (v dout^T) becomes
+// ds^T = p^T * (dp^T - delta); tLse and tDelta hold the tile's Q entries. The lane's keys key_lo
+// (e < 2) and key_hi are seen by queries up to last_lo and last_hi; `masked`: whether to apply that.
+// The wgmma kernel's; the mma.sync one writes the same out (its registers are at the ceiling).
+template <int Q, class St, class Dpt>
+__device__ __forceinline__ void attn_ds_key_tile(St st, Dpt dpt, const float* tLse, const float* tDelta, int qa,
+                                                 bool masked, int key_lo, int key_hi, int last_lo, int last_hi,
+                                                 const AttnProblem& p) {
+    const int t = threadIdx.x % 4;
+#pragma unroll
+    for (int i = 0; i < Q / 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int col = 8 * i + 2 * t + (e & 1);
+            float pt = exp2f(st(i, e) * p.scale_log2 - tLse[col] * kAttnLog2e);
+            if (masked) {
+                const int query = qa + col;
+                const int key = e < 2 ? key_lo : key_hi, last = e < 2 ? last_lo : last_hi;
+                if (query < key || query > last) pt = 0.0f;
+            }
+            st(i, e) = pt;
+            dpt(i, e) = pt * (dpt(i, e) - tDelta[col]);
+        }
+    }
 }
 
 // ---- forward ----
@@ -401,7 +534,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     __nv_bfloat16* sK = sQ + kAttnTileRows * D;  // stage s at sK + s * KT * D
     __nv_bfloat16* sV = sK + 2 * KT * D;
     const int h = blockIdx.y;
-    const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
+    const int warp = threadIdx.x / 32;
     const AttnQueryTile qt = attn_query_tile(p);
     const int q0 = qt.q0;
 
@@ -441,38 +574,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         }
 
         // online softmax in log2 units: rescale what was accumulated by exp2(m_old - m_new)
-        const bool masked = qt.masked(n, k0);
-        float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float x = s[nt][e] * p.scale_log2;
-                if (masked) {
-                    if (qt.hidden(k0 + 8 * nt + 2 * t + (e & 1), e)) x = -INFINITY;
-                }
-                s[nt][e] = x;
-                tile_max[e >> 1] = fmaxf(tile_max[e >> 1], x);
-            }
-        }
-        float alpha[2], base[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {  // the 4 lanes of a quad hold one row between them
-            tile_max[r] = warp_butterfly<WarpMax, 2>(tile_max[r]);
-            const float m_new = fmaxf(m[r], tile_max[r]);
-            base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing visible yet stays at zero, not NaN
-            alpha[r] = exp2f(m[r] - base[r]);
-            m[r] = m_new;
-            l[r] *= alpha[r];
-        }
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[nt][e] = exp2f(s[nt][e] - base[e >> 1]);
-                l[e >> 1] += s[nt][e];
-            }
-        }
+        float alpha[2];
+        attn_softmax_tile([&](int i, int e) -> float& { return s[i][e]; }, m, l, alpha, qt, n, k0, p);
 #pragma unroll
         for (int nt = 0; nt < D / 8; ++nt) {
             o[nt][0] *= alpha[0];
@@ -487,14 +590,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     }
 
     float inv[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        l[r] = warp_butterfly<WarpSum, 2>(l[r]);
-        inv[r] = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-        const int row = r == 0 ? qt.row_lo : qt.row_hi;
-        if (t == 0 && row < p.T)
-            lse[size_t(h) * p.T + row] = l[r] > 0.0f ? (m[r] + log2f(l[r])) * kAttnLn2 : -INFINITY;
-    }
+    attn_finish_rows(inv, lse, l, m, qt, h, p);
     // Q's rows are in registers since tile 0, so each warp reuses its own 16 rows of sQ.
     attn_store_rows<D>(out, o, inv[0], inv[1], sQ + 16 * warp * D, q0 + 16 * warp, h, p);
 }
@@ -510,6 +606,8 @@ void attention_forward_d(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q,
            stream, out, lse, q, k, v, p);
 }
 
+#include "attention_wgmma.cuh"  // the Hopper forward: uses the tile walk and helpers above
+
 // Per visited (query tile, key tile) pair and head, the products q k^T and p v and the softmax's 4
 // operations per score; reads q, k, v and the bounds, writes out and lse.
 inline Work attention_forward_work(const AttnProblem& p, int D, const AttnTileCounts& c) {
@@ -522,17 +620,23 @@ inline Work attention_forward_work(const AttnProblem& p, int D, const AttnTileCo
 // out (T, H, D) bf16 = attention(q, k, v); lse (H, T) fp32 for the backward (for paired heads:
 // (H/2, 2T), the same H*T floats). Upstream's softmax_scale is YaRN's attn_scale, not 1/sqrt(D).
 // cu_seqlens_host: the host copy of cu_seqlens, which the step profiler needs to count the tiles
-// (required while it records, unused otherwise).
+// (required while it records, unused otherwise). `kernel` picks the implementation; both visit the
+// same tiles, so they share the Work.
 inline void attention_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                               const __nv_bfloat16* v, const int* cu_seqlens, int num_cu_seqlens, int T, int H, int D,
                               int window, bool paired, float softmax_scale, cudaStream_t stream,
-                              const int* cu_seqlens_host = nullptr) {
+                              const int* cu_seqlens_host = nullptr, AttentionKernel kernel = AttentionKernel::mma) {
     const AttnProblem p =
         attn_problem("attention_forward", cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
     kernel_require(all_aligned16({out, lse, q, k, v}), "attention_forward: tensors must be 16-byte aligned");
     const Work work = attention_forward_work(p, D, attn_tile_counts("attention_forward", p, cu_seqlens_host));
-    if (D == 64) attention_forward_d<64>(out, lse, q, k, v, p, work, stream);
-    else attention_forward_d<128>(out, lse, q, k, v, p, work, stream);
+    if (kernel == AttentionKernel::wgmma) {
+        if (D == 64) attention_forward_wgmma_d<64>(out, lse, q, k, v, p, work, stream);
+        else attention_forward_wgmma_d<128>(out, lse, q, k, v, p, work, stream);
+    } else {
+        if (D == 64) attention_forward_d<64>(out, lse, q, k, v, p, work, stream);
+        else attention_forward_d<128>(out, lse, q, k, v, p, work, stream);
+    }
 }
 
 // ---- backward ----
@@ -627,6 +731,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         attn_two_products<D, QT>(st, dpt, sK, sV, tQ, tdO);
 
         // p^T from the saved lse; ds^T = p^T * (dp^T - delta); st becomes p^T, dpt becomes ds^T
+        // (written out, not through attn_ds_key_tile: this kernel sits at the 255-register ceiling, and
+        // the shared version's inlining costs it a spill)
         const bool masked = qa < k0 + KR - 1 || qa + QT - 1 > unmasked_to;
 #pragma unroll
         for (int nt = 0; nt < QT / 8; ++nt) {
@@ -726,14 +832,11 @@ __global__ void __launch_bounds__(kAttnThreads)
     __nv_bfloat16* sK = sdO + kAttnTileRows * D;  // stage s at sK + s * KT * D
     __nv_bfloat16* sV = sK + 2 * KT * D;
     const int h = blockIdx.y;
-    const int warp = threadIdx.x / 32, t = threadIdx.x % 4;
+    const int warp = threadIdx.x / 32;
     const AttnQueryTile qt = attn_query_tile(p);
-    const int q0 = qt.q0, row_lo = qt.row_lo, row_hi = qt.row_hi;
-    // rows past T are never stored; reading index 0 keeps their loads inside the arrays
-    const float lse_lo = __ldg(lse + size_t(h) * p.T + (row_lo < p.T ? row_lo : 0)) * kAttnLog2e;
-    const float lse_hi = __ldg(lse + size_t(h) * p.T + (row_hi < p.T ? row_hi : 0)) * kAttnLog2e;
-    const float delta_lo = __ldg(delta + size_t(h) * p.T + (row_lo < p.T ? row_lo : 0));
-    const float delta_hi = __ldg(delta + size_t(h) * p.T + (row_hi < p.T ? row_hi : 0));
+    const int q0 = qt.q0;
+    float lse2[2], delta_row[2];
+    attn_row_stats(lse2, delta_row, lse, delta, qt, h, p);
 
     attn_load_rows<kAttnTileRows, D>(sQ, q, q0, h, p);
     attn_load_rows<kAttnTileRows, D>(sdO, dout, q0, h, p);
@@ -756,18 +859,8 @@ __global__ void __launch_bounds__(kAttnThreads)
         attn_two_products<D, KT>(s, dp, sQ, sdO, tK, tV);
 
         // ds = p * (dp - delta) with p from the saved lse; dp becomes ds
-        const bool masked = qt.masked(n, k0);
-#pragma unroll
-        for (int nt = 0; nt < KT / 8; ++nt) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float pv = exp2f(s[nt][e] * p.scale_log2 - (e < 2 ? lse_lo : lse_hi));
-                if (masked) {
-                    if (qt.hidden(k0 + 8 * nt + 2 * t + (e & 1), e)) pv = 0.0f;
-                }
-                dp[nt][e] = pv * (dp[nt][e] - (e < 2 ? delta_lo : delta_hi));
-            }
-        }
+        attn_ds_query_tile([&](int i, int e) -> float& { return s[i][e]; },
+                           [&](int i, int e) -> float& { return dp[i][e]; }, lse2, delta_row, qt, n, k0, p);
 
         // dq += ds k
         attn_mma_scores_tile<D, KT>(dq_acc, dp, tK);
@@ -811,8 +904,12 @@ inline Work attention_backward_delta_work(const AttnProblem& p, int D) {
 // dk and dv: per visited (key tile, query sub-tile) pair and head, the products k q^T, v dout^T,
 // p^T dout and ds^T q (atomic_dq: also ds k, added into the fp32 dq sum) and 4 operations per score;
 // reads q, k, v, dout, lse, delta and the bounds, writes dk and dv (atomic_dq: reads and writes the sum).
-inline Work attention_backward_dkdv_work(const AttnProblem& p, int D, const AttnTileCounts& c, bool atomic_dq) {
-    const double scores = static_cast<double>(c.query_subtiles) * p.H * kAttnTileRows * kAttnBwdQueries;
+// The wgmma kernel's sub-tiles are its 64-query tiles.
+inline Work attention_backward_dkdv_work(const AttnProblem& p, int D, const AttnTileCounts& c, bool atomic_dq,
+                                         AttentionKernel kernel = AttentionKernel::mma) {
+    const bool wg = kernel == AttentionKernel::wgmma;
+    const double scores = static_cast<double>(wg ? c.query_tiles : c.query_subtiles) * p.H * kAttnTileRows *
+                          (wg ? kAttnTileRows : kAttnBwdQueries);
     const double dq_sum = atomic_dq ? 2 * attn_rows_bytes(p, D) : 0;  // fp32: twice the bf16 bytes
     return Work{.name = "attention_backward", .tc_flops = (atomic_dq ? 5 : 4) * 2 * scores * D, .flops = 4 * scores,
                 .bytes_read = 4 * attn_rows_bytes(p, D) + 2 * attn_stats_bytes(p) + 4.0 * p.num_cu + dq_sum,
@@ -837,13 +934,17 @@ void attention_backward_d(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16* d
                           const __nv_bfloat16* out, const float* lse, const __nv_bfloat16* q,
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const AttnProblem& p,
                           const AttnTileCounts& counts, void* workspace, cudaStream_t stream,
-                          AttentionBackwardMode mode) {
+                          AttentionBackwardMode mode, AttentionKernel kernel) {
     const int tiles = ceil_div(p.T, kAttnTileRows);
     float* delta = static_cast<float*>(workspace);
     const int delta_threads = p.T * p.H * (D / 8);
     launch(attention_backward_delta_work(p, D), attention_backward_delta_kernel<D>, dim3(ceil_div(delta_threads, 256)),
            dim3(256), 0, stream, delta, dout, out, p.T, p.H);
-    if (mode == AttentionBackwardMode::deterministic) {
+    if (kernel == AttentionKernel::wgmma) {
+        attention_backward_wgmma_d<D>(dq, dk, dv, dout, lse, delta, q, k, v, p,
+                                      attention_backward_dkdv_work(p, D, counts, false, kernel),
+                                      attention_backward_dq_work(p, D, counts), stream);
+    } else if (mode == AttentionBackwardMode::deterministic) {
         constexpr size_t smem_kv = attention_backward_dkdv_smem_bytes<D, false>();
         constexpr size_t smem_q = attention_backward_dq_smem_bytes<D>();
         static const bool configured = (attn_allow_smem(attention_backward_dkdv_kernel<D, false>, smem_kv),
@@ -879,14 +980,17 @@ inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat
                                int num_cu_seqlens, int T, int H, int D, int window, bool paired, float softmax_scale,
                                void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                AttentionBackwardMode mode = AttentionBackwardMode::deterministic,
-                               const int* cu_seqlens_host = nullptr) {
+                               const int* cu_seqlens_host = nullptr, AttentionKernel kernel = AttentionKernel::mma) {
     const AttnProblem p =
         attn_problem("attention_backward", cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
     kernel_require(workspace_bytes >= attention_backward_workspace_bytes(T, H, D, mode),
                    "attention_backward: workspace smaller than attention_backward_workspace_bytes()");
     kernel_require(all_aligned16({dq, dk, dv, dout, out, lse, q, k, v, workspace}),
                    "attention_backward: tensors and workspace must be 16-byte aligned");
+    kernel_require(kernel == AttentionKernel::mma || mode == AttentionBackwardMode::deterministic,
+                   "attention_backward: the wgmma backward is deterministic only (atomic_dq runs on mma.sync)");
     const AttnTileCounts counts = attn_tile_counts("attention_backward", p, cu_seqlens_host);
-    if (D == 64) attention_backward_d<64>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode);
-    else attention_backward_d<128>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode);
+    if (D == 64)
+        attention_backward_d<64>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode, kernel);
+    else attention_backward_d<128>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode, kernel);
 }

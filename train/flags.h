@@ -1,6 +1,8 @@
 // The command line: what a run is asked to do beyond its config, the usage text, and the flags'
 // value rules (a bad value stops with the usage and exit code 2, before any process starts).
 #pragma once
+#include "../kernels/attention.cuh"
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -34,6 +36,7 @@ struct RunOptions {
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
     StepRange profile_steps;             // --profile-steps A:B: time every operation of steps A..B
     std::optional<MlpKernel> mlp_kernel; // --mlp-kernel; none: default_mlp_kernel() (wgmma on Hopper GPUs)
+    std::optional<AttentionKernel> attention;  // --attention; none: wgmma (the Model's default)
     std::string command;                 // the command line, for the log
 };
 
@@ -86,6 +89,8 @@ const char* kUsage =
     "  --mlp-kernel mma|wgmma   the MLP's fused c_fc GEMMs (forward, and dpre in the backward) on mma.sync or on\n"
     "                           Hopper's TMA + wgmma (default: wgmma on sm_90 GPUs, else mma; the CPU build runs\n"
     "                           mma: its wgmma twins are 2x slower, and both give the same bits there)\n"
+    "  --attention mma|wgmma    the attention kernels, forward and backward: wgmma (default; Hopper's wgmma +\n"
+    "                           TMA, the same bits as mma in the CPU build) or mma (mma.sync)\n"
     "  --profile-steps A:B      time every operation of training steps A..B (0 <= A <= B < the run's last step)\n"
     "                           and print a table per step; those steps' times include the report\n"
     "  --help                   this text\n";
@@ -237,6 +242,10 @@ CommandLine parse_command_line(int argc, char** argv) {
             const std::string v = value();
             if (v != "mma" && v != "wgmma") usage_error("--mlp-kernel needs mma or wgmma, got '" + v + "'");
             opt.mlp_kernel = v == "wgmma" ? MlpKernel::wgmma : MlpKernel::mma;
+        } else if (arg == "--attention") {
+            const std::string v = value();
+            if (v != "mma" && v != "wgmma") usage_error("--attention needs mma or wgmma, got '" + v + "'");
+            opt.attention = v == "mma" ? AttentionKernel::mma : AttentionKernel::wgmma;
         } else if (arg == "--profile-steps") opt.profile_steps = parse_step_range(arg, value());
         else usage_error("unknown argument '" + arg + "'");
     }

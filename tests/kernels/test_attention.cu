@@ -3,7 +3,8 @@
 // 1, 15, 16, 17, 300, ...), windows 0 (causal), 1, 16, 127, 128 and longer than any document,
 // H = 1, 2, 6, D = 64 and 128, and paired-head layers; both backward modes; a finite-difference
 // check of the reference's and the kernel's gradients; bit-identical reruns of the
-// deterministic backward.
+// deterministic backward. The wgmma + TMA kernels on every problem: the reference's tolerances,
+// bit-identical reruns, and under emu the mma.sync kernels' bits.
 #include "../../kernels/attention.cuh"
 #include "../bench_util.h"
 #include "../device_util.h"
@@ -121,14 +122,15 @@ struct Result {
 };
 
 // Forward, then (unless forward_only) the backward in `mode` from the forward's own out and lse.
-Result run_kernels(const Problem& pb, const Tensors& x, AttentionBackwardMode mode, bool forward_only = false) {
+Result run_kernels(const Problem& pb, const Tensors& x, AttentionBackwardMode mode, bool forward_only = false,
+                   AttentionKernel kernel = AttentionKernel::mma) {
     const std::vector<int> cu = pb.cu_seqlens();
     const size_t n = size_t(pb.T) * pb.H * pb.D;
     DeviceBuffer<__nv_bfloat16> q(x.q), k(x.k), v(x.v), dout(x.dout), out(n), dq(n), dk(n), dv(n);
     DeviceBuffer<float> lse(size_t(pb.T) * pb.H);
     DeviceBuffer<int> dcu(cu);
     attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, dcu.ptr, static_cast<int>(cu.size()), pb.T, pb.H, pb.D,
-                      pb.window, pb.paired, pb.scale, nullptr);
+                      pb.window, pb.paired, pb.scale, nullptr, nullptr, kernel);
     CUDA_CHECK_LAUNCH();
     Result r;
     r.out = out.download();
@@ -138,7 +140,7 @@ Result run_kernels(const Problem& pb, const Tensors& x, AttentionBackwardMode mo
     DeviceBuffer<unsigned char> ws(ws_bytes);
     attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, dcu.ptr,
                        static_cast<int>(cu.size()), pb.T, pb.H, pb.D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes,
-                       nullptr, mode);
+                       nullptr, mode, nullptr, kernel);
     CUDA_CHECK_LAUNCH();
     CUDA_CHECK(cudaDeviceSynchronize());
     r.dq = dq.download();
@@ -188,6 +190,75 @@ void check_problem(const Problem& pb, AttentionBackwardMode mode) {
     test::check(e_dq <= kGradTol, "%s (%s): dq rel err %.3g > %.3g", name, mode_name(mode), e_dq, kGradTol);
     test::check(e_dk <= kGradTol, "%s (%s): dk rel err %.3g > %.3g", name, mode_name(mode), e_dk, kGradTol);
     test::check(e_dv <= kGradTol, "%s (%s): dv rel err %.3g > %.3g", name, mode_name(mode), e_dv, kGradTol);
+}
+
+// The wgmma + TMA kernels against the mma.sync ones on the same inputs, forward and deterministic
+// backward: under emu the same bits (both add each product chain in the same order,
+// attention_wgmma.cuh); on a GPU, where the tensor cores' internal order is their own, the double
+// reference's tolerances. Either way the same bits on a rerun.
+size_t differing_bits(const std::vector<__nv_bfloat16>& a, const std::vector<__nv_bfloat16>& b) {
+    size_t n = 0;
+    for (size_t i = 0; i < a.size(); ++i) n += test::bits(a[i]) != test::bits(b[i]);
+    return n;
+}
+void check_wgmma(const Problem& pb) {
+    const size_t n = size_t(pb.T) * pb.H * pb.D;
+    Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), normal_bf16(n)};
+    const Reference ref = reference(pb, values(x.q), values(x.k), values(x.v), values(x.dout), true);
+    const auto det = AttentionBackwardMode::deterministic;
+    const Result mma = run_kernels(pb, x, det, false, AttentionKernel::mma);
+    const Result wg = run_kernels(pb, x, det, false, AttentionKernel::wgmma);
+    const Result again = run_kernels(pb, x, det, false, AttentionKernel::wgmma);
+    double lse_err = 0.0;
+    for (size_t i = 0; i < ref.lse.size(); ++i)
+        lse_err = std::max(lse_err, std::fabs(wg.lse[i] - ref.lse[i]) / std::max(1.0, std::fabs(ref.lse[i])));
+    const double e_out = rel_err(values(wg.out), ref.out), e_dq = rel_err(values(wg.dq), ref.g.dq),
+                 e_dk = rel_err(values(wg.dk), ref.g.dk), e_dv = rel_err(values(wg.dv), ref.g.dv);
+    size_t lse_diff = 0;
+    for (size_t i = 0; i < wg.lse.size(); ++i) lse_diff += test::bits(wg.lse[i]) != test::bits(mma.lse[i]);
+    const size_t diff = differing_bits(wg.out, mma.out) + lse_diff + differing_bits(wg.dq, mma.dq) +
+                        differing_bits(wg.dk, mma.dk) + differing_bits(wg.dv, mma.dv);
+    std::printf("%-44s wgmma         out %.2e lse %.2e dq %.2e dk %.2e dv %.2e; %zu values differ from mma's\n",
+                pb.name.c_str(), e_out, lse_err, e_dq, e_dk, e_dv, diff);
+    const char* name = pb.name.c_str();
+    test::check(e_out <= kOutTol, "%s: wgmma out rel err %.3g > %.3g", name, e_out, kOutTol);
+    test::check(lse_err <= kLseTol, "%s: wgmma lse err %.3g > %.3g", name, lse_err, kLseTol);
+    test::check(e_dq <= kGradTol, "%s: wgmma dq rel err %.3g > %.3g", name, e_dq, kGradTol);
+    test::check(e_dk <= kGradTol, "%s: wgmma dk rel err %.3g > %.3g", name, e_dk, kGradTol);
+    test::check(e_dv <= kGradTol, "%s: wgmma dv rel err %.3g > %.3g", name, e_dv, kGradTol);
+    using test::same_bits;
+    test::check(same_bits(wg.out, again.out) && same_bits(wg.lse, again.lse) && same_bits(wg.dq, again.dq) &&
+                    same_bits(wg.dk, again.dk) && same_bits(wg.dv, again.dv),
+                "%s: wgmma kernels differ between runs", name);
+    if (kEmulated)
+        test::check(diff == 0, "%s: wgmma differs from mma in %zu values (out %zu, lse %zu, dq %zu, dk %zu, dv %zu)",
+                    name, diff, differing_bits(wg.out, mma.out), lse_diff, differing_bits(wg.dq, mma.dq),
+                    differing_bits(wg.dk, mma.dk), differing_bits(wg.dv, mma.dv));
+}
+
+// The bit comparison can fail: one element of k an ulp or two off (a planted difference the kernels
+// must carry into out, lse and the gradients) leaves the wgmma results differing from mma's.
+void check_bit_comparison_sees_planted_ulp() {
+    const Problem pb{"planted ulp", 128, 2, 64, {100, 28}, 0, false, 0.15f};
+    const size_t n = size_t(pb.T) * pb.H * pb.D;
+    Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), normal_bf16(n)};
+    const Result mma = run_kernels(pb, x, AttentionBackwardMode::deterministic, false, AttentionKernel::mma);
+    __nv_bfloat16& planted = x.k[5 * pb.H * pb.D + 3];  // row 5, head 0, dim 3
+    planted = __float2bfloat16(__bfloat162float(planted) * (1.0f + 1.0f / 128));  // an ulp or two (8-bit significand)
+    const Result wg = run_kernels(pb, x, AttentionBackwardMode::deterministic, false, AttentionKernel::wgmma);
+    const size_t out = differing_bits(wg.out, mma.out), dk = differing_bits(wg.dk, mma.dk);
+    std::printf("planted ulp change of k: %zu out and %zu dk values differ from mma's\n", out, dk);
+    test::check(out > 0 && dk > 0, "planted ulp change of k: out %zu, dk %zu values differ (want both > 0)", out, dk);
+}
+
+// The wgmma backward has no atomic_dq mode: asking for it stops with a message.
+void check_wgmma_atomic_refused() {
+    test::check_fails_with("attention_backward wgmma with atomic_dq", "deterministic only", [] {
+        const Problem pb{"refused", 64, 1, 64, {64}, 0, false, 0.1f};
+        const size_t n = size_t(pb.T) * pb.H * pb.D;
+        const Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), normal_bf16(n)};
+        run_kernels(pb, x, AttentionBackwardMode::atomic_dq, false, AttentionKernel::wgmma);
+    });
 }
 
 // The ragged documents: a single token, lengths around one mma tile (15, 16, 17), one long
@@ -293,10 +364,19 @@ void bench_stage(bench::Bench& b, const bench::Preset& p, int stage) {
             attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr, num_cu, T, H, D, pb.window, pb.paired,
                               pb.scale, s, cu.data());
         });
+        b.run("attention_forward (wgmma)", at, [&](cudaStream_t s) {
+            attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr, num_cu, T, H, D, pb.window, pb.paired,
+                              pb.scale, s, cu.data(), AttentionKernel::wgmma);
+        });
         b.run("attention_backward", at, [&](cudaStream_t s) {
             attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr,
                                num_cu, T, H, D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes, s,
                                AttentionBackwardMode::deterministic, cu.data());
+        });
+        b.run("attention_backward (wgmma)", at, [&](cudaStream_t s) {
+            attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, out.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, d_cu.ptr,
+                               num_cu, T, H, D, pb.window, pb.paired, pb.scale, ws.ptr, ws_bytes, s,
+                               AttentionBackwardMode::deterministic, cu.data(), AttentionKernel::wgmma);
         });
     }
 }
@@ -317,6 +397,9 @@ int main(int argc, char** argv) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<Problem> ps = problems();
     for (const Problem& pb : ps) check_problem(pb, AttentionBackwardMode::deterministic);
+    for (const Problem& pb : ps) check_wgmma(pb);
+    check_wgmma_atomic_refused();
+    check_bit_comparison_sees_planted_ulp();
     for (const Problem& pb : ps)
         if (pb.name.find("w=127") != std::string::npos || pb.paired || pb.name.find("peaky") != std::string::npos)
             check_problem(pb, AttentionBackwardMode::atomic_dq);

@@ -24,4 +24,11 @@ if(BUILD_GPU AND Python3_Interpreter_FOUND)
            $<TARGET_FILE:test_hopper_gpu> _Z9one_wgmmaILi64ELb0E)
   set_tests_properties(gpu_hopper_sass_planted PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" SKIP_RETURN_CODE 77
                        WILL_FAIL TRUE)
+  # attention on wgmma + TMA (kernels/attention_wgmma.cuh): forward, dq and dk/dv, D = 64 and 128
+  add_test(NAME gpu_attention_sass COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/kernels/check_hopper_sass.py
+           $<TARGET_FILE:test_attention_gpu> _Z30attention_forward_wgmma_kernelILi64E
+           _Z30attention_forward_wgmma_kernelILi128E _Z34attention_backward_dq_wgmma_kernelILi64E
+           _Z34attention_backward_dq_wgmma_kernelILi128E _Z36attention_backward_dkdv_wgmma_kernelILi64E
+           _Z36attention_backward_dkdv_wgmma_kernelILi128E)
+  set_tests_properties(gpu_attention_sass PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" SKIP_RETURN_CODE 77)
 endif()

@@ -468,8 +468,9 @@ struct AttnCase {
 // The tile pairs the kernels visit, by walking every row: row i of the view (2T rows of H/2 heads for
 // paired heads, the bounds doubled) sees key j iff both lie in one document and i - window <= j <= i.
 struct TilePairs {
-    long q_k = 0;  // (64-row query tile, 64-key tile) pairs with a visible (query, key) in them
-    long k_q = 0;  // (64-key tile, 32-query sub-tile) pairs likewise
+    long q_k = 0;    // (64-row query tile, 64-key tile) pairs with a visible (query, key) in them
+    long k_q = 0;    // (64-key tile, 32-query sub-tile) pairs likewise
+    long k_q64 = 0;  // (64-key tile, 64-query tile) pairs likewise (the wgmma dk/dv kernel's)
 };
 TilePairs visited_tiles(const AttnCase& c) {
     const int rows = c.paired ? 2 * c.T : c.T, mult = c.paired ? 2 : 1;
@@ -479,14 +480,15 @@ TilePairs visited_tiles(const AttnCase& c) {
         while (d + 1 < int(c.cu.size()) && c.cu[d + 1] * mult <= i) ++d;
         doc[i] = d;
     }
-    std::set<std::pair<int, int>> q_k, k_q;
+    std::set<std::pair<int, int>> q_k, k_q, k_q64;
     for (int i = 0; i < rows; ++i)
         for (int j = 0; j <= i; ++j)
             if (doc[i] == doc[j] && i - window <= j) {
                 q_k.insert({i / 64, j / 64});
                 k_q.insert({j / 64, i / 32});
+                k_q64.insert({j / 64, i / 64});
             }
-    return {long(q_k.size()), long(k_q.size())};
+    return {long(q_k.size()), long(k_q.size()), long(k_q64.size())};
 }
 
 void test_attention_case(const AttnCase& c) {
@@ -502,16 +504,20 @@ void test_attention_case(const AttnCase& c) {
     const double tile_qk = 2.0 * 64 * 64 * D, tile_kq = 2.0 * 64 * 32 * D;  // one tile product
     const std::string tag = std::string("attention ") + c.name;
 
-    auto ops = check_family(tag + " forward",
-                            {kernel("attention_forward", bytes(q) + bytes(k) + bytes(v) + bytes(cu), bytes(o) + bytes(lse))},
-                            {out(o), out(lse)}, [&] {
-                                attention_forward(o.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, cu.ptr, num_cu, c.T, c.H, D,
-                                                  c.window, c.paired, scale, nullptr, c.cu.data());
-                            });
-    if (ops.size() == 1)
-        test::check(ops[0].work.tc_flops == pairs.q_k * heads * 2 * tile_qk,
-                    "%s forward: tc_flops %.0f, want %ld tile pairs x %d heads x 2 products", tag.c_str(),
-                    ops[0].work.tc_flops, pairs.q_k, heads);
+    // both forward kernels visit the same tiles (the wgmma one in pairs of 64-row tiles per block)
+    for (AttentionKernel fk : {AttentionKernel::mma, AttentionKernel::wgmma}) {
+        const std::string ftag = tag + (fk == AttentionKernel::mma ? " forward (mma)" : " forward (wgmma)");
+        const auto ops = check_family(
+            ftag, {kernel("attention_forward", bytes(q) + bytes(k) + bytes(v) + bytes(cu), bytes(o) + bytes(lse))},
+            {out(o), out(lse)}, [&] {
+                attention_forward(o.ptr, lse.ptr, q.ptr, k.ptr, v.ptr, cu.ptr, num_cu, c.T, c.H, D, c.window, c.paired,
+                                  scale, nullptr, c.cu.data(), fk);
+            });
+        if (ops.size() == 1)
+            test::check(ops[0].work.tc_flops == pairs.q_k * heads * 2 * tile_qk,
+                        "%s: tc_flops %.0f, want %ld tile pairs x %d heads x 2 products", ftag.c_str(),
+                        ops[0].work.tc_flops, pairs.q_k, heads);
+    }
     const long tiles = (rows + 63) / 64, causal = tiles * (tiles + 1) / 2;
     test::check(c.skips ? pairs.q_k < causal : pairs.q_k == causal, "%s: %ld tile pairs of the %ld causal ones",
                 tag.c_str(), pairs.q_k, causal);
@@ -520,37 +526,44 @@ void test_attention_case(const AttnCase& c) {
     DeviceBuffer<float> ws(attention_backward_workspace_bytes(c.T, c.H, D, AttentionBackwardMode::atomic_dq) / 4);
     const double delta = 4.0 * c.T * c.H, dq_sum = 4.0 * n;  // fp32 (H, T) and (T, H, D)
     const double inputs = bytes(q) + bytes(k) + bytes(v) + bytes(dout) + bytes(lse) + delta + bytes(cu);
-    ops = check_family(tag + " backward",
-                       {kernel("attention_backward", bytes(dout) + bytes(o), delta),
-                        kernel("attention_backward", inputs, bytes(dk) + bytes(dv)),
-                        kernel("attention_backward", inputs, bytes(dq))},
-                       {out(dq), out(dk), out(dv), out(ws)}, [&] {
-                           attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, o.ptr, lse.ptr, q.ptr, k.ptr, v.ptr,
-                                              cu.ptr, num_cu, c.T, c.H, D, c.window, c.paired, scale, ws.ptr, ws_det,
-                                              nullptr, AttentionBackwardMode::deterministic, c.cu.data());
-                       });
-    if (ops.size() == 3) {
-        test::check(ops[1].work.tc_flops == pairs.k_q * heads * 4 * tile_kq,
-                    "%s backward dk/dv: tc_flops %.0f, want %ld tile pairs x %d heads x 4 products", tag.c_str(),
-                    ops[1].work.tc_flops, pairs.k_q, heads);
-        test::check(ops[2].work.tc_flops == pairs.q_k * heads * 3 * tile_qk,
-                    "%s backward dq: tc_flops %.0f, want %ld tile pairs x %d heads x 3 products", tag.c_str(),
-                    ops[2].work.tc_flops, pairs.q_k, heads);
+    // the wgmma dk/dv kernel streams 64-query tiles where the mma.sync one streams 32
+    for (AttentionKernel bk : {AttentionKernel::mma, AttentionKernel::wgmma}) {
+        const std::string btag = tag + (bk == AttentionKernel::mma ? " backward (mma)" : " backward (wgmma)");
+        const auto ops = check_family(btag,
+                                      {kernel("attention_backward", bytes(dout) + bytes(o), delta),
+                                       kernel("attention_backward", inputs, bytes(dk) + bytes(dv)),
+                                       kernel("attention_backward", inputs, bytes(dq))},
+                                      {out(dq), out(dk), out(dv), out(ws)}, [&] {
+                                          attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, o.ptr, lse.ptr, q.ptr,
+                                                             k.ptr, v.ptr, cu.ptr, num_cu, c.T, c.H, D, c.window,
+                                                             c.paired, scale, ws.ptr, ws_det, nullptr,
+                                                             AttentionBackwardMode::deterministic, c.cu.data(), bk);
+                                      });
+        if (ops.size() == 3) {
+            const long k_q = bk == AttentionKernel::mma ? pairs.k_q : pairs.k_q64;
+            const double tile = bk == AttentionKernel::mma ? tile_kq : tile_qk;
+            test::check(ops[1].work.tc_flops == k_q * heads * 4 * tile,
+                        "%s dk/dv: tc_flops %.0f, want %ld tile pairs x %d heads x 4 products", btag.c_str(),
+                        ops[1].work.tc_flops, k_q, heads);
+            test::check(ops[2].work.tc_flops == pairs.q_k * heads * 3 * tile_qk,
+                        "%s dq: tc_flops %.0f, want %ld tile pairs x %d heads x 3 products", btag.c_str(),
+                        ops[2].work.tc_flops, pairs.q_k, heads);
+        }
     }
     // atomic dq: the fp32 sum is zeroed, added into (read and written) and converted; its bytes are
     // written twice by the ops, once in memory
-    ops = check_family(tag + " backward, atomic dq",
-                       {kernel("attention_backward", bytes(dout) + bytes(o), delta),
-                        {OpKind::memset, "memset", 0, dq_sum},
-                        kernel("attention_backward", inputs + dq_sum, bytes(dk) + bytes(dv) + dq_sum),
-                        kernel("attention_backward", dq_sum, bytes(dq))},
-                       {out(dq), out(dk), out(dv), out(ws)}, [&] {
-                           attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, o.ptr, lse.ptr, q.ptr, k.ptr, v.ptr,
-                                              cu.ptr, num_cu, c.T, c.H, D, c.window, c.paired, scale, ws.ptr,
-                                              ws.n * sizeof(float), nullptr, AttentionBackwardMode::atomic_dq,
-                                              c.cu.data());
-                       },
-                       bytes(dq) + bytes(dk) + bytes(dv) + delta + dq_sum);
+    auto ops = check_family(tag + " backward, atomic dq",
+                            {kernel("attention_backward", bytes(dout) + bytes(o), delta),
+                             {OpKind::memset, "memset", 0, dq_sum},
+                             kernel("attention_backward", inputs + dq_sum, bytes(dk) + bytes(dv) + dq_sum),
+                             kernel("attention_backward", dq_sum, bytes(dq))},
+                            {out(dq), out(dk), out(dv), out(ws)}, [&] {
+                                attention_backward(dq.ptr, dk.ptr, dv.ptr, dout.ptr, o.ptr, lse.ptr, q.ptr, k.ptr, v.ptr,
+                                                   cu.ptr, num_cu, c.T, c.H, D, c.window, c.paired, scale, ws.ptr,
+                                                   ws.n * sizeof(float), nullptr, AttentionBackwardMode::atomic_dq,
+                                                   c.cu.data());
+                            },
+                            bytes(dq) + bytes(dk) + bytes(dv) + delta + dq_sum);
     if (ops.size() == 4)
         test::check(ops[2].work.tc_flops == pairs.k_q * heads * 5 * tile_kq,
                     "%s backward dk/dv with atomic dq: tc_flops %.0f, want %ld tile pairs x %d heads x 5 products",
