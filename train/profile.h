@@ -226,7 +226,7 @@ int plan_step_mode(Run& r, const PlanData& data, const PlanOptions& plan) {
     const Config& c = r.m.cfg;
     const std::vector<StagePlan> plans = stage_plans(r.sch);
     std::vector<std::vector<StepOp>> mine;  // per stage: even, adam, untie (empty where none)
-    // per stage: the batch producer's host ms per micro-batch, and the sparse plan's share of it
+    // per stage: the batch producer's CPU ms per micro-batch, and the sparse plan's share of it
     std::vector<std::pair<double, double>> producer_ms(plans.size(), {-1.0, -1.0});
     reset_schedule(r);
     try {
@@ -270,7 +270,7 @@ int plan_step_mode(Run& r, const PlanData& data, const PlanOptions& plan) {
         std::printf("%s", format_plan(report).c_str());
         for (size_t i = 0; i < producer_ms.size(); ++i)  // rank 0's, off the issuing thread (train/batch_producer.h)
             if (producer_ms[i].first >= 0)
-                std::printf("stage %zu: batch producer %.3f ms of host time per micro-batch (%.3f ms of it the sparse "
+                std::printf("stage %zu: batch producer %.3f ms of CPU time per micro-batch (%.3f ms of it the sparse "
                         "exchange's plan)\n",
                         i, producer_ms[i].first, producer_ms[i].second);
         if (plan.upstream) std::printf("\n%s", format_schedule_comparison(ours, report).c_str());
