@@ -51,9 +51,3 @@ if(Python3_Interpreter_FOUND)
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
   set_tests_properties(schedule_bits PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 900)
 endif()
-# The training batches' producer thread (tests/trainer/test_batch_producer.cu): every micro-batch, the
-# MTP weights and the sparse exchange's plans against independent walks of the loader, a resumed
-# producer, and the loader's errors where the data runs out.
-cpu_program(test_batch_producer ${REPO}/tests/trainer/test_batch_producer.cu)
-add_test(NAME test_batch_producer COMMAND test_batch_producer)
-set_tests_properties(test_batch_producer PROPERTIES ENVIRONMENT "REPO=${REPO}" TIMEOUT 600)
