@@ -140,7 +140,10 @@ void check_step_losses(Run& r, int step, bool wait) {
     for (int s = l.checked; s < step; ++s) {
         cudaEvent_t e = l.ready[s % StepLosses::kSteps];
         const bool due = wait || s + StepLosses::kSteps <= step || (r.opt.log_train_loss && s + 1 == step);
-        if (!due && cudaEventQuery(e) == cudaErrorNotReady) break;
+        if (!due && cudaEventQuery(e) == cudaErrorNotReady) {
+            (void)cudaGetLastError();  // not an error: a later check must not see it
+            break;
+        }
         CUDA_CHECK(sync_event(e, "step_losses"));  // returns at once where the query found it complete
         if (const double loss = l.sum(s); !std::isfinite(loss)) {
             const std::string where = kEmulated ? r.first_nonfinite : "(the CPU build names the parameter group)";
