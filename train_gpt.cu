@@ -912,9 +912,7 @@ struct Optimizer {
     bool sparse = false;
     int sparse_max_touched = 0;
     void* sparse_buffer;
-    int32_t* sparse_pinned = nullptr;
-    std::unique_ptr<TouchedRows> touched;
-    std::unique_ptr<SparseRowExchange> exchange;
+    std::unique_ptr<SparseRowExchange> exchange;  // its plans come with the batches (train/batch_producer.h)
     OptimGroup& operator[](const char* label) { return group[param_group(label)]; }
 };
 
@@ -978,15 +976,10 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
     place(o.arena, [&](Arena& a) { layout_optimizer(a, o, m.cfg, m.params, m.grads, sparse_active); });
     CUDA_CHECK(cudaMallocHost(&o.host_scalars, 2 * sizeof(OptimScalars)));
     CUDA_CHECK(cudaStreamCreateWithFlags(&o.comms, cudaStreamNonBlocking));
-    if (sparse_active) {
-        const int N = m.cfg.bigram_vocab;
-        const size_t pinned = sparse_exchange_host_bytes(N, o.sparse_max_touched);
-        CUDA_CHECK(cudaMallocHost(&o.sparse_pinned, std::max<size_t>(pinned, 4)));
-        o.touched = std::make_unique<TouchedRows>(N);
+    if (sparse_active)
         o.exchange = std::make_unique<SparseRowExchange>(
-            N, m.cfg.model_dim, o.sparse_max_touched, MPI_COMM_WORLD, comm, o.comms, o.sparse_buffer,
-            sparse_exchange_device_bytes(N, m.cfg.model_dim, world, o.sparse_max_touched), o.sparse_pinned, pinned);
-    }
+            m.cfg.bigram_vocab, m.cfg.model_dim, o.sparse_max_touched, comm, o.comms, o.sparse_buffer,
+            sparse_exchange_device_bytes(m.cfg.bigram_vocab, m.cfg.model_dim, world, o.sparse_max_touched));
     for (cudaEvent_t* e : {&o.grads_ready, &o.comms_done})
         CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     for (OptimGroup& q : o.group) {
@@ -1005,7 +998,6 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
 
 void destroy_optimizer(Optimizer& o) {
     o.exchange.reset();
-    if (o.sparse_pinned) cudaFreeHost(o.sparse_pinned);
     for (OptimGroup& q : o.group) {
         cudaEventDestroy(q.reduced);
         cudaEventDestroy(q.updated);
@@ -1022,14 +1014,13 @@ void reset_optimizer(Optimizer& o, cudaStream_t s) {
         q.adam_steps = 0;
     }
     o.split = false;
-    if (o.touched) o.touched = std::make_unique<TouchedRows>(o.touched->rows());
 }
 
 inline ncclDataType_t nccl_type(const OptimGroup& q) { return q.t.fp32 ? ncclFloat32 : ncclBfloat16; }
 
 // Starts the gradient reduction of one sharded group on the comms stream: reduce-scatter
 // (average) into this rank's shard, or the sparse exchange of the touched rows (their indexes
-// travelled during the forward). One rank has nothing to reduce.
+// were uploaded with the step's batch). One rank has nothing to reduce.
 void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
     if (q.comms == Comms::sharded_sparse)
         o.exchange->exchange_values(static_cast<bf16*>(q.t.grad), o.grads_ready);
@@ -1172,9 +1163,11 @@ struct ScheduleState {
     int64_t batch_tokens = 0;
 };
 
-// Host state of the run. Each micro-step's loss lands in a pinned slot read one step late, so reading
-// the losses adds no wait; a step still waits on the stream where it uploads a batch (BatchUploader
-// reuses its host buffers) and in the sparse bigram exchange.
+#include "train/batch_producer.h"
+#include "train/step_losses.h"
+
+// Host state of the run. A step never waits for the device: its batches come from the producer
+// thread's pinned slots, its losses land in pinned rows read where needed (train/step_losses.h).
 struct Run {
     Model& m;
     Optimizer& o;
@@ -1187,11 +1180,11 @@ struct Run {
         : m(model), o(optimizer), sch(schedule), opt(options), d(dist), s(stream) {}
     ScheduleState state;
     int n_predict = 1;              // MTP weights of the current step
-    std::unique_ptr<dataload::TrainLoader> train;
+    std::unique_ptr<BatchProducer> batches;
     std::unique_ptr<dataload::ValLoader> val;
-    std::vector<int32_t> inputs, targets, cu, bigram;
+    std::vector<int32_t> inputs, targets, cu, bigram;  // a validation micro-batch
     BatchUploader uploader;
-    float* losses = nullptr;  // pinned: one slot per micro-step of the current step
+    StepLosses losses;
     int* finite_flags = nullptr;  // device: one flag per buffer the finite check covers
     std::string first_nonfinite;  // CPU build: where a non-finite value first appeared
     FILE* log = nullptr;
@@ -1211,7 +1204,7 @@ struct Run {
 #include "train/checkpoint_io.h"
 #include "train/startup_checks.h"
 
-// Applies the schedule of `step`: windows (YaRN follows the long window), batch size, MTP weights.
+// Applies the schedule of `step`: windows (YaRN follows the long window), batch size, MTP weight count.
 void advance_schedule(Run& r, int step) {
     const auto [stage, t] = r.sch.lookup(step);
     (void)t;
@@ -1219,16 +1212,8 @@ void advance_schedule(Run& r, int step) {
     if (stage->ws_long != r.state.ws_long)
         yarn_rope_apply(r.m.rope, r.state.ws_long * r.m.cfg.block_size, stage->ws_long * r.m.cfg.block_size, r.s);
     r.state.ws_long = stage->ws_long;
-    if (stage->batch_tokens != r.state.batch_tokens) {
-        r.state.batch_tokens = stage->batch_tokens;
-        r.train->set_batch(stage->batch_tokens, r.m.cfg.max_seq_len, r.m.cfg.grad_accum());
-    }
-    const std::vector<float> w = r.sch.mtp_weights(step);
-    r.n_predict = static_cast<int>(w.size());
-    // waited for: `w` is gone before the stream would get to the copy (r.s is idle here in the step loop,
-    // which synchronizes it first)
-    CUDA_CHECK(copy_async(r.m.mtp_weights, w.data(), w.size() * sizeof(float), cudaMemcpyHostToDevice, r.s));
-    CUDA_CHECK(sync_stream(r.s, "mtp_weights"));
+    r.state.batch_tokens = stage->batch_tokens;  // the loader follows the schedule in the batch producer
+    r.n_predict = static_cast<int>(r.sch.mtp_weights(step).size());  // the weights come with the step's batch
 }
 
 // The schedule as at the start of a run: stage 0's windows and batch, YaRN reset.
@@ -1238,28 +1223,17 @@ void reset_schedule(Run& r) {
     yarn_rope_reset(r.m.rope, r.s);
 }
 
-void open_train_loader(Run& r) {
-    dataload::TrainLoader::Options lo;
-    lo.bigram_vocab = r.m.cfg.bigram_vocab;
-    r.train = std::make_unique<dataload::TrainLoader>(r.opt.train_files, r.d.rank, r.d.world, r.state.batch_tokens,
-                                                      r.m.cfg.max_seq_len, r.m.cfg.grad_accum(), lo);
-}
-
 #include "train/batches.h"
 
 // One training step: grad_accum micro-steps of forward and backward, then the optimizer. The
-// loss of each micro-step lands in r.losses when the stream gets there.
+// loss of each micro-step lands in r.losses when the stream gets there; no host wait.
 void train_step(Run& r, int step) {
     const StepSchedule step_sch = r.step_schedule();
     const bool adam_step = step % 2 == 1;
     for (int i = 0; i < r.m.cfg.grad_accum(); ++i) {
-        load_batch(r, *r.train, r.m.batch);
-        // sparse bigram comms: the counts travel during the forward, the row indexes before the backward
-        if (r.o.sparse) r.o.touched->mark(r.bigram.data(), size_t(r.m.batch.T));
-        if (r.o.sparse && adam_step) r.o.exchange->begin(*r.o.touched);
+        upload_next_batch(r, step, i);  // with the sparse exchange's plan on an Adam step
         gpt_forward(r.m, r.m.batch, step_sch, r.m.train, r.s);
-        if (r.o.sparse && adam_step) r.o.exchange->exchange_indexes();
-        CUDA_CHECK(copy_async(r.losses + i, r.m.loss, sizeof(float), cudaMemcpyDeviceToHost, r.s));
+        r.losses.copy(step, i, r.m.loss, r.s);
         // Adam's parameters keep the even step's gradients for the odd step's update
         gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step}, r.s);
     }
@@ -1267,16 +1241,6 @@ void train_step(Run& r, int step) {
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);
 }
 #include "train/profile.h"
-
-// The mean training loss per token of the step just run (after the stream has passed it).
-double step_train_loss(Run& r) {
-    double sum = 0;
-    for (int i = 0; i < r.m.cfg.grad_accum(); ++i) sum += r.losses[i];
-    double all = 0;
-    record_host_wait("mpi_allreduce");
-    MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    return all / double(r.state.batch_tokens);
-}
 
 // Mean validation loss over val_tokens (upstream: every rank's mean, averaged), with the
 // schedule's windows; `final` extends the long window as upstream's last validation does.
@@ -1289,7 +1253,7 @@ double validate(Run& r, bool final) {
     const int64_t steps = c.grad_accum() * c.val_tokens / c.val_batch_tokens;
     double sum = 0;
     for (int64_t i = 0; i < steps; ++i) {
-        load_batch(r, *r.val, r.m.eval_batch);
+        load_val_batch(r);
         gpt_forward(r.m, r.m.eval_batch, step_sch, r.m.eval, r.s);
         float loss;
         CUDA_CHECK(copy_async(&loss, r.m.loss, sizeof loss, cudaMemcpyDeviceToHost, r.s));
@@ -1315,9 +1279,10 @@ void warm_up(Run& r) {
     print0(r, "warming up on steps [%s]\n", list.c_str());
     std::vector<unsigned char> initial(r.m.param_arena.bytes());
     CUDA_CHECK(cudaMemcpy(initial.data(), r.m.param_arena.base(), initial.size(), cudaMemcpyDeviceToHost));
+    start_batches(r, {steps, 0});
     for (int step : steps) {
         advance_schedule(r, step);
-        load_batch(r, *r.val, r.m.eval_batch);
+        load_val_batch(r);
         gpt_forward(r.m, r.m.eval_batch, r.step_schedule(), r.m.eval, r.s);
         train_step(r, step);
     }
@@ -1327,7 +1292,7 @@ void warm_up(Run& r) {
     CUDA_CHECK(cudaMemset(r.m.grad_arena.base(), 0, r.m.grad_arena.bytes()));
     reset_optimizer(r.o, r.s);
     reset_schedule(r);
-    open_train_loader(r);
+    r.batches.reset();  // the run's producer starts from the data's start again
     CUDA_CHECK(sync_stream(r.s, "warm_up"));
 }
 
@@ -1340,16 +1305,15 @@ void run_training(Run& r) {
     r.val = std::make_unique<dataload::ValLoader>(r.opt.val_files, r.d.rank, r.d.world, c.val_batch_tokens,
                                                   c.grad_accum(), c.bigram_vocab);
     reset_schedule(r);
-    open_train_loader(r);
     if (r.opt.warmup) warm_up(r);
     int start = 0;
     if (!r.opt.resume_dir.empty()) {
         start = load_checkpoint(r, r.opt.resume_dir);
         if (start > last) fail("cannot resume from " + r.opt.resume_dir + ": its step " + std::to_string(start) +
                                " is beyond this run's last step " + std::to_string(last));
-        replay_to(r, start);
         print0(r, "resumed from %s at step %d\n", r.opt.resume_dir.c_str(), start);
     }
+    replay_to(r, start, last);
     auto wants_checkpoint = [&](int step) {
         if (r.opt.save_dir.empty() || step == start) return false;
         if (r.opt.checkpoint_steps.empty()) return step == last;
@@ -1365,20 +1329,12 @@ void run_training(Run& r) {
                                                            0) != r.opt.checkpoint_steps.end())
         save_checkpoint(r, 0);  // the initial state (the reference's starting point)
     for (int step = start; step <= last; ++step) {
-        if (step > start) {  // the previous step's losses have landed once the stream is past it
-            CUDA_CHECK(sync_stream(r.s, "step_losses"));
-            const double loss = step_train_loss(r);
-            if (!std::isfinite(loss)) {
-                const std::string where = kEmulated ? r.first_nonfinite : "(the CPU build names the parameter group)";
-                fail("the training loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
-                     std::to_string(step) + "; first non-finite: " + (where.empty() ? "the loss itself" : where));
-            }
-            if (r.opt.log_train_loss) print0(r, "step:%d/%d train_loss:%.4f\n", step, total, loss);
-        }
+        const bool validates = step == last || (r.opt.val_every > 0 && step % r.opt.val_every == 0);
+        check_step_losses(r, step, validates || wants_checkpoint(step));  // no wait on other steps
         watch_nonfinite(r, step);
         advance_schedule(r, step);
         const bool final = step == total;
-        if (step == last || (r.opt.val_every > 0 && step % r.opt.val_every == 0)) {
+        if (validates) {
             CUDA_CHECK(sync_device("train_clock"));
             training_ms += elapsed_ms();
             const double val_loss = validate(r, final);
@@ -1489,9 +1445,9 @@ int main(int argc, char** argv) {
     CUDA_CHECK(sync_stream(stream, "end_of_run"));
     if (r.log && std::fclose(std::exchange(r.log, nullptr)) != 0)
         fail("cannot write the log " + log_path + ": " + std::strerror(errno));
-    CUDA_CHECK(cudaFreeHost(r.losses));
+    r.losses.release();
     CUDA_CHECK(cudaFree(r.finite_flags));
-    r.train.reset();
+    r.batches.reset();
     destroy_optimizer(o);
     CUDA_CHECK(cudaStreamDestroy(stream));
     stop_distributed(d);

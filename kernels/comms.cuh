@@ -3,21 +3,24 @@
 // The gradient G is N x C bf16 (N = bigram vocab rows); rank r owns rows [r*N/world, (r+1)*N/world)
 // and updates only those. A dense reduce-scatter would move every row, but a rank's micro-batches
 // touch only a few of the N rows (the rest of its G is exactly zero, as the embedding backward
-// leaves it), so ranks tell one another which rows they touched and send just those.
+// leaves it), so each rank sends just the rows it touched to their owners.
 // The gradient accumulates over an even and an odd step, and Adam steps on the odd one, so the
-// touched set covers both steps. Per Adam step, in the order the training loop makes the calls:
+// touched set covers both steps.
 //
-//   every step, before its forward   touched.mark(host bigram ids of the micro-batch)
-//   Adam step, before the forward    ex.begin(touched)      host: sorted touched rows -> the send
-//                                                           list (own rows dropped) and per-rank
-//                                                           counts; comms stream: upload the list;
-//                                                           MPI: the count all-to-all starts
-//   Adam step, after the forward     ex.exchange_indexes()  waits for the counts (the one host wait:
-//                                                           the receive sizes are host data); comms
-//                                                           stream: the row indexes, send/recv
-//   after the backward               ex.exchange_values(grad, grad_ready)   comms stream: gathers
+// Which rows travel is known on the host before any gradient exists: the loader is deterministic,
+// so every rank can read every rank's bigram ids of a micro-step (TrainLoader::advance, then fill(r)
+// for each r). Every rank marks every rank's ids in its own TouchedRows (one per rank) and plans
+// its exchange from them with no communication: what it sends (its touched rows outside its slice,
+// owner by owner) and what it receives (each source's touched rows inside its slice). Only the
+// rows' values travel, as NCCL sends and receives. Per Adam step:
+//
+//   every micro-step, on the host   touched[r].mark(rank r's bigram ids) for every rank r
+//   Adam step, on the host          plan_sparse_exchange(touched, rank, rows, ...): counts and
+//                                   row indexes (clears the sets), into pinned memory
+//   before the forward              ex.begin(plan, stream)   stream: upload of the row indexes
+//   after the backward              ex.exchange_values(grad, grad_ready)   comms stream: gathers
 //                                                           the sent rows, send/recv of the rows
-//   optimizer work phase             own = ex.merge(stream) stream: own slice += each source's rows,
+//   optimizer work phase            own = ex.merge(stream) stream: own slice += each source's rows,
 //                                                           source by source in rank order, then
 //                                                           own slice *= 1/world
 //
@@ -28,31 +31,26 @@
 // average of the ranks' gradients up to those per-add roundings.
 //
 // Buffers are the caller's: sparse_exchange_device_bytes (device) and sparse_exchange_host_bytes
-// (pinned host memory, for the asynchronous upload of the send list), sized by max_touched, a
-// bound on the distinct rows a rank touches between two exchanges (at most N; two steps' tokens
-// per rank bound it). Nothing is allocated per step.
+// (pinned host memory the plan's row indexes are written to, for their asynchronous upload), sized
+// by max_touched, a bound on the distinct rows a rank touches between two exchanges (at most N;
+// two steps' tokens per rank bound it). Nothing is allocated per step.
 //
-// For the step profiler (work.cuh) every call records what it enqueues: the upload (copy_h2d), each
-// grouped round of sends and receives as one collective (nccl_send_recv_indexes, _values: the bytes
-// this rank sends and receives), the gather and merge kernels, the event records and waits, and the
-// count exchange's wait as host_sync mpi_wait. In a dry run the device work is skipped and the host
-// part runs for real: the counts are exchanged over MPI, so the sizes are the step's own.
+// For the step profiler (work.cuh) every call records what it enqueues: the upload (copy_h2d), the
+// grouped round of sends and receives as one collective (nccl_send_recv_values: the bytes this rank
+// sends and receives), the gather and merge kernels, the event records and waits. No call waits on
+// the host.
 //
-// Streams and lifetimes (all ordering is by events; the only host waits are the count exchange
-// and the safety wait on the pinned buffer described below):
-//   - the comms stream (given at construction) carries the upload, the index and value exchanges
-//     and the gather of the sent rows;
+// Streams and lifetimes (all ordering is by events):
+//   - begin()'s stream carries the upload of the row indexes; it first waits for the previous merge
+//     (whose rows it overwrites); the pinned rows must stay unchanged until the stream has run the
+//     upload (the caller records an event after begin() and waits for it before rewriting them);
+//   - the comms stream (given at construction) carries the value exchange and the gather of the
+//     sent rows, after the upload;
 //   - grad must be complete when `grad_ready` (an event the caller recorded after the last kernel
 //     writing it) completes; the comms stream waits for it. Until merge()'s work is done, rows of
 //     grad outside the own slice are still read by the comms stream: work issued on merge()'s
 //     stream after merge() is ordered after that, other streams must wait for merge()'s stream;
-//   - the pinned host buffer is written by begin() only and read by the upload begin() queues.
-//     begin() waits for the previous upload before rewriting it (a wait that returns at once in
-//     training: that upload ran during the previous Adam step's forward). The caller must not
-//     write the buffer, and must keep it and the device buffer alive, with the comms stream and
-//     merge()'s stream idle, until the exchange is destroyed;
-//   - the device buffer's received rows and indexes are read by merge(); the next exchange's
-//     index exchange waits (on the comms stream) for the previous merge to finish.
+//   - the device buffer's received rows and values are read by merge().
 #pragma once
 #include "common.cuh"
 #include "embed.cuh"  // embedding_gather: rows of a table by index, the gather of the rows to send
@@ -208,46 +206,86 @@ struct SparseExchangeLayout {
 inline size_t sparse_exchange_device_bytes(int rows, int cols, int world, int max_touched) {
     return SparseExchangeLayout::make(rows, cols, world, max_touched).bytes;
 }
-// Pinned host memory for the sorted touched rows (and, compacted in place, the send list).
-inline size_t sparse_exchange_host_bytes(int rows, int max_touched) {
-    kernel_require(rows > 0 && max_touched >= 0, "sparse_exchange_host_bytes: need rows > 0 and max_touched >= 0");
-    return static_cast<size_t>(std::min(rows, max_touched)) * sizeof(int32_t);
+// Pinned host memory for a plan's row indexes: what this rank sends, then what it receives.
+inline size_t sparse_exchange_host_bytes(int rows, int world, int max_touched) {
+    const SparseExchangeLayout l = SparseExchangeLayout::make(rows, 8, world, max_touched);
+    return static_cast<size_t>(l.max_send_rows + l.max_recv_rows) * sizeof(int32_t);
+}
+
+// ---- the plan: who sends which rows to whom, from every rank's touched rows ----
+// Counts per peer (own entries 0) and where the row indexes are: `rows` holds the send_total rows
+// this rank sends (owner by owner, ascending), then the recv_total rows it receives (source by
+// source, ascending), in pinned host memory for begin()'s upload.
+struct SparseExchangePlan {
+    std::vector<int> send_counts, recv_counts;
+    const int32_t* rows = nullptr;
+    int send_total = 0, recv_total = 0;
+};
+
+// Rank `rank`'s plan from touched[r], the rows rank r touched since the last exchange, for every r
+// (each rank computes the same sets from the deterministic loader); takes (clears) every set.
+// `rows` has room for sparse_exchange_host_bytes; `scratch` holds a sorted set in between.
+inline SparseExchangePlan plan_sparse_exchange(std::vector<TouchedRows>& touched, int rank, int max_touched,
+                                               int32_t* rows, std::vector<int32_t>& scratch) {
+    const int world = static_cast<int>(touched.size());
+    kernel_require(world >= 1 && rank >= 0 && rank < world, "plan_sparse_exchange: rank %d outside a world of %d",
+                   rank, world);
+    const int N = touched[0].rows(), per_rank = N / world;
+    const SparseExchangeLayout l = SparseExchangeLayout::make(N, 8, world, max_touched);
+    const int own_lo = rank * per_rank, own_hi = own_lo + per_rank;
+    SparseExchangePlan plan;
+    plan.send_counts.assign(world, 0);
+    plan.recv_counts.assign(world, 0);
+    plan.rows = rows;
+    scratch.resize(static_cast<size_t>(std::min(max_touched, N)));
+    for (int r = 0; r < world; ++r) {
+        kernel_require(touched[r].rows() == N, "plan_sparse_exchange: rank %d's set has %d rows, rank 0's %d", r,
+                       touched[r].rows(), N);
+        const int n = touched[r].take_sorted(scratch.data(), static_cast<int>(scratch.size()));
+        const int32_t *lo = std::lower_bound(scratch.data(), scratch.data() + n, own_lo),
+                      *hi = std::lower_bound(scratch.data(), scratch.data() + n, own_hi);
+        if (r == rank) {  // everything outside the own slice goes to its owner: the sorted list minus the own run
+            int32_t* out = rows;
+            for (const int32_t* p = scratch.data(); p < scratch.data() + n; ++p)
+                if (p < lo || p >= hi) {
+                    *out++ = *p;
+                    ++plan.send_counts[*p / per_rank];
+                }
+            plan.send_total = static_cast<int>(out - rows);
+        } else {  // source r's rows inside the own slice land here; placed after the sends below
+            plan.recv_counts[r] = static_cast<int>(hi - lo);
+            kernel_require(plan.recv_counts[r] <= l.max_recv_rows_per_source,
+                           "plan_sparse_exchange: rank %d touched %d rows of rank %d's slice, room for %d", r,
+                           plan.recv_counts[r], rank, l.max_recv_rows_per_source);
+            std::copy(lo, hi, rows + l.max_send_rows + plan.recv_total);
+            plan.recv_total += plan.recv_counts[r];
+        }
+    }
+    // the received rows right after the sent ones: one upload of send_total + recv_total indexes
+    std::copy(rows + l.max_send_rows, rows + l.max_send_rows + plan.recv_total, rows + plan.send_total);
+    return plan;
 }
 
 // ---- the exchange ----
-// One per sparsely reduced gradient; reused every Adam step. `mpi` and `nccl` must hold the same
-// ranks in the same order.
+// One per sparsely reduced gradient; reused every Adam step.
 class SparseRowExchange {
 public:
-    SparseRowExchange(int rows, int cols, int max_touched, MPI_Comm mpi, ncclComm_t nccl, cudaStream_t comms,
-                      void* device_buffer, size_t device_bytes, int32_t* pinned_rows, size_t pinned_bytes)
-        : rows_(rows), cols_(cols), max_touched_(std::min(max_touched, rows)), mpi_(mpi), nccl_(nccl), comms_(comms) {
-        int mpi_rank = 0, mpi_world = 0;
-        MPI_CHECK(MPI_Comm_rank(mpi, &mpi_rank));
-        MPI_CHECK(MPI_Comm_size(mpi, &mpi_world));
+    SparseRowExchange(int rows, int cols, int max_touched, ncclComm_t nccl, cudaStream_t comms, void* device_buffer,
+                      size_t device_bytes)
+        : rows_(rows), cols_(cols), nccl_(nccl), comms_(comms) {
         NCCL_CHECK(ncclCommUserRank(nccl, &rank_));
         NCCL_CHECK(ncclCommCount(nccl, &world_));
-        kernel_require(
-            mpi_rank == rank_ && mpi_world == world_,
-            "SparseRowExchange: the MPI communicator (rank %d of %d) and the NCCL one (rank %d of %d) differ", mpi_rank,
-            mpi_world, rank_, world_);
         layout_ = SparseExchangeLayout::make(rows, cols, world_, max_touched);
-        const size_t host_bytes = sparse_exchange_host_bytes(rows, max_touched);
         kernel_require(
             (layout_.bytes == 0 || (device_buffer && is_aligned16(device_buffer))) && device_bytes >= layout_.bytes,
             "SparseRowExchange: the device buffer must be 16-byte aligned and hold %zu bytes "
             "(sparse_exchange_device_bytes), got %zu",
             layout_.bytes, device_bytes);
-        kernel_require((host_bytes == 0 || pinned_rows) && pinned_bytes >= host_bytes,
-                       "SparseRowExchange: the pinned host buffer must hold %zu bytes (sparse_exchange_host_bytes), "
-                       "got %zu",
-                       host_bytes, pinned_bytes);
         auto* base = static_cast<unsigned char*>(device_buffer);
         send_rows_ = reinterpret_cast<int32_t*>(base + layout_.send_rows);
         recv_rows_ = reinterpret_cast<int32_t*>(base + layout_.recv_rows);
         send_vals_ = reinterpret_cast<bf16*>(base + layout_.send_vals);
         recv_vals_ = reinterpret_cast<bf16*>(base + layout_.recv_vals);
-        host_rows_ = pinned_rows;
         per_rank_ = rows / world_;
         send_counts_.assign(world_, 0);
         recv_counts_.assign(world_, 0);
@@ -258,9 +296,6 @@ public:
         CUDA_CHECK(cudaEventCreateWithFlags(&merged_, cudaEventDisableTiming));
     }
     ~SparseRowExchange() {
-        int finalized = 0;
-        MPI_Finalized(&finalized);
-        if (phase_ == Phase::kCountsInFlight && !finalized) MPI_Wait(&counts_request_, MPI_STATUS_IGNORE);
         cudaEventDestroy(upload_done_);
         cudaEventDestroy(values_done_);
         cudaEventDestroy(merged_);
@@ -268,67 +303,52 @@ public:
     SparseRowExchange(const SparseRowExchange&) = delete;
     SparseRowExchange& operator=(const SparseRowExchange&) = delete;
 
-    // Before the forward: takes (and clears) the touched rows, plans the sends, queues the upload of
-    // the send list on the comms stream and starts the count all-to-all.
-    void begin(TouchedRows& touched) {
+    // Before the backward: takes this step's plan (checked against the buffers' capacities) and
+    // queues the upload of its row indexes on `stream`, after the previous merge.
+    void begin(const SparseExchangePlan& plan, cudaStream_t stream) {
         expect(Phase::kIdle, "begin");
-        kernel_require(touched.rows() == rows_,
-                       "SparseRowExchange::begin: the touched set has %d rows, the gradient %d", touched.rows(), rows_);
-        kernel_require(touched.count() <= max_touched_,
-                       "SparseRowExchange::begin: %d rows touched, more than max_touched %d the buffers were sized for",
-                       touched.count(), max_touched_);
-        if (upload_queued_) CUDA_CHECK(sync_event(upload_done_, "sparse_upload_wait"));  // the pinned buffer's lifetime
-        const int n = touched.take_sorted(host_rows_, max_touched_);
-        // The list is sorted, so each owner's rows are one run; the own run is cut out.
-        std::vector<int>& first = send_offsets_;
-        for (int r = 0; r <= world_; ++r)
-            first[r] = static_cast<int>(
-                std::lower_bound(host_rows_, host_rows_ + n, static_cast<int64_t>(r) * per_rank_) - host_rows_);
-        const int own_begin = first[rank_], own_end = first[rank_ + 1];
-        std::memmove(host_rows_ + own_begin, host_rows_ + own_end, static_cast<size_t>(n - own_end) * sizeof(int32_t));
-        for (int r = 0; r < world_; ++r) send_counts_[r] = r == rank_ ? 0 : first[r + 1] - first[r];
-        for (int r = rank_ + 1; r <= world_; ++r) first[r] -= own_end - own_begin;
-        send_total_ = n - (own_end - own_begin);
-        if (send_total_ > 0) {
-            CUDA_CHECK(copy_async(send_rows_, host_rows_, static_cast<size_t>(send_total_) * sizeof(int32_t),
-                                  cudaMemcpyHostToDevice, comms_));
-            CUDA_CHECK(record_event(upload_done_, comms_));
-            upload_queued_ = true;
+        kernel_require(static_cast<int>(plan.send_counts.size()) == world_ &&
+                           static_cast<int>(plan.recv_counts.size()) == world_,
+                       "SparseRowExchange::begin: the plan has %zu/%zu peers, the world %d", plan.send_counts.size(),
+                       plan.recv_counts.size(), world_);
+        send_offsets_[0] = recv_offsets_[0] = 0;
+        for (int p = 0; p < world_; ++p) {
+            const int s = plan.send_counts[p], r = plan.recv_counts[p];
+            kernel_require(s >= 0 && r >= 0 && (p != rank_ || (s == 0 && r == 0)) && r <= layout_.max_recv_rows_per_source,
+                           "SparseRowExchange::begin: the plan sends %d and receives %d rows with rank %d (rank %d, "
+                           "at most %d from each source)",
+                           s, r, p, rank_, layout_.max_recv_rows_per_source);
+            send_counts_[p] = s;
+            recv_counts_[p] = r;
+            send_offsets_[p + 1] = send_offsets_[p] + s;
+            recv_offsets_[p + 1] = recv_offsets_[p] + r;
         }
-        MPI_CHECK(
-            MPI_Ialltoall(send_counts_.data(), 1, MPI_INT, recv_counts_.data(), 1, MPI_INT, mpi_, &counts_request_));
-        phase_ = Phase::kCountsInFlight;
-    }
-
-    // After the forward is queued: waits for the counts, then exchanges the row indexes on the
-    // comms stream.
-    void exchange_indexes() {
-        expect(Phase::kCountsInFlight, "exchange_indexes");
-        record_host_wait("mpi_wait");
-        MPI_CHECK(MPI_Wait(&counts_request_, MPI_STATUS_IGNORE));
-        recv_offsets_[0] = 0;
-        for (int s = 0; s < world_; ++s) {
-            const int c = recv_counts_[s];
-            kernel_require(
-                c >= 0 && c <= layout_.max_recv_rows_per_source && (s != rank_ || c == 0),
-                "SparseRowExchange::exchange_indexes: rank %d announced %d rows for rank %d, outside [0, %d] "
-                "(do all ranks use the same rows and max_touched?)",
-                s, c, rank_, s == rank_ ? 0 : layout_.max_recv_rows_per_source);
-            recv_offsets_[s + 1] = recv_offsets_[s] + c;
-        }
+        send_total_ = send_offsets_[world_];
         recv_total_ = recv_offsets_[world_];
-        // The previous merge must be done reading the received rows before new ones land.
-        if (merge_queued_) CUDA_CHECK(wait_event(comms_, merged_));
-        exchange<int32_t>(send_rows_, recv_rows_, 1, ncclInt32, "nccl_send_recv_indexes");
-        phase_ = Phase::kIndexesExchanged;
+        kernel_require(send_total_ == plan.send_total && recv_total_ == plan.recv_total &&
+                           send_total_ <= layout_.max_send_rows && (send_total_ + recv_total_ == 0 || plan.rows),
+                       "SparseRowExchange::begin: the plan's totals (%d sent, %d received) do not match its counts "
+                       "(%d, %d) or exceed the %d rows the buffers hold",
+                       plan.send_total, plan.recv_total, send_total_, recv_total_, layout_.max_send_rows);
+        // The previous merge (and the gather before it) must be done with the rows before new ones land.
+        if (merge_queued_) CUDA_CHECK(wait_event(stream, merged_));
+        if (send_total_ > 0)
+            CUDA_CHECK(copy_async(send_rows_, plan.rows, static_cast<size_t>(send_total_) * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream));
+        if (recv_total_ > 0)
+            CUDA_CHECK(copy_async(recv_rows_, plan.rows + send_total_, static_cast<size_t>(recv_total_) * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream));
+        CUDA_CHECK(record_event(upload_done_, stream));
+        phase_ = Phase::kPlanned;
     }
 
-    // After the backward: the comms stream waits for grad_ready, gathers the rows to send and
-    // exchanges them. grad (N x C) is read outside the own slice until merge()'s work is done.
+    // After the backward: the comms stream waits for the upload and grad_ready, gathers the rows to
+    // send and exchanges them. grad (N x C) is read outside the own slice until merge()'s work is done.
     void exchange_values(bf16* grad, cudaEvent_t grad_ready) {
-        expect(Phase::kIndexesExchanged, "exchange_values");
+        expect(Phase::kPlanned, "exchange_values");
         kernel_require(grad && is_aligned16(grad), "SparseRowExchange::exchange_values: grad must be 16-byte aligned");
         kernel_require(grad_ready != nullptr, "SparseRowExchange::exchange_values: grad_ready is null");
+        CUDA_CHECK(wait_event(comms_, upload_done_));
         CUDA_CHECK(wait_event(comms_, grad_ready));
         if (send_total_ > 0) embedding_gather(send_vals_, grad, send_rows_, send_total_, cols_, comms_);
         exchange<bf16>(send_vals_, recv_vals_, static_cast<size_t>(cols_), ncclBfloat16, "nccl_send_recv_values");
@@ -356,9 +376,9 @@ public:
     int rank() const { return rank_; }
     int world() const { return world_; }
     int rows_per_rank() const { return per_rank_; }
-    // The plan, for inspection: counts per peer (own entries 0), valid after begin() (send) and
-    // exchange_indexes() (receive); the sent and received row indexes on the device, peer by peer
-    // in rank order, valid once the comms stream has run the upload / the index exchange.
+    // The plan, for inspection: counts per peer (own entries 0), valid after begin(); the sent and
+    // received row indexes on the device, peer by peer in rank order, once begin()'s stream has run
+    // the upload.
     const std::vector<int>& send_counts() const { return send_counts_; }
     const std::vector<int>& recv_counts() const { return recv_counts_; }
     int send_total() const { return send_total_; }
@@ -367,15 +387,15 @@ public:
     const int32_t* received_rows() const { return recv_rows_; }
 
 private:
-    enum class Phase { kIdle, kCountsInFlight, kIndexesExchanged, kValuesExchanged };
+    enum class Phase { kIdle, kPlanned, kValuesExchanged };
     static const char* phase_call(Phase p) {  // the call each phase waits for
-        static const char* const kCall[] = {"begin", "exchange_indexes", "exchange_values", "merge"};
+        static const char* const kCall[] = {"begin", "exchange_values", "merge"};
         return kCall[static_cast<int>(p)];
     }
     void expect(Phase want, const char* call) const {
         kernel_require(phase_ == want,
-                       "SparseRowExchange::%s called out of order: the next call must be %s (begin, exchange_indexes, "
-                       "exchange_values, merge)",
+                       "SparseRowExchange::%s called out of order: the next call must be %s (begin, exchange_values, "
+                       "merge)",
                        call, phase_call(phase_));
     }
     // One grouped round of sends and receives on the comms stream, `width` elements per row, the
@@ -399,18 +419,16 @@ private:
         NCCL_CHECK(ncclGroupEnd());
     }
 
-    int rows_, cols_, max_touched_;
-    MPI_Comm mpi_;
+    int rows_, cols_;
     ncclComm_t nccl_;
     cudaStream_t comms_;
     int rank_ = 0, world_ = 1, per_rank_ = 0;
     SparseExchangeLayout layout_;
-    int32_t *send_rows_ = nullptr, *recv_rows_ = nullptr, *host_rows_ = nullptr;
+    int32_t *send_rows_ = nullptr, *recv_rows_ = nullptr;
     bf16 *send_vals_ = nullptr, *recv_vals_ = nullptr, *grad_ = nullptr;
     std::vector<int> send_counts_, recv_counts_, send_offsets_, recv_offsets_;
     int send_total_ = 0, recv_total_ = 0;
-    MPI_Request counts_request_ = MPI_REQUEST_NULL;
     cudaEvent_t upload_done_ = nullptr, values_done_ = nullptr, merged_ = nullptr;
-    bool upload_queued_ = false, merge_queued_ = false;
+    bool merge_queued_ = false;
     Phase phase_ = Phase::kIdle;
 };

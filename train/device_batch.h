@@ -1,11 +1,12 @@
-// A micro-batch on the device, and what the host builds for it: the id segments the embedding
-// backward needs (positions grouped by token id and by bigram id). Part of train_gpt.cu's memory
+// A micro-batch on the device, and its host image: the tensors and what the host builds for them,
+// the id segments the embedding backward needs (positions grouped by token id and by bigram id). Part of train_gpt.cu's memory
 // layout: included after its Config.
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,51 +36,108 @@ void layout_batch(Arena& a, int T, DeviceBatch& b) {
     b.inputs = b.targets = b.cu_seqlens = b.bigram = b.token_segments_dev = b.bigram_segments_dev = b.packed;
 }
 
-// Copies one rank's micro-batch to the device and builds, on the host, the id segments the
-// embedding backward needs (positions grouped by token id and by bigram id). The six tensors are
-// packed back to back (16-byte aligned) into one host buffer laid out as the batch's arena region,
-// and the DeviceBatch's pointers are set to where they landed: one copy per micro-batch, not six,
-// moving only the bytes used.
+// A micro-batch's host image: the contents of a DeviceBatch's packed region (the six tensors back to
+// back, 16-byte aligned), in pinned memory so that its upload is an asynchronous copy (a pageable
+// source makes the driver stage it), plus what the host keeps of the batch. `uploaded` is recorded
+// after the copy: the image may be rewritten once it has completed.
+struct BatchImage {
+    int32_t* pinned = nullptr;  // cudaMallocHost, `capacity` ints
+    size_t capacity = 0, used = 0;
+    int T = 0, num_cu = 0;
+    size_t targets_at = 0, bigram_at = 0, cu_at = 0, token_segments_at = 0, bigram_segments_at = 0;
+    IdSegments token_segments, bigram_segments;
+    std::vector<int32_t> cu_seqlens_host;
+    cudaEvent_t uploaded = nullptr;
+    bool in_flight = false;  // its upload was issued (the event recorded) since it was last packed
+    explicit BatchImage(size_t ints) : capacity(ints) {
+        CUDA_CHECK(cudaMallocHost(&pinned, std::max<size_t>(ints, 4) * sizeof(int32_t)));
+        CUDA_CHECK(cudaEventCreateWithFlags(&uploaded, cudaEventDisableTiming));
+    }
+    ~BatchImage() {  // cudaFreeHost waits for the device: no copy still reads the image
+        cudaFreeHost(pinned);
+        cudaEventDestroy(uploaded);
+    }
+    BatchImage(const BatchImage&) = delete;
+    BatchImage& operator=(const BatchImage&) = delete;
+};
+
+// What is wrong with a micro-batch for arena region `b` ("" when nothing is).
+inline std::string batch_error(const DeviceBatch& b, const Config& c, const int32_t* inputs, const int32_t* targets,
+                               const int32_t* cu_seqlens, int num_cu, int T) {
+    if (T <= 0 || T % 16 != 0) return std::to_string(T) + " tokens is not a positive multiple of 16";
+    if (T > b.capacity) return std::to_string(T) + " tokens exceed the " + std::to_string(b.capacity) + " the arena holds";
+    if (num_cu < 2 || num_cu > b.cu_capacity || cu_seqlens[0] != 0 || cu_seqlens[num_cu - 1] != T)
+        return "cu_seqlens must have 2.." + std::to_string(b.cu_capacity) + " entries from 0 to T";
+    for (int t = 0; t < T; ++t)
+        if (inputs[t] < 0 || inputs[t] >= c.vocab_size || targets[t] < 0 || targets[t] >= c.vocab_size)
+            return "token id " + std::to_string(inputs[t] < 0 || inputs[t] >= c.vocab_size ? inputs[t] : targets[t]) +
+                   " at position " + std::to_string(t) + " is outside the vocabulary [0, " +
+                   std::to_string(c.vocab_size) + ")";
+    return "";
+}
+
+// Packs one rank's micro-batch into `img` and builds, on the host, the id segments the embedding
+// backward needs (positions grouped by token id and by bigram id). The batch must be valid
+// (batch_error) and the image's previous upload complete.
+inline void pack_batch(BatchImage& img, IdSegmentBuilder& builder, const Config& c, const int32_t* inputs,
+                       const int32_t* targets, const int32_t* cu_seqlens, int num_cu, const int32_t* bigram, int T) {
+    img.T = T;
+    img.num_cu = num_cu;
+    img.cu_seqlens_host.assign(cu_seqlens, cu_seqlens + num_cu);
+    size_t used = 0;  // ints of the region filled so far
+    auto place = [&](const int32_t* from, size_t n) {
+        std::copy(from, from + n, img.pinned + used);
+        const size_t at = used;
+        used += batch_pack_ints(n);
+        return at;
+    };
+    place(inputs, size_t(T));
+    img.targets_at = place(targets, size_t(T));
+    img.bigram_at = place(bigram, size_t(T));
+    img.cu_at = place(cu_seqlens, size_t(num_cu));
+    img.token_segments_at = used;
+    img.token_segments = builder.build(inputs, T, c.padded_vocab, img.pinned + used);
+    used += batch_pack_ints(img.token_segments.ints());
+    img.bigram_segments_at = used;
+    img.bigram_segments = builder.build(bigram, T, c.bigram_vocab, img.pinned + used);
+    img.used = used + img.bigram_segments.ints();
+}
+
+// The image onto the device: one copy per micro-batch, not six, moving only the bytes used, on
+// stream s; the DeviceBatch's pointers are set to where the tensors land, and the image's event
+// is recorded after the copy.
+inline void upload_batch(DeviceBatch& b, BatchImage& img, cudaStream_t s) {
+    b.T = img.T;
+    b.num_cu = img.num_cu;
+    b.cu_seqlens_host = img.cu_seqlens_host;
+    b.inputs = b.packed;
+    b.targets = b.packed + img.targets_at;
+    b.bigram = b.packed + img.bigram_at;
+    b.cu_seqlens = b.packed + img.cu_at;
+    b.token_segments = img.token_segments;
+    b.token_segments_dev = b.packed + img.token_segments_at;
+    b.bigram_segments = img.bigram_segments;
+    b.bigram_segments_dev = b.packed + img.bigram_segments_at;
+    CUDA_CHECK(copy_async(b.packed, img.pinned, img.used * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(record_event(img.uploaded, s));
+    img.in_flight = true;
+}
+
+// One micro-batch at a time through one image (validation, tests): checked, packed once the
+// previous upload has completed (a wait that returns at once where the caller waits on the stream
+// between batches, as validation does), uploaded.
 struct BatchUploader {
     IdSegmentBuilder builder;
-    std::vector<int32_t> staging;  // host image of b.packed
+    std::unique_ptr<BatchImage> image;
     void upload(DeviceBatch& b, const Config& c, const int32_t* inputs, const int32_t* targets, const int32_t* cu_seqlens,
                 int num_cu, const int32_t* bigram, int T, cudaStream_t s) {
-        auto fail = [](const std::string& why) {
+        if (const std::string why = batch_error(b, c, inputs, targets, cu_seqlens, num_cu, T); !why.empty()) {
             std::fprintf(stderr, "train_gpt: bad batch: %s\n", why.c_str());
             std::exit(EXIT_FAILURE);
-        };
-        if (T <= 0 || T % 16 != 0) fail(std::to_string(T) + " tokens is not a positive multiple of 16");
-        if (T > b.capacity) fail(std::to_string(T) + " tokens exceed the " + std::to_string(b.capacity) + " the arena holds");
-        if (num_cu < 2 || num_cu > b.cu_capacity || cu_seqlens[0] != 0 || cu_seqlens[num_cu - 1] != T)
-            fail("cu_seqlens must have 2.." + std::to_string(b.cu_capacity) + " entries from 0 to T");
-        for (int t = 0; t < T; ++t)
-            if (inputs[t] < 0 || inputs[t] >= c.vocab_size || targets[t] < 0 || targets[t] >= c.vocab_size)
-                fail("token id " + std::to_string(inputs[t] < 0 || inputs[t] >= c.vocab_size ? inputs[t] : targets[t]) +
-                     " at position " + std::to_string(t) + " is outside the vocabulary [0, " +
-                     std::to_string(c.vocab_size) + ")");
-        b.T = T;
-        b.num_cu = num_cu;
-        b.cu_seqlens_host.assign(cu_seqlens, cu_seqlens + num_cu);
-        staging.resize(b.packed_ints);
-        size_t used = 0;  // ints of the region filled so far
-        auto place = [&](int32_t*& dev, const int32_t* from, size_t n) {
-            std::copy(from, from + n, staging.begin() + used);
-            dev = b.packed + used;
-            used += batch_pack_ints(n);
-        };
-        place(b.inputs, inputs, size_t(T));
-        place(b.targets, targets, size_t(T));
-        place(b.bigram, bigram, size_t(T));
-        place(b.cu_seqlens, cu_seqlens, size_t(num_cu));
-        b.token_segments = builder.build(inputs, T, c.padded_vocab, staging.data() + used);
-        b.token_segments_dev = b.packed + used;
-        used += batch_pack_ints(b.token_segments.ints());
-        b.bigram_segments = builder.build(bigram, T, c.bigram_vocab, staging.data() + used);
-        b.bigram_segments_dev = b.packed + used;
-        used += b.bigram_segments.ints();
-        CUDA_CHECK(copy_async(b.packed, staging.data(), used * sizeof(int32_t), cudaMemcpyHostToDevice, s));
-        // the staging buffer is reused by the next upload: it must have reached the device
-        CUDA_CHECK(sync_stream(s, "batch_upload"));
+        }
+        if (!image) image = std::make_unique<BatchImage>(b.packed_ints);
+        if (image->in_flight) CUDA_CHECK(sync_event(image->uploaded, "batch_image_reuse"));
+        pack_batch(*image, builder, c, inputs, targets, cu_seqlens, num_cu, bigram, T);
+        upload_batch(b, *image, s);
     }
 };

@@ -1,7 +1,8 @@
 // Non-finite scans (and the gradient norms log, which reads gradients the same way): whether parameters, gradients or optimizer state hold a NaN or an infinity,
 // read on the bits (an all-ones exponent). The CPU build scans on the host after every step to name
 // where the first one appeared; every build runs the device-side check at each validation, before
-// each save and every --check-finite N steps. Part of train_gpt.cu's run section: included after its Run.
+// each save and every --check-finite N steps; the training losses as they land. Part of train_gpt.cu's
+// run section: included after its Run.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -127,4 +128,34 @@ void log_grad_norms(Run& r, int step) {
         line += item;
     }
     print0(r, "step:%d/%d grad_norms%s\n", step + 1, r.sch.total_steps, line.c_str());
+}
+
+// The training losses of the steps before `step` (train/step_losses.h): each checked for a NaN or
+// an infinity once it has landed (polled, no wait; `wait`: all of them now, at a validation, a save
+// or the end), then the loss of step - 1 printed where --log-train-loss asks (the mean per token
+// over every rank: the run's only MPI call between steps, there only). A failure names the step
+// whose loss went bad, numbered as the log numbers it.
+void check_step_losses(Run& r, int step, bool wait) {
+    StepLosses& l = r.losses;
+    for (int s = l.checked; s < step; ++s) {
+        cudaEvent_t e = l.ready[s % StepLosses::kSteps];
+        const bool due = wait || s + StepLosses::kSteps <= step || (r.opt.log_train_loss && s + 1 == step);
+        if (!due && cudaEventQuery(e) == cudaErrorNotReady) {
+            (void)cudaGetLastError();  // not an error: a later check must not see it
+            break;
+        }
+        CUDA_CHECK(sync_event(e, "step_losses"));  // returns at once where the query found it complete
+        if (const double loss = l.sum(s); !std::isfinite(loss)) {
+            const std::string where = kEmulated ? r.first_nonfinite : "(the CPU build names the parameter group)";
+            fail("the training loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
+                 std::to_string(s + 1) + "; first non-finite: " + (where.empty() ? "the loss itself" : where));
+        }
+        l.checked = s + 1;
+    }
+    if (!r.opt.log_train_loss || step == 0 || l.checked < step) return;
+    const double sum = l.sum(step - 1);
+    double all = 0;
+    MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    print0(r, "step:%d/%d train_loss:%.4f\n", step, r.sch.total_steps,
+           all / double(r.sch.lookup(step - 1).first->batch_tokens));
 }

@@ -229,26 +229,24 @@ int plan_step_mode(Run& r, const PlanData& data, const PlanOptions& plan) {
     const Config& c = r.m.cfg;
     const std::vector<StagePlan> plans = stage_plans(r.sch);
     std::vector<std::vector<StepOp>> mine;  // per stage: even, adam, untie (empty where none)
+    // per stage: the batch producer's CPU ms per micro-batch, and the sparse plan's share of it
+    std::vector<std::pair<double, double>> producer_ms(plans.size(), {-1.0, -1.0});
     reset_schedule(r);
     try {
         for (const StagePlan& p : plans) {
             for (int kind = 0; kind < 3; ++kind) mine.emplace_back();
             if (p.last_recorded() < 0) continue;
-            dataload::TrainLoader::Options lo;
-            lo.bigram_vocab = c.bigram_vocab;
-            lo.repeat = data.repeat;
-            r.train = std::make_unique<dataload::TrainLoader>(r.opt.train_files, r.d.rank, r.d.world,
-                                                              r.sch.lookup(p.first).first->batch_tokens, c.max_seq_len,
-                                                              c.grad_accum(), lo);
-            if (r.o.sparse) r.o.touched = std::make_unique<TouchedRows>(c.bigram_vocab);
             // every step from the first recorded to the last runs (the others too, unrecorded), so
-            // an Adam step exchanges the rows of the even step before it, as in a run
+            // an Adam step exchanges the rows of the even step before it, as in a run; the batches
+            // from a fresh producer (each stage from the data's start), its host time kept
+            start_batches(r, {step_range(p.first_recorded(), p.last_recorded() + 1), p.first_recorded()}, data.repeat);
             for (int st = p.first_recorded(); st <= p.last_recorded(); ++st) {
                 advance_schedule(r, st);
                 std::vector<StepOp> ops = record_step(r, st);
                 const int kind = st == p.even ? 0 : st == p.adam ? 1 : st == p.untie ? 2 : -1;
                 if (kind >= 0) mine[mine.size() - 3 + kind] = std::move(ops);
             }
+            producer_ms[mine.size() / 3 - 1] = {r.batches->ms_per_batch(), r.batches->sparse_ms_per_batch()};
         }
     } catch (const std::exception& e) {  // data errors
         fail(e.what());
@@ -273,6 +271,11 @@ int plan_step_mode(Run& r, const PlanData& data, const PlanOptions& plan) {
                     c.name.c_str(), r.d.world, record_s);
         const PlanReport report = plan.upstream ? plan_report(c.name, "upstream", upstream_schedule(stages), cm) : ours;
         std::printf("%s", format_plan(report).c_str());
+        for (size_t i = 0; i < producer_ms.size(); ++i)  // rank 0's, off the issuing thread (train/batch_producer.h)
+            if (producer_ms[i].first >= 0)
+                std::printf("stage %zu: batch producer %.3f ms of CPU time per micro-batch (%.3f ms of it the sparse "
+                        "exchange's plan)\n",
+                        i, producer_ms[i].first, producer_ms[i].second);
         if (plan.upstream) std::printf("\n%s", format_schedule_comparison(ours, report).c_str());
         if (!plan.json_path.empty())
             if (const std::string e = write_plan_json(plan.json_path, report); !e.empty()) fail(e);

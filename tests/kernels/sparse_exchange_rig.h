@@ -1,6 +1,6 @@
 // What a test of kernels/comms.cuh's SparseRowExchange sets up around the exchange: each rank's
 // device and the NCCL communicator of all ranks, and the rig: a compute and a comms stream, the event
-// the gradient's last writer records, and the device and pinned buffers sized for the exchange.
+// the gradient's last writer records, and the device buffer and the pinned one for the plans' row indexes, sized for the exchange.
 #pragma once
 #include "../../kernels/comms.cuh"
 #include "../device_util.h"
@@ -36,7 +36,7 @@ struct SparseExchangeRig {
 
     SparseExchangeRig(int rows, int cols, int world, int max_touched)
         : device_bytes(sparse_exchange_device_bytes(rows, cols, world, max_touched)),
-          host_bytes(sparse_exchange_host_bytes(rows, max_touched)),
+          host_bytes(sparse_exchange_host_bytes(rows, world, max_touched)),
           workspace(device_bytes) {
         CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned), std::max<size_t>(host_bytes, 1)));
         CUDA_CHECK(cudaStreamCreate(&compute));
@@ -54,7 +54,6 @@ struct SparseExchangeRig {
 
     // An exchange of a (rows, cols) gradient on the rig's comms stream and buffers.
     SparseRowExchange exchange(int rows, int cols, int max_touched, ncclComm_t nccl) {
-        return SparseRowExchange(rows, cols, max_touched, MPI_COMM_WORLD, nccl, comms, workspace.ptr, device_bytes,
-                                 pinned, host_bytes);
+        return SparseRowExchange(rows, cols, max_touched, nccl, comms, workspace.ptr, device_bytes);
     }
 };

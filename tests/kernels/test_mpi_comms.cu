@@ -2,8 +2,9 @@
 // run (CTest: 2 and 8 ranks). Each case marks two steps' micro-batches of row ids per rank (rows
 // every rank touches, rows one rank touches, rows nobody touches, ids repeated within a batch,
 // ranks that touch only their own rows or nothing), builds each rank's gradient, nonzero exactly
-// on its touched rows as the embedding backward leaves it, runs begin / exchange_indexes /
-// exchange_values / merge as the training loop does, and checks on every rank:
+// on its touched rows as the embedding backward leaves it, marks every rank's ids in one set per
+// rank and plans this rank's exchange from them (plan_sparse_exchange: no communication), runs
+// begin / exchange_values / merge as the training loop does, and checks on every rank:
 //   - the send and receive counts and the sent and received row indexes, exactly, against a host
 //     computation from every rank's ids;
 //   - the merged own slice bit for bit against the merge's specified arithmetic done on the host
@@ -130,27 +131,30 @@ void run_case(const Case& c, int case_no) {
     const size_t n = static_cast<size_t>(R) * C;
     DeviceBuffer<bf16> d_grad(n), d_dense_in(n), d_dense(static_cast<size_t>(per_rank) * C);
     {
-        TouchedRows touched(R);
+        std::vector<TouchedRows> touched(W, TouchedRows(R));  // every rank's rows, on every rank
+        std::vector<int32_t> scratch;
         SparseRowExchange ex = rig.exchange(R, C, max_touched, g_nccl);
         for (int cycle = 0; cycle < c.cycles; ++cycle) {
             const uint64_t cycle_key = key(case_key, static_cast<uint64_t>(cycle), 0xca7);
-            // Every rank's touched rows over the two steps (host reference), and this rank's marks.
+            // Every rank's touched rows over the two steps (host reference), and the marks.
             std::vector<std::vector<char>> hit(W, std::vector<char>(R, 0));
             for (int r = 0; r < W; ++r)
                 for (int step = 0; step < 2; ++step) {
                     const auto ids = batch_ids(c, case_key, cycle, step, r);
                     for (int32_t id : ids) hit[r][id] = 1;
-                    if (r == me) touched.mark(ids);  // step 0 before its forward, step 1 before its forward
+                    touched[r].mark(ids);
                 }
             int distinct = 0;
             for (int i = 0; i < R; ++i) distinct += hit[me][i];
-            test::check(touched.count() == distinct, "%s cycle %d: %d rows marked, want %d", tag.c_str(), cycle,
-                        touched.count(), distinct);
+            test::check(touched[me].count() == distinct, "%s cycle %d: %d rows marked, want %d", tag.c_str(), cycle,
+                        touched[me].count(), distinct);
 
-            // Adam step: begin before the forward, indexes after it, values after the backward.
-            ex.begin(touched);
-            test::check(touched.count() == 0, "%s cycle %d: the touched set is not cleared", tag.c_str(), cycle);
-            ex.exchange_indexes();
+            // Adam step: the plan on the host, its upload before the backward, values after it.
+            // The pinned rows are rewritten only after the previous cycle's streams are synchronized.
+            const SparseExchangePlan plan = plan_sparse_exchange(touched, me, max_touched, rig.pinned, scratch);
+            for (int r = 0; r < W; ++r)
+                test::check(touched[r].count() == 0, "%s cycle %d: rank %d's set is not cleared", tag.c_str(), cycle, r);
+            ex.begin(plan, compute);
             std::vector<bf16> grad(n, test::to_bf16(0.0));
             for (int i = 0; i < R; ++i)
                 if (hit[me][i])
@@ -264,28 +268,31 @@ void test_errors() {
                            [] { sparse_exchange_device_bytes(64, 12, 2, 10); });
     const int R = 64 * g_world;
     const size_t dev_bytes = sparse_exchange_device_bytes(R, 64, g_world, 4);
-    test::check_fails_with("more touched rows than max_touched", "more than max_touched", [&] {
+    test::check_fails_with("more touched rows than max_touched", "room for only 4", [&] {
+        std::vector<TouchedRows> t(g_world, TouchedRows(R));
+        t[0].mark(std::vector<int32_t>{1, 2, 3, 4, 5});
+        std::vector<int32_t> rows(sparse_exchange_host_bytes(R, g_world, 4) / sizeof(int32_t) + 1), scratch;
+        plan_sparse_exchange(t, 0, 4, rows.data(), scratch);
+    });
+    test::check_fails_with("a plan receiving more than a source can send", "at most", [&] {
         DeviceBuffer<unsigned char> ws(dev_bytes);
-        std::vector<int32_t> pinned(4);
-        SparseRowExchange ex(R, 64, 4, MPI_COMM_WORLD, g_nccl, nullptr, ws.ptr, dev_bytes, pinned.data(),
-                             pinned.size() * sizeof(int32_t));
-        TouchedRows t(R);
-        t.mark(std::vector<int32_t>{1, 2, 3, 4, 5});
-        ex.begin(t);
+        SparseRowExchange ex(R, 64, 4, g_nccl, nullptr, ws.ptr, dev_bytes);
+        SparseExchangePlan plan;
+        plan.send_counts.assign(g_world, 0);
+        plan.recv_counts.assign(g_world, 0);
+        plan.recv_counts[(ex.rank() + 1) % g_world] = 5;
+        plan.recv_total = 5;
+        ex.begin(plan, nullptr);
     });
     test::check_fails_with("calls out of order", "called out of order", [&] {
         DeviceBuffer<unsigned char> ws(dev_bytes);
-        std::vector<int32_t> pinned(4);
-        SparseRowExchange ex(R, 64, 4, MPI_COMM_WORLD, g_nccl, nullptr, ws.ptr, dev_bytes, pinned.data(),
-                             pinned.size() * sizeof(int32_t));
-        ex.exchange_indexes();
+        SparseRowExchange ex(R, 64, 4, g_nccl, nullptr, ws.ptr, dev_bytes);
+        ex.merge(nullptr);
     });
     if (dev_bytes > 0)  // a single rank exchanges nothing and needs no device buffer
         test::check_fails_with("device buffer too small", "sparse_exchange_device_bytes", [&] {
             DeviceBuffer<unsigned char> ws(dev_bytes);
-            std::vector<int32_t> pinned(4);
-            SparseRowExchange ex(R, 64, 4, MPI_COMM_WORLD, g_nccl, nullptr, ws.ptr, dev_bytes - 1, pinned.data(),
-                                 pinned.size() * sizeof(int32_t));
+            SparseRowExchange ex(R, 64, 4, g_nccl, nullptr, ws.ptr, dev_bytes - 1);
         });
 }
 

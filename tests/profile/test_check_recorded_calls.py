@@ -89,13 +89,13 @@ class Planted(unittest.TestCase):
         # the step's copy, collective and blocking copy; warm_up may restore the parameters with
         # cudaMemcpy, the run's loop may not
         cases = [
-            ("train_gpt.cu", "CUDA_CHECK(copy_async(r.losses + i,", "CUDA_CHECK(cudaMemcpyAsync(r.losses + i,",
+            ("train/step_losses.h", "CUDA_CHECK(copy_async(row(step) + micro,", "CUDA_CHECK(cudaMemcpyAsync(row(step) + micro,",
              "cudaMemcpyAsync outside a recording helper (use copy_async)"),
             ("train_gpt.cu", "NCCL_CHECK(reduce_scatter(", "NCCL_CHECK(ncclReduceScatter(",
              "ncclReduceScatter outside a recording helper"),
             ("train/device_batch.h",
-             "CUDA_CHECK(copy_async(b.packed, staging.data(), used * sizeof(int32_t), cudaMemcpyHostToDevice, s));",
-             "CUDA_CHECK(cudaMemcpy(b.packed, staging.data(), used * sizeof(int32_t), cudaMemcpyHostToDevice));",
+             "CUDA_CHECK(copy_async(b.packed, img.pinned, img.used * sizeof(int32_t), cudaMemcpyHostToDevice, s));",
+             "CUDA_CHECK(cudaMemcpy(b.packed, img.pinned, img.used * sizeof(int32_t), cudaMemcpyHostToDevice));",
              "cudaMemcpy outside a recording helper (use copy_async and sync_stream)"),
             ("train_gpt.cu", "        watch_nonfinite(r, step);",
              "        CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), r.m.param_arena.base(), 4, cudaMemcpyDeviceToDevice));\n"

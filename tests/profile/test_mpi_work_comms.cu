@@ -1,18 +1,18 @@
 // kernels/comms.cuh's records for the step profiler (kernels/work.cuh), on every rank of the run
 // (CTest: 2 and 8 ranks). Each rank touches rows drawn from rank 0's seed (every rank can compute
-// every rank's rows), and one Adam step's exchange (begin, exchange_indexes, exchange_values, merge)
-// runs three times over the same rows and gradient, each recorded:
-//   1. for real: the ops are checked one by one against a list built from the rows: the upload of
-//      the send list (copy_h2d, 4 bytes a row), the count exchange's wait (host_sync mpi_wait on
-//      stream -1), the two send/recv rounds as collectives (nccl_send_recv_indexes and _values, with
-//      the bytes this rank sends and receives), the gather and merge kernels with their bytes, and
-//      the event records and waits between the comms stream and the compute stream;
-//   2. as a dry run: the same list (plus the wait for the previous merge), the counts exchanged for
-//      real (the receive counts are right), and nothing on the device touched: the gradient and the
+// every rank's rows), and one Adam step's exchange (the plan from every rank's rows, then begin,
+// exchange_values, merge) runs three times over the same rows and gradient, each recorded:
+//   1. for real: the ops are checked one by one against a list built from the rows: the uploads of
+//      the sent and received row indexes (copy_h2d, 4 bytes a row), the send/recv round of the
+//      values as one collective (nccl_send_recv_values, with the bytes this rank sends and
+//      receives), the gather and merge kernels with their bytes, and the event records and waits
+//      between the compute stream and the comms stream; no host wait;
+//   2. as a dry run: the same list (plus the wait for the previous merge), the plan's counts taken
+//      (the receive counts are right), and nothing on the device touched: the gradient and the
 //      exchange's buffers keep their bytes;
 //   3. for real again: the same ops as the dry run, field for field, and the merged gradient bit for
 //      bit the first run's (the dry run left the exchange's state as a real one would).
-// Every rank records its two collectives under the same names, so the k-th collective of every rank
+// Every rank records its collective under the same name, so the k-th collective of every rank
 // is the same one.
 #include "../../kernels/comms.cuh"
 #include "../device_util.h"
@@ -97,9 +97,6 @@ void run(uint64_t seed, ncclComm_t nccl) {
             hit[r][row] = 1;
         }
     }
-    std::vector<int32_t> mine;
-    for (int i = 0; i < R; ++i)
-        if (hit[me][i]) mine.push_back(i);
     int sends = 0;
     std::vector<int> recv(W, 0);
     for (int i = 0; i < R; ++i) sends += hit[me][i] && i / per_rank != me;
@@ -108,28 +105,26 @@ void run(uint64_t seed, ncclComm_t nccl) {
     int recvs = 0;
     for (int n : recv) recvs += n;
 
-    // The op list of one exchange, from the rows; `after_merge`: a later exchange, which waits for the
-    // previous merge before the indexes land.
+    // The op list of one exchange, from the rows (stream 0: compute, where begin uploads the plan; 1:
+    // comms); `after_merge`: a later exchange, which waits for the previous merge before the rows land.
     const auto expected = [&](bool after_merge) {
         std::vector<Want> w;
-        if (sends > 0) {
-            w.push_back({OpKind::copy, 0, "", "copy_h2d", 0, 4.0 * sends});
-            w.push_back({OpKind::event_record, 0, "upload_done", "event_record"});
-        }
-        w.push_back({OpKind::host_sync, -1, "", "mpi_wait"});
         if (after_merge) w.push_back({OpKind::event_wait, 0, "merged", "event_wait"});
-        w.push_back({OpKind::collective, 0, "", "nccl_send_recv_indexes", 0, 0, 4.0 * (sends + recvs)});
-        w.push_back({OpKind::event_record, 1, "grad_ready", "event_record"});  // the test's, on compute
-        w.push_back({OpKind::event_wait, 0, "grad_ready", "event_wait"});
+        if (sends > 0) w.push_back({OpKind::copy, 0, "", "copy_h2d", 0, 4.0 * sends});
+        if (recvs > 0) w.push_back({OpKind::copy, 0, "", "copy_h2d", 0, 4.0 * recvs});
+        w.push_back({OpKind::event_record, 0, "upload_done", "event_record"});
+        w.push_back({OpKind::event_record, 0, "grad_ready", "event_record"});  // the test's, on compute
+        w.push_back({OpKind::event_wait, 1, "upload_done", "event_wait"});
+        w.push_back({OpKind::event_wait, 1, "grad_ready", "event_wait"});
         if (sends > 0)
-            w.push_back({OpKind::kernel, 0, "", "embedding_gather", 4.0 * sends + 2.0 * sends * C, 2.0 * sends * C});
-        w.push_back({OpKind::collective, 0, "", "nccl_send_recv_values", 0, 0, 2.0 * C * (sends + recvs)});
-        w.push_back({OpKind::event_record, 0, "values_done", "event_record"});
-        w.push_back({OpKind::event_wait, 1, "values_done", "event_wait"});
+            w.push_back({OpKind::kernel, 1, "", "embedding_gather", 4.0 * sends + 2.0 * sends * C, 2.0 * sends * C});
+        w.push_back({OpKind::collective, 1, "", "nccl_send_recv_values", 0, 0, 2.0 * C * (sends + recvs)});
+        w.push_back({OpKind::event_record, 1, "values_done", "event_record"});
+        w.push_back({OpKind::event_wait, 0, "values_done", "event_wait"});
         for (int s = 0; s < W; ++s)
             if (recv[s] > 0)
-                w.push_back({OpKind::kernel, 1, "", "add_rows", 4.0 * recv[s] + 4.0 * recv[s] * C, 2.0 * recv[s] * C});
-        w.push_back({OpKind::event_record, 1, "merged", "event_record"});
+                w.push_back({OpKind::kernel, 0, "", "add_rows", 4.0 * recv[s] + 4.0 * recv[s] * C, 2.0 * recv[s] * C});
+        w.push_back({OpKind::event_record, 0, "merged", "event_record"});
         return w;
     };
 
@@ -142,15 +137,18 @@ void run(uint64_t seed, ncclComm_t nccl) {
                 grad[static_cast<size_t>(i) * C + j] = test::to_bf16(std::uniform_real_distribution<double>(-1, 1)(values));
     DeviceBuffer<bf16> d_grad(grad.size());
     {
-        TouchedRows touched(R);
+        std::vector<TouchedRows> touched(W, TouchedRows(R));
+        std::vector<int32_t> scratch;
         SparseRowExchange ex = rig.exchange(R, C, max_touched, nccl);
-        // One exchange over `mine` with the gradient uploaded fresh (outside the recording), recorded.
+        // One exchange of every rank's rows with the gradient uploaded fresh (outside the recording), recorded.
         const auto exchange = [&](bool dry) {
             d_grad.upload(grad);
-            touched.mark(mine);
+            for (int r = 0; r < W; ++r)
+                for (int i = 0; i < R; ++i)
+                    if (hit[r][i]) touched[r].mark(&i, 1);
+            const SparseExchangePlan plan = plan_sparse_exchange(touched, me, max_touched, rig.pinned, scratch);
             work_recorder().start(dry);
-            ex.begin(touched);
-            ex.exchange_indexes();
+            ex.begin(plan, rig.compute);
             CUDA_CHECK(record_event(rig.grad_ready, rig.compute));
             ex.exchange_values(d_grad.ptr, rig.grad_ready);
             ex.merge(rig.compute);
@@ -169,7 +167,7 @@ void run(uint64_t seed, ncclComm_t nccl) {
         const std::vector<unsigned char> ws_before = rig.workspace.download();
         const std::vector<StepOp> dry = exchange(true);
         test::check(matches(dry, expected(true), why), "%s, dry exchange: %s", tag.c_str(), why.c_str());
-        test::check(ex.recv_counts() == recv, "%s, dry exchange: the receive counts were not exchanged", tag.c_str());
+        test::check(ex.recv_counts() == recv, "%s, dry exchange: the receive counts are not the plan's", tag.c_str());
         test::check(test::same_bits(d_grad.download(), grad), "%s, dry exchange: the gradient changed", tag.c_str());
         test::check(rig.workspace.download() == ws_before,
                     "%s, dry exchange: the exchange's device buffer changed", tag.c_str());
@@ -189,7 +187,7 @@ void run(uint64_t seed, ncclComm_t nccl) {
         MPI_Allgather(mine_names, 128, MPI_CHAR, all, 128, MPI_CHAR, MPI_COMM_WORLD);
         bool agree = true;
         for (int r = 0; r < W; ++r) agree = agree && std::strcmp(all[r], mine_names) == 0;
-        test::check(agree && names == "nccl_send_recv_indexes;nccl_send_recv_values;",
+        test::check(agree && names == "nccl_send_recv_values;",
                     "%s: collectives %s differ from another rank's", tag.c_str(), names.c_str());
         int counts[2] = {sends, recvs}, totals[2] = {0, 0};
         MPI_Allreduce(counts, totals, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -39,8 +39,7 @@ std::vector<std::vector<StepOp>> run_steps(Run& r, bool dry) {
     if (dry) rec.start(true);
     r.o.split = false;
     reset_schedule(r);
-    open_train_loader(r);
-    if (r.o.sparse) r.o.touched = std::make_unique<TouchedRows>(r.m.cfg.bigram_vocab);
+    start_batches(r, {step_range(0, kSteps), 0});
     std::vector<std::vector<StepOp>> out;
     for (int step = 0; step < kSteps; ++step) {
         advance_schedule(r, step);
@@ -120,8 +119,8 @@ int main(int argc, char** argv) {
     MPI_Reduce(&failed, &total_failed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
     MPI_Reduce(&passed, &total_passed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
     if (d.rank == 0) std::printf("%d passed, %d failed\n", total_passed, total_failed);
-    CUDA_CHECK(cudaFreeHost(r.losses));
-    r.train.reset();
+    r.batches.reset();
+    r.losses.release();
     destroy_optimizer(o);
     CUDA_CHECK(cudaStreamDestroy(s));
     stop_distributed(d);
