@@ -431,6 +431,7 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
 }
 
 #include "train/device_batch.h"
+#include "train/buckets.h"
 
 // What the schedule decides for one forward.
 struct StepSchedule {
@@ -456,6 +457,7 @@ struct Model {
     float* loss;                  // device: the last forward's loss (training: the sum over rows)
     float* dloss;                 // device: d(objective)/d(loss) = grad_scale
     unsigned int* sums_done;      // device: the backward's reductions' ticket counter (zero between launches)
+    GradBuckets* buckets = nullptr;  // the NorMuon banks' reductions the backward starts (set by build_optimizer)
     float* mtp_weights;           // device, up to kMaxMtpWeights
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
 };
@@ -676,6 +678,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
 struct Accumulate {
     bool matrices;  // the NorMuon banks (attn, mlp)
     bool others;    // every Adam parameter
+    bool last = false;  // the step's last micro-step: NorMuon's buckets reduce as the backward finishes them
 };
 void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, Accumulate acc, cudaStream_t s) {
     const Config& c = m.cfg;
@@ -708,6 +711,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         const bf16* mlp_in = has_attention(l) ? L.h_mlp : L.h_attn;
         mlp_backward(*m.lt, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.matrices, L.post, dX, mlp_in, p.c_fc(c, l),
                      p.c_proj(c, l), L.pre, L.post, T, C, M, s);
+        reduce_final_buckets(m.buckets, acc.last, Bank::mlp, l, s);
         if (has_attention(l)) {
             residual_add_backward(dX, w.dh, L.xa, L.rstd_mlp, T, C, s);  // dX now: the gradient of xm's stream use
             const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
@@ -731,6 +735,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             lambda_scaled_weight_backward({{g.wqkv(c, l), dsa, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
                                            {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}},
                                           sums, {.dw = acc.matrices, .dlambda = accumulate}, s);
+            reduce_final_buckets(m.buckets, acc.last, Bank::attn, l, s);
             attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
                                 sums, accumulate, s);
         }
@@ -845,10 +850,11 @@ const ParamRule kParamTable[] = {
 };
 constexpr int kParamGroups = sizeof(kParamTable) / sizeof(kParamTable[0]);
 // Small parameters first while the large reductions land; lm_head before embed (the tied copy
-// needs it); the NorMuon banks last, their Polar Express covering the other all-gathers.
+// needs it); the NorMuon banks last, their Polar Express covering the other all-gathers (mlp first:
+// layer 0's MLP bucket lands before its attention's).
 const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_gate",    "attn_gate_bank",
                                               "ve_gate_bank", "x0_lambdas", "lm_head",   "bigram_embed",
-                                              "value_embed",  "embed",      "attn",      "mlp"};
+                                              "value_embed",  "embed",      "mlp",       "attn"};
 
 
 #include "train/param_check.h"
@@ -898,6 +904,7 @@ struct Optimizer {
     int32_t* sparse_pinned = nullptr;
     std::unique_ptr<TouchedRows> touched;
     std::unique_ptr<SparseRowExchange> exchange;
+    GradBuckets buckets;
     OptimGroup& operator[](const char* label) { return group[param_group(label)]; }
 };
 
@@ -972,10 +979,12 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
     }
     for (cudaEvent_t* e : {&o.grads_ready, &o.comms_done, &o.lm_head_gathered})
         CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    std::vector<BankBuffers> buckets;  // attn, mlp: the table's order
     for (OptimGroup& q : o.group) {
         CUDA_CHECK(cudaEventCreateWithFlags(&q.reduced, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&q.updated, cudaEventDisableTiming));
         if (q.rule->optim != Optim::normuon) continue;
+        buckets.push_back({static_cast<const bf16*>(q.t.grad), static_cast<bf16*>(q.grad_shard), q.t.row_elems, int(q.t.rows), q.reduced});
         std::vector<float> mul(q.shard_rows);  // c_proj matrices (odd global index of the MLP bank) take 2x
         for (int64_t i = 0; i < q.shard_rows; ++i)
             mul[i] = normuon_matrix_lr_mul(std::strcmp(q.rule->label, "mlp") == 0, int(rank * q.shard_rows + i));
@@ -983,6 +992,8 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
         CUDA_CHECK(copy_async(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice, s));
         CUDA_CHECK(sync_stream(s, "matrix_lr_mul"));
     }
+    build_grad_buckets(o.buckets, rank, world, comm, o.comms, buckets.at(0), buckets.at(1));
+    m.buckets = &o.buckets;
     CUDA_CHECK(sync_stream(s, "build_optimizer"));
 }
 
@@ -994,6 +1005,7 @@ void destroy_optimizer(Optimizer& o) {
         cudaEventDestroy(q.updated);
     }
     for (cudaEvent_t e : {o.grads_ready, o.comms_done, o.lm_head_gathered}) cudaEventDestroy(e);
+    destroy_grad_buckets(o.buckets);
     cudaStreamDestroy(o.comms);
     cudaFreeHost(o.host_scalars);
 }
@@ -1014,6 +1026,7 @@ inline ncclDataType_t nccl_type(const OptimGroup& q) { return q.t.fp32 ? ncclFlo
 // (average) into this rank's shard, or the sparse exchange of the touched rows (their indexes
 // travelled during the forward). One rank has nothing to reduce.
 void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
+    if (q.rule->optim == Optim::normuon) return;  // reduced in buckets by the backward (train/buckets.h)
     if (q.comms == Comms::sharded_sparse)
         o.exchange->exchange_values(static_cast<bf16*>(q.t.grad), o.grads_ready);
     else if (q.distributed)
@@ -1247,7 +1260,7 @@ void train_step(Run& r, int step) {
         if (r.o.sparse && adam_step) r.o.exchange->exchange_indexes();
         CUDA_CHECK(copy_async(r.losses + i, r.m.loss, sizeof(float), cudaMemcpyDeviceToHost, r.s));
         // Adam's parameters keep the even step's gradients for the odd step's update
-        gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step}, r.s);
+        gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step, i + 1 == r.m.cfg.grad_accum()}, r.s);
     }
     if (r.opt.log_grad_norms) log_grad_norms(r, step);
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);

@@ -127,14 +127,15 @@ PlanData start_plan_step(RunOptions& opt, const Config& c, const DataFiles& f, c
 }
 
 // One recorded training step: train_step in the dry run, its ops taken. The dry run stays on between
-// recordings, so the schedule's changes (YaRN, MTP weights) do no device work either.
+// recordings, so the schedule's changes (YaRN, MTP weights) do no device work either; every recording
+// of the plan names a stream or event by the same index (the steady state needs it).
 std::vector<StepOp> record_step(Run& r, int step) {
     WorkRecorder& rec = work_recorder();
-    rec.start(/*dry=*/true);
+    rec.restart(/*dry=*/true);
     r.o.split = step > r.sch.split_step;  // embed is tied until the untie step
     train_step(r, step);
     std::vector<StepOp> ops = std::move(rec.ops);
-    rec.start(/*dry=*/true);
+    rec.restart(/*dry=*/true);
     return ops;
 }
 

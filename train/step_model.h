@@ -222,7 +222,7 @@ inline double copy_us(const Work& w, const CostModel& cm) {
 
 // NCCL's ring: steps and the share of the buffer each GPU moves, per kind (nccl-tests' busbw
 // conversion: reduce-scatter and all-gather (N-1)/N of the full buffer, all-reduce 2(N-1)/N,
-// broadcast 1). send_recv (the sparse exchange's grouped sends): comm_bytes are what this rank
+// broadcast and reduce 1). send_recv (the sparse exchange's grouped sends): comm_bytes are what this rank
 // sends, spread evenly over the other ranks, each at once; one step.
 inline double collective_us(Comm kind, double bytes, const CostModel& cm) {
     const int n = cm.world_size, nodes = cm.nodes, per_node = n / nodes;
@@ -235,6 +235,8 @@ inline double collective_us(Comm kind, double bytes, const CostModel& cm) {
         steps = 2 * (n - 1), net_steps = 2 * (nodes - 1), factor = 2.0 * (n - 1) / n;
     } else if (kind == Comm::reduce_scatter || kind == Comm::all_gather) {
         steps = n - 1, net_steps = nodes - 1, factor = double(n - 1) / n;
+    } else if (kind == Comm::reduce) {  // a ring reduce: the whole buffer through every link (busbw = algbw)
+        steps = n - 1, net_steps = nodes - 1;
     } else if (kind == Comm::broadcast) {
         steps = n, net_steps = nodes > 1 ? n : 0;  // NCCL prices every broadcast step at the slower link
     }
@@ -394,16 +396,18 @@ struct RankState {
     Stamp ready, own_ready;  // streams' events, and its own duration (collectives)
     double own_us = 0;
     Timeline tl;
+    std::vector<Stamp> op_end;  // per op: when it was done (device ops on their stream; others on the host)
 };
 
 class Replay {
   public:
     Replay(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm)
         : ranks_(ranks), cm_(cm), st_(ranks.size()) {
-        for (size_t r = 0; r < ranks.size(); ++r) st_[r].tl.ops.resize(ranks[r].size());
+        for (size_t r = 0; r < ranks.size(); ++r) st_[r].tl.ops.resize(ranks[r].size()), st_[r].op_end.resize(ranks[r].size());
     }
 
-    std::vector<Timeline> run() {
+    // Replays every rank's ops to their end; then timelines() reports a stretch of them.
+    void run() {
         for (;;) {
             bool all_done = true, all_arrived = true;
             for (size_t r = 0; r < st_.size(); ++r) {
@@ -416,8 +420,19 @@ class Replay {
             if (!all_arrived) step_model_fail("replay: ranks stopped at different points (a bug in the replay)");
             resolve();
         }
+    }
+
+    // When rank r's ops [from, to) were all done.
+    double done_us(size_t r, size_t from, size_t to) const {
+        double t = 0;
+        for (size_t i = from; i < to; ++i) t = std::max(t, st_[r].op_end[i].t);
+        return t;
+    }
+    // Per rank, its ops from first[r] on, with times from t0 (the step's start): when each ran, the
+    // makespan to the last of them, exposed communication, the critical path back to t0.
+    std::vector<Timeline> timelines(const std::vector<size_t>& first, double t0) {
         std::vector<Timeline> out;
-        for (size_t r = 0; r < st_.size(); ++r) out.push_back(finish(r));
+        for (size_t r = 0; r < st_.size(); ++r) out.push_back(finish(r, first[r], t0));
         return out;
     }
 
@@ -456,6 +471,7 @@ class Replay {
     void run_on_stream(RankState& s, const StepOp& op, OpTiming& t, Stamp start, double dur, Stamp own) {
         const Stamp end = add_node(family_name(op.work), start.t, dur, start.node);
         t.start_us = start.t, t.end_us = end.t;
+        s.op_end[s.pos] = end;
         if (op.stream == 0)
             t.exposed_comm_us = op.kind == OpKind::collective ? end.t - own.t : std::max(0.0, start.t - own.t);
         s.tail[op.stream] = end;
@@ -474,7 +490,6 @@ class Replay {
             }
             host_pay(s, t, host_cost_us(op.kind, cm_));
             if (is_device_op(op.kind)) {
-                ++s.tl.launches;
                 const Stamp ready = stream_ready(s, op.stream);
                 const Stamp own = later(s.tail[op.stream], s.host);
                 run_on_stream(s, op, t, later(ready, s.host), device_us(op, cm_), own);
@@ -488,25 +503,23 @@ class Replay {
                     s.wait[op.stream] = later(s.wait[op.stream], s.events[op.event].at);
                 t.start_us = t.end_us = s.host.t;
             } else {  // host_sync
-                ++s.tl.host_syncs;
                 const Stamp w = later(s.host, device_ready(s, op.stream));
                 const char* name = family_name(op.work);
                 s.host = add_node(*name ? name : "host_sync", w.t, cm_.host_sync_us, w.node);
                 t.start_us = w.t, t.end_us = t.host_end_us = s.host.t;
             }
+            if (!is_device_op(op.kind)) s.op_end[s.pos] = s.host;
             ++s.pos;
         }
     }
 
     void arrive(RankState& s, const StepOp& op, OpTiming& t) {
         if (op.kind == OpKind::collective) {
-            ++s.tl.launches;
             host_pay(s, t, cm_.host_collective_us);
             s.ready = later(stream_ready(s, op.stream), s.host);
             s.own_ready = later(s.tail[op.stream], s.host);
             s.own_us = device_us(op, cm_);
         } else {  // a blocking MPI call: the host first waits as any host_sync does
-            ++s.tl.host_syncs;
             t.host_begin_us = s.host.t;
             s.ready = later(s.host, device_ready(s, op.stream));
         }
@@ -527,6 +540,7 @@ class Replay {
             } else {
                 s.host = add_node(family_name(op.work), start.t, cm_.mpi_us, start.node);
                 t.start_us = start.t, t.end_us = t.host_end_us = s.host.t;
+                s.op_end[s.pos] = s.host;
             }
             s.arrived = false;
             s.own_us = 0;
@@ -534,34 +548,46 @@ class Replay {
         }
     }
 
-    Timeline finish(size_t r) {
+    Timeline finish(size_t r, size_t first, double t0) {
         RankState& s = st_[r];
-        Timeline tl = std::move(s.tl);
+        const std::vector<OpTiming>& all = s.tl.ops;
         const Stamp end = later(device_ready(s, -1), s.host);
-        tl.makespan_us = end.t;
-        // collectives' overlap with stream 0's compute (stream 0's ops run one after another)
+        Timeline tl;
+        tl.makespan_us = end.t - t0;
+        tl.ops.assign(all.begin() + std::ptrdiff_t(first), all.end());
+        for (size_t i = first; i < ranks_[r].size(); ++i) {
+            const StepOp& op = ranks_[r][i];
+            if (is_device_op(op.kind)) ++tl.launches;
+            if (op.kind == OpKind::host_sync) ++tl.host_syncs;
+            tl.exposed_comm_us += all[i].exposed_comm_us;
+        }
+        // collectives' overlap with stream 0's compute (stream 0's ops run one after another), the
+        // earlier steps' compute included
         std::vector<const OpTiming*> busy;
         for (size_t i = 0; i < ranks_[r].size(); ++i) {
             const StepOp& op = ranks_[r][i];
-            if (op.stream == 0 && is_device_op(op.kind) && op.kind != OpKind::collective) busy.push_back(&tl.ops[i]);
-            tl.exposed_comm_us += tl.ops[i].exposed_comm_us;
+            if (op.stream == 0 && is_device_op(op.kind) && op.kind != OpKind::collective) busy.push_back(&all[i]);
         }
-        for (size_t i = 0; i < ranks_[r].size(); ++i) {
+        for (size_t i = first; i < ranks_[r].size(); ++i) {
             if (ranks_[r][i].kind != OpKind::collective) continue;
-            OpTiming& c = tl.ops[i];
+            OpTiming& c = tl.ops[i - first];
             auto it = std::lower_bound(busy.begin(), busy.end(), c.start_us,
                                        [](const OpTiming* b, double t) { return b->end_us <= t; });
             for (; it != busy.end() && (*it)->start_us < c.end_us; ++it)
                 c.overlapped_us += std::min(c.end_us, (*it)->end_us) - std::max(c.start_us, (*it)->start_us);
         }
-        tl.critical_path = critical_path(end);
+        for (OpTiming& t : tl.ops)
+            for (double* x : {&t.host_begin_us, &t.host_end_us, &t.start_us, &t.end_us}) *x -= t0;
+        tl.critical_path = critical_path(end, t0);
         return tl;
     }
 
-    // Every node begins where its predecessor ends (a Stamp carries both), and the first at 0.
-    std::vector<PathShare> critical_path(Stamp end) const {
+    // Every node begins where its predecessor ends (a Stamp carries both), and the first at 0; the
+    // path is cut at t0 (a node across it counts from t0).
+    std::vector<PathShare> critical_path(Stamp end, double t0) const {
         std::map<std::string, double> by_name;
-        for (int n = end.node; n >= 0; n = nodes_[n].pred) by_name[nodes_[n].label] += nodes_[n].end - nodes_[n].begin;
+        for (int n = end.node; n >= 0 && nodes_[n].end > t0; n = nodes_[n].pred)
+            by_name[nodes_[n].label] += nodes_[n].end - std::max(nodes_[n].begin, t0);
         std::vector<PathShare> out;
         for (const auto& [name, us] : by_name) out.push_back({name, us});
         std::stable_sort(out.begin(), out.end(), [](const PathShare& a, const PathShare& b) { return a.us > b.us; });
@@ -585,7 +611,37 @@ inline std::string replay_error(const std::vector<std::vector<StepOp>>& ranks, c
 // path. Stops the process with replay_error()'s message when it has one.
 inline std::vector<Timeline> replay(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm) {
     if (const std::string e = replay_error(ranks, cm); !e.empty()) step_model_fail(e);
-    return step_model_detail::Replay(ranks, cm).run();
+    step_model_detail::Replay replay(ranks, cm);
+    replay.run();
+    return replay.timelines(std::vector<size_t>(ranks.size(), 0), 0);
+}
+
+// A step in steady state: steps[k][r] is rank r's recording of the k-th of a run of steps, replayed
+// back to back on one timeline per rank: the host issues each step right after the one before, and
+// streams and events carry over (a recording names a handle by the same index in every step), so a
+// wait on an event recorded in an earlier step resolves against that record, and communication that
+// spills into the next step delays what waits for it there. The last step is reported: its time runs
+// from the end of the step before (the last of that step's ops done, on any rank, host or stream)
+// to its own end; its exposed communication, launches, host syncs and critical path are its own ops'.
+inline std::vector<Timeline> replay_steady(const std::vector<std::vector<std::vector<StepOp>>>& steps,
+                                           const CostModel& cm) {
+    const std::vector<std::vector<StepOp>>& last = steps.back();
+    std::vector<std::vector<StepOp>> ranks(last.size());
+    std::vector<size_t> prev(last.size(), 0), first(last.size(), 0);
+    for (const std::vector<std::vector<StepOp>>& step : steps) {
+        if (const std::string e = replay_error(step, cm); !e.empty()) step_model_fail(e);
+        if (step.size() != last.size()) step_model_fail("steps of a steady state recorded on different rank counts");
+        for (size_t r = 0; r < ranks.size(); ++r) {
+            prev[r] = first[r], first[r] = ranks[r].size();
+            ranks[r].insert(ranks[r].end(), step[r].begin(), step[r].end());
+        }
+    }
+    step_model_detail::Replay replay(ranks, cm);
+    replay.run();
+    double t0 = 0;
+    if (steps.size() > 1)
+        for (size_t r = 0; r < ranks.size(); ++r) t0 = std::max(t0, replay.done_us(r, prev[r], first[r]));
+    return replay.timelines(first, t0);
 }
 
 // ---- a modeled step, a plan of stages, and their reports ----
@@ -638,12 +694,14 @@ inline void add_collective(std::vector<CollectiveRow>& rows, const StepOp& op, c
     c.overlapped_ms += t.overlapped_us / 1e3;
 }
 
-inline ModeledStep model_step(std::string label, std::vector<std::vector<StepOp>> ranks, const CostModel& cm) {
+// The last of `steps` (each every rank's recording) in the steady state of the run of them (replay_steady).
+inline ModeledStep model_step(std::string label, const std::vector<std::vector<std::vector<StepOp>>>& steps,
+                              const CostModel& cm) {
     ModeledStep m;
     m.label = std::move(label);
-    m.ranks = std::move(ranks);
+    m.ranks = steps.back();
     if (m.ranks.empty()) return m;
-    m.timelines = replay(m.ranks, cm);
+    m.timelines = replay_steady(steps, cm);
     for (size_t r = 1; r < m.timelines.size(); ++r)
         if (m.timelines[r].makespan_us > m.timelines[m.rank].makespan_us) m.rank = int(r);
     const Timeline& tl = m.timelines[m.rank];
@@ -702,6 +760,24 @@ inline std::string plan_error(const std::vector<PlanStage>& stages, const CostMo
     return "";
 }
 
+// The steady state a stage's step of each kind is modeled in: the two steps before it in a run, then
+// it (an even step follows an Adam step; an Adam step and the untie step follow an even step). A kind
+// the stage did not record stands in for itself.
+constexpr int kSteadyStepsBefore = 2;
+enum class StepKind { even, adam, untie };
+inline const std::vector<std::vector<StepOp>>& recording(const PlanStage& st, StepKind k) {
+    return k == StepKind::even ? st.even : k == StepKind::adam ? st.adam : st.untie;
+}
+inline StepKind step_before(const PlanStage& st, StepKind k) {
+    const StepKind before = k == StepKind::even ? StepKind::adam : StepKind::even;
+    return recording(st, before).empty() ? k : before;
+}
+inline std::vector<std::vector<std::vector<StepOp>>> steady_steps(const PlanStage& st, StepKind k) {
+    std::vector<std::vector<std::vector<StepOp>>> steps(kSteadyStepsBefore + 1);
+    for (int i = kSteadyStepsBefore; i >= 0; --i, k = step_before(st, k)) steps[size_t(i)] = recording(st, k);
+    return steps;
+}
+
 inline PlanReport plan_report(const std::string& preset, const std::string& schedule,
                               const std::vector<PlanStage>& stages, const CostModel& cm) {
     if (const std::string e = plan_error(stages, cm); !e.empty()) step_model_fail(e);
@@ -710,9 +786,9 @@ inline PlanReport plan_report(const std::string& preset, const std::string& sche
         StageReport s;
         s.stage = st.name;
         s.steps_even = st.steps_even, s.steps_adam = st.steps_adam, s.steps_untie = st.steps_untie;
-        s.even = model_step(st.name + " even", st.even, cm);
-        s.adam = model_step(st.name + " adam", st.adam, cm);
-        s.untie = model_step(st.name + " untie", st.untie, cm);
+        s.even = model_step(st.name + " even", steady_steps(st, StepKind::even), cm);
+        s.adam = model_step(st.name + " adam", steady_steps(st, StepKind::adam), cm);
+        s.untie = model_step(st.name + " untie", steady_steps(st, StepKind::untie), cm);
         s.total_ms = s.steps_even * s.even.ms + s.steps_adam * s.adam.ms + s.steps_untie * s.untie.ms;
         p.total_ms += s.total_ms;
         p.stages.push_back(std::move(s));
