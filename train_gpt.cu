@@ -457,7 +457,7 @@ struct Model {
     float* loss;                  // device: the last forward's loss (training: the sum over rows)
     float* dloss;                 // device: d(objective)/d(loss) = grad_scale
     unsigned int* sums_done;      // device: the backward's reductions' ticket counter (zero between launches)
-    GradBuckets* buckets = nullptr;  // the NorMuon banks' reductions the backward starts (set by build_optimizer)
+    GradBuckets buckets;          // the NorMuon banks' reductions the backward starts (set by build_optimizer)
     float* mtp_weights;           // device, up to kMaxMtpWeights
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
 };
@@ -849,13 +849,11 @@ const ParamRule kParamTable[] = {
     {"embed", Optim::adam, Comms::sharded, 0.5, 0.95, 1.0, 150.0},
 };
 constexpr int kParamGroups = sizeof(kParamTable) / sizeof(kParamTable[0]);
-// Small parameters first while the large reductions land; lm_head before embed (the tied copy
-// needs it); the NorMuon banks last, their Polar Express covering the other all-gathers (mlp first:
-// layer 0's MLP bucket lands before its attention's).
+// Small parameters first while the large reductions land; lm_head before embed (the tied copy needs
+// it); the NorMuon banks last (mlp's last bucket lands first), their Polar Express covering all-gathers.
 const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_gate",    "attn_gate_bank",
                                               "ve_gate_bank", "x0_lambdas", "lm_head",   "bigram_embed",
                                               "value_embed",  "embed",      "mlp",       "attn"};
-
 
 #include "train/param_check.h"
 
@@ -864,7 +862,6 @@ struct OptimScalars {
     AdamStepScalars adam[kParamGroups];
     NorMuonStepScalars normuon[kParamGroups];
 };
-
 
 struct OptimGroup {
     const ParamRule* rule;
@@ -904,7 +901,6 @@ struct Optimizer {
     int32_t* sparse_pinned = nullptr;
     std::unique_ptr<TouchedRows> touched;
     std::unique_ptr<SparseRowExchange> exchange;
-    GradBuckets buckets;
     OptimGroup& operator[](const char* label) { return group[param_group(label)]; }
 };
 
@@ -929,10 +925,9 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params
         const bool sharded = q.comms != Comms::replicated;
         q.shard_rows = sharded ? q.t.rows / o.world : q.t.rows;
         const std::string n = std::string("optim.") + q.rule->label + ".";
-        const int64_t elems = q.shard_elems();
         q.grad_shard = q.t.grad;  // replicated: reduced in place; one rank: the gradient itself
         if (q.comms == Comms::sharded_sparse)  // the merge adds into the full gradient: its own slice
-            q.grad_shard = static_cast<char*>(q.t.grad) + o.rank * elems * q.elem_bytes();
+            q.grad_shard = static_cast<char*>(q.t.grad) + o.rank * q.shard_elems() * q.elem_bytes();
         else if (sharded && q.distributed)
             q.grad_shard = q.t.fp32 ? static_cast<void*>(a.take<float>(n + "grad_shard", {q.shard_rows, q.t.row_elems}))
                                     : static_cast<void*>(a.take<bf16>(n + "grad_shard", {q.shard_rows, q.t.row_elems}));
@@ -979,12 +974,10 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
     }
     for (cudaEvent_t* e : {&o.grads_ready, &o.comms_done, &o.lm_head_gathered})
         CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-    std::vector<BankBuffers> buckets;  // attn, mlp: the table's order
     for (OptimGroup& q : o.group) {
         CUDA_CHECK(cudaEventCreateWithFlags(&q.reduced, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&q.updated, cudaEventDisableTiming));
         if (q.rule->optim != Optim::normuon) continue;
-        buckets.push_back({static_cast<const bf16*>(q.t.grad), static_cast<bf16*>(q.grad_shard), q.t.row_elems, int(q.t.rows), q.reduced});
         std::vector<float> mul(q.shard_rows);  // c_proj matrices (odd global index of the MLP bank) take 2x
         for (int64_t i = 0; i < q.shard_rows; ++i)
             mul[i] = normuon_matrix_lr_mul(std::strcmp(q.rule->label, "mlp") == 0, int(rank * q.shard_rows + i));
@@ -992,20 +985,16 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
         CUDA_CHECK(copy_async(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice, s));
         CUDA_CHECK(sync_stream(s, "matrix_lr_mul"));
     }
-    build_grad_buckets(o.buckets, rank, world, comm, o.comms, buckets.at(0), buckets.at(1));
-    m.buckets = &o.buckets;
+    build_grad_buckets(m.buckets, {rank, world, comm, o.comms, o.grads_ready}, o["attn"], o["mlp"]);
     CUDA_CHECK(sync_stream(s, "build_optimizer"));
 }
 
 void destroy_optimizer(Optimizer& o) {
     o.exchange.reset();
     if (o.sparse_pinned) cudaFreeHost(o.sparse_pinned);
-    for (OptimGroup& q : o.group) {
-        cudaEventDestroy(q.reduced);
-        cudaEventDestroy(q.updated);
-    }
+    for (OptimGroup& q : o.group)
+        for (cudaEvent_t e : {q.reduced, q.updated}) cudaEventDestroy(e);
     for (cudaEvent_t e : {o.grads_ready, o.comms_done, o.lm_head_gathered}) cudaEventDestroy(e);
-    destroy_grad_buckets(o.buckets);
     cudaStreamDestroy(o.comms);
     cudaFreeHost(o.host_scalars);
 }
@@ -1026,7 +1015,6 @@ inline ncclDataType_t nccl_type(const OptimGroup& q) { return q.t.fp32 ? ncclFlo
 // (average) into this rank's shard, or the sparse exchange of the touched rows (their indexes
 // travelled during the forward). One rank has nothing to reduce.
 void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
-    if (q.rule->optim == Optim::normuon) return;  // reduced in buckets by the backward (train/buckets.h)
     if (q.comms == Comms::sharded_sparse)
         o.exchange->exchange_values(static_cast<bf16*>(q.t.grad), o.grads_ready);
     else if (q.distributed)
@@ -1106,9 +1094,8 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     const bool do_adam = step % 2 == 1, tied = !o.split;
     const int64_t C = c.model_dim, V = c.padded_vocab;
     const Range range("optimizer");
-    auto steps = [&](const OptimGroup& q) {
-        if (q.rule->optim == Optim::adam && !do_adam) return false;
-        return !(tied && std::strcmp(q.rule->label, "embed") == 0);  // tied: updated through lm_head
+    auto steps = [&](const OptimGroup& q) {  // tied: embed is updated through lm_head
+        return (q.rule->optim != Optim::adam || do_adam) && !(tied && std::strcmp(q.rule->label, "embed") == 0);
     };
     OptimScalars& host = o.host_scalars[step & 1];
     fill_step_scalars(c, sch, o, step, do_adam, host);
@@ -1127,7 +1114,7 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         small_run.clear();
     };
     for (OptimGroup& q : o.group) {
-        if (!steps(q)) continue;
+        if (!steps(q) || q.rule->optim == Optim::normuon) continue;  // NorMuon: reduced by the backward (buckets.h)
         if (q.distributed && q.comms == Comms::replicated) {
             if (small_run.empty()) NCCL_CHECK(group_start());
             NCCL_CHECK(all_reduce(q.t.grad, q.t.grad, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));

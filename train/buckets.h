@@ -74,11 +74,13 @@ inline std::vector<Bucket> bank_buckets(Bank b, const std::vector<int>& ready, i
 }
 
 // Both banks' buckets in launch order: by ready point, a point's buckets from the highest matrix
-// down (the order the backward finishes them in is the same on every rank, as NCCL requires).
+// down (the order the backward finishes them in is the same on every rank, as NCCL requires). None
+// where ownership_error() has an error.
 inline std::vector<Bucket> bucket_plan(int attn_matrices, int mlp_matrices, int world) {
     std::vector<Bucket> plan;
     for (Bank b : kBanks) {
         const int n = b == Bank::attn ? attn_matrices : mlp_matrices;
+        if (!ownership_error(b, n, world).empty()) return {};
         const std::vector<Bucket> bank = bank_buckets(b, matrix_ready_points(b, n), world);
         plan.insert(plan.end(), bank.begin(), bank.end());
     }
@@ -133,15 +135,21 @@ struct BankBuffers {
     cudaEvent_t own_reduced = nullptr;  // recorded on the comms stream after this rank's last bucket
 };
 
-// The buckets of a run and what launching them needs (made by build_optimizer; the backward's hooks
-// call reduce_final_buckets). One rank reduces nothing.
-struct GradBuckets {
-    std::vector<Bucket> plan;
+// Where this rank's reductions go: its rank and world, NCCL's communicator, the comms stream, and an
+// event of the optimizer's for the compute stream's gradients so far (recorded at each backward point).
+struct BucketComms {
     int rank = 0, world = 1;
     ncclComm_t comm = nullptr;
     cudaStream_t comms = nullptr;
+    cudaEvent_t grads_ready = nullptr;
+};
+// The buckets of a run and what launching them needs (made by build_optimizer; the backward's hooks
+// call reduce_final_buckets). One rank, or buckets never built (a model without an optimizer),
+// reduce nothing.
+struct GradBuckets {
+    std::vector<Bucket> plan;
+    BucketComms c;
     BankBuffers bank[2];
-    cudaEvent_t final_point = nullptr;  // the compute stream at a backward point
     BankBuffers& of(Bank b) { return bank[b == Bank::attn ? 0 : 1]; }
 };
 
@@ -149,28 +157,29 @@ struct GradBuckets {
 inline size_t last_owned_bucket(const GradBuckets& g, Bank b) {
     size_t last = 0;
     for (size_t i = 0; i < g.plan.size(); ++i)
-        if (g.plan[i].bank == b && g.plan[i].owner == g.rank) last = i;
+        if (g.plan[i].bank == b && g.plan[i].owner == g.c.rank) last = i;
     return last;
 }
 
 // The backward hook: everything finishing bank b's gradients of `layer` is enqueued on s. On the
 // step's last micro-step, that point's buckets start their reductions on the comms stream.
-inline void reduce_final_buckets(GradBuckets* g, bool last_micro_step, Bank b, int layer, cudaStream_t s) {
-    if (!g || !last_micro_step || g->world == 1) return;
+inline void reduce_final_buckets(GradBuckets& g, bool last_micro_step, Bank b, int layer, cudaStream_t s) {
+    const BucketComms& c = g.c;
+    if (!last_micro_step || c.world == 1) return;
     const int point = backward_point(b, layer);
     bool joined = false;
-    for (size_t i = 0; i < g->plan.size(); ++i) {
-        const Bucket& k = g->plan[i];
+    for (size_t i = 0; i < g.plan.size(); ++i) {
+        const Bucket& k = g.plan[i];
         if (k.ready != point) continue;
-        if (!joined) CUDA_CHECK(join_stream(g->comms, g->final_point, s));
+        if (!joined) CUDA_CHECK(join_stream(c.comms, c.grads_ready, s));
         joined = true;
-        BankBuffers& buf = g->of(k.bank);
+        BankBuffers& buf = g.of(k.bank);
         const int64_t offset = int64_t(k.first) * buf.matrix_elems;
-        const int64_t shard_begin = int64_t(g->rank) * (buf.matrices / g->world) * buf.matrix_elems;
-        bf16* recv = buf.grad_shard + (k.owner == g->rank ? offset - shard_begin : 0);  // read on the owner only
+        const int64_t shard_begin = int64_t(c.rank) * (buf.matrices / c.world) * buf.matrix_elems;
+        bf16* recv = buf.grad_shard + (k.owner == c.rank ? offset - shard_begin : 0);  // read on the owner only
         NCCL_CHECK(reduce(buf.grad + offset, recv, size_t(k.count * buf.matrix_elems), ncclBfloat16, ncclAvg, k.owner,
-                          g->comm, g->comms));
-        if (k.owner == g->rank && i == last_owned_bucket(*g, k.bank)) CUDA_CHECK(record_event(buf.own_reduced, g->comms));
+                          c.comm, c.comms));
+        if (k.owner == c.rank && i == last_owned_bucket(g, k.bank)) CUDA_CHECK(record_event(buf.own_reduced, c.comms));
     }
 }
 
@@ -186,19 +195,20 @@ inline void name_bank_layers(const bf16* bank, int64_t matrix_elems, Bank b, int
     }
 }
 
-// The run's buckets for this rank (attn and mlp: each bank's buffers and its own-bucket event, the
-// NorMuon group's `reduced`); stops naming the bank when the world size cannot own whole matrices.
-inline void build_grad_buckets(GradBuckets& g, int rank, int world, ncclComm_t comm, cudaStream_t comms,
-                               BankBuffers attn, BankBuffers mlp) {
-    const int attn_matrices = attn.matrices, mlp_matrices = mlp.matrices;
-    g.plan = bucket_plan(attn_matrices, mlp_matrices, world);
-    if (const std::string e = bucket_plan_error(g.plan, attn_matrices, mlp_matrices, world); !e.empty()) {
+// The run's buckets for this rank, from the optimizer's NorMuon groups (each bank's gradient, this
+// rank's reduced shard, and its `reduced` event, which the bucket of its last own matrices records);
+// stops naming the bank when the world size cannot own whole matrices.
+template <class Group>
+void build_grad_buckets(GradBuckets& g, const BucketComms& c, const Group& attn, const Group& mlp) {
+    for (auto [b, q] : {std::pair<Bank, const Group*>{Bank::attn, &attn}, {Bank::mlp, &mlp}})
+        g.of(b) = {static_cast<const bf16*>(q->t.grad), static_cast<bf16*>(q->grad_shard), q->t.row_elems,
+                   static_cast<int>(q->t.rows), q->reduced};
+    const int attn_matrices = g.of(Bank::attn).matrices, mlp_matrices = g.of(Bank::mlp).matrices;
+    g.plan = bucket_plan(attn_matrices, mlp_matrices, c.world);
+    if (const std::string e = bucket_plan_error(g.plan, attn_matrices, mlp_matrices, c.world); !e.empty()) {
         std::fprintf(stderr, "train_gpt: %s\n", e.c_str());
         std::exit(EXIT_FAILURE);
     }
-    g.rank = rank, g.world = world, g.comm = comm, g.comms = comms;
-    g.of(Bank::attn) = attn, g.of(Bank::mlp) = mlp;
+    g.c = c;
     for (Bank b : kBanks) name_bank_layers(g.of(b).grad, g.of(b).matrix_elems, b, g.of(b).matrices, "grad");
-    CUDA_CHECK(cudaEventCreateWithFlags(&g.final_point, cudaEventDisableTiming));
 }
-inline void destroy_grad_buckets(GradBuckets& g) { cudaEventDestroy(g.final_point); }

@@ -422,17 +422,20 @@ class Replay {
         }
     }
 
-    // When rank r's ops [from, to) were all done.
-    double done_us(size_t r, size_t from, size_t to) const {
-        double t = 0;
-        for (size_t i = from; i < to; ++i) t = std::max(t, st_[r].op_end[i].t);
-        return t;
+    // When rank r's ops [from, to) were all done (the last of them; for the last ops of the replay,
+    // the host and every stream idle).
+    Stamp done(size_t r, size_t from, size_t to) {
+        RankState& s = st_[r];
+        Stamp t;
+        for (size_t i = from; i < to; ++i) t = later(t, s.op_end[i]);
+        return to == ranks_[r].size() ? later(t, later(device_ready(s, -1), s.host)) : t;
     }
-    // Per rank, its ops from first[r] on, with times from t0 (the step's start): when each ran, the
-    // makespan to the last of them, exposed communication, the critical path back to t0.
-    std::vector<Timeline> timelines(const std::vector<size_t>& first, double t0) {
+    // Per rank, its ops [first[r], last[r]) with times from t0 (the step's start): when each ran, the
+    // makespan to the last of them, stream 0's idle time for other streams in between, the critical
+    // path back to t0.
+    std::vector<Timeline> timelines(const std::vector<size_t>& first, const std::vector<size_t>& last, double t0) {
         std::vector<Timeline> out;
-        for (size_t r = 0; r < st_.size(); ++r) out.push_back(finish(r, first[r], t0));
+        for (size_t r = 0; r < st_.size(); ++r) out.push_back(finish(r, first[r], last[r], t0));
         return out;
     }
 
@@ -548,18 +551,24 @@ class Replay {
         }
     }
 
-    Timeline finish(size_t r, size_t first, double t0) {
+    Timeline finish(size_t r, size_t first, size_t last, double t0) {
         RankState& s = st_[r];
         const std::vector<OpTiming>& all = s.tl.ops;
-        const Stamp end = later(device_ready(s, -1), s.host);
+        const Stamp end = done(r, first, last);
         Timeline tl;
         tl.makespan_us = end.t - t0;
-        tl.ops.assign(all.begin() + std::ptrdiff_t(first), all.end());
-        for (size_t i = first; i < ranks_[r].size(); ++i) {
+        tl.ops.assign(all.begin() + std::ptrdiff_t(first), all.begin() + std::ptrdiff_t(last));
+        for (size_t i = first; i < last; ++i) {
             const StepOp& op = ranks_[r][i];
             if (is_device_op(op.kind)) ++tl.launches;
             if (op.kind == OpKind::host_sync) ++tl.host_syncs;
-            tl.exposed_comm_us += all[i].exposed_comm_us;
+        }
+        // stream 0's idle time in [t0, end]: an earlier step's op whose wait reaches into the step
+        // counts here, a wait before t0 in the step before
+        for (size_t i = 0; i < ranks_[r].size(); ++i) {
+            const OpTiming& t = all[i];
+            const double until = ranks_[r][i].kind == OpKind::collective ? t.end_us : t.start_us;
+            tl.exposed_comm_us += std::max(0.0, std::min(until, end.t) - std::max(until - t.exposed_comm_us, t0));
         }
         // collectives' overlap with stream 0's compute (stream 0's ops run one after another), the
         // earlier steps' compute included
@@ -568,7 +577,7 @@ class Replay {
             const StepOp& op = ranks_[r][i];
             if (op.stream == 0 && is_device_op(op.kind) && op.kind != OpKind::collective) busy.push_back(&all[i]);
         }
-        for (size_t i = first; i < ranks_[r].size(); ++i) {
+        for (size_t i = first; i < last; ++i) {
             if (ranks_[r][i].kind != OpKind::collective) continue;
             OpTiming& c = tl.ops[i - first];
             auto it = std::lower_bound(busy.begin(), busy.end(), c.start_us,
@@ -613,35 +622,39 @@ inline std::vector<Timeline> replay(const std::vector<std::vector<StepOp>>& rank
     if (const std::string e = replay_error(ranks, cm); !e.empty()) step_model_fail(e);
     step_model_detail::Replay replay(ranks, cm);
     replay.run();
-    return replay.timelines(std::vector<size_t>(ranks.size(), 0), 0);
+    std::vector<size_t> last;
+    for (const std::vector<StepOp>& ops : ranks) last.push_back(ops.size());
+    return replay.timelines(std::vector<size_t>(ranks.size(), 0), last, 0);
 }
 
 // A step in steady state: steps[k][r] is rank r's recording of the k-th of a run of steps, replayed
 // back to back on one timeline per rank: the host issues each step right after the one before, and
 // streams and events carry over (a recording names a handle by the same index in every step), so a
 // wait on an event recorded in an earlier step resolves against that record, and communication that
-// spills into the next step delays what waits for it there. The last step is reported: its time runs
+// spills into the next step delays what waits for it there. Step `report` is reported: its time runs
 // from the end of the step before (the last of that step's ops done, on any rank, host or stream)
-// to its own end; its exposed communication, launches, host syncs and critical path are its own ops'.
-inline std::vector<Timeline> replay_steady(const std::vector<std::vector<std::vector<StepOp>>>& steps,
+// to its own end; its exposed communication is stream 0's idle time for other streams in that window
+// (a later step's wait included: replay one step after it), its launches and host syncs its own ops'.
+inline std::vector<Timeline> replay_steady(const std::vector<std::vector<std::vector<StepOp>>>& steps, size_t report,
                                            const CostModel& cm) {
-    const std::vector<std::vector<StepOp>>& last = steps.back();
-    std::vector<std::vector<StepOp>> ranks(last.size());
-    std::vector<size_t> prev(last.size(), 0), first(last.size(), 0);
-    for (const std::vector<std::vector<StepOp>>& step : steps) {
-        if (const std::string e = replay_error(step, cm); !e.empty()) step_model_fail(e);
-        if (step.size() != last.size()) step_model_fail("steps of a steady state recorded on different rank counts");
-        for (size_t r = 0; r < ranks.size(); ++r) {
-            prev[r] = first[r], first[r] = ranks[r].size();
-            ranks[r].insert(ranks[r].end(), step[r].begin(), step[r].end());
+    if (report >= steps.size()) step_model_fail("replay_steady: no step " + std::to_string(report) + " to report");
+    const size_t n = steps[report].size();
+    std::vector<std::vector<StepOp>> ranks(n);
+    std::vector<std::vector<size_t>> begin(steps.size() + 1, std::vector<size_t>(n, 0));  // begin[k][r]
+    for (size_t k = 0; k < steps.size(); ++k) {
+        if (const std::string e = replay_error(steps[k], cm); !e.empty()) step_model_fail(e);
+        if (steps[k].size() != n) step_model_fail("steps of a steady state recorded on different rank counts");
+        for (size_t r = 0; r < n; ++r) {
+            ranks[r].insert(ranks[r].end(), steps[k][r].begin(), steps[k][r].end());
+            begin[k + 1][r] = ranks[r].size();
         }
     }
     step_model_detail::Replay replay(ranks, cm);
     replay.run();
     double t0 = 0;
-    if (steps.size() > 1)
-        for (size_t r = 0; r < ranks.size(); ++r) t0 = std::max(t0, replay.done_us(r, prev[r], first[r]));
-    return replay.timelines(first, t0);
+    if (report > 0)
+        for (size_t r = 0; r < n; ++r) t0 = std::max(t0, replay.done(r, begin[report - 1][r], begin[report][r]).t);
+    return replay.timelines(begin[report], begin[report + 1], t0);
 }
 
 // ---- a modeled step, a plan of stages, and their reports ----
@@ -694,14 +707,15 @@ inline void add_collective(std::vector<CollectiveRow>& rows, const StepOp& op, c
     c.overlapped_ms += t.overlapped_us / 1e3;
 }
 
-// The last of `steps` (each every rank's recording) in the steady state of the run of them (replay_steady).
+// Step `report` of `steps` (each every rank's recording) in the steady state of the run of them
+// (replay_steady).
 inline ModeledStep model_step(std::string label, const std::vector<std::vector<std::vector<StepOp>>>& steps,
-                              const CostModel& cm) {
+                              size_t report, const CostModel& cm) {
     ModeledStep m;
     m.label = std::move(label);
-    m.ranks = steps.back();
+    m.ranks = steps.at(report);
     if (m.ranks.empty()) return m;
-    m.timelines = replay_steady(steps, cm);
+    m.timelines = replay_steady(steps, report, cm);
     for (size_t r = 1; r < m.timelines.size(); ++r)
         if (m.timelines[r].makespan_us > m.timelines[m.rank].makespan_us) m.rank = int(r);
     const Timeline& tl = m.timelines[m.rank];
@@ -760,9 +774,9 @@ inline std::string plan_error(const std::vector<PlanStage>& stages, const CostMo
     return "";
 }
 
-// The steady state a stage's step of each kind is modeled in: the two steps before it in a run, then
-// it (an even step follows an Adam step; an Adam step and the untie step follow an even step). A kind
-// the stage did not record stands in for itself.
+// The steady state a stage's step of each kind is modeled in: the two steps before it in a run, it,
+// and the step after it (an even step follows an Adam step; an Adam step and the untie step follow an
+// even step, which an Adam step follows). A kind the stage did not record stands in for itself.
 constexpr int kSteadyStepsBefore = 2;
 enum class StepKind { even, adam, untie };
 inline const std::vector<std::vector<StepOp>>& recording(const PlanStage& st, StepKind k) {
@@ -772,8 +786,13 @@ inline StepKind step_before(const PlanStage& st, StepKind k) {
     const StepKind before = k == StepKind::even ? StepKind::adam : StepKind::even;
     return recording(st, before).empty() ? k : before;
 }
+inline StepKind step_after(const PlanStage& st, StepKind k) {
+    const StepKind after = k == StepKind::even ? StepKind::adam : StepKind::even;
+    return recording(st, after).empty() ? k : after;
+}
 inline std::vector<std::vector<std::vector<StepOp>>> steady_steps(const PlanStage& st, StepKind k) {
-    std::vector<std::vector<std::vector<StepOp>>> steps(kSteadyStepsBefore + 1);
+    std::vector<std::vector<std::vector<StepOp>>> steps(kSteadyStepsBefore + 2);
+    steps.back() = recording(st, step_after(st, k));
     for (int i = kSteadyStepsBefore; i >= 0; --i, k = step_before(st, k)) steps[size_t(i)] = recording(st, k);
     return steps;
 }
@@ -786,9 +805,9 @@ inline PlanReport plan_report(const std::string& preset, const std::string& sche
         StageReport s;
         s.stage = st.name;
         s.steps_even = st.steps_even, s.steps_adam = st.steps_adam, s.steps_untie = st.steps_untie;
-        s.even = model_step(st.name + " even", steady_steps(st, StepKind::even), cm);
-        s.adam = model_step(st.name + " adam", steady_steps(st, StepKind::adam), cm);
-        s.untie = model_step(st.name + " untie", steady_steps(st, StepKind::untie), cm);
+        s.even = model_step(st.name + " even", steady_steps(st, StepKind::even), kSteadyStepsBefore, cm);
+        s.adam = model_step(st.name + " adam", steady_steps(st, StepKind::adam), kSteadyStepsBefore, cm);
+        s.untie = model_step(st.name + " untie", steady_steps(st, StepKind::untie), kSteadyStepsBefore, cm);
         s.total_ms = s.steps_even * s.even.ms + s.steps_adam * s.adam.ms + s.steps_untie * s.untie.ms;
         p.total_ms += s.total_ms;
         p.stages.push_back(std::move(s));
