@@ -6,6 +6,16 @@
 // operation starts when the host has issued it, its stream is free and the events its stream waits
 // on have completed, and the k-th collective of every rank starts on all ranks together.
 //
+// A step is priced in steady state (replay_steady(), plan_report()): the two steps before it in a
+// run, it, and the step after it (even and Adam steps alternate, the untie step follows an even one:
+// an even step is modeled as even, Adam, EVEN, Adam; an Adam step as Adam, even, ADAM, even; each
+// the stage's recording of that kind) are replayed back to back on one timeline per rank, streams and events carried over (a recording names each stream and event by the same index
+// in every step of a plan), so a wait on an event an earlier step recorded resolves against that
+// record, and communication that spills into the next step's forward delays what waits for it
+// there rather than vanishing (one step alone) or ending the step. A step's time runs from the end of
+// the step before (its last op done, on any rank) to its own end; its exposed communication is stream
+// 0's idle time for other streams within that window, whichever step's op waited.
+//
 // It is a model, not a measurement: the constants sit in one table (CostModel) with the source of
 // each; where no published number fits, the value is an assumption and says so. Compare schedules
 // with it and trust differences more than absolute numbers; `--profile-steps` measures on a GPU.
@@ -671,7 +681,9 @@ struct CollectiveRow {
 };
 
 // One step of every rank, replayed. The step takes as long as its slowest rank (`rank`); the
-// family tables, exposed communication and critical path are that rank's.
+// family tables, exposed communication and critical path are that rank's. Ranks that a collective
+// at the step's end holds together finish at once: of those, the one that waited least is the one
+// the others waited for (its work sets the step; their extra wait is the ranks' imbalance).
 struct ModeledStep {
     std::string label;
     std::vector<std::vector<StepOp>> ranks;  // empty: a step the schedule does not have
@@ -716,8 +728,11 @@ inline ModeledStep model_step(std::string label, const std::vector<std::vector<s
     m.ranks = steps.at(report);
     if (m.ranks.empty()) return m;
     m.timelines = replay_steady(steps, report, cm);
-    for (size_t r = 1; r < m.timelines.size(); ++r)
-        if (m.timelines[r].makespan_us > m.timelines[m.rank].makespan_us) m.rank = int(r);
+    for (size_t r = 1; r < m.timelines.size(); ++r) {
+        const Timeline &t = m.timelines[r], &slowest = m.timelines[m.rank];
+        const bool tie = std::fabs(t.makespan_us - slowest.makespan_us) <= 1e-6 * std::max(1.0, slowest.makespan_us);
+        if (tie ? t.exposed_comm_us < slowest.exposed_comm_us : t.makespan_us > slowest.makespan_us) m.rank = int(r);
+    }
     const Timeline& tl = m.timelines[m.rank];
     m.ms = tl.makespan_us / 1e3;
     m.exposed_comm_ms = tl.exposed_comm_us / 1e3;

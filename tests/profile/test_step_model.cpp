@@ -645,6 +645,15 @@ static void test_steady_state() {
     check_near(jt.exposed_comm_us, 15, "steady state, gather joined: all of it exposed");
     test::check_fails_with("a report past the steps", "step_model: replay_steady: no step 4",
                            [&] { replay_steady({{w}}, 4, cm); });
+
+    // Two ranks held together by a reduce-scatter on stream 0 (15 us): rank 0's kernel [1, 2], rank
+    // 1's [1, 12]; the collective runs [12, 27] on both, so both take 27 us. Rank 0 waited from 2:
+    // 25 us "exposed", 10 of them for rank 1's work; rank 1, whom it waited for, 15. The step reports
+    // rank 1.
+    const StepOp rs = collective("nccl_reduce_scatter", Comm::reduce_scatter, 0, 8e3);
+    const ModeledStep held = model_step("held", {{{kernel("k", 0, 0), rs}, {kernel("k", 0, 10e6), rs}}}, 0, cm);
+    test::check(held.rank == 1, "of ranks finishing together, the one waited for: got rank %d", held.rank);
+    check_near(held.exposed_comm_ms, 0.015, "its exposed communication, without the other's imbalance");
 }
 
 // ---- bad recordings and plans ----
