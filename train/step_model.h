@@ -1116,8 +1116,9 @@ inline const std::vector<ScheduleRule>& upstream_rules() {
         {"comms_after_backward",
          "collectives issued inside the backward (range \"backward...\") on a stream other than 0, with the other "
          "ops of those streams there, move after the backward's last op, behind one event stream 0 records there: "
-         "upstream launches its reductions from the optimizer step. Ours already issue after the backward, so today "
-         "this changes nothing; it keeps upstream's order when ours changes"},
+         "upstream launches its reductions from the optimizer step. Ours reduce the NorMuon banks in buckets (one "
+         "ncclReduce per owner and layer) during the backward; moved after it they stay that many collectives, "
+         "where upstream issues one reduce-scatter per bank"},
         {"sum_block_partials_kept",
          "our deterministic reductions' second passes are kept although upstream's torch reductions have none: "
          "most are fused into their producers now (last-block-done); the few left (sum_fixed_order of the loss, "

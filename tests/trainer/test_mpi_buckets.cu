@@ -11,7 +11,7 @@
 // gradient's kernel) refused.
 #define TRAIN_GPT_NO_MAIN
 #include "../../train_gpt.cu"
-#include "../test_util.h"
+#include "trainer_test_util.h"
 
 // ---- the plan against a reference ----
 
@@ -218,14 +218,5 @@ int main(int argc, char** argv) {
     allocate_host_buffers(r);
     check_recorded_order(r);
 
-    int failed = test::failed(), passed = test::passed(), total_failed, total_passed;
-    MPI_Reduce(&failed, &total_failed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
-    MPI_Reduce(&passed, &total_passed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
-    if (d.rank == 0) std::printf("%d passed, %d failed\n", total_passed, total_failed);
-    CUDA_CHECK(cudaFreeHost(r.losses));
-    r.train.reset();
-    destroy_optimizer(o);
-    CUDA_CHECK(cudaStreamDestroy(s));
-    stop_distributed(d);
-    return failed ? 1 : 0;
+    return finish_trainer_test(r, o);
 }
