@@ -429,6 +429,7 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
 }
 
 #include "train/device_batch.h"
+#include "train/buckets.h"
 
 // What the schedule decides for one forward.
 struct StepSchedule {
@@ -455,6 +456,7 @@ struct Model {
     float* loss;                  // device: the last forward's loss (training: the sum over rows)
     float* dloss;                 // device: d(objective)/d(loss) = grad_scale
     unsigned int* sums_done;      // device: the backward's reductions' ticket counter (zero between launches)
+    GradBuckets buckets;          // the NorMuon banks' reductions the backward starts (set by build_optimizer)
     float* mtp_weights;           // device, up to kMaxMtpWeights
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
     MlpKernel mlp_kernel = MlpKernel::mma;  // the MLP's c_fc GEMMs: build_model's default, or --mlp-kernel
@@ -693,6 +695,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
 struct Accumulate {
     bool matrices;  // the NorMuon banks (attn, mlp)
     bool others;    // every Adam parameter
+    bool last = false;  // the step's last micro-step: NorMuon's buckets reduce as the backward finishes them
 };
 void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, Accumulate acc, cudaStream_t s) {
     const Config& c = m.cfg;
@@ -725,6 +728,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         const bf16* mlp_in = has_attention(l) ? L.h_mlp : L.h_attn;
         mlp_backward(*m.lt, m.mlp_kernel, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.matrices, L.post, dX, mlp_in, p.c_fc(c, l),
                      p.c_proj(c, l), L.pre, L.post, T, C, M, s);
+        reduce_final_buckets(m.buckets, acc.last, Bank::mlp, l, s);
         if (has_attention(l)) {
             residual_add_backward(dX, w.dh, L.xa, L.rstd_mlp, T, C, s);  // dX now: the gradient of xm's stream use
             const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
@@ -748,6 +752,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             lambda_scaled_weight_backward({{g.wqkv(c, l), dsa, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
                                            {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}},
                                           sums, {.dw = acc.matrices, .dlambda = accumulate}, s);
+            reduce_final_buckets(m.buckets, acc.last, Bank::attn, l, s);
             attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
                                 sums, accumulate, s);
         }
@@ -861,12 +866,11 @@ const ParamRule kParamTable[] = {
     {"embed", Optim::adam, Comms::sharded, 0.5, 0.95, 1.0, 150.0},
 };
 constexpr int kParamGroups = sizeof(kParamTable) / sizeof(kParamTable[0]);
-// Small parameters first while the large reductions land; lm_head before embed (the tied copy
-// needs it); the NorMuon banks last, their Polar Express covering the other all-gathers.
+// Small parameters first while the large reductions land; lm_head before embed (the tied copy needs
+// it); the NorMuon banks last (mlp's last bucket lands first), their Polar Express covering all-gathers.
 const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_gate",    "attn_gate_bank",
                                               "ve_gate_bank", "x0_lambdas", "lm_head",   "bigram_embed",
-                                              "value_embed",  "embed",      "attn",      "mlp"};
-
+                                              "value_embed",  "embed",      "mlp",       "attn"};
 
 #include "train/param_check.h"
 
@@ -875,7 +879,6 @@ struct OptimScalars {
     AdamStepScalars adam[kParamGroups];
     NorMuonStepScalars normuon[kParamGroups];
 };
-
 
 struct OptimGroup {
     const ParamRule* rule;
@@ -937,10 +940,9 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params
         const bool sharded = q.comms != Comms::replicated;
         q.shard_rows = sharded ? q.t.rows / o.world : q.t.rows;
         const std::string n = std::string("optim.") + q.rule->label + ".";
-        const int64_t elems = q.shard_elems();
         q.grad_shard = q.t.grad;  // replicated: reduced in place; one rank: the gradient itself
         if (q.comms == Comms::sharded_sparse)  // the merge adds into the full gradient: its own slice
-            q.grad_shard = static_cast<char*>(q.t.grad) + o.rank * elems * q.elem_bytes();
+            q.grad_shard = static_cast<char*>(q.t.grad) + o.rank * q.shard_elems() * q.elem_bytes();
         else if (sharded && q.distributed)
             q.grad_shard = q.t.fp32 ? static_cast<void*>(a.take<float>(n + "grad_shard", {q.shard_rows, q.t.row_elems}))
                                     : static_cast<void*>(a.take<bf16>(n + "grad_shard", {q.shard_rows, q.t.row_elems}));
@@ -993,15 +995,14 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
         CUDA_CHECK(copy_async(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice, s));
         CUDA_CHECK(sync_stream(s, "matrix_lr_mul"));
     }
+    build_grad_buckets(m.buckets, {rank, world, comm, o.comms, o.grads_ready}, o["attn"], o["mlp"]);
     CUDA_CHECK(sync_stream(s, "build_optimizer"));
 }
 
 void destroy_optimizer(Optimizer& o) {
     o.exchange.reset();
-    for (OptimGroup& q : o.group) {
-        cudaEventDestroy(q.reduced);
-        cudaEventDestroy(q.updated);
-    }
+    for (OptimGroup& q : o.group)
+        for (cudaEvent_t e : {q.reduced, q.updated}) cudaEventDestroy(e);
     for (cudaEvent_t e : {o.grads_ready, o.comms_done}) cudaEventDestroy(e);
     cudaStreamDestroy(o.comms);
     cudaFreeHost(o.host_scalars);
@@ -1103,9 +1104,8 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     const bool do_adam = step % 2 == 1, tied = !o.split;
     const int64_t C = c.model_dim, V = c.padded_vocab;
     const Range range("optimizer");
-    auto steps = [&](const OptimGroup& q) {
-        if (q.rule->optim == Optim::adam && !do_adam) return false;
-        return !(tied && std::strcmp(q.rule->label, "embed") == 0);  // tied: updated through lm_head
+    auto steps = [&](const OptimGroup& q) {  // tied: embed is updated through lm_head
+        return (q.rule->optim != Optim::adam || do_adam) && !(tied && std::strcmp(q.rule->label, "embed") == 0);
     };
     OptimScalars& host = o.host_scalars[step & 1];
     fill_step_scalars(c, sch, o, step, do_adam, host);
@@ -1124,7 +1124,7 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         small_run.clear();
     };
     for (OptimGroup& q : o.group) {
-        if (!steps(q)) continue;
+        if (!steps(q) || q.rule->optim == Optim::normuon) continue;  // NorMuon: reduced by the backward (buckets.h)
         if (q.distributed && q.comms == Comms::replicated) {
             if (small_run.empty()) NCCL_CHECK(group_start());
             NCCL_CHECK(all_reduce(q.t.grad, q.t.grad, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
@@ -1235,7 +1235,7 @@ void train_step(Run& r, int step) {
         gpt_forward(r.m, r.m.batch, step_sch, r.m.train, r.s);
         r.losses.copy(step, i, r.m.loss, r.s);
         // Adam's parameters keep the even step's gradients for the odd step's update
-        gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step}, r.s);
+        gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step, i + 1 == r.m.cfg.grad_accum()}, r.s);
     }
     if (r.opt.log_grad_norms) log_grad_norms(r, step);
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);

@@ -12,7 +12,7 @@
 #include <vector>
 
 enum class OpKind : uint8_t { kernel, gemm, copy, memset, collective, event_record, event_wait, host_sync };
-enum class Comm : uint8_t { none, all_reduce, reduce_scatter, all_gather, broadcast, send_recv };
+enum class Comm : uint8_t { none, all_reduce, reduce_scatter, all_gather, broadcast, send_recv, reduce };
 enum class GemmType : uint8_t { none, bf16, fp8 };
 
 struct Work {
@@ -24,7 +24,8 @@ struct Work {
     GemmType gemm = GemmType::none;  // GEMMs: cuBLASLt's problem shape, for a shape-dependent throughput
     int m = 0, n = 0, k = 0, batch = 1;
     Comm comm = Comm::none;       // collectives: the kind and the bytes of the per-rank buffer as NCCL
-    double comm_bytes = 0;        // counts them (all-gather: the gathered output; reduce-scatter: the input)
+    double comm_bytes = 0;        // counts them (all-gather: the gathered output; reduce-scatter: the input;
+                                  // reduce: the buffer reduced onto its root)
 };
 
 struct StepOp {
@@ -54,6 +55,14 @@ struct WorkRecorder {
 
     void start(bool dry) {
         *this = WorkRecorder();
+        on = true;
+        dry_run = dry;
+    }
+    // A new recording that keeps the handles' indexes: steps recorded one after another name each
+    // stream and event alike (the step model's steady state resolves events across them).
+    void restart(bool dry) {
+        ops.clear();
+        ranges.clear();
         on = true;
         dry_run = dry;
     }

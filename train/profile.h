@@ -127,17 +127,18 @@ PlanData start_plan_step(RunOptions& opt, const Config& c, const DataFiles& f, c
 }
 
 // One recorded training step: train_step in the dry run, its ops taken. The dry run stays on between
-// recordings, so the schedule's changes (YaRN, MTP weights) do no device work either.
+// recordings, so the schedule's changes (YaRN, MTP weights) do no device work either; every recording
+// of the plan names a stream or event by the same index (the steady state needs it).
 std::vector<StepOp> record_step(Run& r, int step) {
     WorkRecorder& rec = work_recorder();
-    rec.start(/*dry=*/true);
+    rec.restart(/*dry=*/true);
     r.o.split = step > r.sch.split_step;  // embed is tied until the untie step
     // an even step's forward remakes lm_head's copies (embed too while tied) after the Adam step before it
     r.m.lm_head_fp8_stale = step % 2 == 0;
     r.m.embed_stale = step % 2 == 0 && step > 0 && step - 1 <= r.sch.split_step;
     train_step(r, step);
     std::vector<StepOp> ops = std::move(rec.ops);
-    rec.start(/*dry=*/true);
+    rec.restart(/*dry=*/true);
     return ops;
 }
 

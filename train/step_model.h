@@ -6,6 +6,16 @@
 // operation starts when the host has issued it, its stream is free and the events its stream waits
 // on have completed, and the k-th collective of every rank starts on all ranks together.
 //
+// A step is priced in steady state (replay_steady(), plan_report()): the two steps before it in a
+// run, it, and the step after it (even and Adam steps alternate, the untie step follows an even one:
+// an even step is modeled as even, Adam, EVEN, Adam; an Adam step as Adam, even, ADAM, even; each
+// the stage's recording of that kind) are replayed back to back on one timeline per rank, streams and events carried over (a recording names each stream and event by the same index
+// in every step of a plan), so a wait on an event an earlier step recorded resolves against that
+// record, and communication that spills into the next step's forward delays what waits for it
+// there rather than vanishing (one step alone) or ending the step. A step's time runs from the end of
+// the step before (its last op done, on any rank) to its own end; its exposed communication is stream
+// 0's idle time for other streams within that window, whichever step's op waited.
+//
 // It is a model, not a measurement: the constants sit in one table (CostModel) with the source of
 // each; where no published number fits, the value is an assumption and says so. Compare schedules
 // with it and trust differences more than absolute numbers; `--profile-steps` measures on a GPU.
@@ -222,7 +232,7 @@ inline double copy_us(const Work& w, const CostModel& cm) {
 
 // NCCL's ring: steps and the share of the buffer each GPU moves, per kind (nccl-tests' busbw
 // conversion: reduce-scatter and all-gather (N-1)/N of the full buffer, all-reduce 2(N-1)/N,
-// broadcast 1). send_recv (the sparse exchange's grouped sends): comm_bytes are what this rank
+// broadcast and reduce 1). send_recv (the sparse exchange's grouped sends): comm_bytes are what this rank
 // sends, spread evenly over the other ranks, each at once; one step.
 inline double collective_us(Comm kind, double bytes, const CostModel& cm) {
     const int n = cm.world_size, nodes = cm.nodes, per_node = n / nodes;
@@ -235,6 +245,8 @@ inline double collective_us(Comm kind, double bytes, const CostModel& cm) {
         steps = 2 * (n - 1), net_steps = 2 * (nodes - 1), factor = 2.0 * (n - 1) / n;
     } else if (kind == Comm::reduce_scatter || kind == Comm::all_gather) {
         steps = n - 1, net_steps = nodes - 1, factor = double(n - 1) / n;
+    } else if (kind == Comm::reduce) {  // a ring reduce: the whole buffer through every link (busbw = algbw)
+        steps = n - 1, net_steps = nodes - 1;
     } else if (kind == Comm::broadcast) {
         steps = n, net_steps = nodes > 1 ? n : 0;  // NCCL prices every broadcast step at the slower link
     }
@@ -394,16 +406,18 @@ struct RankState {
     Stamp ready, own_ready;  // streams' events, and its own duration (collectives)
     double own_us = 0;
     Timeline tl;
+    std::vector<Stamp> op_end;  // per op: when it was done (device ops on their stream; others on the host)
 };
 
 class Replay {
   public:
     Replay(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm)
         : ranks_(ranks), cm_(cm), st_(ranks.size()) {
-        for (size_t r = 0; r < ranks.size(); ++r) st_[r].tl.ops.resize(ranks[r].size());
+        for (size_t r = 0; r < ranks.size(); ++r) st_[r].tl.ops.resize(ranks[r].size()), st_[r].op_end.resize(ranks[r].size());
     }
 
-    std::vector<Timeline> run() {
+    // Replays every rank's ops to their end; then timelines() reports a stretch of them.
+    void run() {
         for (;;) {
             bool all_done = true, all_arrived = true;
             for (size_t r = 0; r < st_.size(); ++r) {
@@ -416,8 +430,22 @@ class Replay {
             if (!all_arrived) step_model_fail("replay: ranks stopped at different points (a bug in the replay)");
             resolve();
         }
+    }
+
+    // When rank r's ops [from, to) were all done (the last of them; for the last ops of the replay,
+    // the host and every stream idle).
+    Stamp done(size_t r, size_t from, size_t to) {
+        RankState& s = st_[r];
+        Stamp t;
+        for (size_t i = from; i < to; ++i) t = later(t, s.op_end[i]);
+        return to == ranks_[r].size() ? later(t, later(device_ready(s, -1), s.host)) : t;
+    }
+    // Per rank, its ops [first[r], last[r]) with times from t0 (the step's start): when each ran, the
+    // makespan to the last of them, stream 0's idle time for other streams in between, the critical
+    // path back to t0.
+    std::vector<Timeline> timelines(const std::vector<size_t>& first, const std::vector<size_t>& last, double t0) {
         std::vector<Timeline> out;
-        for (size_t r = 0; r < st_.size(); ++r) out.push_back(finish(r));
+        for (size_t r = 0; r < st_.size(); ++r) out.push_back(finish(r, first[r], last[r], t0));
         return out;
     }
 
@@ -456,6 +484,7 @@ class Replay {
     void run_on_stream(RankState& s, const StepOp& op, OpTiming& t, Stamp start, double dur, Stamp own) {
         const Stamp end = add_node(family_name(op.work), start.t, dur, start.node);
         t.start_us = start.t, t.end_us = end.t;
+        s.op_end[s.pos] = end;
         if (op.stream == 0)
             t.exposed_comm_us = op.kind == OpKind::collective ? end.t - own.t : std::max(0.0, start.t - own.t);
         s.tail[op.stream] = end;
@@ -474,7 +503,6 @@ class Replay {
             }
             host_pay(s, t, host_cost_us(op.kind, cm_));
             if (is_device_op(op.kind)) {
-                ++s.tl.launches;
                 const Stamp ready = stream_ready(s, op.stream);
                 const Stamp own = later(s.tail[op.stream], s.host);
                 run_on_stream(s, op, t, later(ready, s.host), device_us(op, cm_), own);
@@ -488,25 +516,23 @@ class Replay {
                     s.wait[op.stream] = later(s.wait[op.stream], s.events[op.event].at);
                 t.start_us = t.end_us = s.host.t;
             } else {  // host_sync
-                ++s.tl.host_syncs;
                 const Stamp w = later(s.host, device_ready(s, op.stream));
                 const char* name = family_name(op.work);
                 s.host = add_node(*name ? name : "host_sync", w.t, cm_.host_sync_us, w.node);
                 t.start_us = w.t, t.end_us = t.host_end_us = s.host.t;
             }
+            if (!is_device_op(op.kind)) s.op_end[s.pos] = s.host;
             ++s.pos;
         }
     }
 
     void arrive(RankState& s, const StepOp& op, OpTiming& t) {
         if (op.kind == OpKind::collective) {
-            ++s.tl.launches;
             host_pay(s, t, cm_.host_collective_us);
             s.ready = later(stream_ready(s, op.stream), s.host);
             s.own_ready = later(s.tail[op.stream], s.host);
             s.own_us = device_us(op, cm_);
         } else {  // a blocking MPI call: the host first waits as any host_sync does
-            ++s.tl.host_syncs;
             t.host_begin_us = s.host.t;
             s.ready = later(s.host, device_ready(s, op.stream));
         }
@@ -527,6 +553,7 @@ class Replay {
             } else {
                 s.host = add_node(family_name(op.work), start.t, cm_.mpi_us, start.node);
                 t.start_us = start.t, t.end_us = t.host_end_us = s.host.t;
+                s.op_end[s.pos] = s.host;
             }
             s.arrived = false;
             s.own_us = 0;
@@ -534,34 +561,52 @@ class Replay {
         }
     }
 
-    Timeline finish(size_t r) {
+    Timeline finish(size_t r, size_t first, size_t last, double t0) {
         RankState& s = st_[r];
-        Timeline tl = std::move(s.tl);
-        const Stamp end = later(device_ready(s, -1), s.host);
-        tl.makespan_us = end.t;
-        // collectives' overlap with stream 0's compute (stream 0's ops run one after another)
+        const std::vector<OpTiming>& all = s.tl.ops;
+        const Stamp end = done(r, first, last);
+        Timeline tl;
+        tl.makespan_us = end.t - t0;
+        tl.ops.assign(all.begin() + std::ptrdiff_t(first), all.begin() + std::ptrdiff_t(last));
+        for (size_t i = first; i < last; ++i) {
+            const StepOp& op = ranks_[r][i];
+            if (is_device_op(op.kind)) ++tl.launches;
+            if (op.kind == OpKind::host_sync) ++tl.host_syncs;
+        }
+        // stream 0's idle time in [t0, end]: an earlier step's op whose wait reaches into the step
+        // counts here, a wait before t0 in the step before
+        for (size_t i = 0; i < ranks_[r].size(); ++i) {
+            const OpTiming& t = all[i];
+            const double until = ranks_[r][i].kind == OpKind::collective ? t.end_us : t.start_us;
+            tl.exposed_comm_us += std::max(0.0, std::min(until, end.t) - std::max(until - t.exposed_comm_us, t0));
+        }
+        // collectives' overlap with stream 0's compute (stream 0's ops run one after another), the
+        // earlier steps' compute included
         std::vector<const OpTiming*> busy;
         for (size_t i = 0; i < ranks_[r].size(); ++i) {
             const StepOp& op = ranks_[r][i];
-            if (op.stream == 0 && is_device_op(op.kind) && op.kind != OpKind::collective) busy.push_back(&tl.ops[i]);
-            tl.exposed_comm_us += tl.ops[i].exposed_comm_us;
+            if (op.stream == 0 && is_device_op(op.kind) && op.kind != OpKind::collective) busy.push_back(&all[i]);
         }
-        for (size_t i = 0; i < ranks_[r].size(); ++i) {
+        for (size_t i = first; i < last; ++i) {
             if (ranks_[r][i].kind != OpKind::collective) continue;
-            OpTiming& c = tl.ops[i];
+            OpTiming& c = tl.ops[i - first];
             auto it = std::lower_bound(busy.begin(), busy.end(), c.start_us,
                                        [](const OpTiming* b, double t) { return b->end_us <= t; });
             for (; it != busy.end() && (*it)->start_us < c.end_us; ++it)
                 c.overlapped_us += std::min(c.end_us, (*it)->end_us) - std::max(c.start_us, (*it)->start_us);
         }
-        tl.critical_path = critical_path(end);
+        for (OpTiming& t : tl.ops)
+            for (double* x : {&t.host_begin_us, &t.host_end_us, &t.start_us, &t.end_us}) *x -= t0;
+        tl.critical_path = critical_path(end, t0);
         return tl;
     }
 
-    // Every node begins where its predecessor ends (a Stamp carries both), and the first at 0.
-    std::vector<PathShare> critical_path(Stamp end) const {
+    // Every node begins where its predecessor ends (a Stamp carries both), and the first at 0; the
+    // path is cut at t0 (a node across it counts from t0).
+    std::vector<PathShare> critical_path(Stamp end, double t0) const {
         std::map<std::string, double> by_name;
-        for (int n = end.node; n >= 0; n = nodes_[n].pred) by_name[nodes_[n].label] += nodes_[n].end - nodes_[n].begin;
+        for (int n = end.node; n >= 0 && nodes_[n].end > t0; n = nodes_[n].pred)
+            by_name[nodes_[n].label] += nodes_[n].end - std::max(nodes_[n].begin, t0);
         std::vector<PathShare> out;
         for (const auto& [name, us] : by_name) out.push_back({name, us});
         std::stable_sort(out.begin(), out.end(), [](const PathShare& a, const PathShare& b) { return a.us > b.us; });
@@ -585,7 +630,41 @@ inline std::string replay_error(const std::vector<std::vector<StepOp>>& ranks, c
 // path. Stops the process with replay_error()'s message when it has one.
 inline std::vector<Timeline> replay(const std::vector<std::vector<StepOp>>& ranks, const CostModel& cm) {
     if (const std::string e = replay_error(ranks, cm); !e.empty()) step_model_fail(e);
-    return step_model_detail::Replay(ranks, cm).run();
+    step_model_detail::Replay replay(ranks, cm);
+    replay.run();
+    std::vector<size_t> last;
+    for (const std::vector<StepOp>& ops : ranks) last.push_back(ops.size());
+    return replay.timelines(std::vector<size_t>(ranks.size(), 0), last, 0);
+}
+
+// A step in steady state: steps[k][r] is rank r's recording of the k-th of a run of steps, replayed
+// back to back on one timeline per rank: the host issues each step right after the one before, and
+// streams and events carry over (a recording names a handle by the same index in every step), so a
+// wait on an event recorded in an earlier step resolves against that record, and communication that
+// spills into the next step delays what waits for it there. Step `report` is reported: its time runs
+// from the end of the step before (the last of that step's ops done, on any rank, host or stream)
+// to its own end; its exposed communication is stream 0's idle time for other streams in that window
+// (a later step's wait included: replay one step after it), its launches and host syncs its own ops'.
+inline std::vector<Timeline> replay_steady(const std::vector<std::vector<std::vector<StepOp>>>& steps, size_t report,
+                                           const CostModel& cm) {
+    if (report >= steps.size()) step_model_fail("replay_steady: no step " + std::to_string(report) + " to report");
+    const size_t n = steps[report].size();
+    std::vector<std::vector<StepOp>> ranks(n);
+    std::vector<std::vector<size_t>> begin(steps.size() + 1, std::vector<size_t>(n, 0));  // begin[k][r]
+    for (size_t k = 0; k < steps.size(); ++k) {
+        if (const std::string e = replay_error(steps[k], cm); !e.empty()) step_model_fail(e);
+        if (steps[k].size() != n) step_model_fail("steps of a steady state recorded on different rank counts");
+        for (size_t r = 0; r < n; ++r) {
+            ranks[r].insert(ranks[r].end(), steps[k][r].begin(), steps[k][r].end());
+            begin[k + 1][r] = ranks[r].size();
+        }
+    }
+    step_model_detail::Replay replay(ranks, cm);
+    replay.run();
+    double t0 = 0;
+    if (report > 0)
+        for (size_t r = 0; r < n; ++r) t0 = std::max(t0, replay.done(r, begin[report - 1][r], begin[report][r]).t);
+    return replay.timelines(begin[report], begin[report + 1], t0);
 }
 
 // ---- a modeled step, a plan of stages, and their reports ----
@@ -602,7 +681,9 @@ struct CollectiveRow {
 };
 
 // One step of every rank, replayed. The step takes as long as its slowest rank (`rank`); the
-// family tables, exposed communication and critical path are that rank's.
+// family tables, exposed communication and critical path are that rank's. Ranks that a collective
+// at the step's end holds together finish at once: of those, the one that waited least is the one
+// the others waited for (its work sets the step; their extra wait is the ranks' imbalance).
 struct ModeledStep {
     std::string label;
     std::vector<std::vector<StepOp>> ranks;  // empty: a step the schedule does not have
@@ -638,14 +719,20 @@ inline void add_collective(std::vector<CollectiveRow>& rows, const StepOp& op, c
     c.overlapped_ms += t.overlapped_us / 1e3;
 }
 
-inline ModeledStep model_step(std::string label, std::vector<std::vector<StepOp>> ranks, const CostModel& cm) {
+// Step `report` of `steps` (each every rank's recording) in the steady state of the run of them
+// (replay_steady).
+inline ModeledStep model_step(std::string label, const std::vector<std::vector<std::vector<StepOp>>>& steps,
+                              size_t report, const CostModel& cm) {
     ModeledStep m;
     m.label = std::move(label);
-    m.ranks = std::move(ranks);
+    m.ranks = steps.at(report);
     if (m.ranks.empty()) return m;
-    m.timelines = replay(m.ranks, cm);
-    for (size_t r = 1; r < m.timelines.size(); ++r)
-        if (m.timelines[r].makespan_us > m.timelines[m.rank].makespan_us) m.rank = int(r);
+    m.timelines = replay_steady(steps, report, cm);
+    for (size_t r = 1; r < m.timelines.size(); ++r) {
+        const Timeline &t = m.timelines[r], &slowest = m.timelines[m.rank];
+        const bool tie = std::fabs(t.makespan_us - slowest.makespan_us) <= 1e-6 * std::max(1.0, slowest.makespan_us);
+        if (tie ? t.exposed_comm_us < slowest.exposed_comm_us : t.makespan_us > slowest.makespan_us) m.rank = int(r);
+    }
     const Timeline& tl = m.timelines[m.rank];
     m.ms = tl.makespan_us / 1e3;
     m.exposed_comm_ms = tl.exposed_comm_us / 1e3;
@@ -702,6 +789,29 @@ inline std::string plan_error(const std::vector<PlanStage>& stages, const CostMo
     return "";
 }
 
+// The steady state a stage's step of each kind is modeled in: the two steps before it in a run, it,
+// and the step after it (an even step follows an Adam step; an Adam step and the untie step follow an
+// even step, which an Adam step follows). A kind the stage did not record stands in for itself.
+constexpr int kSteadyStepsBefore = 2;
+enum class StepKind { even, adam, untie };
+inline const std::vector<std::vector<StepOp>>& recording(const PlanStage& st, StepKind k) {
+    return k == StepKind::even ? st.even : k == StepKind::adam ? st.adam : st.untie;
+}
+inline StepKind step_before(const PlanStage& st, StepKind k) {
+    const StepKind before = k == StepKind::even ? StepKind::adam : StepKind::even;
+    return recording(st, before).empty() ? k : before;
+}
+inline StepKind step_after(const PlanStage& st, StepKind k) {
+    const StepKind after = k == StepKind::even ? StepKind::adam : StepKind::even;
+    return recording(st, after).empty() ? k : after;
+}
+inline std::vector<std::vector<std::vector<StepOp>>> steady_steps(const PlanStage& st, StepKind k) {
+    std::vector<std::vector<std::vector<StepOp>>> steps(kSteadyStepsBefore + 2);
+    steps.back() = recording(st, step_after(st, k));
+    for (int i = kSteadyStepsBefore; i >= 0; --i, k = step_before(st, k)) steps[size_t(i)] = recording(st, k);
+    return steps;
+}
+
 inline PlanReport plan_report(const std::string& preset, const std::string& schedule,
                               const std::vector<PlanStage>& stages, const CostModel& cm) {
     if (const std::string e = plan_error(stages, cm); !e.empty()) step_model_fail(e);
@@ -710,9 +820,9 @@ inline PlanReport plan_report(const std::string& preset, const std::string& sche
         StageReport s;
         s.stage = st.name;
         s.steps_even = st.steps_even, s.steps_adam = st.steps_adam, s.steps_untie = st.steps_untie;
-        s.even = model_step(st.name + " even", st.even, cm);
-        s.adam = model_step(st.name + " adam", st.adam, cm);
-        s.untie = model_step(st.name + " untie", st.untie, cm);
+        s.even = model_step(st.name + " even", steady_steps(st, StepKind::even), kSteadyStepsBefore, cm);
+        s.adam = model_step(st.name + " adam", steady_steps(st, StepKind::adam), kSteadyStepsBefore, cm);
+        s.untie = model_step(st.name + " untie", steady_steps(st, StepKind::untie), kSteadyStepsBefore, cm);
         s.total_ms = s.steps_even * s.even.ms + s.steps_adam * s.adam.ms + s.steps_untie * s.untie.ms;
         p.total_ms += s.total_ms;
         p.stages.push_back(std::move(s));
@@ -1006,8 +1116,9 @@ inline const std::vector<ScheduleRule>& upstream_rules() {
         {"comms_after_backward",
          "collectives issued inside the backward (range \"backward...\") on a stream other than 0, with the other "
          "ops of those streams there, move after the backward's last op, behind one event stream 0 records there: "
-         "upstream launches its reductions from the optimizer step. Ours already issue after the backward, so today "
-         "this changes nothing; it keeps upstream's order when ours changes"},
+         "upstream launches its reductions from the optimizer step. Ours reduce the NorMuon banks in buckets (one "
+         "ncclReduce per owner and layer) during the backward; moved after it they stay that many collectives, "
+         "where upstream issues one reduce-scatter per bank"},
         {"sum_block_partials_kept",
          "our deterministic reductions' second passes are kept although upstream's torch reductions have none: "
          "most are fused into their producers now (last-block-done); the few left (sum_fixed_order of the loss, "

@@ -66,6 +66,12 @@ inline ncclResult_t all_gather(const void* send, void* recv, size_t send_count, 
     return collective(collective_work("nccl_all_gather", Comm::all_gather, output, t), s,
                       [&] { return ncclAllGather(send, recv, send_count, t, comm, s); });
 }
+// A reduce moves its buffer (count elements) onto `root`; recv is read on the root only.
+inline ncclResult_t reduce(const void* send, void* recv, size_t count, ncclDataType_t t, ncclRedOp_t op, int root,
+                           ncclComm_t comm, cudaStream_t s) {
+    return collective(collective_work("nccl_reduce", Comm::reduce, double(count), t), s,
+                      [&] { return ncclReduce(send, recv, count, t, op, root, comm, s); });
+}
 inline ncclResult_t broadcast(const void* send, void* recv, size_t count, ncclDataType_t t, int root, ncclComm_t comm,
                               cudaStream_t s) {
     return collective(collective_work("nccl_broadcast", Comm::broadcast, double(count), t), s,

@@ -31,6 +31,7 @@ RAW_CALLS = {
     "ncclReduceScatter": "train/streams.h's wrappers or record_op(OpKind::collective, ...)",
     "ncclAllGather": "train/streams.h's wrappers or record_op(OpKind::collective, ...)",
     "ncclBroadcast": "train/streams.h's wrappers or record_op(OpKind::collective, ...)",
+    "ncclReduce": "train/streams.h's wrappers or record_op(OpKind::collective, ...)",
     "ncclSend": "record_op(OpKind::collective, ...)",
     "ncclRecv": "record_op(OpKind::collective, ...)",
 }

@@ -608,6 +608,54 @@ static void test_upstream_schedule() {
     test::check(identical, "a recording without upstream's differences is unchanged");
 }
 
+// ---- the steady state: steps back to back, events across them ----
+
+// A step whose gather (c, 15 us on stream 1) the next step's second kernel waits for, its first
+// kernel free to run under it: W = k0 s0 (11 us), s0 waits e5, k1 s0 (11 us), record e4 on s0, s1
+// waits e4, c on s1, record e5 on s1. Alone: k0 [1, 12], the wait a no-op (e5 unrecorded), k1 [12,
+// 23], c [23, 38]: 38 us. Four in a row (host far ahead), reporting the third:
+//   step 0 as alone, ends 38; step 1: k0 [23, 34], k1 waits for e5 (38): [38, 49], c [49, 64];
+//   step 2: k0 [49, 60], k1 [64, 75] (stream 0 idle [60, 64], in step 1's window), c [75, 90];
+//   step 3: k0 [75, 86], k1 [90, 101]: idle [86, 90], inside step 2's window [64, 90].
+// Step 2 takes 26 us (k0 under the step before's c), 4 us exposed; k1 runs [0, 11] of it. Reporting
+// the last of three instead misses that idle (nothing waits for its c). With the gather joined at the
+// step's end (J: the wait moved after the record), the next step's k0 waits for all of c: 37 us, 15
+// exposed.
+static std::vector<StepOp> gather_under_next_step(bool joined) {
+    std::vector<StepOp> w = {kernel("k0", 0, 10e6), wait(0, 5),
+                             kernel("k1", 0, 10e6), record(0, 4),
+                             wait(1, 4),            collective("nccl_all_gather", Comm::all_gather, 1, 8e3),
+                             record(1, 5)};
+    if (joined) w.erase(w.begin() + 1), w.push_back(wait(0, 5));
+    return w;
+}
+static void test_steady_state() {
+    const CostModel cm = round_model();
+    const std::vector<StepOp> w = gather_under_next_step(false), j = gather_under_next_step(true);
+    check_near(replay_one(w, cm).makespan_us, 38, "one step alone");
+    const std::vector<Timeline> st = replay_steady({{w}, {w}, {w}, {w}}, 2, cm);
+    check_near(st[0].makespan_us, 26, "steady state: the gather under the next step's first kernel");
+    check_near(st[0].exposed_comm_us, 4, "steady state: the next step's wait inside this step's window");
+    check_span(st[0].ops[2], 0, 11, "steady state: k1 from the window's start");
+    check_span(st[0].ops[0], -15, -4, "steady state: k0 under the step before");
+    test::check(st[0].launches == 3, "steady state: the step's own launches: %d", st[0].launches);
+    check_near(replay_steady({{w}, {w}, {w}}, 2, cm)[0].exposed_comm_us, 0, "the last step: no later wait seen");
+    const Timeline jt = replay_steady({{j}, {j}, {j}, {j}}, 2, cm)[0];
+    check_near(jt.makespan_us, 37, "steady state, gather joined at the end");
+    check_near(jt.exposed_comm_us, 15, "steady state, gather joined: all of it exposed");
+    test::check_fails_with("a report past the steps", "step_model: replay_steady: no step 4",
+                           [&] { replay_steady({{w}}, 4, cm); });
+
+    // Two ranks held together by a reduce-scatter on stream 0 (15 us): rank 0's kernel [1, 2], rank
+    // 1's [1, 12]; the collective runs [12, 27] on both, so both take 27 us. Rank 0 waited from 2:
+    // 25 us "exposed", 10 of them for rank 1's work; rank 1, whom it waited for, 15. The step reports
+    // rank 1.
+    const StepOp rs = collective("nccl_reduce_scatter", Comm::reduce_scatter, 0, 8e3);
+    const ModeledStep held = model_step("held", {{{kernel("k", 0, 0), rs}, {kernel("k", 0, 10e6), rs}}}, 0, cm);
+    test::check(held.rank == 1, "of ranks finishing together, the one waited for: got rank %d", held.rank);
+    check_near(held.exposed_comm_ms, 0.015, "its exposed communication, without the other's imbalance");
+}
+
 // ---- bad recordings and plans ----
 
 static void test_errors() {
@@ -651,22 +699,25 @@ static void test_errors() {
 
 // ---- the plan: totals, JSON and trace parsed back ----
 
-// Stage s1: 3 even steps of three_kernels() (37 us) and 2 Adam steps of comms_graph(5e6) (28 us):
-// 111 + 56 = 167 us. Stage s2: 1 even step of two_streams() (19 us), no Adam step, 1 untie step of
-// host_sync_graph() (15 us): 34 us. Whole run 201 us = 0.201 ms.
+// Each step in steady state (replay_steady): the host issues a step's first op while the step before
+// still runs, so the first launch (1 us) is off every step's time. Stage s1: 3 even steps of
+// three_kernels() (36 us) and 2 Adam steps of comms_graph(5e6) (27 us): 108 + 54 = 162 us. Stage s2:
+// 1 even step of two_streams() (18 us), no Adam step, 1 untie step of host_sync_graph() (14 us): 32
+// us. Whole run 194 us = 0.194 ms.
 // s2 has no Adam step: its "kernels" are the even step's, slowest first: ka 11 us, kb 5, kc 3, kd 2.
 // Trace events ("X"): per step and rank, the step's span, one host event per op and one per
 // device op: three_kernels 1+3+3 = 7, comms_graph 1+8+4 = 13, two_streams 1+8+4 = 13,
-// host_sync_graph 1+3+2 = 6: 39. The steps sit 100 us apart: s1 even at 0, s1 adam at 137, s2 even
-// at 137 + 28 + 100 = 265, s2 untie at 384; s2 even's kb runs [12, 17] on stream 1 (tid 2): ts 277.
+// host_sync_graph 1+3+2 = 6: 39. The steps sit 100 us apart: s1 even at 0, s1 adam at 136, s2 even
+// at 136 + 27 + 100 = 263, s2 untie at 381; s2 even (two_streams() after two of its own, ending at 37)
+// runs kb [48, 53] on stream 1 (tid 2), 11 us into the step: ts 274.
 static void test_plan(const char* python, const char* checker) {
     const CostModel cm = round_model();
     const std::vector<PlanStage> stages = {{"s1", 3, 2, 0, {three_kernels()}, {comms_graph(5e6)}, {}},
                                            {"s2", 1, 0, 1, {two_streams()}, {}, {host_sync_graph()}}};
     const PlanReport p = plan_report("tiny", "ours", stages, cm);
-    check_near(p.total_ms, 0.201, "the whole run");
-    check_near(p.stages[0].total_ms, 0.167, "stage s1");
-    check_near(p.stages[1].untie.ms, 0.015, "s2's untie step");
+    check_near(p.total_ms, 0.194, "the whole run");
+    check_near(p.stages[0].total_ms, 0.162, "stage s1");
+    check_near(p.stages[1].untie.ms, 0.014, "s2's untie step");
     test::check(p.stages[0].adam.collectives.size() == 1 && near(p.stages[0].adam.collectives[0].overlapped_ms, 0.006),
                 "s1's Adam collectives");
     test::check(p.stages[0].even.kernels.size() == 3 && p.stages[0].even.kernels[0].name == "k2" &&
@@ -674,15 +725,16 @@ static void test_plan(const char* python, const char* checker) {
                 "s1's even families, slowest first");
     const std::string text = format_plan(p);
     check_says(text, "whole run: 7 steps, 0.000 s", "the text report's total");
-    // host_sync_graph(): ka 11, the launches of ka and kb 2, the sync 1, kb 1
-    check_says(text, "s2 untie: critical path (ms): ka 0.011, host_launch 0.002, host_sync 0.001, kb 0.001",
+    // host_sync_graph() after two_streams(): ka 11, kb's launch 1 (ka's is under the step before), the
+    // sync 1, kb 1
+    check_says(text, "s2 untie: critical path (ms): ka 0.011, host_launch 0.001, host_sync 0.001, kb 0.001",
                "the text report's critical paths");
     const PlanReport up = plan_report("tiny", "upstream", upstream_schedule(stages), cm);
     const std::string cmp = format_schedule_comparison(p, up);
     for (const ScheduleRule& r : upstream_rules())
         check_says(cmp, (std::string(r.name) + ": ").c_str(), "a rule named");
-    // s1's even step has attention_forward (6e6 flops): 3 us ours, 1.5 us at FA3's 4 TFLOP/s -> 35.5 us.
-    check_near(up.stages[0].even.ms, 0.0355, "upstream's s1 even step");
+    // s1's even step has attention_forward (6e6 flops): 3 us ours, 1.5 us at FA3's 4 TFLOP/s -> 34.5 us.
+    check_near(up.stages[0].even.ms, 0.0345, "upstream's s1 even step");
 
     if (!python) {
         std::printf("the JSON checks need the Python interpreter and checker as arguments: skipped\n");
@@ -693,17 +745,17 @@ static void test_plan(const char* python, const char* checker) {
     const std::string plan = std::string(dir) + "/plan.json", trace = std::string(dir) + "/trace.json";
     test::check(write_plan_json(plan, p).empty() && write_chrome_trace(trace, p).empty(), "writing the JSON files");
     const std::string want_plan =
-        R"({"preset": "tiny", "world_size": 2, "total_ms": 0.201, "stages": [)"
-        R"({"stage": "s1", "even_ms": 0.037, "adam_ms": 0.028, "untie_ms": null,)"
+        R"({"preset": "tiny", "world_size": 2, "total_ms": 0.194, "stages": [)"
+        R"({"stage": "s1", "even_ms": 0.036, "adam_ms": 0.027, "untie_ms": null,)"
         R"( "exposed_comm_even_ms": 0, "exposed_comm_adam_ms": 0.009,)"
         R"( "launches_even": 3, "launches_adam": 4, "host_syncs_in_step": 0},)"
-        R"({"stage": "s2", "even_ms": 0.019, "adam_ms": 0, "untie_ms": 0.015, "exposed_comm_even_ms": 0.002,)"
+        R"({"stage": "s2", "even_ms": 0.018, "adam_ms": 0, "untie_ms": 0.014, "exposed_comm_even_ms": 0.002,)"
         R"( "launches_even": 4, "launches_adam": 0,)"
         R"( "kernels": [{"name": "ka", "count": 1, "bytes": 10e6, "modeled_ms": 0.011},)"
         R"( {"name": "kb"}, {"name": "kc"}, {"name": "kd"}],)"
         R"( "collectives": []}]})";
     const std::string want_trace =
-        R"({"x_events": 39, "find": [{"name": "kb", "pid": 0, "tid": 2, "ts": 277, "dur": 5}]})";
+        R"({"x_events": 39, "find": [{"name": "kb", "pid": 0, "tid": 2, "ts": 274, "dur": 5}]})";
     const std::string cmd =
         std::string(python) + " " + checker + " " + plan + " '" + want_plan + "' " + trace + " '" + want_trace + "'";
     std::fflush(stdout);
@@ -723,6 +775,7 @@ int main(int argc, char** argv) {
     test_prices();
     test_random_graphs();
     test_upstream_schedule();
+    test_steady_state();
     test_errors();
     test_plan(argc > 2 ? argv[1] : nullptr, argc > 2 ? argv[2] : nullptr);
     return test::finish();

@@ -9,7 +9,7 @@
 // differences. Run on 1 rank and, for the collectives and the sparse exchange, 8.
 #define TRAIN_GPT_NO_MAIN
 #include "../../train_gpt.cu"
-#include "../test_util.h"
+#include "trainer_test_util.h"
 
 // The first difference between two recordings, or "".
 std::string recording_difference(const std::vector<StepOp>& a, const std::vector<StepOp>& b) {
@@ -115,14 +115,5 @@ int main(int argc, char** argv) {
                                         std::pair{"two swapped ops", &swapped}, std::pair{"a dropped op", &dropped}})
         test::check(!recording_difference(ops, *planted).empty(), "the comparison misses %s", what);
 
-    int failed = test::failed(), passed = test::passed(), total_failed, total_passed;
-    MPI_Reduce(&failed, &total_failed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
-    MPI_Reduce(&passed, &total_passed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
-    if (d.rank == 0) std::printf("%d passed, %d failed\n", total_passed, total_failed);
-    r.batches.reset();
-    r.losses.release();
-    destroy_optimizer(o);
-    CUDA_CHECK(cudaStreamDestroy(s));
-    stop_distributed(d);
-    return failed ? 1 : 0;
+    return finish_trainer_test(r, o);
 }

@@ -1,0 +1,222 @@
+// The NorMuon banks' bucket plan (train/buckets.h) and where the trainer launches its reductions.
+// The plan, for 1, 2, 4 and 8 ranks, against a reference written here from the layer structure:
+// every matrix in exactly one bucket, each bucket one owner's whole matrices (today's contiguous
+// shards), reduced at the backward point that finishes its last matrix; world sizes that cannot own
+// whole matrices refused by name; planted wrong plans (a matrix in two buckets or none, a bucket
+// launched late or early, one across two owners, out of order) refused. Then a dry-run training
+// step of the tiny preset on this run's ranks, recorded: the k-th nccl_reduce of the last
+// micro-step is bucket k (its bytes), issued after the event the comms stream waits on was recorded
+// behind the kernel that finishes the bucket's gradients and before any op of the backward of the
+// layers below; planted recordings (a reduce moved below the next layer, one moved above its
+// gradient's kernel) refused.
+#define TRAIN_GPT_NO_MAIN
+#include "../../train_gpt.cu"
+#include "trainer_test_util.h"
+
+// ---- the plan against a reference ----
+
+// The backward point (train/buckets.h's numbering: per layer from the last, the MLP's, then the
+// attention's) that finishes matrix i of a bank, from the layer structure: attn holds 4 matrices per
+// attention layer (layer 6 has none), mlp 2 per layer, then 2 of padding no kernel writes.
+int reference_ready(Bank b, int i) {
+    if (b == Bank::attn) {
+        const int a = i / 4, layer = a < 6 ? a : a + 1;
+        return 2 * (kLayers - 1 - layer) + 1;
+    }
+    const int layer = i / 2;
+    return layer < kLayers ? 2 * (kLayers - 1 - layer) : 0;
+}
+
+void check_plan(int world) {
+    const int counts[2] = {4 * kAttnLayers, 2 * (kLayers + 1)};
+    const std::vector<Bucket> plan = bucket_plan(counts[0], counts[1], world);
+    test::check(bucket_plan_error(plan, counts[0], counts[1], world).empty(), "%d ranks: the plan is refused: %s",
+                world, bucket_plan_error(plan, counts[0], counts[1], world).c_str());
+    for (Bank b : kBanks) {
+        const int n = counts[b == Bank::attn ? 0 : 1];
+        std::vector<int> seen(size_t(n), 0);
+        for (const Bucket& k : plan) {
+            if (k.bank != b) continue;
+            for (int i = k.first; i < k.first + k.count; ++i) {
+                ++seen[size_t(i)];
+                test::check(i * world / n == k.owner, "%d ranks: %s matrix %d in rank %d's bucket", world, bank_label(b),
+                            i, k.owner);
+                test::check(reference_ready(b, i) == k.ready, "%d ranks: %s matrix %d reduced at point %d, final at %d",
+                            world, bank_label(b), i, k.ready, reference_ready(b, i));
+            }
+        }
+        for (int i = 0; i < n; ++i)
+            test::check(seen[size_t(i)] == 1, "%d ranks: %s matrix %d in %d buckets", world, bank_label(b), i,
+                        seen[size_t(i)]);
+    }
+    // a bucket is as large as it can be: its neighbour in the bank differs in owner or point
+    for (size_t i = 0; i < plan.size(); ++i)
+        for (size_t j = 0; j < plan.size(); ++j)
+            if (plan[i].bank == plan[j].bank && plan[i].first + plan[i].count == plan[j].first)
+                test::check(plan[i].owner != plan[j].owner || plan[i].ready != plan[j].ready,
+                            "%d ranks: buckets %zu and %zu could be one", world, i, j);
+    for (size_t i = 1; i < plan.size(); ++i)
+        test::check(plan[i - 1].ready <= plan[i].ready, "%d ranks: bucket %zu launches before bucket %zu's point", world,
+                    i, i - 1);
+    if (world == 1) return;
+
+    // planted wrong plans
+    auto refused = [&](const char* what, std::vector<Bucket> bad, const char* phrase) {
+        const std::string e = bucket_plan_error(bad, counts[0], counts[1], world);
+        test::check(e.find(phrase) != std::string::npos, "%d ranks, %s: '%s' does not say '%s'", world, what, e.c_str(),
+                    phrase);
+    };
+    std::vector<Bucket> twice = plan, missing = plan, late = plan, early = plan, across = plan, swapped = plan;
+    twice.push_back(plan[3]);
+    missing.erase(missing.begin() + 3);
+    late[3].ready += 2;
+    early[5].ready -= 1;
+    size_t m = 0;  // two neighbouring buckets of one bank with different owners, joined
+    while (m + 1 < plan.size() && !(plan[m].bank == plan[m + 1].bank && plan[m].owner != plan[m + 1].owner &&
+                                    plan[m + 1].first + plan[m + 1].count == plan[m].first))
+        ++m;
+    if (m + 1 < plan.size()) {
+        across[m + 1].count += across[m].count;
+        across.erase(across.begin() + long(m));
+        refused("a bucket across two owners", across, "is not owned by rank");
+    }
+    size_t x = 1;
+    while (x < plan.size() && plan[x].ready == plan[x - 1].ready) ++x;
+    std::swap(swapped[x], swapped[x - 1]);
+    refused("a matrix in two buckets", twice, "buckets");
+    refused("a matrix in no bucket", missing, "in 0 buckets");
+    refused("a bucket launched late", late, "later than matrix");
+    refused("a bucket launched early", early, "before matrix");
+    refused("buckets out of order", swapped, "out of the backward's order");
+}
+
+// ---- the recorded launch order ----
+
+// Where the backward finishes a bucket's gradients, by family: the MLP's weight gradients
+// (gemm_mlp_*_dw), the attention's lambda-scaled weights.
+bool finishes(const StepOp& op, Bank b) {
+    const std::string name = op.work.name;
+    return b == Bank::attn ? name == "lambda_scaled_weight_backward"
+                           : name.rfind("gemm_mlp_", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == "_dw";
+}
+int range_layer(const std::string& range) {  // "backward/layer L" -> L, else -1
+    const std::string prefix = "backward/layer ";
+    return range.rfind(prefix, 0) == 0 ? std::atoi(range.c_str() + prefix.size()) : -1;
+}
+int point_layer(int point) { return kLayers - 1 - point / 2; }
+
+// What is wrong with where a recorded step (this rank's ops) launches the plan's reductions, or "".
+std::string launch_order_error(const std::vector<StepOp>& ops, const std::vector<Bucket>& plan, const int64_t elems[2]) {
+    size_t from = 0;  // the last micro-step's backward starts after its forward
+    for (size_t i = 0; i < ops.size(); ++i)
+        if (ops[i].range.rfind("forward", 0) == 0) from = i + 1;
+    size_t k = 0;
+    for (size_t i = from; i < ops.size(); ++i) {
+        if (std::strcmp(ops[i].work.name, "nccl_reduce") != 0) continue;
+        if (k >= plan.size()) return "more reduces than buckets";
+        const Bucket& b = plan[k];
+        const int layer = point_layer(b.ready);
+        const std::string at = "bucket " + std::to_string(k) + " (" + bank_label(b.bank) + " layer " +
+                               std::to_string(layer) + ")";
+        if (ops[i].work.comm_bytes != double(b.count * elems[b.bank == Bank::attn ? 0 : 1] * 2))
+            return at + ": the reduce's bytes are not the bucket's";
+        for (size_t j = from; j < i; ++j)
+            if (int l = range_layer(ops[j].range); l >= 0 && l < layer)
+                return at + ": reduced after the backward of layer " + std::to_string(l) + " began";
+        // the comms stream's last wait before it: on an event recorded after the finishing kernel
+        int wait = -1;
+        for (size_t j = from; j < i; ++j)
+            if (ops[j].kind == OpKind::event_wait && ops[j].stream == ops[i].stream) wait = int(j);
+        int recorded = -1, finishing = -1;
+        for (int j = int(from); j < wait; ++j) {
+            if (ops[size_t(j)].kind == OpKind::event_record && ops[size_t(j)].event == ops[size_t(wait)].event)
+                recorded = j;
+            if (finishes(ops[size_t(j)], b.bank) && range_layer(ops[size_t(j)].range) == layer) finishing = j;
+        }
+        if (wait < 0 || recorded < 0 || finishing < 0 || recorded < finishing)
+            return at + ": its reduce does not wait for the kernel that finishes its gradients";
+        ++k;
+    }
+    return k == plan.size() ? "" : std::to_string(plan.size() - k) + " buckets not reduced";
+}
+
+void check_recorded_order(Run& r) {
+    WorkRecorder& rec = work_recorder();
+    rec.start(true);
+    reset_schedule(r);
+    open_train_loader(r);
+    advance_schedule(r, 0);
+    rec.start(true);
+    train_step(r, 0);
+    const std::vector<StepOp> ops = std::move(rec.ops);
+    rec.stop();
+    const GradBuckets& g = r.m.buckets;
+    const int64_t elems[2] = {g.bank[0].matrix_elems, g.bank[1].matrix_elems};
+    if (r.d.world == 1) {
+        const bool none = std::none_of(ops.begin(), ops.end(), [](const StepOp& op) { return op.kind == OpKind::collective; });
+        test::check(none, "one rank: a collective recorded");
+        return;
+    }
+    const std::string e = launch_order_error(ops, g.plan, elems);
+    test::check(e.empty(), "rank %d: %s", r.d.rank, e.c_str());
+
+    // planted: the first reduces moved below the next layer's first op; a reduce moved above its kernel
+    std::vector<StepOp> late = ops, early = ops;
+    size_t first = 0;
+    while (first < ops.size() && std::strcmp(ops[first].work.name, "nccl_reduce") != 0) ++first;
+    size_t below = first;
+    while (below < ops.size() && range_layer(ops[below].range) >= range_layer(ops[first].range)) ++below;
+    if (test::check(below < ops.size(), "no op below the first bucket's layer")) {
+        late.clear();  // the reduces before `below` moved, in order, right after it
+        std::vector<StepOp> moved;
+        for (size_t i = 0; i < ops.size(); ++i) {
+            const bool reduce = std::strcmp(ops[i].work.name, "nccl_reduce") == 0;
+            if (reduce && i >= first && i < below) moved.push_back(ops[i]);
+            else late.push_back(ops[i]);
+            if (i == below) late.insert(late.end(), moved.begin(), moved.end());
+        }
+        test::check(launch_order_error(late, g.plan, elems).find("after the backward of layer") != std::string::npos,
+                    "a reduce launched late passes: %s", launch_order_error(late, g.plan, elems).c_str());
+    }
+    size_t last = ops.size() - 1;  // the last reduce (layer 0's attention) moved above its wait
+    while (last > 0 && std::strcmp(ops[last].work.name, "nccl_reduce") != 0) --last;
+    size_t wait = last;
+    while (wait > 0 && ops[wait].kind != OpKind::event_wait) --wait;
+    early.insert(early.begin() + long(wait), ops[last]);
+    early.erase(early.begin() + long(last) + 1);
+    test::check(launch_order_error(early, g.plan, elems).find("does not wait") != std::string::npos,
+                "a reduce launched before its gradient's kernel passes: %s", launch_order_error(early, g.plan, elems).c_str());
+}
+
+int main(int argc, char** argv) {
+    Distributed d = start_distributed(&argc, &argv);
+    const char* repo = std::getenv("REPO");
+    if (!repo) {
+        std::fprintf(stderr, "test_mpi_buckets: set REPO to the repository\n");
+        return 2;
+    }
+    for (int world : {1, 2, 4, 8}) check_plan(world);
+    for (auto [world, bank] : {std::pair{3, Bank::attn}, std::pair{16, Bank::mlp}}) {  // 40 attn, 24 mlp matrices
+        const std::string e = ownership_error(bank, bank == Bank::attn ? 4 * kAttnLayers : 2 * (kLayers + 1), world);
+        test::check(e.find("cannot own whole") != std::string::npos, "%d ranks: '%s'", world, e.c_str());
+        test::check(bucket_plan(4 * kAttnLayers, 2 * (kLayers + 1), world).empty(), "%d ranks: a plan made", world);
+    }
+
+    Config c = tiny_preset();
+    c.world_size = d.world;
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreate(&s));
+    Model m;
+    Optimizer o;
+    const Schedule sch(c);
+    work_recorder().start(true);  // a dry run from here: nothing runs on the device
+    build_model(m, c, 1337, s);
+    build_optimizer(o, m, d.rank, d.world, d.world == 8 && c.grad_accum() == 1, d.comm, s);
+    RunOptions opt;
+    opt.train_files = std::string(repo) + "/" + c.train_files;
+    Run r(m, o, sch, opt, d, s);
+    allocate_host_buffers(r);
+    check_recorded_order(r);
+
+    return finish_trainer_test(r, o);
+}
