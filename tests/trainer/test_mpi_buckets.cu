@@ -144,7 +144,7 @@ void check_recorded_order(Run& r) {
     WorkRecorder& rec = work_recorder();
     rec.start(true);
     reset_schedule(r);
-    open_train_loader(r);
+    start_batches(r, {step_range(0, 1), 0});
     advance_schedule(r, 0);
     rec.start(true);
     train_step(r, 0);
