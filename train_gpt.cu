@@ -1395,8 +1395,9 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     if (cl.mode == Mode::check_platform) {
-        const int rc = platform_check(d.rank, d.world, d.comm, stream, {opt.attention.value_or(default_attention_kernel()),
-                                                                         opt.mlp_kernel.value_or(default_mlp_kernel())});
+        const HopperKernels selected{opt.attention.value_or(default_attention_kernel()),
+                                     opt.mlp_kernel.value_or(default_mlp_kernel())};
+        const int rc = platform_check(d.rank, d.world, d.comm, stream, selected);
         CUDA_CHECK(cudaStreamDestroy(stream));
         stop_distributed(d);
         return rc;
