@@ -460,8 +460,7 @@ struct Model {
     float* mtp_weights;           // device, up to kMaxMtpWeights
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
     MlpKernel mlp_kernel = MlpKernel::mma;  // the MLP's c_fc GEMMs: build_model's default, or --mlp-kernel
-    // the attention kernels: wgmma (the GPU build is for sm_90a; under emu it gives mma's bits), or --attention
-    AttentionKernel attention = AttentionKernel::wgmma;
+    AttentionKernel attention = default_attention_kernel();  // the attention kernels, or --attention
 };
 
 // Every arena's layout; `m` may be unallocated (measuring) or allocated (placing).
@@ -1396,7 +1395,9 @@ int main(int argc, char** argv) {
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     if (cl.mode == Mode::check_platform) {
-        const int rc = platform_check(d.rank, d.world, d.comm, stream);
+        const HopperKernels selected{opt.attention.value_or(default_attention_kernel()),
+                                     opt.mlp_kernel.value_or(default_mlp_kernel())};
+        const int rc = platform_check(d.rank, d.world, d.comm, stream, selected);
         CUDA_CHECK(cudaStreamDestroy(stream));
         stop_distributed(d);
         return rc;
@@ -1421,6 +1422,7 @@ int main(int argc, char** argv) {
     build_model(m, cfg, opt.seed, stream);
     if (opt.mlp_kernel) m.mlp_kernel = *opt.mlp_kernel;
     if (opt.attention) m.attention = *opt.attention;
+    agree_or_exit(d, planning ? "" : wgmma_guard_error({m.attention, m.mlp_kernel}, stream));  // before any write
     broadcast_params(m, d.comm, stream);
     const bool sparse = d.world == 8 && cfg.grad_accum() == 1;
     build_optimizer(o, m, d.rank, d.world, sparse, d.comm, stream);

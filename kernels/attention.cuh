@@ -49,6 +49,9 @@ enum class AttentionBackwardMode { deterministic, atomic_dq };
 // The kernels: mma.sync (any sm_80+ GPU; the reference) or wgmma + TMA (Hopper, attention_wgmma.cuh;
 // the same bits under emu). The wgmma backward is the deterministic mode's; atomic_dq is mma.sync only.
 enum class AttentionKernel { mma, wgmma };
+inline const char* attention_kernel_name(AttentionKernel k) { return k == AttentionKernel::wgmma ? "wgmma" : "mma"; }
+// wgmma: the GPU build is for sm_90a, and under emu its twins give mma's bits.
+inline AttentionKernel default_attention_kernel() { return AttentionKernel::wgmma; }
 
 constexpr int kAttnWarps = 4;
 constexpr int kAttnThreads = 32 * kAttnWarps;

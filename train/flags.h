@@ -36,7 +36,7 @@ struct RunOptions {
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
     StepRange profile_steps;             // --profile-steps A:B: time every operation of steps A..B
     std::optional<MlpKernel> mlp_kernel; // --mlp-kernel; none: default_mlp_kernel() (wgmma on Hopper GPUs)
-    std::optional<AttentionKernel> attention;  // --attention; none: wgmma (the Model's default)
+    std::optional<AttentionKernel> attention;  // --attention; none: default_attention_kernel() (wgmma)
     std::string command;                 // the command line, for the log
 };
 

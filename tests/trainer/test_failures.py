@@ -10,6 +10,9 @@ Runs are tiny-preset runs of 0-2 steps (--val-every 0 --warmup 0, 2048 validatio
     started elsewhere finds it; a binary away from its repository names the glob and the current
     directory), training shards too short for the schedule, validation shards too short for
     --val-tokens, a checkpoint directory that cannot be created, a reused run id;
+  - the wgmma guard: a fault planted in the wgmma attention or MLP kernels' input
+    (TRAIN_GPT_PLANT_WGMMA_FAULT) stops a run before anything is written, naming the kernels, the
+    worst error and the fallback flag, on 1 and 2 ranks and in --check-platform; the fallback runs;
   - the log: a full disk from the start and mid-run (a small tmpfs where mounting is allowed, else
     the CPU build's TRAIN_GPT_LOG_LIMIT) stops the run naming the log, keeping what was written;
   - checkpoints: the manifest lists every rank file with its size and CRC-32C; a rank file copied
@@ -188,6 +191,38 @@ def test_startup(tmp):
     p = run(BASE + ["--max-steps", "0", "--log-dir", logs, "--run-id", "short0"], tmp)
     expect_fail(p, [f"the log {os.path.join(logs, 'short0.txt')} already exists", "run id short0 was used before"], "reused run id")
     check(open(os.path.join(logs, "short0.txt")).read() == before, "the old log is unchanged")
+
+
+def test_wgmma_guard(tmp):
+    logs = os.path.join(tmp, "guardlogs")
+    ckpt = os.path.join(tmp, "guardck")
+    guard = ["the wgmma", "disagree with the mma.sync kernels on a random problem", "worst error",
+             "nothing was trained"]
+    attention = {"TRAIN_GPT_PLANT_WGMMA_FAULT": "attention"}
+    mlp = {"TRAIN_GPT_PLANT_WGMMA_FAULT": "mlp"}
+    args = BASE + ["--max-steps", "1", "--log-dir", logs, "--save-checkpoint", ckpt, "--checkpoint-steps", "0"]
+    p = run(args + ["--run-id", "a"], tmp, env=attention)
+    expect_fail(p, guard + ["attention kernels", "run with --attention mma"], "a planted wgmma attention fault")
+    written = lambda: os.path.exists(logs) or (os.path.exists(ckpt) and os.listdir(ckpt))
+    check(not written(), "the attention fault: no log, no checkpoint")
+    p = run(args + ["--run-id", "m", "--mlp-kernel", "wgmma"], tmp, ranks=2, env=mlp)
+    expect_fail(p, guard + ["MLP kernels", "run with --mlp-kernel mma"], "a planted wgmma MLP fault on 2 ranks")
+    check(p.stderr.count("disagree with") == 1 and "MPI_ABORT" not in p.stderr, "2 ranks: one message, no MPI_ABORT")
+    check(not written(), "the MLP fault: no log, no checkpoint")
+    # the fallback flags skip the faulty kernels (the planted fault touches only the wgmma run)
+    p = run(BASE + ["--max-steps", "0", "--log-dir", logs, "--run-id", "fa", "--attention", "mma"], tmp, env=attention)
+    check(p.returncode == 0, f"the attention fault with --attention mma trains ({p.stderr[-300:]})")
+    p = run(BASE + ["--max-steps", "0", "--log-dir", logs, "--run-id", "fm", "--mlp-kernel", "mma"], tmp, env=mlp)
+    check(p.returncode == 0, f"the MLP fault with --mlp-kernel mma trains ({p.stderr[-300:]})")
+    # --check-platform: both kernels checked and passed, then each planted fault found
+    platform = ["--preset", "tiny", "--check-platform", "--mlp-kernel", "wgmma"]
+    p = run(platform, tmp, ranks=2)
+    check(p.returncode == 0 and "wgmma guard passed: the kernels selected as wgmma (attention: wgmma, MLP: wgmma)"
+          in p.stdout, f"--check-platform passes the wgmma guard on 2 ranks ({p.stdout[-300:]}{p.stderr[-300:]})")
+    for env, flag in ((attention, "--attention mma"), (mlp, "--mlp-kernel mma")):
+        p = run(platform, tmp, env=env)
+        check(p.returncode != 0 and "wgmma guard FAILED" in p.stdout and f"run with {flag}" in p.stderr,
+              f"--check-platform finds the planted {env['TRAIN_GPT_PLANT_WGMMA_FAULT']} fault")
 
 
 def log_prefix_bytes(path):
@@ -461,6 +496,7 @@ def main():
     try:
         test_flags(tmp)
         test_startup(tmp)
+        test_wgmma_guard(tmp)
         # the base run, started outside the repository: the default data is found relative to it
         base = os.path.join(tmp, "base")
         argv = [BINARY] + BASE + ["--max-steps", "2", "--save-checkpoint", base, "--checkpoint-steps", "1",
