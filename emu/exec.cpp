@@ -560,9 +560,10 @@ std::string kernel_name(const void* kernel) { return kernel_info(kernel).name; }
 
 // EMU_LAUNCH_LOG=FILE: each distinct (kernel symbol, threads per block, dynamic shared bytes) this
 // process launches, appended to FILE as one line (processes may share the file), for the check of the
-// GPU build's resource usage (tests/gpu_build/).
+// GPU build's resource usage (tests/gpu_build/). Read at every launch: a test's child that plants a
+// failure (test::check_fails_with) unsets it, as its kernels are emu-only and never built for the GPU.
 void log_launch(const KernelInfo& k, uint64_t threads, size_t smem_bytes) {
-    static const char* path = std::getenv("EMU_LAUNCH_LOG");
+    const char* path = std::getenv("EMU_LAUNCH_LOG");
     if (!path || !*path || k.symbol.empty()) return;
     static std::mutex m;
     static std::set<std::tuple<std::string, uint64_t, size_t>> seen;
