@@ -128,6 +128,7 @@ def test_flags(tmp):
             (["--check-finite", "x"], "--check-finite needs an integer in [0, 10000000]"),
             (["--checkpoint-steps", "1,x"], "--checkpoint-steps needs an integer in [0, 10000000], got 'x'"),
             (["--mlp-kernel", "tensor"], "--mlp-kernel needs mma or wgmma, got 'tensor'"),
+            (["--attention", "fa3"], "--attention needs mma or wgmma, got 'fa3'"),
             (["--print-memory", "--dump-batches", "2", "--check-platform"], "--print-memory and --dump-batches are separate modes"),
             (["--check-platform", "--print-memory"], "--check-platform and --print-memory are separate modes"),
             (["--checkpoint-steps", "1"], "--checkpoint-steps needs --save-checkpoint"),
