@@ -456,7 +456,8 @@ struct Model {
     float* loss;                  // device: the last forward's loss (training: the sum over rows)
     float* dloss;                 // device: d(objective)/d(loss) = grad_scale
     unsigned int* sums_done;      // device: the backward's reductions' ticket counter (zero between launches)
-    GradBuckets buckets;          // the NorMuon banks' reductions the backward starts (set by build_optimizer)
+    GradBuckets buckets;          // the reductions the backward starts (set by build_optimizer)
+    GatherEvents gathered;        // what the forward waits for (made by build_optimizer)
     float* mtp_weights;           // device, up to kMaxMtpWeights
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
     MlpKernel mlp_kernel = MlpKernel::mma;  // the MLP's c_fc GEMMs: build_model's default, or --mlp-kernel
@@ -617,6 +618,7 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
 // are tied, in one pass; before anything reads them (a training forward, validation, a save).
 void refresh_lm_head_copies(Model& m, cudaStream_t s) {
     if (!m.lm_head_fp8_stale) return;
+    await_gathered(m.gathered, Gathered::lm_head, s);
     lm_head_fp8_quantize_weight(m.train.fp8, m.params.lm_head, m.fp8_scales, m.cfg.model_dim, m.cfg.padded_vocab, s,
                                 m.embed_stale ? m.params.embed : nullptr);
     m.lm_head_fp8_stale = m.embed_stale = false;
@@ -635,11 +637,13 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     }
     const float scale = static_cast<float>(m.rope.attn_scale);
     const Range range("forward");
-    if (a.training) refresh_lm_head_copies(m, s);
-
+    // each gathered parameter is waited for where it is first read (train/buckets.h)
+    if (a.training && m.embed_stale) refresh_lm_head_copies(m, s);  // tied: embed is made from lm_head
     // x = x0 = norm(smear(embed[ids])); the bigram rows join every layer's mix
+    await_gathered(m.gathered, Gathered::embed, s);
     embed_smear_forward(a.smeared, p.embed, b.inputs, p.smear_gate, p.scalars + kSmearLambda, T, C, s);
     rmsnorm_forward(a.x0, a.rstd_x0, a.smeared, T, C, s);
+    await_gathered(m.gathered, Gathered::bigram, s);
     embedding_gather(a.x0_bigram, p.bigram_embed, b.bigram, T, C, s);
 
     for (int l = 0; l < kLayers; ++l) {
@@ -654,10 +658,12 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
         const bf16* mlp_in = L.h_attn;
         if (has_attention(l)) {
             const float* sa = p.scalars + kSaLambdas + 2 * l;
+            await_gathered(m.gathered, Gathered::attn, s);
             lambda_scaled_weight_forward({{L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
                                           {L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}}, s);
             const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
             matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
+            if (aux.ve_table) await_gathered(m.gathered, Gathered::value, s, value_table(l));
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
             attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(step_sch, l),
                               is_paired(l), scale, s, b.cu_seqlens_host.data(), m.attention);
@@ -667,12 +673,15 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             stream = L.xa;
             mlp_in = L.h_mlp;
         }
+        await_gathered(m.gathered, Gathered::mlp, s);
         mlp_forward(*m.lt, m.mlp_kernel, a.block_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
         residual_add_forward(l + 1 < kLayers ? a.layer[l + 1].x : a.x_out, nullptr, nullptr, stream, a.block_out, T, C, s);
     }
     // x -= backout_lambda * (layer 7's output); h = norm(x)
     backout_forward(a.x_final, a.h_final, a.rstd_final, a.x_out, a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda,
                     T, C, s);
+    if (a.training) refresh_lm_head_copies(m, s);
+    await_gathered(m.gathered, Gathered::lm_head, s);
     if (a.training) {
         lm_head_fp8_forward(*m.lt, a.logits, a.fp8, a.h_final, m.fp8_scales, T, C, V, s);
         softcap_mtp_loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, step_sch.mtp_weights,
@@ -695,6 +704,8 @@ struct Accumulate {
     bool matrices;  // the NorMuon banks (attn, mlp)
     bool others;    // every Adam parameter
     bool last = false;  // the step's last micro-step: NorMuon's buckets reduce as the backward finishes them
+    bool adam_final = false;  // and Adam's gradients are final: the value tables reduce as it finishes them
+    bool head_final = false;  // and lm_head's, untied: it reduces after the head's backward
 };
 void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, Accumulate acc, cudaStream_t s) {
     const Config& c = m.cfg;
@@ -718,6 +729,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     softcap_mtp_loss_backward_fp8(a.fp8.g_f8, a.fp8.g_f8_t, &m.fp8_scales->grad, a.logits, a.lse_head, b.targets,
                                   step_sch.mtp_weights, step_sch.n_predict, m.dloss, T, V, s);
     lm_head_fp8_backward(*m.lt, w.dh, g.lm_head, accumulate, a.fp8, m.fp8_scales, T, C, V, s);
+    reduce_final_head(m.buckets, acc.head_final, s);
     backout_backward(dX, dX_backout, g.scalars + kBackoutLambda, sums, w.dh, a.x_final, a.rstd_final,
                      a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda, accumulate, T, C, s);
     // the last layer's output gradient is in dX; layers run backward, each leaving its input's in dX
@@ -752,6 +764,10 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                                            {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}},
                                           sums, {.dw = acc.matrices, .dlambda = accumulate}, s);
             reduce_final_buckets(m.buckets, acc.last, Bank::attn, l, s);
+            if (table >= 0) {  // the table's rows, final here: reduced at once on an Adam step
+                embedding_backward(g.ve_table(c, l), dve, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
+                reduce_final_table(m.buckets, acc.adam_final, table, s);
+            }
             attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
                                 sums, accumulate, s);
         }
@@ -778,15 +794,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     rmsnorm_backward(w.d_smeared, w.gx0, a.smeared, a.rstd_x0, T, C, false, s);
     embed_smear_backward(w.d_embed_rows, g.smear_gate, g.scalars + kSmearLambda, w.d_smeared, p.embed, b.inputs,
                          p.smear_gate, p.scalars + kSmearLambda, sums, T, C, accumulate, s);
-    EmbeddingGradBatch by_token;  // embed and the value tables: rows picked by the token ids
-    by_token.count = 1 + kValueTables;
-    by_token.grad[0] = g.embed;
-    by_token.dout[0] = w.d_embed_rows;
-    for (int k = 0; k < kValueTables; ++k) {
-        by_token.grad[1 + k] = g.value_embeds + int64_t(k) * V * C;
-        by_token.dout[1 + k] = w.dve[k];
-    }
-    embedding_backward(by_token, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
+    embedding_backward(g.embed, w.d_embed_rows, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
     embedding_backward(g.bigram_embed, w.gxb, b.bigram_segments, b.bigram_segments_dev, w.scratch, C, true, s);
 }
 
@@ -842,7 +850,9 @@ struct Schedule {
 // the work order as each reduction lands, and sharded parameters are all-gathered back.
 // ============================================================================================
 enum class Optim { adam, normuon };
-enum class Comms { replicated, sharded, sharded_sparse };
+// sharded_tables: sharded by rows, each table (of V rows) reduced as the backward finishes it and
+// gathered apart (train/buckets.h)
+enum class Comms { replicated, sharded, sharded_sparse, sharded_tables };
 struct ParamRule {
     const char* label;
     Optim optim;
@@ -861,15 +871,16 @@ const ParamRule kParamTable[] = {
     {"x0_lambdas", Optim::adam, Comms::replicated, 0.65, 0.95, 5.0, 0.0},
     {"bigram_embed", Optim::adam, Comms::sharded_sparse, 0.75, 0.95, 75.0, 5.0},
     {"lm_head", Optim::adam, Comms::sharded, 0.5, 0.95, 1.0, 150.0},
-    {"value_embed", Optim::adam, Comms::sharded, 0.75, 0.95, 75.0, 5.0},
+    {"value_embed", Optim::adam, Comms::sharded_tables, 0.75, 0.95, 75.0, 5.0},
     {"embed", Optim::adam, Comms::sharded, 0.5, 0.95, 1.0, 150.0},
 };
 constexpr int kParamGroups = sizeof(kParamTable) / sizeof(kParamTable[0]);
-// Small parameters first while the large reductions land; lm_head before embed (the tied copy needs
-// it); the NorMuon banks last (mlp's last bucket lands first), their Polar Express covering all-gathers.
+// The updates' order (the step profiler's best): small parameters first while the large reductions
+// land; then what the next forward reads first as its reduction lands (lm_head makes the tied embed),
+// the NorMuon banks last (mlp's last bucket lands first), their Polar Express covering the gathers.
 const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_gate",    "attn_gate_bank",
                                               "ve_gate_bank", "x0_lambdas", "lm_head",   "bigram_embed",
-                                              "value_embed",  "embed",      "mlp",       "attn"};
+                                              "embed",        "value_embed", "mlp",      "attn"};
 
 #include "train/param_check.h"
 
@@ -983,6 +994,10 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
             sparse_exchange_device_bytes(m.cfg.bigram_vocab, m.cfg.model_dim, world, o.sparse_max_touched));
     for (cudaEvent_t* e : {&o.grads_ready, &o.comms_done})
         CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    for (cudaEvent_t& e : m.gathered.event) {  // recorded once: nothing gathered yet
+        CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+        CUDA_CHECK(record_event(e, s));
+    }
     for (OptimGroup& q : o.group) {
         CUDA_CHECK(cudaEventCreateWithFlags(&q.reduced, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&q.updated, cudaEventDisableTiming));
@@ -994,12 +1009,14 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
         CUDA_CHECK(copy_async(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice, s));
         CUDA_CHECK(sync_stream(s, "matrix_lr_mul"));
     }
-    build_grad_buckets(m.buckets, {rank, world, comm, o.comms, o.grads_ready}, o["attn"], o["mlp"]);
+    build_grad_buckets(m.buckets, {rank, world, comm, o.comms, o.grads_ready}, o["attn"], o["mlp"], o["value_embed"],
+                       m.cfg.padded_vocab, o["lm_head"]);
     CUDA_CHECK(sync_stream(s, "build_optimizer"));
 }
 
-void destroy_optimizer(Optimizer& o) {
+void destroy_optimizer(Optimizer& o, Model& m) {
     o.exchange.reset();
+    for (cudaEvent_t& e : m.gathered.event) cudaEventDestroy(e), e = nullptr;
     for (OptimGroup& q : o.group)
         for (cudaEvent_t e : {q.reduced, q.updated}) cudaEventDestroy(e);
     for (cudaEvent_t e : {o.grads_ready, o.comms_done}) cudaEventDestroy(e);
@@ -1051,11 +1068,14 @@ void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t
     }
 }
 
-// Gathers an updated shard to every rank, on the comms stream after the update.
-void launch_gather(Optimizer& o, OptimGroup& q, ncclComm_t comm, cudaStream_t s) {
+// Gathers an updated shard (`table` of the value tables) to every rank on the comms stream, after
+// the update, and records the event the next forward waits for.
+void launch_gather(Model& m, Optimizer& o, OptimGroup& q, Gathered what, ncclComm_t comm, int table = 0) {
     if (!q.distributed || q.comms == Comms::replicated) return;
-    CUDA_CHECK(join_stream(o.comms, q.updated, s));
-    NCCL_CHECK(all_gather(q.param_shard(o.rank), q.t.param, q.shard_elems(), nccl_type(q), comm, o.comms));
+    CUDA_CHECK(wait_event(o.comms, q.updated));
+    if (q.comms == Comms::sharded_tables) broadcast_table(m.buckets, table);
+    else NCCL_CHECK(all_gather(q.param_shard(o.rank), q.t.param, q.shard_elems(), nccl_type(q), comm, o.comms));
+    CUDA_CHECK(record_event(m.gathered.at(what, table), o.comms));
 }
 
 // At the untie step embed takes lm_head's Adam state: its moments transposed (lm_head is sharded
@@ -1123,7 +1143,10 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         small_run.clear();
     };
     for (OptimGroup& q : o.group) {
-        if (!steps(q) || q.rule->optim == Optim::normuon) continue;  // NorMuon: reduced by the backward (buckets.h)
+        // launched by the backward (train/buckets.h): NorMuon's banks, the value tables, an untied lm_head
+        const bool by_backward = q.rule->optim == Optim::normuon ||
+                                 (q.distributed && (q.comms == Comms::sharded_tables || (!tied && &q == &o["lm_head"])));
+        if (!steps(q) || by_backward) continue;
         if (q.distributed && q.comms == Comms::replicated) {
             if (small_run.empty()) NCCL_CHECK(group_start());
             NCCL_CHECK(all_reduce(q.t.grad, q.t.grad, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
@@ -1134,18 +1157,28 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         launch_reduce(o, q, comm);
     }
     close_small_run();
-    // updates in the work order, each followed by its gather
     for (const char* label : kWorkOrder) {
         const int i = param_group(label);
         OptimGroup& q = o.group[i];
         if (!steps(q)) continue;
         if (q.rule->optim == Optim::adam) ++q.adam_steps;
         update_group(m, o, q, i, s);
-        launch_gather(o, q, comm, s);
+        CUDA_CHECK(record_event(q.updated, s));
     }
     if (do_adam) m.lm_head_fp8_stale = true, m.embed_stale = tied;
-    // the next forward reads every parameter
-    CUDA_CHECK(join_stream(s, o.comms_done, o.comms));
+    // the gathers, about in the order the next forward first reads them (it waits for each there):
+    // embed (while tied, lm_head, which makes it), the bigram table, the banks (mlp first: its update
+    // is done first), layer 0's value table, the other tables, an untied lm_head last (at the head)
+    auto gather = [&](const char* label, Gathered what, int table = 0) {
+        if (steps(o[label])) launch_gather(m, o, o[label], what, comm, table);
+    };
+    gather(tied ? "lm_head" : "embed", tied ? Gathered::lm_head : Gathered::embed);
+    gather("bigram_embed", Gathered::bigram);
+    gather("mlp", Gathered::mlp);
+    gather("attn", Gathered::attn);
+    gather("value_embed", Gathered::value, 0);
+    for (int k = 1; k < kValueTables; ++k) gather("value_embed", Gathered::value, k);
+    if (!tied) gather("lm_head", Gathered::lm_head);
     if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
 }
 
@@ -1234,7 +1267,8 @@ void train_step(Run& r, int step) {
         gpt_forward(r.m, r.m.batch, step_sch, r.m.train, r.s);
         r.losses.copy(step, i, r.m.loss, r.s);
         // Adam's parameters keep the even step's gradients for the odd step's update
-        gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step, i + 1 == r.m.cfg.grad_accum()}, r.s);
+        const bool last = i + 1 == r.m.cfg.grad_accum();
+        gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step, last, last && adam_step, last && adam_step && r.o.split}, r.s);
     }
     if (r.opt.log_grad_norms) log_grad_norms(r, step);
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);
@@ -1285,6 +1319,7 @@ void warm_up(Run& r) {
         gpt_forward(r.m, r.m.eval_batch, r.step_schedule(), r.m.eval, r.s);
         train_step(r, step);
     }
+    await_all_gathered(r.m.gathered, r.s);  // before the restore overwrites what they write
     CUDA_CHECK(sync_stream(r.s, "warm_up"));
     CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), initial.data(), initial.size(), cudaMemcpyHostToDevice));
     r.m.lm_head_fp8_stale = true, r.m.embed_stale = false;  // the restored embed is lm_head's already
@@ -1450,7 +1485,7 @@ int main(int argc, char** argv) {
     r.losses.release();
     CUDA_CHECK(cudaFree(r.finite_flags));
     r.batches.reset();
-    destroy_optimizer(o);
+    destroy_optimizer(o, m);
     CUDA_CHECK(cudaStreamDestroy(stream));
     stop_distributed(d);
     return 0;

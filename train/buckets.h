@@ -1,5 +1,7 @@
-// NorMuon's banks reduced in buckets during the backward (issue 18). Part of train_gpt.cu, included
-// after the layer structure (kLayers, has_attention, attn_index).
+// The step's communication schedule (issue 18): NorMuon's banks reduced in buckets during the
+// backward, Adam's value tables reduced as the backward finishes each, and the gathers the next
+// forward waits for. Part of train_gpt.cu, included after the layer structure (kLayers,
+// has_attention, attn_index, kValueTables).
 //
 // A bucket is a run of whole matrices of one bank that one rank owns (updates) and whose gradients
 // are all final after the same point of the backward. On a step's last micro-step each bucket is
@@ -137,6 +139,41 @@ struct BankBuffers {
 
 // Where this rank's reductions go: its rank and world, NCCL's communicator, the comms stream, and an
 // event of the optimizer's for the compute stream's gradients so far (recorded at each backward point).
+// Adam's value tables on this rank: value_embed stacks kValueTables tables of V rows, and ranks own
+// contiguous shards of its rows (Adam's state as it always was), which cut across tables.
+struct TableBuffers {
+    const bf16* grad = nullptr;  // the stacked tables' gradient
+    bf16* grad_shard = nullptr;  // this rank's rows of the stack, reduced
+    bf16* param = nullptr;       // the stacked tables
+    int64_t table_rows = 0, shard_rows = 0, row_elems = 0;
+    cudaEvent_t reduced = nullptr;  // recorded on the comms stream after each table's reduction
+};
+
+// Adam's lm_head on this rank. Once untied from embed its gradient is final after the head's
+// backward, at the start of the backward (while tied, embed's joins it after the backward).
+struct HeadBuffers {
+    const bf16* grad = nullptr;
+    bf16* grad_shard = nullptr;  // this rank's shard, reduced
+    int64_t shard_elems = 0;
+    cudaEvent_t reduced = nullptr;
+};
+
+// Rows [first, first + count) of a group sharded by rows, cut where the owner changes.
+struct RowPiece {
+    int owner;
+    int64_t first, count;
+};
+inline std::vector<RowPiece> owned_pieces(int64_t first, int64_t count, int64_t shard_rows) {
+    std::vector<RowPiece> out;
+    for (int64_t row = first; row < first + count;) {
+        const int owner = static_cast<int>(row / shard_rows);
+        const int64_t end = std::min(first + count, (owner + 1) * shard_rows);
+        out.push_back({owner, row, end - row});
+        row = end;
+    }
+    return out;
+}
+
 struct BucketComms {
     int rank = 0, world = 1;
     ncclComm_t comm = nullptr;
@@ -150,6 +187,8 @@ struct GradBuckets {
     std::vector<Bucket> plan;
     BucketComms c;
     BankBuffers bank[2];
+    TableBuffers tables;
+    HeadBuffers head;
     BankBuffers& of(Bank b) { return bank[b == Bank::attn ? 0 : 1]; }
 };
 
@@ -183,6 +222,69 @@ inline void reduce_final_buckets(GradBuckets& g, bool last_micro_step, Bank b, i
     }
 }
 
+// The backward hook of Adam's value tables: `table`'s gradient is final (its layer's backward has
+// written its rows). On an Adam step's last micro-step it is reduced right away, each piece onto the
+// rank that owns it (ncclReduce, average, one NCCL group), so that only layer 0's table is left for
+// the end of the backward.
+inline void reduce_final_table(GradBuckets& g, bool adam_final, int table, cudaStream_t s) {
+    const BucketComms& c = g.c;
+    const TableBuffers& t = g.tables;
+    if (!adam_final || c.world == 1) return;
+    CUDA_CHECK(join_stream(c.comms, c.grads_ready, s));
+    NCCL_CHECK(group_start());
+    for (const RowPiece& p : owned_pieces(table * t.table_rows, t.table_rows, t.shard_rows)) {
+        bf16* recv = t.grad_shard + (p.owner == c.rank ? (p.first - c.rank * t.shard_rows) * t.row_elems : 0);
+        NCCL_CHECK(reduce(t.grad + p.first * t.row_elems, recv, size_t(p.count * t.row_elems), ncclBfloat16, ncclAvg,
+                          p.owner, c.comm, c.comms));
+    }
+    NCCL_CHECK(group_end());
+    CUDA_CHECK(record_event(t.reduced, c.comms));
+}
+
+// The backward hook of an untied lm_head on an Adam step's last micro-step: its reduce-scatter
+// (average), launched right after the head's backward, so it crosses the wire during the layers'.
+inline void reduce_final_head(GradBuckets& g, bool head_final, cudaStream_t s) {
+    const BucketComms& c = g.c;
+    const HeadBuffers& h = g.head;
+    if (!head_final || c.world == 1) return;
+    CUDA_CHECK(join_stream(c.comms, c.grads_ready, s));
+    NCCL_CHECK(reduce_scatter(h.grad, h.grad_shard, size_t(h.shard_elems), ncclBfloat16, ncclAvg, c.comm, c.comms));
+    CUDA_CHECK(record_event(h.reduced, c.comms));
+}
+
+// Every rank's copy of `table` from its owners' updated rows (ncclBroadcast per piece, one group),
+// on the comms stream.
+inline void broadcast_table(const GradBuckets& g, int table) {
+    const BucketComms& c = g.c;
+    const TableBuffers& t = g.tables;
+    NCCL_CHECK(group_start());
+    for (const RowPiece& p : owned_pieces(table * t.table_rows, t.table_rows, t.shard_rows)) {
+        bf16* rows = t.param + p.first * t.row_elems;
+        NCCL_CHECK(broadcast(rows, rows, size_t(p.count * t.row_elems), ncclBfloat16, p.owner, c.comm, c.comms));
+    }
+    NCCL_CHECK(group_end());
+}
+
+// ---- the gathers the next forward waits for ----
+// After the optimizer step the updated shards come back to every rank on the comms stream (all-
+// gathers; the value tables by broadcasts), each followed by its event. The next forward waits for
+// each where it first reads it, so the gathers overlap the forward; anything else that reads the
+// parameters waits for all of them. The events are recorded once when made: a forward before any
+// gather waits for nothing.
+enum class Gathered { embed, bigram, lm_head, attn, mlp, value };  // value table k: value + k
+constexpr int kGatherEvents = static_cast<int>(Gathered::value) + kValueTables;
+struct GatherEvents {
+    cudaEvent_t event[kGatherEvents] = {};
+    cudaEvent_t& at(Gathered g, int table = 0) { return event[static_cast<int>(g) + table]; }
+};
+inline void await_gathered(GatherEvents& e, Gathered g, cudaStream_t s, int table = 0) {
+    if (e.at(g, table)) CUDA_CHECK(wait_event(s, e.at(g, table)));
+}
+inline void await_all_gathered(GatherEvents& e, cudaStream_t s) {
+    for (cudaEvent_t ev : e.event)
+        if (ev) CUDA_CHECK(wait_event(s, ev));
+}
+
 // Each layer's matrices of a bank named for emu's race detector, which takes a kernel's pointer
 // argument to reach to the end of the named range that holds it: the backward of a layer writes only
 // its own matrices while the buckets of the layers above are in flight. (Nothing on a GPU.)
@@ -199,7 +301,11 @@ inline void name_bank_layers(const bf16* bank, int64_t matrix_elems, Bank b, int
 // rank's reduced shard, and its `reduced` event, which the bucket of its last own matrices records);
 // stops naming the bank when the world size cannot own whole matrices.
 template <class Group>
-void build_grad_buckets(GradBuckets& g, const BucketComms& c, const Group& attn, const Group& mlp) {
+void build_grad_buckets(GradBuckets& g, const BucketComms& c, const Group& attn, const Group& mlp, const Group& value,
+                        int64_t table_rows, const Group& head) {
+    g.head = {static_cast<const bf16*>(head.t.grad), static_cast<bf16*>(head.grad_shard), head.shard_elems(), head.reduced};
+    g.tables = {static_cast<const bf16*>(value.t.grad), static_cast<bf16*>(value.grad_shard), static_cast<bf16*>(value.t.param),
+                table_rows, value.shard_rows, value.t.row_elems, value.reduced};
     for (auto [b, q] : {std::pair<Bank, const Group*>{Bank::attn, &attn}, {Bank::mlp, &mlp}})
         g.of(b) = {static_cast<const bf16*>(q->t.grad), static_cast<bf16*>(q->grad_shard), q->t.row_elems,
                    static_cast<int>(q->t.rows), q->reduced};
@@ -211,4 +317,11 @@ void build_grad_buckets(GradBuckets& g, const BucketComms& c, const Group& attn,
     }
     g.c = c;
     for (Bank b : kBanks) name_bank_layers(g.of(b).grad, g.of(b).matrix_elems, b, g.of(b).matrices, "grad");
+    const TableBuffers& t = g.tables;  // each table's rows apart: the backward and forward read one at a time
+    for (int64_t k = 0; k < value.t.rows / table_rows; ++k)
+        for (auto [base, what] : {std::pair<const bf16*, const char*>{t.grad, "grad"}, {t.param, "param"}}) {
+            const std::string name = std::string(what) + ".value_embed[" + std::to_string(k) + "]";
+            name_device_range(base + k * table_rows * t.row_elems, size_t(table_rows * t.row_elems) * sizeof(bf16),
+                              name.c_str());
+        }
 }

@@ -54,6 +54,7 @@ std::string new_save_id() {
 // optimizer state hold a non-finite value.
 void save_checkpoint(Run& r, int step) {
     refresh_lm_head_copies(r.m, r.s);  // a tied embed follows the last Adam step's lm_head
+    await_all_gathered(r.m.gathered, r.s);
     CUDA_CHECK(cudaStreamSynchronize(r.s));
     check_finite(r, step, "before saving a checkpoint");
     const std::string path = checkpoint_path(r.opt.save_dir, step, r.d.rank);

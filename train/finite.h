@@ -58,6 +58,7 @@ std::string nonfinite_group(Run& r) {
 // (a GPU run cannot afford the copies; it only stops).
 void watch_nonfinite(Run& r, int step) {
     if (!kEmulated || !r.first_nonfinite.empty()) return;
+    await_all_gathered(r.m.gathered, r.s);  // the scan reads every rank's rows
     if (const std::string g = nonfinite_group(r); !g.empty())
         r.first_nonfinite = g + " (non-finite before step " + std::to_string(step) + ")";
 }
@@ -91,6 +92,7 @@ constexpr int kMaxStateBuffers = 4 * kParamGroups;
 // one launch per buffer, one copy of the flags back): where the first non-finite value is, as "exp_avg.scalars on
 // rank 1" (table order, then rank), or "" when all are finite. Collective.
 std::string nonfinite_state(Run& r, int step) {
+    await_all_gathered(r.m.gathered, r.s);
     const std::vector<StateBuffer> bufs = state_buffers(r, step);
     if (bufs.size() > size_t(kMaxStateBuffers))  // a group registered more float state than the flags hold
         fail("the finite check covers " + std::to_string(bufs.size()) + " buffers; raise kMaxStateBuffers (" +

@@ -26,8 +26,10 @@
 // --plan-step
 // ============================================================================================
 
-// What a stage records: its first even step, the first odd step after it (an Adam step), and the
-// schedule's untie step when the stage has it (an Adam step of its own kind). -1: none.
+// What a stage records: its first even step (the first after the untie in the stage that has it, so
+// that the even and Adam steps both price the untied schedule most of its steps run), the first odd
+// step after it (an Adam step), and the schedule's untie step when the stage has it (an Adam step of
+// its own kind). -1: none.
 struct StagePlan {
     int first = 0, end = 0;  // the stage's steps [first, end)
     int even = -1, adam = -1, untie = -1;
@@ -53,7 +55,8 @@ std::vector<StagePlan> stage_plans(const Schedule& sch) {
                 p.untie = st;
             } else if (st % 2 == 0) {
                 ++p.steps_even;
-                if (p.even < 0) p.even = st;
+                // the first even step; in the stage that unties, the first after an untied Adam step
+                if (p.even < 0 || (p.even < sch.split_step && st > sch.split_step + 2)) p.even = st;
             } else {
                 ++p.steps_adam;
             }

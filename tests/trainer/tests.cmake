@@ -51,3 +51,22 @@ if(Python3_Interpreter_FOUND)
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
   set_tests_properties(schedule_bits PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1500)
 endif()
+# The next forward's waits for the gathers (tests/trainer/gathers_race.cu): real tiny steps through
+# an Adam step tied and untied under deferred streams, where the race detector stops any read of a
+# parameter not ordered after its gather; every rank's parameters equal afterwards. Planted: the
+# forward's event for one gathered group swapped for a complete one, which must die of the race.
+cpu_program(gathers_race ${REPO}/tests/trainer/gathers_race.cu)
+foreach(np 2 8)
+  add_test(NAME gathers_race_np${np} COMMAND ${MPIRUN} -np ${np} -x EMU_WORKERS=1 $<TARGET_FILE:gathers_race>)
+endforeach()
+set_tests_properties(gathers_race_np2 gathers_race_np8 PROPERTIES TIMEOUT 900
+                     ENVIRONMENT "REPO=${REPO};EMU_STREAMS=deferred:5;EMU_RANDOM_ORDER=5")
+foreach(planted "bigram;bigram_embed" "lm_head;lm_head" "attn;attn" "value 3;value_embed.3." "embed;embed")
+  list(GET planted 0 group)
+  list(GET planted 1 name)
+  string(REPLACE " " ";" args "${group}")
+  string(REPLACE " " "_" label "${group}")
+  add_test(NAME gathers_race_planted_${label} COMMAND ${MPIRUN} -np 2 -x EMU_WORKERS=1 $<TARGET_FILE:gathers_race> plant ${args})
+  set_tests_properties(gathers_race_planted_${label} PROPERTIES TIMEOUT 900 PASS_REGULAR_EXPRESSION "race on '[^']*${name}"
+                       ENVIRONMENT "REPO=${REPO};EMU_STREAMS=deferred:5;EMU_RANDOM_ORDER=5")
+endforeach()

@@ -11,7 +11,7 @@ inline int finish_trainer_test(Run& r, Optimizer& o) {
     if (r.d.rank == 0) std::printf("%d passed, %d failed\n", total_passed, total_failed);
     r.batches.reset();
     r.losses.release();
-    destroy_optimizer(o);
+    destroy_optimizer(o, r.m);
     CUDA_CHECK(cudaStreamDestroy(r.s));
     stop_distributed(r.d);
     return failed ? 1 : 0;
