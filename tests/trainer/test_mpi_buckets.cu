@@ -8,7 +8,12 @@
 // micro-step is bucket k (its bytes), issued after the event the comms stream waits on was recorded
 // behind the kernel that finishes the bucket's gradients and before any op of the backward of the
 // layers below; planted recordings (a reduce moved below the next layer, one moved above its
-// gradient's kernel) refused.
+// gradient's kernel) refused. Then Adam steps, tied and untied: each value table's reduces are
+// owned_pieces() of its rows (checked against a reference on random shapes), one per owner's
+// piece, issued after the embedding backward that finishes the table in its layer (an event
+// between) and before the backward of the layer below; lm_head's reduce-scatter right after the
+// head's backward once untied, and after the whole backward (embed's gradient joins it) while
+// tied. Planted: a table's reduces moved below the next layer refused.
 #define TRAIN_GPT_NO_MAIN
 #include "../../train_gpt.cu"
 #include "trainer_test_util.h"
@@ -140,6 +145,139 @@ std::string launch_order_error(const std::vector<StepOp>& ops, const std::vector
     return k == plan.size() ? "" : std::to_string(plan.size() - k) + " buckets not reduced";
 }
 
+// ---- Adam steps: the value tables and lm_head ----
+
+// owned_pieces against a reference: row by row, each row's owner is row / shard_rows; the pieces
+// are the maximal runs of one owner, in order.
+void check_owned_pieces() {
+    std::mt19937 rng(7);
+    for (int trial = 0; trial < 200; ++trial) {
+        const int64_t shard = 1 + rng() % 50, world = 1 + rng() % 8, total = shard * world;
+        const int64_t first = rng() % total, count = 1 + rng() % (total - first);
+        std::vector<RowPiece> want;
+        for (int64_t row = first; row < first + count; ++row) {
+            const int owner = int(row / shard);
+            if (want.empty() || want.back().owner != owner) want.push_back({owner, row, 0});
+            ++want.back().count;
+        }
+        const std::vector<RowPiece> got = owned_pieces(first, count, shard);
+        bool same = got.size() == want.size();
+        for (size_t i = 0; same && i < got.size(); ++i)
+            same = got[i].owner == want[i].owner && got[i].first == want[i].first && got[i].count == want[i].count;
+        test::check(same, "owned_pieces(%lld, %lld, %lld): %zu pieces, the reference %zu", (long long)first,
+                    (long long)count, (long long)shard, got.size(), want.size());
+    }
+}
+
+bool named(const StepOp& op, const char* name) { return std::strcmp(op.work.name, name) == 0; }
+size_t first_in_layer(const std::vector<StepOp>& ops, size_t from, int layer) {
+    while (from < ops.size() && range_layer(ops[from].range) != layer) ++from;
+    return from;
+}
+
+// What is wrong with where a recorded Adam step launches the value tables' reductions, or "": the
+// reduces that follow each table's embedding backward, on the comms stream, until the backward of
+// the layer below begins.
+std::string table_order_error(const std::vector<StepOp>& ops, const TableBuffers& t, int world) {
+    size_t from = 0;
+    for (size_t i = 0; i < ops.size(); ++i)
+        if (ops[i].range.rfind("forward", 0) == 0) from = i + 1;
+    for (int layer = kLayers - 1; layer >= 0; --layer) {
+        const int table = value_table(layer);
+        if (table < 0) continue;
+        const std::string at = "value table " + std::to_string(table) + " (layer " + std::to_string(layer) + ")";
+        size_t written = ops.size();  // the table's embedding backward: the last in its layer
+        for (size_t i = first_in_layer(ops, from, layer); i < ops.size() && range_layer(ops[i].range) == layer; ++i)
+            if (named(ops[i], "embedding_backward")) written = i;
+        if (written == ops.size()) return at + ": no embedding backward in its layer";
+        const std::vector<RowPiece> pieces = owned_pieces(table * t.table_rows, t.table_rows, t.table_rows * kValueTables / world);
+        size_t k = 0, first_piece = ops.size();
+        for (size_t i = written + 1; i < ops.size() && range_layer(ops[i].range) == layer && k < pieces.size(); ++i) {
+            if (!named(ops[i], "nccl_reduce")) continue;
+            if (ops[i].work.comm_bytes != double(pieces[k].count * t.row_elems * 2))
+                return at + ": reduce " + std::to_string(k) + " is not the bytes of its owner's piece";
+            if (k++ == 0) first_piece = i;
+        }
+        if (k < pieces.size())
+            return at + ": " + std::to_string(pieces.size() - k) + " of its pieces not reduced before the backward of layer " +
+                   std::to_string(layer - 1) + " began";
+        bool ordered = false;  // the comms stream waits, between the two, on an event recorded after the kernel
+        for (size_t j = written + 1; j < first_piece; ++j)
+            if (ops[j].kind == OpKind::event_wait && ops[j].stream == ops[first_piece].stream)
+                for (size_t i = written + 1; i < j; ++i)
+                    ordered |= ops[i].kind == OpKind::event_record && ops[i].event == ops[j].event;
+        if (!ordered) return at + ": its reduces do not wait for the kernel that finishes it";
+    }
+    return "";
+}
+
+// Where lm_head's reduce-scatter is: its index among the recording's ops, and whether any op of
+// the layers' backward comes before it.
+std::pair<size_t, bool> head_reduce(const std::vector<StepOp>& ops, const HeadBuffers& h, int world) {
+    size_t from = 0;
+    for (size_t i = 0; i < ops.size(); ++i)
+        if (ops[i].range.rfind("forward", 0) == 0) from = i + 1;
+    bool after_layers = false;
+    for (size_t i = from; i < ops.size(); ++i) {
+        if (range_layer(ops[i].range) >= 0) after_layers = true;
+        if (named(ops[i], "nccl_reduce_scatter") && ops[i].work.comm_bytes == double(h.shard_elems * world * 2))
+            return {i, after_layers};
+    }
+    return {ops.size(), after_layers};
+}
+
+std::vector<StepOp> record_adam_step(Run& r, int step) {
+    advance_schedule(r, step);
+    return record_step(r, step);  // the dry run's recording, tied or untied as the step is
+}
+
+void check_adam_steps(Run& r) {
+    const GradBuckets& g = r.m.buckets;
+    const int untied = r.sch.split_step + 2;
+    work_recorder().start(true);  // a dry run again: nothing runs on the device
+    reset_schedule(r);
+    start_batches(r, {{1, untied}, 0});
+    const std::vector<StepOp> tied_ops = record_adam_step(r, 1), untied_ops = record_adam_step(r, untied);
+    work_recorder().stop();
+    const bool split = r.o.split;
+    r.o.split = false;
+    test::check(split, "the untied step recorded tied");
+    for (const std::vector<StepOp>* ops : {&tied_ops, &untied_ops}) {
+        const std::string e = table_order_error(*ops, g.tables, r.d.world);
+        test::check(e.empty(), "rank %d, %s Adam step: %s", r.d.rank, ops == &tied_ops ? "tied" : "untied", e.c_str());
+    }
+    const auto [tied_at, tied_after] = head_reduce(tied_ops, g.head, r.d.world);
+    const auto [untied_at, untied_after] = head_reduce(untied_ops, g.head, r.d.world);
+    bool transposed = false;  // tied: after embed's gradient joined lm_head's (the optimizer's transpose)
+    for (size_t i = 0; i < tied_at && i < tied_ops.size(); ++i) transposed |= named(tied_ops[i], "transpose");
+    test::check(tied_at < tied_ops.size() && tied_after && transposed, "tied: lm_head's reduce-scatter is not after the backward");
+    test::check(untied_at < untied_ops.size() && !untied_after, "untied: lm_head's reduce-scatter is not before the layers' backward");
+    bool head_before = false;  // untied: the head's weight gradient is enqueued before it
+    for (size_t i = 0; i < untied_at && i < untied_ops.size(); ++i) head_before |= named(untied_ops[i], "gemm_lm_head_dw");
+    test::check(head_before, "untied: lm_head's reduce-scatter comes before its gradient's GEMM");
+
+    // planted: layer 9's table's last reduce (its reduces are the layer's after its embedding
+    // backward) moved below the first op of layer 8
+    std::vector<StepOp> late = tied_ops;
+    size_t from = 0;
+    for (size_t i = 0; i < late.size(); ++i)
+        if (late[i].range.rfind("forward", 0) == 0) from = i + 1;
+    const size_t layer9 = first_in_layer(late, from, 9), layer8 = first_in_layer(late, layer9, 8);
+    size_t written = layer9, reduce = layer8;
+    for (size_t i = layer9; i < layer8; ++i)
+        if (named(late[i], "embedding_backward")) written = i;
+    for (size_t i = written; i < layer8; ++i)
+        if (named(late[i], "nccl_reduce")) reduce = i;
+    if (test::check(reduce < layer8, "no reduce in layer 9's backward")) {
+        StepOp moved = late[reduce];
+        moved.range = late[layer8].range;
+        late.erase(late.begin() + long(reduce));
+        late.insert(late.begin() + long(layer8), moved);
+        test::check(table_order_error(late, g.tables, r.d.world).find("not reduced before") != std::string::npos,
+                    "a table's reduce moved below the next layer passes: '%s'", table_order_error(late, g.tables, r.d.world).c_str());
+    }
+}
+
 void check_recorded_order(Run& r) {
     WorkRecorder& rec = work_recorder();
     rec.start(true);
@@ -217,6 +355,8 @@ int main(int argc, char** argv) {
     Run r(m, o, sch, opt, d, s);
     allocate_host_buffers(r);
     check_recorded_order(r);
+    check_owned_pieces();
+    if (d.world > 1) check_adam_steps(r);
 
     return finish_trainer_test(r, o);
 }
