@@ -65,18 +65,11 @@ int main(int argc, char** argv) {
     }
     Config c = tiny_preset();
     c.world_size = d.world;
-    cudaStream_t s;
-    CUDA_CHECK(cudaStreamCreate(&s));
-    Model m;
-    Optimizer o;
-    const Schedule sch(c);
-    build_model(m, c, 1337, s);
-    broadcast_params(m, d.comm, s);
-    build_optimizer(o, m, d.rank, d.world, d.world == 8 && c.grad_accum() == 1, d.comm, s);
-    RunOptions opt;
-    opt.train_files = std::string(repo) + "/" + c.train_files;
-    Run r(m, o, sch, opt, d, s);
-    allocate_host_buffers(r);
+    TrainerRun t(d, c, repo, false);
+    Run& r = t.r;
+    Model& m = t.m;
+    const Schedule& sch = t.sch;
+    cudaStream_t s = t.s;
 
     const std::vector<int> steps = {0, 1, 2, sch.split_step, sch.split_step + 1, sch.split_step + 2, sch.split_step + 3};
     cudaEvent_t done;
@@ -91,7 +84,7 @@ int main(int argc, char** argv) {
     await_all_gathered(m.gathered, s);
     CUDA_CHECK(sync_stream(s, "gathers_race"));
     test::check(!plant.on, "the planted missing wait was not reported as a race");
-    test::check(o.split, "the steps did not reach the untied schedule");
+    test::check(t.o.split, "the steps did not reach the untied schedule");
 
     const uint64_t mine = param_hash(m);
     uint64_t low = 0, high = 0;
@@ -99,5 +92,5 @@ int main(int argc, char** argv) {
     MPI_Allreduce(&mine, &high, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
     test::check(low == high, "%d ranks: the parameters differ between ranks after the gathers", d.world);
     CUDA_CHECK(cudaEventDestroy(done));
-    return finish_trainer_test(r, o);
+    return finish_trainer_test(r, t.o);
 }

@@ -65,18 +65,8 @@ int main(int argc, char** argv) {
     c.world_size = d.world;
     c.scheduled_iterations = 6;
     c.extension_iterations = 2;
-    cudaStream_t s;
-    CUDA_CHECK(cudaStreamCreate(&s));
-    Model m;
-    Optimizer o;
-    const Schedule sch(c);
-    build_model(m, c, 1337, s);
-    broadcast_params(m, d.comm, s);
-    build_optimizer(o, m, d.rank, d.world, d.world == 8 && c.grad_accum() == 1, d.comm, s);
-    RunOptions opt;
-    opt.train_files = std::string(repo) + "/" + c.train_files;
-    Run r(m, o, sch, opt, d, s);
-    allocate_host_buffers(r);
+    TrainerRun t(d, c, repo, false);
+    Run& r = t.r;
 
     const std::vector<std::vector<StepOp>> real = run_steps(r, false), dry = run_steps(r, true);
     for (size_t k = 0; k < real.size(); ++k) {
@@ -115,5 +105,5 @@ int main(int argc, char** argv) {
                                         std::pair{"two swapped ops", &swapped}, std::pair{"a dropped op", &dropped}})
         test::check(!recording_difference(ops, *planted).empty(), "the comparison misses %s", what);
 
-    return finish_trainer_test(r, o);
+    return finish_trainer_test(r, t.o);
 }

@@ -342,21 +342,11 @@ int main(int argc, char** argv) {
 
     Config c = tiny_preset();
     c.world_size = d.world;
-    cudaStream_t s;
-    CUDA_CHECK(cudaStreamCreate(&s));
-    Model m;
-    Optimizer o;
-    const Schedule sch(c);
-    work_recorder().start(true);  // a dry run from here: nothing runs on the device
-    build_model(m, c, 1337, s);
-    build_optimizer(o, m, d.rank, d.world, d.world == 8 && c.grad_accum() == 1, d.comm, s);
-    RunOptions opt;
-    opt.train_files = std::string(repo) + "/" + c.train_files;
-    Run r(m, o, sch, opt, d, s);
-    allocate_host_buffers(r);
+    TrainerRun t(d, c, repo, true);  // a dry run: nothing runs on the device
+    Run& r = t.r;
     check_recorded_order(r);
     check_owned_pieces();
     if (d.world > 1) check_adam_steps(r);
 
-    return finish_trainer_test(r, o);
+    return finish_trainer_test(r, t.o);
 }
