@@ -846,8 +846,8 @@ struct Schedule {
 // ============================================================================================
 // The optimizer: upstream's NorMuonAndAdam with its param_table. NorMuon for the attention and
 // MLP banks, Adam for the rest. Gradients are reduced on the comms stream (all-reduce for the
-// replicated parameters, reduce-scatter for the sharded ones) in the table's order, updated in
-// the work order as each reduction lands, and sharded parameters are all-gathered back.
+// replicated parameters, reduce-scatter or reduces for the sharded ones, most during the backward),
+// updated in the work order as each lands, and sharded parameters are gathered back behind events.
 // ============================================================================================
 enum class Optim { adam, normuon };
 // sharded_tables: sharded by rows, each table (of V rows) reduced as the backward finishes it and
@@ -1168,7 +1168,7 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     if (do_adam) m.lm_head_fp8_stale = true, m.embed_stale = tied;
     // the gathers, about in the order the next forward first reads them (it waits for each there):
     // embed (while tied, lm_head, which makes it), the bigram table, the banks (mlp first: its update
-    // is done first), layer 0's value table, the other tables, an untied lm_head last (at the head)
+    // is done first), the value tables by layer, an untied lm_head last (at the head)
     auto gather = [&](const char* label, Gathered what, int table = 0) {
         if (steps(o[label])) launch_gather(m, o, o[label], what, comm, table);
     };
@@ -1176,8 +1176,7 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     gather("bigram_embed", Gathered::bigram);
     gather("mlp", Gathered::mlp);
     gather("attn", Gathered::attn);
-    gather("value_embed", Gathered::value, 0);
-    for (int k = 1; k < kValueTables; ++k) gather("value_embed", Gathered::value, k);
+    for (int k = 0; k < kValueTables; ++k) gather("value_embed", Gathered::value, k);
     if (!tied) gather("lm_head", Gathered::lm_head);
     if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
 }
@@ -1267,8 +1266,8 @@ void train_step(Run& r, int step) {
         gpt_forward(r.m, r.m.batch, step_sch, r.m.train, r.s);
         r.losses.copy(step, i, r.m.loss, r.s);
         // Adam's parameters keep the even step's gradients for the odd step's update
-        const bool last = i + 1 == r.m.cfg.grad_accum();
-        gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step, last, last && adam_step, last && adam_step && r.o.split}, r.s);
+        const bool last = i + 1 == r.m.cfg.grad_accum(), adam_final = last && adam_step;
+        gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step, last, adam_final, adam_final && r.o.split}, r.s);
     }
     if (r.opt.log_grad_norms) log_grad_norms(r, step);
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);
