@@ -1,6 +1,6 @@
 // The step's communication schedule (issue 18): NorMuon's banks reduced in buckets during the
-// backward, Adam's value tables reduced as the backward finishes each, and the gathers the next
-// forward waits for. Part of train_gpt.cu, included after the layer structure (kLayers,
+// backward, Adam's value tables reduced as the backward finishes each and an untied lm_head after
+// the head's backward, and the gathers the next forward waits for. Part of train_gpt.cu, included after the layer structure (kLayers,
 // has_attention, attn_index, kValueTables).
 //
 // A bucket is a run of whole matrices of one bank that one rank owns (updates) and whose gradients
@@ -137,8 +137,6 @@ struct BankBuffers {
     cudaEvent_t own_reduced = nullptr;  // recorded on the comms stream after this rank's last bucket
 };
 
-// Where this rank's reductions go: its rank and world, NCCL's communicator, the comms stream, and an
-// event of the optimizer's for the compute stream's gradients so far (recorded at each backward point).
 // Adam's value tables on this rank: value_embed stacks kValueTables tables of V rows, and ranks own
 // contiguous shards of its rows (Adam's state as it always was), which cut across tables.
 struct TableBuffers {
@@ -174,15 +172,17 @@ inline std::vector<RowPiece> owned_pieces(int64_t first, int64_t count, int64_t 
     return out;
 }
 
+// Where this rank's reductions go: its rank and world, NCCL's communicator, the comms stream, and an
+// event of the optimizer's for the compute stream's gradients so far (recorded at each backward point).
 struct BucketComms {
     int rank = 0, world = 1;
     ncclComm_t comm = nullptr;
     cudaStream_t comms = nullptr;
     cudaEvent_t grads_ready = nullptr;
 };
-// The buckets of a run and what launching them needs (made by build_optimizer; the backward's hooks
-// call reduce_final_buckets). One rank, or buckets never built (a model without an optimizer),
-// reduce nothing.
+// The buckets, the value tables and lm_head of a run and what launching their reductions needs (made
+// by build_optimizer; the backward's hooks: reduce_final_buckets, reduce_final_table,
+// reduce_final_head). One rank, or buckets never built (a model without an optimizer), reduce nothing.
 struct GradBuckets {
     std::vector<Bucket> plan;
     BucketComms c;
@@ -297,9 +297,10 @@ inline void name_bank_layers(const bf16* bank, int64_t matrix_elems, Bank b, int
     }
 }
 
-// The run's buckets for this rank, from the optimizer's NorMuon groups (each bank's gradient, this
-// rank's reduced shard, and its `reduced` event, which the bucket of its last own matrices records);
-// stops naming the bank when the world size cannot own whole matrices.
+// The run's reductions for this rank, from the optimizer's groups: the NorMuon banks (each bank's
+// gradient, this rank's reduced shard, and its `reduced` event, which the bucket of its last own
+// matrices records), the value tables (`table_rows` rows each) and lm_head; stops naming the bank
+// when the world size cannot own whole matrices.
 template <class Group>
 void build_grad_buckets(GradBuckets& g, const BucketComms& c, const Group& attn, const Group& mlp, const Group& value,
                         int64_t table_rows, const Group& head) {
@@ -317,7 +318,11 @@ void build_grad_buckets(GradBuckets& g, const BucketComms& c, const Group& attn,
     }
     g.c = c;
     for (Bank b : kBanks) name_bank_layers(g.of(b).grad, g.of(b).matrix_elems, b, g.of(b).matrices, "grad");
-    const TableBuffers& t = g.tables;  // each table's rows apart: the backward and forward read one at a time
+    // each table's rows named apart for emu's race detector: the backward and forward touch one table at a
+    // time while the others' reduces or broadcasts are in flight (the price: a kernel given a pointer into
+    // the stack is taken to reach its table's end only, so the Adam update of a shard that crosses into the
+    // next table is checked on its first table's rows)
+    const TableBuffers& t = g.tables;
     for (int64_t k = 0; k < value.t.rows / table_rows; ++k)
         for (auto [base, what] : {std::pair<const bf16*, const char*>{t.grad, "grad"}, {t.param, "param"}}) {
             const std::string name = std::string(what) + ".value_embed[" + std::to_string(k) + "]";

@@ -337,8 +337,10 @@ void report_profiled_step(Run& r, int step, double host_ms) {
                100 * f.ms / std::max(step_ms, 1e-9), tflops, compute, tbs, memory);
     }
     print0(r, "step %d: %zu ops, device %.3f ms (first op's start to last op's end), host %.3f ms enqueueing (%.3f ms of it "
-              "in host waits), exposed communication %.3f ms\n",
-           step, op_timer().spans.size(), step_ms, host_ms, op_timer().host_wait_ms, exposed_comm_ms(t));
+              "in host waits), exposed communication %.3f ms, then %.3f ms of other streams' work (the gathers a run "
+              "overlaps with the next forward, which a profiled step has not)\n",
+           step, op_timer().spans.size(), step_ms, host_ms, op_timer().host_wait_ms, exposed_comm_ms(t),
+           tail_after_stream0_ms(t));
 }
 
 // A training step of the run: as it is, or, within --profile-steps, recorded (not dry) and every op

@@ -86,3 +86,15 @@ inline double exposed_comm_ms(const TimedStep& t) {
     }
     return exposed;
 }
+
+// The device time after stream 0's last timed op: other streams' work still running, the gathers a
+// step leaves for the next forward to wait on (a profiled step runs alone, so they end it here).
+inline double tail_after_stream0_ms(const TimedStep& t) {
+    double stream0 = -1, last = -1;
+    for (size_t i = 0; i < t.ops.size(); ++i)
+        if (t.start_ms[i] >= 0) {
+            last = std::max(last, t.end_ms[i]);
+            if (t.ops[i].stream == 0) stream0 = std::max(stream0, t.end_ms[i]);
+        }
+    return stream0 < 0 ? 0 : last - stream0;
+}

@@ -1117,8 +1117,13 @@ inline const std::vector<ScheduleRule>& upstream_rules() {
          "collectives issued inside the backward (range \"backward...\") on a stream other than 0, with the other "
          "ops of those streams there, move after the backward's last op, behind one event stream 0 records there: "
          "upstream launches its reductions from the optimizer step. Ours reduce the NorMuon banks in buckets (one "
-         "ncclReduce per owner and layer) during the backward; moved after it they stay that many collectives, "
-         "where upstream issues one reduce-scatter per bank"},
+         "ncclReduce per owner and layer) and, on Adam steps, value_embed's tables (an ncclReduce per owner's "
+         "piece) and an untied lm_head during the backward; moved after it they stay that many collectives, "
+         "where upstream issues one reduce-scatter per group"},
+        {"gathers_joined",
+         "stream 0 waits at the step's end for every other stream's work (an event recorded behind each stream's "
+         "last op): upstream's optimizer step waits for all its all-gathers before it returns, so its next forward "
+         "starts after them; ours waits for each gathered group only where the next forward first reads it"},
         {"sum_block_partials_kept",
          "our deterministic reductions' second passes are kept although upstream's torch reductions have none: "
          "most are fused into their producers now (last-block-done); the few left (sum_fixed_order of the loss, "
@@ -1207,6 +1212,30 @@ inline void rule_comms_after_backward(std::vector<StepOp>& ops) {
     ops = std::move(out);
 }
 
+// The join's events: stream s's is kJoinEvents + s in every recording (steady states replay steps of
+// different kinds back to back), above any recording's own.
+constexpr int kJoinEvents = 1 << 12;
+inline void rule_gathers_joined(std::vector<StepOp>& ops) {
+    int streams = 0;
+    for (const StepOp& op : ops) streams = std::max(streams, op.stream + 1);
+    const std::string range = ops.empty() ? "" : ops.back().range;
+    std::vector<StepOp> joins;
+    for (int s = 1; s < streams; ++s) {
+        int last = -1;  // the stream's last device op, and whether stream 0 waits on an event recorded after it
+        for (int i = 0; i < int(ops.size()); ++i)
+            if (ops[i].stream == s && is_device_op(ops[i].kind)) last = i;
+        bool joined = last < 0;
+        for (int i = last + 1; i < int(ops.size()) && !joined; ++i)
+            if (ops[i].kind == OpKind::event_record && ops[i].stream == s)
+                for (int j = i + 1; j < int(ops.size()) && !joined; ++j)
+                    joined = ops[j].kind == OpKind::event_wait && ops[j].stream == 0 && ops[j].event == ops[i].event;
+        if (joined) continue;
+        joins.push_back({OpKind::event_record, s, kJoinEvents + s, Work{}, range});
+        joins.push_back({OpKind::event_wait, 0, kJoinEvents + s, Work{}, range});
+    }
+    ops.insert(ops.end(), joins.begin(), joins.end());
+}
+
 inline std::vector<StepOp> upstream_schedule(const std::vector<StepOp>& ops) {
     std::vector<StepOp> out = ops;
     rule_fa3_attention(out);
@@ -1214,6 +1243,7 @@ inline std::vector<StepOp> upstream_schedule(const std::vector<StepOp>& ops) {
     rule_fused_relu_square_backward(out);
     rule_separate_loss_quantization(out);
     rule_comms_after_backward(out);
+    rule_gathers_joined(out);
     return out;
 }
 inline std::vector<PlanStage> upstream_schedule(const std::vector<PlanStage>& stages) {

@@ -62,6 +62,9 @@ int main() {
         s.kernel(0, "a", 0, 10).record(0, 0).wait(1, 0).collective(1, "nccl_all_reduce", 12, 20).record(1, 1);
         s.kernel(0, "b", 11, 25).wait(0, 1).kernel(0, "c", 26, 40);
         check_near(exposed_comm_ms(s.t), 0, "an overlapped reduction");
+        check_near(tail_after_stream0_ms(s.t), 0, "nothing after stream 0's last op");
+        s.collective(1, "nccl_all_gather", 38, 47);  // a gather left running after c (ends 40)
+        check_near(tail_after_stream0_ms(s.t), 7, "a gather after stream 0's last op");
     }
     // Two waits in one gap (e1 ready at 30, e2 at 35) before c (starts 36) after b (ends 15): the gap
     // counts once, to the later event: 35 - 15 = 20 (not 15 + 20). c starting early (at 33, before

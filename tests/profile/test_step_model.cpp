@@ -506,6 +506,7 @@ static void test_random_graphs() {
 
 // ---- upstream's schedule ----
 
+static std::vector<StepOp> gather_under_next_step(bool joined);
 static void test_upstream_schedule() {
     const CostModel cm = round_model();
     // fa3: 8e6 tensor-core flops at 2 TFLOP/s (ours, 4 us) or FA3's 4 (2 us), + 1
@@ -536,7 +537,8 @@ static void test_upstream_schedule() {
                                       gemm("gemm_other", 0, 10, 10, 10),
                                       relu};
     const std::vector<StepOp> up = upstream_schedule(ours);
-    test::check(up.size() == 6, "two of three relu_square_backward kept: %zu ops", up.size());
+    test::check(up.size() == 6 + 2, "two of three relu_square_backward kept (and stream 1 joined at the end): %zu ops",
+                up.size());
     check_near(up[0].work.bytes_read, 1e4, "the dpre GEMM reads pre");
     test::check(std::string(up[3].work.name) == "relu_square_backward" && std::string(up[4].work.name) == "gemm_other",
                 "the unfused ones stay in place");
@@ -597,6 +599,8 @@ static void test_upstream_schedule() {
                                        record(0, 0),
                                        wait(1, 0),
                                        collective("nccl_all_gather", Comm::all_gather, 1, 64, "optimizer"),
+                                       record(1, 1),
+                                       wait(0, 1),
                                        sync(-1)};
     const std::vector<StepOp> same = upstream_schedule(plain);
     bool identical = same.size() == plain.size();
@@ -606,6 +610,20 @@ static void test_upstream_schedule() {
                     same[i].work.bytes_read == plain[i].work.bytes_read && same[i].work.gemm == plain[i].work.gemm &&
                     same[i].range == plain[i].range;
     test::check(identical, "a recording without upstream's differences is unchanged");
+
+    // A gather the next forward waits for only where it reads it (gather_under_next_step) is joined at
+    // the step's end under upstream's schedule: a record of a new event on stream 1 and stream 0's wait
+    // on it, last; in steady state that is the joined step (37 us, 15 exposed), and a joined step stays.
+    const std::vector<StepOp> free_gather = gather_under_next_step(false), joined = gather_under_next_step(true);
+    const std::vector<StepOp> up_free = upstream_schedule(free_gather);
+    test::check(up_free.size() == free_gather.size() + 2 && up_free[up_free.size() - 2].kind == OpKind::event_record &&
+                    up_free[up_free.size() - 2].stream == 1 && up_free.back().kind == OpKind::event_wait &&
+                    up_free.back().stream == 0 && up_free.back().event == up_free[up_free.size() - 2].event,
+                "gathers joined: stream 1's work joined to stream 0 at the step's end");
+    const Timeline t = replay_steady({{up_free}, {up_free}, {up_free}, {up_free}}, 2, cm)[0];
+    check_near(t.makespan_us, 37, "gathers joined: upstream's step waits for the whole gather");
+    check_near(t.exposed_comm_us, 15, "gathers joined: all of it exposed");
+    test::check(upstream_schedule(joined).size() == joined.size(), "a step already joined gets no second join");
 }
 
 // ---- the steady state: steps back to back, events across them ----
