@@ -111,10 +111,16 @@ int range_layer(const std::string& range) {  // "backward/layer L" -> L, else -1
 int point_layer(int point) { return kLayers - 1 - point / 2; }
 
 // What is wrong with where a recorded step (this rank's ops) launches the plan's reductions, or "".
-std::string launch_order_error(const std::vector<StepOp>& ops, const std::vector<Bucket>& plan, const int64_t elems[2]) {
-    size_t from = 0;  // the last micro-step's backward starts after its forward
+// Where the last micro-step's backward starts: after its forward's last op.
+size_t backward_start(const std::vector<StepOp>& ops) {
+    size_t from = 0;
     for (size_t i = 0; i < ops.size(); ++i)
         if (ops[i].range.rfind("forward", 0) == 0) from = i + 1;
+    return from;
+}
+
+std::string launch_order_error(const std::vector<StepOp>& ops, const std::vector<Bucket>& plan, const int64_t elems[2]) {
+    const size_t from = backward_start(ops);
     size_t k = 0;
     for (size_t i = from; i < ops.size(); ++i) {
         if (std::strcmp(ops[i].work.name, "nccl_reduce") != 0) continue;
@@ -179,9 +185,7 @@ size_t first_in_layer(const std::vector<StepOp>& ops, size_t from, int layer) {
 // reduces that follow each table's embedding backward, on the comms stream, until the backward of
 // the layer below begins.
 std::string table_order_error(const std::vector<StepOp>& ops, const TableBuffers& t, int world) {
-    size_t from = 0;
-    for (size_t i = 0; i < ops.size(); ++i)
-        if (ops[i].range.rfind("forward", 0) == 0) from = i + 1;
+    const size_t from = backward_start(ops);
     for (int layer = kLayers - 1; layer >= 0; --layer) {
         const int table = value_table(layer);
         if (table < 0) continue;
@@ -214,11 +218,8 @@ std::string table_order_error(const std::vector<StepOp>& ops, const TableBuffers
 // Where lm_head's reduce-scatter is: its index among the recording's ops, and whether any op of
 // the layers' backward comes before it.
 std::pair<size_t, bool> head_reduce(const std::vector<StepOp>& ops, const HeadBuffers& h, int world) {
-    size_t from = 0;
-    for (size_t i = 0; i < ops.size(); ++i)
-        if (ops[i].range.rfind("forward", 0) == 0) from = i + 1;
     bool after_layers = false;
-    for (size_t i = from; i < ops.size(); ++i) {
+    for (size_t i = backward_start(ops); i < ops.size(); ++i) {
         if (range_layer(ops[i].range) >= 0) after_layers = true;
         if (named(ops[i], "nccl_reduce_scatter") && ops[i].work.comm_bytes == double(h.shard_elems * world * 2))
             return {i, after_layers};
@@ -259,10 +260,7 @@ void check_adam_steps(Run& r) {
     // planted: layer 9's table's last reduce (its reduces are the layer's after its embedding
     // backward) moved below the first op of layer 8
     std::vector<StepOp> late = tied_ops;
-    size_t from = 0;
-    for (size_t i = 0; i < late.size(); ++i)
-        if (late[i].range.rfind("forward", 0) == 0) from = i + 1;
-    const size_t layer9 = first_in_layer(late, from, 9), layer8 = first_in_layer(late, layer9, 8);
+    const size_t layer9 = first_in_layer(late, backward_start(late), 9), layer8 = first_in_layer(late, layer9, 8);
     size_t written = layer9, reduce = layer8;
     for (size_t i = layer9; i < layer8; ++i)
         if (named(late[i], "embedding_backward")) written = i;
