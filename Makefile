@@ -3,12 +3,13 @@
 #   make cpu    the CPU build: train_gpt_cpu and the test programs, against emu/
 #   make test   both builds, then every test through CTest
 #   make run    the main job
-# Each first runs scripts/install_deps.sh: the Debian packages and the Python environment .venv.
+#   make gpu-bundle  the single-GPU programs (no MPI), stripped, in gpu-bundle/ (scripts/build_gpu_bundle.sh)
+# Each but gpu-bundle first runs scripts/install_deps.sh: the Debian packages and the Python environment .venv.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all cpu test run deps configure clean
+.PHONY: all cpu test run deps configure clean gpu-bundle
 
 all: configure
 	cmake --build $(BUILD) --target train_gpt -j $(JOBS)
@@ -31,6 +32,11 @@ run: configure
 	else \
 	  cmake --build $(BUILD) --target train_gpt_cpu -j $(JOBS) && ./$(BUILD)/train_gpt_cpu $(TINY_RUN); \
 	fi
+
+# The single-GPU bundle for a GPU machine (README: "One GPU, no MPI"): its own build folder,
+# build-gpu-bundle/, and no Python environment needed.
+gpu-bundle:
+	scripts/build_gpu_bundle.sh --jobs $(JOBS)
 
 # Debian packages and the Python environment .venv (scripts/install_deps.sh); quick when all is there.
 deps:

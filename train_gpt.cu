@@ -27,7 +27,6 @@
 #include "train/platform_check.h"
 #include "train/streams.h"
 
-#include <mpi.h>
 #include <nccl.h>
 
 #include <csignal>
@@ -1292,9 +1291,7 @@ double validate(Run& r, bool final) {
         CUDA_CHECK(sync_stream(r.s, "val_loss"));
         sum += loss;
     }
-    double all = 0;
-    MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-    return all / double(steps) / r.d.world;
+    return host_sum(sum) / double(steps) / r.d.world;
 }
 
 // Upstream's warm-up: the steps around every schedule change (and an eval forward at each), so

@@ -55,7 +55,6 @@
 #include "common.cuh"
 #include "embed.cuh"  // embedding_gather: rows of a table by index, the gather of the rows to send
 
-#include <mpi.h>
 #include <nccl.h>
 
 #include <algorithm>
@@ -64,7 +63,7 @@
 #include <string>
 #include <vector>
 
-// ---- error checks for the communication libraries: a failed call names itself and exits ----
+// ---- error check for NCCL: a failed call names itself and exits ----
 inline void nccl_check(ncclResult_t r, const char* what, const char* file, int line) {
     if (r != ncclSuccess) {
         std::fprintf(stderr, "NCCL error at %s:%d: %s: %s\n", file, line, what, ncclGetErrorString(r));
@@ -72,16 +71,6 @@ inline void nccl_check(ncclResult_t r, const char* what, const char* file, int l
     }
 }
 #define NCCL_CHECK(call) nccl_check((call), #call, __FILE__, __LINE__)
-inline void mpi_check(int rc, const char* what, const char* file, int line) {
-    if (rc != MPI_SUCCESS) {
-        char msg[MPI_MAX_ERROR_STRING];
-        int len = 0;
-        MPI_Error_string(rc, msg, &len);
-        std::fprintf(stderr, "MPI error at %s:%d: %s: %.*s\n", file, line, what, len, msg);
-        std::exit(EXIT_FAILURE);
-    }
-}
-#define MPI_CHECK(call) mpi_check((call), #call, __FILE__, __LINE__)
 
 // ---- host: the rows touched since the last exchange ----
 // One bit per row. Marking is O(ids); taking the sorted list scans N/64 words and costs O(1) per

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../data/checkpoint.h"
+#include "host_comm.h"
 
 // ---- checkpoints: one file per rank, DIR/stepNNNNNN/rankR.safetensors (format: data/checkpoint.h) ----
 std::string checkpoint_path(const std::string& dir, int step, int rank) {
@@ -39,7 +40,7 @@ struct HostCopies {
 std::string new_save_id() {
     std::random_device rd;
     uint64_t id = uint64_t(rd()) << 32 | rd();
-    MPI_Bcast(&id, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+    host_broadcast(&id, sizeof id);
     char text[20];
     std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(id));
     return text;
@@ -66,7 +67,7 @@ void save_checkpoint(Run& r, int step) {
                 if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST) fail("cannot create " + p + ": " + std::strerror(errno));
             ckpt::remove_manifest(dir);
         }
-        MPI_Barrier(MPI_COMM_WORLD);
+        host_barrier();
         for (const std::string& stale : ckpt::remove_stale_temps(dir))
             std::fprintf(stderr, "train_gpt: removed %s/%s, the temp file of a dead process\n", dir.c_str(), stale.c_str());
     } catch (const std::exception& e) {
@@ -104,7 +105,7 @@ void save_checkpoint(Run& r, int step) {
     }
     std::vector<ckpt::FileDigest> all(r.d.world);
     static_assert(sizeof(ckpt::FileDigest) == 16, "gathered as bytes");
-    MPI_Gather(&digest, sizeof digest, MPI_BYTE, all.data(), sizeof digest, MPI_BYTE, 0, MPI_COMM_WORLD);
+    host_gather(&digest, sizeof digest, all.data());
     if (r.d.rank == 0) {
         ckpt::Manifest man;
         man.meta = {{"format", "train_gpt manifest 1"},  {"preset", r.m.cfg.name},
@@ -118,7 +119,7 @@ void save_checkpoint(Run& r, int step) {
             fail(e.what());
         }
     }
-    MPI_Barrier(MPI_COMM_WORLD);
+    host_barrier();
     print0(r, "saved checkpoint %s\n", dir.c_str());
 }
 

@@ -1,7 +1,7 @@
-// The processes of a run: one per GPU, MPI for the host side (rank, world, agreement), NCCL for the
-// device collectives. The CPU build runs the same code against emu/'s NCCL over MPI.
+// The processes of a run: one per GPU, train/host_comm.h for the host side (rank, world, agreement:
+// MPI, or world 1 without MPI), NCCL for the device collectives (at world 1 without MPI, the stand-in
+// train/nccl_world1.cpp). The CPU build runs the same code against emu/'s NCCL over MPI.
 #pragma once
-#include <mpi.h>
 #include <nccl.h>
 
 #include <climits>
@@ -13,35 +13,31 @@
 #include <vector>
 
 #include "../kernels/common.cuh"
+#include "host_comm.h"
 
-// One process per GPU: the rank from MPI, the device from the rank on this node, the NCCL
-// communicator from a unique id that rank 0 makes and MPI broadcasts (works across nodes).
+// One process per GPU: the rank from host_start, the device from the rank on this node, the NCCL
+// communicator from a unique id that rank 0 makes and broadcasts (works across nodes).
 struct Distributed {
     int rank = 0, world = 1, device = 0;
     ncclComm_t comm = nullptr;
 };
 Distributed start_distributed(int* argc, char*** argv) {
     Distributed d;
-    MPI_Init(argc, argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &d.rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &d.world);
-    MPI_Comm local;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, d.rank, MPI_INFO_NULL, &local);
-    int local_rank, devices;
-    MPI_Comm_rank(local, &local_rank);
-    MPI_Comm_free(&local);
+    const HostRanks h = host_start(argc, argv);
+    d.rank = h.rank, d.world = h.world;
+    int devices;
     CUDA_CHECK(cudaGetDeviceCount(&devices));
-    d.device = local_rank % devices;
+    d.device = h.local_rank % devices;
     CUDA_CHECK(cudaSetDevice(d.device));
     ncclUniqueId id;
     if (d.rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+    host_broadcast(&id, sizeof id);
     NCCL_CHECK(ncclCommInitRank(&d.comm, d.world, id, d.rank));
     return d;
 }
 void stop_distributed(Distributed& d) {
     NCCL_CHECK(ncclCommDestroy(d.comm));
-    MPI_Finalize();
+    host_stop();
 }
 
 // Every rank's host name in rank order, a run of equal consecutive names as name(ranks a-b). Collective.
@@ -50,7 +46,7 @@ std::string host_list(const Distributed& d) {
     char mine[kName] = {};
     if (gethostname(mine, kName - 1) != 0) std::snprintf(mine, kName, "unknown");
     std::vector<char> all(size_t(kName) * d.world);
-    MPI_Allgather(mine, kName, MPI_CHAR, all.data(), kName, MPI_CHAR, MPI_COMM_WORLD);
+    host_allgather(mine, kName, all.data());
     std::string out;
     for (int a = 0; a < d.world;) {
         const std::string name = &all[size_t(a) * kName];
@@ -61,12 +57,11 @@ std::string host_list(const Distributed& d) {
     }
     return out;
 }
-// Every rank stops cleanly (no MPI_Abort) when any rank's check failed; the lowest failing rank
+// Every rank stops cleanly (no host_abort) when any rank's check failed; the lowest failing rank
 // prints its message. Collective.
 void agree_or_exit(Distributed& d, const std::string& error) {
     const int mine = error.empty() ? INT32_MAX : d.rank;
-    int first = INT32_MAX;
-    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    const int first = host_min(mine);
     if (first == INT32_MAX) return;
     if (d.rank == first) {
         std::fprintf(stderr, "train_gpt: %s\n", error.c_str());

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "host_comm.h"
+
 // A group's whole parameter or gradient, as floats on the host (failure reports and logs only), read
 // on stream s (the stream that wrote it).
 std::vector<float> host_values(const OptimGroup& q, const void* device, cudaStream_t s) {
@@ -107,8 +109,7 @@ std::string nonfinite_state(Run& r, int step) {
     int mine = INT32_MAX;  // buffer index * world + rank of the first bad buffer
     for (size_t i = 0; i < bufs.size() && mine == INT32_MAX; ++i)
         if (flags[i]) mine = int(i) * r.d.world + r.d.rank;
-    int first = INT32_MAX;
-    MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    const int first = host_min(mine);
     if (first == INT32_MAX) return "";
     return bufs[size_t(first / r.d.world)].name + " on rank " + std::to_string(first % r.d.world);
 }
@@ -156,8 +157,7 @@ void check_step_losses(Run& r, int step, bool wait) {
     }
     if (!r.opt.log_train_loss || step == 0 || l.checked < step) return;
     const double sum = l.sum(step - 1);
-    double all = 0;
-    MPI_Allreduce(&sum, &all, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    const double all = host_sum(sum);
     print0(r, "step:%d/%d train_loss:%.4f\n", step, r.sch.total_steps,
            all / double(r.sch.lookup(step - 1).first->batch_tokens));
 }

@@ -12,15 +12,17 @@
 #include <string>
 #include <utility>
 
+#include "host_comm.h"
+
 [[noreturn]] void fail(const std::string& why) {
     std::fprintf(stderr, "train_gpt: %s\n", why.c_str());
     std::fflush(stderr);
-    MPI_Abort(MPI_COMM_WORLD, 1);
+    host_abort(1);
     std::exit(EXIT_FAILURE);
 }
 
 // Appends to the log and flushes; a full disk or any other write error stops the run (every rank,
-// through MPI_Abort) naming the file, so a log never ends silently short.
+// through host_abort) naming the file, so a log never ends silently short.
 void log_write(Run& r, const char* text, size_t n) {
     if (!r.log) return;
     bool ok = std::fwrite(text, 1, n, r.log) == n && std::fflush(r.log) == 0;
@@ -100,7 +102,8 @@ void log_environment(Run& r, const Distributed& d) {
 #endif
            TRAIN_GPT_BUILD_FLAGS);
     print0(r, "device: %s x %d visible, %d SMs; %d rank(s)\n", prop.name, devices, prop.multiProcessorCount, d.world);
-    print0(r, "CUDA driver %d, runtime %d, cuBLASLt %zu, NCCL %d\n", driver, runtime, cublasLtGetVersion(), nccl);
+    const std::string nccl_name = nccl ? std::to_string(nccl) : "none (train/nccl_world1.cpp, the one-rank stand-in)";
+    print0(r, "CUDA driver %d, runtime %d, cuBLASLt %zu, NCCL %s\n", driver, runtime, cublasLtGetVersion(), nccl_name.c_str());
     const std::string smi = command_output("nvidia-smi 2>/dev/null");
     if (!smi.empty()) print0(r, "%s", smi.c_str());
 }

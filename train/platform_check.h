@@ -15,6 +15,7 @@
 #include "../kernels/common.cuh"
 #include "../kernels/matmul.cuh"
 #include "../kernels/mlp.cuh"
+#include "host_comm.h"
 
 // ---- the wgmma guard ----
 // The wgmma kernels (attention_wgmma.cuh, linear_relu_square_wgmma_kernel) are verified under emu,
@@ -241,8 +242,7 @@ int platform_check(int rank, int world, ncclComm_t comm, cudaStream_t stream, co
                             bf16_round(std::sin(0.01f * (j * K + k) + float(1000 + r)));
             worst = std::max(worst, std::fabs(got[i * N + j] - want) / (1.0 + std::fabs(want)));
         }
-    double worst_all;
-    MPI_Allreduce(&worst, &worst_all, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    const double worst_all = host_max(worst);
     const bool ok = worst_all < 1e-4;  // fp32 accumulation of K products, summed over ranks
     if (rank == 0)
         std::printf("platform check %s: kernel, cuBLASLt matmul and NCCL all-reduce on %d rank(s) "
@@ -253,8 +253,7 @@ int platform_check(int rank, int world, ncclComm_t comm, cudaStream_t stream, co
     double seconds = 0;
     const std::string guard = wgmma_guard_error(kernels, stream, &seconds);
     if (!guard.empty()) std::fprintf(stderr, "train_gpt: rank %d: %s\n", rank, guard.c_str());
-    int guard_failed = !guard.empty(), failed_ranks = 0;
-    MPI_Allreduce(&guard_failed, &failed_ranks, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    const int failed_ranks = host_sum(int(!guard.empty()));
     if (rank == 0)
         std::printf("wgmma guard %s: the kernels selected as wgmma (attention: %s, MLP: %s) against mma.sync on %d "
                     "rank(s) (%.2f s on rank 0)\n",

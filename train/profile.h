@@ -6,8 +6,6 @@
 //                        (platform.cuh's OpTimer); after each, a table per family of what it took.
 // Part of train_gpt.cu's run section: included after train_step.
 #pragma once
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -19,6 +17,7 @@
 #include <vector>
 
 #include "../data/loader.h"
+#include "host_comm.h"
 #include "step_measure.h"
 #include "step_model.h"
 
@@ -204,7 +203,7 @@ std::vector<std::vector<std::vector<StepOp>>> gather_recordings(const std::vecto
     for (const std::vector<StepOp>& ops : mine) w.put_ops(ops);
     const long long size = static_cast<long long>(w.bytes.size());
     std::vector<long long> sizes(d.world);
-    MPI_Gather(&size, 1, MPI_LONG_LONG, sizes.data(), 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+    host_gather(&size, sizeof size, sizes.data());
     std::vector<int> counts(d.world), offsets(d.world);
     long long total = 0;
     for (int r = 0; r < d.world; ++r) {
@@ -212,8 +211,7 @@ std::vector<std::vector<std::vector<StepOp>>> gather_recordings(const std::vecto
         counts[r] = static_cast<int>(sizes[r]), offsets[r] = static_cast<int>(total), total += sizes[r];
     }
     std::string all(d.rank == 0 ? size_t(total) : 0, '\0');
-    MPI_Gatherv(w.bytes.data(), static_cast<int>(size), MPI_BYTE, all.data(), counts.data(), offsets.data(), MPI_BYTE, 0,
-                MPI_COMM_WORLD);
+    host_gatherv(w.bytes.data(), static_cast<int>(size), all.data(), counts.data(), offsets.data());
     std::vector<std::vector<std::vector<StepOp>>> out(mine.size());
     if (d.rank != 0) return out;
     for (int r = 0; r < d.world; ++r) {

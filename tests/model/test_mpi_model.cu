@@ -4,6 +4,8 @@
 #include "../../train_gpt.cu"
 #include "../test_util.h"
 
+#include <mpi.h>
+
 uint64_t checksum(const void* device, size_t bytes) {
     std::vector<unsigned char> h(bytes);
     CUDA_CHECK(cudaMemcpy(h.data(), device, bytes, cudaMemcpyDeviceToHost));

@@ -2,6 +2,8 @@
 #pragma once
 #include "../test_util.h"
 
+#include <mpi.h>
+
 // A run of config `c` on this process's ranks, built as main() builds it: the model (its parameters
 // broadcast unless `dry`: a dry run from before the model, nothing on the device), the optimizer
 // (sparse comms where the trainer would use them), the Run with the repository's training files.

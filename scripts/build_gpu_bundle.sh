@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The single-GPU bundle (README: "One GPU, no MPI"): train_gpt and every non-MPI *_gpu test program
+# built for one rank (TRAIN_GPT_MPI=OFF: no MPI, the NCCL stand-in, static CUDA runtime, libstdc++
+# and libgcc), stripped, in one folder with bundle.json (git revision, nvcc version, build date, each
+# file's name, size and sha256). Built here, it travels to a GPU machine with the tree, so no GPU time
+# goes to compiling; on a GPU machine it is also the fallback build (ninja where there is one). It
+# compiles no CPU code (BUILD_CPU=OFF) and needs neither scripts/install_deps.sh nor .venv: the CUDA
+# toolkit, nccl.h (beside it, or from a Python's NVIDIA wheels), CMake and python3.
+# Refuses to finish when a program loads MPI, NCCL or a shared libstdc++, or the bundle reaches
+# 50 MiB (the tree it travels with may weigh 64 MiB in all).
+# Usage: scripts/build_gpu_bundle.sh [--out DIR] [--jobs N] [--build DIR]
+#   --out DIR    the bundle's folder (default gpu-bundle/ at the repository root; git ignores it)
+#   --jobs N     parallel compile jobs (default: the number of cores)
+#   --build DIR  the CMake build folder (default build-gpu-bundle/ at the repository root)
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+usage="usage: scripts/build_gpu_bundle.sh [--out DIR] [--jobs N] [--build DIR]"
+out=$repo/gpu-bundle
+build=$repo/build-gpu-bundle
+jobs=$(nproc)
+limit_mib=50
+while [ $# -gt 0 ]; do
+  case $1 in
+    --out|--jobs|--build)
+      if [ $# -lt 2 ] || [ -z "$2" ]; then echo "build_gpu_bundle: $1 needs a value; $usage" >&2; exit 2; fi
+      case $1 in
+        --out) out=$2 ;;
+        --build) build=$2 ;;
+        --jobs)
+          if ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then echo "build_gpu_bundle: --jobs $2 is not a positive number" >&2; exit 2; fi
+          jobs=$2 ;;
+      esac
+      shift 2 ;;
+    -h|--help) echo "$usage"; exit 0 ;;
+    *) echo "build_gpu_bundle: unknown argument '$1'; $usage" >&2; exit 2 ;;
+  esac
+done
+for tool in cmake python3 strip ldd; do
+  command -v $tool >/dev/null || { echo "build_gpu_bundle: $tool not found" >&2; exit 1; }
+done
+# The bundle's folder holds only what this script put there: anything else is not ours to delete.
+if [ -e "$out" ] && [ -n "$(ls -A "$out")" ] && [ ! -f "$out/bundle.json" ]; then
+  echo "build_gpu_bundle: $out exists and is not a bundle (no bundle.json): choose another --out" >&2
+  exit 1
+fi
+
+start=$(date +%s)
+generator=()
+if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then generator=(-G Ninja); fi
+mkdir -p "$build"
+cmake -S "$repo" -B "$build" "${generator[@]}" -DTRAIN_GPT_MPI=OFF -DBUILD_CPU=OFF -DBUILD_GPU=ON \
+  >"$build/bundle-configure.log" 2>&1 || {
+  cat "$build/bundle-configure.log" >&2
+  echo "build_gpu_bundle: configuring $build failed (log above)" >&2
+  exit 1
+}
+cmake --build "$build" --target gpu_all -j "$jobs"
+built=$(date +%s)
+
+# gpu_all is train_gpt and the non-MPI *_gpu programs: every executable the build made at its top.
+mapfile -t programs < <(find "$build" -maxdepth 1 -type f -executable \( -name train_gpt -o -name 'test_*_gpu' \) | sort)
+if [ ${#programs[@]} -eq 0 ] || [ ! -f "$build/train_gpt" ]; then
+  echo "build_gpu_bundle: the build made no train_gpt in $build" >&2
+  exit 1
+fi
+"$repo/scripts/check_single_rank_libs.sh" "${programs[@]}" >"$build/bundle-libs.txt" || {
+  cat "$build/bundle-libs.txt" >&2
+  echo "build_gpu_bundle: refusing to bundle: a program loads MPI, NCCL or a shared libstdc++ (above)" >&2
+  exit 1
+}
+
+mkdir -p "$out"
+if [ -f "$out/bundle.json" ]; then  # the previous bundle's files only
+  python3 -c 'import json, os, sys
+b = json.load(open(sys.argv[1]))
+for f in b["files"]:
+    p = os.path.join(os.path.dirname(sys.argv[1]), f["name"])
+    if os.path.isfile(p): os.remove(p)' "$out/bundle.json"
+  rm -f "$out/bundle.json"
+fi
+for p in "${programs[@]}"; do
+  strip -o "$out/$(basename "$p")" "$p"
+done
+
+revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
+if [ "$revision" != unknown ] && [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+  revision="$revision+uncommitted changes"
+fi
+nvcc_path=$(grep -m1 '^CMAKE_CUDA_COMPILER:' "$build/CMakeCache.txt" | cut -d= -f2)
+nvcc_version=$("$nvcc_path" --version | grep -m1 'release' || echo unknown)
+python3 - "$out" "$revision" "$nvcc_version" "$limit_mib" "$build/bundle-libs.txt" <<'EOF'
+import datetime, hashlib, json, os, sys
+out, revision, nvcc, limit_mib, libs_path = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+files = []
+for name in sorted(os.listdir(out)):
+    path = os.path.join(out, name)
+    if name == "bundle.json" or not os.path.isfile(path):
+        continue
+    with open(path, "rb") as f:
+        files.append({"name": name, "bytes": os.path.getsize(path), "sha256": hashlib.sha256(f.read()).hexdigest()})
+total = sum(f["bytes"] for f in files)
+# What ldd listed for train_gpt here: the libraries the GPU machine must provide (cuBLASLt, glibc, the driver at run time).
+needs = next((l.split(": ", 1)[1].split() for l in open(libs_path) if l.startswith("train_gpt: ")), [])
+bundle = {"git_revision": revision, "nvcc": nvcc, "built_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+          "build": "TRAIN_GPT_MPI=OFF BUILD_CPU=OFF, stripped", "train_gpt_loads": needs,
+          "total_bytes": total, "files": files}
+with open(os.path.join(out, "bundle.json"), "w") as f:
+    json.dump(bundle, f, indent=1)
+    f.write("\n")
+mib = total / 2**20
+print(f"gpu bundle: {len(files)} programs, {mib:.1f} MiB in {out} (limit {limit_mib:.0f} MiB); train_gpt loads {' '.join(needs)}")
+if mib >= limit_mib:
+    sys.exit(f"build_gpu_bundle: the bundle is {mib:.1f} MiB, not under {limit_mib:.0f} MiB")
+EOF
+end=$(date +%s)
+echo "gpu bundle: built in $((built - start)) s with $jobs job(s), $((end - start)) s in all"

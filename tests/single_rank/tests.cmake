@@ -1,0 +1,19 @@
+# The single-rank build (TRAIN_GPT_MPI=OFF) kept from rotting where MPI is on: its CPU twin,
+# train_gpt_cpu_nompi, trains the tiny preset for 3 steps without mpirun with train_gpt_cpu's losses
+# (tests/single_rank/test_single_rank.py), and loads no MPI, NCCL or shared libstdc++
+# (scripts/check_single_rank_libs.sh, which scripts/build_gpu_bundle.sh runs on the GPU programs);
+# the planted case: train_gpt_cpu itself, which loads both, is refused naming them.
+find_package(Python3 COMPONENTS Interpreter QUIET)
+if(Python3_Interpreter_FOUND)
+  add_test(NAME single_rank_losses COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/single_rank/test_single_rank.py
+           $<TARGET_FILE:train_gpt_cpu_nompi> $<TARGET_FILE:train_gpt_cpu>
+           --preset tiny --max-steps 3 --val-every 0 --log-train-loss)
+  set_tests_properties(single_rank_losses PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 300)
+else()
+  message(STATUS "python3 not found: single_rank_losses is not registered")
+endif()
+add_test(NAME single_rank_libs COMMAND ${REPO}/scripts/check_single_rank_libs.sh $<TARGET_FILE:train_gpt_cpu_nompi>)
+add_test(NAME single_rank_libs_planted COMMAND ${REPO}/scripts/check_single_rank_libs.sh $<TARGET_FILE:train_gpt_cpu>)
+# PASS_REGULAR_EXPRESSION alone decides: the check must fail, and for both reasons.
+set_tests_properties(single_rank_libs_planted PROPERTIES
+  PASS_REGULAR_EXPRESSION "train_gpt_cpu loads libmpi[^ ]* .*libstdc\\+\\+[^ ]* \\(a single-rank program")
