@@ -8,7 +8,7 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME single_rank_losses COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/single_rank/test_single_rank.py
            $<TARGET_FILE:train_gpt_cpu_nompi> $<TARGET_FILE:train_gpt_cpu>
            --preset tiny --max-steps 3 --val-every 0 --log-train-loss)
-  set_tests_properties(single_rank_losses PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 300)
+  set_tests_properties(single_rank_losses PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 900)
 else()
   message(STATUS "python3 not found: single_rank_losses is not registered")
 endif()
@@ -17,3 +17,8 @@ add_test(NAME single_rank_libs_planted COMMAND ${REPO}/scripts/check_single_rank
 # PASS_REGULAR_EXPRESSION alone decides: the check must fail, and for both reasons.
 set_tests_properties(single_rank_libs_planted PROPERTIES
   PASS_REGULAR_EXPRESSION "train_gpt_cpu loads libmpi[^ ]* .*libstdc\\+\\+[^ ]* \\(a single-rank program")
+
+# NCCL's one-rank stand-in (train/nccl_world1.cpp) against NCCL's one-rank results and error codes
+# (tests/single_rank/nccl_world1_check.cu), on emu with that stand-in.
+cpu_program(nccl_world1_check ${REPO}/tests/single_rank/nccl_world1_check.cu EMU ${EMU_WORLD1})
+add_test(NAME nccl_world1_check COMMAND nccl_world1_check)
