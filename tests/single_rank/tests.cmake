@@ -22,3 +22,10 @@ set_tests_properties(single_rank_libs_planted PROPERTIES
 # (tests/single_rank/nccl_world1_check.cu), on emu with that stand-in.
 cpu_program(nccl_world1_check ${REPO}/tests/single_rank/nccl_world1_check.cu EMU ${EMU_WORLD1})
 add_test(NAME nccl_world1_check COMMAND nccl_world1_check)
+
+# scripts/build_gpu_bundle.sh refuses bad arguments, and a --out folder that is not a bundle (it
+# deletes only a previous bundle's files), before building anything.
+add_test(NAME gpu_bundle_bad_jobs COMMAND ${REPO}/scripts/build_gpu_bundle.sh --jobs 0)
+set_tests_properties(gpu_bundle_bad_jobs PROPERTIES PASS_REGULAR_EXPRESSION "--jobs 0 is not a positive number")
+add_test(NAME gpu_bundle_not_a_bundle COMMAND ${REPO}/scripts/build_gpu_bundle.sh --out ${REPO}/tests)
+set_tests_properties(gpu_bundle_not_a_bundle PROPERTIES PASS_REGULAR_EXPRESSION "tests exists and is not a bundle")
