@@ -1417,7 +1417,7 @@ int main(int argc, char** argv) {
     Config cfg = cl.preset == "record" ? record_preset() : cl.preset == "tiny" ? tiny_preset() : Config{};
     if (cfg.name != cl.preset) usage_error("unknown preset '" + cl.preset + "' (record or tiny)");
     if (cl.mode == Mode::print_memory) {
-        print_memory_plan(cfg, stdout);
+        print_memory_plan(cfg, stdout, cl.memory_ranks);
         return 0;
     }
     DataFiles files;

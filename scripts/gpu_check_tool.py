@@ -4,7 +4,7 @@
   gpu_check_tool.py synth-shards DIR [--train-tokens N] [--val-tokens N] [--seed S] [--prefix P]
       synthetic token shards in the speedrun's format (data/shard.h): random tokens in documents of
       FineWeb-like lengths, each starting with BOS; for timing only (no FineWeb on the GPU machine)
-  gpu_check_tool.py losses LOG FIXTURE [--json OUT] [--shift X]
+  gpu_check_tool.py losses LOG FIXTURE [--steps N] [--json OUT] [--shift X]
       the tiny run's training losses (step:N/M train_loss:X) against the CPU build's pinned ones
   gpu_check_tool.py report WORK OUTDIR --mode gpu|dry-run --repo REPO [--total-s S] [--bundle DIR]
       report.md and report.json from the parts' logs; prints the short table last
@@ -75,7 +75,7 @@ def synth_shards(args):
 def losses(args):
     text = open(args.log, errors="replace").read()
     got = [float(x) + args.shift for x in re.findall(r"^step:\d+/\d+ train_loss:(\S+)$", text, re.M)]
-    want = [float(x) for x in json.load(open(args.fixture))["1"]["losses"]]
+    want = [float(x) for x in json.load(open(args.fixture))["1"]["losses"]][:args.steps]
     rows, ok = [], len(got) == len(want)
     for i, w in enumerate(want):
         step = i + 1
@@ -100,7 +100,7 @@ def losses(args):
 # ---------------------------------------------------------------------------------------- parsing
 PROFILE_HEAD = re.compile(r"^profile of step (\d+) \((?:warm-up: stage (\d+) (even|adam|untie) step, batch (\d+) tokens, "
                           r"windows (\d+)/(\d+) blocks, embed (tied|untied); )?rank 0 of (\d+)")
-FAMILY_ROW = re.compile(r"^(\S+) +(\d+) +([\d.]+) +[\d.]+% +([\d.]+) +\S+ +([\d.]+) +\S+$")
+FAMILY_ROW = re.compile(r"^(\S+) +(\d+) +([\d.]+) +[\d.]+% +([\d.]+) +(\S+) +([\d.]+) +\S+$")
 STEP_LINE = re.compile(r"^step (\d+): (\d+) ops, device ([\d.]+) ms")
 MODEL_LINE = re.compile(r"^model of step (\d+) .*: device ([\d.]+) ms, measured ([\d.]+) ms, measured/model ([\d.]+)")
 VS_MODEL = re.compile(r"^vs model (\S+) +([\d.]+) ms measured +([\d.]+) ms model")
@@ -117,8 +117,8 @@ def parse_profiles(text):
         elif cur is None:
             continue
         elif m := FAMILY_ROW.match(line):
-            cur["families"][m[1]] = {"count": int(m[2]), "ms": float(m[3]), "tflops": float(m[4]), "tbs": float(m[5]),
-                                     "model_ms": None}
+            cur["families"][m[1]] = {"count": int(m[2]), "ms": float(m[3]), "tflops": float(m[4]), "tbs": float(m[6]),
+                                     "tensor_core": m[5] != "-", "model_ms": None}
         elif m := STEP_LINE.match(line):
             cur["ops"], cur["ms"] = int(m[2]), float(m[3])
             wall = re.search(r"; wall ([\d.]+) ms", line)
@@ -205,7 +205,8 @@ def stage_summary(profiles):
         g["ms"].append(p["ms"])
         g["model_ms"].append(p.get("model_ms") or 0)
         for name, f in p["families"].items():
-            a = g["families"].setdefault(name, {"ms": 0.0, "model_ms": 0.0, "n": 0, "tflops": 0.0, "tbs": 0.0})
+            a = g["families"].setdefault(name, {"ms": 0.0, "model_ms": 0.0, "n": 0, "tflops": 0.0, "tbs": 0.0,
+                                                "tensor_core": f["tensor_core"]})
             a["ms"] += f["ms"]
             a["model_ms"] += f["model_ms"] or 0
             a["tflops"] += f["tflops"]
@@ -221,7 +222,7 @@ def stage_summary(profiles):
         for name, a in g["families"].items():
             ms, mm = a["ms"] / a["n"], a["model_ms"] / a["n"]
             fams.append({"family": name, "ms": ms, "model_ms": mm, "ratio": ms / mm if mm else None,
-                         "tflops": a["tflops"] / a["n"], "tbs": a["tbs"] / a["n"]})
+                         "tflops": a["tflops"] / a["n"], "tbs": a["tbs"] / a["n"], "tensor_core": a["tensor_core"]})
         g["families"] = sorted(fams, key=lambda f: -f["ms"])
         out.append(g)
     return out
@@ -252,17 +253,21 @@ def report(args):
     if tiny:
         failures += [f"tiny: step {r['step']} loss {r['gpu']} vs pinned {r['cpu']} (tolerance {r['tolerance']:.3f})"
                      for r in tiny["rows"] if not r["ok"]]
-    profiles = parse_profiles(read(os.path.join(work, "stages.out")))
+    stages_out = read(os.path.join(work, "stages.out"))
+    profiles = parse_profiles(stages_out)
+    plan = re.search(r"^total +([\d.]+) MiB", read(os.path.join(work, "memory.out")), re.M)
+    peak = re.search(r"^peak memory allocated: (\d+) MiB", stages_out, re.M)
+    memory = {"plan_one_gpu_mib": float(plan[1]) if plan else None, "run_peak_mib": int(peak[1]) if peak else None}
     stages = stage_summary(profiles)
     constants = model_constants(args.repo)
     bench = parse_bench(read(os.path.join(work, "bench.out")), constants)
     label = ("DRY RUN on the CPU build (emu): every time is the CPU emulation's wall time, not a GPU's; the "
-             "smallest shapes that walk each part's code (the tiny preset for the stages, --shape tiny for the "
-             "benches, two kernel tests)") if dry else "GPU run"
+             "smallest shapes that walk each part's code (the tiny preset's first 2 steps against the pinned "
+             "losses, its 4-step schedule for the stages, --shape tiny for the benches, one kernel test)") if dry else "GPU run"
     doc = {"mode": args.mode, "label": label, "date": machine.get("date"), "commit": machine.get("commit"),
            "card": machine.get("gpu"), "machine": machine, "total_s": args.total_s, "bundle": args.bundle,
            "parts": status, "failures": failures, "kernel_tests": kernel_tests, "tiny": tiny,
-           "stages": stages, "profiles": profiles, "bench": bench, "model_constants": constants,
+           "stages": stages, "profiles": profiles, "memory": memory, "bench": bench, "model_constants": constants,
            "synthetic_tokens": not dry}
     os.makedirs(out, exist_ok=True)
     json.dump(doc, open(os.path.join(out, "report.json"), "w"), indent=1)
@@ -282,6 +287,11 @@ def report(args):
                "| step | pinned (CPU) | this run | rel diff | tolerance |", "| ---: | ---: | ---: | ---: | ---: |"]
         md += [f"| {r['step']} | {r['cpu']:.4f} | {fmt(r['gpu'], '.4f')} | {fmt(r['rel_diff'], '.2e')} | "
                f"{r['tolerance']:.3f} |" for r in tiny["rows"]]
+    if memory["plan_one_gpu_mib"]:
+        md += ["", "## Memory", "", f"- the record preset's plan on one GPU (--print-memory --ranks 1): "
+               f"{memory['plan_one_gpu_mib']:.0f} MiB (the part fails above 80 GiB less 2 GiB)",
+               f"- the profiled run's peak allocation: {memory['run_peak_mib'] if memory['run_peak_mib'] is not None else '-'} MiB"
+               + (" (the dry run's preset: tiny)" if dry else " (record preset, one GPU)")]
     if stages:
         md += ["", "## Stages: measured against the step model (the same recording)", "",
                ("The tiny preset (dry run)." if dry else
@@ -340,16 +350,20 @@ def calibrate(args):
     where = os.path.relpath(os.path.join(args.report, "report.md"), args.repo)
     c = doc["model_constants"]
     rates = {}
-    # tensor-core families the model prices by TFLOP/s: the record's largest stage, its even step
+    # the record's largest stage, its even step: the tensor-core kernels the model prices at a rate of
+    # their own (attention, the fused c_fc) by their TFLOP/s; the memory-bound families by their share
+    # of HBM bandwidth; cuBLASLt's GEMMs (priced by shape) from the benches below; transfers and
+    # collectives (PCIe, NCCL: other constants) not at all
     stages = [g for g in doc["stages"] if g["kind"] == "even"]
     if stages:
         last = max(stages, key=lambda g: g["stage"])
         for f in last["families"]:
-            if f["family"] in c["tc_tflops"] and f["tflops"] > 0:
-                rates[f"tc_tflops.{f['family']}"] = f["tflops"]
-            elif f["tflops"] == 0 or not f["family"].startswith(("matmul", "attention", "linear_relu")):
-                if f["tbs"] > 0 and not f["family"].startswith(("nccl", "copy_h2d", "copy_d2h")):
-                    rates[f"hbm_efficiency_by_family.{f['family']}"] = min(1.0, f["tbs"] / c["hbm_tbs"])
+            name = f["family"]
+            if f["tensor_core"]:
+                if name in c["tc_tflops"] and f["tflops"] > 0:
+                    rates[f"tc_tflops.{name}"] = f["tflops"]
+            elif f["tbs"] > 0 and not name.startswith(("nccl", "copy_h2d", "copy_d2h")):
+                rates[f"hbm_efficiency_by_family.{name}"] = min(1.0, f["tbs"] / c["hbm_tbs"])
     # cuBLASLt bf16 GEMMs: the median of the benches' achieved fraction of peak
     gemms = sorted(b["tflops"] / c["bf16_tflops"] for b in doc["bench"]
                    if b["launcher"].startswith("matmul") and "fp8" not in b["launcher"] and b["tflops"] > 0)
@@ -359,7 +373,7 @@ def calibrate(args):
         sys.exit(f"gpu_check_tool calibrate: {path} holds no measured rate")
     out = {"made_by": f"scripts/gpu_check.sh --calibrate {args.report}", "card": doc.get("card"),
            "date": doc.get("date"), "commit": doc.get("commit"),
-           "rates": {k: {"value": round(v, 6), "report": where} for k, v in sorted(rates.items())}}
+           "rates": {k: {"value": float(f"{v:.6g}"), "report": where} for k, v in sorted(rates.items())}}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     json.dump(out, open(args.out, "w"), indent=1)
     print(f"calibrate: {len(rates)} measured rates from {where} into {args.out}")
@@ -380,6 +394,7 @@ def main():
     s.add_argument("fixture")
     s.add_argument("--json")
     s.add_argument("--shift", type=float, default=0.0)
+    s.add_argument("--steps", type=int, default=8, help="compare the first N pinned losses (the run trains N steps)")
     s = sub.add_parser("report")
     s.add_argument("work")
     s.add_argument("out")

@@ -4,6 +4,8 @@
 #   scripts/side_by_side.sh (--upstream DIR | --from-log LOG) --stages LIST [--steps N] [--bundle DIR] OUTDIR
 #   scripts/side_by_side.sh --dry-run (--upstream DIR | --from-log LOG) --stages LIST [--build DIR] OUTDIR
 #   scripts/side_by_side.sh --extract LOG DIR     upstream's two files from a record log, into DIR
+#   --ours-log FILE: ours from a run already made (gpu_check.sh's logs.txt, whose stages part ran the
+#   same --profile-warmup on the same GPU) instead of running it again: saves the window's time
 #
 # Upstream's record-71 train_gpt.py and triton_kernels.py are upstream's code: they are not in this
 # repository and must never be committed. Pass their folder (--upstream DIR), or a record-71 run log
@@ -39,7 +41,7 @@ OURS_TIMEOUT_S=150
 usage() { sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 die() { echo "side_by_side.sh: $*" >&2; exit 2; }
 
-DRY=0 UPSTREAM="" LOG="" STAGES="" STEPS=6 BIN="" OUT="" EXTRACT=()
+DRY=0 UPSTREAM="" LOG="" STAGES="" STEPS=6 BIN="" OUT="" EXTRACT=() OURS_LOG=""
 [ $# -gt 0 ] || { usage >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
         --stages) [ $# -ge 2 ] || die "--stages needs a list, e.g. 0 or 0,2"; STAGES=$2; shift ;;
         --steps) [ $# -ge 2 ] || die "--steps needs a number"; STEPS=$2; shift ;;
         --bundle|--build) [ $# -ge 2 ] || die "$1 needs a folder"; BIN=$2; shift ;;
+        --ours-log) [ $# -ge 2 ] || die "--ours-log needs a file"; OURS_LOG=$2; shift ;;
         --extract) [ $# -ge 3 ] || die "--extract LOG DIR"; EXTRACT=("$2" "$3"); shift 2 ;;
         -*) die "unknown option '$1' (--help lists them)" ;;
         *) [ -z "$OUT" ] || die "one OUTDIR only (got '$OUT' and '$1')"; OUT=$1 ;;
@@ -67,6 +70,8 @@ fi
 [[ "$STAGES" =~ ^[0-3](,[0-3])*$ ]] || die "--stages $STAGES: want stage numbers 0..3 separated by commas"
 [[ "$STEPS" =~ ^[0-9]+$ ]] && [ "$STEPS" -ge 2 ] && [ "$STEPS" -le 50 ] || die "--steps $STEPS: want 2..50"
 [ -n "$OUT" ] || die "OUTDIR missing (where the report goes)"
+[ -z "$OURS_LOG" ] || grep -q '^profile of step [0-9]* (warm-up: ' "$OURS_LOG" 2>/dev/null ||
+    die "--ours-log $OURS_LOG: no --profile-warmup steps in it (want gpu_check.sh's logs.txt or a --profile-warmup run's output)"
 if [ -z "$BIN" ]; then [ $DRY = 1 ] && BIN="$REPO/build" || BIN="$REPO/gpu-bundle"; fi
 [ -d "$BIN" ] || die "$BIN: no such folder ($([ $DRY = 1 ] && echo 'make cpu' || echo 'make gpu-bundle') builds it)"
 if [ $DRY = 1 ]; then
@@ -74,7 +79,7 @@ if [ $DRY = 1 ]; then
 else
     OURS="$BIN/train_gpt"
 fi
-[ -x "$OURS" ] || die "$OURS: not built"
+[ -n "$OURS_LOG" ] || [ -x "$OURS" ] || die "$OURS: not built"
 mkdir -p "$OUT" || die "cannot create $OUT"
 
 START=$SECONDS
@@ -91,18 +96,26 @@ python3 "$HERE/upstream_code.py" patch "$SRC" "$WORK/upstream" || exit 1
 
 # ours
 OURS_STATUS=pass
-if [ $DRY = 1 ]; then
-    ours_args=(--preset tiny --scheduled-steps 6 --extension-steps 2 --val-tokens 2048)
-else
+if [ $DRY = 0 ]; then
     python3 "$REPO/scripts/gpu_check_tool.py" synth-shards "$WORK/data/data/fineweb10B" --prefix fineweb \
         --train-tokens 24000000 --val-tokens 4200000 || exit 1
-    ours_args=(--preset record --train-files "$WORK/data/data/fineweb10B/fineweb_train_*.bin"
-               --val-files "$WORK/data/data/fineweb10B/fineweb_val_*.bin" --val-tokens 2097152)
 fi
-ours_args+=(--max-steps 0 --profile-warmup --run-id side_by_side --log-dir "$WORK/logs")
-echo "ours: $OURS ${ours_args[*]}"
-(cd "$REPO" && timeout -k 5 "$OURS_TIMEOUT_S" "$OURS" "${ours_args[@]}") >"$WORK/ours.out" 2>&1 || {
-    OURS_STATUS="failed (exit $?)"; tail -20 "$WORK/ours.out"; }
+if [ -n "$OURS_LOG" ]; then
+    echo "ours: from $OURS_LOG"
+    cp "$OURS_LOG" "$WORK/ours.out"
+    OURS_STATUS="pass (from $OURS_LOG)"
+else
+    if [ $DRY = 1 ]; then
+        ours_args=(--preset tiny --scheduled-steps 6 --extension-steps 2 --val-tokens 2048)
+    else
+        ours_args=(--preset record --train-files "$WORK/data/data/fineweb10B/fineweb_train_*.bin"
+                   --val-files "$WORK/data/data/fineweb10B/fineweb_val_*.bin" --val-tokens 2097152)
+    fi
+    ours_args+=(--max-steps 0 --profile-warmup --run-id side_by_side --log-dir "$WORK/logs")
+    echo "ours: $OURS ${ours_args[*]}"
+    (cd "$REPO" && timeout -k 5 "$OURS_TIMEOUT_S" "$OURS" "${ours_args[@]}") >"$WORK/ours.out" 2>&1 || {
+        OURS_STATUS="failed (exit $?)"; tail -20 "$WORK/ours.out"; }
+fi
 grep -E '^(warming up|step [0-9]+: )' "$WORK/ours.out" | sed 's/ (first op.*wall/, wall/' | head -40
 
 # upstream
@@ -126,6 +139,7 @@ fi
 python3 "$HERE/report.py" --ours "$WORK/ours.out" --upstream-json "$WORK/upstream.json" --stages "$STAGES" \
     --steps "$STEPS" --ours-status "$OURS_STATUS" --upstream-status "$UP_STATUS" --dry-run "$DRY" \
     --seconds $((SECONDS - START)) --out "$OUT" || exit 1
-cp "$WORK/ours.out" "$OUT/ours.log"
+[ -n "$OURS_LOG" ] || cp "$WORK/ours.out" "$OUT/ours.log"
 [ -f "$WORK/upstream.out" ] && cp "$WORK/upstream.out" "$OUT/upstream.log"
-[ "$OURS_STATUS" = pass ] && { [ "$UP_STATUS" = pass ] || [ $DRY = 1 ]; }
+case $OURS_STATUS in pass*) ;; *) exit 1 ;; esac
+[ "$UP_STATUS" = pass ] || [ $DRY = 1 ]

@@ -83,6 +83,7 @@ const char* kUsage =
     "  --resume DIR             continue from a checkpoint directory DIR/stepNNNNNN (verified by its manifest)\n"
     "  --resume-unverified      also accept a checkpoint directory without a manifest (saved before manifests)\n"
     "  --print-memory           print the per-rank memory plan of the preset and exit (no GPU needed)\n"
+    "  --ranks N                with --print-memory: the plan for N ranks (1, 2, 4, 8; default 8)\n"
     "  --dump-batches N         print the first N training batches of every rank and exit (1..10000000)\n"
     "  --check-platform         run the platform check (kernel, cuBLASLt, NCCL on every rank) and exit\n"
     "  --plan-step              model the step time on H100s without a GPU: record one step of each stage\n"
@@ -175,6 +176,7 @@ struct CommandLine {
     std::string preset = "record";
     int scheduled = -1, extension = -1;  // -1: the preset's
     int64_t dump_batches = 0;
+    int memory_ranks = 8;  // --print-memory --ranks N
     PlanOptions plan;
 };
 
@@ -194,6 +196,7 @@ CommandLine parse_command_line(int argc, char** argv) {
     const char* mode_flag = nullptr;
     const char* plan_flag = nullptr;  // the last flag given that only --plan-step takes
     bool warmup_off = false;          // --warmup 0 given
+    bool ranks_given = false;         // --ranks N given
     auto set_mode = [&](Mode m, const char* flag) {
         if (mode_flag && cl.mode != m) usage_error(std::string(mode_flag) + " and " + flag + " are separate modes: give one");
         cl.mode = m;
@@ -239,6 +242,12 @@ CommandLine parse_command_line(int argc, char** argv) {
         } else if (arg == "--resume") opt.resume_dir = value();
         else if (arg == "--resume-unverified") opt.resume_unverified = true;
         else if (arg == "--print-memory") set_mode(Mode::print_memory, "--print-memory");
+        else if (arg == "--ranks") {
+            const int64_t n = parse_int(arg, value(), 1, 8);
+            if (8 % n != 0) usage_error("--ranks needs 1, 2, 4 or 8 (a divisor of 8), got " + std::to_string(n));
+            cl.memory_ranks = static_cast<int>(n);
+            ranks_given = true;
+        }
         else if (arg == "--dump-batches") {
             set_mode(Mode::dump_batches, "--dump-batches");
             cl.dump_batches = parse_steps(arg, value(), 1);
@@ -266,6 +275,7 @@ CommandLine parse_command_line(int argc, char** argv) {
         else usage_error("unknown argument '" + arg + "'");
     }
     if (plan_flag && cl.mode != Mode::plan_step) usage_error(std::string(plan_flag) + " goes with --plan-step");
+    if (ranks_given && cl.mode != Mode::print_memory) usage_error("--ranks goes with --print-memory");
     if (opt.profile_steps.first >= 0 && cl.mode != Mode::train)
         usage_error(std::string("--profile-steps times a training run: it does not go with ") + mode_flag);
     if (opt.profile_warmup && cl.mode != Mode::train)

@@ -81,7 +81,7 @@ def main():
     print(f"\nside_by_side ({label}); ours: {a.ours_status}; upstream: {a.upstream_status}; "
           f"upstream compile {f(up.get('compile_s'), '.1f')} s")
     print("\n".join(table))
-    print("left out: " + "; ".join(x.split(":")[0] for x in LEFT_OUT))
+    print("left out:" + "".join(f"\n  - {x}" for x in LEFT_OUT))
     return 0
 
 
