@@ -239,7 +239,10 @@ def report(args):
     for line in read(os.path.join(work, "status.tsv")).splitlines():
         name, st, secs, timeout, rc = line.split("\t")
         status.append({"part": name, "status": st, "seconds": int(secs), "timeout_s": int(timeout), "exit": rc})
-    machine = key_values(read(os.path.join(work, "machine.log")))
+    machine_log = read(os.path.join(work, "machine.log"))
+    machine = key_values(machine_log)
+    # the bundle's story (libraries found, a rebuild and how long it took) and the refusal, every line
+    notes = [line for line in machine_log.splitlines() if line.startswith(("bundle: ", "REFUSED: "))]
     failures = [f"{s['part']}: {s['status']}" + (f" after {s['seconds']} s (timeout {s['timeout_s']} s)"
                                                  if s["status"] == "timeout" else "")
                 for s in status if s["status"] != "pass"]
@@ -265,7 +268,7 @@ def report(args):
              "smallest shapes that walk each part's code (the tiny preset's first 2 steps against the pinned "
              "losses, its 4-step schedule for the stages, --shape tiny for the benches, one kernel test)") if dry else "GPU run"
     doc = {"mode": args.mode, "label": label, "date": machine.get("date"), "commit": machine.get("commit"),
-           "card": machine.get("gpu"), "machine": machine, "total_s": args.total_s, "bundle": args.bundle,
+           "card": machine.get("gpu"), "machine": machine, "machine_notes": notes, "total_s": args.total_s, "bundle": args.bundle,
            "parts": status, "failures": failures, "kernel_tests": kernel_tests, "tiny": tiny,
            "stages": stages, "profiles": profiles, "memory": memory, "bench": bench, "model_constants": constants,
            "synthetic_tokens": not dry}
@@ -274,7 +277,8 @@ def report(args):
 
     md = [f"# gpu_check report: {machine.get('gpu', '?')}, {machine.get('date', '?')}, commit {machine.get('commit', '?')}",
           "", f"**{label}**", ""]
-    md += [f"- {k}: {v}" for k, v in machine.items() if k != "mode"]
+    md += [f"- {k}: {v}" for k, v in machine.items() if k not in ("mode", "bundle")]
+    md += [f"- {n}" for n in notes]
     md += ["", "## Parts", "", "| part | status | seconds | timeout s |", "| --- | --- | ---: | ---: |"]
     md += [f"| {s['part']} | {s['status']} | {s['seconds']} | {s['timeout_s']} |" for s in status]
     md += ["", "## Failures", ""] + ([f"- {f}" for f in failures] or ["none"])

@@ -264,8 +264,8 @@ def test_planted(build):
         check(p.returncode == 3, f"an A100 is refused with exit 3 (got {p.returncode})")
         rep, md = report_of(out2)
         logs = open(os.path.join(out2, "logs.txt")).read()
-        check("REFUSED: NVIDIA A100-SXM4-80GB (compute capability 8.0) is not a Hopper GPU" in logs,
-              "the refusal names the GPU and why")
+        check("REFUSED: NVIDIA A100-SXM4-80GB (compute capability 8.0) is not a Hopper GPU" in logs and
+              "- REFUSED: NVIDIA A100-SXM4-80GB" in md, "the refusal names the GPU and why, in the log and the report")
         check([s["status"] for s in rep["parts"]] == ["refused", "not run", "not run", "not run", "not run"],
               f"no part runs after the refusal ({[s['status'] for s in rep['parts']]})")
         out3 = os.path.join(tmp, "out3")
