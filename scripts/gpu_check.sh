@@ -15,7 +15,8 @@
 #                 random data), then train_gpt --check-platform (the wgmma guard); each failure by name
 #   tiny          the tiny preset on test_trainer's short schedule, its training losses against the CPU
 #                 build's pinned ones (tests/trainer/fixtures/schedule_bits.json) within a bf16 tolerance
-#   stages        the record preset on one GPU (8 micro-steps) on synthetic tokens: --print-memory, then
+#   stages        the record preset on one GPU (8 micro-steps) on synthetic tokens: its memory plan
+#                 (--print-memory --ranks 1, which must fit 80 GB), then
 #                 --profile-warmup times every warm-up step (every stage's shapes: even, Adam and the
 #                 untie step) with the step model's ms for the same recording beside each family
 #   bench         the kernel tests' --bench at the record's shapes: attention forward/backward on wgmma
@@ -32,10 +33,9 @@
 # Environment hooks for the tests alone (tests/scripts/test_gpu_check.py), never set otherwise:
 #   GPU_CHECK_HOOK_GPU="NAME|CC|DRIVER"  the GPU the machine part sees;  GPU_CHECK_HOOK_HANG=PART  that part
 #   sleeps;  GPU_CHECK_HOOK_TIMEOUT_<PART>=S  its timeout;  GPU_CHECK_HOOK_FAIL_TEST=PROGRAM  that kernel
-#   test fails;  GPU_CHECK_HOOK_HANG_TEST=PROGRAM  it hangs;  GPU_CHECK_HOOK_TEST_TIMEOUT=S  per program;
-#   GPU_CHECK_HOOK_LOSS_SHIFT=X  added to the tiny run's losses;  GPU_CHECK_TESTS="test_a test_b"  only
-#   these kernel tests (the dry run's default: a few, see DRY_TESTS);  GPU_CHECK_PARTS="machine tiny"  only
-#   these parts.
+#   test fails;  GPU_CHECK_HOOK_HANG_TEST=PROGRAM  it hangs;  GPU_CHECK_HOOK_TEST_TIMEOUT=S  per program.
+# And to run less (tests, or a rerun of one failed part in a window):  GPU_CHECK_PARTS="tiny stages"  only
+#   these parts;  GPU_CHECK_TESTS="test_a test_b"  only these kernel tests (the dry run's: DRY_TESTS).
 set -u -o pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -253,7 +253,7 @@ part_tiny() {
     tail -25 "$GC_WORK/tiny.out"
     [ $rc -eq 0 ] || { echo "the tiny run failed (exit $rc)"; return 1; }
     python3 "$TOOL" losses "$GC_WORK/tiny.out" "$REPO/tests/trainer/fixtures/schedule_bits.json" \
-        --steps "$steps" --json "$GC_WORK/tiny.json" --shift "${GPU_CHECK_HOOK_LOSS_SHIFT:-0}"
+        --steps "$steps" --json "$GC_WORK/tiny.json"
 }
 
 part_stages() {

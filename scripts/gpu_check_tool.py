@@ -4,7 +4,7 @@
   gpu_check_tool.py synth-shards DIR [--train-tokens N] [--val-tokens N] [--seed S] [--prefix P]
       synthetic token shards in the speedrun's format (data/shard.h): random tokens in documents of
       FineWeb-like lengths, each starting with BOS; for timing only (no FineWeb on the GPU machine)
-  gpu_check_tool.py losses LOG FIXTURE [--steps N] [--json OUT] [--shift X]
+  gpu_check_tool.py losses LOG FIXTURE [--steps N] [--json OUT]
       the tiny run's training losses (step:N/M train_loss:X) against the CPU build's pinned ones
   gpu_check_tool.py report WORK OUTDIR --mode gpu|dry-run --repo REPO [--total-s S] [--bundle DIR]
       report.md and report.json from the parts' logs; prints the short table last
@@ -74,7 +74,7 @@ def synth_shards(args):
 # ---------------------------------------------------------------------------------------- losses
 def losses(args):
     text = open(args.log, errors="replace").read()
-    got = [float(x) + args.shift for x in re.findall(r"^step:\d+/\d+ train_loss:(\S+)$", text, re.M)]
+    got = [float(x) for x in re.findall(r"^step:\d+/\d+ train_loss:(\S+)$", text, re.M)]
     want = [float(x) for x in json.load(open(args.fixture))["1"]["losses"]][:args.steps]
     rows, ok = [], len(got) == len(want)
     for i, w in enumerate(want):
@@ -397,7 +397,6 @@ def main():
     s.add_argument("log")
     s.add_argument("fixture")
     s.add_argument("--json")
-    s.add_argument("--shift", type=float, default=0.0)
     s.add_argument("--steps", type=int, default=8, help="compare the first N pinned losses (the run trains N steps)")
     s = sub.add_parser("report")
     s.add_argument("work")
