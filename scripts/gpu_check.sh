@@ -33,7 +33,8 @@
 # Environment hooks for the tests alone (tests/scripts/test_gpu_check.py), never set otherwise:
 #   GPU_CHECK_HOOK_GPU="NAME|CC|DRIVER"  the GPU the machine part sees;  GPU_CHECK_HOOK_HANG=PART  that part
 #   sleeps;  GPU_CHECK_HOOK_TIMEOUT_<PART>=S  its timeout;  GPU_CHECK_HOOK_FAIL_TEST=PROGRAM  that kernel
-#   test fails;  GPU_CHECK_HOOK_HANG_TEST=PROGRAM  it hangs;  GPU_CHECK_HOOK_TEST_TIMEOUT=S  per program.
+#   test fails;  GPU_CHECK_HOOK_HANG_TEST=PROGRAM  it hangs;  GPU_CHECK_HOOK_TEST_TIMEOUT=S  per program;
+#   GPU_CHECK_HOOK_MEMORY_LIMIT_MIB=N  the memory plan's limit (80 GiB less 2 GiB).
 # And to run less (tests, or a rerun of one failed part in a window):  GPU_CHECK_PARTS="tiny stages"  only
 #   these parts;  GPU_CHECK_TESTS="test_a test_b"  only these kernel tests (the dry run's: DRY_TESTS).
 set -u -o pipefail
@@ -280,7 +281,8 @@ part_stages() {
     local plan_mib
     plan_mib=$(awk '/^total/ {print int($2); exit}' "$GC_WORK/memory.out")
     [ -n "$plan_mib" ] || { echo "no memory plan"; return 1; }
-    [ "$plan_mib" -le $((80 * 1024 - 2048)) ] || { echo "the record preset's plan on one GPU ($plan_mib MiB) does not fit 80 GB"; return 1; }
+    local limit=${GPU_CHECK_HOOK_MEMORY_LIMIT_MIB:-$((80 * 1024 - 2048))}
+    [ "$plan_mib" -le "$limit" ] || { echo "the record preset's plan on one GPU ($plan_mib MiB) does not fit 80 GB (at most $limit MiB)"; return 1; }
     args+=(--max-steps 0 --profile-warmup --run-id stages --log-dir "$GC_WORK/logs")
     echo "$t ${args[*]}"
     (cd "$REPO" && "$t" "${args[@]}") >"$GC_WORK/stages.out" 2>&1

@@ -13,7 +13,8 @@
             (its plan changes and says measured); a malformed file is refused before any work; a dry
             run's report refuses to calibrate
   planted   a machine part that hangs past its timeout, a kernel test that fails and one that hangs:
-            each reported by name, the parts and programs after them still run; losses off by more than
+            each reported by name, the parts and programs after them still run; a memory plan over
+            the card's limit fails the stages part before its run; losses off by more than
             the tolerance caught at the step (the losses check on made-up logs); a GPU that is not
             Hopper refused (exit 3), nothing run after it
   side      side_by_side.sh --dry-run on a stand-in upstream folder (the anchors the patch needs, in
@@ -242,6 +243,15 @@ def test_planted(build):
             check(phrase in f and phrase.split(": ")[-2] in md, f"the report names '{phrase}'")
         check("train_gpt --check-platform" in [k["program"] for k in rep["kernel_tests"] if k["status"] == "pass"],
               "--check-platform still ran and passed after the planted test failures")
+        # the memory check: a card too small for the record preset's plan fails the stages part, named
+        out4 = os.path.join(tmp, "out4")
+        p = run([GPU_CHECK, "--dry-run", "--build", build, out4],
+                env={"GPU_CHECK_PARTS": "stages", "GPU_CHECK_HOOK_MEMORY_LIMIT_MIB": "30000"})
+        rep, _ = report_of(out4)
+        logs = open(os.path.join(out4, "logs.txt")).read()
+        check(p.returncode == 1 and rep["parts"][0]["status"] == "fail" and
+              re.search(r"plan on one GPU \(\d+ MiB\) does not fit 80 GB \(at most 30000 MiB\)", logs) is not None and
+              "profile of step" not in logs, "a memory plan over the limit fails the stages part before the run")
         # the losses check: made-up logs, the pinned losses off by a little (inside) and by a lot (outside)
         pinned = [float(x) for x in json.load(open(os.path.join(REPO, "tests/trainer/fixtures/schedule_bits.json")))["1"]["losses"]]
         tool = os.path.join(REPO, "scripts", "gpu_check_tool.py")
