@@ -100,7 +100,8 @@ def losses(args):
 # ---------------------------------------------------------------------------------------- parsing
 PROFILE_HEAD = re.compile(r"^profile of step (\d+) \((?:warm-up: stage (\d+) (even|adam|untie) step, batch (\d+) tokens, "
                           r"windows (\d+)/(\d+) blocks, embed (tied|untied); )?rank 0 of (\d+)")
-FAMILY_ROW = re.compile(r"^(\S+) +(\d+) +([\d.]+) +[\d.]+% +([\d.]+) +(\S+) +([\d.]+) +\S+$")
+NUMBER = r"[\d.]+(?:e[-+]?\d+)?"  # printf's %g
+FAMILY_ROW = re.compile(rf"^(\S+) +(\d+) +([\d.]+) +[\d.]+% +({NUMBER}) +(\S+) +({NUMBER}) +\S+$")
 STEP_LINE = re.compile(r"^step (\d+): (\d+) ops, device ([\d.]+) ms")
 MODEL_LINE = re.compile(r"^model of step (\d+) .*: device ([\d.]+) ms, measured ([\d.]+) ms, measured/model ([\d.]+)")
 VS_MODEL = re.compile(r"^vs model (\S+) +([\d.]+) ms measured +([\d.]+) ms model")

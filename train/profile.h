@@ -385,7 +385,7 @@ void report_profiled_step(Run& r, int step, double host_ms, double wall_ms, cons
         char compute[32] = "-", memory[32] = "-";
         if (f.tc_flops > 0) std::snprintf(compute, sizeof compute, "%.1f%%", 100 * f.tc_flops / s / 1e12 / tc_peak);
         if (!f.collective) std::snprintf(memory, sizeof memory, "%.1f%%", 100 * tbs / peak.hbm_tbs);
-        print0(r, "%-34s %6d %10.3f %6.1f%% %9.3f %8s %8.4f %8s\n", f.name.c_str(), f.count, f.ms,
+        print0(r, "%-34s %6d %10.3f %6.1f%% %9.4g %8s %8.4g %8s\n", f.name.c_str(), f.count, f.ms,
                100 * f.ms / std::max(step_ms, 1e-9), tflops, compute, tbs, memory);
     }
     print0(r, "step %d: %zu ops, device %.3f ms (first op's start to last op's end), host %.3f ms enqueueing (%.3f ms of it "
