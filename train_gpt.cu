@@ -1313,7 +1313,7 @@ void warm_up(Run& r) {
         advance_schedule(r, step);
         load_val_batch(r);
         gpt_forward(r.m, r.m.eval_batch, r.step_schedule(), r.m.eval, r.s);
-        train_step(r, step);
+        warm_up_step(r, step);
     }
     await_all_gathered(r.m.gathered, r.s);  // before the restore overwrites what they write
     CUDA_CHECK(sync_stream(r.s, "warm_up"));
@@ -1414,7 +1414,7 @@ int main(int argc, char** argv) {
     Config cfg = cl.preset == "record" ? record_preset() : cl.preset == "tiny" ? tiny_preset() : Config{};
     if (cfg.name != cl.preset) usage_error("unknown preset '" + cl.preset + "' (record or tiny)");
     if (cl.mode == Mode::print_memory) {
-        print_memory_plan(cfg, stdout);
+        print_memory_plan(cfg, stdout, cl.memory_ranks);
         return 0;
     }
     DataFiles files;
@@ -1444,6 +1444,8 @@ int main(int argc, char** argv) {
     // thread while the model is built), the output directories, the run id, then every rank's write
     // access to the checkpoint directory.
     const bool planning = cl.mode == Mode::plan_step;
+    if (planning || opt.profile_warmup || opt.profile_steps.first >= 0)
+        (void)calibrated_model(opt, d.world, 1);  // a bad calibration file stops the run before any work
     const PlanData plan_data = planning ? start_plan_step(opt, cfg, files, d) : PlanData{};  // a dry run from here
     std::future<std::string> data_check;
     if (d.rank == 0 && !planning) data_check = std::async(std::launch::async, data_error, cfg, files, d.world, last);

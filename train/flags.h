@@ -35,6 +35,8 @@ struct RunOptions {
     bool resume_unverified = false;      // accept a checkpoint directory without a manifest (saved before them)
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
     StepRange profile_steps;             // --profile-steps A:B: time every operation of steps A..B
+    bool profile_warmup = false;         // --profile-warmup: time every step of the warm-up (every stage's shapes)
+    std::string calibration;             // --calibration FILE: measured rates for the step model; empty: the default
     std::optional<MlpKernel> mlp_kernel; // --mlp-kernel; none: default_mlp_kernel() (wgmma on Hopper GPUs)
     std::optional<AttentionKernel> attention;  // --attention; none: default_attention_kernel() (wgmma)
     std::string command;                 // the command line, for the log
@@ -81,6 +83,7 @@ const char* kUsage =
     "  --resume DIR             continue from a checkpoint directory DIR/stepNNNNNN (verified by its manifest)\n"
     "  --resume-unverified      also accept a checkpoint directory without a manifest (saved before manifests)\n"
     "  --print-memory           print the per-rank memory plan of the preset and exit (no GPU needed)\n"
+    "  --ranks N                with --print-memory: the plan for N ranks (1, 2, 4, 8; default 8)\n"
     "  --dump-batches N         print the first N training batches of every rank and exit (1..10000000)\n"
     "  --check-platform         run the platform check (kernel, cuBLASLt, NCCL on every rank) and exit\n"
     "  --plan-step              model the step time on H100s without a GPU: record one step of each stage\n"
@@ -95,6 +98,12 @@ const char* kUsage =
     "                           TMA, the same bits as mma in the CPU build) or mma (mma.sync)\n"
     "  --profile-steps A:B      time every operation of training steps A..B (0 <= A <= B < the run's last step)\n"
     "                           and print a table per step; those steps' times include the report\n"
+    "  --profile-warmup         time every operation of each warm-up step (the steps around each schedule change:\n"
+    "                           every stage's shapes, an even and an Adam step each, the untie step), from the\n"
+    "                           initial parameters, with the step model's price of each recording beside it;\n"
+    "                           turns the warm-up on (not with --warmup 0)\n"
+    "  --calibration FILE       the step model's measured rates (--plan-step, --profile-*): a JSON file made by\n"
+    "                           scripts/gpu_check.sh --calibrate (default: docs/gpu-runs/calibration.json where present)\n"
     "  --help                   this text\n";
 
 [[noreturn]] void usage_error(const std::string& why) {
@@ -167,6 +176,7 @@ struct CommandLine {
     std::string preset = "record";
     int scheduled = -1, extension = -1;  // -1: the preset's
     int64_t dump_batches = 0;
+    int memory_ranks = 8;  // --print-memory --ranks N
     PlanOptions plan;
 };
 
@@ -185,6 +195,8 @@ CommandLine parse_command_line(int argc, char** argv) {
     opt.command = command_line(argc, argv);
     const char* mode_flag = nullptr;
     const char* plan_flag = nullptr;  // the last flag given that only --plan-step takes
+    bool warmup_off = false;          // --warmup 0 given
+    bool ranks_given = false;         // --ranks N given
     auto set_mode = [&](Mode m, const char* flag) {
         if (mode_flag && cl.mode != m) usage_error(std::string(mode_flag) + " and " + flag + " are separate modes: give one");
         cl.mode = m;
@@ -210,7 +222,10 @@ CommandLine parse_command_line(int argc, char** argv) {
         else if (arg == "--max-steps") opt.max_steps = parse_steps(arg, value(), 0);
         else if (arg == "--scheduled-steps") cl.scheduled = parse_steps(arg, value(), 1);
         else if (arg == "--extension-steps") cl.extension = parse_steps(arg, value(), 0);
-        else if (arg == "--warmup") opt.warmup = parse_int(arg, value(), 0, 1) != 0;
+        else if (arg == "--warmup") {
+            opt.warmup = parse_int(arg, value(), 0, 1) != 0;
+            warmup_off = !opt.warmup;
+        }
         else if (arg == "--log-train-loss") opt.log_train_loss = true;
         else if (arg == "--log-grad-norms") opt.log_grad_norms = true;
         else if (arg == "--check-finite") opt.check_finite = parse_steps(arg, value(), 0);
@@ -227,6 +242,12 @@ CommandLine parse_command_line(int argc, char** argv) {
         } else if (arg == "--resume") opt.resume_dir = value();
         else if (arg == "--resume-unverified") opt.resume_unverified = true;
         else if (arg == "--print-memory") set_mode(Mode::print_memory, "--print-memory");
+        else if (arg == "--ranks") {
+            const int64_t n = parse_int(arg, value(), 1, 8);
+            if (8 % n != 0) usage_error("--ranks needs 1, 2, 4 or 8 (a divisor of 8), got " + std::to_string(n));
+            cl.memory_ranks = static_cast<int>(n);
+            ranks_given = true;
+        }
         else if (arg == "--dump-batches") {
             set_mode(Mode::dump_batches, "--dump-batches");
             cl.dump_batches = parse_steps(arg, value(), 1);
@@ -249,10 +270,17 @@ CommandLine parse_command_line(int argc, char** argv) {
             if (v != "mma" && v != "wgmma") usage_error("--attention needs mma or wgmma, got '" + v + "'");
             opt.attention = v == "mma" ? AttentionKernel::mma : AttentionKernel::wgmma;
         } else if (arg == "--profile-steps") opt.profile_steps = parse_step_range(arg, value());
+        else if (arg == "--profile-warmup") opt.profile_warmup = true;
+        else if (arg == "--calibration") opt.calibration = value();
         else usage_error("unknown argument '" + arg + "'");
     }
     if (plan_flag && cl.mode != Mode::plan_step) usage_error(std::string(plan_flag) + " goes with --plan-step");
+    if (ranks_given && cl.mode != Mode::print_memory) usage_error("--ranks goes with --print-memory");
     if (opt.profile_steps.first >= 0 && cl.mode != Mode::train)
         usage_error(std::string("--profile-steps times a training run: it does not go with ") + mode_flag);
+    if (opt.profile_warmup && cl.mode != Mode::train)
+        usage_error(std::string("--profile-warmup times a training run's warm-up: it does not go with ") + mode_flag);
+    if (opt.profile_warmup && warmup_off) usage_error("--profile-warmup times the warm-up: it does not go with --warmup 0");
+    if (opt.profile_warmup) opt.warmup = true;
     return cl;
 }

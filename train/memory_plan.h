@@ -54,18 +54,19 @@ void print_optimizer_state(const Optimizer& o, FILE* f) {
 // Upstream's record run peaks at 31253 MiB allocated per GPU; ours must not need more.
 constexpr double kUpstreamPeakMiB = 31253;
 
-void print_memory_plan(const Config& c, FILE* f) {
+// ranks: the world size planned for (8, or 1 for one GPU: its optimizer state unsharded, 8 micro-steps).
+void print_memory_plan(const Config& c, FILE* f, int ranks) {
     if (const std::string e = config_error(c); !e.empty()) {
         std::fprintf(stderr, "train_gpt: %s\n", e.c_str());
         std::exit(EXIT_FAILURE);
     }
     Model m;
     m.cfg = c;
-    m.cfg.world_size = 8;
+    m.cfg.world_size = ranks;
     Optimizer o;
-    const MemoryPlan plan = plan_memory(m, o, 8);
-    std::fprintf(f, "memory plan per rank, preset %s (8 ranks; %d train and %d eval tokens per micro-step):\n",
-                 c.name.c_str(), c.max_train_tokens(), c.val_micro_tokens());
+    const MemoryPlan plan = plan_memory(m, o, ranks);
+    std::fprintf(f, "memory plan per rank, preset %s (%d rank%s; %d train and %d eval tokens per micro-step):\n",
+                 c.name.c_str(), ranks, ranks == 1 ? "" : "s", m.cfg.max_train_tokens(), m.cfg.val_micro_tokens());
     m.param_arena.print(f, true);
     m.grad_arena.print(f, false);
     m.state_arena.print(f, true);

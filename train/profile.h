@@ -16,10 +16,25 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 #include "../data/loader.h"
 #include "host_comm.h"
 #include "step_measure.h"
 #include "step_model.h"
+
+// The step model for `world` GPUs on `nodes` nodes, with the measured rates of --calibration FILE, or
+// else of the committed docs/gpu-runs/calibration.json where there is one. A bad file stops the run.
+CostModel calibrated_model(const RunOptions& opt, int world, int nodes) {
+    CostModel cm = h100_model(world, nodes);
+    std::string path = opt.calibration;
+    if (path.empty())
+        if (const std::string committed = repo_dir() + "/docs/gpu-runs/calibration.json"; access(committed.c_str(), F_OK) == 0)
+            path = committed;
+    if (!path.empty())
+        if (const std::string e = load_calibration(cm, path); !e.empty()) fail(e);
+    return cm;
+}
 
 // ============================================================================================
 // --plan-step
@@ -267,10 +282,11 @@ int plan_step_mode(Run& r, const PlanData& data, const PlanOptions& plan) {
             stages.push_back({"stage " + std::to_string(i), p.steps_even, p.steps_adam, p.steps_untie, taken(p.even, 0),
                               taken(p.adam, 1), taken(p.untie, 2)});
         }
-        const CostModel cm = h100_model(r.d.world, plan.nodes);
+        const CostModel cm = calibrated_model(r.opt, r.d.world, plan.nodes);
         const PlanReport ours = plan_report(c.name, "ours", stages, cm);
         std::printf("plan-step: preset %s on %d rank(s): one step of each kind per stage recorded in a dry run in %.1f s\n",
                     c.name.c_str(), r.d.world, record_s);
+        std::printf("plan-step: %s", calibration_summary(cm).c_str());
         const PlanReport report = plan.upstream ? plan_report(c.name, "upstream", upstream_schedule(stages), cm) : ours;
         std::printf("%s", format_plan(report).c_str());
         for (size_t i = 0; i < producer_ms.size(); ++i)  // rank 0's, off the issuing thread (train/batch_producer.h)
@@ -315,36 +331,73 @@ TimedStep timed_step() {
     return t;
 }
 
-// The table of a profiled step (rank 0's), then one line: device time, host time, exposed comms.
-void report_profiled_step(Run& r, int step, double host_ms) {
+// What a warm-up step is, for its profile's header: its stage, kind, batch, windows and tying, as
+// the step runs them (so that a profile is known to stand for that stage's steps).
+std::string warmup_step_label(const Run& r, int step) {
+    size_t stage = 0;
+    while (stage + 1 < r.sch.starts.size() && step >= r.sch.starts[stage + 1]) ++stage;
+    const char* kind = step == r.sch.split_step ? "untie" : step % 2 == 1 ? "adam" : "even";
+    char text[256];
+    std::snprintf(text, sizeof text, "warm-up: stage %zu %s step, batch %lld tokens, windows %d/%d blocks, embed %s; ",
+                  stage, kind, static_cast<long long>(r.state.batch_tokens), r.state.ws_short, r.state.ws_long,
+                  r.o.split ? "untied" : "tied");
+    return text;
+}
+
+// The step model's price of the recording just timed (the same ops, alone: a profiled step starts on
+// an idle device and ends when its last op does), per family beside the measured time, and the ratio.
+void report_model_of_step(Run& r, int step, const TimedStep& t, double step_ms, const std::vector<MeasuredFamily>& measured) {
+    const CostModel cm = calibrated_model(r.opt, r.d.world, 1);
+    const ModeledStep m = model_step("step " + std::to_string(step), {{t.ops}}, 0, cm);
+    print0(r, "model of step %d (train/step_model.h on this recording, alone, %d H100%s; %s): device %.3f ms, measured "
+              "%.3f ms, measured/model %.3f\n",
+           step, r.d.world, r.d.world == 1 ? "" : "s",
+           cm.measured.empty() ? "no rate measured" : ("rates from " + cm.calibration_file).c_str(), m.ms, step_ms,
+           step_ms / std::max(m.ms, 1e-9));
+    for (const MeasuredFamily& f : measured) {
+        double model_ms = 0;
+        for (const FamilyRow& k : m.kernels)
+            if (k.name == f.name) model_ms = k.ms;
+        for (const CollectiveRow& c : m.collectives)
+            if (c.name == f.name) model_ms = c.ms;
+        print0(r, "vs model %-34s %10.3f ms measured %10.3f ms model %8.3f\n", f.name.c_str(), f.ms, model_ms,
+               f.ms / std::max(model_ms, 1e-9));
+    }
+}
+
+// The table of a profiled step (rank 0's), then one line: device time, host time, exposed comms, wall
+// time; then the model's price of the same recording.
+void report_profiled_step(Run& r, int step, double host_ms, double wall_ms, const std::string& label) {
     const TimedStep t = timed_step();
     const double step_ms = device_ms(t);
     const CostModel peak = h100_model(r.d.world);
-    print0(r, "profile of step %d (rank 0 of %d%s; its train_time includes this profile's events, sync and report)\n", step,
-           r.d.world, kEmulated ? "; times are the CPU emulation's, not a GPU's" : "");
+    print0(r, "profile of step %d (%srank 0 of %d%s; its train_time includes this profile's events, sync and report)\n",
+           step, label.c_str(), r.d.world, kEmulated ? "; times are the CPU emulation's, not a GPU's" : "");
     print0(r, "%-34s %6s %10s %7s %9s %8s %8s %8s\n", "family", "count", "total ms", "share", "TFLOP/s", "of peak", "TB/s",
            "of HBM");
-    for (const MeasuredFamily& f : measured_families(t)) {
+    const std::vector<MeasuredFamily> families = measured_families(t);
+    for (const MeasuredFamily& f : families) {
         const double s = std::max(f.ms, 1e-9) / 1e3;
         const double tflops = f.flops / s / 1e12, tbs = f.bytes / s / 1e12;
         const double tc_peak = f.fp8 ? peak.fp8_tflops : peak.bf16_tflops;
         char compute[32] = "-", memory[32] = "-";
         if (f.tc_flops > 0) std::snprintf(compute, sizeof compute, "%.1f%%", 100 * f.tc_flops / s / 1e12 / tc_peak);
         if (!f.collective) std::snprintf(memory, sizeof memory, "%.1f%%", 100 * tbs / peak.hbm_tbs);
-        print0(r, "%-34s %6d %10.3f %6.1f%% %9.3f %8s %8.4f %8s\n", f.name.c_str(), f.count, f.ms,
+        print0(r, "%-34s %6d %10.3f %6.1f%% %9.4g %8s %8.4g %8s\n", f.name.c_str(), f.count, f.ms,
                100 * f.ms / std::max(step_ms, 1e-9), tflops, compute, tbs, memory);
     }
     print0(r, "step %d: %zu ops, device %.3f ms (first op's start to last op's end), host %.3f ms enqueueing (%.3f ms of it "
               "in host waits), exposed communication %.3f ms, then %.3f ms of other streams' work (the gathers a run "
-              "overlaps with the next forward, which a profiled step has not)\n",
+              "overlaps with the next forward, which a profiled step has not); wall %.3f ms (from its first enqueue to "
+              "the device's end, the profile's events included)\n",
            step, op_timer().spans.size(), step_ms, host_ms, op_timer().host_wait_ms, exposed_comm_ms(t),
-           tail_after_stream0_ms(t));
+           tail_after_stream0_ms(t), wall_ms);
+    report_model_of_step(r, step, t, step_ms, families);
 }
 
-// A training step of the run: as it is, or, within --profile-steps, recorded (not dry) and every op
-// timed; the device is synchronized after it (outside the timed window) to read the times.
-void run_train_step(Run& r, int step) {
-    if (!r.opt.profile_steps.contains(step)) return train_step(r, step);
+// Steps train_step as it is, but recorded (not dry) and every op timed; the device is synchronized
+// after it (outside the timed window) to read the times. label: what the header says the step is.
+void profiled_train_step(Run& r, int step, const std::string& label) {
     work_recorder().start(/*dry=*/false);
     op_timer().start();
     const auto t0 = std::chrono::steady_clock::now();
@@ -353,5 +406,18 @@ void run_train_step(Run& r, int step) {
     op_timer().stop();
     work_recorder().stop();
     CUDA_CHECK(sync_device("profile_read"));
-    report_profiled_step(r, step, host_ms);
+    const double wall_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    report_profiled_step(r, step, host_ms, wall_ms, label);
+}
+
+// A training step of the run: as it is, or, within --profile-steps, profiled.
+void run_train_step(Run& r, int step) {
+    if (!r.opt.profile_steps.contains(step)) return train_step(r, step);
+    profiled_train_step(r, step, "");
+}
+
+// A step of the warm-up: as it is, or, with --profile-warmup, profiled and labelled with its stage.
+void warm_up_step(Run& r, int step) {
+    if (!r.opt.profile_warmup) return train_step(r, step);
+    profiled_train_step(r, step, warmup_step_label(r, step));
 }

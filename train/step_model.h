@@ -47,6 +47,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 // ---- the constants: one table, every number with its source ----
@@ -154,6 +155,14 @@ struct CostModel {
         {"LL128", 14.0, 1.9, 4.0, 0.92, 0},
         {"Simple", 8.4, 3.4, 14.0, 1.0, 0},
     };
+
+    // -- which of the above were measured: set by apply_calibration() from a calibration file --
+    std::string calibration_file;  // empty: every constant is the default above
+    struct Measured {
+        std::string constant, report;  // e.g. "tc_tflops.attention_forward", the gpu_check report it came from
+        double value, assumed;         // the measured value, the default it replaced
+    };
+    std::vector<Measured> measured;
 };
 
 [[noreturn]] inline void step_model_fail(const std::string& why) {
@@ -189,6 +198,249 @@ inline double family_value(const std::vector<FamilyValue>& table, const char* na
     return v;
 }
 inline double work_bytes(const Work& w) { return w.bytes_read + w.bytes_written; }
+
+// ---- calibration: measured rates replace the defaults ----
+// A calibration file (docs/gpu-runs/calibration.json, made by `scripts/gpu_check.sh --calibrate REPORT`
+// from a GPU run's report) holds measured values of some of the constants above, each with the report
+// it was measured in:
+//   {"rates": {"hbm_efficiency": {"value": 0.62, "report": "docs/gpu-runs/<run>/report.md"},
+//              "tc_tflops.attention_forward": {"value": 410, "report": "..."}}}
+// Any other top-level key ("made_by", "card", ...) is kept for people and ignored here. Anything the
+// model does not know, a value that is not a positive finite number (an efficiency above 1), or a
+// missing report is refused with a message naming it: a silently ignored typo would leave a constant
+// assumed while --plan-step calls it measured.
+namespace step_model_detail {
+
+// The few JSON shapes a calibration file holds: objects, strings, numbers (and, to refuse them
+// clearly, anything else). A small reader, so the model stays free of libraries.
+struct JsonValue {
+    enum class Kind { object, string, number, other } kind = Kind::other;
+    std::string text;                                        // a string's value; other: what it was
+    double number = 0;
+    std::vector<std::pair<std::string, JsonValue>> members;  // an object's, in file order
+};
+class JsonReader {
+public:
+    explicit JsonReader(const std::string& s) : s_(s) {}
+    // The document's value, or an error (empty on success).
+    std::string read(JsonValue& v) {
+        std::string e = value(v, 0);
+        skip_space();
+        if (e.empty() && at_ != s_.size()) e = where() + ": text after the JSON value";
+        return e;
+    }
+
+private:
+    std::string where() const {
+        int line = 1;
+        for (size_t i = 0; i < at_ && i < s_.size(); ++i) line += s_[i] == '\n';
+        return "line " + std::to_string(line);
+    }
+    void skip_space() {
+        while (at_ < s_.size() && std::strchr(" \t\r\n", s_[at_])) ++at_;
+    }
+    std::string string(std::string& out) {
+        if (at_ >= s_.size() || s_[at_] != '"') return where() + ": a string was expected";
+        for (++at_; at_ < s_.size() && s_[at_] != '"'; ++at_) {
+            if (s_[at_] == '\\') {
+                if (++at_ >= s_.size()) break;
+                const char c = s_[at_];
+                if (!std::strchr("\"\\/", c)) return where() + ": an escape other than \\\" \\\\ \\/ in a string";
+            }
+            out += s_[at_];
+        }
+        if (at_ >= s_.size()) return where() + ": a string does not end";
+        ++at_;
+        return "";
+    }
+    std::string value(JsonValue& v, int depth) {
+        if (depth > 8) return where() + ": nested too deep";
+        skip_space();
+        if (at_ >= s_.size()) return where() + ": the file ends where a value was expected";
+        const char c = s_[at_];
+        if (c == '"') {
+            v.kind = JsonValue::Kind::string;
+            return string(v.text);
+        }
+        if (c == '{') {
+            v.kind = JsonValue::Kind::object;
+            ++at_;
+            skip_space();
+            if (at_ < s_.size() && s_[at_] == '}') return ++at_, "";
+            for (;;) {
+                skip_space();
+                std::string key;
+                if (std::string e = string(key); !e.empty()) return e;
+                skip_space();
+                if (at_ >= s_.size() || s_[at_] != ':') return where() + ": ':' expected after \"" + key + "\"";
+                ++at_;
+                JsonValue member;
+                if (std::string e = value(member, depth + 1); !e.empty()) return e;
+                for (const auto& m : v.members)
+                    if (m.first == key) return where() + ": \"" + key + "\" given twice";
+                v.members.emplace_back(key, std::move(member));
+                skip_space();
+                if (at_ < s_.size() && s_[at_] == ',') {
+                    ++at_;
+                    continue;
+                }
+                if (at_ < s_.size() && s_[at_] == '}') return ++at_, "";
+                return where() + ": ',' or '}' expected in an object";
+            }
+        }
+        if (c == '-' || (c >= '0' && c <= '9')) {
+            const char* begin = s_.c_str() + at_;
+            char* end = nullptr;
+            errno = 0;
+            v.number = std::strtod(begin, &end);
+            if (end == begin || errno != 0) return where() + ": a malformed number";
+            v.kind = JsonValue::Kind::number;
+            at_ += size_t(end - begin);
+            return "";
+        }
+        if (c == '[') return where() + ": an array, where no calibration entry takes one";
+        // true/false/null: no constant takes them; read the word to name it
+        const size_t from = at_;
+        while (at_ < s_.size() && !std::strchr(",}\n", s_[at_])) ++at_;
+        v.kind = JsonValue::Kind::other;
+        v.text = s_.substr(from, at_ - from);
+        return "";
+    }
+    const std::string& s_;
+    size_t at_ = 0;
+};
+
+inline const JsonValue* member(const JsonValue& v, const std::string& key) {
+    for (const auto& m : v.members)
+        if (m.first == key) return &m.second;
+    return nullptr;
+}
+
+// The constant a calibration names: a scalar of CostModel, or a family's entry of one of its tables
+// ("tc_tflops.<family>", "hbm_efficiency_by_family.<family>"); nullptr and the error when unknown.
+// Efficiencies are fractions: at most 1.
+struct Target {
+    double* scalar = nullptr;
+    std::vector<FamilyValue>* table = nullptr;
+    double table_default = 0;
+    std::string family;
+    bool fraction = false;
+};
+inline std::string target_of(CostModel& m, const std::string& name, Target& t) {
+    const struct {
+        const char* name;
+        double* field;
+        bool fraction;
+    } scalars[] = {{"bf16_tflops", &m.bf16_tflops, false},
+                   {"fp8_tflops", &m.fp8_tflops, false},
+                   {"fp32_tflops", &m.fp32_tflops, false},
+                   {"hbm_tbs", &m.hbm_tbs, false},
+                   {"gemm_bf16_efficiency", &m.gemm_bf16_efficiency, true},
+                   {"gemm_fp8_efficiency", &m.gemm_fp8_efficiency, true},
+                   {"tc_default_tflops", &m.tc_default_tflops, false},
+                   {"hbm_efficiency", &m.hbm_efficiency, true},
+                   {"cuda_core_efficiency", &m.cuda_core_efficiency, true},
+                   {"host_launch_us", &m.host_launch_us, false},
+                   {"host_gemm_us", &m.host_gemm_us, false},
+                   {"device_launch_us", &m.device_launch_us, false}};
+    for (const auto& sc : scalars)
+        if (name == sc.name) {
+            t.scalar = sc.field, t.fraction = sc.fraction;
+            return "";
+        }
+    for (const auto& [prefix, table, fallback, fraction] :
+         {std::tuple{"tc_tflops.", &m.tc_tflops, m.tc_default_tflops, false},
+          std::tuple{"hbm_efficiency_by_family.", &m.hbm_efficiency_by_family, m.hbm_efficiency, true}})
+        if (name.rfind(prefix, 0) == 0 && name.size() > std::strlen(prefix)) {
+            t.table = table, t.table_default = fallback, t.fraction = fraction;
+            t.family = name.substr(std::strlen(prefix));
+            return "";
+        }
+    std::string known;
+    for (const auto& sc : scalars) known += std::string(known.empty() ? "" : ", ") + sc.name;
+    return "unknown constant \"" + name + "\" (known: " + known +
+           ", tc_tflops.<family>, hbm_efficiency_by_family.<family>)";
+}
+
+// A family name with a stable address for the model's tables (they hold const char*).
+inline const char* stable_family(const std::string& name) {
+    static std::set<std::string> names;
+    return names.insert(name).first->c_str();
+}
+
+}  // namespace step_model_detail
+
+// Applies a calibration file's text to m; returns what is wrong with it ("" when nothing is; then m
+// holds the measured values and lists them in m.measured). `file` names it in messages and in m.
+inline std::string apply_calibration(CostModel& m, const std::string& text, const std::string& file) {
+    using namespace step_model_detail;
+    JsonValue doc;
+    const std::string bad = "calibration " + file + ": ";
+    if (const std::string e = JsonReader(text).read(doc); !e.empty()) return bad + e;
+    if (doc.kind != JsonValue::Kind::object) return bad + "the file is not a JSON object";
+    const JsonValue* rates = member(doc, "rates");
+    if (!rates || rates->kind != JsonValue::Kind::object) return bad + "no \"rates\" object";
+    if (rates->members.empty()) return bad + "\"rates\" names no constant";
+    CostModel out = m;
+    for (const auto& [name, entry] : rates->members) {
+        const std::string at = bad + "\"" + name + "\": ";
+        Target t;
+        if (const std::string e = target_of(out, name, t); !e.empty()) return bad + e;
+        if (entry.kind != JsonValue::Kind::object) return at + "want {\"value\": number, \"report\": \"...\"}";
+        const JsonValue *value = member(entry, "value"), *report = member(entry, "report");
+        if (!value || value->kind != JsonValue::Kind::number)
+            return at + "no numeric \"value\"" + (value && value->kind != JsonValue::Kind::number ? " (got " +
+                   (value->kind == JsonValue::Kind::string ? "\"" + value->text + "\"" : value->text) + ")" : "");
+        if (!report || report->kind != JsonValue::Kind::string || report->text.empty())
+            return at + "no \"report\" naming the run it was measured in";
+        const double v = value->number;
+        if (!std::isfinite(v) || v <= 0) return at + "the value " + std::to_string(v) + " is not positive";
+        if (t.fraction && v > 1) return at + "an efficiency of " + std::to_string(v) + " is above 1";
+        double assumed = 0;
+        if (t.scalar) {
+            assumed = *t.scalar;
+            *t.scalar = v;
+        } else {
+            assumed = family_value(*t.table, t.family.c_str(), t.table_default);
+            const auto same = std::find_if(t.table->begin(), t.table->end(),
+                                           [&](const FamilyValue& f) { return t.family == f.family; });
+            if (same != t.table->end()) same->value = v;
+            else t.table->push_back({stable_family(t.family), v});
+        }
+        out.measured.push_back({name, report->text, v, assumed});
+    }
+    out.calibration_file = file;
+    m = std::move(out);
+    return "";
+}
+
+// Reads and applies a calibration file; "" or what is wrong (a file that cannot be read included).
+inline std::string load_calibration(CostModel& m, const std::string& path) {
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    if (!f) return "calibration " + path + ": cannot be read (" + std::strerror(errno) + ")";
+    std::string text;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+    std::fclose(f);
+    return apply_calibration(m, text, path);
+}
+
+// Which constants are measured (each with its report) and that the rest are assumed: for --plan-step
+// and the profiles' model columns.
+inline std::string calibration_summary(const CostModel& m) {
+    if (m.measured.empty())
+        return "constants: none measured (no calibration file); every rate is train/step_model.h's default "
+               "(datasheet or assumption)\n";
+    std::string o = "constants measured (" + m.calibration_file + "), the rest train/step_model.h's defaults "
+                    "(datasheet or assumption):\n";
+    for (const CostModel::Measured& c : m.measured) {
+        char line[512];
+        std::snprintf(line, sizeof line, "  measured %-40s %12.6g (default %.6g) from %s\n", c.constant.c_str(), c.value,
+                      c.assumed, c.report.c_str());
+        o += line;
+    }
+    return o;
+}
 
 // Bytes at the family's share of HBM bandwidth, or CUDA-core flops, whichever takes longer.
 inline double memory_bound_us(const Work& w, const CostModel& cm) {

@@ -782,6 +782,74 @@ static void test_plan(const char* python, const char* checker) {
     std::remove(plan.c_str()), std::remove(trace.c_str()), rmdir(dir);
 }
 
+// ---- calibration: a file of measured rates replaces the defaults, and says so ----
+// Under round_model() a memory-bound kernel of 1e6 bytes takes 1 us + 1 of launch at hbm_efficiency 1:
+// measured at 0.25 it takes 4 + 1; a tensor-core family measured at 0.5 TFLOP/s takes 3e6 / 0.5e6 =
+// 6 us + 1 (its default, 2 TFLOP/s: 1.5 + 1). Each malformed file must be refused naming what is wrong.
+static void test_calibration() {
+    const std::string good = R"({"made_by": "gpu_check.sh --calibrate", "card": "H100",
+        "rates": {"hbm_efficiency": {"value": 0.25, "report": "docs/gpu-runs/run-a/report.md"},
+                  "tc_tflops.attention_forward": {"value": 0.5, "report": "docs/gpu-runs/run-b/report.md"},
+                  "hbm_efficiency_by_family.embed": {"value": 0.5, "report": "docs/gpu-runs/run-b/report.md"}}})";
+    CostModel cm = round_model();
+    const StepOp copy_like = kernel("rmsnorm_forward", 0, 1e6), embed = kernel("embedding_gather", 0, 1e6),
+                 attention = with_flops(kernel("attention_forward", 0, 0), 3e6, 0);
+    check_near(device_us(copy_like, cm), 2, "uncalibrated: 1e6 bytes at 1 TB/s + 1");
+    check_near(device_us(attention, cm), 2.5, "uncalibrated: 3e6 flops at 2 TFLOP/s + 1");
+    test::check(calibration_summary(cm).find("none measured") != std::string::npos, "uncalibrated: says none measured");
+    const std::string e = apply_calibration(cm, good, "planted.json");
+    test::check(e.empty(), "a good calibration file is refused: %s", e.c_str());
+    check_near(device_us(copy_like, cm), 5, "hbm_efficiency measured at 0.25: 4 us + 1");
+    check_near(device_us(embed, cm), 3, "embed's family measured at 0.5: 2 us + 1");
+    check_near(device_us(attention, cm), 7, "attention_forward measured at 0.5 TFLOP/s: 6 us + 1");
+    // the makespan follows (one stream, host issue at 1): 1 + 5 + 7
+    check_near(replay_one({copy_like, attention}, cm).makespan_us, 13, "a replay prices with the measured rates");
+    const std::string summary = calibration_summary(cm);
+    for (const char* phrase : {"constants measured (planted.json)", "hbm_efficiency", "0.25 (default 1)",
+                               "from docs/gpu-runs/run-a/report.md", "tc_tflops.attention_forward",
+                               "0.5 (default 2) from docs/gpu-runs/run-b/report.md", "the rest"})
+        check_says(summary, phrase, "the summary of a calibrated model");
+    test::check(cm.measured.size() == 3, "three constants measured, got %zu", cm.measured.size());
+    // a second file naming an existing family entry replaces it rather than adding a shadowed one
+    const size_t entries = cm.tc_tflops.size();
+    test::check(apply_calibration(cm, R"({"rates": {"tc_tflops.attention_forward": {"value": 3, "report": "r"}}})",
+                                  "again.json").empty(), "recalibrating a family");
+    test::check(cm.tc_tflops.size() == entries, "recalibrating a family adds no entry");
+    check_near(device_us(attention, cm), 2, "attention_forward at 3 TFLOP/s: 1 us + 1");
+
+    const struct {
+        const char* text;
+        const char* phrase;
+    } bad[] = {
+        {R"({"rates": {"hbm_efficency": {"value": 0.5, "report": "r"}}})", "unknown constant \"hbm_efficency\""},
+        {R"({"rates": {"hbm_efficiency": {"value": 1.5, "report": "r"}}})", "an efficiency of 1.5"},
+        {R"({"rates": {"hbm_tbs": {"value": -3, "report": "r"}}})", "is not positive"},
+        {R"({"rates": {"hbm_tbs": {"value": "fast", "report": "r"}}})", "no numeric \"value\" (got \"fast\")"},
+        {R"({"rates": {"hbm_tbs": {"value": 3}}})", "no \"report\" naming the run"},
+        {R"({"rates": {"hbm_tbs": 3}})", "want {\"value\": number"},
+        {R"({"rates": {}})", "names no constant"},
+        {R"({"rate": {}})", "no \"rates\" object"},
+        {R"([1, 2])", "an array, where no calibration entry takes one"},
+        {R"("rates")", "not a JSON object"},
+        {"{\"rates\": {\"hbm_tbs\": {\"value\": 3, \"report\": \"r\"}\n", "line 2: ',' or '}' expected"},
+        {R"({"rates": {"hbm_tbs": {"value": 3, "report": "r"}, "hbm_tbs": {"value": 3, "report": "r"}}})",
+         "\"hbm_tbs\" given twice"},
+        {R"({"rates": {"hbm_tbs": {"value": 3, "report": "r"}}} x)", "text after the JSON value"},
+    };
+    for (const auto& b : bad) {
+        CostModel m = round_model();
+        const std::string err = apply_calibration(m, b.text, "bad.json");
+        check_says(err, b.phrase, b.text);
+        check_says(err, "calibration bad.json: ", "the file named");
+        test::check(m.measured.empty() && m.hbm_tbs == 1 && m.hbm_efficiency == 1,
+                    "a refused file leaves the model as it was (%s)", b.text);
+    }
+    CostModel m = round_model();
+    check_says(load_calibration(m, "/nonexistent/calibration.json"), "cannot be read", "a missing file");
+    std::printf("calibration: measured rates replace the defaults and are named; %zu malformed files refused\n",
+                sizeof bad / sizeof bad[0]);
+}
+
 int main(int argc, char** argv) {
     test::seed();
     test_one_stream();
@@ -795,6 +863,7 @@ int main(int argc, char** argv) {
     test_upstream_schedule();
     test_steady_state();
     test_errors();
+    test_calibration();
     test_plan(argc > 2 ? argv[1] : nullptr, argc > 2 ? argv[2] : nullptr);
     return test::finish();
 }

@@ -8,3 +8,24 @@ if(Python3_Interpreter_FOUND)
 else()
   message(STATUS "python3 not found: the record scripts' tests are not registered")
 endif()
+
+# The GPU check and the side-by-side race without a GPU (issue 26, tests/scripts/test_gpu_check.py):
+# scripts/gpu_check.sh's plan and help; its --dry-run on the CPU build, every part, then a calibration
+# from that report through --plan-step; planted failures (a hung part, a failing and a hung kernel test,
+# losses off, a non-Hopper GPU) reported by name with the other parts still run; side_by_side.sh's dry
+# run, extraction and argument checks. The build folder holds train_gpt_cpu and the kernel tests' CPU twins.
+if(Python3_Interpreter_FOUND)
+  set(GPU_CHECK_DRY_OUT ${CMAKE_BINARY_DIR}/gpu_check_dry_run)
+  foreach(what plan dry-run planted side)
+    set(extra)
+    if(what STREQUAL "dry-run" OR what STREQUAL "side")
+      set(extra ${GPU_CHECK_DRY_OUT})
+    endif()
+    add_test(NAME gpu_check_${what} COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_gpu_check.py ${what}
+             $<TARGET_FILE_DIR:train_gpt_cpu> ${extra})
+    set_tests_properties(gpu_check_${what} PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 600)
+  endforeach()
+  # the side test reads the dry run's logs.txt (ours, --ours-log) rather than running the trainer again
+  set_tests_properties(gpu_check_dry-run PROPERTIES FIXTURES_SETUP gpu_check_dry_run)
+  set_tests_properties(gpu_check_side PROPERTIES FIXTURES_REQUIRED gpu_check_dry_run)
+endif()
