@@ -8,3 +8,11 @@ if(Python3_Interpreter_FOUND)
 else()
   message(STATUS "python3 not found: the record scripts' tests are not registered")
 endif()
+
+# The A/B comparison (scripts/run_ab.sh, stats.py --ab/--paired, source_hash.py): paired statistics
+# against scipy (the project's .venv has it: a missing scipy fails), A/B folder checks and
+# statistics.md on synthetic logs, run_ab.sh's plan, flags and Ctrl-C with stand-in builds.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME test_ab COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_ab.py)
+  set_tests_properties(test_ab PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 300)
+endif()
