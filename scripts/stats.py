@@ -1163,6 +1163,10 @@ def main(argv=None):
                     print_runs(runs)
                 print()
                 if args.paired:
+                    for name in ("old", "new"):
+                        d = result[name]
+                        print(f"{name}: n = {d['n']}, val_loss mean {d['val_loss']['mean']:.5f}, "
+                              f"time mean {d['train_time_s']['mean']:.3f} s")
                     print_paired(result, ("old", "new"))
                 else:
                     print_compare(result)
