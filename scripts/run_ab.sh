@@ -146,14 +146,17 @@ worktree_build() {
     git worktree add --detach --quiet "$wt" "$commit" || die "cannot check $commit out into $wt (git worktree add)"
   fi
   [[ $(git -C "$wt" rev-parse HEAD) == "$commit" ]] || die "$wt is not at $commit: remove it (git worktree remove --force $wt)"
-  [[ $(tree_of_checkout "$wt") != dirty ]] || die "$wt has local changes: remove it (git worktree remove --force $wt)"
+  # Untracked files aside: the links below, which git may not take for the ignored folders they stand for.
+  [[ -z $(git -C "$wt" status --porcelain --untracked-files=no) ]] \
+    || die "$wt has local changes: remove it (git worktree remove --force $wt)"
   # The worktree's trainer finds a preset's data relative to its own checkout; the Python
   # environment holds NVIDIA's headers where there is no CUDA toolkit.
   [[ -e $wt/.venv || ! -d $repo/.venv ]] || ln -s "$repo/.venv" "$wt/.venv"
   [[ -e $wt/data/fineweb10B || ! -d $repo/data/fineweb10B ]] || ln -s "$repo/data/fineweb10B" "$wt/data/fineweb10B"
   if [[ ! -f $wt/build/CMakeCache.txt ]]; then
-    cmake -S "$wt" -B "$wt/build" "${configure_flags[@]}" >"$wt/configure.log" 2>&1 \
-      || { tail -n 30 "$wt/configure.log" >&2; die "cannot configure $wt/build (above)"; }
+    mkdir -p "$wt/build"
+    cmake -S "$wt" -B "$wt/build" "${configure_flags[@]}" >"$wt/build/run_ab-configure.log" 2>&1 \
+      || { tail -n 30 "$wt/build/run_ab-configure.log" >&2; die "cannot configure $wt/build (above)"; }
   fi
   echo "$wt/build"
 }
