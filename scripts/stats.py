@@ -920,7 +920,7 @@ def print_paired(result, names=("A", "B")):
         else:
             test = "Welch n/a" if o["p"] is None else f"Welch p={format_p(o['p'])}"
             print(f"  order effect: the second run of a pair takes {o['second_minus_first']:+.3f} s more than the "
-                  f"first (A first in {o['a_first']} pairs, B first in {o['b_first']}; {test})")
+                  f"first (A first in {o['a_first']} pair(s), B first in {o['b_first']}; {test})")
         for arm in ARMS:
             n = result["noise_floor"][arm]
             diffs = ", ".join(f"{d:+.3f}" for d in n["differences"])
@@ -992,10 +992,6 @@ def machine_rows(result):
     return rows
 
 
-def markdown_test(test, fmt, unit=""):
-    return paired_text(test, fmt, unit).replace("p=", "p = ")
-
-
 def ab_markdown(result, plot, plot_note):
     """statistics.md: what upstream's record folders carry, for an A/B comparison."""
     m = result["manifest"]
@@ -1027,7 +1023,7 @@ def ab_markdown(result, plot, plot_note):
     if "z_test" in result["A"]:
         rows.append([f"track 3 z-test (sigma {result['A']['z_test']['sigma']}): (target - mean) x sqrt(n), z, p"] +
                     [f"{z['margin']:.4f} ({'passes' if z['passes'] else 'fails'} >= {Z_MARGIN}), z = {z['z']:.2f}, "
-                     f"p = {format_p(z['p'])}" for z in (result[arm]["z_test"] for arm in ARMS)])
+                     f"p={format_p(z['p'])}" for z in (result[arm]["z_test"] for arm in ARMS)])
     out += ["## Per arm", "", table(rows), ""]
     for arm in ARMS:
         s = result[arm]
@@ -1037,12 +1033,12 @@ def ab_markdown(result, plot, plot_note):
     o = result["order_effect"]
     order = "n/a" if o["second_minus_first"] is None else \
         (f"the second run of a pair takes {o['second_minus_first']:+.3f} s more than the first "
-         f"(A first in {o['a_first']} pairs, B first in {o['b_first']}; "
-         f"{'Welch n/a' if o['p'] is None else 'Welch p = ' + format_p(o['p'])})")
+         f"(A first in {o['a_first']} pair(s), B first in {o['b_first']}; "
+         f"{'Welch n/a' if o['p'] is None else 'Welch p=' + format_p(o['p'])})")
     out += ["## Paired results (B - A)", "",
-            f"- **time**: {markdown_test(result['train_time_s']['paired'], '+.3f', ' s')}; "
+            f"- **time**: {paired_text(result['train_time_s']['paired'], '+.3f', ' s')}; "
             f"{welch_text(result['train_time_s']['welch'])}",
-            f"- **val_loss, paired by seed**: {markdown_test(result['val_loss']['paired'], '+.4f')}; "
+            f"- **val_loss, paired by seed**: {paired_text(result['val_loss']['paired'], '+.4f')}; "
             f"{welch_text(result['val_loss']['welch'])}",
             f"- **order effect**: {order}"]
     for arm in ARMS:
