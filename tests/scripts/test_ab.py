@@ -567,6 +567,13 @@ class RunAb(unittest.TestCase):
         self.assertTrue(os.path.exists(os.path.join(directory, "statistics.md")))
         self.assertIn(f"wrote {directory}/statistics.md", r.stdout)
 
+    def test_same_sources_warned(self):
+        # One build as both arms: an A/A series, which measures the noise; said before the first run.
+        # (The stand-in's runs of a seed are then copies of each other, which the statistics refuse.)
+        r = self.run_ab([self.builds["A"], self.builds["A"], "2", "--cpu", "--preset", "tiny"])
+        self.assertIn(f"A and B embed the same sources (source_hash {self.hashes['A']}): this measures the noise", r.stderr)
+        self.assertLess(r.stderr.index("embed the same sources"), r.stderr.index("== run 1 of 4"))
+
     def test_interrupted(self):
         proc = subprocess.Popen([BASH, os.path.join(SCRIPTS, "run_ab.sh"), self.builds["A"], self.builds["B"], "4", "--cpu",
                                  "--preset", "tiny"],
