@@ -237,6 +237,7 @@ platform_flag=()
 [[ $platform == gpu ]] || platform_flag=(--cpu)
 declare -A checked
 finished=0
+finished_runs=()
 failed=()
 started=$SECONDS
 for ((k = 1; k <= 2 * n; k++)); do
@@ -260,6 +261,7 @@ for ((k = 1; k <= 2 * n; k++)); do
   fi
   if ((status == 0)) && [[ -f $log ]]; then
     finished=$((finished + 1))
+    finished_runs+=("run $k: $arm seed $run_seed, $log")
     result=$(grep -E '^step:[0-9]+/[0-9]+ val_loss:' "$log" | tail -n 1 | sed -E 's/^step:([0-9/]+) val_loss:([^ ]+) train_time:([0-9]+)ms.*/step \1, val_loss \2, train_time \3 ms/')
     left=$((2 * n - k))
     eta=$(((SECONDS - started) * left / k))
@@ -278,6 +280,9 @@ for log in "${failed[@]}"; do
   echo "   failed: $log" >&2
 done
 if ((interrupted)); then
+  for run in "${finished_runs[@]}"; do
+    echo "   finished: $run" >&2
+  done
   "$python" scripts/stats.py --ab "$dir" --partial || echo "== no statistics of the runs so far (above)" >&2
   exit 130
 fi

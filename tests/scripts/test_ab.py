@@ -589,6 +589,7 @@ class RunAb(unittest.TestCase):
         self.assertEqual(proc.returncode, 130, err)
         self.assertIn("== run 6 interrupted (Ctrl-C)", err)
         self.assertIn("5 of 8 runs finished, 0 failed, interrupted", err)
+        self.assertEqual(len(re.findall(r"^   finished: run [1-5]: [AB] seed [0-2], \S+\.txt$", err, re.M)), 5, err)
         self.assertIn("counting the complete pairs (--partial)", err)
         self.assertRegex(err, r"run 6 \([AB], seed 2, [AB]/ab-\S+-6-[AB]-seed2.txt\): incomplete")
         self.assertIn("run 7 (", err)
