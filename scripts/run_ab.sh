@@ -7,12 +7,14 @@
 #
 # A and B are git revisions of this repository (HEAD~1, a branch, a commit) or build folders
 # (CMake build directories, e.g. build). A revision is checked out into its own git worktree,
-# build-ab/<commit>/ (the working copy is untouched), and built there once into build-ab/<commit>/build,
-# which later comparisons reuse; a build folder that was built from the revision's exact tree
-# (its source checkout clean and at that tree) is reused instead: by default build/, or those
-# listed in AB_BUILDS (colon-separated). A build folder given as an arm is brought up to date with
-# cmake --build (SKIP_BUILD=1: used as it is). Each binary embeds its sources, so their
-# source_hash differs when the sources do; a warning says when the two arms' are equal.
+# build-ab/<commit>/ (the working copy is untouched), and built there once, into
+# build-ab/<commit>/build, which later comparisons reuse (configured with the project's defaults
+# plus $AB_CMAKE_FLAGS, split at spaces, by the comparison that made it). A build folder that was
+# built from the revision's exact tree (its source checkout clean and at that tree) is reused
+# instead: by default build/, or those listed in AB_BUILDS (colon-separated). A build folder given
+# as an arm is brought up to date with cmake --build (SKIP_BUILD=1: used as it is). Each binary
+# embeds its sources, so their source_hash differs when the sources do; a warning says when the
+# two arms' are equal.
 #
 # Then 2N runs (N per arm, default 8; N even): pair i is one run of each arm with seed S+i-1 (S: the
 # --seed flag's value, else $SEED, else 0), the two back to back; pairs alternate so that the runs
@@ -155,7 +157,8 @@ worktree_build() {
   [[ -e $wt/data/fineweb10B || ! -d $repo/data/fineweb10B ]] || ln -s "$repo/data/fineweb10B" "$wt/data/fineweb10B"
   if [[ ! -f $wt/build/CMakeCache.txt ]]; then
     mkdir -p "$wt/build"
-    cmake -S "$wt" -B "$wt/build" "${configure_flags[@]}" >"$wt/build/run_ab-configure.log" 2>&1 \
+    read -r -a extra <<<"${AB_CMAKE_FLAGS-}"
+    cmake -S "$wt" -B "$wt/build" "${configure_flags[@]}" "${extra[@]}" >"$wt/build/run_ab-configure.log" 2>&1 \
       || { tail -n 30 "$wt/build/run_ab-configure.log" >&2; die "cannot configure $wt/build (above)"; }
   fi
   echo "$wt/build"
@@ -262,10 +265,13 @@ for ((k = 1; k <= 2 * n; k++)); do
   if ((status == 0)) && [[ -f $log ]]; then
     finished=$((finished + 1))
     finished_runs+=("run $k: $arm seed $run_seed, $log")
-    result=$(grep -E '^step:[0-9]+/[0-9]+ val_loss:' "$log" | tail -n 1 | sed -E 's/^step:([0-9/]+) val_loss:([^ ]+) train_time:([0-9]+)ms.*/step \1, val_loss \2, train_time \3 ms/')
+    # The run's last validation line: "step:6/34 val_loss:8.9577 train_time:33954ms ..."
+    result=$(grep -E '^step:[0-9]+/[0-9]+ val_loss:' "$log" | tail -n 1 \
+      | sed -E 's/^step:([0-9/]+) val_loss:([^ ]+) train_time:([0-9]+)ms.*/step \1, val_loss \2, train_time \3 ms/')
     left=$((2 * n - k))
     eta=$(((SECONDS - started) * left / k))
-    echo "== [$k/$((2 * n))] $arm seed $run_seed: $wall s ($result); $left to go, ETA ${eta} s ($(date -d "+$eta seconds" +%H:%M:%S))" >&2
+    echo "== [$k/$((2 * n))] $arm seed $run_seed: $wall s ($result); $left to go," \
+      "ETA ${eta} s ($(date -d "+$eta seconds" +%H:%M:%S))" >&2
   elif [[ -f $log ]]; then
     echo "== run $k ($arm, seed $run_seed) failed (exit status $status); its log $log is left out" >&2
     failed+=("$log")

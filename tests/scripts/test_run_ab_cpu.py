@@ -61,7 +61,8 @@ def main():
         ab = os.path.join(tmp, "ab")
         env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "SEED", "NP", "BINARY",
                                                                  "SKIP_BUILD", "SKIP_PLATFORM_CHECK", "MPI_BIND")}
-        env.update(LOG_DIR=ab, AB_BUILDS=BUILD)
+        # Without debug information the worktree's build takes a fifth less time; the code is the same.
+        env.update(LOG_DIR=ab, AB_BUILDS=BUILD, AB_CMAKE_FLAGS="-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2")
         start = time.time()
         r = subprocess.run([os.path.join(clone, "scripts", "run_ab.sh"), "HEAD~1", "HEAD", "2", "--cpu", "--preset", "tiny",
                             "--max-steps", "1", "--val-every", "0", "--val-tokens", "2048"],
