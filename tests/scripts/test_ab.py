@@ -443,7 +443,8 @@ def embed(src_dir, files, out):
 # The stand-in trainer of a stand-in build folder: records its call, passes --check-platform, and
 # copies the log its arm and seed have in $STUB_AB_LOGS (written by the test: seed and source_hash
 # lines, a time with a jitter). $STUB_AB_HANG names a run position whose trainer writes a log cut
-# after its first steps, then waits to be interrupted.
+# after its first steps, then waits to be interrupted; $STUB_AB_FAIL one that writes it and fails,
+# $STUB_AB_FAIL_EARLY one that fails before writing any.
 FAKE_TRAINER = """#!/bin/sh
 echo "{arm} $*" >>"$STUB_AB_RECORD"
 case " $* " in *" --check-platform "*) exit 0 ;; esac
@@ -456,6 +457,13 @@ while [ $# -gt 0 ]; do
   shift
 done
 position=$(echo "$id" | cut -d- -f4)
+if [ "$position" = "${{STUB_AB_FAIL_EARLY-}}" ]; then
+  exit 1
+fi
+if [ "$position" = "${{STUB_AB_FAIL-}}" ]; then
+  cp "$STUB_AB_LOGS/{arm}-seed$seed-cut.txt" "$dir/$id.txt"
+  exit 1
+fi
 if [ "$position" = "${{STUB_AB_HANG-}}" ]; then
   cp "$STUB_AB_LOGS/{arm}-seed$seed-cut.txt" "$dir/$id.txt"
   sleep 60
@@ -566,6 +574,19 @@ class RunAb(unittest.TestCase):
         self.assertIn("B is faster than A by", r.stdout)
         self.assertTrue(os.path.exists(os.path.join(directory, "statistics.md")))
         self.assertIn(f"wrote {directory}/statistics.md", r.stdout)
+
+    def test_failed_runs(self):
+        r = self.run_ab([self.builds["A"], self.builds["B"], "4", "--cpu", "--preset", "tiny"], STUB_AB_FAIL="3")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertRegex(r.stderr, r"== run 3 \(B, seed 1\) failed \(exit status 1\); its log \S+-3-B-seed1.txt is left out")
+        self.assertIn("7 of 8 runs finished, 1 failed", r.stderr)
+        self.assertIn("B - A, paired (3 pairs):", r.stdout)  # the complete pairs
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "ab", "statistics.md")))
+        shutil.rmtree(os.path.join(self.tmp, "ab"))
+        r = self.run_ab([self.builds["A"], self.builds["B"], "4", "--cpu", "--preset", "tiny"], STUB_AB_FAIL_EARLY="2")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertRegex(r.stderr, r"run 2 \(B, seed 0\) failed \(exit status 1\) before writing \S+: stopping the series")
+        self.assertNotIn("== run 3", r.stderr)
 
     def test_same_sources_warned(self):
         # One build as both arms: an A/A series, which measures the noise; said before the first run.
