@@ -3,6 +3,8 @@
 // environment, the header lines scripts/stats.py parses, and the config. Part of train_gpt.cu's run
 // section: included after its Run.
 #pragma once
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -106,6 +108,22 @@ void log_environment(Run& r, const Distributed& d) {
     print0(r, "CUDA driver %d, runtime %d, cuBLASLt %zu, NCCL %s\n", driver, runtime, cublasLtGetVersion(), nccl_name.c_str());
     const std::string smi = command_output("nvidia-smi 2>/dev/null");
     if (!smi.empty()) print0(r, "%s", smi.c_str());
+    // What a reviewer of a record asks for, as `key: value` lines that scripts/stats.py puts in
+    // statistics.md: the versions, and each GPU with its clocks at the start (none on a machine
+    // without nvidia-smi; its failure message, which it prints to stdout, starts with no index).
+    const size_t lt = cublasLtGetVersion();
+    print0(r, "cuda_driver: %d.%d\ncuda_runtime: %d.%d\n", driver / 1000, driver % 1000 / 10, runtime / 1000,
+           runtime % 1000 / 10);
+    print0(r, "cublaslt: %zu.%zu.%zu\nnccl: %d.%d.%d\n", lt / 10000, lt / 100 % 100, lt % 100, nccl / 10000,
+           nccl / 100 % 100, nccl % 100);
+    const std::string gpus = command_output(
+        "nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader "
+        "2>/dev/null");
+    for (size_t at = 0, end; at < gpus.size(); at = end + 1) {
+        end = std::min(gpus.find('\n', at), gpus.size());
+        const std::string line = gpus.substr(at, end - at);
+        if (!line.empty() && std::isdigit(static_cast<unsigned char>(line[0]))) print0(r, "gpu: %s\n", line.c_str());
+    }
 }
 
 // ---- the log's header lines (a fixed `key: value` form that scripts/stats.py parses) ----

@@ -29,3 +29,15 @@ if(Python3_Interpreter_FOUND)
   set_tests_properties(gpu_check_dry-run PROPERTIES FIXTURES_SETUP gpu_check_dry_run)
   set_tests_properties(gpu_check_side PROPERTIES FIXTURES_REQUIRED gpu_check_dry_run)
 endif()
+
+# The A/B comparison (scripts/run_ab.sh, stats.py --ab/--paired, source_hash.py). test_ab, offline:
+# paired statistics against scipy (in the project's .venv: without it the test fails), A/B folder
+# checks and statistics.md on synthetic logs, run_ab.sh's plan, flags and Ctrl-C with stand-in builds.
+# run_ab_cpu, end to end with the real CPU trainer: a temporary clone with a second commit, HEAD~1
+# reusing this build folder (built from the same tree) and HEAD built in its own worktree (most of
+# its time), a one-step tiny schedule, then the logs, the manifest and statistics.md.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME test_ab COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_ab.py)
+  add_test(NAME run_ab_cpu COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_run_ab_cpu.py ${CMAKE_BINARY_DIR})
+  set_tests_properties(test_ab run_ab_cpu PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1500)
+endif()

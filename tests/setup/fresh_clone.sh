@@ -49,7 +49,7 @@ cd "$tmp/repo"
 
 # The modules requirements.txt's packages provide, imported by the clone's .venv python.
 check_imports() {
-  .venv/bin/python -c 'import numpy, tiktoken, matplotlib, safetensors' || fail "the .venv lacks a package of requirements.txt"
+  .venv/bin/python -c 'import numpy, tiktoken, matplotlib, safetensors, scipy' || fail "the .venv lacks a package of requirements.txt"
   .venv/bin/cuobjdump --version >/dev/null || fail ".venv/bin/cuobjdump does not run"
   local python
   python=$(sed -n 's/^_Python3_EXECUTABLE:INTERNAL=//p' build/CMakeCache.txt)
