@@ -10,9 +10,23 @@
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <unistd.h>
 #include <utility>
 
+// The open log's descriptor on rank 0 (-1 before it is made and after a write to it failed): every
+// fatal error and a stopping signal end the log with a `fail:` line, so a log that ends with neither
+// `fail:` nor `finished:` is a run that was killed outright (SIGKILL, a lost node, a power cut).
+int g_log_fd = -1;
+
+// Appends `fail: <why>` to the log (a plain write: fail runs wherever the run stops).
+void log_failure(const std::string& why) {
+    if (g_log_fd < 0) return;
+    const std::string line = "fail: " + why + "\n";
+    if (write(g_log_fd, line.data(), line.size()) < 0) return;  // the message is on stderr either way
+}
+
 [[noreturn]] void fail(const std::string& why) {
+    log_failure(why);
     std::fprintf(stderr, "train_gpt: %s\n", why.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
@@ -35,6 +49,7 @@ void log_write(Run& r, const char* text, size_t n) {
     }
     if (!ok) {
         const int err = errno;
+        g_log_fd = -1;  // the log cannot take the failure line
         std::fclose(std::exchange(r.log, nullptr));
         fail("cannot write the log " + r.log_path + ": " + std::strerror(err));
     }
@@ -125,7 +140,8 @@ std::string source_hash() {
 }
 #endif
 
-// command, date_utc, hosts, world_size, seed, source_hash: each line starts with its key.
+// command, date_utc, hosts, world_size, seed, run_id, resumes (a resumed run: the run id and step of the
+// checkpoint it continues), source_hash: each line starts with its key.
 void log_header(Run& r, const Distributed& d) {
     const std::string hosts = host_list(d);
     char date[32];
@@ -138,6 +154,9 @@ void log_header(Run& r, const Distributed& d) {
     print0(r, "hosts: %s\n", hosts.c_str());
     print0(r, "world_size: %d\n", d.world);
     print0(r, "seed: %llu\n", static_cast<unsigned long long>(r.opt.seed));
+    print0(r, "run_id: %s\n", r.opt.run_id.c_str());
+    if (r.resumes_step >= 0)
+        print0(r, "resumes: %s step %d\n", r.resumes_run_id.empty() ? "(unknown)" : r.resumes_run_id.c_str(), r.resumes_step);
 #ifndef TRAIN_GPT_NO_MAIN
     print0(r, "source_hash: %s\n", source_hash().c_str());
 #endif
@@ -174,6 +193,7 @@ void open_log(Run& r, const std::string& path) {
     r.log_path = path;
     r.log = std::fopen(path.c_str(), "wx");
     if (!r.log) fail("cannot create the log " + path + ": " + std::strerror(errno));
+    g_log_fd = fileno(r.log);  // every line is flushed at once, so a direct write lands after the last
     std::printf("%s\n", path.c_str());
     const std::string rule(100, '-');
     for (size_t i = 0; i < kSourceFileCount; ++i) {
