@@ -700,6 +700,8 @@ const Kernel& gemm_kernel() {
     }();
     return k;
 }
+// Read when the program starts, before it writes anything (a log): a bad value stops it at once.
+[[maybe_unused]] const bool kGemmKernelReadAtStart = (gemm_kernel(), true);
 
 void run_gemm(const Gemm& g) {
     const Problem& p = g.p;

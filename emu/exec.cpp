@@ -299,6 +299,8 @@ const Settings& settings() {
     }();
     return s;
 }
+// Read when the program starts, before it writes anything (a log): a bad value stops it at once.
+[[maybe_unused]] const bool kSettingsReadAtStart = (settings(), true);
 
 Worker& this_worker() {
     static thread_local std::unique_ptr<Worker> w;

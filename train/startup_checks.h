@@ -356,6 +356,9 @@ std::string resume_error(const RunOptions& opt, const Config& c, int world, int 
         if (s <= out.step)
             return "--checkpoint-steps " + std::to_string(s) + " would never be saved: this run resumes at step " + step +
                    " and saves only the steps after it";
+    if (opt.profile_steps.first >= 0 && opt.profile_steps.first < out.step)
+        return "--profile-steps " + std::to_string(opt.profile_steps.first) + ":" + std::to_string(opt.profile_steps.last) +
+               " starts before step " + step + ", where this run resumes: it would profile only part of the range";
     if (!opt.save_dir.empty() && opt.checkpoint_steps.empty() && out.step == last)
         return "--save-checkpoint " + opt.save_dir + " would save nothing: this run resumes at its last step " + step;
     return "";
