@@ -1459,11 +1459,19 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    // Startup checks, before anything is written: the data (rank 0 walks the whole run's batches on a
-    // thread while the model is built), the output directories, the run id, then every rank's write
-    // access to the checkpoint directory.
+    // Startup checks, before anything is written: a resume's checkpoint, the data (rank 0 walks the
+    // whole run's batches on a thread while the model is built), the output directories, the run id,
+    // the checkpoint directory's owner, then every rank's write access to it.
     const bool planning = cl.mode == Mode::plan_step;
     const PlanData plan_data = planning ? start_plan_step(opt, cfg, files, d) : PlanData{};  // a dry run from here
+    // rank 0: what the checkpoints record, and the checkpoint a resume continues (reads only its manifest)
+    RunFacts facts;
+    ResumePoint resume;
+    if (d.rank == 0 && !planning)
+        facts = run_facts(cfg, opt.train_files, opt.attention.value_or(default_attention_kernel()),
+                          opt.mlp_kernel.value_or(default_mlp_kernel()));
+    agree_or_exit(d, d.rank == 0 && !planning && !opt.resume_dir.empty() ? resume_error(opt, cfg, d.world, last, facts, resume)
+                                                                         : "");
     std::future<std::string> data_check;
     if (d.rank == 0 && !planning) data_check = std::async(std::launch::async, data_error, cfg, files, d.world, last);
     Model m;
@@ -1478,12 +1486,6 @@ int main(int argc, char** argv) {
     build_optimizer(o, m, d.rank, d.world, sparse, d.comm, stream);
     const std::string log_path = opt.log_dir + "/" + opt.run_id + ".txt";
     agree_or_exit(d, d.rank == 0 && !planning ? data_check.get() : "");
-    // rank 0: what the checkpoints record, and the checkpoint a resume continues (checked before the log)
-    RunFacts facts;
-    ResumePoint resume;
-    if (d.rank == 0 && !planning) facts = run_facts(cfg, opt.train_files, m.attention, m.mlp_kernel);
-    agree_or_exit(d, d.rank == 0 && !planning && !opt.resume_dir.empty() ? resume_error(opt, cfg, d.world, last, facts, resume)
-                                                                         : "");
     const std::string lineage = opt.resume_dir.empty() ? opt.run_id : resume.lineage;
     agree_or_exit(d, d.rank == 0 && !planning ? output_dirs_error(opt, log_path) : "");
     int checkpoint_lock = -1;  // held until exit: the checkpoint directory is this run's

@@ -289,12 +289,12 @@ std::string list_text(const std::vector<std::string>& items, const char* sep = "
 std::vector<std::string> fact_differences(const ckpt::Manifest& man, const RunFacts& now, std::vector<std::string>& warnings) {
     std::vector<std::string> diffs;
     for (const auto& [key, value] : now) {
+        if (value.empty()) continue;  // unreadable data: the data check names why
         const auto it = std::find_if(man.meta.begin(), man.meta.end(), [&](const auto& m) { return m.first == key; });
         if (it == man.meta.end())
             warnings.push_back("the checkpoint does not record " + key + " (saved before it was recorded): not checked");
         else if (it->second != value)
-            diffs.push_back(key + " " + (it->second.empty() ? "(unreadable)" : it->second) + " in the checkpoint, " +
-                            (value.empty() ? "(unreadable)" : value) + " in this run");
+            diffs.push_back(key + " " + it->second + " in the checkpoint, " + value + " in this run");
     }
     return diffs;
 }
