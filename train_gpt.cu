@@ -1220,8 +1220,8 @@ struct Run {
     std::string first_nonfinite;  // CPU build: where a non-finite value first appeared
     FILE* log = nullptr;
     std::string log_path;
-    // rank 0: the chain of runs this one belongs to (its first run's id) and what a resume of its
-    // checkpoints must match (train/startup_checks.h); a resumed run's checkpoint
+    // rank 0: the chain of runs this one belongs to (its first run's id), what a resume of its
+    // checkpoints must match (train/startup_checks.h), and the checkpoint a resumed run continues
     std::string lineage;
     std::vector<std::pair<std::string, std::string>> facts;
     std::string resumes_run_id;
@@ -1486,7 +1486,8 @@ int main(int argc, char** argv) {
     build_optimizer(o, m, d.rank, d.world, sparse, d.comm, stream);
     const std::string log_path = opt.log_dir + "/" + opt.run_id + ".txt";
     agree_or_exit(d, d.rank == 0 && !planning ? data_check.get() : "");
-    const std::string lineage = opt.resume_dir.empty() ? opt.run_id : resume.lineage;
+    // the chain of runs the checkpoints belong to: a resume's (a checkpoint from before run ids: this run's)
+    const std::string lineage = resume.lineage.empty() ? opt.run_id : resume.lineage;
     agree_or_exit(d, d.rank == 0 && !planning ? output_dirs_error(opt, log_path) : "");
     int checkpoint_lock = -1;  // held until exit: the checkpoint directory is this run's
     agree_or_exit(d, d.rank == 0 && !planning ? claim_checkpoint_dir(opt.save_dir, lineage, opt.run_id, checkpoint_lock) : "");

@@ -18,12 +18,17 @@
 // `fail:` nor `finished:` is a run that was killed outright (SIGKILL, a lost node, a power cut).
 int g_log_fd = -1;
 
-// Appends `fail: <why>` to the log (a plain write: fail runs wherever the run stops).
+// Appends `fail: <why>` to the log, once (a plain write: fail runs wherever the run stops).
 void log_failure(const std::string& why) {
     if (g_log_fd < 0) return;
     const std::string line = "fail: " + why + "\n";
-    if (write(g_log_fd, line.data(), line.size()) < 0) return;  // the message is on stderr either way
+    const int fd = std::exchange(g_log_fd, -1);  // the first failure is the one to report
+    if (write(fd, line.data(), line.size()) < 0) return;  // the message is on stderr either way
 }
+
+// A run that exits through std::exit before its end without fail() (CUDA_CHECK, NCCL_CHECK, a
+// launcher's shape check) still ends its log with a fail: line; main closes the log at the end.
+extern "C" void log_early_exit() { log_failure("the process exited before the run finished (the error is on stderr)"); }
 
 [[noreturn]] void fail(const std::string& why) {
     log_failure(why);
@@ -194,6 +199,7 @@ void open_log(Run& r, const std::string& path) {
     r.log = std::fopen(path.c_str(), "wx");
     if (!r.log) fail("cannot create the log " + path + ": " + std::strerror(errno));
     g_log_fd = fileno(r.log);  // every line is flushed at once, so a direct write lands after the last
+    std::atexit(log_early_exit);
     std::printf("%s\n", path.c_str());
     const std::string rule(100, '-');
     for (size_t i = 0; i < kSourceFileCount; ++i) {

@@ -349,9 +349,14 @@ std::string resume_error(const RunOptions& opt, const Config& c, int world, int 
     if (seed != std::to_string(opt.seed))
         return bad("it was saved by a run with --seed " + seed + "; this run has --seed " + std::to_string(opt.seed));
     out.step = std::atoi(step.c_str());
-    if (out.step > last)
-        return bad("its step " + step + " is beyond this run's last step " + std::to_string(last) + " (give --max-steps " +
-                   step + " or more, or resume from an earlier step directory)");
+    if (out.step > last) {
+        std::vector<std::string> within;  // the sibling step directories this run reaches
+        const std::string root = dir.find('/') == std::string::npos ? "." : dir.substr(0, dir.rfind('/'));
+        for (const std::string& s : step_dirs(root))
+            if (std::atoi(s.c_str() + s.size() - 6) <= last) within.push_back(s);
+        return bad("its step " + step + " is beyond this run's last step " + std::to_string(last) + ": give --max-steps " +
+                   step + " or more" + (within.empty() ? "" : ", or resume from one of " + list_text(within)));
+    }
     for (int s : opt.checkpoint_steps)
         if (s <= out.step)
             return "--checkpoint-steps " + std::to_string(s) + " would never be saved: this run resumes at step " + step +

@@ -642,7 +642,7 @@ def test_outputs_belong_to_one_run(tmp, base, base_log):
     for args, phrases, what in [
             (["--resume", base], [f"cannot resume from {base}: it is a checkpoint root, not a step directory: resume from "
                                   f"one of {step1} (the last one saved: {step1})"], "a checkpoint root"),
-            (["--resume", step1, "--max-steps", "0"], [f"its step 1 is beyond this run's last step 0 (give --max-steps 1"],
+            (["--resume", step1, "--max-steps", "0"], [f"its step 1 is beyond this run's last step 0: give --max-steps 1 or more"],
              "a step past the run"),
             (["--resume", step1, "--scheduled-steps", "20", "--mlp-kernel", "wgmma"],
              ["this run would not continue the run that saved it: scheduled_steps 30 in the checkpoint, 20 in this run; "
