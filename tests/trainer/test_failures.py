@@ -598,6 +598,8 @@ def test_final_validation_keeps_checkpoint(tmp):
     shutil.copy(VAL_SHARD, second)
     logs, ck = os.path.join(tmp, "val2logs"), os.path.join(tmp, "val2ck")
     log = os.path.join(logs, "v2.txt")
+    os.makedirs(ck)  # claimed by a run that died before saving anything: taken over
+    open(os.path.join(ck, "run_id"), "w").write("ghost\n")
     e = dict(os.environ, EMU_WORKERS="2")
     p = subprocess.Popen([BINARY] + BASE + ["--val-files", os.path.join(d, "*.bin"), "--max-steps", "1",
                                             "--save-checkpoint", ck, "--log-dir", logs, "--run-id", "v2"],
@@ -613,6 +615,7 @@ def test_final_validation_keeps_checkpoint(tmp):
     phrase = f"token id 50300 at token 0 of shard {second} (read by rank 0) is outside the vocabulary"
     check(p.returncode != 0 and phrase in err, f"the final validation fails on the changed shard ({err.strip()[-300:]})")
     check(os.path.exists(os.path.join(ckpt_dir(ck, 1), "manifest.json")), "the step-1 checkpoint was saved before it")
+    check(open(os.path.join(ck, "run_id")).read() == "v2\n", "the dead run's empty claim was taken over")
     check(last_line(log) == "fail: " + phrase + " [0, 50257)", f"the log ends with fail: ({last_line(log)})")
 
 
