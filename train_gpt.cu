@@ -1219,6 +1219,13 @@ struct Run {
     std::string first_nonfinite;  // CPU build: where a non-finite value first appeared
     FILE* log = nullptr;
     std::string log_path;
+    // rank 0: the chain of runs this one belongs to (its first run's id), what a resume of its
+    // checkpoints must match (train/startup_checks.h), and the checkpoint a resumed run continues
+    std::string lineage;
+    std::vector<std::pair<std::string, std::string>> facts;
+    std::string resumes_run_id;
+    int resumes_step = -1;
+    std::vector<std::string> resume_warnings;
     StepSchedule step_schedule() const {
         StepSchedule step_sch;
         step_sch.ws_short = state.ws_short * m.cfg.block_size;
@@ -1338,10 +1345,11 @@ void run_training(Run& r) {
     if (r.opt.warmup) warm_up(r);
     int start = 0;
     if (!r.opt.resume_dir.empty()) {
-        start = load_checkpoint(r, r.opt.resume_dir);
+        start = load_checkpoint(r, r.opt.resume_dir);  // its step and identity were checked at startup
         if (start > last) fail("cannot resume from " + r.opt.resume_dir + ": its step " + std::to_string(start) +
                                " is beyond this run's last step " + std::to_string(last));
         print0(r, "resumed from %s at step %d\n", r.opt.resume_dir.c_str(), start);
+        for (const std::string& w : r.resume_warnings) print0(r, "WARNING: resume: %s\n", w.c_str());
     }
     replay_to(r, start, last);
     auto wants_checkpoint = [&](int step) {
@@ -1357,13 +1365,20 @@ void run_training(Run& r) {
     auto elapsed_ms = [&] { return std::chrono::duration<double, std::milli>(clock::now() - t0).count(); };
     if (!r.opt.save_dir.empty() && start == 0 && std::find(r.opt.checkpoint_steps.begin(), r.opt.checkpoint_steps.end(),
                                                            0) != r.opt.checkpoint_steps.end())
-        save_checkpoint(r, 0);  // the initial state (the reference's starting point)
+        save_checkpoint(r, 0, 0);  // the initial state (the reference's starting point)
     for (int step = start; step <= last; ++step) {
         const bool validates = step == last || (r.opt.val_every > 0 && step % r.opt.val_every == 0);
         check_step_losses(r, step, validates || wants_checkpoint(step));  // no wait on other steps
         watch_nonfinite(r, step);
         advance_schedule(r, step);
         const bool final = step == total;
+        // a step that validates and saves saves first: a failing validation (bad validation data, a
+        // non-finite loss) must not cost the checkpoint of what was trained
+        if (validates && wants_checkpoint(step)) {
+            training_ms += elapsed_ms();
+            save_checkpoint(r, step, training_ms);
+            t0 = clock::now();
+        }
         if (validates) {
             CUDA_CHECK(sync_device("train_clock"));
             training_ms += elapsed_ms();
@@ -1379,9 +1394,9 @@ void run_training(Run& r) {
             CUDA_CHECK(sync_device("train_clock"));
             t0 = clock::now();
         }
-        if (wants_checkpoint(step)) {
+        if (wants_checkpoint(step) && !validates) {
             training_ms += elapsed_ms();
-            save_checkpoint(r, step);
+            save_checkpoint(r, step, training_ms);
             t0 = clock::now();
         }
         if (step == last) break;
@@ -1397,6 +1412,7 @@ void run_training(Run& r) {
     }
     const size_t mib = allocated_bytes(r.m, r.o) / 1048576;
     print0(r, "peak memory allocated: %zu MiB reserved: %zu MiB\n", mib, mib);
+    print0(r, "finished: steps %d..%d of %d, train_time:%.0fms\n", start, last, total, training_ms);
 }
 
 // ============================================================================================
@@ -1440,13 +1456,21 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    // Startup checks, before anything is written: the data (rank 0 walks the whole run's batches on a
-    // thread while the model is built), the output directories, the run id, then every rank's write
-    // access to the checkpoint directory.
+    // Startup checks, before anything is written: a resume's checkpoint, the data (rank 0 walks the
+    // whole run's batches on a thread while the model is built), the output directories, the run id,
+    // the checkpoint directory's owner, then every rank's write access to it.
     const bool planning = cl.mode == Mode::plan_step;
     if (planning || opt.profile_warmup || opt.profile_steps.first >= 0)
         (void)calibrated_model(opt, d.world, 1);  // a bad calibration file stops the run before any work
     const PlanData plan_data = planning ? start_plan_step(opt, cfg, files, d) : PlanData{};  // a dry run from here
+    // rank 0: what the checkpoints record, and the checkpoint a resume continues (reads only its manifest)
+    RunFacts facts;
+    ResumePoint resume;
+    if (d.rank == 0 && !planning)
+        facts = run_facts(cfg, opt.train_files, opt.attention.value_or(default_attention_kernel()),
+                          opt.mlp_kernel.value_or(default_mlp_kernel()));
+    agree_or_exit(d, d.rank == 0 && !planning && !opt.resume_dir.empty() ? resume_error(opt, cfg, d.world, last, facts, resume)
+                                                                         : "");
     std::future<std::string> data_check;
     if (d.rank == 0 && !planning) data_check = std::async(std::launch::async, data_error, cfg, files, d.world, last);
     Model m;
@@ -1461,12 +1485,19 @@ int main(int argc, char** argv) {
     build_optimizer(o, m, d.rank, d.world, sparse, d.comm, stream);
     const std::string log_path = opt.log_dir + "/" + opt.run_id + ".txt";
     agree_or_exit(d, d.rank == 0 && !planning ? data_check.get() : "");
+    // the chain of runs the checkpoints belong to: a resume's (a checkpoint from before run ids: this run's)
+    const std::string lineage = resume.lineage.empty() ? opt.run_id : resume.lineage;
     agree_or_exit(d, d.rank == 0 && !planning ? output_dirs_error(opt, log_path) : "");
+    int checkpoint_lock = -1;  // held until exit: the checkpoint directory is this run's
+    agree_or_exit(d, d.rank == 0 && !planning ? claim_checkpoint_dir(opt.save_dir, lineage, opt.run_id, checkpoint_lock) : "");
     agree_or_exit(d, checkpoint_dir_write_error(opt.save_dir));
-    std::signal(SIGINT, on_stop_signal);
-    std::signal(SIGTERM, on_stop_signal);
+    handle_stop_signals();
 
     Run r(m, o, sch, opt, d, stream);
+    r.lineage = lineage;
+    r.facts = facts;
+    r.resumes_run_id = resume.run_id, r.resumes_step = resume.step;
+    r.resume_warnings = resume.warnings;
     allocate_host_buffers(r);
     CUDA_CHECK(cudaMalloc(&r.finite_flags, kMaxStateBuffers * sizeof(int)));
     if (planning) return plan_step_mode(r, plan_data, cl.plan);
@@ -1478,6 +1509,7 @@ int main(int argc, char** argv) {
         fail(e.what());
     }
     CUDA_CHECK(sync_stream(stream, "end_of_run"));
+    g_log_fd = -1;
     if (r.log && std::fclose(std::exchange(r.log, nullptr)) != 0)
         fail("cannot write the log " + log_path + ": " + std::strerror(errno));
     r.losses.release();

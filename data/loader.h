@@ -31,6 +31,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -228,6 +229,20 @@ class TrainLoader {
         return b;
     }
 
+    // The first token of the current micro-step, every rank's pieces in rank order (targets included),
+    // whose id is `limit` or more, as {rank, position in the shard, id}; {-1, -1, 0} when none. The
+    // startup walk checks the whole run's tokens against the vocabulary with it.
+    std::tuple<int, int64_t, int32_t> token_at_least(int32_t limit) const {
+        if (!have_batch_) throw DataError("TrainLoader::token_at_least without a successful advance()");
+        const uint16_t* tok = shard_->tokens.data();
+        for (int r = 0; r < world_size_; ++r)
+            for (size_t k = 0; k < starts_[r].size(); ++k)
+                for (int64_t i = starts_[r][k]; i < ends_[r][k]; ++i)
+                    if (tok[i] >= limit) return {r, i, tok[i]};
+        return {-1, -1, 0};
+    }
+    const std::string& current_file() const { return files_[shard_index_]; }
+
     const std::vector<std::string>& files() const { return files_; }
     MicroBatchShape shape() const { return shape_; }  // what the next micro-step will yield
 
@@ -384,6 +399,18 @@ class ValLoader {
         b.ends = {begin + n + 1};
         return b;
     }
+
+    // As TrainLoader's: the first token of the current micro-step (each rank's inputs and the target
+    // after them) whose id is `limit` or more, as {rank, position in the shard, id}; {-1, -1, 0} if none.
+    std::tuple<int, int64_t, int32_t> token_at_least(int32_t limit) const {
+        if (!have_batch_) throw DataError("ValLoader::token_at_least without a successful advance()");
+        const int64_t n = shape_.tokens_local;
+        for (int r = 0; r < world_size_; ++r)
+            for (int64_t i = pos_ + r * n; i <= pos_ + r * n + n; ++i)
+                if (tokens_[i] >= limit) return {r, i, tokens_[i]};
+        return {-1, -1, 0};
+    }
+    const std::string& current_file() const { return files_[file_]; }
 
     const std::vector<std::string>& files() const { return files_; }
     MicroBatchShape shape() const { return shape_; }

@@ -676,8 +676,10 @@ const Kernel& gemm_kernel() {
         const Kernel generic{"generic", 8, 4, tile_generic};
         const char* want = std::getenv("EMU_GEMM");
         const std::string w = want ? want : "";
-        if (!w.empty() && w != "avx512" && w != "avx2" && w != "generic")
-            std::fprintf(stderr, "emu: EMU_GEMM=%s is not one of avx512, avx2, generic; choosing by CPU\n", want);
+        if (!w.empty() && w != "avx512" && w != "avx2" && w != "generic") {  // a typo is not a choice
+            std::fprintf(stderr, "emu: EMU_GEMM=%s is not one of avx512, avx2, generic\n", want);
+            std::exit(2);
+        }
 #if defined(__x86_64__)
         __builtin_cpu_init();
         const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
@@ -698,6 +700,8 @@ const Kernel& gemm_kernel() {
     }();
     return k;
 }
+// Read when the program starts, before it writes anything (a log): a bad value stops it at once.
+[[maybe_unused]] const bool kGemmKernelReadAtStart = (gemm_kernel(), true);
 
 void run_gemm(const Gemm& g) {
     const Problem& p = g.p;

@@ -21,9 +21,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -119,14 +121,19 @@ inline void jump(Context to, Context* self) {
 #endif
 
 constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr size_t kMinStackKb = 64;  // EMU_STACK_KB's floor (measured: the trainer's kernels run in 64)
 
-size_t env_size(const char* name, size_t fallback) {
+// A whole number from the environment in [lo, hi], else `fallback` when unset; anything else stops
+// the program naming the variable and the range (a negative or huge worker count would abort in
+// thread creation, a stack too small for the kernels' frames would crash in the first launch).
+size_t env_size(const char* name, size_t fallback, size_t lo, size_t hi) {
     const char* v = std::getenv(name);
     if (!v || !*v) return fallback;
     char* end = nullptr;
+    errno = 0;
     unsigned long long x = std::strtoull(v, &end, 10);
-    if (*end != '\0') {
-        std::fprintf(stderr, "emu: %s=%s is not a number\n", name, v);
+    if (*end != '\0' || errno != 0 || v[0] == '-' || v[0] == '+' || x < lo || x > hi) {
+        std::fprintf(stderr, "emu: %s=%s is not a whole number in [%zu, %zu]\n", name, v, lo, hi);
         std::exit(2);
     }
     return static_cast<size_t>(x);
@@ -280,17 +287,20 @@ const Settings& settings() {
     static const Settings s = [] {
         Settings r;
         // Ranks of one node share its cores: by default each takes its part of them.
-        size_t local_ranks = env_size("OMPI_COMM_WORLD_LOCAL_SIZE", env_size("MPI_LOCALNRANKS", 1));
+        constexpr size_t kMany = size_t(1) << 20;
+        size_t local_ranks = env_size("OMPI_COMM_WORLD_LOCAL_SIZE", env_size("MPI_LOCALNRANKS", 1, 1, kMany), 1, kMany);
         size_t cores = std::max<size_t>(1, std::thread::hardware_concurrency());
-        r.workers = static_cast<unsigned>(env_size("EMU_WORKERS", std::max<size_t>(1, cores / std::max<size_t>(1, local_ranks))));
-        if (r.workers == 0) r.workers = 1;
-        r.random_seed = env_size("EMU_RANDOM_ORDER", 0);
-        r.stack_bytes = env_size("EMU_STACK_KB", 256) * 1024;
-        r.profile = env_size("EMU_PROFILE", 0) != 0;
+        r.workers = static_cast<unsigned>(env_size("EMU_WORKERS", std::max<size_t>(1, cores / local_ranks), 1, 1024));
+        r.random_seed = env_size("EMU_RANDOM_ORDER", 0, 0, UINT64_MAX);
+        // the kernels' deepest frames fit in 64 KiB with room to spare; 64 MiB per fiber is plenty
+        r.stack_bytes = env_size("EMU_STACK_KB", 256, kMinStackKb, 65536) * 1024;
+        r.profile = env_size("EMU_PROFILE", 0, 0, 1) != 0;
         return r;
     }();
     return s;
 }
+// Read when the program starts, before it writes anything (a log): a bad value stops it at once.
+[[maybe_unused]] const bool kSettingsReadAtStart = (settings(), true);
 
 Worker& this_worker() {
     static thread_local std::unique_ptr<Worker> w;

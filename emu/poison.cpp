@@ -108,6 +108,8 @@ bool poison_enabled() {
     }();
     return on;
 }
+// Read when the program starts, before it writes anything (a log): a bad value stops it at once.
+[[maybe_unused]] const bool kPoisonReadAtStart = (poison_enabled(), true);
 
 void poison_fresh(void* p, size_t bytes) {
     if (poison_enabled() && p && bytes) std::memset(p, kPoisonByte, bytes);

@@ -87,6 +87,8 @@ const Settings& settings() {
     }();
     return s;
 }
+// Read when the program starts, before it writes anything (a log): a bad value stops it at once.
+[[maybe_unused]] const bool kSettingsReadAtStart = (settings(), true);
 
 struct Engine {
     std::recursive_mutex m;

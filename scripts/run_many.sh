@@ -10,8 +10,11 @@
 # <dir>/<id>.txt. Distinct seeds are what make the t-test meaningful: the trainer is deterministic,
 # so runs with one seed give one val loss, and their "spread" would be zero. The directory is the
 # --log-dir flag's if one is given, else $LOG_DIR, else logs/<prefix>-<timestamp>; relative paths
-# are taken from the repository root, as in run_record.sh. Other flags go to every run unchanged
-# (--run-id is this script's to choose); --cpu runs the CPU build (see run_record.sh).
+# are taken from the repository root, as in run_record.sh. --save-checkpoint DIR gives each run its
+# own directory, DIR/<id> (a checkpoint directory belongs to one run: the trainer refuses one that
+# holds another run's checkpoints). Other flags go to every run unchanged (--run-id is this script's
+# to choose; --resume continues one run, so it is refused here); --cpu runs the CPU build (see
+# run_record.sh).
 #
 # Environment: RUN_PREFIX (default record), SEED, LOG_DIR (above), and run_record.sh's: NP,
 # HOSTFILE, MPIRUN, MPI_BIND, BINARY, SKIP_BUILD, SKIP_PLATFORM_CHECK, BUILD. The first run
@@ -50,6 +53,7 @@ prefix=${RUN_PREFIX:-record}
 stamp=$(date +%Y%m%d-%H%M%S)
 
 dir=
+ckpt_root=
 seed=${SEED:-0}
 args=()  # the flags for every run: all but --seed, which is this script's base seed
 set -- "$@" ""  # a sentinel, so that a flag's value is read as "$2" even for the last flag
@@ -65,6 +69,13 @@ while (($# > 1)); do
     --seed) seed=$2; shift ;;
     --seed=*) seed=${1#*=} ;;
     --run-id | --run-id=*) usage "--run-id is chosen by run_many.sh (<prefix>-<timestamp>-<i>-seed<S>); set RUN_PREFIX instead" ;;
+    --save-checkpoint)
+      [[ -n $2 ]] || usage "--save-checkpoint needs a value (a directory)"
+      ckpt_root=$2
+      shift
+      ;;
+    --save-checkpoint=*) ckpt_root=${1#*=} ;;
+    --resume | --resume=*) usage "--resume continues one run: resume it with scripts/run_record.sh, not a series" ;;
     *) args+=("$1") ;;
   esac
   shift
@@ -79,6 +90,7 @@ if [[ -z $dir ]]; then
   log_dir_flag=(--log-dir "$dir")
 fi
 mkdir -p "$dir"
+[[ -z $ckpt_root ]] || mkdir -p "$ckpt_root"
 
 finished=()
 failed=()
@@ -88,7 +100,9 @@ for ((i = 1; i <= n; i++)); do
   log=$dir/$id.txt
   echo "== run $i of $n: $id (log $log)" >&2
   status=0
-  scripts/run_record.sh --run-id "$id" --seed "$run_seed" "${log_dir_flag[@]}" "${args[@]}" || status=$?
+  ckpt_flag=()
+  [[ -z $ckpt_root ]] || ckpt_flag=(--save-checkpoint "$ckpt_root/$id")
+  scripts/run_record.sh --run-id "$id" --seed "$run_seed" "${log_dir_flag[@]}" "${ckpt_flag[@]}" "${args[@]}" || status=$?
   if ((status == 0)) && [[ -f $log ]]; then
     finished+=("$log")
   elif ((status == 0)); then

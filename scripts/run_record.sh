@@ -223,10 +223,18 @@ else
   fi
 fi
 
-# The platform check on every rank, with the run's flags, so that a wrong world size or flag
-# is also found before any training.
+# The platform check on every rank, with the run's preset and kernel choices (the flags it reads:
+# it refuses the others, which it would ignore), so that a wrong world size or a failing kernel is
+# found before any training.
+check_args=()
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case ${args[i]} in
+    --preset | --attention | --mlp-kernel) check_args+=("${args[i]}" "${args[i + 1]-}"); i=$((i + 1)) ;;
+    --preset=* | --attention=* | --mlp-kernel=*) check_args+=("${args[i]}") ;;
+  esac
+done
 if [[ ${SKIP_PLATFORM_CHECK:-0} != 1 ]]; then
-  check=("${mpirun[@]}" "${launch[@]}" "${placement[@]}" "$trainer" "${args[@]}" --check-platform)
+  check=("${mpirun[@]}" "${launch[@]}" "${placement[@]}" "$trainer" "${check_args[@]}" --check-platform)
   echo "+ ${check[*]}" >&2
   "${check[@]}" || die "the platform check failed on $np rank(s) (above): no training started"
 fi

@@ -46,10 +46,21 @@ val_loss line at the total step N of step:k/N, or when it ended normally (its "p
 right after a validation at its last step (a run stopped by --max-steps); its final val loss and
 training time are that line's.
 
+A log that ends with a "fail: ..." line is a failed run (the trainer writes every fatal error and
+a stopping signal there); one ending with neither "fail:" nor "finished:" was killed outright.
+
+A resumed run (header line "resumes: RUN_ID step N") is one run made of segments: its training
+time is its own log's plus, for each earlier segment (found among the logs given by its "run_id:"
+header line), the training time at the checkpoint the next segment resumed from (its "saved
+checkpoint DIR step:N train_time:Tms" line). A run whose earlier segments are not all among the
+logs given is skipped, naming the missing run ids (its last segment's time alone would understate
+it); the earlier segments are not runs of their own.
+
 What is counted:
   - a file that is not a log, or whose run stopped before its first validation, is listed and
-    skipped; so is an unfinished run (no validation at its last step) or a diverged one (val loss
-    nan or inf). With --strict each of these is an error instead.
+    skipped; so is an unfinished run (no validation at its last step), a failed one, a diverged one
+    (val loss nan or inf), or a resumed run with a segment missing. With --strict each of these is
+    an error instead.
   - identical runs are counted once, with a warning: logs with the same step and validation lines
     (a copied log), or with the same source_hash, seed and val losses (the trainer is
     deterministic: a rerun of a seed adds no evidence). Upstream's logs have no seed or hash.
@@ -78,11 +89,16 @@ TARGET_LOSS = 3.28
 VAL_LINE = re.compile(r"step:(\d+)/(\d+) val_loss:(-?(?:\d+\.\d+|nan|inf)) train_time:(\d+)ms step_avg:(\d+\.\d+)ms")
 TRAIN_LINE = re.compile(r"step:(\d+)/(\d+) train_time:(\d+)ms step_avg:(\d+\.\d+)ms")
 TRAIN_LOSS_LINE = re.compile(r"step:(\d+)/(\d+) train_loss:(-?(?:\d+\.\d+|nan|inf))")
-# The trainer's closing line (upstream's too): the run ended normally.
-END_LINE = "peak memory allocated:"
+# The trainer's closing lines (upstream's has the first): the run ended normally.
+END_LINES = ("peak memory allocated:", "finished: ")
+# A fatal error or a stopping signal, the last line of a failed run's log.
+FAIL_LINE = re.compile(r"fail: (.*)")
+# A checkpoint and the training time up to it: where a resumed run's next segment starts.
+SAVED_LINE = re.compile(r"saved checkpoint (.*) step:(\d+) train_time:(\d+)ms")
 # This trainer's header lines, at the start of a line (the source dump holds the words only
 # indented or quoted). Upstream's logs have none.
-HEADER_LINES = {"seed": re.compile(r"seed: (\d+)"), "source_hash": re.compile(r"source_hash: ([0-9a-f]{16})")}
+HEADER_LINES = {"seed": re.compile(r"seed: (\d+)"), "source_hash": re.compile(r"source_hash: ([0-9a-f]{16})"),
+                "header_run_id": re.compile(r"run_id: (\S+)"), "resumes": re.compile(r"resumes: (\S+) step (\d+)")}
 
 
 class LogError(Exception):
@@ -219,6 +235,12 @@ class Run:
         self.last_train_step = None
         self.ended = False        # the trainer's closing line came after the last step line
         self.step_lines = []      # every step line's text, in order: a copied log has the same
+        self.header_run_id = None  # the "run_id:" header line (the file name's stem stands in without one)
+        self.resumes = None       # "RUN_ID step N" of a resumed run's header
+        self.failed = None        # the "fail:" line's message
+        self.saves = {}           # step -> training time (ms) at its checkpoint
+        self.earlier_ms = 0       # a resumed run: the training time of its earlier segments
+        self.segments = []        # a resumed run: the run ids of its earlier segments, first first
 
     @property
     def final(self):
@@ -227,10 +249,10 @@ class Run:
         a validation at its last trained step."""
         for step, loss, time_ms in reversed(self.val_points):
             if step == self.total:
-                return loss, time_ms
+                return loss, time_ms + self.earlier_ms
         step, loss, time_ms = self.val_points[-1]
         if self.ended and step == (self.last_train_step or 0):
-            return loss, time_ms
+            return loss, time_ms + self.earlier_ms
         return None
 
     @property
@@ -241,6 +263,8 @@ class Run:
 
     def problem(self):
         """None for a finished run with a finite final loss, else why it cannot be counted."""
+        if self.failed is not None:
+            return f"failed: {self.failed}"
         final = self.final
         if final is None:
             last = self.val_points[-1][0]
@@ -251,9 +275,12 @@ class Run:
         return None
 
 
-def parse_log(path):
-    """Reads one log. Raises NotALog if it holds no validation line or its step lines disagree,
-    LogError if it cannot be read."""
+NO_VAL_LINE = "no val_loss line (not a training log, or the run stopped before its first validation)"
+
+
+def parse_log(path, lenient=False):
+    """Reads one log. Raises NotALog if it holds no validation line (unless lenient: a resumed run's
+    earlier segment may have none) or its step lines disagree, LogError if it cannot be read."""
     run = Run(path)
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -266,8 +293,14 @@ def parse_log(path):
             value = line.split(": ", 1)[1]
             setattr(run, key, int(value) if key == "seed" else value)
             continue
+        if m := FAIL_LINE.fullmatch(line):
+            run.failed = m.group(1)
+            continue
+        if m := SAVED_LINE.fullmatch(line):
+            run.saves[int(m.group(2))] = int(m.group(3))
+            continue
         line = line.strip()
-        if line.startswith(END_LINE):
+        if line.startswith(END_LINES):
             run.ended = bool(run.step_lines)
             continue
         m = VAL_LINE.fullmatch(line)
@@ -288,9 +321,34 @@ def parse_log(path):
             run.total = total
         elif total != run.total:
             raise NotALog(f"{path}:{number}: total step count {total} differs from the {run.total} of earlier lines")
-    if not run.val_points:
-        raise NotALog(f"{path}: no val_loss line (not a training log, or the run stopped before its first validation)")
+    if run.header_run_id:
+        run.run_id = run.header_run_id
+    if not run.val_points and run.failed is None and not lenient:
+        raise NotALog(f"{path}: {NO_VAL_LINE}")
     return run
+
+
+def join_segments(run, by_id):
+    """Adds a resumed run's earlier segments' training time (run.earlier_ms, run.segments); returns
+    None, or why the run cannot be counted (a segment's log missing or without its checkpoint's time)."""
+    resumes, seen = run.resumes, {run.run_id}
+    while resumes:
+        rid, step = resumes.rsplit(" step ", 1)
+        step = int(step)
+        earlier = by_id.get(rid)
+        if rid in seen:
+            return f"resumed run: its chain of segments returns to run {rid}"
+        if earlier is None:
+            return (f"resumed run: the log of its earlier segment, run {rid} (its steps up to {step}), is not among the "
+                    f"logs given: its training time cannot be counted (give that log too)")
+        if step not in earlier.saves:
+            return (f"resumed run: the log of its earlier segment {earlier.path} has no 'saved checkpoint ... step:{step} "
+                    f"train_time:' line: its training time up to step {step} is unknown")
+        seen.add(rid)
+        run.earlier_ms += earlier.saves[step]
+        run.segments.insert(0, rid)
+        resumes = earlier.resumes
+    return None
 
 
 def expand(paths):
@@ -318,13 +376,29 @@ def expand(paths):
 def read_runs(paths, strict):
     """Parses the logs. Returns (finished runs, [(path, why skipped)]); under strict a skipped file
     raises LogError instead."""
-    runs, skipped = [], []
+    runs, skipped, parsed = [], [], []
     for path in expand(paths):
         try:
-            run = parse_log(path)
-            why = run.problem()
+            run = parse_log(path, lenient=True)
+            parsed.append((path, run, None) if run.val_points or run.failed is not None else (path, run, NO_VAL_LINE))
         except NotALog as e:
-            why = str(e).removeprefix(f"{path}: ")
+            parsed.append((path, None, str(e).removeprefix(f"{path}: ")))
+    by_id = {run.run_id: run for _, run, _ in parsed if run is not None}
+    for _, run, _ in parsed:  # join each resumed run's segments first: they are not runs of their own
+        if run is not None and run.resumes:
+            run.segment_problem = join_segments(run, by_id)
+        elif run is not None:
+            run.segment_problem = None
+    later = {}
+    for _, run, _ in parsed:
+        if run is not None and run.resumes and run.segment_problem is None:
+            for rid in run.segments:
+                later[rid] = run.run_id
+    for path, run, why in parsed:
+        if run is not None and run.run_id in later:
+            why = f"an earlier segment of the resumed run {later[run.run_id]} (counted with it)"
+        elif run is not None and why is None:
+            why = run.segment_problem or run.problem()
         if why is None:
             runs.append(run)
         elif strict:

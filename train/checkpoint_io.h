@@ -53,7 +53,10 @@ std::string new_save_id() {
 // rank 0 writes the manifest listing each file's size and CRC-32C. A save that dies midway leaves
 // no manifest, and resume refuses the directory. Nothing is written when any rank's parameters or
 // optimizer state hold a non-finite value.
-void save_checkpoint(Run& r, int step) {
+// The manifest also names the chain of runs the directory belongs to (`lineage`) and what a resume
+// must match to continue the same computation (r.facts: the schedule, the data, the kernels).
+// `training_ms`: the run's training time up to this step, in the log's line for scripts/stats.py.
+void save_checkpoint(Run& r, int step, double training_ms) {
     refresh_lm_head_copies(r.m, r.s);  // a tied embed follows the last Adam step's lm_head
     await_all_gathered(r.m.gathered, r.s);
     CUDA_CHECK(cudaStreamSynchronize(r.s));
@@ -111,7 +114,8 @@ void save_checkpoint(Run& r, int step) {
         man.meta = {{"format", "train_gpt manifest 1"},  {"preset", r.m.cfg.name},
                     {"step", std::to_string(step)},      {"world_size", std::to_string(r.d.world)},
                     {"seed", std::to_string(r.opt.seed)}, {"run_id", r.opt.run_id},
-                    {"save_id", save_id}};
+                    {"save_id", save_id},                {"lineage", r.lineage}};
+        man.meta.insert(man.meta.end(), r.facts.begin(), r.facts.end());
         for (int k = 0; k < r.d.world; ++k) man.files.push_back({"rank" + std::to_string(k) + ".safetensors", all[k]});
         try {
             ckpt::write_manifest(dir, man);
@@ -120,7 +124,7 @@ void save_checkpoint(Run& r, int step) {
         }
     }
     host_barrier();
-    print0(r, "saved checkpoint %s\n", dir.c_str());
+    print0(r, "saved checkpoint %s step:%d train_time:%.0fms\n", dir.c_str(), step, training_ms);
 }
 
 // What every file of a checkpoint directory must agree on: its manifest's (or, for a directory

@@ -3,10 +3,12 @@
 #pragma once
 #include "../kernels/attention.cuh"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <random>
 #include <string>
@@ -33,6 +35,7 @@ struct RunOptions {
     int check_finite = 0;                // also check parameters and optimizer state every N steps; 0: never
     std::string save_dir, resume_dir;
     bool resume_unverified = false;      // accept a checkpoint directory without a manifest (saved before them)
+    bool resume_changed = false;         // --resume-changed: accept a resume whose schedule, data, kernels or seed differ
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
     StepRange profile_steps;             // --profile-steps A:B: time every operation of steps A..B
     bool profile_warmup = false;         // --profile-warmup: time every step of the warm-up (every stage's shapes)
@@ -79,9 +82,11 @@ const char* kUsage =
     "  --save-checkpoint DIR    save checkpoints under DIR/stepNNNNNN/ (default: at the last step); DIR's parent\n"
     "                           must exist\n"
     "  --checkpoint-steps LIST  comma-separated steps to save at, each 0..the last step (0: the initial state);\n"
-    "                           needs --save-checkpoint\n"
+    "                           needs --save-checkpoint; given twice, the last list counts\n"
     "  --resume DIR             continue from a checkpoint directory DIR/stepNNNNNN (verified by its manifest)\n"
     "  --resume-unverified      also accept a checkpoint directory without a manifest (saved before manifests)\n"
+    "  --resume-changed         accept a resume whose schedule, training data, kernels or seed differ from the\n"
+    "                           checkpoint's (each difference is a WARNING in the log); refused without it\n"
     "  --print-memory           print the per-rank memory plan of the preset and exit (no GPU needed)\n"
     "  --ranks N                with --print-memory: the plan for N ranks (1, 2, 4, 8; default 8)\n"
     "  --dump-batches N         print the first N training batches of every rank and exit (1..10000000)\n"
@@ -160,6 +165,11 @@ void check_run_options(RunOptions& opt, int last) {
             usage_error("--checkpoint-steps " + std::to_string(st) + " is beyond this run's last step " + std::to_string(last) +
                         " (steps 0.." + std::to_string(last) + ")");
     if (opt.resume_unverified && opt.resume_dir.empty()) usage_error("--resume-unverified goes with --resume DIR");
+    if (opt.resume_changed && opt.resume_dir.empty()) usage_error("--resume-changed goes with --resume DIR");
+    // a save nothing would trigger: a fresh run saves at its last step, never at its start
+    if (!opt.save_dir.empty() && opt.checkpoint_steps.empty() && last == 0 && opt.resume_dir.empty())
+        usage_error("--save-checkpoint with a run of 0 steps saves nothing (a run saves at its last step, not its "
+                    "first): add --checkpoint-steps 0 to save the initial state");
     const StepRange& p = opt.profile_steps;
     if (p.last >= last)
         usage_error("--profile-steps " + std::to_string(p.first) + ":" + std::to_string(p.last) +
@@ -189,6 +199,36 @@ StepRange parse_step_range(const std::string& flag, const std::string& v) {
     return r;
 }
 
+// The flags a mode other than training reads (besides its own mode flag); every other flag is refused
+// there, so nothing asked for is silently skipped (a log, a checkpoint, a resume that a mode never makes).
+const std::vector<std::string>& flags_read_by(Mode m) {
+    static const std::vector<std::string> memory = {"--preset", "--ranks"},
+        dump = {"--preset", "--train-files", "--scheduled-steps", "--extension-steps"},
+        platform = {"--preset", "--attention", "--mlp-kernel"},
+        plan = {"--preset", "--train-files", "--scheduled-steps", "--extension-steps", "--attention", "--mlp-kernel",
+                "--json", "--trace", "--schedule", "--nodes", "--calibration"},
+        none = {};
+    switch (m) {
+        case Mode::print_memory: return memory;
+        case Mode::dump_batches: return dump;
+        case Mode::check_platform: return platform;
+        case Mode::plan_step: return plan;
+        default: return none;
+    }
+}
+
+void check_mode_flags(Mode m, const char* mode_flag, const std::vector<std::string>& given) {
+    if (m == Mode::train) return;
+    const std::vector<std::string>& read = flags_read_by(m);
+    for (const std::string& f : given)
+        if (f != mode_flag && std::find(read.begin(), read.end(), f) == read.end()) {
+            std::string list;
+            for (const std::string& r : read) list += (list.empty() ? "" : ", ") + r;
+            usage_error(f + " does nothing with " + mode_flag + " (it takes only " + list + "): drop it, or run without " +
+                        mode_flag);
+        }
+}
+
 CommandLine parse_command_line(int argc, char** argv) {
     CommandLine cl;
     RunOptions& opt = cl.opt;
@@ -202,8 +242,10 @@ CommandLine parse_command_line(int argc, char** argv) {
         cl.mode = m;
         mode_flag = flag;
     };
+    std::vector<std::string> given;  // every flag on the line, for check_mode_flags
     for (int i = 1; i < argc; ++i) {
         const std::string arg = argv[i];
+        given.push_back(arg);
         auto value = [&]() -> std::string {
             if (i + 1 >= argc) usage_error(arg + " needs a value");
             return argv[++i];
@@ -231,6 +273,7 @@ CommandLine parse_command_line(int argc, char** argv) {
         else if (arg == "--check-finite") opt.check_finite = parse_steps(arg, value(), 0);
         else if (arg == "--save-checkpoint") opt.save_dir = value();
         else if (arg == "--checkpoint-steps") {
+            opt.checkpoint_steps.clear();  // like every flag, the last one given counts
             std::string list = value(), item;
             for (size_t at = 0; at <= list.size(); ++at)
                 if (at == list.size() || list[at] == ',') {
@@ -241,6 +284,7 @@ CommandLine parse_command_line(int argc, char** argv) {
                 }
         } else if (arg == "--resume") opt.resume_dir = value();
         else if (arg == "--resume-unverified") opt.resume_unverified = true;
+        else if (arg == "--resume-changed") opt.resume_changed = true;
         else if (arg == "--print-memory") set_mode(Mode::print_memory, "--print-memory");
         else if (arg == "--ranks") {
             const int64_t n = parse_int(arg, value(), 1, 8);
@@ -276,11 +320,14 @@ CommandLine parse_command_line(int argc, char** argv) {
     }
     if (plan_flag && cl.mode != Mode::plan_step) usage_error(std::string(plan_flag) + " goes with --plan-step");
     if (ranks_given && cl.mode != Mode::print_memory) usage_error("--ranks goes with --print-memory");
+    if (!cl.plan.json_path.empty() && cl.plan.json_path == cl.plan.trace_path)
+        usage_error("--json and --trace name the same file " + cl.plan.json_path + ": one would overwrite the other");
     if (opt.profile_steps.first >= 0 && cl.mode != Mode::train)
         usage_error(std::string("--profile-steps times a training run: it does not go with ") + mode_flag);
     if (opt.profile_warmup && cl.mode != Mode::train)
         usage_error(std::string("--profile-warmup times a training run's warm-up: it does not go with ") + mode_flag);
     if (opt.profile_warmup && warmup_off) usage_error("--profile-warmup times the warm-up: it does not go with --warmup 0");
     if (opt.profile_warmup) opt.warmup = true;
+    check_mode_flags(cl.mode, mode_flag, given);
     return cl;
 }

@@ -12,11 +12,30 @@
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <unistd.h>
 #include <utility>
 
 #include "host_comm.h"
 
+// The open log's descriptor on rank 0 (-1 before it is made and after a write to it failed): every
+// fatal error and a stopping signal end the log with a `fail:` line, so a log that ends with neither
+// `fail:` nor `finished:` is a run that was killed outright (SIGKILL, a lost node, a power cut).
+int g_log_fd = -1;
+
+// Appends `fail: <why>` to the log, once (a plain write: fail runs wherever the run stops).
+void log_failure(const std::string& why) {
+    if (g_log_fd < 0) return;
+    const std::string line = "fail: " + why + "\n";
+    const int fd = std::exchange(g_log_fd, -1);  // the first failure is the one to report
+    if (write(fd, line.data(), line.size()) < 0) return;  // the message is on stderr either way
+}
+
+// A run that exits through std::exit before its end without fail() (CUDA_CHECK, NCCL_CHECK, a
+// launcher's shape check) still ends its log with a fail: line; main closes the log at the end.
+extern "C" void log_early_exit() { log_failure("the process exited before the run finished (the error is on stderr)"); }
+
 [[noreturn]] void fail(const std::string& why) {
+    log_failure(why);
     std::fprintf(stderr, "train_gpt: %s\n", why.c_str());
     std::fflush(stderr);
     host_abort(1);
@@ -39,6 +58,7 @@ void log_write(Run& r, const char* text, size_t n) {
     }
     if (!ok) {
         const int err = errno;
+        g_log_fd = -1;  // the log cannot take the failure line
         std::fclose(std::exchange(r.log, nullptr));
         fail("cannot write the log " + r.log_path + ": " + std::strerror(err));
     }
@@ -146,7 +166,8 @@ std::string source_hash() {
 }
 #endif
 
-// command, date_utc, hosts, world_size, seed, source_hash: each line starts with its key.
+// command, date_utc, hosts, world_size, seed, run_id, resumes (a resumed run: the run id and step of the
+// checkpoint it continues), source_hash: each line starts with its key.
 void log_header(Run& r, const Distributed& d) {
     const std::string hosts = host_list(d);
     char date[32];
@@ -159,6 +180,9 @@ void log_header(Run& r, const Distributed& d) {
     print0(r, "hosts: %s\n", hosts.c_str());
     print0(r, "world_size: %d\n", d.world);
     print0(r, "seed: %llu\n", static_cast<unsigned long long>(r.opt.seed));
+    print0(r, "run_id: %s\n", r.opt.run_id.c_str());
+    if (r.resumes_step >= 0)
+        print0(r, "resumes: %s step %d\n", r.resumes_run_id.empty() ? "(unknown)" : r.resumes_run_id.c_str(), r.resumes_step);
 #ifndef TRAIN_GPT_NO_MAIN
     print0(r, "source_hash: %s\n", source_hash().c_str());
 #endif
@@ -195,6 +219,8 @@ void open_log(Run& r, const std::string& path) {
     r.log_path = path;
     r.log = std::fopen(path.c_str(), "wx");
     if (!r.log) fail("cannot create the log " + path + ": " + std::strerror(errno));
+    g_log_fd = fileno(r.log);  // every line is flushed at once, so a direct write lands after the last
+    std::atexit(log_early_exit);
     std::printf("%s\n", path.c_str());
     const std::string rule(100, '-');
     for (size_t i = 0; i < kSourceFileCount; ++i) {

@@ -423,6 +423,39 @@ class Summary(unittest.TestCase):
         self.assertIn("std n/a (one run)", r.stdout)
         self.assertIn("H1: mean < 3.28: p n/a (one run)", r.stdout)
 
+    def test_resumed_run_counts_every_segment(self):
+        # s1 trained to step 800, saved there at 50.000 s of training and was stopped; s2 resumed
+        # from that checkpoint and finished after 45.000 s more: one run of 95.000 s (not 45.000).
+        s1 = write(os.path.join(self.tmp, "s1.txt"),
+                   log_text(3.28, 52000, stop_at=810, header="run_id: s1\n") +
+                   "saved checkpoint /ck/step000800 step:800 train_time:50000ms\nfail: stopped by SIGTERM\n")
+        s2 = write(os.path.join(self.tmp, "s2.txt"),
+                   log_text(3.2770, 45000, header="run_id: s2\nresumes: s1 step 800\n") +
+                   "finished: steps 800..1555 of 1555, train_time:45000ms\n")
+        other = write_logs(self.tmp, {"n": (3.2790, 96000)})
+        s, err = self.json_of([s1, s2] + other)
+        self.assertEqual({r["run_id"]: r["train_time_s"] for r in s["runs"]}, {"s2": 95.0, "n": 96.0})
+        self.assertIn(f"{s1}: skipped: an earlier segment of the resumed run s2 (counted with it)", err)
+        # without s1's log the time is unknown: s2 is skipped, naming the missing run
+        s, err = self.json_of([s2] + other + write_logs(self.tmp, {"m": (3.2780, 95500)}))
+        self.assertEqual(sorted(r["run_id"] for r in s["runs"]), ["m", "n"])
+        self.assertIn(f"{s2}: skipped: resumed run: the log of its earlier segment, run s1 (its steps up to 800), "
+                      "is not among the logs given", err)
+        # a segment without the checkpoint's time
+        s1b = write(os.path.join(self.tmp, "b", "s1.txt"), log_text(3.28, 52000, stop_at=810, header="run_id: s1\n"))
+        r = run_py("stats.py", [s2, s1b])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn(f"{s2}: skipped: resumed run: the log of its earlier segment {s1b} has no 'saved checkpoint ... "
+                      "step:800 train_time:' line", r.stderr)
+
+    def test_failed_run_skipped(self):
+        paths = write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000)})
+        # a fatal error after the final validation (the log's last line says so)
+        failed = write(os.path.join(self.tmp, "f.txt"), log_text(3.2700, 93000) + "fail: cannot write checkpoint x\n")
+        s, err = self.json_of(paths + [failed])
+        self.assertEqual(s["n"], 2)
+        self.assertIn(f"warning: {failed}: skipped: failed: cannot write checkpoint x", err)
+
     def test_unfinished_and_stray_files_skipped_or_fail_with_strict(self):
         paths = write_logs(self.tmp, {"a": (3.2740, 94000), "b": (3.2770, 95000)})
         partial = write(os.path.join(self.tmp, "partial.txt"), log_text(3.28, 90000, stop_at=1300))
@@ -874,9 +907,10 @@ class Launch(unittest.TestCase):
         self.assertEqual(make[0]["argv"][2], "BUILD=" + self.build)
         mpirun = self.calls("mpirun")
         self.assertEqual(len(mpirun), 2)  # the platform check on every rank, then the run
-        launch = ["-np", "8"] + self.numa_placement(8) + [self.trainer] + flags
+        launch = ["-np", "8"] + self.numa_placement(8) + [self.trainer]
+        # the platform check takes only the flags it reads (the preset, the kernels): it refuses the rest
         self.assertEqual(mpirun[0]["argv"], launch + ["--check-platform"])
-        self.assertEqual(mpirun[1]["argv"], launch)
+        self.assertEqual(mpirun[1]["argv"], launch + flags)
         self.assertIn("--bind-to", mpirun[1]["argv"])
         self.assertEqual(os.path.realpath(mpirun[1]["cwd"]), os.path.realpath(REPO))
         self.assertIn("+ mpirun -np 8", r.stderr)
@@ -997,7 +1031,7 @@ class Launch(unittest.TestCase):
         names = sorted(os.listdir(logs))
         self.assertEqual(len(names), 2)
         self.assertRegex(names[0], r"^try-\d{8}-\d{6}-1-seed0\.txt$")
-        argv = self.calls("mpirun")[0]["argv"]
+        argv = [c["argv"] for c in self.calls("mpirun") if "--check-platform" not in c["argv"]][0]
         self.assertEqual(argv[argv.index("--log-dir") + 1], logs)
         self.assertIn("n = 2 (1555/1555 steps each)\n", r.stdout)
 
@@ -1023,6 +1057,24 @@ class Launch(unittest.TestCase):
         self.assertEqual(r.returncode, 1)
         self.assertIn("python3 data/cached_fineweb10B.py 9", r.stderr)
         self.assertEqual(len(self.calls("mpirun")), 2)
+
+    def test_series_checkpoints_one_directory_per_run(self):
+        # one --save-checkpoint for the series: each run saves under its own DIR/<id> (the trainer
+        # refuses a directory that holds another run's checkpoints)
+        logs, ck = os.path.join(self.tmp, "series"), os.path.join(self.tmp, "ck")
+        r = self.sh("run_many.sh", ["2"] + self.data_flags + ["--save-checkpoint", ck, "--log-dir", logs],
+                    STUB_LOSSES="3.2770,3.2790", SKIP_BUILD="1")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        calls = [c["argv"] for c in self.calls("mpirun") if "--check-platform" not in c["argv"]]
+        self.assertEqual(len(calls), 2)
+        for argv in calls:
+            self.assertEqual(argv.count("--save-checkpoint"), 1)
+            self.assertEqual(argv[argv.index("--save-checkpoint") + 1], os.path.join(ck, argv[argv.index("--run-id") + 1]))
+        self.assertTrue(os.path.isdir(ck))
+        for flags in (["--resume", "/x/step000010"], ["--resume=/x/step000010"]):
+            r = self.sh("run_many.sh", ["2"] + flags)
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("--resume continues one run", r.stderr)
 
     def test_series_usage_errors(self):
         for n in ("0", "-1", "abc", "2.5", "", "00"):
@@ -1080,8 +1132,8 @@ class Launch(unittest.TestCase):
         os.chmod(cpu_trainer, 0o755)
         r = self.sh("run_record.sh", ["--cpu", "--preset", "tiny", "--max-steps", "6"], STUB_GPUS="-1", NP="2")
         self.assertEqual(r.returncode, 0, r.stderr)
-        run = ["-np", "2", "--oversubscribe", "--bind-to", "none", cpu_trainer, "--preset", "tiny", "--max-steps", "6"]
-        self.assertEqual([c["argv"] for c in self.calls("mpirun")], [run + ["--check-platform"], run])
+        run = ["-np", "2", "--oversubscribe", "--bind-to", "none", cpu_trainer, "--preset", "tiny"]
+        self.assertEqual([c["argv"] for c in self.calls("mpirun")], [run + ["--check-platform"], run + ["--max-steps", "6"]])
         # A series on the CPU build.
         os.remove(os.path.join(self.record, "mpirun"))
         logs = os.path.join(self.tmp, "cpu_series")
@@ -1116,7 +1168,7 @@ class Launch(unittest.TestCase):
         self.assertIn("NCCL_SOCKET_IFNAME", forwarded)
         self.assertEqual(run[run.index("--map-by"):run.index("--map-by") + 4], ["--map-by", "slot", "--bind-to", "none"])
         self.assertEqual(run[-len(self.data_flags) - 3:], [self.trainer] + self.data_flags + ["--run-id", "x"])
-        self.assertEqual(calls[1], run + ["--check-platform"])
+        self.assertEqual(calls[1], run[:-len(self.data_flags) - 2] + ["--check-platform"])
 
     def test_hostfile_problems(self):
         hosts = self.hostfile("nodeA slots=4\nnodeB slots=4\n")

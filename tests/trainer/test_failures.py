@@ -23,7 +23,17 @@ Runs are tiny-preset runs of 0-2 steps (--val-every 0 --warmup 0, 2048 validatio
   - non-finite state (NaN planted in checkpoints): found by the device-side check with
     --check-finite, at validation, and before a save (nothing is saved), naming the group;
   - the out-of-vocabulary error names the shard, the position and the rank; step_avg after a resume
-    divides by the steps this run timed; the log's header lines (contract 1).
+    divides by the steps this run timed; the log's header lines (contract 1);
+  - issue 28, nothing lost silently: flags a mode ignores, outputs never made or overwriting each
+    other, and out-of-range EMU_* variables refused before anything is written; an out-of-vocabulary
+    validation token found at startup (1 and 2 ranks); a checkpoint directory holding another run's
+    checkpoints refused naming both ids (1 and 2 ranks), and one in use by a live process; resume
+    errors before the log (a checkpoint root, a step past the run, another world size, a changed
+    schedule, kernel or training data, a checkpoint step or profile range already passed, a save at
+    the resumed last step); --resume-changed's warnings, the resumes: header, the finished: line,
+    stats.py's sum over the segments; a final validation that fails after training keeps the last
+    checkpoint and ends the log with fail:; SIGTERM, SIGUSR1 and SIGHUP end the log with
+    "fail: stopped by <SIGNAL>".
 Usage: test_failures.py TRAIN_GPT_CPU MPIRUN...
 """
 import os
@@ -60,7 +70,8 @@ def check(ok, what):
 
 def run(args, cwd, ranks=1, env=None, binary=BINARY):
     cmd = ([binary] if ranks == 1 else MPIRUN + ["-np", str(ranks), "-x", "EMU_WORKERS=1", binary]) + args
-    e = dict(os.environ, EMU_WORKERS="2" if ranks == 1 else "1", **(env or {}))
+    e = dict(os.environ, EMU_WORKERS="2" if ranks == 1 else "1")
+    e.update(env or {})
     return subprocess.run(cmd, cwd=cwd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -367,8 +378,9 @@ def test_checkpoints(tmp, base):
     shutil.copytree(step1, ckpt_dir(resave, 0))
     os.remove(os.path.join(ckpt_dir(resave, 0), "rank0.safetensors"))
     os.makedirs(os.path.join(ckpt_dir(resave, 0), "rank0.safetensors", "blocker"))  # the rename cannot land
+    # (as run base: the directory holds base's checkpoint, and another run may not save into it)
     p = run(BASE + ["--max-steps", "0", "--save-checkpoint", resave, "--checkpoint-steps", "0", "--log-dir", logs,
-                    "--run-id", "resave"], tmp)
+                    "--run-id", "base"], tmp)
     expect_fail(p, ["cannot write checkpoint", "rank0.safetensors"], "a re-save that fails")
     check(not os.path.exists(os.path.join(ckpt_dir(resave, 0), "manifest.json")), "the failed re-save left no manifest")
     check(not [f for f in os.listdir(ckpt_dir(resave, 0)) if ".tmp." in f], "nor a temp file")
@@ -422,8 +434,10 @@ def test_nonfinite(tmp, base):
     plant(step1, d, 0, nan_at("exp_avg.scalars"))
     out = os.path.join(tmp, "nan_out")
     p = run(BASE + ["--resume", d, "--resume-unverified", "--max-steps", "2", "--check-finite", "1", "--save-checkpoint", out,
-                    "--log-dir", logs], tmp)
+                    "--log-dir", logs, "--run-id", "cf"], tmp)
     expect_fail(p, ["non-finite values in exp_avg.scalars on rank 0 at step 1 (--check-finite)"], "--check-finite 1")
+    check(last_line(os.path.join(logs, "cf.txt")) == "fail: non-finite values in exp_avg.scalars on rank 0 at step 1 "
+          "(--check-finite)", "the log ends with the error (fail: ...)")
     check(not os.path.exists(ckpt_dir(out, 2)), "nothing saved")
     # ... and at validation (the last step is validated)
     p = run(BASE + ["--resume", d, "--resume-unverified", "--max-steps", "1", "--log-dir", logs], tmp)
@@ -476,6 +490,7 @@ def test_signal(tmp):
     p.communicate(timeout=60)
     check(alive and p.returncode == -signal.SIGTERM, f"the run was saving when SIGTERM came and died of it (rc {p.returncode})")
     check(not os.path.exists(fifo), "SIGTERM removed the temp file being written")
+    check(last_line(log) == "fail: stopped by SIGTERM", f"the log says so: {last_line(log)}")
 
 
 def test_vocabulary(tmp):
@@ -488,8 +503,218 @@ def test_vocabulary(tmp):
     shard = os.path.join(d, "oov_000000.bin")
     open(shard, "wb").write(raw)
     p = run(BASE + ["--train-files", os.path.join(d, "*.bin"), "--max-steps", "1", "--log-dir", os.path.join(tmp, "oovlogs")], tmp)
-    expect_fail(p, [f"token id 60000 at token {pos} of shard {shard} (read by rank 0) is outside the vocabulary [0, 50257)"],
-                "an out-of-vocabulary token")
+    expect_fail(p, [f"the training data of step 0: token id 60000 at token {pos} of shard {shard} (read by rank 0) is outside "
+                    "the vocabulary [0, 50257)"], "an out-of-vocabulary token")
+    check(not os.listdir(os.path.join(tmp, "oovlogs")) if os.path.exists(os.path.join(tmp, "oovlogs")) else True,
+          "found by the startup walk: no log")
+
+
+# ---- issue 28: a run's outputs cannot be lost, overwritten, skipped or invalidated silently ----
+
+def last_line(path):
+    lines = open(path).read().splitlines() if os.path.exists(path) else []
+    return lines[-1] if lines else ""
+
+
+def nothing_in(d):
+    return not os.path.exists(d) or not os.listdir(d)
+
+
+def test_mode_flags(tmp):
+    """Every flag a mode ignores is refused there; outputs that would never be made or would
+    overwrite each other are refused; the CPU build's EMU_* variables are range-checked. All at
+    parse time or at program start: nothing written."""
+    logs = os.path.join(tmp, "modelogs")
+    for args, phrase in [
+            (["--print-memory", "--max-steps", "3"], "--max-steps does nothing with --print-memory (it takes only --preset)"),
+            (["--dump-batches", "2", "--log-dir", logs], "--log-dir does nothing with --dump-batches"),
+            (["--dump-batches", "2", "--seed", "3"], "--seed does nothing with --dump-batches"),
+            (["--check-platform", "--resume", logs], "--resume does nothing with --check-platform"),
+            (["--check-platform", "--val-files", "x"], "--val-files does nothing with --check-platform"),
+            (["--plan-step", "--save-checkpoint", logs], "--save-checkpoint does nothing with --plan-step"),
+            (["--plan-step", "--run-id", "x"], "--run-id does nothing with --plan-step"),
+            (["--plan-step", "--checkpoint-steps", "1"], "--checkpoint-steps does nothing with --plan-step"),
+            (["--plan-step", "--max-steps", "1"], "--max-steps does nothing with --plan-step"),
+            (["--plan-step", "--json", "a.json", "--trace", "a.json"], "--json and --trace name the same file a.json"),
+            (["--save-checkpoint", os.path.join(logs, "ck"), "--max-steps", "0"],
+             "--save-checkpoint with a run of 0 steps saves nothing"),
+            (["--resume-changed"], "--resume-changed goes with --resume DIR")]:
+        p = run(["--preset", "tiny"] + args, tmp)
+        check(p.returncode == 2 and phrase in p.stderr, f"{' '.join(args)}: refused ({phrase})" +
+              ("" if p.returncode == 2 and phrase in p.stderr else f" rc {p.returncode}: {p.stderr[-300:]}"))
+    # the last --checkpoint-steps counts (as for every flag): 5 is beyond a 2-step run, 2 is not
+    p = run(BASE + ["--max-steps", "2", "--save-checkpoint", os.path.join(tmp, "cs"), "--checkpoint-steps", "5",
+                    "--checkpoint-steps", "3", "--log-dir", logs], tmp)
+    expect_fail(p, ["--checkpoint-steps 3 is beyond this run's last step 2"], "the last --checkpoint-steps counts")
+    for var, value, phrase in [("EMU_WORKERS", "-1", "EMU_WORKERS=-1 is not a whole number in [1, 1024]"),
+                               ("EMU_WORKERS", "99999999999999999999", "EMU_WORKERS=99999999999999999999 is not a whole number"),
+                               ("EMU_WORKERS", "0", "EMU_WORKERS=0 is not a whole number in [1, 1024]"),
+                               ("EMU_STACK_KB", "1", "EMU_STACK_KB=1 is not a whole number in [64, 65536]"),
+                               ("EMU_STACK_KB", "99999999999", "EMU_STACK_KB=99999999999 is not a whole number"),
+                               ("EMU_RANDOM_ORDER", "-3", "EMU_RANDOM_ORDER=-3 is not a whole number"),
+                               ("EMU_PROFILE", "yes", "EMU_PROFILE=yes is not a whole number in [0, 1]"),
+                               ("EMU_GEMM", "avx9", "EMU_GEMM=avx9 is not one of avx512, avx2, generic"),
+                               ("EMU_STREAMS", "lazy", "EMU_STREAMS=lazy is not 'immediate', 'deferred'"),
+                               ("EMU_POISON", "2", "EMU_POISON=2: expected 0 or 1")]:
+        p = run(BASE + ["--max-steps", "1", "--log-dir", logs], tmp, env={var: value})
+        check(p.returncode == 2 and phrase in p.stderr and "Aborted" not in p.stderr,
+              f"{var}={value}: refused at start, exit 2 ({p.returncode}: {p.stderr.strip()[-200:]})")
+    check(nothing_in(logs), "refused flags and variables write nothing")
+
+
+def plant_token(src, dst, position, token):
+    raw = bytearray(open(src, "rb").read())
+    struct.pack_into("<H", raw, 1024 + 2 * position, token)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    open(dst, "wb").write(raw)
+
+
+def test_data_at_startup(tmp):
+    """An out-of-vocabulary token in the validation tokens is found before anything is written
+    (it used to be found at the final validation, after training, losing the checkpoint)."""
+    logs, ck = os.path.join(tmp, "oovvlogs"), os.path.join(tmp, "oovvck")
+    shard = os.path.join(tmp, "oovv", "val_000000.bin")
+    plant_token(VAL_SHARD, shard, 1500, 50300)
+    p = run(BASE + ["--val-files", os.path.join(tmp, "oovv", "*.bin"), "--save-checkpoint", ck, "--log-dir", logs], tmp)
+    expect_fail(p, [f"the validation data: token id 50300 at token 1500 of shard {shard} (read by rank 0) is outside "
+                    "the vocabulary [0, 50257)"], "an out-of-vocabulary validation token, at startup")
+    check(nothing_in(logs) and nothing_in(ck), "nothing written: no log, no checkpoint")
+    # on 2 ranks the token belongs to rank 1's half of the micro-step (1024 tokens each)
+    p = run(BASE + ["--val-files", os.path.join(tmp, "oovv", "*.bin"), "--log-dir", logs], tmp, ranks=2)
+    expect_fail(p, [f"token id 50300 at token 1500 of shard {shard} (read by rank 1)"], "the same on 2 ranks names rank 1")
+
+
+def test_final_validation_keeps_checkpoint(tmp):
+    """A validation that fails after training (an out-of-vocabulary token written into its second
+    shard after the startup check read it, while the run trained) costs no checkpoint: the last
+    step is saved before it is validated; the log ends with fail:."""
+    d = os.path.join(tmp, "val2")
+    os.makedirs(d)
+    tokens = open(VAL_SHARD, "rb").read()
+    first = bytearray(tokens[:1024 + 2 * 1500])  # room for no 2048-token micro-step: the second shard is read
+    first[8:12] = struct.pack("<i", 1500)
+    open(os.path.join(d, "v_000000.bin"), "wb").write(first)
+    second = os.path.join(d, "v_000001.bin")
+    shutil.copy(VAL_SHARD, second)
+    logs, ck = os.path.join(tmp, "val2logs"), os.path.join(tmp, "val2ck")
+    log = os.path.join(logs, "v2.txt")
+    os.makedirs(ck)  # claimed by a run that died before saving anything: taken over
+    open(os.path.join(ck, "run_id"), "w").write("ghost\n")
+    e = dict(os.environ, EMU_WORKERS="2")
+    p = subprocess.Popen([BINARY] + BASE + ["--val-files", os.path.join(d, "*.bin"), "--max-steps", "1",
+                                            "--save-checkpoint", ck, "--log-dir", logs, "--run-id", "v2"],
+                         cwd=tmp, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(2400):  # the log exists: the startup checks have read the shards
+        if os.path.exists(log) or p.poll() is not None:
+            break
+        time.sleep(0.02)
+    with open(second, "r+b") as f:  # the first token the validation reads from it
+        f.seek(1024)
+        f.write(struct.pack("<H", 50300))
+    out, err = p.communicate(timeout=300)
+    phrase = f"token id 50300 at token 0 of shard {second} (read by rank 0) is outside the vocabulary"
+    check(p.returncode != 0 and phrase in err, f"the final validation fails on the changed shard ({err.strip()[-300:]})")
+    check(os.path.exists(os.path.join(ckpt_dir(ck, 1), "manifest.json")), "the step-1 checkpoint was saved before it")
+    check(open(os.path.join(ck, "run_id")).read() == "v2\n", "the dead run's empty claim was taken over")
+    check(last_line(log) == "fail: " + phrase + " [0, 50257)", f"the log ends with fail: ({last_line(log)})")
+
+
+def test_outputs_belong_to_one_run(tmp, base, base_log):
+    """A checkpoint directory belongs to the chain of runs that first saved in it; a resume is
+    checked at startup (before its log) against what the checkpoint records."""
+    logs = os.path.join(tmp, "ownlogs")
+    step1 = ckpt_dir(base, 1)
+    manifest = open(os.path.join(step1, "manifest.json")).read()
+    # another run saving into base's directory, after it or while it runs: refused, both ids named
+    for ranks in (1, 2):
+        p = run(BASE + ["--max-steps", "1", "--save-checkpoint", base, "--log-dir", logs, "--run-id", f"other{ranks}"], tmp,
+                ranks=ranks)
+        expect_fail(p, [f"the checkpoint directory {base} holds the checkpoints of run base ({step1}/manifest.json); "
+                        f"this run is other{ranks}"], f"another run's checkpoint directory on {ranks} rank(s)")
+        check(p.stderr.count("holds the checkpoints") == 1 and "MPI_ABORT" not in p.stderr, "one message, no MPI_ABORT")
+    check(nothing_in(logs) and open(os.path.join(step1, "manifest.json")).read() == manifest,
+          "no log; base's checkpoint untouched")
+    import fcntl
+    with open(os.path.join(base, "run_id")) as held:  # as a live process of run base holds it
+        check(held.read() == "base\n", "the directory names its run (run_id)")
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        p = run(BASE + ["--resume", step1, "--max-steps", "2", "--save-checkpoint", base, "--log-dir", logs], tmp)
+        expect_fail(p, [f"the checkpoint directory {base} is in use by a running process of run base"],
+                    "a second process saving into a directory in use")
+    # resume errors, each before the log
+    for args, phrases, what in [
+            (["--resume", base], [f"cannot resume from {base}: it is a checkpoint root, not a step directory: resume from "
+                                  f"one of {step1} (the last one saved: {step1})"], "a checkpoint root"),
+            (["--resume", step1, "--max-steps", "0"], [f"its step 1 is beyond this run's last step 0: give --max-steps 1 or more"],
+             "a step past the run"),
+            (["--resume", step1, "--scheduled-steps", "20", "--mlp-kernel", "wgmma"],
+             ["this run would not continue the run that saved it: scheduled_steps 30 in the checkpoint, 20 in this run; "
+              "mlp_kernel mma in the checkpoint, wgmma in this run", "--resume-changed"], "a changed schedule and kernel"),
+            (["--resume", step1, "--train-files", os.path.join(tmp, "changed", "*.bin")],
+             ["train_shards tinyshakespeare_train_000000.bin:612680 in the checkpoint, c_000000.bin:612680 in this run",
+              "train_data "], "changed training data"),
+            (["--resume", step1, "--save-checkpoint", os.path.join(tmp, "later"), "--checkpoint-steps", "1,3"],
+             ["--checkpoint-steps 1 would never be saved: this run resumes at step 1"], "a checkpoint step already passed"),
+            (["--resume", step1, "--max-steps", "1", "--save-checkpoint", os.path.join(tmp, "later")],
+             ["would save nothing: this run resumes at its last step 1"], "a save at the resumed last step"),
+            (["--resume", step1, "--max-steps", "3", "--profile-steps", "0:1"],
+             ["--profile-steps 0:1 starts before step 1, where this run resumes"], "a profile range before the resume")]:
+        if "changed" in what:
+            plant_token(TRAIN_SHARD, os.path.join(tmp, "changed", "c_000000.bin"), 7, 11)
+        p = run(BASE + args + ["--log-dir", logs], tmp)
+        expect_fail(p, phrases, what)
+    p = run(BASE + ["--resume", step1, "--max-steps", "2", "--log-dir", logs], tmp, ranks=2)
+    expect_fail(p, [f"cannot resume from {step1}: it was saved by preset tiny on 1 ranks; this run is preset tiny on 2"],
+                "a resume on another world size")
+    check(nothing_in(logs) and nothing_in(os.path.join(tmp, "later")), "resume errors: no log, nothing saved")
+
+    # an accepted change: a WARNING in the log, the resumed run named in the header; on the CPU build
+    # wgmma and mma give the same bits, so the val loss equals the uninterrupted run's
+    resumed = os.path.join(tmp, "resumed")
+    p = run(BASE + ["--resume", step1, "--max-steps", "2", "--mlp-kernel", "wgmma", "--resume-changed",
+                    "--save-checkpoint", base, "--log-dir", tmp, "--run-id", "seg2"], tmp)
+    expect_ok(p, "a resume with --resume-changed")
+    log2 = os.path.join(tmp, "seg2.txt")
+    text2 = open(log2).read()
+    check("WARNING: resume: --resume-changed: mlp_kernel mma in the checkpoint, wgmma in this run" in text2,
+          "the accepted change is a WARNING in the log")
+    check(re.search(r"^run_id: seg2\nresumes: base step 1$", text2, re.M) is not None, "the header names the run it resumes")
+    val = lambda t: re.search(r"^step:2/34 val_loss:(\S+) train_time:(\d+)ms", t, re.M)
+    base_text = open(base_log).read()
+    check(val(text2).group(1) == val(base_text).group(1), "the resumed run's val loss equals the uninterrupted run's")
+    check(re.fullmatch(r"finished: steps 1\.\.2 of 34, train_time:\d+ms", last_line(log2)) is not None,
+          f"a finished run's last line: {last_line(log2)}")
+    check(re.search(r'"lineage":"base"', open(os.path.join(ckpt_dir(base, 2), "manifest.json")).read()) is not None,
+          "the resume saved into its chain's directory, as run base's")
+    # stats.py counts the resumed run once, over both segments: base's time at its step-1 save plus seg2's
+    saved = int(re.search(r"^saved checkpoint \S+ step:1 train_time:(\d+)ms$", base_text, re.M).group(1))
+    stats = [sys.executable, os.path.join(REPO, "scripts", "stats.py"), "--json"]
+    p = subprocess.run(stats + [base_log, log2], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    got = {r["run_id"]: r["train_time_s"] for r in __import__("json").loads(p.stdout)["runs"]} if p.stdout else {}
+    want = round((saved + int(val(text2).group(2))) / 1000, 3)
+    check(got == {"seg2": want} and "an earlier segment of the resumed run seg2" in p.stderr,
+          f"stats.py: seg2 counts {want} s over both segments ({got}; {p.stderr.strip()[-200:]})")
+    p = subprocess.run(stats + [log2], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    check(p.returncode == 1 and "the log of its earlier segment, run base (its steps up to 1), is not among the logs" in p.stderr,
+          f"stats.py without the first segment refuses to count it ({p.stderr.strip()[-200:]})")
+
+
+def test_stop_signals(tmp):
+    """SIGUSR1 (a scheduler's pre-emption notice) and SIGHUP (a closed terminal) end the log with
+    the signal's name and kill the run as the signal would."""
+    for sig in (signal.SIGUSR1, signal.SIGHUP):
+        logs = os.path.join(tmp, "stoplogs")
+        log = os.path.join(logs, f"{sig.name}.txt")
+        p = subprocess.Popen([BINARY] + BASE + ["--max-steps", "3", "--log-dir", logs, "--run-id", sig.name], cwd=tmp,
+                             env=dict(os.environ, EMU_WORKERS="2"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(1200):
+            if (os.path.exists(log) and "\n" + "=" * 100 + "\n" in open(log).read()[-2000:]) or p.poll() is not None:
+                break
+            time.sleep(0.05)
+        p.send_signal(sig)
+        p.communicate(timeout=120)
+        check(p.returncode == -sig and last_line(log) == f"fail: stopped by {sig.name}",
+              f"{sig.name}: rc {p.returncode}, the log ends '{last_line(log)}'")
 
 
 def main():
@@ -514,6 +739,13 @@ def main():
         test_vocabulary(tmp)
         test_signal(tmp)
         test_two_ranks(tmp)
+        started = time.time()
+        test_mode_flags(tmp)
+        test_data_at_startup(tmp)
+        test_outputs_belong_to_one_run(tmp, base, base_log)
+        test_final_validation_keeps_checkpoint(tmp)
+        test_stop_signals(tmp)
+        print(f"issue 28's cases: {time.time() - started:.1f} s", flush=True)
     finally:
         for mnt in [os.path.join(tmp, "mnt")]:
             if os.path.ismount(mnt):

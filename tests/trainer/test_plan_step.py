@@ -92,8 +92,9 @@ def test_plan(tmp):
         out = os.path.join(tmp, f"tiny{ranks}")
         os.makedirs(out)
         js, trace = os.path.join(out, "plan.json"), os.path.join(out, "trace.json")
-        p = must(run(["--preset", "tiny", "--plan-step", "--json", js, "--trace", trace, "--log-dir",
-                      os.path.join(out, "logs")], ranks), f"tiny --plan-step on {ranks} rank(s)")
+        # run in `out`: a log would land in out/logs, the default --log-dir (which --plan-step refuses)
+        p = must(run(["--preset", "tiny", "--plan-step", "--json", js, "--trace", trace], ranks, cwd=out),
+                 f"tiny --plan-step on {ranks} rank(s)")
         check_plan_json(json.load(open(js)), ranks, "tiny", 34)
         events = json.load(open(trace))["traceEvents"]
         pids = {e["pid"] for e in events}

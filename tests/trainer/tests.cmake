@@ -10,8 +10,10 @@ else()
 endif()
 
 # Bad inputs and faults (tests/trainer/test_failures.py): flags, startup checks, a full log disk,
-# checkpoint manifests and mixed or damaged rank files, non-finite state, signals. Mounts a small
-# tmpfs when it runs as root, else uses the CPU build's TRAIN_GPT_LOG_LIMIT.
+# checkpoint manifests and mixed or damaged rank files, non-finite state, signals; issue 28's outputs
+# that could be lost, overwritten, skipped or invalidated (flags per mode, EMU_* ranges, checkpoint
+# directory ownership, resume checks, how a log ends). Mounts a small tmpfs when it runs as root,
+# else uses the CPU build's TRAIN_GPT_LOG_LIMIT.
 if(Python3_Interpreter_FOUND)
   add_test(NAME test_trainer_failures COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_failures.py
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
