@@ -556,9 +556,9 @@ class RunAb(unittest.TestCase):
         # Each arm ran its binary with every seed once, the flags passed on; the platform check
         # once per arm, before its first run.
         calls = self.calls()
+        # (run_record.sh gives the platform check only the flags it reads: the others are refused there)
         self.assertEqual([c for c in calls if "--check-platform" in c],
-                         [[arm, "--run-id", ANY, "--log-dir", ANY, "--seed", ANY, "--preset", "tiny", "--max-steps", "6",
-                           "--check-platform"] for arm in "AB"])
+                         [[arm, "--preset", "tiny", "--check-platform"] for arm in "AB"])
         trained = [c for c in calls if "--check-platform" not in c]
         self.assertEqual([c[0] for c in trained], plan_order(4))
         for c in trained:
