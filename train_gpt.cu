@@ -1438,6 +1438,7 @@ int main(int argc, char** argv) {
 
     Distributed d = start_distributed(&argc, &argv);
     cfg.world_size = d.world;
+    opt.run_id = rank0_string(opt.run_id);  // a random id is drawn on each rank: the run's is rank 0's
     if (const std::string e = config_error(cfg); !e.empty()) fail(e);
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
@@ -1502,14 +1503,15 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMalloc(&r.finite_flags, kMaxStateBuffers * sizeof(int)));
     if (planning) return plan_step_mode(r, plan_data, cl.plan);
     if (d.rank == 0) open_log(r, log_path);
-    log_preamble(r);
+    log_preamble(r);  // collective: the log exists on every rank's return
+    open_log_for_failures(d.rank, log_path);
     try {
         run_training(r);
     } catch (const std::exception& e) {  // data errors
         fail(e.what());
     }
     CUDA_CHECK(sync_stream(stream, "end_of_run"));
-    g_log_fd = -1;
+    close_log_for_failures();
     if (r.log && std::fclose(std::exchange(r.log, nullptr)) != 0)
         fail("cannot write the log " + log_path + ": " + std::strerror(errno));
     r.losses.release();

@@ -670,16 +670,26 @@ struct Kernel {
     int mr, nr;
     TileFn tile;
 };
+// EMU_GEMM unset, or one of the kernels: a typo is not a choice.
+void check_gemm_env() {
+    const char* want = std::getenv("EMU_GEMM");
+    const std::string w = want ? want : "";
+    if (!w.empty() && w != "avx512" && w != "avx2" && w != "generic") {
+        std::fprintf(stderr, "emu: EMU_GEMM=%s is not one of avx512, avx2, generic\n", want);
+        std::exit(2);
+    }
+}
+// Checked when the program starts, before it writes anything (a log): a bad value stops it at once.
+// Only checked: the settings are still read at their first use, so a test may set them in main().
+[[maybe_unused]] const bool kGemmEnvCheckedAtStart = (check_gemm_env(), true);
+
 // The widest kernel this CPU runs; EMU_GEMM=avx512|avx2|generic forces one (tests cover each).
 const Kernel& gemm_kernel() {
     static const Kernel k = [] {
         const Kernel generic{"generic", 8, 4, tile_generic};
+        check_gemm_env();
         const char* want = std::getenv("EMU_GEMM");
         const std::string w = want ? want : "";
-        if (!w.empty() && w != "avx512" && w != "avx2" && w != "generic") {  // a typo is not a choice
-            std::fprintf(stderr, "emu: EMU_GEMM=%s is not one of avx512, avx2, generic\n", want);
-            std::exit(2);
-        }
 #if defined(__x86_64__)
         __builtin_cpu_init();
         const bool has512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
@@ -700,8 +710,6 @@ const Kernel& gemm_kernel() {
     }();
     return k;
 }
-// Read when the program starts, before it writes anything (a log): a bad value stops it at once.
-[[maybe_unused]] const bool kGemmKernelReadAtStart = (gemm_kernel(), true);
 
 void run_gemm(const Gemm& g) {
     const Problem& p = g.p;

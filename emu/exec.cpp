@@ -283,24 +283,26 @@ struct Settings {
     bool profile;
 };
 
+Settings read_settings() {
+    Settings r;
+    // Ranks of one node share its cores: by default each takes its part of them.
+    constexpr size_t kMany = size_t(1) << 20;
+    size_t local_ranks = env_size("OMPI_COMM_WORLD_LOCAL_SIZE", env_size("MPI_LOCALNRANKS", 1, 1, kMany), 1, kMany);
+    size_t cores = std::max<size_t>(1, std::thread::hardware_concurrency());
+    r.workers = static_cast<unsigned>(env_size("EMU_WORKERS", std::max<size_t>(1, cores / local_ranks), 1, 1024));
+    r.random_seed = env_size("EMU_RANDOM_ORDER", 0, 0, UINT64_MAX);
+    // the kernels' deepest frames fit in 64 KiB with room to spare; 64 MiB per fiber is plenty
+    r.stack_bytes = env_size("EMU_STACK_KB", 256, kMinStackKb, 65536) * 1024;
+    r.profile = env_size("EMU_PROFILE", 0, 0, 1) != 0;
+    return r;
+}
 const Settings& settings() {
-    static const Settings s = [] {
-        Settings r;
-        // Ranks of one node share its cores: by default each takes its part of them.
-        constexpr size_t kMany = size_t(1) << 20;
-        size_t local_ranks = env_size("OMPI_COMM_WORLD_LOCAL_SIZE", env_size("MPI_LOCALNRANKS", 1, 1, kMany), 1, kMany);
-        size_t cores = std::max<size_t>(1, std::thread::hardware_concurrency());
-        r.workers = static_cast<unsigned>(env_size("EMU_WORKERS", std::max<size_t>(1, cores / local_ranks), 1, 1024));
-        r.random_seed = env_size("EMU_RANDOM_ORDER", 0, 0, UINT64_MAX);
-        // the kernels' deepest frames fit in 64 KiB with room to spare; 64 MiB per fiber is plenty
-        r.stack_bytes = env_size("EMU_STACK_KB", 256, kMinStackKb, 65536) * 1024;
-        r.profile = env_size("EMU_PROFILE", 0, 0, 1) != 0;
-        return r;
-    }();
+    static const Settings s = read_settings();
     return s;
 }
-// Read when the program starts, before it writes anything (a log): a bad value stops it at once.
-[[maybe_unused]] const bool kSettingsReadAtStart = (settings(), true);
+// Checked when the program starts, before it writes anything (a log): a bad value stops it at once.
+// Only checked: the settings are still read at their first use, so a test may set them in main().
+[[maybe_unused]] const bool kSettingsCheckedAtStart = (read_settings(), true);
 
 Worker& this_worker() {
     static thread_local std::unique_ptr<Worker> w;

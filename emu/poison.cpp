@@ -97,19 +97,21 @@ unsigned char* tls_block() {
 
 }  // namespace
 
+bool read_poison_enabled() {
+    const char* v = std::getenv("EMU_POISON");
+    if (v && *v && std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
+        std::fprintf(stderr, "emu: EMU_POISON=%s: expected 0 or 1\n", v);
+        std::exit(2);
+    }
+    return env_on("EMU_POISON") || env_on("EMU_RANDOM_ORDER");
+}
 bool poison_enabled() {
-    static const bool on = [] {
-        const char* v = std::getenv("EMU_POISON");
-        if (v && *v && std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0) {
-            std::fprintf(stderr, "emu: EMU_POISON=%s: expected 0 or 1\n", v);
-            std::exit(2);
-        }
-        return env_on("EMU_POISON") || env_on("EMU_RANDOM_ORDER");
-    }();
+    static const bool on = read_poison_enabled();
     return on;
 }
-// Read when the program starts, before it writes anything (a log): a bad value stops it at once.
-[[maybe_unused]] const bool kPoisonReadAtStart = (poison_enabled(), true);
+// Checked when the program starts, before it writes anything (a log): a bad value stops it at once.
+// Only checked: the settings are still read at their first use, so a test may set them in main().
+[[maybe_unused]] const bool kPoisonCheckedAtStart = (read_poison_enabled(), true);
 
 void poison_fresh(void* p, size_t bytes) {
     if (poison_enabled() && p && bytes) std::memset(p, kPoisonByte, bytes);

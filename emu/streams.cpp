@@ -64,31 +64,33 @@ struct Settings {
     StreamMode mode = StreamMode::immediate;
     uint64_t seed = 1;
 };
-const Settings& settings() {
-    static const Settings s = [] {
-        Settings r;
-        const char* v = std::getenv("EMU_STREAMS");
-        const std::string text = v ? v : "";
-        if (text.empty() || text == "immediate") return r;
-        if (text.rfind("deferred", 0) != 0 || (text.size() > 8 && text[8] != ':')) {
-            std::fprintf(stderr, "emu: EMU_STREAMS=%s is not 'immediate', 'deferred' or 'deferred:SEED'\n", v);
+Settings read_settings() {
+    Settings r;
+    const char* v = std::getenv("EMU_STREAMS");
+    const std::string text = v ? v : "";
+    if (text.empty() || text == "immediate") return r;
+    if (text.rfind("deferred", 0) != 0 || (text.size() > 8 && text[8] != ':')) {
+        std::fprintf(stderr, "emu: EMU_STREAMS=%s is not 'immediate', 'deferred' or 'deferred:SEED'\n", v);
+        std::exit(2);
+    }
+    r.mode = StreamMode::deferred;
+    if (text.size() > 9) {
+        char* end = nullptr;
+        r.seed = std::strtoull(text.c_str() + 9, &end, 10);
+        if (*end != '\0') {
+            std::fprintf(stderr, "emu: EMU_STREAMS=%s: the seed is not a number\n", v);
             std::exit(2);
         }
-        r.mode = StreamMode::deferred;
-        if (text.size() > 9) {
-            char* end = nullptr;
-            r.seed = std::strtoull(text.c_str() + 9, &end, 10);
-            if (*end != '\0') {
-                std::fprintf(stderr, "emu: EMU_STREAMS=%s: the seed is not a number\n", v);
-                std::exit(2);
-            }
-        }
-        return r;
-    }();
+    }
+    return r;
+}
+const Settings& settings() {
+    static const Settings s = read_settings();
     return s;
 }
-// Read when the program starts, before it writes anything (a log): a bad value stops it at once.
-[[maybe_unused]] const bool kSettingsReadAtStart = (settings(), true);
+// Checked when the program starts, before it writes anything (a log): a bad value stops it at once.
+// Only checked: the settings are still read at their first use, so a test may set them in main().
+[[maybe_unused]] const bool kSettingsCheckedAtStart = (read_settings(), true);
 
 struct Engine {
     std::recursive_mutex m;

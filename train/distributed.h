@@ -57,6 +57,16 @@ std::string host_list(const Distributed& d) {
     }
     return out;
 }
+// Rank 0's string on every rank. Collective.
+std::string rank0_string(const std::string& mine) {
+    uint64_t n = mine.size();
+    host_broadcast(&n, sizeof n);
+    std::string out = mine;
+    out.resize(n);
+    host_broadcast(out.data(), n);
+    return out;
+}
+
 // Every rank stops cleanly (no host_abort) when any rank's check failed; the lowest failing rank
 // prints its message. Collective.
 void agree_or_exit(Distributed& d, const std::string& error) {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <fcntl.h>
 #include <unistd.h>
 #include <utility>
 
@@ -22,12 +23,34 @@
 // `fail:` nor `finished:` is a run that was killed outright (SIGKILL, a lost node, a power cut).
 int g_log_fd = -1;
 
+// The other ranks hold the same log open only to append their own fatal error, `fail: rank N: <why>`
+// (where the file is visible to them: one node, or a shared file system; elsewhere -1 and the message
+// is on that rank's stderr alone). Rank 0 appends too (O_APPEND), so no line overwrites another.
+int g_rank_fail_fd = -1;
+int g_fail_rank = 0;
+
 // Appends `fail: <why>` to the log, once (a plain write: fail runs wherever the run stops).
 void log_failure(const std::string& why) {
-    if (g_log_fd < 0) return;
-    const std::string line = "fail: " + why + "\n";
-    const int fd = std::exchange(g_log_fd, -1);  // the first failure is the one to report
+    int fd = std::exchange(g_log_fd, -1);  // the first failure is the one to report
+    std::string line = "fail: " + why + "\n";
+    if (fd < 0) {
+        fd = std::exchange(g_rank_fail_fd, -1);
+        line = "fail: rank " + std::to_string(g_fail_rank) + ": " + why + "\n";
+    }
+    if (fd < 0) return;
     if (write(fd, line.data(), line.size()) < 0) return;  // the message is on stderr either way
+}
+
+// Every rank but 0, once rank 0 has made the log (after a collective that follows open_log).
+void open_log_for_failures(int rank, const std::string& path) {
+    if (rank == 0) return;
+    g_fail_rank = rank;
+    g_rank_fail_fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+}
+// The run finished: no later exit is a failure of it.
+void close_log_for_failures() {
+    g_log_fd = -1;
+    if (const int fd = std::exchange(g_rank_fail_fd, -1); fd >= 0) close(fd);
 }
 
 // A run that exits through std::exit before its end without fail() (CUDA_CHECK, NCCL_CHECK, a
@@ -220,6 +243,9 @@ void open_log(Run& r, const std::string& path) {
     r.log = std::fopen(path.c_str(), "wx");
     if (!r.log) fail("cannot create the log " + path + ": " + std::strerror(errno));
     g_log_fd = fileno(r.log);  // every line is flushed at once, so a direct write lands after the last
+    // appending, as the other ranks' failure lines do, so that neither overwrites the other
+    if (fcntl(g_log_fd, F_SETFL, fcntl(g_log_fd, F_GETFL) | O_APPEND) != 0)
+        fail("cannot set the log " + path + " to append: " + std::strerror(errno));
     std::atexit(log_early_exit);
     std::printf("%s\n", path.c_str());
     const std::string rule(100, '-');

@@ -407,6 +407,12 @@ def test_two_ranks(tmp):
     shutil.copy(os.path.join(copied, "rank0.safetensors"), os.path.join(copied, "rank1.safetensors"))
     p = run(BASE + ["--resume", copied, "--max-steps", "2", "--log-dir", logs], tmp, ranks=2)
     expect_fail(p, [f"{copied}/rank1.safetensors is", "a file of another save, or damaged"], "rank 0's file over rank 1's")
+    # rank 1 finds it after the log exists: its message is in rank 0's log too (the ranks share one run
+    # id, drawn on rank 0), before the line of the signal that then stopped rank 0
+    made = [os.path.join(logs, n) for n in os.listdir(logs)] if os.path.isdir(logs) else []
+    tail = open(made[0]).read().splitlines()[-3:] if len(made) == 1 else []
+    check(any(line.startswith(f"fail: rank 1: cannot resume from {copied}: {copied}/rank1.safetensors is")
+              for line in tail), f"rank 1's fatal error is in the log's last lines ({made}: {tail})")
 
     # what a killed re-save leaves: no manifest, rank 0 from the new save, rank 1 from the old one
     mixed = os.path.join(tmp, "mixed", "step000001")
@@ -526,7 +532,7 @@ def test_mode_flags(tmp):
     parse time or at program start: nothing written."""
     logs = os.path.join(tmp, "modelogs")
     for args, phrase in [
-            (["--print-memory", "--max-steps", "3"], "--max-steps does nothing with --print-memory (it takes only --preset)"),
+            (["--print-memory", "--max-steps", "3"], "--max-steps does nothing with --print-memory (it takes only --preset, --ranks)"),
             (["--dump-batches", "2", "--log-dir", logs], "--log-dir does nothing with --dump-batches"),
             (["--dump-batches", "2", "--seed", "3"], "--seed does nothing with --dump-batches"),
             (["--check-platform", "--resume", logs], "--resume does nothing with --check-platform"),
