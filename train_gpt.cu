@@ -20,12 +20,22 @@
 #include "kernels/optim.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/transpose.cuh"
-#include "train/arena.h"
-#include "train/distributed.h"
-#include "train/flags.h"
-#include "train/init_random.h"
-#include "train/platform_check.h"
-#include "train/streams.h"
+#include "runtime/arena.h"
+#include "runtime/batch_producer.h"
+#include "runtime/checkpoint_io.h"
+#include "runtime/data_checks.h"
+#include "runtime/device_batch.h"
+#include "runtime/distributed.h"
+#include "runtime/finite.h"
+#include "runtime/flags.h"
+#include "runtime/init_random.h"
+#include "runtime/log.h"
+#include "runtime/memory_plan.h"
+#include "runtime/output_checks.h"
+#include "runtime/platform_check.h"
+#include "runtime/step_losses.h"
+#include "runtime/stop_signals.h"
+#include "runtime/streams.h"
 
 #include <nccl.h>
 
@@ -34,6 +44,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdarg>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -91,6 +102,7 @@ struct Config {
         return micro_tokens(m);
     }
     int val_micro_tokens() const { return micro_tokens(val_batch_tokens); }
+    TokenSpace tokens() const { return {vocab_size, padded_vocab, bigram_vocab}; }
     int max_window_tokens() const {
         int m = final_ws_long;
         for (const TrainingStage& s : stages) m = std::max(m, s.ws_long);
@@ -427,7 +439,6 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.scratch = static_cast<float*>(a.take_bytes("bw.scratch", w.scratch_bytes));
 }
 
-#include "train/device_batch.h"
 #include "train/buckets.h"
 
 // What the schedule decides for one forward.
@@ -500,7 +511,7 @@ void layout_activations(Arena& a, Model& m) {
     a.rewind_to(shared, std::max(high, a.mark()));
 }
 
-// ---- initialization, as upstream's GPT.__init__ (values from train/init_random.h's counter-based
+// ---- initialization, as upstream's GPT.__init__ (values from runtime/init_random.h's counter-based
 // generator, so the same seed gives the same parameters on any GPU and in the CPU build) ----
 
 // The scalars vector as upstream starts it; the tail is padding: ones, as upstream.
@@ -800,6 +811,29 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
 // ============================================================================================
 // The schedule: upstream's TrainingSchedule and get_muon_momentum, host functions of the step.
 // ============================================================================================
+// The lr multiplier of `step` (upstream TrainingSchedule.get_lr): the stage's lr_mul until the
+// cooldown, which starts at int(scheduled_iterations * (1 - cooldown_frac)) and blends linearly to 0.1
+// at scheduled_iterations (and stays there). The caller looks up the step's stage.
+constexpr double kLrCooldownFloor = 0.1;
+inline double lr_schedule(int step, double stage_lr_mul, int scheduled_iterations, double cooldown_frac) {
+    const int cd_start = static_cast<int>(static_cast<double>(scheduled_iterations) * (1.0 - cooldown_frac));
+    if (step < cd_start || scheduled_iterations <= cd_start) return stage_lr_mul;
+    const double t =
+        std::min(1.0, static_cast<double>(step - cd_start) / static_cast<double>(scheduled_iterations - cd_start));
+    return stage_lr_mul * (1.0 - t) + kLrCooldownFloor * t;
+}
+
+// NorMuon's momentum at `step` (upstream get_muon_momentum): linear warm-up from lo to hi over the
+// first warmup_steps, hi, then linear cool-down back toward lo over the last cooldown_steps of
+// total_steps (scheduled plus extension).
+inline double muon_momentum(int step, int total_steps, int warmup_steps = 300, int cooldown_steps = 50,
+                            double lo = 0.85, double hi = 0.95) {
+    const int cd_start = total_steps - cooldown_steps;
+    if (step < warmup_steps) return lo + static_cast<double>(step) / warmup_steps * (hi - lo);
+    if (step > cd_start) return hi - static_cast<double>(step - cd_start) / cooldown_steps * (hi - lo);
+    return hi;
+}
+
 struct Schedule {
     const Config& c;
     std::vector<int> starts;  // first step of each stage; the last (extension) stage ends at total_steps
@@ -924,7 +958,7 @@ struct Optimizer {
     bool sparse = false;
     int sparse_max_touched = 0;
     void* sparse_buffer;
-    std::unique_ptr<SparseRowExchange> exchange;  // its plans come with the batches (train/batch_producer.h)
+    std::unique_ptr<SparseRowExchange> exchange;  // its plans come with the batches (runtime/batch_producer.h)
     OptimGroup& operator[](const char* label) { return group[param_group(label)]; }
 };
 
@@ -1180,7 +1214,46 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
 }
 
-#include "train/memory_plan.h"
+// ---- the memory plan: every arena of a rank for a config, measured without a device ----
+
+MemoryPlan plan_memory(Model& m, Optimizer& o, int world) {
+    layout_params(m.param_arena, m.cfg, m.params);
+    layout_params(m.grad_arena, m.cfg, m.grads);
+    layout_state(m.state_arena, m);
+    layout_activations(m.act_arena, m);
+    o.world = world;
+    layout_optimizer(o.arena, o, m.cfg, m.params, m.grads, world == 8 && m.cfg.grad_accum() == 1);
+    return {m.param_arena.bytes(), m.grad_arena.bytes(), m.state_arena.bytes(), m.act_arena.bytes(),
+            o.arena.bytes(), CublasLt::kWorkspaceBytes};
+}
+
+std::vector<StateTotal> optimizer_state_totals(const Optimizer& o) {
+    std::vector<StateTotal> out;
+    for (const OptimGroup& q : o.group) add_state_totals(out, q.state);
+    return out;
+}
+
+// ranks: the world size planned for (8, or 1 for one GPU: its optimizer state unsharded, 8 micro-steps).
+void print_memory_plan(const Config& c, FILE* f, int ranks) {
+    if (const std::string e = config_error(c); !e.empty()) {
+        std::fprintf(stderr, "train_gpt: %s\n", e.c_str());
+        std::exit(EXIT_FAILURE);
+    }
+    Model m;
+    m.cfg = c;
+    m.cfg.world_size = ranks;
+    Optimizer o;
+    const MemoryPlan plan = plan_memory(m, o, ranks);
+    std::fprintf(f, "memory plan per rank, preset %s (%d rank%s; %d train and %d eval tokens per micro-step):\n",
+                 c.name.c_str(), ranks, ranks == 1 ? "" : "s", m.cfg.max_train_tokens(), m.cfg.val_micro_tokens());
+    print_memory_breakdown(plan, m.param_arena, m.grad_arena, m.state_arena, m.act_arena, o.arena, optimizer_state_totals(o), f);
+}
+
+// What the run allocates on the device: every arena and cuBLASLt's workspace (the log's peak line).
+size_t allocated_bytes(const Model& m, const Optimizer& o) {
+    return m.param_arena.bytes() + m.grad_arena.bytes() + m.state_arena.bytes() + m.act_arena.bytes() + o.arena.bytes() +
+           CublasLt::kWorkspaceBytes;
+}
 
 // ============================================================================================
 // The training run: upstream's main section. Schedule state, batches, validation, logging,
@@ -1193,11 +1266,8 @@ struct ScheduleState {
     int64_t batch_tokens = 0;
 };
 
-#include "train/batch_producer.h"
-#include "train/step_losses.h"
-
 // Host state of the run. A step never waits for the device: its batches come from the producer
-// thread's pinned slots, its losses land in pinned rows read where needed (train/step_losses.h).
+// thread's pinned slots, its losses land in pinned rows read where needed (runtime/step_losses.h).
 struct Run {
     Model& m;
     Optimizer& o;
@@ -1207,7 +1277,9 @@ struct Run {
     cudaStream_t s;
     Run(Model& model, Optimizer& optimizer, const Schedule& schedule, const RunOptions& options, Distributed& dist,
         cudaStream_t stream)
-        : m(model), o(optimizer), sch(schedule), opt(options), d(dist), s(stream) {}
+        : m(model), o(optimizer), sch(schedule), opt(options), d(dist), s(stream) {
+        log.rank = dist.rank;
+    }
     ScheduleState state;
     int n_predict = 1;              // MTP weights of the current step
     std::unique_ptr<BatchProducer> batches;
@@ -1217,10 +1289,9 @@ struct Run {
     StepLosses losses;
     int* finite_flags = nullptr;  // device: one flag per buffer the finite check covers
     std::string first_nonfinite;  // CPU build: where a non-finite value first appeared
-    FILE* log = nullptr;
-    std::string log_path;
+    LogSink log;
     // rank 0: the chain of runs this one belongs to (its first run's id), what a resume of its
-    // checkpoints must match (train/startup_checks.h), and the checkpoint a resumed run continues
+    // checkpoints must match (runtime/startup_checks.h), and the checkpoint a resumed run continues
     std::string lineage;
     std::vector<std::pair<std::string, std::string>> facts;
     std::string resumes_run_id;
@@ -1236,10 +1307,198 @@ struct Run {
     }
 };
 
-#include "train/log.h"
-#include "train/finite.h"
-#include "train/checkpoint_io.h"
-#include "train/startup_checks.h"
+// Rank 0 prints to the console and the log (runtime/log.h).
+void print0(Run& r, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    log_vprint(r.log, fmt, ap);
+    va_end(ap);
+}
+
+void log_config(Run& r) {
+    const Config& c = r.m.cfg;
+    print0(r, "config %s: layers %d, model_dim %d, heads %d x %d, mlp %d, vocab %d (padded %d), bigram_vocab %d\n",
+           c.name.c_str(), kLayers, c.model_dim, c.num_heads, c.head_dim, c.mlp_dim, c.vocab_size, c.padded_vocab,
+           c.bigram_vocab);
+    print0(r, "  steps %d scheduled + %d extension, cooldown %.2f, split at step %d, block %d tokens, final long window %d\n",
+           c.scheduled_iterations, c.extension_iterations, c.cooldown_frac, r.sch.split_step, c.block_size, c.final_ws_long);
+    for (size_t i = 0; i < c.stages.size(); ++i) {
+        const TrainingStage& st = c.stages[i];
+        std::string mtp;
+        for (size_t k = 0; k < st.mtp_start.size(); ++k)
+            mtp += (k ? ", " : "") + std::to_string(st.mtp_start[k]).substr(0, 4) + "->" +
+                   std::to_string(st.mtp_end[k]).substr(0, 4);
+        print0(r, "  stage %zu: from step %d, batch %lld tokens, windows (%d, %d), lr_mul %.2f, mtp [%s]\n", i,
+               r.sch.starts[i], static_cast<long long>(st.batch_tokens), st.ws_short, st.ws_long, st.lr_mul, mtp.c_str());
+    }
+    print0(r, "  adam lr %g eps %g wd %g; normuon lr %g beta2 %g wd %g, momentum %g->%g over %d steps, cool-down %d\n",
+           c.adam_lr, c.adam_eps, c.adam_wd, c.normuon_lr, c.normuon_beta2, c.normuon_wd, c.muon_momentum_min,
+           c.muon_momentum_max, c.muon_warmup_steps, c.muon_cooldown_steps);
+    print0(r, "  world %d, grad_accum %d, val every %d steps on %lld tokens, train %s, val %s, seed %llu\n", r.d.world,
+           c.grad_accum(), r.opt.val_every, static_cast<long long>(c.val_tokens), r.opt.train_files.c_str(),
+           r.opt.val_files.c_str(), static_cast<unsigned long long>(r.opt.seed));
+}
+
+// What follows the source: the environment, the header lines and the config, then a rule.
+void log_preamble(Run& r) {
+    log_environment(r.log, r.d);
+    log_header(r.log, r.d, {r.opt.command, r.opt.seed, r.opt.run_id, r.resumes_run_id, r.resumes_step});
+    log_config(r);
+    print0(r, "%s\n", std::string(100, '=').c_str());
+}
+
+// ---- non-finite values: where the first one is (runtime/finite.h scans the buffers) ----
+
+// The first parameter group (table order) holding a non-finite parameter or gradient, or "".
+std::string nonfinite_group(Run& r) {
+    for (const OptimGroup& q : r.o.group)
+        for (const auto& [what, ptr] : {std::pair{"parameter", q.t.param}, std::pair{"gradient", q.t.grad}})
+            if (has_nonfinite(ptr, q.t.rows * q.t.row_elems, q.t.fp32)) return std::string(what) + " " + q.rule->label;
+    return "";
+}
+
+// The CPU build scans every step, so a failure names where the first non-finite value appeared
+// (a GPU run cannot afford the copies; it only stops).
+void watch_nonfinite(Run& r, int step) {
+    if (!kEmulated || !r.first_nonfinite.empty()) return;
+    await_all_gathered(r.m.gathered, r.s);  // the scan reads every rank's rows
+    if (const std::string g = nonfinite_group(r); !g.empty())
+        r.first_nonfinite = g + " (non-finite before step " + std::to_string(step) + ")";
+}
+
+// This rank's parameters and optimizer state by group, in table order: what a checkpoint holds
+// (the Adam gradients only while they are state: after an even step). NorMuon's mantissa is
+// integer bits, not a float.
+std::vector<StateBuffer> state_buffers(const Run& r, int step) {
+    std::vector<StateBuffer> out;
+    for (const OptimGroup& q : r.o.group) {
+        const std::string label = q.rule->label;
+        const int64_t full = q.t.rows * q.t.row_elems;
+        out.push_back({"param." + label, q.t.param, full, q.t.fp32});
+        for (const StateTensor& t : q.state)
+            if (t.dtype == DType::f32) out.push_back({t.name + ("." + label), t.data, t.elems(), true});
+        if (q.rule->optim == Optim::adam && step % 2 == 1) out.push_back({"grad." + label, q.t.grad, full, q.t.fp32});
+    }
+    return out;
+}
+constexpr int kMaxStateBuffers = 4 * kParamGroups;  // the finite check's device flags (Run::finite_flags)
+
+// Where the first non-finite parameter or optimizer state of any rank is, as "exp_avg.scalars on
+// rank 1", or "" when all are finite. Collective.
+std::string nonfinite_state(Run& r, int step) {
+    await_all_gathered(r.m.gathered, r.s);
+    const std::vector<StateBuffer> bufs = state_buffers(r, step);
+    if (bufs.size() > size_t(kMaxStateBuffers))  // a group registered more float state than the flags hold
+        fail("the finite check covers " + std::to_string(bufs.size()) + " buffers; raise kMaxStateBuffers (" +
+             std::to_string(kMaxStateBuffers) + ")");
+    return first_nonfinite(bufs, r.finite_flags, r.d.world, r.d.rank, r.s);
+}
+
+// Stops the run when a parameter or optimizer state holds a NaN or an infinity (at `step`, `when`).
+void check_finite(Run& r, int step, const char* when) {
+    if (const std::string where = nonfinite_state(r, step); !where.empty())
+        fail("non-finite values in " + where + " at step " + std::to_string(step) + " (" + when + ")");
+}
+
+// The training losses of the steps before `step` (runtime/step_losses.h): each checked for a NaN or
+// an infinity once it has landed (polled, no wait; `wait`: all of them now, at a validation, a save
+// or the end), then the loss of step - 1 printed where --log-train-loss asks (the mean per token
+// over every rank: the run's only MPI call between steps, there only). A failure names the step
+// whose loss went bad, numbered as the log numbers it.
+void check_step_losses(Run& r, int step, bool wait) {
+    StepLosses& l = r.losses;
+    for (int s = l.checked; s < step; ++s) {
+        const bool due = wait || s + StepLosses::kSteps <= step || (r.opt.log_train_loss && s + 1 == step);
+        if (!l.landed(s, due)) break;
+        if (const double loss = l.sum(s); !std::isfinite(loss)) {
+            const std::string where = kEmulated ? r.first_nonfinite : "(the CPU build names the parameter group)";
+            fail("the training loss became " + std::string(std::isnan(loss) ? "NaN" : "infinite") + " at step " +
+                 std::to_string(s + 1) + "; first non-finite: " + (where.empty() ? "the loss itself" : where));
+        }
+        l.checked = s + 1;
+    }
+    if (!r.opt.log_train_loss || step == 0 || l.checked < step) return;
+    const double sum = l.sum(step - 1);
+    const double all = host_sum(sum);
+    print0(r, "step:%d/%d train_loss:%.4f\n", step, r.sch.total_steps,
+           all / double(r.sch.lookup(step - 1).first->batch_tokens));
+}
+
+// ---- checkpoints: one file per rank, DIR/stepNNNNNN/rankR.safetensors (runtime/checkpoint_io.h) ----
+
+// Everything the next step depends on: the parameters (rank 0; every rank holds the same), this
+// rank's optimizer state, the Adam gradients accumulated over an even step, and the counters.
+// The data position and YaRN follow from the step: a resume replays the loader and the schedule.
+// Nothing is written when any rank's parameters or optimizer state hold a non-finite value.
+// The manifest also names the chain of runs the directory belongs to (`lineage`) and what a resume
+// must match to continue the same computation (r.facts: the schedule, the data, the kernels).
+// `training_ms`: the run's training time up to this step, in the log's line for scripts/stats.py.
+void save_checkpoint(Run& r, int step, double training_ms) {
+    refresh_lm_head_copies(r.m, r.s);  // a tied embed follows the last Adam step's lm_head
+    await_all_gathered(r.m.gathered, r.s);
+    CUDA_CHECK(cudaStreamSynchronize(r.s));
+    check_finite(r, step, "before saving a checkpoint");
+    const std::string save_id = new_save_id();
+    CheckpointMeta meta = {{"format", "train_gpt checkpoint 1"}, {"preset", r.m.cfg.name},
+                           {"step", std::to_string(step)},       {"world_size", std::to_string(r.d.world)},
+                           {"rank", std::to_string(r.d.rank)},   {"seed", std::to_string(r.opt.seed)},
+                           {"run_id", r.opt.run_id},              {"save_id", save_id},
+                           {"split_embed", r.o.split ? "1" : "0"}};
+    std::vector<CheckpointTensor> tensors;
+    const bool pending_adam_grads = step % 2 == 1;  // the even step's gradients wait for this odd step
+    for (const OptimGroup& q : r.o.group) {
+        const std::string label = q.rule->label;
+        const char* dt = q.t.fp32 ? "F32" : "BF16";
+        const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes();
+        if (r.d.rank == 0) tensors.push_back({"param." + label, dt, {q.t.rows, q.t.row_elems}, q.t.param, full});
+        for (const StateTensor& t : q.state)
+            tensors.push_back({t.name + ("." + label), safetensors_dtype(t.dtype), t.shape, t.data, t.bytes()});
+        if (q.rule->optim == Optim::adam) {
+            meta.push_back({"adam_steps." + label, std::to_string(q.adam_steps)});
+            if (pending_adam_grads) tensors.push_back({"grad." + label, dt, {q.t.rows, q.t.row_elems}, q.t.grad, full});
+        }
+    }
+    CheckpointMeta manifest = {{"format", "train_gpt manifest 1"},  {"preset", r.m.cfg.name},
+                               {"step", std::to_string(step)},      {"world_size", std::to_string(r.d.world)},
+                               {"seed", std::to_string(r.opt.seed)}, {"run_id", r.opt.run_id},
+                               {"save_id", save_id},                {"lineage", r.lineage}};
+    manifest.insert(manifest.end(), r.facts.begin(), r.facts.end());
+    std::string dir;
+    try {
+        dir = write_checkpoint(r.opt.save_dir, step, r.d.rank, r.d.world, meta, tensors, manifest);
+    } catch (const std::exception& e) {
+        fail(e.what());
+    }
+    print0(r, "saved checkpoint %s step:%d train_time:%.0fms\n", dir.c_str(), step, training_ms);
+}
+
+// Loads the checkpoint in `dir` (a stepNNNNNN directory a run of the same preset, world size and
+// seed saved), verified against its manifest and tensor by tensor against this run's dtypes and
+// shapes; returns its step.
+int load_checkpoint(Run& r, const std::string& dir) {
+    try {
+        const OpenCheckpoint f = open_checkpoint(dir, r.d.rank, {r.m.cfg.name, r.d.world, r.opt.seed},
+                                                 r.opt.resume_unverified, r.log);
+        r.o.split = f.mine.meta("split_embed") == "1";
+        r.m.lm_head_fp8_stale = true, r.m.embed_stale = false;  // a saved embed is lm_head's already while tied
+        for (OptimGroup& q : r.o.group) {
+            const std::string label = q.rule->label;
+            const char* dt = q.t.fp32 ? "F32" : "BF16";
+            const std::vector<int64_t> whole = {q.t.rows, q.t.row_elems};
+            const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes();
+            read_tensor(f.first, {"param." + label, dt, whole, q.t.param, full});
+            for (const StateTensor& t : q.state)
+                read_tensor(f.mine, {t.name + ("." + label), safetensors_dtype(t.dtype), t.shape, t.data, t.bytes()});
+            if (q.rule->optim == Optim::adam) {
+                q.adam_steps = std::stoi(f.mine.meta("adam_steps." + label));
+                if (f.step % 2 == 1) read_tensor(f.mine, {"grad." + label, dt, whole, q.t.grad, full});
+            }
+        }
+        return f.step;
+    } catch (const std::exception& e) {
+        fail("cannot resume from " + dir + ": " + e.what());
+    }
+}
 
 // Applies the schedule of `step`: windows (YaRN follows the long window), batch size, MTP weight count.
 void advance_schedule(Run& r, int step) {
@@ -1260,7 +1519,115 @@ void reset_schedule(Run& r) {
     yarn_rope_reset(r.m.rope, r.s);
 }
 
-#include "train/batches.h"
+// The host buffers a validation micro-batch is read into and the pinned rows of the steps' losses
+// (the training batches are the producer's: runtime/batch_producer.h).
+void allocate_host_buffers(Run& r) {
+    const Config& c = r.m.cfg;
+    const int T = c.val_micro_tokens();
+    r.inputs.resize(T);
+    r.targets.resize(T);
+    r.bigram.resize(T);
+    r.cu.resize(dataload::max_num_docs_for(T));
+    r.losses.allocate(c.grad_accum());
+}
+
+// The next validation micro-batch onto the device.
+void load_val_batch(Run& r) {
+    dataload::BatchBuffers buf{r.inputs.data(), r.targets.data(), r.cu.data(), r.bigram.data(),
+                               static_cast<int64_t>(r.inputs.size()), static_cast<int64_t>(r.cu.size())};
+    const dataload::Batch batch = r.val->next(buf);
+    if (const std::string e = vocabulary_error(batch, r.inputs.data(), r.targets.data(), r.m.cfg.vocab_size, r.val->files(),
+                                               r.d.rank);
+        !e.empty())
+        fail(e);
+    r.uploader.upload(r.m.eval_batch, r.m.cfg.tokens(), r.inputs.data(), r.targets.data(), r.cu.data(),
+                      static_cast<int>(batch.cu_entries), r.bigram.data(), static_cast<int>(batch.num_tokens), r.s);
+}
+
+// The shapes of the training micro-batches, and the schedule's batch of each step of `steps`, as the
+// batch producer follows them.
+BatchShape batch_shape(const Config& c) { return {c.max_train_tokens(), c.max_seq_len, c.grad_accum(), c.tokens()}; }
+std::vector<StepBatch> step_batches(const Schedule& sch, const std::vector<int>& steps) {
+    std::vector<StepBatch> out;
+    for (int step : steps) out.push_back({sch.lookup(step).first->batch_tokens, sch.mtp_weights(step)});
+    return out;
+}
+
+// The training batches of `steps` from a fresh loader (from the data's start), made by the producer
+// thread; those of steps before first_made are walked, not made (a resumed run's position). The
+// sparse bigram exchange's plans come with them where it is active. Losses are checked from first_made.
+void start_batches(Run& r, BatchSchedule plan, int repeat = 1) {
+    const Config& c = r.m.cfg;
+    r.batches.reset();  // its thread stops before the new loader opens
+    dataload::TrainLoader::Options lo;
+    lo.bigram_vocab = c.bigram_vocab;
+    lo.repeat = repeat;
+    const int64_t first = r.sch.lookup(plan.steps.empty() ? 0 : plan.steps.front()).first->batch_tokens;
+    auto loader = std::make_unique<dataload::TrainLoader>(r.opt.train_files, r.d.rank, r.d.world, first, c.max_seq_len,
+                                                          c.grad_accum(), lo);
+    const SparsePlanning sparse = r.o.sparse ? SparsePlanning{r.d.world, r.o.sparse_max_touched, c.bigram_vocab}
+                                             : SparsePlanning{};
+    r.losses.checked = plan.first_made;
+    r.batches = std::make_unique<BatchProducer>(batch_shape(c), std::move(loader), r.d.rank, sparse, r.m.batch.packed_ints,
+                                                plan, step_batches(r.sch, plan.steps));
+}
+
+// The next training micro-batch onto the device, with the step's MTP weights and the sparse
+// exchange's plan: copies on the stream from the slot's pinned memory, the slot's event after them,
+// the slot back to the producer. No host wait.
+void upload_next_batch(Run& r, int step, int micro) {
+    BatchSlot& s = r.batches->next(step, micro);
+    if (s.n_mtp > 0)
+        CUDA_CHECK(copy_async(r.m.mtp_weights, s.mtp, s.n_mtp * sizeof(float), cudaMemcpyHostToDevice, r.s));
+    if (s.has_plan) r.o.exchange->begin(s.plan, r.s);
+    upload_batch(r.m.batch, *s.image, r.s);
+    r.batches->issued();
+}
+
+// A resumed run reaches the checkpoint's YaRN state by replaying the schedule (host work only) up
+// to `step`, and the data position (and the sparse exchange's touched rows) by a producer that
+// walks the loader through the steps before it.
+void replay_to(Run& r, int step, int last) {
+    for (int st = 0; st < step; ++st) advance_schedule(r, st);
+    start_batches(r, {step_range(0, last), step});
+}
+
+// --dump-batches N: rank 0 prints the first N steps' batches of every rank as the loader makes them
+// (what tests/data compares with upstream's loader), through the schedule's batch-size changes.
+void dump_batches_mode(const Config& cfg, int64_t batches, const DataFiles& files, Distributed& d) {
+    agree_or_exit(d, d.rank == 0 ? shard_error("training data", files.train, files.train_default, files.remedy) : "");
+    if (d.rank != 0) return;
+    dataload::DumpConfig dc;
+    dc.files = files.train;
+    dc.world_size = d.world;
+    dc.grad_accum = cfg.grad_accum();
+    dc.batch_tokens = cfg.stages.front().batch_tokens;
+    dc.max_seq_len = cfg.max_seq_len;
+    dc.bigram_vocab = cfg.bigram_vocab;
+    dc.batches = batches;
+    const Schedule sch(cfg);
+    for (size_t k = 1; k < cfg.stages.size(); ++k)
+        if (cfg.stages[k].batch_tokens != cfg.stages[k - 1].batch_tokens && sch.starts[k] < batches)
+            dc.changes.push_back({sch.starts[k], cfg.stages[k].batch_tokens, cfg.max_seq_len});
+    try {
+        dataload::dump_batches(stdout, dc);
+    } catch (const std::exception& e) {
+        fail(e.what());
+    }
+}
+
+// Rank 0's gradient norms (its own micro-steps, before any reduction or tying), one line.
+void log_grad_norms(Run& r, int step) {
+    std::string line;
+    for (const OptimGroup& q : r.o.group) {
+        double sum = 0;
+        for (float x : host_values(q.t.grad, q.t.rows * q.t.row_elems, q.t.fp32, r.s)) sum += double(x) * x;
+        char item[96];
+        std::snprintf(item, sizeof item, " %s:%.6e", q.rule->label, std::sqrt(sum));
+        line += item;
+    }
+    print0(r, "step:%d/%d grad_norms%s\n", step + 1, r.sch.total_steps, line.c_str());
+}
 
 // One training step: grad_accum micro-steps of forward and backward, then the optimizer. The
 // loss of each micro-step lands in r.losses when the stream gets there; no host wait.
@@ -1419,6 +1786,44 @@ void run_training(Run& r) {
 // main
 // ============================================================================================
 
+// The shards of this config and command line (its remedy names the script that makes the preset's).
+DataFiles data_files(const Config& c, const RunOptions& opt) {
+    DataFiles f{opt.train_files, opt.val_files, opt.train_files.empty(), opt.val_files.empty(),
+                c.name == "tiny" ? "python3 data/prepare_tinyshakespeare.py makes it"
+                                 : "python3 data/cached_fineweb10B.py 9 downloads it"};
+    if (f.train_default) f.train = c.train_files[0] == '/' ? c.train_files : repo_dir() + "/" + c.train_files;
+    if (f.val_default) f.val = c.val_files[0] == '/' ? c.val_files : repo_dir() + "/" + c.val_files;
+    return f;
+}
+
+// The command line's changes to the preset (schedule lengths, data, validation tokens), checked at
+// once; opt gets the data files. Returns the run's last step.
+int configure_run(Config& cfg, const CommandLine& cl, RunOptions& opt, DataFiles& files) {
+    if (cl.scheduled > 0) cfg.scheduled_iterations = cl.scheduled;
+    if (cl.extension >= 0) cfg.extension_iterations = cl.extension;
+    files = data_files(cfg, opt);
+    opt.train_files = files.train;
+    opt.val_files = files.val;
+    if (opt.val_tokens > 0) cfg.val_tokens = opt.val_tokens;
+    if (cfg.val_tokens % cfg.val_batch_tokens != 0)
+        usage_error("--val-tokens must be a multiple of the validation batch (" + std::to_string(cfg.val_batch_tokens) +
+                    " tokens)");
+    const int total_steps = cfg.scheduled_iterations + cfg.extension_iterations;
+    const int last = opt.max_steps >= 0 ? std::min(total_steps, opt.max_steps) : total_steps;
+    check_run_options(opt, last);
+    return last;
+}
+
+// What the run's data must hold: the batches of its steps [0, last) and the validation tokens.
+DataNeeds data_needs(const Config& c, int last) {
+    const Schedule sch(c);
+    DataNeeds n{c.vocab_size, c.bigram_vocab, c.max_seq_len, c.grad_accum(), c.stages.front().batch_tokens, {},
+                c.val_batch_tokens, c.val_tokens};
+    for (int step = 0; step < last; ++step) n.step_batch_tokens.push_back(sch.lookup(step).first->batch_tokens);
+    return n;
+}
+
+
 #ifndef TRAIN_GPT_NO_MAIN
 int main(int argc, char** argv) {
     CommandLine cl = parse_command_line(argc, argv);
@@ -1468,12 +1873,14 @@ int main(int argc, char** argv) {
     RunFacts facts;
     ResumePoint resume;
     if (d.rank == 0 && !planning)
-        facts = run_facts(cfg, opt.train_files, opt.attention.value_or(default_attention_kernel()),
-                          opt.mlp_kernel.value_or(default_mlp_kernel()));
-    agree_or_exit(d, d.rank == 0 && !planning && !opt.resume_dir.empty() ? resume_error(opt, cfg, d.world, last, facts, resume)
-                                                                         : "");
+        facts = run_facts(cfg.scheduled_iterations, cfg.extension_iterations, opt.train_files,
+                          opt.attention.value_or(default_attention_kernel()), opt.mlp_kernel.value_or(default_mlp_kernel()));
+    agree_or_exit(d, d.rank == 0 && !planning && !opt.resume_dir.empty()
+                         ? resume_error(opt, cfg.name, d.world, last, facts, resume)
+                         : "");
     std::future<std::string> data_check;
-    if (d.rank == 0 && !planning) data_check = std::async(std::launch::async, data_error, cfg, files, d.world, last);
+    if (d.rank == 0 && !planning)
+        data_check = std::async(std::launch::async, data_error, data_needs(cfg, last), files, d.world);
     Model m;
     Optimizer o;
     const Schedule sch(cfg);
@@ -1502,7 +1909,7 @@ int main(int argc, char** argv) {
     allocate_host_buffers(r);
     CUDA_CHECK(cudaMalloc(&r.finite_flags, kMaxStateBuffers * sizeof(int)));
     if (planning) return plan_step_mode(r, plan_data, cl.plan);
-    if (d.rank == 0) open_log(r, log_path);
+    if (d.rank == 0) open_log(r.log, log_path);
     log_preamble(r);  // collective: the log exists on every rank's return
     open_log_for_failures(d.rank, log_path);
     try {
@@ -1512,8 +1919,7 @@ int main(int argc, char** argv) {
     }
     CUDA_CHECK(sync_stream(stream, "end_of_run"));
     close_log_for_failures();
-    if (r.log && std::fclose(std::exchange(r.log, nullptr)) != 0)
-        fail("cannot write the log " + log_path + ": " + std::strerror(errno));
+    close_log(r.log);
     r.losses.release();
     CUDA_CHECK(cudaFree(r.finite_flags));
     r.batches.reset();

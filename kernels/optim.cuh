@@ -1,7 +1,8 @@
 // The optimizer's math on one rank's shard: Adam with cautious weight decay (bf16 or fp32
 // parameters), NorMuon (momentum, Polar Express through cuBLASLt, low-rank variance normalization,
 // cautious weight decay on a bf16 parameter kept precise by a 16-bit mantissa buffer), and the host
-// schedule functions that give each step's learning rate, momentum and effective weight decay.
+// functions that turn a step's learning rate and momentum (the trainer's schedules) into the kernels'
+// step scalars, effective weight decay included.
 // Communication is not here: the kernels take a rank's shard (gradients already reduced and averaged).
 //
 // Per-step scalars (Adam's step size and decay; NorMuon's lerp weights, lr and decay) are read by the
@@ -691,31 +692,4 @@ inline void normuon_step(CublasLt& lt, const NorMuonShard& shard, const NorMuonS
                            stream);
     normuon_scale_and_update(shard.param, shard.mantissa, v, w.step, w.variance_partials, shard.matrix_lr_mul, scalars,
                              count, rows, cols, stream);
-}
-
-// =====================================================================================
-// Schedules (host): pure functions of the step
-// =====================================================================================
-
-// The lr multiplier of `step` (upstream TrainingSchedule.get_lr): the stage's lr_mul until the
-// cooldown, which starts at int(scheduled_iterations * (1 - cooldown_frac)) and blends linearly to 0.1
-// at scheduled_iterations (and stays there). The caller looks up the step's stage.
-constexpr double kLrCooldownFloor = 0.1;
-inline double lr_schedule(int step, double stage_lr_mul, int scheduled_iterations, double cooldown_frac) {
-    const int cd_start = static_cast<int>(static_cast<double>(scheduled_iterations) * (1.0 - cooldown_frac));
-    if (step < cd_start || scheduled_iterations <= cd_start) return stage_lr_mul;
-    const double t =
-        std::min(1.0, static_cast<double>(step - cd_start) / static_cast<double>(scheduled_iterations - cd_start));
-    return stage_lr_mul * (1.0 - t) + kLrCooldownFloor * t;
-}
-
-// NorMuon's momentum at `step` (upstream get_muon_momentum): linear warm-up from lo to hi over the
-// first warmup_steps, hi, then linear cool-down back toward lo over the last cooldown_steps of
-// total_steps (scheduled plus extension).
-inline double muon_momentum(int step, int total_steps, int warmup_steps = 300, int cooldown_steps = 50,
-                            double lo = 0.85, double hi = 0.95) {
-    const int cd_start = total_steps - cooldown_steps;
-    if (step < warmup_steps) return lo + static_cast<double>(step) / warmup_steps * (hi - lo);
-    if (step > cd_start) return hi - static_cast<double>(step - cd_start) / cooldown_steps * (hi - lo);
-    return hi;
 }

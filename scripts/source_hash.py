@@ -5,7 +5,7 @@
 
 The trainer embeds its sources at build time (cmake/embed_sources.cmake writes them, in order, to
 BUILD_DIR/gen/source_bundle.cpp as byte arrays with a table of their paths) and its log's
-"source_hash:" line is FNV-1a 64 over them, each as its path, a NUL, its text, a NUL (train/log.h,
+"source_hash:" line is FNV-1a 64 over them, each as its path, a NUL, its text, a NUL (runtime/log.h,
 source_hash()). scripts/run_ab.sh records each arm's hash in its manifest before any run, so
 that stats.py can check every log against it. Standard library only.
 Exit status: 0 printed; 1 no bundle, or one this script cannot read.

@@ -590,7 +590,7 @@ MANIFEST_KEYS = ("command", "A", "A_commit", "A_source_hash", "B", "B_commit", "
 # Track 3 (fewest steps) takes the val loss's run-to-run sigma as known and accepts a set of runs
 # when (target - mean) * sqrt(n) >= 0.004: a one-sided z-test whose bar is z >= 0.004 / sigma.
 Z_MARGIN = 0.004
-# This trainer's environment lines (train/log.h): the device line, one gpu line per GPU as
+# This trainer's environment lines (runtime/log.h): the device line, one gpu line per GPU as
 # nvidia-smi reports it at the start (none on the CPU build), and the library versions.
 ENV_LINE = re.compile(r"(command|date_utc|hosts|world_size|device|gpu|cuda_driver|cuda_runtime|cublaslt|nccl): (.+)")
 

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "streams.h"
+#include "../runtime/streams.h"
 
 enum class Bank { attn, mlp };
 constexpr Bank kBanks[] = {Bank::attn, Bank::mlp};

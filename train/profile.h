@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "../data/loader.h"
-#include "host_comm.h"
+#include "../runtime/host_comm.h"
 #include "step_measure.h"
 #include "step_model.h"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """--print-memory's optimizer-state summary against the optimizer arena it summarizes, for both presets.
 
-The summary is a loop over the groups' registered state tensors (train/memory_plan.h); the arena lists
+The summary is a loop over the groups' registered state tensors (runtime/memory_plan.h); the arena lists
 every tensor the optimizer takes, state or not (gradient shards, NorMuon's scratch, ...). Checked: the
 summary names exactly the state tensors a checkpoint saves (README.md's checkpoint table), and each
 name's bytes and group count equal those of the arena's `optim.<group>.<name>` entries, computed here

@@ -1,6 +1,6 @@
-// The assembled model (train_gpt.cu) at the tiny preset: the memory plan, the loss an untrained
-// model must give, bad input, and the loss and every parameter's gradient against the independent
-// double-precision reference (tests/reference/gpt_reference.h) on a Tiny Shakespeare batch.
+// The assembled model (train_gpt.cu) at the tiny preset: the LR and momentum schedules, the memory
+// plan, the loss an untrained model must give, bad input, and the loss and every parameter's gradient
+// against the independent double-precision reference (tests/reference/gpt_reference.h) on a Tiny Shakespeare batch.
 #define TRAIN_GPT_NO_MAIN
 #include "../../train_gpt.cu"
 #include "../reference/gpt_reference.h"
@@ -90,7 +90,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     const dataload::Batch got = loader.next(buf);
     const int T = static_cast<int>(got.num_tokens);
     BatchUploader up;
-    up.upload(m.batch, c, inputs.data(), targets.data(), cu.data(), static_cast<int>(got.cu_entries), bigram.data(), T, s);
+    up.upload(m.batch, c.tokens(), inputs.data(), targets.data(), cu.data(), static_cast<int>(got.cu_entries), bigram.data(), T, s);
 
     // Both sides: stage 2's windows after YaRN's update for the long window (as a schedule does).
     const TrainingStage& st = c.stages[1];
@@ -210,8 +210,40 @@ void check_init(const Model& m, const Config& c) {
     test::check(ok, "scalars: resid 1.1, sa (0.5, 1.0), bigram 0.1, smear 0, backout 0.5, skip -1.5, padding 1");
 }
 
+// The LR and momentum schedules (upstream's get_lr and get_muon_momentum) at the record's steps.
+void check_schedules() {
+    auto near = [](double a, double b) { return std::fabs(a - b) <= 1e-12; };
+    // the record: 1515 scheduled steps, cooldown over the last 55%: starts at int(1515 * 0.45) = 681
+    test::check(near(lr_schedule(0, 1.0, 1515, 0.55), 1.0), "lr at step 0");
+    test::check(near(lr_schedule(680, 1.52, 1515, 0.55), 1.52), "lr at step 680 (before cooldown)");
+    test::check(near(lr_schedule(681, 1.52, 1515, 0.55), 1.52), "lr at cooldown start 681 (t = 0)");
+    test::check(near(lr_schedule(682, 1.52, 1515, 0.55), 1.5182973621103117), "lr at step 682: %.17g",
+                lr_schedule(682, 1.52, 1515, 0.55));
+    test::check(near(lr_schedule(1098, 1.73, 1515, 0.55), 0.5 * 1.73 + 0.5 * 0.1), "lr halfway through cooldown");
+    test::check(near(lr_schedule(1514, 1.73, 1515, 0.55), 0.10195443645083932), "lr at the last scheduled step: %.17g",
+                lr_schedule(1514, 1.73, 1515, 0.55));
+    test::check(near(lr_schedule(1515, 1.0, 1515, 0.55), 0.1) && near(lr_schedule(1554, 1.0, 1515, 0.55), 0.1),
+                "lr in the extension stays 0.1");
+    test::check(near(lr_schedule(49, 1.0, 100, 0.5), 1.0) && near(lr_schedule(75, 1.0, 100, 0.5), 0.55) &&
+                    near(lr_schedule(100, 1.0, 100, 0.5), 0.1),
+                "lr of a short schedule");
+
+    // momentum: 0.85 -> 0.95 over 300 steps, back toward 0.85 over the last 50 of 1555
+    test::check(near(muon_momentum(0, 1555), 0.85), "momentum at step 0");
+    test::check(near(muon_momentum(150, 1555), 0.90), "momentum at step 150");
+    test::check(near(muon_momentum(299, 1555), 0.9496666666666667), "momentum at step 299: %.17g",
+                muon_momentum(299, 1555));
+    test::check(near(muon_momentum(300, 1555), 0.95) && near(muon_momentum(1000, 1555), 0.95),
+                "momentum after warm-up");
+    test::check(near(muon_momentum(1505, 1555), 0.95), "momentum at cool-down start 1505 (strict >)");
+    test::check(near(muon_momentum(1506, 1555), 0.948), "momentum at step 1506: %.17g", muon_momentum(1506, 1555));
+    test::check(near(muon_momentum(1530, 1555), 0.90), "momentum halfway through cool-down");
+    test::check(near(muon_momentum(1554, 1555), 0.852), "momentum at the last step: %.17g", muon_momentum(1554, 1555));
+}
+
 int main() {
     test::seed();
+    check_schedules();
     {
         Model plan_only;
         plan_only.cfg = record_preset();
@@ -235,7 +267,7 @@ int main() {
     dataload::bigram_hash(inputs.data(), bigram.data(), T, c.bigram_vocab);
     cu.resize(128, T);
     BatchUploader up;
-    up.upload(m.batch, c, inputs.data(), targets.data(), cu.data(), int(cu.size()), bigram.data(), T, s);
+    up.upload(m.batch, c.tokens(), inputs.data(), targets.data(), cu.data(), int(cu.size()), bigram.data(), T, s);
     const float w[3] = {1.0f, 0.5f, 0.25f};
     CUDA_CHECK(cudaMemcpy(m.mtp_weights, w, sizeof w, cudaMemcpyHostToDevice));
     StepSchedule step_sch{c.stages[0].ws_short * c.block_size, c.stages[0].ws_long * c.block_size, m.mtp_weights, 3};
@@ -271,16 +303,16 @@ int main() {
     test::check_fails_with("token outside the vocabulary", "outside the vocabulary", [&] {
         std::vector<int32_t> ids = inputs;
         ids[7] = c.vocab_size;
-        up.upload(m.batch, c, ids.data(), targets.data(), cu.data(), int(cu.size()), bigram.data(), T, s);
+        up.upload(m.batch, c.tokens(), ids.data(), targets.data(), cu.data(), int(cu.size()), bigram.data(), T, s);
     });
     test::check_fails_with("T not a multiple of 16", "multiple of 16", [&] {
         std::vector<int32_t> short_cu = {0, T - 8};
-        up.upload(m.batch, c, inputs.data(), targets.data(), short_cu.data(), 2, bigram.data(), T - 8, s);
+        up.upload(m.batch, c.tokens(), inputs.data(), targets.data(), short_cu.data(), 2, bigram.data(), T - 8, s);
     });
     test::check_fails_with("batch larger than the arena", "exceed", [&] {
         const int big = m.batch.capacity + 16;
         std::vector<int32_t> ids(big, 1), cu2 = {0, big};
-        up.upload(m.batch, c, ids.data(), ids.data(), cu2.data(), 2, ids.data(), big, s);
+        up.upload(m.batch, c.tokens(), ids.data(), ids.data(), cu2.data(), 2, ids.data(), big, s);
     });
     return test::finish();
 }

@@ -27,11 +27,11 @@ RAW_CALLS = {
     "cudaMemcpy": "copy_async and sync_stream",
     "cudaMemset": "memset_async and sync_stream",
     "cublasLtMatmul": "CublasLt::run",
-    "ncclAllReduce": "train/streams.h's wrappers or record_op(OpKind::collective, ...)",
-    "ncclReduceScatter": "train/streams.h's wrappers or record_op(OpKind::collective, ...)",
-    "ncclAllGather": "train/streams.h's wrappers or record_op(OpKind::collective, ...)",
-    "ncclBroadcast": "train/streams.h's wrappers or record_op(OpKind::collective, ...)",
-    "ncclReduce": "train/streams.h's wrappers or record_op(OpKind::collective, ...)",
+    "ncclAllReduce": "runtime/streams.h's wrappers or record_op(OpKind::collective, ...)",
+    "ncclReduceScatter": "runtime/streams.h's wrappers or record_op(OpKind::collective, ...)",
+    "ncclAllGather": "runtime/streams.h's wrappers or record_op(OpKind::collective, ...)",
+    "ncclBroadcast": "runtime/streams.h's wrappers or record_op(OpKind::collective, ...)",
+    "ncclReduce": "runtime/streams.h's wrappers or record_op(OpKind::collective, ...)",
     "ncclSend": "record_op(OpKind::collective, ...)",
     "ncclRecv": "record_op(OpKind::collective, ...)",
 }
@@ -41,6 +41,7 @@ RAW_CALLS = {
 RULES = [
     ("kernels/*.cuh", True, tuple(RAW_CALLS)),
     ("train_gpt.cu", True, tuple(RAW_CALLS)),
+    ("runtime/*.h", True, tuple(RAW_CALLS)),
     ("train/*.h", True, tuple(RAW_CALLS)),
 ]
 
@@ -51,14 +52,15 @@ ALLOWED = {
     ("kernels/matmul.cuh", "run", "cublasLtMatmul"): "CublasLt::run records the gemm before it calls cuBLASLt",
     ("kernels/comms.cuh", "exchange", "ncclSend"): "one grouped round, recorded as one collective before the group",
     ("kernels/comms.cuh", "exchange", "ncclRecv"): "one grouped round, recorded as one collective before the group",
-    ("train/streams.h", "*", "*"): "the trainer's collective wrappers: they record before they call NCCL",
-    ("train/platform_check.h", "*", "*"): "--check-platform, a mode of its own, never inside a step",
+    ("runtime/streams.h", "*", "*"): "the trainer's collective wrappers: they record before they call NCCL",
+    ("runtime/platform_check.h", "*", "*"): "--check-platform, a mode of its own, never inside a step",
     ("train_gpt.cu", "warm_up", "cudaMemcpy"): "the warm-up saves and restores the parameters around its steps",
     ("train_gpt.cu", "warm_up", "cudaMemset"): "the warm-up zeroes the gradients after its steps",
-    ("train/arena.h", "allocate", "cudaMemset"): "an arena is zeroed once when placed (a dry run reserves it instead)",
-    ("train/checkpoint_io.h", "*", "*"): "checkpoints are saved and loaded between steps",
-    ("train/finite.h", "has_nonfinite", "cudaMemcpy"): "the CPU build's scan for NaN/inf, between steps",
-    ("train/batch_producer.h", "wait_for_slot", "cudaEventSynchronize"):
+    ("runtime/arena.h", "allocate", "cudaMemset"): "an arena is zeroed once when placed (a dry run reserves it instead)",
+    ("runtime/checkpoint_io.h", "*", "*"): "checkpoints are saved and loaded between steps",
+    ("train_gpt.cu", "save_checkpoint", "cudaStreamSynchronize"): "checkpoints are saved between steps",
+    ("runtime/finite.h", "has_nonfinite", "cudaMemcpy"): "the CPU build's scan for NaN/inf, between steps",
+    ("runtime/batch_producer.h", "wait_for_slot", "cudaEventSynchronize"):
         "the batch producer's thread waits for a slot's upload; the thread issuing the step never waits",
 }
 

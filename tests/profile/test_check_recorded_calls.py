@@ -64,10 +64,10 @@ class Planted(unittest.TestCase):
         self.assert_flags(f"kernels/attention.cuh:{line}: launch of attention_backward_dkdv_kernel without a Work")
 
     def test_launch_in_trainer(self):
-        line = self.plant("train/finite.h", "#include", "__global__ void planted_kernel(int* x) { *x = 1; }\n"
+        line = self.plant("runtime/finite.h", "#include", "__global__ void planted_kernel(int* x) { *x = 1; }\n"
                           "inline void planted(int* x) { launch(planted_kernel, dim3(1), dim3(1), 0, nullptr, x); }\n"
                           "#include")
-        self.assert_flags(f"train/finite.h:{line + 1}: launch of planted_kernel without a Work first")
+        self.assert_flags(f"runtime/finite.h:{line + 1}: launch of planted_kernel without a Work first")
 
     def test_raw_memset(self):
         line = self.plant("kernels/attention.cuh", "CUDA_CHECK(memset_async(dq_accum,", "CUDA_CHECK(cudaMemsetAsync(dq_accum,")
@@ -89,11 +89,11 @@ class Planted(unittest.TestCase):
         # the step's copy, collective and blocking copy; warm_up may restore the parameters with
         # cudaMemcpy, the run's loop may not
         cases = [
-            ("train/step_losses.h", "CUDA_CHECK(copy_async(row(step) + micro,", "CUDA_CHECK(cudaMemcpyAsync(row(step) + micro,",
+            ("runtime/step_losses.h", "CUDA_CHECK(copy_async(row(step) + micro,", "CUDA_CHECK(cudaMemcpyAsync(row(step) + micro,",
              "cudaMemcpyAsync outside a recording helper (use copy_async)"),
             ("train_gpt.cu", "NCCL_CHECK(reduce_scatter(", "NCCL_CHECK(ncclReduceScatter(",
              "ncclReduceScatter outside a recording helper"),
-            ("train/device_batch.h",
+            ("runtime/device_batch.h",
              "CUDA_CHECK(copy_async(b.packed, img.pinned, img.used * sizeof(int32_t), cudaMemcpyHostToDevice, s));",
              "CUDA_CHECK(cudaMemcpy(b.packed, img.pinned, img.used * sizeof(int32_t), cudaMemcpyHostToDevice));",
              "cudaMemcpy outside a recording helper (use copy_async and sync_stream)"),

@@ -38,7 +38,7 @@ SEED = int(os.environ.get("TEST_SEED", random.SystemRandom().randrange(1 << 30))
 print(f"TEST_SEED={SEED}", flush=True)
 BASH = shutil.which("bash") or "/bin/bash"
 HASHES = {"A": "00000000000000aa", "B": "00000000000000bb"}
-# Environment lines as this trainer logs them on an 8-GPU node (train/log.h).
+# Environment lines as this trainer logs them on an 8-GPU node (runtime/log.h).
 ENV = ("device: NVIDIA H100 80GB HBM3 x 8 visible, 132 SMs; 8 rank(s)\n"
        + "".join(f"gpu: {i}, NVIDIA H100 80GB HBM3, 570.86.15, 1980 MHz, 1980 MHz, 2619 MHz\n" for i in range(8))
        + "cuda_driver: 12.8\ncuda_runtime: 12.8\ncublaslt: 12.8.4\nnccl: 2.27.3\n"
@@ -497,7 +497,7 @@ class RunAb(unittest.TestCase):
         self.builds, self.hashes = {}, {}
         for arm in "AB":
             build = os.path.join(self.tmp, f"build{arm}")
-            files = [("train_gpt.cu", f"// arm {arm}\nint main() {{}}\n".encode()), ("train/log.h", b"#pragma once\n")]
+            files = [("train_gpt.cu", f"// arm {arm}\nint main() {{}}\n".encode()), ("runtime/log.h", b"#pragma once\n")]
             embed(os.path.join(self.tmp, f"src{arm}"), files, os.path.join(build, "gen", "source_bundle.cpp"))
             self.hashes[arm] = independent_fnv(files)
             with open(os.path.join(build, "CMakeCache.txt"), "w") as f:

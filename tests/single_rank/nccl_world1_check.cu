@@ -1,4 +1,4 @@
-// NCCL's one-rank stand-in (train/nccl_world1.cpp) against what NCCL computes on one rank, in the
+// NCCL's one-rank stand-in (runtime/nccl_world1.cpp) against what NCCL computes on one rank, in the
 // CPU build (linked with emu_nompi, not the test programs' emu): every collective the trainer calls,
 // on random fp32, bf16 and int32 data of ragged counts, out of place (the output equals the input bit
 // for bit, and nothing past it is written) and in place (nothing moves); sends and receives to

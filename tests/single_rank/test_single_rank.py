@@ -2,7 +2,7 @@
 """The single-rank build's CPU twin against the MPI build (CTest single_rank_losses).
 
 train_gpt_cpu_nompi is train_gpt_cpu's compiled code linked with the world-1 host side
-(train/host_comm_world1.cpp) and NCCL stand-in (train/nccl_world1.cpp) instead of MPI and emu's MPI
+(runtime/host_comm_world1.cpp) and NCCL stand-in (runtime/nccl_world1.cpp) instead of MPI and emu's MPI
 NCCL. Both run the same short tiny-preset training, each without mpirun, and must print the same
 training losses, line for line (one rank computes the same bits either way). The twin's log must say
 that it ran the stand-in on one rank, and the MPI build's that it did not, so the comparison is
@@ -19,7 +19,7 @@ import tempfile
 REPO = os.environ["REPO"]
 NOMPI, MPI, ARGS = sys.argv[1], sys.argv[2], sys.argv[3:]
 LOSS = re.compile(r"^step:(\d+)/\d+ train_loss:\S+$", re.M)
-STAND_IN = "NCCL none (train/nccl_world1.cpp, the one-rank stand-in)"
+STAND_IN = "NCCL none (runtime/nccl_world1.cpp, the one-rank stand-in)"
 
 failures = []
 

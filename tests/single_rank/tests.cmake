@@ -18,7 +18,7 @@ add_test(NAME single_rank_libs_planted COMMAND ${REPO}/scripts/check_single_rank
 set_tests_properties(single_rank_libs_planted PROPERTIES
   PASS_REGULAR_EXPRESSION "train_gpt_cpu loads libmpi[^ ]* .*libstdc\\+\\+[^ ]* \\(a single-rank program")
 
-# NCCL's one-rank stand-in (train/nccl_world1.cpp) against NCCL's one-rank results and error codes
+# NCCL's one-rank stand-in (runtime/nccl_world1.cpp) against NCCL's one-rank results and error codes
 # (tests/single_rank/nccl_world1_check.cu), on emu with that stand-in.
 cpu_program(nccl_world1_check ${REPO}/tests/single_rank/nccl_world1_check.cu EMU ${EMU_WORLD1})
 add_test(NAME nccl_world1_check COMMAND nccl_world1_check)

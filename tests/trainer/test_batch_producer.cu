@@ -1,4 +1,4 @@
-// train/batch_producer.h: the training batches made ahead on the producer thread, against an
+// runtime/batch_producer.h: the training batches made ahead on the producer thread, against an
 // independent walk of the loader, in one process (no MPI: the producer and the references read the
 // data as any rank of an 8-rank run). The tiny preset on a short schedule (stage changes at steps 2,
 // 4 and 6, batch sizes 256, 384, 512 tokens) as rank 3 of 8 (one micro-step per step, the sparse
@@ -19,6 +19,7 @@
 #include "../../train_gpt.cu"
 #include "../test_util.h"
 
+#include <optional>
 #include <set>
 
 namespace {
@@ -124,15 +125,16 @@ bool check_step(BatchProducer& p, Reference& ref, const Schedule& sch, int step,
     return same;
 }
 
+// A producer of `plan` following the schedule's batches, or `batches` where given (planted plans).
 std::unique_ptr<BatchProducer> producer(const Config& c, const Schedule& sch, const std::string& files,
-                                        BatchSchedule plan) {
+                                        const BatchSchedule& plan, std::optional<std::vector<StepBatch>> batches = {}) {
     DeviceBatch region;
     Arena a{"batch"};
     layout_batch(a, std::max(c.max_train_tokens(), c.val_micro_tokens()), region);  // measures: no device memory
     const int max_touched = std::min(c.bigram_vocab, 2 * c.max_train_tokens());
-    return std::make_unique<BatchProducer>(c, sch, loader_of(c, files, kRank), kRank,
-                                           SparsePlanning{kWorld, max_touched, c.bigram_vocab}, region.packed_ints,
-                                           std::move(plan));
+    return std::make_unique<BatchProducer>(batch_shape(c), loader_of(c, files, kRank), kRank,
+                                           SparsePlanning{kWorld, max_touched, c.bigram_vocab}, region.packed_ints, plan,
+                                           batches ? *batches : step_batches(sch, plan.steps));
 }
 
 }  // namespace
@@ -171,6 +173,26 @@ int main() {
         }
         test::check(why.find("micro-step 0 of step 3 asked for, 0 of step 2 made") != std::string::npos,
                     "a step the producer did not make: '%s'", why.c_str());
+    }
+    {  // a plan whose step batches do not match its steps, and a step with more MTP weights than a slot holds
+        std::string why;
+        try {
+            producer(c, sch, files, {step_range(0, 3), 0}, step_batches(sch, step_range(0, 2)));
+        } catch (const std::logic_error& e) {
+            why = e.what();
+        }
+        test::check(why.find("2 step batches for 3 steps") != std::string::npos, "a short plan: '%s'", why.c_str());
+        std::vector<StepBatch> many = step_batches(sch, step_range(0, 1));
+        many[0].mtp_weights.assign(kMaxMtpWeights + 1, 1.0f);
+        auto p = producer(c, sch, files, {step_range(0, 1), 0}, many);
+        why.clear();
+        try {
+            p->next(0, 0);
+        } catch (const std::logic_error& e) {
+            why = e.what();
+        }
+        test::check(why.find(std::to_string(kMaxMtpWeights + 1) + " MTP weights for step 0") != std::string::npos,
+                    "too many MTP weights: '%s'", why.c_str());
     }
     {  // past the end of the data: every batch it holds, then the loader's error where it runs out
         const int far = 1000000;

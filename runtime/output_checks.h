@@ -1,6 +1,6 @@
-// Startup checks: the data, the output directories and the run id are checked before anything is
-// written, so a run that cannot finish says why at once. Part of train_gpt.cu's run section:
-// included after its Run.
+// The run's outputs checked before anything is written: the log and checkpoint directories can be
+// made and written, the checkpoint directory is this run's to save into, and the checkpoint a resume
+// continues is one this run can continue (what a checkpoint records of the computation: RunFacts).
 #pragma once
 #include <dirent.h>
 #include <fcntl.h>
@@ -9,139 +9,19 @@
 #include <unistd.h>
 
 #include <algorithm>
-
-#include <csignal>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "../data/checkpoint.h"
-#include "../data/loader.h"
-
-// ---- startup checks: what can be known before the first step is checked before anything is written ----
-
-
-// The repository the binary was built in: the parent of the executable's directory (build/..).
-std::string repo_dir() {
-    char exe[4096];
-    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    const std::string path = n > 0 ? std::string(exe, size_t(n)) : "./build/train_gpt";
-    const std::string build = path.substr(0, path.rfind('/'));
-    return build.substr(0, build.rfind('/'));
-}
-
-std::string current_dir() {
-    char cwd[4096];
-    return getcwd(cwd, sizeof cwd) ? cwd : "(unknown)";
-}
-
-// The shards a run reads: a preset's default path is relative to the repository, wherever the run
-// starts; a path given on the command line is taken as it is.
-struct DataFiles {
-    std::string train, val;
-    bool train_default = false, val_default = false;
-    std::string remedy;  // how to get the preset's default data
-};
-
-// The shards of this config and command line (its remedy names the script that makes the preset's).
-DataFiles data_files(const Config& c, const RunOptions& opt) {
-    DataFiles f{opt.train_files, opt.val_files, opt.train_files.empty(), opt.val_files.empty(),
-                c.name == "tiny" ? "python3 data/prepare_tinyshakespeare.py makes it"
-                                 : "python3 data/cached_fineweb10B.py 9 downloads it"};
-    if (f.train_default) f.train = c.train_files[0] == '/' ? c.train_files : repo_dir() + "/" + c.train_files;
-    if (f.val_default) f.val = c.val_files[0] == '/' ? c.val_files : repo_dir() + "/" + c.val_files;
-    return f;
-}
-
-// The command line's changes to the preset (schedule lengths, data, validation tokens), checked at
-// once; opt gets the data files. Returns the run's last step.
-int configure_run(Config& cfg, const CommandLine& cl, RunOptions& opt, DataFiles& files) {
-    if (cl.scheduled > 0) cfg.scheduled_iterations = cl.scheduled;
-    if (cl.extension >= 0) cfg.extension_iterations = cl.extension;
-    files = data_files(cfg, opt);
-    opt.train_files = files.train;
-    opt.val_files = files.val;
-    if (opt.val_tokens > 0) cfg.val_tokens = opt.val_tokens;
-    if (cfg.val_tokens % cfg.val_batch_tokens != 0)
-        usage_error("--val-tokens must be a multiple of the validation batch (" + std::to_string(cfg.val_batch_tokens) +
-                    " tokens)");
-    const int total_steps = cfg.scheduled_iterations + cfg.extension_iterations;
-    const int last = opt.max_steps >= 0 ? std::min(total_steps, opt.max_steps) : total_steps;
-    check_run_options(opt, last);
-    return last;
-}
-
-// Why the shards `glob` names cannot be opened (no match, a bad header), or "".
-std::string shard_error(const std::string& what, const std::string& glob, bool is_default, const std::string& remedy) {
-    try {
-        for (const std::string& f : dataload::expand_glob(glob)) dataload::read_shard_header(f);
-    } catch (const dataload::DataError& e) {
-        if (!is_default) return what + ": " + e.what();
-        return what + ": " + e.what() + " (the preset's default, relative to the repository; the current directory is " +
-               current_dir() + "): " + remedy + ", or give " +
-               (what == "training data" ? "--train-files" : "--val-files");
-    }
-    return "";
-}
-
-// The message for a token id outside the vocabulary (as the batch producer words it at run time).
-template <class Loader>
-std::string vocabulary_error(const Loader& loader, int vocab) {
-    const auto [rank, at, id] = loader.token_at_least(vocab);
-    if (rank < 0) return "";
-    return "token id " + std::to_string(id) + " at token " + std::to_string(at) + " of shard " + loader.current_file() +
-           " (read by rank " + std::to_string(rank) + ") is outside the vocabulary [0, " + std::to_string(vocab) + ")";
-}
-
-// Whether the training shards hold the tokens of steps [0, last) on every rank, walked as the
-// loader walks them (documents cut at max_seq_len, shard tails skipped, the batch growing with
-// the stages), every token id inside the vocabulary, or why not.
-std::string train_tokens_error(const Config& c, const Schedule& sch, const std::string& glob, int world, int last) {
-    int step = 0;
-    try {
-        dataload::TrainLoader::Options lo;
-        lo.bigram_vocab = c.bigram_vocab;
-        dataload::TrainLoader loader(glob, 0, world, c.stages.front().batch_tokens, c.max_seq_len, c.grad_accum(), lo);
-        for (; step < last; ++step) {
-            loader.set_batch(sch.lookup(step).first->batch_tokens, c.max_seq_len, c.grad_accum());
-            for (int i = 0; i < c.grad_accum(); ++i) {
-                loader.advance();
-                if (std::string e = vocabulary_error(loader, c.vocab_size); !e.empty())
-                    return "the training data of step " + std::to_string(step) + ": " + e;
-            }
-        }
-    } catch (const dataload::DataError& e) {
-        return "the training data cannot feed this run's " + std::to_string(last) + " steps on " + std::to_string(world) +
-               " rank(s): it runs out in step " + std::to_string(step) + ": " + e.what();
-    }
-    return "";
-}
-
-// Whether the validation shards hold val_tokens as the validation loader takes them, or why not.
-std::string val_tokens_error(const Config& c, const std::string& glob, int world) {
-    try {
-        dataload::ValLoader loader(glob, 0, world, c.val_batch_tokens, c.grad_accum(), c.bigram_vocab);
-        for (int64_t i = 0; i < c.grad_accum() * c.val_tokens / c.val_batch_tokens; ++i) {
-            loader.advance();
-            if (std::string e = vocabulary_error(loader, c.vocab_size); !e.empty()) return "the validation data: " + e;
-        }
-    } catch (const dataload::DataError& e) {
-        return "the validation data cannot supply --val-tokens " + std::to_string(c.val_tokens) + ": " + e.what();
-    }
-    return "";
-}
-
-// The data checks, in the order their messages are most useful (rank 0 reads for every rank).
-std::string data_error(const Config& c, const DataFiles& f, int world, int last) {
-    const Schedule sch(c);
-    for (const std::string& e : {shard_error("training data", f.train, f.train_default, f.remedy),
-                                 shard_error("validation data", f.val, f.val_default, f.remedy)})
-        if (!e.empty()) return e;
-    if (std::string e = val_tokens_error(c, f.val, world); !e.empty()) return e;
-    return train_tokens_error(c, sch, f.train, world, last);
-}
+#include "../kernels/attention.cuh"
+#include "../kernels/mlp.cuh"
+#include "data_checks.h"
+#include "flags.h"
 
 // Rank 0: the log directory and the checkpoint directory exist or can be made (their parents must
 // exist), and the run id is new (a reused one would mix two runs in one log).
@@ -173,83 +53,18 @@ std::string checkpoint_dir_write_error(const std::string& dir) {
     return ok ? "" : "cannot write in the checkpoint directory " + dir + ": " + std::strerror(err);
 }
 
-// The signals a terminal or a job scheduler sends to stop a run: Ctrl-C, Ctrl-\\, a closed terminal,
-// kill and the schedulers' stop and pre-emption notices (Slurm's --signal, PBS and LSF use SIGTERM,
-// SIGUSR1/2 or SIGXCPU; mpirun forwards them). Each removes a checkpoint temp file being written,
-// ends the log with `fail: stopped by <SIGNAL>`, then ends the process as the signal would have.
-constexpr std::pair<int, const char*> kStopSignals[] = {{SIGINT, "SIGINT"},   {SIGTERM, "SIGTERM"}, {SIGHUP, "SIGHUP"},
-                                                        {SIGQUIT, "SIGQUIT"}, {SIGUSR1, "SIGUSR1"}, {SIGUSR2, "SIGUSR2"},
-                                                        {SIGXCPU, "SIGXCPU"}};
-
-extern "C" void on_stop_signal(int sig) {
-    ckpt::remove_active_temp();
-    if (g_log_fd >= 0) {  // write() is async-signal-safe; the line is built from constant pieces
-        const char* name = "a signal";
-        for (const auto& [s, n] : kStopSignals)
-            if (s == sig) name = n;
-        const char head[] = "fail: stopped by ";
-        ssize_t ignored = write(g_log_fd, head, sizeof head - 1);
-        ignored = write(g_log_fd, name, std::strlen(name));
-        ignored = write(g_log_fd, "\n", 1);
-        (void)ignored;
-    }
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-}
-
-void handle_stop_signals() {
-    for (const auto& [sig, name] : kStopSignals) std::signal(sig, on_stop_signal);
-}
-
 // ---- what a checkpoint records of the computation a resume continues ----
 
 using RunFacts = std::vector<std::pair<std::string, std::string>>;  // key, value: in every manifest
 
-// The training shards' identity, cheap at any size: each shard's name and size (`name:bytes,...`),
-// and an FNV-1a 64 over each one's header and two 64 KiB samples of its tokens, the first and the
-// last (reading all of the record's shards a second time would cost seconds at every start; a
-// shard rewritten with the same size and the same ends is not told apart). Empty when a shard
-// cannot be read (the data check says why).
-std::pair<std::string, std::string> data_identity(const std::string& glob) {
-    std::string shards;
-    uint64_t h = 0xcbf29ce484222325ull;
-    const auto add = [&](const void* p, size_t n) {
-        for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
-    };
-    try {
-        for (const std::string& f : dataload::expand_glob(glob)) {
-            struct stat st {};
-            FILE* in = std::fopen(f.c_str(), "rb");
-            if (!in || fstat(fileno(in), &st) != 0) {
-                if (in) std::fclose(in);
-                return {};
-            }
-            const std::string name = f.substr(f.rfind('/') + 1);
-            shards += (shards.empty() ? "" : ",") + name + ":" + std::to_string(st.st_size);
-            add(name.data(), name.size() + 1);
-            constexpr long kHeader = 1024, kSample = 65536;
-            std::vector<unsigned char> buf(kHeader + kSample);
-            for (long at : {0L, std::max(0L, long(st.st_size) - kSample)}) {
-                const size_t n = std::fseek(in, at, SEEK_SET) == 0 ? std::fread(buf.data(), 1, at ? kSample : buf.size(), in) : 0;
-                add(buf.data(), n);
-            }
-            std::fclose(in);
-        }
-    } catch (const dataload::DataError&) {
-        return {};
-    }
-    char text[20];
-    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
-    return {shards, text};
-}
-
 // What changes the numbers a continued run computes, beyond the preset, the world size and the seed
-// (those are checked by check_same_run): the schedule, the training data, and the kernel choices
-// that change bits on a GPU.
-RunFacts run_facts(const Config& c, const std::string& train_glob, AttentionKernel attention, MlpKernel mlp) {
+// (those are checked by check_same_run): the schedule's length, the training data, and the kernel
+// choices that change bits on a GPU.
+RunFacts run_facts(int scheduled_steps, int extension_steps, const std::string& train_glob, AttentionKernel attention,
+                   MlpKernel mlp) {
     const auto [shards, checksum] = data_identity(train_glob);
-    return {{"scheduled_steps", std::to_string(c.scheduled_iterations)},
-            {"extension_steps", std::to_string(c.extension_iterations)},
+    return {{"scheduled_steps", std::to_string(scheduled_steps)},
+            {"extension_steps", std::to_string(extension_steps)},
             {"train_shards", shards},
             {"train_data", checksum},
             {"attention", attention_kernel_name(attention)},
@@ -303,7 +118,8 @@ std::vector<std::string> fact_differences(const ckpt::Manifest& man, const RunFa
 // (a step directory, of this preset, world size and seed, within this run's steps, of the same
 // schedule, data and kernels unless --resume-changed) and whether every save this run is asked for
 // comes after it. Fills `out`. The files' bytes are verified when they are loaded.
-std::string resume_error(const RunOptions& opt, const Config& c, int world, int last, const RunFacts& now, ResumePoint& out) {
+std::string resume_error(const RunOptions& opt, const std::string& preset_name, int world, int last, const RunFacts& now,
+                         ResumePoint& out) {
     const std::string& dir = opt.resume_dir;
     const auto bad = [&](const std::string& why) { return "cannot resume from " + dir + ": " + why; };
     struct stat st {};
@@ -317,7 +133,7 @@ std::string resume_error(const RunOptions& opt, const Config& c, int world, int 
             step = man.get("step", mpath), out.run_id = man.get("run_id", mpath);
             const auto lineage = std::find_if(man.meta.begin(), man.meta.end(), [](const auto& m) { return m.first == "lineage"; });
             out.lineage = lineage != man.meta.end() ? lineage->second : out.run_id;
-            if (preset == c.name && world_size == std::to_string(world)) {
+            if (preset == preset_name && world_size == std::to_string(world)) {
                 const std::vector<std::string> diffs = fact_differences(man, now, out.warnings);
                 if (!diffs.empty() && !opt.resume_changed)
                     return bad("this run would not continue the run that saved it: " + list_text(diffs, "; ") +
@@ -343,8 +159,8 @@ std::string resume_error(const RunOptions& opt, const Config& c, int world, int 
     } catch (const std::exception& e) {
         return bad(e.what());
     }
-    if (preset != c.name || world_size != std::to_string(world))
-        return bad("it was saved by preset " + preset + " on " + world_size + " ranks; this run is preset " + c.name + " on " +
+    if (preset != preset_name || world_size != std::to_string(world))
+        return bad("it was saved by preset " + preset + " on " + world_size + " ranks; this run is preset " + preset_name + " on " +
                    std::to_string(world) + " (a checkpoint continues only on the same preset and number of ranks)");
     if (seed != std::to_string(opt.seed))
         return bad("it was saved by a run with --seed " + seed + "; this run has --seed " + std::to_string(opt.seed));

@@ -2,6 +2,7 @@
 // value rules (a bad value stops with the usage and exit code 2, before any process starts).
 #pragma once
 #include "../kernels/attention.cuh"
+#include "../kernels/mlp.cuh"
 
 #include <algorithm>
 #include <cerrno>

@@ -7,10 +7,10 @@
 // the steps that validate, save or end wait for all of them. A row is checked before its slot
 // is reused; kSteps rows are far more than the device can lag behind the host (the batch ring holds
 // it to a few micro-steps), so that check finds its event complete.
-// Part of train_gpt.cu's run section: included before its Run.
 #pragma once
-#include <cmath>
-#include <string>
+#include <cstddef>
+
+#include "../kernels/common.cuh"
 
 struct StepLosses {
     static constexpr int kSteps = 8;
@@ -34,6 +34,17 @@ struct StepLosses {
     void copy(int step, int micro, const float* loss, cudaStream_t s) {
         CUDA_CHECK(copy_async(row(step) + micro, loss, sizeof(float), cudaMemcpyDeviceToHost, s));
         if (micro == grad_accum - 1) CUDA_CHECK(record_event(ready[step % kSteps], s));
+    }
+    // Whether step `step`'s losses have landed on the host: waits for them when `wait`, else only
+    // polls (no wait; a pending event is not an error a later check may see).
+    bool landed(int step, bool wait) {
+        cudaEvent_t e = ready[step % kSteps];
+        if (!wait && cudaEventQuery(e) == cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        CUDA_CHECK(sync_event(e, "step_losses"));  // returns at once where the query found it complete
+        return true;
     }
     // The sum of a step's micro-step losses on this rank (its event complete).
     double sum(int step) {

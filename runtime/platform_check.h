@@ -13,6 +13,7 @@
 
 #include "../kernels/attention.cuh"
 #include "../kernels/common.cuh"
+#include "../kernels/comms.cuh"
 #include "../kernels/matmul.cuh"
 #include "../kernels/mlp.cuh"
 #include "host_comm.h"

@@ -1,6 +1,6 @@
-// The processes of a run: one per GPU, train/host_comm.h for the host side (rank, world, agreement:
+// The processes of a run: one per GPU, runtime/host_comm.h for the host side (rank, world, agreement:
 // MPI, or world 1 without MPI), NCCL for the device collectives (at world 1 without MPI, the stand-in
-// train/nccl_world1.cpp). The CPU build runs the same code against emu/'s NCCL over MPI, or the stand-in.
+// runtime/nccl_world1.cpp). The CPU build runs the same code against emu/'s NCCL over MPI, or the stand-in.
 #pragma once
 #include <nccl.h>
 
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../kernels/common.cuh"
+#include "../kernels/comms.cuh"  // NCCL_CHECK
 #include "host_comm.h"
 
 // One process per GPU: the rank from host_start, the device from the rank on this node, the NCCL

@@ -200,7 +200,7 @@ ncclResult_t submit(const Op& o) {
 
 extern "C" {
 
-// 0: no NCCL library runs here. train/log.h prints this stand-in's name for it.
+// 0: no NCCL library runs here. runtime/log.h prints this stand-in's name for it.
 ncclResult_t ncclGetVersion(int* version) {
     if (!version) return fail(ncclInvalidArgument, "ncclGetVersion", "version is NULL");
     *version = 0;

@@ -2,10 +2,10 @@
 // host values the trainer needs (errors agreed on, loss sums, a checkpoint's id and digests, the
 // step profiler's recordings). One interface, two implementations, chosen when the program is
 // linked, so that call sites never branch on the build and both link the same compiled trainer:
-//   - train/host_comm_mpi.cpp: MPI (mpirun starts the ranks), with the MPI build (CMake's TRAIN_GPT_MPI=ON);
-//   - train/host_comm_world1.cpp: one process and no MPI library, every collective the identity MPI
+//   - runtime/host_comm_mpi.cpp: MPI (mpirun starts the ranks), with the MPI build (CMake's TRAIN_GPT_MPI=ON);
+//   - runtime/host_comm_world1.cpp: one process and no MPI library, every collective the identity MPI
 //     computes on one rank; with the single-rank build (TRAIN_GPT_MPI=OFF, and train_gpt_cpu_nompi),
-//     beside train/nccl_world1.cpp.
+//     beside runtime/nccl_world1.cpp.
 // Every function but host_abort is collective: every rank calls it, in the same order.
 #pragma once
 #include <cstddef>

@@ -1,7 +1,7 @@
 // The training batches, made ahead of the step on a background thread, so that the thread issuing
 // the GPU's work never waits for the device or for host work between micro-steps.
 //
-// A ring of kSlots slots; each holds a micro-batch's pinned image (train/device_batch.h) and what the
+// A ring of kSlots slots; each holds a micro-batch's pinned image (runtime/device_batch.h) and what the
 // host derives from the batch: the id segments of the embedding backward, the step's MTP weights
 // (its first micro-step) and, on Adam steps of the sparse bigram comms, the exchange's plan (every
 // rank's touched rows, from the deterministic loader: kernels/comms.cuh). The producer thread runs
@@ -19,7 +19,6 @@
 // The producer touches no MPI and only these CUDA calls: cudaEventSynchronize on its slots' events
 // (emu serializes its streams' engine under one lock, so that call may run queued work from this
 // thread). Everything else, the pinned allocations and event records included, is the issuing thread's.
-// Part of train_gpt.cu's run section: included after its Config, Schedule and DeviceBatch.
 #pragma once
 #include <ctime>
 #include <condition_variable>
@@ -33,14 +32,8 @@
 
 #include "../data/loader.h"
 #include "../kernels/comms.cuh"
+#include "../kernels/head.cuh"  // kMaxMtpWeights
 #include "device_batch.h"
-
-// Where the p-th token of a micro-batch's concatenated shard ranges sits in its shard.
-inline int64_t shard_position(const dataload::Batch& b, int64_t p) {
-    for (size_t k = 0; k < b.starts.size(); p -= b.ends[k] - b.starts[k], ++k)
-        if (p < b.ends[k] - b.starts[k]) return b.starts[k] + p;
-    return -1;
-}
 
 // The calling thread's CPU time in milliseconds.
 inline double thread_cpu_ms() {
@@ -68,6 +61,18 @@ struct BatchSchedule {
     std::vector<int> steps;
     int first_made = 0;
 };
+// What the schedule says of a step's batch: its tokens over all ranks and micro-steps, and the
+// multi-token-prediction weights its first micro-step carries.
+struct StepBatch {
+    int64_t batch_tokens = 0;
+    std::vector<float> mtp_weights;
+};
+// The shapes every micro-batch follows: at most max_tokens tokens per rank, documents cut at
+// max_seq_len, grad_accum micro-steps per step, ids in `tokens`.
+struct BatchShape {
+    int max_tokens = 0, max_seq_len = 0, grad_accum = 1;
+    TokenSpace tokens{};
+};
 inline std::vector<int> step_range(int from, int to) {
     std::vector<int> v;
     for (int s = from; s < to; ++s) v.push_back(s);
@@ -84,11 +89,15 @@ class BatchProducer {
 public:
     static constexpr int kSlots = 3;
 
-    BatchProducer(const Config& c, const Schedule& sch, std::unique_ptr<dataload::TrainLoader> loader, int rank,
-                  SparsePlanning sparse, size_t image_ints, BatchSchedule plan)
-        : c_(c), sch_(sch), loader_(std::move(loader)), rank_(rank), sparse_(sparse),
-          plan_(std::move(plan)) {
-        const int T = c.max_train_tokens();
+    // `batches`: the schedule's batch of each step of `plan`, in the same order.
+    BatchProducer(const BatchShape& shape, std::unique_ptr<dataload::TrainLoader> loader, int rank, SparsePlanning sparse,
+                  size_t image_ints, BatchSchedule plan, std::vector<StepBatch> batches)
+        : shape_(shape), loader_(std::move(loader)), rank_(rank), sparse_(sparse), plan_(std::move(plan)),
+          batches_(std::move(batches)) {
+        if (batches_.size() != plan_.steps.size())
+            throw std::logic_error("batch producer: " + std::to_string(batches_.size()) + " step batches for " +
+                                   std::to_string(plan_.steps.size()) + " steps");
+        const int T = shape.max_tokens;
         for (std::vector<int32_t>* v : {&inputs_, &targets_, &bigram_}) v->resize(T);
         cu_.resize(dataload::max_num_docs_for(T));
         const size_t plan_bytes =
@@ -156,18 +165,18 @@ private:
             int64_t batch_tokens = 0;
             for (size_t k = 0; k < plan_.steps.size(); ++k) {
                 const int step = plan_.steps[k];
-                if (const int64_t b = sch_.lookup(step).first->batch_tokens; b != batch_tokens) {
-                    loader_->set_batch(b, c_.max_seq_len, c_.grad_accum());
+                if (const int64_t b = batches_[k].batch_tokens; b != batch_tokens) {
+                    loader_->set_batch(b, shape_.max_seq_len, shape_.grad_accum);
                     batch_tokens = b;
                 }
-                for (int i = 0; i < c_.grad_accum(); ++i) {
+                for (int i = 0; i < shape_.grad_accum; ++i) {
                     loader_->advance();
                     if (step < plan_.first_made) {  // a resumed run: the rows of the even step before it count
                         if (sparse_.world > 0 && step % 2 == 0 && step + 1 == plan_.first_made) mark_every_rank();
                         continue;
                     }
                     if (!wait_for_slot(n)) return;
-                    make(slots_[n % kSlots], step, i);
+                    make(slots_[n % kSlots], step, i, batches_[k].mtp_weights);
                     publish(n);
                     ++n;
                 }
@@ -200,31 +209,36 @@ private:
     }
 
     // This rank's micro-batch of the loader's current micro-step into slot s, with what derives from it.
-    void make(BatchSlot& s, int step, int micro) {
+    void make(BatchSlot& s, int step, int micro, const std::vector<float>& mtp_weights) {
         const double t0 = thread_cpu_ms();
         const dataload::Batch b = loader_->fill(rank_, buffers());
         const int T = static_cast<int>(b.num_tokens), num_cu = static_cast<int>(b.cu_entries);
-        if (const std::string e = vocabulary_error(b); !e.empty()) throw dataload::DataError(e);
+        if (const std::string e = vocabulary_error(b, inputs_.data(), targets_.data(), shape_.tokens.vocab_size,
+                                                   loader_->files(), rank_);
+            !e.empty())
+            throw dataload::DataError(e);
         DeviceBatch region;  // the capacities a batch must fit (the arena's packed region)
-        region.capacity = c_.max_train_tokens();
+        region.capacity = shape_.max_tokens;
         region.cu_capacity = static_cast<int>(dataload::max_num_docs_for(region.capacity));
-        if (const std::string e = batch_error(region, c_, inputs_.data(), targets_.data(), cu_.data(), num_cu, T);
+        if (const std::string e = batch_error(region, shape_.tokens, inputs_.data(), targets_.data(), cu_.data(), num_cu, T);
             !e.empty())
             throw dataload::DataError("bad batch: " + e);
-        pack_batch(*s.image, builder_, c_, inputs_.data(), targets_.data(), cu_.data(), num_cu, bigram_.data(), T);
+        pack_batch(*s.image, builder_, shape_.tokens, inputs_.data(), targets_.data(), cu_.data(), num_cu, bigram_.data(), T);
         s.step = step;
         s.micro = micro;
         s.n_mtp = 0;
         if (micro == 0) {
-            const std::vector<float> w = sch_.mtp_weights(step);
-            std::copy(w.begin(), w.end(), s.mtp);
-            s.n_mtp = static_cast<int>(w.size());
+            if (mtp_weights.size() > size_t(kMaxMtpWeights))
+                throw std::logic_error("batch producer: " + std::to_string(mtp_weights.size()) + " MTP weights for step " +
+                                       std::to_string(step) + ", at most " + std::to_string(kMaxMtpWeights));
+            std::copy(mtp_weights.begin(), mtp_weights.end(), s.mtp);
+            s.n_mtp = static_cast<int>(mtp_weights.size());
         }
         const double t1 = thread_cpu_ms();
         s.has_plan = false;
         if (sparse_.world > 0) {
             mark_every_rank();
-            if (step % 2 == 1 && micro == c_.grad_accum() - 1) {
+            if (step % 2 == 1 && micro == shape_.grad_accum - 1) {
                 s.plan = plan_sparse_exchange(touched_, rank_, sparse_.max_touched, s.plan_rows, scratch_);
                 s.has_plan = true;
             }
@@ -249,24 +263,12 @@ private:
                 static_cast<int64_t>(cu_.size())};
     }
 
-    // A token id outside the vocabulary stops the run naming the shard, the token's position in it and
-    // the rank (input p is concatenated token p, target p is token p + 1).
-    std::string vocabulary_error(const dataload::Batch& b) const {
-        for (int64_t p = 0; p < b.num_tokens; ++p)
-            for (const auto& [id, at] : {std::pair{inputs_[p], p}, std::pair{targets_[p], p + 1}})
-                if (id < 0 || id >= c_.vocab_size)
-                    return "token id " + std::to_string(id) + " at token " + std::to_string(shard_position(b, at)) +
-                           " of shard " + loader_->files()[b.shard] + " (read by rank " + std::to_string(rank_) +
-                           ") is outside the vocabulary [0, " + std::to_string(c_.vocab_size) + ")";
-        return "";
-    }
-
-    const Config& c_;
-    const Schedule& sch_;
+    BatchShape shape_;
     std::unique_ptr<dataload::TrainLoader> loader_;
     int rank_;
     SparsePlanning sparse_;
     BatchSchedule plan_;
+    std::vector<StepBatch> batches_;
     BatchSlot slots_[kSlots];
     std::vector<int32_t> inputs_, targets_, bigram_, cu_, scratch_;
     IdSegmentBuilder builder_;

@@ -1,4 +1,4 @@
-// train/host_comm.h over MPI: the ranks are mpirun's, MPI_COMM_WORLD's.
+// runtime/host_comm.h over MPI: the ranks are mpirun's, MPI_COMM_WORLD's.
 #include "host_comm.h"
 
 #include <mpi.h>

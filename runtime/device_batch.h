@@ -1,6 +1,5 @@
 // A micro-batch on the device, and its host image: the tensors and what the host builds for them,
-// the id segments the embedding backward needs (positions grouped by token id and by bigram id). Part of train_gpt.cu's memory
-// layout: included after its Config.
+// the id segments the embedding backward needs (positions grouped by token id and by bigram id).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -8,11 +7,18 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../data/loader.h"
 #include "../kernels/embed.cuh"
 #include "arena.h"
+
+// The ranges of a batch's ids: tokens below vocab_size, the embedding's rows (padded_vocab) and the
+// bigram table's rows (bigram_vocab) that the id segments index.
+struct TokenSpace {
+    int vocab_size, padded_vocab, bigram_vocab;
+};
 
 struct DeviceBatch {
     int T = 0, num_cu = 0;
@@ -62,7 +68,7 @@ struct BatchImage {
 };
 
 // What is wrong with a micro-batch for arena region `b` ("" when nothing is).
-inline std::string batch_error(const DeviceBatch& b, const Config& c, const int32_t* inputs, const int32_t* targets,
+inline std::string batch_error(const DeviceBatch& b, const TokenSpace& c, const int32_t* inputs, const int32_t* targets,
                                const int32_t* cu_seqlens, int num_cu, int T) {
     if (T <= 0 || T % 16 != 0) return std::to_string(T) + " tokens is not a positive multiple of 16";
     if (T > b.capacity) return std::to_string(T) + " tokens exceed the " + std::to_string(b.capacity) + " the arena holds";
@@ -76,10 +82,30 @@ inline std::string batch_error(const DeviceBatch& b, const Config& c, const int3
     return "";
 }
 
+// Where the p-th token of a micro-batch's concatenated shard ranges sits in its shard.
+inline int64_t shard_position(const dataload::Batch& b, int64_t p) {
+    for (size_t k = 0; k < b.starts.size(); p -= b.ends[k] - b.starts[k], ++k)
+        if (p < b.ends[k] - b.starts[k]) return b.starts[k] + p;
+    return -1;
+}
+
+// A token id outside the vocabulary of a loaded micro-batch, named by its shard, its position in it
+// and the rank that read it (input p is concatenated token p, target p is token p + 1), or "".
+inline std::string vocabulary_error(const dataload::Batch& b, const int32_t* inputs, const int32_t* targets, int vocab_size,
+                                    const std::vector<std::string>& files, int rank) {
+    for (int64_t p = 0; p < b.num_tokens; ++p)
+        for (const auto& [id, at] : {std::pair{inputs[p], p}, std::pair{targets[p], p + 1}})
+            if (id < 0 || id >= vocab_size)
+                return "token id " + std::to_string(id) + " at token " + std::to_string(shard_position(b, at)) + " of shard " +
+                       files[b.shard] + " (read by rank " + std::to_string(rank) + ") is outside the vocabulary [0, " +
+                       std::to_string(vocab_size) + ")";
+    return "";
+}
+
 // Packs one rank's micro-batch into `img` and builds, on the host, the id segments the embedding
 // backward needs (positions grouped by token id and by bigram id). The batch must be valid
 // (batch_error) and the image's previous upload complete.
-inline void pack_batch(BatchImage& img, IdSegmentBuilder& builder, const Config& c, const int32_t* inputs,
+inline void pack_batch(BatchImage& img, IdSegmentBuilder& builder, const TokenSpace& c, const int32_t* inputs,
                        const int32_t* targets, const int32_t* cu_seqlens, int num_cu, const int32_t* bigram, int T) {
     img.T = T;
     img.num_cu = num_cu;
@@ -129,7 +155,7 @@ inline void upload_batch(DeviceBatch& b, BatchImage& img, cudaStream_t s) {
 struct BatchUploader {
     IdSegmentBuilder builder;
     std::unique_ptr<BatchImage> image;
-    void upload(DeviceBatch& b, const Config& c, const int32_t* inputs, const int32_t* targets, const int32_t* cu_seqlens,
+    void upload(DeviceBatch& b, const TokenSpace& c, const int32_t* inputs, const int32_t* targets, const int32_t* cu_seqlens,
                 int num_cu, const int32_t* bigram, int T, cudaStream_t s) {
         if (const std::string why = batch_error(b, c, inputs, targets, cu_seqlens, num_cu, T); !why.empty()) {
             std::fprintf(stderr, "train_gpt: bad batch: %s\n", why.c_str());

@@ -1,4 +1,4 @@
-// train/host_comm.h for a world of one rank, without MPI: this process is rank 0 of 1, and every
+// runtime/host_comm.h for a world of one rank, without MPI: this process is rank 0 of 1, and every
 // collective is what MPI computes on one rank.
 #include "host_comm.h"
 

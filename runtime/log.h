@@ -1,7 +1,7 @@
 // The run's log: rank 0 prints every line to the console and the log file, which starts with the
 // source that produced it (embedded at build time by cmake/embed_sources.cmake), then the
-// environment, the header lines scripts/stats.py parses, and the config. Part of train_gpt.cu's run
-// section: included after its Run.
+// environment, the header lines scripts/stats.py parses (the trainer adds its config). Every fatal
+// error goes through fail(), which ends the log with a `fail:` line.
 #pragma once
 #include <algorithm>
 #include <cctype>
@@ -16,6 +16,9 @@
 #include <unistd.h>
 #include <utility>
 
+#include "../kernels/common.cuh"
+#include "../kernels/matmul.cuh"  // cublasLtGetVersion
+#include "distributed.h"
 #include "host_comm.h"
 
 // The open log's descriptor on rank 0 (-1 before it is made and after a write to it failed): every
@@ -65,16 +68,23 @@ extern "C" void log_early_exit() { log_failure("the process exited before the ru
     std::exit(EXIT_FAILURE);
 }
 
+// Where the run's lines go: rank 0 prints them to the console and, once it is open, to the log file.
+struct LogSink {
+    int rank = 0;
+    FILE* file = nullptr;  // rank 0's log (nullptr before open_log, after close_log, on other ranks)
+    std::string path;
+};
+
 // Appends to the log and flushes; a full disk or any other write error stops the run (every rank,
 // through host_abort) naming the file, so a log never ends silently short.
-void log_write(Run& r, const char* text, size_t n) {
-    if (!r.log) return;
-    bool ok = std::fwrite(text, 1, n, r.log) == n && std::fflush(r.log) == 0;
+void log_write(LogSink& log, const char* text, size_t n) {
+    if (!log.file) return;
+    bool ok = std::fwrite(text, 1, n, log.file) == n && std::fflush(log.file) == 0;
     if constexpr (kEmulated) {
         // The CPU build's full disk for tests where no small file system can be mounted:
         // TRAIN_GPT_LOG_LIMIT=N fails every log write that would take the log past N bytes.
         static const char* limit = std::getenv("TRAIN_GPT_LOG_LIMIT");
-        if (ok && limit && std::ftell(r.log) > std::atol(limit)) {
+        if (ok && limit && std::ftell(log.file) > std::atol(limit)) {
             ok = false;
             errno = ENOSPC;
         }
@@ -82,26 +92,30 @@ void log_write(Run& r, const char* text, size_t n) {
     if (!ok) {
         const int err = errno;
         g_log_fd = -1;  // the log cannot take the failure line
-        std::fclose(std::exchange(r.log, nullptr));
-        fail("cannot write the log " + r.log_path + ": " + std::strerror(err));
+        std::fclose(std::exchange(log.file, nullptr));
+        fail("cannot write the log " + log.path + ": " + std::strerror(err));
     }
 }
 
 // Rank 0 prints to the console and the log file; every line is flushed (a crash keeps the log).
-void print0(Run& r, const char* fmt, ...) {
-    if (r.d.rank != 0) return;
-    va_list ap, again;
-    va_start(ap, fmt);
+void log_vprint(LogSink& log, const char* fmt, va_list ap) {
+    if (log.rank != 0) return;
+    va_list again;
     va_copy(again, ap);
     const int n = std::max(std::vsnprintf(nullptr, 0, fmt, ap), 0);  // any length: a command line, nvidia-smi
-    va_end(ap);
     std::string line(size_t(n) + 1, '\0');
     std::vsnprintf(line.data(), line.size(), fmt, again);
     va_end(again);
     line.pop_back();
     std::fputs(line.c_str(), stdout);
     std::fflush(stdout);
-    log_write(r, line.data(), line.size());
+    log_write(log, line.data(), line.size());
+}
+void log_print(LogSink& log, const char* fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    log_vprint(log, fmt, ap);
+    va_end(ap);
 }
 
 // ---- the log's preamble: the source, the environment, the config (upstream prints its code,
@@ -130,7 +144,7 @@ std::string command_output(const char* cmd) {
     return out;
 }
 
-void log_environment(Run& r, const Distributed& d) {
+void log_environment(LogSink& log, const Distributed& d) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, d.device));
     int devices = 0, driver = 0, runtime = 0, nccl = 0;
@@ -139,25 +153,25 @@ void log_environment(Run& r, const Distributed& d) {
     CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
     NCCL_CHECK(ncclGetVersion(&nccl));
     const char* build = kEmulated ? "CPU build (g++ against emu/)" : "GPU build (nvcc)";
-    print0(r, "%s, git %s, flags: %s\n", build,
+    log_print(log, "%s, git %s, flags: %s\n", build,
 #ifndef TRAIN_GPT_NO_MAIN
            kGitRevision,
 #else
            "unknown",
 #endif
            TRAIN_GPT_BUILD_FLAGS);
-    print0(r, "device: %s x %d visible, %d SMs; %d rank(s)\n", prop.name, devices, prop.multiProcessorCount, d.world);
-    const std::string nccl_name = nccl ? std::to_string(nccl) : "none (train/nccl_world1.cpp, the one-rank stand-in)";
-    print0(r, "CUDA driver %d, runtime %d, cuBLASLt %zu, NCCL %s\n", driver, runtime, cublasLtGetVersion(), nccl_name.c_str());
+    log_print(log, "device: %s x %d visible, %d SMs; %d rank(s)\n", prop.name, devices, prop.multiProcessorCount, d.world);
+    const std::string nccl_name = nccl ? std::to_string(nccl) : "none (runtime/nccl_world1.cpp, the one-rank stand-in)";
+    log_print(log, "CUDA driver %d, runtime %d, cuBLASLt %zu, NCCL %s\n", driver, runtime, cublasLtGetVersion(), nccl_name.c_str());
     const std::string smi = command_output("nvidia-smi 2>/dev/null");
-    if (!smi.empty()) print0(r, "%s", smi.c_str());
+    if (!smi.empty()) log_print(log, "%s", smi.c_str());
     // What a reviewer of a record asks for, as `key: value` lines that scripts/stats.py puts in
     // statistics.md: the versions, and each GPU with its clocks at the start (none on a machine
     // without nvidia-smi; its failure message, which it prints to stdout, starts with no index).
     const size_t lt = cublasLtGetVersion();
-    print0(r, "cuda_driver: %d.%d\ncuda_runtime: %d.%d\n", driver / 1000, driver % 1000 / 10, runtime / 1000,
+    log_print(log, "cuda_driver: %d.%d\ncuda_runtime: %d.%d\n", driver / 1000, driver % 1000 / 10, runtime / 1000,
            runtime % 1000 / 10);
-    print0(r, "cublaslt: %zu.%zu.%zu\nnccl: %d.%d.%d\n", lt / 10000, lt / 100 % 100, lt % 100, nccl / 10000,
+    log_print(log, "cublaslt: %zu.%zu.%zu\nnccl: %d.%d.%d\n", lt / 10000, lt / 100 % 100, lt % 100, nccl / 10000,
            nccl / 100 % 100, nccl % 100);
     const std::string gpus = command_output(
         "nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader "
@@ -165,7 +179,7 @@ void log_environment(Run& r, const Distributed& d) {
     for (size_t at = 0, end; at < gpus.size(); at = end + 1) {
         end = std::min(gpus.find('\n', at), gpus.size());
         const std::string line = gpus.substr(at, end - at);
-        if (!line.empty() && std::isdigit(static_cast<unsigned char>(line[0]))) print0(r, "gpu: %s\n", line.c_str());
+        if (!line.empty() && std::isdigit(static_cast<unsigned char>(line[0]))) log_print(log, "gpu: %s\n", line.c_str());
     }
 }
 
@@ -189,60 +203,46 @@ std::string source_hash() {
 }
 #endif
 
+// What the header says of the run: its command line, seed and id, and the checkpoint a resumed run
+// continues (resumes_step -1: none).
+struct RunHeader {
+    std::string command;
+    uint64_t seed = 0;
+    std::string run_id;
+    std::string resumes_run_id;
+    int resumes_step = -1;
+};
+
 // command, date_utc, hosts, world_size, seed, run_id, resumes (a resumed run: the run id and step of the
 // checkpoint it continues), source_hash: each line starts with its key.
-void log_header(Run& r, const Distributed& d) {
+void log_header(LogSink& log, const Distributed& d, const RunHeader& run) {
     const std::string hosts = host_list(d);
     char date[32];
     const std::time_t now = std::time(nullptr);
     std::tm utc{};
     gmtime_r(&now, &utc);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &utc);
-    print0(r, "command: %s\n", r.opt.command.c_str());
-    print0(r, "date_utc: %s\n", date);
-    print0(r, "hosts: %s\n", hosts.c_str());
-    print0(r, "world_size: %d\n", d.world);
-    print0(r, "seed: %llu\n", static_cast<unsigned long long>(r.opt.seed));
-    print0(r, "run_id: %s\n", r.opt.run_id.c_str());
-    if (r.resumes_step >= 0)
-        print0(r, "resumes: %s step %d\n", r.resumes_run_id.empty() ? "(unknown)" : r.resumes_run_id.c_str(), r.resumes_step);
+    log_print(log, "command: %s\n", run.command.c_str());
+    log_print(log, "date_utc: %s\n", date);
+    log_print(log, "hosts: %s\n", hosts.c_str());
+    log_print(log, "world_size: %d\n", d.world);
+    log_print(log, "seed: %llu\n", static_cast<unsigned long long>(run.seed));
+    log_print(log, "run_id: %s\n", run.run_id.c_str());
+    if (run.resumes_step >= 0)
+        log_print(log, "resumes: %s step %d\n", run.resumes_run_id.empty() ? "(unknown)" : run.resumes_run_id.c_str(), run.resumes_step);
 #ifndef TRAIN_GPT_NO_MAIN
-    print0(r, "source_hash: %s\n", source_hash().c_str());
+    log_print(log, "source_hash: %s\n", source_hash().c_str());
 #endif
-}
-
-void log_config(Run& r) {
-    const Config& c = r.m.cfg;
-    print0(r, "config %s: layers %d, model_dim %d, heads %d x %d, mlp %d, vocab %d (padded %d), bigram_vocab %d\n",
-           c.name.c_str(), kLayers, c.model_dim, c.num_heads, c.head_dim, c.mlp_dim, c.vocab_size, c.padded_vocab,
-           c.bigram_vocab);
-    print0(r, "  steps %d scheduled + %d extension, cooldown %.2f, split at step %d, block %d tokens, final long window %d\n",
-           c.scheduled_iterations, c.extension_iterations, c.cooldown_frac, r.sch.split_step, c.block_size, c.final_ws_long);
-    for (size_t i = 0; i < c.stages.size(); ++i) {
-        const TrainingStage& st = c.stages[i];
-        std::string mtp;
-        for (size_t k = 0; k < st.mtp_start.size(); ++k)
-            mtp += (k ? ", " : "") + std::to_string(st.mtp_start[k]).substr(0, 4) + "->" +
-                   std::to_string(st.mtp_end[k]).substr(0, 4);
-        print0(r, "  stage %zu: from step %d, batch %lld tokens, windows (%d, %d), lr_mul %.2f, mtp [%s]\n", i,
-               r.sch.starts[i], static_cast<long long>(st.batch_tokens), st.ws_short, st.ws_long, st.lr_mul, mtp.c_str());
-    }
-    print0(r, "  adam lr %g eps %g wd %g; normuon lr %g beta2 %g wd %g, momentum %g->%g over %d steps, cool-down %d\n",
-           c.adam_lr, c.adam_eps, c.adam_wd, c.normuon_lr, c.normuon_beta2, c.normuon_wd, c.muon_momentum_min,
-           c.muon_momentum_max, c.muon_warmup_steps, c.muon_cooldown_steps);
-    print0(r, "  world %d, grad_accum %d, val every %d steps on %lld tokens, train %s, val %s, seed %llu\n", r.d.world,
-           c.grad_accum(), r.opt.val_every, static_cast<long long>(c.val_tokens), r.opt.train_files.c_str(),
-           r.opt.val_files.c_str(), static_cast<unsigned long long>(r.opt.seed));
 }
 
 #ifndef TRAIN_GPT_NO_MAIN
 // Rank 0 creates the log (exclusive: a log is never appended to another run's) and writes the
 // embedded source files into it, each under a rule with its path.
-void open_log(Run& r, const std::string& path) {
-    r.log_path = path;
-    r.log = std::fopen(path.c_str(), "wx");
-    if (!r.log) fail("cannot create the log " + path + ": " + std::strerror(errno));
-    g_log_fd = fileno(r.log);  // every line is flushed at once, so a direct write lands after the last
+void open_log(LogSink& log, const std::string& path) {
+    log.path = path;
+    log.file = std::fopen(path.c_str(), "wx");
+    if (!log.file) fail("cannot create the log " + path + ": " + std::strerror(errno));
+    g_log_fd = fileno(log.file);  // every line is flushed at once, so a direct write lands after the last
     // appending, as the other ranks' failure lines do, so that neither overwrites the other
     if (fcntl(g_log_fd, F_SETFL, fcntl(g_log_fd, F_GETFL) | O_APPEND) != 0)
         fail("cannot set the log " + path + " to append: " + std::strerror(errno));
@@ -251,19 +251,17 @@ void open_log(Run& r, const std::string& path) {
     const std::string rule(100, '-');
     for (size_t i = 0; i < kSourceFileCount; ++i) {
         const std::string head = rule + "\n// " + kSourceFiles[i].path + "\n" + rule + "\n";
-        log_write(r, head.data(), head.size());
-        log_write(r, kSourceFiles[i].text, std::strlen(kSourceFiles[i].text));
-        log_write(r, "\n", 1);
+        log_write(log, head.data(), head.size());
+        log_write(log, kSourceFiles[i].text, std::strlen(kSourceFiles[i].text));
+        log_write(log, "\n", 1);
     }
     const std::string end = std::string(100, '=') + "\n";
-    log_write(r, end.data(), end.size());
+    log_write(log, end.data(), end.size());
 }
 #endif
 
-// What follows the source: the environment, the header lines and the config, then a rule.
-void log_preamble(Run& r) {
-    log_environment(r, r.d);
-    log_header(r, r.d);
-    log_config(r);
-    print0(r, "%s\n", std::string(100, '=').c_str());
+// The end of a finished run: the log is closed (a failed close is a write that did not land).
+void close_log(LogSink& log) {
+    if (log.file && std::fclose(std::exchange(log.file, nullptr)) != 0)
+        fail("cannot write the log " + log.path + ": " + std::strerror(errno));
 }
