@@ -1227,6 +1227,7 @@ MemoryPlan plan_memory(Model& m, Optimizer& o, int world) {
             o.arena.bytes(), CublasLt::kWorkspaceBytes};
 }
 
+// The optimizer's state by name, over every group's registered state tensors (q.state).
 std::vector<StateTotal> optimizer_state_totals(const Optimizer& o) {
     std::vector<StateTotal> out;
     for (const OptimGroup& q : o.group) add_state_totals(out, q.state);
@@ -1246,7 +1247,8 @@ void print_memory_plan(const Config& c, FILE* f, int ranks) {
     const MemoryPlan plan = plan_memory(m, o, ranks);
     std::fprintf(f, "memory plan per rank, preset %s (%d rank%s; %d train and %d eval tokens per micro-step):\n",
                  c.name.c_str(), ranks, ranks == 1 ? "" : "s", m.cfg.max_train_tokens(), m.cfg.val_micro_tokens());
-    print_memory_breakdown(plan, m.param_arena, m.grad_arena, m.state_arena, m.act_arena, o.arena, optimizer_state_totals(o), f);
+    print_memory_breakdown(plan, m.param_arena, m.grad_arena, m.state_arena, m.act_arena, o.arena,
+                           optimizer_state_totals(o), f);
 }
 
 // What the run allocates on the device: every arena and cuBLASLt's workspace (the log's peak line).

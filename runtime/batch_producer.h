@@ -223,7 +223,8 @@ private:
         if (const std::string e = batch_error(region, shape_.tokens, inputs_.data(), targets_.data(), cu_.data(), num_cu, T);
             !e.empty())
             throw dataload::DataError("bad batch: " + e);
-        pack_batch(*s.image, builder_, shape_.tokens, inputs_.data(), targets_.data(), cu_.data(), num_cu, bigram_.data(), T);
+        pack_batch(*s.image, builder_, shape_.tokens, inputs_.data(), targets_.data(), cu_.data(), num_cu, bigram_.data(),
+                   T);
         s.step = step;
         s.micro = micro;
         s.n_mtp = 0;

@@ -82,7 +82,8 @@ std::string write_checkpoint(const std::string& root, int step, int rank, int wo
     HostCopies host;
     ckpt::CheckpointWriter w;
     for (const auto& [key, value] : meta) w.meta(key, value);
-    for (const CheckpointTensor& t : tensors) w.tensor(t.name, t.dtype.c_str(), t.shape, host.copy(t.device, t.bytes), t.bytes);
+    for (const CheckpointTensor& t : tensors)
+        w.tensor(t.name, t.dtype.c_str(), t.shape, host.copy(t.device, t.bytes), t.bytes);
     const ckpt::FileDigest digest = w.write(path);
     std::vector<ckpt::FileDigest> all(world);
     static_assert(sizeof(ckpt::FileDigest) == 16, "gathered as bytes");

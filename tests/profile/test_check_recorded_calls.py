@@ -25,8 +25,9 @@ def run_check(repo):
 class Planted(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp()
-        for d in ("kernels", "train"):
-            shutil.copytree(os.path.join(REPO, d), os.path.join(self.tmp, d))
+        for d in ("kernels", "runtime", "train"):
+            if os.path.isdir(os.path.join(REPO, d)):
+                shutil.copytree(os.path.join(REPO, d), os.path.join(self.tmp, d))
         shutil.copy(os.path.join(REPO, "train_gpt.cu"), self.tmp)
 
     def tearDown(self):
