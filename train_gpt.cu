@@ -32,7 +32,9 @@
 #include "runtime/log.h"
 #include "runtime/memory_plan.h"
 #include "runtime/output_checks.h"
+#include "runtime/param_table_check.h"
 #include "runtime/platform_check.h"
+#include "runtime/sharded_comms.h"
 #include "runtime/step_losses.h"
 #include "runtime/stop_signals.h"
 #include "runtime/streams.h"
@@ -439,7 +441,18 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.scratch = static_cast<float*>(a.take_bytes("bw.scratch", w.scratch_bytes));
 }
 
-#include "train/buckets.h"
+// ---- the places where the step's communication meets the model ----
+// A sharded group's place (its kParamTable row's): where the backward finishes its gradient (a
+// reduction launched during the backward starts there, reduce_final) and where the next forward
+// first reads it (waiting there for its gather, await_gathered). Per layer: attn, mlp; per value
+// table: value_table.
+enum class At { none = -1, embed, bigram, attn, value_table, mlp, head };
+// The backward's points where per-layer gradients become final, in its order: per layer from the
+// last, the MLP's (after mlp_backward), then the attention's (after the lambda-scaled weights' backward).
+constexpr int backward_point(At place, int layer) { return 2 * (kLayers - 1 - layer) + (place == At::attn ? 1 : 0); }
+inline void await_gathered(const GatherEvents& e, At place, cudaStream_t s, int piece = 0) {
+    await_gathered(e, static_cast<int>(place), s, piece);
+}
 
 // What the schedule decides for one forward.
 struct StepSchedule {
@@ -628,7 +641,7 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
 // are tied, in one pass; before anything reads them (a training forward, validation, a save).
 void refresh_lm_head_copies(Model& m, cudaStream_t s) {
     if (!m.lm_head_fp8_stale) return;
-    await_gathered(m.gathered, Gathered::lm_head, s);
+    await_gathered(m.gathered, At::head, s);
     lm_head_fp8_quantize_weight(m.train.fp8, m.params.lm_head, m.fp8_scales, m.cfg.model_dim, m.cfg.padded_vocab, s,
                                 m.embed_stale ? m.params.embed : nullptr);
     m.lm_head_fp8_stale = m.embed_stale = false;
@@ -647,13 +660,13 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     }
     const float scale = static_cast<float>(m.rope.attn_scale);
     const Range range("forward");
-    // each gathered parameter is waited for where it is first read (train/buckets.h)
+    // each gathered parameter is waited for at its place, where it is first read (kParamTable)
     if (a.training && m.embed_stale) refresh_lm_head_copies(m, s);  // tied: embed is made from lm_head
     // x = x0 = norm(smear(embed[ids])); the bigram rows join every layer's mix
-    await_gathered(m.gathered, Gathered::embed, s);
+    await_gathered(m.gathered, At::embed, s);
     embed_smear_forward(a.smeared, p.embed, b.inputs, p.smear_gate, p.scalars + kSmearLambda, T, C, s);
     rmsnorm_forward(a.x0, a.rstd_x0, a.smeared, T, C, s);
-    await_gathered(m.gathered, Gathered::bigram, s);
+    await_gathered(m.gathered, At::bigram, s);
     embedding_gather(a.x0_bigram, p.bigram_embed, b.bigram, T, C, s);
 
     for (int l = 0; l < kLayers; ++l) {
@@ -668,12 +681,12 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
         const bf16* mlp_in = L.h_attn;
         if (has_attention(l)) {
             const float* sa = p.scalars + kSaLambdas + 2 * l;
-            await_gathered(m.gathered, Gathered::attn, s);
+            await_gathered(m.gathered, At::attn, s);
             lambda_scaled_weight_forward({{L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
                                           {L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}}, s);
             const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
             matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
-            if (aux.ve_table) await_gathered(m.gathered, Gathered::value, s, value_table(l));
+            if (aux.ve_table) await_gathered(m.gathered, At::value_table, s, value_table(l));
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
             attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(step_sch, l),
                               is_paired(l), scale, s, b.cu_seqlens_host.data(), m.attention);
@@ -683,7 +696,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             stream = L.xa;
             mlp_in = L.h_mlp;
         }
-        await_gathered(m.gathered, Gathered::mlp, s);
+        await_gathered(m.gathered, At::mlp, s);
         mlp_forward(*m.lt, m.mlp_kernel, a.block_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
         residual_add_forward(l + 1 < kLayers ? a.layer[l + 1].x : a.x_out, nullptr, nullptr, stream, a.block_out, T, C, s);
     }
@@ -691,7 +704,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     backout_forward(a.x_final, a.h_final, a.rstd_final, a.x_out, a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda,
                     T, C, s);
     if (a.training) refresh_lm_head_copies(m, s);
-    await_gathered(m.gathered, Gathered::lm_head, s);
+    await_gathered(m.gathered, At::head, s);
     if (a.training) {
         lm_head_fp8_forward(*m.lt, a.logits, a.fp8, a.h_final, m.fp8_scales, T, C, V, s);
         softcap_mtp_loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, step_sch.mtp_weights,
@@ -710,14 +723,32 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
 // upstream's .grad accumulates: over micro-steps, and for Adam's parameters also over the even
 // step before each Adam step.
 // ============================================================================================
-struct Accumulate {
-    bool matrices;  // the NorMuon banks (attn, mlp)
-    bool others;    // every Adam parameter
-    bool last = false;  // the step's last micro-step: NorMuon's buckets reduce as the backward finishes them
-    bool adam_final = false;  // and Adam's gradients are final: the value tables reduce as it finishes them
-    bool head_final = false;  // and lm_head's, untied: it reduces after the head's backward
+struct BackwardOptions {
+    bool accumulate_matrices = false;  // add to the NorMuon banks' gradients (attn, mlp)
+    bool accumulate_others = false;    // add to every Adam parameter's gradient
+    bool last_micro_step = false;      // the step's last: NorMuon's gradients are final as the backward finishes them
+    bool adam_final = false;           // ... of an Adam step: so are Adam's
+    bool embed_tied = false;           // embed's gradient joins lm_head's after the backward: the head's is final only there
 };
-void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, Accumulate acc, cudaStream_t s) {
+
+// The backward's hook: everything finishing the gradients at `place` (of layer or value table `index`)
+// is enqueued on s. The groups whose kParamTable row reduces them there start on the comms stream once
+// final (NorMuon's on the step's last micro-step, Adam's on an Adam step's): a bank's buckets of that
+// point, a table's pieces, a group's reduce-scatter.
+void reduce_final(GradBuckets& g, const BackwardOptions& o, At place, int index, cudaStream_t s) {
+    if (place == At::head && o.embed_tied) return;
+    bool buckets = false;
+    for (const GroupComms& q : g.group)
+        buckets |= q.place == static_cast<int>(place) && q.reduce == Reduce::buckets && o.last_micro_step;
+    if (buckets) reduce_final_buckets(g, backward_point(place, index), s);
+    for (const GroupComms& q : g.group) {
+        if (q.place != static_cast<int>(place) || !(q.every_step ? o.last_micro_step : o.adam_final)) continue;
+        if (q.reduce == Reduce::tables) reduce_final_table(g, q, index, s);
+        if (q.reduce == Reduce::at_place) reduce_final_shards(g, q, s);
+    }
+}
+
+void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, BackwardOptions acc, cudaStream_t s) {
     const Config& c = m.cfg;
     const Params& p = m.params;
     const Params& g = m.grads;
@@ -727,7 +758,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim, V = c.padded_vocab, M = c.mlp_dim;
     const float scale = static_cast<float>(m.rope.attn_scale);
     bf16 *dX = w.dX, *dX_skip = w.dX_skip, *dX_backout = w.dX_backout;  // stream gradients change buffers below
-    const bool accumulate = acc.others;
+    const bool accumulate = acc.accumulate_others;
     const Range range("backward");
     if (!accumulate) {  // the embedding backward writes only the rows of this batch's ids
         CUDA_CHECK(memset_async(g.embed, 0, size_t(V) * C * sizeof(bf16), s));
@@ -739,7 +770,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     softcap_mtp_loss_backward_fp8(a.fp8.g_f8, a.fp8.g_f8_t, &m.fp8_scales->grad, a.logits, a.lse_head, b.targets,
                                   step_sch.mtp_weights, step_sch.n_predict, m.dloss, T, V, s);
     lm_head_fp8_backward(*m.lt, w.dh, g.lm_head, accumulate, a.fp8, m.fp8_scales, T, C, V, s);
-    reduce_final_head(m.buckets, acc.head_final, s);
+    reduce_final(m.buckets, acc, At::head, 0, s);
     backout_backward(dX, dX_backout, g.scalars + kBackoutLambda, sums, w.dh, a.x_final, a.rstd_final,
                      a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda, accumulate, T, C, s);
     // the last layer's output gradient is in dX; layers run backward, each leaving its input's in dX
@@ -747,9 +778,9 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
         const bf16* mlp_in = has_attention(l) ? L.h_mlp : L.h_attn;
-        mlp_backward(*m.lt, m.mlp_kernel, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.matrices, L.post, dX, mlp_in, p.c_fc(c, l),
-                     p.c_proj(c, l), L.pre, L.post, T, C, M, s);
-        reduce_final_buckets(m.buckets, acc.last, Bank::mlp, l, s);
+        mlp_backward(*m.lt, m.mlp_kernel, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.accumulate_matrices, L.post, dX, mlp_in,
+                     p.c_fc(c, l), p.c_proj(c, l), L.pre, L.post, T, C, M, s);
+        reduce_final(m.buckets, acc, At::mlp, l, s);
         if (has_attention(l)) {
             residual_add_backward(dX, w.dh, L.xa, L.rstd_mlp, T, C, s);  // dX now: the gradient of xm's stream use
             const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
@@ -772,11 +803,11 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             matmul_backward_input(*m.lt, w.dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv_dx");
             lambda_scaled_weight_backward({{g.wqkv(c, l), dsa, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
                                            {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}},
-                                          sums, {.dw = acc.matrices, .dlambda = accumulate}, s);
-            reduce_final_buckets(m.buckets, acc.last, Bank::attn, l, s);
+                                          sums, {.dw = acc.accumulate_matrices, .dlambda = accumulate}, s);
+            reduce_final(m.buckets, acc, At::attn, l, s);
             if (table >= 0) {  // the table's rows, final here: reduced at once on an Adam step
                 embedding_backward(g.ve_table(c, l), dve, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
-                reduce_final_table(m.buckets, acc.adam_final, table, s);
+                reduce_final(m.buckets, acc, At::value_table, table, s);
             }
             attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
                                 sums, accumulate, s);
@@ -883,29 +914,39 @@ struct Schedule {
 // updated in the work order as each lands, and sharded parameters are gathered back behind events.
 // ============================================================================================
 enum class Optim { adam, normuon };
-// sharded_tables: sharded by rows, each table (of V rows) reduced as the backward finishes it and
-// gathered apart (train/buckets.h)
-enum class Comms { replicated, sharded, sharded_sparse, sharded_tables };
+// A group's row: its optimizer and hyperparameters, and its whole communication schedule. `reduce`
+// (runtime/sharded_comms.h) says how its gradient is reduced: after the backward (replicated: all-
+// reduce; after_backward: reduce-scatter; sparse: the touched rows), or during the backward at its
+// place (buckets: a NorMuon bank's whole matrices onto their owners; tables: each table's pieces;
+// at_place: a reduce-scatter). A sharded group's `place` is where the backward finishes its gradient
+// (the hook reduce_final there launches what reduces during the backward) and where the next forward
+// first reads it (await_gathered there waits for its gather); `gather` is its gather's turn after the
+// step, lowest first (each after its update). The reductions after the backward launch in the
+// table's order.
 struct ParamRule {
     const char* label;
     Optim optim;
-    Comms comms;
+    Reduce reduce;
+    At place;
+    int gather;
     double beta1, beta2, lr_mul, wd_mul;  // betas for Adam only
 };
-// The scatter order is the table's order (reductions launch in it).
+// The gathers' turns: about the order the next forward first reads them, embed (while tied: lm_head,
+// which makes it) and the bigram table first, the banks (mlp first: its update is done first), the
+// value tables (each table's pieces in turn), an untied lm_head last (at the head).
 const ParamRule kParamTable[] = {
-    {"attn", Optim::normuon, Comms::sharded, 0, 0, 1.0, 1.0},
-    {"mlp", Optim::normuon, Comms::sharded, 0, 0, 1.0, 1.0},
-    {"scalars", Optim::adam, Comms::replicated, 0.9, 0.99, 5.0, 0.0},
-    {"smear_gate", Optim::adam, Comms::replicated, 0.9, 0.99, 0.01, 0.0},
-    {"skip_gate", Optim::adam, Comms::replicated, 0.9, 0.99, 0.05, 0.0},
-    {"attn_gate_bank", Optim::adam, Comms::replicated, 0.9, 0.99, 1.0, 1.0},
-    {"ve_gate_bank", Optim::adam, Comms::replicated, 0.9, 0.99, 1.0, 1.0},
-    {"x0_lambdas", Optim::adam, Comms::replicated, 0.65, 0.95, 5.0, 0.0},
-    {"bigram_embed", Optim::adam, Comms::sharded_sparse, 0.75, 0.95, 75.0, 5.0},
-    {"lm_head", Optim::adam, Comms::sharded, 0.5, 0.95, 1.0, 150.0},
-    {"value_embed", Optim::adam, Comms::sharded_tables, 0.75, 0.95, 75.0, 5.0},
-    {"embed", Optim::adam, Comms::sharded, 0.5, 0.95, 1.0, 150.0},
+    {"attn", Optim::normuon, Reduce::buckets, At::attn, 3, 0, 0, 1.0, 1.0},
+    {"mlp", Optim::normuon, Reduce::buckets, At::mlp, 2, 0, 0, 1.0, 1.0},
+    {"scalars", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 5.0, 0.0},
+    {"smear_gate", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 0.01, 0.0},
+    {"skip_gate", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 0.05, 0.0},
+    {"attn_gate_bank", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 1.0, 1.0},
+    {"ve_gate_bank", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 1.0, 1.0},
+    {"x0_lambdas", Optim::adam, Reduce::replicated, At::none, 0, 0.65, 0.95, 5.0, 0.0},
+    {"bigram_embed", Optim::adam, Reduce::sparse, At::bigram, 1, 0.75, 0.95, 75.0, 5.0},
+    {"lm_head", Optim::adam, Reduce::at_place, At::head, 5, 0.5, 0.95, 1.0, 150.0},
+    {"value_embed", Optim::adam, Reduce::tables, At::value_table, 4, 0.75, 0.95, 75.0, 5.0},
+    {"embed", Optim::adam, Reduce::after_backward, At::embed, 0, 0.5, 0.95, 1.0, 150.0},
 };
 constexpr int kParamGroups = sizeof(kParamTable) / sizeof(kParamTable[0]);
 // The updates' order (the step profiler's best): small parameters first while the large reductions
@@ -915,7 +956,51 @@ const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_g
                                               "ve_gate_bank", "x0_lambdas", "lm_head",   "bigram_embed",
                                               "embed",        "value_embed", "mlp",      "attn"};
 
-#include "train/param_check.h"
+
+// This program's table, work order and registry checked against each other; stops naming the difference.
+void check_param_table(const Config& c) {
+    Params unplaced{};
+    std::vector<std::string> registry, table, order;
+    for (const ParamEntry& e : param_entries(c, unplaced)) registry.push_back(e.spec.name);
+    for (const ParamRule& r : kParamTable) table.push_back(r.label);
+    for (const char* label : kWorkOrder) order.push_back(label ? label : "");
+    if (const std::string e = param_table_error(registry, table, order); !e.empty()) {
+        std::fprintf(stderr, "train_gpt: the parameter registry, kParamTable and kWorkOrder disagree: %s\n", e.c_str());
+        std::exit(EXIT_FAILURE);
+    }
+}
+
+int param_group(const char* label) {
+    for (int i = 0; i < kParamGroups; ++i)
+        if (std::strcmp(kParamTable[i].label, label) == 0) return i;
+    std::fprintf(stderr, "train_gpt: no parameter group '%s'\n", label);
+    std::exit(EXIT_FAILURE);
+}
+
+// A parameter as the optimizer sees it: `rows` entries along dim 0 (NorMuon: matrices) of
+// `row_elems` elements each; sharded parameters are split along dim 0.
+struct ParamTensor {
+    void *param, *grad;
+    bool fp32;
+    int64_t rows, row_elems;
+    int mat_rows = 0, mat_cols = 0;  // NorMuon's matrix shape
+};
+// The registry entry of a table row, in the parameter and the gradient arena.
+ParamTensor param_tensor(const Config& c, Params& p, Params& g, const ParamRule& rule) {
+    const std::vector<ParamEntry> params = param_entries(c, p), grads = param_entries(c, g);
+    for (size_t i = 0; i < params.size(); ++i) {
+        const std::vector<int64_t>& shape = params[i].spec.shape;
+        if (params[i].spec.name != std::string(rule.label)) continue;
+        ParamTensor t{params[i].data, grads[i].data, params[i].fp32, shape[0], params[i].elems() / shape[0]};
+        if (rule.optim == Optim::normuon) {
+            t.mat_rows = int(shape.at(1));
+            t.mat_cols = int(shape.at(2));
+        }
+        return t;
+    }
+    std::fprintf(stderr, "train_gpt: kParamTable's '%s' is no registered parameter\n", rule.label);
+    std::exit(EXIT_FAILURE);
+}
 
 // Per-step scalars of every group, uploaded in one copy (the kernels read them from the device).
 struct OptimScalars {
@@ -926,7 +1011,7 @@ struct OptimScalars {
 struct OptimGroup {
     const ParamRule* rule;
     ParamTensor t;
-    Comms comms;                  // the table's, with sparse falling back to sharded where inactive
+    Reduce reduce;                // the table's, with sparse falling back to after_backward where inactive
     bool distributed;             // communicates (world > 1)
     int64_t shard_rows;           // rows this rank updates
     void* grad_shard;             // what the reduction leaves for this rank's update
@@ -978,13 +1063,13 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params
         OptimGroup& q = o.group[i];
         q.rule = &kParamTable[i];
         q.t = param_tensor(c, p, g, kParamTable[i]);
-        q.comms = q.rule->comms == Comms::sharded_sparse && !sparse_active ? Comms::sharded : q.rule->comms;
+        q.reduce = q.rule->reduce == Reduce::sparse && !sparse_active ? Reduce::after_backward : q.rule->reduce;
         q.distributed = o.world > 1;
-        const bool sharded = q.comms != Comms::replicated;
+        const bool sharded = is_sharded(q.reduce);
         q.shard_rows = sharded ? q.t.rows / o.world : q.t.rows;
         const std::string n = std::string("optim.") + q.rule->label + ".";
         q.grad_shard = q.t.grad;  // replicated: reduced in place; one rank: the gradient itself
-        if (q.comms == Comms::sharded_sparse)  // the merge adds into the full gradient: its own slice
+        if (q.reduce == Reduce::sparse)  // the merge adds into the full gradient: its own slice
             q.grad_shard = static_cast<char*>(q.t.grad) + o.rank * q.shard_elems() * q.elem_bytes();
         else if (sharded && q.distributed)
             q.grad_shard = q.t.fp32 ? static_cast<void*>(a.take<float>(n + "grad_shard", {q.shard_rows, q.t.row_elems}))
@@ -1012,6 +1097,69 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params
     o.scalars = reinterpret_cast<OptimScalars*>(a.take_bytes("optim.step_scalars", sizeof(OptimScalars)));
 }
 
+// The layer structure as the communication schedule sees it: matrices per layer of the bank at `place`
+// (attn holds [Wq; Wk; Wv; Wo] per attention layer, mlp [c_fc, c_proj] per layer and then padding that
+// no kernel writes), and the tables of a tables group (one per value table).
+int bank_matrices_per_layer(At place) { return place == At::attn ? 4 : 2; }
+int tables_at(At place) { return place == At::value_table ? kValueTables : 1; }
+
+// Per matrix of the bank at `place`, the backward point that finishes its gradient (the padding:
+// final from the start, reduced with the first bucket).
+std::vector<int> bank_ready_points(At place, int matrices) {
+    std::vector<int> ready(size_t(matrices), 0);
+    for (int l = 0; l < kLayers; ++l) {
+        if (place == At::attn && has_attention(l))
+            for (int k = 0; k < 4; ++k) ready.at(size_t(4 * attn_index(l) + k)) = backward_point(place, l);
+        if (place == At::mlp)
+            for (int k = 0; k < 2; ++k) ready.at(size_t(2 * l + k)) = backward_point(place, l);
+    }
+    return ready;
+}
+
+// The backward's reductions and the forward's gathers on this rank, from the table: each group's
+// buffers and events, the bucket plan of the banks (stops naming a world size that cannot own their
+// whole matrices), the ranges emu's race detector names apart, and the gathers' events, recorded once:
+// nothing gathered yet.
+void build_comms(Model& m, Optimizer& o, const BucketComms& c, cudaStream_t s) {
+    GradBuckets& g = m.buckets;
+    g = {};
+    g.c = c;
+    m.gathered = {};
+    for (int i = 0; i < kParamGroups; ++i) {
+        const OptimGroup& q = o.group[i];
+        const ParamRule& r = *q.rule;
+        const bool sharded = is_sharded(q.reduce);
+        GroupComms gc;
+        gc.label = r.label;
+        gc.reduce = q.reduce;
+        gc.place = sharded ? static_cast<int>(r.place) : -1;
+        gc.every_step = r.optim == Optim::normuon;
+        gc.reduced = q.reduced;
+        if (sharded) {  // bf16, as every sharded group
+            gc.grad = static_cast<const bf16*>(q.t.grad);
+            gc.grad_shard = static_cast<bf16*>(q.grad_shard);
+            gc.param = static_cast<bf16*>(q.t.param);
+            gc.rows = q.t.rows, gc.shard_rows = q.shard_rows, gc.row_elems = q.t.row_elems;
+            gc.piece_rows = q.t.rows / tables_at(r.place);
+        }
+        if (q.reduce == Reduce::buckets) {
+            gc.bank = static_cast<int>(g.banks.size());
+            g.banks.push_back({r.label, bank_ready_points(r.place, static_cast<int>(q.t.rows))});
+            g.bank_group.push_back(i);
+            name_bank_layers(gc, bank_matrices_per_layer(r.place));
+        }
+        if (q.reduce == Reduce::tables) name_tables(gc);
+        g.group.push_back(gc);
+        m.gathered.place.push_back(gc.place);
+        m.gathered.event.emplace_back(size_t(sharded ? tables_at(r.place) : 0));
+        for (cudaEvent_t& e : m.gathered.event.back()) {
+            CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+            CUDA_CHECK(record_event(e, s));
+        }
+    }
+    build_bucket_plan(g);
+}
+
 // Places the optimizer for this rank and zeroes its state (as upstream's fresh optimizer).
 void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_active, ncclComm_t comm, cudaStream_t s) {
     o.rank = rank;
@@ -1027,10 +1175,6 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
             sparse_exchange_device_bytes(m.cfg.bigram_vocab, m.cfg.model_dim, world, o.sparse_max_touched));
     for (cudaEvent_t* e : {&o.grads_ready, &o.comms_done})
         CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-    for (cudaEvent_t& e : m.gathered.event) {  // recorded once: nothing gathered yet
-        CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-        CUDA_CHECK(record_event(e, s));
-    }
     for (OptimGroup& q : o.group) {
         CUDA_CHECK(cudaEventCreateWithFlags(&q.reduced, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&q.updated, cudaEventDisableTiming));
@@ -1042,14 +1186,14 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
         CUDA_CHECK(copy_async(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice, s));
         CUDA_CHECK(sync_stream(s, "matrix_lr_mul"));
     }
-    build_grad_buckets(m.buckets, {rank, world, comm, o.comms, o.grads_ready}, o["attn"], o["mlp"], o["value_embed"],
-                       m.cfg.padded_vocab, o["lm_head"]);
+    build_comms(m, o, {rank, world, comm, o.comms, o.grads_ready}, s);
     CUDA_CHECK(sync_stream(s, "build_optimizer"));
 }
 
 void destroy_optimizer(Optimizer& o, Model& m) {
     o.exchange.reset();
-    for (cudaEvent_t& e : m.gathered.event) cudaEventDestroy(e), e = nullptr;
+    for (std::vector<cudaEvent_t>& group : m.gathered.event)
+        for (cudaEvent_t& e : group) cudaEventDestroy(e), e = nullptr;
     for (OptimGroup& q : o.group)
         for (cudaEvent_t e : {q.reduced, q.updated}) cudaEventDestroy(e);
     for (cudaEvent_t e : {o.grads_ready, o.comms_done}) cudaEventDestroy(e);
@@ -1072,7 +1216,7 @@ inline ncclDataType_t nccl_type(const OptimGroup& q) { return q.t.fp32 ? ncclFlo
 // (average) into this rank's shard, or the sparse exchange of the touched rows (their indexes
 // were uploaded with the step's batch). One rank has nothing to reduce.
 void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
-    if (q.comms == Comms::sharded_sparse)
+    if (q.reduce == Reduce::sparse)
         o.exchange->exchange_values(static_cast<bf16*>(q.t.grad), o.grads_ready);
     else if (q.distributed)
         NCCL_CHECK(reduce_scatter(q.t.grad, q.grad_shard, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
@@ -1082,10 +1226,10 @@ void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
 // The update of this rank's shard, on the compute stream once its reduction has landed.
 void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t s) {
     CUDA_CHECK(wait_event(s, q.reduced));
-    if (q.comms == Comms::sharded_sparse) o.exchange->merge(s);  // into q.grad_shard, the own slice
+    if (q.reduce == Reduce::sparse) o.exchange->merge(s);  // into q.grad_shard, the own slice
     if (q.rule->optim == Optim::adam) {
         AdamHyper h = adam_hyper(q.rule->beta1, q.rule->beta2, m.cfg.adam_eps);
-        if (q.comms == Comms::sharded_sparse) h.grad_scale = 1.0f / static_cast<float>(o.world);  // merge summed it
+        if (q.reduce == Reduce::sparse) h.grad_scale = 1.0f / static_cast<float>(o.world);  // merge summed it
         if (q.t.fp32)
             adam_step(static_cast<float*>(q.param_shard(o.rank)), q.exp_avg, q.exp_avg_sq,
                       static_cast<const float*>(q.grad_shard), q.shard_elems(), h, &o.scalars->adam[index], s);
@@ -1101,14 +1245,15 @@ void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t
     }
 }
 
-// Gathers an updated shard (`table` of the value tables) to every rank on the comms stream, after
-// the update, and records the event the next forward waits for.
-void launch_gather(Model& m, Optimizer& o, OptimGroup& q, Gathered what, ncclComm_t comm, int table = 0) {
-    if (!q.distributed || q.comms == Comms::replicated) return;
+// Gathers group i's updated shard (its table `table` where it has tables) to every rank on the comms
+// stream, after the update, and records the event the next forward waits for.
+void launch_gather(Model& m, Optimizer& o, int i, ncclComm_t comm, int table) {
+    OptimGroup& q = o.group[i];
+    if (!q.distributed || !is_sharded(q.reduce)) return;
     CUDA_CHECK(wait_event(o.comms, q.updated));
-    if (q.comms == Comms::sharded_tables) broadcast_table(m.buckets, table);
+    if (q.reduce == Reduce::tables) broadcast_table(m.buckets, m.buckets.group[size_t(i)], table);
     else NCCL_CHECK(all_gather(q.param_shard(o.rank), q.t.param, q.shard_elems(), nccl_type(q), comm, o.comms));
-    CUDA_CHECK(record_event(m.gathered.at(what, table), o.comms));
+    CUDA_CHECK(record_event(m.gathered.event[size_t(i)][size_t(table)], o.comms));
 }
 
 // At the untie step embed takes lm_head's Adam state: its moments transposed (lm_head is sharded
@@ -1147,6 +1292,27 @@ void fill_step_scalars(const Config& c, const Schedule& sch, Optimizer& o, int s
     }
 }
 
+// Whether the backward launches q's reduction (reduce_final at its place), else optimizer_step does:
+// the banks' buckets (one rank: none at all), and where there are ranks the tables and the at_place
+// groups, but for the head's while tied (embed's gradient joins it after the backward).
+bool reduced_by_backward(const OptimGroup& q, bool tied) {
+    if (q.reduce == Reduce::buckets) return true;
+    if (q.reduce == Reduce::at_place && tied && q.rule->place == At::head) return false;
+    return q.distributed && (q.reduce == Reduce::tables || q.reduce == Reduce::at_place);
+}
+
+// The sharded groups by their gathers' turns (the table's order within a turn); while tied, lm_head
+// takes embed's turn: the next forward makes embed from it first.
+std::vector<int> gather_order(bool tied) {
+    auto turn = [&](int i) { return tied && i == param_group("lm_head") ? kParamTable[param_group("embed")].gather
+                                                                         : kParamTable[i].gather; };
+    std::vector<int> order;
+    for (int i = 0; i < kParamGroups; ++i)
+        if (is_sharded(kParamTable[i].reduce)) order.push_back(i);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return turn(a) < turn(b); });
+    return order;
+}
+
 // One optimizer step (upstream's NorMuonAndAdam.step and TrainingManager.step_optimizers): NorMuon
 // every step, Adam on odd steps (its gradients accumulate over the even step before). While embed
 // is tied, its gradient joins lm_head's (transposed), and the next forward copies embed back from
@@ -1176,11 +1342,8 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         small_run.clear();
     };
     for (OptimGroup& q : o.group) {
-        // launched by the backward (train/buckets.h): NorMuon's banks, the value tables, an untied lm_head
-        const bool by_backward = q.rule->optim == Optim::normuon ||
-                                 (q.distributed && (q.comms == Comms::sharded_tables || (!tied && &q == &o["lm_head"])));
-        if (!steps(q) || by_backward) continue;
-        if (q.distributed && q.comms == Comms::replicated) {
+        if (!steps(q) || reduced_by_backward(q, tied)) continue;
+        if (q.distributed && q.reduce == Reduce::replicated) {
             if (small_run.empty()) NCCL_CHECK(group_start());
             NCCL_CHECK(all_reduce(q.t.grad, q.t.grad, q.shard_elems(), nccl_type(q), ncclAvg, comm, o.comms));
             small_run.push_back(&q);
@@ -1199,18 +1362,10 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         CUDA_CHECK(record_event(q.updated, s));
     }
     if (do_adam) m.lm_head_fp8_stale = true, m.embed_stale = tied;
-    // the gathers, about in the order the next forward first reads them (it waits for each there):
-    // embed (while tied, lm_head, which makes it), the bigram table, the banks (mlp first: its update
-    // is done first), the value tables by layer, an untied lm_head last (at the head)
-    auto gather = [&](const char* label, Gathered what, int table = 0) {
-        if (steps(o[label])) launch_gather(m, o, o[label], what, comm, table);
-    };
-    gather(tied ? "lm_head" : "embed", tied ? Gathered::lm_head : Gathered::embed);
-    gather("bigram_embed", Gathered::bigram);
-    gather("mlp", Gathered::mlp);
-    gather("attn", Gathered::attn);
-    for (int k = 0; k < kValueTables; ++k) gather("value_embed", Gathered::value, k);
-    if (!tied) gather("lm_head", Gathered::lm_head);
+    // the gathers by their rows' turns (the next forward waits for each at its place)
+    for (int i : gather_order(tied))
+        if (steps(o.group[i]))
+            for (size_t k = 0; k < m.gathered.event[size_t(i)].size(); ++k) launch_gather(m, o, i, comm, int(k));
     if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
 }
 
@@ -1641,8 +1796,11 @@ void train_step(Run& r, int step) {
         gpt_forward(r.m, r.m.batch, step_sch, r.m.train, r.s);
         r.losses.copy(step, i, r.m.loss, r.s);
         // Adam's parameters keep the even step's gradients for the odd step's update
-        const bool last = i + 1 == r.m.cfg.grad_accum(), adam_final = last && adam_step;
-        gpt_backward(r.m, r.m.batch, step_sch, {i > 0, i > 0 || adam_step, last, adam_final, adam_final && r.o.split}, r.s);
+        const bool last = i + 1 == r.m.cfg.grad_accum();
+        gpt_backward(r.m, r.m.batch, step_sch,
+                     {.accumulate_matrices = i > 0, .accumulate_others = i > 0 || adam_step, .last_micro_step = last,
+                      .adam_final = last && adam_step, .embed_tied = !r.o.split},
+                     r.s);
     }
     if (r.opt.log_grad_norms) log_grad_norms(r, step);
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);

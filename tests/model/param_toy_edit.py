@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """The README's worked example of adding a parameter, applied to a copy of train_gpt.cu.
 
-    param_toy_edit.py README TRAIN_GPT_CU OUT [--omit PLACE]...
+    param_toy_edit.py README TRAIN_GPT_CU OUT [--omit PLACE]... [--replace PLACE OLD NEW]...
 
 reads the example's lines from README.md's editing guide (the code block between the
-`<!-- param-toy-edit -->` and `<!-- /param-toy-edit -->` markers; each line ends with `// in PLACE`)
-and inserts each, verbatim, into train_gpt.cu at its place's anchor, which must be found exactly once.
---omit PLACE leaves that place's line out (the planted failures of test_param_toy_edit.py). The
-build rule of tests/model/tests.cmake runs it; the test imports it for the example's lines.
+`<!-- param-toy-edit -->` and `<!-- /param-toy-edit -->` markers; each line ends with `// in PLACE`,
+one or more lines per place) and inserts them, verbatim and in order, into train_gpt.cu after their
+place's anchor, which must be found exactly once. --omit PLACE leaves that place's lines out;
+--replace PLACE OLD NEW replaces OLD (which must occur) by NEW in that place's lines (the planted
+failures of test_param_toy_edit.py). The build rule of tests/model/tests.cmake runs it; the test
+imports it for the example's lines.
 """
 import re
 import sys
@@ -34,8 +36,16 @@ def example_lines(readme_text):
             raise EditError(f"README.md: example line {line!r} does not end with '// in PLACE', PLACE one of "
                             f"{', '.join(ANCHORS)}")
         out.append((m.group("place"), line))
-    if sorted(p for p, _ in out) != sorted(ANCHORS):
-        raise EditError(f"README.md: the example must give one line for each of {', '.join(ANCHORS)}")
+    if sorted(set(p for p, _ in out)) != sorted(ANCHORS):
+        raise EditError(f"README.md: the example must give lines for each of {', '.join(ANCHORS)}")
+    return out
+
+
+def lines_of(readme_text):
+    """{place: [its lines, in order]} of the README's example."""
+    out = {}
+    for place, line in example_lines(readme_text):
+        out.setdefault(place, []).append(line)
     return out
 
 
@@ -68,43 +78,73 @@ def work_order_first_line(lines):  # the declaration, its list continuing on the
     return only(lines, r"^const char\* const kWorkOrder\[kParamGroups\] = \{.*,$", what="kWorkOrder's first line")
 
 
+def function_body(lines, signature, pattern, what):
+    """The line matching `pattern` inside the function whose definition matches `signature`."""
+    start = only(lines, signature, what=what + "'s function")
+    end = next(i for i in range(start + 1, len(lines)) if lines[i] == "}")
+    hits = [i for i in range(start, end) if re.search(pattern, lines[i])]
+    if len(hits) != 1:
+        raise EditError(f"train_gpt.cu: {what} found {len(hits)} times, expected once")
+    return hits[0]
+
+
+def forward_bigram_gather(lines):
+    return function_body(lines, r"^void gpt_forward\(", r"^\s*embedding_gather\(a\.x0_bigram, p\.bigram_embed,",
+                         "gpt_forward's bigram gather")
+
+
+def backward_bigram_grad(lines):
+    return function_body(lines, r"^void gpt_backward\(", r"^\s*embedding_backward\(g\.bigram_embed,",
+                         "gpt_backward's bigram gradient")
+
+
 ANCHORS = {
     "struct Params": last_params_field,
     "visit_params": last_registry_line,
     "kParamTable": last_table_row,
     "kWorkOrder": work_order_first_line,
+    "gpt_forward": forward_bigram_gather,
+    "gpt_backward": backward_bigram_grad,
 }
 
 
-def apply(readme_text, source_text, omit=()):
-    """train_gpt.cu with the example's lines inserted, each indented as its anchor (a work-order entry
-    under the list's first), but those of the places in `omit`."""
+def apply(readme_text, source_text, omit=(), replace=()):
+    """train_gpt.cu with the example's lines inserted after their anchors, each indented as its anchor
+    (a work-order entry under the list's first), but those of the places in `omit`, and with each
+    (place, old, new) of `replace` applied to its place's lines."""
     lines = source_text.split("\n")
+    by_place = lines_of(readme_text)
+    for place, old, new in replace:
+        if not any(old in line for line in by_place.get(place, [])):
+            raise EditError(f"--replace: {old!r} is in none of the example's lines in {place}")
+        by_place[place] = [line.replace(old, new) for line in by_place[place]]
     inserts = []
-    for place, line in example_lines(readme_text):
+    for place, block in by_place.items():
         at = ANCHORS[place](lines)  # every anchor is checked, omitted or not
         anchor = lines[at]
         indent = " " * (anchor.index("{") + 1) if place == "kWorkOrder" else anchor[:len(anchor) - len(anchor.lstrip())]
         if place not in omit:
-            inserts.append((at, indent + line))
-    for at, text in sorted(inserts, reverse=True):
-        lines.insert(at + 1, text)
+            inserts.append((at, [indent + line for line in block]))
+    for at, block in sorted(inserts, reverse=True):
+        lines[at + 1:at + 1] = block
     return "\n".join(lines)
 
 
 def main(argv):
-    args, omit = [], []
+    args, omit, replace = [], [], []
     it = iter(argv)
     for a in it:
         if a == "--omit":
             omit.append(next(it, ""))
+        elif a == "--replace":
+            replace.append((next(it, ""), next(it, ""), next(it, "")))
         else:
             args.append(a)
-    if len(args) != 3 or any(p not in ANCHORS for p in omit):
+    if len(args) != 3 or any(p not in ANCHORS for p in omit + [r[0] for r in replace]):
         sys.exit(__doc__)
     readme, source, out = args
     try:
-        text = apply(open(readme).read(), open(source).read(), omit)
+        text = apply(open(readme).read(), open(source).read(), omit, replace)
     except EditError as e:
         sys.exit(f"param_toy_edit.py: {e}")
     with open(out, "w") as f:

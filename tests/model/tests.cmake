@@ -13,16 +13,17 @@ add_test(NAME memory_plan_state
          COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/model/test_memory_plan_state.py $<TARGET_FILE:train_gpt_cpu>)
 set_tests_properties(memory_plan_state PROPERTIES ENVIRONMENT "${MODEL_TEST_ENV}" TIMEOUT 120)
 
-# toy_trainer(NAME [--omit PLACE]...): train_gpt_cpu built from a copy of train_gpt.cu with the README's
-# worked example of adding a parameter applied by param_toy_edit.py (less the omitted places), with
-# train_gpt_cpu's own compile options and definitions, and a source bundle of the edited file for its
-# log. Not part of `make cpu`: test_param_toy_edit.py builds the two it needs.
+# toy_trainer(NAME [ARG]...): train_gpt_cpu built from a copy of train_gpt.cu with the README's worked
+# example of adding a parameter applied by param_toy_edit.py (ARG: its --omit and --replace plants), with
+# train_gpt_cpu's own compile options and definitions (less -g), linked with the built emu, and a source bundle
+# of the edited file for its log. Not part of `make cpu`: test_param_toy_edit.py builds the two it needs
+# (param_toy_trainers).
 get_target_property(TRAINER_OPTIONS train_gpt_cpu COMPILE_OPTIONS)
 get_target_property(TRAINER_DEFINITIONS train_gpt_cpu COMPILE_DEFINITIONS)
 function(toy_trainer name)
   set(dir ${CMAKE_CURRENT_BINARY_DIR}/param_toy/${name})
   file(MAKE_DIRECTORY ${dir})
-  foreach(sub train kernels data emu)  # its includes (and theirs, by ../), and the bundle's other sources
+  foreach(sub train runtime kernels data emu)  # its includes (and theirs, by ../), and the bundle's other sources
     file(CREATE_LINK ${REPO}/${sub} ${dir}/${sub} SYMBOLIC)
   endforeach()
   add_custom_command(OUTPUT ${dir}/train_gpt.cu
@@ -39,21 +40,24 @@ function(toy_trainer name)
   # the edited file as a source that is not compiled itself: its rule runs before the wrapper's compile
   set_source_files_properties(${dir}/train_gpt.cu PROPERTIES HEADER_FILE_ONLY ON)
   add_executable(${name} EXCLUDE_FROM_ALL ${dir}/${name}.cpp ${dir}/train_gpt.cu)
-  target_compile_options(${name} PRIVATE ${TRAINER_OPTIONS})
+  target_compile_options(${name} PRIVATE ${TRAINER_OPTIONS} -g0)  # no debug information to make and link
   target_compile_definitions(${name} PRIVATE ${TRAINER_DEFINITIONS})
   target_link_libraries(${name} PRIVATE emu ${name}_sources)
   set_source_files_properties(${dir}/${name}.cpp PROPERTIES OBJECT_DEPENDS ${dir}/train_gpt.cu)
 endfunction()
 toy_trainer(train_gpt_toy_cpu)
-# The planted failure: the registry line without its table row (nor its work-order entry: kWorkOrder's
-# length is the table's, so one entry more would not compile).
-toy_trainer(train_gpt_toy_no_row_cpu --omit kParamTable --omit kWorkOrder)
+# The planted failure: the row's place At::none, so that no forward waits for the parameter's gather.
+toy_trainer(train_gpt_toy_no_wait_cpu --replace kParamTable At::bigram At::none)
+# Both in one goal: make builds a command line's goals one after the other, a goal's dependencies in parallel.
+add_custom_target(param_toy_trainers)
+add_dependencies(param_toy_trainers train_gpt_toy_cpu train_gpt_toy_no_wait_cpu)
 
-# The README's example through the real program: the toy trainer starts (the table check passes),
-# lists the parameter and its Adam state in --print-memory, trains 2 steps with the unedited trainer's
-# logged losses and its checkpoint tensors bit for bit, plus the toy's; the planted one stops at startup
-# naming it.
+# The README's example through the real program: the toy trainer starts (the table check passes), lists
+# the parameter and its Adam state in --print-memory, trains 2 steps on 2 ranks under the race detector
+# with the unedited trainer's checkpoint tensors bit for bit after its first Adam step, its own equal to
+# the first bigram table's; the planted one dies of the race on it.
 add_test(NAME param_toy_edit
          COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/model/test_param_toy_edit.py ${CMAKE_COMMAND} ${CMAKE_BINARY_DIR}
-                 $<TARGET_FILE:train_gpt_cpu> $<TARGET_FILE:train_gpt_toy_cpu> $<TARGET_FILE:train_gpt_toy_no_row_cpu>)
+                 $<TARGET_FILE:train_gpt_cpu> $<TARGET_FILE:train_gpt_toy_cpu> $<TARGET_FILE:train_gpt_toy_no_wait_cpu>
+                 ${MPIRUN})
 set_tests_properties(param_toy_edit PROPERTIES ENVIRONMENT "${MODEL_TEST_ENV}" TIMEOUT 900)

@@ -1,4 +1,4 @@
-// The next forward waits for each gathered parameter where it first reads it (train/buckets.h),
+// The next forward waits for each gathered parameter at its place, where it first reads it (kParamTable),
 // checked by emu's race detector rather than by reading the code: real training steps (not a dry
 // run) of the tiny preset on this run's ranks under EMU_STREAMS=deferred, where any kernel reading
 // a parameter that a gather on the comms stream writes, without an event ordering it after the
@@ -9,16 +9,16 @@
 // a broadcast piece that missed rows would leave a rank's copy stale).
 //
 // `gathers_race plant GROUP [TABLE]` plants the bug: after each optimizer step the forward's event
-// for GROUP (embed, bigram, lm_head, attn, mlp, value TABLE) is swapped for one that is already
-// complete, so the next forward no longer waits for that gather; the program must then die of the
-// race the detector reports (CTest's gathers_race_planted_*).
+// for GROUP (a sharded row of kParamTable; TABLE: which of its tables) is swapped for one that is
+// already complete, so the next forward no longer waits for that gather; the program must then die
+// of the race the detector reports (CTest's gathers_race_planted_*).
 #define TRAIN_GPT_NO_MAIN
 #include "../../train_gpt.cu"
 #include "trainer_test_util.h"
 
 struct Plant {
     bool on = false;
-    Gathered what = Gathered::embed;
+    int group = 0;  // its row in kParamTable
     int table = 0;
 };
 
@@ -26,13 +26,14 @@ Plant parse_plant(int argc, char** argv) {
     Plant p;
     if (argc < 2) return p;
     const std::string name = argc >= 3 ? argv[2] : "";
-    const std::pair<const char*, Gathered> names[] = {{"embed", Gathered::embed}, {"bigram", Gathered::bigram},
-                                                      {"lm_head", Gathered::lm_head}, {"attn", Gathered::attn},
-                                                      {"mlp", Gathered::mlp}, {"value", Gathered::value}};
-    for (const auto& [n, g] : names)
-        if (std::strcmp(argv[1], "plant") == 0 && name == n) p = {true, g, argc >= 4 ? std::atoi(argv[3]) : 0};
-    if (!p.on || p.table < 0 || p.table >= kValueTables) {
-        std::fprintf(stderr, "usage: gathers_race [plant embed|bigram|lm_head|attn|mlp|value TABLE]\n");
+    std::string groups;
+    for (int i = 0; i < kParamGroups; ++i) {
+        if (!is_sharded(kParamTable[i].reduce)) continue;
+        groups += std::string(groups.empty() ? "" : "|") + kParamTable[i].label;
+        if (std::strcmp(argv[1], "plant") == 0 && name == kParamTable[i].label) p = {true, i, argc >= 4 ? std::atoi(argv[3]) : 0};
+    }
+    if (!p.on || p.table < 0 || p.table >= tables_at(kParamTable[p.group].place)) {
+        std::fprintf(stderr, "usage: gathers_race [plant %s [TABLE]]\n", groups.c_str());
         std::exit(2);
     }
     return p;
@@ -42,7 +43,7 @@ Plant parse_plant(int argc, char** argv) {
 // as s goes); the real one is kept in `done` for the next swap.
 void plant_missing_wait(Model& m, const Plant& p, cudaEvent_t& done, cudaStream_t s) {
     CUDA_CHECK(record_event(done, s));
-    std::swap(m.gathered.at(p.what, p.table), done);
+    std::swap(m.gathered.event.at(size_t(p.group)).at(size_t(p.table)), done);
 }
 
 // A hash of this rank's whole parameter arena; every rank's equal when the gathers covered it.

@@ -1,4 +1,5 @@
-// The NorMuon banks' bucket plan (train/buckets.h) and where the trainer launches its reductions.
+// The NorMuon banks' bucket plan (runtime/sharded_comms.h, made from kParamTable's bucket rows) and
+// where the trainer launches the reductions the backward starts.
 // The plan, for 1, 2, 4 and 8 ranks, against a reference written here from the layer structure:
 // every matrix in exactly one bucket, each bucket one owner's whole matrices (today's contiguous
 // shards), reduced at the backward point that finishes its last matrix; world sizes that cannot own
@@ -20,11 +21,11 @@
 
 // ---- the plan against a reference ----
 
-// The backward point (train/buckets.h's numbering: per layer from the last, the MLP's, then the
+// The backward point (backward_point's numbering: per layer from the last, the MLP's, then the
 // attention's) that finishes matrix i of a bank, from the layer structure: attn holds 4 matrices per
 // attention layer (layer 6 has none), mlp 2 per layer, then 2 of padding no kernel writes.
-int reference_ready(Bank b, int i) {
-    if (b == Bank::attn) {
+int reference_ready(At b, int i) {
+    if (b == At::attn) {
         const int a = i / 4, layer = a < 6 ? a : a + 1;
         return 2 * (kLayers - 1 - layer) + 1;
     }
@@ -32,27 +33,34 @@ int reference_ready(Bank b, int i) {
     return layer < kLayers ? 2 * (kLayers - 1 - layer) : 0;
 }
 
+// The program's banks: attn and mlp, their matrices' ready points from the layer structure.
+const At kBankPlaces[2] = {At::attn, At::mlp};
+std::vector<BankReady> program_banks() {
+    return {{"attn", bank_ready_points(At::attn, 4 * kAttnLayers)}, {"mlp", bank_ready_points(At::mlp, 2 * (kLayers + 1))}};
+}
+
 void check_plan(int world) {
-    const int counts[2] = {4 * kAttnLayers, 2 * (kLayers + 1)};
-    const std::vector<Bucket> plan = bucket_plan(counts[0], counts[1], world);
-    test::check(bucket_plan_error(plan, counts[0], counts[1], world).empty(), "%d ranks: the plan is refused: %s",
-                world, bucket_plan_error(plan, counts[0], counts[1], world).c_str());
-    for (Bank b : kBanks) {
-        const int n = counts[b == Bank::attn ? 0 : 1];
+    const std::vector<BankReady> banks = program_banks();
+    const std::vector<Bucket> plan = bucket_plan(banks, world);
+    test::check(bucket_plan_error(plan, banks, world).empty(), "%d ranks: the plan is refused: %s", world,
+                bucket_plan_error(plan, banks, world).c_str());
+    for (int b = 0; b < 2; ++b) {
+        const int n = static_cast<int>(banks[size_t(b)].ready.size());
+        const char* label = banks[size_t(b)].label;
         std::vector<int> seen(size_t(n), 0);
         for (const Bucket& k : plan) {
             if (k.bank != b) continue;
             for (int i = k.first; i < k.first + k.count; ++i) {
                 ++seen[size_t(i)];
-                test::check(i * world / n == k.owner, "%d ranks: %s matrix %d in rank %d's bucket", world, bank_label(b),
-                            i, k.owner);
-                test::check(reference_ready(b, i) == k.ready, "%d ranks: %s matrix %d reduced at point %d, final at %d",
-                            world, bank_label(b), i, k.ready, reference_ready(b, i));
+                test::check(i * world / n == k.owner, "%d ranks: %s matrix %d in rank %d's bucket", world, label, i,
+                            k.owner);
+                test::check(reference_ready(kBankPlaces[b], i) == k.ready,
+                            "%d ranks: %s matrix %d reduced at point %d, final at %d", world, label, i, k.ready,
+                            reference_ready(kBankPlaces[b], i));
             }
         }
         for (int i = 0; i < n; ++i)
-            test::check(seen[size_t(i)] == 1, "%d ranks: %s matrix %d in %d buckets", world, bank_label(b), i,
-                        seen[size_t(i)]);
+            test::check(seen[size_t(i)] == 1, "%d ranks: %s matrix %d in %d buckets", world, label, i, seen[size_t(i)]);
     }
     // a bucket is as large as it can be: its neighbour in the bank differs in owner or point
     for (size_t i = 0; i < plan.size(); ++i)
@@ -67,7 +75,7 @@ void check_plan(int world) {
 
     // planted wrong plans
     auto refused = [&](const char* what, std::vector<Bucket> bad, const char* phrase) {
-        const std::string e = bucket_plan_error(bad, counts[0], counts[1], world);
+        const std::string e = bucket_plan_error(bad, banks, world);
         test::check(e.find(phrase) != std::string::npos, "%d ranks, %s: '%s' does not say '%s'", world, what, e.c_str(),
                     phrase);
     };
@@ -99,9 +107,9 @@ void check_plan(int world) {
 
 // Where the backward finishes a bucket's gradients, by family: the MLP's weight gradients
 // (gemm_mlp_*_dw), the attention's lambda-scaled weights.
-bool finishes(const StepOp& op, Bank b) {
+bool finishes(const StepOp& op, At b) {
     const std::string name = op.work.name;
-    return b == Bank::attn ? name == "lambda_scaled_weight_backward"
+    return b == At::attn ? name == "lambda_scaled_weight_backward"
                            : name.rfind("gemm_mlp_", 0) == 0 && name.size() > 3 && name.substr(name.size() - 3) == "_dw";
 }
 int range_layer(const std::string& range) {  // "backward/layer L" -> L, else -1
@@ -127,9 +135,9 @@ std::string launch_order_error(const std::vector<StepOp>& ops, const std::vector
         if (k >= plan.size()) return "more reduces than buckets";
         const Bucket& b = plan[k];
         const int layer = point_layer(b.ready);
-        const std::string at = "bucket " + std::to_string(k) + " (" + bank_label(b.bank) + " layer " +
-                               std::to_string(layer) + ")";
-        if (ops[i].work.comm_bytes != double(b.count * elems[b.bank == Bank::attn ? 0 : 1] * 2))
+        const std::string at = "bucket " + std::to_string(k) + " (" + program_banks()[size_t(b.bank)].label +
+                               " layer " + std::to_string(layer) + ")";
+        if (ops[i].work.comm_bytes != double(b.count * elems[b.bank] * 2))
             return at + ": the reduce's bytes are not the bucket's";
         for (size_t j = from; j < i; ++j)
             if (int l = range_layer(ops[j].range); l >= 0 && l < layer)
@@ -142,7 +150,7 @@ std::string launch_order_error(const std::vector<StepOp>& ops, const std::vector
         for (int j = int(from); j < wait; ++j) {
             if (ops[size_t(j)].kind == OpKind::event_record && ops[size_t(j)].event == ops[size_t(wait)].event)
                 recorded = j;
-            if (finishes(ops[size_t(j)], b.bank) && range_layer(ops[size_t(j)].range) == layer) finishing = j;
+            if (finishes(ops[size_t(j)], kBankPlaces[b.bank]) && range_layer(ops[size_t(j)].range) == layer) finishing = j;
         }
         if (wait < 0 || recorded < 0 || finishing < 0 || recorded < finishing)
             return at + ": its reduce does not wait for the kernel that finishes its gradients";
@@ -184,7 +192,7 @@ size_t first_in_layer(const std::vector<StepOp>& ops, size_t from, int layer) {
 // What is wrong with where a recorded Adam step launches the value tables' reductions, or "": the
 // reduces that follow each table's embedding backward, on the comms stream, until the backward of
 // the layer below begins.
-std::string table_order_error(const std::vector<StepOp>& ops, const TableBuffers& t, int world) {
+std::string table_order_error(const std::vector<StepOp>& ops, const GroupComms& t) {
     const size_t from = backward_start(ops);
     for (int layer = kLayers - 1; layer >= 0; --layer) {
         const int table = value_table(layer);
@@ -194,7 +202,7 @@ std::string table_order_error(const std::vector<StepOp>& ops, const TableBuffers
         for (size_t i = first_in_layer(ops, from, layer); i < ops.size() && range_layer(ops[i].range) == layer; ++i)
             if (named(ops[i], "embedding_backward")) written = i;
         if (written == ops.size()) return at + ": no embedding backward in its layer";
-        const std::vector<RowPiece> pieces = owned_pieces(table * t.table_rows, t.table_rows, t.table_rows * kValueTables / world);
+        const std::vector<RowPiece> pieces = owned_pieces(table * t.piece_rows, t.piece_rows, t.shard_rows);
         size_t k = 0, first_piece = ops.size();
         for (size_t i = written + 1; i < ops.size() && range_layer(ops[i].range) == layer && k < pieces.size(); ++i) {
             if (!named(ops[i], "nccl_reduce")) continue;
@@ -217,11 +225,11 @@ std::string table_order_error(const std::vector<StepOp>& ops, const TableBuffers
 
 // Where lm_head's reduce-scatter is: its index among the recording's ops, and whether any op of
 // the layers' backward comes before it.
-std::pair<size_t, bool> head_reduce(const std::vector<StepOp>& ops, const HeadBuffers& h, int world) {
+std::pair<size_t, bool> head_reduce(const std::vector<StepOp>& ops, const GroupComms& h, int world) {
     bool after_layers = false;
     for (size_t i = backward_start(ops); i < ops.size(); ++i) {
         if (range_layer(ops[i].range) >= 0) after_layers = true;
-        if (named(ops[i], "nccl_reduce_scatter") && ops[i].work.comm_bytes == double(h.shard_elems * world * 2))
+        if (named(ops[i], "nccl_reduce_scatter") && ops[i].work.comm_bytes == double(h.shard_rows * h.row_elems * world * 2))
             return {i, after_layers};
     }
     return {ops.size(), after_layers};
@@ -233,7 +241,8 @@ std::vector<StepOp> record_adam_step(Run& r, int step) {
 }
 
 void check_adam_steps(Run& r) {
-    const GradBuckets& g = r.m.buckets;
+    const GroupComms& tables = r.m.buckets.group.at(size_t(param_group("value_embed")));
+    const GroupComms& head = r.m.buckets.group.at(size_t(param_group("lm_head")));
     const int untied = r.sch.split_step + 2;
     work_recorder().start(true);  // a dry run again: nothing runs on the device
     reset_schedule(r);
@@ -244,11 +253,11 @@ void check_adam_steps(Run& r) {
     r.o.split = false;
     test::check(split, "the untied step recorded tied");
     for (const std::vector<StepOp>* ops : {&tied_ops, &untied_ops}) {
-        const std::string e = table_order_error(*ops, g.tables, r.d.world);
+        const std::string e = table_order_error(*ops, tables);
         test::check(e.empty(), "rank %d, %s Adam step: %s", r.d.rank, ops == &tied_ops ? "tied" : "untied", e.c_str());
     }
-    const auto [tied_at, tied_after] = head_reduce(tied_ops, g.head, r.d.world);
-    const auto [untied_at, untied_after] = head_reduce(untied_ops, g.head, r.d.world);
+    const auto [tied_at, tied_after] = head_reduce(tied_ops, head, r.d.world);
+    const auto [untied_at, untied_after] = head_reduce(untied_ops, head, r.d.world);
     bool transposed = false;  // tied: after embed's gradient joined lm_head's (the optimizer's transpose)
     for (size_t i = 0; i < tied_at && i < tied_ops.size(); ++i) transposed |= named(tied_ops[i], "transpose");
     test::check(tied_at < tied_ops.size() && tied_after && transposed, "tied: lm_head's reduce-scatter is not after the backward");
@@ -271,8 +280,8 @@ void check_adam_steps(Run& r) {
         moved.range = late[layer8].range;
         late.erase(late.begin() + long(reduce));
         late.insert(late.begin() + long(layer8), moved);
-        test::check(table_order_error(late, g.tables, r.d.world).find("not reduced before") != std::string::npos,
-                    "a table's reduce moved below the next layer passes: '%s'", table_order_error(late, g.tables, r.d.world).c_str());
+        test::check(table_order_error(late, tables).find("not reduced before") != std::string::npos,
+                    "a table's reduce moved below the next layer passes: '%s'", table_order_error(late, tables).c_str());
     }
 }
 
@@ -287,7 +296,7 @@ void check_recorded_order(Run& r) {
     const std::vector<StepOp> ops = std::move(rec.ops);
     rec.stop();
     const GradBuckets& g = r.m.buckets;
-    const int64_t elems[2] = {g.bank[0].matrix_elems, g.bank[1].matrix_elems};
+    const int64_t elems[2] = {g.group.at(size_t(g.bank_group.at(0))).row_elems, g.group.at(size_t(g.bank_group.at(1))).row_elems};
     if (r.d.world == 1) {
         const bool none = std::none_of(ops.begin(), ops.end(), [](const StepOp& op) { return op.kind == OpKind::collective; });
         test::check(none, "one rank: a collective recorded");
@@ -332,10 +341,10 @@ int main(int argc, char** argv) {
         return 2;
     }
     for (int world : {1, 2, 4, 8}) check_plan(world);
-    for (auto [world, bank] : {std::pair{3, Bank::attn}, std::pair{16, Bank::mlp}}) {  // 40 attn, 24 mlp matrices
-        const std::string e = ownership_error(bank, bank == Bank::attn ? 4 * kAttnLayers : 2 * (kLayers + 1), world);
+    for (auto [world, bank] : {std::pair{3, 0}, std::pair{16, 1}}) {  // 40 attn, 24 mlp matrices
+        const std::string e = ownership_error(program_banks()[size_t(bank)], world);
         test::check(e.find("cannot own whole") != std::string::npos, "%d ranks: '%s'", world, e.c_str());
-        test::check(bucket_plan(4 * kAttnLayers, 2 * (kLayers + 1), world).empty(), "%d ranks: a plan made", world);
+        test::check(bucket_plan(program_banks(), world).empty(), "%d ranks: a plan made", world);
     }
 
     Config c = tiny_preset();

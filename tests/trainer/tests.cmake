@@ -65,11 +65,13 @@ set_tests_properties(gathers_race_np2 gathers_race_np8 PROPERTIES TIMEOUT 900
                      ENVIRONMENT "REPO=${REPO};EMU_STREAMS=deferred:5;EMU_RANDOM_ORDER=5")
 # (A missing wait is caught where no later-gathered group's wait comes before the read: the MLP bank
 # is gathered before the attention bank, whose wait at layer 0 covers it.)
-foreach(planted "bigram;bigram_embed" "lm_head;lm_head" "attn;attn" "value 3;param.value_embed.3." "embed;embed")
-  list(GET planted 0 group)
-  list(GET planted 1 name)
+# Each: the test's name, the group (its kParamTable label) and table, the range the race names.
+foreach(planted "bigram;bigram_embed;bigram_embed" "lm_head;lm_head;lm_head" "attn;attn;attn"
+        "value_3;value_embed 3;param.value_embed.3." "embed;embed;embed")
+  list(GET planted 0 label)
+  list(GET planted 1 group)
+  list(GET planted 2 name)
   string(REPLACE " " ";" args "${group}")
-  string(REPLACE " " "_" label "${group}")
   add_test(NAME gathers_race_planted_${label} COMMAND ${MPIRUN} -np 2 -x EMU_WORKERS=1 $<TARGET_FILE:gathers_race> plant ${args})
   set_tests_properties(gathers_race_planted_${label} PROPERTIES TIMEOUT 900 PASS_REGULAR_EXPRESSION "race on '${name}'"
                        ENVIRONMENT "REPO=${REPO};EMU_STREAMS=deferred:5;EMU_RANDOM_ORDER=5")
