@@ -401,7 +401,7 @@ inline std::vector<Timeline> replay_steady(const std::vector<std::vector<std::ve
     return replay.timelines(begin[report], begin[report + 1], t0);
 }
 
-// ---- a modeled step, a plan of stages, and their reports ----
+// ---- a modeled step and a plan of stages (their text, JSON and trace: profiler/reports.h) ----
 
 struct FamilyRow {  // the device ops of one family (not collectives) in one rank's step
     std::string name;
