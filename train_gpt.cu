@@ -1331,7 +1331,7 @@ PlanData start_plan(RunOptions& opt, const Config& c, const DataFiles& f, const 
 
 // --profile-steps and --profile-warmup: the step profiler's hooks around the steps they name.
 void install_step_profiler(Run& r, const CostModel& model) {
-    const ProfiledRun run{r.d.rank, r.d.world, model, [&r](const std::string& line) { print0(r, "%s", line.c_str()); }};
+    const ProfiledRun run{r.d.world, model, [&r](const std::string& line) { print0(r, "%s", line.c_str()); }};
     if (r.opt.profile_steps.first >= 0)
         r.hooks = step_profile_hooks(run, [range = r.opt.profile_steps](int step) { return range.contains(step); }, {});
     const auto warmup_label = [&r, facts = schedule_facts(r.m.cfg)](int step) {

@@ -38,15 +38,16 @@ struct ProfilerRanks {
     std::exit(EXIT_FAILURE);  // fail() does not return; this line only tells the compiler so
 }
 
-// What a plan asks of the trainer, each a function of the trainer's own.
+// What a plan asks of the trainer, each a function of the trainer's own: the schedule as at a run's
+// start, and at `step`; a fresh batch producer for steps [first, end) from the data's start, the data
+// read `repeat` times over; the tied/stale state a run's `step` starts in; the training step; the
+// producer's CPU ms per micro-batch, and the sparse exchange's plan's share of it.
 struct PlanTrainer {
-    std::function<void()> reset_schedule;                                  // as at a run's start
-    std::function<void(int step)> advance_schedule;                        // the schedule's state at `step`
-    std::function<void(int first, int end, int repeat)> start_batches;     // a fresh producer for steps
-                                                                           // [first, end), from the data's start
-    std::function<void(int step)> as_in_a_run;  // the tied/stale state a run's `step` starts in
+    std::function<void()> reset_schedule;
+    std::function<void(int step)> advance_schedule;
+    std::function<void(int first, int end, int repeat)> start_batches;
+    std::function<void(int step)> as_in_a_run;
     std::function<void(int step)> train_step;
-    // the batch producer's CPU ms per micro-batch, and the sparse exchange's plan's share of it
     std::function<std::pair<double, double>()> producer_ms;
 };
 

@@ -28,10 +28,10 @@ struct StepHooks {
     std::function<void(int step)> before, after;
 };
 
-// What a profiled step reports with: the ranks, the model it is priced by (calibrated, for `world` GPUs
-// on one node) and rank 0's log (the console and the log file).
+// What a profiled step reports with: the rank count, the model it is priced by (calibrated, for `world`
+// GPUs on one node) and rank 0's log (the console and the log file; the other ranks print nothing).
 struct ProfiledRun {
-    int rank = 0, world = 1;
+    int world = 1;
     CostModel model;
     std::function<void(const std::string&)> print;
 };
