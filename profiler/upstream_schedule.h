@@ -197,7 +197,7 @@ inline std::string upstream_schedule_error(const std::vector<PlanStage>& stages)
         for (const auto& k : kinds)
             for (size_t r = 0; r < k.ranks.size(); ++r)
                 if (const std::string e = missing_rule_family(k.ranks[r]); !e.empty())
-                    return "--schedule upstream: " + e + ", and stage " + st.name + "'s " + k.kind + " step (rank " +
+                    return "--schedule upstream: " + e + ", and " + st.name + "'s " + k.kind + " step (rank " +
                            std::to_string(r) + ") records none: a kernel renamed? Rename the rule's family too";
     }
     return "";

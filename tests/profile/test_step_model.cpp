@@ -655,8 +655,8 @@ static void test_upstream_rule_families() {
     // In a plan: the stage, step kind and rank that lack it.
     std::vector<StepOp> renamed = step;
     renamed[2].work.name = "softcap_loss_backward_fp8";
-    const std::vector<PlanStage> good = {{"0", 1, 1, 0, {step, step}, {step, step}, {}}};
-    const std::vector<PlanStage> bad = {{"0", 1, 1, 0, {step, step}, {step, renamed}, {}}};
+    const std::vector<PlanStage> good = {{"stage 0", 1, 1, 0, {step, step}, {step, step}, {}}};
+    const std::vector<PlanStage> bad = {{"stage 0", 1, 1, 0, {step, step}, {step, renamed}, {}}};
     test::check(upstream_schedule_error(good).empty(), "a plan with every family: %s",
                 upstream_schedule_error(good).c_str());
     check_says(upstream_schedule_error(bad),
