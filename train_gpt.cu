@@ -20,6 +20,8 @@
 #include "kernels/optim.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/transpose.cuh"
+#include "profiler/plan_step.h"
+#include "profiler/profile_steps.h"
 #include "runtime/arena.h"
 #include "runtime/batch_producer.h"
 #include "runtime/checkpoint_io.h"
@@ -1454,6 +1456,7 @@ struct Run {
     std::string resumes_run_id;
     int resumes_step = -1;
     std::vector<std::string> resume_warnings;
+    StepHooks hooks, warmup_hooks;  // around each step of the run and of the warm-up: the step profiler's
     StepSchedule step_schedule() const {
         StepSchedule step_sch;
         step_sch.ws_short = state.ws_short * m.cfg.block_size;
@@ -1789,6 +1792,7 @@ void log_grad_norms(Run& r, int step) {
 // One training step: grad_accum micro-steps of forward and backward, then the optimizer. The
 // loss of each micro-step lands in r.losses when the stream gets there; no host wait.
 void train_step(Run& r, int step) {
+    if (r.hooks.before) r.hooks.before(step);
     const StepSchedule step_sch = r.step_schedule();
     const bool adam_step = step % 2 == 1;
     for (int i = 0; i < r.m.cfg.grad_accum(); ++i) {
@@ -1804,8 +1808,64 @@ void train_step(Run& r, int step) {
     }
     if (r.opt.log_grad_norms) log_grad_norms(r, step);
     optimizer_step(r.m, r.o, r.sch, step, r.d.comm, r.s);
+    if (r.hooks.after) r.hooks.after(step);
 }
-#include "train/profile.h"
+
+// ---- the run as the step profiler (profiler/) sees it: the schedule as data, the processes, and the
+// few things a --plan-step recording asks of the trainer ----
+
+ScheduleFacts schedule_facts(const Config& c) {
+    const Schedule sch(c);
+    ScheduleFacts f{{}, sch.split_step, c.max_seq_len, c.grad_accum(), c.bigram_vocab};
+    for (size_t i = 0; i < sch.starts.size(); ++i)
+        f.stages.push_back({sch.starts[i], sch.stage_end(i), c.stages[i].batch_tokens});
+    return f;
+}
+
+ProfilerRanks profiler_ranks(const Distributed& d) { return {d.rank, d.world, host_gather, host_gatherv, fail}; }
+
+PlanTrainer plan_trainer(Run& r) {
+    PlanTrainer t;
+    t.reset_schedule = [&r] { reset_schedule(r); };
+    t.advance_schedule = [&r](int step) { advance_schedule(r, step); };
+    t.start_batches = [&r](int first, int end, int repeat) { start_batches(r, {step_range(first, end), first}, repeat); };
+    t.as_in_a_run = [&r](int step) {
+        r.o.split = step > r.sch.split_step;  // embed is tied until the untie step
+        // an even step's forward remakes lm_head's copies (embed too while tied) after the Adam step before it
+        r.m.lm_head_fp8_stale = step % 2 == 0;
+        r.m.embed_stale = step % 2 == 0 && step > 0 && step - 1 <= r.sch.split_step;
+    };
+    t.train_step = [&r](int step) { train_step(r, step); };
+    t.producer_ms = [&r] { return std::make_pair(r.batches->ms_per_batch(), r.batches->sparse_ms_per_batch()); };
+    return t;
+}
+
+// --plan-step's start, before the model is built: its data (the preset's, or the committed Tiny
+// Shakespeare shard where that is absent), the dry run, and no log or checkpoint.
+PlanData start_plan(RunOptions& opt, const Config& c, const DataFiles& f, const Distributed& d) {
+    const std::string fallback = repo_dir() + "/" + tiny_preset().train_files;
+    const PlanData data =
+        start_plan_step(schedule_facts(c),
+                        {f.train, f.train_default ? shard_error("training data", f.train, true, "") : "", fallback,
+                         shard_error("training data", fallback, true, "python3 data/prepare_tinyshakespeare.py")},
+                        profiler_ranks(d));
+    opt.train_files = data.files;
+    opt.save_dir.clear();
+    opt.checkpoint_steps.clear();
+    opt.log_grad_norms = false;
+    return data;
+}
+
+// --profile-steps and --profile-warmup: the step profiler's hooks around the steps they name.
+void install_step_profiler(Run& r, const CostModel& model) {
+    const ProfiledRun run{r.d.world, model, [&r](const std::string& line) { print0(r, "%s", line.c_str()); }};
+    if (r.opt.profile_steps.first >= 0)
+        r.hooks = step_profile_hooks(run, [range = r.opt.profile_steps](int step) { return range.contains(step); }, {});
+    const auto warmup_label = [&r, facts = schedule_facts(r.m.cfg)](int step) {
+        return warmup_step_label(facts, step, {r.state.batch_tokens, r.state.ws_short, r.state.ws_long, !r.o.split});
+    };
+    if (r.opt.profile_warmup) r.warmup_hooks = step_profile_hooks(run, [](int) { return true; }, warmup_label);
+}
 
 // Mean validation loss over val_tokens (upstream: every rank's mean, averaged), with the
 // schedule's windows; `final` extends the long window as upstream's last validation does.
@@ -1843,12 +1903,14 @@ void warm_up(Run& r) {
     std::vector<unsigned char> initial(r.m.param_arena.bytes());
     CUDA_CHECK(cudaMemcpy(initial.data(), r.m.param_arena.base(), initial.size(), cudaMemcpyDeviceToHost));
     start_batches(r, {steps, 0});
+    const StepHooks run_hooks = std::exchange(r.hooks, r.warmup_hooks);
     for (int step : steps) {
         advance_schedule(r, step);
         load_val_batch(r);
         gpt_forward(r.m, r.m.eval_batch, r.step_schedule(), r.m.eval, r.s);
-        warm_up_step(r, step);
+        train_step(r, step);
     }
+    r.hooks = run_hooks;
     await_all_gathered(r.m.gathered, r.s);  // before the restore overwrites what they write
     CUDA_CHECK(sync_stream(r.s, "warm_up"));
     CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), initial.data(), initial.size(), cudaMemcpyHostToDevice));
@@ -1932,7 +1994,7 @@ void run_training(Run& r) {
             check_finite(r, step, "--check-finite");
             t0 = clock::now();
         }
-        run_train_step(r, step);
+        train_step(r, step);
         const double approx_ms = training_ms + elapsed_ms();
         print0(r, "step:%d/%d train_time:%.0fms step_avg:%.2fms\n", step + 1, total, approx_ms,
                approx_ms / (step + 1 - start));
@@ -2026,9 +2088,13 @@ int main(int argc, char** argv) {
     // whole run's batches on a thread while the model is built), the output directories, the run id,
     // the checkpoint directory's owner, then every rank's write access to it.
     const bool planning = cl.mode == Mode::plan_step;
+    CostModel model;  // the step profiler's, with the run's calibration: a bad file stops the run before any work
     if (planning || opt.profile_warmup || opt.profile_steps.first >= 0)
-        (void)calibrated_model(opt, d.world, 1);  // a bad calibration file stops the run before any work
-    const PlanData plan_data = planning ? start_plan_step(opt, cfg, files, d) : PlanData{};  // a dry run from here
+        if (const std::string e = calibrated_model(model, opt.calibration, repo_dir() + "/docs/gpu-runs/calibration.json",
+                                                   d.world, 1);
+            !e.empty())
+            fail(e);
+    const PlanData plan_data = planning ? start_plan(opt, cfg, files, d) : PlanData{};  // a dry run from here
     // rank 0: what the checkpoints record, and the checkpoint a resume continues (reads only its manifest)
     RunFacts facts;
     ResumePoint resume;
@@ -2068,7 +2134,13 @@ int main(int argc, char** argv) {
     r.resume_warnings = resume.warnings;
     allocate_host_buffers(r);
     CUDA_CHECK(cudaMalloc(&r.finite_flags, kMaxStateBuffers * sizeof(int)));
-    if (planning) return plan_step_mode(r, plan_data, cl.plan);
+    if (planning) {
+        plan_step_mode(plan_trainer(r), schedule_facts(cfg), cfg.name, plan_data,
+                       {cl.plan.json_path, cl.plan.trace_path, cl.plan.upstream, cl.plan.nodes}, model, profiler_ranks(d));
+        stop_distributed(d);
+        return 0;
+    }
+    install_step_profiler(r, model);
     if (d.rank == 0) open_log(r.log, log_path);
     log_preamble(r);  // collective: the log exists on every rank's return
     open_log_for_failures(d.rank, log_path);

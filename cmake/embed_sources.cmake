@@ -1,5 +1,5 @@
 # Writes OUTPUT: a C++ file defining kSourceFiles, the program's own source (train_gpt.cu and the runtime/,
-# train/, kernels/ and data/ headers, read from REPO) as byte arrays, so every run log can start with the
+# kernels/, profiler/ and data/ headers, read from REPO) as byte arrays, so every run log can start with the
 # exact code that produced it (as upstream's logs do), and kGitRevision. Run by a build rule whenever
 # a source or the git index changes.
 #   cmake -DREPO=... -DOUTPUT=... -DFILES=a,b,c -P embed_sources.cmake

@@ -4,7 +4,7 @@
 #   scripts/gpu_check.sh [--bundle DIR] OUTDIR     on the GPU machine (the bundle: make gpu-bundle's gpu-bundle/)
 #   scripts/gpu_check.sh --dry-run [--build DIR] OUTDIR   every part against the CPU build (emu), no GPU
 #   scripts/gpu_check.sh --plan                    each part's expected device seconds, the budget, the bundle
-#   scripts/gpu_check.sh --calibrate REPORT_DIR [--out FILE]   measured rates for train/step_model.h
+#   scripts/gpu_check.sh --calibrate REPORT_DIR [--out FILE]   measured rates for profiler/cost_model.h
 #   scripts/gpu_check.sh --help
 #
 # The parts, in order, each under its own timeout (a hang costs that part, not the window):

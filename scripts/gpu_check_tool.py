@@ -9,7 +9,7 @@
   gpu_check_tool.py report WORK OUTDIR --mode gpu|dry-run --repo REPO [--total-s S] [--bundle DIR]
       report.md and report.json from the parts' logs; prints the short table last
   gpu_check_tool.py calibrate REPORT_DIR --out FILE --repo REPO
-      train/step_model.h's calibration file from a report: the measured rates, each naming the report
+      profiler/cost_model.h's calibration file from a report: the measured rates, each naming the report
 """
 import argparse
 import datetime
@@ -138,14 +138,14 @@ BENCH_LINE = re.compile(r"^(?P<name>[a-z0-9_]+(?: \([a-zA-Z.]+\))?)\s+(?P<shape>
 
 
 def model_constants(repo):
-    """train/step_model.h's defaults, read from its source (the one table the model uses)."""
-    src = open(os.path.join(repo, "train", "step_model.h")).read()
+    """profiler/cost_model.h's defaults, read from its source (the one table the model uses)."""
+    src = open(os.path.join(repo, "profiler", "cost_model.h")).read()
     c = {}
     for name in ("bf16_tflops", "fp8_tflops", "hbm_tbs", "gemm_bf16_efficiency", "gemm_fp8_efficiency",
                  "hbm_efficiency", "tc_default_tflops"):
         m = re.search(r"\b" + name + r" = ([\d.]+);", src)
         if not m:
-            raise SystemExit(f"gpu_check_tool: train/step_model.h has no '{name} = ...;' to read")
+            raise SystemExit(f"gpu_check_tool: profiler/cost_model.h has no '{name} = ...;' to read")
         c[name] = float(m[1])
     table = re.search(r"tc_tflops = \{(.*?)\n    \};", src, re.S)
     c["tc_tflops"] = {k: float(v) for k, v in re.findall(r'\{"([a-z0-9_]+)", ([\d.]+)\}', table[1])} if table else {}
@@ -315,7 +315,7 @@ def report(args):
             md += [f"| {f['family']} | {f['ms']:.3f} | {f['model_ms']:.3f} | {fmt(f['ratio'])} | {f['tflops']:.3f} | "
                    f"{f['tbs']:.4f} |" for f in g["families"]]
     if bench:
-        md += ["", "## Kernel benches against train/step_model.h's rates", "",
+        md += ["", "## Kernel benches against profiler/cost_model.h's rates", "",
                "| launcher | shape | ms | TFLOP/s | TB/s | model rate | achieved/model |",
                "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
         md += [f"| {b['launcher']} | {b['shape']} | {b['ms']:.4f} | {b['tflops']:.3g} | {b['tbs']:.3g} | "

@@ -2,7 +2,7 @@
 // each launcher of the family at a preset's shapes on random inputs instead of the checks, and prints
 // one line per launcher: its name, the shape, the mean time of N calls timed with CUDA events on one
 // stream after warm-up calls, and, from the Work the launcher records for the step profiler
-// (kernels/work.cuh), its FLOPs and bytes, the achieved TFLOP/s and TB/s and their fractions of an
+// (profiler/work.h), its FLOPs and bytes, the achieved TFLOP/s and TB/s and their fractions of an
 // H100's peaks. Under emu the same code runs and the times are the CPU emulation's wall time.
 //
 // A test adds one function that builds its inputs (with its own builders) and calls Bench::run once
@@ -10,7 +10,7 @@
 //     if (const auto o = bench::parse(argc, argv)) return bench_X(*o);
 #pragma once
 #include "device_util.h"
-#include "../train/step_model.h"
+#include "../profiler/cost_model.h"
 
 #include <cstdarg>
 #include <cstdio>
@@ -47,7 +47,7 @@ constexpr Preset kRecord{"record", 768, 6, 128, 3072, 50304, 50304 * 5, 2048, 8,
 constexpr Preset kTiny{"tiny", 128, 2, 64, 512, 50304, 4096 * 5, 256, 8, 3,
                        {{256, 8, 24}, {512, 24, 56}, {768, 40, 88}}};
 
-// H100 SXM peaks, the step profiler's (train/step_model.h's CostModel holds them with their source).
+// H100 SXM peaks, the step profiler's (profiler/cost_model.h's CostModel holds them with their source).
 const CostModel kH100 = h100_model(8);
 const double kPeakBf16Flops = kH100.bf16_tflops * 1e12, kPeakFp8Flops = kH100.fp8_tflops * 1e12,
              kPeakHbmBytes = kH100.hbm_tbs * 1e12;

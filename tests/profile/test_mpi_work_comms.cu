@@ -1,4 +1,4 @@
-// kernels/comms.cuh's records for the step profiler (kernels/work.cuh), on every rank of the run
+// kernels/comms.cuh's records for the step profiler (profiler/work.h), on every rank of the run
 // (CTest: 2 and 8 ranks). Each rank touches rows drawn from rank 0's seed (every rank can compute
 // every rank's rows), and one Adam step's exchange (the plan from every rank's rows, then begin,
 // exchange_values, merge) runs three times over the same rows and gradient, each recorded:

@@ -1,9 +1,9 @@
-// train/step_measure.h, what --profile-steps makes of measured times, on hand-made timed steps whose
+// profiler/step_measure.h, what --profile-steps makes of measured times, on hand-made timed steps whose
 // answers are worked out in the comments: families (counts, time, an NCCL group's shares, work),
 // the device span, and exposed communication (a wait that idles stream 0, one that does not, two
 // waits in one gap, a collective on stream 0, a record with no timed op before it, a wait on
 // another stream).
-#include "train/step_measure.h"
+#include "profiler/step_measure.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,9 +1,10 @@
-// The step cost model (train/step_model.h): operation prices and replayed makespans on small
-// hand-built graphs, each expected value worked out by hand in the comments under a model of round
-// numbers (round_model()); random graphs whose replayed schedules must satisfy every rule of the
-// replay, checked constraint by constraint; upstream's schedule rules; bad recordings refused with
-// their message; and the JSON plan and Chrome trace parsed back by Python's json module (the
-// checker's path and interpreter come as arguments: test_step_model PYTHON CHECKER).
+// The step model (profiler/cost_model.h, replay.h, reports.h, upstream_schedule.h): operation prices
+// and replayed makespans on small hand-built graphs, each expected value worked out by hand in the
+// comments under a model of round numbers (round_model()); random graphs whose replayed schedules
+// must satisfy every rule of the replay, checked constraint by constraint; upstream's schedule rules
+// (and the refusal of a recording that lacks a rule's family); bad recordings refused with their
+// message; and the JSON plan and Chrome trace parsed back by Python's json module (the checker's
+// path and interpreter come as arguments: test_step_model PYTHON CHECKER).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -14,7 +15,10 @@
 #include <unistd.h>
 
 #include "tests/test_util.h"
-#include "train/step_model.h"
+#include "profiler/cost_model.h"
+#include "profiler/replay.h"
+#include "profiler/reports.h"
+#include "profiler/upstream_schedule.h"
 
 // ---- a model of round numbers and graph-building shorthands ----
 
@@ -626,6 +630,41 @@ static void test_upstream_schedule() {
     test::check(upstream_schedule(joined).size() == joined.size(), "a step already joined gets no second join");
 }
 
+// A rule whose family a training step's recording lacks (a renamed kernel) is refused, naming the rule
+// and the family, instead of leaving the recording unchanged; every family a rule names is needed.
+static void test_upstream_rule_families() {
+    const std::vector<StepOp> step = {
+        kernel("attention_forward", 0, 0), kernel("linear_relu_square_forward", 0, 0),
+        kernel("softcap_mtp_loss_backward_fp8", 0, 0), kernel("linear_relu_square_backward", 0, 0),
+        kernel("attention_backward", 0, 0)};
+    test::check(missing_rule_family(step).empty(), "a step with every rule's family: %s",
+                missing_rule_family(step).c_str());
+    int needed = 0;
+    for (const ScheduleRule& r : upstream_rules())
+        for (const char* family : r.needs) {
+            ++needed;
+            std::vector<StepOp> renamed = step;
+            for (StepOp& op : renamed)
+                if (std::string(op.work.name) == family) op.work.name = "renamed_kernel";
+            const std::string want = std::string("rule ") + r.name + " acts on " + family;
+            test::check(missing_rule_family(renamed) == want, "%s renamed: got \"%s\"", family,
+                        missing_rule_family(renamed).c_str());
+        }
+    test::check(needed == int(step.size()), "the step holds one op per needed family (%d needed)", needed);
+
+    // In a plan: the stage, step kind and rank that lack it.
+    std::vector<StepOp> renamed = step;
+    renamed[2].work.name = "softcap_loss_backward_fp8";
+    const std::vector<PlanStage> good = {{"stage 0", 1, 1, 0, {step, step}, {step, step}, {}}};
+    const std::vector<PlanStage> bad = {{"stage 0", 1, 1, 0, {step, step}, {step, renamed}, {}}};
+    test::check(upstream_schedule_error(good).empty(), "a plan with every family: %s",
+                upstream_schedule_error(good).c_str());
+    check_says(upstream_schedule_error(bad),
+               "--schedule upstream: rule separate_loss_quantization acts on softcap_mtp_loss_backward_fp8, and stage "
+               "0's adam step (rank 1) records none",
+               "the plan's error names the rule, the family, the stage, the step and the rank");
+}
+
 // ---- the steady state: steps back to back, events across them ----
 
 // A step whose gather (c, 15 us on stream 1) the next step's second kernel waits for, its first
@@ -861,6 +900,7 @@ int main(int argc, char** argv) {
     test_prices();
     test_random_graphs();
     test_upstream_schedule();
+    test_upstream_rule_families();
     test_steady_state();
     test_errors();
     test_calibration();

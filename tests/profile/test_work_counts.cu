@@ -1,4 +1,4 @@
-// The step profiler's records (kernels/work.cuh) of every kernel family, against counts this test
+// The step profiler's records (profiler/work.h) of every kernel family, against counts this test
 // derives from the tensors it passes: each family runs once at a small shape, first as a dry run and
 // then for real, with a recording on, and the test checks
 //   - the ops recorded: their kind, name (the launcher's, or the GEMM's gemm_<what>) and stream, and

@@ -1,6 +1,6 @@
 # The step profiler: the cost model, the launchers' records, the trainer's measurements.
 
-# ---- the cost model (train/step_model.h) ----
+# ---- the step model (profiler/cost_model.h, replay.h, reports.h, upstream_schedule.h) ----
 # Host-only C++17 (what the header promises), built with the host compiler alone: no emu, no CUDA.
 # The test hands the JSON it writes to Python's json module through check_step_model_json.py.
 add_executable(test_step_model ${REPO}/tests/profile/test_step_model.cpp)
@@ -29,7 +29,7 @@ else()
   message(STATUS "python3 not found: check_recorded_calls is not registered")
 endif()
 
-# ---- the trainer's side: --profile-steps' arithmetic (train/step_measure.h) on hand-made times ----
+# ---- the trainer's side: --profile-steps' arithmetic (profiler/step_measure.h) on hand-made times ----
 add_executable(test_step_measure ${REPO}/tests/profile/test_step_measure.cpp)
 target_include_directories(test_step_measure PRIVATE ${REPO})
 set_target_properties(test_step_measure PROPERTIES CXX_STANDARD 20 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF)

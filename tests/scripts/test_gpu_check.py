@@ -181,7 +181,7 @@ def test_dry_run(build, out):
         check(len(fc) == 2 and {b["shape"].split()[-1] for b in fc} == {"mma", "wgmma"}, "bench: c_fc on mma.sync and wgmma")
         att = [b for b in rep["bench"] if b["launcher"] == "attention_forward"]
         check(all(b["unit"] == "TFLOP/s" and b["model_rate"] == 330 for b in att),
-              "bench: attention against step_model.h's 330 TFLOP/s")
+              "bench: attention against profiler/cost_model.h's 330 TFLOP/s")
         check(re.search(r"^bench +pass +\d+ +\d+ launchers timed$", p.stdout, re.M) is not None and
               p.stdout.rstrip().splitlines()[-1].startswith("failures: 0"), "the short table is printed last")
 

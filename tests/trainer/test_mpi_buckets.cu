@@ -237,7 +237,7 @@ std::pair<size_t, bool> head_reduce(const std::vector<StepOp>& ops, const GroupC
 
 std::vector<StepOp> record_adam_step(Run& r, int step) {
     advance_schedule(r, step);
-    return record_step(r, step);  // the dry run's recording, tied or untied as the step is
+    return record_step(plan_trainer(r), step);  // the dry run's recording, tied or untied as the step is
 }
 
 void check_adam_steps(Run& r) {

@@ -1,13 +1,13 @@
-// What --profile-steps makes of a timed recording (train/profile.h reads the times from CUDA events):
+// What --profile-steps makes of a timed recording (profiler/profile_steps.h reads the times from CUDA events):
 // per family, the measured time and work, and the communication the compute stream waited for.
-// Host C++17 only (kernels/work.cuh and the standard library), so it is tested on hand-made times.
+// Host C++17 only (profiler/work.h and the standard library), so it is tested on hand-made times.
 #pragma once
 #include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "../kernels/work.cuh"
+#include "work.h"
 
 // One timed recording: ops[i] ran on the device from start_ms[i] to end_ms[i] (-1: not timed: event
 // ops, host waits), of which share[i] is its own (a collective of an NCCL group of n: 1/n).

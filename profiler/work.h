@@ -1,10 +1,11 @@
-// What each operation of a step does, for the step profiler (--plan-step, --profile-steps). Every
-// launcher, GEMM, copy and collective describes its work in a `Work`: FLOPs, global-memory bytes and
-// collective bytes, computed on the host from the launcher's arguments. While a recording is on, the
-// descriptions and the stream/event graph between them (event records and waits, host waits) are kept
-// in issue order, one `StepOp` each. In a dry run the operations are recorded and not executed: the
-// host code, the data-dependent sizes and the stream graph run for real, the device does nothing.
-// Nothing here runs in a kernel, and nothing is kept while no recording is on.
+// The step profiler's record format: what each operation of a step does, as the launchers describe it
+// (kernels/platform.cuh's launch() and recording helpers take one). Every launcher, GEMM, copy and
+// collective describes its work in a `Work`: FLOPs, global-memory bytes and collective bytes, computed
+// on the host from the launcher's arguments. While a recording is on, the descriptions and the
+// stream/event graph between them (event records and waits, host waits) are kept in issue order, one
+// `StepOp` each. In a dry run the operations are recorded and not executed: the host code, the
+// data-dependent sizes and the stream graph run for real, the device does nothing. Nothing here runs
+// in a kernel, and nothing is kept while no recording is on. Host C++ and the standard library only.
 #pragma once
 
 #include <cstdint>
