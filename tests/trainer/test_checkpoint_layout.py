@@ -5,8 +5,10 @@ which also holds Adam's pending gradients, and an even one) writes rank files wh
 listed from the same save by main at d302bc7, before the optimizer-state registry. So checkpoints
 from before the registry load (the loader looks tensors up by these names, dtypes and shapes).
 
-    test_checkpoint_layout.py TRAIN_GPT_CPU            compare with the fixture
-    test_checkpoint_layout.py --list DIR               print the listing of a save directory DIR
+    test_checkpoint_layout.py TRAIN_GPT_CPU              compare with the fixture
+    test_checkpoint_layout.py --make FILE TRAIN_GPT_CPU  write the listing of TRAIN_GPT_CPU's save to FILE
+                                                         (scripts/repin.py, after a change of the layout)
+    test_checkpoint_layout.py --list DIR                 print the listing of a save directory DIR
 """
 import os
 import subprocess
@@ -33,11 +35,8 @@ def listing(save_dir):
     return "\n".join(lines) + "\n"
 
 
-def main():
-    if sys.argv[1] == "--list":
-        sys.stdout.write(listing(sys.argv[2]))
-        return 0
-    binary = os.path.abspath(sys.argv[1])
+def save_listing(binary):
+    """The listing of a 2-step tiny run's saves at STEPS; exits naming the failure if the run fails."""
     with tempfile.TemporaryDirectory() as tmp:
         save = os.path.join(tmp, "ckpt")
         args = ["--preset", "tiny", "--max-steps", "2", "--val-every", "0", "--warmup", "0", "--val-tokens", "2048",
@@ -45,15 +44,29 @@ def main():
         r = subprocess.run([binary] + args, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if r.returncode != 0:
             print(f"FAIL the run exited {r.returncode}: {r.stderr[-2000:]}")
-            return 1
-        got, want = listing(save), open(FIXTURE).read()
+            sys.exit(1)
+        return listing(save)
+
+
+def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--list":
+        sys.stdout.write(listing(sys.argv[2]))
+        return 0
+    if len(sys.argv) == 4 and sys.argv[1] == "--make":
+        text = save_listing(os.path.abspath(sys.argv[3]))
+        open(sys.argv[2], "w").write(text)
+        print(f"wrote {sys.argv[2]}")
+        return 0
+    if len(sys.argv) != 2 or sys.argv[1].startswith("--"):
+        sys.exit(__doc__)
+    got, want = save_listing(os.path.abspath(sys.argv[1])), open(FIXTURE).read()
     if got != want:
-        print("FAIL the checkpoint layout differs from d302bc7's:")
+        print(f"FAIL the checkpoint layout differs from {os.path.relpath(FIXTURE, REPO)}:")
         for g, w in zip(got.splitlines() + [""] * 999, want.splitlines()):
             if g != w:
                 print(f"  got  {g!r}\n  want {w!r}")
         return 1
-    print(f"ok   the rank files of steps {STEPS} list {got.count(chr(10)) - 2 * len(STEPS)} tensors exactly as d302bc7's")
+    print(f"ok   the rank files of steps {STEPS} list {got.count(chr(10)) - 2 * len(STEPS)} tensors exactly as {os.path.relpath(FIXTURE, REPO)}")
     return 0
 
 

@@ -68,11 +68,25 @@ def check(ok, what):
     return ok
 
 
+RUN_SECONDS = []  # (seconds, ranks, args) of every trainer run, for the summary of where the time went
+
+
 def run(args, cwd, ranks=1, env=None, binary=BINARY):
     cmd = ([binary] if ranks == 1 else MPIRUN + ["-np", str(ranks), "-x", "EMU_WORKERS=1", binary]) + args
     e = dict(os.environ, EMU_WORKERS="2" if ranks == 1 else "1")
     e.update(env or {})
-    return subprocess.run(cmd, cwd=cwd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    started = time.time()
+    p = subprocess.run(cmd, cwd=cwd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    RUN_SECONDS.append((time.time() - started, ranks, args))
+    return p
+
+
+def timed(section, *args):
+    """Runs SECTION(*ARGS) and prints its wall time and trainer runs (the test's time, by section)."""
+    started, runs = time.time(), len(RUN_SECONDS)
+    result = section(*args)
+    print(f"time: {section.__name__}: {time.time() - started:.1f} s, {len(RUN_SECONDS) - runs} trainer run(s)", flush=True)
+    return result
 
 
 def expect_fail(p, phrases, what):
@@ -726,9 +740,9 @@ def test_stop_signals(tmp):
 def main():
     tmp = tempfile.mkdtemp(prefix="failures_test_")
     try:
-        test_flags(tmp)
-        test_startup(tmp)
-        test_wgmma_guard(tmp)
+        timed(test_flags, tmp)
+        timed(test_startup, tmp)
+        timed(test_wgmma_guard, tmp)
         # the base run, started outside the repository: the default data is found relative to it
         base = os.path.join(tmp, "base")
         argv = [BINARY] + BASE + ["--max-steps", "2", "--save-checkpoint", base, "--checkpoint-steps", "1",
@@ -739,19 +753,21 @@ def main():
         m = re.search(r"^step:2/34 train_time:(\d+)ms step_avg:(\S+)ms$", open(base_log).read(), re.M)
         check(m is not None and abs(float(m.group(2)) - int(m.group(1)) / 2) <= 1, "step_avg of a fresh run divides by 2 steps")
         test_header(base_log, argv)
-        test_log_full(tmp, base_log)
-        test_checkpoints(tmp, base)
-        test_nonfinite(tmp, base)
-        test_vocabulary(tmp)
-        test_signal(tmp)
-        test_two_ranks(tmp)
-        started = time.time()
-        test_mode_flags(tmp)
-        test_data_at_startup(tmp)
-        test_outputs_belong_to_one_run(tmp, base, base_log)
-        test_final_validation_keeps_checkpoint(tmp)
-        test_stop_signals(tmp)
-        print(f"issue 28's cases: {time.time() - started:.1f} s", flush=True)
+        timed(test_log_full, tmp, base_log)
+        timed(test_checkpoints, tmp, base)
+        timed(test_nonfinite, tmp, base)
+        timed(test_vocabulary, tmp)
+        timed(test_signal, tmp)
+        timed(test_two_ranks, tmp)
+        timed(test_mode_flags, tmp)
+        timed(test_data_at_startup, tmp)
+        timed(test_outputs_belong_to_one_run, tmp, base, base_log)
+        timed(test_final_validation_keeps_checkpoint, tmp)
+        timed(test_stop_signals, tmp)
+        slowest = sorted(RUN_SECONDS, key=lambda r: -r[0])[:8]
+        print(f"time: {len(RUN_SECONDS)} trainer runs, {sum(r[0] for r in RUN_SECONDS):.1f} s; the slowest:", flush=True)
+        for seconds, ranks, args in slowest:
+            print(f"time:   {seconds:6.1f} s  {ranks} rank(s) {' '.join(args)[:160]}", flush=True)
     finally:
         for mnt in [os.path.join(tmp, "mnt")]:
             if os.path.ismount(mnt):

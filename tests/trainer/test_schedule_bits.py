@@ -9,13 +9,22 @@ is hashed and compared with tests/trainer/fixtures/schedule_bits.json, which was
 script's --make from the program as it was before the step was rescheduled. The training losses
 are compared too, as printed.
 
-Runs (CTest): 1, 2 and 8 ranks in emu's default mode (8 ranks with upstream's warm-up, which must
-restore the initial state exactly; 2 ranks with the MLP on its Hopper kernel, --mlp-kernel wgmma,
-which gives the same bits under emu), and 8 ranks with deferred streams in a random order
-(EMU_STREAMS=deferred EMU_RANDOM_ORDER=<seed>), where a missing event between streams changes the
-bits or is reported as a race. --full runs every rank count in both modes, each with the warm-up.
+Runs: 1, 2 and 8 ranks in emu's default mode (8 ranks with upstream's warm-up, which must restore
+the initial state exactly; 2 ranks with the MLP on its Hopper kernel, --mlp-kernel wgmma, which gives
+the same bits under emu), and 8 ranks with deferred streams in a random order (EMU_STREAMS=deferred
+EMU_RANDOM_ORDER=<seed>), where a missing event between streams changes the bits or is reported as a
+race. --full runs every rank count in both modes, each with the warm-up. --deferred-only runs the
+last alone: CTest's test_trainer checks its own 1, 2 and 8-rank runs, made with these flags, against
+the fixture (check_default_runs), so CTest's schedule_bits trains only what test_trainer does not.
 
-Usage: test_schedule_bits.py [--make FIXTURE] [--full] TRAIN_GPT_CPU MPIRUN...
+--make FILE trains every rank count in both modes and writes FILE only if the two modes agree bit for
+bit (scripts/repin.py). --fixture FILE compares with FILE instead of the committed fixture; --ranks
+N[,N...] keeps the runs of those rank counts; --steps N (one of the saved steps) stops the schedule
+after step N (--max-steps N) and checks or makes only the saves and losses up to it. The last two make
+the repin test's cheap round (tests/trainer/test_repin.py: one rank, two steps).
+
+Usage: test_schedule_bits.py [--make FILE | --full | --deferred-only] [--fixture FILE] [--ranks N,...]
+                             [--steps N] TRAIN_GPT_CPU MPIRUN...
 """
 import hashlib
 import json
@@ -37,56 +46,125 @@ DEFERRED = {"EMU_STREAMS": "deferred", "EMU_RANDOM_ORDER": "20261124"}
 
 
 def parse_args(argv):
-    make, full = None, False
+    opts = {"make": None, "full": False, "deferred_only": False, "fixture": FIXTURE, "ranks": None, "steps": None}
     while argv and argv[0].startswith("--"):
-        if argv[0] == "--make" and len(argv) > 1:
-            make, argv = argv[1], argv[2:]
-        elif argv[0] == "--full":
-            full, argv = True, argv[1:]
+        if argv[0] in ("--make", "--fixture", "--ranks", "--steps") and len(argv) > 1:
+            opts[argv[0][2:]], argv = argv[1], argv[2:]
+        elif argv[0] in ("--full", "--deferred-only"):
+            opts[argv[0][2:].replace("-", "_")], argv = True, argv[1:]
         else:
             sys.exit(f"test_schedule_bits.py: unknown option {argv[0]}\n{__doc__}")
     if not argv:
         sys.exit(__doc__)
-    return make, full, argv[0], argv[1:]
+    if opts["ranks"] is not None:
+        if not re.fullmatch(r"[128](,[128])*", opts["ranks"]):
+            sys.exit(f"test_schedule_bits.py: --ranks takes rank counts among 1, 2 and 8, got '{opts['ranks']}'")
+        opts["ranks"] = [int(r) for r in opts["ranks"].split(",")]
+    if opts["steps"] is not None:
+        if opts["steps"] not in [str(s) for s in STEPS]:
+            sys.exit(f"test_schedule_bits.py: --steps takes one of the saved steps {STEPS}, got '{opts['steps']}'")
+        opts["steps"] = int(opts["steps"])
+    return opts, argv[0], argv[1:]
 
 
-def train(binary, mpirun, ranks, env, warmup, extra, root):
-    """Trains the schedule; returns {step: {rank: {tensor: digest}}} and the printed training losses."""
-    args = SCHEDULE + extra + ["--warmup", "1" if warmup else "0", "--run-id", "bits", "--log-dir", root,
-                               "--save-checkpoint", os.path.join(root, "ckpt")]
+def schedule(last):
+    """SCHEDULE's flags for a run that stops after step LAST (saving the STEPS up to it)."""
+    args = list(SCHEDULE)
+    args[args.index("--checkpoint-steps") + 1] = ",".join(str(s) for s in STEPS if s <= last)
+    return args + (["--max-steps", str(last)] if last < STEPS[-1] else [])
+
+
+def truncated(entry, last):
+    """A fixture entry's saves and losses up to step LAST."""
+    return {"digests": {s: v for s, v in entry["digests"].items() if int(s) <= last}, "losses": entry["losses"][:last]}
+
+
+def train(binary, mpirun, ranks, env, warmup, extra, root, last=STEPS[-1]):
+    """Trains the schedule up to step LAST; returns {step: {rank: {tensor: digest}}} and the printed
+    training losses."""
+    args = schedule(last) + extra + ["--warmup", "1" if warmup else "0", "--run-id", "bits", "--log-dir", root,
+                                     "--save-checkpoint", os.path.join(root, "ckpt")]
     cmd = ([binary] if ranks == 1 else mpirun + ["-np", str(ranks), "-x", "EMU_WORKERS=1"] +
            [x for k in env for x in ("-x", k)] + [binary]) + args
     e = dict(os.environ, EMU_WORKERS="2" if ranks == 1 else "1", **env)
     p = subprocess.run(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(f"train_gpt failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
-    losses = re.findall(r"^step:\d+/\d+ train_loss:(\S+)$", p.stdout, re.M)
+    return checkpoint_digests(os.path.join(root, "ckpt"), ranks, last), train_losses(p.stdout)
+
+
+def shown(path):
+    """PATH as the repository names it, where it lies inside it."""
+    rel = os.path.relpath(path, REPO)
+    return path if rel.startswith("..") else rel
+
+
+def train_losses(stdout):
+    return re.findall(r"^step:\d+/\d+ train_loss:(\S+)$", stdout, re.M)
+
+
+def checkpoint_digests(save_dir, ranks, last=STEPS[-1]):
+    """{step: {rank: {tensor: digest}}} of the saves at STEPS (up to step LAST) in SAVE_DIR."""
     digests = {}
-    for step in STEPS:
+    for step in [s for s in STEPS if s <= last]:
         digests[str(step)] = {}
         for rank in range(ranks):
-            path = os.path.join(root, "ckpt", f"step{step:06d}", f"rank{rank}.safetensors")
+            path = os.path.join(save_dir, f"step{step:06d}", f"rank{rank}.safetensors")
             _, tensors = read_checkpoint.load(path)
             digests[str(step)][str(rank)] = {name: hashlib.sha256(raw).hexdigest()[:16]
                                              for name, (_, _, raw) in sorted(tensors.items())}
-    return digests, losses
+    return digests
+
+
+def differences(ref, digests, losses):
+    """What differs from a fixture entry {"digests", "losses"}: a list of lines, empty when none."""
+    bad = [f"differs: step {s} rank {r} {name}" for s in ref["digests"] for r in ref["digests"][s]
+           for name, d in ref["digests"][s][r].items() if digests.get(s, {}).get(r, {}).get(name) != d]
+    extra = [f"not in the fixture: step {s} rank {r} {name}" for s in digests for r in digests[s]
+             for name in digests[s][r] if name not in ref["digests"].get(s, {}).get(r, {})]
+    lines = bad[:10] + extra[:10]
+    if len(bad) + len(extra) > len(lines):
+        lines.append(f"... {len(bad) + len(extra) - len(lines)} more tensor(s)")
+    if losses != ref["losses"]:
+        lines.append(f"losses {losses} != {ref['losses']}")
+    return lines
+
+
+def check_default_runs(runs, fixture=FIXTURE):
+    """test_trainer.py's runs against the fixture: RUNS is {ranks: (save_dir, stdout)}, each trained
+    with SCHEDULE's flags in the default mode (what schedule_bits --deferred-only leaves to it).
+    Returns a list of (ok, message)."""
+    want = json.load(open(fixture))
+    results = []
+    for ranks, (save_dir, stdout) in sorted(runs.items()):
+        lines = differences(want[str(ranks)], checkpoint_digests(save_dir, ranks), train_losses(stdout))
+        results.append((not lines, f"{ranks} rank(s): every checkpoint tensor and training loss as pinned in "
+                                   f"{shown(fixture)}" + "".join("\n     " + l for l in lines)))
+    return results
 
 
 def main():
-    make, full, binary, mpirun = parse_args(sys.argv[1:])
-    if full or make:
+    opts, binary, mpirun = parse_args(sys.argv[1:])
+    make = opts["make"]
+    if opts["full"] or make:
         runs = [(ranks, env, True, []) for ranks in (1, 2, 8) for env in ({}, DEFERRED)]
+    elif opts["deferred_only"]:
+        runs = [(8, DEFERRED, False, [])]
     else:
         runs = [(1, {}, False, []), (2, {}, False, ["--mlp-kernel", "wgmma"]), (8, {}, True, []),
                 (8, DEFERRED, False, [])]
-    want = None if make else json.load(open(FIXTURE))
+    if opts["ranks"]:
+        runs = [r for r in runs if r[0] in opts["ranks"]]
+    fixture, last = opts["fixture"], opts["steps"] or STEPS[-1]
+    want = None if make else json.load(open(fixture))
     got = {}
     failures = []
     for ranks, env, warmup, extra in runs:
         label = f"{ranks} rank(s), {'deferred random-order streams' if env else 'default streams'}" + \
-                (", warm-up" if warmup else "") + "".join(" " + a for a in extra)
+                (", warm-up" if warmup else "") + "".join(" " + a for a in extra) + \
+                (f", up to step {last}" if last < STEPS[-1] else "")
         with tempfile.TemporaryDirectory() as root:
-            digests, losses = train(binary, mpirun, ranks, env, warmup, extra, root)
+            digests, losses = train(binary, mpirun, ranks, env, warmup, extra, root, last)
         if make:
             previous = got.get(str(ranks))
             if previous and previous != {"digests": digests, "losses": losses}:
@@ -95,21 +173,15 @@ def main():
             got[str(ranks)] = {"digests": digests, "losses": losses}
             print(f"made {label}", flush=True)
             continue
-        ref = want[str(ranks)]
-        bad = [f"step {s} rank {r} {name}" for s in ref["digests"] for r in ref["digests"][s]
-               for name, d in ref["digests"][s][r].items() if digests.get(s, {}).get(r, {}).get(name) != d]
-        extra = [f"step {s} rank {r} {name}" for s in digests for r in digests[s] for name in digests[s][r]
-                 if name not in ref["digests"].get(s, {}).get(r, {})]
-        ok = not bad and not extra and losses == ref["losses"]
-        print(("ok   " if ok else "FAIL ") + f"{label}: every checkpoint tensor and training loss as pinned", flush=True)
-        if not ok:
+        if str(ranks) not in want:
+            sys.exit(f"{fixture} has no entry for {ranks} rank(s)")
+        lines = differences(truncated(want[str(ranks)], last), digests, losses)
+        print(("ok   " if not lines else "FAIL ") + f"{label}: every checkpoint tensor and training loss as pinned in "
+              f"{shown(fixture)}", flush=True)
+        if lines:
             failures.append(label)
-            for what in bad[:10]:
-                print(f"     differs: {what}")
-            for what in extra[:10]:
-                print(f"     not in the fixture: {what}")
-            if losses != ref["losses"]:
-                print(f"     losses {losses} != {ref['losses']}")
+            for line in lines:
+                print(f"     {line}")
     if make:
         with open(make, "w") as f:
             json.dump(got, f, indent=0, sort_keys=True)
@@ -117,7 +189,7 @@ def main():
         print(f"wrote {make}")
         return
     if failures:
-        sys.exit(f"{len(failures)} run(s) differ from the pinned bits: {failures}")
+        sys.exit(f"{len(failures)} run(s) differ from the pinned bits of {fixture}: {failures}")
     print("all runs match the pinned bits")
 
 

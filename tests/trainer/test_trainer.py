@@ -3,7 +3,11 @@
 
 A short schedule (--scheduled-steps 6 --extension-steps 2: stage changes at steps 2, 4 and 6, the
 YaRN update at 2, Adam steps 1, 3, 5, 7, the untie at step 5) is trained on 1 rank (grad_accum 8),
-2 ranks and 8 ranks (sparse bigram comms), with checkpoints at steps 0, 2, 4, 6 and 8. Checked:
+2 ranks (the MLP on its Hopper kernel, --mlp-kernel wgmma) and 8 ranks (sparse bigram comms, with
+upstream's warm-up), with checkpoints at steps 0, 1, 2, 4, 5, 6 and 8. Checked:
+  - the pinned bits: every checkpoint tensor at steps 2, 4, 5, 6 and 8 and every training loss equal
+    to tests/trainer/fixtures/schedule_bits.json (test_schedule_bits.py's default-mode runs are these
+    three; its CTest trains only the deferred-streams run);
   - the log: starts with the program's source, then lines in upstream's exact format; the
     validation loss falls;
   - tying: before the split embed == lm_head^T after every Adam step, and right after the split
@@ -27,17 +31,24 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
 REPO = os.environ["REPO"]
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import read_checkpoint  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_schedule_bits  # noqa: E402
 
 BINARY = sys.argv[1]
 MPIRUN = sys.argv[2:]
 SCHEDULE = ["--preset", "tiny", "--scheduled-steps", "6", "--extension-steps", "2", "--val-every", "4",
-            "--val-tokens", "4096", "--checkpoint-steps", "0,1,2,4,6,8", "--log-train-loss", "--log-grad-norms"]
+            "--val-tokens", "4096", "--checkpoint-steps", "0,1,2,4,5,6,8", "--log-train-loss", "--log-grad-norms"]
+# Each world size's own flags: those of test_schedule_bits.py's default-mode run of that size, whose
+# fixture these runs are checked against (the MLP's Hopper kernel and the warm-up give the same bits
+# under emu as the default kernel and no warm-up: the fixture holds one entry per rank count).
+WORLD_FLAGS = {1: ["--warmup", "0"], 2: ["--warmup", "0", "--mlp-kernel", "wgmma"], 8: ["--warmup", "1"]}
 TOTAL = 8
 SPLIT = 5  # start of stage 2 (step 4) | 1
 
@@ -53,7 +64,9 @@ def check(ok, what):
 def run(args, ranks=1, expect_ok=True, env=None):
     cmd = ([BINARY] if ranks == 1 else MPIRUN + ["-np", str(ranks), "-x", "EMU_WORKERS=1", BINARY]) + args
     e = dict(os.environ, EMU_WORKERS="2" if ranks == 1 else "1", **(env or {}))
+    started = time.time()
     p = subprocess.run(cmd, cwd=REPO, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    print(f"time: {time.time() - started:.1f} s, {ranks} rank(s) {' '.join(args)[:120]}", flush=True)
     if expect_ok and p.returncode != 0:
         sys.exit(f"train_gpt failed ({p.returncode}): {' '.join(cmd)}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
     return p
@@ -142,12 +155,15 @@ def check_golden(runs, logs):
 def main():
     tmp = tempfile.mkdtemp(prefix="trainer_test_")
     try:
-        runs = {}
+        runs, stdouts = {}, {}
         for ranks in (1, 2, 8):
             root = os.path.join(tmp, f"np{ranks}")
-            run(SCHEDULE + ["--run-id", f"np{ranks}", "--log-dir", tmp, "--save-checkpoint", root], ranks)
-            runs[ranks] = root
+            p = run(SCHEDULE + WORLD_FLAGS[ranks] + ["--run-id", f"np{ranks}", "--log-dir", tmp, "--save-checkpoint", root],
+                    ranks)
+            runs[ranks], stdouts[ranks] = root, p.stdout
             check_log(os.path.join(tmp, f"np{ranks}.txt"), f"{ranks} rank(s)")
+        for ok, what in test_schedule_bits.check_default_runs({n: (runs[n], stdouts[n]) for n in runs}):
+            check(ok, what)
 
         # tying, on every world size: embed == lm_head^T through the split step, then they part
         for ranks, root in runs.items():

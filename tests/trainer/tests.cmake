@@ -47,11 +47,17 @@ if(Python3_Interpreter_FOUND)
 endif()
 # The schedule's bits pinned (tests/trainer/test_schedule_bits.py): every checkpoint tensor and
 # training loss of the short tiny schedule on 1, 2 and 8 ranks, and on 8 under deferred random-order
-# streams, equal to the fixture made before the step was rescheduled (issue 18).
+# streams, equal to the fixture made before the step was rescheduled (issue 18). test_trainer checks
+# its own 1, 2 and 8-rank runs against the fixture, so this test trains only the deferred one.
 if(Python3_Interpreter_FOUND)
-  add_test(NAME schedule_bits COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_schedule_bits.py
+  add_test(NAME schedule_bits COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_schedule_bits.py --deferred-only
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
   set_tests_properties(schedule_bits PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1500)
+  # The re-pin path (scripts/repin.py, `make repin`) on a planted change, in a scratch copy of the
+  # fixtures (tests/trainer/test_repin.py).
+  add_test(NAME repin_planted COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_repin.py
+           $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
+  set_tests_properties(repin_planted PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 900)
 endif()
 # The next forward's waits for the gathers (tests/trainer/gathers_race.cu): real tiny steps through
 # an Adam step tied and untied under deferred streams, where the race detector stops any read of a
