@@ -28,8 +28,6 @@
 using bf16 = __nv_bfloat16;
 
 // ---- small gates shared with rope.cuh ----
-constexpr int kGateWidth = 12;  // gates read the first 12 channels of their input row (upstream x[..., :12])
-
 // bf16(x[0:12] . w[0:12]): what a bf16 F.linear with one output gives (fp32 accumulation).
 __device__ __forceinline__ float gate_logit(const bf16* x, const bf16* w) {
     float acc = 0.0f;
