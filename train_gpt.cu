@@ -18,7 +18,7 @@
 #include "kernels/norm.cuh"
 #include "kernels/residual.cuh"
 #include "kernels/optim.cuh"
-#include "kernels/rope.cuh"
+#include "kernels/attention_aux.cuh"
 #include "kernels/transpose.cuh"
 #include "train/arena.h"
 #include "train/distributed.h"

@@ -23,7 +23,7 @@
 #include "../../kernels/mlp.cuh"
 #include "../../kernels/optim.cuh"
 #include "../../kernels/residual.cuh"
-#include "../../kernels/rope.cuh"
+#include "../../kernels/attention_aux.cuh"
 #include "../../kernels/transpose.cuh"
 #include "../device_util.h"
 
