@@ -4,7 +4,7 @@
 // checkpoints), main.
 //   mpirun -np 8 ./build/train_gpt                  (GPU build, the record)
 //   ./build/train_gpt_cpu --preset tiny             (CPU build against emu/, Tiny Shakespeare)
-#include "data/checkpoint.h"
+#include "runtime/checkpoint_format.h"
 #include "data/dump.h"
 #include "data/loader.h"
 #include "kernels/attention.cuh"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "../data/checkpoint.h"
+#include "../runtime/checkpoint_format.h"
 #include "host_comm.h"
 
 // ---- checkpoints: one file per rank, DIR/stepNNNNNN/rankR.safetensors (format: data/checkpoint.h) ----

@@ -17,7 +17,7 @@
 #include <vector>
 #include <utility>
 
-#include "../data/checkpoint.h"
+#include "../runtime/checkpoint_format.h"
 #include "../data/loader.h"
 
 // ---- startup checks: what can be known before the first step is checked before anything is written ----
