@@ -4,7 +4,7 @@
 // checkpoints), main.
 //   mpirun -np 8 ./build/train_gpt                  (GPU build, the record)
 //   ./build/train_gpt_cpu --preset tiny             (CPU build against emu/, Tiny Shakespeare)
-#include "data/checkpoint.h"
+#include "runtime/checkpoint_format.h"
 #include "data/dump.h"
 #include "data/loader.h"
 #include "kernels/attention.cuh"
@@ -18,7 +18,7 @@
 #include "kernels/norm.cuh"
 #include "kernels/residual.cuh"
 #include "kernels/optim.cuh"
-#include "kernels/rope.cuh"
+#include "kernels/attention_aux.cuh"
 #include "kernels/transpose.cuh"
 #include "profiler/plan_step.h"
 #include "profiler/profile_steps.h"
@@ -179,7 +179,6 @@ constexpr int kLayers = 11;
 constexpr int kAttnLayers = 10;      // layer 6 has no attention
 constexpr int kValueTables = 5;      // value embeddings on layers 0, 1 and 8, 9, 10
 constexpr int kSkipFrom = 3, kSkipTo = 6, kBackoutLayer = 7;
-constexpr int kGate = 12;            // gates read the first 12 channels
 constexpr bool has_attention(int l) { return l != 6; }
 constexpr int attn_index(int l) { return l < 6 ? l : l - 1; }  // row of attn_bank / attn_gate_bank
 constexpr bool is_paired(int l) { return l == 0 || l == 2 || l == 5 || l == 9; }
@@ -217,12 +216,12 @@ struct Params {
     bf16* wo(const Config& c, int l) const { return wqkv(c, l) + int64_t(3) * c.model_dim * c.model_dim; }
     bf16* c_fc(const Config& c, int l) const { return mlp_bank + int64_t(l) * 2 * c.mlp_dim * c.model_dim; }
     bf16* c_proj(const Config& c, int l) const { return c_fc(c, l) + int64_t(c.mlp_dim) * c.model_dim; }
-    bf16* attn_gate(const Config& c, int l) const { return attn_gate_bank + attn_index(l) * c.num_heads * kGate; }
+    bf16* attn_gate(const Config& c, int l) const { return attn_gate_bank + attn_index(l) * c.num_heads * kGateWidth; }
     bf16* ve_table(const Config& c, int l) const {
         return value_table(l) < 0 ? nullptr : value_embeds + int64_t(value_table(l)) * c.padded_vocab * c.model_dim;
     }
     bf16* ve_gate(const Config& c, int l) const {
-        return value_table(l) < 0 ? nullptr : ve_gate_bank + value_table(l) * c.num_heads * kGate;
+        return value_table(l) < 0 ? nullptr : ve_gate_bank + value_table(l) * c.num_heads * kGateWidth;
     }
 };
 
@@ -256,10 +255,10 @@ void visit_params(const Config& c, Params& p, Visit&& visit) {
     visit(ParamSpec{"value_embed", {kValueTables * V, C}, Init::zeros}, p.value_embeds);
     visit(ParamSpec{"attn", {4 * kAttnLayers, C, C}, Init::uniform, 1}, p.attn_bank);  // [Wq; Wk; Wv; Wo] per layer
     visit(ParamSpec{"mlp", {2 * (kLayers + 1), M, C}, Init::uniform_c_fc, 2}, p.mlp_bank);  // [c_fc, c_proj] per layer
-    visit(ParamSpec{"attn_gate_bank", {kAttnLayers, H, kGate}, Init::zeros}, p.attn_gate_bank);
-    visit(ParamSpec{"ve_gate_bank", {kValueTables, H, kGate}, Init::zeros}, p.ve_gate_bank);
-    visit(ParamSpec{"smear_gate", {1, kGate}, Init::zeros}, p.smear_gate);
-    visit(ParamSpec{"skip_gate", {1, kGate}, Init::zeros}, p.skip_gate);
+    visit(ParamSpec{"attn_gate_bank", {kAttnLayers, H, kGateWidth}, Init::zeros}, p.attn_gate_bank);
+    visit(ParamSpec{"ve_gate_bank", {kValueTables, H, kGateWidth}, Init::zeros}, p.ve_gate_bank);
+    visit(ParamSpec{"smear_gate", {1, kGateWidth}, Init::zeros}, p.smear_gate);
+    visit(ParamSpec{"skip_gate", {1, kGateWidth}, Init::zeros}, p.skip_gate);
     visit(ParamSpec{"x0_lambdas", {kLayers}, Init::zeros}, p.x0_lambdas);
     visit(ParamSpec{"scalars", {kScalars}, Init::scalars}, p.scalars);
 }

@@ -157,6 +157,7 @@ void wait_while_equal(const uint64_t* word, uint64_t seen, const char* what);
 // Emulation switches and diagnostics (environment: EMU_WORKERS, EMU_RANDOM_ORDER, EMU_STACK_KB;
 // EMU_GEMM and EMU_NCCL_SLICE_BYTES for the cuBLASLt and NCCL shims; see README.md).
 int worker_count();
+uint64_t random_order_seed();  // EMU_RANDOM_ORDER as read at its first use; 0: random order is off
 const char* last_kernel_error();  // message of the last failed launch, or ""
 size_t peak_device_bytes();       // high-water mark of cudaMalloc'ed bytes
 

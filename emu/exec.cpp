@@ -290,7 +290,7 @@ Settings read_settings() {
     size_t local_ranks = env_size("OMPI_COMM_WORLD_LOCAL_SIZE", env_size("MPI_LOCALNRANKS", 1, 1, kMany), 1, kMany);
     size_t cores = std::max<size_t>(1, std::thread::hardware_concurrency());
     r.workers = static_cast<unsigned>(env_size("EMU_WORKERS", std::max<size_t>(1, cores / local_ranks), 1, 1024));
-    r.random_seed = env_size("EMU_RANDOM_ORDER", 0, 0, UINT64_MAX);
+    r.random_seed = read_random_order_seed();
     // the kernels' deepest frames fit in 64 KiB with room to spare; 64 MiB per fiber is plenty
     r.stack_bytes = env_size("EMU_STACK_KB", 256, kMinStackKb, 65536) * 1024;
     r.profile = env_size("EMU_PROFILE", 0, 0, 1) != 0;
@@ -599,6 +599,8 @@ Worker& current_worker_on_fiber() { return *t_worker; }
 }  // namespace
 
 int worker_count() { return static_cast<int>(settings().workers); }
+uint64_t read_random_order_seed() { return env_size("EMU_RANDOM_ORDER", 0, 0, UINT64_MAX); }
+uint64_t random_order_seed() { return settings().random_seed; }
 
 void profile_since(std::chrono::steady_clock::time_point start, const std::function<std::string()>& name) {
     if (!settings().profile) return;

@@ -1,5 +1,6 @@
 // Poison for memory nobody wrote, and where static __shared__ objects lie (see poison.h).
 #include "poison.h"
+#include "runtime_state.h"
 
 #include <elf.h>
 #include <fcntl.h>
@@ -103,7 +104,7 @@ bool read_poison_enabled() {
         std::fprintf(stderr, "emu: EMU_POISON=%s: expected 0 or 1\n", v);
         std::exit(2);
     }
-    return env_on("EMU_POISON") || env_on("EMU_RANDOM_ORDER");
+    return env_on("EMU_POISON") || read_random_order_seed() != 0;
 }
 bool poison_enabled() {
     static const bool on = read_poison_enabled();

@@ -163,10 +163,7 @@ inline void cp_async_retire(CpAsyncQueue& q, size_t groups) {
 
 // A per-worker coin seeded by EMU_RANDOM_ORDER; false always when the switch is off.
 inline bool cp_async_complete_early() {
-    static const uint64_t seed = [] {
-        const char* v = std::getenv("EMU_RANDOM_ORDER");
-        return v ? std::strtoull(v, nullptr, 10) : 0ull;
-    }();
+    static const uint64_t seed = random_order_seed();
     if (!seed) return false;
     static thread_local uint64_t state = seed * 0x9e3779b97f4a7c15ull | 1;
     state ^= state << 13;  // xorshift64

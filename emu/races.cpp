@@ -1,4 +1,5 @@
-// The buffers emu knows (allocations and the ranges a program names inside them) and the race
+// The buffers emu knows (allocations and the ranges a program names inside them: emu's one registry
+// of them, which the runtime, the PTX twins' address checks and the NCCL shim all ask) and the race
 // detector of deferred streams.
 //
 // The detector keeps, per byte range of device and pinned memory, the last write and the last
@@ -12,6 +13,7 @@
 #include "streams.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -47,7 +49,8 @@ struct Segment {
 
 struct Registry {
     std::mutex m;
-    std::map<uintptr_t, Buffer> allocations;
+    std::map<uintptr_t, Buffer> allocations;  // ordered: an address finds its allocation
+    std::atomic<uint64_t> allocations_changed{0};  // bumped by every allocation and free
     std::vector<Named> names;
     // Elementary intervals between the names' ends: each starts an interval whose innermost
     // (smallest) covering name is given by index, -1 for none. Rebuilt when names change.
@@ -184,16 +187,20 @@ void note_allocation(const void* p, size_t bytes, Memory kind) {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.m);
     r.allocations[reinterpret_cast<uintptr_t>(p)] = {bytes, kind};
+    ++r.allocations_changed;
 }
 
-void forget_allocation(const void* p) {
+bool forget_allocation(const void* p, size_t* bytes, Memory* kind) {
     Registry& r = registry();
     std::lock_guard<std::mutex> lock(r.m);
     const uintptr_t lo = reinterpret_cast<uintptr_t>(p);
     auto it = r.allocations.find(lo);
-    if (it == r.allocations.end()) return;
+    if (it == r.allocations.end()) return false;
+    *bytes = it->second.bytes;
+    *kind = it->second.kind;
     const uintptr_t hi = lo + std::max<size_t>(it->second.bytes, 1);
     r.allocations.erase(it);
+    ++r.allocations_changed;
     const size_t before = r.names.size();
     r.names.erase(std::remove_if(r.names.begin(), r.names.end(), [&](const Named& n) { return n.lo >= lo && n.lo < hi; }),
                   r.names.end());
@@ -201,6 +208,7 @@ void forget_allocation(const void* p) {
     cut(r.shadow, lo);
     cut(r.shadow, hi);
     r.shadow.erase(r.shadow.lower_bound(lo), r.shadow.lower_bound(hi));
+    return true;
 }
 
 bool find_allocation(const void* p, const void** base, size_t* bytes, Memory* kind) {
@@ -213,6 +221,30 @@ bool find_allocation(const void* p, const void** base, size_t* bytes, Memory* ki
     *bytes = buf.bytes;
     *kind = buf.kind;
     return true;
+}
+
+bool in_device_allocation(const void* p, size_t bytes) {
+    // The PTX twins ask for every 16-byte copy: the last device allocation found is remembered per
+    // thread until the next allocation or free.
+    struct Found {
+        uintptr_t begin = 0, end = 0;
+        uint64_t version = ~0ull;
+    };
+    static thread_local Found last;
+    Registry& r = registry();
+    const uintptr_t q = reinterpret_cast<uintptr_t>(p);
+    const uint64_t version = r.allocations_changed.load(std::memory_order_acquire);
+    if (last.version != version) last = Found{0, 0, version};
+    if (!(q >= last.begin && q + bytes <= last.end)) {
+        std::lock_guard<std::mutex> lock(r.m);
+        auto it = r.allocations.upper_bound(q);
+        if (it == r.allocations.begin()) return false;
+        --it;
+        if (it->second.kind != Memory::device) return false;
+        last.begin = it->first;
+        last.end = it->first + it->second.bytes;
+    }
+    return q >= last.begin && q + bytes <= last.end;
 }
 
 Memory memory_of(const void* p) {

@@ -8,11 +8,9 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <new>
 #include <string>
@@ -26,13 +24,7 @@ struct State {
     cudaError_t last = cudaSuccess;
     cudaError_t sticky = cudaSuccess;
     std::string message;
-    struct Allocation {
-        size_t bytes;
-        bool device;  // cudaMalloc; else cudaMallocHost
-    };
-    std::map<const unsigned char*, Allocation> allocations;  // ordered: an address finds its allocation
-    std::atomic<uint64_t> allocations_changed{0};            // bumped by every allocation and free
-    size_t device_bytes = 0, peak_device_bytes = 0;
+    size_t device_bytes = 0, peak_device_bytes = 0;  // the buffers themselves: emu::note_allocation
     std::unordered_map<const void*, int> max_dyn_smem;
     int device = 0;
 };
@@ -55,11 +47,9 @@ void* alloc_bytes(size_t bytes, bool device) {
     void* p = nullptr;
     if (posix_memalign(&p, 256, bytes ? bytes : 1) != 0) return nullptr;
     emu::poison_fresh(p, bytes);
+    emu::note_allocation(p, bytes, device ? emu::Memory::device : emu::Memory::pinned);
     State& s = state();
     std::lock_guard<std::mutex> lock(s.m);
-    s.allocations[static_cast<const unsigned char*>(p)] = {bytes, device};
-    ++s.allocations_changed;
-    emu::note_allocation(p, bytes, device ? emu::Memory::device : emu::Memory::pinned);
     if (device) {
         s.device_bytes += bytes;
         s.peak_device_bytes = std::max(s.peak_device_bytes, s.device_bytes);
@@ -70,20 +60,15 @@ void* alloc_bytes(size_t bytes, bool device) {
 cudaError_t free_bytes(void* p, const char* what) {
     if (!p) return cudaSuccess;
     emu::synchronize_device();
-    State& s = state();
-    bool known;
-    {
+    size_t bytes = 0;
+    emu::Memory kind{};
+    if (!emu::forget_allocation(p, &bytes, &kind))
+        return fail(cudaErrorInvalidValue, std::string("emu: ") + what + " of a pointer it did not allocate");
+    if (kind == emu::Memory::device) {
+        State& s = state();
         std::lock_guard<std::mutex> lock(s.m);
-        auto it = s.allocations.find(static_cast<const unsigned char*>(p));
-        known = it != s.allocations.end();
-        if (known) {
-            if (it->second.device) s.device_bytes -= it->second.bytes;
-            s.allocations.erase(it);
-            ++s.allocations_changed;
-        }
+        s.device_bytes -= bytes;
     }
-    if (!known) return fail(cudaErrorInvalidValue, std::string("emu: ") + what + " of a pointer it did not allocate");
-    emu::forget_allocation(p);
     std::free(p);
     return cudaSuccess;
 }
@@ -203,29 +188,6 @@ size_t max_dynamic_smem(const void* kernel) {
     return it == s.max_dyn_smem.end() ? kDefaultDynSmem : static_cast<size_t>(it->second);
 }
 const char* last_kernel_error() { return state().message.c_str(); }
-bool in_device_allocation(const void* p, size_t bytes) {
-    // The PTX twins ask for every 16-byte copy: the last allocation found is remembered per thread
-    // until the next allocation or free.
-    struct Found {
-        const unsigned char *begin = nullptr, *end = nullptr;
-        uint64_t version = ~0ull;
-    };
-    static thread_local Found last;
-    State& s = state();
-    const auto* q = static_cast<const unsigned char*>(p);
-    const uint64_t version = s.allocations_changed.load(std::memory_order_acquire);
-    if (last.version != version) last = Found{nullptr, nullptr, version};
-    if (!(q >= last.begin && q + bytes <= last.end)) {
-        std::lock_guard<std::mutex> lock(s.m);
-        auto it = s.allocations.upper_bound(q);
-        if (it == s.allocations.begin()) return false;
-        --it;
-        if (!it->second.device) return false;
-        last.begin = it->first;
-        last.end = it->first + it->second.bytes;
-    }
-    return q >= last.begin && q + bytes <= last.end;
-}
 size_t peak_device_bytes() { return state().peak_device_bytes; }
 }  // namespace emu
 

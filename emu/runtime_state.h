@@ -16,6 +16,9 @@ void set_launch_error(cudaError_t e, const std::string& message);
 void set_sticky_error(cudaError_t e, const std::string& message);
 cudaError_t sticky_error();
 size_t max_dynamic_smem(const void* kernel);  // 48 KiB unless raised by cudaFuncSetAttribute
+// EMU_RANDOM_ORDER read now (0 when unset); a value that is not a whole number stops the program.
+// The one parser of the switch: random_order_seed() is its value at first use.
+uint64_t read_random_order_seed();
 // Runs task(i) for every i in [0, tasks) on emu's workers (the caller among them); one piece of
 // parallel work at a time.
 void parallel_for(int64_t tasks, const std::function<void(int64_t)>& task);

@@ -53,7 +53,9 @@ void synchronize_device();
 // them (emu_name_range), which the race detector's messages use and kernel extents stop at.
 enum class Memory { device, pinned, pageable };
 void note_allocation(const void* p, size_t bytes, Memory kind);
-void forget_allocation(const void* p);
+// Forgets the allocation that starts at p (and the names and race records inside it), giving its
+// size and kind; false when no allocation starts at p.
+bool forget_allocation(const void* p, size_t* bytes, Memory* kind);
 Memory memory_of(const void* p);  // pageable: neither cudaMalloc'ed nor cudaMallocHost'ed
 // The allocation [*base, *base + *bytes) that holds p; false when none does.
 bool find_allocation(const void* p, const void** base, size_t* bytes, Memory* kind);

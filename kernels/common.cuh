@@ -50,6 +50,10 @@ __host__ __device__ constexpr T ceil_div(T a, T b) {
     return (a + b - 1) / b;
 }
 
+// Every gate of the model (smear, skip, attention output, value embedding) is a dot product of the
+// first 12 channels of its input row with its weights: upstream's x[..., :12].
+constexpr int kGateWidth = 12;
+
 // ---- reductions ----
 // Sum over the 32 lanes of a warp; every lane gets the result (butterfly).
 __device__ __forceinline__ float warp_reduce_sum(float v) { return warp_butterfly<WarpSum, 16>(v); }

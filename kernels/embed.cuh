@@ -10,7 +10,7 @@
 //   x       = embed[ids]                                    embed_smear_forward fuses this gather
 //   x[t]   += smear_lambda * sigmoid(x[t,:12] . smear_gate) * x[t-1]   (t >= 1, across documents)
 //   x0_bigram = bigram_embed[bigram_ids]                    embedding_gather
-//   value-embedding rows are gathered by the attention auxiliaries (rope.cuh), never stored.
+//   value-embedding rows are gathered by the attention auxiliaries (attention_aux.cuh), never stored.
 // Backward:
 //   embed_smear_backward: d(smeared x) -> d(x rows), d(smear_gate), d(smear_lambda)
 //   embedding_backward:   per-position row gradients -> table gradient rows, summed per id in a
@@ -27,9 +27,7 @@
 
 using bf16 = __nv_bfloat16;
 
-// ---- small gates shared with rope.cuh ----
-constexpr int kGateWidth = 12;  // gates read the first 12 channels of their input row (upstream x[..., :12])
-
+// ---- small gates shared with attention_aux.cuh ----
 // bf16(x[0:12] . w[0:12]): what a bf16 F.linear with one output gives (fp32 accumulation).
 __device__ __forceinline__ float gate_logit(const bf16* x, const bf16* w) {
     float acc = 0.0f;

@@ -45,9 +45,8 @@
 
 #include <algorithm>
 
-constexpr int kSkipGateWidth = 12;                        // skip_gate reads x0[:, :12]
-constexpr int kResidualMaxBackwardBlocks = 1024;          // caps the partial sums; rows beyond it loop
-constexpr int kResidualMaxPartials = kSkipGateWidth + 1;  // per block: the most values one backward reduces
+constexpr int kResidualMaxBackwardBlocks = 1024;      // caps the partial sums; rows beyond it loop
+constexpr int kResidualMaxPartials = kGateWidth + 1;  // per block: the most values one backward reduces
 
 // Device pointers to one layer's mixing scalars (fp32 parameters).
 struct MixLambdas {
@@ -218,19 +217,19 @@ inline void residual_mix_backward(__nv_bfloat16* dx, __nv_bfloat16* dx0, __nv_bf
 
 // ---- the gated skip from layer 3 into layer 6 ----
 struct SkipGateWeights {
-    float w[kSkipGateWidth];
+    float w[kGateWidth];
 };
 __device__ __forceinline__ SkipGateWeights load_skip_gate(const __nv_bfloat16* gate_w) {
     SkipGateWeights g;
 #pragma unroll
-    for (int k = 0; k < kSkipGateWidth; ++k) g.w[k] = __bfloat162float(gate_w[k]);
+    for (int k = 0; k < kGateWidth; ++k) g.w[k] = __bfloat162float(gate_w[k]);
     return g;
 }
 // bf16(x0[t, :12] . w): upstream's skip_gate is a bf16 F.linear, whose output is bf16.
 __device__ __forceinline__ float skip_gate_logit(const __nv_bfloat16* x0_row, const SkipGateWeights& gate) {
     float s = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kSkipGateWidth; ++k) s += __bfloat162float(x0_row[k]) * gate.w[k];
+    for (int k = 0; k < kGateWidth; ++k) s += __bfloat162float(x0_row[k]) * gate.w[k];
     return __bfloat162float(__float2bfloat16(s));
 }
 
@@ -257,8 +256,8 @@ __global__ void __launch_bounds__(kNormThreads, 4)
 }
 // Reads x, skip, x0's first 12 columns, the gate and lambda; writes x_out; a multiply-add per element.
 inline Work gated_skip_add_forward_work(int T, int C) {
-    return Work{.name = "gated_skip_add_forward", .flops = 2.0 * T * (C + kSkipGateWidth),
-                .bytes_read = norm_rows_bytes(T, C, 2) + 2.0 * kSkipGateWidth * (T + 1) + sizeof(float),
+    return Work{.name = "gated_skip_add_forward", .flops = 2.0 * T * (C + kGateWidth),
+                .bytes_read = norm_rows_bytes(T, C, 2) + 2.0 * kGateWidth * (T + 1) + sizeof(float),
                 .bytes_written = norm_rows_bytes(T, C)};
 }
 // skip: layer 3's output; gate_w: skip_gate (12 bf16); x_out may be x (in place).
@@ -267,7 +266,7 @@ inline void gated_skip_add_forward(__nv_bfloat16* x_out, const __nv_bfloat16* x,
                                    int T, int C, cudaStream_t stream) {
     require_norm_rows("gated_skip_add_forward", T, C, {x_out, x, skip, x0});
     kernel_require(C >= 2 * kNormPackWidth, "gated_skip_add_forward: C=%d is narrower than the skip gate's %d inputs",
-                   C, kSkipGateWidth);
+                   C, kGateWidth);
     launch(gated_skip_add_forward_work(T, C), gated_skip_add_forward_kernel, dim3(norm_row_blocks(T)),
            dim3(kNormThreads), 0, stream, x_out, x, skip, x0, gate_w, skip_lambda, T, C);
     CUDA_CHECK_LAUNCH();
@@ -283,7 +282,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     const int lane = threadIdx.x % 32;
     const float sl = sigmoidf(*skip_lambda);
     const SkipGateWeights gate = load_skip_gate(gate_w);
-    const float w = lane < kSkipGateWidth ? gate.w[lane] : 0.0f;
+    const float w = lane < kGateWidth ? gate.w[lane] : 0.0f;
     float acc = 0.0f;  // lane k < 12: skip_gate[k]'s gradient; lane 12: skip_lambda's
     for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
         const size_t off = static_cast<size_t>(row) * C;
@@ -303,12 +302,12 @@ __global__ void __launch_bounds__(kNormThreads, 4)
             store128(d_skip + off + col, out);
         }
         const float dlogit = __bfloat162float(__float2bfloat16(ds * sl * 2.0f * sg * (1.0f - sg)));
-        if (lane < kSkipGateWidth) {
+        if (lane < kGateWidth) {
             const float x0k = __bfloat162float(x0[off + lane]);
             acc += dlogit * x0k;
             const float back = __bfloat162float(__float2bfloat16(dlogit * w));
             dx0[off + lane] = __float2bfloat16(__bfloat162float(dx0[off + lane]) + back);
-        } else if (lane == kSkipGateWidth) {
+        } else if (lane == kGateWidth) {
             acc += ds * 2.0f * sg * sl * (1.0f - sl);
         }
     }
@@ -326,10 +325,10 @@ struct SkipBackwardOptions {
 // Reads g, skip (d_skip too when accumulating), x0's and dx0's first 12 columns, the gate and lambda;
 // writes d_skip, dx0's first 12 columns and the partials; a dot and a multiply per element.
 inline Work gated_skip_add_backward_work(int T, int C, bool accumulate_d_skip) {
-    const double gate_columns = 2.0 * kSkipGateWidth * T;  // of x0 and of dx0
+    const double gate_columns = 2.0 * kGateWidth * T;  // of x0 and of dx0
     return Work{.name = "gated_skip_add_backward", .flops = 3.0 * T * C,
                 .bytes_read = norm_rows_bytes(T, C, accumulate_d_skip ? 3 : 2) + 2 * gate_columns +
-                              2.0 * kSkipGateWidth + sizeof(float),
+                              2.0 * kGateWidth + sizeof(float),
                 .bytes_written = norm_rows_bytes(T, C) + gate_columns +
                                  4.0 * kResidualMaxPartials * residual_backward_blocks(T)};
 }
@@ -343,9 +342,9 @@ inline void gated_skip_add_backward(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, _
                                     cudaStream_t stream) {
     require_norm_rows("gated_skip_add_backward", T, C, {d_skip, dx0, g, skip, x0});
     kernel_require(C >= 2 * kNormPackWidth, "gated_skip_add_backward: C=%d is narrower than the skip gate's %d inputs",
-                   C, kSkipGateWidth);
+                   C, kGateWidth);
     const int blocks = residual_backward_blocks(T);
-    const LastBlockSum sum{SumTargets().add(d_skip_gate, kSkipGateWidth).add(d_skip_lambda), scratch,
+    const LastBlockSum sum{SumTargets().add(d_skip_gate, kGateWidth).add(d_skip_lambda), scratch,
                            options.accumulate_param_grads};
     launch(with_last_block_sum(gated_skip_add_backward_work(T, C, options.accumulate_d_skip), sum, blocks),
            gated_skip_add_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, d_skip, dx0, sum, g, skip, x0,

@@ -1,5 +1,5 @@
 // Checkpoint save and load: one safetensors file per rank and a manifest per directory (the format
-// and its integrity checks: data/checkpoint.h), of a list of named device tensors. What the list
+// and its integrity checks: runtime/checkpoint_format.h), of a list of named device tensors. What the list
 // holds (the parameters, the optimizer state) is the trainer's.
 #pragma once
 #include <sys/stat.h>
@@ -14,13 +14,13 @@
 #include <utility>
 #include <vector>
 
-#include "../data/checkpoint.h"
+#include "checkpoint_format.h"
 #include "../kernels/common.cuh"
 #include "arena.h"
 #include "host_comm.h"
 #include "log.h"
 
-// ---- checkpoints: one file per rank, DIR/stepNNNNNN/rankR.safetensors (format: data/checkpoint.h) ----
+// ---- checkpoints: one file per rank, DIR/stepNNNNNN/rankR.safetensors (format: runtime/checkpoint_format.h) ----
 std::string checkpoint_path(const std::string& dir, int step, int rank) {
     char name[64];
     std::snprintf(name, sizeof name, "/step%06d/rank%d.safetensors", step, rank);

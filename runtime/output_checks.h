@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "../data/checkpoint.h"
+#include "checkpoint_format.h"
 #include "../kernels/attention.cuh"
 #include "../kernels/mlp.cuh"
 #include "data_checks.h"

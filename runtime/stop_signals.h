@@ -7,7 +7,7 @@
 #include <cstring>
 #include <utility>
 
-#include "../data/checkpoint.h"
+#include "checkpoint_format.h"
 #include "log.h"
 
 // The signals a terminal or a job scheduler sends to stop a run: Ctrl-C, Ctrl-\\, a closed terminal,

@@ -5,28 +5,36 @@
 # file's name, size and sha256). Built here, it travels to a GPU machine with the tree, so no GPU time
 # goes to compiling; on a GPU machine it is also the fallback build (ninja where there is one). It
 # compiles no CPU code (BUILD_CPU=OFF) and needs neither scripts/install_deps.sh nor .venv: the CUDA
-# toolkit, nccl.h (beside it, or from a Python's NVIDIA wheels), CMake and python3.
+# toolkit, nccl.h (beside it, or from a Python's NVIDIA wheels), CMake, python3, and nlohmann-json's
+# headers: Debian's package, or --json-include DIR. The bundle carries the headers it was built with
+# in include/nlohmann/, so that a GPU machine without the package (and without internet) can rebuild
+# it from a bundle's include/ (scripts/gpu_check.sh does).
 # Refuses to finish when a program loads MPI, NCCL or a shared libstdc++, or the bundle reaches
 # 50 MiB (the tree it travels with may weigh 64 MiB in all).
-# Usage: scripts/build_gpu_bundle.sh [--out DIR] [--jobs N] [--build DIR]
-#   --out DIR    the bundle's folder (default gpu-bundle/ at the repository root; git ignores it)
-#   --jobs N     parallel compile jobs (default: the number of cores)
-#   --build DIR  the CMake build folder (default build-gpu-bundle/ at the repository root)
+# Usage: scripts/build_gpu_bundle.sh [--out DIR] [--jobs N] [--build DIR] [--json-include DIR]
+#   --out DIR           the bundle's folder (default gpu-bundle/ at the repository root; git ignores it)
+#   --jobs N            parallel compile jobs (default: the number of cores)
+#   --build DIR         the CMake build folder (default build-gpu-bundle/ at the repository root)
+#   --json-include DIR  a folder holding nlohmann/json.hpp, used where no nlohmann-json package is found
 set -euo pipefail
 trap 'echo "build_gpu_bundle: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 repo=$(cd "$(dirname "$0")/.." && pwd)
-usage="usage: scripts/build_gpu_bundle.sh [--out DIR] [--jobs N] [--build DIR]"
+usage="usage: scripts/build_gpu_bundle.sh [--out DIR] [--jobs N] [--build DIR] [--json-include DIR]"
 out=$repo/gpu-bundle
 build=$repo/build-gpu-bundle
 jobs=$(nproc)
 limit_mib=50
+json_args=()
 while [ $# -gt 0 ]; do
   case $1 in
-    --out|--jobs|--build)
+    --out|--jobs|--build|--json-include)
       if [ $# -lt 2 ] || [ -z "$2" ]; then echo "build_gpu_bundle: $1 needs a value; $usage" >&2; exit 2; fi
       case $1 in
         --out) out=$2 ;;
         --build) build=$2 ;;
+        --json-include)
+          if [ ! -f "$2/nlohmann/json.hpp" ]; then echo "build_gpu_bundle: --json-include $2 holds no nlohmann/json.hpp" >&2; exit 2; fi
+          json_args=(-DNLOHMANN_JSON_INCLUDE_DIR="$(cd "$2" && pwd)") ;;
         --jobs)
           if ! [[ $2 =~ ^[1-9][0-9]*$ ]]; then echo "build_gpu_bundle: --jobs $2 is not a positive number" >&2; exit 2; fi
           jobs=$2 ;;
@@ -49,7 +57,7 @@ start=$(date +%s)
 generator=()
 if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then generator=(-G Ninja); fi
 mkdir -p "$build"
-cmake -S "$repo" -B "$build" "${generator[@]}" -DTRAIN_GPT_MPI=OFF -DBUILD_CPU=OFF -DBUILD_GPU=ON \
+cmake -S "$repo" -B "$build" "${generator[@]}" -DTRAIN_GPT_MPI=OFF -DBUILD_CPU=OFF -DBUILD_GPU=ON "${json_args[@]}" \
   >"$build/bundle-configure.log" 2>&1 || {
   cat "$build/bundle-configure.log" >&2
   echo "build_gpu_bundle: configuring $build failed (log above)" >&2
@@ -83,6 +91,10 @@ mkdir -p "$staging"
 for p in "${programs[@]}"; do
   strip -o "$staging/$(basename "$p")" "$p"
 done
+# The nlohmann-json headers this build compiled against (CMake recorded where they are).
+json_dir=$(sed -n 's/^NLOHMANN_JSON_USED:INTERNAL=//p' "$build/CMakeCache.txt")
+mkdir -p "$staging/include"
+cp -R "$json_dir/nlohmann" "$staging/include/"
 
 revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
 if [ "$revision" != unknown ] && [ -n "$(git -C "$repo" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
@@ -98,7 +110,7 @@ left_out = sys.argv[6:]
 files, glibc = [], (2, 0)
 for name in sorted(os.listdir(out)):
     path = os.path.join(out, name)
-    if name == "bundle.json" or not os.path.isfile(path):
+    if name == "bundle.json" or not os.path.isfile(path):  # include/: the headers for a rebuild
         continue
     with open(path, "rb") as f:
         data = f.read()
@@ -112,7 +124,8 @@ needs = next((l.split(": ", 1)[1].split() for l in open(libs_path) if l.startswi
 bundle = {"git_revision": revision, "nvcc": nvcc, "built_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
           "build": "TRAIN_GPT_MPI=OFF BUILD_CPU=OFF, stripped", "train_gpt_loads": needs,
           "needs_glibc": "%d.%d" % glibc,
-          "left_out": left_out, "total_bytes": total, "files": files}
+          "left_out": left_out, "total_bytes": total, "files": files,
+          "json_headers": "include/nlohmann (for a rebuild: build_gpu_bundle.sh --json-include BUNDLE/include)"}
 with open(os.path.join(out, "bundle.json"), "w") as f:
     json.dump(bundle, f, indent=1)
     f.write("\n")
@@ -131,6 +144,7 @@ b = json.load(open(sys.argv[1]))
 for f in b["files"]:
     p = os.path.join(os.path.dirname(sys.argv[1]), os.path.basename(f["name"]))
     if os.path.isfile(p): os.remove(p)' "$out/bundle.json"
+  rm -rf "$out/include"
   rm -f "$out/bundle.json"
 fi
 mv "$staging"/* "$out"/

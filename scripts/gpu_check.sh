@@ -188,10 +188,12 @@ bundle_check() {
     fi
     echo "bundle: $GC_BIN runs here"
 }
+# The bundle's own nlohmann-json headers serve where the machine has no package (and no internet).
 rebuild_bundle() {
-    local start=$SECONDS
+    local start=$SECONDS json=()
+    [ -f "$GC_BIN/include/nlohmann/json.hpp" ] && json=(--json-include "$GC_BIN/include")
     echo "bundle: rebuilding with scripts/build_gpu_bundle.sh into $GC_WORK/bundle"
-    if ! "$REPO/scripts/build_gpu_bundle.sh" --out "$GC_WORK/bundle" --jobs "$(nproc)"; then
+    if ! "$REPO/scripts/build_gpu_bundle.sh" --out "$GC_WORK/bundle" --jobs "$(nproc)" "${json[@]}"; then
         echo "bundle: the rebuild failed after $((SECONDS - start)) s"
         return 1
     fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the build and the tests need, in two parts:
-#  1. Debian packages (CMake, g++, Open MPI, python3 with venv; Boost.Context only off x86-64): the
+#  1. Debian packages (CMake, g++, Open MPI, python3 with venv, nlohmann-json; Boost.Context only off x86-64): the
 #     missing ones are installed when run as root, else the apt-get line to run is printed.
 #  2. The project's Python environment <repo>/.venv with requirements.txt, and, where there is no
 #     CUDA toolkit (or with --cuda-headers), requirements-cuda-headers.txt: NVIDIA's headers for the
@@ -33,6 +33,8 @@ python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3-venv)
 if [[ $(uname -m) != x86_64 ]]; then
   have_header boost/context/detail/fcontext.hpp || missing+=(libboost-context-dev)
 fi
+# The checkpoint format reads and writes its JSON with nlohmann-json (header-only).
+have_header nlohmann/json.hpp || missing+=(nlohmann-json3-dev)
 if ((${#missing[@]})); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
     echo "installing: ${missing[*]}"

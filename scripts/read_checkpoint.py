@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Lists and loads the trainer's checkpoint files (the safetensors layout data/checkpoint.h writes).
+"""Lists and loads the trainer's checkpoint files (the safetensors layout runtime/checkpoint_format.h writes).
 
     python3 scripts/read_checkpoint.py FILE [--values K]
 

@@ -190,10 +190,10 @@ int bench_common(const bench::Options& o) {
     const int blocks = residual_backward_blocks(T);
     test::DeviceBuffer<float> partials(test::uniform_vector(size_t(blocks) * kValues, -1, 1)), lambda(1),
         rows(test::uniform_vector(size_t(T), 0, 10)), loss(1);
-    test::DeviceBuffer<__nv_bfloat16> gate(kSkipGateWidth);
+    test::DeviceBuffer<__nv_bfloat16> gate(kGateWidth);
     b.run("sum_block_partials", bench::fmt("%d values x %d blocks (T=%d C=%d)", kValues, blocks, T, C),
           [&](cudaStream_t s) {
-              sum_block_partials(SumTargets().add(gate.ptr, kSkipGateWidth).add(lambda.ptr), partials.ptr, blocks,
+              sum_block_partials(SumTargets().add(gate.ptr, kGateWidth).add(lambda.ptr), partials.ptr, blocks,
                                  kValues, true, s);
           });
     b.run("sum_fixed_order", bench::fmt("n=%d (a loss over T rows)", T),

@@ -40,8 +40,6 @@ V bf16_tol(const V& want, const V& magnitude) {
 }
 
 // ---- the double-precision reference ----
-constexpr int kGate = 12;  // skip_gate reads x0[:, :12]
-
 double dot(const V& a, const V& b) {
     double s = 0.0;
     for (size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
@@ -112,7 +110,7 @@ struct Skip {
 };
 double ref_skip_logit(const V& x0, size_t row_off, const Skip& s) {
     double z = 0.0;
-    for (int k = 0; k < kGate; ++k) z += x0[row_off + k] * s.w[k];
+    for (int k = 0; k < kGateWidth; ++k) z += x0[row_off + k] * s.w[k];
     return s.bf16_linear ? round_bf16(z) : z;
 }
 V ref_skip_forward(const V& x, const V& skip, const V& x0, const Skip& s, int T, int C, V* magnitude) {
@@ -130,10 +128,10 @@ V ref_skip_forward(const V& x, const V& skip, const V& x0, const Skip& s, int T,
 }
 struct SkipGrads {
     V d_skip, d_skip_mag, dx0;  // dx0: the gate's share, (T, C) with only the first 12 columns non-zero
-    V dw = V(kGate), dw_mag = V(kGate);
+    V dw = V(kGateWidth), dw_mag = V(kGateWidth);
     // With bf16_linear: how far the kernel's bf16 logit gradient may be from the reference's on each row
     // (0 where fp32 error cannot change its rounding), and what that allows on skip_gate's gradient.
-    V dlogit_slack, dw_slack = V(kGate);
+    V dlogit_slack, dw_slack = V(kGateWidth);
     double dlambda = 0, dlambda_mag = 0;
 };
 // g: the gradient of the skip add's output.
@@ -162,7 +160,7 @@ SkipGrads ref_skip_backward(const V& g, const V& skip, const V& x0, const Skip& 
         const bool may_differ = s.bf16_linear && round_bf16(dlogit - err) != round_bf16(dlogit + err);
         o.dlogit_slack.push_back(may_differ ? 2 * err + std::fabs(dlogit) / 64 : 0.0);
         if (s.bf16_linear) dlogit = round_bf16(dlogit);
-        for (int k = 0; k < kGate; ++k) {
+        for (int k = 0; k < kGateWidth; ++k) {
             const double back = dlogit * s.w[k];
             o.dx0[off + k] = s.bf16_linear ? round_bf16(back) : back;
             const double term = dlogit * x0[off + k];
@@ -214,12 +212,12 @@ struct Shape {
 std::vector<bf16> x0_rows(const Shape& s) {
     auto x0 = normal_bf16(s.n());
     for (int t = 0; t < s.T; ++t)
-        for (int k = 0; k < kGate && k < s.C; ++k)
+        for (int k = 0; k < kGateWidth && k < s.C; ++k)
             x0[size_t(t) * s.C + k] = __float2bfloat16(test::randint(-128, 128) / 64.0f);
     return x0;
 }
 std::vector<bf16> skip_gate_weights() {
-    std::vector<bf16> w(kGate);
+    std::vector<bf16> w(kGateWidth);
     for (auto& v : w) v = __float2bfloat16(test::randint(-64, 64) / 128.0f);
     return w;
 }
@@ -344,13 +342,13 @@ void check_skip(const Shape& s) {
     const std::string at = s.name();
     const auto x = normal_bf16(s.n()), skip = normal_bf16(s.n()), x0 = x0_rows(s), w = skip_gate_weights();
     const auto g = normal_bf16(s.n()), old_dskip = normal_bf16(s.n()), old_dx0 = normal_bf16(s.n());
-    const auto old_dw = normal_bf16(kGate, 0.0, 0.5);
+    const auto old_dw = normal_bf16(kGateWidth, 0.0, 0.5);
     const std::vector<float> lam = {random_float(-2.5, 1.0)}, old_dlam = {random_float(-1, 1)};
     const Skip sp{lam[0], values(w), true};
     const V xd = values(x), skd = values(skip), x0d = values(x0);
 
     DeviceBuffer<bf16> d_x(x), d_skip(skip), d_x0(x0), d_w(w), d_g(g), d_out(s.n()), d_dskip(s.n()), d_dx0(s.n()),
-        d_dw(kGate);
+        d_dw(kGateWidth);
     DeviceBuffer<float> d_lam(lam), d_dlam(1);
     DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
 
@@ -382,7 +380,7 @@ void check_skip(const Shape& s) {
         const int blocks = residual_backward_blocks(s.T);
         test::same_as_second_launch("gated_skip_add_backward d_skip_gate" + how, d_scratch, 0, blocks,
                                     kResidualMaxPartials, old_dw, dw, acc);
-        test::same_as_second_launch("gated_skip_add_backward d_skip_lambda" + how, d_scratch, kGate, blocks,
+        test::same_as_second_launch("gated_skip_add_backward d_skip_lambda" + how, d_scratch, kGateWidth, blocks,
                                     kResidualMaxPartials, old_dlam, dlam, acc);
 
         V w_dskip = want.d_skip, m_dskip = want.d_skip_mag;
@@ -401,7 +399,7 @@ void check_skip(const Shape& s) {
         for (int t = 0; t < s.T; ++t)
             for (int c = 0; c < s.C; ++c) {
                 const size_t i = size_t(t) * s.C + c;
-                if (c >= kGate) {
+                if (c >= kGateWidth) {
                     rest_untouched &= std::memcmp(&dx0[i], &dx0_before[i], sizeof(bf16)) == 0;
                     continue;
                 }
@@ -418,8 +416,8 @@ void check_skip(const Shape& s) {
 
         // skip_gate (bf16): rtol 2^-7, fp32 sums (1e-5 of the magnitude), and the rows whose logit gradient
         // may round elsewhere
-        V w_dw(kGate), t_dw(kGate);
-        for (int k = 0; k < kGate; ++k) {
+        V w_dw(kGateWidth), t_dw(kGateWidth);
+        for (int k = 0; k < kGateWidth; ++k) {
             const double base = acc ? __bfloat162float(old_dw[k]) : 0.0;
             w_dw[k] = base + want.dw[k];
             t_dw[k] = std::fabs(w_dw[k]) / 128 + 1e-5 * (want.dw_mag[k] + std::fabs(base)) + want.dw_slack[k] + 1e-30;
@@ -591,8 +589,8 @@ void check_skip_finite_differences() {
     const double fd_lam = central_difference(exact.lambda, loss);
     check_scalar("skip reference d skip_lambda vs differences", want.dlambda, fd_lam,
                  kFdRtol * want.dlambda_mag + 1e-9);
-    V fd_w(kGate), tol_w(kGate);
-    for (int k = 0; k < kGate; ++k) {
+    V fd_w(kGateWidth), tol_w(kGateWidth);
+    for (int k = 0; k < kGateWidth; ++k) {
         fd_w[k] = central_difference(exact.w[k], loss);
         tol_w[k] = kFdRtol * want.dw_mag[k] + 1e-9;
     }
@@ -611,13 +609,13 @@ void check_skip_finite_differences() {
     // the kernel (bf16 logit, logit gradient and x0 share) against the exact differences: the logit's
     // rounding moves sigmoid terms by up to 2^-8 |logit| relative, so allow 2^-4 of the terms' magnitude
     DeviceBuffer<bf16> d_skip(skipb), d_x0(x0b), d_w(wb), d_g(gb), d_dskip(s.n()),
-        d_dx0(std::vector<bf16>(s.n(), __float2bfloat16(0.0f))), d_dw(kGate);
+        d_dx0(std::vector<bf16>(s.n(), __float2bfloat16(0.0f))), d_dw(kGateWidth);
     DeviceBuffer<float> d_lam(lam), d_dlam(1);
     DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
     gated_skip_add_backward(d_dskip.ptr, d_dx0.ptr, d_dw.ptr, d_dlam.ptr, d_scratch.view(), d_g.ptr, d_skip.ptr, d_x0.ptr,
                             d_w.ptr, d_lam.ptr, SkipBackwardOptions{}, s.T, s.C, nullptr);
-    V tw(kGate);
-    for (int k = 0; k < kGate; ++k) tw[k] = want.dw_mag[k] / 16 + 1e-9;
+    V tw(kGateWidth);
+    for (int k = 0; k < kGateWidth; ++k) tw[k] = want.dw_mag[k] / 16 + 1e-9;
     check_within("gated_skip_add_backward d skip_gate vs differences", values(d_dw.download()), fd_w, tw);
     check_scalar("gated_skip_add_backward d skip_lambda vs differences", d_dlam.download()[0], fd_lam,
                  want.dlambda_mag / 16 + 1e-9);
@@ -698,7 +696,7 @@ int bench_residual(const bench::Options& o) {
     const std::string at = bench::fmt("T=%d C=%d", s.T, s.C);
     DeviceBuffer<bf16> x(normal_bf16(s.n())), x0(x0_rows(s)), xb(normal_bf16(s.n(), 0.0, 0.5)), y(normal_bf16(s.n())),
         g(normal_bf16(s.n())), dh(normal_bf16(s.n())), w(skip_gate_weights()), out(s.n()), h(s.n()), dx(s.n()),
-        dx0(s.n()), dxb(s.n()), dw(kGate);
+        dx0(s.n()), dxb(s.n()), dw(kGateWidth);
     DeviceBuffer<float> rstd(s.T), lam(std::vector<float>{1.1f, 0.5f, 0.1f}), grads(3);
     DevicePartials scratch(residual_backward_scratch_bytes(s.T));
     const MixLambdas lambdas{lam.ptr, lam.ptr + 1, lam.ptr + 2};

@@ -144,7 +144,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         std::vector<double> diff(a.size());
         for (size_t e = 0; e < a.size(); ++e) diff[e] = a[e] - b[e];
         const double rel = norm2(diff) / std::max(norm2(b), 1e-30);
-        const bool reduced = a.size() <= size_t(kAttnLayers) * c.num_heads * kGate;
+        const bool reduced = a.size() <= size_t(kAttnLayers) * c.num_heads * kGateWidth;
         const bool lambdas = &b == &rg.scalars || &b == &rg.x0_lambdas;
         std::printf("  grad %-15s |ref| %.4e  relative error %.3e\n", got_t[i].first, norm2(b), rel);
         if (!lambdas)
@@ -199,7 +199,7 @@ void check_init(const Model& m, const Config& c) {
     for (float x : download_bf16(p.c_proj(c, 3), c.mlp_dim * C)) zeros += std::fabs(x);
     for (float x : download_bf16(p.value_embeds, 5 * V * C)) zeros += std::fabs(x);
     for (float x : download_bf16(p.bigram_embed, int64_t(c.bigram_vocab) * C)) zeros += std::fabs(x);
-    for (float x : download_bf16(p.attn_gate_bank, kAttnLayers * c.num_heads * kGate)) zeros += std::fabs(x);
+    for (float x : download_bf16(p.attn_gate_bank, kAttnLayers * c.num_heads * kGateWidth)) zeros += std::fabs(x);
     for (float x : download_f(p.x0_lambdas, kLayers)) zeros += std::fabs(x);
     test::check(zeros == 0, "c_proj, value_embeds, bigram_embed, gates and x0_lambdas start at zero");
     const std::vector<float> sc = download_f(p.scalars, kScalars);

@@ -23,7 +23,7 @@
 #include "../../kernels/mlp.cuh"
 #include "../../kernels/optim.cuh"
 #include "../../kernels/residual.cuh"
-#include "../../kernels/rope.cuh"
+#include "../../kernels/attention_aux.cuh"
 #include "../../kernels/transpose.cuh"
 #include "../device_util.h"
 
@@ -273,8 +273,8 @@ void test_rows() {
                                            T, C, nullptr);
                  });
 
-    DeviceBuffer<bf16> gate(test::gate_exact_weights(kSkipGateWidth)), d_gate(kSkipGateWidth);
-    const double gate_cols = 2.0 * kSkipGateWidth * T;  // the first 12 columns of a (T, C) bf16 tensor
+    DeviceBuffer<bf16> gate(test::gate_exact_weights(kGateWidth)), d_gate(kGateWidth);
+    const double gate_cols = 2.0 * kGateWidth * T;  // the first 12 columns of a (T, C) bf16 tensor
     check_family("gated_skip_add_forward",
                  {kernel("gated_skip_add_forward", bytes(x) + bytes(g) + gate_cols + bytes(gate) + lam, bytes(y))},
                  {out(y)}, [&] { gated_skip_add_forward(y.ptr, x.ptr, g.ptr, x0.ptr, gate.ptr, lambdas.ptr, T, C, nullptr); });

@@ -41,3 +41,11 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME run_ab_cpu COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_run_ab_cpu.py ${CMAKE_BINARY_DIR})
   set_tests_properties(test_ab run_ab_cpu PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1500)
 endif()
+
+# The GPU bundle's fallback build without the nlohmann-json package (tests/scripts/test_bundle_json.py):
+# a configure given the headers as a bundle carries them takes them, the checkpoint format compiles
+# against them alone, build_gpu_bundle.sh refuses a folder without them, gpu_check.sh's rebuild passes them.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME gpu_bundle_json_headers COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_bundle_json.py ${CMAKE_BINARY_DIR})
+  set_tests_properties(gpu_bundle_json_headers PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 300)
+endif()

@@ -19,16 +19,16 @@
 //   bytes [8+N, end)   the data section: each tensor's elements, row-major, raw little-endian.
 //
 // The writer emits "__metadata__" first, then the tensors in the order they were added, with
-// increasing offsets, and no whitespace inside the JSON. The reader takes members in any order
-// (the offsets, not the member order, place the tensors; "__metadata__" may be absent, as in
-// files other tools write) and accepts exactly this JSON subset:
-// objects, arrays, strings, and non-negative integers without sign, fraction, exponent or
-// leading zero; whitespace (space, tab, CR, LF) between tokens; strings of valid UTF-8 without
-// raw control characters, with the escapes \" \\ \/ \b \f \n \r \t and \uXXXX (surrogate pairs
-// combined). It rejects everything else (true/false/null, other numbers, duplicate keys, members
-// the schema does not name) with a CheckpointError naming the file and the problem. The writer
-// escapes " and \ as \" and \\, newline and tab as \n and \t, other control characters as
-// \u00XX, and writes all other characters as raw UTF-8.
+// increasing offsets, and no whitespace inside the JSON (nlohmann-json's compact dump: " and \ as
+// \" and \\, backspace, tab, newline, form feed and carriage return as \b \t \n \f \r, other
+// control characters as \u00XX, all other characters as raw UTF-8). The reader takes members in any
+// order (the offsets, not the member order, place the tensors; "__metadata__" may be absent, as in
+// files other tools write). The header is untrusted input: nlohmann-json parses it (RFC 8259 JSON,
+// valid UTF-8, every escape), and the reader accepts only the part of JSON the schema uses: objects,
+// arrays, strings and integers in [0, 2^64), nested at most 16 deep, with no duplicate member
+// names. It rejects everything else (true/false/null, negative numbers, fractions and exponents,
+// duplicate keys, members the schema does not name) with a CheckpointError naming the file and the
+// problem, and a JSON syntax error with the header byte it is at.
 //
 // Writing goes through PATH.tmp.<host>.<pid>, synced to disk, then renamed over PATH, then the
 // directory synced: a reader sees the previous checkpoint or the new one, never a mix, even when
@@ -40,7 +40,7 @@
 // A checkpoint directory holds one file per rank and, written last, a manifest (manifest.json:
 // {"meta": {"KEY": "VALUE", ...}, "files": [{"name": N, "bytes": B, "crc32c": "8 hex digits"}, ...]},
 // the same JSON subset) that makes the files one unit: verify_file() checks a file against it.
-// Host code only (C++20, POSIX), no CUDA or MPI dependency.
+// Host code only (C++20, POSIX, nlohmann-json's headers), no CUDA or MPI dependency.
 #pragma once
 #include <algorithm>
 #include <bit>
@@ -49,6 +49,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -57,6 +58,8 @@
 
 #include <array>
 #include <csignal>
+
+#include <nlohmann/json.hpp>
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -139,73 +142,18 @@ namespace detail {
 
 inline std::string errno_text(int err) { return std::strerror(err); }
 
-// A JSON string literal for s (the escapes the format comment lists).
+// s as a JSON string literal, for headers and for messages (bytes that are not UTF-8 show as U+FFFD,
+// so a message can always name what it refuses).
 inline std::string json_quote(std::string_view s) {
-    std::string out = "\"";
-    for (const char ch : s) {
-        const auto c = static_cast<unsigned char>(ch);
-        if (c == '"') out += "\\\"";
-        else if (c == '\\') out += "\\\\";
-        else if (c == '\n') out += "\\n";
-        else if (c == '\t') out += "\\t";
-        else if (c < 0x20) {
-            static const char hex[] = "0123456789abcdef";
-            out += "\\u00";
-            out += hex[c >> 4];
-            out += hex[c & 15];
-        } else {
-            out += ch;
-        }
-    }
-    return out + "\"";
-}
-
-// Length of the valid UTF-8 sequence starting at s[i] (shortest form, no surrogates, at most
-// U+10FFFF), or 0 when there is none.
-inline size_t utf8_sequence(std::string_view s, size_t i) {
-    const auto b = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-    const unsigned char c = b(i);
-    if (c < 0x80) return 1;
-    size_t n;
-    uint32_t cp;
-    if ((c & 0xE0) == 0xC0) n = 2, cp = c & 0x1F;
-    else if ((c & 0xF0) == 0xE0) n = 3, cp = c & 0x0F;
-    else if ((c & 0xF8) == 0xF0) n = 4, cp = c & 0x07;
-    else return 0;
-    if (i + n > s.size()) return 0;
-    for (size_t k = 1; k < n; ++k) {
-        if ((b(i + k) & 0xC0) != 0x80) return 0;
-        cp = (cp << 6) | (b(i + k) & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    return n;
+    return nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 inline bool valid_utf8(std::string_view s) {
-    for (size_t i = 0; i < s.size();) {
-        const size_t n = utf8_sequence(s, i);
-        if (!n) return false;
-        i += n;
-    }
-    return true;
-}
-
-inline void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-        out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
+    try {
+        (void)nlohmann::json(std::string(s)).dump();  // the strict dump refuses ill-formed UTF-8
+        return true;
+    } catch (const nlohmann::json::type_error&) {
+        return false;
     }
 }
 
@@ -334,9 +282,9 @@ inline bool sync_parent_dir(const std::string& path, std::string& dir) {
     return d.fd >= 0 && ::fsync(d.fd) == 0;
 }
 
-// The parsed header: a JSON value of the accepted subset. An object's member names are in keys,
-// its values at the same index in items (a vector of the type being defined is fine; a pair of
-// it would not be).
+// The parsed header: a JSON value of the accepted subset. An object's member names are in keys, in
+// text order, its values at the same index in items (a vector of the type being defined is fine; a
+// pair of it would not be).
 struct Json {
     enum Kind { Object, Array, String, Integer } kind = Integer;
     std::string str;
@@ -345,211 +293,116 @@ struct Json {
     std::vector<Json> items;        // an array's elements or an object's values
 };
 
-// Recursive descent over the subset; every error names the file and the header byte it is at.
-class JsonParser {
+// Builds a Json from nlohmann-json's parse events, refusing what the format never holds. Its own
+// tree (not nlohmann::json's) keeps the members' text order and sees duplicate names, which
+// nlohmann::json would silently merge (last one wins: two readers could disagree about a file).
+class JsonSubset : public nlohmann::json_sax<nlohmann::json> {
   public:
-    JsonParser(std::string_view text, const std::string& path) : s_(text), path_(path) {}
+    explicit JsonSubset(const std::string& path) : path_(path) {}
 
-    // The one top-level object; after it only whitespace (the padding) may follow.
-    Json parse_document() {
-        skip_ws();
-        if (i_ >= s_.size() || s_[i_] != '{') fail("the header is not a JSON object");
-        Json v = value(0);
-        skip_ws();
-        if (i_ != s_.size()) fail("unexpected text after the header's JSON object");
-        return v;
+    // The one top-level object of text; after it only whitespace (the padding) may follow.
+    static Json parse(const std::string& text, const std::string& path) {
+        JsonSubset b(path);
+        nlohmann::json::sax_parse(text, &b, nlohmann::json::input_format_t::json, /*strict=*/true);
+        return std::move(b.root_);
+    }
+
+    bool null() override { fail("null is not allowed"); }
+    bool boolean(bool v) override { fail(std::string(v ? "true" : "false") + " is not allowed"); }
+    bool number_integer(number_integer_t v) override {
+        fail("negative numbers are not allowed, found " + std::to_string(v));
+    }
+    bool number_unsigned(number_unsigned_t v) override {
+        Json j;
+        j.num = v;
+        place(std::move(j));
+        return true;
+    }
+    // nlohmann-json reads an integer past 2^64 - 1 as a float too.
+    bool number_float(number_float_t, const string_t& text) override {
+        if (text.find_first_of(".eE") == std::string::npos) fail("integer " + text + " does not fit in 64 bits");
+        fail("only integers are allowed (no fraction or exponent), found " + text);
+    }
+    bool string(string_t& v) override {
+        Json j;
+        j.kind = Json::String;
+        j.str = std::move(v);
+        place(std::move(j));
+        return true;
+    }
+    bool binary(binary_t&) override { fail("binary data is not JSON"); }  // only the binary formats give it
+    bool start_object(std::size_t) override { return open(Json::Object); }
+    bool key(string_t& k) override {
+        if (!names_.back().insert(k).second) fail("duplicate member " + json_quote(k));
+        open_.back()->keys.push_back(std::move(k));
+        return true;
+    }
+    bool end_object() override { return close(); }
+    bool start_array(std::size_t) override { return open(Json::Array); }
+    bool end_array() override { return close(); }
+    bool parse_error(std::size_t position, const std::string&, const nlohmann::json::exception& e) override {
+        // position counts the bytes read, the offending one last; the reason follows "line L, column C: ".
+        const std::string what = e.what();
+        const size_t column = what.find(", column ");
+        const size_t colon = column == std::string::npos ? std::string::npos : what.find(": ", column);
+        const std::string reason = colon == std::string::npos ? what : what.substr(colon + 2);
+        throw CheckpointError("checkpoint " + path_ + ": bad header JSON at byte " + std::to_string(position ? position - 1 : 0) +
+                              " of the header: " + printable(reason));
     }
 
   private:
     // Our schema nests three deep; anything much deeper is not a checkpoint header.
-    static constexpr int kMaxDepth = 16;
+    static constexpr size_t kMaxDepth = 16;
 
     [[noreturn]] void fail(const std::string& what) const {
-        throw CheckpointError("checkpoint " + path_ + ": bad header JSON at byte " + std::to_string(i_) +
-                              " of the header: " + what);
+        throw CheckpointError("checkpoint " + path_ + ": bad header JSON: " + what);
     }
-    void skip_ws() {
-        while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
-    }
-    void expect(char c) {
-        skip_ws();
-        if (i_ >= s_.size()) fail(std::string("expected '") + c + "', found the end of the header");
-        if (s_[i_] != c) fail(std::string("expected '") + c + "', found " + describe(i_));
-        ++i_;
-    }
-    std::string describe(size_t k) const {
-        const auto c = static_cast<unsigned char>(s_[k]);
-        if (c >= 0x20 && c < 0x7F) return std::string("'") + s_[k] + "'";
-        static const char hex[] = "0123456789abcdef";
-        return std::string("byte 0x") + hex[c >> 4] + hex[c & 15];
-    }
-
-    Json value(int depth) {
-        if (depth > kMaxDepth) fail("nested deeper than " + std::to_string(kMaxDepth) + " levels");
-        skip_ws();
-        if (i_ >= s_.size()) fail("expected a value, found the end of the header");
-        Json v;
-        const char c = s_[i_];
-        if (c == '{') {
-            v.kind = Json::Object;
-            ++i_;
-            skip_ws();
-            if (i_ < s_.size() && s_[i_] == '}') {
-                ++i_;
-                return v;
-            }
-            for (;;) {
-                skip_ws();
-                if (i_ >= s_.size() || s_[i_] != '"')
-                    fail(i_ >= s_.size() ? "expected a member name, found the end of the header"
-                                         : "expected a member name (a string), found " + describe(i_));
-                const size_t key_pos = i_;
-                std::string key = string();
-                for (const auto& k : v.keys)
-                    if (k == key) {
-                        i_ = key_pos;
-                        fail("duplicate member " + json_quote(key));
-                    }
-                expect(':');
-                v.items.push_back(value(depth + 1));
-                v.keys.push_back(std::move(key));
-                skip_ws();
-                if (i_ < s_.size() && s_[i_] == ',') {
-                    ++i_;
-                    continue;
-                }
-                expect('}');
-                return v;
-            }
-        }
-        if (c == '[') {
-            v.kind = Json::Array;
-            ++i_;
-            skip_ws();
-            if (i_ < s_.size() && s_[i_] == ']') {
-                ++i_;
-                return v;
-            }
-            for (;;) {
-                v.items.push_back(value(depth + 1));
-                skip_ws();
-                if (i_ < s_.size() && s_[i_] == ',') {
-                    ++i_;
-                    continue;
-                }
-                expect(']');
-                return v;
-            }
-        }
-        if (c == '"') {
-            v.kind = Json::String;
-            v.str = string();
-            return v;
-        }
-        if (c >= '0' && c <= '9') {
-            v.kind = Json::Integer;
-            v.num = integer();
-            return v;
-        }
-        if (c == '-') fail("negative numbers are not allowed");
-        fail("expected an object, array, string or non-negative integer, found " + describe(i_));
-    }
-
-    uint64_t integer() {
-        const size_t start = i_;
-        uint64_t n = 0;
-        while (i_ < s_.size() && s_[i_] >= '0' && s_[i_] <= '9') {
-            if (__builtin_mul_overflow(n, uint64_t(10), &n) || __builtin_add_overflow(n, uint64_t(s_[i_] - '0'), &n)) {
-                i_ = start;
-                fail("integer does not fit in 64 bits");
-            }
-            ++i_;
-        }
-        if (i_ - start > 1 && s_[start] == '0') {
-            i_ = start;
-            fail("integer with a leading zero");
-        }
-        if (i_ < s_.size() && (s_[i_] == '.' || s_[i_] == 'e' || s_[i_] == 'E'))
-            fail("only integers are allowed (no fraction or exponent)");
-        return n;
-    }
-
-    uint32_t hex4() {
-        if (i_ + 4 > s_.size()) fail("\\u escape cut short by the end of the header");
-        uint32_t v = 0;
-        for (int k = 0; k < 4; ++k, ++i_) {
-            const char h = s_[i_];
-            v <<= 4;
-            if (h >= '0' && h <= '9') v |= static_cast<uint32_t>(h - '0');
-            else if (h >= 'a' && h <= 'f') v |= static_cast<uint32_t>(h - 'a' + 10);
-            else if (h >= 'A' && h <= 'F') v |= static_cast<uint32_t>(h - 'A' + 10);
-            else fail("\\u escape needs four hex digits, found " + describe(i_));
-        }
-        return v;
-    }
-
-    std::string string() {
-        ++i_;  // the opening quote
+    // nlohmann-json quotes the bytes it last read; those that are not printable ASCII become \xNN.
+    static std::string printable(const std::string& s) {
         std::string out;
-        for (;;) {
-            if (i_ >= s_.size()) fail("unterminated string");
-            const auto c = static_cast<unsigned char>(s_[i_]);
-            if (c == '"') {
-                ++i_;
-                return out;
+        for (const char ch : s) {
+            const auto c = static_cast<unsigned char>(ch);
+            if (c >= 0x20 && c < 0x7F) {
+                out += ch;
+            } else {
+                char hex[8];
+                std::snprintf(hex, sizeof hex, "\\x%02x", c);
+                out += hex;
             }
-            if (c < 0x20) fail("raw control character " + describe(i_) + " in a string (it must be escaped)");
-            if (c == '\\') {
-                if (++i_ >= s_.size()) fail("unterminated string");
-                const char e = s_[i_++];
-                switch (e) {
-                    case '"': out += '"'; break;
-                    case '\\': out += '\\'; break;
-                    case '/': out += '/'; break;
-                    case 'b': out += '\b'; break;
-                    case 'f': out += '\f'; break;
-                    case 'n': out += '\n'; break;
-                    case 'r': out += '\r'; break;
-                    case 't': out += '\t'; break;
-                    case 'u': {
-                        const size_t at = i_ - 2;
-                        uint32_t cp = hex4();
-                        if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                            i_ = at;
-                            fail("\\u escape is a lone low surrogate");
-                        }
-                        if (cp >= 0xD800 && cp <= 0xDBFF) {
-                            if (i_ + 2 > s_.size() || s_[i_] != '\\' || s_[i_ + 1] != 'u') {
-                                i_ = at;
-                                fail("\\u escape is a high surrogate without its low half");
-                            }
-                            i_ += 2;
-                            const uint32_t lo = hex4();
-                            if (lo < 0xDC00 || lo > 0xDFFF) {
-                                i_ = at;
-                                fail("\\u escape is a high surrogate without its low half");
-                            }
-                            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-                        }
-                        append_utf8(out, cp);
-                        break;
-                    }
-                    default:
-                        i_ -= 2;
-                        fail("unknown escape \\" + std::string(1, e) + " in a string");
-                }
-                continue;
-            }
-            const size_t n = utf8_sequence(s_, i_);
-            if (!n) fail("invalid UTF-8 in a string");
-            out.append(s_.substr(i_, n));
-            i_ += n;
         }
+        return out;
+    }
+    // A value where the parse is: the document itself (which must be an object), or the next item
+    // of the innermost open object or array. Returns where it now lives.
+    Json* place(Json v) {
+        if (open_.empty()) {
+            if (v.kind != Json::Object) fail("the header is not a JSON object");
+            root_ = std::move(v);
+            return &root_;
+        }
+        // The innermost container's items only grow while it is innermost: pointers to the
+        // enclosing containers' last items stay valid.
+        open_.back()->items.push_back(std::move(v));
+        return &open_.back()->items.back();
+    }
+    bool open(Json::Kind kind) {
+        if (open_.size() >= kMaxDepth) fail("nested deeper than " + std::to_string(kMaxDepth) + " levels");
+        Json v;
+        v.kind = kind;
+        open_.push_back(place(std::move(v)));
+        names_.emplace_back();
+        return true;
+    }
+    bool close() {
+        open_.pop_back();
+        names_.pop_back();
+        return true;
     }
 
-    std::string_view s_;
     const std::string& path_;
-    size_t i_ = 0;
+    Json root_;
+    std::vector<Json*> open_;                     // the objects and arrays being read, outermost first
+    std::vector<std::set<std::string>> names_;    // their member names so far (none for arrays)
 };
 
 }  // namespace detail
@@ -624,20 +477,17 @@ class CheckpointWriter {
 
     // The header text, padding included (what lands at file bytes [8, 8+N)).
     std::string header() const {
-        std::string h = "{\"__metadata__\":{";
-        for (size_t i = 0; i < meta_.size(); ++i)
-            h += (i ? "," : "") + detail::json_quote(meta_[i].first) + ":" + detail::json_quote(meta_[i].second);
-        h += "}";
+        nlohmann::ordered_json h;  // members in insertion order
+        auto& meta = h["__metadata__"] = nlohmann::ordered_json::object();
+        for (const auto& [key, value] : meta_) meta[key] = value;
         uint64_t offset = 0;
         for (const auto& t : tensors_) {
-            h += "," + detail::json_quote(t.name) + ":{\"dtype\":\"" + t.dtype + "\",\"shape\":[";
-            for (size_t i = 0; i < t.shape.size(); ++i) h += (i ? "," : "") + std::to_string(t.shape[i]);
-            h += "],\"data_offsets\":[" + std::to_string(offset) + "," + std::to_string(offset + t.bytes) + "]}";
+            h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes}}};
             offset += t.bytes;
         }
-        h += "}";
-        h.append((8 - h.size() % 8) % 8, ' ');
-        return h;
+        std::string text = h.dump();
+        text.append((8 - text.size() % 8) % 8, ' ');
+        return text;
     }
 
     // Writes the file atomically (see the top of this file) and returns its size and CRC-32C;
@@ -737,7 +587,7 @@ class CheckpointReader {
         std::string text(static_cast<size_t>(n), '\0');
         if (detail::pread_fully(fd_.fd, text.data(), n, 8) != static_cast<int64_t>(n))
             throw CheckpointError("cannot read checkpoint " + path + "'s header: " + detail::errno_text(errno));
-        parse_header(detail::JsonParser(text, path).parse_document(), 8 + n, size);
+        parse_header(detail::JsonSubset::parse(text, path), 8 + n, size);
     }
 
     // A metadata value; throws naming the key when the file has none.
@@ -926,14 +776,15 @@ inline FileDigest file_digest(const std::string& path) {
 // Writes DIR/manifest.json atomically (temp file, fsync, rename, directory fsync).
 inline void write_manifest(const std::string& dir, const Manifest& m) {
     const std::string path = manifest_path(dir), tmp = temp_path(path);
-    std::string text = "{\"meta\":{";
-    for (size_t i = 0; i < m.meta.size(); ++i)
-        text += (i ? "," : "") + detail::json_quote(m.meta[i].first) + ":" + detail::json_quote(m.meta[i].second);
-    text += "},\"files\":[";
-    for (size_t i = 0; i < m.files.size(); ++i)
-        text += std::string(i ? "," : "") + "\n{\"name\":" + detail::json_quote(m.files[i].name) +
-                ",\"bytes\":" + std::to_string(m.files[i].digest.bytes) + ",\"crc32c\":\"" +
-                crc_text(m.files[i].digest.crc32c) + "\"}";
+    // One line per file, so that a manifest reads well in a terminal.
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : m.meta) meta[key] = value;
+    std::string text = "{\"meta\":" + meta.dump() + ",\"files\":[";
+    for (size_t i = 0; i < m.files.size(); ++i) {
+        const nlohmann::ordered_json file = {
+            {"name", m.files[i].name}, {"bytes", m.files[i].digest.bytes}, {"crc32c", crc_text(m.files[i].digest.crc32c)}};
+        text += (i ? ",\n" : "\n") + file.dump();
+    }
     text += "]}\n";
     const auto fail = [&](const char* step) {
         const int err = errno;
@@ -977,7 +828,7 @@ inline Manifest read_manifest(const std::string& dir) {
     std::string text(static_cast<size_t>(st.st_size), '\0');
     if (detail::pread_fully(fd.fd, text.data(), text.size(), 0) != static_cast<int64_t>(text.size()))
         throw CheckpointError("cannot read manifest " + path + ": " + detail::errno_text(errno));
-    const Json doc = detail::JsonParser(text, path).parse_document();
+    const Json doc = detail::JsonSubset::parse(text, path);
     const auto bad = [&](const std::string& what) -> CheckpointError { return CheckpointError("manifest " + path + ": " + what); };
     Manifest m;
     const Json *meta = nullptr, *files = nullptr;

@@ -1,4 +1,4 @@
-// kernels/rope.cuh: the YaRN state against an independent computation that follows torch's fp32
+// kernels/attention_aux.cuh: the YaRN state against an independent computation that follows torch's fp32
 // steps (and a few entries worked out by hand), and the attention auxiliaries forward and
 // backward against plain double-precision references written in upstream's own layout (full-
 // width cos/sin tables, the paired (T, H/2, 2D) view, the key offset as a slice copy), plus
@@ -11,7 +11,7 @@
 // rounding agrees. Transcendentals: CUDA's powf/cosf/sinf are within 2 ulp, the host libm's
 // within 1: a table entry may differ from bf16(correctly rounded value) only where the fp32
 // value lies within 2 ulp of a bf16 rounding boundary, and the check accepts exactly that.
-#include "../../kernels/rope.cuh"
+#include "../../kernels/attention_aux.cuh"
 #include "../bench_util.h"
 #include "../device_util.h"
 
