@@ -417,9 +417,15 @@ void Worker::run_block(Job& job, uint64_t linear) {
             std::unordered_map<std::string, unsigned> waiting;
             for (unsigned i = 0; i < n; ++i)
                 if (!fibers_[i].done) ++waiting[fibers_[i].waiting_at];
+            // Appended piece by piece: GCC 12 at -O3 reports "literal" + std::string&& as an
+            // overlapping memcpy (a false -Wrestrict of GCC 12).
             std::string why = "deadlock:";
-            for (auto& [what, count] : waiting) why += " " + std::to_string(count) + " threads wait at " + what + ";";
-            why += " " + std::to_string(exited) + " of " + std::to_string(n) + " threads have exited";
+            for (auto& [what, count] : waiting) {
+                why += ' ';
+                why += std::to_string(count) + " threads wait at " + what + ";";
+            }
+            why += ' ';
+            why += std::to_string(exited) + " of " + std::to_string(n) + " threads have exited";
             record_failure(why);
             return;
         }
@@ -591,7 +597,9 @@ void log_launch(const KernelInfo& k, uint64_t threads, size_t smem_bytes) {
 }
 
 std::string dims(dim3 d) {
-    return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+    std::string s = "(";  // appended, not "(" + std::string&&: a false -Wrestrict of GCC 12 at -O3
+    s += std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+    return s;
 }
 
 Worker& current_worker_on_fiber() { return *t_worker; }

@@ -143,7 +143,10 @@ std::string shell_quote(const std::string& a) {
 
 std::string command_line(int argc, char** argv) {
     std::string cmd;
-    for (int i = 0; i < argc; ++i) cmd += (i ? " " : "") + shell_quote(argv[i]);
+    for (int i = 0; i < argc; ++i) {  // appended, not " " + std::string&&: a false -Wrestrict of GCC 12 at -O3
+        if (i) cmd += ' ';
+        cmd += shell_quote(argv[i]);
+    }
     return cmd;
 }
 

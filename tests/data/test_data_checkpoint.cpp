@@ -111,7 +111,10 @@ int list(const std::string& path) {
             std::vector<unsigned char> data(in.bytes);
             r.read(name, data.data(), data.size());
             std::string shape, hex;
-            for (size_t i = 0; i < in.shape.size(); ++i) shape += (i ? "," : "") + std::to_string(in.shape[i]);
+            for (size_t i = 0; i < in.shape.size(); ++i) {  // appended: "," + std::string&& is GCC 12's false -Wrestrict at -O3
+                if (i) shape += ',';
+                shape += std::to_string(in.shape[i]);
+            }
             for (unsigned char b : data) {
                 char h[3];
                 std::snprintf(h, sizeof h, "%02x", b);
@@ -518,7 +521,7 @@ void test_interrupted_write(const datatest::ScratchDir& dir) {
     CheckpointWriter big;
     big.meta("step", "200");
     for (int i = 0; i < 64; ++i)
-        big.tensor("t" + std::to_string(i), "U8", {static_cast<int64_t>(chunk)}, buf.data(), chunk);
+        big.tensor(std::string("t").append(std::to_string(i)), "U8", {static_cast<int64_t>(chunk)}, buf.data(), chunk);  // not "t" + std::string&&: GCC 12's false -Wrestrict at -O3
 
     std::fflush(stdout);
     const pid_t pid = ::fork();
