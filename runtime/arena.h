@@ -1,7 +1,7 @@
 // Arenas: one device allocation per kind of tensor (parameters, gradients, activations, optimizer
 // state). A layout function takes every tensor from an arena by name, shape and element type; run
 // once to measure, once more to place. The names and shapes make `--print-memory` and the memory
-// plan readable. In a dry run (kernels/work.cuh: --plan-step) an arena is address space reserved on
+// plan readable. In a dry run (profiler/work.h: --plan-step) an arena is address space reserved on
 // the host and never touched (no access is allowed there: a stray read or write faults), so the record
 // preset's 30 GB per rank plans on a machine of any size.
 #pragma once

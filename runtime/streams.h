@@ -1,4 +1,4 @@
-// How the trainer's work crosses streams and ranks, as the step profiler sees it (kernels/work.cuh):
+// How the trainer's work crosses streams and ranks, as the step profiler sees it (profiler/work.h):
 // a join of one stream onto another's work so far, and the NCCL collectives of a step. Each wrapper
 // replaces one NCCL call and returns what that call returns (ncclSuccess when skipped), as the CUDA
 // helpers of kernels/platform.cuh do: while a recording is on the collective is recorded with its

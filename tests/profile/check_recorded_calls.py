@@ -42,7 +42,6 @@ RULES = [
     ("kernels/*.cuh", True, tuple(RAW_CALLS)),
     ("train_gpt.cu", True, tuple(RAW_CALLS)),
     ("runtime/*.h", True, tuple(RAW_CALLS)),
-    ("train/*.h", True, tuple(RAW_CALLS)),
     ("profiler/*.h", True, tuple(RAW_CALLS)),
 ]
 
