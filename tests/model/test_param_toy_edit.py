@@ -43,7 +43,7 @@ CMAKE, BUILD, PLAIN, TOY, NO_WAIT = sys.argv[1:6]
 MPIRUN = sys.argv[6:]
 FIRST = "bigram_embed"  # the table the example's is a second one of
 ARGS = ["--preset", "tiny", "--max-steps", "2", "--val-every", "1", "--val-tokens", "2048", "--warmup", "0",
-        "--log-train-loss", "--checkpoint-steps", "2"]
+        "--log-train-loss"]
 DEFERRED = {"EMU_STREAMS": "deferred:5", "EMU_RANDOM_ORDER": "5"}  # the race detector's mode, as gathers_race's
 DTYPES = {"float": "fp32", "bf16": "bf16"}
 
@@ -112,8 +112,8 @@ def check_training(name, tmp):
     runs = {}
     for label, binary in (("plain", PLAIN), ("toy", TOY)):
         d = os.path.join(tmp, label)
-        run(binary, ARGS + ["--save-checkpoint", os.path.join(d, "ckpt"), "--log-dir", d, "--run-id", label], ranks=2,
-            env=DEFERRED)
+        run(binary, ARGS + ["--checkpoint-steps", "2", "--save-checkpoint", os.path.join(d, "ckpt"), "--log-dir", d,
+                            "--run-id", label], ranks=2, env=DEFERRED)
         runs[label] = (d, *losses(d))
     _, plain_text, plain = runs["plain"]
     toy_dir, toy_text, toy = runs["toy"]
