@@ -16,8 +16,7 @@ set_tests_properties(memory_plan_state PROPERTIES ENVIRONMENT "${MODEL_TEST_ENV}
 # toy_trainer(NAME [ARG]...): train_gpt_cpu built from a copy of train_gpt.cu with the README's worked
 # example of adding a parameter applied by param_toy_edit.py (ARG: its --omit and --replace plants), with
 # train_gpt_cpu's own compile options and definitions (less -g), linked with the built emu, and a source bundle
-# of the edited file for its log. Not part of `make cpu`: test_param_toy_edit.py builds the two it needs
-# (param_toy_trainers).
+# of the edited file for its log. Not part of `make cpu`: test_param_toy_edit.py builds the one it needs.
 get_target_property(TRAINER_OPTIONS train_gpt_cpu COMPILE_OPTIONS)
 get_target_property(TRAINER_DEFINITIONS train_gpt_cpu COMPILE_DEFINITIONS)
 function(toy_trainer name)
@@ -46,18 +45,12 @@ function(toy_trainer name)
   set_source_files_properties(${dir}/${name}.cpp PROPERTIES OBJECT_DEPENDS ${dir}/train_gpt.cu)
 endfunction()
 toy_trainer(train_gpt_toy_cpu)
-# The planted failure: the row's place At::none, so that no forward waits for the parameter's gather.
-toy_trainer(train_gpt_toy_no_wait_cpu --replace kParamTable At::bigram At::none)
-# Both in one goal: make builds a command line's goals one after the other, a goal's dependencies in parallel.
-add_custom_target(param_toy_trainers)
-add_dependencies(param_toy_trainers train_gpt_toy_cpu train_gpt_toy_no_wait_cpu)
 
 # The README's example through the real program: the toy trainer starts (the table check passes), lists
-# the parameter and its Adam state in --print-memory, trains 2 steps on 2 ranks under the race detector
+# the parameter and its Adam state in --print-memory, trains 2 steps on 2 ranks under deferred streams
 # with the unedited trainer's checkpoint tensors bit for bit after its first Adam step, its own equal to
-# the first bigram table's; the planted one dies of the race on it.
+# the first bigram table's.
 add_test(NAME param_toy_edit
          COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/model/test_param_toy_edit.py ${CMAKE_COMMAND} ${CMAKE_BINARY_DIR}
-                 $<TARGET_FILE:train_gpt_cpu> $<TARGET_FILE:train_gpt_toy_cpu> $<TARGET_FILE:train_gpt_toy_no_wait_cpu>
-                 ${MPIRUN})
+                 $<TARGET_FILE:train_gpt_cpu> $<TARGET_FILE:train_gpt_toy_cpu> ${MPIRUN})
 set_tests_properties(param_toy_edit PROPERTIES ENVIRONMENT "${MODEL_TEST_ENV}" TIMEOUT 900)
