@@ -22,7 +22,7 @@ get_target_property(TRAINER_DEFINITIONS train_gpt_cpu COMPILE_DEFINITIONS)
 function(toy_trainer name)
   set(dir ${CMAKE_CURRENT_BINARY_DIR}/param_toy/${name})
   file(MAKE_DIRECTORY ${dir})
-  foreach(sub train runtime kernels data emu)  # its includes (and theirs, by ../), and the bundle's other sources
+  foreach(sub runtime profiler kernels data emu)  # its includes (and theirs, by ../), and the bundle's other sources
     file(CREATE_LINK ${REPO}/${sub} ${dir}/${sub} SYMBOLIC)
   endforeach()
   add_custom_command(OUTPUT ${dir}/train_gpt.cu
