@@ -1,14 +1,12 @@
 #!/usr/bin/env python3
 """The README's worked example of adding a parameter, applied to a copy of train_gpt.cu.
 
-    param_toy_edit.py README TRAIN_GPT_CU OUT [--omit PLACE]... [--replace PLACE OLD NEW]...
+    param_toy_edit.py README TRAIN_GPT_CU OUT
 
 reads the example's lines from README.md's editing guide (the code block between the
 `<!-- param-toy-edit -->` and `<!-- /param-toy-edit -->` markers; each line ends with `// in PLACE`,
 one or more lines per place) and inserts them, verbatim and in order, into train_gpt.cu after their
-place's anchor, which must be found exactly once. --omit PLACE leaves that place's lines out;
---replace PLACE OLD NEW replaces OLD (which must occur) by NEW in that place's lines (the planted
-failures of test_param_toy_edit.py). The build rule of tests/model/tests.cmake runs it; the test
+place's anchor, which must be found exactly once. The build rule of tests/model/tests.cmake runs it; the test
 imports it for the example's lines.
 """
 import re
@@ -108,43 +106,29 @@ ANCHORS = {
 }
 
 
-def apply(readme_text, source_text, omit=(), replace=()):
+def apply(readme_text, source_text):
     """train_gpt.cu with the example's lines inserted after their anchors, each indented as its anchor
-    (a work-order entry under the list's first), but those of the places in `omit`, and with each
-    (place, old, new) of `replace` applied to its place's lines."""
+    (a work-order entry under the list's first)."""
     lines = source_text.split("\n")
     by_place = lines_of(readme_text)
-    for place, old, new in replace:
-        if not any(old in line for line in by_place.get(place, [])):
-            raise EditError(f"--replace: {old!r} is in none of the example's lines in {place}")
-        by_place[place] = [line.replace(old, new) for line in by_place[place]]
     inserts = []
     for place, block in by_place.items():
-        at = ANCHORS[place](lines)  # every anchor is checked, omitted or not
+        at = ANCHORS[place](lines)
         anchor = lines[at]
         indent = " " * (anchor.index("{") + 1) if place == "kWorkOrder" else anchor[:len(anchor) - len(anchor.lstrip())]
-        if place not in omit:
-            inserts.append((at, [indent + line for line in block]))
+        inserts.append((at, [indent + line for line in block]))
     for at, block in sorted(inserts, reverse=True):
         lines[at + 1:at + 1] = block
     return "\n".join(lines)
 
 
 def main(argv):
-    args, omit, replace = [], [], []
-    it = iter(argv)
-    for a in it:
-        if a == "--omit":
-            omit.append(next(it, ""))
-        elif a == "--replace":
-            replace.append((next(it, ""), next(it, ""), next(it, "")))
-        else:
-            args.append(a)
-    if len(args) != 3 or any(p not in ANCHORS for p in omit + [r[0] for r in replace]):
+    args = list(argv)
+    if len(args) != 3:
         sys.exit(__doc__)
     readme, source, out = args
     try:
-        text = apply(open(readme).read(), open(source).read(), omit, replace)
+        text = apply(open(readme).read(), open(source).read())
     except EditError as e:
         sys.exit(f"param_toy_edit.py: {e}")
     with open(out, "w") as f:

@@ -13,8 +13,8 @@ add_test(NAME memory_plan_state
          COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/model/test_memory_plan_state.py $<TARGET_FILE:train_gpt_cpu>)
 set_tests_properties(memory_plan_state PROPERTIES ENVIRONMENT "${MODEL_TEST_ENV}" TIMEOUT 120)
 
-# toy_trainer(NAME [ARG]...): train_gpt_cpu built from a copy of train_gpt.cu with the README's worked
-# example of adding a parameter applied by param_toy_edit.py (ARG: its --omit and --replace plants), with
+# toy_trainer(NAME): train_gpt_cpu built from a copy of train_gpt.cu with the README's worked
+# example of adding a parameter applied by param_toy_edit.py, with
 # train_gpt_cpu's own compile options and definitions (less -g), linked with the built emu, and a source bundle
 # of the edited file for its log. Not part of `make cpu`: test_param_toy_edit.py builds the one it needs.
 get_target_property(TRAINER_OPTIONS train_gpt_cpu COMPILE_OPTIONS)
@@ -27,7 +27,7 @@ function(toy_trainer name)
   endforeach()
   add_custom_command(OUTPUT ${dir}/train_gpt.cu
     COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/model/param_toy_edit.py ${REPO}/README.md ${REPO}/train_gpt.cu
-            ${dir}/train_gpt.cu ${ARGN}
+            ${dir}/train_gpt.cu
     DEPENDS ${REPO}/README.md ${REPO}/train_gpt.cu ${REPO}/tests/model/param_toy_edit.py
     COMMENT "Applying README.md's parameter example to a copy of train_gpt.cu (${name})")
   add_custom_command(OUTPUT ${dir}/source_bundle.cpp
