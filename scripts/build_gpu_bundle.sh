@@ -72,7 +72,7 @@ built=$(date +%s)
 #   test_batch_producer_gpu: the host-side batch producer (loader threads, no kernel), which the CPU
 #   build tests the same way.
 left_out=(test_batch_producer_gpu)
-mapfile -t programs < <(find "$build" -maxdepth 1 -type f -executable \( -name train_gpt -o -name 'test_*_gpu' \) |
+mapfile -t programs < <(find "$build" -maxdepth 1 \( -type f -o -type l \) -executable \( -name train_gpt -o -name 'test_*_gpu' \) |
                         grep -v -x -F "${left_out[@]/#/$build/}" | sort)
 if [ ${#programs[@]} -eq 0 ] || [ ! -f "$build/train_gpt" ]; then
   echo "build_gpu_bundle: the build made no train_gpt in $build" >&2

@@ -1,8 +1,7 @@
 // The assembled model (train_gpt.cu) at the tiny preset: the LR and momentum schedules, the memory
 // plan, the loss an untrained model must give, bad input, and the loss and every parameter's gradient
 // against the independent double-precision reference (tests/reference/gpt_reference.h) on a Tiny Shakespeare batch.
-#define TRAIN_GPT_NO_MAIN
-#include "../../train_gpt.cu"
+#include "../trainer_under_test.h"
 #include "../reference/gpt_reference.h"
 #include "../test_util.h"
 

@@ -1,7 +1,6 @@
 // Distributed model setup: every rank builds the model with its own seed; after the broadcast
 // every rank holds rank 0's parameters, bit for bit.
-#define TRAIN_GPT_NO_MAIN
-#include "../../train_gpt.cu"
+#include "../trainer_under_test.h"
 #include "../test_util.h"
 
 #include <mpi.h>

@@ -4,8 +4,7 @@
 // every registered tensor inside its arena, the optimizer's view of each group from its shape); a
 // toy parameter added as the README's editing guide says (one registry line, one table row, one
 // work-order entry) is laid out after the others in both arenas and passes the startup check.
-#define TRAIN_GPT_NO_MAIN
-#include "../../train_gpt.cu"
+#include "../trainer_under_test.h"
 #include "../test_util.h"
 
 std::vector<std::string> registry_names(const Config& c) {

@@ -12,8 +12,7 @@
 // for GROUP (a sharded row of kParamTable; TABLE: which of its tables) is swapped for one that is
 // already complete, so the next forward no longer waits for that gather; the program must then die
 // of the race the detector reports (CTest's gathers_race_planted_*).
-#define TRAIN_GPT_NO_MAIN
-#include "../../train_gpt.cu"
+#include "../trainer_under_test.h"
 #include "trainer_test_util.h"
 
 struct Plant {

@@ -7,8 +7,7 @@
 // in both, so each recorded step follows a step (the sparse exchange, on 8 ranks, waits for the
 // previous merge from its second exchange on). The comparison itself is checked on planted
 // differences. Run on 1 rank and, for the collectives and the sparse exchange, 8.
-#define TRAIN_GPT_NO_MAIN
-#include "../../train_gpt.cu"
+#include "../trainer_under_test.h"
 #include "trainer_test_util.h"
 
 // The first difference between two recordings, or "".

@@ -15,8 +15,7 @@
 // step 5 on; a producer asked for a micro-batch of another step reports the mismatch; and a producer
 // run past the end of the data delivers every micro-batch the data holds, equal to the reference's,
 // then the loader's exhaustion error at the micro-batch where the reference loader throws it.
-#define TRAIN_GPT_NO_MAIN
-#include "../../train_gpt.cu"
+#include "../trainer_under_test.h"
 #include "../test_util.h"
 
 #include <optional>

@@ -15,8 +15,7 @@
 // between) and before the backward of the layer below; lm_head's reduce-scatter right after the
 // head's backward once untied, and after the whole backward (embed's gradient joins it) while
 // tied. Planted: a table's reduces moved below the next layer refused.
-#define TRAIN_GPT_NO_MAIN
-#include "../../train_gpt.cu"
+#include "../trainer_under_test.h"
 #include "trainer_test_util.h"
 
 // ---- the plan against a reference ----

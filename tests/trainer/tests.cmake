@@ -31,7 +31,7 @@ endif()
 # The step profiler in the trainer (issue 17). plan_step_dry_vs_real: --plan-step's dry run records
 # the same operations as the real steps it stands for (tests/trainer/plan_step_dry_vs_real.cu), on 1
 # rank and on 8 (collectives, the sparse exchange).
-cpu_program(plan_step_dry_vs_real ${REPO}/tests/trainer/plan_step_dry_vs_real.cu)
+trainer_test(plan_step_dry_vs_real ${REPO}/tests/trainer/plan_step_dry_vs_real.cu CPU_ONLY)
 add_test(NAME plan_step_dry_vs_real_np1 COMMAND plan_step_dry_vs_real)
 add_test(NAME plan_step_dry_vs_real_np8 COMMAND ${MPIRUN} -np 8 -x EMU_WORKERS=1 $<TARGET_FILE:plan_step_dry_vs_real>)
 set_tests_properties(plan_step_dry_vs_real_np1 plan_step_dry_vs_real_np8 PROPERTIES ENVIRONMENT "REPO=${REPO}" TIMEOUT 900)
@@ -63,7 +63,7 @@ endif()
 # an Adam step tied and untied under deferred streams, where the race detector stops any read of a
 # parameter not ordered after its gather; every rank's parameters equal afterwards. Planted: the
 # forward's event for one gathered group swapped for a complete one, which must die of the race.
-cpu_program(gathers_race ${REPO}/tests/trainer/gathers_race.cu)
+trainer_test(gathers_race ${REPO}/tests/trainer/gathers_race.cu CPU_ONLY)
 foreach(np 2 8)
   add_test(NAME gathers_race_np${np} COMMAND ${MPIRUN} -np ${np} -x EMU_WORKERS=1 $<TARGET_FILE:gathers_race>)
 endforeach()
