@@ -56,6 +56,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -73,9 +74,56 @@ struct TrainingStage {
     std::vector<float> mtp_start, mtp_end;  // multi-token-prediction weights, interpolated over the stage
 };
 
+// The layer structure (upstream writes it as literals in its forward; here each preset states it):
+// which layers attend, which of those attend in head pairs or over the stage's long window, which
+// read a value-embedding table, and where the skip and the backout take their streams.
+constexpr int kMaxLayers = 16, kMaxValueTables = 8;
+struct Structure {
+    int layers = 11;
+    std::vector<int> without_attention = {6};
+    std::vector<int> paired = {0, 2, 5, 9};             // head pairs: twice the window
+    std::vector<int> long_window = {3, 10};             // the stage's long window; the others the short one
+    std::vector<int> value_layers = {0, 1, 8, 9, 10};   // value table k is read by layer value_layers[k]
+    int skip_from = 3, skip_to = 6;                     // layer skip_from's output joins layer skip_to's input
+    int backout_layer = 7;                              // its output is subtracted after the last layer
+
+    static bool holds(const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); }
+    bool has_attention(int l) const { return !holds(without_attention, l); }
+    int attn_layers() const { return layers - static_cast<int>(without_attention.size()); }
+    int attn_index(int l) const {  // row of attn_bank / attn_gate_bank
+        int i = 0;
+        for (int k = 0; k < l; ++k) i += has_attention(k);
+        return i;
+    }
+    bool is_paired(int l) const { return holds(paired, l); }
+    bool is_long_window(int l) const { return holds(long_window, l); }
+    int value_tables() const { return static_cast<int>(value_layers.size()); }
+    int value_table(int l) const {  // -1: none
+        for (int k = 0; k < value_tables(); ++k)
+            if (value_layers[size_t(k)] == l) return k;
+        return -1;
+    }
+};
+
+// Where each scalar lives in the `scalars` vector.
+struct ScalarSlots {
+    int resid, sa, bigram;      // per layer: resid lambda, sa lambda pair (2 entries), bigram lambda
+    int smear, backout, skip;   // one each
+    int count;
+};
+// Record 71's: resid lambdas, sa lambda pairs, bigram lambdas, then the three singles. Upstream pads
+// with ones by (-3 * layers - 3) mod 8 on 8 GPUs (its formula predates the bigram lambdas, so the
+// length is 51 for 11 layers, not a multiple of 8). The padding is never read.
+constexpr ScalarSlots record71_scalar_slots(int layers) {
+    return {0, layers, 3 * layers, 4 * layers, 4 * layers + 1, 4 * layers + 2,
+            4 * layers + 3 + ((-3 * layers - 3) % 8 + 8) % 8};
+}
+
 struct Config {
     std::string name;
-    // model (11 layers; the layer structure is below)
+    // model
+    Structure structure;
+    ScalarSlots scalar_slots = record71_scalar_slots(11);
     int vocab_size = 50257, padded_vocab = 50304;
     int model_dim = 768, num_heads = 6, head_dim = 128, mlp_dim = 3072;
     int bigram_vocab = 50304 * 5;
@@ -86,6 +134,7 @@ struct Config {
     // schedule
     int scheduled_iterations = 1515, extension_iterations = 40;
     double cooldown_frac = 0.55;
+    double lr_floor = 0.1;                   // the lr multiplier the cooldown ends at
     int block_size = 128;                    // window unit in tokens
     int final_ws_long = 20;                  // long window (blocks) of the final validation
     int split_embed_stage = 2;               // embed unties from lm_head at this stage's first odd step
@@ -98,6 +147,9 @@ struct Config {
     // distributed: the speedrun is defined for 8 GPUs; fewer ranks accumulate micro-steps
     int world_size = 1;
     int grad_accum() const { return 8 / world_size; }
+    // upstream backpropagates loss * grad_scale, grad_scale = grad_scale_sum / grad_accum
+    double grad_scale_sum = 2;
+    double grad_scale() const { return grad_scale_sum / grad_accum(); }
     // tokens per rank per micro-step
     int micro_tokens(int64_t batch_tokens) const { return static_cast<int>(batch_tokens / 8); }
     int max_train_tokens() const {
@@ -114,9 +166,10 @@ struct Config {
     }
 };
 
-Config record_preset() {
+// Upstream's record 71 (2026-02-06, "Sparse bigram gradient comms"): Config's defaults are its values.
+Config r71_preset() {
     Config c;
-    c.name = "record";
+    c.name = "r71";
     c.stages = {
         {1.0 / 3, 8 * 2048 * 8, 1, 3, 1.0, {1.0f, 0.5f, 0.25f}, {1.0f, 0.5f, 0.0f}},
         {1.0 / 3, 16 * 2048 * 8, 3, 7, 1.52, {1.0f, 0.5f}, {1.0f, 0.0f}},
@@ -132,7 +185,7 @@ Config record_preset() {
 // the committed Tiny Shakespeare shard (the BOS-aligned loader starts every micro-batch at a
 // document; the shard has 399).
 Config tiny_preset() {
-    Config c = record_preset();
+    Config c = r71_preset();
     c.name = "tiny";
     c.train_files = "data/tinyshakespeare/tinyshakespeare_train_*.bin";
     c.val_files = "data/tinyshakespeare/tinyshakespeare_val_*.bin";
@@ -153,6 +206,53 @@ Config tiny_preset() {
     return c;
 }
 
+// The presets by the name --preset takes (README: "Presets"). `record` is the newest of upstream's
+// records this program reproduces.
+struct Preset {
+    const char* name;
+    Config (*make)();
+};
+const Preset kPresets[] = {{"r71", r71_preset}, {"record", r71_preset}, {"tiny", tiny_preset}};
+
+// The preset NAME's config (named NAME), or none.
+std::optional<Config> preset_config(const std::string& name) {
+    for (const Preset& p : kPresets)
+        if (name == p.name) {
+            Config c = p.make();
+            c.name = name;
+            return c;
+        }
+    return std::nullopt;
+}
+std::string preset_names() {
+    std::string names;
+    for (const Preset& p : kPresets) names += (names.empty() ? "" : ", ") + std::string(p.name);
+    return names;
+}
+
+// Why a layer structure cannot run (empty when it can): the rules the forward and backward rely on.
+std::string structure_error(const Structure& st) {
+    const int n = st.layers;
+    auto layer = [&](int l) { return l >= 0 && l < n; };
+    auto all_layers = [&](const std::vector<int>& v) { return std::all_of(v.begin(), v.end(), layer); };
+    if (n < 2 || n > kMaxLayers) return "the structure needs 2 to " + std::to_string(kMaxLayers) + " layers";
+    if (!all_layers(st.without_attention) || !all_layers(st.paired) || !all_layers(st.long_window) ||
+        !all_layers(st.value_layers))
+        return "a layer list of the structure names a layer outside 0.." + std::to_string(n - 1);
+    if (st.attn_layers() < 1) return "the structure needs a layer with attention";
+    for (int l = 0; l < n; ++l)
+        if (!st.has_attention(l) && (st.is_paired(l) || st.is_long_window(l) || st.value_table(l) >= 0))
+            return "layer " + std::to_string(l) + " has no attention, so it cannot be paired, long-window or read a value table";
+    if (st.value_tables() > kMaxValueTables) return "at most " + std::to_string(kMaxValueTables) + " value tables";
+    for (int k = 0; k < st.value_tables(); ++k)
+        if (st.value_table(st.value_layers[size_t(k)]) != k) return "two value tables on one layer";
+    if (!(0 <= st.skip_from && st.skip_from + 1 < st.skip_to && st.skip_to < n))
+        return "the skip must go from a layer's output to a later layer's input, not the next one's";
+    if (!layer(st.backout_layer) || st.backout_layer + 1 >= n || st.backout_layer == st.skip_from)
+        return "the backout layer must be a layer before the last, other than the skip's";
+    return "";
+}
+
 // Why a config cannot run (empty when it can): the shape rules the kernels rely on.
 std::string config_error(const Config& c) {
     auto bad = [&](const std::string& what) { return "config '" + c.name + "': " + what; };
@@ -171,25 +271,10 @@ std::string config_error(const Config& c) {
             return bad("each stage's batch must split into 8 micro-batches of a multiple of 16 tokens, with 1 to 8 "
                        "MTP weights");
     if (c.val_batch_tokens % (8 * 16) != 0) return bad("the validation batch must split into 8 multiples of 16 tokens");
+    if (const std::string e = structure_error(c.structure); !e.empty()) return bad(e);
     return "";
 }
 
-// The layer structure of the record (fixed: the code below follows it).
-constexpr int kLayers = 11;
-constexpr int kAttnLayers = 10;      // layer 6 has no attention
-constexpr int kValueTables = 5;      // value embeddings on layers 0, 1 and 8, 9, 10
-constexpr int kSkipFrom = 3, kSkipTo = 6, kBackoutLayer = 7;
-constexpr bool has_attention(int l) { return l != 6; }
-constexpr int attn_index(int l) { return l < 6 ? l : l - 1; }  // row of attn_bank / attn_gate_bank
-constexpr bool is_paired(int l) { return l == 0 || l == 2 || l == 5 || l == 9; }
-constexpr bool is_long_window(int l) { return l == 3 || l == 10; }
-constexpr int value_table(int l) { return l < 2 ? l : (l >= 8 ? l - 6 : -1); }  // -1: none
-// The scalars vector: resid lambdas, sa lambdas (pairs), bigram lambdas, then three singles.
-constexpr int kResidLambdas = 0, kSaLambdas = kLayers, kBigramLambdas = 3 * kLayers;
-constexpr int kSmearLambda = 4 * kLayers, kBackoutLambda = 4 * kLayers + 1, kSkipLambda = 4 * kLayers + 2;
-// Upstream pads with ones by (-3 * layers - 3) mod world_size: 4 on 8 GPUs (its formula predates
-// the bigram lambdas, so the length is 51, not a multiple of 8). The padding is never read.
-constexpr int kScalars = 4 * kLayers + 3 + 4;
 
 // ============================================================================================
 // Memory: one arena per kind (parameters, gradients, activations). A layout function takes
@@ -210,18 +295,24 @@ struct Params {
     bf16* smear_gate;      // (12)
     bf16* skip_gate;       // (12)
     float* x0_lambdas;     // (11)
-    float* scalars;        // (kScalars): see the offsets above
+    float* scalars;        // (scalar_slots.count): see ScalarSlots
 
-    bf16* wqkv(const Config& c, int l) const { return attn_bank + int64_t(attn_index(l)) * 4 * c.model_dim * c.model_dim; }
+    bf16* wqkv(const Config& c, int l) const {
+        return attn_bank + int64_t(c.structure.attn_index(l)) * 4 * c.model_dim * c.model_dim;
+    }
     bf16* wo(const Config& c, int l) const { return wqkv(c, l) + int64_t(3) * c.model_dim * c.model_dim; }
     bf16* c_fc(const Config& c, int l) const { return mlp_bank + int64_t(l) * 2 * c.mlp_dim * c.model_dim; }
     bf16* c_proj(const Config& c, int l) const { return c_fc(c, l) + int64_t(c.mlp_dim) * c.model_dim; }
-    bf16* attn_gate(const Config& c, int l) const { return attn_gate_bank + attn_index(l) * c.num_heads * kGateWidth; }
+    bf16* attn_gate(const Config& c, int l) const {
+        return attn_gate_bank + c.structure.attn_index(l) * c.num_heads * kGateWidth;
+    }
     bf16* ve_table(const Config& c, int l) const {
-        return value_table(l) < 0 ? nullptr : value_embeds + int64_t(value_table(l)) * c.padded_vocab * c.model_dim;
+        const int k = c.structure.value_table(l);
+        return k < 0 ? nullptr : value_embeds + int64_t(k) * c.padded_vocab * c.model_dim;
     }
     bf16* ve_gate(const Config& c, int l) const {
-        return value_table(l) < 0 ? nullptr : ve_gate_bank + value_table(l) * c.num_heads * kGateWidth;
+        const int k = c.structure.value_table(l);
+        return k < 0 ? nullptr : ve_gate_bank + k * c.num_heads * kGateWidth;
     }
 };
 
@@ -249,18 +340,20 @@ struct ParamSpec {
 template <class Visit>
 void visit_params(const Config& c, Params& p, Visit&& visit) {
     const int64_t V = c.padded_vocab, C = c.model_dim, H = c.num_heads, M = c.mlp_dim;
+    const Structure& st = c.structure;
+    const int64_t layers = st.layers, attn_layers = st.attn_layers(), tables = st.value_tables();
     visit(ParamSpec{"embed", {V, C}, Init::lm_head_transposed}, p.embed);
     visit(ParamSpec{"lm_head", {C, V}, Init::normal, 3}, p.lm_head);
     visit(ParamSpec{"bigram_embed", {c.bigram_vocab, C}, Init::zeros}, p.bigram_embed);
-    visit(ParamSpec{"value_embed", {kValueTables * V, C}, Init::zeros}, p.value_embeds);
-    visit(ParamSpec{"attn", {4 * kAttnLayers, C, C}, Init::uniform, 1}, p.attn_bank);  // [Wq; Wk; Wv; Wo] per layer
-    visit(ParamSpec{"mlp", {2 * (kLayers + 1), M, C}, Init::uniform_c_fc, 2}, p.mlp_bank);  // [c_fc, c_proj] per layer
-    visit(ParamSpec{"attn_gate_bank", {kAttnLayers, H, kGateWidth}, Init::zeros}, p.attn_gate_bank);
-    visit(ParamSpec{"ve_gate_bank", {kValueTables, H, kGateWidth}, Init::zeros}, p.ve_gate_bank);
+    visit(ParamSpec{"value_embed", {tables * V, C}, Init::zeros}, p.value_embeds);
+    visit(ParamSpec{"attn", {4 * attn_layers, C, C}, Init::uniform, 1}, p.attn_bank);  // [Wq; Wk; Wv; Wo] per layer
+    visit(ParamSpec{"mlp", {2 * (layers + 1), M, C}, Init::uniform_c_fc, 2}, p.mlp_bank);  // [c_fc, c_proj] per layer
+    visit(ParamSpec{"attn_gate_bank", {attn_layers, H, kGateWidth}, Init::zeros}, p.attn_gate_bank);
+    visit(ParamSpec{"ve_gate_bank", {tables, H, kGateWidth}, Init::zeros}, p.ve_gate_bank);
     visit(ParamSpec{"smear_gate", {1, kGateWidth}, Init::zeros}, p.smear_gate);
     visit(ParamSpec{"skip_gate", {1, kGateWidth}, Init::zeros}, p.skip_gate);
-    visit(ParamSpec{"x0_lambdas", {kLayers}, Init::zeros}, p.x0_lambdas);
-    visit(ParamSpec{"scalars", {kScalars}, Init::scalars}, p.scalars);
+    visit(ParamSpec{"x0_lambdas", {layers}, Init::zeros}, p.x0_lambdas);
+    visit(ParamSpec{"scalars", {c.scalar_slots.count}, Init::scalars}, p.scalars);
 }
 
 // One registered parameter of a placed Params: its spec and where it lives.
@@ -315,7 +408,7 @@ struct Acts {
     bf16* x0;                   // norm(smeared)
     float* rstd_x0;
     bf16* x0_bigram;            // bigram embedding rows
-    LayerActs layer[kLayers];
+    LayerActs layer[kMaxLayers];
     bf16* x_out;                // the last layer's output
     bf16* x_final;              // after the backout
     bf16* h_final;              // norm(x_final): the lm_head's input
@@ -340,7 +433,8 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
     s.x0 = a.take<bf16>(m + "x0", {T, C});
     s.rstd_x0 = a.take<float>(m + "rstd_x0", {T});
     s.x0_bigram = a.take<bf16>(m + "x0_bigram", {T, C});
-    for (int l = 0; l < kLayers; ++l) {
+    const Structure& st = c.structure;
+    for (int l = 0; l < st.layers; ++l) {
         LayerActs& L = s.layer[l];
         if (!training && l > 0) {  // eval streams every layer through layer 0's buffers
             L = s.layer[0];
@@ -351,7 +445,7 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
         L.xm = a.take<bf16>(n + "xm", {T, C});
         L.h_attn = a.take<bf16>(n + "h_attn", {T, C});
         L.rstd_attn = a.take<float>(n + "rstd_attn", {T});
-        if (has_attention(l)) {
+        if (st.has_attention(l)) {
             L.wqkv_eff = a.take<bf16>(n + "wqkv_eff", {3 * C, C});
             L.wo_eff = a.take<bf16>(n + "wo_eff", {C, C});
             L.qkv = a.take<bf16>(n + "qkv", {T, 3 * C});
@@ -373,8 +467,8 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
     // Streams between layers (layer 0 reads x0): every layer's input in training; in eval one
     // buffer passed along, and the two streams read again later (the skip's and the backout's).
     bf16* passed = training ? nullptr : a.take<bf16>(m + "stream", {T, C});
-    for (int l = 1; l < kLayers; ++l) {
-        const bool own = training || l == kSkipFrom + 1 || l == kBackoutLayer + 1;
+    for (int l = 1; l < st.layers; ++l) {
+        const bool own = training || l == st.skip_from + 1 || l == st.backout_layer + 1;
         s.layer[l].x = own ? a.take<bf16>(m + "layer" + std::to_string(l) + ".x", {T, C}) : passed;
     }
     s.layer[0].x = s.x0;
@@ -400,14 +494,14 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
 // ---- the backward's own buffers (training layout only) ----
 struct BackwardBufs {
     bf16* dX;                // gradient of the stream at the current layer boundary
-    bf16* dX_skip;           // layer 3's output: the skip's share, then the rest
-    bf16* dX_backout;        // layer 7's output: the backout's share, then the rest
+    bf16* dX_skip;           // the skip's layer's output: the skip's share, then the rest
+    bf16* dX_backout;        // the backout layer's output: the backout's share, then the rest
     bf16* dh;                // gradient of a norm's output (a block's input)
     bf16* gx0;               // gradient of x0, summed over layers
     bf16* gxb;               // gradient of x0_bigram, summed over layers
     bf16* d_smeared;
     bf16* d_embed_rows;      // gradient of the gathered embedding rows
-    bf16* dve[kValueTables]; // gradient of each layer's value-embedding rows
+    bf16* dve[kMaxValueTables]; // gradient of each layer's value-embedding rows
     bf16* dqkv;              // (T, 3C)
     bf16 *dq, *dk, *dv, *dy; // (T, H, D)
     float *dz_attn, *dz_ve;  // gate logit gradients (T, H)
@@ -426,7 +520,7 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.gxb = a.take<bf16>("bw.gxb", {T, C});
     w.d_smeared = a.take<bf16>("bw.d_smeared", {T, C});
     w.d_embed_rows = a.take<bf16>("bw.d_embed_rows", {T, C});
-    for (int k = 0; k < kValueTables; ++k) w.dve[k] = a.take<bf16>("bw.dve" + std::to_string(k), {T, C});
+    for (int k = 0; k < c.structure.value_tables(); ++k) w.dve[k] = a.take<bf16>("bw.dve" + std::to_string(k), {T, C});
     w.dqkv = a.take<bf16>("bw.dqkv", {T, 3 * C});
     w.dq = a.take<bf16>("bw.dq", {T, C});
     w.dk = a.take<bf16>("bw.dk", {T, C});
@@ -437,7 +531,7 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.dw_eff = a.take<bf16>("bw.dw_eff", {4 * C, C});
     w.scratch_bytes = std::max({residual_backward_scratch_bytes(T), lambda_scaled_weight_backward_scratch_bytes({3 * C * C, C * C}),
                                 attn_gates_backward_scratch_bytes(T, c.num_heads), embed_smear_backward_scratch_bytes(T),
-                                embedding_backward_scratch_bytes(T, c.model_dim, 1 + kValueTables),
+                                embedding_backward_scratch_bytes(T, c.model_dim, 1 + c.structure.value_tables()),
                                 attention_backward_workspace_bytes(T, c.num_heads, c.head_dim)});
     w.scratch = static_cast<float*>(a.take_bytes("bw.scratch", w.scratch_bytes));
 }
@@ -450,7 +544,7 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
 enum class At { none = -1, embed, bigram, attn, value_table, mlp, head };
 // The backward's points where per-layer gradients become final, in its order: per layer from the
 // last, the MLP's (after mlp_backward), then the attention's (after the lambda-scaled weights' backward).
-constexpr int backward_point(At place, int layer) { return 2 * (kLayers - 1 - layer) + (place == At::attn ? 1 : 0); }
+constexpr int backward_point(At place, int layer, int layers) { return 2 * (layers - 1 - layer) + (place == At::attn ? 1 : 0); }
 inline void await_gathered(const GatherEvents& e, At place, cudaStream_t s, int piece = 0) {
     await_gathered(e, static_cast<int>(place), s, piece);
 }
@@ -529,17 +623,18 @@ void layout_activations(Arena& a, Model& m) {
 // generator, so the same seed gives the same parameters on any GPU and in the CPU build) ----
 
 // The scalars vector as upstream starts it; the tail is padding: ones, as upstream.
-std::vector<float> initial_scalars() {
-    std::vector<float> scalars(kScalars, 1.0f);
-    for (int l = 0; l < kLayers; ++l) {
-        scalars[kResidLambdas + l] = 1.1f;
-        scalars[kSaLambdas + 2 * l] = 0.5f;
-        scalars[kSaLambdas + 2 * l + 1] = 1.0f;
-        scalars[kBigramLambdas + l] = 0.1f;
+std::vector<float> initial_scalars(const Config& c) {
+    const ScalarSlots& k = c.scalar_slots;
+    std::vector<float> scalars(size_t(k.count), 1.0f);
+    for (int l = 0; l < c.structure.layers; ++l) {
+        scalars[size_t(k.resid + l)] = 1.1f;
+        scalars[size_t(k.sa + 2 * l)] = 0.5f;
+        scalars[size_t(k.sa + 2 * l + 1)] = 1.0f;
+        scalars[size_t(k.bigram + l)] = 0.1f;
     }
-    scalars[kSmearLambda] = 0.0f;
-    scalars[kBackoutLambda] = 0.5f;
-    scalars[kSkipLambda] = -1.5f;
+    scalars[size_t(k.smear)] = 0.0f;
+    scalars[size_t(k.backout)] = 0.5f;
+    scalars[size_t(k.skip)] = -1.5f;
     return scalars;
 }
 
@@ -564,7 +659,7 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
         }
         case Init::normal: init_normal(p, n, key, 0.005f, s); break;
         case Init::scalars: {
-            const std::vector<float> v = initial_scalars();
+            const std::vector<float> v = initial_scalars(c);
             CUDA_CHECK(copy_async(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
             CUDA_CHECK(sync_stream(s, "init_scalars"));  // v is a local
             break;
@@ -596,9 +691,9 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
     place(m.act_arena, [&](Arena& a) { layout_activations(a, m); });
     init_params(m, seed, s);
     yarn_rope_reset(m.rope, s);
-    const LmHeadFp8Scales scales = lm_head_fp8_scales(c.grad_accum());
+    const LmHeadFp8Scales scales = lm_head_fp8_scales(c.grad_scale());
     CUDA_CHECK(copy_async(m.fp8_scales, &scales, sizeof scales, cudaMemcpyHostToDevice, s));
-    const float grad_scale = 2.0f / c.grad_accum();  // upstream backpropagates loss * grad_scale
+    const float grad_scale = static_cast<float>(c.grad_scale());
     CUDA_CHECK(copy_async(m.dloss, &grad_scale, sizeof grad_scale, cudaMemcpyHostToDevice, s));
     CUDA_CHECK(sync_stream(s, "build_model"));
 }
@@ -612,11 +707,11 @@ void broadcast_params(Model& m, ncclComm_t comm, cudaStream_t s) {
 // ============================================================================================
 // Forward: upstream's GPT.forward, one kernel call per step.
 // ============================================================================================
-MixLambdas mix_lambdas(const Params& p, int l) {
-    return {p.scalars + kResidLambdas + l, p.x0_lambdas + l, p.scalars + kBigramLambdas + l};
+MixLambdas mix_lambdas(const Config& c, const Params& p, int l) {
+    return {p.scalars + c.scalar_slots.resid + l, p.x0_lambdas + l, p.scalars + c.scalar_slots.bigram + l};
 }
-int layer_window(const StepSchedule& step_sch, int l) {
-    return is_long_window(l) ? step_sch.ws_long : step_sch.ws_short;
+int layer_window(const Config& c, const StepSchedule& step_sch, int l) {
+    return c.structure.is_long_window(l) ? step_sch.ws_long : step_sch.ws_short;
 }
 
 AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule& step_sch, const bf16* xa) {
@@ -625,9 +720,9 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
     aux.T = b.T;
     aux.H = c.num_heads;
     aux.D = c.head_dim;
-    aux.paired = is_paired(l);
+    aux.paired = c.structure.is_paired(l);
     // upstream shifts keys on every non-paired layer whose window equals the long one
-    aux.key_offset = !is_paired(l) && layer_window(step_sch, l) == step_sch.ws_long;
+    aux.key_offset = !aux.paired && layer_window(c, step_sch, l) == step_sch.ws_long;
     aux.rope_table = m.rope.table;
     aux.rope_positions = m.rope.positions;
     aux.xa = xa;
@@ -659,38 +754,39 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
         std::fprintf(stderr, "gpt_forward: batch of %d tokens exceeds the %d the activations were sized for\n", T, a.T);
         std::exit(EXIT_FAILURE);
     }
+    const Structure& st = c.structure;
+    const ScalarSlots& k = c.scalar_slots;
     const float scale = static_cast<float>(m.rope.attn_scale);
     const Range range("forward");
     // each gathered parameter is waited for at its place, where it is first read (kParamTable)
     if (a.training && m.embed_stale) refresh_lm_head_copies(m, s);  // tied: embed is made from lm_head
     // x = x0 = norm(smear(embed[ids])); the bigram rows join every layer's mix
     await_gathered(m.gathered, At::embed, s);
-    embed_smear_forward(a.smeared, p.embed, b.inputs, p.smear_gate, p.scalars + kSmearLambda, T, C, s);
+    embed_smear_forward(a.smeared, p.embed, b.inputs, p.smear_gate, p.scalars + k.smear, T, C, s);
     rmsnorm_forward(a.x0, a.rstd_x0, a.smeared, T, C, s);
     await_gathered(m.gathered, At::bigram, s);
     embedding_gather(a.x0_bigram, p.bigram_embed, b.bigram, T, C, s);
 
-    for (int l = 0; l < kLayers; ++l) {
+    for (int l = 0; l < st.layers; ++l) {
         const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
-        if (l == kSkipTo)  // x += sigmoid(skip_lambda) * 2 * sigmoid(x0[:, :12] . skip_gate) * (layer 3's output)
-            gated_skip_add_forward(L.x, L.x, a.layer[kSkipFrom + 1].x, a.x0, p.skip_gate, p.scalars + kSkipLambda, T,
-                                   C, s);
+        if (l == st.skip_to)  // x += sigmoid(skip_lambda) * 2 * sigmoid(x0[:, :12] . skip_gate) * (layer skip_from's output)
+            gated_skip_add_forward(L.x, L.x, a.layer[st.skip_from + 1].x, a.x0, p.skip_gate, p.scalars + k.skip, T, C, s);
         // xm = resid * x + x0_lambda * x0 + bigram_lambda * x0_bigram; h = norm(xm)
-        residual_mix_forward(L.xm, L.h_attn, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(p, l), l == 0, T, C, s);
+        residual_mix_forward(L.xm, L.h_attn, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(c, p, l), l == 0, T, C, s);
         const bf16* stream = L.xm;
         const bf16* mlp_in = L.h_attn;
-        if (has_attention(l)) {
-            const float* sa = p.scalars + kSaLambdas + 2 * l;
+        if (st.has_attention(l)) {
+            const float* sa = p.scalars + k.sa + 2 * l;
             await_gathered(m.gathered, At::attn, s);
             lambda_scaled_weight_forward({{L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
                                           {L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}}, s);
             const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
             matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
-            if (aux.ve_table) await_gathered(m.gathered, At::value_table, s, value_table(l));
+            if (aux.ve_table) await_gathered(m.gathered, At::value_table, s, st.value_table(l));
             attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
-            attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(step_sch, l),
-                              is_paired(l), scale, s, b.cu_seqlens_host.data(), m.attention);
+            attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(c, step_sch, l),
+                              aux.paired, scale, s, b.cu_seqlens_host.data(), m.attention);
             attn_output_gate_forward(aux, L.y_gated, L.y, s);
             matmul_forward(*m.lt, a.block_out, L.y_gated, L.wo_eff, T, C, C, s, false, "gemm_attn_out");
             residual_add_forward(L.xa, L.h_mlp, L.rstd_mlp, L.xm, a.block_out, T, C, s);
@@ -699,11 +795,11 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
         }
         await_gathered(m.gathered, At::mlp, s);
         mlp_forward(*m.lt, m.mlp_kernel, a.block_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
-        residual_add_forward(l + 1 < kLayers ? a.layer[l + 1].x : a.x_out, nullptr, nullptr, stream, a.block_out, T, C, s);
+        residual_add_forward(l + 1 < st.layers ? a.layer[l + 1].x : a.x_out, nullptr, nullptr, stream, a.block_out, T, C, s);
     }
-    // x -= backout_lambda * (layer 7's output); h = norm(x)
-    backout_forward(a.x_final, a.h_final, a.rstd_final, a.x_out, a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda,
-                    T, C, s);
+    // x -= backout_lambda * (the backout layer's output); h = norm(x)
+    backout_forward(a.x_final, a.h_final, a.rstd_final, a.x_out, a.layer[st.backout_layer + 1].x, p.scalars + k.backout, T,
+                    C, s);
     if (a.training) refresh_lm_head_copies(m, s);
     await_gathered(m.gathered, At::head, s);
     if (a.training) {
@@ -736,12 +832,12 @@ struct BackwardOptions {
 // is enqueued on s. The groups whose kParamTable row reduces them there start on the comms stream once
 // final (NorMuon's on the step's last micro-step, Adam's on an Adam step's): a bank's buckets of that
 // point, a table's pieces, a group's reduce-scatter.
-void reduce_final(GradBuckets& g, const BackwardOptions& o, At place, int index, cudaStream_t s) {
+void reduce_final(GradBuckets& g, const BackwardOptions& o, At place, int index, int layers, cudaStream_t s) {
     if (place == At::head && o.embed_tied) return;
     bool buckets = false;
     for (const GroupComms& q : g.group)
         buckets |= q.place == static_cast<int>(place) && q.reduce == Reduce::buckets && o.last_micro_step;
-    if (buckets) reduce_final_buckets(g, backward_point(place, index), s);
+    if (buckets) reduce_final_buckets(g, backward_point(place, index, layers), s);
     for (const GroupComms& q : g.group) {
         if (q.place != static_cast<int>(place) || !(q.every_step ? o.last_micro_step : o.adam_final)) continue;
         if (q.reduce == Reduce::tables) reduce_final_table(g, q, index, s);
@@ -757,13 +853,15 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     BackwardBufs& w = m.bw;
     const BlockPartials sums{w.scratch, m.sums_done};
     const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim, V = c.padded_vocab, M = c.mlp_dim;
+    const Structure& st = c.structure;
+    const ScalarSlots& k = c.scalar_slots;
     const float scale = static_cast<float>(m.rope.attn_scale);
     bf16 *dX = w.dX, *dX_skip = w.dX_skip, *dX_backout = w.dX_backout;  // stream gradients change buffers below
     const bool accumulate = acc.accumulate_others;
     const Range range("backward");
     if (!accumulate) {  // the embedding backward writes only the rows of this batch's ids
         CUDA_CHECK(memset_async(g.embed, 0, size_t(V) * C * sizeof(bf16), s));
-        CUDA_CHECK(memset_async(g.value_embeds, 0, size_t(kValueTables) * V * C * sizeof(bf16), s));
+        CUDA_CHECK(memset_async(g.value_embeds, 0, size_t(st.value_tables()) * V * C * sizeof(bf16), s));
         CUDA_CHECK(memset_async(g.bigram_embed, 0, size_t(c.bigram_vocab) * C * sizeof(bf16), s));
     }
 
@@ -771,31 +869,31 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     softcap_mtp_loss_backward_fp8(a.fp8.g_f8, a.fp8.g_f8_t, &m.fp8_scales->grad, a.logits, a.lse_head, b.targets,
                                   step_sch.mtp_weights, step_sch.n_predict, m.dloss, T, V, s);
     lm_head_fp8_backward(*m.lt, w.dh, g.lm_head, accumulate, a.fp8, m.fp8_scales, T, C, V, s);
-    reduce_final(m.buckets, acc, At::head, 0, s);
-    backout_backward(dX, dX_backout, g.scalars + kBackoutLambda, sums, w.dh, a.x_final, a.rstd_final,
-                     a.layer[kBackoutLayer + 1].x, p.scalars + kBackoutLambda, accumulate, T, C, s);
+    reduce_final(m.buckets, acc, At::head, 0, st.layers, s);
+    backout_backward(dX, dX_backout, g.scalars + k.backout, sums, w.dh, a.x_final, a.rstd_final,
+                     a.layer[st.backout_layer + 1].x, p.scalars + k.backout, accumulate, T, C, s);
     // the last layer's output gradient is in dX; layers run backward, each leaving its input's in dX
-    for (int l = kLayers - 1; l >= 0; --l) {
+    for (int l = st.layers - 1; l >= 0; --l) {
         const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
-        const bf16* mlp_in = has_attention(l) ? L.h_mlp : L.h_attn;
+        const bf16* mlp_in = st.has_attention(l) ? L.h_mlp : L.h_attn;
         mlp_backward(*m.lt, m.mlp_kernel, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.accumulate_matrices, L.post, dX, mlp_in,
                      p.c_fc(c, l), p.c_proj(c, l), L.pre, L.post, T, C, M, s);
-        reduce_final(m.buckets, acc, At::mlp, l, s);
-        if (has_attention(l)) {
+        reduce_final(m.buckets, acc, At::mlp, l, st.layers, s);
+        if (st.has_attention(l)) {
             residual_add_backward(dX, w.dh, L.xa, L.rstd_mlp, T, C, s);  // dX now: the gradient of xm's stream use
             const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
-            const float* sa = p.scalars + kSaLambdas + 2 * l;
-            float* dsa = g.scalars + kSaLambdas + 2 * l;
+            const float* sa = p.scalars + k.sa + 2 * l;
+            float* dsa = g.scalars + k.sa + 2 * l;
             // output projection: block_out = y_gated @ wo_eff^T
             bf16* dwo_eff = w.dw_eff + int64_t(3) * C * C;
             matmul_backward_weight(*m.lt, dwo_eff, dX, L.y_gated, T, C, C, s, false, "gemm_attn_out_dw");
             matmul_backward_input(*m.lt, w.dy, dX, L.wo_eff, T, C, C, s, false, "gemm_attn_out_dx");
             attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
             attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
-                               layer_window(step_sch, l), is_paired(l), scale, w.scratch, w.scratch_bytes, s,
+                               layer_window(c, step_sch, l), aux.paired, scale, w.scratch, w.scratch_bytes, s,
                                AttentionBackwardMode::deterministic, b.cu_seqlens_host.data(), m.attention);
-            const int table = value_table(l);
+            const int table = st.value_table(l);
             bf16* dve = table >= 0 ? w.dve[table] : nullptr;
             float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
             attn_qkv_backward(aux, w.dqkv, dve, dz_ve, w.dq, w.dk, w.dv, L.qkv, L.rstd_q, L.rstd_k, s);
@@ -805,37 +903,37 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             lambda_scaled_weight_backward({{g.wqkv(c, l), dsa, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
                                            {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}},
                                           sums, {.dw = acc.accumulate_matrices, .dlambda = accumulate}, s);
-            reduce_final(m.buckets, acc, At::attn, l, s);
+            reduce_final(m.buckets, acc, At::attn, l, st.layers, s);
             if (table >= 0) {  // the table's rows, final here: reduced at once on an Adam step
                 embedding_backward(g.ve_table(c, l), dve, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
-                reduce_final(m.buckets, acc, At::value_table, table, s);
+                reduce_final(m.buckets, acc, At::value_table, table, st.layers, s);
             }
             attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
                                 sums, accumulate, s);
         }
         // the mix: its input's gradient goes to the buffer that already holds that stream's other
-        // share (layer 7's output: the backout; layer 3's: the skip; layer 0's input: x0)
+        // share (the backout layer's output: the backout; the skip's: the skip; layer 0's input: x0)
         bf16* d_in = dX;
         bool add_to_d_in = false;
         if (l == 0) d_in = w.gx0, add_to_d_in = true;
-        if (l == kBackoutLayer + 1) d_in = dX_backout, add_to_d_in = true;
-        if (l == kSkipFrom + 1) d_in = dX_skip, add_to_d_in = true;
-        residual_mix_backward(d_in, w.gx0, w.gxb, {g.scalars + kResidLambdas + l, g.x0_lambdas + l, g.scalars + kBigramLambdas + l},
-                              sums, dX, w.dh, L.xm, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(p, l),
+        if (l == st.backout_layer + 1) d_in = dX_backout, add_to_d_in = true;
+        if (l == st.skip_from + 1) d_in = dX_skip, add_to_d_in = true;
+        residual_mix_backward(d_in, w.gx0, w.gxb, {g.scalars + k.resid + l, g.x0_lambdas + l, g.scalars + k.bigram + l}, sums, dX, w.dh, L.xm, L.rstd_attn, L.x, a.x0,
+                              a.x0_bigram, mix_lambdas(c, p, l),
                               {.first_layer = l == 0, .accumulate_dx = add_to_d_in,
-                               .accumulate_x0_grads = l != kLayers - 1, .accumulate_lambda_grads = accumulate},
+                               .accumulate_x0_grads = l != st.layers - 1, .accumulate_lambda_grads = accumulate},
                               T, C, s);
-        if (l == kBackoutLayer + 1) std::swap(dX, dX_backout);  // the layer below continues from there
-        if (l == kSkipFrom + 1) std::swap(dX, dX_skip);
-        if (l == kSkipTo)  // the skip add's output gradient (dX) also reaches layer 3's output and the gate
-            gated_skip_add_backward(dX_skip, w.gx0, g.skip_gate, g.scalars + kSkipLambda, sums, dX,
-                                    a.layer[kSkipFrom + 1].x, a.x0, p.skip_gate, p.scalars + kSkipLambda,
+        if (l == st.backout_layer + 1) std::swap(dX, dX_backout);  // the layer below continues from there
+        if (l == st.skip_from + 1) std::swap(dX, dX_skip);
+        if (l == st.skip_to)  // the skip add's output gradient (dX) also reaches the skip layer's output and the gate
+            gated_skip_add_backward(dX_skip, w.gx0, g.skip_gate, g.scalars + k.skip, sums, dX,
+                                    a.layer[st.skip_from + 1].x, a.x0, p.skip_gate, p.scalars + k.skip,
                                     {.accumulate_d_skip = false, .accumulate_param_grads = accumulate}, T, C, s);
     }
     // x0 = norm(smeared); smeared = smear(embed[ids])
     rmsnorm_backward(w.d_smeared, w.gx0, a.smeared, a.rstd_x0, T, C, false, s);
-    embed_smear_backward(w.d_embed_rows, g.smear_gate, g.scalars + kSmearLambda, w.d_smeared, p.embed, b.inputs,
-                         p.smear_gate, p.scalars + kSmearLambda, sums, T, C, accumulate, s);
+    embed_smear_backward(w.d_embed_rows, g.smear_gate, g.scalars + k.smear, w.d_smeared, p.embed, b.inputs,
+                         p.smear_gate, p.scalars + k.smear, sums, T, C, accumulate, s);
     embedding_backward(g.embed, w.d_embed_rows, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
     embedding_backward(g.bigram_embed, w.gxb, b.bigram_segments, b.bigram_segments_dev, w.scratch, C, true, s);
 }
@@ -844,15 +942,14 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
 // The schedule: upstream's TrainingSchedule and get_muon_momentum, host functions of the step.
 // ============================================================================================
 // The lr multiplier of `step` (upstream TrainingSchedule.get_lr): the stage's lr_mul until the
-// cooldown, which starts at int(scheduled_iterations * (1 - cooldown_frac)) and blends linearly to 0.1
-// at scheduled_iterations (and stays there). The caller looks up the step's stage.
-constexpr double kLrCooldownFloor = 0.1;
-inline double lr_schedule(int step, double stage_lr_mul, int scheduled_iterations, double cooldown_frac) {
+// cooldown, which starts at int(scheduled_iterations * (1 - cooldown_frac)) and blends linearly to the
+// floor at scheduled_iterations (and stays there). The caller looks up the step's stage.
+inline double lr_schedule(int step, double stage_lr_mul, int scheduled_iterations, double cooldown_frac, double floor) {
     const int cd_start = static_cast<int>(static_cast<double>(scheduled_iterations) * (1.0 - cooldown_frac));
     if (step < cd_start || scheduled_iterations <= cd_start) return stage_lr_mul;
     const double t =
         std::min(1.0, static_cast<double>(step - cd_start) / static_cast<double>(scheduled_iterations - cd_start));
-    return stage_lr_mul * (1.0 - t) + kLrCooldownFloor * t;
+    return stage_lr_mul * (1.0 - t) + floor * t;
 }
 
 // NorMuon's momentum at `step` (upstream get_muon_momentum): linear warm-up from lo to hi over the
@@ -891,7 +988,7 @@ struct Schedule {
         return {&c.stages.back(), 1.0};
     }
     double lr(int step) const {
-        return lr_schedule(step, lookup(step).first->lr_mul, c.scheduled_iterations, c.cooldown_frac);
+        return lr_schedule(step, lookup(step).first->lr_mul, c.scheduled_iterations, c.cooldown_frac, c.lr_floor);
     }
     double momentum(int step) const {
         return muon_momentum(step, total_steps, c.muon_warmup_steps, c.muon_cooldown_steps, c.muon_momentum_min,
@@ -1102,17 +1199,17 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params
 // (attn holds [Wq; Wk; Wv; Wo] per attention layer, mlp [c_fc, c_proj] per layer and then padding that
 // no kernel writes), and the tables of a tables group (one per value table).
 int bank_matrices_per_layer(At place) { return place == At::attn ? 4 : 2; }
-int tables_at(At place) { return place == At::value_table ? kValueTables : 1; }
+int tables_at(const Structure& st, At place) { return place == At::value_table ? st.value_tables() : 1; }
 
 // Per matrix of the bank at `place`, the backward point that finishes its gradient (the padding:
 // final from the start, reduced with the first bucket).
-std::vector<int> bank_ready_points(At place, int matrices) {
+std::vector<int> bank_ready_points(const Structure& st, At place, int matrices) {
     std::vector<int> ready(size_t(matrices), 0);
-    for (int l = 0; l < kLayers; ++l) {
-        if (place == At::attn && has_attention(l))
-            for (int k = 0; k < 4; ++k) ready.at(size_t(4 * attn_index(l) + k)) = backward_point(place, l);
+    for (int l = 0; l < st.layers; ++l) {
+        if (place == At::attn && st.has_attention(l))
+            for (int k = 0; k < 4; ++k) ready.at(size_t(4 * st.attn_index(l) + k)) = backward_point(place, l, st.layers);
         if (place == At::mlp)
-            for (int k = 0; k < 2; ++k) ready.at(size_t(2 * l + k)) = backward_point(place, l);
+            for (int k = 0; k < 2; ++k) ready.at(size_t(2 * l + k)) = backward_point(place, l, st.layers);
     }
     return ready;
 }
@@ -1141,18 +1238,18 @@ void build_comms(Model& m, Optimizer& o, const BucketComms& c, cudaStream_t s) {
             gc.grad_shard = static_cast<bf16*>(q.grad_shard);
             gc.param = static_cast<bf16*>(q.t.param);
             gc.rows = q.t.rows, gc.shard_rows = q.shard_rows, gc.row_elems = q.t.row_elems;
-            gc.piece_rows = q.t.rows / tables_at(r.place);
+            gc.piece_rows = q.t.rows / tables_at(m.cfg.structure, r.place);
         }
         if (q.reduce == Reduce::buckets) {
             gc.bank = static_cast<int>(g.banks.size());
-            g.banks.push_back({r.label, bank_ready_points(r.place, static_cast<int>(q.t.rows))});
+            g.banks.push_back({r.label, bank_ready_points(m.cfg.structure, r.place, static_cast<int>(q.t.rows))});
             g.bank_group.push_back(i);
             name_bank_layers(gc, bank_matrices_per_layer(r.place));
         }
         if (q.reduce == Reduce::tables) name_tables(gc);
         g.group.push_back(gc);
         m.gathered.place.push_back(gc.place);
-        m.gathered.event.emplace_back(size_t(sharded ? tables_at(r.place) : 0));
+        m.gathered.event.emplace_back(size_t(sharded ? tables_at(m.cfg.structure, r.place) : 0));
         for (cudaEvent_t& e : m.gathered.event.back()) {
             CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
             CUDA_CHECK(record_event(e, s));
@@ -1477,7 +1574,7 @@ void print0(Run& r, const char* fmt, ...) {
 void log_config(Run& r) {
     const Config& c = r.m.cfg;
     print0(r, "config %s: layers %d, model_dim %d, heads %d x %d, mlp %d, vocab %d (padded %d), bigram_vocab %d\n",
-           c.name.c_str(), kLayers, c.model_dim, c.num_heads, c.head_dim, c.mlp_dim, c.vocab_size, c.padded_vocab,
+           c.name.c_str(), c.structure.layers, c.model_dim, c.num_heads, c.head_dim, c.mlp_dim, c.vocab_size, c.padded_vocab,
            c.bigram_vocab);
     print0(r, "  steps %d scheduled + %d extension, cooldown %.2f, split at step %d, block %d tokens, final long window %d\n",
            c.scheduled_iterations, c.extension_iterations, c.cooldown_frac, r.sch.split_step, c.block_size, c.final_ws_long);
@@ -2053,8 +2150,9 @@ int main(int argc, char** argv) {
         return 0;
     }
     RunOptions& opt = cl.opt;
-    Config cfg = cl.preset == "record" ? record_preset() : cl.preset == "tiny" ? tiny_preset() : Config{};
-    if (cfg.name != cl.preset) usage_error("unknown preset '" + cl.preset + "' (record or tiny)");
+    const std::optional<Config> preset = preset_config(cl.preset);
+    if (!preset) usage_error("unknown preset '" + cl.preset + "' (" + preset_names() + ")");
+    Config cfg = *preset;
     if (cl.mode == Mode::print_memory) {
         print_memory_plan(cfg, stdout, cl.memory_ranks);
         return 0;

@@ -189,10 +189,10 @@ void quantize_fp8_two_layouts(F8* out, F8* out_t, const __nv_bfloat16* in, const
 struct LmHeadFp8Scales {
     float x, w, grad;
 };
-// x_s = 100/448, w_s = 1.6/448, grad_s = grad_scale * 0.75/448 with grad_scale = 2/grad_accum_steps
-// (computed in double, as Python does, then rounded to fp32).
-inline LmHeadFp8Scales lm_head_fp8_scales(int grad_accum_steps) {
-    const double grad_scale = 2.0 / grad_accum_steps;
+// x_s = 100/448, w_s = 1.6/448, grad_s = grad_scale * 0.75/448 with the loss's grad_scale (record 71:
+// 2/grad_accum_steps), computed in double, as Python does, then rounded to fp32.
+inline LmHeadFp8Scales lm_head_fp8_scales(int) = delete;  // a grad_accum count is not a grad_scale
+inline LmHeadFp8Scales lm_head_fp8_scales(double grad_scale) {
     return {static_cast<float>(100.0 / 448), static_cast<float>(1.6 / 448),
             static_cast<float>(grad_scale * 0.75 / 448)};
 }

@@ -26,7 +26,7 @@ namespace bench {
 struct Stage {
     int T, ws_short, ws_long;
 };
-// The shapes the trainer gives the launchers: train_gpt.cu's record_preset() and tiny_preset() on 8
+// The shapes the trainer gives the launchers: train_gpt.cu's r71_preset() and tiny_preset() on 8
 // ranks (the numbers are copied from there; the trainer owns them).
 struct Preset {
     const char* name;

@@ -235,7 +235,7 @@ void test_quantization() {
     check_conversion<e4m3, Fp8Overflow::saturate>("e4m3 saturating");
     check_conversion<e5m2, Fp8Overflow::nan_or_inf>("e5m2 eager (inf on overflow)");
     check_conversion<e5m2, Fp8Overflow::saturate>("e5m2 saturating");
-    const LmHeadFp8Scales s = lm_head_fp8_scales(1);
+    const LmHeadFp8Scales s = lm_head_fp8_scales(2.0);  // record 71's grad_scale, one step
     check_quantize<e4m3, Fp8Overflow::nan_or_inf>("e4m3 eager", 64, 64, s.x);
     check_quantize<e4m3, Fp8Overflow::saturate>("e4m3 saturating", 48, 80, s.w);  // ragged tiles both ways
     check_quantize<e5m2, Fp8Overflow::nan_or_inf>("e5m2 eager", 80, 208, s.grad);
@@ -288,7 +288,7 @@ void check_gemm(const std::string& what, int M, int N, int K, const std::functio
 
 void test_lm_head_fp8(int T, int C, int V, int grad_accum, double w_std) {
     const std::string shape = " T " + std::to_string(T) + " C " + std::to_string(C) + " V " + std::to_string(V);
-    const LmHeadFp8Scales s = lm_head_fp8_scales(grad_accum);
+    const LmHeadFp8Scales s = lm_head_fp8_scales(2.0 / grad_accum);
     test::check(s.x == static_cast<float>(100.0 / 448) && s.w == static_cast<float>(1.6 / 448) &&
                     s.grad == static_cast<float>(2.0 / grad_accum * 0.75 / 448),
                 "lm_head scales for grad_accum %d", grad_accum);
@@ -443,7 +443,7 @@ std::vector<bf16> random_logits(int T, int V) {
 void check_mtp_fp8_fused(const std::vector<bf16>& logits, const DeviceBuffer<float>& d_lse,
                          const DeviceBuffer<int>& d_targets, const DeviceBuffer<float>& d_weights,
                          const DeviceBuffer<float>& d_g, int n_predict, int T, int V, const std::string& what) {
-    const float grad_s = lm_head_fp8_scales(3).grad;
+    const float grad_s = lm_head_fp8_scales(2.0 / 3).grad;
     DeviceBuffer<bf16> d_logits(logits), d_dlogits(logits.size());
     DeviceBuffer<float> d_grad_s(std::vector<float>{grad_s});
     DeviceBuffer<e5m2> two_step(logits.size()), two_step_t(logits.size()), fused(logits.size()), fused_t(logits.size());
@@ -614,7 +614,7 @@ int bench_head(const bench::Options& o) {
     DeviceBuffer<bf16> x(normal_bf16(size_t(T) * C)), w(normal_bf16(size_t(C) * V, 0.0, 0.02)), dx(size_t(T) * C),
         dw(size_t(C) * V), logits(size_t(T) * V), dlogits(size_t(T) * V);
     bench::fill_tiled(logits, random_logits(16, V));
-    DeviceBuffer<LmHeadFp8Scales> scales(std::vector<LmHeadFp8Scales>{lm_head_fp8_scales(8 / p.ranks)});  // accum steps
+    DeviceBuffer<LmHeadFp8Scales> scales(std::vector<LmHeadFp8Scales>{lm_head_fp8_scales(2.0 / (8 / p.ranks))});  // record 71's grad_scale
     DeviceBuffer<e4m3> x_f8(size_t(T) * C), x_f8_t(size_t(T) * C), w_f8(size_t(C) * V), w_f8_t(size_t(C) * V);
     DeviceBuffer<e5m2> g_f8(size_t(T) * V), g_f8_t(size_t(T) * V);
     const LmHeadFp8Buffers buf{x_f8.ptr, x_f8_t.ptr, w_f8.ptr, w_f8_t.ptr, g_f8.ptr, g_f8_t.ptr};

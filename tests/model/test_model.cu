@@ -143,7 +143,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         std::vector<double> diff(a.size());
         for (size_t e = 0; e < a.size(); ++e) diff[e] = a[e] - b[e];
         const double rel = norm2(diff) / std::max(norm2(b), 1e-30);
-        const bool reduced = a.size() <= size_t(kAttnLayers) * c.num_heads * kGateWidth;
+        const bool reduced = a.size() <= size_t(c.structure.attn_layers()) * c.num_heads * kGateWidth;
         const bool lambdas = &b == &rg.scalars || &b == &rg.x0_lambdas;
         std::printf("  grad %-15s |ref| %.4e  relative error %.3e\n", got_t[i].first, norm2(b), rel);
         if (!lambdas)
@@ -176,8 +176,9 @@ double std_of(const std::vector<float>& v) {
 void check_init(const Model& m, const Config& c) {
     const Params& p = m.params;
     const int64_t C = c.model_dim, V = c.padded_vocab;
+    const int64_t layers = c.structure.layers, attn_layers = c.structure.attn_layers();
     const double bound = std::sqrt(3.0) * 0.5 / std::sqrt(double(C));
-    for (auto [name, v] : {std::pair<const char*, std::vector<float>>{"attn_bank", download_bf16(p.attn_bank, kAttnLayers * 4 * C * C)},
+    for (auto [name, v] : {std::pair<const char*, std::vector<float>>{"attn_bank", download_bf16(p.attn_bank, attn_layers * 4 * C * C)},
                            {"c_fc", download_bf16(p.c_fc(c, 4), c.mlp_dim * C)}}) {
         float lo = 1e9f, hi = -1e9f;
         for (float x : v) lo = std::min(lo, x), hi = std::max(hi, x);
@@ -196,22 +197,28 @@ void check_init(const Model& m, const Config& c) {
     test::check(mismatched == 0, "embed must equal lm_head^T at init (%lld differ)", static_cast<long long>(mismatched));
     double zeros = 0;
     for (float x : download_bf16(p.c_proj(c, 3), c.mlp_dim * C)) zeros += std::fabs(x);
-    for (float x : download_bf16(p.value_embeds, 5 * V * C)) zeros += std::fabs(x);
+    for (float x : download_bf16(p.value_embeds, c.structure.value_tables() * V * C)) zeros += std::fabs(x);
     for (float x : download_bf16(p.bigram_embed, int64_t(c.bigram_vocab) * C)) zeros += std::fabs(x);
-    for (float x : download_bf16(p.attn_gate_bank, kAttnLayers * c.num_heads * kGateWidth)) zeros += std::fabs(x);
-    for (float x : download_f(p.x0_lambdas, kLayers)) zeros += std::fabs(x);
+    for (float x : download_bf16(p.attn_gate_bank, attn_layers * c.num_heads * kGateWidth)) zeros += std::fabs(x);
+    for (float x : download_f(p.x0_lambdas, layers)) zeros += std::fabs(x);
     test::check(zeros == 0, "c_proj, value_embeds, bigram_embed, gates and x0_lambdas start at zero");
-    const std::vector<float> sc = download_f(p.scalars, kScalars);
-    bool ok = sc[kSmearLambda] == 0.0f && sc[kBackoutLambda] == 0.5f && sc[kSkipLambda] == -1.5f && sc[kScalars - 1] == 1.0f;
-    for (int l = 0; l < kLayers; ++l)
-        ok = ok && sc[kResidLambdas + l] == 1.1f && sc[kSaLambdas + 2 * l] == 0.5f && sc[kSaLambdas + 2 * l + 1] == 1.0f &&
-             sc[kBigramLambdas + l] == 0.1f;
+    const ScalarSlots& k = c.scalar_slots;
+    const std::vector<float> sc = download_f(p.scalars, k.count);
+    bool ok = sc[size_t(k.smear)] == 0.0f && sc[size_t(k.backout)] == 0.5f && sc[size_t(k.skip)] == -1.5f &&
+              sc[size_t(k.count - 1)] == 1.0f;
+    for (int l = 0; l < layers; ++l)
+        ok = ok && sc[size_t(k.resid + l)] == 1.1f && sc[size_t(k.sa + 2 * l)] == 0.5f &&
+             sc[size_t(k.sa + 2 * l + 1)] == 1.0f && sc[size_t(k.bigram + l)] == 0.1f;
     test::check(ok, "scalars: resid 1.1, sa (0.5, 1.0), bigram 0.1, smear 0, backout 0.5, skip -1.5, padding 1");
 }
 
 // The LR and momentum schedules (upstream's get_lr and get_muon_momentum) at the record's steps.
 void check_schedules() {
     auto near = [](double a, double b) { return std::fabs(a - b) <= 1e-12; };
+    // record 71's floor, 0.1
+    auto lr_schedule = [](int step, double lr_mul, int scheduled, double cooldown_frac) {
+        return ::lr_schedule(step, lr_mul, scheduled, cooldown_frac, 0.1);
+    };
     // the record: 1515 scheduled steps, cooldown over the last 55%: starts at int(1515 * 0.45) = 681
     test::check(near(lr_schedule(0, 1.0, 1515, 0.55), 1.0), "lr at step 0");
     test::check(near(lr_schedule(680, 1.52, 1515, 0.55), 1.52), "lr at step 680 (before cooldown)");
@@ -226,6 +233,11 @@ void check_schedules() {
     test::check(near(lr_schedule(49, 1.0, 100, 0.5), 1.0) && near(lr_schedule(75, 1.0, 100, 0.5), 0.55) &&
                     near(lr_schedule(100, 1.0, 100, 0.5), 0.1),
                 "lr of a short schedule");
+    // a floor of 0.15 and cooldown over the last 60% of 1440 steps: starts at int(1440 * 0.4) = 576
+    test::check(near(::lr_schedule(576, 1.52, 1440, 0.6, 0.15), 1.52) &&
+                    near(::lr_schedule(1008, 1.73, 1440, 0.6, 0.15), 0.5 * 1.73 + 0.5 * 0.15) &&
+                    near(::lr_schedule(1479, 1.0, 1440, 0.6, 0.15), 0.15),
+                "lr with a floor of 0.15");
 
     // momentum: 0.85 -> 0.95 over 300 steps, back toward 0.85 over the last 50 of 1555
     test::check(near(muon_momentum(0, 1555), 0.85), "momentum at step 0");
@@ -240,12 +252,52 @@ void check_schedules() {
     test::check(near(muon_momentum(1554, 1555), 0.852), "momentum at the last step: %.17g", muon_momentum(1554, 1555));
 }
 
+// The presets' layer structure: record 71's, written out independently of the Structure's lists (as
+// upstream's forward spells it), and the structure rules each refusing a planted mistake.
+void check_structure() {
+    for (const char* name : {"r71", "record", "tiny"}) {
+        const std::optional<Config> c = preset_config(name);
+        test::check(c && c->name == name && config_error(*c).empty(), "preset %s exists and is valid", name);
+        if (!c) continue;
+        const Structure& st = c->structure;
+        bool same = st.layers == 11 && st.attn_layers() == 10 && st.value_tables() == 5 && st.skip_from == 3 &&
+                    st.skip_to == 6 && st.backout_layer == 7;
+        for (int l = 0; l < 11; ++l)
+            same = same && st.has_attention(l) == (l != 6) && (l == 6 || st.attn_index(l) == (l < 6 ? l : l - 1)) &&
+                   st.is_paired(l) == (l == 0 || l == 2 || l == 5 || l == 9) && st.is_long_window(l) == (l == 3 || l == 10) &&
+                   st.value_table(l) == (l < 2 ? l : (l >= 8 ? l - 6 : -1));
+        const ScalarSlots& k = c->scalar_slots;
+        same = same && k.resid == 0 && k.sa == 11 && k.bigram == 33 && k.smear == 44 && k.backout == 45 && k.skip == 46 &&
+               k.count == 51;
+        test::check(same, "preset %s: record 71's layer structure and scalars layout", name);
+        test::check(c->grad_scale_sum == 2 && c->lr_floor == 0.1, "preset %s: record 71's grad scale and lr floor", name);
+    }
+    test::check(!preset_config("r80") && !preset_config("Record"), "no preset by another name");
+    const Config base = tiny_preset();
+    const std::pair<const char*, void (*)(Structure&)> planted[] = {
+        {"too many layers", [](Structure& st) { st.layers = kMaxLayers + 1; }},
+        {"a list naming layer 11 of 11", [](Structure& st) { st.paired.push_back(11); }},
+        {"a paired layer without attention", [](Structure& st) { st.paired.push_back(6); }},
+        {"a value table on a layer without attention", [](Structure& st) { st.value_layers.push_back(6); }},
+        {"two value tables on one layer", [](Structure& st) { st.value_layers.push_back(0); }},
+        {"a skip to the next layer", [](Structure& st) { st.skip_to = st.skip_from + 1; }},
+        {"a backout at the last layer", [](Structure& st) { st.backout_layer = st.layers - 1; }},
+        {"the backout at the skip's layer", [](Structure& st) { st.backout_layer = st.skip_from; }},
+    };
+    for (const auto& [what, plant] : planted) {
+        Config c = base;
+        plant(c.structure);
+        test::check(!config_error(c).empty(), "the structure rules refuse %s: '%s'", what, config_error(c).c_str());
+    }
+}
+
 int main() {
     test::seed();
     check_schedules();
+    check_structure();
     {
         Model plan_only;
-        plan_only.cfg = record_preset();
+        plan_only.cfg = r71_preset();
         Optimizer optimizer_plan;
         const MemoryPlan plan = plan_memory(plan_only, optimizer_plan, 8);
         test::check(plan.total() / 1048576.0 <= kUpstreamPeakMiB, "record plan %.0f MiB exceeds upstream's %.0f MiB",

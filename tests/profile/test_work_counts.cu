@@ -664,7 +664,7 @@ void test_head(CublasLt& lt) {
         dx(size_t(T) * C);
     DeviceBuffer<e4m3> x_f8(size_t(T) * C), x_f8_t(size_t(T) * C), w_f8(size_t(C) * V), w_f8_t(size_t(C) * V);
     DeviceBuffer<e5m2> g_f8(size_t(T) * V), g_f8_t(size_t(T) * V);
-    const LmHeadFp8Scales host_scales = lm_head_fp8_scales(1);
+    const LmHeadFp8Scales host_scales = lm_head_fp8_scales(2.0);
     DeviceBuffer<float> scales(std::vector<float>{host_scales.x, host_scales.w, host_scales.grad});
     const auto* sc = reinterpret_cast<const LmHeadFp8Scales*>(scales.ptr);
     const LmHeadFp8Buffers buf{x_f8.ptr, x_f8_t.ptr, w_f8.ptr, w_f8_t.ptr, g_f8.ptr, g_f8_t.ptr};

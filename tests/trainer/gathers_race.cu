@@ -31,7 +31,7 @@ Plant parse_plant(int argc, char** argv) {
         groups += std::string(groups.empty() ? "" : "|") + kParamTable[i].label;
         if (std::strcmp(argv[1], "plant") == 0 && name == kParamTable[i].label) p = {true, i, argc >= 4 ? std::atoi(argv[3]) : 0};
     }
-    if (!p.on || p.table < 0 || p.table >= tables_at(kParamTable[p.group].place)) {
+    if (!p.on || p.table < 0 || p.table >= tables_at(tiny_preset().structure, kParamTable[p.group].place)) {
         std::fprintf(stderr, "usage: gathers_race [plant %s [TABLE]]\n", groups.c_str());
         std::exit(2);
     }

@@ -20,6 +20,11 @@
 
 // ---- the plan against a reference ----
 
+// The tiny preset's layer structure (record 71's), and its layer count as the reference below spells
+// that structure out (layer 6 without attention).
+const Structure kStructure = tiny_preset().structure;
+constexpr int kLayers = 11;
+
 // The backward point (backward_point's numbering: per layer from the last, the MLP's, then the
 // attention's) that finishes matrix i of a bank, from the layer structure: attn holds 4 matrices per
 // attention layer (layer 6 has none), mlp 2 per layer, then 2 of padding no kernel writes.
@@ -35,7 +40,8 @@ int reference_ready(At b, int i) {
 // The program's banks: attn and mlp, their matrices' ready points from the layer structure.
 const At kBankPlaces[2] = {At::attn, At::mlp};
 std::vector<BankReady> program_banks() {
-    return {{"attn", bank_ready_points(At::attn, 4 * kAttnLayers)}, {"mlp", bank_ready_points(At::mlp, 2 * (kLayers + 1))}};
+    return {{"attn", bank_ready_points(kStructure, At::attn, 4 * kStructure.attn_layers())},
+            {"mlp", bank_ready_points(kStructure, At::mlp, 2 * (kStructure.layers + 1))}};
 }
 
 void check_plan(int world) {
@@ -194,7 +200,7 @@ size_t first_in_layer(const std::vector<StepOp>& ops, size_t from, int layer) {
 std::string table_order_error(const std::vector<StepOp>& ops, const GroupComms& t) {
     const size_t from = backward_start(ops);
     for (int layer = kLayers - 1; layer >= 0; --layer) {
-        const int table = value_table(layer);
+        const int table = kStructure.value_table(layer);
         if (table < 0) continue;
         const std::string at = "value table " + std::to_string(table) + " (layer " + std::to_string(layer) + ")";
         size_t written = ops.size();  // the table's embedding backward: the last in its layer
