@@ -257,7 +257,12 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--scheduled-steps", type=int, default=6)
     p.add_argument("--extension-steps", type=int, default=2)
+    p.add_argument("--val-tokens", type=int, default=None, help="validation tokens (make_golden.py's flag)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--noise", action="store_true",
+                   help="also train a second reference from the same parameters nudged by one bf16 step on 1%% of "
+                        "each bf16 tensor's elements (embed kept = lm_head^T): its distance from the first is the "
+                        "bf16 noise floor the upstream-reference difference is judged against")
     args = p.parse_args(argv)
     try:
         return run(args)
@@ -273,6 +278,10 @@ def run(args):
     torch.set_num_threads(args.threads)
     cfg = R.tiny_r80_config()
     cfg.scheduled_iterations, cfg.extension_iterations = args.scheduled_steps, args.extension_steps
+    if args.val_tokens is not None:
+        if args.val_tokens <= 0 or args.val_tokens % cfg.val_batch_tokens:
+            raise PatchError(f"--val-tokens must be a positive multiple of {cfg.val_batch_tokens}")
+        cfg.val_tokens = args.val_tokens
     cfg.validate()
     if not 1 <= args.steps <= cfg.total_steps:
         raise PatchError(f"--steps must be in 1..{cfg.total_steps}")
@@ -294,6 +303,7 @@ def run(args):
         model = build_model(ns, torch, dict(cfg=cfg, tensors=params))  # r80's names are upstream's labels
         manager = ns["TrainingManager"](model)
         ref = R.Trainer(cfg, params)
+        twin = R.Trainer(cfg, nudged(params, torch)) if args.noise else None
         grad_scale = ns["grad_scale"]
         if grad_scale != cfg.grad_scale:
             raise PatchError(f"upstream's grad_scale {grad_scale}, the reference's {cfg.grad_scale}")
@@ -302,7 +312,11 @@ def run(args):
         gen = ref_loader.generator(train_files, 0, 1, cfg.stages[0].batch_tokens, seq, cfg.grad_accum, True,
                                    cfg.bigram_vocab, max_num_docs=docs)
         started, batch_tokens = False, cfg.stages[0].batch_tokens
-        print(f"{'step':>4} {'upstream loss':>16} {'reference loss':>16} {'rel. diff':>10}")
+        manager.advance_schedule(0)
+        ref.advance(0)
+        validate(0, model, manager, ref, cfg, torch, R, ref_loader, docs)
+        print(f"{'step':>4} {'upstream loss':>16} {'reference loss':>16} {'rel. diff':>10}" +
+              (f" {'nudged ref.':>16} {'its diff':>10}" if twin else ""))
         t0 = time.time()
         rows = []
         for step in range(args.steps):
@@ -315,8 +329,10 @@ def run(args):
                 mine = (batch_tokens, seq, cfg.grad_accum)
             if send != mine:
                 raise PatchError(f"step {step}: upstream re-sends {send} to its loader, the reference {mine}")
-            up_total = ref_total = 0.0
+            up_total = ref_total = twin_total = 0.0
             fwd = ref.forward_args()
+            if twin:
+                twin.advance(step)
             for micro in range(cfg.grad_accum):
                 raw = gen.send(send) if started else next(gen)
                 started = True
@@ -328,33 +344,96 @@ def run(args):
                 rl = R.forward(cfg, ref.params, b, fwd, training=True).sum()
                 (rl * cfg.grad_scale).backward()
                 ref_total += float(rl.detach())
+                if twin:
+                    tl = R.forward(cfg, twin.params, b, twin.forward_args(), training=True).sum()
+                    (tl * cfg.grad_scale).backward()
+                    twin_total += float(tl.detach())
             if step == 0:
-                print_grad_norms(model, ref, torch)
+                print_grad_norms(model, ref, twin, torch)
             manager.step_optimizers(step)
             ref.optimizer_step(step)
-            up, rf = up_total / batch_tokens, ref_total / batch_tokens
-            rows.append((step, up, rf))
-            print(f"{step:>4} {up:>16.9f} {rf:>16.9f} {abs(up - rf) / abs(rf):>10.2e}   ({time.time() - t0:.0f} s)",
-                  flush=True)
-    worst = max(abs(u - r) / abs(r) for _, u, r in rows)
-    print(f"largest relative difference over {len(rows)} steps: {worst:.2e}; step 0: "
-          f"{abs(rows[0][1] - rows[0][2]) / abs(rows[0][2]):.2e}")
+            if twin:
+                twin.optimizer_step(step)
+            up, rf, tw = up_total / batch_tokens, ref_total / batch_tokens, twin_total / batch_tokens
+            rows.append((step, up, rf, tw))
+            extra = f" {tw:>16.9f} {abs(tw - rf) / abs(rf):>10.2e}" if twin else ""
+            print(f"{step:>4} {up:>16.9f} {rf:>16.9f} {abs(up - rf) / abs(rf):>10.2e}{extra}   "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+        # validation after the last step, as upstream's loop does at step == steps (with the final
+        # longer window at the schedule's end)
+        step = args.steps
+        manager.advance_schedule(step)
+        ref.advance(step)
+        if step == cfg.total_steps:
+            manager.apply_final_ws_ext()
+            ref.apply_final_window_extension()
+        validate(step, model, manager, ref, cfg, torch, R, ref_loader, docs)
+    worst = max(abs(r[1] - r[2]) / abs(r[2]) for r in rows)
+    print(f"upstream vs reference: step 0 {abs(rows[0][1] - rows[0][2]) / abs(rows[0][2]):.2e}, largest over "
+          f"{len(rows)} steps {worst:.2e}")
+    if twin:
+        floor = max(abs(r[3] - r[2]) / abs(r[2]) for r in rows[1:]) if len(rows) > 1 else 0.0
+        print(f"nudged reference vs reference (the noise floor): largest over steps 1.. {floor:.2e}")
     return 0
 
 
-def print_grad_norms(model, ref, torch):
+def validate(step, model, manager, ref, cfg, torch, R, ref_loader, docs):
+    """Both models' validation loss (the mean over micro-batches of each one's mean loss) on the first
+    val_tokens of the validation shard, printed with their relative difference."""
+    val_files = sorted(glob.glob(os.path.join(ROOT, "data/tinyshakespeare/tinyshakespeare_val_*.bin")))
+    gen = ref_loader.generator(val_files, 0, 1, cfg.val_batch_tokens, -1, cfg.grad_accum, False, cfg.bigram_vocab,
+                               max_num_docs=docs)
+    batches = []
+    for _ in range(cfg.grad_accum * cfg.val_tokens // cfg.val_batch_tokens):
+        r = next(gen)
+        batches.append(R.Batch.from_lists(r["inputs"], r["targets"], r["cu"], r["bigram"]))
+    model.eval()
+    with torch.no_grad():
+        up = sum(float(model(b.inputs.int(), b.targets, b.cu_seqlens.int(), b.bigram.int(),
+                             manager.get_forward_args()).mean()) for b in batches) / len(batches)
+    model.train()
+    rf = ref.evaluate(batches)
+    print(f"validation at step {step} ({cfg.val_tokens} tokens): upstream {up:.9f} reference {rf:.9f} "
+          f"relative difference {abs(up - rf) / abs(rf):.2e}", flush=True)
+
+
+def nudged(params, torch):
+    """The parameters with one bf16 step (up or down) on a fixed 1% of each bf16 tensor's elements;
+    embed stays lm_head^T, exact zeros stay zero (padding and zero-initialized tensors keep their role)."""
+    g = torch.Generator().manual_seed(12345)
+    out = {}
+    for name, t in params.items():
+        if t.dtype != torch.bfloat16 or name == "embed":
+            out[name] = t.clone()
+            continue
+        bits = t.view(torch.int16).to(torch.int32)
+        pick = (torch.rand(t.shape, generator=g) < 0.01) & (t != 0)
+        step = torch.where(torch.rand(t.shape, generator=g) < 0.5, -1, 1)
+        out[name] = torch.where(pick, bits + step, bits).to(torch.int16).view(torch.bfloat16)
+    out["embed"] = out["lm_head"].t().contiguous()
+    return out
+
+
+def print_grad_norms(model, ref, twin, torch):
     """Step 0's accumulated gradients (before the optimizer), upstream vs the reference, per parameter
-    (upstream's unpadded part; embed's gradient is separate from lm_head's while tied, in both)."""
-    print("step 0 gradient norms (upstream, reference, relative difference):")
-    ref_grads = {n: t.grad for n, t in ref.params.items()}
+    (upstream's unpadded part; embed's gradient is separate from lm_head's while tied, in both): the norms
+    and the norm of the difference relative to the reference's; with --noise also the nudged reference's."""
+    print("step 0 gradient norms: upstream, reference, |upstream - reference| / |reference|" +
+          (", |nudged - reference| / |reference|" if twin else ""))
+
+    def grad(trainer, label, shape):
+        g = trainer.params[label].grad
+        return g.double()[:shape[0]] if g is not None else torch.zeros(shape, dtype=torch.float64)
     for name, p in model.named_parameters():
         label = name.replace(".weight", "")
         g_up = p.grad.double() if p.grad is not None else torch.zeros(p.shape, dtype=torch.float64)
-        g_ref = ref_grads[label]
-        g_ref = g_ref.double()[:p.shape[0]] if g_ref is not None else torch.zeros(p.shape, dtype=torch.float64)
-        diff = (g_up - g_ref).norm().item()
+        g_ref = grad(ref, label, p.shape)
         base = g_ref.norm().item()
-        print(f"  {label:>16} {g_up.norm().item():14.7e} {base:14.7e} {diff / base if base else diff:10.2e}")
+        rel = lambda d: d / base if base else d
+        line = f"  {label:>16} {g_up.norm().item():14.7e} {base:14.7e} {rel((g_up - g_ref).norm().item()):10.2e}"
+        if twin:
+            line += f" {rel((grad(twin, label, p.shape) - g_ref).norm().item()):10.2e}"
+        print(line)
         if p.numel() <= 32 and os.environ.get("UPSTREAM_CPU_SHOW"):
             print("     upstream  " + " ".join(f"{v:.3e}" for v in g_up.flatten().tolist()))
             print("     reference " + " ".join(f"{v:.3e}" for v in g_ref.flatten().tolist()))
