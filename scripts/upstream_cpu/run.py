@@ -33,8 +33,6 @@ Upstream at world size 1 pads its banks to a multiple of 1 and its scalars by (-
 import argparse
 import glob
 import os
-import re
-import shutil
 import socket
 import sys
 import tempfile
@@ -117,7 +115,8 @@ TRAIN_PATCHES = [
     ("the evaluation softcap", "            logits = 23 * torch.sigmoid((logits + 5) / 7.5)",
      ["            logits = 23 * torch.sigmoid((logits.float() + 5) / 7.5)"]),
     ("the hyperparameters", "args = Hyperparameters()",
-     ["{line}", "import _upstream_cpu_hooks  # upstream_cpu: the tiny-r80 sizes", "_upstream_cpu_hooks.configure(args)"]),
+     ["{line}", "import _upstream_cpu_hooks  # upstream_cpu: the tiny-r80 sizes",
+      "_upstream_cpu_hooks.configure(args)"]),
     ("the training schedule",
      "training_schedule = TrainingSchedule(TRAINING_STAGES, args.num_scheduled_iterations, "
      "args.num_extension_iterations, cooldown_frac=0.60)",
@@ -176,7 +175,8 @@ def load_upstream(src, tmp, cfg):
     def configure(args):
         args.val_batch_size, args.val_tokens = cfg.val_batch_tokens, cfg.val_tokens
         args.bigram_vocab_size = cfg.bigram_vocab
-        args.num_scheduled_iterations, args.num_extension_iterations = cfg.scheduled_iterations, cfg.extension_iterations
+        args.num_scheduled_iterations = cfg.scheduled_iterations
+        args.num_extension_iterations = cfg.extension_iterations
 
     def stages(upstream_stages):
         if len(upstream_stages) != len(cfg.stages):
@@ -414,8 +414,9 @@ def compare_optimizer(ns, torch, R):
             diff = float((v_up.float() - v_ref.float()).abs().max() / peak)
             floor = float((v_n.float() - v_ref.float()).abs().max() / peak)
             worst = max(worst, diff / floor)
-            print(f"{name} {count}x{rows}x{cols} step {step}: upstream exact {float((v_up == v_ref).float().mean()):.3f}"
-                  f" largest {diff:.2e} | nudged reference exact {float((v_n == v_ref).float().mean()):.3f} largest "
+            exact_up, exact_n = float((v_up == v_ref).float().mean()), float((v_n == v_ref).float().mean())
+            print(f"{name} {count}x{rows}x{cols} step {step}: upstream exact {exact_up:.3f}"
+                  f" largest {diff:.2e} | nudged reference exact {exact_n:.3f} largest "
                   f"{floor:.2e} | momentum buffers equal: {torch.equal(buf_up, buf_ref)}, second moments max rel. "
                   f"diff {float(((sm_up - sm_ref).abs() / sm_ref.abs().clamp_min(1e-30)).max()):.2e}")
     print(f"largest upstream difference / noise floor: {worst:.2f}")

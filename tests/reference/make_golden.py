@@ -164,6 +164,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="default: tests/reference/fixtures/tiny_golden.json, or "
                                                "tiny_r80_golden.json for --preset tiny-r80")
     args = p.parse_args(argv)
+    if args.write_init and (args.preset == "tiny" or args.checkpoint):
+        print("make_golden: error: --write-init saves the reference's own init, used only for --preset tiny-r80 "
+              "without --checkpoint", file=sys.stderr)
+        return 1
     if args.out is None:
         name = "tiny_golden.json" if args.preset == "tiny" else "tiny_r80_golden.json"
         args.out = os.path.join("tests", "reference", "fixtures", name)
@@ -237,7 +241,8 @@ def generate(args) -> int:
     train_gen = ref_loader.generator(train_files, 0, 1, cfg.stages[0].batch_tokens, seq_len, cfg.grad_accum,
                                      True, cfg.bigram_vocab, max_num_docs=docs_rule)
     started, batch_tokens = False, cfg.stages[0].batch_tokens
-    result = dict(format=FORMAT, preset=args.preset, steps=steps, step0_loss=None, step0_grad_norms=None, train_losses=[],
+    result = dict(format=FORMAT, preset=args.preset, steps=steps, step0_loss=None, step0_grad_norms=None,
+                  train_losses=[],
                   val_losses={})
     t_start = time.time()
     for step in range(steps + 1):

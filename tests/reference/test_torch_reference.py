@@ -571,7 +571,7 @@ class R80ModelTest(unittest.TestCase):
         g = torch.Generator().manual_seed(83)
         p = R.init_params(cfg, 4)
         p["ve_gate_bank"] = (torch.randn(5, 2, 12, generator=g) * 0.5).bfloat16()
-        T, C, H, D = 6, cfg.model_dim, cfg.num_heads, cfg.head_dim
+        T, C, D = 6, cfg.model_dim, cfg.head_dim
         h = torch.randn(T, C, generator=g).bfloat16()
         ve = (torch.randn(T, C, generator=g) * 0.5).bfloat16()
         doc = torch.arange(T)

@@ -987,8 +987,9 @@ def mlp_block(h: torch.Tensor, c_fc: torch.Tensor, c_proj: torch.Tensor) -> torc
 
 
 def forward(cfg: Config, p: Dict[str, torch.Tensor], batch: Batch, args: ForwardArgs, training: bool) -> torch.Tensor:
-    """Training: the FP8 lm_head and the MTP loss summed over rows. Eval: bf16 lm_head, mean CE."""
-    T, V = batch.inputs.numel(), cfg.padded_vocab
+    """Training: the FP8 lm_head and the MTP loss summed over rows (r80's fused CE: the per-token losses).
+    Eval: bf16 lm_head, mean CE."""
+    V = cfg.padded_vocab
     s = p["scalars"]
     slots = scalar_slots(cfg)
     doc = batch.doc_ids()
