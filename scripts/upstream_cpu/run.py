@@ -310,6 +310,7 @@ def run(args):
         model = build_model(ns, torch, dict(cfg=cfg, tensors=params))  # r80's names are upstream's labels
         manager = ns["TrainingManager"](model)
         ref = R.Trainer(cfg, params)
+        check_schedule(ns, ref.schedule, cfg)
         twin = R.Trainer(cfg, nudged(params, torch)) if args.noise else None
         grad_scale = ns["grad_scale"]
         if grad_scale != cfg.grad_scale:
@@ -382,6 +383,23 @@ def run(args):
         floor = max(abs(r[3] - r[2]) / abs(r[2]) for r in rows[1:]) if len(rows) > 1 else 0.0
         print(f"nudged reference vs reference (the noise floor): largest over steps 1.. {floor:.2e}")
     return 0
+
+
+def check_schedule(ns, ours, cfg):
+    """Upstream's schedule objects at the tiny-r80 step counts against the reference's, every step: stage
+    boundaries, split step, learning-rate multiplier (cooldown and floor), Muon momentum, MTP weights."""
+    theirs = ns["training_schedule"]
+    if [tuple(b) for b in theirs.boundaries] != [tuple(b) for b in ours.boundaries] or \
+            theirs.split_step != ours.split_step:
+        raise PatchError(f"stage boundaries/split: upstream {theirs.boundaries} {theirs.split_step}, reference "
+                         f"{ours.boundaries} {ours.split_step}")
+    for step in range(cfg.total_steps + 1):
+        up = (theirs.get_lr(step), ns["get_muon_momentum"](step), theirs.mtp_weights[step].tolist())
+        mine = (ours.lr(step), ours.muon_momentum(step), ours.mtp_weights(step).tolist())
+        if up != mine:
+            raise PatchError(f"step {step}: upstream (lr, momentum, MTP weights) {up}, reference {mine}")
+    print(f"schedule: upstream's and the reference's agree exactly at steps 0..{cfg.total_steps} (boundaries "
+          f"{ours.boundaries}, split {ours.split_step}, lr {ours.lr(0)} .. {ours.lr(cfg.total_steps)})")
 
 
 def compare_optimizer(ns, torch, R):

@@ -700,6 +700,16 @@ class R80OptimizerTest(unittest.TestCase):
         want = scaled * (vd.norm(dim=(-2, -1), keepdim=True) / scaled.norm(dim=(-2, -1), keepdim=True))
         self.assertTrue(torch.allclose(out.double(), want, rtol=2 ** -6, atol=1e-6))
 
+    def test_config_json_keeps_record_71_keys(self):
+        """Record 71's fixtures store Config.to_json(): the structure fields must not appear at their
+        record-71 defaults, and r80's must appear with its values."""
+        r71, r80 = R.tiny_config().to_json(), R.tiny_r80_config().to_json()
+        for f in R._STRUCTURE_FIELDS:
+            self.assertNotIn(f, r71)
+        self.assertTrue(all("train_max_seq_len" not in st for st in r71["stages"]))
+        self.assertEqual((r80["lr_floor"], r80["value_layers"], r80["grad_scale"]), (0.15, (1, 2, 8, 9, 10), 1 / 8))
+        self.assertEqual([st["train_max_seq_len"] for st in r80["stages"]], [112, 256, 256, 256])
+
     def test_r80_optimizer_table(self):
         t = R.R80_PARAM_TABLE
         self.assertEqual(list(t), ["qk_bank", "vo_bank", "mlp_bank", "scalars", "smear_gate", "skip_gate",
