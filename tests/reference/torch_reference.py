@@ -1,5 +1,6 @@
 """An independent PyTorch reference of the speedrun (the modded-nanogpt record of 2026-02-06, "Sparse
-bigram gradient comms").
+bigram gradient comms"; presets record and tiny), and of upstream's record 80 (commit 2c702746; presets
+r80 and tiny-r80, whose differences are Config fields the model and optimizer read: README.md here).
 
 The model, the combined NorMuon + Adam optimizer and the schedule, written plainly with autograd for
 one process on the CPU (world size 1: 8 micro-batches of gradient accumulation per step; the sharded
