@@ -103,8 +103,11 @@ class Shard:
         return starts, ends
 
 
-def generator(files, rank, world_size, num_tokens, max_seq_len, grad_accum, align_to_bos, bigram_vocab):
-    """Yields (batch dict) like upstream's distributed_data_generator; accepts .send((T, L, G))."""
+def generator(files, rank, world_size, num_tokens, max_seq_len, grad_accum, align_to_bos, bigram_vocab,
+              max_num_docs=None):
+    """Yields (batch dict) like upstream's distributed_data_generator; accepts .send((T, L, G)).
+    max_num_docs: tokens per rank -> cu_seqlens entries (record 80's TRAIN_MAX_NUM_DOCS rule);
+    None: the reference record's next_multiple_of_n(tokens // 300, 128)."""
     assert num_tokens % (world_size * grad_accum) == 0
     num_tokens //= grad_accum
     file_iter = iter(range(len(files)))
@@ -117,7 +120,8 @@ def generator(files, rank, world_size, num_tokens, max_seq_len, grad_accum, alig
         pos = 0
     while True:
         num_tokens_local = num_tokens // world_size
-        max_num_docs = next_multiple_of_n(num_tokens_local // 300, 128)
+        entries = (next_multiple_of_n(num_tokens_local // 300, 128) if max_num_docs is None
+                   else max_num_docs(num_tokens_local))
         if align_to_bos:
             try:
                 seq_starts, seq_ends = shard.next_batch(num_tokens_local, max_seq_len)
@@ -155,9 +159,10 @@ def generator(files, rank, world_size, num_tokens, max_seq_len, grad_accum, alig
             cum = [k for k, t in enumerate(inputs) if t == BOS]
             shown_starts, shown_ends = [pos_local], [pos_local + num_tokens_local + 1]
             pos += num_tokens
-        if len(cum) + 1 > max_num_docs:
-            raise LoaderError("too many documents for cu_seqlens")
-        cu = [num_tokens_local] * max_num_docs
+        if len(cum) + 1 > entries:
+            raise LoaderError(f"too many documents for cu_seqlens: {len(cum)} documents in {num_tokens_local} "
+                              f"tokens, {entries} entries")
+        cu = [num_tokens_local] * entries
         cu[0] = 0
         cu[1:len(cum) + 1] = cum
         new_params = yield dict(

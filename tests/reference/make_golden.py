@@ -88,11 +88,14 @@ def run(cmd: List[str], what: str) -> str:
 class CheckedBatches:
     """Micro-batches from ref_loader, each checked against the C++ side's checksums."""
 
-    def __init__(self, expected: Checksums, what: str):
+    def __init__(self, expected, what: str):
+        """expected None: nothing to check against (tiny-r80 without a C++ dump)."""
         self.expected, self.what, self.checked = expected, what, 0
 
     def take(self, raw: dict, step: int, micro: int) -> R.Batch:
         b = R.Batch.from_lists(raw["inputs"], raw["targets"], raw["cu"], raw["bigram"])
+        if self.expected is None:
+            return b
         got = tuple(ref_loader.crc(t.tolist()) for t in (b.inputs, b.targets, b.bigram, b.cu_seqlens))
         want = self.expected.get((step, micro))
         if want is None:
@@ -150,18 +153,35 @@ def main(argv=None) -> int:
     p.add_argument("--val-tokens", type=int, default=None, help="validation tokens (the trainer's flag)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: reproducible sums, and fastest on a "
                                                            "busy machine)")
-    p.add_argument("--out", default=os.path.join("tests", "reference", "fixtures", "tiny_golden.json"))
+    p.add_argument("--preset", choices=("tiny", "tiny-r80"), default="tiny",
+                   help="tiny: record 71's twin, from the C++ trainer's checkpoint and checked batches; tiny-r80: "
+                        "record 80's twin (tests/reference/README.md), which the C++ trainer does not have yet: its "
+                        "step-0 parameters come from --checkpoint or this reference's seeded init (--seed), its "
+                        "batches from ref_loader with r80's rules, checked only against dumps given with "
+                        "--train-dump/--val-dump")
+    p.add_argument("--write-init", help="tiny-r80: also write the step-0 parameters used to this safetensors file "
+                                        "(what a C++ twin loads to start from the same values)")
+    p.add_argument("--out", default=None, help="default: tests/reference/fixtures/tiny_golden.json, or "
+                                               "tiny_r80_golden.json for --preset tiny-r80")
     args = p.parse_args(argv)
+    if args.write_init and (args.preset == "tiny" or args.checkpoint):
+        print("make_golden: error: --write-init saves the reference's own init, used only for --preset tiny-r80 "
+              "without --checkpoint", file=sys.stderr)
+        return 1
+    if args.out is None:
+        name = "tiny_golden.json" if args.preset == "tiny" else "tiny_r80_golden.json"
+        args.out = os.path.join("tests", "reference", "fixtures", name)
     try:
         return generate(args)
-    except (GoldenError, ValueError, OSError) as e:
+    except (GoldenError, ValueError, OSError, ref_loader.LoaderError) as e:
         print(f"make_golden: error: {e}", file=sys.stderr)
         return 1
 
 
 def generate(args) -> int:
     torch.set_num_threads(args.threads)
-    cfg = R.tiny_config()
+    cfg = R.PRESETS[args.preset]()
+    has_trainer = args.preset == "tiny"  # the C++ trainer has no r80 preset yet
     cfg.val_loss_every = args.val_every
     schedule_flags = []
     if args.scheduled_steps is not None:
@@ -184,31 +204,45 @@ def generate(args) -> int:
         raise GoldenError("the Tiny Shakespeare shards are missing from data/tinyshakespeare/")
 
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt_path = initial_checkpoint(args, tmp)
+        if has_trainer or args.checkpoint:
+            ckpt_path = initial_checkpoint(args, tmp)
+        else:
+            ckpt_path = args.write_init or os.path.join(tmp, "init.safetensors")
+            init = R.init_params(cfg, args.seed)
+            R.write_safetensors(ckpt_path, {"param." + n: t for n, t in init.items()},
+                                dict(format="torch_reference init", preset=args.preset, step=0, seed=args.seed,
+                                     made_by=f"torch_reference.init_params(tiny_r80_config(), seed={args.seed})"))
         tensors, meta = R.read_safetensors(ckpt_path, prefix="param.")
         ckpt_hash = sha256(ckpt_path)
-    if meta.get("preset", "tiny") != "tiny" or meta.get("step", "0") != "0":
-        raise GoldenError(f"{ckpt_path} is preset {meta.get('preset')} step {meta.get('step')}, want tiny step 0")
+    if meta.get("preset", args.preset) != args.preset or meta.get("step", "0") != "0":
+        raise GoldenError(f"{ckpt_path} is preset {meta.get('preset')} step {meta.get('step')}, "
+                          f"want {args.preset} step 0")
     params = R.params_from_checkpoint(cfg, tensors)
     if not torch.equal(params["embed"], params["lm_head"].t()):
         raise GoldenError("the checkpoint's embed is not lm_head^T (they start tied)")
 
-    if steps > 0:
+    train_sums = CheckedBatches(None, "train")
+    if steps > 0 and (has_trainer or args.train_dump):
         dump_cmd = [args.trainer, "--preset", "tiny", *schedule_flags, "--dump-batches", str(steps)]
         train_text = open(args.train_dump).read() if args.train_dump else run(dump_cmd, "the trainer's --dump-batches")
         train_sums = CheckedBatches(parse_dump(train_text, "train"), "train")
     val_micro = cfg.grad_accum * cfg.val_tokens // cfg.val_batch_tokens
-    val_text = open(args.val_dump).read() if args.val_dump else run(
-        [args.dump_tool, "--val", "--files", VAL_GLOB,
-         "--world-size", "1", "--grad-accum", str(cfg.grad_accum), "--batch-tokens", str(cfg.val_batch_tokens),
-         "--bigram-vocab", str(cfg.bigram_vocab), "--batches", str(val_micro // cfg.grad_accum)], "dump_batches --val")
-    val_sums = CheckedBatches(parse_dump(val_text, "val"), "val")
+    val_sums = CheckedBatches(None, "val")
+    if has_trainer or args.val_dump:
+        val_text = open(args.val_dump).read() if args.val_dump else run(
+            [args.dump_tool, "--val", "--files", VAL_GLOB, "--world-size", "1", "--grad-accum", str(cfg.grad_accum),
+             "--batch-tokens", str(cfg.val_batch_tokens), "--bigram-vocab", str(cfg.bigram_vocab),
+             "--batches", str(val_micro // cfg.grad_accum)], "dump_batches --val")
+        val_sums = CheckedBatches(parse_dump(val_text, "val"), "val")
 
     tr = R.Trainer(cfg, params)
-    train_gen = ref_loader.generator(train_files, 0, 1, cfg.stages[0].batch_tokens, cfg.max_seq_len, cfg.grad_accum,
-                                     True, cfg.bigram_vocab)
+    docs_rule = None if cfg.max_num_docs_table is None else (lambda n: R.max_num_docs(cfg, n))
+    seq_len = tr.schedule.train_max_seq_len(0)
+    train_gen = ref_loader.generator(train_files, 0, 1, cfg.stages[0].batch_tokens, seq_len, cfg.grad_accum,
+                                     True, cfg.bigram_vocab, max_num_docs=docs_rule)
     started, batch_tokens = False, cfg.stages[0].batch_tokens
-    result = dict(format=FORMAT, preset="tiny", steps=steps, step0_loss=None, step0_grad_norms=None, train_losses=[],
+    result = dict(format=FORMAT, preset=args.preset, steps=steps, step0_loss=None, step0_grad_norms=None,
+                  train_losses=[],
                   val_losses={})
     t_start = time.time()
     for step in range(steps + 1):
@@ -217,17 +251,17 @@ def generate(args) -> int:
             if step == total:
                 tr.apply_final_window_extension()
             gen = ref_loader.generator(val_files, 0, 1, cfg.val_batch_tokens, -1, cfg.grad_accum, False,
-                                       cfg.bigram_vocab)
+                                       cfg.bigram_vocab, max_num_docs=docs_rule)
             batches = [val_sums.take(next(gen), i // cfg.grad_accum, i % cfg.grad_accum) for i in range(val_micro)]
             result["val_losses"][str(step)] = tr.evaluate(batches)
             print(f"step:{step}/{total} val_loss:{result['val_losses'][str(step)]:.4f} ({time.time() - t_start:.0f} s)",
                   file=sys.stderr, flush=True)
         if step == steps:
             break
-        send = None
-        if tr.schedule.batch_tokens(step) != batch_tokens:
-            batch_tokens = tr.schedule.batch_tokens(step)
-            send = (batch_tokens, cfg.max_seq_len, cfg.grad_accum)
+        send = None  # upstream's advance_schedule: re-sent when the batch size or (r80) the cut length changes
+        if tr.schedule.batch_tokens(step) != batch_tokens or tr.schedule.train_max_seq_len(step) != seq_len:
+            batch_tokens, seq_len = tr.schedule.batch_tokens(step), tr.schedule.train_max_seq_len(step)
+            send = (batch_tokens, seq_len, cfg.grad_accum)
         micro = []
         for i in range(cfg.grad_accum):
             raw = train_gen.send(send) if started else next(train_gen)
@@ -245,15 +279,22 @@ def generate(args) -> int:
     result["hyperparameters"] = dict(
         config=cfg.to_json(), split_step=tr.schedule.split_step, stage_boundaries=tr.schedule.boundaries,
         transition_steps=tr.schedule.transition_steps(), schedule=schedule_table(tr, steps),
-        param_table={n: dict(label=R.LABELS[n], optim=o, adam_betas=b, lr_mul=lm, wd_mul=wm)
-                     for n, (o, b, lm, wm) in R.PARAM_TABLE.items()},
-        normuon_lr_muls={n: tr.optimizer.lr_muls(n) for n in ("attn_bank", "mlp_bank")})
+        param_table={n: dict(label=R.LABELS.get(n, n), optim=o, adam_betas=b, lr_mul=lm, wd_mul=wm)
+                     for n, (o, b, lm, wm) in R.optimizer_table(cfg).items()},
+        normuon_lr_muls={n: tr.optimizer.lr_muls(n) for n, row in R.optimizer_table(cfg).items()
+                         if row[0] == "normuon"})
     result["source"] = dict(
         checkpoint_metadata=meta, checkpoint_sha256=ckpt_hash, torch=torch.__version__, threads=args.threads,
         train_files=[os.path.relpath(f, ROOT) for f in train_files],
         val_files=[os.path.relpath(f, ROOT) for f in val_files],
         micro_batches_checked=dict(train=train_sums.checked if steps > 0 else 0, val=val_sums.checked),
         seconds=round(time.time() - t_start, 1))
+    if not has_trainer:  # (record 71's fixture keeps its keys)
+        result["source"]["initial_parameters"] = (
+            f"checkpoint {args.checkpoint}" if args.checkpoint else
+            f"torch_reference.init_params(tiny_r80_config(), seed={args.seed}): no C++ r80 twin exists yet, so the "
+            "step-0 parameters are the reference's own, and the batches are ref_loader's with r80's rules "
+            "(train_max_seq_len per stage, the max-documents table), checked only where dumps were given")
     out = args.out if os.path.isabs(args.out) else os.path.join(ROOT, args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp_out = out + ".tmp"

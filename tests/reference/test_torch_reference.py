@@ -391,6 +391,352 @@ class CheckpointTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "scalars"):
                 R.params_from_checkpoint(cfg, tensors)
 
+# =====================================================================================================
+# Record 80 (upstream 2c702746): the r80 / tiny-r80 presets' new pieces, each against an independent
+# computation (hand-derived values, float64 formulas, or autograd of a plain formula).
+# =====================================================================================================
+def small_r80_config():
+    c = R.tiny_r80_config()
+    c.vocab_size, c.padded_vocab, c.bigram_vocab = 500, 512, 64 * 5
+    return c
+
+
+def f64_sigmoid_bf16(logits):
+    """The CE kernel's sigmoid of (l + 5) / 7.5 from its definition in float64, rounded to bf16."""
+    return torch.sigmoid((logits.double() + 5) / 7.5).bfloat16().double()
+
+
+@needs_torch
+class R80ScheduleTest(unittest.TestCase):
+    def test_boundaries_floor_and_cooldown(self):
+        s = R.Schedule(R.r80_config())
+        self.assertEqual(s.boundaries, [(0, 480), (480, 960), (960, 1440), (1440, 1480)])
+        self.assertEqual(s.split_step, 961)
+        # cooldown from int(1440 * 0.4) = 576: lr_mul * (1 - t) + 0.15 t
+        self.assertEqual(s.lr(575), 1.52)
+        self.assertEqual(s.lr(576), 1.52)
+        self.assertAlmostEqual(s.lr(1008), 1.73 * 0.5 + 0.15 * 0.5, places=12)  # t = 432 / 864
+        self.assertAlmostEqual(s.lr(1440), 0.15, places=12)  # extension: t = 1
+        self.assertAlmostEqual(s.lr(1479), 0.15, places=12)
+        self.assertEqual(R.Schedule(R.record_config()).lr(1515), 0.1)  # record 71 keeps its floor
+
+    def test_train_max_seq_len_per_stage(self):
+        s = R.Schedule(R.r80_config())
+        self.assertEqual([s.train_max_seq_len(k) for k in (0, 479, 480, 1439, 1440, 1479)],
+                         [896, 896, 2048, 2048, 2048, 2048])
+        t = R.Schedule(R.tiny_r80_config())
+        self.assertEqual(t.boundaries, [(0, 10), (10, 20), (20, 30), (30, 34)])
+        self.assertEqual([t.train_max_seq_len(k) for k in (0, 9, 10, 33)], [112, 112, 256, 256])  # 256 * 896/2048
+        self.assertEqual(t.lr(12), 1.52)  # cooldown start int(30 * 0.4) = 12
+        self.assertAlmostEqual(t.lr(21), 1.73 * 0.5 + 0.15 * 0.5, places=12)  # t = 9 / 18
+
+    def test_max_num_docs_table_and_overflow(self):
+        r80, tiny, r71 = R.r80_config(), R.tiny_r80_config(), R.record_config()
+        self.assertEqual([R.max_num_docs(r80, n) for n in (16384, 32768, 49152)], [64, 96, 128])
+        # validation, 262144 tokens in 8 micro-steps: 4096 per rank on 8 GPUs (ceil(13 / 128) * 128), but
+        # 32768 at world size 1, which the table holds (the rule keys on tokens per rank, whatever the use)
+        self.assertEqual(R.max_num_docs(r80, 4096), 128)
+        self.assertEqual(R.max_num_docs(r80, 32768), 96)
+        self.assertEqual(R.max_num_docs(r80, 262144), 896)         # ceil(873 / 128) * 128
+        self.assertEqual(R.max_num_docs(r71, 16384), 128)          # record 71: ceil(54 / 128) * 128
+        self.assertEqual([R.max_num_docs(tiny, n) for n in (32, 48, 64)], [64, 96, 128])
+        self.assertEqual(R.max_num_docs(tiny, 256), 128)           # 256 // 300 = 0: one block, not 0
+        R.check_num_docs(r80, 16384, 63)
+        with self.assertRaisesRegex(ValueError, "64 documents .* 64 entries"):
+            R.check_num_docs(r80, 16384, 64)
+
+
+@needs_torch
+class R80CrossEntropyTest(unittest.TestCase):
+    def setUp(self):
+        g = torch.Generator().manual_seed(80)
+        self.T, self.V = 9, 40
+        self.logits = (torch.randn(self.T, self.V, generator=g) * 4).bfloat16()
+        self.targets = torch.randint(0, self.V, (self.T,), generator=g)
+        self.targets[3] = self.targets[4] = self.targets[5]  # MTP targets that coincide: term2 sums weights
+        self.w = torch.tensor([1.0, 0.5, 0.25])
+        self.gs, self.gscale = 0.125 * 0.75 / 448, 0.125
+
+    def test_losses_match_float64_definition(self):
+        losses, _ = R.fused_ce_rows(self.logits, self.targets, self.w, self.gs, self.gscale)
+        s = f64_sigmoid_bf16(self.logits)
+        z = 23 * s
+        lse = torch.logsumexp(z, 1)
+        for t in range(self.T):
+            want = sum(self.w[k].item() * (lse[t] - z[t, self.targets[t + k]]).item()
+                       for k in range(3) if t + k < self.T)
+            self.assertAlmostEqual(losses[t].item(), want, delta=2e-6 * abs(want), msg=f"row {t}")
+
+    def test_gradient_numerics(self):
+        """dlogit = e5m2(grad_scale (23/7.5) / grad_s (S_w p - term2) s (1 - s)) from the bf16 s, with S_w the
+        sum of all three weights on every row (the kernel's quirk: the last two rows too)."""
+        _, d8 = R.fused_ce_rows(self.logits, self.targets, self.w, self.gs, self.gscale)
+        s = f64_sigmoid_bf16(self.logits)
+        p = torch.softmax(23 * s, 1)
+        term2 = torch.zeros(self.T, self.V, dtype=torch.float64)
+        for t in range(self.T):
+            for k in range(3):
+                if t + k < self.T:
+                    term2[t, self.targets[t + k]] += self.w[k].item()
+        want = self.gscale * (23 / 7.5) / self.gs * (1.75 * p - term2) * s * (1 - s)
+        want8 = torch.tensor([[round_to_format(v, 2, -14, 57344.0) for v in row] for row in want.tolist()],
+                             dtype=torch.float64)
+        got = d8.double()
+        # the float64 and fp32 values may straddle an e5m2 rounding tie: allow one step there, nowhere else
+        step = torch.where(want8 == 0, torch.tensor(2.0 ** -16, dtype=torch.float64),
+                           2.0 ** (torch.floor(torch.log2(want8.abs().clamp_min(2.0 ** -16))) - 2))
+        self.assertTrue(bool(((got - want8).abs() <= step).all()))
+        self.assertGreater(float((got == want8).double().mean()), 0.97)
+        # the last row: all the weight of S_w = 1.75 on p, only w_0 on its target (no t+1, t+2 rows)
+        t, j = self.T - 1, int(self.targets[-1])
+        self.assertGreater(got[t].sum().item(), 0.0)  # 1.75 - 1.0: the quirk leaves a positive row sum
+        self.assertLess(got[t, j].item(), 0.0)
+
+    def test_gradient_matches_autograd_where_the_weights_match(self):
+        """For rows whose MTP targets all exist, S_w equals the loss's weight sum: the e5m2 gradient is
+        the autograd gradient of sum_t sum_k w_k (lse - z) (times grad_scale) up to e5m2 and bf16(s)."""
+        _, d8 = R.fused_ce_rows(self.logits, self.targets, self.w, self.gs, self.gscale)
+        l = self.logits.double().requires_grad_(True)
+        z = 23 * torch.sigmoid((l + 5) / 7.5)
+        lse = torch.logsumexp(z, 1)
+        loss = sum(self.w[k] * (lse[:self.T - k] - z[:self.T - k].gather(
+            1, self.targets[k:].unsqueeze(1)).squeeze(1)).sum() for k in range(3))
+        (loss * self.gscale).backward()
+        got = d8.double()[:self.T - 2] * self.gs
+        want = l.grad[:self.T - 2]
+        self.assertTrue(torch.allclose(got, want, rtol=0.2, atol=self.gs * 2.0 ** -15))
+        self.assertGreater(F_cos(got, want), 0.999)
+
+    def test_function_backward_ignores_grad_output_and_forms_fp8_products(self):
+        g = torch.Generator().manual_seed(81)
+        T, C, V = 9, 32, 40
+        x = torch.randn(T, C, generator=g).bfloat16().requires_grad_(True)
+        w = (torch.randn(C, V, generator=g) * 0.02).bfloat16().requires_grad_(True)
+        xs, ws = 100 / 448, 1.6 / 448
+        tg = torch.randint(0, V, (T,), generator=g)
+        losses = R.FusedSoftcappedCE.apply(x, w, tg, self.w, xs, ws, self.gs, self.gscale)
+        (losses.sum() * 1000.0).backward()  # the factor is ignored: grad_scale is baked in
+        q = lambda t, sc: torch.tensor([[round_to_format(v, 3, -6, 448.0) for v in row] for row in (t / sc).tolist()],
+                                       dtype=torch.float64)
+        xq, wq = q(x.detach().float(), xs), q(w.detach().float(), ws)
+        logits = ((xq @ wq) * float(torch.tensor(xs)) * float(torch.tensor(ws))).bfloat16()
+        self.assertTrue(torch.allclose(losses, R.fused_ce_rows(logits, tg, self.w, self.gs, self.gscale)[0]))
+        _, d8 = R.fused_ce_rows(logits, tg, self.w, self.gs, self.gscale)
+        sg = float(torch.tensor(self.gs))
+        self.assertTrue(torch.allclose(x.grad.double(), (d8.double() @ wq.t()) * sg * float(torch.tensor(ws)),
+                                       rtol=2 ** -7, atol=1e-9))
+        self.assertTrue(torch.allclose(w.grad.double(), (xq.t() @ d8.double()) * float(torch.tensor(xs)) * sg,
+                                       rtol=2 ** -7, atol=1e-9))
+
+
+def F_cos(a, b):
+    return float((a * b).sum() / (a.norm() * b.norm()))
+
+
+@needs_torch
+class R80ModelTest(unittest.TestCase):
+    def test_banks_concatenate_to_the_layer_matrices(self):
+        cfg = R.r80_config()
+        self.assertEqual(R.bank_counts(cfg), (60, 64, 20, 24))
+        self.assertEqual(R.bank_counts(R.tiny_r80_config()), (20, 24, 20, 24))
+        C, D = cfg.model_dim, cfg.head_dim
+        g = torch.Generator().manual_seed(82)
+        p = {"qk_bank": torch.randn(64, 2 * D, C, generator=g).bfloat16(),
+             "vo_bank": torch.randn(24, C, C, generator=g).bfloat16()}
+        W = R.attention_weights(cfg, p)
+        self.assertEqual(len(W), 10)
+        for a in (0, 5, 9):
+            for j in range(3):  # heads 2j, 2j+1 of Wq and of Wk
+                self.assertTrue(torch.equal(W[a][256 * j:256 * (j + 1)], p["qk_bank"][6 * a + j]))
+                self.assertTrue(torch.equal(W[a][C + 256 * j:C + 256 * (j + 1)], p["qk_bank"][6 * a + 3 + j]))
+            self.assertTrue(torch.equal(W[a][2 * C:3 * C], p["vo_bank"][2 * a]))
+            self.assertTrue(torch.equal(W[a][3 * C:], p["vo_bank"][2 * a + 1]))
+
+    def test_init_layout(self):
+        cfg = small_r80_config()
+        p = R.init_params(cfg, 3)
+        self.assertTrue(bool((p["qk_bank"][20:] == 0).all()) and bool((p["qk_bank"][:20] != 0).any()))
+        self.assertTrue(bool((p["vo_bank"][20:] == 0).all()))
+        self.assertAlmostEqual(p["value_embeds"].float().std().item(), 0.01, delta=0.001)
+        self.assertEqual(p["scalars"].tolist(), [0.5, 1.0] * 11 + [0.0, 0.5, -1.5] + [1.0] * 7)
+        self.assertEqual(p["resid_lambdas"].dtype, torch.float32)
+        self.assertTrue(bool((p["resid_lambdas"] == 1.1 ** 0.5).all()))
+        self.assertTrue(bool((p["bigram_lambdas"] == 0.05).all()) and bool((p["post_lambdas"] == 1).all()))
+
+    def test_ve_gate_reads_the_value_embedding(self):
+        """Every token its own document: attention returns v, so the block's output is
+        bf16(bf16(v * sigmoid(0)) @ Wo^T) with v = qkv's v + 2 sigmoid(cat(x[:6], ve[:6]) . w) ve (layer 1,
+        unpaired) or 2 sigmoid(x[:12] . w) ve (layer 2, paired)."""
+        cfg = small_r80_config()
+        g = torch.Generator().manual_seed(83)
+        p = R.init_params(cfg, 4)
+        p["ve_gate_bank"] = (torch.randn(5, 2, 12, generator=g) * 0.5).bfloat16()
+        T, C, D = 6, cfg.model_dim, cfg.head_dim
+        h = torch.randn(T, C, generator=g).bfloat16()
+        ve = (torch.randn(T, C, generator=g) * 0.5).bfloat16()
+        doc = torch.arange(T)
+        # layer 2 is paired: rows 2t, 2t+1 (heads 0, 1 of token t) share a document, so only head 0 is
+        # v itself; its Wo columns for head 1 are zeroed so that the output shows head 0 alone
+        p["vo_bank"][2 * R.attn_index(2) + 1][:, D:] = 0
+        tr = R.Trainer(cfg, p)
+        W = R.attention_weights(cfg, p)
+        for layer, table in ((1, 0), (2, 1)):
+            y = R.attention_block(cfg, p, layer, h, W[R.attn_index(layer)], ve, doc, tr.forward_args())
+            sa = p["scalars"][2 * layer:2 * layer + 2].double()
+            Wl = W[R.attn_index(layer)].double()
+            v = (h.double() @ (sa[0] * Wl[2 * C:3 * C]).bfloat16().double().t()).bfloat16().double()
+            wg = p["ve_gate_bank"][table].double()
+            if layer == 1:
+                logit = h.double()[:, :6] @ wg[:, :6].t() + ve.double()[:, :6] @ wg[:, 6:].t()
+                gate = (2 * torch.sigmoid(logit.bfloat16().double())).repeat_interleave(D, 1)
+            else:  # paired: (T, H) gates viewed as (2T, H/2) rows, as v is
+                gate = (2 * torch.sigmoid((h.double()[:, :12] @ wg.t()).bfloat16().double())).repeat_interleave(D, 1)
+            v = (v + gate * ve.double()).bfloat16().double()
+            want = (v * 0.5).bfloat16().double() @ (sa[1] * Wl[3 * C:]).bfloat16().double().t()
+            self.assertTrue(torch.allclose(y.double(), want, rtol=2 ** -7, atol=2 ** -12), f"layer {layer}")
+
+    def test_dead_entries_and_padding_get_no_gradient(self):
+        cfg = small_r80_config()
+        p = R.init_params(cfg, 5)
+        p["bigram_embed"] = (torch.randn(p["bigram_embed"].shape, generator=torch.Generator().manual_seed(1)) * 0.1
+                             ).bfloat16()  # zeros at init would give the bigram lambdas zero gradients
+        tr = R.Trainer(cfg, p)
+        b = random_batch(cfg, 32, 3, torch.Generator().manual_seed(84))
+        loss = R.forward(cfg, tr.params, b, tr.forward_args(), training=True)
+        self.assertEqual(loss.shape, (32,))
+        (loss.sum() * cfg.grad_scale).backward()
+        P = tr.params
+        for name, idx in (("resid_lambdas", (6, 0)), ("post_lambdas", (6, 0)), ("x0_lambdas", 6),
+                          ("bigram_lambdas", 6)):
+            self.assertEqual(P[name].grad[idx].item(), 0.0, name)
+        self.assertNotEqual(P["resid_lambdas"].grad[6, 1].item(), 0.0)
+        self.assertNotEqual(P["bigram_lambdas"].grad[0].item(), 0.0)  # the pre-layer-0 injection
+        self.assertTrue(bool((P["qk_bank"].grad[20:] == 0).all()) and bool((P["qk_bank"].grad[:20] != 0).any()))
+        # a lambda's gradient is an fp32 sum rounded to bf16 at the .bfloat16() cast
+        gl = P["resid_lambdas"].grad
+        self.assertTrue(torch.equal(gl, gl.bfloat16().float()))
+        self.assertGreater(P["value_embeds"].grad.float().abs().sum().item(), 0)
+
+    def test_layers_8_to_10_read_layer_7(self):
+        """Perturbing layer 8's MLP changes the stream after layer 8 but not the attention inputs of layers
+        9 and 10 (they read norm(h7)); perturbing layer 7's MLP changes all three."""
+        cfg = small_r80_config()
+        p = R.init_params(cfg, 6)
+        p["mlp_bank"][:, 1] = (torch.randn(p["mlp_bank"][:, 1].shape, generator=torch.Generator().manual_seed(2))
+                               * 0.05).bfloat16()  # c_proj is zero at init: the MLPs would add nothing
+        b = random_batch(cfg, 32, 2, torch.Generator().manual_seed(85))
+        args = R.Trainer(cfg, p).forward_args()
+        real = R.attention_block
+
+        def inputs(params):
+            seen = {}
+
+            def spy(cfg_, p_, layer, h, *rest):
+                seen[layer] = h.clone()
+                return real(cfg_, p_, layer, h, *rest)
+            R.attention_block = spy
+            try:
+                R.forward(cfg, params, b, args, training=False)
+            finally:
+                R.attention_block = real
+            return seen
+
+        base = inputs(p)
+        for layer, changed in ((8, ()), (7, (8, 9, 10))):
+            q = {n: t.clone() for n, t in p.items()}
+            q["mlp_bank"][layer, 1] = (q["mlp_bank"][layer, 1].float() * 3).bfloat16()
+            got = inputs(q)
+            for l in (8, 9, 10):
+                self.assertEqual(torch.equal(got[l], base[l]), l not in changed, f"MLP {layer}, attention {l}")
+        self.assertTrue(torch.equal(base[9], base[10]))  # the same norm(h7)
+
+
+@needs_torch
+class R80OptimizerTest(unittest.TestCase):
+    def test_xtx_matches_transposed_xxt_and_float64(self):
+        g = torch.Generator().manual_seed(86)
+        G = torch.randn(96, 32, generator=g)
+        tall = R.polar_express_r80(G.clone(), torch.zeros(96, 32), 0.0)
+        wide = R.polar_express_r80(G.t().contiguous(), torch.zeros(32, 96), 0.0).t()
+        diff = (tall.float() - wide.float()).abs()
+        self.assertLessEqual(diff.max().item(), 2 ** -7 * tall.float().abs().max().item())
+        self.assertGreater(float((diff == 0).float().mean()), 0.9)
+        f64 = f64_polar_express(G.bfloat16().double())
+        self.assertLess(((tall.double() - f64).norm() / f64.norm()).item(), 0.02)
+
+    def test_nesterov_is_fused_in_fp32(self):
+        g = torch.Generator().manual_seed(87)
+        G, buf = torch.randn(16, 24, generator=g), torch.randn(16, 24, generator=g)
+        m = 0.9
+        want_buf = buf.double() + (1 - m) * (G.double() - buf.double())
+        want_u = G.double() + m * (want_buf - G.double())
+        b = buf.clone()
+        X = R.polar_express_r80(G.clone(), b, m)
+        self.assertTrue(torch.allclose(b.double(), want_buf, rtol=1e-6, atol=1e-6))
+        direct = R.polar_express_r80(want_u.float(), torch.zeros(16, 24), 0.0)  # m = 0: u = g
+        self.assertLessEqual((X.float() - direct.float()).abs().max().item(), 2 ** -7)
+
+    def test_column_wise_second_moment_for_wide_qk_blocks(self):
+        cfg = R.r80_config()
+        shapes = {n: R.normuon_matrices(cfg, n) for n in ("qk_bank", "vo_bank", "mlp_bank")}
+        self.assertEqual(shapes, {"qk_bank": (64, 256, 768), "vo_bank": (24, 768, 768), "mlp_bank": (24, 3072, 768)})
+        tiny = small_r80_config()
+        opt = R.NorMuonAdam(tiny, R.init_params(tiny, 7))
+        self.assertEqual(tuple(opt.state["qk_bank"]["second_moment"].shape), (24, 128, 1))  # square: rows
+        self.assertEqual(opt.lr_muls("qk_bank"), [1.0] * 24)
+        self.assertEqual(opt.lr_muls("mlp_bank"), [2.0, 4.0] * 12)  # sqrt(512/128) = 2, c_proj 2x
+        # a wide 256x768 block: mean square per column, second moment lerped with beta2 0.9
+        g = torch.Generator().manual_seed(88)
+        v = torch.randn(2, 256, 768, generator=g).bfloat16()
+        sm = torch.rand(2, 1, 768, generator=g) * 2
+        sm0 = sm.clone().double()
+        out = R.normuon_variance_reduction(v, sm, 0.9, scale_bf16=True)
+        vd = v.double()
+        mean = vd.square().mean(dim=-2, keepdim=True)
+        want_sm = sm0 + 0.1 * (mean - sm0)
+        self.assertTrue(torch.allclose(sm.double(), want_sm, rtol=1e-6))
+        step = want_sm.rsqrt()
+        scaled = vd * step
+        want = scaled * (vd.norm(dim=(-2, -1), keepdim=True) / scaled.norm(dim=(-2, -1), keepdim=True))
+        self.assertTrue(torch.allclose(out.double(), want, rtol=2 ** -6, atol=1e-6))
+
+    def test_config_json_keeps_record_71_keys(self):
+        """Record 71's fixtures store Config.to_json(): the structure fields must not appear at their
+        record-71 defaults, and r80's must appear with its values."""
+        r71, r80 = R.tiny_config().to_json(), R.tiny_r80_config().to_json()
+        for f in R._STRUCTURE_FIELDS:
+            self.assertNotIn(f, r71)
+        self.assertTrue(all("train_max_seq_len" not in st for st in r71["stages"]))
+        self.assertEqual((r80["lr_floor"], r80["value_layers"], r80["grad_scale"]), (0.15, (1, 2, 8, 9, 10), 1 / 8))
+        self.assertEqual([st["train_max_seq_len"] for st in r80["stages"]], [112, 256, 256, 256])
+
+    def test_r80_optimizer_table(self):
+        t = R.R80_PARAM_TABLE
+        self.assertEqual(list(t), ["qk_bank", "vo_bank", "mlp_bank", "scalars", "smear_gate", "skip_gate",
+                                   "attn_gate_bank", "ve_gate_bank", "lm_head", "bigram_embed", "post_lambdas",
+                                   "x0_lambdas", "bigram_lambdas", "resid_lambdas", "value_embeds", "embed"])
+        self.assertEqual(t["x0_lambdas"], ("adam", (0.9, 0.95), 1.0, 0.0))
+        self.assertEqual(t["resid_lambdas"], ("adam", (0.9, 0.95), 5.0, 0.0))
+        self.assertEqual(sorted(R.param_names(R.r80_config())), sorted(t))
+        cfg = R.r80_config()
+        self.assertEqual((cfg.grad_scale, cfg.normuon_beta2, cfg.lm_head_grad_s), (1 / 8, 0.9, 0.75 / 448 / 8))
+
+    def test_r80_training_step_updates_and_keeps_padding_zero(self):
+        cfg = small_r80_config()
+        tr = R.Trainer(cfg, R.init_params(cfg, 8))
+        gen = torch.Generator().manual_seed(89)
+        before = {n: t.detach().clone() for n, t in tr.params.items()}
+        for step in range(2):
+            tr.advance(step)
+            tr.train_step(step, [random_batch(cfg, 32, 3, gen) for _ in range(8)])
+        P = tr.params
+        self.assertTrue(bool((P["qk_bank"][20:] == 0).all()) and bool((P["vo_bank"][20:] == 0).all()))
+        self.assertFalse(torch.equal(P["qk_bank"], before["qk_bank"]))
+        self.assertFalse(torch.equal(P["resid_lambdas"], before["resid_lambdas"]))  # Adam ran at step 1
+        self.assertTrue(torch.equal(P["embed"], P["lm_head"].t()))  # still tied
+        self.assertEqual(P["resid_lambdas"][6, 0].item(), before["resid_lambdas"][6, 0].item())  # dead entry
+
+
 
 if __name__ == "__main__":
     if not HAVE_TORCH:

@@ -1,5 +1,6 @@
 """An independent PyTorch reference of the speedrun (the modded-nanogpt record of 2026-02-06, "Sparse
-bigram gradient comms").
+bigram gradient comms"; presets record and tiny), and of upstream's record 80 (commit 2c702746; presets
+r80 and tiny-r80, whose differences are Config fields the model and optimizer read: README.md here).
 
 The model, the combined NorMuon + Adam optimizer and the schedule, written plainly with autograd for
 one process on the CPU (world size 1: 8 micro-batches of gradient accumulation per step; the sharded
@@ -50,6 +51,8 @@ class Stage:
     lr_mul: float
     mtp_start: List[float]     # multi-token-prediction weights, interpolated over the stage
     mtp_end: List[float]
+    # r80 (#72): documents are cut at this many tokens in this stage; None: Config.max_seq_len (r71)
+    train_max_seq_len: Optional[int] = None
 
 
 @dataclass
@@ -87,6 +90,25 @@ class Config:
     normuon_weight_decay: float = 1.2
     lm_head_x_s: float = 100 / 448
     lm_head_w_s: float = 1.6 / 448
+    # ---- The model's structure and the numerics that changed after record 71, as data. The defaults
+    # are record 71's; r80_config() sets upstream's values at 2c702746 (SPEC-latest stages 0 and 1).
+    # Fields at their default are left out of to_json() so that record 71's fixtures stay byte-identical.
+    grad_scale_numerator: float = 2.0              # grad_scale = numerator / grad_accum (r80: 1, #bf699d0e)
+    lr_floor: float = 0.1                          # the cooldown's end value (r80: 0.15, #72)
+    value_layers: Tuple[int, ...] = (0, 1, 8, 9, 10)  # layer of value table k (r80: 1, 2, 8, 9, 10, #70)
+    value_embed_std: float = 0.0                   # value_embeds init N(0, std) (r80: 0.01)
+    ve_gate_reads_ve: bool = False                 # unpaired layers' VE gate reads cat(x[:6], ve[:6]) (#70)
+    sublayer_lambdas: bool = False                 # r80's residual stream (#73-#77): resid/post lambdas per
+    #                                                sublayer, x0/bigram injected after attention, bf16 lambdas
+    late_attn_source: Optional[int] = None         # attention of later layers reads this layer's output (r80: 7)
+    head_pair_banks: bool = False                  # qk_bank per head pair + vo_bank instead of attn_bank (#80)
+    bank_pad_multiple: int = 8                     # banks padded to a multiple of upstream's 8 GPUs
+    fused_ce: bool = False                         # r80's NVRTC CE kernel numerics (#79), per-token losses
+    polar_express_xtx: bool = False                # r80's Polar Express: bf16 before the norm, XTX on tall
+    #                                                matrices, Nesterov in fp32 tensors (#74)
+    normuon_scale_bf16: bool = False               # variance reduction's final_scale.type_as(v) rounding
+    max_num_docs_table: Optional[Dict[int, int]] = None  # cu_seqlens entries per tokens per rank (#78)
+    optimizer_table: Optional[Dict[str, tuple]] = None   # None: record 71's PARAM_TABLE
 
     @property
     def grad_accum(self) -> int:
@@ -94,7 +116,7 @@ class Config:
 
     @property
     def grad_scale(self) -> float:
-        return 2 / self.grad_accum
+        return self.grad_scale_numerator / self.grad_accum
 
     @property
     def lm_head_grad_s(self) -> float:
@@ -114,6 +136,13 @@ class Config:
 
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)
+        defaults = Config()
+        for f in _STRUCTURE_FIELDS:
+            if getattr(self, f) == getattr(defaults, f):
+                del d[f]
+        for st in d["stages"]:
+            if st["train_max_seq_len"] is None:
+                del st["train_max_seq_len"]
         d.update(grad_accum=self.grad_accum, grad_scale=self.grad_scale, lm_head_grad_s=self.lm_head_grad_s,
                  total_steps=self.total_steps)
         return d
@@ -129,9 +158,23 @@ class Config:
         need(self.padded_vocab >= self.vocab_size, "padded_vocab must be >= vocab_size")
         need(self.world_size >= 1 and 8 % self.world_size == 0, "the world size must divide 8")
         need(len(self.stages) >= 2, "at least one training stage and the extension stage are needed")
+        need(len(set(self.value_layers)) == len(self.value_layers) and all(
+            0 <= v < LAYERS and has_attention(v) for v in self.value_layers),
+            "value_layers must be distinct layers with attention")
+        need(self.late_attn_source is None or 0 <= self.late_attn_source < LAYERS - 1,
+             "late_attn_source must be a layer before the last")
+        need(not self.fused_ce or all(len(st.mtp_start) <= 3 for st in self.stages),
+             "r80's CE kernel adds term2 for at most 3 MTP weights")
+        need(self.bank_pad_multiple >= 1, "bank_pad_multiple must be positive")
         for st in self.stages:
             need(len(st.mtp_start) == len(st.mtp_end) >= 1, "each stage needs matching MTP weight lists")
+            need(st.train_max_seq_len is None or st.train_max_seq_len >= 1, "train_max_seq_len must be positive")
             need(st.batch_tokens % (self.grad_accum * self.world_size) == 0, "a stage's batch must split evenly")
+
+
+_STRUCTURE_FIELDS = ("grad_scale_numerator", "lr_floor", "value_layers", "value_embed_std", "ve_gate_reads_ve",
+                     "sublayer_lambdas", "late_attn_source", "head_pair_banks", "bank_pad_multiple", "fused_ce",
+                     "polar_express_xtx", "normuon_scale_bf16", "max_num_docs_table", "optimizer_table")
 
 
 def record_config() -> Config:
@@ -163,7 +206,101 @@ def tiny_config() -> Config:
     return c
 
 
-PRESETS = {"record": record_config, "tiny": tiny_config}
+# Upstream's param_table at 2c702746 (label: optim, adam betas, lr_mul, wd_mul); its dict order is the
+# scatter order. Defined here, before the presets that name it; record 71's is PARAM_TABLE below.
+R80_PARAM_TABLE = {
+    "qk_bank": ("normuon", None, 1.0, 1.0),
+    "vo_bank": ("normuon", None, 1.0, 1.0),
+    "mlp_bank": ("normuon", None, 1.0, 1.0),
+    "scalars": ("adam", (0.9, 0.99), 5.0, 0.0),
+    "smear_gate": ("adam", (0.9, 0.99), 0.01, 0.0),
+    "skip_gate": ("adam", (0.9, 0.99), 0.05, 0.0),
+    "attn_gate_bank": ("adam", (0.9, 0.99), 1.0, 1.0),
+    "ve_gate_bank": ("adam", (0.9, 0.99), 1.0, 1.0),
+    "lm_head": ("adam", (0.5, 0.95), 1.0, 150.0),
+    "bigram_embed": ("adam", (0.75, 0.95), 75.0, 5.0),
+    "post_lambdas": ("adam", (0.9, 0.95), 1.0, 0.0),
+    "x0_lambdas": ("adam", (0.9, 0.95), 1.0, 0.0),
+    "bigram_lambdas": ("adam", (0.9, 0.95), 1.0, 0.0),
+    "resid_lambdas": ("adam", (0.9, 0.95), 5.0, 0.0),
+    "value_embeds": ("adam", (0.75, 0.95), 75.0, 5.0),
+    "embed": ("adam", (0.5, 0.95), 1.0, 150.0),
+}
+
+
+def r80_config() -> Config:
+    """Upstream's record 80 (commit 2c702746): SPEC-latest stages 0 and 1 on the full sizes."""
+    c = record_config()
+    c.name = "r80"
+    c.scheduled_iterations, c.extension_iterations = 1440, 40
+    c.cooldown_frac, c.lr_floor = 0.60, 0.15
+    c.normuon_beta2 = 0.9
+    c.grad_scale_numerator = 1.0
+    c.value_layers = (1, 2, 8, 9, 10)
+    c.value_embed_std = 0.01
+    c.ve_gate_reads_ve = True
+    c.sublayer_lambdas = True
+    c.late_attn_source = 7
+    c.head_pair_banks = True
+    c.fused_ce = True
+    c.polar_express_xtx = True
+    c.normuon_scale_bf16 = True
+    # TRAIN_MAX_NUM_DOCS: tokens per rank per micro-step -> cu_seqlens entries (other sizes: the rule
+    # in max_num_docs()). The extension stage has the third stage's batch, hence its entry.
+    c.max_num_docs_table = {16384: 64, 32768: 96, 49152: 128}
+    c.optimizer_table = dict(R80_PARAM_TABLE)
+    for st, seq in zip(c.stages, (896, 2048, 2048, 2048)):
+        st.train_max_seq_len = seq
+    return c
+
+
+def tiny_r80_config() -> Config:
+    """The CPU-sized twin of r80: record 71's tiny sizes with r80's structure (README "tiny-r80" gives
+    each choice): documents cut at 7/16 of max_seq_len in the first stage (896/2048 upstream), the
+    max-documents table keyed by tiny's per-stage micro-batch sizes with the record's entry counts,
+    banks padded to a multiple of 8 matrices (upstream's 8 GPUs)."""
+    c = r80_config()
+    t = tiny_config()
+    c.name = "tiny-r80"
+    for f in ("model_dim", "num_heads", "head_dim", "mlp_dim", "bigram_vocab", "max_seq_len", "val_batch_tokens",
+              "val_tokens", "scheduled_iterations", "extension_iterations", "block_size", "val_loss_every"):
+        setattr(c, f, getattr(t, f))
+    for st, ts in zip(c.stages, t.stages):
+        st.batch_tokens = ts.batch_tokens
+    c.stages[0].train_max_seq_len = c.max_seq_len * 896 // 2048
+    for st in c.stages[1:]:
+        st.train_max_seq_len = c.max_seq_len
+    c.max_num_docs_table = {c.micro_tokens(st.batch_tokens): n
+                            for st, n in zip(c.stages, (64, 96, 128, 128))}
+    return c
+
+
+PRESETS = {"record": record_config, "tiny": tiny_config, "r80": r80_config, "tiny-r80": tiny_r80_config}
+
+
+def next_multiple_of_n(v: int, n: int) -> int:
+    return -(-v // n) * n
+
+
+def max_num_docs(cfg: Config, tokens_local: int) -> int:
+    """Length of a micro-batch's padded cu_seqlens (document starts, then padding = tokens_local).
+    r80: TRAIN_MAX_NUM_DOCS.get(tokens, next_multiple_of_n(tokens // 300, n=128)); upstream's r80
+    next_multiple_of_n is ceil(v / n) * n, which is 0 below 300 tokens (an empty cu_seqlens it then
+    indexes: a crash), so small batches get one block of 128 -- record 71's rule, which is
+    next(x for x in range(n, ...) if x >= v), i.e. max(n, ceil(v / n) * n), and agrees with r80's
+    everywhere upstream runs."""
+    fallback = max(128, next_multiple_of_n(tokens_local // 300, 128))
+    if cfg.max_num_docs_table is None:
+        return fallback
+    return cfg.max_num_docs_table.get(tokens_local, fallback)
+
+
+def check_num_docs(cfg: Config, tokens_local: int, num_docs: int) -> None:
+    """More documents than entries - 1 is a crash upstream (tensor assignment out of range)."""
+    limit = max_num_docs(cfg, tokens_local)
+    if num_docs + 1 > limit:
+        raise ValueError(f"{num_docs} documents in a micro-batch of {tokens_local} tokens, but cu_seqlens "
+                         f"holds {limit} entries (at most {limit - 1} documents)")
 
 # The layer structure (fixed).
 LAYERS = 11
@@ -183,8 +320,9 @@ def attn_index(layer: int) -> int:
     return layer if layer < 6 else layer - 1
 
 
-def value_table(layer: int) -> int:
-    return {0: 0, 1: 1, 8: 2, 9: 3, 10: 4}.get(layer, -1)
+def value_table(layer: int, value_layers: Sequence[int] = (0, 1, 8, 9, 10)) -> int:
+    """Index of the layer's value-embedding table (and VE gate), -1 without one."""
+    return list(value_layers).index(layer) if layer in value_layers else -1
 
 
 # The fp32 scalars vector: resid lambdas, sa lambdas (pairs), bigram lambdas, smear, backout, skip,
@@ -200,9 +338,74 @@ PARAM_NAMES = ["embed", "lm_head", "bigram_embed", "value_embeds", "attn_bank", 
                "ve_gate_bank", "smear_gate", "skip_gate", "x0_lambdas", "scalars"]
 
 
+@dataclass(frozen=True)
+class ScalarSlots:
+    """Offsets into the fp32 `scalars` vector (-1: not in it)."""
+    resid: int
+    sa: int
+    bigram: int
+    smear: int
+    backout: int
+    skip: int
+    count: int
+
+
+def scalar_slots(cfg: Config) -> ScalarSlots:
+    if not cfg.sublayer_lambdas:
+        return ScalarSlots(RESID, SA, BIGRAM, SMEAR, BACKOUT, SKIP, NUM_SCALARS)
+    # r80: [sa (0.5, 1.0) x layers, smear, backout, skip, ones]; upstream pads by (-2*layers - 3) mod
+    # world_size, here for its 8 GPUs (7 ones: 32 entries), as record 71's layout is padded for 8.
+    n = 2 * LAYERS + 3
+    return ScalarSlots(-1, 0, -1, 2 * LAYERS, 2 * LAYERS + 1, 2 * LAYERS + 2, n + (-n) % 8)
+
+
+def bank_counts(cfg: Config) -> Tuple[int, int, int, int]:
+    """(real, padded) Q/K head-pair groups and (real, padded) V/O matrices of r80's banks: one Q/K group
+    per attention layer, Q or K, and head pair (10 * 2 * heads/2), one V and one O per attention layer,
+    each padded with zero matrices to a multiple of bank_pad_multiple."""
+    qk = ATTN_LAYERS * 2 * (cfg.num_heads // 2)
+    vo = ATTN_LAYERS * 2
+    m = cfg.bank_pad_multiple
+    return qk, next_multiple_of_n(qk, m), vo, next_multiple_of_n(vo, m)
+
+
+def param_names(cfg: Config) -> List[str]:
+    if not cfg.head_pair_banks and not cfg.sublayer_lambdas:
+        return list(PARAM_NAMES)
+    return list(param_shapes(cfg))
+
+
 def param_shapes(cfg: Config) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
     V, C, H, M = cfg.padded_vocab, cfg.model_dim, cfg.num_heads, cfg.mlp_dim
     bf, f32 = torch.bfloat16, torch.float32
+    if cfg.head_pair_banks or cfg.sublayer_lambdas:
+        _, qk_pad, _, vo_pad = bank_counts(cfg)
+        shapes = {
+            "embed": ((V, C), bf),
+            "lm_head": ((C, V), bf),
+            "bigram_embed": ((cfg.bigram_vocab, C), bf),
+            "value_embeds": ((len(cfg.value_layers) * V, C), bf),
+        }
+        if cfg.head_pair_banks:
+            # qk_bank group 2*(H/2)*a + j: attention layer a, j < H/2: Wq rows of heads 2j, 2j+1;
+            # j >= H/2: the same rows of Wk. vo_bank 2a = Wv, 2a+1 = Wo. Padding matrices are zero.
+            shapes["qk_bank"] = ((qk_pad, 2 * cfg.head_dim, C), bf)
+            shapes["vo_bank"] = ((vo_pad, C, C), bf)
+        else:
+            shapes["attn_bank"] = ((ATTN_LAYERS, 4 * C, C), bf)
+        shapes.update({
+            "mlp_bank": ((LAYERS + 1, 2, M, C), bf),
+            "attn_gate_bank": ((ATTN_LAYERS, H, GATE), bf),
+            "ve_gate_bank": ((len(cfg.value_layers), H, GATE), bf),
+            "smear_gate": ((1, GATE), bf),
+            "skip_gate": ((1, GATE), bf),
+            "post_lambdas": ((LAYERS, 2), f32),     # [:, 0] after attention, [:, 1] after the MLP
+            "x0_lambdas": ((LAYERS,), f32),
+            "bigram_lambdas": ((LAYERS,), f32),
+            "resid_lambdas": ((LAYERS, 2), f32),
+            "scalars": ((scalar_slots(cfg).count,), f32),
+        })
+        return shapes
     return {
         "embed": ((V, C), bf),
         "lm_head": ((C, V), bf),  # stored transposed, as upstream's CastedLinearT
@@ -226,6 +429,8 @@ def init_params(cfg: Config, seed: int) -> Dict[str, torch.Tensor]:
     shapes = param_shapes(cfg)
     p = {n: torch.zeros(s, dtype=d) for n, (s, d) in shapes.items()}
     bound = math.sqrt(3) * 0.5 * cfg.model_dim ** -0.5
+    if "attn_bank" not in shapes:
+        return _init_params_r80(cfg, p, g, bound)
     p["attn_bank"] = (torch.rand(shapes["attn_bank"][0], generator=g) * 2 - 1).mul(bound).bfloat16()
     fc = (torch.rand((LAYERS + 1, cfg.mlp_dim, cfg.model_dim), generator=g) * 2 - 1).mul(bound)
     p["mlp_bank"][:, 0] = fc.bfloat16()
@@ -237,6 +442,28 @@ def init_params(cfg: Config, seed: int) -> Dict[str, torch.Tensor]:
     s[BIGRAM:BIGRAM + LAYERS] = 0.1
     s[SMEAR], s[BACKOUT], s[SKIP] = 0.0, 0.5, -1.5
     p["scalars"] = s
+    return p
+
+
+def _init_params_r80(cfg: Config, p: Dict[str, torch.Tensor], g: torch.Generator, bound: float):
+    """Upstream's GPT.__init__ at 2c702746 (distributions only: torch's CPU generator, not upstream's
+    CUDA draw order)."""
+    qk, _, vo, _ = bank_counts(cfg)
+    uniform = lambda shape: (torch.rand(shape, generator=g) * 2 - 1).mul(bound).bfloat16()
+    p["qk_bank"][:qk] = uniform(p["qk_bank"][:qk].shape)
+    p["vo_bank"][:vo] = uniform(p["vo_bank"][:vo].shape)
+    p["mlp_bank"][:, 0] = uniform((LAYERS + 1, cfg.mlp_dim, cfg.model_dim))
+    p["lm_head"] = (torch.randn(p["lm_head"].shape, generator=g) * 0.005).bfloat16()
+    p["embed"] = p["lm_head"].t().contiguous()
+    p["value_embeds"] = (cfg.value_embed_std * torch.randn(p["value_embeds"].shape, generator=g)).bfloat16()
+    p["post_lambdas"].fill_(1.0)
+    p["bigram_lambdas"].fill_(0.05)
+    p["resid_lambdas"].fill_(1.1 ** 0.5)  # per sublayer, so a layer scales the stream by 1.1
+    sl = scalar_slots(cfg)
+    sc = torch.ones(sl.count)
+    sc[sl.sa:sl.sa + 2 * LAYERS] = torch.tensor([0.5, 1.0]).repeat(LAYERS)
+    sc[sl.smear], sc[sl.backout], sc[sl.skip] = 0.0, 0.5, -1.5
+    p["scalars"] = sc
     return p
 
 
@@ -309,7 +536,7 @@ def params_from_checkpoint(cfg: Config, tensors: Dict[str, torch.Tensor],
     the dtypes checked."""
     out = {}
     for name, (shape, dtype) in param_shapes(cfg).items():
-        keys = [prefix + name, prefix + LABELS[name]]
+        keys = [prefix + name, prefix + LABELS.get(name, name)]
         key = next((k for k in keys if k in tensors), None)
         if key is None:
             raise ValueError(f"checkpoint has no tensor {' or '.join(repr(k) for k in keys)}")
@@ -353,14 +580,19 @@ class Schedule:
         return [start for start, _ in self.boundaries[1:]]
 
     def lr(self, step: int) -> float:
-        """The learning-rate multiplier: the stage's lr_mul, cooled down linearly to 0.1."""
+        """The learning-rate multiplier: the stage's lr_mul, cooled down linearly to lr_floor (0.1; r80 0.15)."""
         lr = self.stage(step).lr_mul
         S = self.cfg.scheduled_iterations
         cd_start = int(S * (1 - self.cfg.cooldown_frac))
         if step >= cd_start:
             t = min(1.0, (step - cd_start) / (S - cd_start))
-            lr = lr * (1 - t) + 0.1 * t
+            lr = lr * (1 - t) + self.cfg.lr_floor * t
         return lr
+
+    def train_max_seq_len(self, step: int) -> int:
+        """Documents are cut at this length in the step's batches (r80: per stage)."""
+        seq = self.stage(step).train_max_seq_len
+        return self.cfg.max_seq_len if seq is None else seq
 
     def muon_momentum(self, step: int) -> float:
         c = self.cfg
@@ -572,6 +804,88 @@ def mtp_loss_autograd(logits: torch.Tensor, targets: torch.Tensor, weights: torc
     return total.sum()
 
 
+CE_INV_C = torch.tensor(1.0, dtype=torch.float32) / SOFTCAP_C           # the kernel's 1 / C in fp32
+CE_B_DIV_C = torch.tensor(SOFTCAP_B, dtype=torch.float32) * CE_INV_C    # B * inv_C in fp32
+
+
+def ce_kernel_sigmoid(logits: torch.Tensor) -> torch.Tensor:
+    """r80's CE kernel: s = 0.5 + 0.5 tanh(0.5 u), u = l * inv_C + B * inv_C in fp32 (nvcc contracts the
+    multiply-add into one FMA: emulated in float64, where the product is exact). The kernel's tanh is
+    the hardware approximation (--use_fast_math); this uses the correctly rounded one, and its 1/C is
+    fast-math division: both are below bf16's resolution except near rounding ties (README)."""
+    u = (logits.double() * CE_INV_C.double() + CE_B_DIV_C.double()).float()
+    return 0.5 + torch.tanh(u * 0.5) * 0.5
+
+
+def fused_ce_rows(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, grad_s: float,
+                  grad_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """What upstream's ce_fwd_bwd_kernel (triton_kernels.py @2c702746) computes from the bf16 logits
+    (T, V): the per-row losses (fp32) and the e5m2 logit gradients, in its order of fp32 operations.
+      s = sigmoid above, rounded to bf16 and reused: z = 23 s for the loss, the sum and the gradient;
+      the max for the log-sum-exp is taken over the unrounded 23 s (it only shifts the sum);
+      loss_t = sum_k [t+k < T] w_k (lse - z[target[t+k]]);
+      dlogit = e5m2_satfinite(grad_scale * (1/C * A) * (1/grad_s) * (S_w p - term2) * s (1 - s)),
+      S_w = sum of ALL the MTP weights (also k with t+k >= T: upstream's quirk, the last rows' gradient
+      normalizer does not match their loss), term2_j = sum_k [t+k < T, target[t+k] = j] w_k."""
+    T, V = logits.shape
+    A = torch.tensor(SOFTCAP_A, dtype=torch.float32)
+    s_raw = ce_kernel_sigmoid(logits)
+    s = bf(s_raw).float()
+    zmax = (A * s_raw).amax(dim=1, keepdim=True)
+    z = A * s
+    lse = zmax + torch.log(torch.exp(z - zmax).sum(dim=1, keepdim=True))
+    w = weights.float()
+    n = w.numel()
+    losses = torch.zeros(T, dtype=torch.float32)
+    for k in range(n):
+        m = max(T - k, 0)
+        zt = z[:m].gather(1, targets[k:k + m].unsqueeze(1)).squeeze(1)
+        # total += w * (lse - z): one FMA in the kernel (float64 holds the product exactly)
+        losses[:m] = (losses[:m].double() + w[k].double() * (lse[:m, 0] - zt).double()).float()
+    S_w = torch.zeros((), dtype=torch.float32)
+    for k in range(n):
+        S_w = S_w + w[k]
+    grad_z = S_w * torch.exp(z - lse)
+    # the target columns are rewritten after a barrier with term2 (only k < 3, as the kernel's loop)
+    term2 = torch.zeros((T, V), dtype=torch.float32)
+    for k in range(min(n, 3)):
+        m = max(T - k, 0)
+        term2[:m].scatter_add_(1, targets[k:k + m].unsqueeze(1), w[k].expand(m, 1).contiguous())
+    grad_z = grad_z - term2
+    k1 = torch.tensor(grad_scale, dtype=torch.float32) * (CE_INV_C * A)
+    k2 = 1.0 / torch.tensor(grad_s, dtype=torch.float32)
+    d = k1 * k2 * grad_z * s * (1.0 - s)
+    return losses, to_fp8(d, torch.float8_e5m2)
+
+
+class FusedSoftcappedCE(torch.autograd.Function):
+    """r80's FusedSoftcappedCrossEntropy: the FP8 lm_head (as Fp8LmHead's forward) fused with the CE
+    kernel, which computes the gradient in the forward. Returns the per-token losses; the backward
+    ignores grad_output (grad_scale is baked in: the caller must backprop losses.sum() * grad_scale)
+    and forms dx = bf16((d8 @ w8^T) * grad_s * w_s), dW = (x8^T @ d8) * x_s * grad_s in fp32, rounded
+    to the bf16 parameter's gradient."""
+
+    @staticmethod
+    def forward(ctx, x, w, targets, weights, x_s, w_s, grad_s, grad_scale):
+        x8 = to_fp8(x.float() / x_s, torch.float8_e4m3fn)
+        w8 = to_fp8(w.float() / w_s, torch.float8_e4m3fn)
+        scale = torch.tensor(x_s, dtype=torch.float32) * torch.tensor(w_s, dtype=torch.float32)
+        logits = bf((x8.float() @ w8.float()) * scale)
+        losses, d8 = fused_ce_rows(logits, targets, weights, grad_s, grad_scale)
+        ctx.save_for_backward(x8, w8, d8)
+        ctx.scales = (x_s, w_s, grad_s)
+        return losses
+
+    @staticmethod
+    def backward(ctx, _ignored):
+        x8, w8, d8 = ctx.saved_tensors
+        x_s, w_s, grad_s = (torch.tensor(v, dtype=torch.float32) for v in ctx.scales)
+        d = d8.float()
+        dx = bf((d @ w8.float().t()) * (grad_s * w_s))
+        dw = bf((x8.float().t() @ d) * (x_s * grad_s))
+        return dx, dw, None, None, None, None, None, None
+
+
 def eval_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of the softcapped fp32 logits."""
     return F.cross_entropy(softcap(logits), targets, reduction="mean")
@@ -632,7 +946,8 @@ def attention_block(cfg: Config, p: Dict[str, torch.Tensor], layer: int, h: torc
     """W: the layer's (4C, C) [Wq; Wk; Wv; Wo]; h: the normed stream; ve: its value-embedding rows."""
     T, C, H, D = h.shape[0], cfg.model_dim, cfg.num_heads, cfg.head_dim
     paired = layer in PAIRED_LAYERS
-    sa = p["scalars"][SA + 2 * layer: SA + 2 * layer + 2]
+    sa_at = scalar_slots(cfg).sa + 2 * layer
+    sa = p["scalars"][sa_at:sa_at + 2]
     w_qkv = bf(sa[0] * W[:3 * C].float())
     w_o = bf(sa[1] * W[3 * C:].float())
     qkv = linear(h, w_qkv).view(T, 3 * H, D)
@@ -651,8 +966,12 @@ def attention_block(cfg: Config, p: Dict[str, torch.Tensor], layer: int, h: torc
         doc = doc.repeat_interleave(2)
         rows = 2 * T
     if ve is not None:
-        table = value_table(layer)
-        gate = 2 * torch.sigmoid(linear(h[:, :GATE], p["ve_gate_bank"][table]).float())
+        gate_w = p["ve_gate_bank"][value_table(layer, cfg.value_layers)]
+        if cfg.ve_gate_reads_ve and not paired:  # #70: 2 sigmoid(cat(x[:6], ve[:6]) . w), bf16 logits
+            gate_in = torch.cat([h[:, :GATE // 2], ve[:, :GATE // 2]], -1)
+        else:
+            gate_in = h[:, :GATE]
+        gate = 2 * torch.sigmoid(linear(gate_in, gate_w).float())
         v = v + gate.reshape(rows, -1, 1) * ve.float().reshape(rows, -1, D)
     y = attention(bf(q), bf(k), bf(v), doc, window, args.yarn_paired.attn_scale if paired else args.yarn.attn_scale)
     y = y.reshape(T, H, D)
@@ -669,20 +988,94 @@ def mlp_block(h: torch.Tensor, c_fc: torch.Tensor, c_proj: torch.Tensor) -> torc
 
 
 def forward(cfg: Config, p: Dict[str, torch.Tensor], batch: Batch, args: ForwardArgs, training: bool) -> torch.Tensor:
-    """Training: the FP8 lm_head and the MTP loss summed over rows. Eval: bf16 lm_head, mean CE."""
-    T, V = batch.inputs.numel(), cfg.padded_vocab
+    """Training: the FP8 lm_head and the MTP loss summed over rows (r80's fused CE: the per-token losses).
+    Eval: bf16 lm_head, mean CE."""
+    V = cfg.padded_vocab
     s = p["scalars"]
+    slots = scalar_slots(cfg)
     doc = batch.doc_ids()
     emb = EmbeddingRows.apply(p["embed"], batch.inputs)
     x_bigram = EmbeddingRows.apply(p["bigram_embed"], batch.bigram).float()
-    ve_ids = (torch.arange(VALUE_TABLES)[:, None] * V + batch.inputs[None, :])
-    ve_all = EmbeddingRows.apply(p["value_embeds"], ve_ids)  # (5, T, C)
+    ve_ids = (torch.arange(len(cfg.value_layers))[:, None] * V + batch.inputs[None, :])
+    ve_all = EmbeddingRows.apply(p["value_embeds"], ve_ids)  # (tables, T, C)
 
     # smear: token t gets smear_lambda * sigmoid(emb[t, :12] . smear_gate) * emb[t-1]
     g = torch.sigmoid(linear(emb[1:, :GATE], p["smear_gate"]).float())
     e = emb.float()
-    x = bf(torch.cat([e[:1], e[1:] + s[SMEAR] * g * e[:-1]]))
+    x = bf(torch.cat([e[:1], e[1:] + s[slots.smear] * g * e[:-1]]))
     x0 = bf(rms_norm(x))
+    if cfg.sublayer_lambdas:
+        x, backout = residual_stream_r80(cfg, p, x0, x_bigram, ve_all, doc, args)
+    else:
+        x, backout = residual_stream_r71(cfg, p, x0, x_bigram, ve_all, doc, args)
+    x = bf(x.float() - s[slots.backout] * backout.float())
+    h = bf(rms_norm(x))
+    if training and cfg.fused_ce:
+        return FusedSoftcappedCE.apply(h, p["lm_head"], batch.targets, args.mtp_weights, cfg.lm_head_x_s,
+                                       cfg.lm_head_w_s, cfg.lm_head_grad_s, cfg.grad_scale)
+    if training:
+        logits = Fp8LmHead.apply(h, p["lm_head"], cfg.lm_head_x_s, cfg.lm_head_w_s, cfg.lm_head_grad_s)
+        return mtp_loss(logits, batch.targets, args.mtp_weights)
+    logits = bf(h.float() @ p["lm_head"].float())
+    return eval_loss(logits, batch.targets)
+
+
+def attention_weights(cfg: Config, p: Dict[str, torch.Tensor]) -> List[torch.Tensor]:
+    """Each attention layer's (4C, C) [Wq; Wk; Wv; Wo], from attn_bank or (r80) from the head-pair banks:
+    upstream's qk_bank[:groups].view(layers, -1, C) and vo_bank[:2 layers].view(layers, 2, C, C),
+    concatenated per layer."""
+    if not cfg.head_pair_banks:
+        return list(p["attn_bank"].unbind(0))
+    qk, _, vo, _ = bank_counts(cfg)
+    C = cfg.model_dim
+    qk_all = p["qk_bank"][:qk].reshape(ATTN_LAYERS, -1, C)
+    vo_all = p["vo_bank"][:vo].reshape(ATTN_LAYERS, 2 * C, C)
+    return list(torch.cat([qk_all, vo_all], dim=1).unbind(0))
+
+
+def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tensor, x_bigram: torch.Tensor,
+                        ve_all: torch.Tensor, doc: torch.Tensor, args: ForwardArgs):
+    """Records 73-77 (upstream @2c702746 GPT.forward): x = x0 + lb[0] bigram; per layer i
+      i = 6: x += skip_gate_out * h3 (no attention, no injection);
+      else:  x = ra[i] x + pa[i] attn(norm(h7 if i > 7 else x)) + (lx0[i] x0 + lb[i] bigram, no bigram at 0);
+      every layer: x = rm[i] x + pm[i] MLP(norm(x)); h3, h7 = x after layers 3, 7.
+    Lambdas are rounded to bf16 before use (upstream's .bfloat16().unbind), so their gradients are fp32
+    sums rounded to bf16; each update is computed in fp32 from bf16 values and rounded once (inductor
+    fuses it). Returns the stream and h7 (the backout source)."""
+    s, slots = p["scalars"], scalar_slots(cfg)
+    lam = lambda name: bf(p[name]).float()
+    resid, post, lx0, lb = lam("resid_lambdas"), lam("post_lambdas"), lam("x0_lambdas"), lam("bigram_lambdas")
+    x0f = x0.float()
+    x = bf(x0f + lb[0] * x_bigram)
+    skip_gate = torch.sigmoid(s[slots.skip]) * 2 * torch.sigmoid(linear(x0[:, :GATE], p["skip_gate"]).float())
+    attn_w = attention_weights(cfg, p)
+    mlp_w = [pair.unbind(0) for pair in p["mlp_bank"].unbind(0)]
+    skip = late = backout = None
+    for i in range(LAYERS):
+        if not has_attention(i):
+            x = bf(x.float() + skip_gate * skip.float())
+        else:
+            table = value_table(i, cfg.value_layers)
+            source = late if late is not None else x
+            y = attention_block(cfg, p, i, bf(rms_norm(source)), attn_w[attn_index(i)],
+                                ve_all[table] if table >= 0 else None, doc, args)
+            inject = lx0[i] * x0f if i == 0 else lx0[i] * x0f + lb[i] * x_bigram
+            x = bf(resid[i, 0] * x.float() + post[i, 0] * y.float() + inject)
+        x = bf(resid[i, 1] * x.float() + post[i, 1] * mlp_block(bf(rms_norm(x)), *mlp_w[i]).float())
+        if i == SKIP_FROM:
+            skip = x
+        if i == cfg.late_attn_source:
+            late = x
+        if i == BACKOUT_LAYER:
+            backout = x
+    return x, backout
+
+
+def residual_stream_r71(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tensor, x_bigram: torch.Tensor,
+                        ve_all: torch.Tensor, doc: torch.Tensor, args: ForwardArgs):
+    """Record 71's layers: the per-layer mix resid x + x0 lambda x0 + bigram lambda bigram before each
+    layer, then both blocks. Returns the stream and the backout snapshot (after layer 7)."""
+    s = p["scalars"]
     x = x0
     x0f = x0.float()
     attn_w = p["attn_bank"].unbind(0)
@@ -697,7 +1090,7 @@ def forward(cfg: Config, p: Dict[str, torch.Tensor], batch: Batch, args: Forward
         else:
             x = bf(s[RESID + i] * x.float() + p["x0_lambdas"][i] * x0f + s[BIGRAM + i] * x_bigram)
         if has_attention(i):
-            table = value_table(i)
+            table = value_table(i, cfg.value_layers)
             ve = ve_all[table] if table >= 0 else None
             y = attention_block(cfg, p, i, bf(rms_norm(x)), attn_w[attn_index(i)], ve, doc, args)
             x = bf(x.float() + y.float())
@@ -706,13 +1099,7 @@ def forward(cfg: Config, p: Dict[str, torch.Tensor], batch: Batch, args: Forward
             skip = x
         if i == BACKOUT_LAYER:
             backout = x
-    x = bf(x.float() - s[BACKOUT] * backout.float())
-    h = bf(rms_norm(x))
-    if training:
-        logits = Fp8LmHead.apply(h, p["lm_head"], cfg.lm_head_x_s, cfg.lm_head_w_s, cfg.lm_head_grad_s)
-        return mtp_loss(logits, batch.targets, args.mtp_weights)
-    logits = bf(h.float() @ p["lm_head"].float())
-    return eval_loss(logits, batch.targets)
+    return x, backout
 
 
 # =====================================================================================================
@@ -743,10 +1130,60 @@ PARAM_TABLE = {
 }
 
 
+def optimizer_table(cfg: Config) -> Dict[str, tuple]:
+    return PARAM_TABLE if cfg.optimizer_table is None else cfg.optimizer_table
+
+
 def normuon_matrices(cfg: Config, name: str) -> Tuple[int, int, int]:
-    """(count, rows, cols) of a NorMuon bank's matrices: attn (40, C, C), mlp (24, mlp, C)."""
+    """(count, rows, cols) of a NorMuon bank's matrices (upstream's .reshape): attn (40, C, C), mlp
+    (24, mlp, C); r80: qk (padded groups, 2 head_dim, C), vo (padded, C, C)."""
     C = cfg.model_dim
-    return (4 * ATTN_LAYERS, C, C) if name == "attn_bank" else (2 * (LAYERS + 1), cfg.mlp_dim, C)
+    if name == "attn_bank":
+        return 4 * ATTN_LAYERS, C, C
+    if name == "qk_bank":
+        return bank_counts(cfg)[1], 2 * cfg.head_dim, C
+    if name == "vo_bank":
+        return bank_counts(cfg)[3], C, C
+    if name == "mlp_bank":
+        return 2 * (LAYERS + 1), cfg.mlp_dim, C
+    raise ValueError(f"{name} is not a NorMuon bank")
+
+
+def symmetric_product(X: torch.Tensor, tall: bool) -> torch.Tensor:
+    """bf16(X^T X) (tall) or bf16(X X^T) (wide) with fp32 accumulation, as upstream's XTX / XXT Triton
+    kernels: they compute the blocks on and above the diagonal and store each mirrored, so the result
+    is exactly symmetric (the upper triangle, mirrored)."""
+    Xf = X.float()
+    M = bf(Xf.mT @ Xf) if tall else bf(Xf @ Xf.mT)
+    return mirror_upper(M)
+
+
+def mirror_upper(M: torch.Tensor) -> torch.Tensor:
+    return torch.triu(M) + torch.triu(M, 1).mT
+
+
+def polar_express_r80(grad: torch.Tensor, momentum_buffer: torch.Tensor, momentum: float) -> torch.Tensor:
+    """Upstream's polar_express at 2c702746 (#74): Nesterov fused in, in fp32 with the momentum as an
+    fp32 tensor (1 - m is formed in fp32); X = bf16(g), normalized by its own Frobenius norm (fp32 sum
+    of the bf16 values, one rounding); then 5 iterations on the small Gram matrix A: wide matrices
+    A = X X^T, X <- a X + B X; tall ones A = X^T X, X <- a X + X B (XTX and a right multiply instead of a
+    transpose), B = bf16(b A + c A A) (ba_plus_cAA, mirrored likewise). Matrices with more than 1024
+    rows form a X + X B in two roundings (upstream's split_baddbmm). Updates momentum_buffer; grad is
+    consumed (fp32)."""
+    m = torch.tensor(momentum, dtype=torch.float32)
+    momentum_buffer.lerp_(grad, 1 - m)
+    g = grad.lerp_(momentum_buffer, m)
+    rows, cols = g.shape[-2:]
+    tall, split = rows > cols, rows > 1024
+    Xf = bf(g).float()
+    X = bf(Xf / (Xf.norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6))
+    for a, b, c in POLAR_EXPRESS_COEFFS:
+        Xf = X.float()
+        A = symmetric_product(X, tall).float()
+        B = mirror_upper(bf(c * (A @ A) + b * A)).float()
+        XB = Xf @ B if tall else B @ Xf
+        X = bf(bf(XB).float() + a * Xf) if split else bf(a * Xf + XB)
+    return X
 
 
 def polar_express(u: torch.Tensor) -> torch.Tensor:
@@ -769,9 +1206,12 @@ def polar_express(u: torch.Tensor) -> torch.Tensor:
     return X.mT if rows > cols else X
 
 
-def normuon_variance_reduction(v: torch.Tensor, second_moment: torch.Tensor, beta2: float) -> torch.Tensor:
+def normuon_variance_reduction(v: torch.Tensor, second_moment: torch.Tensor, beta2: float,
+                               scale_bf16: bool = False) -> torch.Tensor:
     """Scales each row (rows >= cols) or column of v by the rsqrt of its running mean square, then
-    restores v's Frobenius norm; updates second_moment in place. v bf16 -> bf16."""
+    restores v's Frobenius norm; updates second_moment in place. v bf16 -> bf16. scale_bf16: the
+    per-row/column factor is rounded to bf16 first (upstream's v.mul_(final_scale.type_as(v)), an
+    explicit cast that inductor keeps; record 71's reference multiplies by the fp32 factor)."""
     rows, cols = v.shape[-2:]
     dim = -1 if rows >= cols else -2
     n = v.shape[dim]
@@ -781,7 +1221,10 @@ def normuon_variance_reduction(v: torch.Tensor, second_moment: torch.Tensor, bet
     second_moment.lerp_(mean, 1 - beta2)
     step = second_moment.clamp_min(1e-10).rsqrt()
     new_norm = ((mean * n) * step.square()).sum(dim=(-2, -1), keepdim=True).sqrt()
-    return bf(vf * (step * (norm / new_norm.clamp_min(1e-10))))
+    scale = step * (norm / new_norm.clamp_min(1e-10))
+    if scale_bf16:
+        scale = bf(scale).float()
+    return bf(vf * scale)
 
 
 def bf16_bits(p: torch.Tensor) -> torch.Tensor:
@@ -829,8 +1272,9 @@ class NorMuonAdam:
 
     def __init__(self, cfg: Config, params: Dict[str, torch.Tensor]):
         self.cfg, self.params = cfg, params
+        self.table = optimizer_table(cfg)
         self.state: Dict[str, dict] = {}
-        for name, (optim, _, _, _) in PARAM_TABLE.items():
+        for name, (optim, _, _, _) in self.table.items():
             t = params[name]
             if optim == "adam":
                 self.state[name] = dict(step=0, exp_avg=torch.zeros(t.shape, dtype=torch.float32),
@@ -847,7 +1291,7 @@ class NorMuonAdam:
         """NorMuon's per-matrix lr multiplier: max(1, rows/cols)^0.5, and 2x on the MLP's c_proj
         (odd matrices of the (24, mlp, C) view)."""
         count, rows, cols = normuon_matrices(self.cfg, name)
-        shape = max(1.0, rows / cols) ** 0.5 * PARAM_TABLE[name][2]
+        shape = max(1.0, rows / cols) ** 0.5 * self.table[name][2]
         return [shape * (2.0 if name == "mlp_bank" and i % 2 == 1 else 1.0) for i in range(count)]
 
     @torch.no_grad()
@@ -857,7 +1301,7 @@ class NorMuonAdam:
         lm, embed = P["lm_head"], P["embed"]
         if do_adam and not self.split_embed and embed.grad is not None:
             lm.grad.add_(embed.grad.t())  # tied: embed's gradient joins lm_head's
-        for name, (optim, betas, lr_mul, wd_mul) in PARAM_TABLE.items():
+        for name, (optim, betas, lr_mul, wd_mul) in self.table.items():
             t = P[name]
             if t.grad is None:
                 continue
@@ -875,7 +1319,7 @@ class NorMuonAdam:
                 self._normuon(name, lr_schedule, momentum, wd_mul)
         if do_adam and not self.split_embed:
             embed.data.copy_(lm.data.t())
-        for name, (optim, _, _, _) in PARAM_TABLE.items():
+        for name, (optim, _, _, _) in self.table.items():
             if optim == "normuon" or do_adam:
                 P[name].grad = None
 
@@ -883,9 +1327,12 @@ class NorMuonAdam:
         cfg, t, st = self.cfg, self.params[name], self.state[name]
         count, rows, cols = normuon_matrices(cfg, name)
         g = t.grad.reshape(count, rows, cols).float()
-        st["momentum"].lerp_(g, 1 - momentum)
-        u = g.lerp_(st["momentum"], momentum)
-        v = normuon_variance_reduction(polar_express(u), st["second_moment"], cfg.normuon_beta2)
+        if cfg.polar_express_xtx:
+            X = polar_express_r80(g, st["momentum"], momentum)
+        else:
+            st["momentum"].lerp_(g, 1 - momentum)
+            X = polar_express(g.lerp_(st["momentum"], momentum))
+        v = normuon_variance_reduction(X, st["second_moment"], cfg.normuon_beta2, cfg.normuon_scale_bf16)
         lr = cfg.normuon_lr * lr_schedule
         wd = wd_mul * cfg.normuon_weight_decay * lr
         view = t.data.view(count, rows, cols)
@@ -913,7 +1360,7 @@ class Trainer:
                 raise ValueError(f"parameter {name} is {tuple(params[name].shape)} {params[name].dtype}, "
                                  f"want {shape} {dtype}")
         self.cfg = cfg
-        self.params = {n: params[n].detach().clone().requires_grad_(True) for n in PARAM_NAMES}
+        self.params = {n: params[n].detach().clone().requires_grad_(True) for n in param_names(cfg)}
         self.optimizer = NorMuonAdam(cfg, self.params)
         self.schedule = Schedule(cfg)
         self.yarn = Yarn(cfg.head_dim, cfg.yarn_max_seq_len, paired=False)
@@ -954,6 +1401,8 @@ class Trainer:
         args = self.forward_args()
         for b in micro_batches:
             loss = forward(self.cfg, self.params, b, args, training=True)
+            if loss.dim():  # r80's fused CE returns per-token losses (upstream: losses.sum() * grad_scale)
+                loss = loss.sum()
             (loss * self.cfg.grad_scale).backward()
             total += float(loss.detach())
         return total

@@ -1,0 +1,507 @@
+#!/usr/bin/env python3
+"""Runs upstream's own record-80 code (modded-nanogpt commit 2c702746) on the CPU at the tiny-r80 sizes,
+beside tests/reference/torch_reference.py, from the same step-0 parameters and batches, and prints both
+training losses step by step with their relative difference (README of tests/reference: "tiny-r80").
+
+Upstream's files are never committed here: take them from a clone of upstream's repository first,
+
+  mkdir -p /tmp/up80
+  git -C UPSTREAM_CLONE show 2c702746:train_gpt.py > /tmp/up80/train_gpt.py
+  git -C UPSTREAM_CLONE show 2c702746:triton_kernels.py > /tmp/up80/triton_kernels.py
+  python3 scripts/upstream_cpu/run.py --upstream /tmp/up80 [--steps N] [--init FILE]
+
+(from the repository root, with torch installed; the CPU wheel is enough). It copies both files into a
+temporary folder and patches the copies (each patch finds its anchor line exactly once, else stops and
+names it: upstream's code is not 2c702746's as the patch knows it):
+  - CUDA, NCCL and the kernels package out: the CPU device, a one-process gloo group, standins.py for
+    FlashAttention-3, the Triton kernels, the NVRTC CE kernel and torch._scaled_mm; torch.compile is
+    the identity (standins.install);
+  - the compiled graph's rounding where eager PyTorch would round more often: the residual-stream
+    updates, the gates, the smear and the backout are computed in fp32 from bf16 values and rounded once
+    (inductor fuses each), q and k stay fp32 through the norm and rotary until FA3's bf16 input, the FP8
+    operands are divided in fp32 before the cast (inductor: one rounding), Polar Express's normalization
+    is fp32; the key offset's overlapping copy reads a clone (the compiled graph is functional);
+  - the sizes of tests/reference's tiny-r80 (model width, heads, bigram rows, batch sizes, cut lengths,
+    block size, steps), the rest of the schedule (windows, lr_mul, MTP weights, cooldown, floor) as
+    upstream's code has it: run.py checks that it equals the reference's;
+  - the file is cut before its main program; run.py builds upstream's GPT and TrainingManager and
+    drives them like upstream's training loop (advance_schedule, grad_accum forward/backward of
+    loss.sum() * grad_scale, step_optimizers).
+Upstream at world size 1 pads its banks to a multiple of 1 and its scalars by (-25) % 1: the reference's
+8-GPU layout's padding (zero matrices, ones) is dropped when loading, after checking it is padding.
+"""
+import argparse
+import glob
+import os
+import socket
+import sys
+import tempfile
+import time
+import types
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "data"))
+
+# (what, exact text of one whole line, its replacement lines); "{line}" stands for the original line
+TRAIN_PATCHES = [
+    ("the CUDA warm-up tensor", "    1, device=f\"cuda:{os.environ['LOCAL_RANK']}\", requires_grad=True",
+     ["    1, requires_grad=True"]),
+    ("the kernels package import", "from kernels import get_kernel", ["from standins import get_kernel"]),
+    ("the CUDA check", "assert torch.cuda.is_available()", ["pass  # upstream_cpu: CPU"]),
+    ("the device", 'device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))', ['device = torch.device("cpu")']),
+    ("set_device", "torch.cuda.set_device(device)", ["pass  # upstream_cpu: CPU"]),
+    ("the process group", 'dist.init_process_group(backend="cuda:nccl,cpu:gloo", device_id=device)',
+     ['dist.init_process_group(backend="gloo")']),
+    ("the norm", "    return F.rms_norm(x, (x.size(-1),))",
+     ["    return F.rms_norm(x.float(), (x.size(-1),)).type_as(x)  # upstream_cpu: inductor's fp32 forward and "
+      "backward"]),
+    ("Polar Express's normalization", "    X = X / (X.norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6)",
+     ["    X = (X.float() / (X.float().norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6)).bfloat16()"]),
+    ("QK norm", "        q, k = norm(q), norm(k) # QK norm @Grad62304977",
+     ["        q, k = norm(q.float()), norm(k.float())  # upstream_cpu: fp32 until FA3's bf16 input"]),
+    ("the key offset", "                k[:, 1:, :, self.head_dim // 2:] = k[:, :-1, :, self.head_dim // 2:]",
+     ["                k[:, 1:, :, self.head_dim // 2:] = k[:, :-1, :, self.head_dim // 2:].clone()"]),
+    ("the unpaired VE gate",
+     "                ve_gate_out = 2 * torch.sigmoid(F.linear(torch.cat([x[..., :6], ve[None, ..., :6]], dim=-1), "
+     "ve_gate_w)).view(B, T, self.num_heads, 1)",
+     ["                ve_gate_out = 2 * torch.sigmoid(F.linear(torch.cat([x[..., :6], ve[None, ..., :6]], dim=-1), "
+      "ve_gate_w).float()).view(B, T, self.num_heads, 1)"]),
+    ("the unpaired VE add", "                v = v + ve_gate_out * ve.view_as(v) # @ KoszarskyB & @Grad62304977",
+     ["                v = (v.float() + ve_gate_out * ve.view_as(v).float()).bfloat16()"]),
+    ("the paired VE gate",
+     "                ve_gate_out = 2 * torch.sigmoid(F.linear(x[..., :12], ve_gate_w)).view(B, T * 2, "
+     "self.num_heads // 2, 1)",
+     ["                ve_gate_out = 2 * torch.sigmoid(F.linear(x[..., :12], ve_gate_w).float()).view(B, T * 2, "
+      "self.num_heads // 2, 1)"]),
+    ("the paired VE add", "                v = v + ve_gate_out * ve.view_as(v)",
+     ["                v = (v.float() + ve_gate_out * ve.view_as(v).float()).bfloat16()"]),
+    ("the output gate",
+     "        y = y * torch.sigmoid(F.linear(x[..., :12], attn_gate_w)).view(B, T, self.num_heads, 1)",
+     ["        y = (y.float() * torch.sigmoid(F.linear(x[..., :12], attn_gate_w).float()).view(B, T, self.num_heads, "
+      "1)).bfloat16()"]),
+    ("the smear gate",
+     "        smear_gate_out = smear_lambda * torch.sigmoid(self.smear_gate(x[1:, :self.smear_gate.weight.size(-1)]))",
+     ["        smear_gate_out = smear_lambda * torch.sigmoid(self.smear_gate(x[1:, :self.smear_gate.weight.size(-1)])"
+      ".float())"]),
+    ("the smear", "        x = torch.cat([x[:1], x[1:] + smear_gate_out * x[:-1]])",
+     ["        x = torch.cat([x[:1], (x[1:].float() + smear_gate_out * x[:-1].float()).bfloat16()])"]),
+    ("the pre-layer-0 bigram", "        x = x + x0_bigram * bigram_lambdas[0]",
+     ["        x = (x.float() + x0_bigram.float() * bigram_lambdas[0].float()).bfloat16()"]),
+    ("the injections",
+     "        x0_inject = (x0 * x0_lambdas[0],) + tuple(x0 * x0_lambdas[i] + x0_bigram * bigram_lambdas[i] for i in "
+     "range(1, self.num_layers))",
+     ["        x0_inject = (x0.float() * x0_lambdas[0].float(),) + tuple(x0.float() * x0_lambdas[i].float() + "
+      "x0_bigram.float() * bigram_lambdas[i].float() for i in range(1, self.num_layers))"]),
+    ("the skip gate",
+     "        skip_gate_out = torch.sigmoid(skip_lambda) * 2 * torch.sigmoid(self.skip_gate(x0[..., "
+     ":self.skip_gate.weight.size(-1)]))",
+     ["        skip_gate_out = torch.sigmoid(skip_lambda) * 2 * torch.sigmoid(self.skip_gate(x0[..., "
+      ":self.skip_gate.weight.size(-1)]).float())"]),
+    ("the skip add", "                x = x + skip_gate_out * skip_connection",
+     ["                x = (x.float() + skip_gate_out * skip_connection.float()).bfloat16()"]),
+    ("the attention residual",
+     "                x = resid_lambdas_attn[i] * x + post_lambdas_attn[i] * attn_out + x0_inject[i]",
+     ["                x = (resid_lambdas_attn[i].float() * x.float() + post_lambdas_attn[i].float() * attn_out.float()"
+      " + x0_inject[i]).bfloat16()"]),
+    ("the MLP residual",
+     "            x = resid_lambdas_mlp[i] * x + post_lambdas_mlp[i] * ReLUSqrdMLP(norm(x), c_fc, c_proj)",
+     ["            x = (resid_lambdas_mlp[i].float() * x.float() + post_lambdas_mlp[i].float() * ReLUSqrdMLP(norm(x), "
+      "c_fc, c_proj).float()).bfloat16()"]),
+    ("the backout", "        x -= backout_lambda * x_backout",
+     ["        x = (x.float() - backout_lambda * x_backout.float()).bfloat16()"]),
+    ("the evaluation softcap", "            logits = 23 * torch.sigmoid((logits + 5) / 7.5)",
+     ["            logits = 23 * torch.sigmoid((logits.float() + 5) / 7.5)"]),
+    ("the hyperparameters", "args = Hyperparameters()",
+     ["{line}", "import _upstream_cpu_hooks  # upstream_cpu: the tiny-r80 sizes",
+      "_upstream_cpu_hooks.configure(args)"]),
+    ("the training schedule",
+     "training_schedule = TrainingSchedule(TRAINING_STAGES, args.num_scheduled_iterations, "
+     "args.num_extension_iterations, cooldown_frac=0.60)",
+     ["TRAINING_STAGES = _upstream_cpu_hooks.stages(TRAINING_STAGES)", "{line}"]),
+    ("the block size", "        self.block_size = 128", ["        self.block_size = _upstream_cpu_hooks.BLOCK_SIZE"]),
+    ("the main program", "# begin logging", ["_upstream_cpu_hooks.END = True  # upstream_cpu: cut here"]),
+]
+KERNEL_PATCHES = [
+    ("the CE's x cast", "        x_f8 = x.div(x_s).to(torch.float8_e4m3fn)",
+     ["        x_f8 = x.float().div(x_s).to(torch.float8_e4m3fn)  # upstream_cpu: inductor divides in fp32"]),
+    ("the CE's w cast", "        w_f8 = lm_head_weight.div(w_s).to(torch.float8_e4m3fn)",
+     ["        w_f8 = lm_head_weight.float().div(w_s).to(torch.float8_e4m3fn)"]),
+    # forward takes 8 inputs (grad_scale last), backward returns 7 gradients: eager autograd refuses the
+    # count, the compiled graph does not check it; the missing one is grad_scale's, None
+    ("the CE backward's gradients", "        return grad_x, None, None, grad_w, None, None, None",
+     ["        return grad_x, None, None, grad_w, None, None, None, None"]),
+]
+
+
+class PatchError(Exception):
+    pass
+
+
+def apply_patches(text, patches, name):
+    lines = text.split("\n")
+    for what, anchor, replacement in patches:
+        hits = [i for i, line in enumerate(lines) if line == anchor]
+        if len(hits) != 1:
+            raise PatchError(f"{name}: {what} ({anchor.strip()[:70]!r}) found {len(hits)} times, want once: "
+                             "this is not upstream's 2c702746 code as the patch knows it")
+        i = hits[0]
+        lines[i:i + 1] = [r.replace("{line}", lines[i]) for r in replacement]
+    if name == "train_gpt.py":  # everything after the main program's first line is left out
+        cut = lines.index("_upstream_cpu_hooks.END = True  # upstream_cpu: cut here")
+        lines = lines[:cut]
+    return "\n".join(lines)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_upstream(src, tmp, cfg):
+    """Upstream's train_gpt.py (up to its main program) and triton_kernels.py, patched, imported."""
+    for name in ("train_gpt.py", "triton_kernels.py"):
+        if not os.path.exists(os.path.join(src, name)):
+            raise PatchError(f"{src}/{name} is missing (git show 2c702746:{name} > {src}/{name})")
+    import standins
+    import torch
+    standins.install()
+    hooks = types.ModuleType("_upstream_cpu_hooks")
+    hooks.BLOCK_SIZE = cfg.block_size
+
+    def configure(args):
+        args.val_batch_size, args.val_tokens = cfg.val_batch_tokens, cfg.val_tokens
+        args.bigram_vocab_size = cfg.bigram_vocab
+        args.num_scheduled_iterations = cfg.scheduled_iterations
+        args.num_extension_iterations = cfg.extension_iterations
+
+    def stages(upstream_stages):
+        if len(upstream_stages) != len(cfg.stages):
+            raise PatchError(f"upstream has {len(upstream_stages)} training stages, the reference {len(cfg.stages)}")
+        for up, ours in zip(upstream_stages, cfg.stages):
+            theirs = (tuple(up.window_sizes), up.lr_mul, list(up.mtp_weights_start), list(up.mtp_weights_end))
+            mine = ((ours.ws_short, ours.ws_long), ours.lr_mul, ours.mtp_start, ours.mtp_end)
+            if theirs != mine:
+                raise PatchError(f"a stage differs between upstream {theirs} and the reference {mine}")
+            up.batch_size, up.train_max_seq_len = ours.batch_tokens, ours.train_max_seq_len
+        return upstream_stages
+    hooks.configure, hooks.stages = configure, stages
+    sys.modules["_upstream_cpu_hooks"] = hooks
+    for name, patches in (("train_gpt.py", TRAIN_PATCHES), ("triton_kernels.py", KERNEL_PATCHES)):
+        text = apply_patches(open(os.path.join(src, name)).read(), patches, name)
+        open(os.path.join(tmp, name), "w").write(text)
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    sys.path.insert(0, tmp)
+    import triton_kernels
+    standins.patch_kernels(triton_kernels)
+    path = os.path.join(tmp, "train_gpt.py")
+    ns = {"__name__": "upstream_train_gpt", "__file__": path}
+    argv0, sys.argv[0] = sys.argv[0], path  # upstream reads its own source (for its log) from argv[0]
+    try:
+        exec(compile(open(path).read(), path, "exec"), ns)
+    finally:
+        sys.argv[0] = argv0
+    # the compiled update kernel works on uint32 bits, which CPU PyTorch cannot shift
+    ns["NorMuonAndAdam"]._cautious_wd_and_update_inplace = staticmethod(standins.cautious_wd_and_update_inplace)
+    if abs(ns["training_schedule"].cooldown_frac - cfg.cooldown_frac) > 0:
+        raise PatchError(f"upstream's cooldown_frac {ns['training_schedule'].cooldown_frac} != {cfg.cooldown_frac}")
+    return ns, torch
+
+
+# upstream converts these to bf16 after GPT(...) (in its main program, which is cut): the rest stay fp32
+BF16_LABELS = {"embed", "bigram_embed", "smear_gate", "skip_gate", "lm_head", "value_embeds", "attn_gate_bank",
+               "ve_gate_bank", "qk_bank", "vo_bank", "mlp_bank"}
+
+
+def build_model(ns, torch, params):
+    """Upstream's GPT at the tiny-r80 sizes with the reference's step-0 parameters; the 8-GPU padding of
+    the reference's layout (zero bank matrices, scalars' trailing ones) is dropped."""
+    args = ns["args"]
+    model = ns["GPT"](vocab_size=50257, num_layers=11, num_heads=params["cfg"].num_heads,
+                      head_dim=params["cfg"].head_dim, model_dim=params["cfg"].model_dim,
+                      max_seq_len=args.val_batch_size // (ns["grad_accum_steps"] * ns["world_size"]))
+    seen = set()
+    for name, p in model.named_parameters():
+        label = name.replace(".weight", "")
+        src = params["tensors"][label]
+        want = torch.bfloat16 if label in BF16_LABELS else torch.float32
+        if src.dtype != want:
+            raise PatchError(f"{label}: the reference's dtype {src.dtype}, upstream's {want}")
+        if src.shape != p.shape:
+            n = p.shape[0]
+            if src.shape[1:] != p.shape[1:] or src.shape[0] < n:
+                raise PatchError(f"{label}: reference shape {tuple(src.shape)}, upstream's {tuple(p.shape)}")
+            pad = src[n:]
+            fill = 1.0 if label == "scalars" else 0.0
+            if not bool((pad == fill).all()):
+                raise PatchError(f"{label}: the entries past upstream's {n} are not padding")
+            src = src[:n]
+        p.data = src.clone()
+        seen.add(label)
+    missing = set(params["tensors"]) - seen
+    if missing:
+        raise PatchError(f"upstream's model has no {sorted(missing)}")
+    return model
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--upstream", required=True, help="folder with upstream's train_gpt.py and triton_kernels.py "
+                                                     "at 2c702746")
+    p.add_argument("--init", help="step-0 parameters (safetensors, 'param.<label>'), e.g. make_golden.py "
+                                  "--preset tiny-r80 --write-init FILE; default: the reference's init, --seed")
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--scheduled-steps", type=int, default=6)
+    p.add_argument("--extension-steps", type=int, default=2)
+    p.add_argument("--val-tokens", type=int, default=None, help="validation tokens (make_golden.py's flag)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--full-size-optimizer", action="store_true",
+                   help="only compare upstream's polar_express and NorMuon variance reduction with the reference's "
+                        "on record-80-sized matrices (Q/K 256x768: wide, column-wise second moment; V/O 768x768; "
+                        "MLP 3072x768: tall, XTX, split a X + X B), which tiny-r80 does not reach")
+    p.add_argument("--noise", action="store_true",
+                   help="also train a second reference from the same parameters nudged by one bf16 step on 1%% of "
+                        "each bf16 tensor's elements (embed kept = lm_head^T): its distance from the first is the "
+                        "bf16 noise floor the upstream-reference difference is judged against")
+    args = p.parse_args(argv)
+    try:
+        return run(args)
+    except PatchError as e:
+        print(f"upstream_cpu: error: {e}", file=sys.stderr)
+        return 1
+
+
+def run(args):
+    import torch
+    import ref_loader
+    import torch_reference as R
+    torch.set_num_threads(args.threads)
+    cfg = R.tiny_r80_config()
+    cfg.scheduled_iterations, cfg.extension_iterations = args.scheduled_steps, args.extension_steps
+    if args.val_tokens is not None:
+        if args.val_tokens <= 0 or args.val_tokens % cfg.val_batch_tokens:
+            raise PatchError(f"--val-tokens must be a positive multiple of {cfg.val_batch_tokens}")
+        cfg.val_tokens = args.val_tokens
+    cfg.validate()
+    if not 1 <= args.steps <= cfg.total_steps:
+        raise PatchError(f"--steps must be in 1..{cfg.total_steps}")
+    if args.init:
+        tensors, _ = R.read_safetensors(args.init, prefix="param.")
+        params = R.params_from_checkpoint(cfg, tensors)
+    else:
+        params = R.init_params(cfg, args.seed)
+    train_files = sorted(glob.glob(os.path.join(ROOT, "data/tinyshakespeare/tinyshakespeare_train_*.bin")))
+    if not train_files:
+        raise PatchError("the Tiny Shakespeare shards are missing from data/tinyshakespeare/")
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.full_size_optimizer:
+            ns, torch = load_upstream(os.path.abspath(args.upstream), tmp, cfg)
+            return compare_optimizer(ns, torch, R)
+        cwd = os.getcwd()
+        os.chdir(tmp)  # upstream's module-level code may write logs/ into the working directory
+        try:
+            ns, torch = load_upstream(os.path.abspath(os.path.join(cwd, args.upstream)), tmp, cfg)
+        finally:
+            os.chdir(cwd)
+        model = build_model(ns, torch, dict(cfg=cfg, tensors=params))  # r80's names are upstream's labels
+        manager = ns["TrainingManager"](model)
+        ref = R.Trainer(cfg, params)
+        check_schedule(ns, ref.schedule, cfg)
+        twin = R.Trainer(cfg, nudged(params, torch)) if args.noise else None
+        grad_scale = ns["grad_scale"]
+        if grad_scale != cfg.grad_scale:
+            raise PatchError(f"upstream's grad_scale {grad_scale}, the reference's {cfg.grad_scale}")
+        docs = lambda n: R.max_num_docs(cfg, n)
+        seq = ref.schedule.train_max_seq_len(0)
+        gen = ref_loader.generator(train_files, 0, 1, cfg.stages[0].batch_tokens, seq, cfg.grad_accum, True,
+                                   cfg.bigram_vocab, max_num_docs=docs)
+        started, batch_tokens = False, cfg.stages[0].batch_tokens
+        manager.advance_schedule(0)
+        ref.advance(0)
+        validate(0, model, manager, ref, cfg, torch, R, ref_loader, docs)
+        print(f"{'step':>4} {'upstream loss':>16} {'reference loss':>16} {'rel. diff':>10}" +
+              (f" {'nudged ref.':>16} {'its diff':>10}" if twin else ""))
+        t0 = time.time()
+        rows = []
+        for step in range(args.steps):
+            manager.advance_schedule(step)
+            ref.advance(step)
+            send = manager.train_loader_send_args  # upstream's own (batch, seq_len, grad_accum) decision
+            mine = None
+            if ref.schedule.batch_tokens(step) != batch_tokens or ref.schedule.train_max_seq_len(step) != seq:
+                batch_tokens, seq = ref.schedule.batch_tokens(step), ref.schedule.train_max_seq_len(step)
+                mine = (batch_tokens, seq, cfg.grad_accum)
+            if send != mine:
+                raise PatchError(f"step {step}: upstream re-sends {send} to its loader, the reference {mine}")
+            up_total = ref_total = twin_total = 0.0
+            fwd = ref.forward_args()
+            if twin:
+                twin.advance(step)
+            for micro in range(cfg.grad_accum):
+                raw = gen.send(send) if started else next(gen)
+                started = True
+                b = R.Batch.from_lists(raw["inputs"], raw["targets"], raw["cu"], raw["bigram"])
+                loss = model(b.inputs.int(), b.targets, b.cu_seqlens.int(), b.bigram.int(),
+                             manager.get_forward_args()).sum()
+                (loss * grad_scale).backward()
+                up_total += float(loss.detach())
+                rl = R.forward(cfg, ref.params, b, fwd, training=True).sum()
+                (rl * cfg.grad_scale).backward()
+                ref_total += float(rl.detach())
+                if twin:
+                    tl = R.forward(cfg, twin.params, b, twin.forward_args(), training=True).sum()
+                    (tl * cfg.grad_scale).backward()
+                    twin_total += float(tl.detach())
+            if step == 0:
+                print_grad_norms(model, ref, twin, torch)
+            manager.step_optimizers(step)
+            ref.optimizer_step(step)
+            if twin:
+                twin.optimizer_step(step)
+            up, rf, tw = up_total / batch_tokens, ref_total / batch_tokens, twin_total / batch_tokens
+            rows.append((step, up, rf, tw))
+            extra = f" {tw:>16.9f} {abs(tw - rf) / abs(rf):>10.2e}" if twin else ""
+            print(f"{step:>4} {up:>16.9f} {rf:>16.9f} {abs(up - rf) / abs(rf):>10.2e}{extra}   "
+                  f"({time.time() - t0:.0f} s)", flush=True)
+        # validation after the last step, as upstream's loop does at step == steps (with the final
+        # longer window at the schedule's end)
+        step = args.steps
+        manager.advance_schedule(step)
+        ref.advance(step)
+        if step == cfg.total_steps:
+            manager.apply_final_ws_ext()
+            ref.apply_final_window_extension()
+        validate(step, model, manager, ref, cfg, torch, R, ref_loader, docs)
+    worst = max(abs(r[1] - r[2]) / abs(r[2]) for r in rows)
+    print(f"upstream vs reference: step 0 {abs(rows[0][1] - rows[0][2]) / abs(rows[0][2]):.2e}, largest over "
+          f"{len(rows)} steps {worst:.2e}")
+    if twin:
+        floor = max(abs(r[3] - r[2]) / abs(r[2]) for r in rows[1:]) if len(rows) > 1 else 0.0
+        print(f"nudged reference vs reference (the noise floor): largest over steps 1.. {floor:.2e}")
+    return 0
+
+
+def check_schedule(ns, ours, cfg):
+    """Upstream's schedule objects at the tiny-r80 step counts against the reference's, every step: stage
+    boundaries, split step, learning-rate multiplier (cooldown and floor), Muon momentum, MTP weights."""
+    theirs = ns["training_schedule"]
+    if [tuple(b) for b in theirs.boundaries] != [tuple(b) for b in ours.boundaries] or \
+            theirs.split_step != ours.split_step:
+        raise PatchError(f"stage boundaries/split: upstream {theirs.boundaries} {theirs.split_step}, reference "
+                         f"{ours.boundaries} {ours.split_step}")
+    for step in range(cfg.total_steps + 1):
+        up = (theirs.get_lr(step), ns["get_muon_momentum"](step), theirs.mtp_weights[step].tolist())
+        mine = (ours.lr(step), ours.muon_momentum(step), ours.mtp_weights(step).tolist())
+        if up != mine:
+            raise PatchError(f"step {step}: upstream (lr, momentum, MTP weights) {up}, reference {mine}")
+    print(f"schedule: upstream's and the reference's agree exactly at steps 0..{cfg.total_steps} (boundaries "
+          f"{ours.boundaries}, split {ours.split_step}, lr {ours.lr(0)} .. {ours.lr(cfg.total_steps)})")
+
+
+def compare_optimizer(ns, torch, R):
+    """Upstream's fused Nesterov + Polar Express and its variance reduction (red_dim by its own rule)
+    against the reference's on random record-80-sized gradients, two NorMuon steps (the second with a
+    nonzero momentum buffer and second moment): the fraction of bf16 outputs that agree exactly and the
+    largest difference in units of the output's largest magnitude; beside them the same for the reference
+    fed the gradient nudged by one bf16 step on 1% of its elements (5 bf16 iterations amplify any
+    rounding-level difference: that is the noise floor)."""
+    g = torch.Generator().manual_seed(80)
+    worst = 0.0
+    for name, (count, rows, cols) in (("qk_bank", (4, 256, 768)), ("vo_bank", (2, 768, 768)),
+                                      ("mlp_bank", (2, 3072, 768))):
+        red_dim = -1 if rows >= cols else -2
+        sm_shape = (count, rows, 1) if red_dim == -1 else (count, 1, cols)
+        buf_up, buf_ref, buf_n = (torch.zeros(count, rows, cols) for _ in range(3))
+        sm_up, sm_ref, sm_n = (torch.zeros(sm_shape) for _ in range(3))
+        for step, momentum in enumerate((0.85, 0.8503333333333333)):
+            grad = (torch.randn(count, rows, cols, generator=g) * 1e-3).bfloat16().float()
+            x_up = ns["polar_express"](grad.clone(), buf_up, torch.tensor(momentum), split_baddbmm=rows > 1024)
+            v_up = ns["NorMuonAndAdam"]._apply_normuon_variance_reduction(x_up, sm_up, 0.9, red_dim)
+            x_ref = R.polar_express_r80(grad.clone(), buf_ref, momentum)
+            v_ref = R.normuon_variance_reduction(x_ref, sm_ref, 0.9, scale_bf16=True)
+            bits = grad.bfloat16().view(torch.int16).to(torch.int32)
+            pick = torch.rand(grad.shape, generator=g) < 0.01
+            nudged_grad = torch.where(pick, bits + 1, bits).to(torch.int16).view(torch.bfloat16).float()
+            v_n = R.normuon_variance_reduction(R.polar_express_r80(nudged_grad, buf_n, momentum), sm_n, 0.9,
+                                               scale_bf16=True)
+            peak = v_ref.float().abs().max()
+            diff = float((v_up.float() - v_ref.float()).abs().max() / peak)
+            floor = float((v_n.float() - v_ref.float()).abs().max() / peak)
+            worst = max(worst, diff / floor)
+            exact_up, exact_n = float((v_up == v_ref).float().mean()), float((v_n == v_ref).float().mean())
+            print(f"{name} {count}x{rows}x{cols} step {step}: upstream exact {exact_up:.3f}"
+                  f" largest {diff:.2e} | nudged reference exact {exact_n:.3f} largest "
+                  f"{floor:.2e} | momentum buffers equal: {torch.equal(buf_up, buf_ref)}, second moments max rel. "
+                  f"diff {float(((sm_up - sm_ref).abs() / sm_ref.abs().clamp_min(1e-30)).max()):.2e}")
+    print(f"largest upstream difference / noise floor: {worst:.2f}")
+    return 0
+
+
+def validate(step, model, manager, ref, cfg, torch, R, ref_loader, docs):
+    """Both models' validation loss (the mean over micro-batches of each one's mean loss) on the first
+    val_tokens of the validation shard, printed with their relative difference."""
+    val_files = sorted(glob.glob(os.path.join(ROOT, "data/tinyshakespeare/tinyshakespeare_val_*.bin")))
+    gen = ref_loader.generator(val_files, 0, 1, cfg.val_batch_tokens, -1, cfg.grad_accum, False, cfg.bigram_vocab,
+                               max_num_docs=docs)
+    batches = []
+    for _ in range(cfg.grad_accum * cfg.val_tokens // cfg.val_batch_tokens):
+        r = next(gen)
+        batches.append(R.Batch.from_lists(r["inputs"], r["targets"], r["cu"], r["bigram"]))
+    model.eval()
+    with torch.no_grad():
+        up = sum(float(model(b.inputs.int(), b.targets, b.cu_seqlens.int(), b.bigram.int(),
+                             manager.get_forward_args()).mean()) for b in batches) / len(batches)
+    model.train()
+    rf = ref.evaluate(batches)
+    print(f"validation at step {step} ({cfg.val_tokens} tokens): upstream {up:.9f} reference {rf:.9f} "
+          f"relative difference {abs(up - rf) / abs(rf):.2e}", flush=True)
+
+
+def nudged(params, torch):
+    """The parameters with one bf16 step (up or down) on a fixed 1% of each bf16 tensor's elements;
+    embed stays lm_head^T, exact zeros stay zero (padding and zero-initialized tensors keep their role)."""
+    g = torch.Generator().manual_seed(12345)
+    out = {}
+    for name, t in params.items():
+        if t.dtype != torch.bfloat16 or name == "embed":
+            out[name] = t.clone()
+            continue
+        bits = t.view(torch.int16).to(torch.int32)
+        pick = (torch.rand(t.shape, generator=g) < 0.01) & (t != 0)
+        step = torch.where(torch.rand(t.shape, generator=g) < 0.5, -1, 1)
+        out[name] = torch.where(pick, bits + step, bits).to(torch.int16).view(torch.bfloat16)
+    out["embed"] = out["lm_head"].t().contiguous()
+    return out
+
+
+def print_grad_norms(model, ref, twin, torch):
+    """Step 0's accumulated gradients (before the optimizer), upstream vs the reference, per parameter
+    (upstream's unpadded part; embed's gradient is separate from lm_head's while tied, in both): the norms
+    and the norm of the difference relative to the reference's; with --noise also the nudged reference's."""
+    print("step 0 gradient norms: upstream, reference, |upstream - reference| / |reference|" +
+          (", |nudged - reference| / |reference|" if twin else ""))
+
+    def grad(trainer, label, shape):
+        g = trainer.params[label].grad
+        return g.double()[:shape[0]] if g is not None else torch.zeros(shape, dtype=torch.float64)
+    for name, p in model.named_parameters():
+        label = name.replace(".weight", "")
+        g_up = p.grad.double() if p.grad is not None else torch.zeros(p.shape, dtype=torch.float64)
+        g_ref = grad(ref, label, p.shape)
+        base = g_ref.norm().item()
+        rel = lambda d: d / base if base else d
+        line = f"  {label:>16} {g_up.norm().item():14.7e} {base:14.7e} {rel((g_up - g_ref).norm().item()):10.2e}"
+        if twin:
+            line += f" {rel((grad(twin, label, p.shape) - g_ref).norm().item()):10.2e}"
+        print(line)
+        if p.numel() <= 32 and os.environ.get("UPSTREAM_CPU_SHOW"):
+            print("     upstream  " + " ".join(f"{v:.3e}" for v in g_up.flatten().tolist()))
+            print("     reference " + " ".join(f"{v:.3e}" for v in g_ref.flatten().tolist()))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

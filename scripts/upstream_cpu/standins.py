@@ -1,0 +1,248 @@
+"""CPU stand-ins for what upstream's train_gpt.py and triton_kernels.py (record 80, commit 2c702746) need
+from a GPU, so that their own Python code runs on the CPU (scripts/upstream_cpu/run.py). Written here
+from the kernels' semantics (upstream's sources say what each computes); nothing is copied from them.
+
+  install()                 fake `triton` and `kernels` packages and torch.cuda._compile_kernel, before
+                            upstream's files are imported; torch.compile becomes the identity (eager)
+  patch_kernels(module)     triton_kernels' launchers (XXT, XTX, ba_plus_cAA, linear_relu_square,
+                            transpose_copy, transpose_add) replaced by exact CPU equivalents
+  torch._scaled_mm          FP8 operands cast back to fp32, one fp32 matmul, times scale_a * scale_b
+
+Each stand-in reproduces the kernel's rounding points: fp32 accumulation, one rounding to the output
+dtype, the symmetric kernels' mirrored upper triangle, the CE kernel's bf16 sigmoid and e5m2 output.
+"""
+import sys
+import types
+
+import torch
+
+# -----------------------------------------------------------------------------------------------------
+# FlashAttention-3's varlen forward and backward: exact softmax attention in fp32 with its masks.
+# -----------------------------------------------------------------------------------------------------
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=None, max_seqlen_k=None, causal=True,
+                           softmax_scale=None, window_size=(-1, -1), **unused):
+    """q, k, v bf16 (T, H, D), possibly fp32 where run.py keeps the compiled graph's unrounded q and k: they
+    are rounded to bf16 here, where upstream's compiled graph materializes them for FA3. Key j is seen
+    by query i when both are in one document (cu_seqlens, padded with T), j <= i and i - j <= window_size[0].
+    Softmax in fp32 without rounding P (FA3 rounds P to bf16 before P V: a known difference, as in the
+    reference); output bf16. Autograd gives the backward (FA3's dq, dk, dv: fp32 math, bf16 results)."""
+    if not causal or window_size[1] != 0:
+        raise NotImplementedError("standins: upstream's attention is causal with window_size = (left, 0)")
+    if not torch.equal(cu_seqlens_q, cu_seqlens_k):
+        raise NotImplementedError("standins: upstream passes the same documents for queries and keys")
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    T = q.shape[0]
+    pos = torch.arange(T)
+    doc = torch.searchsorted(cu_seqlens_q.long(), pos, right=True)
+    i, j = pos[:, None], pos[None, :]
+    seen = (doc[:, None] == doc[None, :]) & (j <= i)
+    if window_size[0] >= 0:
+        seen &= i - j <= window_size[0]
+    scores = torch.einsum("ihd,jhd->hij", q.float(), k.float()) * softmax_scale
+    p = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
+    return torch.einsum("hij,jhd->ihd", p, v.float()).bfloat16()
+
+
+def get_kernel(name):
+    if name != "varunneal/flash-attention-3":
+        raise NotImplementedError(f"standins: no stand-in for the kernel package {name}")
+    return types.SimpleNamespace(flash_attn_interface=types.SimpleNamespace(
+        flash_attn_varlen_func=flash_attn_varlen_func))
+
+
+# -----------------------------------------------------------------------------------------------------
+# triton_kernels.py's launchers
+# -----------------------------------------------------------------------------------------------------
+
+
+def _mirror_upper(m):
+    """The symmetric kernels compute the blocks on and above the diagonal and store each one mirrored."""
+    return torch.triu(m) + torch.triu(m, 1).mT
+
+
+def XXT(A, out):
+    """out = A @ A^T: fp32 accumulation, one rounding, symmetric."""
+    a = A.float()
+    out.copy_(_mirror_upper((a @ a.mT).to(out.dtype)))
+    return out
+
+
+def XTX(A, out):
+    """out = A^T @ A (tall A): fp32 accumulation, one rounding, symmetric."""
+    a = A.float()
+    out.copy_(_mirror_upper((a.mT @ a).to(out.dtype)))
+    return out
+
+
+def ba_plus_cAA(A, alpha, beta, out):
+    """out = alpha * (A @ A) + beta * A (A symmetric): the kernel scales its fp32 accumulator by alpha,
+    then adds beta * A in fp32, and rounds once."""
+    a = A.float()
+    acc = (a @ a.mT) * torch.tensor(alpha, dtype=torch.float32)
+    out.copy_(_mirror_upper((acc + a * torch.tensor(beta, dtype=torch.float32)).to(out.dtype)))
+    return out
+
+
+def linear_relu_square(a, b, aux=None):
+    """Forward (aux None): pre = bf16(a @ b^T), post = bf16(relu(pre)^2) from the bf16 pre.
+    Backward (aux = pre): bf16(2 * bf16(a @ b^T) * relu(pre))."""
+    c = (a.float() @ b.float().t()).to(a.dtype)
+    if aux is None:
+        return c, torch.relu(c.float()).square().to(a.dtype)
+    return (2 * c.float() * torch.relu(aux.float())).to(a.dtype)
+
+
+def transpose_copy(src, dst):
+    dst.copy_(src.t())
+
+
+def transpose_add(src, dst):
+    """dst += src^T in fp32, rounded once to dst's dtype."""
+    dst.copy_((dst.float() + src.t().float()).to(dst.dtype))
+
+
+def patch_kernels(module):
+    for name in ("XXT", "XTX", "ba_plus_cAA", "linear_relu_square", "transpose_copy", "transpose_add"):
+        if not hasattr(module, name):
+            raise SystemExit(f"standins: triton_kernels.py has no {name}: not the code this stand-in knows")
+        setattr(module, name, globals()[name])
+
+
+# -----------------------------------------------------------------------------------------------------
+# The NVRTC cross-entropy kernel (ce_fwd_bwd_kernel), one row per CUDA block.
+# -----------------------------------------------------------------------------------------------------
+
+
+def _fma32(a, b, c):
+    """fp32 fused multiply-add: the product is exact in float64, then one rounding (double rounding
+    through float64 differs from a true FMA only in vanishingly rare ties)."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+class CeKernel:
+    """What ce_fwd_bwd_kernel writes: losses[t] and grad_input[t, :] (e5m2) from the bf16 logits.
+    In the kernel's order of fp32 operations: u = fma(l, 1/C, B/C); s = 0.5 + tanh(0.5 u) 0.5 (the
+    hardware tanh approximation there, the correctly rounded one here), rounded to bf16 and reused; the
+    max over the unrounded A s; lse = max + log(sum exp(A s_bf16 - max)); loss = sum over k with
+    t + k < T of fma(w_k, lse - A s[target], loss); S_w = the sum of all n_predict weights; every
+    column written with term2 = 0, then each target column of rows t + k < T rewritten with term2 =
+    the weights of the k < 3 whose target is that column."""
+
+    def set_shared_memory_config(self, nbytes):
+        pass
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        logits, targets, mtp_weights, losses, grad_input, n_rows, n_predict, A, B, C, grad_s, grad_scale = args
+        f = lambda v: torch.tensor(v, dtype=torch.float32)
+        A, B, C, grad_s, grad_scale = f(A), f(B), f(C), f(grad_s), f(grad_scale)
+        inv_C = 1 / C
+        s_raw = 0.5 + torch.tanh(_fma32(logits.float(), inv_C, B * inv_C) * 0.5) * 0.5
+        s = s_raw.bfloat16().float()
+        row_max = (A * s_raw).amax(dim=1, keepdim=True)
+        lse = row_max + torch.log(torch.exp(A * s - row_max).sum(dim=1, keepdim=True))
+        w = mtp_weights.float()
+        T = n_rows
+        total = torch.zeros(T, dtype=torch.float32)
+        for k in range(n_predict):
+            m = max(T - k, 0)
+            zt = A * s[:m].gather(1, targets[k:k + m].long().unsqueeze(1)).squeeze(1)
+            total[:m] = _fma32(w[k].expand(m), lse[:m, 0] - zt, total[:m])
+        losses.copy_(total)
+        S_w = torch.zeros((), dtype=torch.float32)
+        for k in range(n_predict):
+            S_w = S_w + w[k]
+        term2 = torch.zeros_like(s)
+        for k in range(min(n_predict, 3)):
+            m = max(T - k, 0)
+            term2[:m].scatter_add_(1, targets[k:k + m].long().unsqueeze(1), w[k].expand(m, 1).contiguous())
+        grad_z = S_w * torch.exp(A * s - lse) - term2
+        g = grad_scale * (1 / C * A) * (1 / grad_s) * grad_z * s * (1 - s)
+        big = torch.finfo(torch.float8_e5m2).max  # cvt.rn.satfinite
+        grad_input.copy_(g.clamp(-big, big).to(torch.float8_e5m2))
+
+
+def _compile_kernel(source, name, **unused):
+    if name != "ce_fwd_bwd_kernel":
+        raise NotImplementedError(f"standins: no CPU stand-in for the NVRTC kernel {name}")
+    return CeKernel()
+
+
+# -----------------------------------------------------------------------------------------------------
+# torch._scaled_mm
+# -----------------------------------------------------------------------------------------------------
+
+
+def scaled_mm(a, b, scale_a=None, scale_b=None, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    """(a @ b) * scale_a * scale_b from the FP8 operands' exact values in one fp32 matmul (cuBLASLt's
+    fast accumulation on Hopper is less precise in the forward: a known difference), then out_dtype."""
+    if bias is not None or scale_result is not None:
+        raise NotImplementedError("standins: upstream calls _scaled_mm without bias or scale_result")
+    out = (a.float() @ b.float()) * (scale_a.float() * scale_b.float())
+    return out.to(out_dtype or a.dtype)
+
+
+# -----------------------------------------------------------------------------------------------------
+# The compiled NorMuon update on bf16 bits: CPU PyTorch has no uint32 shifts, so the same bit
+# arithmetic in int64.
+# -----------------------------------------------------------------------------------------------------
+
+
+def cautious_wd_and_update_inplace(p, mantissa, grad, wd_tensor, lr_tensor):
+    """p (uint16 view of the bf16 parameter) << 16 | mantissa is the fp32 parameter; it is updated with
+    cautious weight decay and written back as its top and bottom 16 bits (upstream's compiled function)."""
+    grad = grad.float()
+    wd, lr = wd_tensor.to(torch.float32), lr_tensor.to(torch.float32)
+    raw = (p.to(torch.int64) << 16) | mantissa.to(torch.int64)
+    precise = (raw - (raw >> 31) * (1 << 32)).to(torch.int32).view(torch.float32)
+    mask = (grad * precise) >= 0
+    new = precise - (precise * mask * wd * lr) - (grad * lr)
+    bits = new.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    p.copy_((bits >> 16).to(torch.uint16))
+    mantissa.copy_((bits & 0xFFFF).to(torch.uint16))
+
+
+# -----------------------------------------------------------------------------------------------------
+# install()
+# -----------------------------------------------------------------------------------------------------
+
+
+class _Anything(types.ModuleType):
+    """A module whose every attribute is a harmless placeholder (Triton's decorators and annotations
+    are evaluated when triton_kernels.py is imported; its kernels themselves are never launched)."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _placeholder
+
+
+def _placeholder(*args, **kwargs):
+    if len(args) == 1 and callable(args[0]) and not kwargs:
+        return args[0]  # @triton.jit and friends: the function itself
+    return _placeholder
+
+
+def install():
+    # torch's own modules probe for Triton when first imported: load them before the fake one exists
+    import torch._dynamo  # noqa: F401
+    import torch._inductor.utils  # noqa: F401
+    triton = _Anything("triton")
+    triton.__version__ = "cpu-standin"
+    triton.cdiv = lambda a, b: -(-a // b)
+    language = _Anything("triton.language")
+    tools = _Anything("triton.tools")
+    descriptor = _Anything("triton.tools.tensor_descriptor")
+    triton.language, triton.tools, tools.tensor_descriptor = language, tools, descriptor
+    sys.modules.update({"triton": triton, "triton.language": language, "triton.tools": tools,
+                        "triton.tools.tensor_descriptor": descriptor})
+    kernels = types.ModuleType("kernels")
+    kernels.get_kernel = get_kernel
+    sys.modules["kernels"] = kernels
+    torch.cuda._compile_kernel = _compile_kernel
+    torch._scaled_mm = scaled_mm
+
+    def no_compile(fn=None, **unused):
+        return fn if fn is not None else (lambda f: f)
+    torch.compile = no_compile
