@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 # =====================================================================================================
-# Configuration: train_gpt.cu's Config, record_preset() and tiny_preset(), and the layer structure.
+# Configuration: train_gpt.cu's Config, r71_preset() and tiny_preset(), and the layer structure.
 # =====================================================================================================
 
 
