@@ -83,7 +83,10 @@ extern __thread BlockState* t_block;
 
 // The pointers among a kernel's arguments, for the race detector of deferred streams (streams.h):
 // a pointer to const is only read; any other, and any pointer-sized word of a struct argument
-// that points into a buffer, may be written.
+// that points into a buffer, may be written. So a struct argument must have no padding: a padding
+// word's stale bytes beside an int (a pointer's upper half, say) can point into a live buffer, and
+// the detector then reports a race that is not there (the kernels' argument structs static_assert
+// std::has_unique_object_representations).
 struct PointerArg {
     const void* p;
     bool written;

@@ -168,12 +168,16 @@ inline void yarn_rope_apply(YarnRope& r, int old_window, int new_window, cudaStr
 }
 
 // ---- the layer's auxiliary inputs ----
+// No padding (a static_assert below): emu's race detector reads every word of a kernel's struct
+// argument as a possible pointer (PointerArg), and a padding word's stale bytes around an int can
+// make one that points into a live buffer, a race that is not there.
 struct AttnAux {
     int T = 0, H = 0, D = 0;
+    int rope_positions = 0;            // YarnRope::positions
     bool paired = false;               // paired-head layer (0, 2, 5, 9)
     bool key_offset = false;           // long-window layer: keys' upper D/2 dims from token t-1
+    bool unused[6] = {};
     const bf16* rope_table = nullptr;  // YarnRope::table
-    int rope_positions = 0;            // YarnRope::positions
     const bf16* xa = nullptr;          // attention input (T, C)
     const int32_t* ids = nullptr;      // token ids (T), for value-embedding rows
     const bf16* ve_table = nullptr;    // this layer's value-embedding table (V, C): value_embeds + k*V*C,
@@ -181,6 +185,7 @@ struct AttnAux {
     const bf16* ve_gate = nullptr;     // (H, 12), with ve_table
     const bf16* attn_gate = nullptr;   // (H, 12)
 };
+static_assert(std::has_unique_object_representations_v<AttnAux>, "AttnAux: a kernel argument with padding");
 inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
     kernel_require(a.T > 0 && a.H > 0, "%s: need T > 0 and H > 0 (T=%d H=%d)", who, a.T, a.H);
     const int g = a.D / 8;

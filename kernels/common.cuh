@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 
 // ---- error checks: a failed call names itself, its file and line, then exits ----
 inline void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
@@ -109,6 +110,7 @@ struct SumTargets {
         float* f32;  // one of f32 and bf16 is set
         __nv_bfloat16* bf16;
         int len;
+        int unused = 0;  // no padding: emu reads every word of a kernel's struct argument (PointerArg)
     };
     Run run[kMaxRuns] = {};
     int runs = 0, count = 0;
@@ -128,6 +130,8 @@ private:
         return *this;
     }
 };
+
+static_assert(std::has_unique_object_representations_v<SumTargets>, "SumTargets: a kernel argument with padding");
 
 // Writes value v of a reduction: target[v] = (accumulate ? target[v] : 0) + s.
 __device__ __forceinline__ void store_sum_target(const SumTargets& targets, int v, float s, bool accumulate) {
@@ -190,8 +194,9 @@ struct BlockPartials {
 struct LastBlockSum {
     SumTargets targets;
     BlockPartials scratch;
-    bool accumulate;
+    int64_t accumulate;  // a bool, as wide as a word: no padding (see SumTargets::Run)
 };
+static_assert(std::has_unique_object_representations_v<LastBlockSum>, "LastBlockSum: a kernel argument with padding");
 // Called by every thread of every block once the block's partials are stored; true (in every thread) in
 // the one block that draws the last ticket, which may then read every block's partials. That block sets
 // the counter back to zero at once: every block has drawn its ticket by then.

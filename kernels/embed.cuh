@@ -320,9 +320,12 @@ private:
 // Up to 8 tables whose gradients come from the same ids (e.g. embed and the value embeddings).
 struct EmbeddingGradBatch {
     int count = 0;
+    int unused = 0;  // no padding: emu reads every word of a kernel's struct argument (PointerArg)
     bf16* grad[kMaxEmbedGradTables] = {};         // table gradients (rows, C)
     const bf16* dout[kMaxEmbedGradTables] = {};   // per-position row gradients (T, C)
 };
+
+static_assert(std::has_unique_object_representations_v<EmbeddingGradBatch>, "EmbeddingGradBatch: padding");
 
 __device__ __forceinline__ void embedding_grad_store_row(bf16* grad_row, const float* acc, bool accumulate) {
     Pack128<bf16> out;
