@@ -209,19 +209,21 @@ def cautious_wd_and_update_inplace(p, mantissa, grad, wd_tensor, lr_tensor):
 
 
 class _Anything(types.ModuleType):
-    """A module whose every attribute is a harmless placeholder (Triton's decorators and annotations
-    are evaluated when triton_kernels.py is imported; its kernels themselves are never launched)."""
+    """Triton's names for importing triton_kernels.py only: its decorators and annotations are evaluated
+    at import, and every kernel it defines is replaced by a CPU stand-in above before anything calls it.
+    A kernel that were launched anyway fails loudly: `@triton.jit` leaves the plain Python function, which
+    cannot be indexed by a grid (`kernel[grid](...)` raises TypeError)."""
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return _placeholder
+        return _import_only
 
 
-def _placeholder(*args, **kwargs):
+def _import_only(*args, **kwargs):
     if len(args) == 1 and callable(args[0]) and not kwargs:
         return args[0]  # @triton.jit and friends: the function itself
-    return _placeholder
+    return _import_only
 
 
 def install():
