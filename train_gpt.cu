@@ -69,6 +69,7 @@
 struct TrainingStage {
     double duration;             // fraction of the scheduled steps (the extension stage: 0)
     int64_t batch_tokens;        // tokens per step over all ranks and micro-steps
+    int max_seq_len;             // documents are cut at this many tokens (the rest is dropped)
     int ws_short, ws_long;       // attention windows in blocks of `block_size` tokens
     double lr_mul;
     std::vector<float> mtp_start, mtp_end;  // multi-token-prediction weights, interpolated over the stage
@@ -129,7 +130,7 @@ struct Config {
     int bigram_vocab = 50304 * 5;
     // data
     std::string train_files = "data/fineweb10B/fineweb_train_*.bin", val_files = "data/fineweb10B/fineweb_val_*.bin";
-    int max_seq_len = 2048;                  // documents are cut at this many tokens
+    dataload::MaxDocsRule max_docs;          // cu_seqlens entries per micro-batch size (record 71: the formula)
     int64_t val_batch_tokens = 4 * 64 * 1024 * 8, val_tokens = 10485760;
     // schedule
     int scheduled_iterations = 1515, extension_iterations = 40;
@@ -171,10 +172,10 @@ Config r71_preset() {
     Config c;
     c.name = "r71";
     c.stages = {
-        {1.0 / 3, 8 * 2048 * 8, 1, 3, 1.0, {1.0f, 0.5f, 0.25f}, {1.0f, 0.5f, 0.0f}},
-        {1.0 / 3, 16 * 2048 * 8, 3, 7, 1.52, {1.0f, 0.5f}, {1.0f, 0.0f}},
-        {1.0 / 3, 24 * 2048 * 8, 5, 11, 1.73, {1.0f}, {1.0f}},
-        {0.0, 24 * 2048 * 8, 6, 13, 1.0, {1.0f}, {1.0f}},  // extension
+        {1.0 / 3, 8 * 2048 * 8, 2048, 1, 3, 1.0, {1.0f, 0.5f, 0.25f}, {1.0f, 0.5f, 0.0f}},
+        {1.0 / 3, 16 * 2048 * 8, 2048, 3, 7, 1.52, {1.0f, 0.5f}, {1.0f, 0.0f}},
+        {1.0 / 3, 24 * 2048 * 8, 2048, 5, 11, 1.73, {1.0f}, {1.0f}},
+        {0.0, 24 * 2048 * 8, 2048, 6, 13, 1.0, {1.0f}, {1.0f}},  // extension
     };
     return c;
 }
@@ -194,7 +195,7 @@ Config tiny_preset() {
     c.head_dim = 64;
     c.mlp_dim = 512;
     c.bigram_vocab = 4096 * 5;
-    c.max_seq_len = 256;
+    for (TrainingStage& st : c.stages) st.max_seq_len = 256;
     c.val_batch_tokens = 8 * 256;
     c.val_tokens = 8 * 256;
     c.scheduled_iterations = 30;
@@ -265,11 +266,14 @@ std::string config_error(const Config& c) {
     if (c.bigram_vocab < 2) return bad("bigram_vocab must be at least 2");
     if (c.world_size < 1 || 8 % c.world_size != 0) return bad("the world size must divide 8");
     if (c.stages.empty()) return bad("at least one training stage is needed");
-    for (const TrainingStage& st : c.stages)
+    for (const TrainingStage& st : c.stages) {
         if (st.batch_tokens % (8 * 16) != 0 || st.mtp_start.size() != st.mtp_end.size() || st.mtp_start.empty() ||
             st.mtp_start.size() > 8)
             return bad("each stage's batch must split into 8 micro-batches of a multiple of 16 tokens, with 1 to 8 "
                        "MTP weights");
+        if (st.max_seq_len < 1) return bad("each stage's max_seq_len must be at least 1 token");
+    }
+    if (const std::string e = c.max_docs.error(); !e.empty()) return bad(e);
     if (c.val_batch_tokens % (8 * 16) != 0) return bad("the validation batch must split into 8 multiples of 16 tokens");
     if (const std::string e = structure_error(c.structure); !e.empty()) return bad(e);
     return "";
@@ -598,7 +602,7 @@ void layout_state(Arena& a, Model& m) {
 void layout_activations(Arena& a, Model& m) {
     const Config& c = m.cfg;
     const int T = c.max_train_tokens(), Tv = c.val_micro_tokens();
-    layout_batch(a, std::max(T, Tv), m.batch);
+    layout_batch(a, std::max(T, Tv), c.max_docs, m.batch);
     m.eval_batch = m.batch;
     // the FP8 lm_head weight outlives a step (made once per change of lm_head): not shared
     auto* w_f8 = a.take<__nv_fp8_e4m3>("lm_head.w_f8", {c.model_dim, c.padded_vocab});
@@ -1584,8 +1588,9 @@ void log_config(Run& r) {
         for (size_t k = 0; k < st.mtp_start.size(); ++k)
             mtp += (k ? ", " : "") + std::to_string(st.mtp_start[k]).substr(0, 4) + "->" +
                    std::to_string(st.mtp_end[k]).substr(0, 4);
-        print0(r, "  stage %zu: from step %d, batch %lld tokens, windows (%d, %d), lr_mul %.2f, mtp [%s]\n", i,
-               r.sch.starts[i], static_cast<long long>(st.batch_tokens), st.ws_short, st.ws_long, st.lr_mul, mtp.c_str());
+        print0(r, "  stage %zu: from step %d, batch %lld tokens, documents cut at %d, windows (%d, %d), lr_mul %.2f, mtp [%s]\n",
+               i, r.sch.starts[i], static_cast<long long>(st.batch_tokens), st.max_seq_len, st.ws_short, st.ws_long,
+               st.lr_mul, mtp.c_str());
     }
     print0(r, "  adam lr %g eps %g wd %g; normuon lr %g beta2 %g wd %g, momentum %g->%g over %d steps, cool-down %d\n",
            c.adam_lr, c.adam_eps, c.adam_wd, c.normuon_lr, c.normuon_beta2, c.normuon_wd, c.muon_momentum_min,
@@ -1783,7 +1788,7 @@ void allocate_host_buffers(Run& r) {
     r.inputs.resize(T);
     r.targets.resize(T);
     r.bigram.resize(T);
-    r.cu.resize(dataload::max_num_docs_for(T));
+    r.cu.resize(size_t(c.max_docs.capacity(T)));
     r.losses.allocate(c.grad_accum());
 }
 
@@ -1802,10 +1807,13 @@ void load_val_batch(Run& r) {
 
 // The shapes of the training micro-batches, and the schedule's batch of each step of `steps`, as the
 // batch producer follows them.
-BatchShape batch_shape(const Config& c) { return {c.max_train_tokens(), c.max_seq_len, c.grad_accum(), c.tokens()}; }
+BatchShape batch_shape(const Config& c) { return {c.max_train_tokens(), c.grad_accum(), c.max_docs, c.tokens()}; }
 std::vector<StepBatch> step_batches(const Schedule& sch, const std::vector<int>& steps) {
     std::vector<StepBatch> out;
-    for (int step : steps) out.push_back({sch.lookup(step).first->batch_tokens, sch.mtp_weights(step)});
+    for (int step : steps) {
+        const TrainingStage& st = *sch.lookup(step).first;
+        out.push_back({st.batch_tokens, st.max_seq_len, sch.mtp_weights(step)});
+    }
     return out;
 }
 
@@ -1818,9 +1826,10 @@ void start_batches(Run& r, BatchSchedule plan, int repeat = 1) {
     dataload::TrainLoader::Options lo;
     lo.bigram_vocab = c.bigram_vocab;
     lo.repeat = repeat;
-    const int64_t first = r.sch.lookup(plan.steps.empty() ? 0 : plan.steps.front()).first->batch_tokens;
-    auto loader = std::make_unique<dataload::TrainLoader>(r.opt.train_files, r.d.rank, r.d.world, first, c.max_seq_len,
-                                                          c.grad_accum(), lo);
+    lo.max_docs = c.max_docs;
+    const TrainingStage& first = *r.sch.lookup(plan.steps.empty() ? 0 : plan.steps.front()).first;
+    auto loader = std::make_unique<dataload::TrainLoader>(r.opt.train_files, r.d.rank, r.d.world, first.batch_tokens,
+                                                          first.max_seq_len, c.grad_accum(), lo);
     const SparsePlanning sparse = r.o.sparse ? SparsePlanning{r.d.world, r.o.sparse_max_touched, c.bigram_vocab}
                                              : SparsePlanning{};
     r.losses.checked = plan.first_made;
@@ -1858,13 +1867,16 @@ void dump_batches_mode(const Config& cfg, int64_t batches, const DataFiles& file
     dc.world_size = d.world;
     dc.grad_accum = cfg.grad_accum();
     dc.batch_tokens = cfg.stages.front().batch_tokens;
-    dc.max_seq_len = cfg.max_seq_len;
+    dc.max_seq_len = cfg.stages.front().max_seq_len;
     dc.bigram_vocab = cfg.bigram_vocab;
+    dc.max_docs = cfg.max_docs;
     dc.batches = batches;
     const Schedule sch(cfg);
-    for (size_t k = 1; k < cfg.stages.size(); ++k)
-        if (cfg.stages[k].batch_tokens != cfg.stages[k - 1].batch_tokens && sch.starts[k] < batches)
-            dc.changes.push_back({sch.starts[k], cfg.stages[k].batch_tokens, cfg.max_seq_len});
+    for (size_t k = 1; k < cfg.stages.size(); ++k) {
+        const TrainingStage &st = cfg.stages[k], &before = cfg.stages[k - 1];
+        if ((st.batch_tokens != before.batch_tokens || st.max_seq_len != before.max_seq_len) && sch.starts[k] < batches)
+            dc.changes.push_back({sch.starts[k], st.batch_tokens, st.max_seq_len});
+    }
     try {
         dataload::dump_batches(stdout, dc);
     } catch (const std::exception& e) {
@@ -1912,9 +1924,9 @@ void train_step(Run& r, int step) {
 
 ScheduleFacts schedule_facts(const Config& c) {
     const Schedule sch(c);
-    ScheduleFacts f{{}, sch.split_step, c.max_seq_len, c.grad_accum(), c.bigram_vocab};
+    ScheduleFacts f{{}, sch.split_step, c.grad_accum(), c.bigram_vocab};
     for (size_t i = 0; i < sch.starts.size(); ++i)
-        f.stages.push_back({sch.starts[i], sch.stage_end(i), c.stages[i].batch_tokens});
+        f.stages.push_back({sch.starts[i], sch.stage_end(i), c.stages[i].batch_tokens, c.stages[i].max_seq_len});
     return f;
 }
 
@@ -2025,7 +2037,7 @@ void run_training(Run& r) {
     const int total = r.sch.total_steps;
     const int last = r.opt.max_steps >= 0 ? std::min(total, r.opt.max_steps) : total;
     r.val = std::make_unique<dataload::ValLoader>(r.opt.val_files, r.d.rank, r.d.world, c.val_batch_tokens,
-                                                  c.grad_accum(), c.bigram_vocab);
+                                                  c.grad_accum(), c.bigram_vocab, c.max_docs);
     reset_schedule(r);
     if (r.opt.warmup) warm_up(r);
     int start = 0;
@@ -2135,9 +2147,13 @@ int configure_run(Config& cfg, const CommandLine& cl, RunOptions& opt, DataFiles
 // What the run's data must hold: the batches of its steps [0, last) and the validation tokens.
 DataNeeds data_needs(const Config& c, int last) {
     const Schedule sch(c);
-    DataNeeds n{c.vocab_size, c.bigram_vocab, c.max_seq_len, c.grad_accum(), c.stages.front().batch_tokens, {},
-                c.val_batch_tokens, c.val_tokens};
-    for (int step = 0; step < last; ++step) n.step_batch_tokens.push_back(sch.lookup(step).first->batch_tokens);
+    DataNeeds n{c.vocab_size, c.bigram_vocab, c.grad_accum(), c.max_docs, c.stages.front().batch_tokens,
+                c.stages.front().max_seq_len, {}, {}, c.val_batch_tokens, c.val_tokens};
+    for (int step = 0; step < last; ++step) {
+        const TrainingStage& st = *sch.lookup(step).first;
+        n.step_batch_tokens.push_back(st.batch_tokens);
+        n.step_max_seq_len.push_back(st.max_seq_len);
+    }
     return n;
 }
 

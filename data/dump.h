@@ -51,6 +51,7 @@ struct DumpConfig {
     int64_t batch_tokens = 8 * 2048 * 8;   // tokens per step across ranks and micro-steps
     int max_seq_len = 2048;                // train only
     int32_t bigram_vocab = kRecordBigramVocab;
+    MaxDocsRule max_docs;                  // cu_seqlens entries per micro-batch size (a preset's)
     int64_t batches = 0;                   // steps to print, each grad_accum micro-batches per rank
     bool prefetch = true;
     std::vector<ScheduleChange> changes;   // train only, ascending steps >= 1
@@ -238,7 +239,7 @@ inline void dump_batches(std::FILE* out, const DumpConfig& c) {
     if (c.val) {
         std::fprintf(out, "# val batches: world_size=%d grad_accum=%d batch_tokens=%" PRId64 " bigram_vocab=%d batches=%" PRId64 "\n",
                      c.world_size, c.grad_accum, c.batch_tokens, c.bigram_vocab, c.batches);
-        ValLoader loader(c.files, 0, c.world_size, c.batch_tokens, c.grad_accum, c.bigram_vocab);
+        ValLoader loader(c.files, 0, c.world_size, c.batch_tokens, c.grad_accum, c.bigram_vocab, c.max_docs);
         detail::dump_with(out, c, loader);
     } else {
         std::fprintf(out, "# train batches: world_size=%d grad_accum=%d batch_tokens=%" PRId64
@@ -247,6 +248,7 @@ inline void dump_batches(std::FILE* out, const DumpConfig& c) {
         TrainLoader::Options opt;
         opt.prefetch = c.prefetch;
         opt.bigram_vocab = c.bigram_vocab;
+        opt.max_docs = c.max_docs;
         TrainLoader loader(c.files, 0, c.world_size, c.batch_tokens, c.max_seq_len, c.grad_accum, opt);
         detail::dump_with(out, c, loader);
     }

@@ -47,13 +47,42 @@ inline int64_t next_multiple_of(int64_t v, int64_t n) { return v <= n ? n : (v +
 // median is ~400), rounded up to a multiple of 128 so the shapes repeat.
 inline int64_t max_num_docs_for(int64_t tokens_local) { return next_multiple_of(tokens_local / 300, 128); }
 
+// A preset's rule for the cu_seqlens entries of a micro-batch: its table where the table names the
+// micro-batch's size (record 80's TRAIN_MAX_NUM_DOCS: fewer entries, so smaller attention metadata),
+// else max_num_docs_for. A micro-batch with more documents than entries - 1 is a DataError (upstream
+// crashes there), never a truncation.
+struct MaxDocsRule {
+    std::vector<std::pair<int64_t, int64_t>> table;  // (tokens_local, entries)
+    int64_t entries(int64_t tokens_local) const {
+        for (const auto& [tokens, n] : table)
+            if (tokens == tokens_local) return n;
+        return max_num_docs_for(tokens_local);
+    }
+    // Entries enough for every micro-batch of at most max_tokens_local tokens: buffers sized once.
+    int64_t capacity(int64_t max_tokens_local) const {
+        int64_t n = max_num_docs_for(max_tokens_local);  // non-decreasing in the tokens
+        for (const auto& [tokens, entries] : table)
+            if (tokens <= max_tokens_local) n = std::max(n, entries);
+        return n;
+    }
+    // Why the table cannot serve (empty when it can): every entry needs room for one document.
+    std::string error() const {
+        for (const auto& [tokens, n] : table)
+            if (tokens < 1 || n < 2)
+                return "max-documents table entry " + std::to_string(tokens) + " -> " + std::to_string(n) +
+                       ": a micro-batch needs at least 1 token and 2 cu_seqlens entries";
+        return "";
+    }
+};
+
 struct MicroBatchShape {
     int64_t tokens_local;  // inputs, targets and bigram ids per rank per micro-step
     int64_t max_num_docs;  // cu_seqlens entries
 };
 
 // The per-rank micro-batch for a step of batch_tokens; throws DataError if it does not divide.
-inline MicroBatchShape micro_batch_shape(int64_t batch_tokens, int world_size, int grad_accum) {
+inline MicroBatchShape micro_batch_shape(int64_t batch_tokens, int world_size, int grad_accum,
+                                         const MaxDocsRule& max_docs = {}) {
     if (world_size < 1) throw DataError("world size must be at least 1, got " + std::to_string(world_size));
     if (grad_accum < 1) throw DataError("grad_accum must be at least 1, got " + std::to_string(grad_accum));
     const int64_t parts = int64_t(world_size) * grad_accum;
@@ -64,7 +93,7 @@ inline MicroBatchShape micro_batch_shape(int64_t batch_tokens, int world_size, i
     // cu_seqlens are int32 on the device.
     if (local > INT32_MAX - 1)
         throw DataError("micro-batch of " + std::to_string(local) + " tokens per rank exceeds int32 offsets");
-    return {local, max_num_docs_for(local)};
+    return {local, max_docs.entries(local)};
 }
 
 // Where next() writes. All pointers except bigram must be set; bigram may be null to skip the
@@ -121,11 +150,12 @@ inline void check_buffers(const BatchBuffers& out, int64_t tokens, int64_t cu_en
 }
 
 // Ensures the boundaries fit: upstream's cu_seqlens assignment fails the same way, less clearly.
-inline void check_doc_count(int64_t cu_len, int64_t cu_entries, int64_t tokens, const std::string& file) {
+inline void check_doc_count(int64_t cu_len, int64_t cu_entries, int64_t tokens, const std::string& file, int rank) {
     if (cu_len > cu_entries)
-        throw DataError("a micro-batch of " + std::to_string(tokens) + " tokens from " + file + " needs " +
-                        std::to_string(cu_len) + " cu_seqlens entries but max_num_docs is " + std::to_string(cu_entries) +
-                        " (max_num_docs allows for documents of ~300 tokens on average; these are shorter)");
+        throw DataError("rank " + std::to_string(rank) + "'s micro-batch of " + std::to_string(tokens) + " tokens from " +
+                        file + " needs " + std::to_string(cu_len) + " cu_seqlens entries but max_num_docs is " +
+                        std::to_string(cu_entries) + " (" + std::to_string(cu_len - 1) + " documents; the preset's " +
+                        "max-documents rule allows " + std::to_string(cu_entries - 1) + " at this size)");
 }
 
 inline void check_all_headers(const std::vector<std::string>& files) {
@@ -142,6 +172,7 @@ class TrainLoader {
         // Each shard read this many times in a row, as one shard: a stand-in shard too short for a
         // micro-step of every rank (--plan-step's fallback data) serves as a longer one.
         int repeat = 1;
+        MaxDocsRule max_docs;  // cu_seqlens entries per micro-batch size
     };
 
     // Opens the shards matching pattern (sorted as Python sorts), checks every header, loads the
@@ -154,6 +185,7 @@ class TrainLoader {
         if (options_.bigram_vocab < 2)
             throw DataError("bigram table size must be at least 2, got " + std::to_string(options_.bigram_vocab));
         if (options_.repeat < 1) throw DataError("repeat must be at least 1, got " + std::to_string(options_.repeat));
+        if (const std::string e = options_.max_docs.error(); !e.empty()) throw DataError(e);
         set_batch(batch_tokens, max_seq_len, grad_accum);
         detail::check_all_headers(files_);
         shard_ = detail::load_indexed_shard(files_[0], options_.repeat);
@@ -167,7 +199,7 @@ class TrainLoader {
     // A new batch size, document cut length or accumulation count, taking effect from the next
     // micro-step (the reference's generator.send at a stage change); the walk goes on where it was.
     void set_batch(int64_t batch_tokens, int max_seq_len, int grad_accum) {
-        const MicroBatchShape s = micro_batch_shape(batch_tokens, world_size_, grad_accum);
+        const MicroBatchShape s = micro_batch_shape(batch_tokens, world_size_, grad_accum, options_.max_docs);
         if (max_seq_len < 1) throw DataError("max_seq_len must be at least 1, got " + std::to_string(max_seq_len));
         shape_ = s;
         max_seq_len_ = max_seq_len;
@@ -197,7 +229,7 @@ class TrainLoader {
         const auto& starts = starts_[rank];
         const auto& ends = ends_[rank];
         const int64_t pieces = static_cast<int64_t>(starts.size());
-        detail::check_doc_count(pieces + 1, walked_shape_.max_num_docs, n, files_[shard_index_]);
+        detail::check_doc_count(pieces + 1, walked_shape_.max_num_docs, n, files_[shard_index_], rank);
 
         // The pieces concatenate to n + 1 tokens: inputs are the first n, targets the last n.
         const uint16_t* tok = shard_->tokens.data();
@@ -242,6 +274,14 @@ class TrainLoader {
         return {-1, -1, 0};
     }
     const std::string& current_file() const { return files_[shard_index_]; }
+    // Throws fill()'s DataError if some rank's part of the current micro-step has more documents than
+    // its cu_seqlens entries hold (the startup walk checks the whole run with it, filling nothing).
+    void check_documents() const {
+        if (!have_batch_) throw DataError("TrainLoader::check_documents without a successful advance()");
+        for (int r = 0; r < world_size_; ++r)
+            detail::check_doc_count(static_cast<int64_t>(starts_[r].size()) + 1, walked_shape_.max_num_docs,
+                                    walked_shape_.tokens_local, files_[shard_index_], r);
+    }
 
     const std::vector<std::string>& files() const { return files_; }
     MicroBatchShape shape() const { return shape_; }  // what the next micro-step will yield
@@ -320,9 +360,10 @@ class TrainLoader {
 class ValLoader {
   public:
     ValLoader(const std::string& pattern, int rank, int world_size, int64_t batch_tokens, int grad_accum,
-              int32_t bigram_vocab = kRecordBigramVocab)
+              int32_t bigram_vocab = kRecordBigramVocab, const MaxDocsRule& max_docs = {})
         : pattern_(pattern), files_(expand_glob(pattern)), rank_(rank), world_size_(world_size),
-          shape_(micro_batch_shape(batch_tokens, world_size, grad_accum)), bigram_vocab_(bigram_vocab) {
+          shape_(micro_batch_shape(batch_tokens, world_size, grad_accum, max_docs)), bigram_vocab_(bigram_vocab) {
+        if (const std::string e = max_docs.error(); !e.empty()) throw DataError(e);
         if (rank < 0 || rank >= world_size)
             throw DataError("rank " + std::to_string(rank) + " is outside world size " + std::to_string(world_size));
         if (bigram_vocab < 2) throw DataError("bigram table size must be at least 2, got " + std::to_string(bigram_vocab));
@@ -386,7 +427,7 @@ class ValLoader {
                 ++cu_len;
             }
         }
-        detail::check_doc_count(cu_len, shape_.max_num_docs, n, files_[file_]);
+        detail::check_doc_count(cu_len, shape_.max_num_docs, n, files_[file_], rank);
         std::fill(out.cu_seqlens + cu_len, out.cu_seqlens + shape_.max_num_docs, static_cast<int32_t>(n));
         if (out.bigram) bigram_hash(out.inputs, out.bigram, n, bigram_vocab_);
 
@@ -411,6 +452,16 @@ class ValLoader {
         return {-1, -1, 0};
     }
     const std::string& current_file() const { return files_[file_]; }
+    // As TrainLoader's: fill()'s DataError where some rank's slice has more documents than its entries.
+    void check_documents() const {
+        if (!have_batch_) throw DataError("ValLoader::check_documents without a successful advance()");
+        const int64_t n = shape_.tokens_local;
+        for (int r = 0; r < world_size_; ++r) {
+            const uint16_t* tok = tokens_.data() + pos_ + r * n;
+            const int64_t cu_len = 1 + std::count(tok, tok + n, kBosId);
+            detail::check_doc_count(cu_len, shape_.max_num_docs, n, files_[file_], r);
+        }
+    }
 
     const std::vector<std::string>& files() const { return files_; }
     MicroBatchShape shape() const { return shape_; }

@@ -123,7 +123,8 @@ inline bool feeds_stage(const ScheduleFacts& sch, size_t stage, const StagePlan&
         lo.bigram_vocab = sch.bigram_vocab;
         lo.prefetch = false;
         lo.repeat = repeat;
-        dataload::TrainLoader loader(files, 0, world, sch.stages[stage].batch_tokens, sch.seq_len, sch.grad_accum, lo);
+        dataload::TrainLoader loader(files, 0, world, sch.stages[stage].batch_tokens, sch.stages[stage].max_seq_len,
+                                     sch.grad_accum, lo);
         for (int st = p.first_recorded(); st <= p.last_recorded(); ++st)
             for (int i = 0; i < sch.grad_accum; ++i) loader.advance();
     } catch (const dataload::DataError&) {

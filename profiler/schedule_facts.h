@@ -4,14 +4,15 @@
 #include <cstdint>
 #include <vector>
 
-// Each stage's steps [first, end) and batch, the untie step, and the shape of a loader's batches (for
-// the data a plan reads).
+// Each stage's steps [first, end), batch and document cut length, the untie step, and the shape of a
+// loader's batches (for the data a plan reads).
 struct ScheduleFacts {
     struct Stage {
         int first = 0, end = 0;
         int64_t batch_tokens = 0;
+        int max_seq_len = 0;
     };
     std::vector<Stage> stages;
     int split_step = -1;
-    int seq_len = 0, grad_accum = 1, bigram_vocab = 0;
+    int grad_accum = 1, bigram_vocab = 0;
 };

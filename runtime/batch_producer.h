@@ -61,16 +61,18 @@ struct BatchSchedule {
     std::vector<int> steps;
     int first_made = 0;
 };
-// What the schedule says of a step's batch: its tokens over all ranks and micro-steps, and the
-// multi-token-prediction weights its first micro-step carries.
+// What the schedule says of a step's batch: its tokens over all ranks and micro-steps, the length
+// its documents are cut at, and the multi-token-prediction weights its first micro-step carries.
 struct StepBatch {
     int64_t batch_tokens = 0;
+    int max_seq_len = 0;
     std::vector<float> mtp_weights;
 };
-// The shapes every micro-batch follows: at most max_tokens tokens per rank, documents cut at
-// max_seq_len, grad_accum micro-steps per step, ids in `tokens`.
+// The shapes every micro-batch follows: at most max_tokens tokens per rank, cu_seqlens entries by
+// max_docs, grad_accum micro-steps per step, ids in `tokens`.
 struct BatchShape {
-    int max_tokens = 0, max_seq_len = 0, grad_accum = 1;
+    int max_tokens = 0, grad_accum = 1;
+    dataload::MaxDocsRule max_docs;
     TokenSpace tokens{};
 };
 inline std::vector<int> step_range(int from, int to) {
@@ -99,7 +101,7 @@ public:
                                    std::to_string(plan_.steps.size()) + " steps");
         const int T = shape.max_tokens;
         for (std::vector<int32_t>* v : {&inputs_, &targets_, &bigram_}) v->resize(T);
-        cu_.resize(dataload::max_num_docs_for(T));
+        cu_.resize(size_t(shape.max_docs.capacity(T)));
         const size_t plan_bytes =
             sparse.world > 0 ? sparse_exchange_host_bytes(sparse.rows, sparse.world, sparse.max_touched) : 4;
         for (BatchSlot& s : slots_) {
@@ -161,13 +163,16 @@ public:
 private:
     void run() {
         size_t n = 0;  // micro-batches made
+        int step = -1;
         try {
             int64_t batch_tokens = 0;
+            int max_seq_len = 0;
             for (size_t k = 0; k < plan_.steps.size(); ++k) {
-                const int step = plan_.steps[k];
-                if (const int64_t b = batches_[k].batch_tokens; b != batch_tokens) {
-                    loader_->set_batch(b, shape_.max_seq_len, shape_.grad_accum);
-                    batch_tokens = b;
+                step = plan_.steps[k];
+                const StepBatch& sb = batches_[k];
+                if (sb.batch_tokens != batch_tokens || sb.max_seq_len != max_seq_len) {  // upstream's send
+                    loader_->set_batch(sb.batch_tokens, sb.max_seq_len, shape_.grad_accum);
+                    batch_tokens = sb.batch_tokens, max_seq_len = sb.max_seq_len;
                 }
                 for (int i = 0; i < shape_.grad_accum; ++i) {
                     loader_->advance();
@@ -181,6 +186,11 @@ private:
                     ++n;
                 }
             }
+        } catch (const dataload::DataError& e) {  // the data's own errors, said with the step they stop
+            if (!wait_for_slot(n)) return;
+            const std::string why = "step " + std::to_string(step) + ": " + e.what();
+            slots_[n % kSlots].error = std::make_exception_ptr(dataload::DataError(why));
+            publish(n);
         } catch (...) {
             if (!wait_for_slot(n)) return;
             slots_[n % kSlots].error = std::current_exception();
@@ -219,7 +229,7 @@ private:
             throw dataload::DataError(e);
         DeviceBatch region;  // the capacities a batch must fit (the arena's packed region)
         region.capacity = shape_.max_tokens;
-        region.cu_capacity = static_cast<int>(dataload::max_num_docs_for(region.capacity));
+        region.cu_capacity = static_cast<int>(shape_.max_docs.capacity(region.capacity));
         if (const std::string e = batch_error(region, shape_.tokens, inputs_.data(), targets_.data(), cu_.data(), num_cu, T);
             !e.empty())
             throw dataload::DataError("bad batch: " + e);

@@ -40,9 +40,12 @@ struct DataFiles {
 // What a run reads of its data: the training batches of each step [0, last) (tokens over all ranks and
 // micro-steps), the validation tokens, and the shapes and id ranges the loaders follow.
 struct DataNeeds {
-    int vocab_size = 0, bigram_vocab = 0, max_seq_len = 0, grad_accum = 1;
+    int vocab_size = 0, bigram_vocab = 0, grad_accum = 1;
+    dataload::MaxDocsRule max_docs;          // cu_seqlens entries per micro-batch size
     int64_t first_batch_tokens = 0;          // the training loader's batch before the first step
+    int first_max_seq_len = 0;               // and its document cut length
     std::vector<int64_t> step_batch_tokens;  // one per step the run trains
+    std::vector<int> step_max_seq_len;       // likewise
     int64_t val_batch_tokens = 0, val_tokens = 0;
 };
 
@@ -69,21 +72,28 @@ std::string vocabulary_error(const Loader& loader, int vocab) {
 }
 
 // Whether the training shards hold the tokens of the run's steps on every rank, walked as the
-// loader walks them (documents cut at max_seq_len, shard tails skipped, the batch growing with
-// the stages), every token id inside the vocabulary, or why not.
+// loader walks them (documents cut at the stage's max_seq_len, shard tails skipped, the batch
+// growing with the stages), every token id inside the vocabulary and every rank's documents inside
+// its cu_seqlens entries, or why not.
 std::string train_tokens_error(const DataNeeds& n, const std::string& glob, int world) {
     const int last = static_cast<int>(n.step_batch_tokens.size());
     int step = 0;
     try {
         dataload::TrainLoader::Options lo;
         lo.bigram_vocab = n.bigram_vocab;
-        dataload::TrainLoader loader(glob, 0, world, n.first_batch_tokens, n.max_seq_len, n.grad_accum, lo);
+        lo.max_docs = n.max_docs;
+        dataload::TrainLoader loader(glob, 0, world, n.first_batch_tokens, n.first_max_seq_len, n.grad_accum, lo);
         for (; step < last; ++step) {
-            loader.set_batch(n.step_batch_tokens[size_t(step)], n.max_seq_len, n.grad_accum);
+            loader.set_batch(n.step_batch_tokens[size_t(step)], n.step_max_seq_len[size_t(step)], n.grad_accum);
             for (int i = 0; i < n.grad_accum; ++i) {
                 loader.advance();
                 if (std::string e = vocabulary_error(loader, n.vocab_size); !e.empty())
                     return "the training data of step " + std::to_string(step) + ": " + e;
+                try {
+                    loader.check_documents();
+                } catch (const dataload::DataError& e) {
+                    return "the training data of step " + std::to_string(step) + ": " + e.what();
+                }
             }
         }
     } catch (const dataload::DataError& e) {
@@ -96,10 +106,11 @@ std::string train_tokens_error(const DataNeeds& n, const std::string& glob, int 
 // Whether the validation shards hold val_tokens as the validation loader takes them, or why not.
 std::string val_tokens_error(const DataNeeds& n, const std::string& glob, int world) {
     try {
-        dataload::ValLoader loader(glob, 0, world, n.val_batch_tokens, n.grad_accum, n.bigram_vocab);
+        dataload::ValLoader loader(glob, 0, world, n.val_batch_tokens, n.grad_accum, n.bigram_vocab, n.max_docs);
         for (int64_t i = 0; i < n.grad_accum * n.val_tokens / n.val_batch_tokens; ++i) {
             loader.advance();
             if (std::string e = vocabulary_error(loader, n.vocab_size); !e.empty()) return "the validation data: " + e;
+            loader.check_documents();
         }
     } catch (const dataload::DataError& e) {
         return "the validation data cannot supply --val-tokens " + std::to_string(n.val_tokens) + ": " + e.what();

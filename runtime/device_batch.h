@@ -32,8 +32,9 @@ struct DeviceBatch {
 };
 // Whole 16-byte packs: every tensor of the packed region starts on a 16-byte boundary.
 inline size_t batch_pack_ints(size_t n) { return (n + 3) / 4 * 4; }
-void layout_batch(Arena& a, int T, DeviceBatch& b) {
-    const int64_t cu = dataload::max_num_docs_for(T);
+// Room for micro-batches of up to T tokens, their cu_seqlens entries by the preset's rule.
+void layout_batch(Arena& a, int T, const dataload::MaxDocsRule& max_docs, DeviceBatch& b) {
+    const int64_t cu = max_docs.capacity(T);
     b.capacity = T;
     b.cu_capacity = static_cast<int>(cu);
     const size_t seg = id_segments_capacity_ints(T);

@@ -382,6 +382,53 @@ void test_errors(const datatest::ScratchDir& dir) {
         v.next(buf.view());
     }, {"needs 129 cu_seqlens entries but max_num_docs is 128"});
 
+    // A preset's max-documents table (record 80's TRAIN_MAX_NUM_DOCS rule): fewer entries than the
+    // formula's, so fewer documents fit; the error names the rank whose part overflows, from fill()
+    // and from check_documents() (the startup walk's check, which fills nothing).
+    TrainLoader::Options table64;
+    table64.max_docs.table = {{128, 64}};
+    expect_data_error("table: too many documents", [&] {
+        TrainLoader l(dir.file("bos_only.bin"), 0, 1, 128, 16, 1, table64);
+        Buffers buf(128, 128);
+        l.next(buf.view());
+    }, {"rank 0's micro-batch of 128 tokens", "needs 130 cu_seqlens entries but max_num_docs is 64", "allows 63"});
+    {
+        std::vector<uint16_t> two = {B};  // rank 0: one 80-token document; rank 1: one-token documents
+        for (int i = 0; i < 79; ++i) two.push_back(static_cast<uint16_t>(1 + i));
+        for (int i = 0; i < 200; ++i) two.push_back(B);
+        write_shard(dir.file("two_ranks.bin"), two);
+        TrainLoader::Options t;
+        t.max_docs.table = {{64, 32}};
+        TrainLoader l(dir.file("two_ranks.bin"), 0, 2, 128, 2048, 1, t);
+        expect_data_error("check_documents before advance", [&] { l.check_documents(); }, {"without a successful advance"});
+        l.advance();
+        Buffers buf(64, 32);
+        const Batch mine = l.fill(0, buf.view());
+        test::check(mine.cu_len == 2 && mine.cu_entries == 32, "rank 0's part fits the table's 32 entries (%lld of %lld)",
+                    (long long)mine.cu_len, (long long)mine.cu_entries);
+        expect_data_error("table: rank 1 overflows, check_documents", [&] { l.check_documents(); },
+                          {"rank 1's micro-batch of 64 tokens", "needs 66 cu_seqlens entries but max_num_docs is 32"});
+        expect_data_error("table: rank 1 overflows, fill", [&] { l.fill(1, buf.view()); },
+                          {"rank 1's micro-batch", "needs 66 cu_seqlens entries"});
+        TrainLoader roomy(dir.file("two_ranks.bin"), 0, 2, 128, 2048, 1);  // the formula: 128 entries
+        roomy.advance();
+        roomy.check_documents();
+        // val slices: rank 1 reads tokens 64..127, the first document's last 16 then 48 one-token ones
+        ValLoader v(dir.file("two_ranks.bin"), 0, 2, 128, 1, kRecordBigramVocab, t.max_docs);
+        v.advance();
+        expect_data_error("val table: rank 1 overflows", [&] { v.check_documents(); },
+                          {"rank 1's micro-batch of 64 tokens", "needs 49 cu_seqlens entries but max_num_docs is 32"});
+        Buffers vbuf(64, 32);
+        expect_data_error("val table: rank 1 overflows, fill", [&] { v.fill(1, vbuf.view()); }, {"needs 49 cu_seqlens entries"});
+        test::check(v.fill(0, vbuf.view()).cu_len == 2, "val: rank 0's slice holds one document start");
+    }
+    TrainLoader::Options bad_table;
+    bad_table.max_docs.table = {{64, 1}};
+    expect_data_error("table entry without room for a document", [&] { TrainLoader(good, 0, 1, 64, 16, 1, bad_table); },
+                      {"max-documents table entry 64 -> 1", "2 cu_seqlens entries"});
+    expect_data_error("val: table entry without room", [&] { ValLoader(good, 0, 1, 64, 1, kRecordBigramVocab, bad_table.max_docs); },
+                      {"max-documents table entry 64 -> 1"});
+
     // A shard that breaks after the loader checked it fails when reached, with or without
     // prefetch (prefetch must surface the background thread's error, not hang or lose it).
     for (bool prefetch : {true, false}) {
@@ -434,6 +481,25 @@ void test_shapes() {
                 (long long)s3.max_num_docs);
     test::check(v.tokens_local == 262144 && v.max_num_docs == 896, "val shape");
     test::check(one.tokens_local == 16384, "one rank, grad_accum 8");
+    // Record 80's table (upstream's TRAIN_MAX_NUM_DOCS at 2c702746): its three training sizes, on 8 ranks
+    // and on 1; validation's 262,144 tokens per rank are not in it and keep the formula's 896.
+    MaxDocsRule r80;
+    r80.table = {{16384, 64}, {32768, 96}, {49152, 128}};
+    test::check(micro_batch_shape(8 * 2048 * 8, 8, 1, r80).max_num_docs == 64 &&
+                    micro_batch_shape(16 * 2048 * 8, 8, 1, r80).max_num_docs == 96 &&
+                    micro_batch_shape(24 * 2048 * 8, 8, 1, r80).max_num_docs == 128 &&
+                    micro_batch_shape(24 * 2048 * 8, 1, 8, r80).max_num_docs == 128 &&
+                    micro_batch_shape(4 * 64 * 1024 * 8, 8, 1, r80).max_num_docs == 896,
+                "record 80's max-documents table");
+    // Capacity: enough for every size up to the bound, the formula's or a larger table entry's.
+    test::check(r80.capacity(49152) == 256 && r80.capacity(16384) == 128 && r80.capacity(262144) == 896,
+                "capacity of record 80's rule");
+    MaxDocsRule wide;
+    wide.table = {{100, 500}};
+    test::check(wide.capacity(200) == 500 && wide.capacity(99) == 128 && wide.entries(100) == 500 && wide.entries(200) == 128,
+                "a table entry above the formula sets the capacity of larger bounds only");
+    test::check(r80.error().empty() && MaxDocsRule{{{0, 8}}}.error().find("at least 1 token") != std::string::npos,
+                "table validation");
 }
 
 }  // namespace

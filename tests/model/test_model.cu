@@ -82,7 +82,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         cu(shape.max_num_docs);
     dataload::TrainLoader::Options opt;
     opt.bigram_vocab = c.bigram_vocab;
-    dataload::TrainLoader loader(pattern, 0, 1, batch_tokens, c.max_seq_len, c.grad_accum(), opt);
+    dataload::TrainLoader loader(pattern, 0, 1, batch_tokens, c.stages[0].max_seq_len, c.grad_accum(), opt);
     const dataload::BatchBuffers buf{inputs.data(), targets.data(), cu.data(), bigram.data(), shape.tokens_local,
                                      shape.max_num_docs};
     for (int skip = 0; skip < 3; ++skip) loader.next(buf);  // a batch with several documents

@@ -36,8 +36,9 @@ Config short_tiny() {
 std::unique_ptr<dataload::TrainLoader> loader_of(const Config& c, const std::string& files, int rank) {
     dataload::TrainLoader::Options lo;
     lo.bigram_vocab = c.bigram_vocab;
-    return std::make_unique<dataload::TrainLoader>(files, rank, kWorld, c.stages[0].batch_tokens, c.max_seq_len,
-                                                   c.grad_accum(), lo);
+    lo.max_docs = c.max_docs;
+    return std::make_unique<dataload::TrainLoader>(files, rank, kWorld, c.stages[0].batch_tokens,
+                                                   c.stages[0].max_seq_len, c.grad_accum(), lo);
 }
 
 // One rank's micro-batch as the loader gives it.
@@ -46,7 +47,7 @@ struct RefBatch {
 };
 RefBatch next_batch(dataload::TrainLoader& l, int T) {
     RefBatch b;
-    b.inputs.resize(T), b.targets.resize(T), b.bigram.resize(T), b.cu.resize(dataload::max_num_docs_for(T));
+    b.inputs.resize(T), b.targets.resize(T), b.bigram.resize(T), b.cu.resize(size_t(l.shape().max_num_docs));
     const dataload::Batch got = l.next({b.inputs.data(), b.targets.data(), b.cu.data(), b.bigram.data(), T,
                                         static_cast<int64_t>(b.cu.size())});
     b.inputs.resize(got.num_tokens), b.targets.resize(got.num_tokens), b.bigram.resize(got.num_tokens);
@@ -61,22 +62,24 @@ struct Reference {
     std::vector<std::unique_ptr<dataload::TrainLoader>> loaders;
     std::vector<std::set<int32_t>> touched = std::vector<std::set<int32_t>>(kWorld);
     int64_t batch = 0;
+    int max_seq_len = 0;
     Reference(const Config& cfg, const Schedule& s, const std::string& files) : c(cfg), sch(s) {
         for (int r = 0; r < kWorld; ++r) loaders.push_back(loader_of(c, files, r));
     }
     // Step `step`'s batches of every rank; rank kRank's returned.
     RefBatch step_batches(int step) {
-        const int64_t b = sch.lookup(step).first->batch_tokens;
+        const TrainingStage& st = *sch.lookup(step).first;
+        const int64_t b = st.batch_tokens;
         const int T = c.micro_tokens(b);
         RefBatch mine;
         for (int k = 0; k < kWorld; ++k) {  // this rank's loader first: its error is the one compared
             const int r = (kRank + k) % kWorld;
-            if (b != batch) loaders[r]->set_batch(b, c.max_seq_len, c.grad_accum());
+            if (b != batch || st.max_seq_len != max_seq_len) loaders[r]->set_batch(b, st.max_seq_len, c.grad_accum());
             RefBatch got = next_batch(*loaders[r], T);
             touched[r].insert(got.bigram.begin(), got.bigram.end());
             if (r == kRank) mine = std::move(got);
         }
-        batch = b;
+        batch = b, max_seq_len = st.max_seq_len;
         return mine;
     }
     // The plan of rank kRank from every rank's rows since the last Adam step (then cleared).
@@ -129,7 +132,7 @@ std::unique_ptr<BatchProducer> producer(const Config& c, const Schedule& sch, co
                                         const BatchSchedule& plan, std::optional<std::vector<StepBatch>> batches = {}) {
     DeviceBatch region;
     Arena a{"batch"};
-    layout_batch(a, std::max(c.max_train_tokens(), c.val_micro_tokens()), region);  // measures: no device memory
+    layout_batch(a, std::max(c.max_train_tokens(), c.val_micro_tokens()), c.max_docs, region);  // measures: no device memory
     const int max_touched = std::min(c.bigram_vocab, 2 * c.max_train_tokens());
     return std::make_unique<BatchProducer>(batch_shape(c), loader_of(c, files, kRank), kRank,
                                            SparsePlanning{kWorld, max_touched, c.bigram_vocab}, region.packed_ints, plan,
@@ -161,6 +164,47 @@ int main() {
                 for (auto& t : again.touched) t.clear();
         }
         for (int st = 5; st < steps; ++st) check_step(*resumed, again, sch, st, "resumed at 5");
+    }
+    {  // per-stage cut lengths (record 80's 896 then 2048, here 5 then 256) and a max-documents table
+        Config cut = c;
+        cut.stages[0].max_seq_len = 5;  // binds: tiny's documents are longer
+        const Schedule cut_sch(cut);
+        auto p = producer(cut, cut_sch, files, {step_range(0, steps), 0});
+        Reference ref(cut, cut_sch, files);
+        int longest[2] = {0, 0};  // the longest document piece in stage 0 and after it
+        for (int st = 0; st < steps; ++st) {
+            const std::vector<int32_t> cu = ref.step_batches(st).cu;
+            for (size_t k = 1; k < cu.size(); ++k)
+                longest[st >= cut_sch.starts[1]] = std::max(longest[st >= cut_sch.starts[1]], cu[k] - cu[k - 1]);
+        }
+        Reference again(cut, cut_sch, files);
+        for (int st = 0; st < steps; ++st) check_step(*p, again, cut_sch, st, "cut at 5 in stage 0");
+        // the last piece of a micro-batch loses its final token to the targets: at most 5 either way
+        test::check(longest[0] == 5 && longest[1] > 5, "documents cut at 5 in stage 0 only: longest %d, then %d", longest[0],
+                    longest[1]);
+        Config few = c;
+        few.max_docs.table = {{c.micro_tokens(c.stages[0].batch_tokens), 2}};  // one document per micro-batch
+        auto q = producer(few, sch, files, {step_range(0, steps), 0});
+        std::string why;
+        try {
+            for (int st = 0; st < steps; ++st) {
+                q->next(st, 0);
+                q->issued();
+            }
+        } catch (const dataload::DataError& e) {
+            why = e.what();
+        }
+        test::check(why.rfind("step ", 0) == 0 &&
+                        why.find("'s micro-batch of 32 tokens") != std::string::npos &&  // the sparse plan reads every rank's
+                        why.find("max_num_docs is 2") != std::string::npos,
+                    "a max-documents table too small for the data: '%s'", why.c_str());
+        // the startup walk finds it before the run starts, naming the step and the rank
+        const std::string startup = train_tokens_error(data_needs(few, steps), files, kWorld);
+        test::check(startup.rfind("the training data of step ", 0) == 0 &&
+                        startup.find("'s micro-batch of 32 tokens") != std::string::npos &&
+                        startup.find("max_num_docs is 2") != std::string::npos,
+                    "the startup walk: '%s'", startup.c_str());
+        test::check(train_tokens_error(data_needs(c, steps), files, kWorld).empty(), "the startup walk of the tiny preset");
     }
     {  // asked for another step than it made
         auto p = producer(c, sch, files, {step_range(2, 4), 0});
@@ -217,7 +261,8 @@ int main() {
             }
             if (!want_error.empty()) break;
         }
-        test::check(!want_error.empty() && got_error == want_error && st > 10,
+        // the producer's error is the loader's, said with the step it stops
+        test::check(!want_error.empty() && got_error == "step " + std::to_string(st) + ": " + want_error && st > 10,
                     "past the data: at step %d the producer said '%s', the loader '%s'", st, got_error.c_str(),
                     want_error.c_str());
         test::check(want_error.find("exhausted") != std::string::npos, "the loader's error names exhaustion: %s",
