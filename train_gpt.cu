@@ -128,6 +128,7 @@ struct Config {
     int vocab_size = 50257, padded_vocab = 50304;
     int model_dim = 768, num_heads = 6, head_dim = 128, mlp_dim = 3072;
     int bigram_vocab = 50304 * 5;
+    float value_embed_std = 0.0f;   // value tables start at N(0, std^2); 0: zeros (record 71)
     // data
     std::string train_files = "data/fineweb10B/fineweb_train_*.bin", val_files = "data/fineweb10B/fineweb_val_*.bin";
     dataload::MaxDocsRule max_docs;          // cu_seqlens entries per micro-batch size (record 71: the formula)
@@ -328,7 +329,7 @@ enum class Init {
     zeros,
     uniform,             // U(-b, b), b = sqrt(3) / (2 sqrt(model_dim)): upstream's CastedLinear init
     uniform_c_fc,        // the MLP bank: each layer's c_fc uniform (a stream per layer), c_proj zeros
-    normal,              // N(0, 0.005^2): upstream's lm_head
+    normal,              // N(0, std^2): upstream's lm_head (0.005) and record 80's value tables (0.01)
     lm_head_transposed,  // embed starts tied to lm_head
     scalars,             // the scalars vector's values (initial_scalars)
 };
@@ -337,6 +338,7 @@ struct ParamSpec {
     std::vector<int64_t> shape;
     Init init;
     uint64_t seed_stream = 0;  // random inits draw from the generator stream seed * 16 + seed_stream
+    float std = 0.0f;          // Init::normal's standard deviation
 };
 
 // Calls visit(spec, field) for every parameter of `p` in arena order (field: a bf16* or float*
@@ -347,9 +349,10 @@ void visit_params(const Config& c, Params& p, Visit&& visit) {
     const Structure& st = c.structure;
     const int64_t layers = st.layers, attn_layers = st.attn_layers(), tables = st.value_tables();
     visit(ParamSpec{"embed", {V, C}, Init::lm_head_transposed}, p.embed);
-    visit(ParamSpec{"lm_head", {C, V}, Init::normal, 3}, p.lm_head);
+    visit(ParamSpec{"lm_head", {C, V}, Init::normal, 3, 0.005f}, p.lm_head);
     visit(ParamSpec{"bigram_embed", {c.bigram_vocab, C}, Init::zeros}, p.bigram_embed);
-    visit(ParamSpec{"value_embed", {tables * V, C}, Init::zeros}, p.value_embeds);
+    visit(ParamSpec{"value_embed", {tables * V, C}, c.value_embed_std > 0 ? Init::normal : Init::zeros, 4, c.value_embed_std},
+          p.value_embeds);
     visit(ParamSpec{"attn", {4 * attn_layers, C, C}, Init::uniform, 1}, p.attn_bank);  // [Wq; Wk; Wv; Wo] per layer
     visit(ParamSpec{"mlp", {2 * (layers + 1), M, C}, Init::uniform_c_fc, 2}, p.mlp_bank);  // [c_fc, c_proj] per layer
     visit(ParamSpec{"attn_gate_bank", {attn_layers, H, kGateWidth}, Init::zeros}, p.attn_gate_bank);
@@ -661,7 +664,7 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
             for (int64_t l = 0; l < e.spec.shape[0] / 2; ++l) init_uniform(p + l * half, fc_n, key + l * 1000003, bound, s);
             break;
         }
-        case Init::normal: init_normal(p, n, key, 0.005f, s); break;
+        case Init::normal: init_normal(p, n, key, e.spec.std, s); break;
         case Init::scalars: {
             const std::vector<float> v = initial_scalars(c);
             CUDA_CHECK(copy_async(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));

@@ -310,6 +310,20 @@ int main() {
     build_model(m, c, test::seed(), s);
 
     check_init(m, c);
+    {  // record 80's value tables start at N(0, 0.01^2), drawn from their own stream
+        Config ve = c;
+        ve.value_embed_std = 0.01f;
+        Model mv;
+        build_model(mv, ve, test::seed(), s);
+        const int64_t n = int64_t(ve.structure.value_tables()) * ve.padded_vocab * ve.model_dim;
+        const std::vector<float> v = download_bf16(mv.params.value_embeds, n);
+        const std::vector<float> lm = download_bf16(mv.params.lm_head, int64_t(ve.model_dim) * ve.padded_vocab);
+        double dot = 0, vv = 0, ll = 0;  // correlation with lm_head's draws (the same generator, another stream)
+        for (size_t i = 0; i < lm.size(); ++i) dot += double(v[i]) * lm[i], vv += double(v[i]) * v[i], ll += double(lm[i]) * lm[i];
+        test::check(std::fabs(std_of(v) / 0.01 - 1) < 0.01 && std::fabs(mean_of(v)) < 1e-4 &&
+                        std::fabs(dot / std::sqrt(vv * ll)) < 0.01,
+                    "value tables: mean %g std %g, correlation with lm_head %g", mean_of(v), std_of(v), dot / std::sqrt(vv * ll));
+    }
     const int T = c.max_train_tokens();
     std::vector<int32_t> inputs(T), targets(T), bigram(T), cu = {0, 70, 131, T};
     for (int t = 0; t < T; ++t) inputs[t] = test::randint(0, c.vocab_size - 1);

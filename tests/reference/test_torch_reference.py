@@ -433,8 +433,8 @@ class R80ScheduleTest(unittest.TestCase):
     def test_max_num_docs_table_and_overflow(self):
         r80, tiny, r71 = R.r80_config(), R.tiny_r80_config(), R.record_config()
         self.assertEqual([R.max_num_docs(r80, n) for n in (16384, 32768, 49152)], [64, 96, 128])
-        # validation, 262144 tokens in 8 micro-steps: 4096 per rank on 8 GPUs (ceil(13 / 128) * 128), but
-        # 32768 at world size 1, which the table holds (the rule keys on tokens per rank, whatever the use)
+        # the rule keys on tokens per rank per micro-step, whatever the use: validation's val_batch_size
+        # 2,097,152 over grad_accum x world = 8 is 262,144 per rank (not in the table) on 8 GPUs and on 1
         self.assertEqual(R.max_num_docs(r80, 4096), 128)
         self.assertEqual(R.max_num_docs(r80, 32768), 96)
         self.assertEqual(R.max_num_docs(r80, 262144), 896)         # ceil(873 / 128) * 128
