@@ -7,7 +7,8 @@
 // 32: 64 tiny, 128 record), C = H*D. qkv (T, 3C) bf16 is the QKV matmul output, columns
 // [q | k | v], head h at h*D inside each third. q, k, v, y are (T, H, D) contiguous bf16.
 // xa (T, C) bf16 is the attention input (the normed residual): its first 12 channels drive the
-// value-embedding gate and the output gate. Statistics fp32.
+// output gate and the value-embedding gate (record 80's non-paired layers: xa's first 6 channels
+// and the value-embedding row's first 6, VeGateInput::x_and_ve). Statistics fp32.
 //
 // One attention layer, forward (words in brackets are other families' calls):
 //   [xa = rms_norm(x)]
@@ -27,6 +28,9 @@
 //       adds both gates' input gradient into dxa[:, :12] in place (one bf16 rounding, as
 //       upstream's autograd sums its bf16 gradients of xa) and writes both gates' weight
 //       gradients; it must run after the dxa matmul and before the rms_norm backward of xa.
+//       With VeGateInput::x_and_ve the overload with dve also adds the VE gate's gradient of
+//       ve[:, :6] into dve[:, :6] (one bf16 rounding), so it must also run before the
+//       embedding_backward below reads dve.
 //   [dx += rms_norm_backward(dxa)]
 //   embedding_backward(value_embeds grad of this layer's table, dve, token-id segments)  (embed.cuh)
 // Layers without value embeddings pass ve_table = ve_gate = null (then dve, dz_ve, d_ve_gate are
@@ -168,6 +172,13 @@ inline void yarn_rope_apply(YarnRope& r, int old_window, int new_window, cudaStr
 }
 
 // ---- the layer's auxiliary inputs ----
+// The value-embedding gate's 12 inputs: 2 sigmoid(bf16(in . ve_gate[h])) scales head h's ve row.
+// Upstream 2c702746 train_gpt.py L1102 (non-paired layers, #70) and L1120 (paired layers).
+enum class VeGateInput : uint8_t {
+    x,         // xa[t, :12]: record 71's every layer, record 80's paired layers
+    x_and_ve,  // cat(xa[t, :6], ve_table[ids[t], :6]): record 80's non-paired layers
+};
+constexpr int kVeGateHalf = kGateWidth / 2;  // x_and_ve: columns 0-5 of xa, then 0-5 of the ve row
 // No padding (a static_assert below): emu's race detector reads every word of a kernel's struct
 // argument as a possible pointer (PointerArg), and a padding word's stale bytes around an int can
 // make one that points into a live buffer, a race that is not there.
@@ -176,7 +187,8 @@ struct AttnAux {
     int rope_positions = 0;            // YarnRope::positions
     bool paired = false;               // paired-head layer (0, 2, 5, 9)
     bool key_offset = false;           // long-window layer: keys' upper D/2 dims from token t-1
-    bool unused[6] = {};
+    VeGateInput ve_gate_input = VeGateInput::x;  // with ve_table
+    bool unused[5] = {};
     const bf16* rope_table = nullptr;  // YarnRope::table
     const bf16* xa = nullptr;          // attention input (T, C)
     const int32_t* ids = nullptr;      // token ids (T), for value-embedding rows
@@ -195,6 +207,14 @@ inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
     kernel_require(a.xa != nullptr, "%s: the attention input xa is required (gates read xa[:, :12])", who);
     kernel_require((a.ve_table == nullptr) == (a.ve_gate == nullptr), "%s: ve_table and ve_gate go together", who);
     kernel_require(a.ve_table == nullptr || a.ids != nullptr, "%s: value embeddings need the token ids", who);
+    if (a.ve_gate_input == VeGateInput::x_and_ve) {
+        kernel_require(a.ve_table != nullptr, "%s: VeGateInput::x_and_ve on a layer without value embeddings", who);
+        kernel_require(!a.paired, "%s: VeGateInput::x_and_ve on a paired layer (upstream's paired VE gate reads xa[:, :12])",
+                       who);
+    } else {
+        kernel_require(a.ve_gate_input == VeGateInput::x, "%s: unknown VeGateInput %d", who,
+                       static_cast<int>(a.ve_gate_input));
+    }
     if (rotary) {
         kernel_require(!(a.paired && a.key_offset), "%s: the key offset exists only on non-paired layers", who);
         kernel_require(a.paired ? a.H % 2 == 0 : true, "%s: paired heads need an even head count (H=%d)", who, a.H);
@@ -208,13 +228,18 @@ inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
 // Bytes the attention auxiliaries move, the units of their Work: a (T, C) bf16 tensor; a (T, H) fp32
 // statistic; the rotary table rows the layer's positions read (T, or 2T for paired heads, D bytes each);
 // the gates' first 12 columns of xa (and of dxa) and one (H, 12) gate; the value-embedding extras (the
-// ids, the gathered rows, the gate's columns of xa and the gate).
+// ids, the gathered rows, the VE gate's columns of xa and the gate: x_and_ve reads 6 columns of xa, and
+// its 6 of ve are in the gathered rows, counted there).
 inline double attn_aux_rows_bytes(const AttnAux& a) { return 2.0 * a.T * a.H * a.D; }
 inline double attn_aux_stats_bytes(const AttnAux& a) { return 4.0 * a.T * a.H; }
 inline double attn_aux_rope_bytes(const AttnAux& a) { return (a.paired ? 2.0 : 1.0) * a.T * a.D; }
 inline double attn_aux_gate_bytes(const AttnAux& a) { return 2.0 * kGateWidth * (a.T + a.H); }
+inline double attn_aux_ve_gate_bytes(const AttnAux& a) {
+    return a.ve_gate_input == VeGateInput::x_and_ve ? 2.0 * (kVeGateHalf * a.T + kGateWidth * a.H)
+                                                     : attn_aux_gate_bytes(a);
+}
 inline double attn_aux_ve_bytes(const AttnAux& a) {
-    return a.ve_table ? 4.0 * a.T + attn_aux_rows_bytes(a) + attn_aux_gate_bytes(a) : 0;
+    return a.ve_table ? 4.0 * a.T + attn_aux_rows_bytes(a) + attn_aux_ve_gate_bytes(a) : 0;
 }
 
 // One thread per 8 dims of one head row: D/8 adjacent lanes share a row (rows never straddle a
@@ -270,11 +295,32 @@ __device__ __forceinline__ float rope_sum_squares8(const float* x) {
 }
 constexpr float kQKNormEps = FLT_EPSILON;  // F.rms_norm without eps on bf16 input (torch 2.10)
 
+// The VE gate's logit of token t, head h: bf16(in . ve_gate[h]) with fp32 fused multiply-adds in
+// the input's column order (upstream's bf16 F.linear of the 12-wide input, L1102/L1120). x_and_ve's
+// input is cat(xa[t, :6], ve[:6]) with ve the token's row of this layer's table as stored (bf16, no
+// scaling before the gate: upstream's `ve` is value_embeds[ids] itself, L1303).
+__device__ __forceinline__ float ve_gate_logit(const AttnAux& a, int t, int h) {
+    const size_t C = static_cast<size_t>(a.H) * a.D;
+    const bf16* x = a.xa + t * C;
+    const bf16* w = a.ve_gate + h * kGateWidth;
+    if (a.ve_gate_input == VeGateInput::x) return gate_logit(x, w);
+    const bf16* ve = a.ve_table + static_cast<size_t>(a.ids[t]) * C;
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kVeGateHalf; ++j) acc = fmaf(__bfloat162float(x[j]), __bfloat162float(w[j]), acc);
+#pragma unroll
+    for (int j = 0; j < kVeGateHalf; ++j)
+        acc = fmaf(__bfloat162float(ve[j]), __bfloat162float(w[kVeGateHalf + j]), acc);
+    return __bfloat162float(__float2bfloat16(acc));
+}
+
 // ---- forward: q, k, v from qkv ----
 // q = rot_p(rmsnorm(q_in)), k likewise, then on key-offset layers k[t, :, D/2:] = k[t-1, :, D/2:]
 // (t >= 1, across documents); rot_p: (x0, x1) -> (c x0 + s x1, c x1 - s x0) on the lower D/2 dims
-// with {c, s} of position p, identity above. v = v_in + 2 sigmoid(bf16(xa[t,:12] . ve_gate[h])) *
-// ve_table[ids[t]] (head h's slice) when the layer has value embeddings, else v_in.
+// with {c, s} of position p, identity above. v = v_in + 2 sigmoid(bf16(in . ve_gate[h])) *
+// ve_table[ids[t]] (head h's slice) when the layer has value embeddings, else v_in; in = xa[t, :12]
+// or cat(xa[t, :6], ve_table[ids[t], :6]) (ve_gate_logit). The sigmoid and the mix in fp32, v rounded
+// once: upstream's compiled graph fuses them after the bf16 matmul output.
 __global__ void attn_qkv_forward_kernel(bf16* q_out, bf16* k_out, bf16* v_out, float* rstd_q, float* rstd_k,
                                         const bf16* qkv, AttnAux a) {
     const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
@@ -325,8 +371,7 @@ __global__ void attn_qkv_forward_kernel(bf16* q_out, bf16* k_out, bf16* v_out, f
         float v[8];
         rope_load8(v, q_in + 2 * C);
         if (a.ve_table != nullptr) {
-            const float g =
-                2.0f * sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * C, a.ve_gate + l.h * kGateWidth));
+            const float g = 2.0f * sigmoidf(ve_gate_logit(a, l.t, l.h));
             float ve[8];
             rope_load8(ve, a.ve_table + static_cast<size_t>(a.ids[l.t]) * C + l.h * a.D + l.d0);
 #pragma unroll
@@ -358,6 +403,7 @@ inline void attn_qkv_forward(const AttnAux& a, bf16* q, bf16* k, bf16* v, float*
 // Through the rotary: dn = rot_p^T dy, i.e. (c dy0 - s dy1, s dy0 + c dy1); through the key
 // offset: key t's upper dims get dk[t+1]'s (and key 0 also its own, which it kept); through the
 // norm: dx = r (dn - n mean(dn . n)). v: d(v_in) = dv, d(ve row) = g dv, dz = 2 s'(z) (dv . ve).
+// (With x_and_ve the gate's own share of d(ve[:, :6]) comes from dz: attn_gates_backward adds it.)
 __global__ void attn_qkv_backward_kernel(bf16* dqkv, bf16* dve, float* dz_ve, const bf16* dq, const bf16* dk,
                                          const bf16* dv, const bf16* qkv, const float* rstd_q, const float* rstd_k,
                                          AttnAux a) {
@@ -413,7 +459,7 @@ __global__ void attn_qkv_backward_kernel(bf16* dqkv, bf16* dve, float* dz_ve, co
     rope_load8(dvv, dv + at);
     float dz = 0.0f, g = 0.0f, dve_row[8] = {};
     if (a.ve_table != nullptr) {
-        const float sg = sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * C, a.ve_gate + l.h * kGateWidth));
+        const float sg = sigmoidf(ve_gate_logit(a, l.t, l.h));
         g = 2.0f * sg;
         float ve[8];
         rope_load8(ve, a.ve_table + static_cast<size_t>(a.ids[l.t]) * C + l.h * a.D + l.d0);
@@ -443,8 +489,9 @@ inline Work attn_qkv_backward_work(const AttnAux& a) {
                 .bytes_read = 5 * rows + 2 * attn_aux_stats_bytes(a) + attn_aux_rope_bytes(a) + attn_aux_ve_bytes(a),
                 .bytes_written = 3 * rows + (a.ve_table ? rows + attn_aux_stats_bytes(a) : 0)};
 }
-// dqkv: (T, 3C); dve: (T, C) gradient of the gathered value-embedding rows (to embedding_backward
-// with the token ids); dz_ve: (T, H) fp32 gradient of the ve gate logits (to attn_gates_backward).
+// dqkv: (T, 3C); dve: (T, C) gradient of the gathered value-embedding rows through the value mix (to
+// embedding_backward with the token ids; with x_and_ve, after attn_gates_backward added the gate's
+// share); dz_ve: (T, H) fp32 gradient of the ve gate logits (to attn_gates_backward).
 // dve and dz_ve only on layers with value embeddings.
 inline void attn_qkv_backward(const AttnAux& a, bf16* dqkv, bf16* dve, float* dz_ve, const bf16* dq, const bf16* dk,
                               const bf16* dv, const bf16* qkv, const float* rstd_q, const float* rstd_k,
@@ -521,16 +568,21 @@ inline void attn_output_gate_backward(const AttnAux& a, bf16* dy, float* dz_attn
 }
 
 // ---- both gates' weight gradients and their input gradient ----
-// d_attn_gate[h, j] = sum_t dz_attn[t, h] xa[t, j] (d_ve_gate likewise from dz_ve), and
-// dxa[t, j] += sum_h dz_attn[t, h] attn_gate[h, j] + dz_ve[t, h] ve_gate[h, j], for j < 12.
-// A block takes 128 rows: it stages their xa[:, :12] and dz rows in shared memory with 16-byte loads
-// (dz's rows are contiguous), then one thread per (gate, h, j) sums over the rows in order, and one
-// thread per row updates dxa[t, :12] with a 16-byte and an 8-byte access.
+// d_attn_gate[h, j] = sum_t dz_attn[t, h] xa[t, j] (d_ve_gate likewise from dz_ve and the VE gate's
+// input), and dxa[t, j] += sum_h dz_attn[t, h] attn_gate[h, j] + dz_ve[t, h] ve_gate[h, j], for j < 12.
+// VeGateInput::x_and_ve: the VE gate's input is cat(xa[t, :6], ve[t, :6]), so its terms of dxa stop at
+// j < 6 and dve[t, j] += sum_h dz_ve[t, h] ve_gate[h, 6 + j] for j < 6 (upstream's cat backward).
+// A block takes 128 rows: it stages their xa[:, :12] (and ve[:, :6]) and dz rows in shared memory with
+// 16-byte loads (dz's rows are contiguous), then one thread per (gate, h, j) sums over the rows in
+// order, and one thread per row updates dxa[t, :12] with a 16-byte and an 8-byte access (and dve[t, :6]
+// with a 16-byte one).
 constexpr int kGateRowsPerBlock = 128;
 constexpr int kGateMaxHeads = 32;  // bounds the staged dz rows: 32 KB of shared memory for both gates
-// Shared memory: xa's 12 columns of the block's rows, then per gate its dz rows and its (H, 12) weights, fp32.
-inline size_t attn_gates_backward_smem_bytes(int H, int gates) {
-    return sizeof(float) * (kGateRowsPerBlock * kGateWidth + gates * (kGateRowsPerBlock * H + H * kGateWidth));
+// Shared memory: xa's 12 columns of the block's rows, then per gate its dz rows and its (H, 12) weights,
+// then (x_and_ve) the ve rows' 6 columns, fp32.
+inline size_t attn_gates_backward_smem_bytes(int H, int gates, VeGateInput ve_input = VeGateInput::x) {
+    const int ve_columns = ve_input == VeGateInput::x_and_ve ? kGateRowsPerBlock * kVeGateHalf : 0;
+    return sizeof(float) * (kGateRowsPerBlock * kGateWidth + gates * (kGateRowsPerBlock * H + H * kGateWidth) + ve_columns);
 }
 // dst[0:n] = src[0:n] (fp32, both 16-byte aligned), 16 bytes per load where it can.
 __device__ __forceinline__ void stage_f32(float* dst, const float* src, int n) {
@@ -541,12 +593,15 @@ struct alignas(8) Bf16x4 {  // an 8-byte access: dxa's columns 8-11
     bf16 v[4];
 };
 __global__ void __launch_bounds__(kGateRowsPerBlock)
-    attn_gates_backward_kernel(bf16* dxa, LastBlockSum sum, const float* dz_attn, const float* dz_ve, AttnAux a) {
+    attn_gates_backward_kernel(bf16* dxa, bf16* dve, LastBlockSum sum, const float* dz_attn, const float* dz_ve,
+                               AttnAux a) {
     const int H = a.H, C = H * a.D, per_gate = H * kGateWidth, gates = dz_ve != nullptr ? 2 : 1;
     const int n_w = gates * per_gate, t0 = blockIdx.x * kGateRowsPerBlock, rows = min(a.T - t0, kGateRowsPerBlock);
+    const bool reads_ve = a.ve_gate_input == VeGateInput::x_and_ve;
     float* xs = dynamic_smem<float>();                    // [row][j]
     float* dzs = xs + kGateRowsPerBlock * kGateWidth;     // [gate][row][h]
     float* ws = dzs + gates * kGateRowsPerBlock * H;      // [gate][h][j]
+    float* vs = ws + n_w;                                 // [row][j < 6], x_and_ve only
     for (int i = threadIdx.x; i < 2 * rows; i += blockDim.x) {  // columns 0-7 and 8-15 of each row
         const int r = i / 2, c0 = 8 * (i % 2);
         const Pack128<bf16> p = load128(a.xa + static_cast<size_t>(t0 + r) * C + c0);
@@ -554,6 +609,12 @@ __global__ void __launch_bounds__(kGateRowsPerBlock)
         for (int k = 0; k < 8; ++k)
             if (c0 + k < kGateWidth) xs[r * kGateWidth + c0 + k] = __bfloat162float(p[k]);
     }
+    if (reads_ve)
+        for (int r = threadIdx.x; r < rows; r += blockDim.x) {  // columns 0-7 of the token's ve row
+            const Pack128<bf16> p = load128(a.ve_table + static_cast<size_t>(a.ids[t0 + r]) * C);
+#pragma unroll
+            for (int k = 0; k < kVeGateHalf; ++k) vs[r * kVeGateHalf + k] = __bfloat162float(p[k]);
+        }
     for (int g = 0; g < gates; ++g)
         stage_f32(dzs + g * kGateRowsPerBlock * H, (g ? dz_ve : dz_attn) + static_cast<size_t>(t0) * H, rows * H);
     for (int i = threadIdx.x; i < n_w; i += blockDim.x)
@@ -563,18 +624,28 @@ __global__ void __launch_bounds__(kGateRowsPerBlock)
     for (int k = threadIdx.x; k < n_w; k += blockDim.x) {  // this block's rows, in order
         const int g = k / per_gate, h = k % per_gate / kGateWidth, j = k % kGateWidth;
         const float* dz = dzs + g * kGateRowsPerBlock * H + h;
+        const bool from_ve = reads_ve && g == 1 && j >= kVeGateHalf;  // the VE gate's input column j is ve's j - 6
+        const float* in = from_ve ? vs + (j - kVeGateHalf) : xs + j;
+        const int stride = from_ve ? kVeGateHalf : kGateWidth;
         float s = 0.0f;
-        for (int r = 0; r < rows; ++r) s = fmaf(dz[r * H], xs[r * kGateWidth + j], s);
+        for (int r = 0; r < rows; ++r) s = fmaf(dz[r * H], in[r * stride], s);
         sum.scratch.partials[static_cast<size_t>(blockIdx.x) * n_w + k] = s;
     }
     if (const int r = threadIdx.x; r < rows) {  // sums over h in order, attn_gate's heads before ve_gate's
-        float s[kGateWidth] = {};
+        float s[kGateWidth] = {}, sv[kVeGateHalf] = {};
         for (int g = 0; g < gates; ++g)
             for (int h = 0; h < H; ++h) {
                 const float dz = dzs[(g * kGateRowsPerBlock + r) * H + h];
                 const float* w = ws + (g * H + h) * kGateWidth;
 #pragma unroll
-                for (int j = 0; j < kGateWidth; ++j) s[j] = fmaf(dz, w[j], s[j]);
+                for (int j = 0; j < kVeGateHalf; ++j) s[j] = fmaf(dz, w[j], s[j]);
+                if (reads_ve && g == 1) {
+#pragma unroll
+                    for (int j = 0; j < kVeGateHalf; ++j) sv[j] = fmaf(dz, w[kVeGateHalf + j], sv[j]);
+                } else {
+#pragma unroll
+                    for (int j = kVeGateHalf; j < kGateWidth; ++j) s[j] = fmaf(dz, w[j], s[j]);
+                }
             }
         bf16* d = dxa + static_cast<size_t>(t0 + r) * C;
         Pack128<bf16> lo = load128(d);
@@ -585,39 +656,62 @@ __global__ void __launch_bounds__(kGateRowsPerBlock)
         for (int j = 0; j < 4; ++j) hi.v[j] = __float2bfloat16(__bfloat162float(hi.v[j]) + s[8 + j]);
         store128(d, lo);
         *reinterpret_cast<Bf16x4*>(d + 8) = hi;
+        if (reads_ve) {  // columns 6 and 7 are rewritten unchanged
+            bf16* e = dve + static_cast<size_t>(t0 + r) * C;
+            Pack128<bf16> p = load128(e);
+#pragma unroll
+            for (int j = 0; j < kVeGateHalf; ++j) p[j] = __float2bfloat16(__bfloat162float(p[j]) + sv[j]);
+            store128(e, p);
+        }
     }
     last_block_sum(sum, n_w);
 }
 inline size_t attn_gates_backward_scratch_bytes(int T, int H) {
     return static_cast<size_t>(ceil_div(T, kGateRowsPerBlock)) * 2 * H * kGateWidth * sizeof(float);
 }
-// Reads dz_attn (and dz_ve), the first 12 columns of xa and of dxa, and the gates; writes dxa's columns
-// and the partials; two multiply-adds per (row, head, column) and gate.
+// Reads dz_attn (and dz_ve), the first 12 columns of xa and of dxa, and the gates (x_and_ve: also the
+// ids and the first 6 columns of the ve rows and of dve); writes dxa's columns (and dve's) and the
+// partials; two multiply-adds per (row, head, column) and gate.
 inline Work attn_gates_backward_work(const AttnAux& a, bool ve, int blocks, int n_w) {
     const int gates = ve ? 2 : 1;
     const double columns = 2.0 * kGateWidth * a.T, gate = 2.0 * kGateWidth * a.H;
+    const double ve_columns = a.ve_gate_input == VeGateInput::x_and_ve ? 2.0 * kVeGateHalf * a.T : 0;
     return Work{.name = "attn_gates_backward", .flops = 4.0 * gates * a.T * a.H * kGateWidth,
-                .bytes_read = gates * (attn_aux_stats_bytes(a) + gate) + 2 * columns,
-                .bytes_written = columns + 4.0 * blocks * n_w};
+                .bytes_read = gates * (attn_aux_stats_bytes(a) + gate) + 2 * columns +
+                              (ve_columns > 0 ? 4.0 * a.T + 2 * ve_columns : 0),
+                .bytes_written = columns + ve_columns + 4.0 * blocks * n_w};
 }
 // dxa: (T, C) gradient of the attention input, updated in place in its first 12 channels.
-// d_attn_gate, d_ve_gate: (H, 12) bf16 (d_ve_gate and dz_ve only with value embeddings);
-// `accumulate` as for every parameter gradient.
-inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* d_attn_gate, bf16* d_ve_gate, const float* dz_attn,
-                                const float* dz_ve, BlockPartials scratch, bool accumulate, cudaStream_t stream) {
+// dve: with VeGateInput::x_and_ve, the (T, C) gradient of the gathered value-embedding rows that
+// attn_qkv_backward wrote, updated in place in its first 6 channels (before embedding_backward reads
+// it); null otherwise. d_attn_gate, d_ve_gate: (H, 12) bf16 (d_ve_gate and dz_ve only with value
+// embeddings); `accumulate` as for every parameter gradient.
+inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* dve, bf16* d_attn_gate, bf16* d_ve_gate,
+                                const float* dz_attn, const float* dz_ve, BlockPartials scratch, bool accumulate,
+                                cudaStream_t stream) {
     attn_aux_check(a, "attn_gates_backward", false);
     kernel_require(a.attn_gate != nullptr, "attn_gates_backward: no attn_gate");
     kernel_require((a.ve_gate != nullptr) == (d_ve_gate != nullptr && dz_ve != nullptr),
                    "attn_gates_backward: d_ve_gate and dz_ve are needed exactly on layers with value embeddings");
+    const bool reads_ve = a.ve_gate_input == VeGateInput::x_and_ve;
+    kernel_require(reads_ve == (dve != nullptr),
+                   "attn_gates_backward: dve is needed exactly when the VE gate reads ve (VeGateInput::x_and_ve)");
     kernel_require(a.H <= kGateMaxHeads, "attn_gates_backward: %d heads, at most %d", a.H, kGateMaxHeads);
     kernel_require(all_aligned16({dxa, a.xa, dz_attn, dz_ve}),
                    "attn_gates_backward: dxa, xa, dz_attn and dz_ve must be 16-byte aligned");
+    kernel_require(!reads_ve || all_aligned16({dve, a.ve_table}),
+                   "attn_gates_backward: dve and ve_table must be 16-byte aligned");
     const int blocks = ceil_div(a.T, kGateRowsPerBlock), per_gate = a.H * kGateWidth, gates = dz_ve != nullptr ? 2 : 1;
     const int n_w = gates * per_gate;
     LastBlockSum sum{SumTargets().add(d_attn_gate, per_gate), scratch, accumulate};
     if (dz_ve != nullptr) sum.targets.add(d_ve_gate, per_gate);
     launch(with_last_block_sum(attn_gates_backward_work(a, dz_ve != nullptr, blocks, n_w), sum, blocks),
            attn_gates_backward_kernel, dim3(blocks), dim3(kGateRowsPerBlock),
-           attn_gates_backward_smem_bytes(a.H, gates), stream, dxa, sum, dz_attn, dz_ve, a);
+           attn_gates_backward_smem_bytes(a.H, gates, a.ve_gate_input), stream, dxa, dve, sum, dz_attn, dz_ve, a);
     CUDA_CHECK_LAUNCH();
+}
+// Record 71's form (the VE gate reads xa[:, :12]): no dve.
+inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* d_attn_gate, bf16* d_ve_gate, const float* dz_attn,
+                                const float* dz_ve, BlockPartials scratch, bool accumulate, cudaStream_t stream) {
+    attn_gates_backward(a, dxa, nullptr, d_attn_gate, d_ve_gate, dz_attn, dz_ve, scratch, accumulate, stream);
 }

@@ -8,7 +8,7 @@
 // plus fp32 noise, so rtol 2^-8 with an absolute 1e-5 on O(1) values (rotations and sums can
 // cancel); fp32 statistics rtol 1e-5. Gate inputs (xa[:, :12] and gate weights) are short
 // binary fractions, so the 12-term gate logit is exact in fp32 and double and its bf16
-// rounding agrees. Transcendentals: CUDA's powf/cosf/sinf are within 2 ulp, the host libm's
+// rounding agrees (the value-embedding rows' first 6 columns too, for the VE gate that reads them). Transcendentals: CUDA's powf/cosf/sinf are within 2 ulp, the host libm's
 // within 1: a table entry may differ from bf16(correctly rounded value) only where the fp32
 // value lies within 2 ulp of a bf16 rounding boundary, and the check accepts exactly that.
 #include "../../kernels/attention_aux.cuh"
@@ -220,17 +220,28 @@ struct Case {
     bool paired, key_offset, ve;
     std::vector<bf16> qkv, xa, ve_table, ve_gate, attn_gate;
     std::vector<int32_t> ids;
+    VeGateInput gate_input = VeGateInput::x;
+    bool reads_ve() const { return ve && gate_input == VeGateInput::x_and_ve; }
 };
-Case make_case(int T, int H, int D, bool paired, bool key_offset, bool ve, bool gate_exact) {
-    Case c{T, H, D, H * D, 37, paired, key_offset, ve, {}, {}, {}, {}, {}, {}};
+Case make_case(int T, int H, int D, bool paired, bool key_offset, bool ve, bool gate_exact,
+               VeGateInput gate_input = VeGateInput::x) {
+    Case c{T, H, D, H * D, 37, paired, key_offset, ve, {}, {}, {}, {}, {}, {}, gate_input};
     c.qkv = uniform_bf16(static_cast<size_t>(T) * 3 * c.C, -2, 2);
     c.xa = gate_exact ? test::gate_exact_rows(T, c.C, kGateWidth) : uniform_bf16(static_cast<size_t>(T) * c.C, -1, 1);
-    c.ve_table = uniform_bf16(static_cast<size_t>(c.V) * c.C, -1, 1);
+    c.ve_table = gate_exact ? test::gate_exact_rows(c.V, c.C, kVeGateHalf)
+                            : uniform_bf16(static_cast<size_t>(c.V) * c.C, -1, 1);
     c.ve_gate = gate_exact ? test::gate_exact_weights(H * kGateWidth) : uniform_bf16(H * kGateWidth, -1, 1);
     c.attn_gate = gate_exact ? test::gate_exact_weights(H * kGateWidth) : uniform_bf16(H * kGateWidth, -1, 1);
     c.ids.resize(T);
     for (auto& i : c.ids) i = test::randint(0, c.V - 1);
     return c;
+}
+
+// Column j of the VE gate's input at token t: xa[t, j], or with x_and_ve cat(xa[t, :6], ve_rows[t, :6])
+// (upstream 2c702746 train_gpt.py L1102: torch.cat([x[..., :6], ve[None, ..., :6]], dim=-1)).
+double ve_gate_in(const Case& c, const std::vector<double>& xa, const std::vector<double>& ve_rows, int t, int j) {
+    const size_t row = static_cast<size_t>(t) * c.C;
+    return c.reads_ve() && j >= kVeGateHalf ? ve_rows[row + j - kVeGateHalf] : xa[row + j];
 }
 
 // The smooth function of the layer's auxiliaries in double, upstream's way. ve rows are per
@@ -243,9 +254,10 @@ Forward reference_forward(const Case& c, const Factors& F, const std::vector<dou
                           const std::vector<double>& attn_gate, const std::vector<double>& y, bool round_z) {
     const int T = c.T, H = c.H, D = c.D, C = c.C;
     Forward f;
-    auto logit = [&](int t, const std::vector<double>& w, int h) {
+    auto logit = [&](int t, const std::vector<double>& w, int h, bool ve_gate) {
         double z = 0;
-        for (int j = 0; j < kGateWidth; ++j) z += xa[static_cast<size_t>(t) * C + j] * w[h * kGateWidth + j];
+        for (int j = 0; j < kGateWidth; ++j)
+            z += (ve_gate ? ve_gate_in(c, xa, ve_rows, t, j) : xa[static_cast<size_t>(t) * C + j]) * w[h * kGateWidth + j];
         return round_z ? value(to_bf16(z)) : z;
     };
     // per-head rms norm of q and k: (T, H, D)
@@ -296,8 +308,8 @@ Forward reference_forward(const Case& c, const Factors& F, const std::vector<dou
     f.y_gated.resize(static_cast<size_t>(T) * C);
     for (int t = 0; t < T; ++t)
         for (int h = 0; h < H; ++h) {
-            const double gv = c.ve ? 2 * sigmoid(f.z_ve[static_cast<size_t>(t) * H + h] = logit(t, ve_gate, h)) : 0.0;
-            const double ga = sigmoid(f.z_attn[static_cast<size_t>(t) * H + h] = logit(t, attn_gate, h));
+            const double gv = c.ve ? 2 * sigmoid(f.z_ve[static_cast<size_t>(t) * H + h] = logit(t, ve_gate, h, true)) : 0.0;
+            const double ga = sigmoid(f.z_attn[static_cast<size_t>(t) * H + h] = logit(t, attn_gate, h, false));
             for (int d = 0; d < D; ++d) {
                 const size_t i = static_cast<size_t>(t) * C + h * D + d;
                 f.v[i] = qkv[static_cast<size_t>(t) * 3 * C + 2 * C + h * D + d] + (c.ve ? gv * ve_rows[i] : 0.0);
@@ -381,14 +393,18 @@ Backward reference_backward(const Case& c, const Factors& F, const std::vector<d
     return b;
 }
 
-// The gates' weight gradients and input gradient from the logit gradients.
-void reference_gates(const Case& c, const std::vector<double>& xa, const std::vector<double>& dz_attn,
-                     const std::vector<double>& dz_ve, const std::vector<double>& attn_gate, const std::vector<double>& ve_gate,
-                     std::vector<double>& d_attn_gate, std::vector<double>& d_ve_gate, std::vector<double>& dxa12) {
+// The gates' weight gradients and input gradients from the logit gradients: dxa12 (T, 12) of
+// xa[:, :12], dve6 (T, 6) of ve_rows[:, :6] (zero unless the VE gate reads ve).
+void reference_gates(const Case& c, const std::vector<double>& xa, const std::vector<double>& ve_rows,
+                     const std::vector<double>& dz_attn, const std::vector<double>& dz_ve,
+                     const std::vector<double>& attn_gate, const std::vector<double>& ve_gate,
+                     std::vector<double>& d_attn_gate, std::vector<double>& d_ve_gate, std::vector<double>& dxa12,
+                     std::vector<double>& dve6) {
     const int T = c.T, H = c.H, C = c.C;
     d_attn_gate.assign(H * kGateWidth, 0);
     d_ve_gate.assign(H * kGateWidth, 0);
     dxa12.assign(static_cast<size_t>(T) * kGateWidth, 0);
+    dve6.assign(static_cast<size_t>(T) * kVeGateHalf, 0);
     for (int t = 0; t < T; ++t)
         for (int h = 0; h < H; ++h)
             for (int j = 0; j < kGateWidth; ++j) {
@@ -396,8 +412,10 @@ void reference_gates(const Case& c, const std::vector<double>& xa, const std::ve
                 d_attn_gate[h * kGateWidth + j] += dz_attn[static_cast<size_t>(t) * H + h] * x;
                 dxa12[static_cast<size_t>(t) * kGateWidth + j] += dz_attn[static_cast<size_t>(t) * H + h] * attn_gate[h * kGateWidth + j];
                 if (c.ve) {
-                    d_ve_gate[h * kGateWidth + j] += dz_ve[static_cast<size_t>(t) * H + h] * x;
-                    dxa12[static_cast<size_t>(t) * kGateWidth + j] += dz_ve[static_cast<size_t>(t) * H + h] * ve_gate[h * kGateWidth + j];
+                    const double dz = dz_ve[static_cast<size_t>(t) * H + h], w = ve_gate[h * kGateWidth + j];
+                    d_ve_gate[h * kGateWidth + j] += dz * ve_gate_in(c, xa, ve_rows, t, j);
+                    if (c.reads_ve() && j >= kVeGateHalf) dve6[static_cast<size_t>(t) * kVeGateHalf + j - kVeGateHalf] += dz * w;
+                    else dxa12[static_cast<size_t>(t) * kGateWidth + j] += dz * w;
                 }
             }
 }
@@ -432,6 +450,7 @@ struct Run {
         aux.D = cs.D;
         aux.paired = cs.paired;
         aux.key_offset = cs.key_offset;
+        aux.ve_gate_input = cs.gate_input;
         aux.rope_table = rope.r.table;
         aux.rope_positions = rope.r.positions;
         aux.xa = xa.ptr;
@@ -444,24 +463,31 @@ struct Run {
         attn_qkv_forward(aux, q.ptr, k.ptr, v.ptr, rstd_q.ptr, rstd_k.ptr, qkv.ptr, nullptr);
         attn_output_gate_forward(aux, y_gated.ptr, y.ptr, nullptr);
     }
-    void backward(bool accumulate) {
+    // dve_mix: where given, dve as attn_qkv_backward left it (the value mix's share only)
+    void backward(bool accumulate, std::vector<bf16>* dve_mix = nullptr) {
         attn_output_gate_backward(aux, dy.ptr, dz_attn.ptr, dy_gated.ptr, y.ptr, nullptr);
         attn_qkv_backward(aux, dqkv.ptr, c.ve ? dve.ptr : nullptr, c.ve ? dz_ve.ptr : nullptr, dq.ptr, dk.ptr, dv.ptr,
                           qkv.ptr, rstd_q.ptr, rstd_k.ptr, nullptr);
-        attn_gates_backward(aux, dxa.ptr, d_attn_gate.ptr, c.ve ? d_ve_gate.ptr : nullptr, dz_attn.ptr,
-                            c.ve ? dz_ve.ptr : nullptr, scratch.view(), accumulate, nullptr);
+        if (dve_mix) *dve_mix = dve.download();
+        if (c.reads_ve())
+            attn_gates_backward(aux, dxa.ptr, dve.ptr, d_attn_gate.ptr, d_ve_gate.ptr, dz_attn.ptr, dz_ve.ptr,
+                                scratch.view(), accumulate, nullptr);
+        else  // record 71's overload
+            attn_gates_backward(aux, dxa.ptr, d_attn_gate.ptr, c.ve ? d_ve_gate.ptr : nullptr, dz_attn.ptr,
+                                c.ve ? dz_ve.ptr : nullptr, scratch.view(), accumulate, nullptr);
     }
 };
 
 std::string case_name(const Case& c) {
     return "T=" + std::to_string(c.T) + " H=" + std::to_string(c.H) + " D=" + std::to_string(c.D) +
-           (c.paired ? " paired" : "") + (c.key_offset ? " key-offset" : "") + (c.ve ? " ve" : "");
+           (c.paired ? " paired" : "") + (c.key_offset ? " key-offset" : "") + (c.ve ? " ve" : "") +
+           (c.reads_ve() ? " gate-reads-ve" : "");
 }
 
 // Forward and backward of every kernel against the references, gate-exact data.
 void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, const Rope& rope, const Factors& F,
-                bool accumulate) {
-    const Case c = make_case(T, H, D, paired, key_offset, ve, true);
+                bool accumulate, VeGateInput gate_input = VeGateInput::x) {
+    const Case c = make_case(T, H, D, paired, key_offset, ve, true, gate_input);
     const std::string name = case_name(c) + (accumulate ? " accumulate" : "");
     Run run(c, rope);
     const auto y = uniform_bf16(static_cast<size_t>(T) * c.C, -1, 1);
@@ -497,7 +523,8 @@ void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, cons
     run.dxa.upload(dxa0);
     run.d_attn_gate.upload(dag0);
     run.d_ve_gate.upload(dvg0);
-    run.backward(accumulate);
+    std::vector<bf16> dve_mix;
+    run.backward(accumulate, &dve_mix);
     const auto b =
         reference_backward(c, F, qkv, ref, ve_rows, values(y), values(dq), values(dk), values(dv), values(dyg));
     test::check_close("attn_qkv_backward dqkv " + name, values(run.dqkv.download()), b.dqkv, kAtol, kRtol);
@@ -505,14 +532,22 @@ void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, cons
     const auto dza = run.dz_attn.download();
     test::check_close("attn_output_gate_backward dz_attn " + name, values(dza), b.dz_attn, 1e-6, 1e-5);
     if (ve) {
-        test::check_close("attn_qkv_backward dve " + name, values(run.dve.download()), b.dve, kAtol, kRtol);
+        test::check_close("attn_qkv_backward dve " + name, values(dve_mix), b.dve, kAtol, kRtol);
         const auto dzv = run.dz_ve.download();
         test::check_close("attn_qkv_backward dz_ve " + name, values(dzv), b.dz_ve, 1e-6, 1e-5);
     }
     // the gates, from the kernel's own logit gradients (fp32, checked above)
-    std::vector<double> dag, dvg, dxa12;
+    std::vector<double> dag, dvg, dxa12, dve6;
     const auto dzv = run.dz_ve.download();
-    reference_gates(c, xa, values(dza), values(dzv), values(c.attn_gate), values(c.ve_gate), dag, dvg, dxa12);
+    reference_gates(c, xa, ve_rows, values(dza), values(dzv), values(c.attn_gate), values(c.ve_gate), dag, dvg, dxa12,
+                    dve6);
+    if (ve) {  // dve after the gates: the value mix's share plus (x_and_ve) the gate's in columns 0-5
+        std::vector<double> want_dve = values(dve_mix);
+        for (int t = 0; t < T; ++t)
+            for (int j = 0; j < kVeGateHalf; ++j)
+                want_dve[static_cast<size_t>(t) * c.C + j] += dve6[static_cast<size_t>(t) * kVeGateHalf + j];
+        test::check_close("attn_gates_backward dve " + name, values(run.dve.download()), want_dve, kAtol, kRtol);
+    }
     std::vector<double> want_dxa = values(dxa0);
     for (int t = 0; t < T; ++t)
         for (int j = 0; j < kGateWidth; ++j) want_dxa[static_cast<size_t>(t) * c.C + j] += dxa12[static_cast<size_t>(t) * kGateWidth + j];
@@ -532,31 +567,44 @@ void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, cons
         test::check(same_bits(run.d_ve_gate.download(), dvg0),
                     "attn_gates_backward %s: d_ve_gate written on a layer without value embeddings", name.c_str());
     const int gate_blocks = ceil_div(T, kGateRowsPerBlock), n_w = (ve ? 2 : 1) * H * kGateWidth;
-    {  // the kernel's fp32 order (fmaf over rows, over heads): dxa's columns and the partials, bit for bit
-        auto want_bits = dxa0;
+    {  // the kernel's fp32 order (fmaf over rows, over heads): dxa's columns (and dve's), the partials, bit for bit
+        auto want_bits = dxa0, want_dve_bits = dve_mix;
         const auto partials = run.scratch.partials.download();
         const std::vector<float>* dz[2] = {&dza, &dzv};
         const std::vector<bf16>* gate[2] = {&c.attn_gate, &c.ve_gate};
+        // the VE gate's weight column j reaches dve[:, j - 6] instead of dxa[:, j] where it reads ve
+        auto to_dve = [&](int g, int j) { return g == 1 && c.reads_ve() && j >= kVeGateHalf; };
         bool same_partials = true;
         for (int t = 0; t < T; ++t)
             for (int j = 0; j < kGateWidth; ++j) {
-                float s = 0.0f;
+                float s = 0.0f, sv = 0.0f;
                 for (int g = 0; g < (ve ? 2 : 1); ++g)
-                    for (int h = 0; h < H; ++h)
-                        s = std::fmaf((*dz[g])[size_t(t) * H + h], float(value((*gate[g])[h * kGateWidth + j])), s);
+                    for (int h = 0; h < H; ++h) {
+                        float& acc = to_dve(g, j) ? sv : s;
+                        acc = std::fmaf((*dz[g])[size_t(t) * H + h], float(value((*gate[g])[h * kGateWidth + j])), acc);
+                    }
                 bf16& d = want_bits[size_t(t) * c.C + j];
                 d = to_bf16(float(value(d)) + s);
+                if (c.reads_ve() && j >= kVeGateHalf) {
+                    bf16& e = want_dve_bits[size_t(t) * c.C + j - kVeGateHalf];
+                    e = to_bf16(float(value(e)) + sv);
+                }
             }
         for (int b = 0; b < gate_blocks; ++b)
             for (int k = 0; k < n_w; ++k) {
                 const int g = k / (H * kGateWidth), h = k % (H * kGateWidth) / kGateWidth, j = k % kGateWidth;
                 float s = 0.0f;
-                for (int t = b * kGateRowsPerBlock; t < std::min(T, (b + 1) * kGateRowsPerBlock); ++t)
-                    s = std::fmaf((*dz[g])[size_t(t) * H + h], float(value(c.xa[size_t(t) * c.C + j])), s);
+                for (int t = b * kGateRowsPerBlock; t < std::min(T, (b + 1) * kGateRowsPerBlock); ++t) {
+                    const bf16 in = to_dve(g, j) ? c.ve_table[size_t(c.ids[t]) * c.C + j - kVeGateHalf] : c.xa[size_t(t) * c.C + j];
+                    s = std::fmaf((*dz[g])[size_t(t) * H + h], float(value(in)), s);
+                }
                 same_partials &= test::bits(s) == test::bits(partials[size_t(b) * n_w + k]);
             }
         test::check(same_bits(run.dxa.download(), want_bits) && same_partials,
                     "attn_gates_backward %s: dxa and the partials in the scalar loops' fp32 order", name.c_str());
+        if (ve)
+            test::check(same_bits(run.dve.download(), want_dve_bits),
+                        "attn_gates_backward %s: dve in the scalar loops' fp32 order", name.c_str());
     }
     test::same_as_second_launch("attn_gates_backward d_attn_gate " + name, run.scratch, 0, gate_blocks, n_w, dag0,
                                 run.d_attn_gate.download(), accumulate);
@@ -566,25 +614,26 @@ void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, cons
 
     // determinism: the whole backward again gives the same bits
     const auto dqkv1 = run.dqkv.download(), dxa1 = run.dxa.download(), dag1 = run.d_attn_gate.download(),
-               dvg1 = run.d_ve_gate.download();
+               dvg1 = run.d_ve_gate.download(), dve1 = run.dve.download();
     run.dxa.upload(dxa0);
     run.d_attn_gate.upload(dag0);
     run.d_ve_gate.upload(dvg0);
     run.backward(accumulate);
     test::check(same_bits(run.dqkv.download(), dqkv1) && same_bits(run.dxa.download(), dxa1) &&
-                    same_bits(run.d_attn_gate.download(), dag1) && same_bits(run.d_ve_gate.download(), dvg1),
+                    same_bits(run.d_attn_gate.download(), dag1) && same_bits(run.d_ve_gate.download(), dvg1) &&
+                    same_bits(run.dve.download(), dve1),
                 "backward %s: two runs differ in bits", name.c_str());
 }
 
 // Finite differences of L = sum(Rq q + Rk k + Rv v + Ry y_gated) (the smooth function, double)
 // against the kernels' gradients through the whole chain, on a small case with general data.
-void test_finite_differences(bool paired, bool key_offset, bool ve) {
+void test_finite_differences(bool paired, bool key_offset, bool ve, VeGateInput gate_input = VeGateInput::x) {
     const int T = 5, H = 2, D = 16;
     Rope rope(D, 2 * T);
     yarn_rope_reset(rope.r, nullptr);
     yarn_rope_apply(rope.r, 384, 896, nullptr);
     const Factors F(rope);
-    Case c = make_case(T, H, D, paired, key_offset, ve, false);
+    Case c = make_case(T, H, D, paired, key_offset, ve, false, gate_input);
     const std::string name = "finite differences " + case_name(c);
     Run run(c, rope);
     const auto yb = uniform_bf16(static_cast<size_t>(T) * c.C, -1, 1);
@@ -631,9 +680,9 @@ void test_finite_differences(bool paired, bool key_offset, bool ve) {
         for (double& e : v) e = std::fabs(e);
         return v;
     };
-    std::vector<double> mag_ag, mag_vg, mag_xa;
-    reference_gates(c, absolute(xa), absolute(eb.dz_attn), absolute(eb.dz_ve), absolute(ag), absolute(vg), mag_ag,
-                    mag_vg, mag_xa);
+    std::vector<double> mag_ag, mag_vg, mag_xa, mag_ve;
+    reference_gates(c, absolute(xa), absolute(ve_rows), absolute(eb.dz_attn), absolute(eb.dz_ve), absolute(ag),
+                    absolute(vg), mag_ag, mag_vg, mag_xa, mag_ve);
     auto gate_tol = [&](const std::vector<double>& mag) {
         std::vector<double> tol(mag.size());
         for (size_t i = 0; i < mag.size(); ++i) tol[i] = 1e-4 + rtol * mag[i];
@@ -650,7 +699,7 @@ void test_finite_differences(bool paired, bool key_offset, bool ve) {
             dxa12_got.push_back(dxa[xa12.back()]);
         }
     test::check_close(name + " d(xa[:, :12])", dxa12_got, fd(xa, xa12), atol, rtol);
-    if (ve) {
+    if (ve) {  // with x_and_ve, columns 0-5 of each row also through the gate
         test::check_close(name + " d(ve rows)", values(run.dve.download()), fd(ve_rows, all(ve_rows)), atol, rtol);
         test::check_within(name + " d(ve_gate)", values(run.d_ve_gate.download()), fd(vg, all(vg)), gate_tol(mag_vg));
     }
@@ -680,12 +729,14 @@ int bench_rope(const bench::Options& o) {
     struct Kind {
         const char* name;
         bool paired, key_offset, ve;
+        VeGateInput gate_input = VeGateInput::x;
     };
     const Kind kinds[] = {{"paired, ve (layers 0, 9)", true, false, true},
                           {"key offset, ve (layer 10)", false, true, true},
-                          {"plain (layers 4, 7)", false, false, false}};
+                          {"plain (layers 4, 7)", false, false, false},
+                          {"ve gate reads ve (record 80's layer 1)", false, false, true, VeGateInput::x_and_ve}};
     for (const Kind& k : kinds) {
-        Case c = make_case(T, H, D, k.paired, k.key_offset, k.ve, false);
+        Case c = make_case(T, H, D, k.paired, k.key_offset, k.ve, false, k.gate_input);
         c.V = p.V;  // the value-embedding rows the ids pick from: a real table's
         c.ve_table = uniform_bf16(static_cast<size_t>(c.V) * c.C, -1, 1);
         for (auto& i : c.ids) i = test::randint(0, c.V - 1);
@@ -705,8 +756,9 @@ int bench_rope(const bench::Options& o) {
             attn_output_gate_backward(r.aux, r.dy.ptr, r.dz_attn.ptr, r.dy_gated.ptr, r.y.ptr, s);
         });
         b.run("attn_gates_backward", at, [&](cudaStream_t s) {
-            attn_gates_backward(r.aux, r.dxa.ptr, r.d_attn_gate.ptr, k.ve ? r.d_ve_gate.ptr : nullptr, r.dz_attn.ptr,
-                                k.ve ? r.dz_ve.ptr : nullptr, r.scratch.view(), true, s);
+            attn_gates_backward(r.aux, r.dxa.ptr, c.reads_ve() ? r.dve.ptr : nullptr, r.d_attn_gate.ptr,
+                                k.ve ? r.d_ve_gate.ptr : nullptr, r.dz_attn.ptr, k.ve ? r.dz_ve.ptr : nullptr,
+                                r.scratch.view(), true, s);
         });
     }
     // at a stage change: stage 1's long window to stage 2's, over the table of stage 3's paired positions
@@ -751,6 +803,40 @@ int main(int argc, char** argv) {
         attn_gates_backward(bad_aux(), reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16), nullptr,
                             reinterpret_cast<const float*>(20), nullptr, {}, false, nullptr);
     });
+    test::check_fails_with("VE gate reading ve on a paired layer", "VeGateInput::x_and_ve on a paired layer", [] {
+        AttnAux a = bad_aux();
+        a.paired = true;
+        a.ve_table = a.ve_gate = reinterpret_cast<const bf16*>(16);
+        a.ids = reinterpret_cast<const int32_t*>(16);
+        a.ve_gate_input = VeGateInput::x_and_ve;
+        attn_qkv_forward(a, nullptr, nullptr, reinterpret_cast<bf16*>(16), nullptr, nullptr, nullptr, nullptr);
+    });
+    test::check_fails_with("VE gate reading ve without value embeddings",
+                           "VeGateInput::x_and_ve on a layer without value embeddings", [] {
+                               AttnAux a = bad_aux();
+                               a.ve_gate_input = VeGateInput::x_and_ve;
+                               attn_qkv_forward(a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+                           });
+    test::check_fails_with("attn_gates_backward reading ve without dve", "dve is needed exactly when the VE gate reads ve",
+                           [] {
+                               AttnAux a = bad_aux();
+                               a.ve_table = a.ve_gate = reinterpret_cast<const bf16*>(16);
+                               a.ids = reinterpret_cast<const int32_t*>(16);
+                               a.ve_gate_input = VeGateInput::x_and_ve;
+                               attn_gates_backward(a, reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16),
+                                                   reinterpret_cast<bf16*>(16), reinterpret_cast<const float*>(16),
+                                                   reinterpret_cast<const float*>(16), {}, false, nullptr);
+                           });
+    test::check_fails_with("attn_gates_backward given dve where the VE gate reads xa",
+                           "dve is needed exactly when the VE gate reads ve", [] {
+                               AttnAux a = bad_aux();
+                               a.ve_table = a.ve_gate = reinterpret_cast<const bf16*>(16);
+                               a.ids = reinterpret_cast<const int32_t*>(16);
+                               attn_gates_backward(a, reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16),
+                                                   reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16),
+                                                   reinterpret_cast<const float*>(16),
+                                                   reinterpret_cast<const float*>(16), {}, false, nullptr);
+                           });
     test::check_fails_with("YaRN head_dim 40", "head_dim must be a multiple of 16",
                            [] { yarn_rope_view(reinterpret_cast<void*>(16), 40, 100); });
 
@@ -775,6 +861,10 @@ int main(int argc, char** argv) {
         test_layer(s.T, s.H, s.D, false, false, false, rope, F, true);  // short-window layers
         test_layer(s.T, s.H, s.D, true, false, false, rope, F, false);  // paired layers 2, 5
         test_layer(s.T, s.H, s.D, true, false, true, rope, F, true);    // paired layers 0, 9
+        // record 80 (#70): the VE gate of non-paired layers reads cat(xa[:, :6], ve[:, :6]); its paired
+        // layers 2 and 9 keep xa[:, :12], the cases above
+        test_layer(s.T, s.H, s.D, false, false, true, rope, F, false, VeGateInput::x_and_ve);  // layer 1
+        test_layer(s.T, s.H, s.D, false, true, true, rope, F, true, VeGateInput::x_and_ve);    // layers 8, 10
     }
     {  // ragged T (not a multiple of the rows a block covers)
         Rope rope(64, 2 * 37);
@@ -782,10 +872,13 @@ int main(int argc, char** argv) {
         const Factors F(rope);
         test_layer(37, 2, 64, false, true, true, rope, F, false);
         test_layer(37, 2, 64, true, false, true, rope, F, true);
+        test_layer(37, 2, 64, false, true, true, rope, F, true, VeGateInput::x_and_ve);
     }
 
     test_finite_differences(false, true, true);
     test_finite_differences(true, false, true);
     test_finite_differences(false, false, false);
+    test_finite_differences(false, true, true, VeGateInput::x_and_ve);
+    test_finite_differences(false, false, true, VeGateInput::x_and_ve);
     return test::finish();
 }

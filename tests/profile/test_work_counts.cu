@@ -873,6 +873,36 @@ void test_rope() {
                                          scratch.view(), false, nullptr);
                  },
                  partials + bytes(d_attn_gate) + bytes(d_ve_gate));  // dxa's columns are updated in place
+
+    // record 80's non-paired VE gate reads cat(xa[:, :6], ve[:, :6]): 6 columns of xa, ve's 6 lie in the
+    // gathered rows; its backward also reads the ids and updates dve's first 6 columns from ve's
+    AttnAux r80 = a;
+    r80.ve_gate_input = VeGateInput::x_and_ve;
+    const double half_cols = 2.0 * kVeGateHalf * T;
+    const double ve80 = bytes(d_ids) + 2.0 * tc + half_cols + bytes(ve_gate);
+    check_family("attn_qkv_forward with the VE gate reading ve",
+                 {kernel("attn_qkv_forward", bytes(qkv) + rope_rows + ve80, bytes(q) + bytes(k) + bytes(v) + 2 * stats)},
+                 {out(q), out(k), out(v), out(rstd_q), out(rstd_k)},
+                 [&] { attn_qkv_forward(r80, q.ptr, k.ptr, v.ptr, rstd_q.ptr, rstd_k.ptr, qkv.ptr, nullptr); });
+    check_family("attn_qkv_backward with the VE gate reading ve",
+                 {kernel("attn_qkv_backward",
+                         bytes(dq) + bytes(dk) + bytes(dv) + 2 * bytes(qkv) / 3 + 2 * stats + rope_rows + ve80,
+                         bytes(dqkv) + bytes(dve) + bytes(dz_ve))},
+                 {out(dqkv), out(dve), out(dz_ve)}, [&] {
+                     attn_qkv_backward(r80, dqkv.ptr, dve.ptr, dz_ve.ptr, dq.ptr, dk.ptr, dv.ptr, qkv.ptr, rstd_q.ptr,
+                                       rstd_k.ptr, nullptr);
+                 });
+    check_family("attn_gates_backward with the VE gate reading ve",
+                 {kernel("attn_gates_backward",
+                         bytes(dz_attn) + bytes(dz_ve) + xa_cols + xa_cols + bytes(attn_gate) + bytes(ve_gate) +
+                             bytes(d_ids) + half_cols + half_cols + partials + ticket,
+                         xa_cols + half_cols + partials + bytes(d_attn_gate) + bytes(d_ve_gate) + ticket)},
+                 {inout(dxa), inout(dve), out(scratch.partials), out(d_attn_gate), out(d_ve_gate), inout(scratch.done)},
+                 [&] {
+                     attn_gates_backward(r80, dxa.ptr, dve.ptr, d_attn_gate.ptr, d_ve_gate.ptr, dz_attn.ptr, dz_ve.ptr,
+                                         scratch.view(), false, nullptr);
+                 },
+                 partials + bytes(d_attn_gate) + bytes(d_ve_gate));  // dxa's and dve's columns are updated in place
 }
 
 // ---- comms' kernels (the exchange itself: test_mpi_work_comms) ----
