@@ -544,13 +544,17 @@ __global__ void __launch_bounds__(kLossThreads)
     const int t = blockIdx.x;
     const CeConstants k = ce_constants(softcap);
     const __nv_bfloat16* row = logits + static_cast<int64_t>(t) * V;
-    float max = -INFINITY;  // the first pass leaves the row in cache for the second (load128, not streaming)
+    // The max of the unrounded A s is A s(max l): each step of the sigmoid (FMA, tanh, FMA) is monotone, so
+    // the first pass reads the logits without a tanh (the PTX ISA does not promise tanh.approx monotone; were
+    // it not, the max would move by an ulp of s, which only shifts the exps: lse is the same up to rounding).
+    // The pass leaves the row in cache for the second (load128, not streaming).
+    float max_logit = -INFINITY;
     for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
         const Pack128<__nv_bfloat16> l = load128(row + c);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) max = fmaxf(max, k.a * ce_sigmoid(k, __bfloat162float(l[j])));
+        for (int j = 0; j < 8; ++j) max_logit = fmaxf(max_logit, __bfloat162float(l[j]));
     }
-    max = block_reduce_max(max);
+    const float max = k.a * ce_sigmoid(k, block_reduce_max(max_logit));
     float sum = 0.0f;
     for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
         const Pack128<__nv_bfloat16> l = load128cs(row + c);
@@ -571,9 +575,9 @@ __global__ void __launch_bounds__(kLossThreads)
 }
 
 // Reads the logits twice (the second pass mostly from cache), the targets and weights, writes row_losses
-// and lse; per logit the sigmoid (2 FMAs, 2 multiplies, tanh) twice, the max, the rounding, exp and add.
+// and lse; per logit the max, the sigmoid (2 FMAs, 2 multiplies, tanh), the rounding, exp and add.
 inline Work ce_r80_loss_forward_work(int T, int V, int n_predict) {
-    return Work{.name = "ce_r80_loss_forward", .flops = 15.0 * T * V,
+    return Work{.name = "ce_r80_loss_forward", .flops = 10.0 * T * V,
                 .bytes_read = 4.0 * T * V + 4.0 * T + 4.0 * n_predict, .bytes_written = 8.0 * T};
 }
 // Record 80's training forward: row_losses (T), lse (T, for ce_r80_loss_backward_fp8), and *loss_total
@@ -625,9 +629,11 @@ __global__ void __launch_bounds__(kQuantThreads)
 }
 
 // dlogit = e5m2_satfinite(grad_scale (A/C) (1/grad_s) (S_w p - term2) s (1 - s)), multiplied left to right as
-// upstream, p = exp(A s - lse); S_w - term2 as one FMA (nvcc contracts upstream's term1 - term2; with no
-// target in the column it is S_w p rounded once). A target outside [0, V) matches no column (upstream's
-// backward would index out of bounds with one: its data has none).
+// upstream, p = exp(A s - lse); S_w p - term2 as one FMA: ptxas contracts upstream's `term1 = S_w * p` and
+// `term1 - term2` (checked: nvcc 13.0 --use_fast_math on that code gives FFMA.FTZ with -term2); with no
+// target in the column it is S_w p rounded once. A target outside [0, V) matches no column (upstream's
+// backward would index out of bounds with one: its data has none). Upstream's kernel flushes subnormals
+// (fast math) and this one does not: they can only arise where the e5m2 code is 0 either way.
 struct CeGradRow {
     float lse, s_w, scale;  // scale = grad_scale (A/C) (1/grad_s), the product's first three factors
     int target[kCeTargetTerms];

@@ -829,6 +829,16 @@ int bench_head(const bench::Options& o) {
         softcap_mtp_loss_backward_fp8(g_f8.ptr, g_f8_t.ptr, &scales.ptr->grad, logits.ptr, lse.ptr, d_targets.ptr,
                                       d_weights.ptr, p.n_predict, dloss.ptr, T, V, s);
     });
+    const double r80_grad_scale = 1.0 / (8 / p.ranks);  // record 80's 1 / grad_accum
+    DeviceBuffer<float> r80_scales(std::vector<float>{float(r80_grad_scale), lm_head_fp8_scales(r80_grad_scale).grad});
+    b.run("ce_r80_loss_forward", mtp, [&](cudaStream_t s) {
+        ce_r80_loss_forward(loss.ptr, false, rows.ptr, lse.ptr, logits.ptr, d_targets.ptr, d_weights.ptr, p.n_predict,
+                            T, V, s);
+    });
+    b.run("ce_r80_loss_backward_fp8", mtp, [&](cudaStream_t s) {
+        ce_r80_loss_backward_fp8(g_f8.ptr, g_f8_t.ptr, r80_scales.ptr, r80_scales.ptr + 1, logits.ptr, lse.ptr,
+                                 d_targets.ptr, d_weights.ptr, p.n_predict, T, V, s);
+    });
     b.run("softcap_eval_loss", bench::fmt("T=%d V=%d", T, V), [&](cudaStream_t s) {
         softcap_eval_loss(loss.ptr, false, 1.0f / T, rows.ptr, logits.ptr, d_targets.ptr, T, V, s);
     });
