@@ -1,6 +1,7 @@
 // The output head: FP8 quantization, the FP8 lm_head of training (forward and backward through
 // cuBLASLt), the bf16 lm_head of evaluation, and the softcapped losses: training's multi-token
-// prediction cross-entropy (forward, backward) and evaluation's mean cross-entropy.
+// prediction cross-entropy (forward, backward; record 71's, and record 80's at the end) and evaluation's
+// mean cross-entropy.
 //
 // Rounding points:
 // - Quantization is fp8(fp32(x) / s), one IEEE fp32 division then one round-to-nearest-even cast:
@@ -16,6 +17,7 @@
 //   (as upstream quantizes its bf16 grad), in the same pass that computes it.
 #pragma once
 #include "matmul.cuh"
+#include "ptx.cuh"
 
 #include <cstdint>
 #include <cstring>
@@ -490,4 +492,229 @@ inline void softcap_eval_loss(float* loss, bool accumulate, float scale, float* 
            logits, targets, V);
     CUDA_CHECK_LAUNCH();
     sum_fixed_order(loss, row_losses, T, scale, accumulate, stream);
+}
+
+// ---- record 80's cross-entropy (upstream's NVRTC ce_fwd_bwd_kernel, triton_kernels.py @2c702746) ----
+// Upstream computes the loss and the e5m2 logit gradient in one kernel in the forward; here they are a
+// forward (lse, row losses) and a backward fused with the e5m2 quantization of both layouts, as record
+// 71's are. What differs from record 71's kernels above, each point from upstream's kernel source:
+// - s = 0.5 + 0.5 tanh(0.5 u), u = fma(l, 1/C, B (1/C)), with the hardware tanh and reciprocal (the kernel
+//   is compiled with --use_fast_math; tanh_approx, __fdividef). s is rounded to bf16 and that value gives
+//   z = A s for the sum, the target's loss and the gradient; only the row's max uses the unrounded A s.
+// - lse = max + __logf(sum of __expf(z - max)).
+// - The gradient is scaled by grad_scale / grad_s in the kernel (upstream's backward ignores grad_output)
+//   and goes to e5m2 straight from fp32 (cvt.rn.satfinite): no bf16 rounding, no division by grad_s.
+// - S_w sums all n_predict weights, also k with t + k >= T (upstream's quirk: the last rows of a batch get
+//   a gradient normalizer that does not match their loss); the target terms use k < 3 only (upstream's
+//   loop bound), and t + k < T.
+// Evaluation keeps softcap_eval_loss: upstream's validation at 2c702746 does not call this kernel (in eval
+// mode the model runs the bf16 lm_head, 23 sigmoid((l + 5) / 7.5), .float(), F.cross_entropy per token,
+// and the loop takes .mean() per batch), which is record 71's computation.
+
+// z = height sigmoid((l + shift) / width): upstream's A, B, C, runtime kernel arguments there and here, so
+// the compiler forms 1/C with the approximate reciprocal at run time as upstream's kernel does.
+struct CeSoftcap {
+    float height, shift, width;
+};
+constexpr CeSoftcap kCeSoftcap{23.0f, 5.0f, 7.5f};
+constexpr int kCeTargetTerms = 3;  // upstream's term2 loop: `for (int k = 0; k < 3; k++)`
+
+struct CeConstants {
+    float a, inv_c, b_div_c;
+};
+__device__ __forceinline__ CeConstants ce_constants(CeSoftcap p) {
+    // upstream's fast-math 1 / C is rcp.approx.ftz.f32; div.approx of 1 by C is that reciprocal times 1
+    const float inv_c = __fdividef(1.0f, p.width);
+    return {p.height, inv_c, p.shift * inv_c};
+}
+// sigmoid(u) = 0.5 + 0.5 tanh(u / 2), u = fma(l, 1/C, B/C), in fp32 before any rounding.
+__device__ __forceinline__ float ce_sigmoid(const CeConstants& k, float l) {
+    return fmaf(tanh_approx(0.5f * fmaf(l, k.inv_c, k.b_div_c)), 0.5f, 0.5f);
+}
+// The bf16 value of ce_sigmoid that the sum, the loss and the gradient use.
+__device__ __forceinline__ float ce_sigmoid_bf16(const CeConstants& k, float l) {
+    return __bfloat162float(__float2bfloat16(ce_sigmoid(k, l)));
+}
+
+// Row t: lse = max + log sum_v exp(A s_v - max), max over the unrounded A s; loss_t = sum over k <
+// n_predict with t + k < T and 0 <= target[t+k] < V of w_k (lse - A s[target[t+k]]), FMAs in k order.
+__global__ void __launch_bounds__(kLossThreads)
+    ce_r80_loss_forward_kernel(float* row_losses, float* lse_out, const __nv_bfloat16* logits, const int* targets,
+                               const float* mtp_weights, int n_predict, int T, int V, CeSoftcap softcap) {
+    const int t = blockIdx.x;
+    const CeConstants k = ce_constants(softcap);
+    const __nv_bfloat16* row = logits + static_cast<int64_t>(t) * V;
+    // The max of the unrounded A s is A s(max l): each step of the sigmoid (FMA, tanh, FMA) is monotone, so
+    // the first pass reads the logits without a tanh (the PTX ISA does not promise tanh.approx monotone; were
+    // it not, the max would move by an ulp of s, which only shifts the exps: lse is the same up to rounding).
+    // The pass leaves the row in cache for the second (load128, not streaming).
+    float max_logit = -INFINITY;
+    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
+        const Pack128<__nv_bfloat16> l = load128(row + c);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) max_logit = fmaxf(max_logit, __bfloat162float(l[j]));
+    }
+    const float max = k.a * ce_sigmoid(k, block_reduce_max(max_logit));
+    float sum = 0.0f;
+    for (int c = threadIdx.x * 8; c < V; c += blockDim.x * 8) {
+        const Pack128<__nv_bfloat16> l = load128cs(row + c);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) sum += __expf(k.a * ce_sigmoid_bf16(k, __bfloat162float(l[j])) - max);
+    }
+    sum = block_reduce_sum(sum);
+    if (threadIdx.x != 0) return;
+    const float lse = max + __logf(sum);
+    float loss = 0.0f;
+    for (int i = 0; i < n_predict && t + i < T; ++i) {
+        const int target = targets[t + i];
+        if (target >= 0 && target < V)
+            loss = fmaf(mtp_weights[i], lse - k.a * ce_sigmoid_bf16(k, __bfloat162float(row[target])), loss);
+    }
+    row_losses[t] = loss;
+    lse_out[t] = lse;
+}
+
+// Reads the logits twice (the second pass mostly from cache), the targets and weights, writes row_losses
+// and lse; per logit the max, the sigmoid (2 FMAs, 2 multiplies, tanh), the rounding, exp and add.
+inline Work ce_r80_loss_forward_work(int T, int V, int n_predict) {
+    return Work{.name = "ce_r80_loss_forward", .flops = 10.0 * T * V,
+                .bytes_read = 4.0 * T * V + 4.0 * T + 4.0 * n_predict, .bytes_written = 8.0 * T};
+}
+// Record 80's training forward: row_losses (T), lse (T, for ce_r80_loss_backward_fp8), and *loss_total
+// (+)= sum of the rows (fixed order). targets (T) int32; mtp_weights (n_predict) fp32, both in device memory.
+inline void ce_r80_loss_forward(float* loss_total, bool accumulate_total, float* row_losses, float* lse,
+                                const __nv_bfloat16* logits, const int* targets, const float* mtp_weights,
+                                int n_predict, int T, int V, cudaStream_t stream) {
+    require_shape(mtp_shape_error(T, V, logits, n_predict), "ce_r80_loss_forward");
+    launch(ce_r80_loss_forward_work(T, V, n_predict), ce_r80_loss_forward_kernel, dim3(T), dim3(kLossThreads), 0,
+           stream, row_losses, lse, logits, targets, mtp_weights, n_predict, T, V, kCeSoftcap);
+    CUDA_CHECK_LAUNCH();
+    sum_fixed_order(loss_total, row_losses, T, 1.0f, accumulate_total, stream);
+}
+
+// out (rows, cols) and out_t (cols, rows): fp8 codes that `src` computes, 16 consecutive codes of a row at
+// a time (4 words, the lowest byte first), through quantize_fp8_two_layouts_kernel's 64x64 tile.
+template <class Source>
+__global__ void __launch_bounds__(kQuantThreads)
+    fp8_codes_two_layouts_kernel(unsigned char* out, unsigned char* out_t, Source src, int rows, int cols) {
+    __shared__ uint32_t tile[kQuantTile][kQuantTile / 4 + 1];  // bytes [r][c]; the extra word spreads banks
+    const int r0 = blockIdx.y * kQuantTile, c0 = blockIdx.x * kQuantTile;
+    for (int i = threadIdx.x; i < kQuantTile * kQuantTile / 16; i += blockDim.x) {
+        const int rr = i / (kQuantTile / 16), cc = (i % (kQuantTile / 16)) * 16;
+        const int r = r0 + rr, c = c0 + cc;
+        if (r >= rows || c >= cols) continue;
+        uint32_t w[4];
+        src.codes16(w, r, c);
+#pragma unroll
+        for (int q = 0; q < 4; ++q) tile[rr][cc / 4 + q] = w[q];
+        *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * cols + c) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    __syncthreads();
+    // out_t row c holds column c of the tile: each thread writes 16 consecutive rows of one column
+    for (int i = threadIdx.x; i < kQuantTile * kQuantTile / 16; i += blockDim.x) {
+        const int cc = i / (kQuantTile / 16), rr = (i % (kQuantTile / 16)) * 16;
+        const int r = r0 + rr, c = c0 + cc;
+        if (r >= rows || c >= cols) continue;
+        const int shift = 8 * (cc % 4);
+        uint32_t w[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            uint32_t word = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) word |= ((tile[rr + 4 * q + k][cc / 4] >> shift) & 0xFFu) << (8 * k);
+            w[q] = word;
+        }
+        *reinterpret_cast<uint4*>(out_t + static_cast<int64_t>(c) * rows + r) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+// dlogit = e5m2_satfinite(grad_scale (A/C) (1/grad_s) (S_w p - term2) s (1 - s)), multiplied left to right as
+// upstream, p = exp(A s - lse); S_w p - term2 as one FMA: ptxas contracts upstream's `term1 = S_w * p` and
+// `term1 - term2` (checked: nvcc 13.0 --use_fast_math on that code gives FFMA.FTZ with -term2); with no
+// target in the column it is S_w p rounded once. A target outside [0, V) matches no column (upstream's
+// backward would index out of bounds with one: its data has none). Upstream's kernel flushes subnormals
+// (fast math) and this one does not: they can only arise where the e5m2 code is 0 either way.
+struct CeGradRow {
+    float lse, s_w, scale;  // scale = grad_scale (A/C) (1/grad_s), the product's first three factors
+    int target[kCeTargetTerms];
+    float weight[kCeTargetTerms];
+};
+__device__ __forceinline__ CeGradRow ce_grad_row(const CeConstants& k, const float* lse, const int* targets,
+                                                 const float* mtp_weights, int n_predict, float grad_scale,
+                                                 float grad_s, int t, int T) {
+    CeGradRow row;
+    row.lse = lse[t];
+    row.s_w = 0.0f;
+    for (int i = 0; i < n_predict; ++i) row.s_w += mtp_weights[i];  // all k: upstream's quirk
+    row.scale = grad_scale * (k.inv_c * k.a) * __fdividef(1.0f, grad_s);
+#pragma unroll
+    for (int i = 0; i < kCeTargetTerms; ++i) {
+        const bool used = i < n_predict && t + i < T;
+        row.target[i] = used ? targets[t + i] : -1;
+        row.weight[i] = used ? mtp_weights[i] : 0.0f;
+    }
+    return row;
+}
+// The e5m2 codes of the row's 8 logits l at columns [c, c + 8), packed 4 to a word, the lowest byte first.
+__device__ __forceinline__ uint2 ce_dlogit_codes8(const CeConstants& k, const CeGradRow& row,
+                                                  const Pack128<__nv_bfloat16>& l, int c) {
+    float term2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < kCeTargetTerms; ++i) {
+        const unsigned offset = static_cast<unsigned>(row.target[i]) - static_cast<unsigned>(c);  // < 8: in this pack
+        if (offset < 8u) term2[offset] += row.weight[i];
+    }
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const float s = ce_sigmoid_bf16(k, __bfloat162float(l[j]));
+        const float p = __expf(k.a * s - row.lse);
+        const float g = row.scale * fmaf(row.s_w, p, -term2[j]) * s * (1.0f - s);
+        w[j / 4] |= static_cast<uint32_t>(fp8_code_from_float<__nv_fp8_e5m2, Fp8Overflow::saturate>(g)) << (8 * (j % 4));
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+// The source of the fused backward: the e5m2 codes of 16 dlogits, computed from the logits.
+struct CeDlogitCodes {
+    const __nv_bfloat16* logits;
+    const float *lse, *mtp_weights, *grad_scale, *grad_s;
+    const int* targets;
+    CeSoftcap softcap;
+    int n_predict, T, V;
+    __device__ __forceinline__ void codes16(uint32_t (&w)[4], int t, int c) const {
+        const CeConstants k = ce_constants(softcap);
+        const CeGradRow row = ce_grad_row(k, lse, targets, mtp_weights, n_predict, *grad_scale, *grad_s, t, T);
+        const __nv_bfloat16* l = logits + static_cast<int64_t>(t) * V + c;
+        const uint2 lo = ce_dlogit_codes8(k, row, load128cs(l), c), hi = ce_dlogit_codes8(k, row, load128cs(l + 8), c + 8);
+        w[0] = lo.x;
+        w[1] = lo.y;
+        w[2] = hi.x;
+        w[3] = hi.y;
+    }
+};
+// floats have no unique object representation, so the padding check is by size (emu reads every word)
+static_assert(sizeof(CeDlogitCodes) == 6 * sizeof(void*) + sizeof(CeSoftcap) + 3 * sizeof(int),
+              "CeDlogitCodes: a kernel argument with padding");
+
+// Reads the logits, lse, targets, weights and both scales, writes both e5m2 layouts; per logit the
+// sigmoid, its rounding, exp, the FMA and four multiplies.
+inline Work ce_r80_loss_backward_fp8_work(int T, int V, int n_predict) {
+    return Work{.name = "ce_r80_loss_backward_fp8", .flops = 13.0 * T * V,
+                .bytes_read = 2.0 * T * V + 8.0 * T + 4.0 * n_predict + 8, .bytes_written = 2.0 * T * V};
+}
+// Record 80's training backward, fused with the lm_head's gradient quantization: g_f8 (T, V) = the e5m2
+// dlogits above and g_f8_t (V, T) its transpose, for lm_head_fp8_backward, which rescales by grad_s.
+// grad_scale: the loss's scale in the objective (upstream bakes it in and ignores grad_output);
+// grad_s: the dlogits' fp8 scale (lm_head_fp8_scales(grad_scale).grad); both device scalars.
+inline void ce_r80_loss_backward_fp8(__nv_fp8_e5m2* g_f8, __nv_fp8_e5m2* g_f8_t, const float* grad_scale,
+                                     const float* grad_s, const __nv_bfloat16* logits, const float* lse,
+                                     const int* targets, const float* mtp_weights, int n_predict, int T, int V,
+                                     cudaStream_t stream) {
+    require_shape(mtp_fp8_shape_error(T, V, n_predict, logits, g_f8, g_f8_t), "ce_r80_loss_backward_fp8");
+    const CeDlogitCodes src{logits, lse, mtp_weights, grad_scale, grad_s, targets, kCeSoftcap, n_predict, T, V};
+    launch(ce_r80_loss_backward_fp8_work(T, V, n_predict), fp8_codes_two_layouts_kernel<CeDlogitCodes>,
+           quantize_fp8_grid(T, V), dim3(kQuantThreads), 0, stream, reinterpret_cast<unsigned char*>(g_f8),
+           reinterpret_cast<unsigned char*>(g_f8_t), src, T, V);
+    CUDA_CHECK_LAUNCH();
 }

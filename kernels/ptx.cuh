@@ -20,6 +20,11 @@
 #include <cstdio>
 #include <cstdlib>
 
+// tanh(x) by the hardware's approximation, tanh.approx.f32 (sm_75+; what nvcc's --use_fast_math makes
+// of tanhf, so what record 80's NVRTC cross-entropy kernel computes): maximum relative error about
+// 2^-11 (PTX ISA). emu's twin is the accurate std::tanh, so CPU and GPU builds differ by up to that.
+__device__ __forceinline__ float tanh_approx(float x);
+
 // D = A @ B + C on one 16x16x16 tile: bf16 inputs, fp32 accumulation.
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                                   const float (&c)[4]);
@@ -204,6 +209,12 @@ CUtensorMap encode_tensor_map(const void* base, const uint64_t (&dims)[R], const
 }
 
 #ifdef __CUDACC__
+
+__device__ __forceinline__ float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                                   const float (&c)[4]) {

@@ -3,7 +3,8 @@
 // the exact (dequantized) operands, the softcapped multi-token-prediction loss forward/backward
 // and the eval loss against double-precision loops, a finite-difference check of the loss
 // backward, and the fused e5m2 loss backward against the bf16 backward then the quantization, byte
-// for byte.
+// for byte; record 80's cross-entropy (forward, fused e5m2 backward) against a double-precision
+// reference, codes equal except within the kernels' error of an e5m2 rounding boundary.
 #include "../../kernels/head.cuh"
 #include "../bench_util.h"
 #include "../device_util.h"
@@ -583,6 +584,189 @@ void test_eval_loss(int T, int V) {
                 "eval loss mean over two calls%s: got %.9g want %.9g", what.c_str(), got2, mean);
 }
 
+// ============================ record 80's cross-entropy ============================
+// The reference, in double from the kernel's fp32 inputs: u = fma(l, 1/C, B/C) in fp32 (std::fmaf, the
+// kernel's own rounding), s = 0.5 + 0.5 tanh(u / 2) with the accurate tanh, rounded to bf16 for z = 23 s;
+// lse = log sum exp(z); the loss and the gradient as ce_r80_loss_forward/_backward_fp8 state them.
+// How far the kernel's s (before its bf16 rounding) may be from the reference's: the GPU's tanh.approx is
+// within 2^-10.987 relative of tanh (PTX ISA), so s within 2^-11.987 |tanh|; emu's twin is the accurate
+// tanh (a few fp32 ulps). Both add the fp32 roundings of the FMA (2^-24 of s).
+#ifdef __CUDACC__
+constexpr double kCeTanhRelError = 5.0e-4;  // above 2^-10.987 = 4.93e-4
+#else
+constexpr double kCeTanhRelError = 0x1p-21;
+#endif
+struct CeSigmoidRef {
+    double s_raw, s;  // before and after the bf16 rounding
+    bool near_tie;    // s_raw within the kernel's error of a bf16 rounding boundary: its s may round either way
+};
+CeSigmoidRef ce_sigmoid_ref(double logit) {
+    const float inv_c = 1.0f / 7.5f, b_div_c = 5.0f * inv_c;
+    const double th = std::tanh(0.5 * double(std::fmaf(float(logit), inv_c, b_div_c)));
+    const double s_raw = 0.5 + 0.5 * th;
+    int e;
+    std::frexp(s_raw, &e);  // s_raw in [2^(e-1), 2^e): bf16 steps of 2^(e-8)
+    const double step = std::ldexp(1.0, e - 8), frac = s_raw / step - std::floor(s_raw / step);
+    const double error = 0.5 * std::fabs(th) * kCeTanhRelError + 0x1p-23 * s_raw;
+    return {s_raw, test::round_bf16(s_raw), std::fabs(frac - 0.5) * step <= error};
+}
+
+// Logits like random_logits (a few large ones per row), each redrawn until its s is clear of a bf16
+// rounding boundary by the kernel's error (ce_sigmoid_ref), so the kernel's bf16 s is the reference's.
+std::vector<bf16> ce_logits(int T, int V) {
+    auto l = random_logits(T, V);
+    size_t redrawn = 0;
+    for (auto& x : l)
+        for (int tries = 0; ce_sigmoid_ref(value(x)).near_tie; ++tries, ++redrawn) {
+            if (tries == 1000) {
+                test::check(false, "ce_logits: no logit clear of a bf16 tie near %g", value(x));
+                break;
+            }
+            x = to_bf16(value(x) + test::uniform(-1.0, 1.0));
+        }
+    test::check(redrawn < l.size() / 2, "ce_logits: %zu of %zu logits redrawn", redrawn, l.size());
+    return l;
+}
+
+struct CeRef {
+    std::vector<double> lse, loss;
+    std::vector<double> dlogit, tol;  // the gradient before the e5m2 rounding, and its error bound
+};
+CeRef ce_r80_ref(const std::vector<bf16>& logits, const std::vector<int>& targets, const std::vector<float>& weights,
+                 float grad_scale, float grad_s, int T, int V) {
+    const int n = static_cast<int>(weights.size());
+    CeRef r;
+    r.lse.resize(T);
+    r.loss.resize(T);
+    r.dlogit.resize(size_t(T) * V);
+    r.tol.resize(size_t(T) * V);
+    // the scale's three factors as the kernel multiplies them (fp32); on the GPU its reciprocals are the
+    // approximate ones (within 2 ulps, PTX ISA div.approx), which the tolerance allows
+    const float inv_c = 1.0f / 7.5f, scale = grad_scale * (inv_c * 23.0f) * (1.0f / grad_s);
+    double s_w = 0.0;
+    for (float w : weights) s_w += w;  // every weight, also where t + k >= T
+    std::vector<double> s(V);
+    for (int t = 0; t < T; ++t) {
+        double sum = 0.0;
+        for (int v = 0; v < V; ++v) {
+            s[v] = ce_sigmoid_ref(value(logits[size_t(t) * V + v])).s;
+            sum += std::exp(23.0 * s[v]);
+        }
+        const double lse = r.lse[t] = std::log(sum);
+        double loss = 0.0;
+        for (int k = 0; k < n && t + k < T; ++k)
+            if (targets[t + k] >= 0 && targets[t + k] < V) loss += weights[k] * (lse - 23.0 * s[targets[t + k]]);
+        r.loss[t] = loss;
+        for (int v = 0; v < V; ++v) {
+            double term2 = 0.0;
+            for (int k = 0; k < std::min(n, 3) && t + k < T; ++k)  // upstream's term2 loop: k < 3
+                if (targets[t + k] == v) term2 += weights[k];
+            const double p = std::exp(23.0 * s[v] - lse), factor = scale * s[v] * (1.0 - s[v]);
+            const size_t e = size_t(t) * V + v;
+            r.dlogit[e] = factor * (s_w * p - term2);
+            // p: the kernel's lse (an fp32 sum of V fast exps, __logf) and its fp32 z - lse and __expf,
+            // within 1e-5 relative; the difference and the four multiplies and the scale's roundings: 2^-20.
+            r.tol[e] = factor * s_w * p * 1e-5 + std::fabs(r.dlogit[e]) * 0x1p-20 + 1e-30;
+        }
+    }
+    return r;
+}
+
+// Byte i of the kernel's e5m2 dlogits against the reference: equal, or where [want - tol, want + tol] spans
+// an e5m2 rounding boundary, either code of that interval. Counts the ambiguous and the wrong bytes.
+struct CeCodeCheck {
+    size_t ambiguous = 0, bad = 0, first_bad = SIZE_MAX;
+    void add(size_t i, unsigned char got, double want, double tol) {
+        const unsigned lo = kRefE5M2.encode(float(want - tol), true), hi = kRefE5M2.encode(float(want + tol), true);
+        bool ok = got == lo;
+        if (lo != hi) {
+            ++ambiguous;
+            const double g = kRefE5M2.decode(got);
+            ok = g >= kRefE5M2.decode(lo) && g <= kRefE5M2.decode(hi);
+        }
+        if (!ok && bad++ == 0) first_bad = i;
+    }
+};
+
+// Record 80's forward and fused e5m2 backward against ce_r80_ref on fresh logits; targets: every third
+// one repeats the previous (term2 with two or three weights on a column), some point at the row's largest
+// logit (large target gradients, cancellation in S_w p - term2), and with `invalid_targets` some outside
+// [0, V) (the loss skips them, no column matches).
+void test_ce_r80(int T, int V, const std::vector<float>& weights, bool invalid_targets, double grad_scale) {
+    std::string what = " T " + std::to_string(T) + " V " + std::to_string(V) + " weights {";
+    for (float w : weights) what += std::to_string(w).substr(0, 5) + " ";
+    what += "} grad_scale " + std::to_string(grad_scale).substr(0, 5) + (invalid_targets ? " with invalid targets" : "");
+    const int n_predict = static_cast<int>(weights.size());
+    const auto logits = ce_logits(T, V);
+    std::vector<int> targets(T);
+    for (auto& t : targets) t = test::randint(0, V - 1);
+    for (int t = 1; t < T; t += 2) {  // the row t - 1's largest logit: its k = 1 target
+        int best = 0;
+        for (int v = 1; v < V; ++v)
+            if (value(logits[size_t(t - 1) * V + v]) > value(logits[size_t(t - 1) * V + best])) best = v;
+        targets[t] = best;
+    }
+    for (int t = 2; t < T; t += 3) targets[t] = targets[t - 1];
+    if (invalid_targets)
+        for (int t = 0; t < T; t += 5) targets[t] = test::randint(0, 1) ? -1 : V + test::randint(0, 100);
+    const float grad_scale_f = static_cast<float>(grad_scale), grad_s = lm_head_fp8_scales(grad_scale).grad;
+    const CeRef ref = ce_r80_ref(logits, targets, weights, grad_scale_f, grad_s, T, V);
+
+    DeviceBuffer<bf16> d_logits(logits);
+    DeviceBuffer<int> d_targets(targets);
+    DeviceBuffer<float> d_weights(weights), d_losses(T), d_lse(T), d_total(std::vector<float>{1.5f}),
+        d_grad_scale(std::vector<float>{grad_scale_f}), d_grad_s(std::vector<float>{grad_s});
+    double total = 0.0, total_mag = 0.0;
+    for (double x : ref.loss) {
+        total += x;
+        total_mag += std::fabs(x);
+    }
+    for (bool accumulate : {true, false}) {
+        ce_r80_loss_forward(d_total.ptr, accumulate, d_losses.ptr, d_lse.ptr, d_logits.ptr, d_targets.ptr,
+                            d_weights.ptr, n_predict, T, V, nullptr);
+        // lse: an fp32 sum of V exps (about 20 roundings deep: 1.2e-6 relative), __logf (2^-21.4 absolute
+        // on the GPU) and the final add (half an ulp, 1e-6 at 24): 4e-6; the loss: that times sum w
+        test::check_close("r80 ce forward lse" + what, d_lse.download().data(), ref.lse.data(), T, 4e-6, 2e-7);
+        test::check_close("r80 ce forward rows" + what, d_losses.download().data(), ref.loss.data(), T, 8e-6, 4e-7);
+        const double got = d_total.download()[0], want = total + (accumulate ? 1.5 : 0.0);
+        test::check(std::fabs(got - want) <= 1e-6 * (total_mag + 1.5) + 1e-5, "r80 ce total%s%s: got %.9g want %.9g",
+                    what.c_str(), accumulate ? " (accumulate)" : "", got, want);
+    }
+    if (T % 16 != 0 || V % 16 != 0) return;  // the fp8 layouts' shape rules
+
+    DeviceBuffer<e5m2> g(size_t(T) * V), g_t(size_t(T) * V);
+    ce_r80_loss_backward_fp8(g.ptr, g_t.ptr, d_grad_scale.ptr, d_grad_s.ptr, d_logits.ptr, d_lse.ptr, d_targets.ptr,
+                             d_weights.ptr, n_predict, T, V, nullptr);
+    const auto codes = bytes_of(g.download()), codes_t = bytes_of(g_t.download());
+    // the last n_predict - 1 rows separately: their S_w counts weights whose targets lie past T
+    const int last = std::max(T - (n_predict - 1), 0);
+    CeCodeCheck body, tail;
+    size_t nonzero = 0, transposed_bad = 0;
+    for (int t = 0; t < T; ++t)
+        for (int v = 0; v < V; ++v) {
+            const size_t e = size_t(t) * V + v;
+            (t < last ? body : tail).add(e, codes[e], ref.dlogit[e], ref.tol[e]);
+            nonzero += (codes[e] & 0x7Fu) != 0;
+            transposed_bad += codes_t[size_t(v) * T + t] != codes[e];
+        }
+    const auto report = [&](const CeCodeCheck& c, const char* rows) {
+        const size_t i = c.first_bad == SIZE_MAX ? 0 : c.first_bad;
+        test::check(c.bad == 0,
+                    "r80 ce e5m2 dlogits%s, %s: %zu codes wrong (%zu ambiguous); first [%zu][%zu] got %g want %.9g +- %.3g",
+                    what.c_str(), rows, c.bad, c.ambiguous, i / V, i % V, kRefE5M2.decode(codes[i]), ref.dlogit[i],
+                    ref.tol[i]);
+    };
+    report(body, "rows with every target");
+    report(tail, "the last rows (S_w over all k)");
+    test::check(body.ambiguous + tail.ambiguous <= codes.size() / 50,
+                "r80 ce e5m2 dlogits%s: %zu of %zu codes within tolerance of a rounding boundary", what.c_str(),
+                body.ambiguous + tail.ambiguous, codes.size());
+    test::check(nonzero > codes.size() / 2, "r80 ce e5m2 dlogits%s: only %zu of %zu codes nonzero", what.c_str(),
+                nonzero, codes.size());
+    test::check(transposed_bad == 0, "r80 ce e5m2 dlogits%s: %zu bytes of g_f8_t differ from g_f8 transposed",
+                what.c_str(), transposed_bad);
+}
+
 void test_shape_rules() {
     test::check(lm_head_shape_error(64, 768, 50304).empty() && !lm_head_shape_error(40, 768, 50304).empty() &&
                     !lm_head_shape_error(64, 100, 50304).empty() && !lm_head_shape_error(64, 768, 50257).empty(),
@@ -603,6 +787,26 @@ void test_shape_rules() {
                     !mtp_fp8_shape_error(64, 1024, 3, p, reinterpret_cast<char*>(p) + 8, p).empty(),
                 "fused fp8 loss backward shape rules (T and V multiples of 16, 1..%d weights, aligned buffers)",
                 kMaxMtpWeights);
+}
+
+// Record 80's launchers refuse bad shapes naming themselves: V not a multiple of 16 for the e5m2 layouts,
+// n_predict outside 1..kMaxMtpWeights, V not a multiple of 8 for the forward.
+void test_ce_r80_shape_errors() {
+    DeviceBuffer<bf16> logits(size_t(32) * 1008);
+    DeviceBuffer<e5m2> g(size_t(32) * 1008), g_t(size_t(32) * 1008);
+    DeviceBuffer<float> f(32);
+    DeviceBuffer<int> targets(32);
+    test::check_fails_with("ce_r80_loss_backward_fp8 V 1000", "ce_r80_loss_backward_fp8", [&] {
+        ce_r80_loss_backward_fp8(g.ptr, g_t.ptr, f.ptr, f.ptr, logits.ptr, f.ptr, targets.ptr, f.ptr, 1, 32, 1000,
+                                 nullptr);
+    });
+    test::check_fails_with("ce_r80_loss_backward_fp8 n_predict 0", "n_predict 0", [&] {
+        ce_r80_loss_backward_fp8(g.ptr, g_t.ptr, f.ptr, f.ptr, logits.ptr, f.ptr, targets.ptr, f.ptr, 0, 32, 1008,
+                                 nullptr);
+    });
+    test::check_fails_with("ce_r80_loss_forward V 1004", "ce_r80_loss_forward", [&] {
+        ce_r80_loss_forward(f.ptr, false, f.ptr, f.ptr, logits.ptr, targets.ptr, f.ptr, 1, 32, 1004, nullptr);
+    });
 }
 
 // ---- benchmark: the head of one training micro-step and of an eval batch ----
@@ -647,6 +851,16 @@ int bench_head(const bench::Options& o) {
         softcap_mtp_loss_backward_fp8(g_f8.ptr, g_f8_t.ptr, &scales.ptr->grad, logits.ptr, lse.ptr, d_targets.ptr,
                                       d_weights.ptr, p.n_predict, dloss.ptr, T, V, s);
     });
+    const double r80_grad_scale = 1.0 / (8 / p.ranks);  // record 80's 1 / grad_accum
+    DeviceBuffer<float> r80_scales(std::vector<float>{float(r80_grad_scale), lm_head_fp8_scales(r80_grad_scale).grad});
+    b.run("ce_r80_loss_forward", mtp, [&](cudaStream_t s) {
+        ce_r80_loss_forward(loss.ptr, false, rows.ptr, lse.ptr, logits.ptr, d_targets.ptr, d_weights.ptr, p.n_predict,
+                            T, V, s);
+    });
+    b.run("ce_r80_loss_backward_fp8", mtp, [&](cudaStream_t s) {
+        ce_r80_loss_backward_fp8(g_f8.ptr, g_f8_t.ptr, r80_scales.ptr, r80_scales.ptr + 1, logits.ptr, lse.ptr,
+                                 d_targets.ptr, d_weights.ptr, p.n_predict, T, V, s);
+    });
     b.run("softcap_eval_loss", bench::fmt("T=%d V=%d", T, V), [&](cudaStream_t s) {
         softcap_eval_loss(loss.ptr, false, 1.0f / T, rows.ptr, logits.ptr, d_targets.ptr, T, V, s);
     });
@@ -675,6 +889,16 @@ int main(int argc, char** argv) {
     test_mtp_loss(3, 24, {1.0f, 0.5f, 0.25f}, false, 1.0f);  // every row near the end
     test_mtp_loss_finite_differences(6, 16, {1.0f, 0.5f, 0.25f});
     test_mtp_loss_finite_differences(5, 24, {0.8f, 0.3f});
+
+    // record 80: r80's grad scale (1 / grad_accum), stage weights, n_predict 1..4 (term2's k < 3 at 4),
+    // ragged tiles (208 = 3 * 64 + 16; T below a tile), the real vocabulary, and forward-only shapes
+    test_ce_r80(64, 1024, {1.0f, 0.5f, 0.25f}, false, 1.0);
+    test_ce_r80(48, 208, {1.0f, 0.5f}, true, 0.125);
+    test_ce_r80(32, 96, {1.0f}, false, 0.5);
+    test_ce_r80(32, 160, {0.8f, 0.3f, 0.1f, 0.05f}, true, 1.0);
+    test_ce_r80(16, 50304, {1.0f, 0.5f, 0.0f}, false, 1.0);
+    test_ce_r80(7, 40, {1.0f, 0.5f, 0.25f}, true, 1.0);
+    test_ce_r80_shape_errors();
 
     test_eval_loss(64, 1024);
     test_eval_loss(16, 50304);
