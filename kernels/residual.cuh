@@ -530,7 +530,7 @@ inline void backout_backward(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float
 //   where ha' (the next attention input) is fused unless the next layer is 6 (its skip add fuses the norm),
 //   or reads h7 (after layers 8, 9), or there is none (after layer 10: backout_forward).
 // Backward: sublayer_residual_backward per sublayer in reverse, dh = the gradient of the norm it fused
-// (at layer 7's MLP, the sum of layers 8-10's attention-input gradients); layer 6:
+// (at layer 7's MLP, NormGrads{dh8, dh9, dh10}: layers 8-10's attention-input gradients); layer 6:
 // residual_add_backward (its norm), then gated_skip_add_backward; before layer 0: stream_start_backward.
 
 // Which of x0 and the bigram embedding a sublayer update adds (scaled by their lambdas).
@@ -614,6 +614,29 @@ inline void sublayer_residual_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, fl
     CUDA_CHECK_LAUNCH();
 }
 
+// The gradients of the norms the blocks read from a sublayer's output (nullptr: none): one, or for h7
+// (layer 7's output) the three attention inputs of layers 8-10, each norm(h7). Their norm backwards are
+// linear in dh, so the kernel sums them in fp32 as one: rstd*sum(dh) - x*rstd^3*dot(sum(dh), x)/C.
+struct NormGrads {
+    static constexpr int kMax = 3;
+    const __nv_bfloat16* dh[kMax];
+    int count() const {
+        int n = 0;
+        for (const __nv_bfloat16* p : dh) n += p != nullptr;
+        return n;
+    }
+};
+static_assert(std::has_unique_object_representations_v<NormGrads>, "NormGrads: a kernel argument with padding");
+// sum_j dot(dh_j, x) * rstd^3 / C over the given dh_j, each dot in fp32.
+__device__ __forceinline__ float norm_grads_coeff(const NormGrads& g, size_t off, const __nv_bfloat16* x, float rstd,
+                                                  int C, int lane) {
+    const NormRow xr = norm_row_load(x + off, C, lane);
+    float q = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NormGrads::kMax; ++j)
+        if (g.dh[j]) q += norm_row_grad_coeff(norm_row_load(g.dh[j] + off, C, lane), xr, rstd, C);
+    return q;
+}
 // How sublayer_residual_backward meets its sublayer and its outputs (write them with designators).
 struct SublayerBackwardOptions {
     Injection injection;           // as in the forward
@@ -621,12 +644,13 @@ struct SublayerBackwardOptions {
     bool accumulate_x0_grads;      // add into dx0 and dx0_bigram (every injection but the first the backward meets)
     bool accumulate_lambda_grads;  // add into the lambda gradients (every micro-step but the first)
 };
-// gm = g + rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32; gm = g without dh); dx (+)= r*gm, dy = p*gm,
+// gm = g + rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32, dh the sum of the NormGrads; gm = g without
+// any); dx (+)= r*gm, dy = p*gm,
 // dx0 (+)= lx0*gm, dxb (+)= lb*gm (lambdas in bf16); partial sums of gm*x, gm*y, gm*x0, gm*xb.
 __global__ void __launch_bounds__(kNormThreads, 3)
     sublayer_residual_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dy, __nv_bfloat16* dx0,
                                       __nv_bfloat16* dx0_bigram, LastBlockSum sum, const __nv_bfloat16* g,
-                                      const __nv_bfloat16* dh, const __nv_bfloat16* x_out, const float* h_rstd,
+                                      NormGrads dh, const __nv_bfloat16* x_out, const float* h_rstd,
                                       const __nv_bfloat16* x, const __nv_bfloat16* y, const __nv_bfloat16* x0,
                                       const __nv_bfloat16* x0_bigram, SublayerLambdas lambdas, Injection injection,
                                       bool accumulate_dx, bool accumulate_x0_grads, int T, int C) {
@@ -634,19 +658,27 @@ __global__ void __launch_bounds__(kNormThreads, 3)
     const bool with_x0 = injection != Injection::none, with_bigram = injection == Injection::x0_and_bigram;
     const float r = bf16_lambda(lambdas.resid), p = bf16_lambda(lambdas.post);
     const float l = with_x0 ? bf16_lambda(lambdas.x0) : 0.0f, b = with_bigram ? bf16_lambda(lambdas.bigram) : 0.0f;
+    const bool norm = dh.dh[0] || dh.dh[1] || dh.dh[2];
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // gm*x, gm*y, gm*x0, gm*xb
     for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
         const size_t off = static_cast<size_t>(row) * C;
-        const float rstd = dh ? h_rstd[row] : 0.0f;
-        const float q = dh ? norm_row_grad_coeff(dh + off, x_out + off, rstd, C, lane) : 0.0f;
+        const float rstd = norm ? h_rstd[row] : 0.0f;
+        const float q = norm ? norm_grads_coeff(dh, off, x_out, rstd, C, lane) : 0.0f;
 #pragma unroll 1
         for (int i = 0; i < kNormPacksPerLane; ++i) {
             const int col = norm_row_col(i, lane);
             if (col >= C) break;
             const size_t at = off + col;
             const Pack128<__nv_bfloat16> gv = load128(g + at), xv = load128(x + at), yv = load128(y + at);
-            const Pack128<__nv_bfloat16> dhv = dh ? load128(dh + at) : Pack128<__nv_bfloat16>{};
-            const Pack128<__nv_bfloat16> xov = dh ? load128(x_out + at) : Pack128<__nv_bfloat16>{};
+            float dhs[kNormPackWidth] = {};  // the sum of the norms' gradients, in fp32
+#pragma unroll
+            for (int j = 0; j < NormGrads::kMax; ++j) {
+                if (!dh.dh[j]) continue;
+                const Pack128<__nv_bfloat16> dhv = load128(dh.dh[j] + at);
+#pragma unroll
+                for (int k = 0; k < kNormPackWidth; ++k) dhs[k] += __bfloat162float(dhv[k]);
+            }
+            const Pack128<__nv_bfloat16> xov = norm ? load128(x_out + at) : Pack128<__nv_bfloat16>{};
             const Pack128<__nv_bfloat16> zv = with_x0 ? load128(x0 + at) : Pack128<__nv_bfloat16>{};
             const Pack128<__nv_bfloat16> bv = with_bigram ? load128(x0_bigram + at) : Pack128<__nv_bfloat16>{};
             Pack128<__nv_bfloat16> dxv = accumulate_dx ? load128(dx + at) : Pack128<__nv_bfloat16>{}, dyv;
@@ -656,7 +688,7 @@ __global__ void __launch_bounds__(kNormThreads, 3)
 #pragma unroll
             for (int k = 0; k < kNormPackWidth; ++k) {
                 const float gm =
-                    __bfloat162float(gv[k]) + rstd * __bfloat162float(dhv[k]) - q * __bfloat162float(xov[k]);
+                    __bfloat162float(gv[k]) + rstd * dhs[k] - q * __bfloat162float(xov[k]);
                 acc[0] += gm * __bfloat162float(xv[k]);
                 acc[1] += gm * __bfloat162float(yv[k]);
                 acc[2] += gm * __bfloat162float(zv[k]);
@@ -677,33 +709,35 @@ __global__ void __launch_bounds__(kNormThreads, 3)
 // Reads g, x, y, the injected x0 and xb, (dh, x_out and rstd with the norm), the lambdas and the
 // gradients it adds into; writes dx, dy, the injected terms' gradients and the partials; the norm's
 // gradient, a product and a scaled output per term, ~7 + 4 per term operations per element.
-inline Work sublayer_residual_backward_work(int T, int C, const SublayerBackwardOptions& o, bool norm) {
+inline Work sublayer_residual_backward_work(int T, int C, const SublayerBackwardOptions& o, int norms) {
     const int terms = 2 + injection_terms(o.injection), injected = terms - 2;
     const int added = (o.accumulate_dx ? 1 : 0) + (o.accumulate_x0_grads ? injected : 0);
-    return Work{.name = "sublayer_residual_backward", .flops = (4.0 * terms + (norm ? 7.0 : 0.0)) * T * C,
-                .bytes_read = norm_rows_bytes(T, C, 1 + terms + (norm ? 2 : 0) + added) +
-                              (norm ? norm_rstd_bytes(T) : 0) + terms * sizeof(float),
+    return Work{.name = "sublayer_residual_backward", .flops = (4.0 * terms + (norms ? 5.0 + 2 * norms : 0.0)) * T * C,
+                .bytes_read = norm_rows_bytes(T, C, 1 + terms + (norms ? 1 + norms : 0) + added) +
+                              (norms ? norm_rstd_bytes(T) : 0) + terms * sizeof(float),
                 .bytes_written = norm_rows_bytes(T, C, terms) + 4.0 * terms * residual_backward_blocks(T)};
 }
-// From the gradient of the sublayer output's two uses: g (the stream, passed on to the next update) and
-// dh (the norm that the next block read; nullptr where the forward fused none). dx: the gradient of the
+// From the gradient of the sublayer output's uses: g (the stream, passed on to the next update) and dh
+// (the norms that blocks read from it: NormGrads; {} where none did). dx: the gradient of the
 // stream entering the sublayer, may be g itself (in place) unless accumulate_dx; dy: the block output's
 // gradient (overwritten). dx0 / dx0_bigram: as the injection asks (else unused). lambda_grads: resid and
 // post always, x0 and bigram as the injection asks; each receives its fp32 sum over tokens rounded to
 // bf16. The options: SublayerBackwardOptions. `scratch`: residual_backward_scratch_bytes(T) of partials.
 inline void sublayer_residual_backward(__nv_bfloat16* dx, __nv_bfloat16* dy, __nv_bfloat16* dx0,
                                        __nv_bfloat16* dx0_bigram, SublayerLambdaGrads lambda_grads,
-                                       BlockPartials scratch, const __nv_bfloat16* g, const __nv_bfloat16* dh,
+                                       BlockPartials scratch, const __nv_bfloat16* g, NormGrads dh,
                                        const __nv_bfloat16* x_out, const float* h_rstd, const __nv_bfloat16* x,
                                        const __nv_bfloat16* y, const __nv_bfloat16* x0,
                                        const __nv_bfloat16* x0_bigram, SublayerLambdas lambdas,
                                        SublayerBackwardOptions options, int T, int C, cudaStream_t stream) {
-    require_norm_rows("sublayer_residual_backward", T, C, {dx, dy, dx0, dx0_bigram, g, dh, x_out, x, y, x0, x0_bigram});
+    require_norm_rows("sublayer_residual_backward", T, C,
+                      {dx, dy, dx0, dx0_bigram, g, dh.dh[0], dh.dh[1], dh.dh[2], x_out, x, y, x0, x0_bigram});
     const int terms = injection_terms(options.injection);
     kernel_require(dx && dy && g && x && y && lambdas.resid && lambdas.post && lambda_grads.resid && lambda_grads.post,
                    "sublayer_residual_backward: dx, dy, g, x, y and the resid and post lambdas and gradients are "
                    "required");
-    kernel_require(!dh || (x_out && h_rstd), "sublayer_residual_backward: dh needs the forward's x_out and h_rstd");
+    kernel_require(dh.count() == 0 || (x_out && h_rstd),
+                   "sublayer_residual_backward: dh needs the forward's x_out and h_rstd");
     kernel_require(terms < 1 || (dx0 && x0 && lambdas.x0 && lambda_grads.x0),
                    "sublayer_residual_backward: the x0 injection needs dx0, x0 and the x0 lambda and its gradient");
     kernel_require(terms < 2 || (dx0_bigram && x0_bigram && lambdas.bigram && lambda_grads.bigram),
@@ -716,7 +750,7 @@ inline void sublayer_residual_backward(__nv_bfloat16* dx, __nv_bfloat16* dy, __n
     if (terms >= 2) targets.add_bf16_rounded(lambda_grads.bigram);
     const int blocks = residual_backward_blocks(T);
     const LastBlockSum sum{targets, scratch, options.accumulate_lambda_grads};
-    launch(with_last_block_sum(sublayer_residual_backward_work(T, C, options, dh != nullptr), sum, blocks),
+    launch(with_last_block_sum(sublayer_residual_backward_work(T, C, options, dh.count()), sum, blocks),
            sublayer_residual_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dy, dx0, dx0_bigram, sum,
            g, dh, x_out, h_rstd, x, y, x0, x0_bigram, lambdas, options.injection, options.accumulate_dx,
            options.accumulate_x0_grads, T, C);

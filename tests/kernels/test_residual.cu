@@ -761,11 +761,19 @@ const char* injection_name(Injection inj) {
     return inj == Injection::none ? " (MLP)" : inj == Injection::x0 ? " (layer 0 attention)" : " (attention)";
 }
 
-void check_sublayer(const Shape& s, Injection inj, bool norm) {
-    const std::string at = s.name() + injection_name(inj) + (norm ? " with norm" : " without norm");
+// norms: how many blocks read the norm of the output (0: none, not fused; 3: h7 and layers 8-10).
+void check_sublayer(const Shape& s, Injection inj, int norms) {
+    const std::string at = s.name() + injection_name(inj) + " with " + std::to_string(norms) + " norm readers";
+    const bool norm = norms > 0;
     const int terms = injection_terms(inj);
     const auto x = normal_bf16(s.n()), y = normal_bf16(s.n(), 0.0, 2.0), x0 = normal_bf16(s.n());
-    const auto xb = normal_bf16(s.n(), 0.0, 0.5), g = normal_bf16(s.n()), dh = normal_bf16(s.n());
+    const auto xb = normal_bf16(s.n(), 0.0, 0.5), g = normal_bf16(s.n());
+    std::vector<std::vector<bf16>> dhs;
+    V dh_sum(norm ? s.n() : 0, 0.0);
+    for (int j = 0; j < norms; ++j) {
+        dhs.push_back(normal_bf16(s.n()));
+        for (size_t i = 0; i < s.n(); ++i) dh_sum[i] += __bfloat162float(dhs.back()[i]);
+    }
     const auto old_dx = normal_bf16(s.n()), old_dx0 = normal_bf16(s.n()), old_dxb = normal_bf16(s.n());
     const std::vector<float> lam = {lambda_off_grid(0.8, 1.3), lambda_off_grid(0.5, 1.5), lambda_off_grid(-0.5, 0.5),
                                     lambda_off_grid(-0.3, 0.3)};
@@ -774,8 +782,13 @@ void check_sublayer(const Shape& s, Injection inj, bool norm) {
     const Sublayer m = sublayer_of(lam, inj);
     const V xd = values(x), yd = values(y), x0d = values(x0), xbd = values(xb);
 
-    DeviceBuffer<bf16> d_x(x), d_y(y), d_x0(x0), d_xb(xb), d_g(g), d_dh(dh), d_xo(s.n()), d_h(s.n());
+    DeviceBuffer<bf16> d_x(x), d_y(y), d_x0(x0), d_xb(xb), d_g(g), d_xo(s.n()), d_h(s.n());
     DeviceBuffer<bf16> d_dx(s.n()), d_dy(s.n()), d_dx0(s.n()), d_dxb(s.n());
+    std::vector<bf16> dh_all;  // the readers' gradients one after another, each 16-byte aligned (C % 8 == 0)
+    for (const auto& d : dhs) dh_all.insert(dh_all.end(), d.begin(), d.end());
+    DeviceBuffer<bf16> d_dhs(norm ? dh_all : std::vector<bf16>(8));
+    NormGrads dh{};
+    for (int j = 0; j < norms; ++j) dh.dh[j] = d_dhs.ptr + j * s.n();
     DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(4);
     DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
     const SublayerLambdas lambdas{d_lam.ptr, d_lam.ptr + 1, d_lam.ptr + 2, d_lam.ptr + 3};
@@ -792,8 +805,7 @@ void check_sublayer(const Shape& s, Injection inj, bool norm) {
     check_within("sublayer_residual_forward x" + at, xod, xo_ref, bf16_tol(xo_ref, mag));
     if (norm) check_fused_norm("sublayer_residual_forward", at, xod, d_h, d_rstd, s);
 
-    const SublayerGrads want = ref_sublayer_backward(values(g), norm ? values(dh) : V{}, xod, xd, yd, x0d, xbd, m,
-                                                     s.T, s.C);
+    const SublayerGrads want = ref_sublayer_backward(values(g), dh_sum, xod, xd, yd, x0d, xbd, m, s.T, s.C);
     for (bool acc : {false, true}) {
         const std::string how = at + (acc ? " accumulate" : "");
         d_dx.upload(old_dx);
@@ -805,7 +817,7 @@ void check_sublayer(const Shape& s, Injection inj, bool norm) {
                                         .accumulate_lambda_grads = acc};
         sublayer_residual_backward(d_dx.ptr, d_dy.ptr, terms >= 1 ? d_dx0.ptr : nullptr,
                                    terms >= 2 ? d_dxb.ptr : nullptr, grads, d_scratch.view(), d_g.ptr,
-                                   norm ? d_dh.ptr : nullptr, d_xo.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, x0_in, xb_in,
+                                   dh, d_xo.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, x0_in, xb_in,
                                    lambdas, o, s.T, s.C, nullptr);
         const auto dx = d_dx.download(), dy = d_dy.download(), dx0 = d_dx0.download(), dxb = d_dxb.download();
         const auto pg = d_grads.download();
@@ -848,7 +860,7 @@ void check_sublayer(const Shape& s, Injection inj, bool norm) {
             d_dx.upload(old_dx);
             sublayer_residual_backward(d_dx.ptr, d_dy.ptr, terms >= 1 ? d_dx0.ptr : nullptr,
                                        terms >= 2 ? d_dxb.ptr : nullptr, grads, d_scratch.view(), d_g.ptr,
-                                       norm ? d_dh.ptr : nullptr, d_xo.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, x0_in, xb_in,
+                                       dh, d_xo.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, x0_in, xb_in,
                                        lambdas, o, s.T, s.C, nullptr);
             test::check(same_bits(d_dx.download(), dx) && same_bits(d_dy.download(), dy) &&
                             same_bits(d_dx0.download(), dx0) && same_bits(d_dxb.download(), dxb) &&
@@ -860,7 +872,7 @@ void check_sublayer(const Shape& s, Injection inj, bool norm) {
         DeviceBuffer<bf16> d_gdx(g);
         sublayer_residual_backward(d_gdx.ptr, d_dy.ptr, terms >= 1 ? d_dx0.ptr : nullptr,
                                    terms >= 2 ? d_dxb.ptr : nullptr, grads, d_scratch.view(), d_gdx.ptr,
-                                   norm ? d_dh.ptr : nullptr, d_xo.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, x0_in, xb_in,
+                                   dh, d_xo.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, x0_in, xb_in,
                                    lambdas,
                                    {.injection = inj, .accumulate_dx = false, .accumulate_x0_grads = false,
                                     .accumulate_lambda_grads = false},
@@ -918,7 +930,7 @@ void check_sublayer_exact(const Shape& s, Injection inj) {
         d_dx0.upload(old_dx);
         d_dxb.upload(old_dx);
         d_grads.upload(old_grads);
-        sublayer_residual_backward(d_dx.ptr, d_dy.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.view(), d_g.ptr, nullptr,
+        sublayer_residual_backward(d_dx.ptr, d_dy.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.view(), d_g.ptr, NormGrads{},
                                    nullptr, nullptr, d_x.ptr, d_y.ptr, d_x0.ptr, d_xb.ptr, lambdas,
                                    {.injection = inj, .accumulate_dx = acc, .accumulate_x0_grads = acc,
                                     .accumulate_lambda_grads = acc},
@@ -1096,10 +1108,11 @@ int main(int argc, char** argv) {
         // record 80; the exact checks need every gradient's sum below 2^18 (at most 2^18 elements)
         const bool exact = s.n() <= (size_t(1) << 18);
         for (Injection inj : {Injection::none, Injection::x0, Injection::x0_and_bigram}) {
-            if (exact || inj == Injection::x0_and_bigram) check_sublayer(s, inj, true);  // past the block cap: one
-            if (exact) check_sublayer(s, inj, false);
+            if (exact || inj == Injection::x0_and_bigram) check_sublayer(s, inj, 1);  // past the block cap: one
+            if (exact) check_sublayer(s, inj, 0);
             if (exact) check_sublayer_exact(s, inj);
         }
+        if (exact) check_sublayer(s, Injection::none, 3);  // layer 7's MLP: h7's norm read by layers 8-10
         check_stream_start(s);
         if (exact) check_stream_start_exact(s);
         check_skip_norm(s);
