@@ -627,15 +627,41 @@ struct NormGrads {
     }
 };
 static_assert(std::has_unique_object_representations_v<NormGrads>, "NormGrads: a kernel argument with padding");
-// sum_j dot(dh_j, x) * rstd^3 / C over the given dh_j, each dot in fp32.
+// q = dot(sum_j dh_j, x) * rstd^3 / C over the given dh_j, in fp32 (norm_row_grad_coeff's order when one
+// is given). Streamed pack by pack: holding whole rows costs registers the backward does not have.
 __device__ __forceinline__ float norm_grads_coeff(const NormGrads& g, size_t off, const __nv_bfloat16* x, float rstd,
                                                   int C, int lane) {
-    const NormRow xr = norm_row_load(x + off, C, lane);
-    float q = 0.0f;
+    float s = 0.0f;
+#pragma unroll 1
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) break;
+        const Pack128<__nv_bfloat16> xv = load128(x + off + col);
 #pragma unroll
-    for (int j = 0; j < NormGrads::kMax; ++j)
-        if (g.dh[j]) q += norm_row_grad_coeff(norm_row_load(g.dh[j] + off, C, lane), xr, rstd, C);
-    return q;
+        for (int j = 0; j < NormGrads::kMax; ++j) {
+            if (!g.dh[j]) continue;
+            const Pack128<__nv_bfloat16> dv = load128(g.dh[j] + off + col);
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) s += __bfloat162float(dv[k]) * __bfloat162float(xv[k]);
+        }
+    }
+    return warp_reduce_sum(s) * (rstd * rstd * rstd) / static_cast<float>(C);
+}
+// sum_k gm[k] * v[k] over one pack, in order.
+__device__ __forceinline__ float pack_dot(const float (&gm)[kNormPackWidth], const Pack128<__nv_bfloat16>& v) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kNormPackWidth; ++k) s += gm[k] * __bfloat162float(v[k]);
+    return s;
+}
+// out = bf16(c * gm), or bf16(out + c * gm) when accumulating, over one pack.
+__device__ __forceinline__ void store_scaled_pack(__nv_bfloat16* out, const float (&gm)[kNormPackWidth], float c,
+                                                  bool accumulate) {
+    Pack128<__nv_bfloat16> v = accumulate ? load128(out) : Pack128<__nv_bfloat16>{};
+#pragma unroll
+    for (int k = 0; k < kNormPackWidth; ++k)
+        v[k] = __float2bfloat16(accumulate ? __bfloat162float(v[k]) + c * gm[k] : c * gm[k]);
+    store128(out, v);
 }
 // How sublayer_residual_backward meets its sublayer and its outputs (write them with designators).
 struct SublayerBackwardOptions {
@@ -669,39 +695,34 @@ __global__ void __launch_bounds__(kNormThreads, 3)
             const int col = norm_row_col(i, lane);
             if (col >= C) break;
             const size_t at = off + col;
-            const Pack128<__nv_bfloat16> gv = load128(g + at), xv = load128(x + at), yv = load128(y + at);
-            float dhs[kNormPackWidth] = {};  // the sum of the norms' gradients, in fp32
+            // one tensor at a time (gm held in fp32): holding every pack at once spills
+            float gm[kNormPackWidth];
+            const Pack128<__nv_bfloat16> gv = load128(g + at);
 #pragma unroll
-            for (int j = 0; j < NormGrads::kMax; ++j) {
-                if (!dh.dh[j]) continue;
-                const Pack128<__nv_bfloat16> dhv = load128(dh.dh[j] + at);
+            for (int k = 0; k < kNormPackWidth; ++k) gm[k] = __bfloat162float(gv[k]);
+            if (norm) {
+                const Pack128<__nv_bfloat16> xov = load128(x_out + at);
 #pragma unroll
-                for (int k = 0; k < kNormPackWidth; ++k) dhs[k] += __bfloat162float(dhv[k]);
+                for (int k = 0; k < kNormPackWidth; ++k) gm[k] -= q * __bfloat162float(xov[k]);
+                float dhs[kNormPackWidth] = {};  // the sum of the norms' gradients, in fp32
+#pragma unroll
+                for (int j = 0; j < NormGrads::kMax; ++j) {
+                    if (!dh.dh[j]) continue;
+                    const Pack128<__nv_bfloat16> dhv = load128(dh.dh[j] + at);
+#pragma unroll
+                    for (int k = 0; k < kNormPackWidth; ++k) dhs[k] += __bfloat162float(dhv[k]);
+                }
+#pragma unroll
+                for (int k = 0; k < kNormPackWidth; ++k) gm[k] += rstd * dhs[k];
             }
-            const Pack128<__nv_bfloat16> xov = norm ? load128(x_out + at) : Pack128<__nv_bfloat16>{};
-            const Pack128<__nv_bfloat16> zv = with_x0 ? load128(x0 + at) : Pack128<__nv_bfloat16>{};
-            const Pack128<__nv_bfloat16> bv = with_bigram ? load128(x0_bigram + at) : Pack128<__nv_bfloat16>{};
-            Pack128<__nv_bfloat16> dxv = accumulate_dx ? load128(dx + at) : Pack128<__nv_bfloat16>{}, dyv;
-            Pack128<__nv_bfloat16> dzv = with_x0 && accumulate_x0_grads ? load128(dx0 + at) : Pack128<__nv_bfloat16>{};
-            Pack128<__nv_bfloat16> dbv =
-                with_bigram && accumulate_x0_grads ? load128(dx0_bigram + at) : Pack128<__nv_bfloat16>{};
-#pragma unroll
-            for (int k = 0; k < kNormPackWidth; ++k) {
-                const float gm =
-                    __bfloat162float(gv[k]) + rstd * dhs[k] - q * __bfloat162float(xov[k]);
-                acc[0] += gm * __bfloat162float(xv[k]);
-                acc[1] += gm * __bfloat162float(yv[k]);
-                acc[2] += gm * __bfloat162float(zv[k]);
-                acc[3] += gm * __bfloat162float(bv[k]);
-                dxv[k] = __float2bfloat16(accumulate_dx ? __bfloat162float(dxv[k]) + r * gm : r * gm);
-                dyv[k] = __float2bfloat16(p * gm);
-                dzv[k] = __float2bfloat16(accumulate_x0_grads ? __bfloat162float(dzv[k]) + l * gm : l * gm);
-                dbv[k] = __float2bfloat16(accumulate_x0_grads ? __bfloat162float(dbv[k]) + b * gm : b * gm);
-            }
-            store128(dx + at, dxv);
-            store128(dy + at, dyv);
-            if (with_x0) store128(dx0 + at, dzv);
-            if (with_bigram) store128(dx0_bigram + at, dbv);
+            acc[0] += pack_dot(gm, load128(x + at));
+            acc[1] += pack_dot(gm, load128(y + at));
+            if (with_x0) acc[2] += pack_dot(gm, load128(x0 + at));
+            if (with_bigram) acc[3] += pack_dot(gm, load128(x0_bigram + at));
+            store_scaled_pack(dx + at, gm, r, accumulate_dx);
+            store_scaled_pack(dy + at, gm, p, false);
+            if (with_x0) store_scaled_pack(dx0 + at, gm, l, accumulate_x0_grads);
+            if (with_bigram) store_scaled_pack(dx0_bigram + at, gm, b, accumulate_x0_grads);
         }
     }
     sum_warp_reduced_partials(sum, acc);
