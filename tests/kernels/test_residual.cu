@@ -1087,6 +1087,39 @@ int bench_residual(const bench::Options& o) {
         backout_backward(dx.ptr, dxb.ptr, grads.ptr, scratch.view(), dh.ptr, out.ptr, rstd.ptr, y.ptr, lam.ptr, true, s.T,
                          s.C, st);
     });
+    // record 80: an attention sublayer (both injections) with its norm, and layer 7's MLP with h7's three readers
+    DeviceBuffer<float> lam4(std::vector<float>{1.05f, 1.0f, 0.1f, 0.05f}), grads4(4);
+    const SublayerLambdas sub{lam4.ptr, lam4.ptr + 1, lam4.ptr + 2, lam4.ptr + 3};
+    const SublayerLambdaGrads sub_grads{grads4.ptr, grads4.ptr + 1, grads4.ptr + 2, grads4.ptr + 3};
+    b.run("sublayer_residual_forward", at + " attention", [&](cudaStream_t st) {
+        sublayer_residual_forward(out.ptr, h.ptr, rstd.ptr, x.ptr, y.ptr, x0.ptr, xb.ptr, sub, Injection::x0_and_bigram,
+                                  s.T, s.C, st);
+    });
+    b.run("sublayer_residual_backward", at + " attention", [&](cudaStream_t st) {
+        sublayer_residual_backward(dx.ptr, dxb.ptr, dx0.ptr, out.ptr, sub_grads, scratch.view(), g.ptr, {dh.ptr},
+                                   h.ptr, rstd.ptr, x.ptr, y.ptr, x0.ptr, xb.ptr, sub,
+                                   {.injection = Injection::x0_and_bigram, .accumulate_dx = false,
+                                    .accumulate_x0_grads = true, .accumulate_lambda_grads = true},
+                                   s.T, s.C, st);
+    });
+    b.run("sublayer_residual_backward", at + " MLP, 3 norm readers", [&](cudaStream_t st) {
+        sublayer_residual_backward(dx.ptr, dxb.ptr, nullptr, nullptr, sub_grads, scratch.view(), g.ptr,
+                                   {dh.ptr, y.ptr, x0.ptr}, h.ptr, rstd.ptr, x.ptr, y.ptr, nullptr, nullptr, sub,
+                                   {.injection = Injection::none, .accumulate_dx = true, .accumulate_x0_grads = false,
+                                    .accumulate_lambda_grads = true},
+                                   s.T, s.C, st);
+    });
+    b.run("stream_start_forward", at, [&](cudaStream_t st) {
+        stream_start_forward(out.ptr, h.ptr, rstd.ptr, x0.ptr, xb.ptr, lam4.ptr + 3, s.T, s.C, st);
+    });
+    b.run("stream_start_backward", at, [&](cudaStream_t st) {
+        stream_start_backward(dx0.ptr, dxb.ptr, grads4.ptr + 3, scratch.view(), g.ptr, dh.ptr, out.ptr, rstd.ptr,
+                              xb.ptr, lam4.ptr + 3, {.accumulate_x0_grads = true, .accumulate_lambda_grads = true},
+                              s.T, s.C, st);
+    });
+    b.run("gated_skip_add_norm_forward", at, [&](cudaStream_t st) {
+        gated_skip_add_norm_forward(out.ptr, h.ptr, rstd.ptr, x.ptr, y.ptr, x0.ptr, w.ptr, lam.ptr, s.T, s.C, st);
+    });
     return b.finish();
 }
 
