@@ -1045,6 +1045,42 @@ void check_skip_norm(const Shape& s) {
     check_fused_norm("gated_skip_add_norm_forward", at, values(out), d_h, d_rstd, s);
 }
 
+// The double reference's sublayer backward (both injections, three norm readers as h7 has) against
+// central differences of its forward: loss = g . xo + sum_j dh_j . norm(xo).
+void check_sublayer_finite_differences() {
+    const Shape s{5, 16};
+    const V g = values(normal_bf16(s.n())), dh1 = values(normal_bf16(s.n())), dh2 = values(normal_bf16(s.n()));
+    const V dh3 = values(normal_bf16(s.n()));
+    V x = values(normal_bf16(s.n())), y = values(normal_bf16(s.n())), x0 = values(normal_bf16(s.n()));
+    V xb = values(normal_bf16(s.n(), 0.0, 0.5)), dh_sum(s.n());
+    for (size_t i = 0; i < s.n(); ++i) dh_sum[i] = dh1[i] + dh2[i] + dh3[i];
+    Sublayer m{random_float(0.8, 1.3), random_float(0.5, 1.5), random_float(-0.5, 0.5), random_float(-0.3, 0.3),
+               Injection::x0_and_bigram};
+    const SublayerGrads want =
+        ref_sublayer_backward(g, dh_sum, ref_sublayer(x, y, x0, xb, m, nullptr), x, y, x0, xb, m, s.T, s.C);
+    const auto loss = [&] {
+        const V xo = ref_sublayer(x, y, x0, xb, m, nullptr);
+        return dot(g, xo) + test::ref_rmsnorm_dot(dh1, xo, s.T, s.C) + test::ref_rmsnorm_dot(dh2, xo, s.T, s.C) +
+               test::ref_rmsnorm_dot(dh3, xo, s.T, s.C);
+    };
+    double* lambda[4] = {&m.r, &m.p, &m.l, &m.b};
+    const char* names[4] = {"resid", "post", "x0", "bigram"};
+    for (int v = 0; v < 4; ++v)
+        check_scalar(std::string("sublayer reference d ") + names[v] + "_lambda vs differences", want.d[v],
+                     central_difference(*lambda[v], loss), kFdRtol * want.mag[v] + 1e-9);
+    V* inputs[4] = {&x, &y, &x0, &xb};
+    const V* grads[4] = {&want.dx, &want.dy, &want.dx0, &want.dxb};
+    const char* input_names[4] = {"dx", "dy", "dx0", "dx0_bigram"};
+    for (int v = 0; v < 4; ++v) {
+        V fd(s.n()), tol(s.n());
+        for (size_t i = 0; i < s.n(); ++i) {
+            fd[i] = central_difference((*inputs[v])[i], loss);
+            tol[i] = kFdRtol * want.magnitude[i] + 1e-9;
+        }
+        check_within(std::string("sublayer reference ") + input_names[v] + " vs differences", *grads[v], fd, tol);
+    }
+}
+
 // ---- benchmark: every residual-stream launcher as a middle layer calls it ----
 int bench_residual(const bench::Options& o) {
     bench::Bench b(o);
@@ -1155,5 +1191,6 @@ int main(int argc, char** argv) {
     check_skip_finite_differences();
     check_backout_finite_differences();
     check_add_finite_differences();
+    check_sublayer_finite_differences();
     return test::finish();
 }
