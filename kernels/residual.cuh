@@ -1,11 +1,12 @@
-// The residual stream of the GPT: the per-layer mix with x0 and the bigram embedding, the gated skip
-// from layer 3 into layer 6, the block-output adds and the final backout, each fused with the RMSNorm
+// The residual stream of the GPT: record 71's per-layer mix with x0 and the bigram embedding, the gated skip
+// from layer 3 into layer 6, the block-output adds and the final backout, and record 80's per-sublayer
+// updates (their own section at the end, with their schedule and rounding), each fused with the RMSNorm
 // that the next block reads when one does, and their backward passes. Streams and their gradients are
 // (T, C) bf16; scalar parameters are read from device memory; parameter gradients come from per-block
 // fp32 partial sums that the last block to finish reduces in a fixed order, so they are bitwise
 // reproducible (`scratch`: the partials and their ticket counter, BlockPartials).
 //
-// Forward, layer i (x: the stream entering the layer, x = x0 at layer 0; s: the stream):
+// Record 71's forward, layer i (x: the stream entering the layer, x = x0 at layer 0; s: the stream):
 //   if (i == 6) { gated_skip_add_forward(xs, x, x_layer3, x0, skip_gate, skip_lambda, T, C, s);  x = xs; }
 //   residual_mix_forward(xm, ha, rstd_m, x, x0, x0_bigram, {&resid_l[i], &x0_l[i], &bigram_l[i]}, i == 0, T, C, s);
 //   if (attention) { attention(ha) -> ao;  residual_add_forward(xa, hm, rstd_a, xm, ao, T, C, s); }
@@ -511,26 +512,30 @@ inline void backout_backward(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float
     CUDA_CHECK_LAUNCH();
 }
 
-// ---- record 80: per-sublayer lambdas (upstream 2c702746, GPT.forward) ----
-// Layer i's two sublayers, with bf16 lambdas (each an fp32 parameter cast by `.bfloat16()` before use):
-//   attention (i != 6): x = bf16(ra[i]*x + pa[i]*attn(norm(i > 7 ? h7 : x)) + inj[i]),
-//                       inj[0] = lx0[0]*x0, inj[i >= 1] = lx0[i]*x0 + lb[i]*xb   (xb: the bigram embedding)
-//   layer 6 instead:    x = bf16(x + skip_gate_out*h3)                           (gated_skip_add_norm_forward)
-//   MLP (every layer):  x = bf16(rm[i]*x + pm[i]*mlp(norm(x)))
-// Before layer 0: x = bf16(x0 + lb[0]*xb) (stream_start_forward); after layer 10: backout_forward with h7.
+// ---- record 80: per-sublayer lambdas (upstream 2c702746, GPT.forward, train_gpt.py:L1278-1360) ----
+// Layer i's two sublayers, with bf16 lambdas (each an fp32 parameter cast by `.bfloat16()` before use, L1278-83):
+//   attention (i != 6): x = bf16(ra[i]*x + pa[i]*attn(norm(i > 7 ? h7 : x)) + inj[i])               (L1350-52)
+//                       inj[0] = lx0[0]*x0, inj[i >= 1] = lx0[i]*x0 + lb[i]*xb, xb: the bigram embedding  (L1318)
+//   layer 6 instead:    x = bf16(x + skip_gate_out*h3)                                                    (L1348)
+//   MLP (every layer):  x = bf16(rm[i]*x + pm[i]*mlp(norm(x)))                                            (L1353)
+// Before layer 0: x = bf16(x0 + lb[0]*xb) (L1314); after layer 10: x -= backout_lambda*h7 (L1360, fp32
+// lambda from `scalars`: backout_forward as in record 71).
 // Each update is one torch.compile expression: computed in fp32 from the bf16 stream, block output, x0,
 // xb and lambdas, rounded once where the stream is stored (upstream precomputes the injections as a tuple,
 // but each has one reader and inductor inlines it there unrounded: the reference's residual_stream_r80
 // computes it the same way). A lambda's gradient is the fp32 sum over tokens rounded to bf16 (the
 // gradient of the bf16 copy), then widened into the fp32 gradient (SumTargets::add_bf16_rounded).
-// Forward, one layer (s: the stream; ha, hm: the blocks' inputs; lam(i): SublayerLambdas of a sublayer):
-//   x = h7 at layers 8-10's attention input: their ha is layer 7's fused norm of h7, computed once
-//   attention(ha) -> ao;  sublayer_residual_forward(xa, hm, rstd_a, x, ao, x0, xb, lam_attn(i), inj(i), T, C, s)
-//   mlp(hm) -> mo;        sublayer_residual_forward(xn, ha', rstd', xa, mo, x0, xb, lam_mlp(i), none, T, C, s)
-//   where ha' (the next attention input) is fused unless the next layer is 6 (its skip add fuses the norm),
-//   or reads h7 (after layers 8, 9), or there is none (after layer 10: backout_forward).
-// Backward: sublayer_residual_backward per sublayer in reverse, dh = the gradient of the norm it fused
-// (at layer 7's MLP, NormGrads{dh8, dh9, dh10}: layers 8-10's attention-input gradients); layer 6:
+// Forward, layer i (x: the stream; ha: its attention's input; lam_attn(i), lam_mlp(i): SublayerLambdas):
+//   before layer 0:  stream_start_forward(x, ha, rstd, x0, xb, &bigram_lambdas[0], T, C, s)
+//   i == 6:          gated_skip_add_norm_forward(xa, hm, rstd_a, x, h3, x0, skip_gate, skip_lambda, T, C, s)
+//   else:            attention(ha) -> ao;  sublayer_residual_forward(xa, hm, rstd_a, x, ao, x0, xb, lam_attn(i),
+//                                                                   i ? x0_and_bigram : x0, T, C, s)
+//   mlp(hm) -> mo;   sublayer_residual_forward(xn, hn, rstd_n, xa, mo, -, -, lam_mlp(i), none, T, C, s)
+// where hn, the next layer's attention input, is fused after layers 0-4, 6 and 7 (norm(h7): layers 8, 9
+// and 10 all read it, computed once: the same bits as three times), and not (nullptr) after layer 5 (layer
+// 6's skip add fuses it), 8, 9 (their successors read norm(h7)) and 10 (backout_forward).
+// Backward: sublayer_residual_backward per sublayer in reverse, dh = the gradient of the norm it fused (at
+// layer 7's MLP, NormGrads{dh8, dh9, dh10}: the three attention inputs' gradients); layer 6:
 // residual_add_backward (its norm), then gated_skip_add_backward; before layer 0: stream_start_backward.
 
 // Which of x0 and the bigram embedding a sublayer update adds (scaled by their lambdas).
