@@ -704,8 +704,8 @@ struct Sublayer {
 };
 Sublayer sublayer_of(const std::vector<float>& lam, Injection inj) {
     const int n = injection_terms(inj);
-    return {round_bf16(lam[0]), round_bf16(lam[1]), n >= 1 ? round_bf16(lam[2]) : 0.0, n >= 2 ? round_bf16(lam[3]) : 0.0,
-            inj};
+    return {round_bf16(lam[0]), round_bf16(lam[1]), n >= 1 ? round_bf16(lam[2]) : 0.0,
+            n >= 2 ? round_bf16(lam[3]) : 0.0, inj};
 }
 V ref_sublayer(const V& x, const V& y, const V& x0, const V& xb, const Sublayer& m, V* magnitude) {
     V out(x.size());
@@ -902,8 +902,8 @@ void check_sublayer_exact(const Shape& s, Injection inj) {
     const int terms = injection_terms(inj);
     const auto x = dyadic_bf16(s.n(), 8), y = dyadic_bf16(s.n(), 8), x0 = dyadic_bf16(s.n(), 8);
     const auto xb = dyadic_bf16(s.n(), 8), g = dyadic_bf16(s.n(), 8), old_dx = dyadic_bf16(s.n(), 8);
-    const std::vector<float> lam = {lambda_near_grid(test::randint(65, 127)), lambda_near_grid(test::randint(65, 127)),
-                                    -lambda_near_grid(test::randint(65, 127)), lambda_near_grid(test::randint(65, 127))};
+    const auto near = [] { return lambda_near_grid(test::randint(65, 127)); };
+    const std::vector<float> lam = {near(), near(), -near(), near()};
     const std::vector<float> old_grads = {1.5f, -0.25f, 3.0f, 0.125f};
     const Sublayer m = sublayer_of(lam, inj);
     const V xd = values(x), yd = values(y), x0d = values(x0), xbd = values(xb);
@@ -930,8 +930,8 @@ void check_sublayer_exact(const Shape& s, Injection inj) {
         d_dx0.upload(old_dx);
         d_dxb.upload(old_dx);
         d_grads.upload(old_grads);
-        sublayer_residual_backward(d_dx.ptr, d_dy.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.view(), d_g.ptr, NormGrads{},
-                                   nullptr, nullptr, d_x.ptr, d_y.ptr, d_x0.ptr, d_xb.ptr, lambdas,
+        sublayer_residual_backward(d_dx.ptr, d_dy.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.view(), d_g.ptr,
+                                   NormGrads{}, nullptr, nullptr, d_x.ptr, d_y.ptr, d_x0.ptr, d_xb.ptr, lambdas,
                                    {.injection = inj, .accumulate_dx = acc, .accumulate_x0_grads = acc,
                                     .accumulate_lambda_grads = acc},
                                    s.T, s.C, nullptr);
@@ -1040,8 +1040,8 @@ void check_skip_norm(const Shape& s) {
     gated_skip_add_norm_forward(d_out.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_skip.ptr, d_x0.ptr, d_w.ptr, d_lam.ptr, s.T,
                                 s.C, nullptr);
     const auto out = d_out.download();
-    test::check(same_bits(out, d_plain.download()), "gated_skip_add_norm_forward x: the bits of gated_skip_add_forward%s",
-                at.c_str());
+    test::check(same_bits(out, d_plain.download()),
+                "gated_skip_add_norm_forward x: the bits of gated_skip_add_forward%s", at.c_str());
     check_fused_norm("gated_skip_add_norm_forward", at, values(out), d_h, d_rstd, s);
 }
 
