@@ -110,12 +110,17 @@ struct SumTargets {
         float* f32;  // one of f32 and bf16 is set
         __nv_bfloat16* bf16;
         int len;
-        int unused = 0;  // no padding: emu reads every word of a kernel's struct argument (PointerArg)
+        // fp32 runs only: the sum is rounded to bf16 before it is stored or added, as the gradient of an fp32
+        // parameter that the forward casts to bf16 (`.bfloat16()`) is. Also keeps the struct without
+        // padding: emu reads every word of a kernel's struct argument (PointerArg).
+        int bf16_rounded = 0;
     };
     Run run[kMaxRuns] = {};
     int runs = 0, count = 0;
     SumTargets& add(float* p, int n = 1) { return add_run({p, nullptr, n}); }
     SumTargets& add(__nv_bfloat16* p, int n = 1) { return add_run({nullptr, p, n}); }
+    // fp32 targets that receive the sum rounded to bf16, then widened (see Run::bf16_rounded).
+    SumTargets& add_bf16_rounded(float* p, int n = 1) { return add_run({p, nullptr, n, 1}); }
     double bytes() const {
         double b = 0;
         for (int r = 0; r < runs; ++r) b += static_cast<double>(run[r].len) * (run[r].f32 ? 4 : 2);
@@ -133,16 +138,19 @@ private:
 
 static_assert(std::has_unique_object_representations_v<SumTargets>, "SumTargets: a kernel argument with padding");
 
-// Writes value v of a reduction: target[v] = (accumulate ? target[v] : 0) + s.
+// Writes value v of a reduction: target[v] = (accumulate ? target[v] : 0) + s (s rounded to bf16 first
+// where the run says so).
 __device__ __forceinline__ void store_sum_target(const SumTargets& targets, int v, float s, bool accumulate) {
 #pragma unroll
     for (int r = 0; r < SumTargets::kMaxRuns; ++r) {  // unrolled: the runs stay in parameter space
         const SumTargets::Run& run = targets.run[r];
         if (v >= 0 && v < run.len) {
-            if (float* g = run.f32)
-                g[v] = accumulate ? g[v] + s : s;
-            else
+            if (float* g = run.f32) {
+                const float t = run.bf16_rounded ? __bfloat162float(__float2bfloat16(s)) : s;
+                g[v] = accumulate ? g[v] + t : t;
+            } else {
                 run.bf16[v] = __float2bfloat16(accumulate ? __bfloat162float(run.bf16[v]) + s : s);
+            }
         }
         v -= run.len;
     }

@@ -1,11 +1,12 @@
-// The residual stream of the GPT: the per-layer mix with x0 and the bigram embedding, the gated skip
-// from layer 3 into layer 6, the block-output adds and the final backout, each fused with the RMSNorm
+// The residual stream of the GPT: record 71's per-layer mix with x0 and the bigram embedding, the gated skip
+// from layer 3 into layer 6, the block-output adds and the final backout, and record 80's per-sublayer
+// updates (their own section at the end, with their schedule and rounding), each fused with the RMSNorm
 // that the next block reads when one does, and their backward passes. Streams and their gradients are
 // (T, C) bf16; scalar parameters are read from device memory; parameter gradients come from per-block
 // fp32 partial sums that the last block to finish reduces in a fixed order, so they are bitwise
 // reproducible (`scratch`: the partials and their ticket counter, BlockPartials).
 //
-// Forward, layer i (x: the stream entering the layer, x = x0 at layer 0; s: the stream):
+// Record 71's forward, layer i (x: the stream entering the layer, x = x0 at layer 0; s: the stream):
 //   if (i == 6) { gated_skip_add_forward(xs, x, x_layer3, x0, skip_gate, skip_lambda, T, C, s);  x = xs; }
 //   residual_mix_forward(xm, ha, rstd_m, x, x0, x0_bigram, {&resid_l[i], &x0_l[i], &bigram_l[i]}, i == 0, T, C, s);
 //   if (attention) { attention(ha) -> ao;  residual_add_forward(xa, hm, rstd_a, xm, ao, T, C, s); }
@@ -233,26 +234,28 @@ __device__ __forceinline__ float skip_gate_logit(const __nv_bfloat16* x0_row, co
     return __bfloat162float(__float2bfloat16(s));
 }
 
-// x_out = bf16(x + sigmoid(lambda) * 2 * sigmoid(logit) * skip), logit = bf16(x0[t, :12] . w).
+// x_out = bf16(x + sigmoid(lambda) * 2 * sigmoid(logit) * skip), logit = bf16(x0[t, :12] . w);
+// h = norm(x_out) when h is given (record 80, where layer 6's MLP reads it).
 __global__ void __launch_bounds__(kNormThreads, 4)
-    gated_skip_add_forward_kernel(__nv_bfloat16* x_out, const __nv_bfloat16* x, const __nv_bfloat16* skip,
-                                  const __nv_bfloat16* x0, const __nv_bfloat16* gate_w, const float* skip_lambda, int T,
-                                  int C) {
+    gated_skip_add_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                                  const __nv_bfloat16* skip, const __nv_bfloat16* x0, const __nv_bfloat16* gate_w,
+                                  const float* skip_lambda, int T, int C) {
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
     const size_t off = static_cast<size_t>(row) * C;
     const float s = sigmoidf(*skip_lambda) * 2.0f * sigmoidf(skip_gate_logit(x0 + off, load_skip_gate(gate_w)));
+    NormRow out = {};
 #pragma unroll
     for (int i = 0; i < kNormPacksPerLane; ++i) {
         const int col = norm_row_col(i, lane);
         if (col >= C) continue;
         const Pack128<__nv_bfloat16> xv = load128(x + off + col), sv = load128(skip + off + col);
-        Pack128<__nv_bfloat16> out;
 #pragma unroll
         for (int k = 0; k < kNormPackWidth; ++k)
-            out[k] = __float2bfloat16(__bfloat162float(xv[k]) + s * __bfloat162float(sv[k]));
-        store128(x_out + off + col, out);
+            out.pack[i][k] = __float2bfloat16(__bfloat162float(xv[k]) + s * __bfloat162float(sv[k]));
+        store128(x_out + off + col, out.pack[i]);
     }
+    if (h) norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
 }
 // Reads x, skip, x0's first 12 columns, the gate and lambda; writes x_out; a multiply-add per element.
 inline Work gated_skip_add_forward_work(int T, int C) {
@@ -268,7 +271,29 @@ inline void gated_skip_add_forward(__nv_bfloat16* x_out, const __nv_bfloat16* x,
     kernel_require(C >= 2 * kNormPackWidth, "gated_skip_add_forward: C=%d is narrower than the skip gate's %d inputs",
                    C, kGateWidth);
     launch(gated_skip_add_forward_work(T, C), gated_skip_add_forward_kernel, dim3(norm_row_blocks(T)),
-           dim3(kNormThreads), 0, stream, x_out, x, skip, x0, gate_w, skip_lambda, T, C);
+           dim3(kNormThreads), 0, stream, x_out, nullptr, nullptr, x, skip, x0, gate_w, skip_lambda, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+// The gated skip add and the norm of its output, 3 more operations per element.
+inline Work gated_skip_add_norm_forward_work(int T, int C) {
+    Work w = gated_skip_add_forward_work(T, C);
+    w.name = "gated_skip_add_norm_forward";
+    w.flops += 3.0 * T * C;
+    w.bytes_written += norm_rows_bytes(T, C) + norm_rstd_bytes(T);
+    return w;
+}
+// Record 80's layer 6 (no attention, so no sublayer update before its MLP): gated_skip_add_forward and
+// h = norm(x_out), the MLP's input. Its backward: residual_add_backward (the norm's share into the
+// gradient of x_out), then gated_skip_add_backward.
+inline void gated_skip_add_norm_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                                        const __nv_bfloat16* skip, const __nv_bfloat16* x0, const __nv_bfloat16* gate_w,
+                                        const float* skip_lambda, int T, int C, cudaStream_t stream) {
+    require_norm_rows("gated_skip_add_norm_forward", T, C, {x_out, h, x, skip, x0});
+    kernel_require(h && h_rstd, "gated_skip_add_norm_forward: h and h_rstd are required");
+    kernel_require(C >= 2 * kNormPackWidth,
+                   "gated_skip_add_norm_forward: C=%d is narrower than the skip gate's %d inputs", C, kGateWidth);
+    launch(gated_skip_add_norm_forward_work(T, C), gated_skip_add_forward_kernel, dim3(norm_row_blocks(T)),
+           dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x, skip, x0, gate_w, skip_lambda, T, C);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -484,5 +509,383 @@ inline void backout_backward(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float
     const LastBlockSum sum{SumTargets().add(d_backout_lambda), scratch, accumulate};
     launch(with_last_block_sum(backout_backward_work(T, C), sum, blocks), backout_backward_kernel, dim3(blocks),
            dim3(kNormThreads), 0, stream, dx, dx_backout, sum, dh, x_out, h_rstd, x_backout, backout_lambda, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- record 80: per-sublayer lambdas (upstream 2c702746, GPT.forward, train_gpt.py:L1278-1360) ----
+// Layer i's two sublayers, with bf16 lambdas (each an fp32 parameter cast by `.bfloat16()` before use, L1278-83):
+//   attention (i != 6): x = bf16(ra[i]*x + pa[i]*attn(norm(i > 7 ? h7 : x)) + inj[i])               (L1350-52)
+//                       inj[0] = lx0[0]*x0, inj[i >= 1] = lx0[i]*x0 + lb[i]*xb, xb: the bigram embedding  (L1318)
+//   layer 6 instead:    x = bf16(x + skip_gate_out*h3)                                                    (L1348)
+//   MLP (every layer):  x = bf16(rm[i]*x + pm[i]*mlp(norm(x)))                                            (L1353)
+// Before layer 0: x = bf16(x0 + lb[0]*xb) (L1314); after layer 10: x -= backout_lambda*h7 (L1360, fp32
+// lambda from `scalars`: backout_forward as in record 71).
+// Each update is one torch.compile expression: computed in fp32 from the bf16 stream, block output, x0,
+// xb and lambdas, rounded once where the stream is stored (upstream precomputes the injections as a tuple,
+// but each has one reader and inductor inlines it there unrounded: the reference's residual_stream_r80
+// computes it the same way). A lambda's gradient is the fp32 sum over tokens rounded to bf16 (the
+// gradient of the bf16 copy), then widened into the fp32 gradient (SumTargets::add_bf16_rounded).
+// Forward, layer i (x: the stream; ha: its attention's input; lam_attn(i), lam_mlp(i): SublayerLambdas):
+//   before layer 0:  stream_start_forward(x, ha, rstd, x0, xb, &bigram_lambdas[0], T, C, s)
+//   i == 6:          gated_skip_add_norm_forward(xa, hm, rstd_a, x, h3, x0, skip_gate, skip_lambda, T, C, s)
+//   else:            attention(ha) -> ao;  sublayer_residual_forward(xa, hm, rstd_a, x, ao, x0, xb, lam_attn(i),
+//                                                                   i ? x0_and_bigram : x0, T, C, s)
+//   mlp(hm) -> mo;   sublayer_residual_forward(xn, hn, rstd_n, xa, mo, -, -, lam_mlp(i), none, T, C, s)
+// where hn, the next layer's attention input, is fused after layers 0-4, 6 and 7 (norm(h7): layers 8, 9
+// and 10 all read it, computed once: the same bits as three times), and not (nullptr) after layer 5 (layer
+// 6's skip add fuses it), 8, 9 (their successors read norm(h7)) and 10 (backout_forward).
+// Backward: sublayer_residual_backward per sublayer in reverse, dh = the gradient of the norm it fused (at
+// layer 7's MLP, NormGrads{dh8, dh9, dh10}: the three attention inputs' gradients); layer 6:
+// residual_add_backward (its norm), then gated_skip_add_backward; before layer 0: stream_start_backward.
+
+// Which of x0 and the bigram embedding a sublayer update adds (scaled by their lambdas).
+enum class Injection : int {
+    none,           // MLP sublayers
+    x0,             // layer 0's attention sublayer: lx0[0]*x0 (its bigram share entered before layer 0)
+    x0_and_bigram,  // the attention sublayers of layers 1-10 but 6
+};
+// Device pointers to one sublayer's fp32 lambdas (read as their bf16 roundings); x0 and bigram are read
+// only as the injection asks.
+struct SublayerLambdas {
+    const float* resid;   // resid_lambdas[i, 0 attention | 1 MLP]
+    const float* post;    // post_lambdas[i, 0 | 1]
+    const float* x0;      // x0_lambdas[i]
+    const float* bigram;  // bigram_lambdas[i]
+};
+// Where their gradients go (fp32 elements of the parameters' gradients); x0 and bigram as the injection asks.
+struct SublayerLambdaGrads {
+    float* resid;
+    float* post;
+    float* x0;
+    float* bigram;
+};
+// The bf16 value upstream multiplies by: the fp32 parameter rounded (`.bfloat16()`).
+__device__ __forceinline__ float bf16_lambda(const float* p) { return __bfloat162float(__float2bfloat16(*p)); }
+inline int injection_terms(Injection inj) { return inj == Injection::none ? 0 : inj == Injection::x0 ? 1 : 2; }
+
+// x_out = bf16(r*x + p*y + (lx0*x0 + lb*xb as injected)), lambdas in bf16; h = norm(x_out) when h is given.
+__global__ void __launch_bounds__(kNormThreads, 4)
+    sublayer_residual_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                                     const __nv_bfloat16* y, const __nv_bfloat16* x0, const __nv_bfloat16* x0_bigram,
+                                     SublayerLambdas lambdas, Injection injection, int T, int C) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    const bool with_x0 = injection != Injection::none, with_bigram = injection == Injection::x0_and_bigram;
+    const float r = bf16_lambda(lambdas.resid), p = bf16_lambda(lambdas.post);
+    const float l = with_x0 ? bf16_lambda(lambdas.x0) : 0.0f, b = with_bigram ? bf16_lambda(lambdas.bigram) : 0.0f;
+    const size_t off = static_cast<size_t>(row) * C;
+    NormRow out = {};
+#pragma unroll
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) continue;
+        const Pack128<__nv_bfloat16> xv = load128(x + off + col), yv = load128(y + off + col);
+        const Pack128<__nv_bfloat16> zv = with_x0 ? load128(x0 + off + col) : Pack128<__nv_bfloat16>{};
+        const Pack128<__nv_bfloat16> bv = with_bigram ? load128(x0_bigram + off + col) : Pack128<__nv_bfloat16>{};
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k) {
+            // upstream's order: (r*x + p*y) + (lx0*x0 + lb*xb)
+            const float inj = l * __bfloat162float(zv[k]) + b * __bfloat162float(bv[k]);
+            out.pack[i][k] = __float2bfloat16(r * __bfloat162float(xv[k]) + p * __bfloat162float(yv[k]) + inj);
+        }
+        store128(x_out + off + col, out.pack[i]);
+    }
+    if (h) norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
+}
+// Reads x, y, the injected x0 and xb, and the lambdas; writes x_out (and h, rstd with the norm); two
+// multiply-adds per term, 3 more per element with the norm.
+inline Work sublayer_residual_forward_work(int T, int C, Injection injection, bool norm) {
+    const int terms = 2 + injection_terms(injection);
+    return Work{.name = "sublayer_residual_forward", .flops = (2.0 * terms + (norm ? 3.0 : 0.0)) * T * C,
+                .bytes_read = norm_rows_bytes(T, C, terms) + terms * sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C, norm ? 2 : 1) + (norm ? norm_rstd_bytes(T) : 0)};
+}
+// One sublayer's update of the stream x by its block's output y (and the injection); with h (and h_rstd)
+// also the norm the next block reads. x_out may be x (in place) when the backward does not need x.
+inline void sublayer_residual_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                                      const __nv_bfloat16* y, const __nv_bfloat16* x0, const __nv_bfloat16* x0_bigram,
+                                      SublayerLambdas lambdas, Injection injection, int T, int C,
+                                      cudaStream_t stream) {
+    require_norm_rows("sublayer_residual_forward", T, C, {x_out, h, x, y, x0, x0_bigram});
+    const int terms = injection_terms(injection);
+    kernel_require(x_out && x && y && lambdas.resid && lambdas.post && (h != nullptr) == (h_rstd != nullptr),
+                   "sublayer_residual_forward: x_out, x, y and the resid and post lambdas are required, h and "
+                   "h_rstd both or neither");
+    kernel_require((terms < 1 || (x0 && lambdas.x0)) && (terms < 2 || (x0_bigram && lambdas.bigram)),
+                   "sublayer_residual_forward: the injection reads x0 (and x0_bigram) and their lambdas, missing");
+    launch(sublayer_residual_forward_work(T, C, injection, h != nullptr), sublayer_residual_forward_kernel,
+           dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x, y, x0, x0_bigram, lambdas,
+           injection, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The gradients of the norms the blocks read from a sublayer's output (nullptr: none): one, or for h7
+// (layer 7's output) the three attention inputs of layers 8-10, each norm(h7). Their norm backwards are
+// linear in dh, so the kernel sums them in fp32 as one: rstd*sum(dh) - x*rstd^3*dot(sum(dh), x)/C.
+struct NormGrads {
+    static constexpr int kMax = 3;
+    const __nv_bfloat16* dh[kMax];
+    int count() const {
+        int n = 0;
+        for (const __nv_bfloat16* p : dh) n += p != nullptr;
+        return n;
+    }
+};
+static_assert(std::has_unique_object_representations_v<NormGrads>, "NormGrads: a kernel argument with padding");
+// q = dot(sum_j dh_j, x) * rstd^3 / C over the given dh_j, in fp32 (norm_row_grad_coeff's order when one
+// is given). Streamed pack by pack: holding whole rows costs registers the backward does not have.
+__device__ __forceinline__ float norm_grads_coeff(const NormGrads& g, size_t off, const __nv_bfloat16* x, float rstd,
+                                                  int C, int lane) {
+    float s = 0.0f;
+#pragma unroll 1
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) break;
+        const Pack128<__nv_bfloat16> xv = load128(x + off + col);
+#pragma unroll
+        for (int j = 0; j < NormGrads::kMax; ++j) {
+            if (!g.dh[j]) continue;
+            const Pack128<__nv_bfloat16> dv = load128(g.dh[j] + off + col);
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) s += __bfloat162float(dv[k]) * __bfloat162float(xv[k]);
+        }
+    }
+    return warp_reduce_sum(s) * (rstd * rstd * rstd) / static_cast<float>(C);
+}
+// sum_k gm[k] * v[k] over one pack, in order.
+__device__ __forceinline__ float pack_dot(const float (&gm)[kNormPackWidth], const Pack128<__nv_bfloat16>& v) {
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kNormPackWidth; ++k) s += gm[k] * __bfloat162float(v[k]);
+    return s;
+}
+// out = bf16(c * gm), or bf16(out + c * gm) when accumulating, over one pack.
+__device__ __forceinline__ void store_scaled_pack(__nv_bfloat16* out, const float (&gm)[kNormPackWidth], float c,
+                                                  bool accumulate) {
+    Pack128<__nv_bfloat16> v = accumulate ? load128(out) : Pack128<__nv_bfloat16>{};
+#pragma unroll
+    for (int k = 0; k < kNormPackWidth; ++k)
+        v[k] = __float2bfloat16(accumulate ? __bfloat162float(v[k]) + c * gm[k] : c * gm[k]);
+    store128(out, v);
+}
+// How sublayer_residual_backward meets its sublayer and its outputs (write them with designators).
+struct SublayerBackwardOptions {
+    Injection injection;           // as in the forward
+    bool accumulate_dx;            // add into dx (it holds another share of the stream's gradient)
+    bool accumulate_x0_grads;      // add into dx0 and dx0_bigram (every injection but the first the backward meets)
+    bool accumulate_lambda_grads;  // add into the lambda gradients (every micro-step but the first)
+};
+// gm = g + rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32, dh the sum of the NormGrads; gm = g without
+// any); dx (+)= r*gm, dy = p*gm,
+// dx0 (+)= lx0*gm, dxb (+)= lb*gm (lambdas in bf16); partial sums of gm*x, gm*y, gm*x0, gm*xb.
+__global__ void __launch_bounds__(kNormThreads, 3)
+    sublayer_residual_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dy, __nv_bfloat16* dx0,
+                                      __nv_bfloat16* dx0_bigram, LastBlockSum sum, const __nv_bfloat16* g,
+                                      NormGrads dh, const __nv_bfloat16* x_out, const float* h_rstd,
+                                      const __nv_bfloat16* x, const __nv_bfloat16* y, const __nv_bfloat16* x0,
+                                      const __nv_bfloat16* x0_bigram, SublayerLambdas lambdas, Injection injection,
+                                      bool accumulate_dx, bool accumulate_x0_grads, int T, int C) {
+    const int lane = threadIdx.x % 32;
+    const bool with_x0 = injection != Injection::none, with_bigram = injection == Injection::x0_and_bigram;
+    const float r = bf16_lambda(lambdas.resid), p = bf16_lambda(lambdas.post);
+    const float l = with_x0 ? bf16_lambda(lambdas.x0) : 0.0f, b = with_bigram ? bf16_lambda(lambdas.bigram) : 0.0f;
+    const bool norm = dh.dh[0] || dh.dh[1] || dh.dh[2];
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // gm*x, gm*y, gm*x0, gm*xb
+    for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
+        const size_t off = static_cast<size_t>(row) * C;
+        const float rstd = norm ? h_rstd[row] : 0.0f;
+        const float q = norm ? norm_grads_coeff(dh, off, x_out, rstd, C, lane) : 0.0f;
+#pragma unroll 1
+        for (int i = 0; i < kNormPacksPerLane; ++i) {
+            const int col = norm_row_col(i, lane);
+            if (col >= C) break;
+            const size_t at = off + col;
+            // one tensor at a time (gm held in fp32): holding every pack at once spills
+            float gm[kNormPackWidth];
+            const Pack128<__nv_bfloat16> gv = load128(g + at);
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) gm[k] = __bfloat162float(gv[k]);
+            if (norm) {
+                const Pack128<__nv_bfloat16> xov = load128(x_out + at);
+#pragma unroll
+                for (int k = 0; k < kNormPackWidth; ++k) gm[k] -= q * __bfloat162float(xov[k]);
+                float dhs[kNormPackWidth] = {};  // the sum of the norms' gradients, in fp32
+#pragma unroll
+                for (int j = 0; j < NormGrads::kMax; ++j) {
+                    if (!dh.dh[j]) continue;
+                    const Pack128<__nv_bfloat16> dhv = load128(dh.dh[j] + at);
+#pragma unroll
+                    for (int k = 0; k < kNormPackWidth; ++k) dhs[k] += __bfloat162float(dhv[k]);
+                }
+#pragma unroll
+                for (int k = 0; k < kNormPackWidth; ++k) gm[k] += rstd * dhs[k];
+            }
+            acc[0] += pack_dot(gm, load128(x + at));
+            acc[1] += pack_dot(gm, load128(y + at));
+            if (with_x0) acc[2] += pack_dot(gm, load128(x0 + at));
+            if (with_bigram) acc[3] += pack_dot(gm, load128(x0_bigram + at));
+            store_scaled_pack(dx + at, gm, r, accumulate_dx);
+            store_scaled_pack(dy + at, gm, p, false);
+            if (with_x0) store_scaled_pack(dx0 + at, gm, l, accumulate_x0_grads);
+            if (with_bigram) store_scaled_pack(dx0_bigram + at, gm, b, accumulate_x0_grads);
+        }
+    }
+    sum_warp_reduced_partials(sum, acc);
+}
+// Reads g, x, y, the injected x0 and xb, (dh, x_out and rstd with the norm), the lambdas and the
+// gradients it adds into; writes dx, dy, the injected terms' gradients and the partials; the norm's
+// gradient, a product and a scaled output per term, ~7 + 4 per term operations per element.
+inline Work sublayer_residual_backward_work(int T, int C, const SublayerBackwardOptions& o, int norms) {
+    const int terms = 2 + injection_terms(o.injection), injected = terms - 2;
+    const int added = (o.accumulate_dx ? 1 : 0) + (o.accumulate_x0_grads ? injected : 0);
+    return Work{.name = "sublayer_residual_backward", .flops = (4.0 * terms + (norms ? 5.0 + 2 * norms : 0.0)) * T * C,
+                .bytes_read = norm_rows_bytes(T, C, 1 + terms + (norms ? 1 + norms : 0) + added) +
+                              (norms ? norm_rstd_bytes(T) : 0) + terms * sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C, terms) + 4.0 * terms * residual_backward_blocks(T)};
+}
+// From the gradient of the sublayer output's uses: g (the stream, passed on to the next update) and dh
+// (the norms that blocks read from it: NormGrads; {} where none did). dx: the gradient of the
+// stream entering the sublayer, may be g itself (in place) unless accumulate_dx; dy: the block output's
+// gradient (overwritten). dx0 / dx0_bigram: as the injection asks (else unused). lambda_grads: resid and
+// post always, x0 and bigram as the injection asks; each receives its fp32 sum over tokens rounded to
+// bf16. The options: SublayerBackwardOptions. `scratch`: residual_backward_scratch_bytes(T) of partials.
+inline void sublayer_residual_backward(__nv_bfloat16* dx, __nv_bfloat16* dy, __nv_bfloat16* dx0,
+                                       __nv_bfloat16* dx0_bigram, SublayerLambdaGrads lambda_grads,
+                                       BlockPartials scratch, const __nv_bfloat16* g, NormGrads dh,
+                                       const __nv_bfloat16* x_out, const float* h_rstd, const __nv_bfloat16* x,
+                                       const __nv_bfloat16* y, const __nv_bfloat16* x0,
+                                       const __nv_bfloat16* x0_bigram, SublayerLambdas lambdas,
+                                       SublayerBackwardOptions options, int T, int C, cudaStream_t stream) {
+    require_norm_rows("sublayer_residual_backward", T, C,
+                      {dx, dy, dx0, dx0_bigram, g, dh.dh[0], dh.dh[1], dh.dh[2], x_out, x, y, x0, x0_bigram});
+    const int terms = injection_terms(options.injection);
+    kernel_require(dx && dy && g && x && y && lambdas.resid && lambdas.post && lambda_grads.resid && lambda_grads.post,
+                   "sublayer_residual_backward: dx, dy, g, x, y and the resid and post lambdas and gradients are "
+                   "required");
+    kernel_require(dh.count() == 0 || (x_out && h_rstd),
+                   "sublayer_residual_backward: dh needs the forward's x_out and h_rstd");
+    kernel_require(terms < 1 || (dx0 && x0 && lambdas.x0 && lambda_grads.x0),
+                   "sublayer_residual_backward: the x0 injection needs dx0, x0 and the x0 lambda and its gradient");
+    kernel_require(terms < 2 || (dx0_bigram && x0_bigram && lambdas.bigram && lambda_grads.bigram),
+                   "sublayer_residual_backward: the bigram injection needs dx0_bigram, x0_bigram and the bigram "
+                   "lambda and its gradient");
+    kernel_require(dy != g && (!options.accumulate_dx || dx != g),
+                   "sublayer_residual_backward: dy may not alias g, nor dx when accumulating into it");
+    SumTargets targets = SumTargets().add_bf16_rounded(lambda_grads.resid).add_bf16_rounded(lambda_grads.post);
+    if (terms >= 1) targets.add_bf16_rounded(lambda_grads.x0);
+    if (terms >= 2) targets.add_bf16_rounded(lambda_grads.bigram);
+    const int blocks = residual_backward_blocks(T);
+    const LastBlockSum sum{targets, scratch, options.accumulate_lambda_grads};
+    launch(with_last_block_sum(sublayer_residual_backward_work(T, C, options, dh.count()), sum, blocks),
+           sublayer_residual_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dy, dx0, dx0_bigram, sum,
+           g, dh, x_out, h_rstd, x, y, x0, x0_bigram, lambdas, options.injection, options.accumulate_dx,
+           options.accumulate_x0_grads, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- record 80: the stream before layer 0 ----
+// x_out = bf16(x0 + lb*xb), lb = bf16(bigram_lambdas[0]); h = norm(x_out) (layer 0's attention input).
+__global__ void __launch_bounds__(kNormThreads, 4)
+    stream_start_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x0,
+                                const __nv_bfloat16* x0_bigram, const float* bigram_lambda, int T, int C) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    const float b = bf16_lambda(bigram_lambda);
+    const size_t off = static_cast<size_t>(row) * C;
+    NormRow out = {};
+#pragma unroll
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) continue;
+        const Pack128<__nv_bfloat16> zv = load128(x0 + off + col), bv = load128(x0_bigram + off + col);
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k)
+            out.pack[i][k] = __float2bfloat16(__bfloat162float(zv[k]) + b * __bfloat162float(bv[k]));
+        store128(x_out + off + col, out.pack[i]);
+    }
+    norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
+}
+// Reads x0, xb and the lambda; writes x_out, h and rstd; a multiply-add and the norm per element.
+inline Work stream_start_forward_work(int T, int C) {
+    return Work{.name = "stream_start_forward", .flops = 5.0 * T * C,
+                .bytes_read = norm_rows_bytes(T, C, 2) + sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C, 2) + norm_rstd_bytes(T)};
+}
+// x0: the normed smeared embedding; x0_bigram: the bigram embedding; bigram_lambda: bigram_lambdas[0].
+inline void stream_start_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x0,
+                                 const __nv_bfloat16* x0_bigram, const float* bigram_lambda, int T, int C,
+                                 cudaStream_t stream) {
+    require_norm_rows("stream_start_forward", T, C, {x_out, h, x0, x0_bigram});
+    kernel_require(x_out && h && h_rstd && x0 && x0_bigram && bigram_lambda,
+                   "stream_start_forward: every tensor and the lambda are required");
+    launch(stream_start_forward_work(T, C), stream_start_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads),
+           0, stream, x_out, h, h_rstd, x0, x0_bigram, bigram_lambda, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// gm = g + rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32); dx0 (+)= gm, dxb (+)= lb*gm; partial sums
+// of gm*xb for bigram_lambdas[0].
+__global__ void __launch_bounds__(kNormThreads, 4)
+    stream_start_backward_kernel(__nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram, LastBlockSum sum,
+                                 const __nv_bfloat16* g, const __nv_bfloat16* dh, const __nv_bfloat16* x_out,
+                                 const float* h_rstd, const __nv_bfloat16* x0_bigram, const float* bigram_lambda,
+                                 bool accumulate_x0_grads, int T, int C) {
+    const int lane = threadIdx.x % 32;
+    const float b = bf16_lambda(bigram_lambda);
+    float acc[1] = {0.0f};
+    for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
+        const size_t off = static_cast<size_t>(row) * C;
+        const float rstd = h_rstd[row], q = norm_row_grad_coeff(dh + off, x_out + off, rstd, C, lane);
+#pragma unroll 1
+        for (int i = 0; i < kNormPacksPerLane; ++i) {
+            const int col = norm_row_col(i, lane);
+            if (col >= C) break;
+            const size_t at = off + col;
+            const Pack128<__nv_bfloat16> gv = load128(g + at), dhv = load128(dh + at), xv = load128(x_out + at);
+            const Pack128<__nv_bfloat16> bv = load128(x0_bigram + at);
+            Pack128<__nv_bfloat16> dzv = accumulate_x0_grads ? load128(dx0 + at) : Pack128<__nv_bfloat16>{};
+            Pack128<__nv_bfloat16> dbv = accumulate_x0_grads ? load128(dx0_bigram + at) : Pack128<__nv_bfloat16>{};
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) {
+                const float gm =
+                    __bfloat162float(gv[k]) + rstd * __bfloat162float(dhv[k]) - q * __bfloat162float(xv[k]);
+                acc[0] += gm * __bfloat162float(bv[k]);
+                dzv[k] = __float2bfloat16(accumulate_x0_grads ? __bfloat162float(dzv[k]) + gm : gm);
+                dbv[k] = __float2bfloat16(accumulate_x0_grads ? __bfloat162float(dbv[k]) + b * gm : b * gm);
+            }
+            store128(dx0 + at, dzv);
+            store128(dx0_bigram + at, dbv);
+        }
+    }
+    sum_warp_reduced_partials(sum, acc);
+}
+// Reads g, dh, x_out, xb, rstd and the lambda (and the gradients it adds into); writes dx0, dxb and the
+// partials; the norm's gradient, a product and a scale per element.
+inline Work stream_start_backward_work(int T, int C, bool accumulate_x0_grads) {
+    return Work{.name = "stream_start_backward", .flops = 10.0 * T * C,
+                .bytes_read = norm_rows_bytes(T, C, accumulate_x0_grads ? 6 : 4) + norm_rstd_bytes(T) + sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C, 2) + 4.0 * residual_backward_blocks(T)};
+}
+// Which outputs of stream_start_backward already hold a share to add to (write them with designators).
+struct StreamStartBackwardOptions {
+    bool accumulate_x0_grads;      // dx0, dx0_bigram: they hold the injections' and the skip gate's shares
+    bool accumulate_lambda_grads;  // d_bigram_lambda (every micro-step but the first)
+};
+// g: the gradient of the stream entering layer 0 (from layer 0's attention sublayer); dh: of the norm
+// layer 0's attention read. dx0 and dx0_bigram receive their gradients; d_bigram_lambda receives
+// bigram_lambdas[0]'s fp32 sum rounded to bf16. `scratch`: residual_backward_scratch_bytes(T).
+inline void stream_start_backward(__nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram, float* d_bigram_lambda,
+                                  BlockPartials scratch, const __nv_bfloat16* g, const __nv_bfloat16* dh,
+                                  const __nv_bfloat16* x_out, const float* h_rstd, const __nv_bfloat16* x0_bigram,
+                                  const float* bigram_lambda, StreamStartBackwardOptions options, int T, int C,
+                                  cudaStream_t stream) {
+    require_norm_rows("stream_start_backward", T, C, {dx0, dx0_bigram, g, dh, x_out, x0_bigram});
+    kernel_require(dx0 && dx0_bigram && d_bigram_lambda && g && dh && x_out && h_rstd && x0_bigram && bigram_lambda,
+                   "stream_start_backward: every tensor and the lambda and its gradient are required");
+    const int blocks = residual_backward_blocks(T);
+    const LastBlockSum sum{SumTargets().add_bf16_rounded(d_bigram_lambda), scratch, options.accumulate_lambda_grads};
+    launch(with_last_block_sum(stream_start_backward_work(T, C, options.accumulate_x0_grads), sum, blocks),
+           stream_start_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx0, dx0_bigram, sum, g, dh,
+           x_out, h_rstd, x0_bigram, bigram_lambda, options.accumulate_x0_grads, T, C);
     CUDA_CHECK_LAUNCH();
 }

@@ -689,6 +689,398 @@ void check_add_finite_differences() {
     check_within("residual_add_backward vs differences", values(d_dX.download()), fd_x, tol);
 }
 
+// ---- record 80: the sublayer update, the stream's start, layer 6's skip add with its norm ----
+// fp32 lambdas off the bf16 grid (their bf16 rounding moves them by up to 2^-9 relative): the kernels
+// must multiply by the rounded value and round each gradient's fp32 sum to bf16.
+float lambda_off_grid(double lo, double hi) {
+    for (;;) {
+        const float v = random_float(lo, hi);
+        if (std::fabs(v - round_bf16(v)) > std::fabs(v) / 2048) return v;
+    }
+}
+struct Sublayer {
+    double r, p, l, b;  // the bf16 values of resid, post, x0 and bigram lambdas (l, b: 0 where not injected)
+    Injection inj;
+};
+Sublayer sublayer_of(const std::vector<float>& lam, Injection inj) {
+    const int n = injection_terms(inj);
+    return {round_bf16(lam[0]), round_bf16(lam[1]), n >= 1 ? round_bf16(lam[2]) : 0.0,
+            n >= 2 ? round_bf16(lam[3]) : 0.0, inj};
+}
+V ref_sublayer(const V& x, const V& y, const V& x0, const V& xb, const Sublayer& m, V* magnitude) {
+    V out(x.size());
+    if (magnitude) magnitude->resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        out[i] = m.r * x[i] + m.p * y[i] + m.l * x0[i] + m.b * xb[i];
+        if (magnitude)
+            (*magnitude)[i] = std::fabs(m.r * x[i]) + std::fabs(m.p * y[i]) + std::fabs(m.l * x0[i]) +
+                              std::fabs(m.b * xb[i]);
+    }
+    return out;
+}
+struct SublayerGrads {
+    V dx, dy, dx0, dxb, magnitude;  // magnitude: of each element's total gradient gm
+    double d[4] = {0, 0, 0, 0}, mag[4] = {0, 0, 0, 0};  // resid, post, x0, bigram: exact sums, their magnitudes
+};
+// g: the gradient of the sublayer output as the stream; dh: of its norm (empty: no norm); xo: the stream
+// the norm read (the kernel's stored one).
+SublayerGrads ref_sublayer_backward(const V& g, const V& dh, const V& xo, const V& x, const V& y, const V& x0,
+                                    const V& xb, const Sublayer& m, int T, int C) {
+    V gn(g.size(), 0.0), gmag(g.size(), 0.0);
+    if (!dh.empty()) test::ref_rmsnorm_backward(dh, xo, T, C, gn, gmag);
+    SublayerGrads o;
+    for (V* v : {&o.dx, &o.dy, &o.dx0, &o.dxb, &o.magnitude}) v->resize(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+        const double gm = g[i] + gn[i], mag = std::fabs(g[i]) + gmag[i];
+        o.dx[i] = m.r * gm;
+        o.dy[i] = m.p * gm;
+        o.dx0[i] = m.l * gm;
+        o.dxb[i] = m.b * gm;
+        o.magnitude[i] = mag;
+        const double* in[4] = {&x[i], &y[i], &x0[i], &xb[i]};
+        for (int v = 0; v < 4; ++v) {
+            o.d[v] += gm * *in[v];
+            o.mag[v] += mag * std::fabs(*in[v]);
+        }
+    }
+    return o;
+}
+// A lambda's gradient: the exact sum rounded to bf16 (added to `base` in fp32). The kernel's fp32 sum is
+// within 1e-5 of its terms' magnitude; where that interval straddles a bf16 rounding boundary either
+// neighbour is right, so the check allows the bf16 step there; elsewhere the bits must match.
+bool check_lambda_grad(const std::string& what, float got, double base, double sum, double magnitude) {
+    const double err = 1e-5 * magnitude + 1e-30;
+    const double lo = round_bf16(sum - err), hi = round_bf16(sum + err);
+    const bool ok = (got == static_cast<float>(base + lo) || got == static_cast<float>(base + hi) ||
+                     (lo != hi && got >= static_cast<float>(base + std::min(lo, hi)) &&
+                      got <= static_cast<float>(base + std::max(lo, hi))));
+    return test::check(ok, "%s: got %.9g, want %.9g + bf16(%.9g) (bf16 neighbours %.9g, %.9g)", what.c_str(), got,
+                       base, sum, lo, hi);
+}
+const char* injection_name(Injection inj) {
+    return inj == Injection::none ? " (MLP)" : inj == Injection::x0 ? " (layer 0 attention)" : " (attention)";
+}
+
+// norms: how many blocks read the norm of the output (0: none, not fused; 3: h7 and layers 8-10).
+void check_sublayer(const Shape& s, Injection inj, int norms) {
+    const std::string at = s.name() + injection_name(inj) + " with " + std::to_string(norms) + " norm readers";
+    const bool norm = norms > 0;
+    const int terms = injection_terms(inj);
+    const auto x = normal_bf16(s.n()), y = normal_bf16(s.n(), 0.0, 2.0), x0 = normal_bf16(s.n());
+    const auto xb = normal_bf16(s.n(), 0.0, 0.5), g = normal_bf16(s.n());
+    std::vector<std::vector<bf16>> dhs;
+    V dh_sum(norm ? s.n() : 0, 0.0);
+    for (int j = 0; j < norms; ++j) {
+        dhs.push_back(normal_bf16(s.n()));
+        for (size_t i = 0; i < s.n(); ++i) dh_sum[i] += __bfloat162float(dhs.back()[i]);
+    }
+    const auto old_dx = normal_bf16(s.n()), old_dx0 = normal_bf16(s.n()), old_dxb = normal_bf16(s.n());
+    const std::vector<float> lam = {lambda_off_grid(0.8, 1.3), lambda_off_grid(0.5, 1.5), lambda_off_grid(-0.5, 0.5),
+                                    lambda_off_grid(-0.3, 0.3)};
+    const std::vector<float> old_grads = {random_float(-1, 1), random_float(-1, 1), random_float(-1, 1),
+                                          random_float(-1, 1)};
+    const Sublayer m = sublayer_of(lam, inj);
+    const V xd = values(x), yd = values(y), x0d = values(x0), xbd = values(xb);
+
+    DeviceBuffer<bf16> d_x(x), d_y(y), d_x0(x0), d_xb(xb), d_g(g), d_xo(s.n()), d_h(s.n());
+    DeviceBuffer<bf16> d_dx(s.n()), d_dy(s.n()), d_dx0(s.n()), d_dxb(s.n());
+    std::vector<bf16> dh_all;  // the readers' gradients one after another, each 16-byte aligned (C % 8 == 0)
+    for (const auto& d : dhs) dh_all.insert(dh_all.end(), d.begin(), d.end());
+    DeviceBuffer<bf16> d_dhs(norm ? dh_all : std::vector<bf16>(8));
+    NormGrads dh{};
+    for (int j = 0; j < norms; ++j) dh.dh[j] = d_dhs.ptr + j * s.n();
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(4);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+    const SublayerLambdas lambdas{d_lam.ptr, d_lam.ptr + 1, d_lam.ptr + 2, d_lam.ptr + 3};
+    const SublayerLambdaGrads grads{d_grads.ptr, d_grads.ptr + 1, d_grads.ptr + 2, d_grads.ptr + 3};
+    // the terms not injected get no pointers: the kernels must not read them
+    const bf16* x0_in = terms >= 1 ? d_x0.ptr : nullptr;
+    const bf16* xb_in = terms >= 2 ? d_xb.ptr : nullptr;
+
+    sublayer_residual_forward(d_xo.ptr, norm ? d_h.ptr : nullptr, norm ? d_rstd.ptr : nullptr, d_x.ptr, d_y.ptr, x0_in,
+                              xb_in, lambdas, inj, s.T, s.C, nullptr);
+    V mag;
+    const V xo_ref = ref_sublayer(xd, yd, x0d, xbd, m, &mag);
+    const V xod = values(d_xo.download());
+    check_within("sublayer_residual_forward x" + at, xod, xo_ref, bf16_tol(xo_ref, mag));
+    if (norm) check_fused_norm("sublayer_residual_forward", at, xod, d_h, d_rstd, s);
+
+    const SublayerGrads want = ref_sublayer_backward(values(g), dh_sum, xod, xd, yd, x0d, xbd, m, s.T, s.C);
+    for (bool acc : {false, true}) {
+        const std::string how = at + (acc ? " accumulate" : "");
+        d_dx.upload(old_dx);
+        d_dy.upload(old_dx);  // overwritten either way
+        d_dx0.upload(old_dx0);
+        d_dxb.upload(old_dxb);
+        d_grads.upload(old_grads);
+        const SublayerBackwardOptions o{.injection = inj, .accumulate_dx = acc, .accumulate_x0_grads = acc,
+                                        .accumulate_lambda_grads = acc};
+        sublayer_residual_backward(d_dx.ptr, d_dy.ptr, terms >= 1 ? d_dx0.ptr : nullptr,
+                                   terms >= 2 ? d_dxb.ptr : nullptr, grads, d_scratch.view(), d_g.ptr,
+                                   dh, d_xo.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, x0_in, xb_in,
+                                   lambdas, o, s.T, s.C, nullptr);
+        const auto dx = d_dx.download(), dy = d_dy.download(), dx0 = d_dx0.download(), dxb = d_dxb.download();
+        const auto pg = d_grads.download();
+        const double coeff[4] = {m.r, m.p, m.l, m.b};
+        const V* want_d[4] = {&want.dx, &want.dy, &want.dx0, &want.dxb};
+        const std::vector<bf16>* got_d[4] = {&dx, &dy, &dx0, &dxb};
+        const std::vector<bf16>* old_d[4] = {&old_dx, nullptr, &old_dx0, &old_dxb};
+        const char* names[4] = {"dx", "dy", "dx0", "dx0_bigram"};
+        for (int v = 0; v < 4; ++v) {
+            if (v >= 2 + terms) {  // not injected: left alone
+                test::check(same_bits(*got_d[v], *old_d[v]), "sublayer_residual_backward leaves %s alone%s", names[v],
+                            how.c_str());
+                continue;
+            }
+            const bool added = acc && v != 1;  // dy is always overwritten
+            V w = *want_d[v], mg(s.n());
+            for (size_t i = 0; i < s.n(); ++i) {
+                mg[i] = std::fabs(coeff[v]) * want.magnitude[i];
+                if (added) {
+                    w[i] += __bfloat162float((*old_d[v])[i]);
+                    mg[i] += std::fabs(__bfloat162float((*old_d[v])[i]));
+                }
+            }
+            check_within(std::string("sublayer_residual_backward ") + names[v] + how, values(*got_d[v]), w,
+                         bf16_tol(w, mg));
+        }
+        const char* lambda_names[4] = {"resid", "post", "x0", "bigram"};
+        for (int v = 0; v < 4; ++v) {
+            if (v >= 2 + terms) {
+                test::check(pg[v] == old_grads[v], "sublayer_residual_backward leaves d %s_lambda alone%s",
+                            lambda_names[v], how.c_str());
+                continue;
+            }
+            check_lambda_grad(std::string("d ") + lambda_names[v] + "_lambda" + how, pg[v], acc ? old_grads[v] : 0.0,
+                              want.d[v], want.mag[v]);
+        }
+        test::check(d_scratch.done.download()[0] == 0, "sublayer_residual_backward: ticket counter back at zero%s",
+                    how.c_str());
+        if (!acc) {  // the same call again gives the same bits
+            d_dx.upload(old_dx);
+            sublayer_residual_backward(d_dx.ptr, d_dy.ptr, terms >= 1 ? d_dx0.ptr : nullptr,
+                                       terms >= 2 ? d_dxb.ptr : nullptr, grads, d_scratch.view(), d_g.ptr,
+                                       dh, d_xo.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, x0_in, xb_in,
+                                       lambdas, o, s.T, s.C, nullptr);
+            test::check(same_bits(d_dx.download(), dx) && same_bits(d_dy.download(), dy) &&
+                            same_bits(d_dx0.download(), dx0) && same_bits(d_dxb.download(), dxb) &&
+                            same_bits(d_grads.download(), pg),
+                        "sublayer_residual_backward reproducible%s", how.c_str());
+        }
+    }
+    {  // in place: the stream's input gradient overwrites the gradient it came from
+        DeviceBuffer<bf16> d_gdx(g);
+        sublayer_residual_backward(d_gdx.ptr, d_dy.ptr, terms >= 1 ? d_dx0.ptr : nullptr,
+                                   terms >= 2 ? d_dxb.ptr : nullptr, grads, d_scratch.view(), d_gdx.ptr,
+                                   dh, d_xo.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, x0_in, xb_in,
+                                   lambdas,
+                                   {.injection = inj, .accumulate_dx = false, .accumulate_x0_grads = false,
+                                    .accumulate_lambda_grads = false},
+                                   s.T, s.C, nullptr);
+        V mg(s.n());
+        for (size_t i = 0; i < s.n(); ++i) mg[i] = std::fabs(m.r) * want.magnitude[i];
+        check_within("sublayer_residual_backward dx in place" + at, values(d_gdx.download()), want.dx,
+                     bf16_tol(want.dx, mg));
+    }
+}
+
+// Exact data: every value k/8 (|k| <= 8) and lambdas whose bf16 roundings are m/64, so every product
+// and sum is exact in fp32 (the gradients' sums over at most 2^18 elements too: each partial sum is a
+// multiple of 1/64 below 2^18 in magnitude): the outputs must be the bf16 roundings of the exact values,
+// bit for bit. The fp32 lambdas sit 0.45 bf16 steps off their roundings,
+// so multiplying by the unrounded fp32 value, or storing a gradient's sum unrounded, changes bits.
+std::vector<bf16> dyadic_bf16(size_t n, int most) {
+    std::vector<bf16> v(n);
+    for (auto& e : v) e = __float2bfloat16(test::randint(-most, most) / 8.0f);
+    return v;
+}
+float lambda_near_grid(int sixty_fourths) {  // in [1, 2) the bf16 step is 1/128: 0.45 of it off m/64
+    return static_cast<float>(sixty_fourths / 64.0 + (test::randint(0, 1) ? 1 : -1) * 0.45 / 128);
+}
+void check_sublayer_exact(const Shape& s, Injection inj) {
+    const std::string at = s.name() + injection_name(inj) + " exact";
+    const int terms = injection_terms(inj);
+    const auto x = dyadic_bf16(s.n(), 8), y = dyadic_bf16(s.n(), 8), x0 = dyadic_bf16(s.n(), 8);
+    const auto xb = dyadic_bf16(s.n(), 8), g = dyadic_bf16(s.n(), 8), old_dx = dyadic_bf16(s.n(), 8);
+    const auto near = [] { return lambda_near_grid(test::randint(65, 127)); };
+    const std::vector<float> lam = {near(), near(), -near(), near()};
+    const std::vector<float> old_grads = {1.5f, -0.25f, 3.0f, 0.125f};
+    const Sublayer m = sublayer_of(lam, inj);
+    const V xd = values(x), yd = values(y), x0d = values(x0), xbd = values(xb);
+    DeviceBuffer<bf16> d_x(x), d_y(y), d_x0(x0), d_xb(xb), d_g(g), d_xo(s.n()), d_h(s.n());
+    DeviceBuffer<bf16> d_dx(s.n()), d_dy(s.n()), d_dx0(s.n()), d_dxb(s.n());
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(old_grads);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+    const SublayerLambdas lambdas{d_lam.ptr, d_lam.ptr + 1, d_lam.ptr + 2, d_lam.ptr + 3};
+    const SublayerLambdaGrads grads{d_grads.ptr, d_grads.ptr + 1, d_grads.ptr + 2, d_grads.ptr + 3};
+
+    sublayer_residual_forward(d_xo.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, d_x0.ptr, d_xb.ptr, lambdas, inj, s.T,
+                              s.C, nullptr);
+    const V xo_ref = ref_sublayer(xd, yd, x0d, xbd, m, nullptr);
+    V xo_bf(s.n());
+    for (size_t i = 0; i < s.n(); ++i) xo_bf[i] = round_bf16(xo_ref[i]);
+    check_within("sublayer_residual_forward x" + at, values(d_xo.download()), xo_bf, V(s.n(), 0.0));
+
+    // no norm: gm = g exactly; the injected gradients accumulate onto old_dx (also dyadic: exact sums)
+    const SublayerGrads want = ref_sublayer_backward(values(g), V{}, V{}, xd, yd, x0d, xbd, m, s.T, s.C);
+    test::check(*std::max_element(want.mag, want.mag + 4) < (1 << 18), "exact data: sums below 2^18%s", at.c_str());
+    for (bool acc : {false, true}) {
+        const std::string how = at + (acc ? " accumulate" : "");
+        d_dx.upload(old_dx);
+        d_dx0.upload(old_dx);
+        d_dxb.upload(old_dx);
+        d_grads.upload(old_grads);
+        sublayer_residual_backward(d_dx.ptr, d_dy.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.view(), d_g.ptr,
+                                   NormGrads{}, nullptr, nullptr, d_x.ptr, d_y.ptr, d_x0.ptr, d_xb.ptr, lambdas,
+                                   {.injection = inj, .accumulate_dx = acc, .accumulate_x0_grads = acc,
+                                    .accumulate_lambda_grads = acc},
+                                   s.T, s.C, nullptr);
+        const V* want_d[4] = {&want.dx, &want.dy, &want.dx0, &want.dxb};
+        const DeviceBuffer<bf16>* got_d[4] = {&d_dx, &d_dy, &d_dx0, &d_dxb};
+        const char* names[4] = {"dx", "dy", "dx0", "dx0_bigram"};
+        for (int v = 0; v < 2 + terms; ++v) {
+            V w(s.n());
+            for (size_t i = 0; i < s.n(); ++i)
+                w[i] = round_bf16((*want_d[v])[i] + (acc && v != 1 ? __bfloat162float(old_dx[i]) : 0.0));
+            check_within(std::string("sublayer_residual_backward ") + names[v] + how, values(got_d[v]->download()), w,
+                         V(s.n(), 0.0));
+        }
+        const auto pg = d_grads.download();
+        const char* lambda_names[4] = {"resid", "post", "x0", "bigram"};
+        for (int v = 0; v < 4; ++v) {
+            const double w = v < 2 + terms ? (acc ? old_grads[v] : 0.0) + round_bf16(want.d[v]) : old_grads[v];
+            test::check(pg[v] == static_cast<float>(w), "d %s_lambda%s: got %.9g, want %.9g (exact sum %.9g)",
+                        lambda_names[v], how.c_str(), pg[v], w, want.d[v]);
+        }
+    }
+}
+
+// The stream before layer 0: x = x0 + lb*xb and its norm; backward into x0 and xb.
+void check_stream_start(const Shape& s) {
+    const std::string at = s.name();
+    const auto x0 = normal_bf16(s.n()), xb = normal_bf16(s.n(), 0.0, 0.5), g = normal_bf16(s.n());
+    const auto dh = normal_bf16(s.n()), old_dx0 = normal_bf16(s.n()), old_dxb = normal_bf16(s.n());
+    const std::vector<float> lam = {lambda_off_grid(-0.5, 0.5)};
+    const float old_grad = random_float(-1, 1);
+    const Sublayer m{1.0, 0.0, 0.0, round_bf16(lam[0]), Injection::none};  // x0 as the stream, coefficient 1
+    const V x0d = values(x0), xbd = values(xb), zero(s.n(), 0.0);
+    DeviceBuffer<bf16> d_x0(x0), d_xb(xb), d_g(g), d_dh(dh), d_xo(s.n()), d_h(s.n()), d_dx0(s.n()), d_dxb(s.n());
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grad(1);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+
+    stream_start_forward(d_xo.ptr, d_h.ptr, d_rstd.ptr, d_x0.ptr, d_xb.ptr, d_lam.ptr, s.T, s.C, nullptr);
+    V mag;
+    const V xo_ref = ref_sublayer(x0d, zero, zero, xbd, m, &mag);
+    const V xod = values(d_xo.download());
+    check_within("stream_start_forward x" + at, xod, xo_ref, bf16_tol(xo_ref, mag));
+    check_fused_norm("stream_start_forward", at, xod, d_h, d_rstd, s);
+
+    const SublayerGrads want = ref_sublayer_backward(values(g), values(dh), xod, x0d, zero, zero, xbd, m, s.T, s.C);
+    for (bool acc : {false, true}) {
+        const std::string how = at + (acc ? " accumulate" : "");
+        d_dx0.upload(old_dx0);
+        d_dxb.upload(old_dxb);
+        d_grad.upload(std::vector<float>{old_grad});
+        stream_start_backward(d_dx0.ptr, d_dxb.ptr, d_grad.ptr, d_scratch.view(), d_g.ptr, d_dh.ptr, d_xo.ptr,
+                              d_rstd.ptr, d_xb.ptr, d_lam.ptr,
+                              {.accumulate_x0_grads = acc, .accumulate_lambda_grads = acc}, s.T, s.C, nullptr);
+        V w0 = want.dx, wb = want.dxb, m0 = want.magnitude, mb(s.n());
+        for (size_t i = 0; i < s.n(); ++i) {
+            mb[i] = std::fabs(m.b) * want.magnitude[i];
+            if (acc) {
+                w0[i] += __bfloat162float(old_dx0[i]);
+                wb[i] += __bfloat162float(old_dxb[i]);
+                m0[i] += std::fabs(__bfloat162float(old_dx0[i]));
+                mb[i] += std::fabs(__bfloat162float(old_dxb[i]));
+            }
+        }
+        check_within("stream_start_backward dx0" + how, values(d_dx0.download()), w0, bf16_tol(w0, m0));
+        check_within("stream_start_backward dx0_bigram" + how, values(d_dxb.download()), wb, bf16_tol(wb, mb));
+        check_lambda_grad("stream_start_backward d bigram_lambda" + how, d_grad.download()[0], acc ? old_grad : 0.0,
+                          want.d[3], want.mag[3]);
+    }
+}
+// Exact data as check_sublayer_exact, with dh = 0 (the norm's share is then exactly zero).
+void check_stream_start_exact(const Shape& s) {
+    const std::string at = s.name() + " exact";
+    const auto x0 = dyadic_bf16(s.n(), 8), xb = dyadic_bf16(s.n(), 8), g = dyadic_bf16(s.n(), 8);
+    const std::vector<float> lam = {-lambda_near_grid(test::randint(65, 127))};
+    const Sublayer m{1.0, 0.0, 0.0, round_bf16(lam[0]), Injection::none};
+    const V x0d = values(x0), xbd = values(xb), zero(s.n(), 0.0);
+    DeviceBuffer<bf16> d_x0(x0), d_xb(xb), d_g(g), d_dh(std::vector<bf16>(s.n(), __float2bfloat16(0.0f)));
+    DeviceBuffer<bf16> d_xo(s.n()), d_h(s.n()), d_dx0(s.n()), d_dxb(s.n());
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grad(std::vector<float>{0.75f});
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+    stream_start_forward(d_xo.ptr, d_h.ptr, d_rstd.ptr, d_x0.ptr, d_xb.ptr, d_lam.ptr, s.T, s.C, nullptr);
+    const V xo_ref = ref_sublayer(x0d, zero, zero, xbd, m, nullptr);
+    V xo_bf(s.n());
+    for (size_t i = 0; i < s.n(); ++i) xo_bf[i] = round_bf16(xo_ref[i]);
+    check_within("stream_start_forward x" + at, values(d_xo.download()), xo_bf, V(s.n(), 0.0));
+    const SublayerGrads want = ref_sublayer_backward(values(g), V{}, V{}, x0d, zero, zero, xbd, m, s.T, s.C);
+    stream_start_backward(d_dx0.ptr, d_dxb.ptr, d_grad.ptr, d_scratch.view(), d_g.ptr, d_dh.ptr, d_xo.ptr, d_rstd.ptr,
+                          d_xb.ptr, d_lam.ptr, {.accumulate_x0_grads = false, .accumulate_lambda_grads = true}, s.T,
+                          s.C, nullptr);
+    V wb(s.n());
+    for (size_t i = 0; i < s.n(); ++i) wb[i] = round_bf16(want.dxb[i]);
+    check_within("stream_start_backward dx0" + at, values(d_dx0.download()), values(g), V(s.n(), 0.0));
+    check_within("stream_start_backward dx0_bigram" + at, values(d_dxb.download()), wb, V(s.n(), 0.0));
+    const float got = d_grad.download()[0], w = static_cast<float>(0.75 + round_bf16(want.d[3]));
+    test::check(got == w, "stream_start_backward d bigram_lambda%s: got %.9g, want %.9g (exact sum %.9g)", at.c_str(),
+                got, w, want.d[3]);
+}
+
+// Layer 6 of record 80: the gated skip add's bits, and the norm of what it stored.
+void check_skip_norm(const Shape& s) {
+    const std::string at = s.name();
+    const auto x = normal_bf16(s.n()), skip = normal_bf16(s.n()), x0 = x0_rows(s), w = skip_gate_weights();
+    const std::vector<float> lam = {random_float(-2, 0)};
+    DeviceBuffer<bf16> d_x(x), d_skip(skip), d_x0(x0), d_w(w), d_plain(s.n()), d_out(s.n()), d_h(s.n());
+    DeviceBuffer<float> d_lam(lam), d_rstd(s.T);
+    gated_skip_add_forward(d_plain.ptr, d_x.ptr, d_skip.ptr, d_x0.ptr, d_w.ptr, d_lam.ptr, s.T, s.C, nullptr);
+    gated_skip_add_norm_forward(d_out.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_skip.ptr, d_x0.ptr, d_w.ptr, d_lam.ptr, s.T,
+                                s.C, nullptr);
+    const auto out = d_out.download();
+    test::check(same_bits(out, d_plain.download()),
+                "gated_skip_add_norm_forward x: the bits of gated_skip_add_forward%s", at.c_str());
+    check_fused_norm("gated_skip_add_norm_forward", at, values(out), d_h, d_rstd, s);
+}
+
+// The double reference's sublayer backward (both injections, three norm readers as h7 has) against
+// central differences of its forward: loss = g . xo + sum_j dh_j . norm(xo).
+void check_sublayer_finite_differences() {
+    const Shape s{5, 16};
+    const V g = values(normal_bf16(s.n())), dh1 = values(normal_bf16(s.n())), dh2 = values(normal_bf16(s.n()));
+    const V dh3 = values(normal_bf16(s.n()));
+    V x = values(normal_bf16(s.n())), y = values(normal_bf16(s.n())), x0 = values(normal_bf16(s.n()));
+    V xb = values(normal_bf16(s.n(), 0.0, 0.5)), dh_sum(s.n());
+    for (size_t i = 0; i < s.n(); ++i) dh_sum[i] = dh1[i] + dh2[i] + dh3[i];
+    Sublayer m{random_float(0.8, 1.3), random_float(0.5, 1.5), random_float(-0.5, 0.5), random_float(-0.3, 0.3),
+               Injection::x0_and_bigram};
+    const SublayerGrads want =
+        ref_sublayer_backward(g, dh_sum, ref_sublayer(x, y, x0, xb, m, nullptr), x, y, x0, xb, m, s.T, s.C);
+    const auto loss = [&] {
+        const V xo = ref_sublayer(x, y, x0, xb, m, nullptr);
+        return dot(g, xo) + test::ref_rmsnorm_dot(dh1, xo, s.T, s.C) + test::ref_rmsnorm_dot(dh2, xo, s.T, s.C) +
+               test::ref_rmsnorm_dot(dh3, xo, s.T, s.C);
+    };
+    double* lambda[4] = {&m.r, &m.p, &m.l, &m.b};
+    const char* names[4] = {"resid", "post", "x0", "bigram"};
+    for (int v = 0; v < 4; ++v)
+        check_scalar(std::string("sublayer reference d ") + names[v] + "_lambda vs differences", want.d[v],
+                     central_difference(*lambda[v], loss), kFdRtol * want.mag[v] + 1e-9);
+    V* inputs[4] = {&x, &y, &x0, &xb};
+    const V* grads[4] = {&want.dx, &want.dy, &want.dx0, &want.dxb};
+    const char* input_names[4] = {"dx", "dy", "dx0", "dx0_bigram"};
+    for (int v = 0; v < 4; ++v) {
+        V fd(s.n()), tol(s.n());
+        for (size_t i = 0; i < s.n(); ++i) {
+            fd[i] = central_difference((*inputs[v])[i], loss);
+            tol[i] = kFdRtol * want.magnitude[i] + 1e-9;
+        }
+        check_within(std::string("sublayer reference ") + input_names[v] + " vs differences", *grads[v], fd, tol);
+    }
+}
+
 // ---- benchmark: every residual-stream launcher as a middle layer calls it ----
 int bench_residual(const bench::Options& o) {
     bench::Bench b(o);
@@ -731,6 +1123,39 @@ int bench_residual(const bench::Options& o) {
         backout_backward(dx.ptr, dxb.ptr, grads.ptr, scratch.view(), dh.ptr, out.ptr, rstd.ptr, y.ptr, lam.ptr, true, s.T,
                          s.C, st);
     });
+    // record 80: an attention sublayer (both injections) with its norm, and layer 7's MLP with h7's three readers
+    DeviceBuffer<float> lam4(std::vector<float>{1.05f, 1.0f, 0.1f, 0.05f}), grads4(4);
+    const SublayerLambdas sub{lam4.ptr, lam4.ptr + 1, lam4.ptr + 2, lam4.ptr + 3};
+    const SublayerLambdaGrads sub_grads{grads4.ptr, grads4.ptr + 1, grads4.ptr + 2, grads4.ptr + 3};
+    b.run("sublayer_residual_forward", at + " attention", [&](cudaStream_t st) {
+        sublayer_residual_forward(out.ptr, h.ptr, rstd.ptr, x.ptr, y.ptr, x0.ptr, xb.ptr, sub, Injection::x0_and_bigram,
+                                  s.T, s.C, st);
+    });
+    b.run("sublayer_residual_backward", at + " attention", [&](cudaStream_t st) {
+        sublayer_residual_backward(dx.ptr, dxb.ptr, dx0.ptr, out.ptr, sub_grads, scratch.view(), g.ptr, {dh.ptr},
+                                   h.ptr, rstd.ptr, x.ptr, y.ptr, x0.ptr, xb.ptr, sub,
+                                   {.injection = Injection::x0_and_bigram, .accumulate_dx = false,
+                                    .accumulate_x0_grads = true, .accumulate_lambda_grads = true},
+                                   s.T, s.C, st);
+    });
+    b.run("sublayer_residual_backward", at + " MLP, 3 norm readers", [&](cudaStream_t st) {
+        sublayer_residual_backward(dx.ptr, dxb.ptr, nullptr, nullptr, sub_grads, scratch.view(), g.ptr,
+                                   {dh.ptr, y.ptr, x0.ptr}, h.ptr, rstd.ptr, x.ptr, y.ptr, nullptr, nullptr, sub,
+                                   {.injection = Injection::none, .accumulate_dx = true, .accumulate_x0_grads = false,
+                                    .accumulate_lambda_grads = true},
+                                   s.T, s.C, st);
+    });
+    b.run("stream_start_forward", at, [&](cudaStream_t st) {
+        stream_start_forward(out.ptr, h.ptr, rstd.ptr, x0.ptr, xb.ptr, lam4.ptr + 3, s.T, s.C, st);
+    });
+    b.run("stream_start_backward", at, [&](cudaStream_t st) {
+        stream_start_backward(dx0.ptr, dxb.ptr, grads4.ptr + 3, scratch.view(), g.ptr, dh.ptr, out.ptr, rstd.ptr,
+                              xb.ptr, lam4.ptr + 3, {.accumulate_x0_grads = true, .accumulate_lambda_grads = true},
+                              s.T, s.C, st);
+    });
+    b.run("gated_skip_add_norm_forward", at, [&](cudaStream_t st) {
+        gated_skip_add_norm_forward(out.ptr, h.ptr, rstd.ptr, x.ptr, y.ptr, x0.ptr, w.ptr, lam.ptr, s.T, s.C, st);
+    });
     return b.finish();
 }
 
@@ -749,11 +1174,23 @@ int main(int argc, char** argv) {
         check_skip(s);
         check_add(s);
         check_backout(s);
+        // record 80; the exact checks need every gradient's sum below 2^18 (at most 2^18 elements)
+        const bool exact = s.n() <= (size_t(1) << 18);
+        for (Injection inj : {Injection::none, Injection::x0, Injection::x0_and_bigram}) {
+            if (exact || inj == Injection::x0_and_bigram) check_sublayer(s, inj, 1);  // past the block cap: one
+            if (exact) check_sublayer(s, inj, 0);
+            if (exact) check_sublayer_exact(s, inj);
+        }
+        if (exact) check_sublayer(s, Injection::none, 3);  // layer 7's MLP: h7's norm read by layers 8-10
+        check_stream_start(s);
+        if (exact) check_stream_start_exact(s);
+        check_skip_norm(s);
     }
     check_mix_finite_differences(false);
     check_mix_finite_differences(true);
     check_skip_finite_differences();
     check_backout_finite_differences();
     check_add_finite_differences();
+    check_sublayer_finite_differences();
     return test::finish();
 }
