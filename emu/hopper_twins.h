@@ -73,7 +73,7 @@ struct WgmmaThreadState {
 };
 inline WgmmaThreadState& wgmma_state() {
     static thread_local std::unordered_map<const ThreadState*, WgmmaThreadState> states;  // per fiber
-    WgmmaThreadState& s = twin_state(states, t_thread->wgmma_cache);
+    WgmmaThreadState& s = states[t_thread];
     if (s.serial != t_block->serial) {
         s = WgmmaThreadState{};
         s.serial = t_block->serial;

@@ -94,9 +94,6 @@ void ldmatrix_combine(const unsigned char* in, unsigned char* out, unsigned) {
 }
 }  // namespace emu
 
-// The accurate tanh: the hardware's tanh.approx.f32 is within about 2^-11 relative of it.
-__device__ __forceinline__ float tanh_approx(float x) { return std::tanh(x); }
-
 __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
                                                   const float (&c)[4]) {
     emu::MmaIn in;
@@ -127,17 +124,6 @@ struct CpAsyncCopy {
     const void* src;
     bool fill;
 };
-// The per-fiber entry of a worker's map (map: unordered_map<const ThreadState*, State>, whose entries
-// stay put), through the fiber's cache.
-template <class Map>
-inline typename Map::mapped_type& twin_state(Map& map, ThreadState::TwinCache& cache) {
-    if (cache.cached_by != t_thread || cache.cache_owner != &map) {
-        cache.entry = &map[t_thread];
-        cache.cached_by = t_thread;
-        cache.cache_owner = &map;
-    }
-    return *static_cast<typename Map::mapped_type*>(cache.entry);
-}
 struct CpAsyncQueue {
     const BlockState* block = nullptr;  // which block's thread the queue belongs to
     uint3 block_idx{};
@@ -150,7 +136,7 @@ inline CpAsyncQueue& cp_async_queue() {
     // to each CUDA thread. A queue left by an earlier block whose fiber this one reuses is
     // dropped: those copies targeted a block that no longer exists.
     static thread_local std::unordered_map<const ThreadState*, CpAsyncQueue> queues;
-    CpAsyncQueue& q = twin_state(queues, t_thread->cp_async_cache);
+    CpAsyncQueue& q = queues[t_thread];
     const BlockState* b = t_block;
     if (q.block != b || q.block_idx.x != b->block_idx.x || q.block_idx.y != b->block_idx.y ||
         q.block_idx.z != b->block_idx.z || q.block_smem != b->dyn_smem) {
