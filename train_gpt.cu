@@ -87,6 +87,8 @@ struct Structure {
     std::vector<int> value_layers = {0, 1, 8, 9, 10};   // value table k is read by layer value_layers[k]
     int skip_from = 3, skip_to = 6;                     // layer skip_from's output joins layer skip_to's input
     int backout_layer = 7;                              // its output is subtracted after the last layer
+    // record 80: an unpaired layer's value-embedding gate reads cat(x[:6], ve[:6]), not x[:12]
+    bool ve_gate_reads_ve = false;
 
     static bool holds(const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); }
     bool has_attention(int l) const { return !holds(without_attention, l); }
@@ -120,6 +122,14 @@ constexpr ScalarSlots record71_scalar_slots(int layers) {
             4 * layers + 3 + ((-3 * layers - 3) % 8 + 8) % 8};
 }
 
+// The training loss kernel's numerics (evaluation is record 71's in both: upstream's eval path).
+enum class SoftcapLoss {
+    sigmoid,    // record 71: 23 sigmoid((l + 5) / 7.5) in fp32, dlogits rounded to bf16 then to e5m2, S_w over
+                // the weights whose target is in the batch
+    tanh_bf16,  // record 80's kernel: 0.5 + 0.5 tanh.approx rounded to bf16 and reused, dlogits straight to e5m2,
+                // S_w over every MTP weight
+};
+
 struct Config {
     std::string name;
     // model
@@ -128,6 +138,7 @@ struct Config {
     int vocab_size = 50257, padded_vocab = 50304;
     int model_dim = 768, num_heads = 6, head_dim = 128, mlp_dim = 3072;
     int bigram_vocab = 50304 * 5;
+    SoftcapLoss loss = SoftcapLoss::sigmoid;
     float value_embed_std = 0.0f;   // value tables start at N(0, std^2); 0: zeros (record 71)
     // data
     std::string train_files = "data/fineweb10B/fineweb_train_*.bin", val_files = "data/fineweb10B/fineweb_val_*.bin";
@@ -736,6 +747,7 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
     aux.ids = b.inputs;
     aux.ve_table = m.params.ve_table(c, l);
     aux.ve_gate = m.params.ve_gate(c, l);
+    aux.ve_gate_input = c.structure.ve_gate_reads_ve && !aux.paired && aux.ve_table ? VeGateInput::x_and_ve : VeGateInput::x;
     aux.attn_gate = m.params.attn_gate(c, l);
     return aux;
 }
@@ -811,8 +823,9 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     await_gathered(m.gathered, At::head, s);
     if (a.training) {
         lm_head_fp8_forward(*m.lt, a.logits, a.fp8, a.h_final, m.fp8_scales, T, C, V, s);
-        softcap_mtp_loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, step_sch.mtp_weights,
-                                 step_sch.n_predict, T, V, s);
+        const auto loss_forward = c.loss == SoftcapLoss::tanh_bf16 ? ce_r80_loss_forward : softcap_mtp_loss_forward;
+        loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, step_sch.mtp_weights,
+                     step_sch.n_predict, T, V, s);
     } else {
         for (int r = 0; r < T; r += a.logit_rows) {
             const int rows = std::min(a.logit_rows, T - r);
@@ -873,8 +886,12 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     }
 
     // loss -> its e5m2 gradient, both layouts in one pass -> lm_head and its input
-    softcap_mtp_loss_backward_fp8(a.fp8.g_f8, a.fp8.g_f8_t, &m.fp8_scales->grad, a.logits, a.lse_head, b.targets,
-                                  step_sch.mtp_weights, step_sch.n_predict, m.dloss, T, V, s);
+    if (c.loss == SoftcapLoss::tanh_bf16)
+        ce_r80_loss_backward_fp8(a.fp8.g_f8, a.fp8.g_f8_t, m.dloss, &m.fp8_scales->grad, a.logits, a.lse_head, b.targets,
+                                 step_sch.mtp_weights, step_sch.n_predict, T, V, s);
+    else
+        softcap_mtp_loss_backward_fp8(a.fp8.g_f8, a.fp8.g_f8_t, &m.fp8_scales->grad, a.logits, a.lse_head, b.targets,
+                                      step_sch.mtp_weights, step_sch.n_predict, m.dloss, T, V, s);
     lm_head_fp8_backward(*m.lt, w.dh, g.lm_head, accumulate, a.fp8, m.fp8_scales, T, C, V, s);
     reduce_final(m.buckets, acc, At::head, 0, st.layers, s);
     backout_backward(dX, dX_backout, g.scalars + k.backout, sums, w.dh, a.x_final, a.rstd_final,
@@ -911,12 +928,13 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                                            {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}},
                                           sums, {.dw = acc.accumulate_matrices, .dlambda = accumulate}, s);
             reduce_final(m.buckets, acc, At::attn, l, st.layers, s);
+            // the gates' share of dve (a gate that reads the value embedding) comes before the table's rows
+            attn_gates_backward(aux, w.dh, aux.ve_gate_input == VeGateInput::x_and_ve ? dve : nullptr, g.attn_gate(c, l),
+                                table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve, sums, accumulate, s);
             if (table >= 0) {  // the table's rows, final here: reduced at once on an Adam step
                 embedding_backward(g.ve_table(c, l), dve, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
                 reduce_final(m.buckets, acc, At::value_table, table, st.layers, s);
             }
-            attn_gates_backward(aux, w.dh, g.attn_gate(c, l), table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve,
-                                sums, accumulate, s);
         }
         // the mix: its input's gradient goes to the buffer that already holds that stream's other
         // share (the backout layer's output: the backout; the skip's: the skip; layer 0's input: x0)

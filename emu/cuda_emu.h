@@ -70,6 +70,15 @@ struct ThreadState {        // one per CUDA thread (fiber)
     uint3 thread_idx;
     unsigned lane, warp;
     unsigned char* slot;    // this lane's deposit slot for warp collectives
+    // Per-fiber state of the PTX twins (wgmma's in-flight queue, cp.async's), found by a map lookup
+    // per instruction without this: the cached entry, valid while `cached_by` is this fiber's address
+    // and `owner` the id of the worker thread's map (a fiber moved by its worker's resize misses and
+    // looks again; a map of a later thread, even at the same address, has another id).
+    struct TwinCache {
+        const ThreadState* cached_by = nullptr;
+        uint64_t owner = 0;
+        void* entry = nullptr;
+    } wgmma_cache, cp_async_cache;
 };
 struct BlockState {         // one per block in flight on a worker
     uint3 block_idx;

@@ -72,8 +72,8 @@ struct WgmmaThreadState {
     std::deque<WgmmaInFlight> in_flight;  // issue order
 };
 inline WgmmaThreadState& wgmma_state() {
-    static thread_local std::unordered_map<const ThreadState*, WgmmaThreadState> states;  // per fiber
-    WgmmaThreadState& s = states[t_thread];
+    static thread_local TwinStates<WgmmaThreadState> states;  // per fiber
+    WgmmaThreadState& s = twin_state(states, t_thread->wgmma_cache);
     if (s.serial != t_block->serial) {
         s = WgmmaThreadState{};
         s.serial = t_block->serial;

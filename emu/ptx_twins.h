@@ -6,6 +6,7 @@
 #pragma once
 #include "cuda_emu.h"
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -127,6 +128,27 @@ struct CpAsyncCopy {
     const void* src;
     bool fill;
 };
+// A worker thread's per-fiber states of one PTX twin; `id` is unique to each map ever made, so that a
+// fiber's cache never points into a map of a thread that has ended.
+inline uint64_t next_twin_states_id() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+}
+template <class State>
+struct TwinStates {
+    std::unordered_map<const ThreadState*, State> map;  // its entries stay put as it grows
+    uint64_t id = next_twin_states_id();
+};
+// This fiber's entry, through its cache.
+template <class State>
+inline State& twin_state(TwinStates<State>& states, ThreadState::TwinCache& cache) {
+    if (cache.cached_by != t_thread || cache.owner != states.id) {
+        cache.entry = &states.map[t_thread];
+        cache.cached_by = t_thread;
+        cache.owner = states.id;
+    }
+    return *static_cast<State*>(cache.entry);
+}
 struct CpAsyncQueue {
     const BlockState* block = nullptr;  // which block's thread the queue belongs to
     uint3 block_idx{};
@@ -138,8 +160,8 @@ inline CpAsyncQueue& cp_async_queue() {
     // Fibers of one block share a worker thread, so a per-worker map keyed by fiber is private
     // to each CUDA thread. A queue left by an earlier block whose fiber this one reuses is
     // dropped: those copies targeted a block that no longer exists.
-    static thread_local std::unordered_map<const ThreadState*, CpAsyncQueue> queues;
-    CpAsyncQueue& q = queues[t_thread];
+    static thread_local TwinStates<CpAsyncQueue> queues;
+    CpAsyncQueue& q = twin_state(queues, t_thread->cp_async_cache);
     const BlockState* b = t_block;
     if (q.block != b || q.block_idx.x != b->block_idx.x || q.block_idx.y != b->block_idx.y ||
         q.block_idx.z != b->block_idx.z || q.block_smem != b->dyn_smem) {

@@ -710,8 +710,3 @@ inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* dve, bf16* d_
            attn_gates_backward_smem_bytes(a.H, gates, a.ve_gate_input), stream, dxa, dve, sum, dz_attn, dz_ve, a);
     CUDA_CHECK_LAUNCH();
 }
-// Record 71's form (the VE gate reads xa[:, :12]): no dve.
-inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* d_attn_gate, bf16* d_ve_gate, const float* dz_attn,
-                                const float* dz_ve, BlockPartials scratch, bool accumulate, cudaStream_t stream) {
-    attn_gates_backward(a, dxa, nullptr, d_attn_gate, d_ve_gate, dz_attn, dz_ve, scratch, accumulate, stream);
-}

@@ -75,6 +75,10 @@ inline std::string batch_error(const DeviceBatch& b, const TokenSpace& c, const 
     if (T > b.capacity) return std::to_string(T) + " tokens exceed the " + std::to_string(b.capacity) + " the arena holds";
     if (num_cu < 2 || num_cu > b.cu_capacity || cu_seqlens[0] != 0 || cu_seqlens[num_cu - 1] != T)
         return "cu_seqlens must have 2.." + std::to_string(b.cu_capacity) + " entries from 0 to T";
+    for (int k = 1; k < num_cu; ++k)  // attention reads documents [cu[k-1], cu[k]) of the T tokens
+        if (cu_seqlens[k] < cu_seqlens[k - 1])
+            return "cu_seqlens entry " + std::to_string(k) + " (" + std::to_string(cu_seqlens[k]) + ") is below entry " +
+                   std::to_string(k - 1) + " (" + std::to_string(cu_seqlens[k - 1]) + "): document starts must ascend to T";
     for (int t = 0; t < T; ++t)
         if (inputs[t] < 0 || inputs[t] >= c.vocab_size || targets[t] < 0 || targets[t] >= c.vocab_size)
             return "token id " + std::to_string(inputs[t] < 0 || inputs[t] >= c.vocab_size ? inputs[t] : targets[t]) +

@@ -472,8 +472,8 @@ struct Run {
         if (c.reads_ve())
             attn_gates_backward(aux, dxa.ptr, dve.ptr, d_attn_gate.ptr, d_ve_gate.ptr, dz_attn.ptr, dz_ve.ptr,
                                 scratch.view(), accumulate, nullptr);
-        else  // record 71's overload
-            attn_gates_backward(aux, dxa.ptr, d_attn_gate.ptr, c.ve ? d_ve_gate.ptr : nullptr, dz_attn.ptr,
+        else  // record 71's gates: no dve
+            attn_gates_backward(aux, dxa.ptr, nullptr, d_attn_gate.ptr, c.ve ? d_ve_gate.ptr : nullptr, dz_attn.ptr,
                                 c.ve ? dz_ve.ptr : nullptr, scratch.view(), accumulate, nullptr);
     }
 };
@@ -796,11 +796,11 @@ int main(int argc, char** argv) {
     test::check_fails_with("attn_gates_backward with 33 heads", "33 heads, at most 32", [] {
         AttnAux a = bad_aux();
         a.H = 33;
-        attn_gates_backward(a, reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16), nullptr,
+        attn_gates_backward(a, reinterpret_cast<bf16*>(16), nullptr, reinterpret_cast<bf16*>(16), nullptr,
                             reinterpret_cast<const float*>(16), nullptr, {}, false, nullptr);
     });
     test::check_fails_with("attn_gates_backward with dz_attn misaligned", "must be 16-byte aligned", [] {
-        attn_gates_backward(bad_aux(), reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16), nullptr,
+        attn_gates_backward(bad_aux(), reinterpret_cast<bf16*>(16), nullptr, reinterpret_cast<bf16*>(16), nullptr,
                             reinterpret_cast<const float*>(20), nullptr, {}, false, nullptr);
     });
     test::check_fails_with("VE gate reading ve on a paired layer", "VeGateInput::x_and_ve on a paired layer", [] {
@@ -823,7 +823,7 @@ int main(int argc, char** argv) {
                                a.ve_table = a.ve_gate = reinterpret_cast<const bf16*>(16);
                                a.ids = reinterpret_cast<const int32_t*>(16);
                                a.ve_gate_input = VeGateInput::x_and_ve;
-                               attn_gates_backward(a, reinterpret_cast<bf16*>(16), reinterpret_cast<bf16*>(16),
+                               attn_gates_backward(a, reinterpret_cast<bf16*>(16), nullptr, reinterpret_cast<bf16*>(16),
                                                    reinterpret_cast<bf16*>(16), reinterpret_cast<const float*>(16),
                                                    reinterpret_cast<const float*>(16), {}, false, nullptr);
                            });

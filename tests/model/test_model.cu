@@ -104,7 +104,11 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     ref::Config rc = ref::Config::make(T, c.padded_vocab, c.model_dim, c.num_heads, c.head_dim, c.bigram_vocab,
                                        ws_short, ws_long);
     rc.mtp_weights = {1.0, 0.5, 0.25};
-    rc.grad_scale = 2.0 / c.grad_accum();
+    rc.grad_scale = c.grad_scale();
+    test::check(c.structure.value_tables() == ref::kValueTables, "the reference holds %d value tables", ref::kValueTables);
+    std::copy(c.structure.value_layers.begin(), c.structure.value_layers.end(), rc.value_layers.begin());
+    rc.ve_gate_reads_ve = c.structure.ve_gate_reads_ve;
+    rc.sw_over_all_weights = c.loss == SoftcapLoss::tanh_bf16;
     rc.yarn_apply(old_long, ws_long);
     ref::Batch rb;
     rb.inputs.assign(inputs.begin(), inputs.begin() + T);
@@ -325,10 +329,13 @@ int main() {
                     "value tables: mean %g std %g, correlation with lm_head %g", mean_of(v), std_of(v), dot / std::sqrt(vv * ll));
     }
     const int T = c.max_train_tokens();
-    std::vector<int32_t> inputs(T), targets(T), bigram(T), cu = {0, 70, 131, T};
+    // three documents, each starting at a BOS (offsets from T: written for 256 tokens, this test once
+    // wrote BOS past the end of its 64-token buffers and gave cu_seqlens beyond T)
+    const std::vector<int> starts = {0, T * 3 / 8, T * 3 / 4};
+    std::vector<int32_t> inputs(T), targets(T), bigram(T), cu = {starts[0], starts[1], starts[2], T};
     for (int t = 0; t < T; ++t) inputs[t] = test::randint(0, c.vocab_size - 1);
     for (int t = 0; t < T; ++t) targets[t] = t + 1 < T ? inputs[t + 1] : test::randint(0, c.vocab_size - 1);
-    for (int d : {0, 100, 217}) inputs[d] = 50256;
+    for (int d : starts) inputs.at(size_t(d)) = 50256;
     dataload::bigram_hash(inputs.data(), bigram.data(), T, c.bigram_vocab);
     cu.resize(128, T);
     BatchUploader up;
@@ -356,6 +363,19 @@ int main() {
     test::check(std::isfinite(n2) && n2 > 0, "lm_head gradient norm^2 %g", n2);
 
     compare_with_reference(m, c, s);
+    {  // record 80's switches so far: value tables on layers 1, 2, 8, 9, 10 (2 and 9 paired), the gate
+       // reading ve on the unpaired ones, the tanh-form loss kernel, grad_scale 1/accum
+        Config r80 = c;
+        r80.structure.value_layers = {1, 2, 8, 9, 10};
+        r80.structure.ve_gate_reads_ve = true;
+        r80.loss = SoftcapLoss::tanh_bf16;
+        r80.grad_scale_sum = 1;
+        r80.value_embed_std = 0.01f;
+        Model m80;
+        build_model(m80, r80, test::seed(), s);
+        std::printf("record 80's switches:\n");
+        compare_with_reference(m80, r80, s);
+    }
 
     // Bad input stops before any kernel runs, with a message naming the problem.
     test::check_fails_with("odd head count", "even number of heads", [&] {
@@ -369,6 +389,12 @@ int main() {
         std::vector<int32_t> ids = inputs;
         ids[7] = c.vocab_size;
         up.upload(m.batch, c.tokens(), ids.data(), targets.data(), cu.data(), int(cu.size()), bigram.data(), T, s);
+    });
+    const std::string descending = "cu_seqlens entry 3 (" + std::to_string(T) + ") is below entry 2 (" + std::to_string(T + 6) + ")";
+    test::check_fails_with("cu_seqlens past T", descending.c_str(), [&] {
+        std::vector<int32_t> bad = cu;  // {0, T*3/8, T + 6, T, ...}: a document start past T
+        bad[2] = T + 6;
+        up.upload(m.batch, c.tokens(), inputs.data(), targets.data(), bad.data(), int(bad.size()), bigram.data(), T, s);
     });
     test::check_fails_with("T not a multiple of 16", "multiple of 16", [&] {
         std::vector<int32_t> short_cu = {0, T - 8};

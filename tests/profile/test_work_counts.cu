@@ -869,7 +869,7 @@ void test_rope() {
                              partials + ticket,
                          xa_cols + partials + bytes(d_attn_gate) + bytes(d_ve_gate) + ticket)},
                  {inout(dxa), out(scratch.partials), out(d_attn_gate), out(d_ve_gate), inout(scratch.done)}, [&] {
-                     attn_gates_backward(a, dxa.ptr, d_attn_gate.ptr, d_ve_gate.ptr, dz_attn.ptr, dz_ve.ptr,
+                     attn_gates_backward(a, dxa.ptr, nullptr, d_attn_gate.ptr, d_ve_gate.ptr, dz_attn.ptr, dz_ve.ptr,
                                          scratch.view(), false, nullptr);
                  },
                  partials + bytes(d_attn_gate) + bytes(d_ve_gate));  // dxa's columns are updated in place

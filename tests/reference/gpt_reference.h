@@ -65,7 +65,8 @@ inline void require(bool ok, const char* fmt, ...) {
 
 // Bank entry of a layer's attention weights and output gate (layer 6 has none: -1).
 inline int attn_bank_index(int layer) { return layer < 6 ? layer : layer == 6 ? -1 : layer - 1; }
-// Value-embedding table (and ve gate) of a layer, -1 where it has none.
+// Value-embedding table (and ve gate) of a layer in record 71, -1 where it has none (record 80:
+// Config::value_layers).
 inline int value_table(int layer) {
     switch (layer) {
         case 0: return 0;
@@ -156,6 +157,13 @@ struct Config {
     bool fp8 = true;                        // training only: false replaces the quantized lm_head by the exact one
     bool key_offset = true;                 // false disables the key offset (a test switch; upstream always has it)
     std::array<bool, kLayers> paired{};     // paired-head layers (upstream: 0, 2, 5, 9)
+    // Value table k is read by layer value_layers[k] (record 71: 0, 1, 8, 9, 10; record 80: 1, 2, 8, 9, 10).
+    std::array<int, kValueTables> value_layers{0, 1, 8, 9, 10};
+    // Record 80: an unpaired layer's ve gate reads cat(xa[:6], ve[:6]) instead of xa[:12].
+    bool ve_gate_reads_ve = false;
+    // Record 80's CE kernel: the gradient's normalizer S_w sums every MTP weight, also those whose
+    // target t+k lies past the batch (record 71: only the weights with a target, w_k > 0).
+    bool sw_over_all_weights = false;
     double grad_scale = 2.0;                // upstream's grad_scale (2 / grad_accum_steps; 2 on 8 ranks)
     double x_s = 100.0 / 448.0, w_s = 1.6 / 448.0;
     int scalars_pad = 4;                    // upstream pads scalars to a multiple of world_size (4 on 8 ranks)
@@ -174,6 +182,12 @@ struct Config {
         return key_offset && layer != 6 && !paired[layer] && window(layer) == window_long;
     }
     const Yarn& yarn_of(int layer) const { return paired[layer] ? yarn_paired : yarn; }
+    int table_of(int layer) const {
+        for (int k = 0; k < kValueTables; ++k)
+            if (value_layers[size_t(k)] == layer) return k;
+        return -1;
+    }
+    bool gate_reads_ve(int layer) const { return ve_gate_reads_ve && !paired[layer] && table_of(layer) >= 0; }
     void yarn_apply(int old_window, int new_window) {
         yarn.apply(old_window, new_window);
         yarn_paired.apply(old_window, new_window);
@@ -608,11 +622,17 @@ inline AttnShape attn_shape(const Config& c, const Batch& b, int layer) {
 inline const double* value_row(const Config& c, const Params& p, int table, int token) {
     return p.value_embeds.data() + (size_t(table) * c.V + token) * c.C;
 }
+// What the ve gate reads of a token: xa[:12], or (record 80, unpaired layers) cat(xa[:6], ve[:6]).
+inline std::vector<double> gate_input(const Config& c, int layer, const double* xa, const double* ve) {
+    std::vector<double> in(xa, xa + kGateDim);
+    if (c.gate_reads_ve(layer)) std::copy(ve, ve + kGateDim / 2, in.begin() + kGateDim / 2);
+    return in;
+}
 
 // One attention block: L.x_mix -> L.x_attn, keeping what the backward needs.
 inline void attention_block_forward(const Config& c, const Params& p, const Batch& b, int layer, LayerTape& L) {
     const size_t T = c.T, C = c.C, H = c.H, D = c.D;
-    const int bank = attn_bank_index(layer), table = value_table(layer);
+    const int bank = attn_bank_index(layer), table = c.table_of(layer);
     const double* W = p.attn_bank.data() + size_t(bank) * 4 * C * C;
     const double sa0 = p.scalars[scalar_sa(layer, 0)], sa1 = p.scalars[scalar_sa(layer, 1)];
     const Yarn& yarn = c.yarn_of(layer);
@@ -654,8 +674,9 @@ inline void attention_block_forward(const Config& c, const Params& p, const Batc
         const double* gate = p.ve_gate_bank.data() + size_t(table) * H * kGateDim;
         for (size_t t = 0; t < T; ++t) {
             const double* ve = value_row(c, p, table, b.inputs[t]);
+            const std::vector<double> in = gate_input(c, layer, L.xa.data() + t * C, ve);
             for (size_t h = 0; h < H; ++h) {
-                const double sg = sigmoid(dot(L.xa.data() + t * C, gate + h * kGateDim, kGateDim));
+                const double sg = sigmoid(dot(in.data(), gate + h * kGateDim, kGateDim));
                 L.ve_sig[t * H + h] = sg;
                 axpy(2.0 * sg, ve + h * D, L.v.data() + (t * H + h) * D, D);
             }
@@ -805,7 +826,7 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
                                      const std::vector<double>& dout, std::vector<double>& dx_mix, Params& g,
                                      std::vector<double>& scalar_sq) {
     const size_t T = c.T, C = c.C, H = c.H, D = c.D;
-    const int bank = attn_bank_index(layer), table = value_table(layer);
+    const int bank = attn_bank_index(layer), table = c.table_of(layer);
     const size_t wofs = size_t(bank) * 4 * C * C;
     const double* W = p.attn_bank.data() + wofs;
     double* dW = g.attn_bank.data() + wofs;
@@ -838,20 +859,24 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
     attention_backward(attn_shape(c, b, layer), L.q.data(), L.k.data(), L.v.data(), L.y.data(), L.lse.data(),
                        dy.data(), dq.data(), dk.data(), dv.data());
 
-    // value embedding: v = v_raw + 2 sigmoid(xa[:12] . ve_gate[h]) * ve
+    // value embedding: v = v_raw + 2 sigmoid(in . ve_gate[h]) * ve, in = the gate's input (gate_input)
     if (table >= 0) {
         const double* vgate = p.ve_gate_bank.data() + size_t(table) * H * kGateDim;
         double* dvgate = g.ve_gate_bank.data() + size_t(table) * H * kGateDim;
+        const bool reads_ve = c.gate_reads_ve(layer);
+        const size_t from_x = reads_ve ? kGateDim / 2 : kGateDim;  // gate inputs that are xa's
         for (size_t t = 0; t < T; ++t) {
             const double* ve = value_row(c, p, table, b.inputs[t]);
             double* dve = g.value_embeds.data() + (size_t(table) * c.V + b.inputs[t]) * C;
+            const std::vector<double> in = gate_input(c, layer, L.xa.data() + t * C, ve);
             for (size_t h = 0; h < H; ++h) {
                 const size_t o = (t * H + h) * D;
                 const double sg = L.ve_sig[t * H + h];
                 const double dz = 2.0 * sg * (1.0 - sg) * dot(dv.data() + o, ve + h * D, D);
                 axpy(2.0 * sg, dv.data() + o, dve + h * D, D);
-                axpy(dz, L.xa.data() + t * C, dvgate + h * kGateDim, kGateDim);
-                axpy(dz, vgate + h * kGateDim, dxa.data() + t * C, kGateDim);
+                axpy(dz, in.data(), dvgate + h * kGateDim, kGateDim);
+                axpy(dz, vgate + h * kGateDim, dxa.data() + t * C, from_x);
+                if (reads_ve) axpy(dz, vgate + h * kGateDim + from_x, dve, kGateDim - from_x);
             }
         }
     }
@@ -942,6 +967,10 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
                     sw += c.mtp_weights[k];
                     dz[b.targets[t + k]] -= c.mtp_weights[k];
                 }
+            if (c.sw_over_all_weights) {
+                sw = 0.0;
+                for (double w : c.mtp_weights) sw += w;
+            }
         } else {
             sw = 1.0;
             dz[b.targets[t]] -= 1.0;
