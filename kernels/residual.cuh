@@ -234,6 +234,24 @@ __device__ __forceinline__ float skip_gate_logit(const __nv_bfloat16* x0_row, co
     return __bfloat162float(__float2bfloat16(s));
 }
 
+// One warp's row: x_out = bf16(a + s * b), then h = norm(x_out) and its rstd when h is given.
+__device__ __forceinline__ void add_scaled_row(__nv_bfloat16* x_out_row, __nv_bfloat16* h_row, float* h_rstd_slot,
+                                               const __nv_bfloat16* a_row, const __nv_bfloat16* b_row, float s, int C,
+                                               int lane) {
+    NormRow out = {};
+#pragma unroll
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) continue;
+        const Pack128<__nv_bfloat16> av = load128(a_row + col), bv = load128(b_row + col);
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k)
+            out.pack[i][k] = __float2bfloat16(__bfloat162float(av[k]) + s * __bfloat162float(bv[k]));
+        store128(x_out_row + col, out.pack[i]);
+    }
+    if (h_row) norm_row_store_normalized(h_row, h_rstd_slot, out, norm_row_rstd(out, C), C, lane);
+}
+
 // x_out = bf16(x + sigmoid(lambda) * 2 * sigmoid(logit) * skip), logit = bf16(x0[t, :12] . w);
 // h = norm(x_out) when h is given (record 80, where layer 6's MLP reads it).
 __global__ void __launch_bounds__(kNormThreads, 4)
@@ -244,18 +262,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     if (row >= T) return;
     const size_t off = static_cast<size_t>(row) * C;
     const float s = sigmoidf(*skip_lambda) * 2.0f * sigmoidf(skip_gate_logit(x0 + off, load_skip_gate(gate_w)));
-    NormRow out = {};
-#pragma unroll
-    for (int i = 0; i < kNormPacksPerLane; ++i) {
-        const int col = norm_row_col(i, lane);
-        if (col >= C) continue;
-        const Pack128<__nv_bfloat16> xv = load128(x + off + col), sv = load128(skip + off + col);
-#pragma unroll
-        for (int k = 0; k < kNormPackWidth; ++k)
-            out.pack[i][k] = __float2bfloat16(__bfloat162float(xv[k]) + s * __bfloat162float(sv[k]));
-        store128(x_out + off + col, out.pack[i]);
-    }
-    if (h) norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
+    add_scaled_row(x_out + off, h ? h + off : nullptr, h ? h_rstd + row : nullptr, x + off, skip + off, s, C, lane);
 }
 // Reads x, skip, x0's first 12 columns, the gate and lambda; writes x_out; a multiply-add per element.
 inline Work gated_skip_add_forward_work(int T, int C) {
@@ -790,20 +797,8 @@ __global__ void __launch_bounds__(kNormThreads, 4)
                                 const __nv_bfloat16* x0_bigram, const float* bigram_lambda, int T, int C) {
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
-    const float b = bf16_lambda(bigram_lambda);
     const size_t off = static_cast<size_t>(row) * C;
-    NormRow out = {};
-#pragma unroll
-    for (int i = 0; i < kNormPacksPerLane; ++i) {
-        const int col = norm_row_col(i, lane);
-        if (col >= C) continue;
-        const Pack128<__nv_bfloat16> zv = load128(x0 + off + col), bv = load128(x0_bigram + off + col);
-#pragma unroll
-        for (int k = 0; k < kNormPackWidth; ++k)
-            out.pack[i][k] = __float2bfloat16(__bfloat162float(zv[k]) + b * __bfloat162float(bv[k]));
-        store128(x_out + off + col, out.pack[i]);
-    }
-    norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
+    add_scaled_row(x_out + off, h + off, h_rstd + row, x0 + off, x0_bigram + off, bf16_lambda(bigram_lambda), C, lane);
 }
 // Reads x0, xb and the lambda; writes x_out, h and rstd; a multiply-add and the norm per element.
 inline Work stream_start_forward_work(int T, int C) {

@@ -415,6 +415,7 @@ void test_errors(const datatest::ScratchDir& dir) {
         roomy.check_documents();
         // val slices: rank 1 reads tokens 64..127, the first document's last 16 then 48 one-token ones
         ValLoader v(dir.file("two_ranks.bin"), 0, 2, 128, 1, kRecordBigramVocab, t.max_docs);
+        expect_data_error("val check_documents before advance", [&] { v.check_documents(); }, {"without a successful advance"});
         v.advance();
         expect_data_error("val table: rank 1 overflows", [&] { v.check_documents(); },
                           {"rank 1's micro-batch of 64 tokens", "needs 49 cu_seqlens entries but max_num_docs is 32"});

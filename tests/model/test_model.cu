@@ -385,6 +385,18 @@ int main() {
         Model bad;
         build_model(bad, odd, 1, s);
     });
+    test::check_fails_with("a stage cutting documents at 0 tokens", "each stage's max_seq_len must be at least 1", [&] {
+        Config cut = c;
+        cut.stages[1].max_seq_len = 0;
+        Model bad;
+        build_model(bad, cut, 1, s);
+    });
+    test::check_fails_with("a max-documents table without room for a document", "max-documents table entry 32 -> 1", [&] {
+        Config few = c;
+        few.max_docs.table = {{32, 1}};
+        Model bad;
+        build_model(bad, few, 1, s);
+    });
     test::check_fails_with("token outside the vocabulary", "outside the vocabulary", [&] {
         std::vector<int32_t> ids = inputs;
         ids[7] = c.vocab_size;
