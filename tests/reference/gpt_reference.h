@@ -408,6 +408,9 @@ struct Tape {
     // independent error of relative size e in each d_i leaves in the sum (about e times it), however
     // much the products cancel.
     std::vector<double> scalar_scales, x0_lambda_scales;
+    // The skip gate's gradient is sum_t k_t <dx_t, skip_t> x0[t, j]: the inner dot products cancel
+    // too, so its error scale is the root-sum-square of k_t x0[t, j] times each dot's own scale.
+    std::vector<double> skip_gate_scales;  // (12)
 };
 
 // The lambdas, laid end to end: the used scalars, then x0_lambdas. Their gradients from `g`, and
@@ -953,6 +956,7 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     std::vector<double>& sq = tp.scalar_scales;  // sums of squares until the end
     sq.assign(c.num_scalars(), 0.0);
     tp.x0_lambda_scales.assign(kLayers, 0.0);
+    tp.skip_gate_scales.assign(kGateDim, 0.0);
 
     // logits' gradient, row by row: dz = s * (S_w p - sum_k w_k onehot(target[t+k])), dl = dz * z (1 - sig) / C
     std::vector<double> dl(T * V);
@@ -1032,6 +1036,11 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
                 sq[kScalarSkip] += dgate_sq * ds * ds;
                 const double dzs = dgate * sl * 2.0 * sg * (1.0 - sg);
                 axpy(dzs, tp.x0.data() + t * C, g.skip_gate.data(), kGateDim);
+                const double k = sl * 2.0 * sg * (1.0 - sg);
+                for (size_t j = 0; j < kGateDim; ++j) {
+                    const double x = tp.x0[t * C + j];
+                    tp.skip_gate_scales[j] += k * k * dgate_sq * x * x + dzs * dzs * x * x;
+                }
                 axpy(dzs, p.skip_gate.data(), dx0.data() + t * C, kGateDim);
             }
         }
@@ -1060,6 +1069,7 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     }
     for (double& e : sq) e = std::sqrt(e);
     for (double& e : tp.x0_lambda_scales) e = std::sqrt(e);
+    for (double& e : tp.skip_gate_scales) e = std::sqrt(e);
     return loss;
 }
 
