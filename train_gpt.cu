@@ -89,6 +89,13 @@ struct Structure {
     int backout_layer = 7;                              // its output is subtracted after the last layer
     // record 80: an unpaired layer's value-embedding gate reads cat(x[:6], ve[:6]), not x[:12]
     bool ve_gate_reads_ve = false;
+    // record 80's residual stream (records 73-77): x = bf16(x0 + lb[0] xb) before layer 0; each sublayer
+    // x = bf16(resid x + post block(norm(x)) + injection), the injection lx0[i] x0 + lb[i] xb after each
+    // attention (layer 0: x0 only); the layer without attention (the skip's target) only adds the skip.
+    // Off: record 71's per-layer mix before each layer.
+    bool sublayer_lambdas = false;
+    // record 80: the attention layers after this one read norm(its output) instead of the stream (-1: none)
+    int late_attn_source = -1;
 
     static bool holds(const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); }
     bool has_attention(int l) const { return !holds(without_attention, l); }
@@ -100,6 +107,7 @@ struct Structure {
     }
     bool is_paired(int l) const { return holds(paired, l); }
     bool is_long_window(int l) const { return holds(long_window, l); }
+    bool reads_late_source(int l) const { return late_attn_source >= 0 && l > late_attn_source; }
     int value_tables() const { return static_cast<int>(value_layers.size()); }
     int value_table(int l) const {  // -1: none
         for (int k = 0; k < value_tables(); ++k)
@@ -120,6 +128,11 @@ struct ScalarSlots {
 constexpr ScalarSlots record71_scalar_slots(int layers) {
     return {0, layers, 3 * layers, 4 * layers, 4 * layers + 1, 4 * layers + 2,
             4 * layers + 3 + ((-3 * layers - 3) % 8 + 8) % 8};
+}
+// Record 80's (the resid and bigram lambdas are parameters of their own): sa lambda pairs, smear, backout,
+// skip, then ones to a multiple of 8 (upstream pads by (-2 * layers - 3) mod its world size, 8).
+constexpr ScalarSlots record80_scalar_slots(int layers) {
+    return {-1, 0, -1, 2 * layers, 2 * layers + 1, 2 * layers + 2, 2 * layers + 3 + ((-2 * layers - 3) % 8 + 8) % 8};
 }
 
 // The training loss kernel's numerics (evaluation is record 71's in both: upstream's eval path).
@@ -263,6 +276,19 @@ std::string structure_error(const Structure& st) {
         return "the skip must go from a layer's output to a later layer's input, not the next one's";
     if (!layer(st.backout_layer) || st.backout_layer + 1 >= n || st.backout_layer == st.skip_from)
         return "the backout layer must be a layer before the last, other than the skip's";
+    if (st.sublayer_lambdas && (st.without_attention != std::vector<int>{st.skip_to} || !st.has_attention(0)))
+        return "per-sublayer lambdas need exactly one layer without attention, the skip's target (it only adds the skip), "
+               "and attention on layer 0";
+    if (st.sublayer_lambdas && st.backout_layer + 1 == st.skip_to)
+        return "with per-sublayer lambdas the backout layer's output cannot enter the skip's target";
+    if (st.late_attn_source >= 0) {
+        if (!st.sublayer_lambdas) return "a late attention source needs per-sublayer lambdas";
+        if (st.late_attn_source + 1 >= n) return "the late attention source must be a layer before the last";
+        for (int l = st.late_attn_source + 1; l < n; ++l)
+            if (!st.has_attention(l)) return "every layer after the late attention source must have attention";
+        if (n - 1 - st.late_attn_source > NormGrads::kMax)
+            return "at most " + std::to_string(NormGrads::kMax) + " layers may read the late attention source";
+    }
     return "";
 }
 
@@ -288,6 +314,9 @@ std::string config_error(const Config& c) {
     if (const std::string e = c.max_docs.error(); !e.empty()) return bad(e);
     if (c.val_batch_tokens % (8 * 16) != 0) return bad("the validation batch must split into 8 multiples of 16 tokens");
     if (const std::string e = structure_error(c.structure); !e.empty()) return bad(e);
+    if ((c.scalar_slots.resid < 0 || c.scalar_slots.bigram < 0) != c.structure.sublayer_lambdas)
+        return bad("the scalars hold resid and bigram lambdas exactly when the structure has no per-sublayer lambdas "
+                   "(record80_scalar_slots goes with sublayer_lambdas)");
     return "";
 }
 
@@ -312,6 +341,10 @@ struct Params {
     bf16* skip_gate;       // (12)
     float* x0_lambdas;     // (11)
     float* scalars;        // (scalar_slots.count): see ScalarSlots
+    // record 80's residual stream only (Structure::sublayer_lambdas; else null)
+    float* resid_lambdas;  // (11, 2): [attention, MLP] per layer
+    float* post_lambdas;   // (11, 2)
+    float* bigram_lambdas; // (11)
 
     bf16* wqkv(const Config& c, int l) const {
         return attn_bank + int64_t(c.structure.attn_index(l)) * 4 * c.model_dim * c.model_dim;
@@ -341,6 +374,7 @@ enum class Init {
     uniform,             // U(-b, b), b = sqrt(3) / (2 sqrt(model_dim)): upstream's CastedLinear init
     uniform_c_fc,        // the MLP bank: each layer's c_fc uniform (a stream per layer), c_proj zeros
     normal,              // N(0, std^2): upstream's lm_head (0.005) and record 80's value tables (0.01)
+    constant,            // every element `value` (fp32 parameters)
     lm_head_transposed,  // embed starts tied to lm_head
     scalars,             // the scalars vector's values (initial_scalars)
 };
@@ -350,6 +384,7 @@ struct ParamSpec {
     Init init;
     uint64_t seed_stream = 0;  // random inits draw from the generator stream seed * 16 + seed_stream
     float std = 0.0f;          // Init::normal's standard deviation
+    float value = 0.0f;        // Init::constant's value
 };
 
 // Calls visit(spec, field) for every parameter of `p` in arena order (field: a bf16* or float*
@@ -370,7 +405,16 @@ void visit_params(const Config& c, Params& p, Visit&& visit) {
     visit(ParamSpec{"ve_gate_bank", {tables, H, kGateWidth}, Init::zeros}, p.ve_gate_bank);
     visit(ParamSpec{"smear_gate", {1, kGateWidth}, Init::zeros}, p.smear_gate);
     visit(ParamSpec{"skip_gate", {1, kGateWidth}, Init::zeros}, p.skip_gate);
-    visit(ParamSpec{"x0_lambdas", {layers}, Init::zeros}, p.x0_lambdas);
+    if (st.sublayer_lambdas) {  // upstream's order
+        visit(ParamSpec{"post_lambdas", {layers, 2}, Init::constant, 0, 0.0f, 1.0f}, p.post_lambdas);
+        visit(ParamSpec{"x0_lambdas", {layers}, Init::zeros}, p.x0_lambdas);
+        visit(ParamSpec{"bigram_lambdas", {layers}, Init::constant, 0, 0.0f, 0.05f}, p.bigram_lambdas);
+        // sqrt(1.1) per sublayer: a layer scales the stream by 1.1, as record 71's one lambda did
+        visit(ParamSpec{"resid_lambdas", {layers, 2}, Init::constant, 0, 0.0f, static_cast<float>(std::sqrt(1.1))},
+              p.resid_lambdas);
+    } else {
+        visit(ParamSpec{"x0_lambdas", {layers}, Init::zeros}, p.x0_lambdas);
+    }
     visit(ParamSpec{"scalars", {c.scalar_slots.count}, Init::scalars}, p.scalars);
 }
 
@@ -413,10 +457,12 @@ struct LayerActs {
     bf16* y;           // attention output (T, H, D)
     float* lse;        // (H, T)
     bf16* y_gated;
+    bf16* attn_out;    // the attention block's output projection (record 71: the shared block_out)
     bf16* xa;          // stream after the attention block
     bf16* h_mlp;       // norm(xa)
     float* rstd_mlp;
     bf16 *pre, *post;  // (T, mlp)
+    bf16* mlp_out;     // the MLP's output (record 71: the shared block_out)
 };
 
 struct Acts {
@@ -431,7 +477,8 @@ struct Acts {
     bf16* x_final;              // after the backout
     bf16* h_final;              // norm(x_final): the lm_head's input
     float* rstd_final;
-    bf16* block_out;            // a block's projection output before it joins the stream
+    bf16* block_out;            // a block's output before it joins the stream (per-sublayer lambdas in training:
+                                // each layer keeps its own, attn_out and mlp_out, for the post lambdas' gradients)
     bf16* logits;               // (rows, V): all of T in training, `logit_rows` per chunk in eval
     int logit_rows;
     float* lse_head;            // (T)
@@ -461,8 +508,13 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
         const std::string n = m + "layer" + std::to_string(l) + ".";
         L = LayerActs{};
         L.xm = a.take<bf16>(n + "xm", {T, C});
-        L.h_attn = a.take<bf16>(n + "h_attn", {T, C});
-        L.rstd_attn = a.take<float>(n + "rstd_attn", {T});
+        if (st.reads_late_source(l) && st.reads_late_source(l - 1)) {  // norm(late source), made once, is layer late+1's
+            L.h_attn = s.layer[st.late_attn_source + 1].h_attn;
+            L.rstd_attn = s.layer[st.late_attn_source + 1].rstd_attn;
+        } else {
+            L.h_attn = a.take<bf16>(n + "h_attn", {T, C});
+            L.rstd_attn = a.take<float>(n + "rstd_attn", {T});
+        }
         if (st.has_attention(l)) {
             L.wqkv_eff = a.take<bf16>(n + "wqkv_eff", {3 * C, C});
             L.wo_eff = a.take<bf16>(n + "wo_eff", {C, C});
@@ -481,6 +533,10 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
         }
         L.pre = a.take<bf16>(n + "pre", {T, M});
         L.post = a.take<bf16>(n + "post", {T, M});
+        if (training && st.sublayer_lambdas) {
+            if (st.has_attention(l)) L.attn_out = a.take<bf16>(n + "attn_out", {T, C});
+            L.mlp_out = a.take<bf16>(n + "mlp_out", {T, C});
+        }
     }
     // Streams between layers (layer 0 reads x0): every layer's input in training; in eval one
     // buffer passed along, and the two streams read again later (the skip's and the backout's).
@@ -489,12 +545,18 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
         const bool own = training || l == st.skip_from + 1 || l == st.backout_layer + 1;
         s.layer[l].x = own ? a.take<bf16>(m + "layer" + std::to_string(l) + ".x", {T, C}) : passed;
     }
-    s.layer[0].x = s.x0;
+    // record 71's layer 0 mixes x0 itself; record 80's stream starts as x0 + lb[0] x0_bigram
+    s.layer[0].x = !st.sublayer_lambdas ? s.x0 : training ? a.take<bf16>(m + "layer0.x", {T, C}) : passed;
     s.x_out = a.take<bf16>(m + "x_out", {T, C});
     s.x_final = a.take<bf16>(m + "x_final", {T, C});
     s.h_final = a.take<bf16>(m + "h_final", {T, C});
     s.rstd_final = a.take<float>(m + "rstd_final", {T});
     s.block_out = a.take<bf16>(m + "block_out", {T, C});
+    for (int l = 0; l < st.layers; ++l) {
+        LayerActs& L = s.layer[l];
+        if (!L.attn_out) L.attn_out = s.block_out;
+        if (!L.mlp_out) L.mlp_out = s.block_out;
+    }
     s.logit_rows = training ? T : std::min<int>(T, 8192);
     s.logits = a.take<bf16>(m + "logits", {s.logit_rows, V});
     s.lse_head = a.take<float>(m + "lse_head", {T});
@@ -524,6 +586,10 @@ struct BackwardBufs {
     bf16 *dq, *dk, *dv, *dy; // (T, H, D)
     float *dz_attn, *dz_ve;  // gate logit gradients (T, H)
     bf16* dw_eff;            // gradients of a layer's lambda-scaled weights: wqkv's (3C, C), then wo's (C, C)
+    // per-sublayer lambdas only:
+    bf16* dblock;            // gradient of a block's output (the update scales it by its post lambda)
+    bf16* dh_late[NormGrads::kMax - 1];  // the attention inputs' gradients of the layers after the late
+                                         // source's first reader, kept until the source's own update
     float* scratch;          // partial sums, attention workspace, embedding chunk sums
     size_t scratch_bytes;
 };
@@ -547,6 +613,12 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.dz_attn = a.take<float>("bw.dz_attn", {T, H});
     w.dz_ve = a.take<float>("bw.dz_ve", {T, H});
     w.dw_eff = a.take<bf16>("bw.dw_eff", {4 * C, C});
+    const Structure& st = c.structure;
+    w.dblock = st.sublayer_lambdas ? a.take<bf16>("bw.dblock", {T, C}) : nullptr;
+    for (int j = 0; j < NormGrads::kMax - 1; ++j) {
+        const int l = st.late_attn_source + 2 + j;  // a later reader of the late source
+        w.dh_late[j] = st.late_attn_source >= 0 && l < st.layers ? a.take<bf16>("bw.dh_late" + std::to_string(j), {T, C}) : nullptr;
+    }
     w.scratch_bytes = std::max({residual_backward_scratch_bytes(T), lambda_scaled_weight_backward_scratch_bytes({3 * C * C, C * C}),
                                 attn_gates_backward_scratch_bytes(T, c.num_heads), embed_smear_backward_scratch_bytes(T),
                                 embedding_backward_scratch_bytes(T, c.model_dim, 1 + c.structure.value_tables()),
@@ -645,10 +717,10 @@ std::vector<float> initial_scalars(const Config& c) {
     const ScalarSlots& k = c.scalar_slots;
     std::vector<float> scalars(size_t(k.count), 1.0f);
     for (int l = 0; l < c.structure.layers; ++l) {
-        scalars[size_t(k.resid + l)] = 1.1f;
+        if (k.resid >= 0) scalars[size_t(k.resid + l)] = 1.1f;
         scalars[size_t(k.sa + 2 * l)] = 0.5f;
         scalars[size_t(k.sa + 2 * l + 1)] = 1.0f;
-        scalars[size_t(k.bigram + l)] = 0.1f;
+        if (k.bigram >= 0) scalars[size_t(k.bigram + l)] = 0.1f;
     }
     scalars[size_t(k.smear)] = 0.0f;
     scalars[size_t(k.backout)] = 0.5f;
@@ -676,6 +748,16 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
             break;
         }
         case Init::normal: init_normal(p, n, key, e.spec.std, s); break;
+        case Init::constant: {
+            if (!e.fp32) {
+                std::fprintf(stderr, "init_params: %s: a constant init is for fp32 parameters\n", e.spec.name);
+                std::exit(EXIT_FAILURE);
+            }
+            const std::vector<float> v(size_t(n), e.spec.value);
+            CUDA_CHECK(copy_async(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
+            CUDA_CHECK(sync_stream(s, "init_constant"));  // v is a local
+            break;
+        }
         case Init::scalars: {
             const std::vector<float> v = initial_scalars(c);
             CUDA_CHECK(copy_async(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
@@ -728,6 +810,16 @@ void broadcast_params(Model& m, ncclComm_t comm, cudaStream_t s) {
 MixLambdas mix_lambdas(const Config& c, const Params& p, int l) {
     return {p.scalars + c.scalar_slots.resid + l, p.x0_lambdas + l, p.scalars + c.scalar_slots.bigram + l};
 }
+// Record 80's: layer l's attention (sublayer 0) or MLP (1) update, and where their gradients go.
+SublayerLambdas sublayer_lambdas(const Params& p, int l, int sublayer) {
+    return {p.resid_lambdas + 2 * l + sublayer, p.post_lambdas + 2 * l + sublayer, p.x0_lambdas + l, p.bigram_lambdas + l};
+}
+SublayerLambdaGrads sublayer_lambda_grads(const Params& g, int l, int sublayer) {
+    return {g.resid_lambdas + 2 * l + sublayer, g.post_lambdas + 2 * l + sublayer, g.x0_lambdas + l, g.bigram_lambdas + l};
+}
+// What an attention update adds besides its block: x0 (and, after layer 0, the bigram rows: layer 0's
+// entered before it).
+Injection attention_injection(int l) { return l == 0 ? Injection::x0 : Injection::x0_and_bigram; }
 int layer_window(const Config& c, const StepSchedule& step_sch, int l) {
     return c.structure.is_long_window(l) ? step_sch.ws_long : step_sch.ws_short;
 }
@@ -752,6 +844,27 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
     return aux;
 }
 
+// The attention block of layer l: L.h_attn -> L.attn_out (the lambda-scaled weights, QKV, the value
+// embedding, attention, the output gate, the output projection).
+void attention_block_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, int l, LayerActs& L,
+                             cudaStream_t s) {
+    const Config& c = m.cfg;
+    const Params& p = m.params;
+    const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim;
+    const float* sa = p.scalars + c.scalar_slots.sa + 2 * l;
+    await_gathered(m.gathered, At::attn, s);
+    lambda_scaled_weight_forward({{L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
+                                  {L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}}, s);
+    const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
+    matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
+    if (aux.ve_table) await_gathered(m.gathered, At::value_table, s, c.structure.value_table(l));
+    attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
+    attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(c, step_sch, l),
+                      aux.paired, static_cast<float>(m.rope.attn_scale), s, b.cu_seqlens_host.data(), m.attention);
+    attn_output_gate_forward(aux, L.y_gated, L.y, s);
+    matmul_forward(*m.lt, L.attn_out, L.y_gated, L.wo_eff, T, C, C, s, false, "gemm_attn_out");
+}
+
 // After lm_head changed (an Adam step, a load): its FP8 copies, and embed = lm_head^T while they
 // are tied, in one pass; before anything reads them (a training forward, validation, a save).
 void refresh_lm_head_copies(Model& m, cudaStream_t s) {
@@ -768,14 +881,13 @@ void refresh_lm_head_copies(Model& m, cudaStream_t s) {
 void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, Acts& a, cudaStream_t s) {
     const Config& c = m.cfg;
     const Params& p = m.params;
-    const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim, V = c.padded_vocab, M = c.mlp_dim;
+    const int T = b.T, C = c.model_dim, V = c.padded_vocab, M = c.mlp_dim;
     if (T > a.T) {
         std::fprintf(stderr, "gpt_forward: batch of %d tokens exceeds the %d the activations were sized for\n", T, a.T);
         std::exit(EXIT_FAILURE);
     }
     const Structure& st = c.structure;
     const ScalarSlots& k = c.scalar_slots;
-    const float scale = static_cast<float>(m.rope.attn_scale);
     const Range range("forward");
     // each gathered parameter is waited for at its place, where it is first read (kParamTable)
     if (a.training && m.embed_stale) refresh_lm_head_copies(m, s);  // tied: embed is made from lm_head
@@ -786,35 +898,47 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     await_gathered(m.gathered, At::bigram, s);
     embedding_gather(a.x0_bigram, p.bigram_embed, b.bigram, T, C, s);
 
+    if (st.sublayer_lambdas)  // x = bf16(x0 + lb[0] x0_bigram); layer 0's attention reads norm(x)
+        stream_start_forward(a.layer[0].x, a.layer[0].h_attn, a.layer[0].rstd_attn, a.x0, a.x0_bigram, p.bigram_lambdas,
+                             T, C, s);
     for (int l = 0; l < st.layers; ++l) {
         const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
-        if (l == st.skip_to)  // x += sigmoid(skip_lambda) * 2 * sigmoid(x0[:, :12] . skip_gate) * (layer skip_from's output)
-            gated_skip_add_forward(L.x, L.x, a.layer[st.skip_from + 1].x, a.x0, p.skip_gate, p.scalars + k.skip, T, C, s);
-        // xm = resid * x + x0_lambda * x0 + bigram_lambda * x0_bigram; h = norm(xm)
-        residual_mix_forward(L.xm, L.h_attn, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(c, p, l), l == 0, T, C, s);
-        const bf16* stream = L.xm;
-        const bf16* mlp_in = L.h_attn;
-        if (st.has_attention(l)) {
-            const float* sa = p.scalars + k.sa + 2 * l;
-            await_gathered(m.gathered, At::attn, s);
-            lambda_scaled_weight_forward({{L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
-                                          {L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}}, s);
-            const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
-            matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
-            if (aux.ve_table) await_gathered(m.gathered, At::value_table, s, st.value_table(l));
-            attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
-            attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(c, step_sch, l),
-                              aux.paired, scale, s, b.cu_seqlens_host.data(), m.attention);
-            attn_output_gate_forward(aux, L.y_gated, L.y, s);
-            matmul_forward(*m.lt, a.block_out, L.y_gated, L.wo_eff, T, C, C, s, false, "gemm_attn_out");
-            residual_add_forward(L.xa, L.h_mlp, L.rstd_mlp, L.xm, a.block_out, T, C, s);
-            stream = L.xa;
-            mlp_in = L.h_mlp;
+        const bf16* stream = nullptr;  // the stream the MLP's update adds to, and the MLP's input
+        const bf16* mlp_in = nullptr;
+        if (!st.sublayer_lambdas) {
+            if (l == st.skip_to)  // x += sigmoid(skip_lambda) * 2 * sigmoid(x0[:, :12] . skip_gate) * (layer skip_from's output)
+                gated_skip_add_forward(L.x, L.x, a.layer[st.skip_from + 1].x, a.x0, p.skip_gate, p.scalars + k.skip, T, C, s);
+            // xm = resid * x + x0_lambda * x0 + bigram_lambda * x0_bigram; h = norm(xm)
+            residual_mix_forward(L.xm, L.h_attn, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(c, p, l), l == 0, T, C, s);
+            stream = L.xm, mlp_in = L.h_attn;
+            if (st.has_attention(l)) {
+                attention_block_forward(m, b, step_sch, l, L, s);
+                residual_add_forward(L.xa, L.h_mlp, L.rstd_mlp, L.xm, L.attn_out, T, C, s);
+                stream = L.xa, mlp_in = L.h_mlp;
+            }
+        } else if (!st.has_attention(l)) {  // the skip's target: x += gate * (layer skip_from's output); h = norm(x)
+            gated_skip_add_norm_forward(L.xm, L.h_attn, L.rstd_attn, L.x, a.layer[st.skip_from + 1].x, a.x0, p.skip_gate,
+                                        p.scalars + k.skip, T, C, s);
+            stream = L.xm, mlp_in = L.h_attn;
+        } else {  // x = bf16(resid x + post attn(h_attn) + injection); h = norm(x)
+            attention_block_forward(m, b, step_sch, l, L, s);
+            sublayer_residual_forward(L.xa, L.h_mlp, L.rstd_mlp, L.x, L.attn_out, a.x0, a.x0_bigram,
+                                      sublayer_lambdas(p, l, 0), attention_injection(l), T, C, s);
+            stream = L.xa, mlp_in = L.h_mlp;
         }
         await_gathered(m.gathered, At::mlp, s);
-        mlp_forward(*m.lt, m.mlp_kernel, a.block_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
-        residual_add_forward(l + 1 < st.layers ? a.layer[l + 1].x : a.x_out, nullptr, nullptr, stream, a.block_out, T, C, s);
+        mlp_forward(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
+        bf16* x_next = l + 1 < st.layers ? a.layer[l + 1].x : a.x_out;
+        if (!st.sublayer_lambdas) {
+            residual_add_forward(x_next, nullptr, nullptr, stream, L.mlp_out, T, C, s);
+        } else {  // x = bf16(resid x + post mlp); with the norm the next layer's attention reads, made once for the
+                  // late source's readers (none after the last layer or before the skip's target)
+            const bool norm = l + 1 < st.layers && st.has_attention(l + 1) && !st.reads_late_source(l);
+            sublayer_residual_forward(x_next, norm ? a.layer[l + 1].h_attn : nullptr, norm ? a.layer[l + 1].rstd_attn : nullptr,
+                                      stream, L.mlp_out, nullptr, nullptr, sublayer_lambdas(p, l, 1), Injection::none,
+                                      T, C, s);
+        }
     }
     // x -= backout_lambda * (the backout layer's output); h = norm(x)
     backout_forward(a.x_final, a.h_final, a.rstd_final, a.x_out, a.layer[st.backout_layer + 1].x, p.scalars + k.backout, T,
@@ -865,6 +989,50 @@ void reduce_final(GradBuckets& g, const BackwardOptions& o, At place, int index,
     }
 }
 
+// The attention block of layer l from the gradient of its output (d_out) to that of its input h_attn
+// (dh, overwritten), with its weights' and gates' gradients and the value table's rows (each reduced
+// where final).
+void attention_block_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, const BackwardOptions& acc,
+                              int l, const bf16* d_out, bf16* dh, cudaStream_t s) {
+    const Config& c = m.cfg;
+    const Params& p = m.params;
+    const Params& g = m.grads;
+    LayerActs& L = m.train.layer[l];
+    BackwardBufs& w = m.bw;
+    const BlockPartials sums{w.scratch, m.sums_done};
+    const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim;
+    const Structure& st = c.structure;
+    const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
+    const float* sa = p.scalars + c.scalar_slots.sa + 2 * l;
+    float* dsa = g.scalars + c.scalar_slots.sa + 2 * l;
+    // output projection: attn_out = y_gated @ wo_eff^T
+    bf16* dwo_eff = w.dw_eff + int64_t(3) * C * C;
+    matmul_backward_weight(*m.lt, dwo_eff, d_out, L.y_gated, T, C, C, s, false, "gemm_attn_out_dw");
+    matmul_backward_input(*m.lt, w.dy, d_out, L.wo_eff, T, C, C, s, false, "gemm_attn_out_dx");
+    attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
+    attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
+                       layer_window(c, step_sch, l), aux.paired, static_cast<float>(m.rope.attn_scale), w.scratch,
+                       w.scratch_bytes, s, AttentionBackwardMode::deterministic, b.cu_seqlens_host.data(), m.attention);
+    const int table = st.value_table(l);
+    bf16* dve = table >= 0 ? w.dve[table] : nullptr;
+    float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
+    attn_qkv_backward(aux, w.dqkv, dve, dz_ve, w.dq, w.dk, w.dv, L.qkv, L.rstd_q, L.rstd_k, s);
+    // qkv = h_attn @ wqkv_eff^T
+    matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s, false, "gemm_attn_qkv_dw");
+    matmul_backward_input(*m.lt, dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv_dx");
+    lambda_scaled_weight_backward({{g.wqkv(c, l), dsa, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
+                                   {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}},
+                                  sums, {.dw = acc.accumulate_matrices, .dlambda = acc.accumulate_others}, s);
+    reduce_final(m.buckets, acc, At::attn, l, st.layers, s);
+    // the gates' share of dve (a gate that reads the value embedding) comes before the table's rows
+    attn_gates_backward(aux, dh, aux.ve_gate_input == VeGateInput::x_and_ve ? dve : nullptr, g.attn_gate(c, l),
+                        table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve, sums, acc.accumulate_others, s);
+    if (table >= 0) {  // the table's rows, final here: reduced at once on an Adam step
+        embedding_backward(g.ve_table(c, l), dve, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
+        reduce_final(m.buckets, acc, At::value_table, table, st.layers, s);
+    }
+}
+
 void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, BackwardOptions acc, cudaStream_t s) {
     const Config& c = m.cfg;
     const Params& p = m.params;
@@ -872,10 +1040,9 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     Acts& a = m.train;
     BackwardBufs& w = m.bw;
     const BlockPartials sums{w.scratch, m.sums_done};
-    const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim, V = c.padded_vocab, M = c.mlp_dim;
+    const int T = b.T, C = c.model_dim, V = c.padded_vocab, M = c.mlp_dim;
     const Structure& st = c.structure;
     const ScalarSlots& k = c.scalar_slots;
-    const float scale = static_cast<float>(m.rope.attn_scale);
     bf16 *dX = w.dX, *dX_skip = w.dX_skip, *dX_backout = w.dX_backout;  // stream gradients change buffers below
     const bool accumulate = acc.accumulate_others;
     const Range range("backward");
@@ -896,64 +1063,80 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     reduce_final(m.buckets, acc, At::head, 0, st.layers, s);
     backout_backward(dX, dX_backout, g.scalars + k.backout, sums, w.dh, a.x_final, a.rstd_final,
                      a.layer[st.backout_layer + 1].x, p.scalars + k.backout, accumulate, T, C, s);
+    if (st.sublayer_lambdas && !accumulate) {  // the skip's target has no attention update: its lambdas are unused
+        float* unused[] = {g.resid_lambdas + 2 * st.skip_to, g.post_lambdas + 2 * st.skip_to, g.x0_lambdas + st.skip_to,
+                           g.bigram_lambdas + st.skip_to};
+        for (float* e : unused) CUDA_CHECK(memset_async(e, 0, sizeof(float), s));
+    }
+    int last_attention = 0;  // the first injection the backward meets writes gx0 and gxb; the others add
+    for (int l = 0; l < st.layers; ++l)
+        if (st.has_attention(l)) last_attention = l;
     // the last layer's output gradient is in dX; layers run backward, each leaving its input's in dX
     for (int l = st.layers - 1; l >= 0; --l) {
         const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
         const bf16* mlp_in = st.has_attention(l) ? L.h_mlp : L.h_attn;
-        mlp_backward(*m.lt, m.mlp_kernel, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.accumulate_matrices, L.post, dX, mlp_in,
-                     p.c_fc(c, l), p.c_proj(c, l), L.pre, L.post, T, C, M, s);
-        reduce_final(m.buckets, acc, At::mlp, l, st.layers, s);
-        if (st.has_attention(l)) {
-            residual_add_backward(dX, w.dh, L.xa, L.rstd_mlp, T, C, s);  // dX now: the gradient of xm's stream use
-            const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
-            const float* sa = p.scalars + k.sa + 2 * l;
-            float* dsa = g.scalars + k.sa + 2 * l;
-            // output projection: block_out = y_gated @ wo_eff^T
-            bf16* dwo_eff = w.dw_eff + int64_t(3) * C * C;
-            matmul_backward_weight(*m.lt, dwo_eff, dX, L.y_gated, T, C, C, s, false, "gemm_attn_out_dw");
-            matmul_backward_input(*m.lt, w.dy, dX, L.wo_eff, T, C, C, s, false, "gemm_attn_out_dx");
-            attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
-            attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
-                               layer_window(c, step_sch, l), aux.paired, scale, w.scratch, w.scratch_bytes, s,
-                               AttentionBackwardMode::deterministic, b.cu_seqlens_host.data(), m.attention);
-            const int table = st.value_table(l);
-            bf16* dve = table >= 0 ? w.dve[table] : nullptr;
-            float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
-            attn_qkv_backward(aux, w.dqkv, dve, dz_ve, w.dq, w.dk, w.dv, L.qkv, L.rstd_q, L.rstd_k, s);
-            // qkv = h_attn @ wqkv_eff^T
-            matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s, false, "gemm_attn_qkv_dw");
-            matmul_backward_input(*m.lt, w.dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv_dx");
-            lambda_scaled_weight_backward({{g.wqkv(c, l), dsa, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
-                                           {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}},
-                                          sums, {.dw = acc.accumulate_matrices, .dlambda = accumulate}, s);
-            reduce_final(m.buckets, acc, At::attn, l, st.layers, s);
-            // the gates' share of dve (a gate that reads the value embedding) comes before the table's rows
-            attn_gates_backward(aux, w.dh, aux.ve_gate_input == VeGateInput::x_and_ve ? dve : nullptr, g.attn_gate(c, l),
-                                table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve, sums, accumulate, s);
-            if (table >= 0) {  // the table's rows, final here: reduced at once on an Adam step
-                embedding_backward(g.ve_table(c, l), dve, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
-                reduce_final(m.buckets, acc, At::value_table, table, st.layers, s);
+        const bf16* d_mlp_out = dX;
+        if (st.sublayer_lambdas) {  // the MLP's update x_next = bf16(resid x + post mlp_out), and the norms read from x_next
+            const bool norm = l + 1 < st.layers && st.has_attention(l + 1) && !st.reads_late_source(l);
+            NormGrads dh_next{};
+            if (norm) {
+                dh_next.dh[0] = w.dh;  // the next layer's attention input gradient
+                for (int j = 0; l == st.late_attn_source && j < NormGrads::kMax - 1; ++j) dh_next.dh[j + 1] = w.dh_late[j];
             }
+            const LayerActs* next = l + 1 < st.layers ? &a.layer[l + 1] : nullptr;
+            sublayer_residual_backward(dX, w.dblock, nullptr, nullptr, sublayer_lambda_grads(g, l, 1), sums, dX, dh_next,
+                                       next ? next->x : a.x_out, norm ? next->rstd_attn : nullptr,
+                                       st.has_attention(l) ? L.xa : L.xm, L.mlp_out, nullptr, nullptr,
+                                       sublayer_lambdas(p, l, 1),
+                                       {.injection = Injection::none, .accumulate_dx = false, .accumulate_x0_grads = false,
+                                        .accumulate_lambda_grads = accumulate},
+                                       T, C, s);
+            d_mlp_out = w.dblock;
         }
-        // the mix: its input's gradient goes to the buffer that already holds that stream's other
-        // share (the backout layer's output: the backout; the skip's: the skip; layer 0's input: x0)
+        mlp_backward(*m.lt, m.mlp_kernel, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.accumulate_matrices, L.post, d_mlp_out,
+                     mlp_in, p.c_fc(c, l), p.c_proj(c, l), L.pre, L.post, T, C, M, s);
+        reduce_final(m.buckets, acc, At::mlp, l, st.layers, s);
+        // the stream's input gradient goes to the buffer that already holds that stream's other share (the
+        // backout layer's output: the backout; the skip's: the skip; record 71's layer 0 input: x0)
         bf16* d_in = dX;
         bool add_to_d_in = false;
-        if (l == 0) d_in = w.gx0, add_to_d_in = true;
+        if (l == 0 && !st.sublayer_lambdas) d_in = w.gx0, add_to_d_in = true;
         if (l == st.backout_layer + 1) d_in = dX_backout, add_to_d_in = true;
         if (l == st.skip_from + 1) d_in = dX_skip, add_to_d_in = true;
-        residual_mix_backward(d_in, w.gx0, w.gxb, {g.scalars + k.resid + l, g.x0_lambdas + l, g.scalars + k.bigram + l}, sums, dX, w.dh, L.xm, L.rstd_attn, L.x, a.x0,
-                              a.x0_bigram, mix_lambdas(c, p, l),
-                              {.first_layer = l == 0, .accumulate_dx = add_to_d_in,
-                               .accumulate_x0_grads = l != st.layers - 1, .accumulate_lambda_grads = accumulate},
-                              T, C, s);
+        if (!st.sublayer_lambdas) {
+            if (st.has_attention(l)) {
+                residual_add_backward(dX, w.dh, L.xa, L.rstd_mlp, T, C, s);  // dX now: the gradient of xm's stream use
+                attention_block_backward(m, b, step_sch, acc, l, dX, w.dh, s);
+            }
+            residual_mix_backward(d_in, w.gx0, w.gxb, {g.scalars + k.resid + l, g.x0_lambdas + l, g.scalars + k.bigram + l},
+                                  sums, dX, w.dh, L.xm, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(c, p, l),
+                                  {.first_layer = l == 0, .accumulate_dx = add_to_d_in,
+                                   .accumulate_x0_grads = l != st.layers - 1, .accumulate_lambda_grads = accumulate},
+                                  T, C, s);
+        } else if (!st.has_attention(l)) {  // the skip's target: the norm its MLP read, then the skip add
+            residual_add_backward(dX, w.dh, L.xm, L.rstd_attn, T, C, s);
+        } else {  // x_a = bf16(resid x + post attn_out + injection); then the attention from the gradient of attn_out
+            sublayer_residual_backward(d_in, w.dblock, w.gx0, w.gxb, sublayer_lambda_grads(g, l, 0), sums, dX, NormGrads{{w.dh}},
+                                       L.xa, L.rstd_mlp, L.x, L.attn_out, a.x0, a.x0_bigram, sublayer_lambdas(p, l, 0),
+                                       {.injection = attention_injection(l), .accumulate_dx = add_to_d_in,
+                                        .accumulate_x0_grads = l != last_attention, .accumulate_lambda_grads = accumulate},
+                                       T, C, s);
+            // a later reader of the late source keeps its input gradient until the source's update
+            const bool later_reader = st.reads_late_source(l) && st.reads_late_source(l - 1);
+            attention_block_backward(m, b, step_sch, acc, l, w.dblock,
+                                     later_reader ? w.dh_late[l - st.late_attn_source - 2] : w.dh, s);
+        }
         if (l == st.backout_layer + 1) std::swap(dX, dX_backout);  // the layer below continues from there
         if (l == st.skip_from + 1) std::swap(dX, dX_skip);
         if (l == st.skip_to)  // the skip add's output gradient (dX) also reaches the skip layer's output and the gate
             gated_skip_add_backward(dX_skip, w.gx0, g.skip_gate, g.scalars + k.skip, sums, dX,
                                     a.layer[st.skip_from + 1].x, a.x0, p.skip_gate, p.scalars + k.skip,
                                     {.accumulate_d_skip = false, .accumulate_param_grads = accumulate}, T, C, s);
+        if (l == 0 && st.sublayer_lambdas)  // the stream's start, x0 + lb[0] x0_bigram, read by layer 0's norm and update
+            stream_start_backward(w.gx0, w.gxb, g.bigram_lambdas, sums, dX, w.dh, L.x, L.rstd_attn, a.x0_bigram,
+                                  p.bigram_lambdas, {.accumulate_x0_grads = true, .accumulate_lambda_grads = accumulate},
+                                  T, C, s);
     }
     // x0 = norm(smeared); smeared = smear(embed[ids])
     rmsnorm_backward(w.d_smeared, w.gx0, a.smeared, a.rstd_x0, T, C, false, s);
