@@ -143,6 +143,79 @@ enum class SoftcapLoss {
                 // S_w over every MTP weight
 };
 
+// ---- the optimizer table: per parameter, its optimizer, hyperparameters and communication ----
+// A sharded group's place (its param_table row's): where the backward finishes its gradient (a
+// reduction launched during the backward starts there, reduce_final) and where the next forward
+// first reads it (waiting there for its gather, await_gathered). Per layer: attn, mlp; per value
+// table: value_table.
+enum class At { none = -1, embed, bigram, attn, value_table, mlp, head };
+enum class Optim { adam, normuon };
+// A group's row: its optimizer and hyperparameters, and its whole communication schedule. `reduce`
+// (runtime/sharded_comms.h) says how its gradient is reduced: after the backward (replicated: all-
+// reduce; after_backward: reduce-scatter; sparse: the touched rows), or during the backward at its
+// place (buckets: a NorMuon bank's whole matrices onto their owners; tables: each table's pieces;
+// at_place: a reduce-scatter). A sharded group's `place` is where the backward finishes its gradient
+// (the hook reduce_final there launches what reduces during the backward) and where the next forward
+// first reads it (await_gathered there waits for its gather); `gather` is its gather's turn after the
+// step, lowest first (each after its update). The reductions after the backward launch in the
+// table's order.
+struct ParamRule {
+    const char* label;
+    Optim optim;
+    Reduce reduce;
+    At place;
+    int gather;
+    double beta1, beta2, lr_mul, wd_mul;  // betas for Adam only
+};
+// The gathers' turns: about the order the next forward first reads them, embed (while tied: lm_head,
+// which makes it) and the bigram table first, the banks (mlp first: its update is done first), the
+// value tables (each table's pieces in turn), an untied lm_head last (at the head).
+// Record 71's (upstream's param_table then).
+std::vector<ParamRule> record71_param_table() {
+    return {
+        {"attn", Optim::normuon, Reduce::buckets, At::attn, 3, 0, 0, 1.0, 1.0},
+        {"mlp", Optim::normuon, Reduce::buckets, At::mlp, 2, 0, 0, 1.0, 1.0},
+        {"scalars", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 5.0, 0.0},
+        {"smear_gate", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 0.01, 0.0},
+        {"skip_gate", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 0.05, 0.0},
+        {"attn_gate_bank", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 1.0, 1.0},
+        {"ve_gate_bank", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 1.0, 1.0},
+        {"x0_lambdas", Optim::adam, Reduce::replicated, At::none, 0, 0.65, 0.95, 5.0, 0.0},
+        {"bigram_embed", Optim::adam, Reduce::sparse, At::bigram, 1, 0.75, 0.95, 75.0, 5.0},
+        {"lm_head", Optim::adam, Reduce::at_place, At::head, 5, 0.5, 0.95, 1.0, 150.0},
+        {"value_embed", Optim::adam, Reduce::tables, At::value_table, 4, 0.75, 0.95, 75.0, 5.0},
+        {"embed", Optim::adam, Reduce::after_backward, At::embed, 0, 0.5, 0.95, 1.0, 150.0},
+    };
+}
+
+constexpr int kMaxParamGroups = 20;
+// Record 80's (upstream 2c702746): the residual stream's lambdas are rows of their own at (0.9, 0.95),
+// resid_lambdas at 5x the lr, and x0_lambdas moves to them from (0.65, 0.95) x5.
+std::vector<ParamRule> record80_param_table(std::vector<ParamRule> t) {
+    auto lambdas = [](const char* label, double lr_mul) {
+        return ParamRule{label, Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.95, lr_mul, 0.0};
+    };
+    auto x0 = std::find_if(t.begin(), t.end(), [](const ParamRule& r) { return std::string(r.label) == "x0_lambdas"; });
+    *x0 = lambdas("x0_lambdas", 1.0);
+    t.insert(t.insert(x0 + 1, lambdas("bigram_lambdas", 1.0)) + 1, lambdas("resid_lambdas", 5.0));
+    x0 = std::find_if(t.begin(), t.end(), [](const ParamRule& r) { return std::string(r.label) == "x0_lambdas"; });
+    t.insert(x0, lambdas("post_lambdas", 1.0));
+    return t;
+}
+// The updates' order (the step profiler's best): small parameters first while the large reductions
+// land; then what the next forward reads first as its reduction lands (lm_head makes the tied embed),
+// the NorMuon banks last (mlp's last bucket lands first), their Polar Express covering the gathers.
+std::vector<std::string> record71_work_order() {
+    return {"scalars",      "smear_gate", "skip_gate",    "attn_gate_bank", "ve_gate_bank", "x0_lambdas",
+            "lm_head",      "bigram_embed", "embed",      "value_embed",    "mlp",          "attn"};
+}
+// Record 80's new lambdas go with x0_lambdas, among the small parameters.
+std::vector<std::string> record80_work_order(std::vector<std::string> o) {
+    const auto x0 = std::find(o.begin(), o.end(), "x0_lambdas");
+    o.insert(o.insert(o.insert(x0, "post_lambdas") + 2, "bigram_lambdas") + 1, "resid_lambdas");
+    return o;
+}
+
 struct Config {
     std::string name;
     // model
@@ -169,6 +242,8 @@ struct Config {
     double adam_lr = 0.008, adam_eps = 1e-10, adam_wd = 0.005;
     double normuon_lr = 0.023, normuon_beta2 = 0.95, normuon_wd = 1.2;
     int muon_warmup_steps = 300, muon_cooldown_steps = 50;
+    std::vector<ParamRule> param_table = record71_param_table();  // one row per registered parameter
+    std::vector<std::string> work_order = record71_work_order();   // the updates' order: every row once
     double muon_momentum_min = 0.85, muon_momentum_max = 0.95;
     // distributed: the speedrun is defined for 8 GPUs; fewer ranks accumulate micro-steps
     int world_size = 1;
@@ -230,6 +305,16 @@ Config tiny_preset() {
     c.stages[1].batch_tokens = 8 * 48;
     c.stages[2].batch_tokens = c.stages[3].batch_tokens = 8 * 64;
     return c;
+}
+
+// Record 80's residual stream (records 73-77) on a config: the structure's switches, the scalars'
+// layout and the optimizer table's rows for the new lambdas.
+void use_record80_residual_stream(Config& c) {
+    c.structure.sublayer_lambdas = true;
+    c.structure.late_attn_source = c.structure.backout_layer;  // upstream: layers 8-10 attend to norm(x_backout)
+    c.scalar_slots = record80_scalar_slots(c.structure.layers);
+    c.param_table = record80_param_table(c.param_table);
+    c.work_order = record80_work_order(c.work_order);
 }
 
 // The presets by the name --preset takes (README: "Presets"). `record` is the newest of upstream's
@@ -314,6 +399,8 @@ std::string config_error(const Config& c) {
     if (const std::string e = c.max_docs.error(); !e.empty()) return bad(e);
     if (c.val_batch_tokens % (8 * 16) != 0) return bad("the validation batch must split into 8 multiples of 16 tokens");
     if (const std::string e = structure_error(c.structure); !e.empty()) return bad(e);
+    if (c.param_table.size() > size_t(kMaxParamGroups))
+        return bad("at most " + std::to_string(kMaxParamGroups) + " optimizer table rows (kMaxParamGroups)");
     if ((c.scalar_slots.resid < 0 || c.scalar_slots.bigram < 0) != c.structure.sublayer_lambdas)
         return bad("the scalars hold resid and bigram lambdas exactly when the structure has no per-sublayer lambdas "
                    "(record80_scalar_slots goes with sublayer_lambdas)");
@@ -626,12 +713,6 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.scratch = static_cast<float*>(a.take_bytes("bw.scratch", w.scratch_bytes));
 }
 
-// ---- the places where the step's communication meets the model ----
-// A sharded group's place (its kParamTable row's): where the backward finishes its gradient (a
-// reduction launched during the backward starts there, reduce_final) and where the next forward
-// first reads it (waiting there for its gather, await_gathered). Per layer: attn, mlp; per value
-// table: value_table.
-enum class At { none = -1, embed, bigram, attn, value_table, mlp, head };
 // The backward's points where per-layer gradients become final, in its order: per layer from the
 // last, the MLP's (after mlp_backward), then the attention's (after the lambda-scaled weights' backward).
 constexpr int backward_point(At place, int layer, int layers) { return 2 * (layers - 1 - layer) + (place == At::attn ? 1 : 0); }
@@ -889,7 +970,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     const Structure& st = c.structure;
     const ScalarSlots& k = c.scalar_slots;
     const Range range("forward");
-    // each gathered parameter is waited for at its place, where it is first read (kParamTable)
+    // each gathered parameter is waited for at its place, where it is first read (its param_table row)
     if (a.training && m.embed_stale) refresh_lm_head_copies(m, s);  // tied: embed is made from lm_head
     // x = x0 = norm(smear(embed[ids])); the bigram rows join every layer's mix
     await_gathered(m.gathered, At::embed, s);
@@ -973,7 +1054,7 @@ struct BackwardOptions {
 };
 
 // The backward's hook: everything finishing the gradients at `place` (of layer or value table `index`)
-// is enqueued on s. The groups whose kParamTable row reduces them there start on the comms stream once
+// is enqueued on s. The groups whose param_table row reduces them there start on the comms stream once
 // final (NorMuon's on the step's last micro-step, Adam's on an Adam step's): a bank's buckets of that
 // point, a table's pieces, a group's reduce-scatter.
 void reduce_final(GradBuckets& g, const BackwardOptions& o, At place, int index, int layers, cudaStream_t s) {
@@ -1219,48 +1300,6 @@ struct Schedule {
 // replicated parameters, reduce-scatter or reduces for the sharded ones, most during the backward),
 // updated in the work order as each lands, and sharded parameters are gathered back behind events.
 // ============================================================================================
-enum class Optim { adam, normuon };
-// A group's row: its optimizer and hyperparameters, and its whole communication schedule. `reduce`
-// (runtime/sharded_comms.h) says how its gradient is reduced: after the backward (replicated: all-
-// reduce; after_backward: reduce-scatter; sparse: the touched rows), or during the backward at its
-// place (buckets: a NorMuon bank's whole matrices onto their owners; tables: each table's pieces;
-// at_place: a reduce-scatter). A sharded group's `place` is where the backward finishes its gradient
-// (the hook reduce_final there launches what reduces during the backward) and where the next forward
-// first reads it (await_gathered there waits for its gather); `gather` is its gather's turn after the
-// step, lowest first (each after its update). The reductions after the backward launch in the
-// table's order.
-struct ParamRule {
-    const char* label;
-    Optim optim;
-    Reduce reduce;
-    At place;
-    int gather;
-    double beta1, beta2, lr_mul, wd_mul;  // betas for Adam only
-};
-// The gathers' turns: about the order the next forward first reads them, embed (while tied: lm_head,
-// which makes it) and the bigram table first, the banks (mlp first: its update is done first), the
-// value tables (each table's pieces in turn), an untied lm_head last (at the head).
-const ParamRule kParamTable[] = {
-    {"attn", Optim::normuon, Reduce::buckets, At::attn, 3, 0, 0, 1.0, 1.0},
-    {"mlp", Optim::normuon, Reduce::buckets, At::mlp, 2, 0, 0, 1.0, 1.0},
-    {"scalars", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 5.0, 0.0},
-    {"smear_gate", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 0.01, 0.0},
-    {"skip_gate", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 0.05, 0.0},
-    {"attn_gate_bank", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 1.0, 1.0},
-    {"ve_gate_bank", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 1.0, 1.0},
-    {"x0_lambdas", Optim::adam, Reduce::replicated, At::none, 0, 0.65, 0.95, 5.0, 0.0},
-    {"bigram_embed", Optim::adam, Reduce::sparse, At::bigram, 1, 0.75, 0.95, 75.0, 5.0},
-    {"lm_head", Optim::adam, Reduce::at_place, At::head, 5, 0.5, 0.95, 1.0, 150.0},
-    {"value_embed", Optim::adam, Reduce::tables, At::value_table, 4, 0.75, 0.95, 75.0, 5.0},
-    {"embed", Optim::adam, Reduce::after_backward, At::embed, 0, 0.5, 0.95, 1.0, 150.0},
-};
-constexpr int kParamGroups = sizeof(kParamTable) / sizeof(kParamTable[0]);
-// The updates' order (the step profiler's best): small parameters first while the large reductions
-// land; then what the next forward reads first as its reduction lands (lm_head makes the tied embed),
-// the NorMuon banks last (mlp's last bucket lands first), their Polar Express covering the gathers.
-const char* const kWorkOrder[kParamGroups] = {"scalars",   "smear_gate", "skip_gate",    "attn_gate_bank",
-                                              "ve_gate_bank", "x0_lambdas", "lm_head",   "bigram_embed",
-                                              "embed",        "value_embed", "mlp",      "attn"};
 
 
 // This program's table, work order and registry checked against each other; stops naming the difference.
@@ -1268,18 +1307,18 @@ void check_param_table(const Config& c) {
     Params unplaced{};
     std::vector<std::string> registry, table, order;
     for (const ParamEntry& e : param_entries(c, unplaced)) registry.push_back(e.spec.name);
-    for (const ParamRule& r : kParamTable) table.push_back(r.label);
-    for (const char* label : kWorkOrder) order.push_back(label ? label : "");
-    if (const std::string e = param_table_error(registry, table, order); !e.empty()) {
-        std::fprintf(stderr, "train_gpt: the parameter registry, kParamTable and kWorkOrder disagree: %s\n", e.c_str());
+    for (const ParamRule& r : c.param_table) table.push_back(r.label);
+    if (const std::string e = param_table_error(registry, table, c.work_order); !e.empty()) {
+        std::fprintf(stderr, "train_gpt: config '%s': the parameter registry, param_table and work_order disagree: %s\n",
+                     c.name.c_str(), e.c_str());
         std::exit(EXIT_FAILURE);
     }
 }
 
-int param_group(const char* label) {
-    for (int i = 0; i < kParamGroups; ++i)
-        if (std::strcmp(kParamTable[i].label, label) == 0) return i;
-    std::fprintf(stderr, "train_gpt: no parameter group '%s'\n", label);
+int param_group(const Config& c, const std::string& label) {
+    for (size_t i = 0; i < c.param_table.size(); ++i)
+        if (label == c.param_table[i].label) return static_cast<int>(i);
+    std::fprintf(stderr, "train_gpt: no parameter group '%s'\n", label.c_str());
     std::exit(EXIT_FAILURE);
 }
 
@@ -1304,18 +1343,18 @@ ParamTensor param_tensor(const Config& c, Params& p, Params& g, const ParamRule&
         }
         return t;
     }
-    std::fprintf(stderr, "train_gpt: kParamTable's '%s' is no registered parameter\n", rule.label);
+    std::fprintf(stderr, "train_gpt: param_table's '%s' is no registered parameter\n", rule.label);
     std::exit(EXIT_FAILURE);
 }
 
 // Per-step scalars of every group, uploaded in one copy (the kernels read them from the device).
 struct OptimScalars {
-    AdamStepScalars adam[kParamGroups];
-    NorMuonStepScalars normuon[kParamGroups];
+    AdamStepScalars adam[kMaxParamGroups];
+    NorMuonStepScalars normuon[kMaxParamGroups];
 };
 
 struct OptimGroup {
-    const ParamRule* rule;
+    ParamRule rule;
     ParamTensor t;
     Reduce reduce;                // the table's, with sparse falling back to after_backward where inactive
     bool distributed;             // communicates (world > 1)
@@ -1337,7 +1376,7 @@ struct OptimGroup {
 struct Optimizer {
     Arena arena{"optimizer"};
     int rank = 0, world = 1;
-    OptimGroup group[kParamGroups];
+    std::vector<OptimGroup> group;  // the config's param_table, row by row
     bool split = false;            // embed untied from lm_head
     void* normuon_scratch;
     size_t normuon_scratch_bytes;
@@ -1350,13 +1389,18 @@ struct Optimizer {
     int sparse_max_touched = 0;
     void* sparse_buffer;
     std::unique_ptr<SparseRowExchange> exchange;  // its plans come with the batches (runtime/batch_producer.h)
-    OptimGroup& operator[](const char* label) { return group[param_group(label)]; }
+    OptimGroup& operator[](const std::string& label) {
+        for (OptimGroup& q : group)
+            if (label == q.rule.label) return q;
+        std::fprintf(stderr, "train_gpt: no parameter group '%s'\n", label.c_str());
+        std::exit(EXIT_FAILURE);
+    }
 };
 
 // A state tensor of group q from the optimizer's arena, registered in q.state.
 template <class T>
 T* take_state(Arena& a, OptimGroup& q, const char* name, std::vector<int64_t> shape) {
-    T* p = a.take<T>(std::string("optim.") + q.rule->label + "." + name, shape);
+    T* p = a.take<T>(std::string("optim.") + q.rule.label + "." + name, shape);
     q.state.push_back({name, dtype_of<T>(), std::move(shape), p});
     return p;
 }
@@ -1365,15 +1409,16 @@ T* take_state(Arena& a, OptimGroup& q, const char* name, std::vector<int64_t> sh
 // mantissa, the reduced gradient shards, Polar Express scratch and the step scalars.
 void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params& g, bool sparse_active) {
     size_t scratch = 0;
-    for (int i = 0; i < kParamGroups; ++i) {
+    o.group.resize(c.param_table.size());
+    for (size_t i = 0; i < c.param_table.size(); ++i) {
         OptimGroup& q = o.group[i];
-        q.rule = &kParamTable[i];
-        q.t = param_tensor(c, p, g, kParamTable[i]);
-        q.reduce = q.rule->reduce == Reduce::sparse && !sparse_active ? Reduce::after_backward : q.rule->reduce;
+        q.rule = c.param_table[i];
+        q.t = param_tensor(c, p, g, q.rule);
+        q.reduce = q.rule.reduce == Reduce::sparse && !sparse_active ? Reduce::after_backward : q.rule.reduce;
         q.distributed = o.world > 1;
         const bool sharded = is_sharded(q.reduce);
         q.shard_rows = sharded ? q.t.rows / o.world : q.t.rows;
-        const std::string n = std::string("optim.") + q.rule->label + ".";
+        const std::string n = std::string("optim.") + q.rule.label + ".";
         q.grad_shard = q.t.grad;  // replicated: reduced in place; one rank: the gradient itself
         if (q.reduce == Reduce::sparse)  // the merge adds into the full gradient: its own slice
             q.grad_shard = static_cast<char*>(q.t.grad) + o.rank * q.shard_elems() * q.elem_bytes();
@@ -1381,7 +1426,7 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params
             q.grad_shard = q.t.fp32 ? static_cast<void*>(a.take<float>(n + "grad_shard", {q.shard_rows, q.t.row_elems}))
                                     : static_cast<void*>(a.take<bf16>(n + "grad_shard", {q.shard_rows, q.t.row_elems}));
         q.state.clear();
-        if (q.rule->optim == Optim::adam) {
+        if (q.rule.optim == Optim::adam) {
             q.exp_avg = take_state<float>(a, q, "exp_avg", {q.shard_rows, q.t.row_elems});
             q.exp_avg_sq = take_state<float>(a, q, "exp_avg_sq", {q.shard_rows, q.t.row_elems});
         } else {
@@ -1431,9 +1476,9 @@ void build_comms(Model& m, Optimizer& o, const BucketComms& c, cudaStream_t s) {
     g = {};
     g.c = c;
     m.gathered = {};
-    for (int i = 0; i < kParamGroups; ++i) {
+    for (size_t i = 0; i < o.group.size(); ++i) {
         const OptimGroup& q = o.group[i];
-        const ParamRule& r = *q.rule;
+        const ParamRule& r = q.rule;
         const bool sharded = is_sharded(q.reduce);
         GroupComms gc;
         gc.label = r.label;
@@ -1451,7 +1496,7 @@ void build_comms(Model& m, Optimizer& o, const BucketComms& c, cudaStream_t s) {
         if (q.reduce == Reduce::buckets) {
             gc.bank = static_cast<int>(g.banks.size());
             g.banks.push_back({r.label, bank_ready_points(m.cfg.structure, r.place, static_cast<int>(q.t.rows))});
-            g.bank_group.push_back(i);
+            g.bank_group.push_back(static_cast<int>(i));
             name_bank_layers(gc, bank_matrices_per_layer(r.place));
         }
         if (q.reduce == Reduce::tables) name_tables(gc);
@@ -1484,10 +1529,10 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
     for (OptimGroup& q : o.group) {
         CUDA_CHECK(cudaEventCreateWithFlags(&q.reduced, cudaEventDisableTiming));
         CUDA_CHECK(cudaEventCreateWithFlags(&q.updated, cudaEventDisableTiming));
-        if (q.rule->optim != Optim::normuon) continue;
+        if (q.rule.optim != Optim::normuon) continue;
         std::vector<float> mul(q.shard_rows);  // c_proj matrices (odd global index of the MLP bank) take 2x
         for (int64_t i = 0; i < q.shard_rows; ++i)
-            mul[i] = normuon_matrix_lr_mul(std::strcmp(q.rule->label, "mlp") == 0, int(rank * q.shard_rows + i));
+            mul[i] = normuon_matrix_lr_mul(std::strcmp(q.rule.label, "mlp") == 0, int(rank * q.shard_rows + i));
         // waited for: `mul` is gone before the stream would get to the copy
         CUDA_CHECK(copy_async(q.matrix_lr_mul, mul.data(), mul.size() * sizeof(float), cudaMemcpyHostToDevice, s));
         CUDA_CHECK(sync_stream(s, "matrix_lr_mul"));
@@ -1533,8 +1578,8 @@ void launch_reduce(Optimizer& o, OptimGroup& q, ncclComm_t comm) {
 void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t s) {
     CUDA_CHECK(wait_event(s, q.reduced));
     if (q.reduce == Reduce::sparse) o.exchange->merge(s);  // into q.grad_shard, the own slice
-    if (q.rule->optim == Optim::adam) {
-        AdamHyper h = adam_hyper(q.rule->beta1, q.rule->beta2, m.cfg.adam_eps);
+    if (q.rule.optim == Optim::adam) {
+        AdamHyper h = adam_hyper(q.rule.beta1, q.rule.beta2, m.cfg.adam_eps);
         if (q.reduce == Reduce::sparse) h.grad_scale = 1.0f / static_cast<float>(o.world);  // merge summed it
         if (q.t.fp32)
             adam_step(static_cast<float*>(q.param_shard(o.rank)), q.exp_avg, q.exp_avg_sq,
@@ -1586,9 +1631,9 @@ void copy_lm_head_state_to_embed(Model& m, Optimizer& o, ncclComm_t comm, cudaSt
 // corrections), for every group that steps.
 void fill_step_scalars(const Config& c, const Schedule& sch, Optimizer& o, int step, bool do_adam, OptimScalars& out) {
     const double lr = sch.lr(step), mu = sch.momentum(step);
-    for (int i = 0; i < kParamGroups; ++i) {
+    for (size_t i = 0; i < o.group.size(); ++i) {
         OptimGroup& q = o.group[i];
-        const ParamRule& r = *q.rule;
+        const ParamRule& r = q.rule;
         if (r.optim == Optim::normuon) {
             const double shape_mul = normuon_shape_lr_mul(q.t.mat_rows, q.t.mat_cols);
             out.normuon[i] = normuon_step_scalars(c.normuon_lr, lr, shape_mul * r.lr_mul, c.normuon_wd, r.wd_mul, mu);
@@ -1603,18 +1648,19 @@ void fill_step_scalars(const Config& c, const Schedule& sch, Optimizer& o, int s
 // groups, but for the head's while tied (embed's gradient joins it after the backward).
 bool reduced_by_backward(const OptimGroup& q, bool tied) {
     if (q.reduce == Reduce::buckets) return true;
-    if (q.reduce == Reduce::at_place && tied && q.rule->place == At::head) return false;
+    if (q.reduce == Reduce::at_place && tied && q.rule.place == At::head) return false;
     return q.distributed && (q.reduce == Reduce::tables || q.reduce == Reduce::at_place);
 }
 
 // The sharded groups by their gathers' turns (the table's order within a turn); while tied, lm_head
 // takes embed's turn: the next forward makes embed from it first.
-std::vector<int> gather_order(bool tied) {
-    auto turn = [&](int i) { return tied && i == param_group("lm_head") ? kParamTable[param_group("embed")].gather
-                                                                         : kParamTable[i].gather; };
+std::vector<int> gather_order(const Config& c, bool tied) {
+    const std::vector<ParamRule>& table = c.param_table;
+    auto turn = [&](int i) { return tied && i == param_group(c, "lm_head") ? table[param_group(c, "embed")].gather
+                                                                            : table[i].gather; };
     std::vector<int> order;
-    for (int i = 0; i < kParamGroups; ++i)
-        if (is_sharded(kParamTable[i].reduce)) order.push_back(i);
+    for (int i = 0; i < static_cast<int>(table.size()); ++i)
+        if (is_sharded(table[i].reduce)) order.push_back(i);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return turn(a) < turn(b); });
     return order;
 }
@@ -1629,7 +1675,7 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
     const int64_t C = c.model_dim, V = c.padded_vocab;
     const Range range("optimizer");
     auto steps = [&](const OptimGroup& q) {  // tied: embed is updated through lm_head
-        return (q.rule->optim != Optim::adam || do_adam) && !(tied && std::strcmp(q.rule->label, "embed") == 0);
+        return (q.rule.optim != Optim::adam || do_adam) && !(tied && std::strcmp(q.rule.label, "embed") == 0);
     };
     OptimScalars& host = o.host_scalars[step & 1];
     fill_step_scalars(c, sch, o, step, do_adam, host);
@@ -1659,17 +1705,17 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         launch_reduce(o, q, comm);
     }
     close_small_run();
-    for (const char* label : kWorkOrder) {
-        const int i = param_group(label);
+    for (const std::string& label : c.work_order) {
+        const int i = param_group(c, label);
         OptimGroup& q = o.group[i];
         if (!steps(q)) continue;
-        if (q.rule->optim == Optim::adam) ++q.adam_steps;
+        if (q.rule.optim == Optim::adam) ++q.adam_steps;
         update_group(m, o, q, i, s);
         CUDA_CHECK(record_event(q.updated, s));
     }
     if (do_adam) m.lm_head_fp8_stale = true, m.embed_stale = tied;
     // the gathers by their rows' turns (the next forward waits for each at its place)
-    for (int i : gather_order(tied))
+    for (int i : gather_order(c, tied))
         if (steps(o.group[i]))
             for (size_t k = 0; k < m.gathered.event[size_t(i)].size(); ++k) launch_gather(m, o, i, comm, int(k));
     if (step == sch.split_step) copy_lm_head_state_to_embed(m, o, comm, s);
@@ -1818,7 +1864,7 @@ void log_preamble(Run& r) {
 std::string nonfinite_group(Run& r) {
     for (const OptimGroup& q : r.o.group)
         for (const auto& [what, ptr] : {std::pair{"parameter", q.t.param}, std::pair{"gradient", q.t.grad}})
-            if (has_nonfinite(ptr, q.t.rows * q.t.row_elems, q.t.fp32)) return std::string(what) + " " + q.rule->label;
+            if (has_nonfinite(ptr, q.t.rows * q.t.row_elems, q.t.fp32)) return std::string(what) + " " + q.rule.label;
     return "";
 }
 
@@ -1837,16 +1883,16 @@ void watch_nonfinite(Run& r, int step) {
 std::vector<StateBuffer> state_buffers(const Run& r, int step) {
     std::vector<StateBuffer> out;
     for (const OptimGroup& q : r.o.group) {
-        const std::string label = q.rule->label;
+        const std::string label = q.rule.label;
         const int64_t full = q.t.rows * q.t.row_elems;
         out.push_back({"param." + label, q.t.param, full, q.t.fp32});
         for (const StateTensor& t : q.state)
             if (t.dtype == DType::f32) out.push_back({t.name + ("." + label), t.data, t.elems(), true});
-        if (q.rule->optim == Optim::adam && step % 2 == 1) out.push_back({"grad." + label, q.t.grad, full, q.t.fp32});
+        if (q.rule.optim == Optim::adam && step % 2 == 1) out.push_back({"grad." + label, q.t.grad, full, q.t.fp32});
     }
     return out;
 }
-constexpr int kMaxStateBuffers = 4 * kParamGroups;  // the finite check's device flags (Run::finite_flags)
+constexpr int kMaxStateBuffers = 4 * kMaxParamGroups;  // the finite check's device flags (Run::finite_flags)
 
 // Where the first non-finite parameter or optimizer state of any rank is, as "exp_avg.scalars on
 // rank 1", or "" when all are finite. Collective.
@@ -1912,13 +1958,13 @@ void save_checkpoint(Run& r, int step, double training_ms) {
     std::vector<CheckpointTensor> tensors;
     const bool pending_adam_grads = step % 2 == 1;  // the even step's gradients wait for this odd step
     for (const OptimGroup& q : r.o.group) {
-        const std::string label = q.rule->label;
+        const std::string label = q.rule.label;
         const char* dt = q.t.fp32 ? "F32" : "BF16";
         const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes();
         if (r.d.rank == 0) tensors.push_back({"param." + label, dt, {q.t.rows, q.t.row_elems}, q.t.param, full});
         for (const StateTensor& t : q.state)
             tensors.push_back({t.name + ("." + label), safetensors_dtype(t.dtype), t.shape, t.data, t.bytes()});
-        if (q.rule->optim == Optim::adam) {
+        if (q.rule.optim == Optim::adam) {
             meta.push_back({"adam_steps." + label, std::to_string(q.adam_steps)});
             if (pending_adam_grads) tensors.push_back({"grad." + label, dt, {q.t.rows, q.t.row_elems}, q.t.grad, full});
         }
@@ -1947,14 +1993,14 @@ int load_checkpoint(Run& r, const std::string& dir) {
         r.o.split = f.mine.meta("split_embed") == "1";
         r.m.lm_head_fp8_stale = true, r.m.embed_stale = false;  // a saved embed is lm_head's already while tied
         for (OptimGroup& q : r.o.group) {
-            const std::string label = q.rule->label;
+            const std::string label = q.rule.label;
             const char* dt = q.t.fp32 ? "F32" : "BF16";
             const std::vector<int64_t> whole = {q.t.rows, q.t.row_elems};
             const size_t full = size_t(q.t.rows * q.t.row_elems) * q.elem_bytes();
             read_tensor(f.first, {"param." + label, dt, whole, q.t.param, full});
             for (const StateTensor& t : q.state)
                 read_tensor(f.mine, {t.name + ("." + label), safetensors_dtype(t.dtype), t.shape, t.data, t.bytes()});
-            if (q.rule->optim == Optim::adam) {
+            if (q.rule.optim == Optim::adam) {
                 q.adam_steps = std::stoi(f.mine.meta("adam_steps." + label));
                 if (f.step % 2 == 1) read_tensor(f.mine, {"grad." + label, dt, whole, q.t.grad, full});
             }
@@ -2095,7 +2141,7 @@ void log_grad_norms(Run& r, int step) {
         double sum = 0;
         for (float x : host_values(q.t.grad, q.t.rows * q.t.row_elems, q.t.fp32, r.s)) sum += double(x) * x;
         char item[96];
-        std::snprintf(item, sizeof item, " %s:%.6e", q.rule->label, std::sqrt(sum));
+        std::snprintf(item, sizeof item, " %s:%.6e", q.rule.label, std::sqrt(sum));
         line += item;
     }
     print0(r, "step:%d/%d grad_norms%s\n", step + 1, r.sch.total_steps, line.c_str());

@@ -12,7 +12,7 @@
 inline std::string param_table_error(const std::vector<std::string>& registry,
                                      const std::vector<std::string>& table, const std::vector<std::string>& order) {
     std::string out;
-    for (const auto& [what, names] : {std::pair{"kParamTable", &table}, std::pair{"kWorkOrder", &order}}) {
+    for (const auto& [what, names] : {std::pair{"param_table", &table}, std::pair{"work_order", &order}}) {
         for (size_t i = 0; i < names->size(); ++i) {
             const std::string& name = (*names)[i];
             if (name.empty()) out += std::string(what) + " entry " + std::to_string(i) + " is empty; ";

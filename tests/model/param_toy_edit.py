@@ -69,11 +69,13 @@ def last_registry_line(lines):
 
 
 def last_table_row(lines):
-    return only(lines, r"^\};$", only(lines, r"^const ParamRule kParamTable\[\] = \{$"), "kParamTable's closing brace") - 1
+    return only(lines, r"^    \};$", only(lines, r"^std::vector<ParamRule> record71_param_table\(\) \{$"),
+                "record71_param_table's closing brace") - 1
 
 
-def work_order_first_line(lines):  # the declaration, its list continuing on the next line
-    return only(lines, r"^const char\* const kWorkOrder\[kParamGroups\] = \{.*,$", what="kWorkOrder's first line")
+def work_order_first_line(lines):  # the list's first line, continuing on the next
+    start = only(lines, r"^std::vector<std::string> record71_work_order\(\) \{$", what="record71_work_order")
+    return only(lines, r"^    return \{.*,$", start, "record71_work_order's first line")
 
 
 def function_body(lines, signature, pattern, what):
@@ -99,8 +101,8 @@ def backward_bigram_grad(lines):
 ANCHORS = {
     "struct Params": last_params_field,
     "visit_params": last_registry_line,
-    "kParamTable": last_table_row,
-    "kWorkOrder": work_order_first_line,
+    "param_table": last_table_row,
+    "work_order": work_order_first_line,
     "gpt_forward": forward_bigram_gather,
     "gpt_backward": backward_bigram_grad,
 }
@@ -115,7 +117,7 @@ def apply(readme_text, source_text):
     for place, block in by_place.items():
         at = ANCHORS[place](lines)
         anchor = lines[at]
-        indent = " " * (anchor.index("{") + 1) if place == "kWorkOrder" else anchor[:len(anchor) - len(anchor.lstrip())]
+        indent = " " * (anchor.index("{") + 1) if place == "work_order" else anchor[:len(anchor) - len(anchor.lstrip())]
         inserts.append((at, [indent + line for line in block]))
     for at, block in sorted(inserts, reverse=True):
         lines[at + 1:at + 1] = block

@@ -13,17 +13,16 @@ std::vector<std::string> registry_names(const Config& c) {
     for (const ParamEntry& e : param_entries(c, unplaced)) out.push_back(e.spec.name);
     return out;
 }
-std::vector<std::string> table_labels() {
+std::vector<std::string> table_labels(const Config& c) {
     std::vector<std::string> out;
-    for (const ParamRule& r : kParamTable) out.push_back(r.label);
+    for (const ParamRule& r : c.param_table) out.push_back(r.label);
     return out;
 }
-std::vector<std::string> work_order() { return std::vector<std::string>(std::begin(kWorkOrder), std::end(kWorkOrder)); }
 
 bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
 
 void check_table_agreement(const Config& c) {
-    const std::vector<std::string> reg = registry_names(c), table = table_labels(), order = work_order();
+    const std::vector<std::string> reg = registry_names(c), table = table_labels(c), order = c.work_order;
     const std::string ok = param_table_error(reg, table, order);
     test::check(ok.empty(), "the program's registry, table and work order agree (got: %s)", ok.c_str());
     const size_t k = size_t(test::randint(0, int(reg.size()) - 1));
@@ -32,29 +31,29 @@ void check_table_agreement(const Config& c) {
     std::vector<std::string> t = table;
     t.erase(std::find(t.begin(), t.end(), victim));
     std::string e = param_table_error(reg, t, order);
-    test::check(contains(e, "kParamTable lacks the registered parameter '" + victim + "'"), "a missing table row is named: %s",
+    test::check(contains(e, "param_table lacks the registered parameter '" + victim + "'"), "a missing table row is named: %s",
                 e.c_str());
     t = table;
     t.push_back("toy_" + victim);
     e = param_table_error(reg, t, order);
-    test::check(contains(e, "kParamTable names 'toy_" + victim + "', which is no registered parameter"),
+    test::check(contains(e, "param_table names 'toy_" + victim + "', which is no registered parameter"),
                 "an unknown table label is named: %s", e.c_str());
     std::vector<std::string> o = order;
     o[k] = o[(k + 1) % o.size()];
     e = param_table_error(reg, table, o);
-    test::check(contains(e, "kWorkOrder names '" + o[k] + "' twice") && contains(e, "kWorkOrder lacks the registered parameter '" + order[k] + "'"),
+    test::check(contains(e, "work_order names '" + o[k] + "' twice") && contains(e, "work_order lacks the registered parameter '" + order[k] + "'"),
                 "a repeated work-order entry is named with the one it displaced: %s", e.c_str());
     o = order;
-    o[k] = "";  // a short kWorkOrder initializer leaves null entries
+    o[k] = "";  // an empty label
     e = param_table_error(reg, table, o);
-    test::check(contains(e, "kWorkOrder entry " + std::to_string(k) + " is empty") &&
-                    contains(e, "kWorkOrder lacks the registered parameter '" + order[k] + "'"),
+    test::check(contains(e, "work_order entry " + std::to_string(k) + " is empty") &&
+                    contains(e, "work_order lacks the registered parameter '" + order[k] + "'"),
                 "an empty work-order entry is named: %s", e.c_str());
     std::vector<std::string> r = reg;
     r.push_back("toy_param");
     e = param_table_error(r, table, order);
-    test::check(contains(e, "kParamTable lacks the registered parameter 'toy_param'") &&
-                    contains(e, "kWorkOrder lacks the registered parameter 'toy_param'"),
+    test::check(contains(e, "param_table lacks the registered parameter 'toy_param'") &&
+                    contains(e, "work_order lacks the registered parameter 'toy_param'"),
                 "a registered parameter without a table row and a place in the work order is named: %s", e.c_str());
 }
 
@@ -72,7 +71,7 @@ void check_placed_registry(Model& m) {
         test::check(at + n <= m.param_arena.bytes() && at >= bytes, "%s: inside the arena, after the one before", p.spec.name);
         bytes = at + n;
     }
-    for (const ParamRule& rule : kParamTable) {
+    for (const ParamRule& rule : c.param_table) {
         const ParamTensor t = param_tensor(c, m.params, m.grads, rule);
         const auto e = std::find_if(params.begin(), params.end(), [&](const ParamEntry& x) { return x.spec.name == std::string(rule.label); });
         test::check(e != params.end() && t.param == e->data && t.rows * t.row_elems == e->elems() && t.fp32 == e->fp32,
@@ -80,7 +79,7 @@ void check_placed_registry(Model& m) {
         if (rule.optim == Optim::normuon)
             test::check(int64_t(t.mat_rows) * t.mat_cols == t.row_elems, "%s: NorMuon's matrices tile each row", rule.label);
     }
-    test::check(params.size() == size_t(kParamGroups), "one table row per registered parameter");
+    test::check(params.size() == c.param_table.size(), "one table row per registered parameter");
 }
 
 // The program's parameters plus one toy parameter, registered as the editing guide adds one.
@@ -112,7 +111,7 @@ void check_toy_parameter(const Config& c) {
                 "the toy parameter is placed after the registered ones, inside the arena");
     test::check(reinterpret_cast<const char*>(g.toy_scale) - static_cast<const char*>(grads.base()) == at,
                 "the toy parameter's gradient sits at its offset in the gradient arena");
-    std::vector<std::string> reg = registry_names(c), table = table_labels(), order = work_order();
+    std::vector<std::string> reg = registry_names(c), table = table_labels(c), order = c.work_order;
     reg.push_back("toy_scale");
     test::check(!param_table_error(reg, table, order).empty(), "the registered toy parameter needs a table row");
     table.push_back("toy_scale");
@@ -121,16 +120,36 @@ void check_toy_parameter(const Config& c) {
     test::check(e.empty(), "with its table row and work-order entry the toy parameter passes the check (got: %s)", e.c_str());
 }
 
+// Record 80's residual stream: its lambdas' rows, at upstream's hyperparameters, in upstream's order.
+void check_record80_rows(const Config& c) {
+    const std::vector<std::string> table = table_labels(c);
+    const std::vector<std::string> want = {"post_lambdas", "x0_lambdas", "bigram_lambdas", "resid_lambdas"};
+    const auto at = std::search(table.begin(), table.end(), want.begin(), want.end());
+    test::check(at != table.end(), "record 80's lambdas are consecutive rows in upstream's order");
+    const double lr_mul[] = {1.0, 1.0, 1.0, 5.0};
+    for (size_t i = 0; i < want.size() && at != table.end(); ++i) {
+        const ParamRule& r = c.param_table[size_t(at - table.begin()) + i];
+        test::check(r.optim == Optim::adam && r.reduce == Reduce::replicated && r.beta1 == 0.9 && r.beta2 == 0.95 &&
+                        r.lr_mul == lr_mul[i] && r.wd_mul == 0.0,
+                    "%s: Adam (0.9, 0.95), lr x%g, no decay, all-reduced", r.label, lr_mul[i]);
+    }
+}
+
 int main() {
     test::seed();
-    const Config c = tiny_preset();
-    check_table_agreement(c);
-    check_toy_parameter(c);
+    Config r80 = tiny_preset();
+    use_record80_residual_stream(r80);
+    check_record80_rows(r80);
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreate(&s));
-    Model m;
-    build_model(m, c, test::seed(), s);
-    check_placed_registry(m);
+    for (const Config& c : {tiny_preset(), r80}) {
+        std::printf("%s:\n", c.structure.sublayer_lambdas ? "record 80's residual stream" : "tiny");
+        check_table_agreement(c);
+        check_toy_parameter(c);
+        Model m;
+        build_model(m, c, test::seed(), s);
+        check_placed_registry(m);
+    }
     CUDA_CHECK(cudaStreamDestroy(s));
     return test::finish();
 }

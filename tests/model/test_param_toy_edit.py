@@ -3,7 +3,7 @@
 
 tests/model/tests.cmake builds train_gpt_toy_cpu from a copy of train_gpt.cu edited by
 param_toy_edit.py with the guide's worked example (its lines read from README.md: a struct Params
-field, a registry line, a kParamTable row, a kWorkOrder entry, its use in gpt_forward and
+field, a registry line, a param_table row, a work_order entry, its use in gpt_forward and
 gpt_backward: a second bigram table, sharded by rows with Adam, added to the first's rows). This test
 builds it, then checks:
   - --print-memory of the toy lists the parameter with the first bigram table's dtype and shape, and
@@ -50,7 +50,7 @@ def example():
     lines = param_toy_edit.lines_of(open(os.path.join(REPO, "README.md")).read())
     field = re.match(r"(float|bf16)\* (\w+);", lines["struct Params"][0])
     spec = re.search(r'ParamSpec\{"(\w+)", \{[^}]*\}, Init::zeros\}', lines["visit_params"][0])
-    row = re.match(r'\{"(\w+)", Optim::adam, Reduce::(\w+), At::(\w+),', lines["kParamTable"][0])
+    row = re.match(r'\{"(\w+)", Optim::adam, Reduce::(\w+), At::(\w+),', lines["param_table"][0])
     if not field or not spec or not row or row.group(1) != spec.group(1) or row.group(2) in ("replicated", "sparse"):
         sys.exit(f"README.md's example is not a field, a zero-initialized registry line and a sharded Adam row "
                  f"of one parameter: {lines}")

@@ -1,4 +1,4 @@
-// The next forward waits for each gathered parameter at its place, where it first reads it (kParamTable),
+// The next forward waits for each gathered parameter at its place, where it first reads it (its param_table row),
 // checked by emu's race detector rather than by reading the code: real training steps (not a dry
 // run) of the tiny preset on this run's ranks under EMU_STREAMS=deferred, where any kernel reading
 // a parameter that a gather on the comms stream writes, without an event ordering it after the
@@ -9,7 +9,7 @@
 // a broadcast piece that missed rows would leave a rank's copy stale).
 //
 // `gathers_race plant GROUP [TABLE]` plants the bug: after each optimizer step the forward's event
-// for GROUP (a sharded row of kParamTable; TABLE: which of its tables) is swapped for one that is
+// for GROUP (a sharded row of the tiny preset's param_table; TABLE: which of its tables) is swapped for one that is
 // already complete, so the next forward no longer waits for that gather; the program must then die
 // of the race the detector reports (CTest's gathers_race_planted_*).
 #include "../trainer_under_test.h"
@@ -17,7 +17,7 @@
 
 struct Plant {
     bool on = false;
-    int group = 0;  // its row in kParamTable
+    int group = 0;  // its row in the param_table
     int table = 0;
 };
 
@@ -26,12 +26,14 @@ Plant parse_plant(int argc, char** argv) {
     if (argc < 2) return p;
     const std::string name = argc >= 3 ? argv[2] : "";
     std::string groups;
-    for (int i = 0; i < kParamGroups; ++i) {
-        if (!is_sharded(kParamTable[i].reduce)) continue;
-        groups += std::string(groups.empty() ? "" : "|") + kParamTable[i].label;
-        if (std::strcmp(argv[1], "plant") == 0 && name == kParamTable[i].label) p = {true, i, argc >= 4 ? std::atoi(argv[3]) : 0};
+    const Config c = tiny_preset();
+    const std::vector<ParamRule>& table = c.param_table;
+    for (int i = 0; i < static_cast<int>(table.size()); ++i) {
+        if (!is_sharded(table[i].reduce)) continue;
+        groups += std::string(groups.empty() ? "" : "|") + table[i].label;
+        if (std::strcmp(argv[1], "plant") == 0 && name == table[i].label) p = {true, i, argc >= 4 ? std::atoi(argv[3]) : 0};
     }
-    if (!p.on || p.table < 0 || p.table >= tables_at(tiny_preset().structure, kParamTable[p.group].place)) {
+    if (!p.on || p.table < 0 || p.table >= tables_at(c.structure, table[p.group].place)) {
         std::fprintf(stderr, "usage: gathers_race [plant %s [TABLE]]\n", groups.c_str());
         std::exit(2);
     }

@@ -1,4 +1,4 @@
-// The NorMuon banks' bucket plan (runtime/sharded_comms.h, made from kParamTable's bucket rows) and
+// The NorMuon banks' bucket plan (runtime/sharded_comms.h, made from the param_table's bucket rows) and
 // where the trainer launches the reductions the backward starts.
 // The plan, for 1, 2, 4 and 8 ranks, against a reference written here from the layer structure:
 // every matrix in exactly one bucket, each bucket one owner's whole matrices (today's contiguous
@@ -246,8 +246,8 @@ std::vector<StepOp> record_adam_step(Run& r, int step) {
 }
 
 void check_adam_steps(Run& r) {
-    const GroupComms& tables = r.m.buckets.group.at(size_t(param_group("value_embed")));
-    const GroupComms& head = r.m.buckets.group.at(size_t(param_group("lm_head")));
+    const GroupComms& tables = r.m.buckets.group.at(size_t(param_group(r.m.cfg, "value_embed")));
+    const GroupComms& head = r.m.buckets.group.at(size_t(param_group(r.m.cfg, "lm_head")));
     const int untied = r.sch.split_step + 2;
     work_recorder().start(true);  // a dry run again: nothing runs on the device
     reset_schedule(r);
