@@ -516,8 +516,9 @@ inline void mlp_backward(CublasLt& lt, MlpKernel k, __nv_bfloat16* dx, __nv_bflo
 }
 
 // ---- lambda-scaled weight: the attention's F.linear(x, sa_lambda * w), with sa_lambda a scalar
-// parameter read from device memory; an attention layer's wqkv and wo go in one launch each way ----
-constexpr int kLambdaScaledMaxWeights = 2;
+// parameter read from device memory; an attention layer's wqkv and wo go in one launch each way, as
+// three pieces where the banks hold [Wq; Wk] apart from Wv (record 80: one lambda over two pieces) ----
+constexpr int kLambdaScaledMaxWeights = 3;
 // w_eff = lambda * w, n bf16 elements.
 struct LambdaScaledForward {
     __nv_bfloat16* w_eff;
@@ -525,30 +526,50 @@ struct LambdaScaledForward {
     const float* lambda;
     int64_t n;
 };
-// The weights of one launch; weight i takes blocks [first_block[i], first_block[i + 1]).
+// The weights of one launch; weight i takes blocks [first_block[i], first_block[i + 1]). Adjacent weights
+// with one lambda form a run: its first weight's sum_end is where the run's blocks end (the backward sums
+// all their partials into the one dlambda), the others' -1.
 template <class Weight>
 struct LambdaScaledBatch {
     Weight weight[kLambdaScaledMaxWeights] = {};
     int first_block[kLambdaScaledMaxWeights + 1] = {};
+    int sum_end[kLambdaScaledMaxWeights] = {};
     int count = 0;
 };
-// Whether this block works on the batch's second weight. The kernels pick each field with a ternary on it:
-// a dynamic index into the parameter struct would copy it to the stack.
+// Which of the batch's weights this block works on. The kernels pick each field with ternaries on it
+// (lambda_scaled_pick): a dynamic index into the parameter struct would copy it to the stack.
 template <class Weight>
-__device__ __forceinline__ bool lambda_scaled_second(const LambdaScaledBatch<Weight>& b) {
-    return b.count > 1 && static_cast<int>(blockIdx.x) >= b.first_block[1];
+__device__ __forceinline__ int lambda_scaled_index(const LambdaScaledBatch<Weight>& b) {
+    const int x = static_cast<int>(blockIdx.x);
+    return b.count > 2 && x >= b.first_block[2] ? 2 : b.count > 1 && x >= b.first_block[1] ? 1 : 0;
 }
-// Lays out a batch: `blocks(n)` blocks per weight, in list order; every weight's shape is checked.
+template <class T>
+__device__ __forceinline__ T lambda_scaled_pick(int k, T w0, T w1, T w2) {
+    return k == 2 ? w2 : k == 1 ? w1 : w0;
+}
+// Lays out a batch: `blocks(n)` blocks per weight, in list order; every weight's shape is checked, and
+// weights that share a lambda must be adjacent.
 template <class Weight, class Blocks, class Check>
 LambdaScaledBatch<Weight> lambda_scaled_batch(std::initializer_list<Weight> weights, Blocks blocks, Check check,
                                               const char* launcher) {
     kernel_require(weights.size() >= 1 && weights.size() <= kLambdaScaledMaxWeights,
                    "%s: %zu weights, need 1 to %d", launcher, weights.size(), kLambdaScaledMaxWeights);
     LambdaScaledBatch<Weight> b;
+    int run = 0;  // the first weight of the current run
     for (const Weight& w : weights) {
         require_shape(check(w), launcher);
-        b.weight[b.count] = w;
-        b.first_block[b.count + 1] = b.first_block[b.count] + blocks(w.n);
+        const int i = b.count;
+        b.weight[i] = w;
+        b.first_block[i + 1] = b.first_block[i] + blocks(w.n);
+        for (int j = 0; j < run; ++j)
+            kernel_require(b.weight[j].lambda != w.lambda, "%s: weights %d and %d share a lambda but are not adjacent",
+                           launcher, j, i);
+        if (i > 0 && b.weight[run].lambda == w.lambda) {
+            b.sum_end[i] = -1;
+        } else {
+            run = i;
+        }
+        b.sum_end[run] = b.first_block[i + 1];
         ++b.count;
     }
     return b;
@@ -557,17 +578,17 @@ LambdaScaledBatch<Weight> lambda_scaled_batch(std::initializer_list<Weight> weig
 // w_eff = lambda * w, computed in fp32 and rounded to bf16 once
 __global__ void __launch_bounds__(kPackThreads)
     lambda_scaled_weight_forward_kernel(LambdaScaledBatch<LambdaScaledForward> batch) {
-    const bool second = lambda_scaled_second(batch);
-    const LambdaScaledForward &f0 = batch.weight[0], &f1 = batch.weight[1];
-    const int first = second ? batch.first_block[1] : 0;
+    const int k = lambda_scaled_index(batch);
+    const LambdaScaledForward &f0 = batch.weight[0], &f1 = batch.weight[1], &f2 = batch.weight[2];
+    const int first = lambda_scaled_pick(k, 0, batch.first_block[1], batch.first_block[2]);
     const int64_t i = (static_cast<int64_t>(blockIdx.x - first) * blockDim.x + threadIdx.x) * 8;
-    if (i >= (second ? f1.n : f0.n)) return;
-    const float l = *(second ? f1.lambda : f0.lambda);
-    const Pack128<__nv_bfloat16> p = load128((second ? f1.w : f0.w) + i);
+    if (i >= lambda_scaled_pick(k, f0.n, f1.n, f2.n)) return;
+    const float l = *lambda_scaled_pick(k, f0.lambda, f1.lambda, f2.lambda);
+    const Pack128<__nv_bfloat16> p = load128(lambda_scaled_pick(k, f0.w, f1.w, f2.w) + i);
     Pack128<__nv_bfloat16> out;
 #pragma unroll
     for (int j = 0; j < 8; ++j) out[j] = __float2bfloat16(l * __bfloat162float(p[j]));
-    store128((second ? f1.w_eff : f0.w_eff) + i, out);
+    store128(lambda_scaled_pick(k, f0.w_eff, f1.w_eff, f2.w_eff) + i, out);
 }
 // Reads each w and lambda, writes each w_eff; a multiply per element.
 inline Work lambda_scaled_weight_forward_work(const LambdaScaledBatch<LambdaScaledForward>& b) {
@@ -580,7 +601,8 @@ inline Work lambda_scaled_weight_forward_work(const LambdaScaledBatch<LambdaScal
     }
     return work;
 }
-// Each weight's w_eff = lambda * w: an attention layer's {wqkv, sa_lambdas[0]} and {wo, sa_lambdas[1]}.
+// Each weight's w_eff = lambda * w: an attention layer's {wqkv, sa_lambdas[0]} and {wo, sa_lambdas[1]}
+// (with the banks: {wqk, sa_lambdas[0]}, {wv, sa_lambdas[0]}, {wo, sa_lambdas[1]}).
 inline void lambda_scaled_weight_forward(std::initializer_list<LambdaScaledForward> weights, cudaStream_t stream) {
     const auto batch = lambda_scaled_batch(
         weights, [](int64_t n) { return static_cast<int>(bf16_packs_grid(n).x); },
@@ -624,14 +646,15 @@ struct LambdaScaledAccumulate {
 __global__ void __launch_bounds__(kPackThreads)
     lambda_scaled_weight_backward_kernel(LambdaScaledBatch<LambdaScaledBackward> batch, BlockPartials scratch,
                                          LambdaScaledAccumulate accumulate) {
-    const bool second = lambda_scaled_second(batch);
-    const LambdaScaledBackward &b0 = batch.weight[0], &b1 = batch.weight[1];
-    const int first = second ? batch.first_block[1] : 0;
-    const int blocks = (second ? batch.first_block[2] : batch.first_block[1]) - first;
-    __nv_bfloat16* dw = second ? b1.dw : b0.dw;
-    const __nv_bfloat16 *dw_eff = second ? b1.dw_eff : b0.dw_eff, *w = second ? b1.w : b0.w;
-    const int64_t n = second ? b1.n : b0.n;
-    const float l = *(second ? b1.lambda : b0.lambda);
+    const int k = lambda_scaled_index(batch);
+    const LambdaScaledBackward &b0 = batch.weight[0], &b1 = batch.weight[1], &b2 = batch.weight[2];
+    const int first = lambda_scaled_pick(k, 0, batch.first_block[1], batch.first_block[2]);
+    const int blocks = lambda_scaled_pick(k, batch.first_block[1], batch.first_block[2], batch.first_block[3]) - first;
+    __nv_bfloat16* dw = lambda_scaled_pick(k, b0.dw, b1.dw, b2.dw);
+    const __nv_bfloat16* dw_eff = lambda_scaled_pick(k, b0.dw_eff, b1.dw_eff, b2.dw_eff);
+    const __nv_bfloat16* w = lambda_scaled_pick(k, b0.w, b1.w, b2.w);
+    const int64_t n = lambda_scaled_pick(k, b0.n, b1.n, b2.n);
+    const float l = *lambda_scaled_pick(k, b0.lambda, b1.lambda, b2.lambda);
     float dot = 0.0f;
     for (int64_t i = (static_cast<int64_t>(blockIdx.x - first) * blockDim.x + threadIdx.x) * 8; i < n;
          i += static_cast<int64_t>(blocks) * blockDim.x * 8) {
@@ -652,7 +675,8 @@ __global__ void __launch_bounds__(kPackThreads)
 #pragma unroll
     for (int k = 0; k < kLambdaScaledMaxWeights; ++k) {  // unrolled: the weights stay in parameter space
         if (k >= batch.count) break;
-        const int from = batch.first_block[k], count = batch.first_block[k + 1] - from;
+        if (batch.sum_end[k] < 0) continue;  // summed with its run's first weight
+        const int from = batch.first_block[k], count = batch.sum_end[k] - from;
         const float s = block_sum_as(scratch.partials + from, count, 1, sum_threads(count, kSumFixedOrderThreads));
         if (threadIdx.x == 0) {
             float* dl = batch.weight[k].dlambda;
@@ -668,7 +692,7 @@ inline Work lambda_scaled_weight_backward_work(const LambdaScaledBatch<LambdaSca
     Work work{.name = "lambda_scaled_weight_backward", .flops = 1.0 * b.first_block[b.count],
               .bytes_read = partials + counter, .bytes_written = partials + counter};
     for (int i = 0; i < b.count; ++i) {
-        const double n = static_cast<double>(b.weight[i].n), dlambda = sizeof(float);
+        const double n = static_cast<double>(b.weight[i].n), dlambda = b.sum_end[i] >= 0 ? sizeof(float) : 0.0;
         work.flops += 4 * n;
         work.bytes_read += (accumulate.dw ? 6 : 4) * n + sizeof(float) + (accumulate.dlambda ? dlambda : 0);
         work.bytes_written += 2 * n + dlambda;
@@ -676,13 +700,21 @@ inline Work lambda_scaled_weight_backward_work(const LambdaScaledBatch<LambdaSca
     return work;
 }
 // For each weight, dw (+)= lambda * dw_eff and dlambda (+)= sum(dw_eff * w), summed deterministically
-// through `scratch` (lambda_scaled_weight_backward_scratch_bytes of the weights' sizes).
+// through `scratch` (lambda_scaled_weight_backward_scratch_bytes of the weights' sizes); adjacent weights
+// with one lambda (and so one dlambda) add their sums into it together.
 inline void lambda_scaled_weight_backward(std::initializer_list<LambdaScaledBackward> weights, BlockPartials scratch,
                                           LambdaScaledAccumulate accumulate, cudaStream_t stream) {
     const auto batch = lambda_scaled_batch(
         weights, lambda_scaled_weight_backward_blocks,
         [](const LambdaScaledBackward& b) { return bf16_packs_shape_error(b.n, {b.dw, b.dw_eff, b.w}); },
         "lambda_scaled_weight_backward");
+    for (int i = 0; i < batch.count; ++i)
+        for (int j = 0; j < i; ++j)
+            kernel_require((batch.weight[i].lambda == batch.weight[j].lambda) ==
+                               (batch.weight[i].dlambda == batch.weight[j].dlambda),
+                           "lambda_scaled_weight_backward: weights %d and %d must share a dlambda exactly when they "
+                           "share a lambda",
+                           j, i);
     launch(lambda_scaled_weight_backward_work(batch, accumulate), lambda_scaled_weight_backward_kernel,
            dim3(batch.first_block[batch.count]), dim3(kPackThreads), 0, stream, batch, scratch, accumulate);
     CUDA_CHECK_LAUNCH();

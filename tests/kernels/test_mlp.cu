@@ -384,53 +384,70 @@ void test_mlp_finite_differences(MlpKernel k, int T, int C, int H) {
     }
 }
 
-// ---- the lambda-scaled weight pair ----
-// One weight's data: w, the gradient of w_eff, an old dw to add to; its own lambda and old dlambda.
+// ---- the lambda-scaled weights ----
+// One weight's data: w, the gradient of w_eff, an old dw to add to; its lambda and old dlambda (its
+// own, or those of the weight `lambda_of` when they share one).
 struct ScaledWeight {
     int64_t n;
     std::vector<bf16> w, dw_eff, dw_old;
     float lambda, dlambda_old;
     DeviceBuffer<bf16> d_w, d_weff, d_dweff, d_dw;
     DeviceBuffer<float> d_lambda, d_dlambda;
+    ScaledWeight* lambda_of = this;
     explicit ScaledWeight(int64_t count)
         : n(count), w(normal_bf16(size_t(n), 0.0, 0.03)), dw_eff(normal_bf16(size_t(n), 0.0, 0.01)),
           dw_old(normal_bf16(size_t(n), 0.0, 0.01)), lambda(static_cast<float>(test::uniform(0.3, 1.5))),
           dlambda_old(static_cast<float>(test::uniform(-1, 1))), d_w(w), d_weff(size_t(n)), d_dweff(dw_eff),
           d_dw(dw_old), d_lambda(std::vector<float>{lambda}), d_dlambda(std::vector<float>{dlambda_old}) {}
-    LambdaScaledForward forward() { return {d_weff.ptr, d_w.ptr, d_lambda.ptr, n}; }
-    LambdaScaledBackward backward() { return {d_dw.ptr, d_dlambda.ptr, d_dweff.ptr, d_w.ptr, d_lambda.ptr, n}; }
+    LambdaScaledForward forward() { return {d_weff.ptr, d_w.ptr, lambda_of->d_lambda.ptr, n}; }
+    LambdaScaledBackward backward() {
+        return {d_dw.ptr, lambda_of->d_dlambda.ptr, d_dweff.ptr, d_w.ptr, lambda_of->d_lambda.ptr, n};
+    }
     void reset() {
         d_dw.upload(dw_old);
         d_dlambda.upload(std::vector<float>{dlambda_old});
     }
 };
+// Which weights of a launch share a lambda.
+enum class Lambdas { own, first_two_shared };  // first_two_shared: the banks' [Wq; Wk] and Wv
 
-// Against the exact products and dot; the bits of each weight's launch alone and, for dlambda, of
-// sum_fixed_order as a second launch over the partials. `sizes`: one launch's weights (1 or 2).
-void test_lambda_scaled_weight(std::vector<int64_t> sizes) {
+void forward_all(std::vector<std::unique_ptr<ScaledWeight>>& ws) {
+    if (ws.size() == 1) lambda_scaled_weight_forward({ws[0]->forward()}, nullptr);
+    if (ws.size() == 2) lambda_scaled_weight_forward({ws[0]->forward(), ws[1]->forward()}, nullptr);
+    if (ws.size() == 3) lambda_scaled_weight_forward({ws[0]->forward(), ws[1]->forward(), ws[2]->forward()}, nullptr);
+}
+void backward_all(std::vector<std::unique_ptr<ScaledWeight>>& ws, BlockPartials scratch, LambdaScaledAccumulate acc) {
+    if (ws.size() == 1) lambda_scaled_weight_backward({ws[0]->backward()}, scratch, acc, nullptr);
+    if (ws.size() == 2) lambda_scaled_weight_backward({ws[0]->backward(), ws[1]->backward()}, scratch, acc, nullptr);
+    if (ws.size() == 3)
+        lambda_scaled_weight_backward({ws[0]->backward(), ws[1]->backward(), ws[2]->backward()}, scratch, acc, nullptr);
+}
+
+// Against the exact products and dot (a shared lambda's dlambda: the sum of its weights' dots); the bits
+// of each weight's launch alone and, for dlambda, of sum_fixed_order as a second launch over the
+// partials of its weights. `sizes`: one launch's weights (1 to 3).
+void test_lambda_scaled_weight(std::vector<int64_t> sizes, Lambdas lambdas = Lambdas::own) {
     std::string what = " n";
     for (int64_t n : sizes) what += " " + std::to_string(n);
+    if (lambdas == Lambdas::first_two_shared) what += " (first two share a lambda)";
     std::vector<std::unique_ptr<ScaledWeight>> ws;
     for (int64_t n : sizes) ws.push_back(std::make_unique<ScaledWeight>(n));
-    ScaledWeight& a = *ws[0];
-    ScaledWeight& b = *ws.back();
-    const bool pair = ws.size() == 2;
-    test::DevicePartials d_scratch(pair ? lambda_scaled_weight_backward_scratch_bytes({a.n, b.n})
-                                        : lambda_scaled_weight_backward_scratch_bytes({a.n}));
-    if (pair)
-        lambda_scaled_weight_forward({a.forward(), b.forward()}, nullptr);
-    else
-        lambda_scaled_weight_forward({a.forward()}, nullptr);
+    if (lambdas == Lambdas::first_two_shared) ws[1]->lambda_of = ws[0].get();
+    const bool several = ws.size() > 1;
+    size_t scratch_bytes = 0;
+    for (const auto& p : ws) scratch_bytes += lambda_scaled_weight_backward_scratch_bytes({p->n});
+    test::DevicePartials d_scratch(scratch_bytes);
+    forward_all(ws);
     for (const auto& p : ws) {
         std::vector<double> want(size_t(p->n)), tol(size_t(p->n));
         for (size_t i = 0; i < want.size(); ++i) {
-            want[i] = double(p->lambda) * value(p->w[i]);
+            want[i] = double(p->lambda_of->lambda) * value(p->w[i]);
             tol[i] = std::fabs(want[i]) / 256;  // one bf16 rounding (via fp32: 2^-9 + 2^-24)
         }
         check_within("lambda_scaled_weight_forward" + what, values(p->d_weff.download()), want, tol);
-        if (pair) {  // a launch of its own: the same bits
+        if (several) {  // a launch of its own: the same bits
             DeviceBuffer<bf16> alone(size_t(p->n));
-            lambda_scaled_weight_forward({{alone.ptr, p->d_w.ptr, p->d_lambda.ptr, p->n}}, nullptr);
+            lambda_scaled_weight_forward({{alone.ptr, p->d_w.ptr, p->lambda_of->d_lambda.ptr, p->n}}, nullptr);
             test::check(same_bits(alone.download(), p->d_weff.download()),
                         "lambda_scaled_weight_forward%s: weight of n %lld alone, the same bits", what.c_str(),
                         (long long)p->n);
@@ -440,47 +457,79 @@ void test_lambda_scaled_weight(std::vector<int64_t> sizes) {
         const std::string w_what = what + (accumulate ? " (accumulate)" : "");
         const LambdaScaledAccumulate acc{.dw = accumulate, .dlambda = accumulate};
         for (const auto& p : ws) p->reset();
-        if (pair)
-            lambda_scaled_weight_backward({a.backward(), b.backward()}, d_scratch.view(), acc, nullptr);
-        else
-            lambda_scaled_weight_backward({a.backward()}, d_scratch.view(), acc, nullptr);
+        backward_all(ws, d_scratch.view(), acc);
         test::check(d_scratch.done.download()[0] == 0, "lambda_scaled_weight_backward%s: the counter is back at zero",
                     w_what.c_str());
-        int first_block = 0;
+        std::vector<std::vector<bf16>> dws;
         for (const auto& p : ws) {
             std::vector<double> want(size_t(p->n)), tol(size_t(p->n));
-            double dot = 0.0, dot_mag = 0.0;
             for (size_t i = 0; i < want.size(); ++i) {
-                const double o = accumulate ? value(p->dw_old[i]) : 0.0, d = double(p->lambda) * value(p->dw_eff[i]);
+                const double o = accumulate ? value(p->dw_old[i]) : 0.0, d = double(p->lambda_of->lambda) * value(p->dw_eff[i]);
                 want[i] = o + d;
                 // the fp32 product and sum (2^-24 each, against the terms), then one bf16 rounding
                 tol[i] = std::fabs(want[i]) / 256 + (std::fabs(o) + std::fabs(d)) * 0x1p-22 + 1e-30;
-                dot += value(p->dw_eff[i]) * value(p->w[i]);
-                dot_mag += std::fabs(value(p->dw_eff[i]) * value(p->w[i]));
             }
-            const auto dw = p->d_dw.download();
-            const auto dl = p->d_dlambda.download();
-            check_within("lambda_scaled_weight_backward dw" + w_what, values(dw), want, tol);
-            const double got = dl[0], want_dl = dot + (accumulate ? p->dlambda_old : 0.0);
-            test::check(std::fabs(got - want_dl) <= 1e-5 * (dot_mag + std::fabs(p->dlambda_old)) + 1e-12,
+            dws.push_back(p->d_dw.download());
+            check_within("lambda_scaled_weight_backward dw" + w_what, values(dws.back()), want, tol);
+        }
+        int first_block = 0;
+        for (size_t k = 0; k < ws.size(); ++k) {  // each lambda: its weights' dots
+            ScaledWeight& p = *ws[k];
+            if (p.lambda_of != &p) continue;
+            double dot = 0.0, dot_mag = 0.0;
+            int blocks = 0;
+            for (const auto& q : ws) {
+                if (q->lambda_of != &p) continue;
+                for (size_t i = 0; i < q->w.size(); ++i) {
+                    dot += value(q->dw_eff[i]) * value(q->w[i]);
+                    dot_mag += std::fabs(value(q->dw_eff[i]) * value(q->w[i]));
+                }
+                blocks += lambda_scaled_weight_backward_blocks(q->n);
+            }
+            const auto dl = p.d_dlambda.download();
+            const double got = dl[0], want_dl = dot + (accumulate ? p.dlambda_old : 0.0);
+            test::check(std::fabs(got - want_dl) <= 1e-5 * (dot_mag + std::fabs(p.dlambda_old)) + 1e-12,
                         "lambda_scaled_weight_backward dlambda%s: got %.9g want %.9g", w_what.c_str(), got, want_dl);
-            // dlambda: the bits of sum_fixed_order as a second launch over this weight's partials
-            const int blocks = lambda_scaled_weight_backward_blocks(p->n);
-            DeviceBuffer<float> second(std::vector<float>{p->dlambda_old});
+            // dlambda: the bits of sum_fixed_order as a second launch over its weights' partials
+            DeviceBuffer<float> second(std::vector<float>{p.dlambda_old});
             sum_fixed_order(second.ptr, d_scratch.partials.ptr + first_block, blocks, 1.0f, accumulate, nullptr);
             test::check(same_bits(second.download(), dl),
                         "lambda_scaled_weight_backward dlambda%s: sum_fixed_order's bits", w_what.c_str());
             first_block += blocks;
-            if (pair) {  // a launch of its own: the same bits
-                p->reset();
-                test::DevicePartials own(lambda_scaled_weight_backward_scratch_bytes({p->n}));
-                lambda_scaled_weight_backward({p->backward()}, own.view(), acc, nullptr);
-                test::check(same_bits(p->d_dw.download(), dw) && same_bits(p->d_dlambda.download(), dl),
-                            "lambda_scaled_weight_backward%s: weight of n %lld alone, the same bits", w_what.c_str(),
-                            (long long)p->n);
-            }
+        }
+        for (size_t k = 0; several && k < ws.size(); ++k) {  // a launch of its own: the same dw bits, and
+            ScaledWeight& p = *ws[k];                        // the same dlambda bits for a lambda of its own
+            const auto dl = p.lambda_of->d_dlambda.download();
+            const bool own = p.lambda_of == &p && (k + 1 >= ws.size() || ws[k + 1]->lambda_of != &p);
+            p.reset();
+            p.lambda_of->reset();
+            test::DevicePartials alone(lambda_scaled_weight_backward_scratch_bytes({p.n}));
+            lambda_scaled_weight_backward({p.backward()}, alone.view(), acc, nullptr);
+            test::check(same_bits(p.d_dw.download(), dws[k]) &&
+                            (!own || same_bits(p.d_dlambda.download(), dl)),
+                        "lambda_scaled_weight_backward%s: weight of n %lld alone, the same bits", w_what.c_str(),
+                        (long long)p.n);
         }
     }
+}
+
+// Bad batches: weights sharing a lambda apart, or sharing a lambda but not its gradient.
+void test_lambda_scaled_weight_refusals() {
+    std::vector<std::unique_ptr<ScaledWeight>> ws;
+    for (int i = 0; i < 3; ++i) ws.push_back(std::make_unique<ScaledWeight>(8 * 16));
+    ws[2]->lambda_of = ws[0].get();
+    test::check_fails_with("weights 0 and 2 sharing a lambda around weight 1", "share a lambda but are not adjacent",
+                           [&] { forward_all(ws); });
+    ws[2]->lambda_of = ws[2].get();
+    ws[1]->lambda_of = ws[0].get();
+    LambdaScaledBackward b1 = ws[1]->backward();
+    b1.dlambda = ws[1]->d_dlambda.ptr;  // its own gradient slot under a shared lambda
+    test::DevicePartials d_scratch(lambda_scaled_weight_backward_scratch_bytes({8 * 16, 8 * 16}));
+    test::check_fails_with("a shared lambda with two gradient slots", "must share a dlambda exactly when they share a lambda",
+                           [&] {
+                               lambda_scaled_weight_backward({ws[0]->backward(), b1}, d_scratch.view(),
+                                                             {.dw = false, .dlambda = false}, nullptr);
+                           });
 }
 
 // f(lambda, w) = sum(G * lambda * w) in double: its differences against the backward given dw_eff = G.
@@ -567,10 +616,13 @@ void test_shape_rules() {
         linear_relu_square_backward(MlpKernel::mma, fake, fake, fake, fake + 4, 256, 128, 512, nullptr);
     });
     const float* lambda = reinterpret_cast<const float*>(256);
-    test::check_fails_with("lambda_scaled_weight_forward with 3 weights", "lambda_scaled_weight_forward: 3 weights",
+    test::check_fails_with("lambda_scaled_weight_forward with 4 weights", "lambda_scaled_weight_forward: 4 weights",
                            [=] {
-                               lambda_scaled_weight_forward(
-                                   {{fake, fake, lambda, 8}, {fake, fake, lambda, 8}, {fake, fake, lambda, 8}}, nullptr);
+                               lambda_scaled_weight_forward({{fake, fake, lambda, 8},
+                                                             {fake, fake, lambda, 8},
+                                                             {fake, fake, lambda, 8},
+                                                             {fake, fake, lambda, 8}},
+                                                            nullptr);
                            });
     test::check_fails_with("lambda_scaled_weight_backward with n 12", "lambda_scaled_weight_backward: element count 12",
                            [=] {
@@ -679,6 +731,10 @@ int main(int argc, char** argv) {
     test_lambda_scaled_weight({768 * 768});
     test_lambda_scaled_weight({8 * 37, 8 * 5});
     test_lambda_scaled_weight({8 * 37});
+    test_lambda_scaled_weight({2 * 128 * 128, 128 * 128, 128 * 128}, Lambdas::first_two_shared);  // record 80's banks
+    test_lambda_scaled_weight({8 * 37, 8 * 5, 8 * 11}, Lambdas::first_two_shared);
+    test_lambda_scaled_weight({8 * 5, 8 * 37, 8 * 11});
+    test_lambda_scaled_weight_refusals();
     test_lambda_scaled_weight_finite_differences(8 * 64);
     return test::finish();
 }
