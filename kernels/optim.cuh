@@ -254,7 +254,7 @@ struct NorMuonNumerics {
     VarianceScale scale = VarianceScale::fp32;
 };
 // Record 71's pinned kernels, and record 80 as the PyTorch reference models it (r80_config: both casts kept).
-constexpr NorMuonNumerics kNorMuonNumericsR71{};
+constexpr NorMuonNumerics kNorMuonNumericsR71{PolarExpressInput::normalize_fp32, VarianceScale::fp32};
 constexpr NorMuonNumerics kNorMuonNumericsR80{PolarExpressInput::round_first, VarianceScale::bf16};
 
 constexpr int kNorMuonElemsPerBlock = kOptimThreads * kOptimVec * 4;  // momentum, normalize, update kernels

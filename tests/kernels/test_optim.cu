@@ -238,8 +238,13 @@ void test_momentum(int count, int rows, int cols, double mu, PolarExpressInput i
     NorMuonStepScalars* dsc = upload_one(sc);
     DeviceBuffer<bf16> dg(g), dx(n);
     DeviceBuffer<float> dm(m), dpart(size_t(count) * normuon_elementwise_blocks(rows, cols));
-    normuon_momentum(dm.ptr, dpart.ptr, dg.ptr, dsc, count, rows, cols, nullptr, input);
-    polar_express_normalize(dx.ptr, dm.ptr, dg.ptr, dpart.ptr, dsc, count, rows, cols, nullptr, input);
+    if (input == kNorMuonNumericsR71.input) {  // record 71's input is the launchers' default
+        normuon_momentum(dm.ptr, dpart.ptr, dg.ptr, dsc, count, rows, cols, nullptr);
+        polar_express_normalize(dx.ptr, dm.ptr, dg.ptr, dpart.ptr, dsc, count, rows, cols, nullptr);
+    } else {
+        normuon_momentum(dm.ptr, dpart.ptr, dg.ptr, dsc, count, rows, cols, nullptr, input);
+        polar_express_normalize(dx.ptr, dm.ptr, dg.ptr, dpart.ptr, dsc, count, rows, cols, nullptr, input);
+    }
     const auto gm = dm.download();
     const auto gx = to_floats(dx.download());
     const auto parts = dpart.download();
@@ -576,8 +581,12 @@ std::vector<float> scaled_v_through_update(const DeviceBuffer<bf16>& dv, DeviceB
     DeviceBuffer<uint16_t> dlo(std::vector<uint16_t>(n, 0));
     NorMuonStepScalars* unit = upload_one(NorMuonStepScalars{0.0f, 1.0f, 1.0f, 0.0f});
     normuon_variance_stats(dbuf.ptr, dstep.ptr, dpart.ptr, dv.ptr, count, rows, cols, w, nullptr);
-    normuon_scale_and_update(dp.ptr, dlo.ptr, dv.ptr, dstep.ptr, dpart.ptr, nullptr, unit, count, rows, cols, nullptr,
-                             scale);
+    if (scale == kNorMuonNumericsR71.scale)  // record 71's factor is the launcher's default
+        normuon_scale_and_update(dp.ptr, dlo.ptr, dv.ptr, dstep.ptr, dpart.ptr, nullptr, unit, count, rows, cols,
+                                 nullptr);
+    else
+        normuon_scale_and_update(dp.ptr, dlo.ptr, dv.ptr, dstep.ptr, dpart.ptr, nullptr, unit, count, rows, cols,
+                                 nullptr, scale);
     const auto p = to_floats(dp.download());
     const auto lo = dlo.download();
     *mantissa_zero = std::all_of(lo.begin(), lo.end(), [](uint16_t x) { return x == 0; });
