@@ -15,7 +15,10 @@
 // bf16 round trips inside a fused region; the two momentum lerps run eagerly):
 // - Adam: every state and the update in fp32; the bf16 parameter is rounded once, p = bf16(p - update).
 // - NorMuon momentum: torch's lerp, m = fma(w, g - m, m) for w < 0.5, else fma(w - 1, g - m, g)
-//   (its CUDA kernel's form, contracted to one fma by nvcc), each fp32 value rounded once.
+//   (its CUDA kernel's form, contracted to one fma by nvcc; inductor's decomposition of lerp gives the
+//   same fma), each fp32 value rounded once. The momentum's weight 1 - mu (MomentumComplement): record
+//   71 passes a Python float, float(1 - mu) from the double; record 80 fills a 0-D fp32 tensor with mu
+//   and forms 1 - float(mu) in fp32 inside the compiled polar_express (exact, but not the same float).
 // - Polar Express input (PolarExpressInput, NorMuonNumerics below): upstream writes X = G.bfloat16(), then
 //   X / (X.norm() * 1.02 + 1e-6), in the same words in records 71 and 80. normalize_fp32 (the default,
 //   record 71's pinned behaviour): X = bf16(u / (||u||_F * 1.02 + 1e-6)) from the fp32 u, one rounding:
@@ -199,6 +202,12 @@ inline void adam_step(T* param, float* exp_avg, float* exp_avg_sq, const T* grad
 // NorMuon
 // =====================================================================================
 
+// How the momentum lerp's weight 1 - mu is formed (header comment, "NorMuon momentum").
+enum class MomentumComplement : int32_t {
+    double_then_fp32,  // float(1 - mu)
+    fp32,              // 1 - float(mu), in fp32
+};
+
 // One step's scalars for one NorMuon bank, in device memory.
 struct NorMuonStepScalars {
     float momentum_weight;  // 1 - mu: weight of the gradient in the momentum lerp
@@ -210,9 +219,12 @@ struct NorMuonStepScalars {
 // table's lr_mul. Per matrix the kernel uses float(lr_mul * lr) * matrix_lr_mul[i], which equals
 // upstream's float(lr_mul * matrix_lr_mul[i] * lr) exactly for power-of-two multipliers (1 and 2).
 inline NorMuonStepScalars normuon_step_scalars(double base_lr, double lr_schedule, double lr_mul, double weight_decay,
-                                               double wd_mul, double momentum) {
+                                               double wd_mul, double momentum,
+                                               MomentumComplement complement = MomentumComplement::double_then_fp32) {
     const double lr = base_lr * lr_schedule;
-    return {static_cast<float>(1.0 - momentum), static_cast<float>(momentum), static_cast<float>(lr_mul * lr),
+    const float momentum_weight = complement == MomentumComplement::fp32 ? 1.0f - static_cast<float>(momentum)
+                                                                        : static_cast<float>(1.0 - momentum);
+    return {momentum_weight, static_cast<float>(momentum), static_cast<float>(lr_mul * lr),
             static_cast<float>(wd_mul * weight_decay * lr)};
 }
 // max(1, rows/cols)^0.5: tall matrices take a larger step.
@@ -249,13 +261,19 @@ enum class VarianceScale : int32_t {
     fp32,  // v' = bf16(v * final_scale)
     bf16,  // v' = bf16(v * bf16(final_scale))
 };
+// normuon_step reads input and scale; momentum is for normuon_step_scalars, which forms the weights
+// normuon_step reads from device memory.
 struct NorMuonNumerics {
     PolarExpressInput input = PolarExpressInput::normalize_fp32;
     VarianceScale scale = VarianceScale::fp32;
+    MomentumComplement momentum = MomentumComplement::double_then_fp32;
 };
-// Record 71's pinned kernels, and record 80 as the PyTorch reference models it (r80_config: both casts kept).
-constexpr NorMuonNumerics kNorMuonNumericsR71{PolarExpressInput::normalize_fp32, VarianceScale::fp32};
-constexpr NorMuonNumerics kNorMuonNumericsR80{PolarExpressInput::round_first, VarianceScale::bf16};
+// Record 71's pinned kernels, and record 80 as the PyTorch reference models it (r80_config: both casts
+// kept; the momentum's complement in fp32).
+constexpr NorMuonNumerics kNorMuonNumericsR71{PolarExpressInput::normalize_fp32, VarianceScale::fp32,
+                                              MomentumComplement::double_then_fp32};
+constexpr NorMuonNumerics kNorMuonNumericsR80{PolarExpressInput::round_first, VarianceScale::bf16,
+                                              MomentumComplement::fp32};
 
 constexpr int kNorMuonElemsPerBlock = kOptimThreads * kOptimVec * 4;  // momentum, normalize, update kernels
 constexpr int kNorMuonVarianceRows = 32;                              // row statistics: 8 warps x 4 rows

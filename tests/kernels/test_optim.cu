@@ -82,6 +82,20 @@ void test_step_scalars() {
                     n.lr == static_cast<float>(2.0 * (0.023 * 1.52)) &&
                     n.wd == static_cast<float>(1.2 * (0.023 * 1.52)),
                 "NorMuon step scalars");
+    // record 80: the momentum is a 0-D fp32 tensor, 1 - m formed in fp32 (exact): another float than
+    // float(1 - mu) (at 0.95: 0.0500000119 vs 0.0500000007); the other scalars are the same
+    for (double mu : {0.95, 0.85, 0.9, 0.85 + 100.0 / 300 * (0.95 - 0.85)}) {
+        const NorMuonStepScalars a = normuon_step_scalars(0.023, 1.52, 2.0, 1.2, 1.0, mu);
+        const NorMuonStepScalars b = normuon_step_scalars(0.023, 1.52, 2.0, 1.2, 1.0, mu, MomentumComplement::fp32);
+        test::check(b.momentum_weight == static_cast<float>(1.0 - double(static_cast<float>(mu))) &&
+                        a.momentum_weight == static_cast<float>(1.0 - mu) && a.update_weight == b.update_weight &&
+                        a.lr == b.lr && a.wd == b.wd,
+                    "NorMuon momentum weight at mu %.6f: 1 - float(mu) = %.10g (fp32), float(1 - mu) = %.10g", mu,
+                    b.momentum_weight, a.momentum_weight);
+    }
+    test::check(normuon_step_scalars(0, 1, 1, 0, 1, 0.95, MomentumComplement::fp32).momentum_weight !=
+                    normuon_step_scalars(0, 1, 1, 0, 1, 0.95).momentum_weight,
+                "the two momentum complements differ at 0.95");
     // upstream forms lr_mul * matrix_mul * lr in double; the kernel's float(lr_mul * lr) * 2 is the same float
     test::check(n.lr * 2.0f == static_cast<float>(2.0 * 2.0 * (0.023 * 1.52)), "c_proj lr product is exact");
 
@@ -753,7 +767,12 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank,
     for (auto& b : buf) b = static_cast<float>(test::uniform(0.5, 1.5) / std::min(rows, cols));
     for (int k = 0; k < count; ++k) mul[k] = normuon_matrix_lr_mul(true, rank * count + k);
     const double mu = 0.85 + 100.0 / 300 * (0.95 - 0.85);  // the record's momentum at step 100 (warm-up)
-    const NorMuonStepScalars sc = normuon_step_scalars(0.023, 1.0, normuon_shape_lr_mul(rows, cols), 1.2, 1.0, mu);
+    const NorMuonStepScalars sc =
+        normuon_step_scalars(0.023, 1.0, normuon_shape_lr_mul(rows, cols), 1.2, 1.0, mu, nm.momentum);
+    // the momentum's weight, formed here independently: 1 - mu in double, or in fp32 from float(mu)
+    const float wm = nm.momentum == MomentumComplement::fp32 ? static_cast<float>(1.0 - double(static_cast<float>(mu)))
+                                                            : static_cast<float>(1.0 - mu);
+    test::check(sc.momentum_weight == wm, "%s: momentum weight %.10g, want %.10g", name.c_str(), sc.momentum_weight, wm);
     const float w = static_cast<float>(1.0 - 0.95);
 
     DeviceBuffer<bf16> dp(p), dg(g);
@@ -779,8 +798,8 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank,
         std::vector<float> u(e);
         for (int64_t i = 0; i < e; ++i) {
             const int64_t q = k * e + i;
-            want_m[q] = torch_lerp_f32(m[q], to_float(g[q]), sc.momentum_weight);
-            u[i] = torch_lerp_f32(to_float(g[q]), want_m[q], sc.update_weight);
+            want_m[q] = torch_lerp_f32(m[q], to_float(g[q]), wm);
+            u[i] = torch_lerp_f32(to_float(g[q]), want_m[q], static_cast<float>(mu));
         }
         std::vector<double> in(e);
         normalized_reference(u.data(), e, nm.input, in.data());
@@ -836,12 +855,10 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank,
                         int(split));
     }
     // each of the two roundings alone moves the bits: normuon_step reads both fields
-    for (const NorMuonNumerics changed : {NorMuonNumerics{r80 ? PolarExpressInput::normalize_fp32
-                                                              : PolarExpressInput::round_first,
-                                                          nm.scale},
-                                          NorMuonNumerics{nm.input, nm.scale == VarianceScale::bf16
-                                                                        ? VarianceScale::fp32
-                                                                        : VarianceScale::bf16}}) {
+    const PolarExpressInput flip_input = r80 ? PolarExpressInput::normalize_fp32 : PolarExpressInput::round_first;
+    const VarianceScale flip_scale = nm.scale == VarianceScale::bf16 ? VarianceScale::fp32 : VarianceScale::bf16;
+    for (const NorMuonNumerics changed :
+         {NorMuonNumerics{flip_input, nm.scale, nm.momentum}, NorMuonNumerics{nm.input, flip_scale, nm.momentum}}) {
         DeviceBuffer<bf16> hp(p);
         DeviceBuffer<float> hm(m), hbuf(buf);
         DeviceBuffer<uint16_t> hlo(lo);
