@@ -12,11 +12,12 @@
 // still in flight). Values constant over a run (betas, eps, shapes) are kernel arguments.
 //
 // Rounding points (upstream runs its updates under torch.compile, which fuses each chain and elides
-// bf16 round trips inside a fused region; the two momentum lerps run eagerly):
+// bf16 round trips inside a fused region; record 71 runs the two momentum lerps eagerly, record 80
+// inside the compiled polar_express):
 // - Adam: every state and the update in fp32; the bf16 parameter is rounded once, p = bf16(p - update).
 // - NorMuon momentum: torch's lerp, m = fma(w, g - m, m) for w < 0.5, else fma(w - 1, g - m, g)
-//   (its CUDA kernel's form, contracted to one fma by nvcc; inductor's decomposition of lerp gives the
-//   same fma), each fp32 value rounded once. The momentum's weight 1 - mu (MomentumComplement): record
+//   (its CUDA kernel's form, contracted to one fma by nvcc; inductor's lerp forms the same fma), each
+//   fp32 value rounded once. The momentum's weight 1 - mu (MomentumComplement): record
 //   71 passes a Python float, float(1 - mu) from the double; record 80 fills a 0-D fp32 tensor with mu
 //   and forms 1 - float(mu) in fp32 inside the compiled polar_express (exact, but not the same float).
 // - Polar Express input (PolarExpressInput, NorMuonNumerics below): upstream writes X = G.bfloat16(), then
@@ -26,7 +27,9 @@
 //   fused kernels never materialize bf16(u). round_first (the PyTorch reference's record 80, which reads
 //   the cast as kept): X = bf16(bf16(u) / (||bf16(u)||_F * 1.02 + 1e-6)), the norm an fp32 sum of the bf16
 //   values' squares and the division in fp32. Either way the norm is a deterministic fp32 sum of
-//   per-block partials.
+//   per-block partials. Which one upstream runs rests on inductor, not on the record: with its default
+//   config an explicit bf16 cast inside a fused kernel becomes a conversion to its fp32 compute type
+//   (no rounding; only stores to bf16 buffers round), which is record 71's reading of both casts here.
 // - Polar Express iterations: A = bf16(X X^T), B = bf16(c A A + b A) (one cuBLASLt call, fp32
 //   epilogue, as upstream's ba_plus_cAA), X' = bf16(a X + B X) fused by cuBLASLt's beta (upstream's
 //   baddbmm) when rows <= 1024; for rows > 1024 upstream splits it (bmm, then add_): C = bf16(B X),

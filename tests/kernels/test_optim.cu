@@ -234,8 +234,8 @@ double normalized_reference(const float* u, int64_t e, PolarExpressInput input, 
 // biased: mu = 1 (then u = m exactly) and every m sits 0.19-0.48 of a bf16 ulp beyond a bf16 value, so
 // bf16(u) is smaller in magnitude than u, and ||bf16(u)|| is ~0.2% below ||u||: a norm of the other
 // values is seen in the partial sums (checked to 1e-5).
-void test_momentum(int count, int rows, int cols, double mu, PolarExpressInput input = PolarExpressInput::normalize_fp32,
-                   bool biased = false) {
+void test_momentum(int count, int rows, int cols, double mu,
+                   PolarExpressInput input = PolarExpressInput::normalize_fp32, bool biased = false) {
     const int64_t n = int64_t(count) * rows * cols;
     if (biased) mu = 1.0;
     const std::string name = "NorMuon momentum " + shape_name(count, rows, cols) + " mu " + std::to_string(mu) + " " +
@@ -772,7 +772,8 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank,
     // the momentum's weight, formed here independently: 1 - mu in double, or in fp32 from float(mu)
     const float wm = nm.momentum == MomentumComplement::fp32 ? static_cast<float>(1.0 - double(static_cast<float>(mu)))
                                                             : static_cast<float>(1.0 - mu);
-    test::check(sc.momentum_weight == wm, "%s: momentum weight %.10g, want %.10g", name.c_str(), sc.momentum_weight, wm);
+    test::check(sc.momentum_weight == wm, "%s: momentum weight %.10g, want %.10g", name.c_str(), sc.momentum_weight,
+                wm);
     const float w = static_cast<float>(1.0 - 0.95);
 
     DeviceBuffer<bf16> dp(p), dg(g);
