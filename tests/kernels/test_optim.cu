@@ -525,6 +525,9 @@ void test_polar_express(CublasLt& lt, int count, int rows, int cols, bool split)
 // ================================ variance reduction and the update ================================
 struct VarianceRef {
     std::vector<double> buf, step, v;  // second moment, rsqrt step, scaled v (before its bf16 rounding)
+    // VarianceScale::bf16: the element's factor lies within 1e-5 (relative) of a bf16 rounding tie, where
+    // the kernel's fp32 statistics may round it the other way
+    std::vector<char> factor_near_tie;
 };
 // upstream's _apply_normuon_variance_reduction on count matrices, in double; VarianceScale::bf16 rounds
 // the factor step * ratio to bf16 before the multiply
@@ -536,6 +539,7 @@ VarianceRef variance_reference(const std::vector<float>& v, const std::vector<fl
     r.buf.resize(size_t(count) * L);
     r.step.resize(r.buf.size());
     r.v.resize(v.size());
+    r.factor_near_tie.assign(v.size(), 0);
     for (int k = 0; k < count; ++k) {
         const size_t off = size_t(k) * rows * cols;
         std::vector<double> mean(L, 0.0);
@@ -558,6 +562,8 @@ VarianceRef variance_reference(const std::vector<float>& v, const std::vector<fl
                 const size_t q = off + size_t(i) * cols + j;
                 const double f = r.step[size_t(k) * L + (per_row ? i : j)] * ratio;
                 r.v[q] = v[q] * (scale == VarianceScale::bf16 ? round_bf16(f) : f);
+                r.factor_near_tie[q] =
+                    scale == VarianceScale::bf16 && round_bf16(f * (1 - 1e-5)) != round_bf16(f * (1 + 1e-5));
             }
     }
     return r;
@@ -628,11 +634,19 @@ void test_variance(int count, int rows, int cols, VarianceScale scale = Variance
     // second moment: an fp32 mean over <= 768 squares and one lerp (rtol 1e-5); step: rsqrt (rtol 1e-5)
     test::check_close(name + ": second moment", dbuf.download(), ref.buf, 1e-12, 1e-5);
     test::check_close(name + ": step", dstep.download(), ref.step, 0.0, 1e-5);
-    // v': one bf16 rounding of an fp32 product (2^-8 relative)
-    test::check_close(name + ": scaled v", got_v, ref.v, 1e-9, 1.0 / 256);
+    // v': one bf16 rounding of an fp32 product (2^-8 relative); where a bf16 factor is near a tie, also
+    // its other rounding (a bf16 ulp of the factor, 2^-7)
+    const int64_t n = int64_t(got_v.size());
+    int64_t off = 0, near_tie = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double rtol = ref.factor_near_tie[i] ? 1.0 / 256 + 1.0 / 128 : 1.0 / 256;
+        near_tie += ref.factor_near_tie[i];
+        off += !(std::fabs(got_v[i] - ref.v[i]) <= 1e-9 + rtol * std::fabs(ref.v[i]));
+    }
+    test::check(off == 0 && near_tie <= n / 20,  // a line near a tie: ~0.5% of lines (2e-5 of a 2^-8 ulp) "%s: scaled v: %lld of %lld off (%lld with a factor near a bf16 tie)",
+                name.c_str(), (long long)off, (long long)n, (long long)near_tie);
     // and bit for bit: the fp32 factor is within ~1e-6 of the double one, which moves a rounding (of v',
     // or of a whole line's bf16 factor) only near a tie; the other form's rounding moves many elements
-    const int64_t n = int64_t(got_v.size());
     int64_t off_same = 0, off_other = 0;
     for (int64_t i = 0; i < n; ++i) {
         off_same += got_v[i] != round_bf16(ref.v[i]);
