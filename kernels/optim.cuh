@@ -12,21 +12,33 @@
 // still in flight). Values constant over a run (betas, eps, shapes) are kernel arguments.
 //
 // Rounding points (upstream runs its updates under torch.compile, which fuses each chain and elides
-// bf16 round trips inside a fused region; the two momentum lerps run eagerly):
+// bf16 round trips inside a fused region; record 71 runs the two momentum lerps eagerly, record 80
+// inside the compiled polar_express):
 // - Adam: every state and the update in fp32; the bf16 parameter is rounded once, p = bf16(p - update).
 // - NorMuon momentum: torch's lerp, m = fma(w, g - m, m) for w < 0.5, else fma(w - 1, g - m, g)
-//   (its CUDA kernel's form, contracted to one fma by nvcc), each fp32 value rounded once.
-// - Polar Express input: X = bf16(u / (||u||_F * 1.02 + 1e-6)) from the fp32 u, one rounding: inside the
-//   compiled polar_express, G.bfloat16() feeds the norm and the division directly, so the fused
-//   kernels never materialize bf16(u). The norm is a deterministic fp32 sum of per-block partials.
+//   (its CUDA kernel's form, contracted to one fma by nvcc; inductor's lerp forms the same fma), each
+//   fp32 value rounded once. The momentum's weight 1 - mu (MomentumComplement): record
+//   71 passes a Python float, float(1 - mu) from the double; record 80 fills a 0-D fp32 tensor with mu
+//   and forms 1 - float(mu) in fp32 inside the compiled polar_express (exact, but not the same float).
+// - Polar Express input (PolarExpressInput, NorMuonNumerics below): upstream writes X = G.bfloat16(), then
+//   X / (X.norm() * 1.02 + 1e-6), in the same words in records 71 and 80. normalize_fp32 (the default,
+//   record 71's pinned behaviour): X = bf16(u / (||u||_F * 1.02 + 1e-6)) from the fp32 u, one rounding:
+//   inside the compiled polar_express, G.bfloat16() feeds the norm and the division directly, so the
+//   fused kernels never materialize bf16(u). round_first (the PyTorch reference's record 80, which reads
+//   the cast as kept): X = bf16(bf16(u) / (||bf16(u)||_F * 1.02 + 1e-6)), the norm an fp32 sum of the bf16
+//   values' squares and the division in fp32. Either way the norm is a deterministic fp32 sum of
+//   per-block partials. Which one upstream runs rests on inductor, not on the record: with its default
+//   config an explicit bf16 cast inside a fused kernel becomes a conversion to its fp32 compute type
+//   (no rounding; only stores to bf16 buffers round), which is record 71's reading of both casts here.
 // - Polar Express iterations: A = bf16(X X^T), B = bf16(c A A + b A) (one cuBLASLt call, fp32
 //   epilogue, as upstream's ba_plus_cAA), X' = bf16(a X + B X) fused by cuBLASLt's beta (upstream's
 //   baddbmm) when rows <= 1024; for rows > 1024 upstream splits it (bmm, then add_): C = bf16(B X),
 //   X' = bf16(fma(a, X, C)), two roundings, reproduced here. Tall matrices (rows > cols) are not
 //   transposed: the same products are formed as A = X^T X and X' = a X + X B^T on the stored layout.
-// - Variance reduction: all statistics in fp32 from the bf16 v; v is rounded once,
-//   v' = bf16(v * final_scale) with final_scale in fp32 (the compiled graph computes final_scale
-//   inside the kernel that scales v, so its .type_as(bf16) is elided).
+// - Variance reduction: all statistics in fp32 from the bf16 v. VarianceScale::fp32 (the default, record
+//   71's): v is rounded once, v' = bf16(v * final_scale) with final_scale in fp32 (the compiled graph
+//   computes final_scale inside the kernel that scales v, so its .type_as(bf16) is elided).
+//   VarianceScale::bf16 (the reference's record 80, the cast kept): v' = bf16(v * bf16(final_scale)).
 // - NorMuon update: p32 = (p << 16 | mantissa) as fp32, mask = v' * p32 >= 0, then
 //   p32 = (p32 - ((p32 * mask) * wd) * lr) - v' * lr with every operation rounded (no fma), and the
 //   new bits are split by truncation: the top half is the bf16 parameter, the bottom half the mantissa.
@@ -73,6 +85,8 @@ __device__ __forceinline__ void optim_store8(float* p, const float (&in)[kOptimV
     store128(p, lo);
     store128(p + 4, hi);
 }
+
+__device__ __forceinline__ float optim_round_bf16(float x) { return __bfloat162float(__float2bfloat16(x)); }
 
 // torch's lerp(self, end, w): the form it picks by |w| keeps the result exact at w = 0 and w = 1.
 __device__ __forceinline__ float optim_lerp(float self, float end, float w) {
@@ -191,6 +205,12 @@ inline void adam_step(T* param, float* exp_avg, float* exp_avg_sq, const T* grad
 // NorMuon
 // =====================================================================================
 
+// How the momentum lerp's weight 1 - mu is formed (header comment, "NorMuon momentum").
+enum class MomentumComplement : int32_t {
+    double_then_fp32,  // float(1 - mu)
+    fp32,              // 1 - float(mu), in fp32
+};
+
 // One step's scalars for one NorMuon bank, in device memory.
 struct NorMuonStepScalars {
     float momentum_weight;  // 1 - mu: weight of the gradient in the momentum lerp
@@ -202,9 +222,12 @@ struct NorMuonStepScalars {
 // table's lr_mul. Per matrix the kernel uses float(lr_mul * lr) * matrix_lr_mul[i], which equals
 // upstream's float(lr_mul * matrix_lr_mul[i] * lr) exactly for power-of-two multipliers (1 and 2).
 inline NorMuonStepScalars normuon_step_scalars(double base_lr, double lr_schedule, double lr_mul, double weight_decay,
-                                               double wd_mul, double momentum) {
+                                               double wd_mul, double momentum,
+                                               MomentumComplement complement = MomentumComplement::double_then_fp32) {
     const double lr = base_lr * lr_schedule;
-    return {static_cast<float>(1.0 - momentum), static_cast<float>(momentum), static_cast<float>(lr_mul * lr),
+    const float momentum_weight = complement == MomentumComplement::fp32 ? 1.0f - static_cast<float>(momentum)
+                                                                        : static_cast<float>(1.0 - momentum);
+    return {momentum_weight, static_cast<float>(momentum), static_cast<float>(lr_mul * lr),
             static_cast<float>(wd_mul * weight_decay * lr)};
 }
 // max(1, rows/cols)^0.5: tall matrices take a larger step.
@@ -230,6 +253,30 @@ constexpr float kPolarExpressNormScale = 1.02f;  // (1 + 2e-2): spectral norm be
 constexpr float kPolarExpressNormEps = 1e-6f;
 constexpr int kPolarExpressSplitRows = 1024;  // upstream splits a X + B X into two kernels above this
 constexpr float kNorMuonClamp = 1e-10f;       // floor of the second moment and of the rescaled norm
+
+// The two bf16 casts of upstream's NorMuon that a compiled graph may elide (header comment, "Rounding
+// points"); the defaults are record 71's kernels, bit for bit.
+enum class PolarExpressInput : int32_t {
+    normalize_fp32,  // X = bf16(u / (||u|| * 1.02 + 1e-6))
+    round_first,     // X = bf16(bf16(u) / (||bf16(u)|| * 1.02 + 1e-6))
+};
+enum class VarianceScale : int32_t {
+    fp32,  // v' = bf16(v * final_scale)
+    bf16,  // v' = bf16(v * bf16(final_scale))
+};
+// normuon_step reads input and scale; momentum is for normuon_step_scalars, which forms the weights
+// normuon_step reads from device memory.
+struct NorMuonNumerics {
+    PolarExpressInput input = PolarExpressInput::normalize_fp32;
+    VarianceScale scale = VarianceScale::fp32;
+    MomentumComplement momentum = MomentumComplement::double_then_fp32;
+};
+// Record 71's pinned kernels, and record 80 as the PyTorch reference models it (r80_config: both casts
+// kept; the momentum's complement in fp32).
+constexpr NorMuonNumerics kNorMuonNumericsR71{PolarExpressInput::normalize_fp32, VarianceScale::fp32,
+                                              MomentumComplement::double_then_fp32};
+constexpr NorMuonNumerics kNorMuonNumericsR80{PolarExpressInput::round_first, VarianceScale::bf16,
+                                              MomentumComplement::fp32};
 
 constexpr int kNorMuonElemsPerBlock = kOptimThreads * kOptimVec * 4;  // momentum, normalize, update kernels
 constexpr int kNorMuonVarianceRows = 32;                              // row statistics: 8 warps x 4 rows
@@ -275,10 +322,11 @@ inline int normuon_variance_blocks(int rows, int cols) {
 }
 
 // ---- momentum ----
-// m = lerp(m, g, 1 - mu); partial sums of u^2 with u = lerp(g, m, mu), one per block, for ||u||_F.
+// m = lerp(m, g, 1 - mu); partial sums of x^2, x = u = lerp(g, m, mu) (round_first: x = bf16(u)), one
+// per block, for Polar Express's Frobenius norm.
 __global__ void __launch_bounds__(kOptimThreads)
     normuon_momentum_kernel(float* momentum, float* norm_partials, const __nv_bfloat16* grad,
-                            const NorMuonStepScalars* scalars, int64_t matrix_elems) {
+                            const NorMuonStepScalars* scalars, int64_t matrix_elems, PolarExpressInput input) {
     const int64_t base = static_cast<int64_t>(blockIdx.y) * matrix_elems;
     const int64_t begin = static_cast<int64_t>(blockIdx.x) * kNorMuonElemsPerBlock;
     const float wm = scalars->momentum_weight, wu = scalars->update_weight;
@@ -292,7 +340,8 @@ __global__ void __launch_bounds__(kOptimThreads)
         for (int k = 0; k < kOptimVec; ++k) {
             m[k] = optim_lerp(m[k], g[k], wm);
             const float u = optim_lerp(g[k], m[k], wu);
-            sumsq += u * u;
+            const float x = input == PolarExpressInput::round_first ? optim_round_bf16(u) : u;
+            sumsq += x * x;
         }
         optim_store8(momentum + base + i, m);
     }
@@ -307,25 +356,28 @@ inline Work normuon_momentum_work(int count, int rows, int cols) {
                 .bytes_written = 4 * n + normuon_norm_partials_bytes(count, rows, cols)};
 }
 // Updates the fp32 momentum of `count` (rows, cols) matrices from the bf16 gradient and leaves
-// normuon_elementwise_blocks(rows, cols) partial sums of u^2 per matrix in norm_partials.
+// normuon_elementwise_blocks(rows, cols) partial sums of u^2 (round_first: bf16(u)^2) per matrix in
+// norm_partials.
 inline void normuon_momentum(float* momentum, float* norm_partials, const __nv_bfloat16* grad,
-                             const NorMuonStepScalars* scalars, int count, int rows, int cols, cudaStream_t stream) {
+                             const NorMuonStepScalars* scalars, int count, int rows, int cols, cudaStream_t stream,
+                             PolarExpressInput input = PolarExpressInput::normalize_fp32) {
     require_shape(normuon_shape_error(count, rows, cols), "normuon_momentum");
     kernel_require(all_aligned16({momentum, grad}), "normuon_momentum: momentum and grad must be 16-byte aligned");
     launch(normuon_momentum_work(count, rows, cols), normuon_momentum_kernel,
            dim3(normuon_elementwise_blocks(rows, cols), count), dim3(kOptimThreads), 0, stream, momentum, norm_partials,
-           grad, scalars, normuon_matrix_elems(rows, cols));
+           grad, scalars, normuon_matrix_elems(rows, cols), input);
     CUDA_CHECK_LAUNCH();
 }
 
 // ---- Polar Express ----
-// x = bf16(u / (||u||_F * 1.02 + 1e-6)), u = lerp(g, m, mu) recomputed from the updated momentum
-// (the same fp32 operations as normuon_momentum_kernel, so the same u). Every block of a matrix sums
-// the matrix's partials in the same fixed order.
+// x = bf16(u / (||u||_F * 1.02 + 1e-6)) (round_first: u replaced by bf16(u), in the norm too), u =
+// lerp(g, m, mu) recomputed from the updated momentum (the same fp32 operations as
+// normuon_momentum_kernel, so the same u). Every block of a matrix sums the matrix's partials in the
+// same fixed order.
 __global__ void __launch_bounds__(kOptimThreads)
     polar_express_normalize_kernel(__nv_bfloat16* x, const float* momentum, const __nv_bfloat16* grad,
                                    const float* norm_partials, const NorMuonStepScalars* scalars,
-                                   int64_t matrix_elems) {
+                                   int64_t matrix_elems, PolarExpressInput input) {
     const int blocks = static_cast<int>(gridDim.x);
     const float s = block_sum_fixed_order(norm_partials + static_cast<int64_t>(blockIdx.y) * blocks, blocks);
     const float denom = __fmaf_rn(sqrtf(s), kPolarExpressNormScale, kPolarExpressNormEps);
@@ -338,7 +390,10 @@ __global__ void __launch_bounds__(kOptimThreads)
         optim_load8(grad + base + i, g);
         optim_load8(momentum + base + i, m);
 #pragma unroll
-        for (int k = 0; k < kOptimVec; ++k) out[k] = optim_lerp(g[k], m[k], wu) / denom;
+        for (int k = 0; k < kOptimVec; ++k) {
+            const float u = optim_lerp(g[k], m[k], wu);
+            out[k] = (input == PolarExpressInput::round_first ? optim_round_bf16(u) : u) / denom;
+        }
         optim_store8(x + base + i, out);
     }
 }
@@ -350,16 +405,17 @@ inline Work polar_express_normalize_work(int count, int rows, int cols) {
                 .bytes_written = 2 * n};
 }
 // Writes the normalized bf16 input of Polar Express for `count` matrices; norm_partials as left by
-// normuon_momentum for the same shape.
+// normuon_momentum for the same shape and the same `input`.
 inline void polar_express_normalize(__nv_bfloat16* x, const float* momentum, const __nv_bfloat16* grad,
                                     const float* norm_partials, const NorMuonStepScalars* scalars, int count, int rows,
-                                    int cols, cudaStream_t stream) {
+                                    int cols, cudaStream_t stream,
+                                    PolarExpressInput input = PolarExpressInput::normalize_fp32) {
     require_shape(normuon_shape_error(count, rows, cols), "polar_express_normalize");
     kernel_require(all_aligned16({x, momentum, grad}),
                    "polar_express_normalize: x, momentum and grad must be 16-byte aligned");
     launch(polar_express_normalize_work(count, rows, cols), polar_express_normalize_kernel,
            dim3(normuon_elementwise_blocks(rows, cols), count), dim3(kOptimThreads), 0, stream, x, momentum, grad,
-           norm_partials, scalars, normuon_matrix_elems(rows, cols));
+           norm_partials, scalars, normuon_matrix_elems(rows, cols), input);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -561,12 +617,14 @@ __device__ __forceinline__ float normuon_cautious_update(float p, float g, float
     return __fsub_rn(__fsub_rn(p, decay), __fmul_rn(g, lr));
 }
 
-// v' = bf16(v * step[j] * ||v|| / max(||v * step||, 1e-10)) (j: the element's row or column), then the
-// cautious update of the precise parameter (bf16 bits << 16 | mantissa) by v', split back by truncation.
+// v' = bf16(v * s), s = step[j] * ||v|| / max(||v * step||, 1e-10) (j: the element's row or column;
+// VarianceScale::bf16: s rounded to bf16 first), then the cautious update of the precise parameter
+// (bf16 bits << 16 | mantissa) by v', split back by truncation.
 __global__ void __launch_bounds__(kOptimThreads)
     normuon_scale_and_update_kernel(__nv_bfloat16* param, uint16_t* mantissa, const __nv_bfloat16* v, const float* step,
                                     const float* variance_partials, int variance_blocks, const float* matrix_lr_mul,
-                                    const NorMuonStepScalars* scalars, int rows, int cols) {
+                                    const NorMuonStepScalars* scalars, int rows, int cols,
+                                    VarianceScale scale_rounding) {
     const int mat = blockIdx.y;
     const bool per_row = normuon_reduces_rows(rows, cols);
     const float* part = variance_partials + 2 * static_cast<int64_t>(mat) * variance_blocks;
@@ -589,8 +647,9 @@ __global__ void __launch_bounds__(kOptimThreads)
         Pack128<uint16_t> lo_out;
 #pragma unroll
         for (int k = 0; k < kOptimVec; ++k) {
-            const float scale = (per_row ? step_m[r] : step_m[c + k]) * ratio;
-            const float gk = __bfloat162float(__float2bfloat16(g[k] * scale));
+            const float s = (per_row ? step_m[r] : step_m[c + k]) * ratio;
+            const float scale = scale_rounding == VarianceScale::bf16 ? optim_round_bf16(s) : s;
+            const float gk = optim_round_bf16(g[k] * scale);
             const uint32_t bits = static_cast<uint32_t>(__bfloat16_as_ushort(p[k])) << 16 | lo[k];
             const uint32_t out = __float_as_uint(normuon_cautious_update(__uint_as_float(bits), gk, wd, lr));
             p_out[k] = __ushort_as_bfloat16(static_cast<unsigned short>(out >> 16));
@@ -616,14 +675,14 @@ inline Work normuon_scale_and_update_work(int count, int rows, int cols, bool pe
 inline void normuon_scale_and_update(__nv_bfloat16* param, uint16_t* mantissa, const __nv_bfloat16* v,
                                      const float* step, const float* variance_partials, const float* matrix_lr_mul,
                                      const NorMuonStepScalars* scalars, int count, int rows, int cols,
-                                     cudaStream_t stream) {
+                                     cudaStream_t stream, VarianceScale scale_rounding = VarianceScale::fp32) {
     require_shape(normuon_shape_error(count, rows, cols), "normuon_scale_and_update");
     kernel_require(all_aligned16({param, mantissa, v}),
                    "normuon_scale_and_update: param, mantissa and v must be 16-byte aligned");
     const Work work = normuon_scale_and_update_work(count, rows, cols, matrix_lr_mul != nullptr);
     launch(work, normuon_scale_and_update_kernel, dim3(normuon_elementwise_blocks(rows, cols), count),
            dim3(kOptimThreads), 0, stream, param, mantissa, v, step, variance_partials,
-           normuon_variance_blocks(rows, cols), matrix_lr_mul, scalars, rows, cols);
+           normuon_variance_blocks(rows, cols), matrix_lr_mul, scalars, rows, cols, scale_rounding);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -675,21 +734,23 @@ inline size_t normuon_scratch_bytes(int count, int rows, int cols) {
 
 // One NorMuon step on a shard: momentum, Polar Express (split form for rows > 1024, as upstream),
 // variance reduction, cautious update. second_moment_weight = 1 - beta2; scratch (256-byte aligned)
-// holds normuon_scratch_bytes(count, rows, cols).
+// holds normuon_scratch_bytes(count, rows, cols); numerics picks the two roundings (record 71's by default).
 inline void normuon_step(CublasLt& lt, const NorMuonShard& shard, const NorMuonStepScalars* scalars,
-                         float second_moment_weight, void* scratch, size_t scratch_bytes, cudaStream_t stream) {
+                         float second_moment_weight, void* scratch, size_t scratch_bytes, cudaStream_t stream,
+                         NorMuonNumerics numerics = {}) {
     const int count = shard.count, rows = shard.rows, cols = shard.cols;
     require_shape(normuon_shape_error(count, rows, cols), "normuon_step");
     const NorMuonScratch w = normuon_scratch_layout(scratch, count, rows, cols);
     kernel_require(scratch_bytes >= w.bytes, "normuon_step: scratch holds %zu bytes, needs %zu (normuon_scratch_bytes)",
                    scratch_bytes, w.bytes);
     kernel_require(reinterpret_cast<uintptr_t>(scratch) % 256 == 0, "normuon_step: scratch must be 256-byte aligned");
-    normuon_momentum(shard.momentum, w.norm_partials, shard.grad, scalars, count, rows, cols, stream);
-    polar_express_normalize(w.x, shard.momentum, shard.grad, w.norm_partials, scalars, count, rows, cols, stream);
+    normuon_momentum(shard.momentum, w.norm_partials, shard.grad, scalars, count, rows, cols, stream, numerics.input);
+    polar_express_normalize(w.x, shard.momentum, shard.grad, w.norm_partials, scalars, count, rows, cols, stream,
+                            numerics.input);
     const __nv_bfloat16* v = polar_express_iterate(lt, w.x, w.x_other, w.gram, w.poly, count, rows, cols,
                                                    rows > kPolarExpressSplitRows, stream);
     normuon_variance_stats(shard.second_moment, w.step, w.variance_partials, v, count, rows, cols, second_moment_weight,
                            stream);
     normuon_scale_and_update(shard.param, shard.mantissa, v, w.step, w.variance_partials, shard.matrix_lr_mul, scalars,
-                             count, rows, cols, stream);
+                             count, rows, cols, stream, numerics.scale);
 }

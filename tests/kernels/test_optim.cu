@@ -8,8 +8,10 @@
 #include "../device_util.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -80,6 +82,20 @@ void test_step_scalars() {
                     n.lr == static_cast<float>(2.0 * (0.023 * 1.52)) &&
                     n.wd == static_cast<float>(1.2 * (0.023 * 1.52)),
                 "NorMuon step scalars");
+    // record 80: the momentum is a 0-D fp32 tensor, 1 - m formed in fp32 (exact): another float than
+    // float(1 - mu) (at 0.95: 0.0500000119 vs 0.0500000007); the other scalars are the same
+    for (double mu : {0.95, 0.85, 0.9, 0.85 + 100.0 / 300 * (0.95 - 0.85)}) {
+        const NorMuonStepScalars a = normuon_step_scalars(0.023, 1.52, 2.0, 1.2, 1.0, mu);
+        const NorMuonStepScalars b = normuon_step_scalars(0.023, 1.52, 2.0, 1.2, 1.0, mu, MomentumComplement::fp32);
+        test::check(b.momentum_weight == static_cast<float>(1.0 - double(static_cast<float>(mu))) &&
+                        a.momentum_weight == static_cast<float>(1.0 - mu) && a.update_weight == b.update_weight &&
+                        a.lr == b.lr && a.wd == b.wd,
+                    "NorMuon momentum weight at mu %.6f: 1 - float(mu) = %.10g (fp32), float(1 - mu) = %.10g", mu,
+                    b.momentum_weight, a.momentum_weight);
+    }
+    test::check(normuon_step_scalars(0, 1, 1, 0, 1, 0.95, MomentumComplement::fp32).momentum_weight !=
+                    normuon_step_scalars(0, 1, 1, 0, 1, 0.95).momentum_weight,
+                "the two momentum complements differ at 0.95");
     // upstream forms lr_mul * matrix_mul * lr in double; the kernel's float(lr_mul * lr) * 2 is the same float
     test::check(n.lr * 2.0f == static_cast<float>(2.0 * 2.0 * (0.023 * 1.52)), "c_proj lr product is exact");
 
@@ -197,21 +213,52 @@ void test_adam() {
 }
 
 // ================================ NorMuon: momentum and normalization ================================
-void test_momentum(int count, int rows, int cols, double mu) {
+const char* input_name(PolarExpressInput input) {
+    return input == PolarExpressInput::round_first ? "round_first" : "normalize_fp32";
+}
+
+// The normalized Polar Express input of one matrix's fp32 u, in double, before its bf16 rounding:
+// x = u, or bf16(u) for round_first; out = x / (||x|| * 1.02 + 1e-6). Returns sum(x^2).
+double normalized_reference(const float* u, int64_t e, PolarExpressInput input, double* out) {
+    double ss = 0;
+    for (int64_t i = 0; i < e; ++i) {
+        const double x = input == PolarExpressInput::round_first ? round_bf16(u[i]) : double(u[i]);
+        ss += x * x;
+    }
+    const double denom = std::sqrt(ss) * 1.02 + 1e-6;
+    for (int64_t i = 0; i < e; ++i)
+        out[i] = (input == PolarExpressInput::round_first ? round_bf16(u[i]) : double(u[i])) / denom;
+    return ss;
+}
+
+// biased: mu = 1 (then u = m exactly) and every m sits 0.19-0.48 of a bf16 ulp beyond a bf16 value, so
+// bf16(u) is smaller in magnitude than u, and ||bf16(u)|| is ~0.2% below ||u||: a norm of the other
+// values is seen in the partial sums (checked to 1e-5).
+void test_momentum(int count, int rows, int cols, double mu,
+                   PolarExpressInput input = PolarExpressInput::normalize_fp32, bool biased = false) {
     const int64_t n = int64_t(count) * rows * cols;
-    const std::string name = "NorMuon momentum " + shape_name(count, rows, cols) + " mu " + std::to_string(mu);
+    if (biased) mu = 1.0;
+    const std::string name = "NorMuon momentum " + shape_name(count, rows, cols) + " mu " + std::to_string(mu) + " " +
+                             input_name(input) + (biased ? " biased" : "");
     std::vector<bf16> g(n);
     std::vector<float> m(n);
     for (int64_t i = 0; i < n; ++i) {
         g[i] = __float2bfloat16(static_cast<float>(test::normal(0, 0.01)));
         m[i] = static_cast<float>(test::normal(0, 0.01));
+        if (biased)
+            m[i] = from_bits(uint32_t(bits(__float2bfloat16(m[i]))) << 16 | uint32_t(test::randint(0x3000, 0x7C00)));
     }
     const NorMuonStepScalars sc = normuon_step_scalars(0.023, 1.0, 1.0, 1.2, 1.0, mu);
     NorMuonStepScalars* dsc = upload_one(sc);
     DeviceBuffer<bf16> dg(g), dx(n);
     DeviceBuffer<float> dm(m), dpart(size_t(count) * normuon_elementwise_blocks(rows, cols));
-    normuon_momentum(dm.ptr, dpart.ptr, dg.ptr, dsc, count, rows, cols, nullptr);
-    polar_express_normalize(dx.ptr, dm.ptr, dg.ptr, dpart.ptr, dsc, count, rows, cols, nullptr);
+    if (input == kNorMuonNumericsR71.input) {  // record 71's input is the launchers' default
+        normuon_momentum(dm.ptr, dpart.ptr, dg.ptr, dsc, count, rows, cols, nullptr);
+        polar_express_normalize(dx.ptr, dm.ptr, dg.ptr, dpart.ptr, dsc, count, rows, cols, nullptr);
+    } else {
+        normuon_momentum(dm.ptr, dpart.ptr, dg.ptr, dsc, count, rows, cols, nullptr, input);
+        polar_express_normalize(dx.ptr, dm.ptr, dg.ptr, dpart.ptr, dsc, count, rows, cols, nullptr, input);
+    }
     const auto gm = dm.download();
     const auto gx = to_floats(dx.download());
     const auto parts = dpart.download();
@@ -230,20 +277,33 @@ void test_momentum(int count, int rows, int cols, double mu) {
     // inputs ~N(0, 0.01): g - m and the fma round at the operands' scale (fp32 ulp of 0.05 is 3.7e-9)
     test::check_close(name + ": momentum vs double", gm, want_md, 1e-8, 1e-6);
 
-    // X = bf16(u / (||u||_F * 1.02 + 1e-6)) per matrix: one bf16 rounding (2^-8) over an fp32 norm
+    // X = bf16(x / (||x||_F * 1.02 + 1e-6)) per matrix, x = u or bf16(u) by `input`: one bf16 rounding
+    // (2^-8) over an fp32 norm. The fp32 division and norm differ from double by ~1e-7, which moves an
+    // element's rounding only near a tie: nearly every element is bit-equal to the reference of its own
+    // input, while the other input's reference differs in many (bf16(u) is u moved by up to half an ulp).
+    const PolarExpressInput other_input = input == PolarExpressInput::round_first ? PolarExpressInput::normalize_fp32
+                                                                                  : PolarExpressInput::round_first;
     const int blocks = normuon_elementwise_blocks(rows, cols);
-    std::vector<double> want_x(n);
+    const int64_t e = int64_t(rows) * cols;
+    std::vector<double> want_x(n), other_x(n);
     for (int k = 0; k < count; ++k) {
-        const int64_t off = int64_t(k) * rows * cols;
-        double ss = 0, ps = 0;
-        for (int64_t i = 0; i < int64_t(rows) * cols; ++i) ss += double(u[off + i]) * u[off + i];
+        const int64_t off = k * e;
+        double ps = 0;
+        const double ss = normalized_reference(&u[off], e, input, &want_x[off]);
+        normalized_reference(&u[off], e, other_input, &other_x[off]);
         for (int b = 0; b < blocks; ++b) ps += parts[size_t(k) * blocks + b];
-        test::check(std::fabs(ps - ss) <= 1e-5 * ss, "%s: matrix %d sum of u^2 %.9g, want %.9g", name.c_str(), k, ps,
-                    ss);
-        const double denom = std::sqrt(ss) * 1.02 + 1e-6;
-        for (int64_t i = 0; i < int64_t(rows) * cols; ++i) want_x[off + i] = u[off + i] / denom;
+        test::check(std::fabs(ps - ss) <= 1e-5 * ss, "%s: matrix %d sum of squares %.9g, want %.9g", name.c_str(), k,
+                    ps, ss);
     }
     test::check_close(name + ": normalized X", gx, want_x, 1e-7, 1.0 / 256);
+    int64_t off_same = 0, off_other = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        off_same += gx[i] != round_bf16(want_x[i]);
+        off_other += gx[i] != round_bf16(other_x[i]);
+    }
+    test::check(off_same <= n / 1000 && off_same * 20 < off_other,
+                "%s: %lld of %lld X differ from the reference of this input, %lld from the other input's",
+                name.c_str(), (long long)off_same, (long long)n, (long long)off_other);
     cudaFree(dsc);
 }
 
@@ -465,16 +525,21 @@ void test_polar_express(CublasLt& lt, int count, int rows, int cols, bool split)
 // ================================ variance reduction and the update ================================
 struct VarianceRef {
     std::vector<double> buf, step, v;  // second moment, rsqrt step, scaled v (before its bf16 rounding)
+    // VarianceScale::bf16: the element's factor lies within 1e-5 (relative) of a bf16 rounding tie, where
+    // the kernel's fp32 statistics may round it the other way
+    std::vector<char> factor_near_tie;
 };
-// upstream's _apply_normuon_variance_reduction on count matrices, in double
+// upstream's _apply_normuon_variance_reduction on count matrices, in double; VarianceScale::bf16 rounds
+// the factor step * ratio to bf16 before the multiply
 VarianceRef variance_reference(const std::vector<float>& v, const std::vector<float>& buf0, int count, int rows,
-                               int cols, double w) {
+                               int cols, double w, VarianceScale scale = VarianceScale::fp32) {
     const bool per_row = rows >= cols;
     const int L = per_row ? rows : cols, N = per_row ? cols : rows;
     VarianceRef r;
     r.buf.resize(size_t(count) * L);
     r.step.resize(r.buf.size());
     r.v.resize(v.size());
+    r.factor_near_tie.assign(v.size(), 0);
     for (int k = 0; k < count; ++k) {
         const size_t off = size_t(k) * rows * cols;
         std::vector<double> mean(L, 0.0);
@@ -495,7 +560,10 @@ VarianceRef variance_reference(const std::vector<float>& v, const std::vector<fl
         for (int i = 0; i < rows; ++i)
             for (int j = 0; j < cols; ++j) {
                 const size_t q = off + size_t(i) * cols + j;
-                r.v[q] = v[q] * r.step[size_t(k) * L + (per_row ? i : j)] * ratio;
+                const double f = r.step[size_t(k) * L + (per_row ? i : j)] * ratio;
+                r.v[q] = v[q] * (scale == VarianceScale::bf16 ? round_bf16(f) : f);
+                r.factor_near_tie[q] =
+                    scale == VarianceScale::bf16 && round_bf16(f * (1 - 1e-5)) != round_bf16(f * (1 + 1e-5));
             }
     }
     return r;
@@ -526,13 +594,19 @@ void variance_inputs(int count, int rows, int cols, std::vector<float>& v, std::
 // then exactly p32 = -v', so the parameter reads back the scaled bf16 v'.
 std::vector<float> scaled_v_through_update(const DeviceBuffer<bf16>& dv, DeviceBuffer<float>& dbuf,
                                            DeviceBuffer<float>& dstep, DeviceBuffer<float>& dpart, int count, int rows,
-                                           int cols, float w, bool* mantissa_zero) {
+                                           int cols, float w, bool* mantissa_zero,
+                                           VarianceScale scale = VarianceScale::fp32) {
     const int64_t n = int64_t(count) * rows * cols;
     DeviceBuffer<bf16> dp(std::vector<bf16>(n, __float2bfloat16(0.0f)));
     DeviceBuffer<uint16_t> dlo(std::vector<uint16_t>(n, 0));
     NorMuonStepScalars* unit = upload_one(NorMuonStepScalars{0.0f, 1.0f, 1.0f, 0.0f});
     normuon_variance_stats(dbuf.ptr, dstep.ptr, dpart.ptr, dv.ptr, count, rows, cols, w, nullptr);
-    normuon_scale_and_update(dp.ptr, dlo.ptr, dv.ptr, dstep.ptr, dpart.ptr, nullptr, unit, count, rows, cols, nullptr);
+    if (scale == kNorMuonNumericsR71.scale)  // record 71's factor is the launcher's default
+        normuon_scale_and_update(dp.ptr, dlo.ptr, dv.ptr, dstep.ptr, dpart.ptr, nullptr, unit, count, rows, cols,
+                                 nullptr);
+    else
+        normuon_scale_and_update(dp.ptr, dlo.ptr, dv.ptr, dstep.ptr, dpart.ptr, nullptr, unit, count, rows, cols,
+                                 nullptr, scale);
     const auto p = to_floats(dp.download());
     const auto lo = dlo.download();
     *mantissa_zero = std::all_of(lo.begin(), lo.end(), [](uint16_t x) { return x == 0; });
@@ -542,22 +616,46 @@ std::vector<float> scaled_v_through_update(const DeviceBuffer<bf16>& dv, DeviceB
     return v;
 }
 
-void test_variance(int count, int rows, int cols) {
-    const std::string name = "variance reduction " + shape_name(count, rows, cols);
+void test_variance(int count, int rows, int cols, VarianceScale scale = VarianceScale::fp32) {
+    const bool bf16_scale = scale == VarianceScale::bf16;
+    const std::string name =
+        "variance reduction " + shape_name(count, rows, cols) + (bf16_scale ? " bf16 scale" : " fp32 scale");
     std::vector<float> v, buf;
     variance_inputs(count, rows, cols, v, buf);
     const float w = static_cast<float>(1.0 - 0.95);
     DeviceBuffer<bf16> dv(to_bf16(v));
     DeviceBuffer<float> dbuf(buf), dstep(buf.size()), dpart(size_t(2) * count * normuon_variance_blocks(rows, cols));
     bool lo_zero = false;
-    const auto got_v = scaled_v_through_update(dv, dbuf, dstep, dpart, count, rows, cols, w, &lo_zero);
-    const VarianceRef ref = variance_reference(v, buf, count, rows, cols, w);
+    const auto got_v = scaled_v_through_update(dv, dbuf, dstep, dpart, count, rows, cols, w, &lo_zero, scale);
+    const VarianceRef ref = variance_reference(v, buf, count, rows, cols, w, scale);
+    const VarianceRef other =
+        variance_reference(v, buf, count, rows, cols, w, bf16_scale ? VarianceScale::fp32 : VarianceScale::bf16);
     test::check(lo_zero, "%s: p32 = -v' leaves the mantissa zero", name.c_str());
     // second moment: an fp32 mean over <= 768 squares and one lerp (rtol 1e-5); step: rsqrt (rtol 1e-5)
     test::check_close(name + ": second moment", dbuf.download(), ref.buf, 1e-12, 1e-5);
     test::check_close(name + ": step", dstep.download(), ref.step, 0.0, 1e-5);
-    // v': one bf16 rounding of an fp32 product (2^-8 relative)
-    test::check_close(name + ": scaled v", got_v, ref.v, 1e-9, 1.0 / 256);
+    // v': one bf16 rounding of an fp32 product (2^-8 relative); where a bf16 factor is near a tie, also
+    // its other rounding (a bf16 ulp of the factor, 2^-7)
+    const int64_t n = int64_t(got_v.size());
+    int64_t off = 0, near_tie = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double rtol = ref.factor_near_tie[i] ? 1.0 / 256 + 1.0 / 128 : 1.0 / 256;
+        near_tie += ref.factor_near_tie[i];
+        off += !(std::fabs(got_v[i] - ref.v[i]) <= 1e-9 + rtol * std::fabs(ref.v[i]));
+    }
+    // lines near a tie: ~0.5% of them (a window of 2e-5 in a bf16 ulp of 2^-8)
+    test::check(off == 0 && near_tie <= n / 20, "%s: scaled v: %lld of %lld off (%lld with a factor near a bf16 tie)",
+                name.c_str(), (long long)off, (long long)n, (long long)near_tie);
+    // and bit for bit: the fp32 factor is within ~1e-6 of the double one, which moves a rounding (of v',
+    // or of a whole line's bf16 factor) only near a tie; the other form's rounding moves many elements
+    int64_t off_same = 0, off_other = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        off_same += got_v[i] != round_bf16(ref.v[i]);
+        off_other += got_v[i] != round_bf16(other.v[i]);
+    }
+    test::check(off_same <= n / 200 && off_same * 20 < off_other,
+                "%s: %lld of %lld v' differ from the reference of this factor rounding, %lld from the other's",
+                name.c_str(), (long long)off_same, (long long)n, (long long)off_other);
 }
 
 // The precise update, bit for bit against the fp32 formula, on the kernel's own scaled v'.
@@ -662,8 +760,13 @@ void test_mantissa_accumulates() {
 }
 
 // ================================ the whole NorMuon step ================================
-void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank) {
-    const std::string name = "normuon_step " + shape_name(count, rows, cols);
+// numerics: passed to normuon_step, or nullopt to call it without (its default must be record 71's).
+void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank,
+                       std::optional<NorMuonNumerics> numerics = std::nullopt) {
+    const NorMuonNumerics nm = numerics.value_or(kNorMuonNumericsR71);
+    const bool r80 = nm.input == PolarExpressInput::round_first;
+    const std::string name = "normuon_step " + shape_name(count, rows, cols) + (numerics ? "" : " default") +
+                             (r80 ? " r80" : " r71") + " numerics";
     const int64_t e = int64_t(rows) * cols, n = count * e;
     const bool per_row = rows >= cols;
     const int L = per_row ? rows : cols;
@@ -679,7 +782,13 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank) {
     for (auto& b : buf) b = static_cast<float>(test::uniform(0.5, 1.5) / std::min(rows, cols));
     for (int k = 0; k < count; ++k) mul[k] = normuon_matrix_lr_mul(true, rank * count + k);
     const double mu = 0.85 + 100.0 / 300 * (0.95 - 0.85);  // the record's momentum at step 100 (warm-up)
-    const NorMuonStepScalars sc = normuon_step_scalars(0.023, 1.0, normuon_shape_lr_mul(rows, cols), 1.2, 1.0, mu);
+    const NorMuonStepScalars sc =
+        normuon_step_scalars(0.023, 1.0, normuon_shape_lr_mul(rows, cols), 1.2, 1.0, mu, nm.momentum);
+    // the momentum's weight, formed here independently: 1 - mu in double, or in fp32 from float(mu)
+    const float wm = nm.momentum == MomentumComplement::fp32 ? static_cast<float>(1.0 - double(static_cast<float>(mu)))
+                                                            : static_cast<float>(1.0 - mu);
+    test::check(sc.momentum_weight == wm, "%s: momentum weight %.10g, want %.10g", name.c_str(), sc.momentum_weight,
+                wm);
     const float w = static_cast<float>(1.0 - 0.95);
 
     DeviceBuffer<bf16> dp(p), dg(g);
@@ -689,29 +798,32 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank) {
     const size_t scratch_bytes = normuon_scratch_bytes(count, rows, cols);
     DeviceBuffer<char> scratch(scratch_bytes);
     const NorMuonShard shard{dp.ptr, dg.ptr, dm.ptr, dbuf.ptr, dlo.ptr, dmul.ptr, count, rows, cols};
-    normuon_step(lt, shard, dsc, w, scratch.ptr, scratch_bytes, nullptr);
+    if (numerics)
+        normuon_step(lt, shard, dsc, w, scratch.ptr, scratch_bytes, nullptr, *numerics);
+    else
+        normuon_step(lt, shard, dsc, w, scratch.ptr, scratch_bytes, nullptr);
     const auto gp = dp.download();
     const auto glo = dlo.download();
     const auto gm = dm.download(), gbuf = dbuf.download();
 
-    // reference: fp32 lerps, normalized bf16 X, Polar Express in double with bf16 roundings (split
-    // above 1024 rows, as upstream), variance reduction in double with v' rounded to bf16, update in double
+    // reference: fp32 lerps, normalized bf16 X (of u or bf16(u), nm.input), Polar Express in double with
+    // bf16 roundings (split above 1024 rows, as upstream), variance reduction in double with v' rounded
+    // to bf16 (its factor too for VarianceScale::bf16), update in double
     std::vector<float> want_m(n), v(n);
     for (int k = 0; k < count; ++k) {
-        double ss = 0;
         std::vector<float> u(e);
         for (int64_t i = 0; i < e; ++i) {
             const int64_t q = k * e + i;
-            want_m[q] = torch_lerp_f32(m[q], to_float(g[q]), sc.momentum_weight);
-            u[i] = torch_lerp_f32(to_float(g[q]), want_m[q], sc.update_weight);
-            ss += double(u[i]) * u[i];
+            want_m[q] = torch_lerp_f32(m[q], to_float(g[q]), wm);
+            u[i] = torch_lerp_f32(to_float(g[q]), want_m[q], static_cast<float>(mu));
         }
         std::vector<double> in(e);
-        for (int64_t i = 0; i < e; ++i) in[i] = round_bf16(u[i] / (std::sqrt(ss) * 1.02 + 1e-6));
+        normalized_reference(u.data(), e, nm.input, in.data());
+        for (auto& x : in) x = round_bf16(x);
         const auto out = polar_express_reference(in, rows, cols, rows > 1024);
         for (int64_t i = 0; i < e; ++i) v[k * e + i] = static_cast<float>(out[i]);
     }
-    const VarianceRef vr = variance_reference(v, buf, count, rows, cols, w);
+    const VarianceRef vr = variance_reference(v, buf, count, rows, cols, w, nm.scale);
     // the update lr * v' carries Polar Express's deviations (see check_polar_express_result): compare
     // the parameter's change norm-wise (2.5%) and per element (15% of the largest change)
     std::vector<double> want_d(n), got_d(n);
@@ -732,8 +844,9 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank) {
     test::check_close(name + ": parameter change per element", got_d, want_d, 0.15 * dmax, 0.0);
     std::printf("  %s: parameter change relative Frobenius error %.2e\n", name.c_str(), frob);
 
-    // the launcher is its stages in order, with upstream's choice of form (split for rows > 1024):
-    // the stages run by hand give the same bits, and the other form gives different ones
+    // the launcher is its stages in order, with upstream's choice of form (split for rows > 1024) and
+    // the numerics' options: the stages run by hand give the same bits, and the other form gives
+    // different ones
     for (bool split : {rows > kPolarExpressSplitRows, rows <= kPolarExpressSplitRows}) {
         DeviceBuffer<bf16> hp(p);
         DeviceBuffer<float> hm(m), hbuf(buf);
@@ -741,12 +854,12 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank) {
         DeviceBuffer<char> hs(scratch_bytes);
         const NorMuonScratch l = normuon_scratch_layout(hs.ptr, count, rows, cols);
         test::check(l.bytes == scratch_bytes, "%s: scratch layout size", name.c_str());
-        normuon_momentum(hm.ptr, l.norm_partials, dg.ptr, dsc, count, rows, cols, nullptr);
-        polar_express_normalize(l.x, hm.ptr, dg.ptr, l.norm_partials, dsc, count, rows, cols, nullptr);
+        normuon_momentum(hm.ptr, l.norm_partials, dg.ptr, dsc, count, rows, cols, nullptr, nm.input);
+        polar_express_normalize(l.x, hm.ptr, dg.ptr, l.norm_partials, dsc, count, rows, cols, nullptr, nm.input);
         const bf16* hv = polar_express_iterate(lt, l.x, l.x_other, l.gram, l.poly, count, rows, cols, split, nullptr);
         normuon_variance_stats(hbuf.ptr, l.step, l.variance_partials, hv, count, rows, cols, w, nullptr);
         normuon_scale_and_update(hp.ptr, hlo.ptr, hv, l.step, l.variance_partials, dmul.ptr, dsc, count, rows, cols,
-                                 nullptr);
+                                 nullptr, nm.scale);
         const auto sp = hp.download();
         const auto slo = hlo.download();
         bool same = hbuf.download() == gbuf && hm.download() == gm;
@@ -756,6 +869,24 @@ void test_normuon_step(CublasLt& lt, int count, int rows, int cols, int rank) {
         else
             test::check(!same, "%s: the other Polar Express form (split %d) gives other bits", name.c_str(),
                         int(split));
+    }
+    // each of the two roundings alone moves the bits: normuon_step reads both fields
+    const PolarExpressInput flip_input = r80 ? PolarExpressInput::normalize_fp32 : PolarExpressInput::round_first;
+    const VarianceScale flip_scale = nm.scale == VarianceScale::bf16 ? VarianceScale::fp32 : VarianceScale::bf16;
+    for (const NorMuonNumerics changed :
+         {NorMuonNumerics{flip_input, nm.scale, nm.momentum}, NorMuonNumerics{nm.input, flip_scale, nm.momentum}}) {
+        DeviceBuffer<bf16> hp(p);
+        DeviceBuffer<float> hm(m), hbuf(buf);
+        DeviceBuffer<uint16_t> hlo(lo);
+        const NorMuonShard other{hp.ptr, dg.ptr, hm.ptr, hbuf.ptr, hlo.ptr, dmul.ptr, count, rows, cols};
+        normuon_step(lt, other, dsc, w, scratch.ptr, scratch_bytes, nullptr, changed);
+        const auto sp = hp.download();
+        const auto slo = hlo.download();
+        int64_t differ = 0;
+        for (int64_t i = 0; i < n; ++i) differ += bits(sp[i]) != bits(gp[i]) || slo[i] != glo[i];
+        test::check(differ > n / 10, "%s: input %s, %s scale: %lld of %lld parameters differ (want many)",
+                    name.c_str(), input_name(changed.input), changed.scale == VarianceScale::bf16 ? "bf16" : "fp32",
+                    (long long)differ, (long long)n);
     }
     cudaFree(dsc);
 }
@@ -840,6 +971,14 @@ int main(int argc, char** argv) {
     test_momentum(4, 512, 128, 0.9);
     test_momentum(4, 128, 128, 0.9);
     test_momentum(1, 768, 768, 0.95);
+    // record 80's input rounding (bf16(u) before the norm): wide, tall, square, and the biased values
+    // that tell the norm of bf16(u) from the norm of u, under both inputs
+    test_momentum(4, 128, 512, 0.95, PolarExpressInput::round_first);
+    test_momentum(4, 512, 128, 0.85, PolarExpressInput::round_first);
+    test_momentum(1, 256, 768, 0.95, PolarExpressInput::round_first);
+    test_momentum(4, 128, 128, 0.9, PolarExpressInput::round_first);
+    test_momentum(2, 256, 128, 0, PolarExpressInput::round_first, true);
+    test_momentum(2, 256, 128, 0, PolarExpressInput::normalize_fp32, true);
 
     lap("schedules, Adam, momentum");
     CublasLt lt;
@@ -860,6 +999,10 @@ int main(int argc, char** argv) {
     test_variance(4, 512, 128);
     test_variance(4, 128, 128);
     test_variance(1, 768, 768);
+    test_variance(4, 128, 512, VarianceScale::bf16);
+    test_variance(4, 512, 128, VarianceScale::bf16);
+    test_variance(4, 128, 128, VarianceScale::bf16);
+    test_variance(1, 256, 768, VarianceScale::bf16);  // a record-80 Q/K block: statistics per column
     test_update_bits(4, 512, 128);
     test_update_bits(4, 128, 512);
     test_mantissa_accumulates();
@@ -869,6 +1012,11 @@ int main(int argc, char** argv) {
     test_normuon_step(lt, 4, 128, 512, 0);   // wide: statistics per column
     test_normuon_step(lt, 2, 1152, 128, 3);  // rows > 1024: the split form
     test_normuon_step(lt, 2, 128, 128, 0);   // square: statistics per row
+    test_normuon_step(lt, 2, 128, 128, 0, kNorMuonNumericsR71);  // the default is record 71's numerics
+    for (const auto& [count, rows, cols, rank] : {std::array{4, 512, 128, 1}, std::array{4, 128, 512, 0},
+                                                  std::array{2, 1152, 128, 3}, std::array{2, 128, 128, 0},
+                                                  std::array{1, 256, 768, 2}})
+        test_normuon_step(lt, count, rows, cols, rank, kNorMuonNumericsR80);
     lap("normuon_step");
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::printf("optim tests took %.1f s\n", secs);
