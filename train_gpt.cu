@@ -241,6 +241,7 @@ struct Config {
     // optimizer (upstream's adam_defaults, normuon_defaults and get_muon_momentum)
     double adam_lr = 0.008, adam_eps = 1e-10, adam_wd = 0.005;
     double normuon_lr = 0.023, normuon_beta2 = 0.95, normuon_wd = 1.2;
+    NorMuonNumerics normuon_numerics = kNorMuonNumericsR71;  // where record 80 rounds differently (kernels/optim.cuh)
     int muon_warmup_steps = 300, muon_cooldown_steps = 50;
     std::vector<ParamRule> param_table = record71_param_table();  // one row per registered parameter
     std::vector<std::string> work_order = record71_work_order();   // the updates' order: every row once
@@ -1592,7 +1593,7 @@ void update_group(Model& m, Optimizer& o, OptimGroup& q, int index, cudaStream_t
                                  q.momentum, q.second_moment, q.mantissa, q.matrix_lr_mul,
                                  static_cast<int>(q.shard_rows), q.t.mat_rows, q.t.mat_cols};
         normuon_step(*m.lt, shard, &o.scalars->normuon[index], static_cast<float>(1.0 - m.cfg.normuon_beta2),
-                     o.normuon_scratch, o.normuon_scratch_bytes, s);
+                     o.normuon_scratch, o.normuon_scratch_bytes, s, m.cfg.normuon_numerics);
     }
 }
 
@@ -1636,7 +1637,8 @@ void fill_step_scalars(const Config& c, const Schedule& sch, Optimizer& o, int s
         const ParamRule& r = q.rule;
         if (r.optim == Optim::normuon) {
             const double shape_mul = normuon_shape_lr_mul(q.t.mat_rows, q.t.mat_cols);
-            out.normuon[i] = normuon_step_scalars(c.normuon_lr, lr, shape_mul * r.lr_mul, c.normuon_wd, r.wd_mul, mu);
+            out.normuon[i] = normuon_step_scalars(c.normuon_lr, lr, shape_mul * r.lr_mul, c.normuon_wd, r.wd_mul, mu,
+                                                  c.normuon_numerics.momentum);
         } else if (do_adam) {
             out.adam[i] = adam_step_scalars(c.adam_lr, lr, r.lr_mul, r.beta1, r.beta2, c.adam_wd, r.wd_mul, q.adam_steps + 1);
         }
