@@ -3,6 +3,10 @@
 // evaluation loss, and a hand-written reverse-mode backward to every parameter. Plain C++ in
 // double precision with loops; it shares nothing with kernels/, so that a model built from the
 // kernels can be checked against it. Host code only (it also compiles under nvcc).
+// Record 80's changes (upstream 2c702746) are Config switches whose defaults are record 71's:
+// value_layers, ve_gate_reads_ve, sw_over_all_weights, and its residual stream (sublayer_lambdas,
+// late_attn_source, lambdas_bf16). As for record 71, activations are not rounded to bf16: only the
+// parameter-side roundings the model multiplies by (FP8 lm_head, bf16 stream lambdas) are reproduced.
 //
 // Shapes (row-major): T tokens of one packed sequence, V padded vocab, C = H*D model width,
 // F = 4C MLP hidden width, 11 layers. Parameters are held in upstream's shapes (Params).
@@ -838,7 +842,8 @@ inline void stream_r71_forward(const Config& c, const Params& p, const Batch& b,
     }
 }
 
-// Record 80's layers (upstream 2c702746 GPT.forward), lambdas as Config::stream_lambda gives them:
+// Record 80's layers (upstream 2c702746 GPT.forward; torch_reference.py residual_stream_r80), lambdas
+// as Config::stream_lambda gives them, the stream in double (upstream rounds each update to bf16):
 //   before layer 0:  x_in[0] = x0 + lb[0] xb
 //   attention (i != 6): x_attn = ra[i] x_in + pa[i] attn(norm(x_mix)) + lx0[i] x0 + (i > 0 ? lb[i] xb : 0),
 //                    x_mix = x_out[late] for i > late (Config::late_attn_source), else x_in
@@ -914,6 +919,7 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
 
     if (c.sublayer_lambdas) stream_r80_forward(c, p, b, tp);
     else stream_r71_forward(c, p, b, tp);
+
     tp.x_final.resize(T * C);
     const double bo = S[k.backout];
     const std::vector<double>& x = tp.layers[kLayers - 1].x_out;
