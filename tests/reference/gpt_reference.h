@@ -3,6 +3,10 @@
 // evaluation loss, and a hand-written reverse-mode backward to every parameter. Plain C++ in
 // double precision with loops; it shares nothing with kernels/, so that a model built from the
 // kernels can be checked against it. Host code only (it also compiles under nvcc).
+// Record 80's changes (upstream 2c702746) are Config switches whose defaults are record 71's:
+// value_layers, ve_gate_reads_ve, sw_over_all_weights, and its residual stream (sublayer_lambdas,
+// late_attn_source, lambdas_bf16). As for record 71, activations are not rounded to bf16: only the
+// parameter-side roundings the model multiplies by (FP8 lm_head, bf16 stream lambdas) are reproduced.
 //
 // Shapes (row-major): T tokens of one packed sequence, V padded vocab, C = H*D model width,
 // F = 4C MLP hidden width, 11 layers. Parameters are held in upstream's shapes (Params).
@@ -43,13 +47,27 @@ constexpr double kRmsEps = FLT_EPSILON;  // F.rms_norm without eps on bf16 input
 constexpr double kPi = 3.14159265358979323846;
 constexpr double kSoftcapA = 23.0, kSoftcapB = 5.0, kSoftcapC = 7.5;  // z = A*sigmoid((l+B)/C)
 
-// The fp32 `scalars` vector: resid lambdas (11), sa lambdas as (11, 2), bigram lambdas (11),
-// smear, backout and skip lambdas, then padding.
+// Record 71's fp32 `scalars` vector: resid lambdas (11), sa lambdas as (11, 2), bigram lambdas (11),
+// smear, backout and skip lambdas, then padding. Config::scalar_slots() gives the layout in use
+// (record 80's differs).
 inline int scalar_resid(int layer) { return layer; }
 inline int scalar_sa(int layer, int j) { return kLayers + 2 * layer + j; }
 inline int scalar_bigram(int layer) { return 3 * kLayers + layer; }
 constexpr int kScalarSmear = 4 * kLayers, kScalarBackout = 4 * kLayers + 1, kScalarSkip = 4 * kLayers + 2;
 constexpr int kScalarsUsed = 4 * kLayers + 3;
+// Record 80's (Config::sublayer_lambdas): sa lambdas as (11, 2), smear, backout, skip, then padding;
+// its resid and bigram lambdas are tensors of their own (Params::resid_lambdas, bigram_lambdas).
+constexpr int kScalarsUsedR80 = 2 * kLayers + 3;
+
+// Offsets into `scalars` of one layout (-1: not in it).
+struct ScalarSlots {
+    int resid, sa, bigram;     // first entry of each per-layer group
+    int smear, backout, skip;  // one each
+    int used;                  // entries the model reads; the rest is padding
+    int sa_of(int layer, int j) const { return sa + 2 * layer + j; }
+};
+constexpr ScalarSlots kSlotsR71{0, kLayers, 3 * kLayers, kScalarSmear, kScalarBackout, kScalarSkip, kScalarsUsed};
+constexpr ScalarSlots kSlotsR80{-1, 0, -1, 2 * kLayers, 2 * kLayers + 1, 2 * kLayers + 2, kScalarsUsedR80};
 
 // Clear message and a non-zero exit for inputs the model cannot take.
 inline void require(bool ok, const char* fmt, ...) {
@@ -98,6 +116,9 @@ inline double round_to_format(double v, int mantissa_bits, int min_exp, double m
 inline double round_e4m3(double v) { return round_to_format(v, 3, -6, 448.0, std::nan("")); }
 // float8_e5m2: 5 exponent bits (bias 15), 2 mantissa bits, max 57344, infinities.
 inline double round_e5m2(double v) { return round_to_format(v, 2, -14, 57344.0, INFINITY); }
+// bfloat16: fp32's exponent range, 7 mantissa bits, infinities; on fp32 values the same as torch's
+// fp32 -> bf16 cast (round to nearest even).
+inline double round_bf16(double v) { return round_to_format(v, 7, -126, 0x1.fep127, INFINITY); }
 
 // ---- YaRN state: one per Yarn instance (upstream has a plain and a paired one) ----
 struct Yarn {
@@ -164,13 +185,34 @@ struct Config {
     // Record 80's CE kernel: the gradient's normalizer S_w sums every MTP weight, also those whose
     // target t+k lies past the batch (record 71: only the weights with a target, w_k > 0).
     bool sw_over_all_weights = false;
+    // Record 80's residual stream (upstream 2c702746 GPT.forward): per-sublayer resid and post lambdas,
+    // x0 and bigram injected at each attention sublayer, no per-layer mix (forward() spells it out);
+    // `scalars` takes record 80's layout (kSlotsR80).
+    bool sublayer_lambdas = false;
+    // The attention of every layer after this one reads norm(its output) instead of norm(x): -1 none
+    // (record 71), record 80: 7 (h7, which the backout also subtracts). Needs sublayer_lambdas.
+    int late_attn_source = -1;
+    // sublayer_lambdas: the lambdas of the stream updates (resid, post, x0, bigram) are the parameters
+    // rounded to bf16 (upstream's .bfloat16() before use; their gradient passes straight through).
+    // false: the exact parameters (the smooth function that finite differences can check).
+    bool lambdas_bf16 = true;
     double grad_scale = 2.0;                // upstream's grad_scale (2 / grad_accum_steps; 2 on 8 ranks)
     double x_s = 100.0 / 448.0, w_s = 1.6 / 448.0;
-    int scalars_pad = 4;                    // upstream pads scalars to a multiple of world_size (4 on 8 ranks)
+    // Padding ones after the used scalars; -1: upstream's on 8 ranks (record 71: 4, its formula
+    // (-3L - 3) mod 8 predates the bigram lambdas; record 80: (-2L - 3) mod 8 = 7, 32 entries).
+    int scalars_pad = -1;
 
     int hidden() const { return 4 * C; }
     double grad_s() const { return grad_scale * 0.75 / 448.0; }
-    int num_scalars() const { return kScalarsUsed + scalars_pad; }
+    const ScalarSlots& scalar_slots() const { return sublayer_lambdas ? kSlotsR80 : kSlotsR71; }
+    int num_scalars() const {
+        const int upstream = sublayer_lambdas ? ((-2 * kLayers - 3) % 8 + 8) % 8 : ((-3 * kLayers - 3) % 8 + 8) % 8;
+        return scalar_slots().used + (scalars_pad >= 0 ? scalars_pad : upstream);
+    }
+    // The lambda a stream update multiplies by (see lambdas_bf16).
+    double stream_lambda(double parameter) const { return lambdas_bf16 ? round_bf16(parameter) : parameter; }
+    // The layer whose output layer i's attention normalizes instead of the stream (-1: the stream).
+    int attn_source(int layer) const { return late_attn_source >= 0 && layer > late_attn_source ? late_attn_source : -1; }
     // Window of a layer in tokens (paired layers use it in rows of the doubled sequence); -1: no attention.
     int window(int layer) const {
         if (layer == 6) return -1;
@@ -218,7 +260,13 @@ struct Config {
         require(bigram_vocab >= 2, "bigram vocab %d must be at least 2", bigram_vocab);
         require(window_short >= 0 && window_long >= 0, "windows must be >= 0 (got %d, %d)", window_short, window_long);
         require(!mtp_weights.empty(), "need at least one MTP weight");
-        require(scalars_pad >= 0, "scalars padding %d < 0", scalars_pad);
+        require(scalars_pad >= -1, "scalars padding %d < -1 (-1: upstream's)", scalars_pad);
+        require(late_attn_source >= -1 && late_attn_source < kLayers - 1,
+                "late_attn_source %d outside [-1, %d] (-1: none; a later layer must read it)", late_attn_source,
+                kLayers - 2);
+        require(late_attn_source < 0 || sublayer_lambdas,
+                "late_attn_source %d needs sublayer_lambdas (record 80's stream; record 71's has no such read)",
+                late_attn_source);
         for (int i = 0; i < kLayers; ++i)
             require(!paired[i] || (H % 2 == 0 && i != 6), "paired layer %d needs an even head count and attention (H=%d)",
                     i, H);
@@ -241,7 +289,11 @@ struct Params {
     std::vector<double> smear_gate;      // (12)
     std::vector<double> skip_gate;       // (12)
     std::vector<double> x0_lambdas;      // (11)
-    std::vector<double> scalars;         // (47 + pad), see scalar_*()
+    std::vector<double> scalars;         // (Config::num_scalars()), see Config::scalar_slots()
+    // Record 80's stream (Config::sublayer_lambdas; empty otherwise), row-major [layer][0 attention | 1 MLP]:
+    std::vector<double> resid_lambdas;   // (11, 2) the stream's factor at each sublayer update
+    std::vector<double> post_lambdas;    // (11, 2) the block output's factor
+    std::vector<double> bigram_lambdas;  // (11) the bigram embedding's: [0] before layer 0, [i] at layer i's attention
 
     // Element counts in tensors() order.
     static std::vector<size_t> sizes(const Config& c) {
@@ -257,7 +309,10 @@ struct Params {
                 kGateDim,
                 kGateDim,
                 kLayers,
-                size_t(c.num_scalars())};
+                size_t(c.num_scalars()),
+                c.sublayer_lambdas ? size_t(2 * kLayers) : 0,
+                c.sublayer_lambdas ? size_t(2 * kLayers) : 0,
+                c.sublayer_lambdas ? size_t(kLayers) : 0};
     }
 
     static Params zeros(const Config& c) {
@@ -283,16 +338,24 @@ struct Params {
         for (double& w : p.lm_head) w = n(g);
         for (int v = 0; v < c.V; ++v)
             for (int k = 0; k < c.C; ++k) p.embed[size_t(v) * c.C + k] = p.lm_head[size_t(k) * c.V + v];
+        const ScalarSlots& k = c.scalar_slots();
         for (int i = 0; i < kLayers; ++i) {
-            p.scalars[scalar_resid(i)] = 1.1;
-            p.scalars[scalar_sa(i, 0)] = 0.5;
-            p.scalars[scalar_sa(i, 1)] = 1.0;
-            p.scalars[scalar_bigram(i)] = 0.1;
+            p.scalars[k.sa_of(i, 0)] = 0.5;
+            p.scalars[k.sa_of(i, 1)] = 1.0;
+            if (!c.sublayer_lambdas) {
+                p.scalars[k.resid + i] = 1.1;
+                p.scalars[k.bigram + i] = 0.1;
+            }
         }
-        p.scalars[kScalarSmear] = 0.0;
-        p.scalars[kScalarBackout] = 0.5;
-        p.scalars[kScalarSkip] = -1.5;
-        for (int i = kScalarsUsed; i < c.num_scalars(); ++i) p.scalars[i] = 1.0;
+        p.scalars[k.smear] = 0.0;
+        p.scalars[k.backout] = 0.5;
+        p.scalars[k.skip] = -1.5;
+        for (int i = k.used; i < c.num_scalars(); ++i) p.scalars[i] = 1.0;
+        if (c.sublayer_lambdas) {  // x0_lambdas stay 0
+            p.resid_lambdas.assign(2 * kLayers, std::sqrt(1.1));  // per sublayer: a layer scales the stream by 1.1
+            p.post_lambdas.assign(2 * kLayers, 1.0);
+            p.bigram_lambdas.assign(kLayers, 0.05);
+        }
         return p;
     }
 
@@ -308,7 +371,10 @@ struct Params {
                 {"smear_gate", &smear_gate},
                 {"skip_gate", &skip_gate},
                 {"x0_lambdas", &x0_lambdas},
-                {"scalars", &scalars}};
+                {"scalars", &scalars},
+                {"resid_lambdas", &resid_lambdas},
+                {"post_lambdas", &post_lambdas},
+                {"bigram_lambdas", &bigram_lambdas}};
     }
     std::vector<std::pair<const char*, const std::vector<double>*>> tensors() const {
         std::vector<std::pair<const char*, const std::vector<double>*>> out;
@@ -369,8 +435,12 @@ inline std::vector<int> bigram_hash(const std::vector<int>& inputs, int bigram_v
 
 // ---- everything the forward keeps (the backward reads it; tests and model checks may too) ----
 struct LayerTape {
-    std::vector<double> x_in;            // (T,C) stream entering the layer (after the skip add on layer 6)
-    std::vector<double> x_mix;           // (T,C) after resid/x0/bigram mixing
+    // (T,C) stream entering the layer: record 71 after the skip add on layer 6; record 80 before it
+    // (layer 0: x0 + lb[0] xb)
+    std::vector<double> x_in;
+    // (T,C) what the attention normalizes: record 71 the stream after resid/x0/bigram mixing (also the
+    // attention's residual base); record 80 x_in, or the late source's output (empty on layer 6)
+    std::vector<double> x_mix;
     std::vector<double> xa, rstd_a;      // attention input norm(x_mix) and its 1/rms (empty on layer 6)
     std::vector<double> qkv_raw;         // (T,3C) xa @ W_qkv^T, before sa_lambda0
     std::vector<double> qn, kn;          // (T,H,D) per-head normed q, k (before rotary)
@@ -382,9 +452,10 @@ struct LayerTape {
     std::vector<double> y;               // (T,C) attention output, model head order, before the gate
     std::vector<double> yg;              // (T,C) after the output gate
     std::vector<double> o_raw;           // (T,C) yg @ W_o^T, before sa_lambda1
-    std::vector<double> x_attn;          // (T,C) after the attention residual add
+    std::vector<double> x_attn;          // (T,C) after the attention sublayer (layer 6: after the skip add)
     std::vector<double> xm, rstd_m;      // MLP input norm(x_attn)
     std::vector<double> pre;             // (T,F) xm @ c_fc^T
+    std::vector<double> mlp_out;         // (T,C) relu(pre)^2 @ c_proj^T
     std::vector<double> x_out;           // (T,C) layer output
 };
 
@@ -408,21 +479,29 @@ struct Tape {
     // independent error of relative size e in each d_i leaves in the sum (about e times it), however
     // much the products cancel.
     std::vector<double> scalar_scales, x0_lambda_scales;
+    std::vector<double> resid_lambda_scales, post_lambda_scales, bigram_lambda_scales;  // record 80, as Params
     // The skip gate's gradient is sum_t k_t <dx_t, skip_t> x0[t, j]: the inner dot products cancel
     // too, so its error scale is the root-sum-square of k_t x0[t, j] times each dot's own scale.
     std::vector<double> skip_gate_scales;  // (12)
 };
 
-// The lambdas, laid end to end: the used scalars, then x0_lambdas. Their gradients from `g`, and
-// from a tape the scale of each one's error, for checks element by element.
+// The lambdas, laid end to end: the used scalars (47 in record 71's layout, 25 in record 80's), then
+// x0_lambdas, then (record 80) resid_lambdas (22), post_lambdas (22) and bigram_lambdas (11). Their
+// gradients from `g`, and from a tape the scale of each one's error, for checks element by element.
+// The layout is read off the tensors: record 80's are empty in record 71's.
 inline std::vector<double> lambda_gradients(const Params& g) {
-    std::vector<double> v(g.scalars.begin(), g.scalars.begin() + kScalarsUsed);
-    v.insert(v.end(), g.x0_lambdas.begin(), g.x0_lambdas.end());
+    const bool r80 = !g.resid_lambdas.empty();
+    std::vector<double> v(g.scalars.begin(), g.scalars.begin() + (r80 ? kScalarsUsedR80 : kScalarsUsed));
+    for (const std::vector<double>* t : {&g.x0_lambdas, &g.resid_lambdas, &g.post_lambdas, &g.bigram_lambdas})
+        v.insert(v.end(), t->begin(), t->end());
     return v;
 }
 inline std::vector<double> lambda_error_scales(const Tape& t) {
-    std::vector<double> v(t.scalar_scales.begin(), t.scalar_scales.begin() + kScalarsUsed);
-    v.insert(v.end(), t.x0_lambda_scales.begin(), t.x0_lambda_scales.end());
+    const bool r80 = !t.resid_lambda_scales.empty();
+    std::vector<double> v(t.scalar_scales.begin(), t.scalar_scales.begin() + (r80 ? kScalarsUsedR80 : kScalarsUsed));
+    for (const std::vector<double>* s :
+         {&t.x0_lambda_scales, &t.resid_lambda_scales, &t.post_lambda_scales, &t.bigram_lambda_scales})
+        v.insert(v.end(), s->begin(), s->end());
     return v;
 }
 
@@ -632,12 +711,13 @@ inline std::vector<double> gate_input(const Config& c, int layer, const double* 
     return in;
 }
 
-// One attention block: L.x_mix -> L.x_attn, keeping what the backward needs.
+// One attention block: norm(L.x_mix) -> L.o_raw (its output is sa1 * o_raw), keeping what the
+// backward needs.
 inline void attention_block_forward(const Config& c, const Params& p, const Batch& b, int layer, LayerTape& L) {
     const size_t T = c.T, C = c.C, H = c.H, D = c.D;
     const int bank = attn_bank_index(layer), table = c.table_of(layer);
     const double* W = p.attn_bank.data() + size_t(bank) * 4 * C * C;
-    const double sa0 = p.scalars[scalar_sa(layer, 0)], sa1 = p.scalars[scalar_sa(layer, 1)];
+    const double sa0 = p.scalars[c.scalar_slots().sa_of(layer, 0)];
     const Yarn& yarn = c.yarn_of(layer);
     const bool paired = c.paired[layer];
 
@@ -702,10 +782,9 @@ inline void attention_block_forward(const Config& c, const Params& p, const Batc
         }
     L.o_raw.resize(T * C);
     matmul_nt(L.yg.data(), W + 3 * C * C, L.o_raw.data(), T, C, C);
-    L.x_attn.resize(T * C);
-    for (size_t e = 0; e < T * C; ++e) L.x_attn[e] = L.x_mix[e] + sa1 * L.o_raw[e];
 }
 
+// One MLP block: norm(L.x_attn) -> L.mlp_out, keeping what the backward needs.
 inline void mlp_block_forward(const Config& c, const Params& p, int layer, LayerTape& L) {
     const size_t T = c.T, C = c.C, F = c.hidden();
     const double* fc = p.mlp_bank.data() + size_t(2 * layer) * F * C;
@@ -717,12 +796,90 @@ inline void mlp_block_forward(const Config& c, const Params& p, int layer, Layer
     matmul_nt(L.xm.data(), fc, L.pre.data(), T, F, C);
     std::vector<double> post(T * F);
     for (size_t e = 0; e < T * F; ++e) post[e] = L.pre[e] > 0.0 ? L.pre[e] * L.pre[e] : 0.0;
-    L.x_out.resize(T * C);
-    matmul_nn(post.data(), proj, L.x_out.data(), T, F, C);
-    for (size_t e = 0; e < T * C; ++e) L.x_out[e] += L.x_attn[e];
+    L.mlp_out.resize(T * C);
+    matmul_nn(post.data(), proj, L.mlp_out.data(), T, F, C);
 }
 
 inline double softcap(double l) { return kSoftcapA * sigmoid((l + kSoftcapB) / kSoftcapC); }
+
+// Layer 6's skip add: out = in + sigmoid(skip_lambda) * 2 sigmoid(x0[:12] . skip_gate) * x_out[3].
+inline void skip_add_forward(const Config& c, const Params& p, const Tape& tp, const std::vector<double>& in,
+                             std::vector<double>& out) {
+    const size_t T = c.T, C = c.C;
+    const double sl = sigmoid(p.scalars[c.scalar_slots().skip]);
+    const std::vector<double>& skip = tp.layers[kSkipFrom].x_out;
+    out = in;
+    for (size_t t = 0; t < T; ++t) axpy(sl * 2.0 * tp.skip_sig[t], skip.data() + t * C, out.data() + t * C, C);
+}
+
+// Record 71's layers: x_mix = resid[i] x_in + x0_lambda[i] x0 + bigram[i] xb (layer 6: x_in after the
+// skip add), x_attn = x_mix + attn(norm(x_mix)), x_out = x_attn + mlp(norm(x_attn)); scalars hold
+// resid and bigram lambdas.
+inline void stream_r71_forward(const Config& c, const Params& p, const Batch& b, Tape& tp) {
+    const size_t T = c.T, C = c.C;
+    const double* S = p.scalars.data();
+    const std::vector<double>* x = &tp.x0;
+    for (int i = 0; i < kLayers; ++i) {
+        LayerTape& L = tp.layers[i];
+        if (i == kSkipTo) skip_add_forward(c, p, tp, *x, L.x_in);
+        else L.x_in = *x;
+        // layer 0: x is x0, so (resid + x0_lambda) * x0 is the same as the general form
+        const double r = S[scalar_resid(i)], a0 = p.x0_lambdas[i], bl = S[scalar_bigram(i)];
+        L.x_mix.resize(T * C);
+        for (size_t e = 0; e < T * C; ++e) L.x_mix[e] = r * L.x_in[e] + a0 * tp.x0[e] + bl * tp.x_bigram[e];
+        if (attn_bank_index(i) >= 0) {
+            attention_block_forward(c, p, b, i, L);
+            const double sa1 = S[scalar_sa(i, 1)];
+            L.x_attn.resize(T * C);
+            for (size_t e = 0; e < T * C; ++e) L.x_attn[e] = L.x_mix[e] + sa1 * L.o_raw[e];
+        } else {
+            L.x_attn = L.x_mix;
+        }
+        mlp_block_forward(c, p, i, L);
+        L.x_out.resize(T * C);
+        for (size_t e = 0; e < T * C; ++e) L.x_out[e] = L.mlp_out[e] + L.x_attn[e];
+        x = &L.x_out;
+    }
+}
+
+// Record 80's layers (upstream 2c702746 GPT.forward; torch_reference.py residual_stream_r80), lambdas
+// as Config::stream_lambda gives them, the stream in double (upstream rounds each update to bf16):
+//   before layer 0:  x_in[0] = x0 + lb[0] xb
+//   attention (i != 6): x_attn = ra[i] x_in + pa[i] attn(norm(x_mix)) + lx0[i] x0 + (i > 0 ? lb[i] xb : 0),
+//                    x_mix = x_out[late] for i > late (Config::late_attn_source), else x_in
+//   layer 6:         x_attn = x_in + skip gate * x_out[3] (record 71's skip add)
+//   MLP:             x_out = rm[i] x_attn + pm[i] mlp(norm(x_attn))
+// with ra, rm = resid_lambdas[i][0, 1], pa, pm = post_lambdas[i][0, 1], lx0 = x0_lambdas, lb = bigram_lambdas.
+inline void stream_r80_forward(const Config& c, const Params& p, const Batch& b, Tape& tp) {
+    const size_t T = c.T, C = c.C;
+    const ScalarSlots& k = c.scalar_slots();
+    const double lb0 = c.stream_lambda(p.bigram_lambdas[0]);
+    LayerTape& first = tp.layers[0];
+    first.x_in.resize(T * C);
+    for (size_t e = 0; e < T * C; ++e) first.x_in[e] = tp.x0[e] + lb0 * tp.x_bigram[e];
+    for (int i = 0; i < kLayers; ++i) {
+        LayerTape& L = tp.layers[i];
+        if (i > 0) L.x_in = tp.layers[i - 1].x_out;
+        if (i == kSkipTo) {  // layer 6, the one without attention
+            L.x_mix.clear();
+            skip_add_forward(c, p, tp, L.x_in, L.x_attn);
+        } else {
+            const int src = c.attn_source(i);
+            L.x_mix = src >= 0 ? tp.layers[src].x_out : L.x_in;
+            attention_block_forward(c, p, b, i, L);
+            const double ra = c.stream_lambda(p.resid_lambdas[2 * i]), pa = c.stream_lambda(p.post_lambdas[2 * i]);
+            const double lx0 = c.stream_lambda(p.x0_lambdas[i]), lb = i > 0 ? c.stream_lambda(p.bigram_lambdas[i]) : 0.0;
+            const double sa1 = p.scalars[k.sa_of(i, 1)];
+            L.x_attn.resize(T * C);
+            for (size_t e = 0; e < T * C; ++e)
+                L.x_attn[e] = ra * L.x_in[e] + pa * (sa1 * L.o_raw[e]) + (lx0 * tp.x0[e] + lb * tp.x_bigram[e]);
+        }
+        mlp_block_forward(c, p, i, L);
+        const double rm = c.stream_lambda(p.resid_lambdas[2 * i + 1]), pm = c.stream_lambda(p.post_lambdas[2 * i + 1]);
+        L.x_out.resize(T * C);
+        for (size_t e = 0; e < T * C; ++e) L.x_out[e] = rm * L.x_attn[e] + pm * L.mlp_out[e];
+    }
+}
 
 }  // namespace detail
 
@@ -739,6 +896,7 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
     Tape& tp = tape ? *tape : local;
     const size_t T = c.T, C = c.C, V = c.V;
     const double* S = p.scalars.data();
+    const ScalarSlots& k = c.scalar_slots();
 
     tp.emb.resize(T * C);
     tp.x_bigram.resize(T * C);
@@ -751,7 +909,7 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
     tp.smear_sig.assign(T, 0.0);
     for (size_t t = 1; t < T; ++t) {
         tp.smear_sig[t] = sigmoid(dot(tp.emb.data() + t * C, p.smear_gate.data(), kGateDim));
-        axpy(S[kScalarSmear] * tp.smear_sig[t], tp.emb.data() + (t - 1) * C, tp.x_smear.data() + t * C, C);
+        axpy(S[k.smear] * tp.smear_sig[t], tp.emb.data() + (t - 1) * C, tp.x_smear.data() + t * C, C);
     }
     tp.x0.resize(T * C);
     tp.rstd0.resize(T);
@@ -759,28 +917,13 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
     tp.skip_sig.resize(T);
     for (size_t t = 0; t < T; ++t) tp.skip_sig[t] = sigmoid(dot(tp.x0.data() + t * C, p.skip_gate.data(), kGateDim));
 
-    const std::vector<double>* x = &tp.x0;
-    for (int i = 0; i < kLayers; ++i) {
-        LayerTape& L = tp.layers[i];
-        L.x_in = *x;
-        if (i == kSkipTo) {
-            const double sl = sigmoid(S[kScalarSkip]);
-            const std::vector<double>& skip = tp.layers[kSkipFrom].x_out;
-            for (size_t t = 0; t < T; ++t) axpy(sl * 2.0 * tp.skip_sig[t], skip.data() + t * C, L.x_in.data() + t * C, C);
-        }
-        // layer 0: x is x0, so (resid + x0_lambda) * x0 is the same as the general form
-        const double r = S[scalar_resid(i)], a0 = p.x0_lambdas[i], bl = S[scalar_bigram(i)];
-        L.x_mix.resize(T * C);
-        for (size_t e = 0; e < T * C; ++e) L.x_mix[e] = r * L.x_in[e] + a0 * tp.x0[e] + bl * tp.x_bigram[e];
-        if (attn_bank_index(i) >= 0) attention_block_forward(c, p, b, i, L);
-        else L.x_attn = L.x_mix;
-        mlp_block_forward(c, p, i, L);
-        x = &L.x_out;
-    }
+    if (c.sublayer_lambdas) stream_r80_forward(c, p, b, tp);
+    else stream_r71_forward(c, p, b, tp);
 
     tp.x_final.resize(T * C);
-    const double bo = S[kScalarBackout];
-    for (size_t e = 0; e < T * C; ++e) tp.x_final[e] = (*x)[e] - bo * tp.layers[kBackoutLayer].x_out[e];
+    const double bo = S[k.backout];
+    const std::vector<double>& x = tp.layers[kLayers - 1].x_out;
+    for (size_t e = 0; e < T * C; ++e) tp.x_final[e] = x[e] - bo * tp.layers[kBackoutLayer].x_out[e];
     tp.xn.resize(T * C);
     tp.rstd_f.resize(T);
     rms_norm(tp.x_final.data(), tp.xn.data(), tp.rstd_f.data(), T, C);
@@ -823,8 +966,8 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
 
 namespace detail {
 
-// Attention block backward: dout is the gradient of x_attn's attention branch; adds the
-// gradient of x_mix (through norm(x_mix)) into dx_mix and parameter gradients into g.
+// Attention block backward: dout is the gradient of the block's output sa1 * o_raw; adds the gradient
+// of x_mix (through norm(x_mix)) into dx_mix and parameter gradients into g.
 inline void attention_block_backward(const Config& c, const Params& p, const Batch& b, int layer, const LayerTape& L,
                                      const std::vector<double>& dout, std::vector<double>& dx_mix, Params& g,
                                      std::vector<double>& scalar_sq) {
@@ -833,12 +976,13 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
     const size_t wofs = size_t(bank) * 4 * C * C;
     const double* W = p.attn_bank.data() + wofs;
     double* dW = g.attn_bank.data() + wofs;
-    const double sa0 = p.scalars[scalar_sa(layer, 0)], sa1 = p.scalars[scalar_sa(layer, 1)];
+    const int sa_at = c.scalar_slots().sa_of(layer, 0);
+    const double sa0 = p.scalars[sa_at], sa1 = p.scalars[sa_at + 1];
     const Yarn& yarn = c.yarn_of(layer);
     const bool paired = c.paired[layer];
 
-    // projection: x_attn = x_mix + sa1 * yg @ Wo^T
-    g.scalars[scalar_sa(layer, 1)] += scaled_dot(dout.data(), L.o_raw.data(), T * C, scalar_sq[scalar_sa(layer, 1)]);
+    // projection: the output is sa1 * yg @ Wo^T
+    g.scalars[sa_at + 1] += scaled_dot(dout.data(), L.o_raw.data(), T * C, scalar_sq[sa_at + 1]);
     matmul_tn_acc(dout.data(), L.yg.data(), dW + 3 * C * C, T, C, C, sa1);
     std::vector<double> dyg(T * C);
     matmul_nn(dout.data(), W + 3 * C * C, dyg.data(), T, C, C);
@@ -907,8 +1051,7 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
             std::copy_n(dv.data() + o, D, row + 2 * C);
         }
     // qkv = sa0 * qkv_raw, qkv_raw = xa @ Wqkv^T
-    g.scalars[scalar_sa(layer, 0)] +=
-        scaled_dot(dqkv.data(), L.qkv_raw.data(), T * 3 * C, scalar_sq[scalar_sa(layer, 0)]);
+    g.scalars[sa_at] += scaled_dot(dqkv.data(), L.qkv_raw.data(), T * 3 * C, scalar_sq[sa_at]);
     matmul_tn_acc(dqkv.data(), L.xa.data(), dW, T, 3 * C, C, sa0);
     std::vector<double> dxa_raw(T * C);
     matmul_nn(dqkv.data(), W, dxa_raw.data(), T, 3 * C, C);
@@ -916,9 +1059,10 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
     rms_norm_backward_acc(L.xa.data(), L.rstd_a.data(), dxa.data(), dx_mix.data(), T, C);
 }
 
-// MLP block backward: dx is the gradient of x_out on entry and of x_attn on return.
-inline void mlp_block_backward(const Config& c, const Params& p, int layer, const LayerTape& L, std::vector<double>& dx,
-                               Params& g) {
+// MLP block backward: dout is the gradient of its output (L.mlp_out); adds the gradient of x_attn
+// through norm(x_attn) into dx_attn (which may be dout itself: every read of dout comes first).
+inline void mlp_block_backward(const Config& c, const Params& p, int layer, const LayerTape& L,
+                               const std::vector<double>& dout, std::vector<double>& dx_attn, Params& g) {
     const size_t T = c.T, C = c.C, F = c.hidden();
     const size_t fofs = size_t(2 * layer) * F * C;
     const double* fc = p.mlp_bank.data() + fofs;
@@ -927,12 +1071,129 @@ inline void mlp_block_backward(const Config& c, const Params& p, int layer, cons
     double* dproj = dfc + F * C;
     std::vector<double> post(T * F), dpre(T * F), dxm(T * C);
     for (size_t e = 0; e < T * F; ++e) post[e] = L.pre[e] > 0.0 ? L.pre[e] * L.pre[e] : 0.0;
-    matmul_tn_acc(post.data(), dx.data(), dproj, T, F, C, 1.0);
-    matmul_nt(dx.data(), proj, dpre.data(), T, F, C);  // d post
+    matmul_tn_acc(post.data(), dout.data(), dproj, T, F, C, 1.0);
+    matmul_nt(dout.data(), proj, dpre.data(), T, F, C);  // d post
     for (size_t e = 0; e < T * F; ++e) dpre[e] *= L.pre[e] > 0.0 ? 2.0 * L.pre[e] : 0.0;
     matmul_tn_acc(dpre.data(), L.xm.data(), dfc, T, F, C, 1.0);
     matmul_nn(dpre.data(), fc, dxm.data(), T, F, C);
-    rms_norm_backward_acc(L.xm.data(), L.rstd_m.data(), dxm.data(), dx.data(), T, C);
+    rms_norm_backward_acc(L.xm.data(), L.rstd_m.data(), dxm.data(), dx_attn.data(), T, C);
+}
+
+// Layer 6's skip add backward (skip_add_forward): dx is the gradient of its output (and of its input
+// x_in, unchanged); adds x_out[3]'s share into d_skip, x0's (through the gate) into dx0, and the skip
+// lambda's and gate's gradients and error scales.
+inline void skip_add_backward(const Config& c, const Params& p, Tape& tp, const std::vector<double>& dx,
+                              std::vector<double>& d_skip, std::vector<double>& dx0, Params& g) {
+    const size_t T = c.T, C = c.C;
+    const int slot = c.scalar_slots().skip;
+    std::vector<double>& sq = tp.scalar_scales;
+    const double sl = sigmoid(p.scalars[slot]);
+    const std::vector<double>& skip = tp.layers[kSkipFrom].x_out;
+    for (size_t t = 0; t < T; ++t) {
+        const double sg = tp.skip_sig[t];
+        axpy(sl * 2.0 * sg, dx.data() + t * C, d_skip.data() + t * C, C);
+        double dgate_sq = 0.0;
+        const double dgate = scaled_dot(dx.data() + t * C, skip.data() + t * C, C, dgate_sq);
+        const double ds = 2.0 * sg * sl * (1.0 - sl);
+        g.scalars[slot] += dgate * ds;
+        sq[slot] += dgate_sq * ds * ds;
+        const double dzs = dgate * sl * 2.0 * sg * (1.0 - sg);
+        axpy(dzs, tp.x0.data() + t * C, g.skip_gate.data(), kGateDim);
+        const double k = sl * 2.0 * sg * (1.0 - sg);
+        for (size_t j = 0; j < kGateDim; ++j) {
+            const double x = tp.x0[t * C + j];
+            tp.skip_gate_scales[j] += k * k * dgate_sq * x * x + dzs * dzs * x * x;
+        }
+        axpy(dzs, p.skip_gate.data(), dx0.data() + t * C, kGateDim);
+    }
+}
+
+// Record 71's layers backward (stream_r71_forward). dx: the gradient of x_out[10] on entry (consumed);
+// d_backout: x_out[7]'s share from the backout. Adds into dx0 and dxb (x0's and the bigram
+// embedding's gradients) and the parameters' gradients.
+inline void stream_r71_backward(const Config& c, const Params& p, const Batch& b, Tape& tp, std::vector<double>& dx,
+                                const std::vector<double>& d_backout, std::vector<double>& dx0,
+                                std::vector<double>& dxb, Params& g) {
+    const size_t T = c.T, C = c.C;
+    const double* S = p.scalars.data();
+    std::vector<double>& sq = tp.scalar_scales;
+    std::vector<double> d_skip(T * C, 0.0);
+    for (int i = kLayers - 1; i >= 0; --i) {
+        const LayerTape& L = tp.layers[i];
+        if (i == kBackoutLayer)
+            for (size_t e = 0; e < T * C; ++e) dx[e] += d_backout[e];
+        if (i == kSkipFrom)
+            for (size_t e = 0; e < T * C; ++e) dx[e] += d_skip[e];
+        mlp_block_backward(c, p, i, L, dx, dx, g);  // dx: now d x_attn
+        if (attn_bank_index(i) >= 0) {
+            std::vector<double> dx_mix(dx);
+            attention_block_backward(c, p, b, i, L, dx, dx_mix, g, sq);
+            dx.swap(dx_mix);
+        }
+        // mix: x_mix = resid * x_in + x0_lambda * x0 + bigram_lambda * x_bigram
+        const double r = S[scalar_resid(i)], a0 = p.x0_lambdas[i], bl = S[scalar_bigram(i)];
+        g.scalars[scalar_resid(i)] += scaled_dot(dx.data(), L.x_in.data(), T * C, sq[scalar_resid(i)]);
+        g.x0_lambdas[i] += scaled_dot(dx.data(), tp.x0.data(), T * C, tp.x0_lambda_scales[i]);
+        g.scalars[scalar_bigram(i)] += scaled_dot(dx.data(), tp.x_bigram.data(), T * C, sq[scalar_bigram(i)]);
+        axpy(a0, dx.data(), dx0.data(), T * C);
+        axpy(bl, dx.data(), dxb.data(), T * C);
+        for (double& e : dx) e *= r;  // now d x_in
+        if (i == kSkipTo) skip_add_backward(c, p, tp, dx, d_skip, dx0, g);  // x_in = x_out[5] + skip
+        if (i == 0) axpy(1.0, dx.data(), dx0.data(), T * C);  // layer 0's input is x0
+    }
+}
+
+// Record 80's layers backward (stream_r80_forward), arguments as stream_r71_backward. The lambdas'
+// gradients are those of the values used (straight through the bf16 rounding, as upstream's cast).
+inline void stream_r80_backward(const Config& c, const Params& p, const Batch& b, Tape& tp, std::vector<double>& dx,
+                                const std::vector<double>& d_backout, std::vector<double>& dx0,
+                                std::vector<double>& dxb, Params& g) {
+    const size_t T = c.T, C = c.C;
+    const ScalarSlots& k = c.scalar_slots();
+    std::vector<double>& sq = tp.scalar_scales;
+    std::vector<double> d_skip(T * C, 0.0), d_late(T * C, 0.0), d_branch(T * C), d_attn(T * C), y(T * C);
+    for (int i = kLayers - 1; i >= 0; --i) {
+        const LayerTape& L = tp.layers[i];
+        if (i == kBackoutLayer) axpy(1.0, d_backout.data(), dx.data(), T * C);
+        if (i == c.late_attn_source) axpy(1.0, d_late.data(), dx.data(), T * C);  // layers after it read norm(x_out)
+        if (i == kSkipFrom) axpy(1.0, d_skip.data(), dx.data(), T * C);
+        // MLP: x_out = rm x_attn + pm mlp_out
+        const int m = 2 * i + 1;
+        const double rm = c.stream_lambda(p.resid_lambdas[m]), pm = c.stream_lambda(p.post_lambdas[m]);
+        g.resid_lambdas[m] += scaled_dot(dx.data(), L.x_attn.data(), T * C, tp.resid_lambda_scales[m]);
+        g.post_lambdas[m] += scaled_dot(dx.data(), L.mlp_out.data(), T * C, tp.post_lambda_scales[m]);
+        for (size_t e = 0; e < T * C; ++e) d_branch[e] = pm * dx[e], d_attn[e] = rm * dx[e];
+        mlp_block_backward(c, p, i, L, d_branch, d_attn, g);
+        dx.swap(d_attn);  // now d x_attn
+        if (i == kSkipTo) {  // x_attn = x_in + skip: d x_in = d x_attn
+            skip_add_backward(c, p, tp, dx, d_skip, dx0, g);
+            continue;
+        }
+        // attention: x_attn = ra x_in + pa (sa1 o_raw) + lx0 x0 + lb xb (lb: layers 1-10)
+        const int a = 2 * i;
+        const double ra = c.stream_lambda(p.resid_lambdas[a]), pa = c.stream_lambda(p.post_lambdas[a]);
+        const double lx0 = c.stream_lambda(p.x0_lambdas[i]);
+        const double sa1 = p.scalars[k.sa_of(i, 1)];
+        for (size_t e = 0; e < T * C; ++e) y[e] = sa1 * L.o_raw[e];
+        g.resid_lambdas[a] += scaled_dot(dx.data(), L.x_in.data(), T * C, tp.resid_lambda_scales[a]);
+        g.post_lambdas[a] += scaled_dot(dx.data(), y.data(), T * C, tp.post_lambda_scales[a]);
+        g.x0_lambdas[i] += scaled_dot(dx.data(), tp.x0.data(), T * C, tp.x0_lambda_scales[i]);
+        axpy(lx0, dx.data(), dx0.data(), T * C);
+        if (i > 0) {
+            const double lb = c.stream_lambda(p.bigram_lambdas[i]);
+            g.bigram_lambdas[i] += scaled_dot(dx.data(), tp.x_bigram.data(), T * C, tp.bigram_lambda_scales[i]);
+            axpy(lb, dx.data(), dxb.data(), T * C);
+        }
+        for (size_t e = 0; e < T * C; ++e) d_branch[e] = pa * dx[e], d_attn[e] = ra * dx[e];
+        // the attention's input gradient goes to what it normalized: x_in, or the late source's output
+        attention_block_backward(c, p, b, i, L, d_branch, c.attn_source(i) >= 0 ? d_late : d_attn, g, sq);
+        dx.swap(d_attn);  // now d x_in
+    }
+    // x_in[0] = x0 + lb[0] xb
+    const double lb0 = c.stream_lambda(p.bigram_lambdas[0]);
+    g.bigram_lambdas[0] += scaled_dot(dx.data(), tp.x_bigram.data(), T * C, tp.bigram_lambda_scales[0]);
+    axpy(1.0, dx.data(), dx0.data(), T * C);
+    axpy(lb0, dx.data(), dxb.data(), T * C);
 }
 
 }  // namespace detail
@@ -951,12 +1212,17 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     const double loss = forward(c, p, b, &tp);
     const size_t T = c.T, C = c.C, V = c.V;
     const double* S = p.scalars.data();
+    const ScalarSlots& k = c.scalar_slots();
     Params& g = grads;
     g = Params::zeros(c);
     std::vector<double>& sq = tp.scalar_scales;  // sums of squares until the end
     sq.assign(c.num_scalars(), 0.0);
     tp.x0_lambda_scales.assign(kLayers, 0.0);
     tp.skip_gate_scales.assign(kGateDim, 0.0);
+    const size_t r80 = c.sublayer_lambdas ? 1 : 0;
+    tp.resid_lambda_scales.assign(r80 * 2 * kLayers, 0.0);
+    tp.post_lambda_scales.assign(r80 * 2 * kLayers, 0.0);
+    tp.bigram_lambda_scales.assign(r80 * kLayers, 0.0);
 
     // logits' gradient, row by row: dz = s * (S_w p - sum_k w_k onehot(target[t+k])), dl = dz * z (1 - sig) / C
     std::vector<double> dl(T * V);
@@ -998,67 +1264,26 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     // final norm and backout: x_final = x_out[10] - backout * x_out[7]
     std::vector<double> dx(T * C, 0.0);
     rms_norm_backward_acc(tp.xn.data(), tp.rstd_f.data(), dxn.data(), dx.data(), T, C);
-    const double bo = S[kScalarBackout];
-    g.scalars[kScalarBackout] -= scaled_dot(dx.data(), tp.layers[kBackoutLayer].x_out.data(), T * C, sq[kScalarBackout]);
-    std::vector<double> d_backout(T * C), d_skip(T * C, 0.0), dx0(T * C, 0.0), dxb(T * C, 0.0);
+    const double bo = S[k.backout];
+    g.scalars[k.backout] -= scaled_dot(dx.data(), tp.layers[kBackoutLayer].x_out.data(), T * C, sq[k.backout]);
+    std::vector<double> d_backout(T * C), dx0(T * C, 0.0), dxb(T * C, 0.0);
     for (size_t e = 0; e < T * C; ++e) d_backout[e] = -bo * dx[e];
 
-    for (int i = kLayers - 1; i >= 0; --i) {
-        const LayerTape& L = tp.layers[i];
-        if (i == kBackoutLayer)
-            for (size_t e = 0; e < T * C; ++e) dx[e] += d_backout[e];
-        if (i == kSkipFrom)
-            for (size_t e = 0; e < T * C; ++e) dx[e] += d_skip[e];
-        mlp_block_backward(c, p, i, L, dx, g);  // dx: now d x_attn
-        if (attn_bank_index(i) >= 0) {
-            std::vector<double> dx_mix(dx);
-            attention_block_backward(c, p, b, i, L, dx, dx_mix, g, sq);
-            dx.swap(dx_mix);
-        }
-        // mix: x_mix = resid * x_in + x0_lambda * x0 + bigram_lambda * x_bigram
-        const double r = S[scalar_resid(i)], a0 = p.x0_lambdas[i], bl = S[scalar_bigram(i)];
-        g.scalars[scalar_resid(i)] += scaled_dot(dx.data(), L.x_in.data(), T * C, sq[scalar_resid(i)]);
-        g.x0_lambdas[i] += scaled_dot(dx.data(), tp.x0.data(), T * C, tp.x0_lambda_scales[i]);
-        g.scalars[scalar_bigram(i)] += scaled_dot(dx.data(), tp.x_bigram.data(), T * C, sq[scalar_bigram(i)]);
-        axpy(a0, dx.data(), dx0.data(), T * C);
-        axpy(bl, dx.data(), dxb.data(), T * C);
-        for (double& e : dx) e *= r;  // now d x_in
-        if (i == kSkipTo) {  // x_in = x_out[5] + sigmoid(skip_lambda) * 2 sigmoid(x0[:12] . skip_gate) * x_out[3]
-            const double sl = sigmoid(S[kScalarSkip]);
-            const std::vector<double>& skip = tp.layers[kSkipFrom].x_out;
-            for (size_t t = 0; t < T; ++t) {
-                const double sg = tp.skip_sig[t];
-                axpy(sl * 2.0 * sg, dx.data() + t * C, d_skip.data() + t * C, C);
-                double dgate_sq = 0.0;
-                const double dgate = scaled_dot(dx.data() + t * C, skip.data() + t * C, C, dgate_sq);
-                const double ds = 2.0 * sg * sl * (1.0 - sl);
-                g.scalars[kScalarSkip] += dgate * ds;
-                sq[kScalarSkip] += dgate_sq * ds * ds;
-                const double dzs = dgate * sl * 2.0 * sg * (1.0 - sg);
-                axpy(dzs, tp.x0.data() + t * C, g.skip_gate.data(), kGateDim);
-                const double k = sl * 2.0 * sg * (1.0 - sg);
-                for (size_t j = 0; j < kGateDim; ++j) {
-                    const double x = tp.x0[t * C + j];
-                    tp.skip_gate_scales[j] += k * k * dgate_sq * x * x + dzs * dzs * x * x;
-                }
-                axpy(dzs, p.skip_gate.data(), dx0.data() + t * C, kGateDim);
-            }
-        }
-        if (i == 0) axpy(1.0, dx.data(), dx0.data(), T * C);  // layer 0's input is x0
-    }
+    if (c.sublayer_lambdas) stream_r80_backward(c, p, b, tp, dx, d_backout, dx0, dxb, g);
+    else stream_r71_backward(c, p, b, tp, dx, d_backout, dx0, dxb, g);
 
     // x0 = norm(x_smear); x_smear[t] = emb[t] + smear_lambda * sigmoid(emb[t,:12] . smear_gate) * emb[t-1]
     std::vector<double> dsm(T * C, 0.0);
     rms_norm_backward_acc(tp.x0.data(), tp.rstd0.data(), dx0.data(), dsm.data(), T, C);
     std::vector<double> demb(dsm);
-    const double lam = S[kScalarSmear];
+    const double lam = S[k.smear];
     for (size_t t = 1; t < T; ++t) {
         const double sg = tp.smear_sig[t];
         axpy(lam * sg, dsm.data() + t * C, demb.data() + (t - 1) * C, C);
         double dgate_sq = 0.0;
         const double dgate = scaled_dot(dsm.data() + t * C, tp.emb.data() + (t - 1) * C, C, dgate_sq);
-        g.scalars[kScalarSmear] += dgate * sg;
-        sq[kScalarSmear] += dgate_sq * sg * sg;
+        g.scalars[k.smear] += dgate * sg;
+        sq[k.smear] += dgate_sq * sg * sg;
         const double dzs = dgate * lam * sg * (1.0 - sg);
         axpy(dzs, tp.emb.data() + t * C, g.smear_gate.data(), kGateDim);
         axpy(dzs, p.smear_gate.data(), demb.data() + t * C, kGateDim);
@@ -1069,7 +1294,9 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     }
     for (double& e : sq) e = std::sqrt(e);
     for (double& e : tp.x0_lambda_scales) e = std::sqrt(e);
-    for (double& e : tp.skip_gate_scales) e = std::sqrt(e);
+    for (std::vector<double>* v : {&tp.skip_gate_scales, &tp.resid_lambda_scales, &tp.post_lambda_scales,
+                                   &tp.bigram_lambda_scales})
+        for (double& e : *v) e = std::sqrt(e);
     return loss;
 }
 

@@ -50,6 +50,78 @@ Params random_params(const Config& c) {
     return p;
 }
 
+// ---- finite differences ----
+using Samples = std::vector<std::pair<std::string, std::vector<size_t>>>;
+struct FdStats {
+    int evaluated = 0, shrunk = 0;  // forwards run, step reductions at relu kinks
+};
+
+// Checks g (the analytic gradient of forward(c, p, b) with loss_scale 1) at the sampled entries of the
+// named tensors against 4-point central differences; p is restored on return.
+FdStats fd_check(const Config& c, Params& p, const Batch& b, const Params& g, const Samples& samples) {
+    // The loss is smooth except where an MLP pre-activation crosses 0 (relu^2 has a jump in its
+    // second derivative there): the step shrinks until no pre-activation changes sign across the
+    // stencil, so the O(h^4) error bound holds on the whole interval.
+    std::vector<char> signs0, signs1;
+    auto loss_and_signs = [&](std::vector<char>& signs) {
+        Tape tp;
+        const double v = forward(c, p, b, &tp);
+        signs.clear();
+        for (const LayerTape& L : tp.layers)
+            for (double x : L.pre) signs.push_back(x > 0.0);
+        return v;
+    };
+    auto tensors = p.tensors();
+    auto gtensors = g.tensors();
+    FdStats st;
+    for (auto& [name, idx] : samples) {
+        const int shrunk_before = st.shrunk;
+        size_t ti = 0;
+        while (name != tensors[ti].first) ++ti;
+        std::vector<double>& w = *tensors[ti].second;
+        const std::vector<double>& gw = *gtensors[ti].second;
+        double worst = 0.0;
+        size_t worst_i = 0;
+        double worst_fd = 0, worst_an = 0, worst_h = 0;
+        for (size_t i : idx) {
+            // 4-point central difference, O(h^4): truncation far below the tolerance at h <= 4e-4
+            const double orig = w[i];
+            double h = 4.0 * 4e-4, fd = 0.0;
+            for (int attempt = 0; attempt < 4; ++attempt) {
+                h /= 4.0;
+                double f[4];
+                bool smooth = true;
+                const double steps[4] = {-2 * h, -h, h, 2 * h};
+                for (int s = 0; s < 4; ++s) {
+                    w[i] = orig + steps[s];
+                    f[s] = loss_and_signs(s == 0 ? signs0 : signs1);
+                    smooth &= s == 0 || signs1 == signs0;
+                }
+                w[i] = orig;
+                st.evaluated += 4;
+                fd = (8.0 * (f[2] - f[1]) - (f[3] - f[0])) / (12.0 * h);
+                if (smooth) break;
+                ++st.shrunk;
+            }
+            // relative 1e-6, plus the stencil's rounding noise: the loss (~5e2) carries about one
+            // ulp (6e-14) of noise, which the stencil turns into ~1e-13/h; 10x that is allowed
+            const double err = std::fabs(fd - gw[i]) / (1e-6 * std::fabs(gw[i]) + 1e-12 / h);
+            if (err > worst || err != err) {
+                worst = err;
+                worst_i = i;
+                worst_fd = fd;
+                worst_an = gw[i];
+                worst_h = h;
+            }
+        }
+        test::check(worst <= 1.0, "fd %s[%zu]: analytic %.10g, finite difference %.10g at step %.2g (%.2f x tolerance)",
+                    name.c_str(), worst_i, worst_an, worst_fd, worst_h, worst);
+        std::printf("  fd %-15s %3zu samples, worst %.3f x tolerance (|g| there %.3g, step %.2g), %d step reductions\n",
+                    name.c_str(), idx.size(), worst, std::fabs(worst_an), worst_h, st.shrunk - shrunk_before);
+    }
+    return st;
+}
+
 // ---- finite differences of every parameter ----
 void check_gradients_fd() {
     const auto t0 = std::chrono::steady_clock::now();
@@ -68,7 +140,7 @@ void check_gradients_fd() {
 
     // sample indexes per tensor: rows the batch touches, a row it does not (gradient 0), every bank
     // entry and every weight part, every small vector in full
-    std::vector<std::pair<std::string, std::vector<size_t>>> samples;
+    Samples samples;
     auto add = [&](const char* name, std::vector<size_t> idx) { samples.push_back({name, std::move(idx)}); };
     {
         std::vector<size_t> e, l, bg, ve;
@@ -113,65 +185,7 @@ void check_gradients_fd() {
     add("x0_lambdas", all(kLayers));
     add("scalars", all(kScalarsUsed));  // the padding is checked to be exactly 0 below
 
-    // The loss is smooth except where an MLP pre-activation crosses 0 (relu^2 has a jump in its
-    // second derivative there): the step shrinks until no pre-activation changes sign across the
-    // stencil, so the O(h^4) error bound holds on the whole interval.
-    std::vector<char> signs0, signs1;
-    auto loss_and_signs = [&](std::vector<char>& signs) {
-        Tape tp;
-        const double v = forward(c, p, b, &tp);
-        signs.clear();
-        for (const LayerTape& L : tp.layers)
-            for (double x : L.pre) signs.push_back(x > 0.0);
-        return v;
-    };
-    auto tensors = p.tensors();
-    auto gtensors = g.tensors();
-    int evaluated = 0, shrunk = 0;
-    for (auto& [name, idx] : samples) {
-        size_t ti = 0;
-        while (name != tensors[ti].first) ++ti;
-        std::vector<double>& w = *tensors[ti].second;
-        const std::vector<double>& gw = *gtensors[ti].second;
-        double worst = 0.0;
-        size_t worst_i = 0;
-        double worst_fd = 0, worst_an = 0, worst_h = 0;
-        for (size_t i : idx) {
-            // 4-point central difference, O(h^4): truncation far below the tolerance at h <= 4e-4
-            const double orig = w[i];
-            double h = 4.0 * 4e-4, fd = 0.0;
-            for (int attempt = 0; attempt < 4; ++attempt) {
-                h /= 4.0;
-                double f[4];
-                bool smooth = true;
-                const double steps[4] = {-2 * h, -h, h, 2 * h};
-                for (int s = 0; s < 4; ++s) {
-                    w[i] = orig + steps[s];
-                    f[s] = loss_and_signs(s == 0 ? signs0 : signs1);
-                    smooth &= s == 0 || signs1 == signs0;
-                }
-                w[i] = orig;
-                evaluated += 4;
-                fd = (8.0 * (f[2] - f[1]) - (f[3] - f[0])) / (12.0 * h);
-                if (smooth) break;
-                ++shrunk;
-            }
-            // relative 1e-6, plus the stencil's rounding noise: the loss (~5e2) carries about one
-            // ulp (6e-14) of noise, which the stencil turns into ~1e-13/h; 10x that is allowed
-            const double err = std::fabs(fd - gw[i]) / (1e-6 * std::fabs(gw[i]) + 1e-12 / h);
-            if (err > worst || err != err) {
-                worst = err;
-                worst_i = i;
-                worst_fd = fd;
-                worst_an = gw[i];
-                worst_h = h;
-            }
-        }
-        test::check(worst <= 1.0, "fd %s[%zu]: analytic %.10g, finite difference %.10g at step %.2g (%.2f x tolerance)",
-                    name.c_str(), worst_i, worst_an, worst_fd, worst_h, worst);
-        std::printf("  fd %-15s %3zu samples, worst %.3f x tolerance (|g| there %.3g, step %.2g)\n", name.c_str(), idx.size(),
-                    worst, std::fabs(worst_an), worst_h);
-    }
+    const FdStats fd = fd_check(c, p, b, g, samples);
     // the sampled zero-gradient entries are exactly zero
     test::check(g.embed[size_t(unused_token) * C] == 0.0 && g.bigram_embed[size_t(unused_bigram) * C] == 0.0,
                 "rows the batch does not touch have non-zero gradients");
@@ -179,8 +193,308 @@ void check_gradients_fd() {
     for (size_t e = size_t(11) * 2 * F * C; e < g.mlp_bank.size(); ++e) pad_zero &= g.mlp_bank[e] == 0.0;
     for (int i = kScalarsUsed; i < c.num_scalars(); ++i) pad_zero &= g.scalars[i] == 0.0;
     test::check(pad_zero, "padding entries (mlp_bank[11], scalars past 47) have non-zero gradients");
-    std::printf("finite differences: loss %.6f, %d forwards (%d step reductions at relu kinks), %.1f s\n", loss, evaluated,
-                shrunk, seconds_since(t0));
+    std::printf("finite differences: loss %.6f, %d forwards (%d step reductions at relu kinks), %.1f s\n", loss,
+                fd.evaluated, fd.shrunk, seconds_since(t0));
+}
+
+// ---- record 80's residual stream ----
+// The finite-difference configuration with record 80's switches: sublayer lambdas, attention of layers
+// 8-10 reading norm(h7), value tables on layers 1, 2, 8, 9, 10 with the gate reading ve. Exact lambdas
+// (their bf16 rounding is piecewise constant: check_r80_lambdas_bf16) and record 71's S_w (record 80's
+// sums every weight, whose gradient is by design not the loss's derivative on the last rows).
+Config r80_small_config() {
+    Config c = small_config();
+    c.T = 32;  // documents of 11 to 14 tokens in the tests: the windows still bite, forwards are cheaper
+    c.sublayer_lambdas = true;
+    c.late_attn_source = 7;
+    c.lambdas_bf16 = false;
+    c.value_layers = {1, 2, 8, 9, 10};
+    c.ve_gate_reads_ve = true;
+    return c;
+}
+
+// The record 80 stream's lambdas at every kind of layer, the scalars its layout moved, and a sample of
+// the other tensors, weighted to the paths h7 carries (layers 0-7's weights reach the loss through
+// layers 8-10's norms as well as through the stream).
+void check_r80_gradients_fd() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Config c = r80_small_config();
+    Params p = random_params(c);
+    const Batch b = make_batch(c, {0, 11, 18}, 2);
+    Params g;
+    const double loss = forward_backward(c, p, b, 1.0, g);
+    const int C = c.C, V = c.V, F = c.hidden(), H = c.H;
+    auto rnd = [](int n) { return test::randint(0, n - 1); };
+    auto tok = [&] { return size_t(b.inputs[rnd(c.T)]); };
+    Samples samples;
+    // the layers whose updates differ (0: no bigram injection; 3: the skip's source; 6: no attention,
+    // whose attention-side entries are checked to be exactly 0 below; 7: h7; 8-10: read norm(h7)) and
+    // one of the others, drawn per run; at each, the resid and post lambdas of a sublayer drawn per run
+    // (they move every pre-activation, so their stencils often straddle a relu kink and shrink: cost)
+    const int others[] = {1, 2, 4, 5};
+    const int drawn = others[rnd(4)];
+    std::vector<size_t> resid, post, bigram, x0;
+    for (int i : {0, 3, 6, 7, 8, 9, 10, drawn}) {
+        resid.push_back(2 * size_t(i) + (i == kSkipTo ? 1 : rnd(2)));  // [i][0] attention, [i][1] MLP
+        post.push_back(2 * size_t(i) + (i == kSkipTo ? 1 : rnd(2)));
+        if (i != kSkipTo) bigram.push_back(size_t(i));
+    }
+    for (int i : {0, 7, 9, drawn}) x0.push_back(size_t(i));
+    samples.push_back({"resid_lambdas", resid});
+    samples.push_back({"post_lambdas", post});
+    samples.push_back({"bigram_lambdas", bigram});
+    samples.push_back({"x0_lambdas", x0});
+    const ScalarSlots& k = c.scalar_slots();
+    samples.push_back({"scalars", {size_t(k.sa_of(0, 0)), size_t(k.sa_of(2, 1)), size_t(k.sa_of(7, 0)),
+                                   size_t(k.sa_of(9, 1)), size_t(k.sa_of(10, 0)), size_t(k.smear), size_t(k.backout),
+                                   size_t(k.skip)}});
+    std::vector<size_t> a, m, e, bg, ve, ag, vg;
+    for (int bank = 0; bank < kAttnLayers; ++bank) a.push_back((size_t(bank) * 4 * C + rnd(4) * C + rnd(C)) * C + rnd(C));
+    for (int l : {1, 4, 7, 8, 10}) m.push_back(((size_t(l) * 2 + 1) * F + rnd(F)) * C + rnd(C));  // c_proj
+    for (int l : {3, 7, 9}) m.push_back(((size_t(l) * 2) * F + rnd(F)) * C + rnd(C));              // c_fc
+    for (int i = 0; i < 3; ++i) e.push_back(tok() * C + rnd(C));
+    for (int i = 0; i < 3; ++i) bg.push_back(size_t(b.bigram[rnd(c.T)]) * C + rnd(C));
+    for (int k = 0; k < kValueTables; ++k) ve.push_back((size_t(k) * V + tok()) * C + rnd(C));
+    for (int i = 0; i < 3; ++i) ag.push_back((size_t(rnd(kAttnLayers)) * H + rnd(H)) * kGateDim + rnd(kGateDim));
+    for (int k = 0; k < kValueTables; ++k) vg.push_back((size_t(k) * H + rnd(H)) * kGateDim + rnd(kGateDim));
+    samples.push_back({"attn_bank", a});
+    samples.push_back({"mlp_bank", m});
+    samples.push_back({"embed", e});
+    samples.push_back({"bigram_embed", bg});
+    samples.push_back({"value_embeds", ve});
+    samples.push_back({"attn_gate_bank", ag});
+    samples.push_back({"ve_gate_bank", vg});
+    samples.push_back({"skip_gate", {size_t(rnd(kGateDim)), size_t(rnd(kGateDim))}});
+    samples.push_back({"smear_gate", {size_t(rnd(kGateDim))}});
+    samples.push_back({"lm_head", {size_t(rnd(C * V)), size_t(rnd(C * V))}});
+    const FdStats fd = fd_check(c, p, b, g, samples);
+
+    // what layer 6 (no attention, no injection) and the layout leave unread has exactly zero gradient
+    bool zero = g.resid_lambdas[2 * 6] == 0.0 && g.post_lambdas[2 * 6] == 0.0 && g.x0_lambdas[6] == 0.0 &&
+                g.bigram_lambdas[6] == 0.0 && g.scalars[k.sa_of(6, 0)] == 0.0 && g.scalars[k.sa_of(6, 1)] == 0.0;
+    for (int i = k.used; i < c.num_scalars(); ++i) zero &= g.scalars[i] == 0.0;
+    test::check(zero, "record 80: layer 6's attention-side lambdas and the scalars' padding have non-zero gradients");
+    std::printf("record 80 finite differences: loss %.6f, %d forwards (%d step reductions), %.1f s\n", loss, fd.evaluated,
+                fd.shrunk, seconds_since(t0));
+}
+
+// The stream's structure, by forward runs: unit lambdas reduce it to record 71's; layers 8-10's
+// attention reads norm(h7) and nothing after it; the bf16 lambdas are the parameters' roundings.
+void check_r80_stream() {
+    // (1) record 80 with resid = post = 1, x0 = bigram lambdas = 0 and no late source is record 71 with
+    // resid 1 and x0/bigram lambdas 0: every update is the same sum (x + 0 and 1 * x are exact)
+    const Config c71 = small_config();
+    Params p71 = random_params(c71);
+    for (int i = 0; i < kLayers; ++i) {
+        p71.scalars[scalar_resid(i)] = 1.0;
+        p71.scalars[scalar_bigram(i)] = 0.0;
+        p71.x0_lambdas[i] = 0.0;
+    }
+    Config c80 = c71;
+    c80.sublayer_lambdas = true;
+    Params p80 = Params::zeros(c80);
+    {
+        auto from = p71.tensors();
+        auto to = p80.tensors();
+        for (size_t t = 0; t < from.size(); ++t)
+            if (from[t].second != &p71.scalars && !from[t].second->empty()) *to[t].second = *from[t].second;
+        const ScalarSlots &k71 = c71.scalar_slots(), &k80 = c80.scalar_slots();
+        for (int i = 0; i < kLayers; ++i)
+            for (int j = 0; j < 2; ++j) p80.scalars[k80.sa_of(i, j)] = p71.scalars[k71.sa_of(i, j)];
+        p80.scalars[k80.smear] = p71.scalars[k71.smear];
+        p80.scalars[k80.backout] = p71.scalars[k71.backout];
+        p80.scalars[k80.skip] = p71.scalars[k71.skip];
+        p80.resid_lambdas.assign(2 * kLayers, 1.0);
+        p80.post_lambdas.assign(2 * kLayers, 1.0);
+    }
+    const Batch b = make_batch(c71, {0, 13, 30}, 1);
+    Tape t71, t80;
+    Params g71, g80;
+    const double l71 = forward_backward(c71, p71, b, 1.0, g71, &t71), l80 = forward_backward(c80, p80, b, 1.0, g80, &t80);
+    test::check(l71 == l80 && t71.row_loss == t80.row_loss, "record 80 at unit lambdas: loss %.17g, record 71's %.17g", l80,
+                l71);
+    for (const char* name : {"embed", "lm_head", "bigram_embed", "value_embeds", "attn_bank", "mlp_bank", "attn_gate_bank",
+                             "ve_gate_bank", "smear_gate", "skip_gate"}) {
+        size_t t = 0;
+        while (std::string(g71.tensors()[t].first) != name) ++t;
+        test::check_close(std::string("record 80 at unit lambdas: gradient of ") + name, *g80.tensors()[t].second,
+                          *g71.tensors()[t].second, 1e-12, 1e-12);
+    }
+    // the stream lambdas' gradients there: resid[i][0] of record 80 is record 71's resid (both multiply
+    // x_in; layer 0's x_in is x0 in both), except that record 71's attention normalizes r x_in, record
+    // 80's x_in (the same value at r = 1, but r71's resid gradient also flows through the norm)
+    std::vector<double> r80_attn_resid, r71_resid;
+    for (int i = 0; i < kLayers; ++i)
+        if (i != kSkipTo) {
+            r80_attn_resid.push_back(g80.resid_lambdas[2 * i]);
+            r71_resid.push_back(g71.scalars[scalar_resid(i)]);
+        }
+    // record 71's also carries <d norm input, x_in>, zero but for the norm's eps (1.2e-7 of mean(x^2))
+    test::check_close("record 80 at unit lambdas: attention resid lambdas' gradients = record 71's resid", r80_attn_resid,
+                      r71_resid, 1e-6, 1e-9);
+
+    // (2) layers after the late source normalize its output, bit for bit, whatever comes after it
+    const Config c = r80_small_config();
+    Params p = random_params(c);
+    const Batch b2 = make_batch(c, {0, 11, 18}, 1);
+    Config none = c;
+    none.late_attn_source = -1;
+    Tape base, base_none;
+    forward(c, p, b2, &base);
+    forward(none, p, b2, &base_none);
+    bool reads_h7 = true;
+    for (int i = 8; i < kLayers; ++i) reads_h7 &= base.layers[i].x_mix == base.layers[7].x_out;
+    test::check(reads_h7 && base.layers[7].x_mix == base.layers[7].x_in && base.layers[9].x_in != base.layers[7].x_out,
+                "late source 7: layers 8-10 normalize h7, layer 7 its own input");
+    test::check(base_none.layers[9].x_mix == base_none.layers[9].x_in && base.layers[9].xa != base_none.layers[9].xa,
+                "without a late source layer 9 normalizes its input");
+    // layer 8's weights (its attention's output projection, its MLP's c_proj) move the stream entering
+    // layers 9 and 10 but not their attention inputs; record 80 without the late source sees them
+    Params q = p;
+    const size_t C = c.C, F = c.hidden();
+    q.attn_bank[(size_t(attn_bank_index(8)) * 4 * C + 3 * C + 5) * C + 7] += 0.5;
+    q.mlp_bank[(size_t(2 * 8 + 1) * F + 11) * C + 3] += 0.5;
+    Tape moved, moved_none;
+    forward(c, q, b2, &moved);
+    forward(none, q, b2, &moved_none);
+    test::check(moved.layers[9].x_in != base.layers[9].x_in && moved.layers[10].x_in != base.layers[10].x_in,
+                "test setup: layer 8's weights should move the stream after it");
+    test::check(moved.layers[9].xa == base.layers[9].xa && moved.layers[10].xa == base.layers[10].xa &&
+                    moved.layers[8].xa == base.layers[8].xa,
+                "late source 7: layer 8's weights changed layers 8-10's attention inputs");
+    test::check(moved_none.layers[9].xa != base_none.layers[9].xa, "without a late source layer 8 reaches layer 9's norm");
+    test::check(forward(c, p, b2) != forward(none, p, b2), "the late source changes nothing");
+
+    // (3) with post lambdas 0 the blocks add nothing, and each layer's output is a_t x0 + b_t xb per
+    // token t, the coefficients following upstream's updates: start (1, lb[0]); attention sublayer
+    // (ra a + lx0, ra b + lb[i], no lb at layer 0); layer 6 adds the skip gate times layer 3's; MLP (rm a, rm b)
+    Params z = p;
+    z.post_lambdas.assign(2 * kLayers, 0.0);
+    Tape tz;
+    forward(c, z, b2, &tz);
+    const size_t T = c.T;
+    const ScalarSlots& k = c.scalar_slots();
+    std::vector<double> a(T, 1.0), bb(T, z.bigram_lambdas[0]), a3, b3;
+    double worst = 0.0;
+    for (int i = 0; i < kLayers; ++i) {
+        for (size_t t = 0; t < T; ++t) {
+            if (i == kSkipTo) {
+                const double gate = 2.0 * test::sigmoid(z.scalars[k.skip]) *
+                                    test::sigmoid(detail::dot(tz.x0.data() + t * C, z.skip_gate.data(), kGateDim));
+                a[t] += gate * a3[t];
+                bb[t] += gate * b3[t];
+            } else {
+                const double ra = z.resid_lambdas[2 * i];
+                a[t] = ra * a[t] + z.x0_lambdas[i];
+                bb[t] = ra * bb[t] + (i > 0 ? z.bigram_lambdas[i] : 0.0);
+            }
+            a[t] *= z.resid_lambdas[2 * i + 1];
+            bb[t] *= z.resid_lambdas[2 * i + 1];
+            for (size_t j = 0; j < C; ++j) {
+                const double want = a[t] * tz.x0[t * C + j] + bb[t] * tz.x_bigram[t * C + j];
+                worst = std::max(worst, std::fabs(tz.layers[i].x_out[t * C + j] - want) / (std::fabs(want) + 1e-3));
+            }
+        }
+        if (i == kSkipFrom) a3 = a, b3 = bb;
+    }
+    test::check(worst < 1e-12, "record 80 with post lambdas 0: layer outputs off the x0/bigram recurrence by %.3g", worst);
+}
+
+// bf16 lambdas: round to nearest even on bf16's grid; the model with lambdas_bf16 equals the exact model
+// on pre-rounded lambdas, gradients included (straight through, as upstream's cast).
+void check_r80_lambdas_bf16() {
+    test::check(round_bf16(std::sqrt(1.1)) == 1.046875 && round_bf16(1.0 + std::ldexp(1.0, -8)) == 1.0 &&
+                    round_bf16(1.0 + 3 * std::ldexp(1.0, -8)) == 1.0 + std::ldexp(1.0, -6) &&
+                    round_bf16(-0.05) == -0.050048828125 && round_bf16(std::ldexp(1.0, -133)) == std::ldexp(1.0, -133) &&
+                    round_bf16(std::ldexp(3.0, -134)) == std::ldexp(1.0, -132) && round_bf16(std::ldexp(1.0, -135)) == 0.0 &&
+                    round_bf16(0x1.ffp127) == INFINITY,
+                "round_bf16: nearest, ties to even, subnormals, overflow");
+    Config on = r80_small_config();
+    on.lambdas_bf16 = true;
+    const Config off = r80_small_config();
+    const Params p = random_params(on);
+    Params pr = p;
+    for (std::vector<double>* t : {&pr.resid_lambdas, &pr.post_lambdas, &pr.x0_lambdas, &pr.bigram_lambdas})
+        for (double& v : *t) v = round_bf16(v);
+    const Batch b = make_batch(on, {0, 20}, 0);
+    Params g_on, g_off;
+    const double l_on = forward_backward(on, p, b, 1.0, g_on), l_off = forward_backward(off, pr, b, 1.0, g_off);
+    test::check(l_on == l_off, "bf16 lambdas: loss %.17g, exact model on rounded lambdas %.17g", l_on, l_off);
+    bool same = true;
+    for (size_t t = 0; t < g_on.tensors().size(); ++t) same &= *g_on.tensors()[t].second == *g_off.tensors()[t].second;
+    test::check(same, "bf16 lambdas: gradients differ from the exact model's on rounded lambdas");
+    test::check(forward(off, p, b) != l_on, "bf16 lambdas: the rounding changes nothing");
+}
+
+// Record 80's init, layout and lambda vectors.
+void check_r80_layout() {
+    Config c = Config::make(16, 512, 128, 2, 64, 50, 128, 384);
+    c.sublayer_lambdas = true;
+    c.late_attn_source = 7;
+    const Params p = Params::init(c, 99);
+    const ScalarSlots& k = c.scalar_slots();
+    bool ok = p.scalars.size() == 32 && k.sa == 0 && k.smear == 22 && k.backout == 23 && k.skip == 24 && k.used == 25;
+    for (int i = 0; i < kLayers; ++i) ok &= p.scalars[2 * i] == 0.5 && p.scalars[2 * i + 1] == 1.0;
+    ok &= p.scalars[22] == 0.0 && p.scalars[23] == 0.5 && p.scalars[24] == -1.5;
+    for (int i = 25; i < 32; ++i) ok &= p.scalars[i] == 1.0;
+    test::check(ok, "record 80 scalars: sa (0.5, 1) x 11, smear 0, backout 0.5, skip -1.5, 7 ones (32)");
+    bool lambdas = p.resid_lambdas.size() == 22 && p.post_lambdas.size() == 22 && p.bigram_lambdas.size() == 11 &&
+                   p.x0_lambdas.size() == 11;
+    for (double v : p.resid_lambdas) lambdas &= v == std::sqrt(1.1);
+    for (double v : p.post_lambdas) lambdas &= v == 1.0;
+    for (double v : p.bigram_lambdas) lambdas &= v == 0.05;
+    for (double v : p.x0_lambdas) lambdas &= v == 0.0;
+    test::check(lambdas, "record 80 init: resid sqrt(1.1), post 1, bigram 0.05, x0 0");
+    const auto t = p.tensors();
+    test::check(t.size() == 15 && std::string(t[11].first) == "scalars" && std::string(t[12].first) == "resid_lambdas" &&
+                    std::string(t[13].first) == "post_lambdas" && std::string(t[14].first) == "bigram_lambdas",
+                "tensors(): record 80's lambdas at the end");
+    const Params p71 = Params::init(Config::make(16, 512, 128, 2, 64, 50, 128, 384), 99);
+    test::check(p71.resid_lambdas.empty() && p71.post_lambdas.empty() && p71.bigram_lambdas.empty() &&
+                    p71.scalars.size() == 51 && lambda_gradients(p71).size() == 58,
+                "record 71: no record 80 lambdas, 51 scalars, 47 + 11 lambdas");
+    // lambda_gradients / lambda_error_scales: 25 scalars, x0 (11), resid (22), post (22), bigram (11)
+    Params g = Params::zeros(c);
+    for (auto& [name, v] : g.tensors())
+        for (size_t i = 0; i < v->size(); ++i) (*v)[i] = 1000.0 * (name[0] + name[1]) + double(i);
+    const std::vector<double> lg = lambda_gradients(g);
+    ok = lg.size() == 91 && lg[24] == g.scalars[24] && lg[25] == g.x0_lambdas[0] && lg[36] == g.resid_lambdas[0] &&
+         lg[57] == g.resid_lambdas[21] && lg[58] == g.post_lambdas[0] && lg[80] == g.bigram_lambdas[0] &&
+         lg[90] == g.bigram_lambdas[10];
+    Tape tp;
+    tp.scalar_scales = g.scalars;
+    tp.x0_lambda_scales = g.x0_lambdas;
+    tp.resid_lambda_scales = g.resid_lambdas;
+    tp.post_lambda_scales = g.post_lambdas;
+    tp.bigram_lambda_scales = g.bigram_lambdas;
+    test::check(ok && lambda_error_scales(tp) == lg,
+                "record 80 lambda vectors: scalars (25), x0 (11), resid (22), post (22), bigram (11)");
+}
+
+// The error scales of the new lambdas' gradients: the FP8 head's e5m2 gradient moves each by a
+// fraction of its scale (as the record 71 lambdas in check_fp8_tiny), while the gradients themselves
+// are of the order of it.
+void check_r80_error_scales() {
+    Config exact = r80_small_config();
+    exact.lambdas_bf16 = true;
+    Config fp8 = exact;
+    fp8.fp8 = true;
+    const Params p = random_params(exact);
+    const Batch b = make_batch(exact, {0, 11, 18}, 0);
+    Params g8, gx;
+    Tape tx;
+    forward_backward(fp8, p, b, exact.grad_scale, g8);
+    forward_backward(exact, p, b, exact.grad_scale, gx, &tx);
+    const std::vector<double> scales = lambda_error_scales(tx), want = lambda_gradients(gx);
+    test::check(scales.size() == want.size() && scales.size() == 91, "record 80 error scales: %zu entries", scales.size());
+    const double worst = test::check_within_scale("record 80: FP8 vs exact lambda gradients", lambda_gradients(g8), want,
+                                                  scales, 0.6);
+    double largest = 0.0;
+    for (size_t i = 25; i < want.size(); ++i)
+        if (scales[i] > 0) largest = std::max(largest, std::fabs(want[i]) / scales[i]);
+    test::check(largest > 0.6, "record 80 error scales: the largest gradient is %.2f of its scale", largest);
+    std::printf("  record 80 lambdas: FP8 vs exact largest difference %.3f of the scale, largest gradient %.2f of it\n",
+                worst, largest);
 }
 
 // ---- loss scaling, evaluation loss, MTP decomposition ----
@@ -633,7 +947,7 @@ void check_fp8_tiny() {
         const char* name = g8.tensors()[k].first;
         const auto& a = *g8.tensors()[k].second;
         const auto& e = *gx.tensors()[k].second;
-        if (&e == &gx.scalars || &e == &gx.x0_lambdas) continue;  // below
+        if (e.empty() || &e == &gx.scalars || &e == &gx.x0_lambdas) continue;  // below (empty: record 80's lambdas)
         const double cs = cosine(a, e);
         test::check(cs > 0.99, "FP8 vs exact gradient of %s: cosine %.5f", name, cs);
     }
@@ -707,6 +1021,22 @@ void check_bad_input() {
         std::vector<double> x(48), y(48), lse(12);
         attention_forward(s, x.data(), x.data(), x.data(), y.data(), lse.data());
     });
+    expect_exit_failure("a late attention source without record 80's stream", [&] {
+        Config x = c;
+        x.late_attn_source = 7;
+        forward(x, p, b);
+    });
+    expect_exit_failure("a late attention source that no layer follows", [&] {
+        Config x = c;
+        x.sublayer_lambdas = true;
+        x.late_attn_source = kLayers - 1;
+        x.validate();
+    });
+    expect_exit_failure("record 71's parameters in record 80's stream", [&] {
+        Config x = c;
+        x.sublayer_lambdas = true;
+        forward(x, p, b);
+    });
     expect_exit_failure("YaRN apply with a zero window", [&] {
         Config x = c;
         x.yarn_apply(0, 10);
@@ -727,6 +1057,13 @@ int main() {
     check_documents();
     check_windows_and_pairing();
     check_gradients_fd();
+    const auto t80 = std::chrono::steady_clock::now();
+    check_r80_layout();
+    check_r80_stream();
+    check_r80_lambdas_bf16();
+    check_r80_error_scales();
+    check_r80_gradients_fd();
+    std::printf("record 80's checks: %.1f s\n", seconds_since(t80));
     check_fp8_tiny();
     std::printf("total %.1f s\n", seconds_since(t0));
     return test::finish();
