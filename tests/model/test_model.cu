@@ -26,7 +26,9 @@ std::vector<float> download_bf16(const bf16* p, size_t n) {
 std::vector<std::pair<void*, bool>> device_tensors(const Params& p) {  // (pointer, is bf16), in ref::Params order
     return {{p.embed, true},          {p.lm_head, true},        {p.bigram_embed, true}, {p.value_embeds, true},
             {p.attn_bank, true},      {p.mlp_bank, true},       {p.attn_gate_bank, true}, {p.ve_gate_bank, true},
-            {p.smear_gate, true},     {p.skip_gate, true},      {p.x0_lambdas, false},  {p.scalars, false}};
+            {p.smear_gate, true},     {p.skip_gate, true},      {p.x0_lambdas, false},  {p.scalars, false},
+            // record 80's residual stream (null and empty without it)
+            {p.resid_lambdas, false}, {p.post_lambdas, false},  {p.bigram_lambdas, false}};
 }
 ref::Params download_params(const Params& p, const ref::Config& rc) {
     ref::Params out = ref::Params::zeros(rc);
@@ -34,6 +36,7 @@ ref::Params download_params(const Params& p, const ref::Config& rc) {
     auto host = out.tensors();
     for (size_t i = 0; i < dev.size(); ++i) {
         std::vector<double>& h = *host[i].second;
+        if (h.empty()) continue;
         if (dev[i].second) {
             const std::vector<float> f = download_bf16(static_cast<const bf16*>(dev[i].first), h.size());
             std::copy(f.begin(), f.end(), h.begin());
@@ -50,6 +53,7 @@ void upload_params(const Params& p, ref::Params& q) {
     auto host = q.tensors();
     for (size_t i = 0; i < dev.size(); ++i) {
         std::vector<double>& h = *host[i].second;
+        if (h.empty()) continue;
         if (dev[i].second) {
             std::vector<bf16> b(h.size());
             for (size_t e = 0; e < h.size(); ++e) {
@@ -109,6 +113,8 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     std::copy(c.structure.value_layers.begin(), c.structure.value_layers.end(), rc.value_layers.begin());
     rc.ve_gate_reads_ve = c.structure.ve_gate_reads_ve;
     rc.sw_over_all_weights = c.loss == SoftcapLoss::tanh_bf16;
+    rc.sublayer_lambdas = c.structure.sublayer_lambdas;
+    rc.late_attn_source = c.structure.late_attn_source;
     rc.yarn_apply(old_long, ws_long);
     ref::Batch rb;
     rb.inputs.assign(inputs.begin(), inputs.begin() + T);
@@ -119,6 +125,10 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     // Upstream's init plus noise, so that every path (c_proj, gates, embeddings) carries gradient.
     ref::Params rp = download_params(m.params, rc);
     ref::perturb(rp, test::seed() + 7, 0.02);
+    // Record 80: the late layers' attention outputs scaled up, so that their inputs' gradients (which
+    // reach layer 7's output through norm(h7)) are a visible share of the gradients below them.
+    for (int l = c.structure.late_attn_source + 1; c.structure.late_attn_source >= 0 && l < c.structure.layers; ++l)
+        rp.post_lambdas[size_t(2 * l)] = 4.0;
     upload_params(m.params, rp);
     m.lm_head_fp8_stale = true;  // lm_head changed outside the optimizer: its FP8 copies are remade
 
@@ -144,11 +154,13 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     for (size_t i = 0; i < got_t.size(); ++i) {
         const std::vector<double>& a = *got_t[i].second;
         const std::vector<double>& b = *want_t[i].second;
+        if (b.empty()) continue;  // a tensor of the other residual stream
         std::vector<double> diff(a.size());
         for (size_t e = 0; e < a.size(); ++e) diff[e] = a[e] - b[e];
         const double rel = norm2(diff) / std::max(norm2(b), 1e-30);
         const bool reduced = a.size() <= size_t(c.structure.attn_layers()) * c.num_heads * kGateWidth;
-        const bool by_scale = &b == &rg.scalars || &b == &rg.x0_lambdas || &b == &rg.skip_gate;
+        const bool by_scale = &b == &rg.scalars || &b == &rg.x0_lambdas || &b == &rg.skip_gate || &b == &rg.resid_lambdas ||
+                              &b == &rg.post_lambdas || &b == &rg.bigram_lambdas;
         std::printf("  grad %-15s |ref| %.4e  relative error %.3e\n", got_t[i].first, norm2(b), rel);
         if (!by_scale)
             test::check(rel < (reduced ? 0.15 : 0.08), "gradient of %s: relative error %.3e", got_t[i].first, rel);
@@ -158,7 +170,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     // scale of its error is the root-sum-square of the products (the reference's scale): over 30
     // seeds the error stayed below 0.14 of it, while the gradients themselves are 0.1-4 of it.
     // Layer 6's sa lambdas have no products at all and must be exactly zero.
-    const double worst = test::check_within_scale("lambda gradients (scalars, then x0_lambdas)", ref::lambda_gradients(mg),
+    const double worst = test::check_within_scale("lambda gradients (scalars, x0, resid, post, bigram lambdas)", ref::lambda_gradients(mg),
                                                   ref::lambda_gradients(rg), ref::lambda_error_scales(tape), 0.3);
     std::printf("  lambdas: largest error %.3f of its scale\n", worst);
     // The skip gate's 12 gradients are sums over tokens of a gate factor times a dot product over C
@@ -376,8 +388,10 @@ int main() {
 
     compare_with_reference(m, c, s);
     {  // record 80's switches so far: value tables on layers 1, 2, 8, 9, 10 (2 and 9 paired), the gate
-       // reading ve on the unpaired ones, the tanh-form loss kernel, grad_scale 1/accum
+       // reading ve on the unpaired ones, the tanh-form loss kernel, grad_scale 1/accum, the residual
+       // stream of per-sublayer lambdas with layers 8-10 attending to norm(h7)
         Config r80 = c;
+        use_record80_residual_stream(r80);
         r80.structure.value_layers = {1, 2, 8, 9, 10};
         r80.structure.ve_gate_reads_ve = true;
         r80.loss = SoftcapLoss::tanh_bf16;
@@ -396,6 +410,18 @@ int main() {
         odd.head_dim = 128;
         Model bad;
         build_model(bad, odd, 1, s);
+    });
+    test::check_fails_with("a late attention source without per-sublayer lambdas", "needs per-sublayer lambdas", [&] {
+        Config late = c;
+        late.structure.late_attn_source = 7;
+        Model bad;
+        build_model(bad, late, 1, s);
+    });
+    test::check_fails_with("record 71's scalars under per-sublayer lambdas", "record80_scalar_slots goes with", [&] {
+        Config mixed = c;
+        mixed.structure.sublayer_lambdas = true;
+        Model bad;
+        build_model(bad, mixed, 1, s);
     });
     test::check_fails_with("a stage cutting documents at 0 tokens", "each stage's max_seq_len must be at least 1", [&] {
         Config cut = c;
