@@ -338,6 +338,29 @@ int main() {
     build_model(m, c, test::seed(), s);
 
     check_init(m, c);
+    {  // record 80's residual stream starts at upstream's values: resid sqrt(1.1), post 1, x0 0, bigram
+       // 0.05 (each every element), scalars sa (0.5, 1.0) per layer, smear 0, backout 0.5, skip -1.5, ones
+        Config r80 = c;
+        use_record80_residual_stream(r80);
+        Model mr;
+        build_model(mr, r80, test::seed(), s);
+        const int L = r80.structure.layers;
+        auto all = [](const std::vector<float>& v, float want) {
+            return std::all_of(v.begin(), v.end(), [&](float x) { return x == want; });
+        };
+        test::check(all(download_f(mr.params.resid_lambdas, 2 * L), static_cast<float>(std::sqrt(1.1))) &&
+                        all(download_f(mr.params.post_lambdas, 2 * L), 1.0f) &&
+                        all(download_f(mr.params.x0_lambdas, L), 0.0f) &&
+                        all(download_f(mr.params.bigram_lambdas, L), 0.05f),
+                    "record 80's lambdas start at resid sqrt(1.1), post 1, x0 0, bigram 0.05");
+        const ScalarSlots& k = r80.scalar_slots;
+        const std::vector<float> sc = download_f(mr.params.scalars, k.count);
+        bool ok = k.count == 32 && sc[size_t(k.smear)] == 0.0f && sc[size_t(k.backout)] == 0.5f &&
+                  sc[size_t(k.skip)] == -1.5f;
+        for (int l = 0; l < L; ++l) ok = ok && sc[size_t(k.sa + 2 * l)] == 0.5f && sc[size_t(k.sa + 2 * l + 1)] == 1.0f;
+        for (int i = k.skip + 1; i < k.count; ++i) ok = ok && sc[size_t(i)] == 1.0f;
+        test::check(ok, "record 80's 32 scalars: sa (0.5, 1.0), smear 0, backout 0.5, skip -1.5, padding 1");
+    }
     {  // record 80's value tables start at N(0, 0.01^2), drawn from their own stream
         Config ve = c;
         ve.value_embed_std = 0.01f;
