@@ -79,6 +79,12 @@ struct TrainingStage {
 // which layers attend, which of those attend in head pairs or over the stage's long window, which
 // read a value-embedding table, and where the skip and the backout take their streams.
 constexpr int kMaxLayers = 16, kMaxValueTables = 8;
+// How the attention weights are banked for NorMuon (each matrix of a bank is orthogonalized on its own).
+enum class AttnBanks {
+    layer,       // record 71: `attn`, (4 A, C, C): per attention layer Wq, Wk, Wv, Wo
+    head_pairs,  // record 80: `qk_bank`, (pad8(A H), 2 D, C): per attention layer Wq's then Wk's rows in head
+                 // pairs; `vo_bank`, (pad8(2 A), C, C): per attention layer Wv, Wo. Padding matrices stay zero.
+};
 struct Structure {
     int layers = 11;
     std::vector<int> without_attention = {6};
@@ -96,6 +102,7 @@ struct Structure {
     bool sublayer_lambdas = false;
     // record 80: the attention layers after this one read norm(its output) instead of the stream (-1: none)
     int late_attn_source = -1;
+    AttnBanks attn_banks = AttnBanks::layer;
 
     static bool holds(const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); }
     bool has_attention(int l) const { return !holds(without_attention, l); }
@@ -202,12 +209,29 @@ std::vector<ParamRule> record80_param_table(std::vector<ParamRule> t) {
     t.insert(x0, lambdas("post_lambdas", 1.0));
     return t;
 }
+// Record 80's head-pair banks (AttnBanks::head_pairs): qk_bank and vo_bank take attn's row, both reduced
+// in buckets at each attention layer's point and gathered in attn's turn.
+std::vector<ParamRule> record80_bank_rows(std::vector<ParamRule> t) {
+    const auto attn = std::find_if(t.begin(), t.end(), [](const ParamRule& r) { return std::string(r.label) == "attn"; });
+    ParamRule qk = *attn, vo = *attn;
+    qk.label = "qk_bank", vo.label = "vo_bank";
+    *attn = vo;
+    t.insert(attn, qk);
+    return t;
+}
 // The updates' order (the step profiler's best): small parameters first while the large reductions
 // land; then what the next forward reads first as its reduction lands (lm_head makes the tied embed),
 // the NorMuon banks last (mlp's last bucket lands first), their Polar Express covering the gathers.
 std::vector<std::string> record71_work_order() {
     return {"scalars",      "smear_gate", "skip_gate",    "attn_gate_bank", "ve_gate_bank", "x0_lambdas",
             "lm_head",      "bigram_embed", "embed",      "value_embed",    "mlp",          "attn"};
+}
+// Record 80's banks take attn's turn, last: their buckets land with the backward's end.
+std::vector<std::string> record80_bank_order(std::vector<std::string> o) {
+    const auto attn = std::find(o.begin(), o.end(), "attn");
+    *attn = "vo_bank";
+    o.insert(attn, "qk_bank");
+    return o;
 }
 // Record 80's new lambdas go with x0_lambdas, among the small parameters.
 std::vector<std::string> record80_work_order(std::vector<std::string> o) {
@@ -310,6 +334,13 @@ Config tiny_preset() {
 
 // Record 80's residual stream (records 73-77) on a config: the structure's switches, the scalars'
 // layout and the optimizer table's rows for the new lambdas.
+// Record 80's head-pair banks on a config: the structure's switch and the optimizer table's rows.
+void use_record80_banks(Config& c) {
+    c.structure.attn_banks = AttnBanks::head_pairs;
+    c.param_table = record80_bank_rows(c.param_table);
+    c.work_order = record80_bank_order(c.work_order);
+}
+
 void use_record80_residual_stream(Config& c) {
     c.structure.sublayer_lambdas = true;
     c.structure.late_attn_source = c.structure.backout_layer;  // upstream: layers 8-10 attend to norm(x_backout)
@@ -417,27 +448,35 @@ std::string config_error(const Config& c) {
 // ---- parameters (and, with the same layout, their gradients) ----
 using bf16 = __nv_bfloat16;
 struct Params {
-    bf16* embed;           // (V, C), tied to lm_head^T until the split step
-    bf16* lm_head;         // (C, V): stored transposed, as upstream's CastedLinearT
-    bf16* bigram_embed;    // (bigram_vocab, C)
-    bf16* value_embeds;    // (5 V, C): five tables
-    bf16* attn_bank;       // (10, 4C, C): per attention layer [Wq; Wk; Wv; Wo]
-    bf16* mlp_bank;        // (12, 2, mlp, C): [c_fc, c_proj] per layer, index 11 is padding
-    bf16* attn_gate_bank;  // (10, H, 12)
-    bf16* ve_gate_bank;    // (5, H, 12)
-    bf16* smear_gate;      // (12)
-    bf16* skip_gate;       // (12)
-    float* x0_lambdas;     // (11)
-    float* scalars;        // (scalar_slots.count): see ScalarSlots
+    bf16* embed = nullptr;           // (V, C), tied to lm_head^T until the split step
+    bf16* lm_head = nullptr;         // (C, V): stored transposed, as upstream's CastedLinearT
+    bf16* bigram_embed = nullptr;    // (bigram_vocab, C)
+    bf16* value_embeds = nullptr;    // (5 V, C): five tables
+    bf16* attn_bank = nullptr;       // (10 * 4, C, C): per attention layer [Wq; Wk; Wv; Wo] (AttnBanks::layer; else null)
+    bf16* qk_bank = nullptr;         // (pad8(10 H), 2D, C): per attention layer [Wq; Wk] (AttnBanks::head_pairs; else null)
+    bf16* vo_bank = nullptr;         // (pad8(20), C, C): per attention layer [Wv; Wo] (AttnBanks::head_pairs; else null)
+    bf16* mlp_bank = nullptr;        // (12, 2, mlp, C): [c_fc, c_proj] per layer, index 11 is padding
+    bf16* attn_gate_bank = nullptr;  // (10, H, 12)
+    bf16* ve_gate_bank = nullptr;    // (5, H, 12)
+    bf16* smear_gate = nullptr;      // (12)
+    bf16* skip_gate = nullptr;       // (12)
+    float* x0_lambdas = nullptr;     // (11)
+    float* scalars = nullptr;        // (scalar_slots.count): see ScalarSlots
     // record 80's residual stream only (Structure::sublayer_lambdas; else null)
-    float* resid_lambdas;  // (11, 2): [attention, MLP] per layer
-    float* post_lambdas;   // (11, 2)
-    float* bigram_lambdas; // (11)
+    float* resid_lambdas = nullptr;  // (11, 2): [attention, MLP] per layer
+    float* post_lambdas = nullptr;   // (11, 2)
+    float* bigram_lambdas = nullptr; // (11)
 
-    bf16* wqkv(const Config& c, int l) const {
-        return attn_bank + int64_t(c.structure.attn_index(l)) * 4 * c.model_dim * c.model_dim;
+    // Layer l's [Wq; Wk] (2C, C), Wv and Wo (C, C each): one [Wq; Wk; Wv; Wo] under AttnBanks::layer
+    bf16* wqk(const Config& c, int l) const {
+        const int64_t i = c.structure.attn_index(l), CC = int64_t(c.model_dim) * c.model_dim;
+        return c.structure.attn_banks == AttnBanks::layer ? attn_bank + i * 4 * CC : qk_bank + i * 2 * CC;
     }
-    bf16* wo(const Config& c, int l) const { return wqkv(c, l) + int64_t(3) * c.model_dim * c.model_dim; }
+    bf16* wv(const Config& c, int l) const {
+        const int64_t i = c.structure.attn_index(l), CC = int64_t(c.model_dim) * c.model_dim;
+        return c.structure.attn_banks == AttnBanks::layer ? wqk(c, l) + 2 * CC : vo_bank + i * 2 * CC;
+    }
+    bf16* wo(const Config& c, int l) const { return wv(c, l) + int64_t(c.model_dim) * c.model_dim; }
     bf16* c_fc(const Config& c, int l) const { return mlp_bank + int64_t(l) * 2 * c.mlp_dim * c.model_dim; }
     bf16* c_proj(const Config& c, int l) const { return c_fc(c, l) + int64_t(c.mlp_dim) * c.model_dim; }
     bf16* attn_gate(const Config& c, int l) const {
@@ -473,7 +512,10 @@ struct ParamSpec {
     uint64_t seed_stream = 0;  // random inits draw from the generator stream seed * 16 + seed_stream
     float std = 0.0f;          // Init::normal's standard deviation
     float value = 0.0f;        // Init::constant's value
+    int per_layer = 0;         // a NorMuon bank: its matrices per layer at its place (ParamRule::place)
+    int64_t padding = 0;       // rows at the end that start zero (a bank's padding matrices; Init::uniform)
 };
+constexpr int64_t pad_to_8(int64_t n) { return (n + 7) / 8 * 8; }  // upstream pads banks to its 8 GPUs
 
 // Calls visit(spec, field) for every parameter of `p` in arena order (field: a bf16* or float*
 // member of Params, which the visitor may set).
@@ -487,8 +529,23 @@ void visit_params(const Config& c, Params& p, Visit&& visit) {
     visit(ParamSpec{"bigram_embed", {c.bigram_vocab, C}, Init::zeros}, p.bigram_embed);
     visit(ParamSpec{"value_embed", {tables * V, C}, c.value_embed_std > 0 ? Init::normal : Init::zeros, 4, c.value_embed_std},
           p.value_embeds);
-    visit(ParamSpec{"attn", {4 * attn_layers, C, C}, Init::uniform, 1}, p.attn_bank);  // [Wq; Wk; Wv; Wo] per layer
-    visit(ParamSpec{"mlp", {2 * (layers + 1), M, C}, Init::uniform_c_fc, 2}, p.mlp_bank);  // [c_fc, c_proj] per layer
+    if (st.attn_banks == AttnBanks::layer) {
+        visit(ParamSpec{.name = "attn", .shape = {4 * attn_layers, C, C}, .init = Init::uniform, .seed_stream = 1,
+                        .per_layer = 4},
+              p.attn_bank);
+    } else {  // H matrices per layer: H / 2 head pairs of Wq, then of Wk
+        const int64_t qk = attn_layers * H, vo = attn_layers * 2;
+        visit(ParamSpec{.name = "qk_bank", .shape = {pad_to_8(qk), 2 * c.head_dim, C}, .init = Init::uniform,
+                        .seed_stream = 1, .per_layer = int(H), .padding = pad_to_8(qk) - qk},
+              p.qk_bank);
+        visit(ParamSpec{.name = "vo_bank", .shape = {pad_to_8(vo), C, C}, .init = Init::uniform, .seed_stream = 5,
+                        .per_layer = 2, .padding = pad_to_8(vo) - vo},
+              p.vo_bank);
+    }
+    // [c_fc, c_proj] per layer, then a padding layer (its c_fc drawn too, as upstream's)
+    visit(ParamSpec{.name = "mlp", .shape = {2 * (layers + 1), M, C}, .init = Init::uniform_c_fc, .seed_stream = 2,
+                    .per_layer = 2},
+          p.mlp_bank);
     visit(ParamSpec{"attn_gate_bank", {attn_layers, H, kGateWidth}, Init::zeros}, p.attn_gate_bank);
     visit(ParamSpec{"ve_gate_bank", {tables, H, kGateWidth}, Init::zeros}, p.ve_gate_bank);
     visit(ParamSpec{"smear_gate", {1, kGateWidth}, Init::zeros}, p.smear_gate);
@@ -708,6 +765,7 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
         w.dh_late[j] = st.late_attn_source >= 0 && l < st.layers ? a.take<bf16>("bw.dh_late" + std::to_string(j), {T, C}) : nullptr;
     }
     w.scratch_bytes = std::max({residual_backward_scratch_bytes(T), lambda_scaled_weight_backward_scratch_bytes({3 * C * C, C * C}),
+                                lambda_scaled_weight_backward_scratch_bytes({2 * C * C, C * C, C * C}),
                                 attn_gates_backward_scratch_bytes(T, c.num_heads), embed_smear_backward_scratch_bytes(T),
                                 embedding_backward_scratch_bytes(T, c.model_dim, 1 + c.structure.value_tables()),
                                 attention_backward_workspace_bytes(T, c.num_heads, c.head_dim)});
@@ -822,7 +880,12 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
         const uint64_t key = seed * 16 + e.spec.seed_stream;
         switch (e.spec.init) {
         case Init::zeros: CUDA_CHECK(memset_async(e.data, 0, size_t(n) * (e.fp32 ? 4 : 2), s)); break;
-        case Init::uniform: init_uniform(p, n, key, bound, s); break;
+        case Init::uniform: {
+            const int64_t drawn = n - e.spec.padding * (n / e.spec.shape[0]);
+            init_uniform(p, drawn, key, bound, s);
+            if (drawn < n) CUDA_CHECK(memset_async(p + drawn, 0, size_t(n - drawn) * 2, s));
+            break;
+        }
         case Init::uniform_c_fc: {
             const int64_t half = n / e.spec.shape[0] * 2, fc_n = half / 2;  // one layer's [c_fc, c_proj]
             CUDA_CHECK(memset_async(e.data, 0, size_t(n) * 2, s));
@@ -935,8 +998,13 @@ void attention_block_forward(Model& m, const DeviceBatch& b, const StepSchedule&
     const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim;
     const float* sa = p.scalars + c.scalar_slots.sa + 2 * l;
     await_gathered(m.gathered, At::attn, s);
-    lambda_scaled_weight_forward({{L.wqkv_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
-                                  {L.wo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}}, s);
+    const int64_t CC = int64_t(C) * C;
+    if (c.structure.attn_banks == AttnBanks::layer)  // [Wq; Wk; Wv] is one piece of the layer's matrices
+        lambda_scaled_weight_forward({{L.wqkv_eff, p.wqk(c, l), sa, 3 * CC}, {L.wo_eff, p.wo(c, l), sa + 1, CC}}, s);
+    else
+        lambda_scaled_weight_forward({{L.wqkv_eff, p.wqk(c, l), sa, 2 * CC},
+                                      {L.wqkv_eff + 2 * CC, p.wv(c, l), sa, CC},
+                                      {L.wo_eff, p.wo(c, l), sa + 1, CC}}, s);
     const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
     matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
     if (aux.ve_table) await_gathered(m.gathered, At::value_table, s, c.structure.value_table(l));
@@ -1102,9 +1170,17 @@ void attention_block_backward(Model& m, const DeviceBatch& b, const StepSchedule
     // qkv = h_attn @ wqkv_eff^T
     matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s, false, "gemm_attn_qkv_dw");
     matmul_backward_input(*m.lt, dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv_dx");
-    lambda_scaled_weight_backward({{g.wqkv(c, l), dsa, w.dw_eff, p.wqkv(c, l), sa, int64_t(3) * C * C},
-                                   {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, int64_t(C) * C}},
-                                  sums, {.dw = acc.accumulate_matrices, .dlambda = acc.accumulate_others}, s);
+    const LambdaScaledAccumulate into{.dw = acc.accumulate_matrices, .dlambda = acc.accumulate_others};
+    const int64_t CC = int64_t(C) * C;
+    if (st.attn_banks == AttnBanks::layer)  // record 71's two pieces: its dlambda's order of summation
+        lambda_scaled_weight_backward({{g.wqk(c, l), dsa, w.dw_eff, p.wqk(c, l), sa, 3 * CC},
+                                       {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, CC}},
+                                      sums, into, s);
+    else
+        lambda_scaled_weight_backward({{g.wqk(c, l), dsa, w.dw_eff, p.wqk(c, l), sa, 2 * CC},
+                                       {g.wv(c, l), dsa, w.dw_eff + 2 * CC, p.wv(c, l), sa, CC},
+                                       {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, CC}},
+                                      sums, into, s);
     reduce_final(m.buckets, acc, At::attn, l, st.layers, s);
     // the gates' share of dve (a gate that reads the value embedding) comes before the table's rows
     attn_gates_backward(aux, dh, aux.ve_gate_input == VeGateInput::x_and_ve ? dve : nullptr, g.attn_gate(c, l),
@@ -1330,6 +1406,7 @@ struct ParamTensor {
     bool fp32;
     int64_t rows, row_elems;
     int mat_rows = 0, mat_cols = 0;  // NorMuon's matrix shape
+    int per_layer = 0;               // a bank's matrices per layer (ParamSpec::per_layer)
 };
 // The registry entry of a table row, in the parameter and the gradient arena.
 ParamTensor param_tensor(const Config& c, Params& p, Params& g, const ParamRule& rule) {
@@ -1342,6 +1419,7 @@ ParamTensor param_tensor(const Config& c, Params& p, Params& g, const ParamRule&
             t.mat_rows = int(shape.at(1));
             t.mat_cols = int(shape.at(2));
         }
+        t.per_layer = params[i].spec.per_layer;
         return t;
     }
     std::fprintf(stderr, "train_gpt: param_table's '%s' is no registered parameter\n", rule.label);
@@ -1449,21 +1527,22 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params
     o.scalars = reinterpret_cast<OptimScalars*>(a.take_bytes("optim.step_scalars", sizeof(OptimScalars)));
 }
 
-// The layer structure as the communication schedule sees it: matrices per layer of the bank at `place`
-// (attn holds [Wq; Wk; Wv; Wo] per attention layer, mlp [c_fc, c_proj] per layer and then padding that
-// no kernel writes), and the tables of a tables group (one per value table).
-int bank_matrices_per_layer(At place) { return place == At::attn ? 4 : 2; }
+// The layer structure as the communication schedule sees it: the tables of a tables group (one per
+// value table).
 int tables_at(const Structure& st, At place) { return place == At::value_table ? st.value_tables() : 1; }
 
-// Per matrix of the bank at `place`, the backward point that finishes its gradient (the padding:
-// final from the start, reduced with the first bucket).
-std::vector<int> bank_ready_points(const Structure& st, At place, int matrices) {
+// Per matrix of a bank at `place` with `per_layer` matrices per layer there (ParamSpec::per_layer: an
+// attention bank's layers are the attention layers, mlp's every layer), the backward point that
+// finishes its gradient; the padding after them (no kernel writes it) is final from the start and
+// reduced with the first bucket.
+std::vector<int> bank_ready_points(const Structure& st, At place, int per_layer, int matrices) {
     std::vector<int> ready(size_t(matrices), 0);
     for (int l = 0; l < st.layers; ++l) {
         if (place == At::attn && st.has_attention(l))
-            for (int k = 0; k < 4; ++k) ready.at(size_t(4 * st.attn_index(l) + k)) = backward_point(place, l, st.layers);
+            for (int k = 0; k < per_layer; ++k)
+                ready.at(size_t(per_layer * st.attn_index(l) + k)) = backward_point(place, l, st.layers);
         if (place == At::mlp)
-            for (int k = 0; k < 2; ++k) ready.at(size_t(2 * l + k)) = backward_point(place, l, st.layers);
+            for (int k = 0; k < per_layer; ++k) ready.at(size_t(per_layer * l + k)) = backward_point(place, l, st.layers);
     }
     return ready;
 }
@@ -1496,9 +1575,9 @@ void build_comms(Model& m, Optimizer& o, const BucketComms& c, cudaStream_t s) {
         }
         if (q.reduce == Reduce::buckets) {
             gc.bank = static_cast<int>(g.banks.size());
-            g.banks.push_back({r.label, bank_ready_points(m.cfg.structure, r.place, static_cast<int>(q.t.rows))});
+            g.banks.push_back({r.label, bank_ready_points(m.cfg.structure, r.place, q.t.per_layer, static_cast<int>(q.t.rows))});
             g.bank_group.push_back(static_cast<int>(i));
-            name_bank_layers(gc, bank_matrices_per_layer(r.place));
+            name_bank_layers(gc, q.t.per_layer);
         }
         if (q.reduce == Reduce::tables) name_tables(gc);
         g.group.push_back(gc);

@@ -22,50 +22,74 @@ std::vector<float> download_bf16(const bf16* p, size_t n) {
     return f;
 }
 
-// The device parameters in the reference's shapes (bf16 and fp32 values exactly), and back.
-std::vector<std::pair<void*, bool>> device_tensors(const Params& p) {  // (pointer, is bf16), in ref::Params order
-    return {{p.embed, true},          {p.lm_head, true},        {p.bigram_embed, true}, {p.value_embeds, true},
-            {p.attn_bank, true},      {p.mlp_bank, true},       {p.attn_gate_bank, true}, {p.ve_gate_bank, true},
-            {p.smear_gate, true},     {p.skip_gate, true},      {p.x0_lambdas, false},  {p.scalars, false},
+// The device parameters in the reference's shapes (bf16 and fp32 values exactly), and back. A tensor is
+// its pieces in the reference's order (elements; 0: the whole reference tensor): the reference's
+// attn_bank, [Wq; Wk; Wv; Wo] per attention layer, is each layer's [Wq; Wk] and [Wv; Wo], which record
+// 80's head-pair banks keep in two banks.
+struct DeviceTensor {
+    std::vector<std::pair<void*, size_t>> pieces;
+    bool bf16;
+};
+std::vector<DeviceTensor> device_tensors(const Config& c, const Params& p) {  // in ref::Params order
+    const size_t CC = size_t(c.model_dim) * c.model_dim;
+    DeviceTensor attn{{}, true};
+    for (int l = 0; l < c.structure.layers; ++l)
+        if (c.structure.has_attention(l)) attn.pieces.insert(attn.pieces.end(), {{p.wqk(c, l), 2 * CC}, {p.wv(c, l), 2 * CC}});
+    auto whole = [](void* d, bool bf16) { return DeviceTensor{{{d, 0}}, bf16}; };
+    return {whole(p.embed, true),          whole(p.lm_head, true),       whole(p.bigram_embed, true),
+            whole(p.value_embeds, true),   attn,                         whole(p.mlp_bank, true),
+            whole(p.attn_gate_bank, true), whole(p.ve_gate_bank, true),  whole(p.smear_gate, true),
+            whole(p.skip_gate, true),      whole(p.x0_lambdas, false),   whole(p.scalars, false),
             // record 80's residual stream (null and empty without it)
-            {p.resid_lambdas, false}, {p.post_lambdas, false},  {p.bigram_lambdas, false}};
+            whole(p.resid_lambdas, false), whole(p.post_lambdas, false), whole(p.bigram_lambdas, false)};
 }
-ref::Params download_params(const Params& p, const ref::Config& rc) {
+// Calls f(device pointer, host offset, elements) for each piece of device tensor d over host tensor h.
+template <class F>
+void for_pieces(const DeviceTensor& d, const std::vector<double>& h, F f) {
+    size_t at = 0;
+    for (auto [ptr, n] : d.pieces) {
+        const size_t count = n ? n : h.size();
+        f(ptr, at, count);
+        at += count;
+    }
+    test::check(at == h.size(), "device pieces cover %zu of the reference tensor's %zu elements", at, h.size());
+}
+ref::Params download_params(const Config& c, const Params& p, const ref::Config& rc) {
     ref::Params out = ref::Params::zeros(rc);
-    auto dev = device_tensors(p);
+    auto dev = device_tensors(c, p);
     auto host = out.tensors();
     for (size_t i = 0; i < dev.size(); ++i) {
         std::vector<double>& h = *host[i].second;
         if (h.empty()) continue;
-        if (dev[i].second) {
-            const std::vector<float> f = download_bf16(static_cast<const bf16*>(dev[i].first), h.size());
-            std::copy(f.begin(), f.end(), h.begin());
-        } else {
-            const std::vector<float> f = download_f(static_cast<const float*>(dev[i].first), h.size());
-            std::copy(f.begin(), f.end(), h.begin());
-        }
+        for_pieces(dev[i], h, [&](void* d, size_t at, size_t n) {
+            const std::vector<float> f = dev[i].bf16 ? download_bf16(static_cast<const bf16*>(d), n)
+                                                     : download_f(static_cast<const float*>(d), n);
+            std::copy(f.begin(), f.end(), h.begin() + at);
+        });
     }
     return out;
 }
 // Uploads q (rounding to each tensor's dtype) and rounds q in place to what the device holds.
-void upload_params(const Params& p, ref::Params& q) {
-    auto dev = device_tensors(p);
+void upload_params(const Config& c, const Params& p, ref::Params& q) {
+    auto dev = device_tensors(c, p);
     auto host = q.tensors();
     for (size_t i = 0; i < dev.size(); ++i) {
         std::vector<double>& h = *host[i].second;
         if (h.empty()) continue;
-        if (dev[i].second) {
-            std::vector<bf16> b(h.size());
-            for (size_t e = 0; e < h.size(); ++e) {
-                b[e] = __float2bfloat16(static_cast<float>(h[e]));
-                h[e] = __bfloat162float(b[e]);
+        for_pieces(dev[i], h, [&](void* d, size_t at, size_t n) {
+            if (dev[i].bf16) {
+                std::vector<bf16> b(n);
+                for (size_t e = 0; e < n; ++e) {
+                    b[e] = __float2bfloat16(static_cast<float>(h[at + e]));
+                    h[at + e] = __bfloat162float(b[e]);
+                }
+                CUDA_CHECK(cudaMemcpy(d, b.data(), n * sizeof(bf16), cudaMemcpyHostToDevice));
+            } else {
+                std::vector<float> f(h.begin() + at, h.begin() + at + n);
+                for (size_t e = 0; e < n; ++e) h[at + e] = f[e];
+                CUDA_CHECK(cudaMemcpy(d, f.data(), n * sizeof(float), cudaMemcpyHostToDevice));
             }
-            CUDA_CHECK(cudaMemcpy(dev[i].first, b.data(), b.size() * sizeof(bf16), cudaMemcpyHostToDevice));
-        } else {
-            std::vector<float> f(h.begin(), h.end());
-            for (size_t e = 0; e < h.size(); ++e) h[e] = f[e];
-            CUDA_CHECK(cudaMemcpy(dev[i].first, f.data(), f.size() * sizeof(float), cudaMemcpyHostToDevice));
-        }
+        });
     }
 }
 
@@ -123,13 +147,13 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     rb.cu_seqlens.assign(cu.begin(), cu.begin() + got.cu_entries);
 
     // Upstream's init plus noise, so that every path (c_proj, gates, embeddings) carries gradient.
-    ref::Params rp = download_params(m.params, rc);
+    ref::Params rp = download_params(c, m.params, rc);
     ref::perturb(rp, test::seed() + 7, 0.02);
     // Record 80: the late layers' attention outputs scaled up, so that their inputs' gradients (which
     // reach layer 7's output through norm(h7)) are a visible share of the gradients below them.
     for (int l = c.structure.late_attn_source + 1; c.structure.late_attn_source >= 0 && l < c.structure.layers; ++l)
         rp.post_lambdas[size_t(2 * l)] = 4.0;
-    upload_params(m.params, rp);
+    upload_params(c, m.params, rp);
     m.lm_head_fp8_stale = true;  // lm_head changed outside the optimizer: its FP8 copies are remade
 
     gpt_forward(m, m.batch, step_sch, m.train, s);
@@ -148,7 +172,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     // ~5.5% on about one seed in 30 (TEST_SEED=11474964349816178238: embed 5.3%, lm_head 5.5%, the
     // same before and after the fusions); a wrong gradient is off by O(1). Gradients that are sums
     // over every token of products (12-wide gates) cancel, which raises their error to several percent.
-    const ref::Params mg = download_params(m.grads, rc);
+    const ref::Params mg = download_params(c, m.grads, rc);
     auto got_t = mg.tensors();
     auto want_t = rg.tensors();
     for (size_t i = 0; i < got_t.size(); ++i) {
@@ -361,6 +385,32 @@ int main() {
         for (int i = k.skip + 1; i < k.count; ++i) ok = ok && sc[size_t(i)] == 1.0f;
         test::check(ok, "record 80's 32 scalars: sa (0.5, 1.0), smear 0, backout 0.5, skip -1.5, padding 1");
     }
+    {  // record 80's head-pair banks: qk_bank (24, 128, 128) and vo_bank (24, 128, 128) at tiny's sizes (20
+       // real matrices each: 10 attention layers x 2 heads, x [Wv, Wo]), the real ones drawn as attn was, the
+       // padding zero; every layer's [Wq; Wk; Wv; Wo] its own draw (no two layers' matrices equal)
+        Config r80 = c;
+        use_record80_banks(r80);
+        Model mb;
+        build_model(mb, r80, test::seed(), s);
+        test::check(!mb.params.attn_bank && mb.params.qk_bank && mb.params.vo_bank, "the head-pair banks replace attn");
+        const int64_t C = r80.model_dim, CC = C * C, A = r80.structure.attn_layers();
+        const std::vector<float> qk = download_bf16(mb.params.qk_bank, 24 * CC), vo = download_bf16(mb.params.vo_bank, 24 * CC);
+        const double bound = std::sqrt(3.0) * 0.5 / std::sqrt(double(C));
+        for (auto [name, v] : {std::pair<const char*, const std::vector<float>*>{"qk_bank", &qk}, {"vo_bank", &vo}}) {
+            const std::vector<float> real(v->begin(), v->begin() + 2 * A * CC);
+            float lo = 1e9f, hi = -1e9f;
+            for (float x : real) lo = std::min(lo, x), hi = std::max(hi, x);
+            test::check(lo >= -bound * 1.004 && hi <= bound * 1.004 && lo < -0.99 * bound && hi > 0.99 * bound &&
+                            std::fabs(std_of(real) / (bound / std::sqrt(3.0)) - 1) < 0.02,
+                        "%s: range [%g, %g] std %g, bound %g", name, lo, hi, std_of(real), bound);
+            test::check(std::all_of(v->begin() + 2 * A * CC, v->end(), [](float x) { return x == 0.0f; }),
+                        "%s: its %lld padding matrices start zero", name, static_cast<long long>(24 - 2 * A));
+        }
+        test::check(!std::equal(qk.begin(), qk.begin() + CC, vo.begin()), "qk_bank and vo_bank are different draws");
+        test::check(mb.params.wqk(r80, 7) == mb.params.qk_bank + 6 * 2 * CC && mb.params.wv(r80, 7) == mb.params.vo_bank + 6 * 2 * CC &&
+                        mb.params.wo(r80, 7) == mb.params.vo_bank + 6 * 2 * CC + CC,
+                    "layer 7 (attention layer 6) reads qk_bank[12, 14) and vo_bank 12, 13");
+    }
     {  // record 80's value tables start at N(0, 0.01^2), drawn from their own stream
         Config ve = c;
         ve.value_embed_std = 0.01f;
@@ -412,9 +462,10 @@ int main() {
     compare_with_reference(m, c, s);
     {  // record 80's switches so far: value tables on layers 1, 2, 8, 9, 10 (2 and 9 paired), the gate
        // reading ve on the unpaired ones, the tanh-form loss kernel, grad_scale 1/accum, the residual
-       // stream of per-sublayer lambdas with layers 8-10 attending to norm(h7)
+       // stream of per-sublayer lambdas with layers 8-10 attending to norm(h7), the head-pair banks
         Config r80 = c;
         use_record80_residual_stream(r80);
+        use_record80_banks(r80);
         r80.structure.value_layers = {1, 2, 8, 9, 10};
         r80.structure.ve_gate_reads_ve = true;
         r80.loss = SoftcapLoss::tanh_bf16;
@@ -424,6 +475,12 @@ int main() {
         build_model(m80, r80, test::seed(), s);
         std::printf("record 80's switches:\n");
         compare_with_reference(m80, r80, s);
+        const int64_t real = 2 * r80.structure.attn_layers() * int64_t(r80.model_dim) * r80.model_dim;
+        const std::vector<float> gqk = download_bf16(m80.grads.qk_bank + real, 4 * r80.model_dim * r80.model_dim),
+                                 gvo = download_bf16(m80.grads.vo_bank + real, 4 * r80.model_dim * r80.model_dim);
+        test::check(std::all_of(gqk.begin(), gqk.end(), [](float x) { return x == 0.0f; }) &&
+                        std::all_of(gvo.begin(), gvo.end(), [](float x) { return x == 0.0f; }),
+                    "the banks' padding matrices have zero gradients");
     }
 
     // Bad input stops before any kernel runs, with a message naming the problem.

@@ -40,8 +40,8 @@ int reference_ready(At b, int i) {
 // The program's banks: attn and mlp, their matrices' ready points from the layer structure.
 const At kBankPlaces[2] = {At::attn, At::mlp};
 std::vector<BankReady> program_banks() {
-    return {{"attn", bank_ready_points(kStructure, At::attn, 4 * kStructure.attn_layers())},
-            {"mlp", bank_ready_points(kStructure, At::mlp, 2 * (kStructure.layers + 1))}};
+    return {{"attn", bank_ready_points(kStructure, At::attn, 4, 4 * kStructure.attn_layers())},
+            {"mlp", bank_ready_points(kStructure, At::mlp, 2, 2 * (kStructure.layers + 1))}};
 }
 
 void check_plan(int world) {
