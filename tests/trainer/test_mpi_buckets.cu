@@ -25,43 +25,70 @@
 const Structure kStructure = tiny_preset().structure;
 constexpr int kLayers = 11;
 
+// Matrices per layer of each bank as upstream lays them out, written here apart from the registry:
+// attn [Wq, Wk, Wv, Wo] per attention layer, record 80's qk_bank a matrix per head pair of Wq and of
+// Wk (H per attention layer), vo_bank [Wv, Wo], mlp [c_fc, c_proj] per layer.
+int reference_per_layer(const std::string& label, int heads) {
+    return label == "attn" ? 4 : label == "qk_bank" ? heads : 2;
+}
 // The backward point (backward_point's numbering: per layer from the last, the MLP's, then the
-// attention's) that finishes matrix i of a bank, from the layer structure: attn holds 4 matrices per
-// attention layer (layer 6 has none), mlp 2 per layer, then 2 of padding no kernel writes.
-int reference_ready(At b, int i) {
+// attention's) that finishes matrix i of a bank, from the layer structure (layer 6 has no attention);
+// the matrices after the layers' are padding no kernel writes, final at point 0.
+int reference_ready(At b, int per_layer, int i) {
+    const int a = i / per_layer;
     if (b == At::attn) {
-        const int a = i / 4, layer = a < 6 ? a : a + 1;
-        return 2 * (kLayers - 1 - layer) + 1;
+        const int layer = a < 6 ? a : a + 1;
+        return a < kLayers - 1 ? 2 * (kLayers - 1 - layer) + 1 : 0;
     }
-    const int layer = i / 2;
-    return layer < kLayers ? 2 * (kLayers - 1 - layer) : 0;
+    return a < kLayers ? 2 * (kLayers - 1 - a) : 0;
 }
 
-// The program's banks: attn and mlp, their matrices' ready points from the layer structure.
-const At kBankPlaces[2] = {At::attn, At::mlp};
-std::vector<BankReady> program_banks() {
-    return {{"attn", bank_ready_points(kStructure, At::attn, 4, 4 * kStructure.attn_layers())},
-            {"mlp", bank_ready_points(kStructure, At::mlp, 2, 2 * (kStructure.layers + 1))}};
+// The program's banks under a config (its table's bucket rows, the registry's shapes): their matrices'
+// ready points from the layer structure, and their places.
+struct ProgramBank {
+    BankReady ready;
+    At place;
+    int heads;
+};
+std::vector<ProgramBank> program_banks(const Config& c) {
+    Params p;
+    std::vector<ProgramBank> out;
+    for (const ParamRule& r : c.param_table)
+        if (r.reduce == Reduce::buckets)
+            visit_params(c, p, [&](const ParamSpec& spec, auto*&) {
+                if (spec.name == std::string(r.label))
+                    out.push_back({{r.label, bank_ready_points(c.structure, r.place, spec.per_layer, int(spec.shape[0]))},
+                                   r.place, c.num_heads});
+            });
+    return out;
 }
+std::vector<BankReady> bank_readies(const std::vector<ProgramBank>& banks) {
+    std::vector<BankReady> out;
+    for (const ProgramBank& b : banks) out.push_back(b.ready);
+    return out;
+}
+std::vector<BankReady> program_banks() { return bank_readies(program_banks(tiny_preset())); }
 
-void check_plan(int world) {
-    const std::vector<BankReady> banks = program_banks();
+void check_plan(int world, const Config& c) {
+    const std::vector<ProgramBank> program = program_banks(c);
+    const std::vector<BankReady> banks = bank_readies(program);
     const std::vector<Bucket> plan = bucket_plan(banks, world);
     test::check(bucket_plan_error(plan, banks, world).empty(), "%d ranks: the plan is refused: %s", world,
                 bucket_plan_error(plan, banks, world).c_str());
-    for (int b = 0; b < 2; ++b) {
-        const int n = static_cast<int>(banks[size_t(b)].ready.size());
-        const char* label = banks[size_t(b)].label;
+    for (size_t b = 0; b < banks.size(); ++b) {
+        const int n = static_cast<int>(banks[b].ready.size());
+        const char* label = banks[b].label;
+        const int per_layer = reference_per_layer(label, program[b].heads);
         std::vector<int> seen(size_t(n), 0);
         for (const Bucket& k : plan) {
-            if (k.bank != b) continue;
+            if (k.bank != int(b)) continue;
             for (int i = k.first; i < k.first + k.count; ++i) {
                 ++seen[size_t(i)];
                 test::check(i * world / n == k.owner, "%d ranks: %s matrix %d in rank %d's bucket", world, label, i,
                             k.owner);
-                test::check(reference_ready(kBankPlaces[b], i) == k.ready,
+                test::check(reference_ready(program[b].place, per_layer, i) == k.ready,
                             "%d ranks: %s matrix %d reduced at point %d, final at %d", world, label, i, k.ready,
-                            reference_ready(kBankPlaces[b], i));
+                            reference_ready(program[b].place, per_layer, i));
             }
         }
         for (int i = 0; i < n; ++i)
@@ -155,7 +182,7 @@ std::string launch_order_error(const std::vector<StepOp>& ops, const std::vector
         for (int j = int(from); j < wait; ++j) {
             if (ops[size_t(j)].kind == OpKind::event_record && ops[size_t(j)].event == ops[size_t(wait)].event)
                 recorded = j;
-            if (finishes(ops[size_t(j)], kBankPlaces[b.bank]) && range_layer(ops[size_t(j)].range) == layer) finishing = j;
+            if (finishes(ops[size_t(j)], program_banks(tiny_preset())[size_t(b.bank)].place) && range_layer(ops[size_t(j)].range) == layer) finishing = j;
         }
         if (wait < 0 || recorded < 0 || finishing < 0 || recorded < finishing)
             return at + ": its reduce does not wait for the kernel that finishes its gradients";
@@ -345,7 +372,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "test_mpi_buckets: set REPO to the repository\n");
         return 2;
     }
-    for (int world : {1, 2, 4, 8}) check_plan(world);
+    // record 71's banks (tiny and the record), and record 80's head-pair banks: qk_bank 20 + 4 padding at tiny's
+    // 2 heads, 60 + 4 at the record's 6; vo_bank 20 + 4
+    Config tiny80 = tiny_preset(), record80 = r71_preset();
+    use_record80_banks(tiny80);
+    use_record80_banks(record80);
+    for (const Config& c : {tiny_preset(), r71_preset(), tiny80, record80})
+        for (int world : {1, 2, 4, 8}) check_plan(world, c);
+    test::check(program_banks(record80).size() == 3 && program_banks(record80)[0].ready.ready.size() == 64 &&
+                    program_banks(record80)[1].ready.ready.size() == 24,
+                "record 80's banks: qk_bank of 64 matrices, vo_bank of 24, mlp");
     for (auto [world, bank] : {std::pair{3, 0}, std::pair{16, 1}}) {  // 40 attn, 24 mlp matrices
         const std::string e = ownership_error(program_banks()[size_t(bank)], world);
         test::check(e.find("cannot own whole") != std::string::npos, "%d ranks: '%s'", world, e.c_str());
