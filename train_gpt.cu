@@ -349,13 +349,65 @@ void use_record80_residual_stream(Config& c) {
     c.work_order = record80_work_order(c.work_order);
 }
 
+// Upstream's record 80 (2c702746, 84.4 s): 1440 + 40 steps, documents cut at 896 tokens in the first stage,
+// the max-documents table, the LR's cooldown over the last 60% to 0.15, grad_scale 1/accum; value tables on
+// layers 1, 2, 8, 9, 10 (N(0, 0.01^2)), the gate reading the value embedding, the tanh-form loss kernel, the
+// residual stream of records 73-77, the head-pair banks with NorMuon's beta2 0.9 and record 80's roundings.
+Config r80_preset() {
+    Config c = r71_preset();
+    c.name = "r80";
+    c.scheduled_iterations = 1440;
+    c.extension_iterations = 40;
+    c.cooldown_frac = 0.60;
+    c.lr_floor = 0.15;
+    c.stages[0].max_seq_len = 896;
+    c.max_docs.table = {{16384, 64}, {32768, 96}, {49152, 128}};  // tokens per rank per micro-step: entries
+    c.grad_scale_sum = 1;
+    c.structure.value_layers = {1, 2, 8, 9, 10};
+    c.value_embed_std = 0.01f;
+    c.structure.ve_gate_reads_ve = true;
+    c.loss = SoftcapLoss::tanh_bf16;
+    use_record80_residual_stream(c);
+    use_record80_banks(c);
+    c.normuon_beta2 = 0.9;
+    c.normuon_numerics = kNorMuonNumericsR80;
+    return c;
+}
+
+// Record 80 at tiny's sizes (tests/reference/README.md, "tiny-r80"): documents cut at 7/16 of tiny's 256
+// tokens in the first stage (896 of 2048), the max-documents table keyed by tiny's micro-batches with the
+// record's entries stage for stage; tiny's schedule length, validation and windows.
+Config tiny_r80_preset() {
+    const Config t = tiny_preset();
+    Config c = r80_preset();
+    c.name = "tiny-r80";
+    c.train_files = t.train_files, c.val_files = t.val_files;
+    c.model_dim = t.model_dim, c.num_heads = t.num_heads, c.head_dim = t.head_dim, c.mlp_dim = t.mlp_dim;
+    c.bigram_vocab = t.bigram_vocab;
+    c.val_batch_tokens = t.val_batch_tokens, c.val_tokens = t.val_tokens;
+    c.scheduled_iterations = t.scheduled_iterations, c.extension_iterations = t.extension_iterations;
+    c.block_size = t.block_size;
+    for (size_t i = 0; i < c.stages.size(); ++i) {
+        c.stages[i].batch_tokens = t.stages[i].batch_tokens;
+        c.stages[i].max_seq_len = i == 0 ? t.stages[i].max_seq_len * 896 / 2048 : t.stages[i].max_seq_len;
+    }
+    c.max_docs.table = {{c.micro_tokens(c.stages[0].batch_tokens), 64},
+                        {c.micro_tokens(c.stages[1].batch_tokens), 96},
+                        {c.micro_tokens(c.stages[2].batch_tokens), 128}};
+    return c;
+}
+
 // The presets by the name --preset takes (README: "Presets"). `record` is the newest of upstream's
 // records this program reproduces.
 struct Preset {
     const char* name;
     Config (*make)();
 };
-const Preset kPresets[] = {{"r71", r71_preset}, {"record", r71_preset}, {"tiny", tiny_preset}};
+const Preset kPresets[] = {{"r71", r71_preset},
+                           {"record", r71_preset},
+                           {"tiny", tiny_preset},
+                           {"r80", r80_preset},
+                           {"tiny-r80", tiny_r80_preset}};
 
 // The preset NAME's config (named NAME), or none.
 std::optional<Config> preset_config(const std::string& name) {

@@ -118,7 +118,7 @@ def sha256(path: str) -> str:
 def initial_checkpoint(args, tmp: str) -> str:
     if args.checkpoint:
         return args.checkpoint
-    run([args.trainer, "--preset", "tiny", "--seed", str(args.seed), "--max-steps", "0", "--val-every", "0",
+    run([args.trainer, "--preset", args.preset, "--seed", str(args.seed), "--max-steps", "0", "--val-every", "0",
          "--save-checkpoint", os.path.join(tmp, "ckpt"), "--checkpoint-steps", "0", "--log-dir", tmp,
          "--run-id", "golden-init"], "the trainer (initial checkpoint)")
     path = os.path.join(tmp, "ckpt", "step000000", "rank0.safetensors")
@@ -154,13 +154,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: reproducible sums, and fastest on a "
                                                            "busy machine)")
     p.add_argument("--preset", choices=("tiny", "tiny-r80"), default="tiny",
-                   help="tiny: record 71's twin, from the C++ trainer's checkpoint and checked batches; tiny-r80: "
-                        "record 80's twin (tests/reference/README.md), which the C++ trainer does not have yet: its "
-                        "step-0 parameters come from --checkpoint or this reference's seeded init (--seed), its "
-                        "batches from ref_loader with r80's rules, checked only against dumps given with "
-                        "--train-dump/--val-dump")
-    p.add_argument("--write-init", help="tiny-r80: also write the step-0 parameters used to this safetensors file "
-                                        "(what a C++ twin loads to start from the same values)")
+                   help="tiny: record 71's twin; tiny-r80: record 80's twin (tests/reference/README.md). Both start "
+                        "from the C++ trainer's step-0 checkpoint (or --checkpoint) and check its batches")
+    p.add_argument("--write-init", help="tiny-r80: start from this reference's own seeded init (--seed) instead of "
+                                        "the trainer's, and write it to this safetensors file; the batches are then "
+                                        "ref_loader's, checked only against dumps given with --train-dump/--val-dump")
     p.add_argument("--out", default=None, help="default: tests/reference/fixtures/tiny_golden.json, or "
                                                "tiny_r80_golden.json for --preset tiny-r80")
     args = p.parse_args(argv)
@@ -181,7 +179,7 @@ def main(argv=None) -> int:
 def generate(args) -> int:
     torch.set_num_threads(args.threads)
     cfg = R.PRESETS[args.preset]()
-    has_trainer = args.preset == "tiny"  # the C++ trainer has no r80 preset yet
+    has_trainer = not args.write_init  # the C++ trainer's step-0 parameters and batches (else the reference's own)
     cfg.val_loss_every = args.val_every
     schedule_flags = []
     if args.scheduled_steps is not None:
@@ -223,7 +221,7 @@ def generate(args) -> int:
 
     train_sums = CheckedBatches(None, "train")
     if steps > 0 and (has_trainer or args.train_dump):
-        dump_cmd = [args.trainer, "--preset", "tiny", *schedule_flags, "--dump-batches", str(steps)]
+        dump_cmd = [args.trainer, "--preset", args.preset, *schedule_flags, "--dump-batches", str(steps)]
         train_text = open(args.train_dump).read() if args.train_dump else run(dump_cmd, "the trainer's --dump-batches")
         train_sums = CheckedBatches(parse_dump(train_text, "train"), "train")
     val_micro = cfg.grad_accum * cfg.val_tokens // cfg.val_batch_tokens
@@ -289,12 +287,13 @@ def generate(args) -> int:
         val_files=[os.path.relpath(f, ROOT) for f in val_files],
         micro_batches_checked=dict(train=train_sums.checked if steps > 0 else 0, val=val_sums.checked),
         seconds=round(time.time() - t_start, 1))
-    if not has_trainer:  # (record 71's fixture keeps its keys)
+    if args.preset != "tiny":  # (record 71's fixture keeps its keys)
         result["source"]["initial_parameters"] = (
             f"checkpoint {args.checkpoint}" if args.checkpoint else
-            f"torch_reference.init_params(tiny_r80_config(), seed={args.seed}): no C++ r80 twin exists yet, so the "
-            "step-0 parameters are the reference's own, and the batches are ref_loader's with r80's rules "
-            "(train_max_seq_len per stage, the max-documents table), checked only where dumps were given")
+            f"the trainer's step-0 checkpoint (--preset {args.preset} --seed {args.seed}), its batches checked"
+            if has_trainer else
+            f"torch_reference.init_params(tiny_r80_config(), seed={args.seed}) (--write-init): the reference's own "
+            "step-0 parameters, the batches ref_loader's with r80's rules, unchecked")
     out = args.out if os.path.isabs(args.out) else os.path.join(ROOT, args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp_out = out + ".tmp"
