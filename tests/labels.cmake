@@ -27,7 +27,7 @@ set(TIER_RULES
   "gpu-build ^(gpu_res_usage|gpu_hopper_sass.*|gpu_attention_sass|launch_log_fresh|test_check_res_usage)$"
   "scripts ^(test_scripts|test_ab|run_ab_cpu|gpu_check_.*|gpu_bundle_.*)$"
   "strict _strict(_[0-9]+)?$"
-  "trainer ^(test_trainer|test_trainer_failures|schedule_bits|test_checkpoint_layout|repin_.*|plan_step_.*|profile_steps_cli|gathers_race.*|param_toy_edit|single_rank_losses)$"
+  "trainer ^(test_trainer|test_trainer_r80|test_trainer_failures|schedule_bits|test_checkpoint_layout|repin_.*|plan_step_.*|profile_steps_cli|gathers_race.*|param_toy_edit|single_rank_losses)$"
   "mpi _np([2-9]|[1-9][0-9]+)(_|$)"
   "fast ^(${UNIT_TEST_ALTERNATIVES})$"
   "fast ^(train_gpt_cpu_np1|train_gpt_print_memory|train_gpt_bad_flag|emu_profile|memory_plan_state|nccl_world1_check)$"
@@ -41,7 +41,7 @@ set(TIER_RULES
 # CI run at 541b35b measured them on 2 cores) start first, so that none of them is left to run alone
 # at the end (repin_planted, not listed then, ran its 214 s last with one core idle).
 set(TEST_COSTS
-  "test_trainer 500" "test_trainer_failures 300" "repin_planted 210" "run_ab_cpu 190" "param_toy_edit 190"
+  "test_trainer 500" "test_trainer_failures 300" "test_trainer_r80 250" "repin_planted 210" "run_ab_cpu 190" "param_toy_edit 190"
   "schedule_bits 110" "train_gpt_cpu_np2_strict 80" "gathers_race_np2 70" "gpu_check_dry-run 60"
   "headers_compile_alone 60" "setup_fresh_clone 50" "gathers_race_np8 45" "profile_steps_cli 40"
   "plan_step_dry_vs_real_np8 40" "test_scripts 40")

@@ -9,6 +9,14 @@ else()
   message(STATUS "python3 not found: the trainer's end-to-end test is not registered")
 endif()
 
+# The tiny-r80 preset end to end (tests/trainer/test_trainer_r80.py): 1 rank against the reference's golden
+# run, 8 ranks and 2 under emu's strict modes against 1 rank.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME test_trainer_r80 COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r80.py
+           $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
+  set_tests_properties(test_trainer_r80 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1500)
+endif()
+
 # Bad inputs and faults (tests/trainer/test_failures.py): flags, startup checks, a full log disk,
 # checkpoint manifests and mixed or damaged rank files, non-finite state, signals; issue 28's outputs
 # that could be lost, overwritten, skipped or invalidated (flags per mode, EMU_* ranges, checkpoint

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""End to end on the tiny-r80 preset (record 80's math at tiny's sizes; tests/reference/README.md, "tiny-r80"),
+under emu, against the PyTorch reference's golden run (tests/reference/fixtures/tiny_r80_golden.json, made by
+make_golden.py --preset tiny-r80 from this trainer's step-0 checkpoint and checked batches).
+
+The golden schedule (--scheduled-steps 6 --extension-steps 2: stage changes at 2, 4 and 6, Adam steps 1, 3,
+5, 7, the untie at 5, validation at 0, 4 and 8 on 4,096 tokens):
+  - 1 rank, the whole schedule: every training loss, the validation losses, step 0's gradient norms of
+    every group (the head-pair banks, the residual stream's lambdas among them) and the final parameters'
+    norms against the golden values; the log in upstream's format;
+  - 8 ranks (the banks reduced in buckets during the backward and gathered before the next forward, the
+    sparse bigram exchange) and 2 ranks under emu's strictest modes (deferred streams in random order,
+    poisoned allocations), steps 0..3 (two Adam steps, the first stage change): the same training and
+    validation losses as 1 rank up to reduction order (0.1%, as record 71's 1 = 2 = 8).
+Tolerances against the golden run: the losses to 2e-3 relative. Upstream's own code run beside the
+reference on this preset (scripts/upstream_cpu/run.py --noise) puts the reference's bf16 noise floor
+(the reference against itself from parameters nudged by one bf16 step) at 4.9e-4 by step 7, growing with
+training; this trainer agreed to 8.2e-4 at the last step, 1.1e-4 at step 1. The gradient norms and final
+norms as test_trainer.py's record 71 checks (3% / 15%, 2% / 15%, the small groups the looser).
+Usage: test_trainer_r80.py TRAIN_GPT_CPU MPIRUN...
+"""
+import json
+import os
+import re
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_trainer as T  # noqa: E402  (its run, check, log and checkpoint helpers)
+
+SCHEDULE = ["--preset", "tiny-r80", "--scheduled-steps", "6", "--extension-steps", "2", "--val-every", "4",
+            "--val-tokens", "4096", "--log-train-loss"]
+TOTAL = 8
+STRICT = {"EMU_RANDOM_ORDER": "23", "EMU_STREAMS": "deferred:23", "EMU_POISON": "1"}
+LOSS_TOL = 2e-3
+# Checkpoint group labels -> the reference's parameter names; the groups whose gradients are dot
+# products over every token (lambdas, 12-wide gates), checked more loosely.
+GOLDEN_NAMES = {"mlp": "mlp_bank", "value_embed": "value_embeds"}
+SMALL = {"scalars", "smear_gate", "skip_gate", "attn_gate_bank", "ve_gate_bank", "x0_lambdas", "post_lambdas",
+         "resid_lambdas", "bigram_lambdas"}
+# Step 0's gradient norms whose bf16 noise exceeds 15%: the reference against itself from parameters nudged
+# by one bf16 step gives x0_lambdas 23%, skip_gate 14%, resid_lambdas 9% (tests/reference/README.md,
+# "Checked against upstream's own code"; sums over T x C that cancel). This trainer: 34%, 5%, 1%. Their
+# values are checked element by element against the double reference in test_model.
+NOISY = {"x0_lambdas": 0.5, "skip_gate": 0.3, "resid_lambdas": 0.3}
+
+
+def losses(text):
+    train = [float(v) for v in re.findall(r"^step:\d+/\d+ train_loss:(\S+)$", text, re.M)]
+    val = {int(a): float(b) for a, b in re.findall(r"^step:(\d+)/\d+ val_loss:(\S+) ", text, re.M)}
+    return np.array(train), val
+
+
+def check_golden(text, final):
+    golden = json.load(open(os.path.join(T.REPO, "tests", "reference", "fixtures", "tiny_r80_golden.json")))
+    T.check(golden["preset"] == "tiny-r80" and golden["steps"] == TOTAL and
+            golden["hyperparameters"]["config"]["scheduled_iterations"] == 6,
+            "the golden fixture was made for tiny-r80 and this schedule")
+    train, val = losses(text)
+    want = np.array(golden["train_losses"])
+    rel = np.abs(train - want) / want if train.shape == want.shape else np.array([np.inf])
+    T.check(np.max(rel) <= LOSS_TOL, f"training losses match the reference (relative {np.array2string(rel, precision=1)})")
+    want_val = {int(k): v for k, v in golden["val_losses"].items()}
+    T.check(val.keys() == want_val.keys() and all(abs(val[k] - want_val[k]) <= LOSS_TOL * want_val[k] for k in want_val),
+            f"validation losses {val} match the reference {want_val}")
+    lines = re.findall(r"^step:1/\d+ grad_norms (.*)$", text, re.M)
+    norms = dict(kv.split(":") for kv in lines[0].split()) if lines else {}
+    T.check(len(norms) == 16 and {"qk_bank", "vo_bank", "resid_lambdas"} <= norms.keys(),
+            f"step 0's gradient norms are logged for record 80's 16 groups ({sorted(norms)})")
+    for label, value in norms.items():
+        want_norm = golden["step0_grad_norms"][GOLDEN_NAMES.get(label, label)]
+        tol = NOISY.get(label, 0.15 if label in SMALL else 0.03)
+        T.check(abs(float(value) - want_norm) <= tol * want_norm + 1e-6,
+                f"step 0 gradient norm of {label}: {value} vs {want_norm:.6e} (tolerance {tol:.0%})")
+    for name, t in final.items():
+        if name.startswith("param."):
+            label = name[len("param."):]
+            want_norm = golden["final_param_norms"][GOLDEN_NAMES.get(label, label)]
+            got = float(np.linalg.norm(t))
+            tol = 0.15 if label in SMALL else 0.02
+            T.check(abs(got - want_norm) <= tol * want_norm + 1e-6,
+                    f"final norm of {label}: {got:.6e} vs {want_norm:.6e} (tolerance {tol:.0%})")
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="trainer_r80_") as tmp:
+        root = os.path.join(tmp, "np1")
+        T.run(SCHEDULE + ["--warmup", "0", "--log-grad-norms", "--run-id", "np1", "--log-dir", tmp,
+                          "--save-checkpoint", root, "--checkpoint-steps", str(TOTAL)])
+        T.check_log(os.path.join(tmp, "np1.txt"), "1 rank")
+        text = open(os.path.join(tmp, "np1.txt")).read()
+        check_golden(text, T.tensors(T.ckpt(root, TOTAL))[1])
+        one_train, one_val = losses(text)
+        # without upstream's warm-up (100 s on 8 ranks; test_trainer.py runs it on record 71's tiny preset)
+        for ranks, steps, flags, env, label in ((8, 4, ["--warmup", "0"], None, "8 ranks"),
+                                                (2, 4, ["--warmup", "0"], STRICT, "2 ranks, strict emu")):
+            run_id = f"np{ranks}"
+            T.run(SCHEDULE + flags + ["--max-steps", str(steps), "--run-id", run_id, "--log-dir", tmp], ranks=ranks,
+                  env=env)
+            train, val = losses(open(os.path.join(tmp, run_id + ".txt")).read())
+            a, b = one_train[:steps], train
+            T.check(a.shape == b.shape and np.all(np.abs(a - b) <= 1e-3 * a),
+                    f"{label} vs 1: training losses of steps 0..{steps - 1} agree to 0.1% "
+                    f"(max {np.max(np.abs(a - b) / a) if a.shape == b.shape else np.inf:.1e})")
+            T.check(sorted(val) == [0, steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val),
+                    f"{label} vs 1: validation losses {val} agree to 0.1%")
+    if T.failures:
+        sys.exit(f"{len(T.failures)} check(s) failed")
+    print("all tiny-r80 trainer checks passed")
+
+
+if __name__ == "__main__":
+    main()
