@@ -270,6 +270,7 @@ struct Config {
     std::vector<ParamRule> param_table = record71_param_table();  // one row per registered parameter
     std::vector<std::string> work_order = record71_work_order();   // the updates' order: every row once
     double muon_momentum_min = 0.85, muon_momentum_max = 0.95;
+    double upstream_peak_mib = kUpstreamPeakMiB;  // upstream's logged peak allocation per GPU (--print-memory)
     // distributed: the speedrun is defined for 8 GPUs; fewer ranks accumulate micro-steps
     int world_size = 1;
     int grad_accum() const { return 8 / world_size; }
@@ -371,6 +372,7 @@ Config r80_preset() {
     use_record80_banks(c);
     c.normuon_beta2 = 0.9;
     c.normuon_numerics = kNorMuonNumericsR80;
+    c.upstream_peak_mib = 31344;  // upstream's logs of this code (e.g. 2026-04-22_MuddFormer/baseline-s1480)
     return c;
 }
 
@@ -1888,7 +1890,7 @@ void print_memory_plan(const Config& c, FILE* f, int ranks) {
     std::fprintf(f, "memory plan per rank, preset %s (%d rank%s; %d train and %d eval tokens per micro-step):\n",
                  c.name.c_str(), ranks, ranks == 1 ? "" : "s", m.cfg.max_train_tokens(), m.cfg.val_micro_tokens());
     print_memory_breakdown(plan, m.param_arena, m.grad_arena, m.state_arena, m.act_arena, o.arena,
-                           optimizer_state_totals(o), f);
+                           optimizer_state_totals(o), c.upstream_peak_mib, f);
 }
 
 // What the run allocates on the device: every arena and cuBLASLt's workspace (the log's peak line).
@@ -2632,7 +2634,9 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaMalloc(&r.finite_flags, kMaxStateBuffers * sizeof(int)));
     if (planning) {
         plan_step_mode(plan_trainer(r), schedule_facts(cfg), cfg.name, plan_data,
-                       {cl.plan.json_path, cl.plan.trace_path, cl.plan.upstream, cl.plan.nodes}, model, profiler_ranks(d));
+                       {cl.plan.json_path, cl.plan.trace_path, cl.plan.upstream, cl.plan.nodes,
+                        {cfg.loss == SoftcapLoss::sigmoid ? UpstreamLoss::compiled_then_quantized : UpstreamLoss::fused_e5m2}},
+                       model, profiler_ranks(d));
         stop_distributed(d);
         return 0;
     }

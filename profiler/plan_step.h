@@ -257,6 +257,7 @@ struct PlanOutputs {
     std::string json_path, trace_path;  // empty: none
     bool upstream = false;              // price upstream's schedule of the same work (--schedule upstream)
     int nodes = 1;                      // the ranks split evenly over this many nodes (--nodes)
+    UpstreamCode upstream_code;         // where the preset's upstream code differs from record 71's
 };
 
 // Every stage's recorded steps on this rank: per stage, its even, Adam and untie step (empty where
@@ -321,19 +322,19 @@ inline void plan_step_mode(const PlanTrainer& t, const ScheduleFacts& sch, const
                           taken(p.adam, 1), taken(p.untie, 2)});
     }
     if (out.upstream)
-        if (const std::string e = upstream_schedule_error(stages); !e.empty()) profiler_fail(ranks, e);
+        if (const std::string e = upstream_schedule_error(stages, out.upstream_code); !e.empty()) profiler_fail(ranks, e);
     const PlanReport ours = plan_report(preset, "ours", stages, cm);
     std::printf("plan-step: preset %s on %d rank(s): one step of each kind per stage recorded in a dry run in %.1f s\n",
                 preset.c_str(), ranks.world, record_s);
     std::printf("plan-step: %s", calibration_summary(cm).c_str());
-    const PlanReport report = out.upstream ? plan_report(preset, "upstream", upstream_schedule(stages), cm) : ours;
+    const PlanReport report = out.upstream ? plan_report(preset, "upstream", upstream_schedule(stages, out.upstream_code), cm) : ours;
     std::printf("%s", format_plan(report).c_str());
     for (size_t i = 0; i < mine.producer_ms.size(); ++i)  // rank 0's, off the issuing thread
         if (mine.producer_ms[i].first >= 0)
             std::printf("stage %zu: batch producer %.3f ms of CPU time per micro-batch (%.3f ms of it the sparse "
                         "exchange's plan)\n",
                         i, mine.producer_ms[i].first, mine.producer_ms[i].second);
-    if (out.upstream) std::printf("\n%s", format_schedule_comparison(ours, report).c_str());
+    if (out.upstream) std::printf("\n%s", format_schedule_comparison(ours, report, out.upstream_code).c_str());
     if (!out.json_path.empty())
         if (const std::string e = write_plan_json(out.json_path, report); !e.empty()) profiler_fail(ranks, e);
     if (!out.trace_path.empty())

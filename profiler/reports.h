@@ -272,7 +272,7 @@ inline std::string write_chrome_trace(const std::string& path, const PlanReport&
 }
 
 // Ours against upstream's schedule, stage by stage, then the rules that make the difference.
-inline std::string format_schedule_comparison(const PlanReport& ours, const PlanReport& upstream) {
+inline std::string format_schedule_comparison(const PlanReport& ours, const PlanReport& upstream, UpstreamCode code = {}) {
     std::string o;
     appendf(o, "Ours vs upstream's schedule, modeled (preset %s, %d GPUs on %d node%s)\n", ours.preset.c_str(),
             ours.world_size, ours.nodes, ours.nodes == 1 ? "" : "s");
@@ -285,7 +285,7 @@ inline std::string format_schedule_comparison(const PlanReport& ours, const Plan
     }
     appendf(o, "whole run: ours %.3f s, upstream's schedule %.3f s\nupstream's schedule, rule by rule:\n",
             ours.total_ms / 1e3, upstream.total_ms / 1e3);
-    for (const ScheduleRule& r : upstream_rules()) appendf(o, "  %s: %s\n", r.name, r.what);
+    for (const ScheduleRule& r : upstream_rules(code)) appendf(o, "  %s: %s\n", r.name, r.what);
     return o;
 }
 

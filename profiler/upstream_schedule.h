@@ -120,7 +120,15 @@ struct ScheduleRule {
     void (*apply)(std::vector<StepOp>&);  // nullptr: a difference the model keeps, stated for the reader
     const char* what;
 };
-inline const std::vector<ScheduleRule>& upstream_rules() {
+// Where upstream's code of the preset's record differs from record 71's, which the rules describe.
+enum class UpstreamLoss {
+    compiled_then_quantized,  // record 71: a compiled loss backward, then the FP8 lm_head's quantization pass
+    fused_e5m2,               // record 80: one kernel writes the e5m2 gradient, as ours (no rule)
+};
+struct UpstreamCode {
+    UpstreamLoss loss = UpstreamLoss::compiled_then_quantized;
+};
+inline const std::vector<ScheduleRule>& all_upstream_rules() {
     static const std::vector<ScheduleRule> rules = {
         {"fa3_attention", {"attention_forward", "attention_backward"}, rule_fa3_attention,
          "attention kernels with tensor-core work (attention_*) become fa3_<family>, priced at FlashAttention-3's "
@@ -159,25 +167,33 @@ inline const std::vector<ScheduleRule>& upstream_rules() {
     };
     return rules;
 }
+// The rules that stand for upstream's code `code`.
+inline std::vector<ScheduleRule> upstream_rules(UpstreamCode code = {}) {
+    std::vector<ScheduleRule> rules;
+    for (const ScheduleRule& r : all_upstream_rules())
+        if (code.loss == UpstreamLoss::compiled_then_quantized || std::string(r.name) != "separate_loss_quantization")
+            rules.push_back(r);
+    return rules;
+}
 
-inline std::vector<StepOp> upstream_schedule(const std::vector<StepOp>& ops) {
+inline std::vector<StepOp> upstream_schedule(const std::vector<StepOp>& ops, UpstreamCode code = {}) {
     std::vector<StepOp> out = ops;
-    for (const ScheduleRule& r : upstream_rules())
+    for (const ScheduleRule& r : upstream_rules(code))
         if (r.apply) r.apply(out);
     return out;
 }
-inline std::vector<PlanStage> upstream_schedule(const std::vector<PlanStage>& stages) {
+inline std::vector<PlanStage> upstream_schedule(const std::vector<PlanStage>& stages, UpstreamCode code = {}) {
     std::vector<PlanStage> out = stages;
     for (PlanStage& s : out)
         for (std::vector<std::vector<StepOp>>* step : {&s.even, &s.adam, &s.untie})
-            for (std::vector<StepOp>& ops : *step) ops = upstream_schedule(ops);
+            for (std::vector<StepOp>& ops : *step) ops = upstream_schedule(ops, code);
     return out;
 }
 
 // The first family a rule acts on that `ops` (one rank's recording of a training step) lacks, as
 // "rule R acts on F", or "".
-inline std::string missing_rule_family(const std::vector<StepOp>& ops) {
-    for (const ScheduleRule& r : upstream_rules())
+inline std::string missing_rule_family(const std::vector<StepOp>& ops, UpstreamCode code = {}) {
+    for (const ScheduleRule& r : upstream_rules(code))
         for (const char* family : r.needs) {
             const bool recorded = std::any_of(ops.begin(), ops.end(),
                                               [&](const StepOp& op) { return name_starts(family_name(op.work), family); });
@@ -188,7 +204,7 @@ inline std::string missing_rule_family(const std::vector<StepOp>& ops) {
 
 // What keeps upstream_schedule() from standing for upstream's schedule of these stages, or "": a
 // recording without a family one of the rules acts on (a renamed kernel: rename the rule's family too).
-inline std::string upstream_schedule_error(const std::vector<PlanStage>& stages) {
+inline std::string upstream_schedule_error(const std::vector<PlanStage>& stages, UpstreamCode code = {}) {
     for (const PlanStage& st : stages) {
         const struct {
             const char* kind;
@@ -196,7 +212,7 @@ inline std::string upstream_schedule_error(const std::vector<PlanStage>& stages)
         } kinds[] = {{"even", st.even}, {"adam", st.adam}, {"untie", st.untie}};
         for (const auto& k : kinds)
             for (size_t r = 0; r < k.ranks.size(); ++r)
-                if (const std::string e = missing_rule_family(k.ranks[r]); !e.empty())
+                if (const std::string e = missing_rule_family(k.ranks[r], code); !e.empty())
                     return "--schedule upstream: " + e + ", and " + st.name + "'s " + k.kind + " step (rank " +
                            std::to_string(r) + ") records none: a kernel renamed? Rename the rule's family too";
     }

@@ -554,6 +554,18 @@ static void test_upstream_schedule() {
     const std::vector<StepOp> fused = {kernel("k", 0, 0), fused_loss};
     const std::vector<StepOp> split = upstream_schedule(fused);
     test::check(split.size() == 3, "the fused loss backward becomes two ops: %zu", split.size());
+    // record 80's upstream code writes e5m2 from its loss kernel too: no rule splits it, none names the family
+    const UpstreamCode r80{UpstreamLoss::fused_e5m2};
+    const std::vector<StepOp> kept = upstream_schedule(fused, r80);
+    test::check(kept.size() == 2 && std::string(kept[1].work.name) == "softcap_mtp_loss_backward_fp8",
+                "record 80's upstream keeps the fused loss backward: %zu ops", kept.size());
+    test::check(missing_rule_family({kernel("attention_forward", 0, 0), kernel("attention_backward", 0, 0),
+                                     kernel("linear_relu_square_forward", 0, 0), kernel("linear_relu_square_backward", 0, 0)},
+                                    r80).empty() &&
+                    !missing_rule_family({kernel("attention_forward", 0, 0), kernel("attention_backward", 0, 0),
+                                          kernel("linear_relu_square_forward", 0, 0),
+                                          kernel("linear_relu_square_backward", 0, 0)}).empty(),
+                "record 80's rules need no loss family; record 71's do");
     if (split.size() == 3) {
         test::check(std::string(split[1].work.name) == "softcap_mtp_loss_backward" &&
                         std::string(split[2].work.name) == "quantize_fp8_two_layouts",
