@@ -61,7 +61,7 @@ def only(lines, pattern, start=None, what=""):
 
 # Each place's anchor: the index of the line its example line goes after.
 def last_params_field(lines):
-    return only(lines, r"^\s*float\* scalars;", only(lines, r"^struct Params \{$"), "struct Params' scalars field")
+    return only(lines, r"^\s*float\* scalars = nullptr;", only(lines, r"^struct Params \{$"), "struct Params' scalars field")
 
 
 def last_registry_line(lines):

@@ -324,7 +324,31 @@ void check_structure() {
         test::check(same, "preset %s: record 71's layer structure and scalars layout", name);
         test::check(c->grad_scale_sum == 2 && c->lr_floor == 0.1, "preset %s: record 71's grad scale and lr floor", name);
     }
-    test::check(!preset_config("r80") && !preset_config("Record"), "no preset by another name");
+    test::check(!preset_config("r81") && !preset_config("Record"), "no preset by another name");
+    // Record 80's presets, written out from upstream's 2c702746 (Hyperparameters, TRAINING_STAGES,
+    // TRAIN_MAX_NUM_DOCS, the optimizer table, GPT.__init__) and tests/reference/README.md's tiny-r80 contract.
+    for (const char* name : {"r80", "tiny-r80"}) {
+        const std::optional<Config> c = preset_config(name);
+        test::check(c && config_error(*c).empty(), "preset %s exists and is valid", name);
+        if (!c) continue;
+        const bool tiny = std::string(name) == "tiny-r80";
+        const Structure& st = c->structure;
+        bool same = st.layers == 11 && st.without_attention == std::vector<int>{6} && st.skip_from == 3 && st.skip_to == 6 &&
+                    st.backout_layer == 7 && st.value_layers == std::vector<int>{1, 2, 8, 9, 10} && st.ve_gate_reads_ve &&
+                    st.sublayer_lambdas && st.late_attn_source == 7 && st.attn_banks == AttnBanks::head_pairs &&
+                    c->scalar_slots.count == 32 && c->loss == SoftcapLoss::tanh_bf16 && c->value_embed_std == 0.01f;
+        same = same && c->grad_scale_sum == 1 && c->lr_floor == 0.15 && c->cooldown_frac == 0.60 && c->normuon_beta2 == 0.9 &&
+               c->normuon_numerics.input == PolarExpressInput::round_first &&
+               c->normuon_numerics.scale == VarianceScale::bf16 && c->normuon_numerics.momentum == MomentumComplement::fp32;
+        same = same && c->scheduled_iterations == (tiny ? 30 : 1440) && c->extension_iterations == (tiny ? 4 : 40) &&
+               c->stages.size() == 4 && c->stages[0].max_seq_len == (tiny ? 112 : 896);
+        for (size_t i = 1; i < c->stages.size(); ++i) same = same && c->stages[i].max_seq_len == (tiny ? 256 : 2048);
+        const int64_t t0 = tiny ? 32 : 16384, t1 = tiny ? 48 : 32768, t2 = tiny ? 64 : 49152;
+        same = same && c->max_docs.entries(t0) == 64 && c->max_docs.entries(t1) == 96 && c->max_docs.entries(t2) == 128;
+        const int qk = param_group(*c, "qk_bank"), vo = param_group(*c, "vo_bank");
+        same = same && param_group(*c, "resid_lambdas") >= 0 && c->param_table[size_t(qk)].optim == Optim::normuon && c->param_table[size_t(vo)].reduce == Reduce::buckets;
+        test::check(same, "preset %s: record 80's structure, schedule, data rules and optimizer", name);
+    }
     const Config base = tiny_preset();
     const std::pair<const char*, void (*)(Structure&)> planted[] = {
         {"too many layers", [](Structure& st) { st.layers = kMaxLayers + 1; }},

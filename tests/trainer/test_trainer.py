@@ -142,11 +142,15 @@ def check_golden(runs, logs):
         tol = 0.15 if label in small else 0.03
         check(abs(float(value) - want) <= tol * want + 1e-6,
               f"step 0 gradient norm of {label}: {value} vs {want:.6e} (tolerance {tol:.0%})")
-    _, final = tensors(ckpt(runs[1], TOTAL))
+    check_final_norms(tensors(ckpt(runs[1], TOTAL))[1], golden, GOLDEN_NAMES, small)
+
+
+def check_final_norms(final, golden, names, small):
+    """Each parameter's norm in a checkpoint's tensors against the golden run's: 2%, the small groups 15%."""
     for name, t in final.items():
         if name.startswith("param."):
             label = name[len("param."):]
-            want = golden["final_param_norms"][GOLDEN_NAMES.get(label, label)]
+            want = golden["final_param_norms"][names.get(label, label)]
             got = float(np.linalg.norm(t))
             tol = 0.15 if label in small else 0.02
             check(abs(got - want) <= tol * want + 1e-6, f"final norm of {label}: {got:.6e} vs {want:.6e} (tolerance {tol:.0%})")

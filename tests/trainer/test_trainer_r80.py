@@ -74,14 +74,7 @@ def check_golden(text, final):
         tol = NOISY.get(label, 0.15 if label in SMALL else 0.03)
         T.check(abs(float(value) - want_norm) <= tol * want_norm + 1e-6,
                 f"step 0 gradient norm of {label}: {value} vs {want_norm:.6e} (tolerance {tol:.0%})")
-    for name, t in final.items():
-        if name.startswith("param."):
-            label = name[len("param."):]
-            want_norm = golden["final_param_norms"][GOLDEN_NAMES.get(label, label)]
-            got = float(np.linalg.norm(t))
-            tol = 0.15 if label in SMALL else 0.02
-            T.check(abs(got - want_norm) <= tol * want_norm + 1e-6,
-                    f"final norm of {label}: {got:.6e} vs {want_norm:.6e} (tolerance {tol:.0%})")
+    T.check_final_norms(final, golden, GOLDEN_NAMES, SMALL)
 
 
 def main():
