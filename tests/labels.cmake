@@ -38,13 +38,14 @@ set(TIER_RULES
 )
 
 # What a fresh clone's CTest has no timings for yet: the longest tests (seconds, as the fresh-clone
-# CI run at 541b35b measured them on 2 cores) start first, so that none of them is left to run alone
-# at the end (repin_planted, not listed then, ran its 214 s last with one core idle).
+# CI run of 2026-11-28 measured them on 2 cores under ctest -j 2; repin_planted and run_ab_cpu as
+# shortened since) start first, so that none of them is left to run alone at the end (repin_planted,
+# not listed once, ran its 214 s last with one core idle).
 set(TEST_COSTS
-  "test_trainer 500" "test_trainer_failures 300" "test_trainer_r80 250" "repin_planted 210" "run_ab_cpu 190" "param_toy_edit 190"
-  "schedule_bits 110" "train_gpt_cpu_np2_strict 80" "gathers_race_np2 70" "gpu_check_dry-run 60"
-  "headers_compile_alone 60" "setup_fresh_clone 50" "gathers_race_np8 45" "profile_steps_cli 40"
-  "plan_step_dry_vs_real_np8 40" "test_scripts 40")
+  "test_trainer 570" "test_trainer_failures 320" "test_trainer_r80 200" "param_toy_edit 155" "repin_planted 150"
+  "run_ab_cpu 130" "schedule_bits 130" "train_gpt_cpu_np2_strict 110" "headers_compile_alone 110" "test_scripts 80"
+  "gpu_check_dry-run 65" "gathers_race_np2 50" "setup_fresh_clone 47" "single_rank_losses 40" "gathers_race_np8 38"
+  "plan_step_dry_vs_real_np8 38" "test_mlp_strict_23 33" "test_mlp_strict_11 31" "plan_step_dry_vs_real_np1 29")
 
 # tier_of(OUT NAME): NAME's tier by the rules, or "" where none matches.
 function(tier_of out name)

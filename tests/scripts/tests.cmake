@@ -35,7 +35,8 @@ endif()
 # checks and statistics.md on synthetic logs, run_ab.sh's plan, flags and Ctrl-C with stand-in builds.
 # run_ab_cpu, end to end with the real CPU trainer: a temporary clone with a second commit, HEAD~1
 # reusing this build folder (built from the same tree) and HEAD built in its own worktree (most of
-# its time), a one-step tiny schedule, then the logs, the manifest and statistics.md.
+# its time: the trainer alone, linked with this build folder's emu, EMU_FROM_BUILD), a one-step tiny
+# schedule, then the logs, the manifest and statistics.md.
 if(Python3_Interpreter_FOUND)
   add_test(NAME test_ab COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_ab.py)
   add_test(NAME run_ab_cpu COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_run_ab_cpu.py ${CMAKE_BINARY_DIR})

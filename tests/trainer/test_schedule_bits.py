@@ -20,8 +20,9 @@ the fixture (check_default_runs), so CTest's schedule_bits trains only what test
 --make FILE trains every rank count in both modes and writes FILE only if the two modes agree bit for
 bit (scripts/repin.py). --fixture FILE compares with FILE instead of the committed fixture; --ranks
 N[,N...] keeps the runs of those rank counts; --steps N (one of the saved steps) stops the schedule
-after step N (--max-steps N), without the warm-up, and checks or makes only the saves and losses up to
-it. The last two make the repin test's cheap round (tests/trainer/test_repin.py: one rank, two steps;
+after step N (--max-steps N), without the warm-up and with one small validation (--val-every 0
+--val-tokens 2048: no validation loss is checked, and validation changes no bit), and checks or makes
+only the saves and losses up to it. The last two make the repin test's cheap round (tests/trainer/test_repin.py: one rank, two steps;
 the warm-up's exact restore is pinned by the full runs).
 
 Usage: test_schedule_bits.py [--make FILE | --full | --deferred-only] [--fixture FILE] [--ranks N,...]
@@ -69,9 +70,15 @@ def parse_args(argv):
 
 
 def schedule(last):
-    """SCHEDULE's flags for a run that stops after step LAST (saving the STEPS up to it)."""
+    """SCHEDULE's flags for a run that stops after step LAST (saving the STEPS up to it). A run cut
+    short (the cheap round) validates once, at its end, on the smallest --val-tokens: nothing here
+    reads a validation loss, and validation changes no bit of the training (the cheap round against
+    the committed fixture passes so; the full runs validate as the fixture's runs did)."""
     args = list(SCHEDULE)
     args[args.index("--checkpoint-steps") + 1] = ",".join(str(s) for s in STEPS if s <= last)
+    if last < STEPS[-1]:
+        args[args.index("--val-every") + 1] = "0"
+        args[args.index("--val-tokens") + 1] = "2048"
     return args + (["--max-steps", str(last)] if last < STEPS[-1] else [])
 
 
