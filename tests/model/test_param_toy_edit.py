@@ -48,7 +48,7 @@ DTYPES = {"float": "fp32", "bf16": "bf16"}
 def example():
     """The parameter's name and element type from README.md's example, which must be a sharded row."""
     lines = param_toy_edit.lines_of(open(os.path.join(REPO, "README.md")).read())
-    field = re.match(r"(float|bf16)\* (\w+);", lines["struct Params"][0])
+    field = re.match(r"(float|bf16)\* (\w+) = nullptr;", lines["struct Params"][0])
     spec = re.search(r'ParamSpec\{"(\w+)", \{[^}]*\}, Init::zeros\}', lines["visit_params"][0])
     row = re.match(r'\{"(\w+)", Optim::adam, Reduce::(\w+), At::(\w+),', lines["param_table"][0])
     if not field or not spec or not row or row.group(1) != spec.group(1) or row.group(2) in ("replicated", "sparse"):
