@@ -236,19 +236,20 @@ void check_wgmma(const Problem& pb) {
                     differing_bits(wg.dk, mma.dk), differing_bits(wg.dv, mma.dv));
 }
 
-// The bit comparison can fail: one element of k an ulp or two off (a planted difference the kernels
-// must carry into out, lse and the gradients) leaves the wgmma results differing from mma's.
+// The bit comparison can fail: one element of k 1/16 off (a planted difference the kernels must carry
+// into out, lse and the gradients) leaves the wgmma results differing from mma's. An ulp or two was too
+// small: TEST_SEED=6787195758148996582 changed one value of out and none of dk.
 void check_bit_comparison_sees_planted_ulp() {
-    const Problem pb{"planted ulp", 128, 2, 64, {100, 28}, 0, false, 0.15f};
+    const Problem pb{"planted k", 128, 2, 64, {100, 28}, 0, false, 0.15f};
     const size_t n = size_t(pb.T) * pb.H * pb.D;
     Tensors x{normal_bf16(n), normal_bf16(n), normal_bf16(n), normal_bf16(n)};
     const Result mma = run_kernels(pb, x, AttentionBackwardMode::deterministic, false, AttentionKernel::mma);
     __nv_bfloat16& planted = x.k[5 * pb.H * pb.D + 3];  // row 5, head 0, dim 3
-    planted = __float2bfloat16(__bfloat162float(planted) * (1.0f + 1.0f / 128));  // an ulp or two (8-bit significand)
+    planted = __float2bfloat16(__bfloat162float(planted) * (1.0f + 1.0f / 16));  // 8 to 16 ulps (8-bit significand)
     const Result wg = run_kernels(pb, x, AttentionBackwardMode::deterministic, false, AttentionKernel::wgmma);
     const size_t out = differing_bits(wg.out, mma.out), dk = differing_bits(wg.dk, mma.dk);
-    std::printf("planted ulp change of k: %zu out and %zu dk values differ from mma's\n", out, dk);
-    test::check(out > 0 && dk > 0, "planted ulp change of k: out %zu, dk %zu values differ (want both > 0)", out, dk);
+    std::printf("planted change of k: %zu out and %zu dk values differ from mma's\n", out, dk);
+    test::check(out > 0 && dk > 0, "planted change of k: out %zu, dk %zu values differ (want both > 0)", out, dk);
 }
 
 // The wgmma backward has no atomic_dq mode: asking for it stops with a message.
