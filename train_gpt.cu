@@ -196,23 +196,27 @@ std::vector<ParamRule> record71_param_table() {
 }
 
 constexpr int kMaxParamGroups = 20;
+// Table t's row `label` (the later presets' tables are edits of record 71's).
+std::vector<ParamRule>::iterator table_row(std::vector<ParamRule>& t, const std::string& label) {
+    return std::find_if(t.begin(), t.end(), [&](const ParamRule& r) { return label == r.label; });
+}
 // Record 80's (upstream 2c702746): the residual stream's lambdas are rows of their own at (0.9, 0.95),
 // resid_lambdas at 5x the lr, and x0_lambdas moves to them from (0.65, 0.95) x5.
 std::vector<ParamRule> record80_param_table(std::vector<ParamRule> t) {
     auto lambdas = [](const char* label, double lr_mul) {
         return ParamRule{label, Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.95, lr_mul, 0.0};
     };
-    auto x0 = std::find_if(t.begin(), t.end(), [](const ParamRule& r) { return std::string(r.label) == "x0_lambdas"; });
+    auto x0 = table_row(t, "x0_lambdas");
     *x0 = lambdas("x0_lambdas", 1.0);
     t.insert(t.insert(x0 + 1, lambdas("bigram_lambdas", 1.0)) + 1, lambdas("resid_lambdas", 5.0));
-    x0 = std::find_if(t.begin(), t.end(), [](const ParamRule& r) { return std::string(r.label) == "x0_lambdas"; });
+    x0 = table_row(t, "x0_lambdas");
     t.insert(x0, lambdas("post_lambdas", 1.0));
     return t;
 }
 // Record 80's head-pair banks (AttnBanks::head_pairs): qk_bank and vo_bank take attn's row, both reduced
 // in buckets at each attention layer's point and gathered in attn's turn.
 std::vector<ParamRule> record80_bank_rows(std::vector<ParamRule> t) {
-    const auto attn = std::find_if(t.begin(), t.end(), [](const ParamRule& r) { return std::string(r.label) == "attn"; });
+    const auto attn = table_row(t, "attn");
     ParamRule qk = *attn, vo = *attn;
     qk.label = "qk_bank", vo.label = "vo_bank";
     *attn = vo;

@@ -223,6 +223,17 @@ double std_of(const std::vector<float>& v) {
     return std::sqrt(s / v.size());
 }
 
+// A draw of U(-b, b): inside [-b, b] (to bf16's rounding) and close to both ends; [lo, hi] its range.
+bool spans_uniform(const std::vector<float>& v, double bound, float& lo, float& hi) {
+    lo = 1e9f, hi = -1e9f;
+    for (float x : v) lo = std::min(lo, x), hi = std::max(hi, x);
+    return lo >= -bound * 1.004 && hi <= bound * 1.004 && lo < -0.99 * bound && hi > 0.99 * bound;
+}
+// Its standard deviation within 2% of b / sqrt(3).
+bool uniform_std(const std::vector<float>& v, double bound) {
+    return std::fabs(std_of(v) / (bound / std::sqrt(3.0)) - 1) < 0.02;
+}
+
 // Upstream's init: uniform(+-sqrt(3)*0.5/sqrt(C)) for attention and c_fc, zeros for c_proj and the
 // embeddings and gates, normal(0, 0.005) for lm_head, embed = lm_head^T, and the scalars' values.
 void check_init(const Model& m, const Config& c) {
@@ -232,13 +243,11 @@ void check_init(const Model& m, const Config& c) {
     const double bound = std::sqrt(3.0) * 0.5 / std::sqrt(double(C));
     for (auto [name, v] : {std::pair<const char*, std::vector<float>>{"attn_bank", download_bf16(p.attn_bank, attn_layers * 4 * C * C)},
                            {"c_fc", download_bf16(p.c_fc(c, 4), c.mlp_dim * C)}}) {
-        float lo = 1e9f, hi = -1e9f;
-        for (float x : v) lo = std::min(lo, x), hi = std::max(hi, x);
-        // uniform on [-b, b]: mean 0, std b/sqrt(3), and it reaches close to both ends
-        test::check(lo >= -bound * 1.004 && hi <= bound * 1.004 && lo < -0.99 * bound && hi > 0.99 * bound,
-                    "%s: range [%g, %g], bound %g", name, lo, hi, bound);
-        test::check(std::fabs(mean_of(v)) < 0.02 * bound && std::fabs(std_of(v) / (bound / std::sqrt(3.0)) - 1) < 0.02,
-                    "%s: mean %g std %g", name, mean_of(v), std_of(v));
+        float lo, hi;  // uniform on [-b, b]: mean 0, std b/sqrt(3), and it reaches close to both ends
+        const bool spans = spans_uniform(v, bound, lo, hi);
+        test::check(spans, "%s: range [%g, %g], bound %g", name, lo, hi, bound);
+        test::check(std::fabs(mean_of(v)) < 0.02 * bound && uniform_std(v, bound), "%s: mean %g std %g", name, mean_of(v),
+                    std_of(v));
     }
     const std::vector<float> lm = download_bf16(p.lm_head, C * V), em = download_bf16(p.embed, V * C);
     test::check(std::fabs(std_of(lm) / 0.005 - 1) < 0.01 && std::fabs(mean_of(lm)) < 1e-4, "lm_head: mean %g std %g",
@@ -422,11 +431,10 @@ int main() {
         const double bound = std::sqrt(3.0) * 0.5 / std::sqrt(double(C));
         for (auto [name, v] : {std::pair<const char*, const std::vector<float>*>{"qk_bank", &qk}, {"vo_bank", &vo}}) {
             const std::vector<float> real(v->begin(), v->begin() + 2 * A * CC);
-            float lo = 1e9f, hi = -1e9f;
-            for (float x : real) lo = std::min(lo, x), hi = std::max(hi, x);
-            test::check(lo >= -bound * 1.004 && hi <= bound * 1.004 && lo < -0.99 * bound && hi > 0.99 * bound &&
-                            std::fabs(std_of(real) / (bound / std::sqrt(3.0)) - 1) < 0.02,
-                        "%s: range [%g, %g] std %g, bound %g", name, lo, hi, std_of(real), bound);
+            float lo, hi;
+            const bool spans = spans_uniform(real, bound, lo, hi);
+            test::check(spans && uniform_std(real, bound), "%s: range [%g, %g] std %g, bound %g", name, lo, hi, std_of(real),
+                        bound);
             test::check(std::all_of(v->begin() + 2 * A * CC, v->end(), [](float x) { return x == 0.0f; }),
                         "%s: its %lld padding matrices start zero", name, static_cast<long long>(24 - 2 * A));
         }
