@@ -877,7 +877,7 @@ void layout_state(Arena& a, Model& m) {
     m.rope = yarn_rope_view(nullptr, c.head_dim, positions);  // placed below
     void* rope_mem = a.take_bytes("yarn_rope", yarn_rope_bytes(c.head_dim, positions));
     if (rope_mem) m.rope = yarn_rope_view(rope_mem, c.head_dim, positions);
-    m.fp8_scales = reinterpret_cast<LmHeadFp8Scales*>(a.take<float>("fp8_scales", {3}));
+    m.fp8_scales = reinterpret_cast<LmHeadFp8Scales*>(a.take<float>("fp8_scales", {sizeof(LmHeadFp8Scales) / sizeof(float)}));
     m.loss = a.take<float>("loss", {1});
     m.dloss = a.take<float>("dloss", {1});
     m.sums_done = reinterpret_cast<unsigned int*>(a.take<int32_t>("sums_done", {1}));  // zeroed by the arena

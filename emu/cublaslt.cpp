@@ -328,6 +328,11 @@ cublasStatus_t check_problem(const char* fn, const DescState& d, const LayoutSta
                         cs, static_cast<unsigned long long>(m), static_cast<long long>(C.ld), static_cast<long long>(D.ld));
         if (A.batch_stride % 16 || B.batch_stride % 16 || (C.batch_stride * cs) % 16 || (D.batch_stride * cs) % 16)
             return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "fp8 needs batch strides that keep every matrix 16-byte aligned");
+        // Stricter than cuBLAS's documented rules, as PyTorch's _scaled_mm is: every dimension a multiple of
+        // 16 (cuBLASLt's own fp8 sample fails at m 63; n's rule is not documented).
+        if (m % 16 || n % 16)
+            return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "fp8 needs m and n (%llu, %llu) multiples of 16",
+                        static_cast<unsigned long long>(m), static_cast<unsigned long long>(n));
     } else if (d.a_scale || d.b_scale || d.d_scale) {
         return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "scale pointers apply to fp8 matmuls only, not %s x %s",
                     type_name(A.type).c_str(), type_name(B.type).c_str());
@@ -1044,6 +1049,13 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                         "CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_%c_BYTES; lower that preference to the pointer's alignment)",
                         "ABCD"[i], ptrs[i], static_cast<unsigned long long>(al.bytes[i]), "ABCD"[i]);
     if (cublasStatus_t st = check_pointer_residency(fn, ds, alpha, beta)) return st;
+    // On an H100 (cuBLASLt 13.1) every fp8 matmul we issued with a scale pointer 4 or 8 bytes past a
+    // 16-byte boundary returned CUBLAS_STATUS_NOT_SUPPORTED here, and no other cause fits all of them
+    // (docs/gpu-runs/2026-11-28-h100-80gb-hbm3-73ba680); emu takes the rule that explains them until a
+    // GPU run of test_matmul's cuBLASLt rules table says otherwise.
+    for (const void* scale : {ds.a_scale, ds.b_scale})
+        if (scale && misaligned(scale, 16))
+            return fail(CUBLAS_STATUS_NOT_SUPPORTED, fn, "an fp8 scale pointer (%p) is not 16-byte aligned", scale);
     if (C == D && (p.ldc != p.ldd || p.stride_c != p.stride_d))
         return fail(CUBLAS_STATUS_INVALID_VALUE, fn, "in place (C == D) needs C and D layouts to match");
     if (emu::sticky_error() != cudaSuccess)

@@ -15,24 +15,32 @@
 #include <unordered_set>
 
 namespace emu {
-// ---- shared-memory addresses: offsets in the block's dynamic shared memory ----
+// ---- shared-memory addresses of the block's dynamic shared memory ----
+// Where the dynamic shared memory starts in the block's shared window. CUDA promises it 16-byte
+// alignment only (it follows the kernel's static shared memory); on an H100 a TMA load into the
+// dynamic shared memory of a kernel with 8 bytes of static shared memory faulted with "misaligned
+// address" (docs/gpu-runs/2026-11-28-h100-80gb-hbm3-73ba680, test_hopper). Emu starts it at the
+// least aligned address allowed, so a kernel that takes more alignment for granted (128 bytes for
+// TMA, 1024 for a 128-byte swizzle's pattern) fails here as it can there: align from smem_address.
+constexpr uint32_t kDynamicSmemBase = 16;
 inline uint32_t dynamic_smem_offset(const char* what, const void* p, size_t bytes) {
     const auto* q = static_cast<const unsigned char*>(p);
     const BlockState& b = *t_block;
     if (q < b.dyn_smem || q + bytes > b.dyn_smem + b.dyn_smem_bytes)
         fail_access(what, p, "is not inside the block's dynamic shared memory (emu addresses descriptors and TMA "
                              "destinations there only)");
-    return static_cast<uint32_t>(q - b.dyn_smem);
+    return static_cast<uint32_t>(q - b.dyn_smem) + kDynamicSmemBase;
 }
-inline const unsigned char* dynamic_smem_at(const char* what, uint32_t offset, size_t bytes) {
+inline const unsigned char* dynamic_smem_at(const char* what, uint32_t address, size_t bytes) {
     const BlockState& b = *t_block;
-    if (offset + bytes > b.dyn_smem_bytes) {
-        char msg[200];
-        std::snprintf(msg, sizeof msg, "%s: shared address %u lies past the block's %zu bytes of dynamic shared memory",
-                      what, offset, b.dyn_smem_bytes);
+    if (address < kDynamicSmemBase || address - kDynamicSmemBase + bytes > b.dyn_smem_bytes) {
+        char msg[240];
+        std::snprintf(msg, sizeof msg,
+                      "%s: shared address %u lies outside the block's %zu bytes of dynamic shared memory (at %u..%zu)",
+                      what, address, b.dyn_smem_bytes, kDynamicSmemBase, kDynamicSmemBase + b.dyn_smem_bytes);
         fail_thread(msg);
     }
-    return b.dyn_smem + offset;
+    return b.dyn_smem + (address - kDynamicSmemBase);
 }
 
 // ---- state kept per block (mbarriers, TMA loads in flight) and per thread (wgmmas in flight) ----

@@ -50,8 +50,11 @@ enum class AttentionBackwardMode { deterministic, atomic_dq };
 // the same bits under emu). The wgmma backward is the deterministic mode's; atomic_dq is mma.sync only.
 enum class AttentionKernel { mma, wgmma };
 inline const char* attention_kernel_name(AttentionKernel k) { return k == AttentionKernel::wgmma ? "wgmma" : "mma"; }
-// wgmma: the GPU build is for sm_90a, and under emu its twins give mma's bits.
-inline AttentionKernel default_attention_kernel() { return AttentionKernel::wgmma; }
+// On a GPU, mma.sync: on an H100 the wgmma kernels ran at half its speed at every record shape (forward
+// 70-118 vs 139-229 TFLOP/s, backward 67-95 vs 152-246: docs/gpu-runs/2026-11-28-h100-80gb-hbm3-73ba680),
+// with the same bits. The CPU build keeps wgmma, whose twins give mma's bits, so that the trainer's tests
+// run the wgmma path and the platform guard; --attention chooses either.
+inline AttentionKernel default_attention_kernel() { return kEmulated ? AttentionKernel::wgmma : AttentionKernel::mma; }
 
 constexpr int kAttnWarps = 4;
 constexpr int kAttnThreads = 32 * kAttnWarps;
@@ -984,14 +987,14 @@ inline void attention_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat
                                void* workspace, size_t workspace_bytes, cudaStream_t stream,
                                AttentionBackwardMode mode = AttentionBackwardMode::deterministic,
                                const int* cu_seqlens_host = nullptr, AttentionKernel kernel = AttentionKernel::mma) {
+    kernel_require(kernel == AttentionKernel::mma || mode == AttentionBackwardMode::deterministic,
+                   "attention_backward: the wgmma backward is deterministic only (atomic_dq runs on mma.sync)");
     const AttnProblem p =
         attn_problem("attention_backward", cu_seqlens, num_cu_seqlens, T, H, D, window, paired, softmax_scale);
     kernel_require(workspace_bytes >= attention_backward_workspace_bytes(T, H, D, mode),
                    "attention_backward: workspace smaller than attention_backward_workspace_bytes()");
     kernel_require(all_aligned16({dq, dk, dv, dout, out, lse, q, k, v, workspace}),
                    "attention_backward: tensors and workspace must be 16-byte aligned");
-    kernel_require(kernel == AttentionKernel::mma || mode == AttentionBackwardMode::deterministic,
-                   "attention_backward: the wgmma backward is deterministic only (atomic_dq runs on mma.sync)");
     const AttnTileCounts counts = attn_tile_counts("attention_backward", p, cu_seqlens_host);
     if (D == 64)
         attention_backward_d<64>(dq, dk, dv, dout, out, lse, q, k, v, p, counts, workspace, stream, mode, kernel);

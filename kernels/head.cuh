@@ -188,8 +188,12 @@ void quantize_fp8_two_layouts(F8* out, F8* out_t, const __nv_bfloat16* in, const
 // ---- the lm_head ----
 // Per-tensor scales of the training lm_head; the device copy (3 consecutive floats, this struct)
 // feeds both the quantization kernels and cuBLASLt's scale pointers.
+// Each scale in its own 16-byte slot: on an H100, cuBLASLt refused every fp8 matmul whose scale pointer
+// was 4 or 8 bytes past a 16-byte boundary (docs/gpu-runs/2026-11-28-h100-80gb-hbm3-73ba680).
 struct LmHeadFp8Scales {
-    float x, w, grad;
+    alignas(16) float x;
+    alignas(16) float w;
+    alignas(16) float grad;
 };
 // x_s = 100/448, w_s = 1.6/448, grad_s = grad_scale * 0.75/448 with the loss's grad_scale (record 71:
 // 2/grad_accum_steps), computed in double, as Python does, then rounded to fp32.

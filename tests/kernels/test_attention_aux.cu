@@ -699,8 +699,17 @@ void test_finite_differences(bool paired, bool key_offset, bool ve, VeGateInput 
             dxa12_got.push_back(dxa[xa12.back()]);
         }
     test::check_close(name + " d(xa[:, :12])", dxa12_got, fd(xa, xa12), atol, rtol);
-    if (ve) {  // with x_and_ve, columns 0-5 of each row also through the gate
-        test::check_close(name + " d(ve rows)", values(run.dve.download()), fd(ve_rows, all(ve_rows)), atol, rtol);
+    if (ve) {  // with x_and_ve, columns 0-5 of each row also through the gate, whose terms can cancel as
+        // the gate weights' do: there the tolerance also scales with sum |dz * w| (TEST_SEED=14891482332208150819
+        // missed a plain 2% by 0.0006 at such a column)
+        const auto want_dve = fd(ve_rows, all(ve_rows));
+        std::vector<double> dve_tol(want_dve.size());
+        for (size_t i = 0; i < dve_tol.size(); ++i) {
+            const size_t t = i / c.C, j = i % c.C;
+            const double gate_mag = c.reads_ve() && j < kVeGateHalf ? mag_ve[t * kVeGateHalf + j] : 0.0;
+            dve_tol[i] = atol + rtol * (std::fabs(want_dve[i]) + gate_mag);
+        }
+        test::check_within(name + " d(ve rows)", values(run.dve.download()), want_dve, dve_tol);
         test::check_within(name + " d(ve_gate)", values(run.d_ve_gate.download()), fd(vg, all(vg)), gate_tol(mag_vg));
     }
 }

@@ -1,7 +1,8 @@
 // The Hopper primitives of kernels/ptx.cuh: wgmma (A from shared memory and from registers, N = 64,
-// 128, 256, every swizzle mode of the descriptors), mbarrier and TMA, checked bit for bit against a
-// CPU fp32 reference that adds the products in k order from the accumulator (the order emu documents),
-// and a GEMM on all of them (TMA loads with 128-byte swizzle -> mbarrier -> wgmma m64n128k16) against
+// 128, 256, every swizzle mode of the descriptors), mbarrier and TMA, checked against a CPU fp32
+// reference that adds the products in k order from the accumulator: bit for bit under emu (the order
+// emu documents), within fp32 accumulation's error bound on a GPU (whose tensor cores add in their own
+// order and precision); and a GEMM on all of them (TMA loads with 128-byte swizzle -> mbarrier -> wgmma m64n128k16) against
 // that reference and against double within fp32's accumulation bound, on ragged shapes (TMA fills the
 // out-of-bounds rows and columns with zeros). Planted bugs: a tile written with the wrong swizzle gives
 // wrong products; under emu, reading an accumulator before its wgmma_wait and a missing expect_tx (a
@@ -54,11 +55,17 @@ __host__ __device__ uint32_t operand_offset(int r, int k, Swizzle s) {
     return swizzle_address((r / 8) * 8 * span + (r % 8) * span + 2 * k, s);
 }
 constexpr uint32_t kBOffset = 8192;  // B's tile in shared memory (A's is at 0, at most 64 rows of 128 bytes)
+// The dynamic shared memory's first 1024-byte aligned byte: CUDA aligns its start to 16 bytes only,
+// and the swizzle patterns repeat every 1024 bytes of the shared address (launches add 1024 bytes).
+__device__ unsigned char* aligned_smem() {
+    unsigned char* raw = dynamic_smem<unsigned char>();
+    return raw + (1024 - smem_address(raw) % 1024) % 1024;
+}
 
 template <int N, bool ARegs>
 __global__ void __launch_bounds__(128) one_wgmma(float* out, const __nv_bfloat16* a, const __nv_bfloat16* b,
                                                  const float* c, Swizzle desc_sw, Swizzle write_sw) {
-    unsigned char* smem = dynamic_smem<unsigned char>();
+    unsigned char* smem = aligned_smem();
     const int tid = threadIdx.x, w = tid / 32, g = (tid % 32) / 4, t = tid % 4;
     for (int i = tid; i < 64 * 16; i += 128)
         std::memcpy(smem + operand_offset(i / 16, i % 16, write_sw), &a[i], 2);
@@ -91,36 +98,52 @@ __global__ void __launch_bounds__(128) one_wgmma(float* out, const __nv_bfloat16
         for (int j = 0; j < 4; ++j) out[(16 * w + g + 8 * (j / 2)) * N + 8 * i + 2 * t + j % 2] = acc[4 * i + j];
 }
 
-// Wrong bits of one wgmma against c + sum over k ascending of a[r][k] b[n][k] in fp32.
+// One wgmma against c + sum over k ascending of a[r][k] b[n][k] in fp32: the outputs that differ from
+// it in bits, and those outside the error bound of fp32 accumulation around the exact (double) value,
+// doubled for adders that truncate. A wrong layout misses the bound by orders of magnitude.
+struct WgmmaErrors {
+    int wrong_bits = 0, outside = 0;
+};
 template <int N, bool ARegs>
-int one_wgmma_wrong_bits(Swizzle desc_sw, Swizzle write_sw) {
+WgmmaErrors one_wgmma_errors(Swizzle desc_sw, Swizzle write_sw) {
     const std::vector<__nv_bfloat16> a = test::normal_bf16(64 * 16), b = test::normal_bf16(size_t(N) * 16);
     std::vector<float> c(size_t(64) * N);
     for (auto& x : c) x = static_cast<float>(test::normal(0, 4));
     test::DeviceBuffer<__nv_bfloat16> da(a), db(b);
     test::DeviceBuffer<float> dc(c), dout(c.size());
-    launch(one_wgmma<N, ARegs>, dim3(1), dim3(128), kBOffset + N * 128, nullptr, dout.ptr,
+    launch(one_wgmma<N, ARegs>, dim3(1), dim3(128), 1024 + kBOffset + N * 128, nullptr, dout.ptr,
            static_cast<const __nv_bfloat16*>(da.ptr), static_cast<const __nv_bfloat16*>(db.ptr),
            static_cast<const float*>(dc.ptr), desc_sw, write_sw);
     CUDA_CHECK_LAUNCH();
     const std::vector<float> out = dout.download();
-    int bad = 0;
+    WgmmaErrors e;
     for (int r = 0; r < 64; ++r)
         for (int n = 0; n < N; ++n) {
             float want = c[r * N + n];
-            for (int k = 0; k < 16; ++k)
-                want += static_cast<float>(test::value(a[r * 16 + k]) * test::value(b[n * 16 + k]));
-            bad += test::bits(out[r * N + n]) != test::bits(want);
+            double exact = c[r * N + n], mag = std::fabs(exact);
+            for (int k = 0; k < 16; ++k) {
+                const double p = test::value(a[r * 16 + k]) * test::value(b[n * 16 + k]);
+                want += static_cast<float>(p);
+                exact += p;
+                mag += std::fabs(p);
+            }
+            e.wrong_bits += test::bits(out[r * N + n]) != test::bits(want);
+            e.outside += !(std::fabs(out[r * N + n] - exact) <= 2 * 17 * std::ldexp(mag, -24));
         }
-    return bad;
+    return e;
 }
 
 template <int N, bool ARegs>
 void check_one_wgmma() {
     for (Swizzle s : {Swizzle::none, Swizzle::b32, Swizzle::b64, Swizzle::b128}) {
-        const int bad = one_wgmma_wrong_bits<N, ARegs>(s, s);
-        test::check(bad == 0, "wgmma m64n%dk16 (A from %s, swizzle %u): %d of %d outputs differ in bits", N,
-                    ARegs ? "registers" : "shared memory", swizzle_bytes(s), bad, 64 * N);
+        const WgmmaErrors e = one_wgmma_errors<N, ARegs>(s, s);
+        const char* a_from = ARegs ? "registers" : "shared memory";
+        // An H100 differed from the k order in a third of the outputs' bits (docs/gpu-runs/2026-11-28-*).
+        if constexpr (kEmulated)
+            test::check(e.wrong_bits == 0, "wgmma m64n%dk16 (A from %s, swizzle %u): %d of %d outputs differ in bits", N,
+                        a_from, swizzle_bytes(s), e.wrong_bits, 64 * N);
+        test::check(e.outside == 0, "wgmma m64n%dk16 (A from %s, swizzle %u): %d of %d outputs outside fp32's bound", N,
+                    a_from, swizzle_bytes(s), e.outside, 64 * N);
     }
 }
 
@@ -247,10 +270,55 @@ void check_gemm(int M, int N, int K) {
                 M, N, K, a_from, outside, worst);
 }
 
+// ---- a 3-D TMA box with out-of-bounds parts, no swizzle: every element against the tensor or zero ----
+// The box lands at the dynamic shared memory's first 1024-byte aligned byte, or (the planted bug, which
+// faulted with "misaligned address" on an H100) at its start, which follows `bar` and is 16-byte aligned.
+enum class BoxAt { aligned, dynamic_start };
+__global__ void __launch_bounds__(32) tma_box_3d(__nv_bfloat16* out, const __grid_constant__ CUtensorMap map, int c0, int c1,
+                                                 int c2, int box_elems, BoxAt at) {
+    __shared__ uint64_t bar;
+    __nv_bfloat16* box = reinterpret_cast<__nv_bfloat16*>(at == BoxAt::aligned ? aligned_smem()
+                                                                                : dynamic_smem<unsigned char>());
+    if (threadIdx.x == 0) {
+        mbarrier_init(&bar, 1);
+        fence_mbarrier_init();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbarrier_arrive_expect_tx(&bar, box_elems * 2);
+        tma_load_3d(box, &map, c0, c1, c2, &bar);
+    }
+    mbarrier_wait(&bar, 0);
+    for (int i = threadIdx.x; i < box_elems; i += 32) out[i] = box[i];
+}
+
+void run_tma_box_3d(BoxAt at) {
+    const int D0 = 40, D1 = 7, D2 = 5, B0 = 16, B1 = 4, B2 = 3;
+    const std::vector<__nv_bfloat16> t = test::normal_bf16(D0 * D1 * D2);
+    test::DeviceBuffer<__nv_bfloat16> dt(t), dout(B0 * B1 * B2);
+    const CUtensorMap map = encode_tensor_map<3>(dt.ptr, {D0, D1, D2}, {D0 * 2, D0 * D1 * 2}, {B0, B1, B2}, Swizzle::none);
+    const int corner[3] = {32, -2, 3};  // past the end in dims 0 and 2, before the start in dim 1
+    launch(tma_box_3d, dim3(1), dim3(32), 1024 + B0 * B1 * B2 * 2, nullptr, dout.ptr, map, corner[0], corner[1], corner[2],
+           B0 * B1 * B2, at);
+    CUDA_CHECK_LAUNCH();
+    const std::vector<__nv_bfloat16> out = dout.download();
+    int bad = 0;
+    for (int i2 = 0; i2 < B2; ++i2)
+        for (int i1 = 0; i1 < B1; ++i1)
+            for (int i0 = 0; i0 < B0; ++i0) {
+                const int x = corner[0] + i0, y = corner[1] + i1, z = corner[2] + i2;
+                const bool in = x < D0 && y >= 0 && y < D1 && z < D2;
+                const uint16_t want = in ? test::bits(t[(z * D1 + y) * D0 + x]) : 0;
+                bad += test::bits(out[(i2 * B1 + i1) * B0 + i0]) != want;
+            }
+    test::check(bad == 0, "TMA 3-D box with out-of-bounds parts: %d of %d elements wrong", bad, B0 * B1 * B2);
+}
+void check_tma_3d() { run_tma_box_3d(BoxAt::aligned); }
+
 // ---- planted bugs ----
 void check_wrong_swizzle() {
     for (Swizzle wrong : {Swizzle::b64, Swizzle::none})
-        test::check(one_wgmma_wrong_bits<128, false>(Swizzle::b128, wrong) > 0,
+        test::check(one_wgmma_errors<128, false>(Swizzle::b128, wrong).outside > 0,
                     "a tile written with %u-byte swizzle read as 128-byte must give wrong products", swizzle_bytes(wrong));
 }
 // Emu's stops; a template so that the GPU build (which would hang or read garbage) never compiles them.
@@ -274,46 +342,9 @@ void check_emu_stops() {
         test::check_fails_with("a box row wider than the swizzle span", "exceeds the 64-byte swizzle span", [&] {
             encode_tensor_map<2>(buf.ptr, {256, 256}, {512}, {64, 64}, Swizzle::b64);
         });
+        test::check_fails_with("a TMA box at the dynamic shared memory's start", "is not 128-byte aligned",
+                               [] { run_tma_box_3d(BoxAt::dynamic_start); });
     }
-}
-
-// ---- a 3-D TMA box with out-of-bounds parts, no swizzle: every element against the tensor or zero ----
-__global__ void __launch_bounds__(32) tma_box_3d(__nv_bfloat16* out, const __grid_constant__ CUtensorMap map, int c0, int c1,
-                                                 int c2, int box_elems) {
-    __shared__ uint64_t bar;
-    __nv_bfloat16* box = dynamic_smem<__nv_bfloat16>();
-    if (threadIdx.x == 0) {
-        mbarrier_init(&bar, 1);
-        fence_mbarrier_init();
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        mbarrier_arrive_expect_tx(&bar, box_elems * 2);
-        tma_load_3d(box, &map, c0, c1, c2, &bar);
-    }
-    mbarrier_wait(&bar, 0);
-    for (int i = threadIdx.x; i < box_elems; i += 32) out[i] = box[i];
-}
-
-void check_tma_3d() {
-    const int D0 = 40, D1 = 7, D2 = 5, B0 = 16, B1 = 4, B2 = 3;
-    const std::vector<__nv_bfloat16> t = test::normal_bf16(D0 * D1 * D2);
-    test::DeviceBuffer<__nv_bfloat16> dt(t), dout(B0 * B1 * B2);
-    const CUtensorMap map = encode_tensor_map<3>(dt.ptr, {D0, D1, D2}, {D0 * 2, D0 * D1 * 2}, {B0, B1, B2}, Swizzle::none);
-    const int corner[3] = {32, -2, 3};  // past the end in dims 0 and 2, before the start in dim 1
-    launch(tma_box_3d, dim3(1), dim3(32), B0 * B1 * B2 * 2, nullptr, dout.ptr, map, corner[0], corner[1], corner[2], B0 * B1 * B2);
-    CUDA_CHECK_LAUNCH();
-    const std::vector<__nv_bfloat16> out = dout.download();
-    int bad = 0;
-    for (int i2 = 0; i2 < B2; ++i2)
-        for (int i1 = 0; i1 < B1; ++i1)
-            for (int i0 = 0; i0 < B0; ++i0) {
-                const int x = corner[0] + i0, y = corner[1] + i1, z = corner[2] + i2;
-                const bool in = x < D0 && y >= 0 && y < D1 && z < D2;
-                const uint16_t want = in ? test::bits(t[(z * D1 + y) * D0 + x]) : 0;
-                bad += test::bits(out[(i2 * B1 + i1) * B0 + i0]) != want;
-            }
-    test::check(bad == 0, "TMA 3-D box with out-of-bounds parts: %d of %d elements wrong", bad, B0 * B1 * B2);
 }
 
 int main(int argc, char** argv) {

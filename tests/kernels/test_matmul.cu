@@ -70,7 +70,10 @@ void check_gemm(const std::string& what, int rows, int cols, int K, const std::f
                 mag += std::fabs(beta * c(i, j));
             }
             const double g = value(got[idx(i, j)]);
-            const double err = std::fabs(g - want), tol = tolerance<Out>(mag, want, K, accum_rtol);
+            // Into bf16 with beta, cuBLASLt on an H100 may round alpha op(a) op(b) to bf16 before adding
+            // beta c (off by an ulp in 10% of outputs: docs/gpu-runs/2026-11-28-h100-80gb-hbm3-73ba680).
+            const double product_rounding = std::is_same_v<Out, bf16> && beta != 0.0 ? std::fabs(alpha * sum) / 256 : 0.0;
+            const double err = std::fabs(g - want), tol = tolerance<Out>(mag, want, K, accum_rtol) + product_rounding;
             if (!(err <= tol)) {
                 if (!bad)
                     first = "(" + std::to_string(i) + "," + std::to_string(j) + "): got " + std::to_string(g) + " want " +
@@ -263,6 +266,64 @@ void test_errors() {
     CUBLASLT_CHECK(cublasLtDestroy(h));
 }
 
+// ---- cuBLASLt's fp8 rules as emu enforces them, against the library that runs ----
+// Each case is an fp8 matmul (TN, e4m3 x e4m3 -> bf16) and whether emu runs it. Under emu the status
+// must be the table's. On a GPU a case emu runs must run there too, with the right values (else emu
+// accepts what the GPU refuses, and every test above it lies); a case emu refuses is reported with the
+// GPU's status, "emu is stricter" where the GPU ran it. Emu took the scale-alignment rule from the
+// first GPU run's failures (docs/gpu-runs/2026-11-28-h100-80gb-hbm3-73ba680); this table confirms or
+// relaxes it on the next.
+struct Fp8RuleCase {
+    const char* what;
+    int m, n, k;                      // cuBLASLt's (column-major) D(m x n) = op(A) op(B), k deep
+    int a_scale_offset, b_scale_offset;  // floats past a 16-byte aligned address
+    bool emu_runs;
+};
+void fp8_rule_case(cublasLtHandle_t h, void* ws, const Fp8RuleCase& c) {
+    const auto ha = random_matrix<e4m3>(size_t(c.k) * c.m, 8.0), hb = random_matrix<e4m3>(size_t(c.k) * c.n, 8.0);
+    DeviceBuffer<e4m3> da(ha), db(hb);
+    DeviceBuffer<bf16> dd(size_t(c.m) * c.n);
+    DeviceBuffer<float> scales(std::vector<float>{0.5f, 0.5f, 0.5f, 0.5f, 0.25f, 0.25f, 0.25f, 0.25f});
+    const float* sa = scales.ptr + c.a_scale_offset;
+    const float* sb = scales.ptr + 4 + c.b_scale_offset;
+    Desc desc(true, false);
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+    CUBLASLT_CHECK(cublasLtMatmulDescSetAttribute(desc.d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+    Layout A(CUDA_R_8F_E4M3, c.k, c.m, c.k), B(CUDA_R_8F_E4M3, c.k, c.n, c.k), D(CUDA_R_16BF, c.m, c.n, c.m);
+    const cublasStatus_t s = heuristic_and_matmul(h, desc, A, B, D, D, da.ptr, db.ptr, dd.ptr, dd.ptr, 1.0f, 0.0f, ws);
+    const bool ran = s == CUBLAS_STATUS_SUCCESS;
+    if constexpr (kEmulated) {
+        test::check(ran == c.emu_runs, "fp8 rule, %s: emu gave %s, its table says it %s", c.what, cublasLtGetStatusName(s),
+                    c.emu_runs ? "runs" : "is refused");
+    } else {
+        std::printf("cuBLASLt fp8 rule, %s: emu %s, this GPU %s%s\n", c.what, c.emu_runs ? "runs it" : "refuses it",
+                    cublasLtGetStatusName(s), !c.emu_runs && ran ? " (emu is stricter here)" : "");
+        test::check(ran || !c.emu_runs, "fp8 rule, %s: emu runs it but this GPU gives %s", c.what, cublasLtGetStatusName(s));
+    }
+    if (!ran) return;
+    CUDA_CHECK(cudaDeviceSynchronize());
+    check_gemm<bf16>(std::string("fp8 rule, ") + c.what, c.m, c.n, c.k,
+                     [&](int i, int p) { return 0.5 * value(ha[size_t(i) * c.k + p]); },
+                     [&](int p, int j) { return 0.25 * value(hb[size_t(j) * c.k + p]); }, 1.0, 0.0,
+                     [](int, int) { return 0.0; }, dd.download(), [&](int i, int j) { return size_t(j) * c.m + i; });
+}
+void test_fp8_rules() {
+    cublasLtHandle_t h;
+    CUBLASLT_CHECK(cublasLtCreate(&h));
+    void* ws;
+    CUDA_CHECK(cudaMalloc(&ws, CublasLt::kWorkspaceBytes));
+    const Fp8RuleCase cases[] = {
+        {"64x64x64, scales 16-byte aligned", 64, 64, 64, 0, 0, true},
+        {"64x64x64, A's scale 4 bytes past 16", 64, 64, 64, 1, 0, false},
+        {"64x64x64, B's scale 8 bytes past 16", 64, 64, 64, 0, 2, false},
+        {"m 40 (80 bytes of bf16 rows)", 40, 64, 64, 0, 0, false},
+        {"n 40", 64, 40, 64, 0, 0, false},
+    };
+    for (const Fp8RuleCase& c : cases) fp8_rule_case(h, ws, c);
+    CUDA_CHECK(cudaFree(ws));
+    CUBLASLT_CHECK(cublasLtDestroy(h));
+}
+
 // ---- the wrapper, row-major ----
 const char* out_name(bf16*) { return "bf16"; }
 const char* out_name(float*) { return "fp32"; }
@@ -347,8 +408,8 @@ void wrapper_fp8_case(CublasLt& lt, int M, int N, int K, float scale_a, float sc
     DeviceBuffer<A8> a(ha);
     DeviceBuffer<B8> b(hb);
     DeviceBuffer<Out> out(init);
-    DeviceBuffer<float> scales(std::vector<float>{scale_a, scale_b});
-    matmul_fp8(lt, out.ptr, a.ptr, scales.ptr, b.ptr, scales.ptr + 1, M, N, K, 0, fast_accum, beta);
+    DeviceBuffer<float> scales(std::vector<float>{scale_a, 0, 0, 0, scale_b});  // each 16-byte aligned
+    matmul_fp8(lt, out.ptr, a.ptr, scales.ptr, b.ptr, scales.ptr + 4, M, N, K, 0, fast_accum, beta);
     CUDA_CHECK(cudaDeviceSynchronize());
     const std::string what = std::string("matmul_fp8 ") + (std::is_same_v<A8, e4m3> ? "e4m3" : "e5m2") + " x " +
                              (std::is_same_v<B8, e4m3> ? "e4m3" : "e5m2") + " -> " +
@@ -380,11 +441,11 @@ void test_wrapper() {
     wrapper_linear_case<float>(lt, 64, 96, 80);
 
     // The lm_head: forward e4m3 x e4m3 -> bf16; backward e5m2 grad x e4m3 -> bf16 and e4m3 x e5m2 -> fp32.
-    wrapper_fp8_case<bf16, e4m3, e4m3>(lt, 37, 40, 80, 0.0123f, 0.5f, 0.0f, false);
+    wrapper_fp8_case<bf16, e4m3, e4m3>(lt, 48, 80, 80, 0.0123f, 0.5f, 0.0f, false);
     wrapper_fp8_case<bf16, e4m3, e4m3>(lt, 64, 48, 128, 0.003f, 0.25f, 0.0f, true);
-    wrapper_fp8_case<bf16, e5m2, e4m3>(lt, 29, 24, 48, 1.5e-5f, 0.75f, 0.0f, false);
-    wrapper_fp8_case<float, e5m2, e4m3>(lt, 33, 20, 64, 2e-5f, 0.125f, 0.0f, false);
-    wrapper_fp8_case<float, e4m3, e5m2>(lt, 24, 36, 96, 0.02f, 3e-6f, 1.0f, false);
+    wrapper_fp8_case<bf16, e5m2, e4m3>(lt, 32, 16, 48, 1.5e-5f, 0.75f, 0.0f, false);
+    wrapper_fp8_case<float, e5m2, e4m3>(lt, 48, 32, 64, 2e-5f, 0.125f, 0.0f, false);
+    wrapper_fp8_case<float, e4m3, e5m2>(lt, 16, 48, 96, 0.02f, 3e-6f, 1.0f, false);
     wrapper_fp8_case<bf16, e4m3, e4m3>(lt, 16, 32, 32, 0.01f, 0.01f, 1.0f, false);
 
     // One plan per shape: repeating a call adds none.
@@ -447,8 +508,9 @@ int bench_matmul(const bench::Options& o) {
                w8 = random_operand<e4m3>(C, V, 448), w8_t = random_operand<e4m3>(V, C, 448);
     const auto g8 = random_operand<e5m2>(T, V, 57344), g8_t = random_operand<e5m2>(V, T, 57344);
     const auto dlm_head = random_operand<bf16>(C, V, 0.0);
-    DeviceBuffer<float> scales(std::vector<float>{1e-3f, 1e-3f, 1e-5f});  // the values do not change the time
-    const float *sx = scales.ptr, *sw = scales.ptr + 1, *sg = scales.ptr + 2;
+    // the values do not change the time; each scale 16-byte aligned, as cuBLASLt's fp8 kernels need
+    DeviceBuffer<float> scales(std::vector<float>{1e-3f, 0, 0, 0, 1e-3f, 0, 0, 0, 1e-5f});
+    const float *sx = scales.ptr, *sw = scales.ptr + 4, *sg = scales.ptr + 8;
     b.run("matmul_fp8", mnk("lm_head fwd e4m3*e4m3", T, V, C), [&](cudaStream_t s) {
         matmul_fp8(lt, logits->ptr, x8->ptr, sx, w8_t->ptr, sw, T, V, C, s, /*fast_accum=*/true);
     });
@@ -468,6 +530,7 @@ int main(int argc, char** argv) {
     test::seed();
     test_raw_api();
     test_errors();
+    test_fp8_rules();
     test_wrapper();
     return test::finish();
 }

@@ -50,12 +50,15 @@ Gemm gemm(int M, int N, int K, const std::vector<double>& a, size_t a_row, size_
     return g;
 }
 // bf16 output of an fp32-accumulated GEMM: 1e-5 sqrt(K) of the magnitude, plus the output's
-// rounding (at most 2^-9 relative, 2^-8 allowed) and of any accumulated old value.
+// rounding (at most 2^-9 relative, 2^-8 allowed) and of any accumulated old value. Accumulating,
+// cuBLASLt on an H100 may also round the product to bf16 before adding the old value (off by an ulp
+// in 2-9% of outputs: docs/gpu-runs/2026-11-28-h100-80gb-hbm3-73ba680), so that rounding is allowed too.
 std::vector<double> gemm_tolerance(const Gemm& g, int K, const std::vector<double>* old = nullptr) {
     std::vector<double> tol(g.out.size());
     for (size_t i = 0; i < tol.size(); ++i) {
-        const double o = old ? (*old)[i] : 0.0;
-        tol[i] = 1e-5 * std::sqrt(K + 1.0) * (g.mag[i] + std::fabs(o)) + std::fabs(g.out[i] + o) / 256 + 1e-30;
+        const double o = old ? (*old)[i] : 0.0, product_rounding = old ? std::fabs(g.out[i]) / 256 : 0.0;
+        tol[i] = 1e-5 * std::sqrt(K + 1.0) * (g.mag[i] + std::fabs(o)) + std::fabs(g.out[i] + o) / 256 +
+                 product_rounding + 1e-30;
     }
     return tol;
 }

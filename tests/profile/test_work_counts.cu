@@ -337,10 +337,10 @@ void test_matmul(CublasLt& lt) {
     for (auto& v : a8) v = __nv_fp8_e4m3(static_cast<float>(test::uniform(-2, 2)));
     for (auto& v : b8) v = __nv_fp8_e4m3(static_cast<float>(test::uniform(-2, 2)));
     DeviceBuffer<__nv_fp8_e4m3> da8(a8), db8(b8);
-    DeviceBuffer<float> scales(std::vector<float>{0.5f, 0.25f});
+    DeviceBuffer<float> scales(std::vector<float>{0.5f, 0, 0, 0, 0.25f});  // each scale 16-byte aligned
     DeviceBuffer<bf16> o8(M * N);
-    ops = check_family("matmul_fp8", {gemm("gemm_fp8", bytes(da8) + bytes(db8) + bytes(scales), bytes(o8))}, {out(o8)},
-                       [&] { matmul_fp8(lt, o8.ptr, da8.ptr, scales.ptr, db8.ptr, scales.ptr + 1, M, N, K, nullptr); });
+    ops = check_family("matmul_fp8", {gemm("gemm_fp8", bytes(da8) + bytes(db8) + 2 * sizeof(float), bytes(o8))}, {out(o8)},
+                       [&] { matmul_fp8(lt, o8.ptr, da8.ptr, scales.ptr, db8.ptr, scales.ptr + 4, M, N, K, nullptr); });
     if (ops.size() == 1) check_gemm_shape("matmul_fp8", ops[0], GemmType::fp8, N, M, K, 1);
 }
 
@@ -665,8 +665,8 @@ void test_head(CublasLt& lt) {
     DeviceBuffer<e4m3> x_f8(size_t(T) * C), x_f8_t(size_t(T) * C), w_f8(size_t(C) * V), w_f8_t(size_t(C) * V);
     DeviceBuffer<e5m2> g_f8(size_t(T) * V), g_f8_t(size_t(T) * V);
     const LmHeadFp8Scales host_scales = lm_head_fp8_scales(2.0);
-    DeviceBuffer<float> scales(std::vector<float>{host_scales.x, host_scales.w, host_scales.grad});
-    const auto* sc = reinterpret_cast<const LmHeadFp8Scales*>(scales.ptr);
+    DeviceBuffer<LmHeadFp8Scales> scales(std::vector<LmHeadFp8Scales>{host_scales});
+    const LmHeadFp8Scales* sc = scales.ptr;
     const LmHeadFp8Buffers buf{x_f8.ptr, x_f8_t.ptr, w_f8.ptr, w_f8_t.ptr, g_f8.ptr, g_f8_t.ptr};
     const double scale = sizeof(float);
 

@@ -297,6 +297,26 @@ def test_planted(build):
         rep, _ = report_of(out3)
         check(p.returncode == 0 and rep["machine"].get("gpu") == "NVIDIA H100 80GB HBM3" and
               rep["machine"].get("compute capability") == "9.0", "an H100 is accepted and named")
+        # GPU mode on a made-up bundle: a program the bundle leaves out on purpose (bundle.json's left_out)
+        # is listed as such and fails nothing; the same program absent without that entry is a failure
+        fake = os.path.join(tmp, "fake-bundle")
+        os.makedirs(fake)
+        for name, body in [("train_gpt", "echo platform check passed"), ("test_norm_gpu", "echo '1 passed, 0 failed'")]:
+            with open(os.path.join(fake, name), "w") as f:
+                f.write(f"#!/bin/sh\n{body}\n")
+            os.chmod(os.path.join(fake, name), 0o755)
+        for left_out, want_rc, want_status in [(["test_batch_producer_gpu"], 0, "not in bundle"), ([], 1, "missing")]:
+            json.dump({"left_out": left_out}, open(os.path.join(fake, "bundle.json"), "w"))
+            out4 = os.path.join(tmp, f"out4-{len(left_out)}")
+            p = run([GPU_CHECK, "--bundle", fake, out4],
+                    env={"GPU_CHECK_HOOK_GPU": "NVIDIA H100 80GB HBM3|9.0|580.159", "GPU_CHECK_PARTS": "machine kernel_tests",
+                         "GPU_CHECK_TESTS": "test_norm test_batch_producer"})
+            rep, _ = report_of(out4)
+            got = {k["program"]: k["status"] for k in rep["kernel_tests"]}
+            failing = [f for f in rep["failures"] if "test_batch_producer_gpu" in f]
+            check(p.returncode == want_rc and got.get("test_batch_producer_gpu") == want_status and
+                  got.get("test_norm_gpu") == "pass" and bool(failing) == (want_rc != 0),
+                  f"bundle left_out {left_out}: exit {p.returncode} (want {want_rc}), statuses {got}, failures {failing}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
