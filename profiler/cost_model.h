@@ -406,10 +406,12 @@ inline std::string load_calibration(CostModel& m, const std::string& path) {
 
 // The model for `world` GPUs on `nodes` nodes, with the measured rates of the calibration file the
 // run names (--calibration), or else of the committed one (`committed`, docs/gpu-runs/calibration.json
-// in the repository) where there is one; "" or what is wrong with the file.
+// in the repository) where there is one; "none" names no file (every rate the default). "" or what is
+// wrong with the file.
 inline std::string calibrated_model(CostModel& m, const std::string& named, const std::string& committed, int world,
                                     int nodes) {
     m = h100_model(world, nodes);
+    if (named == "none") return "";
     std::string path = named;
     if (path.empty() && access(committed.c_str(), F_OK) == 0) path = committed;
     return path.empty() ? "" : load_calibration(m, path);

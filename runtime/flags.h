@@ -40,7 +40,7 @@ struct RunOptions {
     std::vector<int> checkpoint_steps;   // empty: the last step when save_dir is set
     StepRange profile_steps;             // --profile-steps A:B: time every operation of steps A..B
     bool profile_warmup = false;         // --profile-warmup: time every step of the warm-up (every stage's shapes)
-    std::string calibration;             // --calibration FILE: measured rates for the step model; empty: the default
+    std::string calibration;             // --calibration FILE|none: the step model's measured rates; empty: the committed file
     std::optional<MlpKernel> mlp_kernel; // --mlp-kernel; none: default_mlp_kernel() (wgmma on Hopper GPUs)
     std::optional<AttentionKernel> attention;  // --attention; none: default_attention_kernel() (wgmma)
     std::string command;                 // the command line, for the log
@@ -109,7 +109,8 @@ const char* kUsage =
     "                           initial parameters, with the step model's price of each recording beside it;\n"
     "                           turns the warm-up on (not with --warmup 0)\n"
     "  --calibration FILE       the step model's measured rates (--plan-step, --profile-*): a JSON file made by\n"
-    "                           scripts/gpu_check.sh --calibrate (default: docs/gpu-runs/calibration.json where present)\n"
+    "                           scripts/gpu_check.sh --calibrate (default: docs/gpu-runs/calibration.json where present;\n"
+    "                           none: every rate the model's default)\n"
     "  --help                   this text\n";
 
 [[noreturn]] void usage_error(const std::string& why) {

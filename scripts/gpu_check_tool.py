@@ -370,6 +370,17 @@ def calibrate(args):
                     rates[f"tc_tflops.{name}"] = f["tflops"]
             elif f["tbs"] > 0 and not name.startswith(("nccl", "copy_h2d", "copy_d2h")):
                 rates[f"hbm_efficiency_by_family.{name}"] = min(1.0, f["tbs"] / c["hbm_tbs"])
+    # tensor-core families the stages did not time: from the kernel benches, the kernel a GPU run selects
+    # (attention: mma.sync; the MLP's c_fc: wgmma) at the largest shapes benched, total FLOPs over total time
+    for name, variant in [("attention_forward", ""), ("attention_backward", ""),
+                          ("linear_relu_square_forward", " wgmma"), ("linear_relu_square_backward", " wgmma")]:
+        rows = [b for b in doc["bench"] if b["launcher"] == name and b["shape"].endswith(variant) and b["ms"] > 0]
+        if variant == "":
+            rows = [b for b in rows if b["shape"].startswith("stage ")]
+            top = max((b["shape"].split()[1] for b in rows), default=None)
+            rows = [b for b in rows if b["shape"].split()[1] == top]
+        if rows and f"tc_tflops.{name}" not in rates and name in c["tc_tflops"]:
+            rates[f"tc_tflops.{name}"] = sum(b["gflop"] for b in rows) / sum(b["ms"] for b in rows)
     # cuBLASLt bf16 GEMMs: the median of the benches' achieved fraction of peak
     gemms = sorted(b["tflops"] / c["bf16_tflops"] for b in doc["bench"]
                    if b["launcher"].startswith("matmul") and "fp8" not in b["launcher"] and b["tflops"] > 0)

@@ -216,9 +216,14 @@ def test_dry_run(build, out):
                   not any(k.split(".")[1].startswith("gemm") for k in got),
                   f"the rates are the report's: tensor-core and memory-bound families, no GEMM ({len(got)} of {len(want)})")
             trainer = os.path.join(build, "train_gpt_cpu")
-            base = run([trainer, "--preset", "tiny", "--plan-step"])
+            base = run([trainer, "--preset", "tiny", "--plan-step", "--calibration", "none"])
             calibrated = run([trainer, "--preset", "tiny", "--plan-step", "--calibration", cal])
-            check(base.returncode == 0 and "none measured" in base.stdout, "--plan-step without a file: none measured")
+            check(base.returncode == 0 and "none measured" in base.stdout, "--plan-step --calibration none: none measured")
+            committed = os.path.join(REPO, "docs/gpu-runs/calibration.json")
+            if os.path.exists(committed):  # without the flag, the committed file's rates
+                default = run([trainer, "--preset", "tiny", "--plan-step"])
+                check(default.returncode == 0 and f"constants measured ({committed})" in default.stdout,
+                      "--plan-step without --calibration uses docs/gpu-runs/calibration.json")
             check(calibrated.returncode == 0 and "constants measured (" + cal + ")" in calibrated.stdout and
                   re.search(r"measured tc_tflops\.attention_forward +[\d.e+-]+ \(default 330\) from .*report\.md",
                             calibrated.stdout), "--plan-step with the file names the measured constants")
