@@ -18,7 +18,8 @@
 #   stages        the record preset on one GPU (8 micro-steps) on synthetic tokens: its memory plan
 #                 (--print-memory --ranks 1, which must fit 80 GB), then
 #                 --profile-warmup times every warm-up step (every stage's shapes: even, Adam and the
-#                 untie step) with the step model's ms for the same recording beside each family
+#                 untie step) with the step model's ms for the same recording beside each family; then
+#                 the same for record 80's preset (r80)
 #   bench         the kernel tests' --bench at the record's shapes: attention forward/backward on wgmma
 #                 and mma.sync, c_fc/dpre on wgmma and mma.sync, cuBLASLt's GEMMs, against the model
 # Everything goes to OUTDIR: report.md, report.json (every figure) and logs.txt (every part's output);
@@ -46,8 +47,8 @@ PARTS_ALL="machine kernel_tests tiny stages bench"
 # Expected device seconds on one H100 (the plan), and each part's timeout. Estimates until the first
 # report: the kernel tests' double references run on the host's 16 cores; the record preset's
 # warm-up is 14 steps of 8 micro-steps, each well under a second on one GPU, plus model build and data.
-declare -A EXPECTED=([machine]=10 [kernel_tests]=150 [tiny]=20 [stages]=70 [bench]=40)
-declare -A TIMEOUT=([machine]=60 [kernel_tests]=240 [tiny]=90 [stages]=180 [bench]=120)
+declare -A EXPECTED=([machine]=10 [kernel_tests]=150 [tiny]=20 [stages]=130 [bench]=40)
+declare -A TIMEOUT=([machine]=60 [kernel_tests]=240 [tiny]=90 [stages]=300 [bench]=120)
 TEST_TIMEOUT_S=${GPU_CHECK_HOOK_TEST_TIMEOUT:-60}  # one kernel test program
 STARTUP_S=60          # the machine's start, counted in the window
 WINDOW_S=900          # a window's device time
@@ -302,6 +303,20 @@ part_stages() {
     grep -E '^(warming up|profile of step|step [0-9]+: |model of step)' "$GC_WORK/stages.out"
     [ $rc -eq 0 ] || { tail -20 "$GC_WORK/stages.out"; echo "the profiled run failed (exit $rc)"; return 1; }
     grep -q '^model of step' "$GC_WORK/stages.out" || { echo "no profiled step"; return 1; }
+    # record 80's preset the same way (the dry run: its tiny twin), into stages_r80.out: the trunk the
+    # newer records build on, with its own kernels (banks, residual stream, the tanh-form loss)
+    local i
+    args[1]=r80
+    [ "$GC_MODE" = dry-run ] && args[1]=tiny-r80
+    for i in "${!args[@]}"; do [ "${args[i]}" = --run-id ] && args[i + 1]=stages_r80; done
+    echo "$t ${args[*]}"
+    (cd "$REPO" && "$t" "${args[@]}") >"$GC_WORK/stages_r80.out" 2>&1
+    rc=$?
+    # its lines stay out of this log (scripts/side_by_side.sh --ours-log reads the record preset's from it):
+    # the report parses stages_r80.out
+    echo "record 80: $(grep -c '^model of step' "$GC_WORK/stages_r80.out") warm-up steps profiled (report.json's stages_r80)"
+    [ $rc -eq 0 ] || { tail -20 "$GC_WORK/stages_r80.out"; echo "record 80's profiled run failed (exit $rc)"; return 1; }
+    grep -q '^model of step' "$GC_WORK/stages_r80.out" || { echo "no profiled step of record 80"; return 1; }
 }
 
 part_bench() {

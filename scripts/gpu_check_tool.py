@@ -229,6 +229,25 @@ def stage_summary(profiles):
     return out
 
 
+def stages_md(stages, title, intro):
+    """report.md's section for one preset's profiled warm-up: per stage and kind, then per family."""
+    if not stages:
+        return []
+    md = ["", f"## {title}", "", intro, "",
+          "| stage | kind | steps | batch | windows | embed | measured ms | model ms | measured/model |",
+          "| ---: | --- | --- | ---: | --- | --- | ---: | ---: | ---: |"]
+    md += [f"| {g['stage']} | {g['kind']} | {','.join(map(str, g['steps']))} | {g['batch']} | "
+           f"{g['windows'][0]}/{g['windows'][1]} | {g['embed']} | {g['ms']:.3f} | {g['model_ms']:.3f} | "
+           f"{fmt(g['ratio'])} |" for g in stages]
+    for g in stages:
+        md += ["", f"### stage {g['stage']}, {g['kind']} step: per kernel family", "",
+               "| family | measured ms | model ms | measured/model | TFLOP/s | TB/s |",
+               "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        md += [f"| {f['family']} | {f['ms']:.3f} | {f['model_ms']:.3f} | {fmt(f['ratio'])} | {f['tflops']:.3f} | "
+               f"{f['tbs']:.4f} |" for f in g["families"]]
+    return md
+
+
 def fmt(x, spec=".3f"):
     return "-" if x is None else format(x, spec)
 
@@ -263,6 +282,7 @@ def report(args):
     peak = re.search(r"^peak memory allocated: (\d+) MiB", stages_out, re.M)
     memory = {"plan_one_gpu_mib": float(plan[1]) if plan else None, "run_peak_mib": int(peak[1]) if peak else None}
     stages = stage_summary(profiles)
+    stages_r80 = stage_summary(parse_profiles(read(os.path.join(work, "stages_r80.out"))))
     constants = model_constants(args.repo)
     bench = parse_bench(read(os.path.join(work, "bench.out")), constants)
     label = ("DRY RUN on the CPU build (emu): every time is the CPU emulation's wall time, not a GPU's; the "
@@ -271,7 +291,7 @@ def report(args):
     doc = {"mode": args.mode, "label": label, "date": machine.get("date"), "commit": machine.get("commit"),
            "card": machine.get("gpu"), "machine": machine, "machine_notes": notes, "total_s": args.total_s, "bundle": args.bundle,
            "parts": status, "failures": failures, "kernel_tests": kernel_tests, "tiny": tiny,
-           "stages": stages, "profiles": profiles, "memory": memory, "bench": bench, "model_constants": constants,
+           "stages": stages, "stages_r80": stages_r80, "profiles": profiles, "memory": memory, "bench": bench, "model_constants": constants,
            "synthetic_tokens": not dry}
     os.makedirs(out, exist_ok=True)
     json.dump(doc, open(os.path.join(out, "report.json"), "w"), indent=1)
@@ -297,23 +317,14 @@ def report(args):
                f"{memory['plan_one_gpu_mib']:.0f} MiB (the part fails above 80 GiB less 2 GiB)",
                f"- the profiled run's peak allocation: {memory['run_peak_mib'] if memory['run_peak_mib'] is not None else '-'} MiB"
                + (" (the dry run's preset: tiny)" if dry else " (record preset, one GPU)")]
-    if stages:
-        md += ["", "## Stages: measured against the step model (the same recording)", "",
-               ("The tiny preset (dry run)." if dry else
-                "The record preset on one GPU (8 micro-steps per step) on **synthetic tokens** (random tokens in "
-                "documents of FineWeb-like lengths: no FineWeb on the machine); each warm-up step timed from the "
-                "initial parameters (--profile-warmup)."),
-               "", "| stage | kind | steps | batch | windows | embed | measured ms | model ms | measured/model |",
-               "| ---: | --- | --- | ---: | --- | --- | ---: | ---: | ---: |"]
-        md += [f"| {g['stage']} | {g['kind']} | {','.join(map(str, g['steps']))} | {g['batch']} | "
-               f"{g['windows'][0]}/{g['windows'][1]} | {g['embed']} | {g['ms']:.3f} | {g['model_ms']:.3f} | "
-               f"{fmt(g['ratio'])} |" for g in stages]
-        for g in stages:
-            md += ["", f"### stage {g['stage']}, {g['kind']} step: per kernel family", "",
-                   "| family | measured ms | model ms | measured/model | TFLOP/s | TB/s |",
-                   "| --- | ---: | ---: | ---: | ---: | ---: |"]
-            md += [f"| {f['family']} | {f['ms']:.3f} | {f['model_ms']:.3f} | {fmt(f['ratio'])} | {f['tflops']:.3f} | "
-                   f"{f['tbs']:.4f} |" for f in g["families"]]
+    md += stages_md(stages, "Stages: measured against the step model (the same recording)",
+                    "The tiny preset (dry run)." if dry else
+                    "The record preset on one GPU (8 micro-steps per step) on **synthetic tokens** (random tokens in "
+                    "documents of FineWeb-like lengths: no FineWeb on the machine); each warm-up step timed from the "
+                    "initial parameters (--profile-warmup).")
+    md += stages_md(stages_r80, "Record 80's stages: measured against the step model",
+                    "Record 80's tiny twin (dry run)." if dry else
+                    "The r80 preset the same way (one GPU, synthetic tokens, --profile-warmup).")
     if bench:
         md += ["", "## Kernel benches against profiler/cost_model.h's rates", "",
                "| launcher | shape | ms | TFLOP/s | TB/s | model rate | achieved/model |",

@@ -172,6 +172,10 @@ def test_dry_run(build, out):
         check(kinds == {(0, "even"), (1, "adam"), (2, "even"), (3, "untie"), (3, "even")},
               f"the stage table has every stage's shapes, the untie step among them ({sorted(kinds)})")
         check(all(g["ratio"] and g["ratio"] > 0 for g in rep["stages"]), "each stage's measured/model ratio")
+        kinds80 = {(g["stage"], g["kind"]) for g in rep["stages_r80"]}
+        check(kinds80 == kinds and all(g["ratio"] and g["ratio"] > 0 for g in rep["stages_r80"]) and
+              "## Record 80's stages" in md,
+              f"record 80's preset profiled the same way, in report.json and report.md ({sorted(kinds80)})")
         # the benches: every launcher asked for, with the model's rate beside
         launchers = {b["launcher"] for b in rep["bench"]}
         for want in ("attention_forward", "attention_forward (wgmma)", "attention_backward", "attention_backward (wgmma)",
