@@ -27,7 +27,7 @@ set(TIER_RULES
   "gpu-build ^(gpu_res_usage|gpu_hopper_sass.*|gpu_attention_sass|launch_log_fresh|test_check_res_usage)$"
   "scripts ^(test_scripts|test_ab|run_ab_cpu|gpu_check_.*|gpu_bundle_.*)$"
   "strict _strict(_[0-9]+)?$"
-  "trainer ^(test_trainer|test_trainer_r80|test_trainer_failures|schedule_bits|test_checkpoint_layout|repin_.*|plan_step_.*|profile_steps_cli|gathers_race.*|param_toy_edit|single_rank_losses)$"
+  "trainer ^(test_trainer|test_trainer_r80|test_trainer_failures|schedule_bits|repin_.*|plan_step_.*|profile_steps_cli|gathers_race.*|param_toy_edit|single_rank_losses)$"
   "mpi _np([2-9]|[1-9][0-9]+)(_|$)"
   "fast ^(${UNIT_TEST_ALTERNATIVES})$"
   "fast ^(train_gpt_cpu_np1|train_gpt_print_memory|train_gpt_bad_flag|emu_profile|memory_plan_state|nccl_world1_check)$"

@@ -4,6 +4,8 @@ which also holds Adam's pending gradients, and an even one) writes rank files wh
 (name, dtype, shape, bytes, in data order) and metadata keys are byte-identical to the fixture
 listed from the same save by main at d302bc7, before the optimizer-state registry. So checkpoints
 from before the registry load (the loader looks tensors up by these names, dtypes and shapes).
+CTest makes this comparison in test_trainer (check_layout), on its 1-rank run's saves at steps 1 and 2,
+which list the same, rather than training this script's run for it; run alone, this script still does.
 
     test_checkpoint_layout.py TRAIN_GPT_CPU              compare with the fixture
     test_checkpoint_layout.py --make FILE TRAIN_GPT_CPU  write the listing of TRAIN_GPT_CPU's save to FILE

@@ -18,6 +18,9 @@ upstream's warm-up), with checkpoints at steps 0, 1, 2, 4, 5, 6 and 8. Checked:
     tiny_golden.json, made by tests/reference/make_golden.py with this schedule): step 0's loss and
     gradient norms, every step's training loss, the validation losses and the final parameters'
     norms, on 1 rank and (the trajectory) on 8 ranks;
+  - the checkpoint layout: the 1-rank run's rank files at steps 1 and 2 list their tensors and metadata
+    keys as tests/trainer/fixtures/checkpoint_layout_d302bc7.txt (test_checkpoint_layout.py's check,
+    which CTest makes here);
   - resume: 1 rank resumed from step 4 to 8 equals the uninterrupted run bit for bit;
   - failures: a NaN planted in a checkpoint stops the resumed run naming the step and the
     parameter group; bad flags and missing data give a clear message and a non-zero exit (the
@@ -40,6 +43,7 @@ sys.path.insert(0, os.path.join(REPO, "scripts"))
 import read_checkpoint  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_schedule_bits  # noqa: E402
+import test_checkpoint_layout  # noqa: E402
 
 BINARY = sys.argv[1]
 MPIRUN = sys.argv[2:]
@@ -51,6 +55,8 @@ SCHEDULE = ["--preset", "tiny", "--scheduled-steps", "6", "--extension-steps", "
 WORLD_FLAGS = {1: ["--warmup", "0"], 2: ["--warmup", "0", "--mlp-kernel", "wgmma"], 8: ["--warmup", "1"]}
 TOTAL = 8
 SPLIT = 5  # start of stage 2 (step 4) | 1
+TIED = ("param.embed", "param.lm_head")
+MUON = ("param.attn", "param.mlp")  # the NorMuon groups
 
 failures = []
 
@@ -72,9 +78,22 @@ def run(args, ranks=1, expect_ok=True, env=None):
     return p
 
 
-def tensors(path):
-    meta, ts = read_checkpoint.load(path)
-    return meta, {n: read_checkpoint.to_numpy(d, s, raw).astype(np.float64) for n, (d, s, raw) in ts.items()}
+def tensors(path, names=None, prefix=None):
+    """(meta, {name: float64 array}) of a checkpoint's tensors: every one, or only those in NAMES or whose
+    name starts with PREFIX, read alone (a tiny rank file is 0.5 to 1.2 GB: reading and widening all of it
+    for the one or two tensors a check looks at was a minute of this test's own time)."""
+    meta, infos = read_checkpoint.read_header(path)
+    wanted = [n for n in infos if (names is None or n in names) and (prefix is None or n.startswith(prefix))]
+    out = {}
+    with open(path, "rb") as f:
+        for n in wanted:
+            info = infos[n]
+            f.seek(info["offset"])
+            raw = f.read(info["bytes"])
+            if len(raw) != info["bytes"]:
+                sys.exit(f"checkpoint {path} shrank while tensor {n} was read")
+            out[n] = read_checkpoint.to_numpy(info["dtype"], info["shape"], raw).astype(np.float64)
+    return meta, out
 
 
 def ckpt(root, step, rank=0):
@@ -83,7 +102,7 @@ def ckpt(root, step, rank=0):
 
 def gathered(root, step, ranks, name):
     """A sharded state tensor reassembled from every rank's file (shards split dim 0)."""
-    return np.concatenate([tensors(ckpt(root, step, r))[1][name] for r in range(ranks)], axis=0)
+    return np.concatenate([tensors(ckpt(root, step, r), (name,))[1][name] for r in range(ranks)], axis=0)
 
 
 STEP_LINE = re.compile(r"^step:(\d+)/(\d+) train_time:(\d+)ms step_avg:(\d+\.\d\d)ms$")
@@ -103,6 +122,20 @@ def check_log(path, label):
     check(all(b < a for (_, a), (_, b) in zip(vals, vals[1:])), f"{label}: validation loss falls {vals}")
     check(any(PEAK_LINE.match(l) for l in lines), f"{label}: the peak memory line")
     return vals
+
+
+def check_layout(root):
+    """test_checkpoint_layout.py's check on the 1-rank run's saves at steps 1 and 2 (an odd step, which
+    holds Adam's pending gradients, and an even one): their rank files' tensor list (name, dtype, shape,
+    bytes, in data order) and metadata keys byte-identical to the fixture listed by main at d302bc7, so
+    checkpoints from before the optimizer-state registry load. (This schedule's saves list the same as
+    that script's 2-step run of the default schedule; CTest makes the check here, on saves this test
+    makes anyway, instead of training a run of its own for it.)"""
+    got, want = test_checkpoint_layout.listing(root), open(test_checkpoint_layout.FIXTURE).read()
+    diff = [f"\n     got  {g!r}\n     want {w!r}" for g, w in zip(got.splitlines() + [""] * len(want.splitlines()),
+                                                               want.splitlines() + [""] * len(got.splitlines())) if g != w]
+    check(not diff, f"1 rank: the rank files of steps {test_checkpoint_layout.STEPS} list their tensors and metadata keys "
+                    f"exactly as {os.path.relpath(test_checkpoint_layout.FIXTURE, REPO)}" + "".join(diff[:10]))
 
 
 # Checkpoint group labels -> the reference's parameter names.
@@ -142,7 +175,7 @@ def check_golden(runs, logs):
         tol = 0.15 if label in small else 0.03
         check(abs(float(value) - want) <= tol * want + 1e-6,
               f"step 0 gradient norm of {label}: {value} vs {want:.6e} (tolerance {tol:.0%})")
-    check_final_norms(tensors(ckpt(runs[1], TOTAL))[1], golden, GOLDEN_NAMES, small)
+    check_final_norms(tensors(ckpt(runs[1], TOTAL), prefix="param.")[1], golden, GOLDEN_NAMES, small)
 
 
 def check_final_norms(final, golden, names, small):
@@ -168,20 +201,21 @@ def main():
             check_log(os.path.join(tmp, f"np{ranks}.txt"), f"{ranks} rank(s)")
         for ok, what in test_schedule_bits.check_default_runs({n: (runs[n], stdouts[n]) for n in runs}):
             check(ok, what)
+        check_layout(runs[1])
 
         # tying, on every world size: embed == lm_head^T through the split step, then they part
         for ranks, root in runs.items():
             for step in (2, 4, 6):
-                _, t = tensors(ckpt(root, step))
+                _, t = tensors(ckpt(root, step), TIED)
                 check(np.array_equal(t["param.embed"], t["param.lm_head"].T),
                       f"{ranks} rank(s): embed == lm_head^T at step {step}")
             for key in ("exp_avg", "exp_avg_sq"):
                 lm = gathered(root, SPLIT + 1, ranks, f"{key}.lm_head")
                 em = gathered(root, SPLIT + 1, ranks, f"{key}.embed")
                 check(np.array_equal(em, lm.T), f"{ranks} rank(s): embed's {key} is lm_head's transposed after the split")
-            meta, _ = tensors(ckpt(root, SPLIT + 1))
+            meta, _ = tensors(ckpt(root, SPLIT + 1), ())
             check(meta["adam_steps.embed"] == meta["adam_steps.lm_head"] == "3", f"{ranks} rank(s): embed takes lm_head's Adam step count")
-            _, t = tensors(ckpt(root, TOTAL))
+            _, t = tensors(ckpt(root, TOTAL), TIED)
             check(not np.array_equal(t["param.embed"], t["param.lm_head"].T), f"{ranks} rank(s): untied after step {SPLIT + 2}")
 
         # world sizes: the same training up to reduction order. Gradients are summed in a different
@@ -199,19 +233,19 @@ def main():
         logs = {n: open(os.path.join(tmp, f"np{n}.txt")).read() for n in runs}
         def losses(text):
             return [float(v) for v in re.findall(r"^step:\d+/\d+ (?:train_loss|val_loss):(\d+\.\d+)", text, re.M)]
-        _, p0 = tensors(ckpt(runs[1], 0))
-        _, p1 = tensors(ckpt(runs[1], 1))
-        _, p2 = tensors(ckpt(runs[1], 2))
+        _, p0 = tensors(ckpt(runs[1], 0), MUON)
+        _, p1 = tensors(ckpt(runs[1], 1), prefix="param.")
+        _, p2 = tensors(ckpt(runs[1], 2), prefix="param.")
         for ranks in (2, 8):
             a, b = np.array(losses(logs[1])), np.array(losses(logs[ranks]))
             check(len(a) == len(b) == TOTAL + 3 and np.all(np.abs(a - b) <= 1e-3 * a),
                   f"{ranks} ranks vs 1: training and validation losses agree to 0.1% (max {np.max(np.abs(a - b) / a):.1e})")
-            _, q1 = tensors(ckpt(runs[ranks], 1))
-            for name in ("param.attn", "param.mlp"):
+            _, q1 = tensors(ckpt(runs[ranks], 1), MUON)
+            for name in MUON:
                 rel = np.linalg.norm(q1[name] - p1[name]) / np.linalg.norm(p1[name] - p0[name])
                 check(rel <= 0.2, f"{ranks} ranks vs 1: NorMuon's first update of {name} differs by {rel:.1%} of its size")
-            _, q2 = tensors(ckpt(runs[ranks], 2))
-            for name in sorted(n for n in p2 if n.startswith("param.") and n not in ("param.attn", "param.mlp")):
+            _, q2 = tensors(ckpt(runs[ranks], 2), prefix="param.")
+            for name in sorted(n for n in p2 if n.startswith("param.") and n not in MUON):
                 step = np.abs(p2[name] - p1[name])
                 moved = step > 0
                 if not moved.any():
@@ -230,10 +264,13 @@ def main():
         cheap_val[cheap_val.index("--val-tokens") + 1] = "2048"
         run(cheap_val + ["--run-id", "resumed", "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps", "8",
                          "--resume", os.path.dirname(ckpt(runs[1], 4))])
-        _, a = tensors(ckpt(runs[1], TOTAL))
-        _, b = tensors(ckpt(resumed, TOTAL))
-        check(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a),
-              "resume from step 4 equals the uninterrupted run at step 8 (every tensor, bitwise)")
+        # (each tensor's dtype, shape and bytes compared as stored: bitwise, without widening 1 GB to float64)
+        _, a = read_checkpoint.load(ckpt(runs[1], TOTAL))
+        _, b = read_checkpoint.load(ckpt(resumed, TOTAL))
+        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        check(a.keys() == b.keys() and not differ,
+              f"resume from step 4 equals the uninterrupted run at step 8 (every tensor, bitwise){' differ: ' if differ else ''}"
+              + " ".join(differ[:8]))
 
         # a NaN planted in lm_head stops the run at the next step, naming it
         bad = os.path.join(tmp, "bad", "step000002")
