@@ -14,8 +14,8 @@ the initial state exactly; 2 ranks with the MLP on its Hopper kernel, --mlp-kern
 the same bits under emu), and 8 ranks with deferred streams in a random order (EMU_STREAMS=deferred
 EMU_RANDOM_ORDER=<seed>), where a missing event between streams changes the bits or is reported as a
 race. --full runs every rank count in both modes, each with the warm-up. --deferred-only runs the
-last alone: CTest's test_trainer checks its own 1, 2 and 8-rank runs, made with these flags, against
-the fixture (check_default_runs), so CTest's schedule_bits trains only what test_trainer does not.
+last alone. CTest runs none of these: test_trainer trains 1 and 2 ranks in the default mode and 8
+ranks deferred with these flags and checks them against the fixture (check_default_runs).
 
 --make FILE trains every rank count in both modes and writes FILE only if the two modes agree bit for
 bit (scripts/repin.py). --fixture FILE compares with FILE instead of the committed fixture; --ranks
