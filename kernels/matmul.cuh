@@ -263,8 +263,8 @@ void matmul_backward_weight(CublasLt& lt, Out* dw, const __nv_bfloat16* dy, cons
 // out(MxN) = (*scale_a * a(MxK)) @ (*scale_b * b(NxK))^T + beta * out, scales on the device.
 // Hopper's fp8 GEMMs take only this form (both operands K-contiguous) and need 16-byte aligned matrix
 // pointers; we also keep M, N and K multiples of 16 and each scale 16-byte aligned (emu refuses less:
-// an H100 refused scales 4 bytes off). A8, B8: e4m3 or e5m2, not both e5m2; Out: bf16 or fp32. fast_accum trades accuracy for speed on the GPU (emu always accumulates
-// exactly in fp32).
+// an H100 refused scales 4 bytes off). A8, B8: e4m3 or e5m2, not both e5m2; Out: bf16 or fp32.
+// fast_accum trades accuracy for speed on the GPU (emu always accumulates exactly in fp32).
 template <class Out, class A8, class B8>
 void matmul_fp8(CublasLt& lt, Out* out, const A8* a, const float* scale_a, const B8* b, const float* scale_b, int M,
                 int N, int K, cudaStream_t stream, bool fast_accum = false, float beta = 0.0f,

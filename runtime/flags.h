@@ -42,7 +42,7 @@ struct RunOptions {
     bool profile_warmup = false;         // --profile-warmup: time every step of the warm-up (every stage's shapes)
     std::string calibration;             // --calibration FILE|none: the step model's measured rates; empty: the committed file
     std::optional<MlpKernel> mlp_kernel; // --mlp-kernel; none: default_mlp_kernel() (wgmma on Hopper GPUs)
-    std::optional<AttentionKernel> attention;  // --attention; none: default_attention_kernel() (wgmma)
+    std::optional<AttentionKernel> attention;  // --attention; none: default_attention_kernel() (mma on a GPU, wgmma under emu)
     std::string command;                 // the command line, for the log
 };
 
@@ -100,8 +100,9 @@ const char* kUsage =
     "  --mlp-kernel mma|wgmma   the MLP's fused c_fc GEMMs (forward, and dpre in the backward) on mma.sync or on\n"
     "                           Hopper's TMA + wgmma (default: wgmma on sm_90 GPUs, else mma; the CPU build runs\n"
     "                           mma: its wgmma twins are 2x slower, and both give the same bits there)\n"
-    "  --attention mma|wgmma    the attention kernels, forward and backward: wgmma (default; Hopper's wgmma +\n"
-    "                           TMA, the same bits as mma in the CPU build) or mma (mma.sync)\n"
+    "  --attention mma|wgmma    the attention kernels, forward and backward: mma (mma.sync; the GPU default: an H100\n"
+    "                           ran it twice as fast) or wgmma (Hopper's wgmma + TMA; the CPU build's default, the\n"
+    "                           same bits as mma there)\n"
     "  --profile-steps A:B      time every operation of training steps A..B (0 <= A <= B < the run's last step)\n"
     "                           and print a table per step; those steps' times include the report\n"
     "  --profile-warmup         time every operation of each warm-up step (the steps around each schedule change:\n"
