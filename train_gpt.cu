@@ -2273,8 +2273,10 @@ void dump_batches_mode(const Config& cfg, int64_t batches, const DataFiles& file
     }
 }
 
-// Rank 0's gradient norms (its own micro-steps, before any reduction or tying), one line.
+// Rank 0's gradient norms (its own micro-steps, before any reduction or tying), one line. The other
+// ranks read nothing: copying every gradient to the host is a stream wait and a host pass per group.
 void log_grad_norms(Run& r, int step) {
+    if (r.d.rank != 0) return;
     std::string line;
     for (const OptimGroup& q : r.o.group) {
         double sum = 0;

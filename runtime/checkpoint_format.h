@@ -89,9 +89,10 @@ inline size_t dtype_size(std::string_view dtype) {
 }
 
 // ---- CRC-32C (Castagnoli: reflected polynomial 0x82F63B78, initial and final inversion), the
-// checksum of iSCSI, ext4 and SSE4.2's crc32 instruction; "123456789" gives 0xE3069283. Computed
-// eight bytes at a time ("slicing-by-8") from tables built at compile time: about 1-2 GB/s, so a
-// record checkpoint's files are summed while they are written at no visible cost. ----
+// checksum of iSCSI, ext4 and SSE4.2's crc32 instruction; "123456789" gives 0xE3069283. On x86-64
+// with SSE4.2 that instruction, eight bytes at a time (about 8 GB/s); elsewhere eight bytes at a time
+// from tables built at compile time ("slicing-by-8", about 1-2 GB/s). Either way a checkpoint's files
+// are summed while they are written at no visible cost. ----
 namespace detail {
 using Crc32cTables = std::array<std::array<uint32_t, 256>, 8>;
 constexpr Crc32cTables make_crc32c_tables() {
@@ -106,13 +107,10 @@ constexpr Crc32cTables make_crc32c_tables() {
     return t;
 }
 inline constexpr Crc32cTables kCrc32c = make_crc32c_tables();
-}  // namespace detail
 
-// The CRC-32C of `crc`'s bytes followed by n more at data: crc32c(crc32c(0, a), b) == crc32c(0, ab).
-inline uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
-    const auto& t = detail::kCrc32c;
-    const auto* p = static_cast<const unsigned char*>(data);
-    uint32_t c = ~crc;
+// Both take and return the running register (the inverted CRC).
+inline uint32_t crc32c_tables(uint32_t c, const unsigned char* p, size_t n) {
+    const auto& t = kCrc32c;
     for (; n >= 8; n -= 8, p += 8) {
         uint32_t lo, hi;
         std::memcpy(&lo, p, 4);
@@ -122,7 +120,34 @@ inline uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
             t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
     }
     for (; n > 0; --n, ++p) c = (c >> 8) ^ t[0][(c ^ *p) & 0xFF];
-    return ~c;
+    return c;
+}
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) inline uint32_t crc32c_sse42(uint32_t c, const unsigned char* p, size_t n) {
+    uint64_t c64 = c;
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t v;
+        std::memcpy(&v, p, 8);
+        c64 = __builtin_ia32_crc32di(c64, v);
+    }
+    c = static_cast<uint32_t>(c64);
+    for (; n > 0; --n, ++p) c = __builtin_ia32_crc32qi(c, *p);
+    return c;
+}
+inline bool have_sse42() {
+    static const bool yes = __builtin_cpu_supports("sse4.2");
+    return yes;
+}
+#endif
+}  // namespace detail
+
+// The CRC-32C of `crc`'s bytes followed by n more at data: crc32c(crc32c(0, a), b) == crc32c(0, ab).
+inline uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+#if defined(__x86_64__)
+    if (detail::have_sse42()) return ~detail::crc32c_sse42(~crc, p, n);
+#endif
+    return ~detail::crc32c_tables(~crc, p, n);
 }
 
 // What a file holds, in the two numbers a manifest records.

@@ -1,8 +1,10 @@
 // kernels/finite.cuh: the non-finite flag of fp32 and bf16 buffers against std::isfinite on the host,
+// and the CPU build's host scan (runtime/finite.h's has_nonfinite, in 4 MiB chunks) against the same,
 // on fresh random data with NaNs and infinities planted at random places (or none), ragged sizes and
 // sizes past the grid's 4096 x 256 threads, and the edge values: the largest finite numbers, the
 // subnormals and negative zero are finite.
 #include "../../kernels/finite.cuh"
+#include "../../runtime/finite.h"
 #include "../bench_util.h"
 #include "../device_util.h"
 
@@ -30,6 +32,8 @@ void check_flag(int64_t n, int planted, float bad, bool last_at_end = false) {
     const std::string what = std::string(sizeof(T) == 4 ? "fp32" : "bf16") + " n=" + std::to_string(n) + " " +
                              std::to_string(planted) + " x " + std::to_string(bad);
     test::check(flag.download()[0] == int(want), "%s: flag %d, want %d", what.c_str(), flag.download()[0], int(want));
+    const bool scanned = has_nonfinite(dx.ptr, n, sizeof(T) == 4);
+    test::check(scanned == want, "%s: has_nonfinite %d, want %d", what.c_str(), int(scanned), int(want));
     test::DeviceBuffer<int> set(std::vector<int>{1});
     flag_nonfinite(dx.ptr, n, sizeof(T) == 4, set.ptr, nullptr);
     test::check(set.download()[0] == 1, "%s: a set flag was cleared", what.c_str());
@@ -62,7 +66,8 @@ int main(int argc, char** argv) {
                 check_flag<__nv_bfloat16>(n, planted, bad);
             }
     }
-    // Past the grid's 4096 x 256 threads: the grid-stride loop must reach the last elements.
+    // Past the grid's 4096 x 256 threads: the grid-stride loop must reach the last elements (and, in
+    // fp32, the host scan its second chunk).
     const int64_t big = int64_t(4096) * 256 + 77;
     check_flag<float>(big, 0, nan, true);
     check_flag<__nv_bfloat16>(big, 0, inf, true);
