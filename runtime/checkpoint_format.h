@@ -90,9 +90,9 @@ inline size_t dtype_size(std::string_view dtype) {
 
 // ---- CRC-32C (Castagnoli: reflected polynomial 0x82F63B78, initial and final inversion), the
 // checksum of iSCSI, ext4 and SSE4.2's crc32 instruction; "123456789" gives 0xE3069283. On x86-64
-// with SSE4.2 that instruction, eight bytes at a time (about 8 GB/s); elsewhere eight bytes at a time
-// from tables built at compile time ("slicing-by-8", about 1-2 GB/s). Either way a checkpoint's files
-// are summed while they are written at no visible cost. ----
+// with SSE4.2 that instruction, eight bytes at a time; elsewhere eight bytes at a time from tables
+// built at compile time ("slicing-by-8"): 4.6 and 1.4 GB/s on a 2-core Xeon under load (256 MiB,
+// 2026-11-28). Either way a checkpoint's files are summed while they are written. ----
 namespace detail {
 using Crc32cTables = std::array<std::array<uint32_t, 256>, 8>;
 constexpr Crc32cTables make_crc32c_tables() {
