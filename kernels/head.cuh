@@ -187,8 +187,9 @@ void quantize_fp8_two_layouts(F8* out, F8* out_t, const __nv_bfloat16* in, const
 
 // ---- the lm_head ----
 // Per-tensor scales of the training lm_head; the device copy (this struct) feeds both the
-// quantization kernels and cuBLASLt's scale pointers. Each scale in its own 16-byte slot: on an H100, cuBLASLt refused every fp8 matmul whose scale pointer
-// was 4 or 8 bytes past a 16-byte boundary (docs/gpu-runs/2026-11-28-h100-80gb-hbm3-73ba680).
+// quantization kernels and cuBLASLt's scale pointers. Each scale in its own 16-byte slot: on an H100,
+// cuBLASLt refused every fp8 matmul whose scale pointer was 4 or 8 bytes past a 16-byte boundary
+// (docs/gpu-runs/2026-11-28-h100-80gb-hbm3-73ba680).
 struct LmHeadFp8Scales {
     alignas(16) float x;
     alignas(16) float w;

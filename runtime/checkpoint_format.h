@@ -108,9 +108,11 @@ constexpr Crc32cTables make_crc32c_tables() {
 }
 inline constexpr Crc32cTables kCrc32c = make_crc32c_tables();
 
-// Both take and return the running register (the inverted CRC).
-inline uint32_t crc32c_tables(uint32_t c, const unsigned char* p, size_t n) {
+// Both as crc32c below (the CRC of `crc`'s bytes followed by n more at data).
+inline uint32_t crc32c_tables(uint32_t crc, const void* data, size_t n) {
     const auto& t = kCrc32c;
+    const auto* p = static_cast<const unsigned char*>(data);
+    uint32_t c = ~crc;
     for (; n >= 8; n -= 8, p += 8) {
         uint32_t lo, hi;
         std::memcpy(&lo, p, 4);
@@ -120,19 +122,20 @@ inline uint32_t crc32c_tables(uint32_t c, const unsigned char* p, size_t n) {
             t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
     }
     for (; n > 0; --n, ++p) c = (c >> 8) ^ t[0][(c ^ *p) & 0xFF];
-    return c;
+    return ~c;
 }
 #if defined(__x86_64__)
-__attribute__((target("sse4.2"))) inline uint32_t crc32c_sse42(uint32_t c, const unsigned char* p, size_t n) {
-    uint64_t c64 = c;
+__attribute__((target("sse4.2"))) inline uint32_t crc32c_sse42(uint32_t crc, const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    uint64_t c64 = ~crc;
     for (; n >= 8; n -= 8, p += 8) {
         uint64_t v;
         std::memcpy(&v, p, 8);
         c64 = __builtin_ia32_crc32di(c64, v);
     }
-    c = static_cast<uint32_t>(c64);
+    auto c = static_cast<uint32_t>(c64);
     for (; n > 0; --n, ++p) c = __builtin_ia32_crc32qi(c, *p);
-    return c;
+    return ~c;
 }
 inline bool have_sse42() {
     static const bool yes = __builtin_cpu_supports("sse4.2");
@@ -143,11 +146,10 @@ inline bool have_sse42() {
 
 // The CRC-32C of `crc`'s bytes followed by n more at data: crc32c(crc32c(0, a), b) == crc32c(0, ab).
 inline uint32_t crc32c(uint32_t crc, const void* data, size_t n) {
-    const auto* p = static_cast<const unsigned char*>(data);
 #if defined(__x86_64__)
-    if (detail::have_sse42()) return ~detail::crc32c_sse42(~crc, p, n);
+    if (detail::have_sse42()) return detail::crc32c_sse42(crc, data, n);
 #endif
-    return ~detail::crc32c_tables(~crc, p, n);
+    return detail::crc32c_tables(crc, data, n);
 }
 
 // What a file holds, in the two numbers a manifest records.
