@@ -16,13 +16,15 @@
 //   attn_qkv_forward(aux, q, k, v, rstd_q, rstd_k, qkv)          norm + rotary + key offset + ve
 //   [y = attention(q, k, v, cu_seqlens, window, softmax scale = yarn.attn_scale); keeps lse]
 //       paired layers: the attention reads q, k, v as (2T, H/2, D) with doubled cu_seqlens
-//   attn_output_gate_forward(aux, y_gated, y)                    y * sigmoid(xa[:, :12] . attn_gate[h])
+//   attn_output_gate_forward(aux, y_gated, y)                    y' * sigmoid(xa[:, :12] . attn_gate[h]),
+//                                                                y' = y, or y minus XSA's part along v
 //   [x += y_gated @ (sa_lambda1 * W_o)^T]
 // Backward (keep xa, qkv, rstd_q, rstd_k, q, k, v, y from the forward):
 //   [d_y_gated = dx @ (sa_lambda1 * W_o); dW_o]
-//   attn_output_gate_backward(aux, dy, dz_attn, d_y_gated, y)    dy may alias d_y_gated
+//   attn_output_gate_backward(aux, dy, dz_attn, d_y_gated, y[, xsa])  dy may alias d_y_gated;
+//                                                                XSA layers: also XSA's dv and d alpha
 //   [dq, dk, dv = attention_backward(...)]
-//   attn_qkv_backward(aux, dqkv, dve, dz_ve, dq, dk, dv, qkv, rstd_q, rstd_k)
+//   attn_qkv_backward(aux, dqkv, dve, dz_ve, dq, dk, dv, qkv, rstd_q, rstd_k[, dv_xsa])
 //   [dxa = dqkv @ (sa_lambda0 * W_qkv); dW_qkv]
 //   attn_gates_backward(aux, dxa, d_attn_gate, d_ve_gate, dz_attn, dz_ve, scratch, accumulate)
 //       adds both gates' input gradient into dxa[:, :12] in place (one bf16 rounding, as
@@ -196,6 +198,10 @@ struct AttnAux {
                                        // k = 0, 1 on layers 0, 1 and 2, 3, 4 on layers 8, 9, 10; else null
     const bf16* ve_gate = nullptr;     // (H, 12), with ve_table
     const bf16* attn_gate = nullptr;   // (H, 12)
+    // XSA (record 82, upstream a333be08 L1125-1131), non-paired layers only: the output gate first
+    // removes tanh(a[h]) of y's component along v (xsa_output). Both null on layers without it.
+    const bf16* xsa_v = nullptr;       // the attention's v (T, H, D), value embeddings mixed in
+    const float* xsa_alpha = nullptr;  // this layer's (H) raw strengths a (xsa_alphas row, fp32)
 };
 static_assert(std::has_unique_object_representations_v<AttnAux>, "AttnAux: a kernel argument with padding");
 inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
@@ -215,6 +221,10 @@ inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
         kernel_require(a.ve_gate_input == VeGateInput::x, "%s: unknown VeGateInput %d", who,
                        static_cast<int>(a.ve_gate_input));
     }
+    kernel_require((a.xsa_v == nullptr) == (a.xsa_alpha == nullptr), "%s: xsa_v and xsa_alpha go together", who);
+    kernel_require(a.xsa_v == nullptr || !a.paired,
+                   "%s: XSA on a paired layer (upstream applies it to non-paired layers only: v is (2T, H/2, D) there)",
+                   who);
     if (rotary) {
         kernel_require(!(a.paired && a.key_offset), "%s: the key offset exists only on non-paired layers", who);
         kernel_require(a.paired ? a.H % 2 == 0 : true, "%s: paired heads need an even head count (H=%d)", who, a.H);
@@ -402,11 +412,12 @@ inline void attn_qkv_forward(const AttnAux& a, bf16* q, bf16* k, bf16* v, float*
 // ---- backward: d(qkv), d(ve rows), d(ve gate logits) ----
 // Through the rotary: dn = rot_p^T dy, i.e. (c dy0 - s dy1, s dy0 + c dy1); through the key
 // offset: key t's upper dims get dk[t+1]'s (and key 0 also its own, which it kept); through the
-// norm: dx = r (dn - n mean(dn . n)). v: d(v_in) = dv, d(ve row) = g dv, dz = 2 s'(z) (dv . ve).
+// norm: dx = r (dn - n mean(dn . n)). v: d(v_in) = dv, d(ve row) = g dv, dz = 2 s'(z) (dv . ve), where on
+// XSA layers dv = bf16(dv + dv_xsa): v's two bf16 gradients (attention, XSA) summed as autograd sums them.
 // (With x_and_ve the gate's own share of d(ve[:, :6]) comes from dz: attn_gates_backward adds it.)
 __global__ void attn_qkv_backward_kernel(bf16* dqkv, bf16* dve, float* dz_ve, const bf16* dq, const bf16* dk,
-                                         const bf16* dv, const bf16* qkv, const float* rstd_q, const float* rstd_k,
-                                         AttnAux a) {
+                                         const bf16* dv, const bf16* dv_xsa, const bf16* qkv, const float* rstd_q,
+                                         const float* rstd_k, AttnAux a) {
     const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
     const int lanes = a.D / 8, C = a.H * a.D;
     const size_t at = static_cast<size_t>(l.row) * a.D + l.d0;
@@ -457,6 +468,12 @@ __global__ void attn_qkv_backward_kernel(bf16* dqkv, bf16* dve, float* dz_ve, co
     // v
     float dvv[8];
     rope_load8(dvv, dv + at);
+    if (dv_xsa != nullptr) {
+        float dx_xsa[8];
+        rope_load8(dx_xsa, dv_xsa + at);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dvv[i] = __bfloat162float(__float2bfloat16(dvv[i] + dx_xsa[i]));
+    }
     float dz = 0.0f, g = 0.0f, dve_row[8] = {};
     if (a.ve_table != nullptr) {
         const float sg = sigmoidf(ve_gate_logit(a, l.t, l.h));
@@ -482,45 +499,88 @@ __global__ void attn_qkv_backward_kernel(bf16* dqkv, bf16* dve, float* dz_ve, co
 }
 // Reads dq, dk, dv, qkv's q and k, both rstd, the rotary rows and the value-embedding extras; writes
 // dqkv (and dve, dz_ve); the rotary and norm backward, 10 operations per q and k element, 4 per v
-// element with ve.
-inline Work attn_qkv_backward_work(const AttnAux& a) {
+// element with ve (and XSA's dv read and added).
+inline Work attn_qkv_backward_work(const AttnAux& a, bool xsa) {
     const double rows = attn_aux_rows_bytes(a), elems = rows / 2;
-    return Work{.name = "attn_qkv_backward", .flops = 20 * elems + (a.ve_table ? 4 * elems : 0),
-                .bytes_read = 5 * rows + 2 * attn_aux_stats_bytes(a) + attn_aux_rope_bytes(a) + attn_aux_ve_bytes(a),
+    return Work{.name = "attn_qkv_backward", .flops = 20 * elems + (a.ve_table ? 4 * elems : 0) + (xsa ? elems : 0),
+                .bytes_read = (xsa ? 6 : 5) * rows + 2 * attn_aux_stats_bytes(a) + attn_aux_rope_bytes(a) +
+                              attn_aux_ve_bytes(a),
                 .bytes_written = 3 * rows + (a.ve_table ? rows + attn_aux_stats_bytes(a) : 0)};
 }
 // dqkv: (T, 3C); dve: (T, C) gradient of the gathered value-embedding rows through the value mix (to
 // embedding_backward with the token ids; with x_and_ve, after attn_gates_backward added the gate's
 // share); dz_ve: (T, H) fp32 gradient of the ve gate logits (to attn_gates_backward).
-// dve and dz_ve only on layers with value embeddings.
+// dve and dz_ve only on layers with value embeddings. dv_xsa: XsaGrads::dv, exactly on XSA layers.
 inline void attn_qkv_backward(const AttnAux& a, bf16* dqkv, bf16* dve, float* dz_ve, const bf16* dq, const bf16* dk,
                               const bf16* dv, const bf16* qkv, const float* rstd_q, const float* rstd_k,
-                              cudaStream_t stream) {
+                              cudaStream_t stream, const bf16* dv_xsa = nullptr) {
     attn_aux_check(a, "attn_qkv_backward", true);
     kernel_require((a.ve_table != nullptr) == (dve != nullptr && dz_ve != nullptr),
                    "attn_qkv_backward: dve and dz_ve are needed exactly on layers with value embeddings");
-    launch(attn_qkv_backward_work(a), attn_qkv_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D), dim3(256), 0,
-           stream, dqkv, dve, dz_ve, dq, dk, dv, qkv, rstd_q, rstd_k, a);
+    kernel_require((a.xsa_v != nullptr) == (dv_xsa != nullptr),
+                   "attn_qkv_backward: XSA's dv is needed exactly on layers with XSA (AttnAux::xsa_v)");
+    launch(attn_qkv_backward_work(a, dv_xsa != nullptr), attn_qkv_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D),
+           dim3(256), 0, stream, dqkv, dve, dz_ve, dq, dk, dv, dv_xsa, qkv, rstd_q, rstd_k, a);
     CUDA_CHECK_LAUNCH();
 }
 
-// ---- output gate ----
-// y_gated = y * sigmoid(bf16(xa[t,:12] . attn_gate[h]))
+// ---- output gate, with XSA where the layer has it ----
+// XSA (exclusive self attention, record 82): y' = y - alpha p v^, v^ = v / max(|v|, 1e-4), p = y . v^,
+// alpha = bf16(tanh(a[h])) (upstream's F.normalize(v, eps=1e-4) and tanh(a).type_as(y)); without XSA
+// y' = y. Upstream's compiled graph fuses it with the gate's sigmoid: y' stays fp32 until y_gated.
+struct XsaRow {
+    float vhat[8];    // this lane's dims of v^
+    float p;          // y . v^
+    float inv_norm;   // 1 / max(|v|, 1e-4)
+    bool clamped;     // |v| <= 1e-4: v^ = v / 1e-4, not a unit vector
+};
+constexpr float kXsaNormEps = 1e-4f;
+__device__ __forceinline__ float xsa_alpha(const AttnAux& a, int h) {
+    return __bfloat162float(__float2bfloat16(tanhf(a.xsa_alpha[h])));
+}
+// Every lane of the warp takes part (row sums); y[8], v[8] are this lane's dims.
+__device__ __forceinline__ XsaRow xsa_row(const float* y, const float* v, int lanes) {
+    XsaRow x;
+    const float norm = sqrtf(attn_head_row_sum(rope_sum_squares8(v), lanes));
+    x.clamped = !(norm > kXsaNormEps);
+    const float m = x.clamped ? kXsaNormEps : norm;
+    x.inv_norm = 1.0f / m;
+    float p = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        x.vhat[i] = v[i] / m;
+        p = fmaf(y[i], x.vhat[i], p);
+    }
+    x.p = attn_head_row_sum(p, lanes);
+    return x;
+}
+// y_gated = y' * sigmoid(bf16(xa[t,:12] . attn_gate[h])), y' as above
 __global__ void attn_output_gate_forward_kernel(bf16* y_gated, const bf16* y, AttnAux a) {
     const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
-    if (!l.valid) return;
     const float s = sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
     const size_t at = static_cast<size_t>(l.row) * a.D + l.d0;
-    float v[8];
-    rope_load8(v, y + at);
+    float yv[8];
+    rope_load8(yv, y + at);
+    if (a.xsa_v != nullptr) {  // every lane of the warp reaches the row sums: rows past the end return below
+        float v[8];
+        rope_load8(v, a.xsa_v + at);
+        const XsaRow x = xsa_row(yv, v, a.D / 8);
+        const float ap = xsa_alpha(a, l.h) * x.p;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] *= s;
-    rope_store8(y_gated + at, v);
+        for (int i = 0; i < 8; ++i) yv[i] -= ap * x.vhat[i];
+    }
+    if (!l.valid) return;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) yv[i] *= s;
+    rope_store8(y_gated + at, yv);
 }
-// Reads y, the gate's columns of xa and the gate; writes y_gated; a multiply per element.
+// Reads y (and v), the gate's columns of xa and the gate (and the strengths); writes y_gated; a multiply
+// per element (XSA: 7 more operations per element, a square root and a tanh per row).
 inline Work attn_output_gate_forward_work(const AttnAux& a) {
-    return Work{.name = "attn_output_gate_forward", .flops = attn_aux_rows_bytes(a) / 2,
-                .bytes_read = attn_aux_rows_bytes(a) + attn_aux_gate_bytes(a), .bytes_written = attn_aux_rows_bytes(a)};
+    const bool xsa = a.xsa_v != nullptr;
+    return Work{.name = "attn_output_gate_forward", .flops = (xsa ? 8.0 : 1.0) * attn_aux_rows_bytes(a) / 2,
+                .bytes_read = (xsa ? 2 : 1) * attn_aux_rows_bytes(a) + attn_aux_gate_bytes(a) + (xsa ? 4.0 * a.H : 0),
+                .bytes_written = attn_aux_rows_bytes(a)};
 }
 inline void attn_output_gate_forward(const AttnAux& a, bf16* y_gated, const bf16* y, cudaStream_t stream) {
     attn_aux_check(a, "attn_output_gate_forward", false);
@@ -530,40 +590,124 @@ inline void attn_output_gate_forward(const AttnAux& a, bf16* y_gated, const bf16
     CUDA_CHECK_LAUNCH();
 }
 
-// dy = d_y_gated * s, dz_attn = s (1 - s) (d_y_gated . y) per head row
-__global__ void attn_output_gate_backward_kernel(bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y,
-                                                 AttnAux a) {
+// XSA's outputs of the gate's backward (layers with AttnAux::xsa_v).
+struct XsaGrads {
+    bf16* dv = nullptr;         // (T, H, D): XSA's share of v's gradient; attn_qkv_backward adds the attention's
+    float* d_alpha = nullptr;   // (H): gradient of the raw strengths a
+    BlockPartials scratch{};    // attn_output_gate_backward_scratch_bytes; its ticket zero before the first launch
+    bool accumulate = false;    // d_alpha += (every micro-batch after the first), as for every parameter gradient
+};
+constexpr int kOutputGateThreads = 256;
+inline int attn_output_gate_blocks(const AttnAux& a) { return static_cast<int>(attn_head_lane_grid(a.T, a.H, a.D).x); }
+inline size_t attn_output_gate_backward_scratch_bytes(const AttnAux& a) {
+    return static_cast<size_t>(attn_output_gate_blocks(a)) * a.H * sizeof(float);
+}
+// g = d_y_gated * s, dz_attn = s (1 - s) (d_y_gated . y') per head row, dy = g; with XSA (q = g . v^):
+//   dy = g - alpha q v^,  d(v^) = -alpha (p g + q y),
+//   dv = d(v^) / |v| - (d(v^) . v^) v^ / |v| = -alpha (p g + q y - 2 p q v^) / |v|   (unclamped)
+//   dv = d(v^) / 1e-4                                                                 (|v| <= 1e-4)
+//   d alpha = sum over tokens of -p q, rounded to bf16 (alpha's dtype), and d a = d alpha (1 - tanh(a)^2)
+// Each block sums its rows' -p q per head (in row order) into the scratch; the last block sums the
+// blocks' partials in a fixed order (block_sum_as).
+__global__ void __launch_bounds__(kOutputGateThreads)
+    attn_output_gate_backward_kernel(bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y, bf16* dv_xsa,
+                                     float* d_alpha, BlockPartials scratch, int accumulate, AttnAux a) {
     const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
+    const int lanes = a.D / 8;
     const float s = sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
     const size_t at = static_cast<size_t>(l.row) * a.D + l.d0;
-    float g[8], v[8];
+    float g[8], yv[8], v[8];
     rope_load8(g, dy_gated + at);
-    rope_load8(v, y + at);
-    float part = 0.0f;
+    rope_load8(yv, y + at);
+    const bool xsa = a.xsa_v != nullptr;
+    XsaRow x{};
+    float alpha = 0.0f;
+    if (xsa) {
+        rope_load8(v, a.xsa_v + at);
+        x = xsa_row(yv, v, lanes);
+        alpha = xsa_alpha(a, l.h);
+    }
+    float part = 0.0f, q = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        part = fmaf(g[i], v[i], part);
+        const float y_out = xsa ? yv[i] - alpha * x.p * x.vhat[i] : yv[i];
+        part = fmaf(g[i], y_out, part);
         g[i] *= s;
+        q = fmaf(g[i], x.vhat[i], q);
     }
-    const float dz = attn_head_row_sum(part, a.D / 8) * s * (1.0f - s);
-    if (!l.valid) return;
-    rope_store8(dy + at, g);
-    if (l.d0 == 0) dz_attn[l.row] = dz;
+    const float dz = attn_head_row_sum(part, lanes) * s * (1.0f - s);
+    float contribution = 0.0f;  // -p q of this row, for d alpha
+    if (xsa) {
+        q = attn_head_row_sum(q, lanes);
+        contribution = -x.p * q;
+        const float aq = alpha * q;
+        float dvv[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const float dvhat = -alpha * (x.p * g[i] + q * yv[i]);
+            dvv[i] = x.clamped ? dvhat * x.inv_norm : (dvhat + 2.0f * alpha * x.p * q * x.vhat[i]) * x.inv_norm;
+            g[i] -= aq * x.vhat[i];
+        }
+        if (l.valid) rope_store8(dv_xsa + at, dvv);
+    }
+    if (l.valid) {
+        rope_store8(dy + at, g);
+        if (l.d0 == 0) dz_attn[l.row] = dz;
+    }
+    if (!xsa) return;  // uniform over the grid: the block-wide steps below see every thread or none
+
+    // d alpha: this block's rows per head, in row order, then the last block over the blocks
+    __shared__ float row_part[kOutputGateThreads];
+    const int rows = blockDim.x / lanes, r = threadIdx.x / lanes;
+    const int64_t row0 = static_cast<int64_t>(blockIdx.x) * rows;
+    if (threadIdx.x % lanes == 0) row_part[r] = l.valid ? contribution : 0.0f;
+    __syncthreads();
+    if (const int h = static_cast<int>(threadIdx.x); h < a.H) {
+        float sum = 0.0f;
+        for (int k = 0; k < rows; ++k)
+            if ((row0 + k) % a.H == h) sum += row_part[k];
+        scratch.partials[static_cast<size_t>(blockIdx.x) * a.H + h] = sum;
+    }
+    if (!last_block_done(scratch.done)) return;
+    const int threads = sum_threads(static_cast<int>(gridDim.x), kSumPartialsThreads);
+    for (int h = 0; h < a.H; ++h) {
+        const float sum = block_sum_as(scratch.partials + h, static_cast<int>(gridDim.x), a.H, threads);
+        if (threadIdx.x == 0) {
+            const float t = tanhf(a.xsa_alpha[h]);
+            const float da = __bfloat162float(__float2bfloat16(sum)) * (1.0f - t * t);
+            d_alpha[h] = accumulate ? d_alpha[h] + da : da;
+        }
+    }
 }
-// Reads dy_gated, y, the gate's columns of xa and the gate; writes dy and dz_attn; a multiply-add and
-// a multiply per element.
-inline Work attn_output_gate_backward_work(const AttnAux& a) {
-    return Work{.name = "attn_output_gate_backward", .flops = 1.5 * attn_aux_rows_bytes(a),
-                .bytes_read = 2 * attn_aux_rows_bytes(a) + attn_aux_gate_bytes(a),
-                .bytes_written = attn_aux_rows_bytes(a) + attn_aux_stats_bytes(a)};
+// Reads dy_gated, y, the gate's columns of xa and the gate; writes dy and dz_attn; a multiply-add and a
+// multiply per element. XSA: also reads v and the strengths, writes dv and the partials (and reads
+// them back, with the ticket, in the last block) and d_alpha; 16 more operations per element.
+inline Work attn_output_gate_backward_work(const AttnAux& a, const XsaGrads& xsa) {
+    const double rows = attn_aux_rows_bytes(a);
+    Work w{.name = "attn_output_gate_backward", .flops = 1.5 * rows,
+           .bytes_read = 2 * rows + attn_aux_gate_bytes(a), .bytes_written = rows + attn_aux_stats_bytes(a)};
+    if (a.xsa_v == nullptr) return w;
+    const double partials = 4.0 * attn_output_gate_blocks(a) * a.H, ticket = sizeof(unsigned int);
+    w.flops += 8.0 * rows;
+    w.bytes_read += rows + 4.0 * a.H + partials + ticket + (xsa.accumulate ? 4.0 * a.H : 0);
+    w.bytes_written += rows + partials + ticket + 4.0 * a.H;
+    return w;
 }
-// dy: gradient of the attention output before the gate (may alias dy_gated); dz_attn: (T, H) fp32.
+// dy: gradient of the attention output before XSA and the gate (may alias dy_gated); dz_attn: (T, H)
+// fp32. Layers with XSA pass its outputs in `xsa`.
 inline void attn_output_gate_backward(const AttnAux& a, bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, const XsaGrads& xsa = {}) {
     attn_aux_check(a, "attn_output_gate_backward", false);
     kernel_require(a.attn_gate != nullptr, "attn_output_gate_backward: no attn_gate");
-    launch(attn_output_gate_backward_work(a), attn_output_gate_backward_kernel, attn_head_lane_grid(a.T, a.H, a.D),
-           dim3(256), 0, stream, dy, dz_attn, dy_gated, y, a);
+    const bool on = a.xsa_v != nullptr;
+    kernel_require(on == (xsa.dv != nullptr && xsa.d_alpha != nullptr && xsa.scratch.partials != nullptr &&
+                          xsa.scratch.done != nullptr),
+                   "attn_output_gate_backward: XsaGrads (dv, d_alpha, scratch) are needed exactly with AttnAux::xsa_v");
+    kernel_require(!on || (xsa.dv != dy && xsa.dv != dy_gated && xsa.dv != a.xsa_v),
+                   "attn_output_gate_backward: XSA's dv may not alias dy, dy_gated or v");
+    launch(attn_output_gate_backward_work(a, xsa), attn_output_gate_backward_kernel, dim3(attn_output_gate_blocks(a)),
+           dim3(kOutputGateThreads), 0, stream, dy, dz_attn, dy_gated, y, xsa.dv, xsa.d_alpha, xsa.scratch,
+           static_cast<int>(xsa.accumulate), a);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -714,6 +715,224 @@ void test_finite_differences(bool paired, bool key_offset, bool ve, VeGateInput 
     }
 }
 
+// ---- XSA (record 82) in the output gate ----
+// The double reference of one layer's XSA and gate, upstream's formula (a333be08 L1125-1131):
+// v^ = v / max(|v|, 1e-4), y' = y - alpha (y . v^) v^ with alpha = bf16(tanh(a[h])), y_gated = y' s.
+struct Xsa {
+    int T, H, D;
+    Xsa(int t, int h, int d) : T(t), H(h), D(d) {}
+    std::vector<double> y, v, g_out, s, alpha_b, tanh_a, a;  // g_out = d y_gated; s (T, H) the gate
+    // the loss sum(g_out * y_gated) and its gradients (w.r.t. y, v, the gate logit z, and a)
+    std::vector<double> y_gated, dy, dv, dz, da;
+    std::vector<double> y_gated_mag, dy_mag, dv_mag, dz_mag, da_mag;  // sums of |terms|: fp32's error scale
+    std::vector<double> dalpha_b;  // the sum of -p q over tokens (bf16-rounded, as upstream keeps it, by request)
+    void run(bool round_dalpha) {
+        const size_t n = size_t(T) * H * D;
+        y_gated.assign(n, 0), dy.assign(n, 0), dv.assign(n, 0), dz.assign(size_t(T) * H, 0);
+        y_gated_mag.assign(n, 0), dy_mag.assign(n, 0), dv_mag.assign(n, 0), dz_mag.assign(size_t(T) * H, 0);
+        std::vector<double> sum_pq(H, 0), sum_pq_mag(H, 0);
+        for (int t = 0; t < T; ++t)
+            for (int h = 0; h < H; ++h) {
+                const size_t r = size_t(t) * H + h, o = r * D;
+                double nv = 0;
+                for (int d = 0; d < D; ++d) nv += v[o + d] * v[o + d];
+                nv = std::sqrt(nv);
+                const bool clamped = !(nv > 1e-4);
+                const double m = clamped ? 1e-4 : nv, al = alpha_b[h], sg = s[r];
+                std::vector<double> vh(D);
+                double p = 0, p_abs = 0, q = 0, q_abs = 0, dz_sum = 0, dz_abs = 0;
+                for (int d = 0; d < D; ++d) {
+                    vh[d] = v[o + d] / m;
+                    p += y[o + d] * vh[d];
+                    p_abs += std::fabs(y[o + d] * vh[d]);
+                }
+                for (int d = 0; d < D; ++d) {
+                    const double yo = y[o + d] - al * p * vh[d], g = g_out[o + d] * sg;
+                    y_gated[o + d] = yo * sg;
+                    y_gated_mag[o + d] = (std::fabs(y[o + d]) + std::fabs(al) * p_abs * std::fabs(vh[d])) * sg;
+                    dz_sum += g_out[o + d] * yo;
+                    dz_abs += std::fabs(g_out[o + d]) * (std::fabs(y[o + d]) + std::fabs(al) * p_abs * std::fabs(vh[d]));
+                    q += g * vh[d];
+                    q_abs += std::fabs(g * vh[d]);
+                }
+                dz[r] = dz_sum * sg * (1 - sg);
+                dz_mag[r] = dz_abs * sg * (1 - sg);
+                for (int d = 0; d < D; ++d) {
+                    const double g = g_out[o + d] * sg;
+                    dy[o + d] = g - al * q * vh[d];
+                    dy_mag[o + d] = std::fabs(g) + std::fabs(al) * q_abs * std::fabs(vh[d]);
+                    // d(v^) = -alpha (p g + q y); v^ = v / |v| projects it, the clamped v^ = v / 1e-4 does not
+                    const double dvh = -al * (p * g + q * y[o + d]);
+                    dv[o + d] = clamped ? dvh / m : (dvh + 2 * al * p * q * vh[d]) / m;
+                    dv_mag[o + d] = std::fabs(al) / m *
+                                    (p_abs * std::fabs(g) + q_abs * std::fabs(y[o + d]) + 2 * p_abs * q_abs * std::fabs(vh[d]));
+                }
+                sum_pq[h] -= p * q;
+                sum_pq_mag[h] += p_abs * q_abs;
+            }
+        da.assign(H, 0), da_mag.assign(H, 0), dalpha_b.assign(H, 0);
+        for (int h = 0; h < H; ++h) {
+            dalpha_b[h] = round_dalpha ? value(to_bf16(sum_pq[h])) : sum_pq[h];
+            da[h] = dalpha_b[h] * (1 - tanh_a[h] * tanh_a[h]);
+            da_mag[h] = sum_pq_mag[h] * (1 - tanh_a[h] * tanh_a[h]);
+        }
+    }
+};
+
+// The reference's gradients against central differences of its own loss in double (alpha unrounded, so
+// that a is a smooth input): a check of the formulas the kernel and the reference share.
+void check_xsa_reference_gradients() {
+    Xsa x(2, 2, 16);
+    const size_t n = size_t(x.T) * x.H * x.D;
+    for (auto* vec : {&x.y, &x.v, &x.g_out}) {
+        vec->resize(n);
+        for (auto& e : *vec) e = test::uniform(-1, 1);
+    }
+    for (int d = 0; d < x.D; ++d) x.v[size_t(1) * x.D + d] *= 1e-6;  // row 1: |v| below 1e-4, the clamp
+    x.s = {0.3, 0.6, 0.45, 0.7};
+    x.a = {0.4, -0.9};
+    x.tanh_a = {std::tanh(x.a[0]), std::tanh(x.a[1])};
+    x.alpha_b = x.tanh_a;
+    x.run(false);
+    const Xsa base = x;
+    auto loss = [&](Xsa& z) {
+        for (int h = 0; h < z.H; ++h) z.alpha_b[h] = z.tanh_a[h] = std::tanh(z.a[h]);
+        z.run(false);
+        double l = 0;
+        for (size_t i = 0; i < n; ++i) l += z.g_out[i] * z.y_gated[i];
+        return l;
+    };
+    double worst = 0;
+    auto fd = [&](std::vector<double> Xsa::*field, size_t i, double want, double h) {
+        Xsa up = base, down = base;
+        (up.*field)[i] += h;
+        (down.*field)[i] -= h;
+        const double got = (loss(up) - loss(down)) / (2 * h);
+        worst = std::max(worst, std::fabs(got - want) / (1e-6 + 1e-5 * std::fabs(want)));
+    };
+    for (size_t i = 0; i < n; ++i) {
+        fd(&Xsa::y, i, base.dy[i], 1e-6);
+        fd(&Xsa::v, i, base.dv[i], i / x.D == 1 ? 1e-8 : 1e-6);  // the clamped row: quadratic in v, below 1e-4
+    }
+    for (int h = 0; h < x.H; ++h) fd(&Xsa::a, h, base.da[h], 1e-6);
+    // dz: the loss's derivative by the gate logit z, s = sigmoid(z)
+    for (int r = 0; r < x.T * x.H; ++r) {
+        const double z = std::log(base.s[r] / (1 - base.s[r]));
+        Xsa up = base, down = base;
+        up.s[r] = 1 / (1 + std::exp(-(z + 1e-6)));
+        down.s[r] = 1 / (1 + std::exp(-(z - 1e-6)));
+        const double got = (loss(up) - loss(down)) / 2e-6;
+        worst = std::max(worst, std::fabs(got - base.dz[r]) / (1e-6 + 1e-5 * std::fabs(base.dz[r])));
+    }
+    test::check(worst <= 1, "XSA reference: gradients against central differences, worst at %.3g of the bound", worst);
+}
+
+// The kernels against the reference: attn_output_gate_forward and _backward with XSA on record-80-style
+// layer data (gate-exact xa and gates), v random with some rows of norm below 1e-4 (the clamp), then
+// attn_qkv_backward adding XSA's dv to the attention's, against the same kernel given bf16(dv + dv_xsa).
+void test_xsa(int T, int H, int D, bool accumulate, const Rope& rope) {
+    const Case c = make_case(T, H, D, false, false, true, true, VeGateInput::x_and_ve);
+    const std::string name = "XSA T=" + std::to_string(T) + " H=" + std::to_string(H) + " D=" + std::to_string(D) +
+                             (accumulate ? " accumulate" : "");
+    Run run(c, rope);
+    const size_t n = size_t(T) * c.C;
+    Xsa x(T, H, D);
+    std::vector<bf16> v = uniform_bf16(n, -1, 1), y = uniform_bf16(n, -1, 1), g_out = uniform_bf16(n, -1, 1);
+    for (int row = 0; row < T * H; row += 7)  // every 7th row: norm about 1e-6 to 3e-5, clamped
+        for (int d = 0; d < D; ++d) v[size_t(row) * D + d] = to_bf16(value(v[size_t(row) * D + d]) * 3e-6);
+    std::vector<float> a(H);
+    for (int h = 0; h < H; ++h) {
+        double t;
+        do {  // tanh(a) away from a bf16 rounding boundary: alpha's bf16 is the same from tanhf and from double
+            a[h] = static_cast<float>(test::uniform(-2, 2));
+            t = std::tanh(static_cast<double>(a[h]));
+        } while (std::fabs(value(to_bf16(t)) - t) > 0.45 * std::ldexp(1.0, std::ilogb(t) - 7));
+        x.a.push_back(a[h]);
+        x.tanh_a.push_back(t);
+        x.alpha_b.push_back(value(to_bf16(t)));
+    }
+    x.y = values(y), x.v = values(v), x.g_out = values(g_out);
+    const auto xa = values(c.xa), gate = values(c.attn_gate);
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h) {  // gate-exact: the 12-term logit is exact, so is its bf16
+            double z = 0;
+            for (int j = 0; j < kGateWidth; ++j) z += xa[size_t(t) * c.C + j] * gate[h * kGateWidth + j];
+            x.s.push_back(sigmoid(value(to_bf16(z))));
+        }
+    x.run(true);
+
+    DeviceBuffer<float> d_a(a), d_alpha(H);
+    const auto d_alpha_before = test::uniform_vector(H, -1, 1);
+    d_alpha.upload(d_alpha_before);
+    DeviceBuffer<bf16> dv_xsa(n);
+    test::DevicePartials scratch(attn_output_gate_backward_scratch_bytes(run.aux));
+    run.v.upload(v), run.y.upload(y), run.dy_gated.upload(g_out);
+    AttnAux aux = run.aux;
+    aux.xsa_v = run.v.ptr, aux.xsa_alpha = d_a.ptr;
+    attn_output_gate_forward(aux, run.y_gated.ptr, run.y.ptr, nullptr);
+    const XsaGrads grads{dv_xsa.ptr, d_alpha.ptr, scratch.view(), accumulate};
+    attn_output_gate_backward(aux, run.dy.ptr, run.dz_attn.ptr, run.dy_gated.ptr, run.y.ptr, nullptr, grads);
+
+    // bf16 outputs: one rounding (2^-9 relative, checked at 2^-8) plus fp32's error, 2^-18 of the terms' sum
+    auto tol = [](const std::vector<double>& want, const std::vector<double>& mag, double rtol) {
+        std::vector<double> t(want.size());
+        for (size_t i = 0; i < t.size(); ++i) t[i] = rtol * std::fabs(want[i]) + std::ldexp(mag[i], -18) + 1e-30;
+        return t;
+    };
+    test::check_within("attn_output_gate_forward y_gated " + name, values(run.y_gated.download()), x.y_gated,
+                       tol(x.y_gated, x.y_gated_mag, kRtol));
+    test::check_within("attn_output_gate_backward dy " + name, values(run.dy.download()), x.dy, tol(x.dy, x.dy_mag, kRtol));
+    test::check_within("attn_output_gate_backward XSA dv " + name, values(dv_xsa.download()), x.dv,
+                       tol(x.dv, x.dv_mag, kRtol));
+    const auto dz = run.dz_attn.download();
+    test::check_within("attn_output_gate_backward dz_attn " + name, std::vector<double>(dz.begin(), dz.end()), x.dz,
+                       tol(x.dz, x.dz_mag, 1e-6));
+    // d a: the bf16 of an fp32 sum near the double one is the double sum's bf16 or a neighbour (2^-7)
+    std::vector<double> want_da(H), da_tol(H);
+    for (int h = 0; h < H; ++h) {
+        want_da[h] = (accumulate ? d_alpha_before[h] : 0.0) + x.da[h];
+        da_tol[h] = std::ldexp(std::fabs(x.da[h]), -7) + std::ldexp(x.da_mag[h], -16) + 1e-30;
+    }
+    const auto got_da = d_alpha.download();
+    test::check_within("attn_output_gate_backward d alpha " + name, std::vector<double>(got_da.begin(), got_da.end()),
+                       want_da, da_tol);
+    // d alpha is a bf16 value (upstream's alpha is bf16) times fp32's 1 - tanh(a)^2, whose relative error
+    // is (2^-21 t^2 + 2^-22) / (1 - t^2) + 2^-23 with tanhf within 2 ulp (t = tanh(a))
+    if (!accumulate)
+        for (int h = 0; h < H; ++h) {
+            const double t2 = x.tanh_a[h] * x.tanh_a[h], r = got_da[h] / (1 - t2);
+            const double rel = (std::ldexp(t2, -21) + std::ldexp(1.0, -22)) / (1 - t2) + std::ldexp(1.0, -23);
+            test::check(std::fabs(r - value(to_bf16(r))) <= rel * std::fabs(r),
+                        "%s: d alpha of head %d / (1 - tanh(a)^2) = %.9g is not a bf16 value", name.c_str(), h, r);
+        }
+    test::check(scratch.done.download()[0] == 0, "%s: the ticket counter is back at zero", name.c_str());
+
+    // the same launch again: the same bits (the d alpha sum's order is fixed)
+    const auto dv_first = dv_xsa.download();
+    const auto da_first = d_alpha.download();
+    d_alpha.upload(d_alpha_before);
+    attn_output_gate_backward(aux, run.dy.ptr, run.dz_attn.ptr, run.dy_gated.ptr, run.y.ptr, nullptr, grads);
+    test::check(same_bits(dv_xsa.download(), dv_first) && same_bits(d_alpha.download(), da_first),
+                "%s: a second launch gives the same bits", name.c_str());
+
+    // attn_qkv_backward on an XSA layer: v's gradient is bf16(dv + dv_xsa), then as on any layer
+    const auto dq = uniform_bf16(n, -1, 1), dk = uniform_bf16(n, -1, 1), dv = uniform_bf16(n, -1, 1);
+    run.dq.upload(dq), run.dk.upload(dk), run.dv.upload(dv);
+    run.forward();  // q, k, v and rstd for the backward (v overwritten: XSA's inputs are done with)
+    attn_qkv_backward(aux, run.dqkv.ptr, run.dve.ptr, run.dz_ve.ptr, run.dq.ptr, run.dk.ptr, run.dv.ptr, run.qkv.ptr,
+                      run.rstd_q.ptr, run.rstd_k.ptr, nullptr, dv_xsa.ptr);
+    const auto dqkv = run.dqkv.download(), dve = run.dve.download();
+    const auto dz_ve = run.dz_ve.download();
+    std::vector<bf16> dv_sum(n);
+    for (size_t i = 0; i < n; ++i) dv_sum[i] = to_bf16(value(dv[i]) + value(dv_first[i]));
+    run.dv.upload(dv_sum);
+    attn_qkv_backward(run.aux, run.dqkv.ptr, run.dve.ptr, run.dz_ve.ptr, run.dq.ptr, run.dk.ptr, run.dv.ptr,
+                      run.qkv.ptr, run.rstd_q.ptr, run.rstd_k.ptr, nullptr);
+    test::check(same_bits(dqkv, run.dqkv.download()) && same_bits(dve, run.dve.download()) &&
+                    same_bits(dz_ve, run.dz_ve.download()),
+                "%s: attn_qkv_backward with XSA's dv equals it given bf16(dv + dv_xsa)", name.c_str());
+}
+
 AttnAux bad_aux() {
     AttnAux a;
     a.T = 8;
@@ -768,6 +987,23 @@ int bench_rope(const bench::Options& o) {
             attn_gates_backward(r.aux, r.dxa.ptr, c.reads_ve() ? r.dve.ptr : nullptr, r.d_attn_gate.ptr,
                                 k.ve ? r.d_ve_gate.ptr : nullptr, r.dz_attn.ptr, k.ve ? r.dz_ve.ptr : nullptr,
                                 r.scratch.view(), true, s);
+        });
+        if (k.gate_input != VeGateInput::x_and_ve) continue;
+        // record 82's XSA in the output gate (its non-paired layers), with v from this layer's forward
+        DeviceBuffer<float> alpha(test::uniform_vector(H, -1, 1)), d_alpha(H);
+        DeviceBuffer<bf16> dv_xsa(static_cast<size_t>(T) * c.C);
+        test::DevicePartials xsa_scratch(attn_output_gate_backward_scratch_bytes(r.aux));
+        AttnAux xsa = r.aux;
+        xsa.xsa_v = r.v.ptr, xsa.xsa_alpha = alpha.ptr;
+        b.run("attn_output_gate_forward", at + ", XSA",
+              [&](cudaStream_t s) { attn_output_gate_forward(xsa, r.y_gated.ptr, r.y.ptr, s); });
+        b.run("attn_output_gate_backward", at + ", XSA", [&](cudaStream_t s) {
+            attn_output_gate_backward(xsa, r.dy.ptr, r.dz_attn.ptr, r.dy_gated.ptr, r.y.ptr, s,
+                                      XsaGrads{dv_xsa.ptr, d_alpha.ptr, xsa_scratch.view(), true});
+        });
+        b.run("attn_qkv_backward", at + ", XSA", [&](cudaStream_t s) {
+            attn_qkv_backward(xsa, r.dqkv.ptr, r.dve.ptr, r.dz_ve.ptr, r.dq.ptr, r.dk.ptr, r.dv.ptr, r.qkv.ptr,
+                              r.rstd_q.ptr, r.rstd_k.ptr, s, dv_xsa.ptr);
         });
     }
     // at a stage change: stage 1's long window to stage 2's, over the table of stage 3's paired positions
@@ -846,6 +1082,31 @@ int main(int argc, char** argv) {
                                                    reinterpret_cast<const float*>(16),
                                                    reinterpret_cast<const float*>(16), {}, false, nullptr);
                            });
+    test::check_fails_with("XSA on a paired layer", "XSA on a paired layer", [] {
+        AttnAux a = bad_aux();
+        a.paired = true;
+        a.xsa_v = reinterpret_cast<const bf16*>(16);
+        a.xsa_alpha = reinterpret_cast<const float*>(16);
+        attn_output_gate_forward(a, nullptr, nullptr, nullptr);
+    });
+    test::check_fails_with("XSA without its strengths", "xsa_v and xsa_alpha go together", [] {
+        AttnAux a = bad_aux();
+        a.xsa_v = reinterpret_cast<const bf16*>(16);
+        attn_output_gate_forward(a, nullptr, nullptr, nullptr);
+    });
+    test::check_fails_with("XSA's backward without its outputs", "XsaGrads (dv, d_alpha, scratch) are needed exactly",
+                           [] {
+                               AttnAux a = bad_aux();
+                               a.xsa_v = reinterpret_cast<const bf16*>(16);
+                               a.xsa_alpha = reinterpret_cast<const float*>(16);
+                               attn_output_gate_backward(a, nullptr, nullptr, nullptr, nullptr, nullptr);
+                           });
+    test::check_fails_with("attn_qkv_backward on an XSA layer without XSA's dv", "XSA's dv is needed exactly", [] {
+        AttnAux a = bad_aux();
+        a.xsa_v = reinterpret_cast<const bf16*>(16);
+        a.xsa_alpha = reinterpret_cast<const float*>(16);
+        attn_qkv_backward(a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
+    });
     test::check_fails_with("YaRN head_dim 40", "head_dim must be a multiple of 16",
                            [] { yarn_rope_view(reinterpret_cast<void*>(16), 40, 100); });
 
@@ -882,6 +1143,15 @@ int main(int argc, char** argv) {
         test_layer(37, 2, 64, false, true, true, rope, F, false);
         test_layer(37, 2, 64, true, false, true, rope, F, true);
         test_layer(37, 2, 64, false, true, true, rope, F, true, VeGateInput::x_and_ve);
+    }
+
+    // XSA (record 82): the reference's formulas, then the kernels on the tiny and the record's head shape
+    check_xsa_reference_gradients();
+    for (const auto& [T, H, D] : {std::tuple{512, 2, 64}, std::tuple{48, 6, 128}, std::tuple{37, 6, 128}}) {
+        Rope rope(D, 2 * T);
+        yarn_rope_reset(rope.r, nullptr);
+        test_xsa(T, H, D, false, rope);
+        test_xsa(T, H, D, true, rope);
     }
 
     test_finite_differences(false, true, true);

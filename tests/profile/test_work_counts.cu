@@ -860,6 +860,39 @@ void test_rope() {
                  {kernel("attn_output_gate_backward", bytes(yg) + bytes(y) + gate_in, bytes(dy) + bytes(dz_attn))},
                  {out(dy), out(dz_attn)}, [&] { attn_output_gate_backward(a, dy.ptr, dz_attn.ptr, yg.ptr, y.ptr, nullptr); });
 
+    {  // record 82's XSA: the gate also reads v and the strengths; its backward writes XSA's dv and d alpha
+        DeviceBuffer<float> alpha(test::uniform_vector(H, -1, 1)), d_alpha(H);
+        DeviceBuffer<bf16> dv_xsa(tc);
+        AttnAux x = a;
+        x.ve_gate_input = VeGateInput::x_and_ve, x.xsa_v = v.ptr, x.xsa_alpha = alpha.ptr;
+        test::DevicePartials xsa_scratch(attn_output_gate_backward_scratch_bytes(x));
+        const double xsa_partials = bytes(xsa_scratch.partials), ticket = sizeof(unsigned int);
+        check_family("attn_output_gate_forward with XSA",
+                     {kernel("attn_output_gate_forward", bytes(y) + gate_in + bytes(v) + bytes(alpha), bytes(yg))},
+                     {out(yg)}, [&] { attn_output_gate_forward(x, yg.ptr, y.ptr, nullptr); });
+        check_family("attn_output_gate_backward with XSA",  // the last block reads the partials back
+                     {kernel("attn_output_gate_backward",
+                             bytes(yg) + bytes(y) + gate_in + bytes(v) + bytes(alpha) + xsa_partials + ticket,
+                             bytes(dy) + bytes(dz_attn) + bytes(dv_xsa) + xsa_partials + ticket + bytes(d_alpha))},
+                     {out(dy), out(dz_attn), out(dv_xsa), out(xsa_scratch.partials), out(d_alpha),
+                      inout(xsa_scratch.done)},
+                     [&] {
+                         attn_output_gate_backward(x, dy.ptr, dz_attn.ptr, yg.ptr, y.ptr, nullptr,
+                                                   XsaGrads{dv_xsa.ptr, d_alpha.ptr, xsa_scratch.view(), false});
+                     },
+                     bytes(dy) + bytes(dz_attn) + bytes(dv_xsa) + xsa_partials + bytes(d_alpha));
+        const double ve80 = bytes(d_ids) + 2.0 * tc + 2.0 * kVeGateHalf * T + bytes(ve_gate);
+        check_family("attn_qkv_backward with XSA's dv",
+                     {kernel("attn_qkv_backward",
+                             bytes(dq) + bytes(dk) + bytes(dv) + bytes(dv_xsa) + 2 * bytes(qkv) / 3 + 2 * stats +
+                                 rope_rows + ve80,
+                             bytes(dqkv) + bytes(dve) + bytes(dz_ve))},
+                     {out(dqkv), out(dve), out(dz_ve)}, [&] {
+                         attn_qkv_backward(x, dqkv.ptr, dve.ptr, dz_ve.ptr, dq.ptr, dk.ptr, dv.ptr, qkv.ptr, rstd_q.ptr,
+                                           rstd_k.ptr, nullptr, dv_xsa.ptr);
+                     });
+    }
+
     const int blocks = ceil_div(T, kGateRowsPerBlock), n_w = 2 * H * kGateWidth;
     test::DevicePartials scratch(attn_gates_backward_scratch_bytes(T, H));
     const double partials = 4.0 * blocks * n_w, ticket = sizeof(unsigned int);
