@@ -7,6 +7,7 @@
 // value_layers, ve_gate_reads_ve, sw_over_all_weights, and its residual stream (sublayer_lambdas,
 // late_attn_source, lambdas_bf16). As for record 71, activations are not rounded to bf16: only the
 // parameter-side roundings the model multiplies by (FP8 lm_head, bf16 stream lambdas) are reproduced.
+// Record 82's XSA (upstream a333be08 L1125-1131) is the per-layer switch xsa (default off), with xsa_alpha_bf16.
 //
 // Shapes (row-major): T tokens of one packed sequence, V padded vocab, C = H*D model width,
 // F = 4C MLP hidden width, 11 layers. Parameters are held in upstream's shapes (Params).
@@ -46,6 +47,7 @@ constexpr int kSkipFrom = 3, kSkipTo = 6, kBackoutLayer = 7;
 constexpr double kRmsEps = FLT_EPSILON;  // F.rms_norm without eps on bf16 input (torch 2.10)
 constexpr double kPi = 3.14159265358979323846;
 constexpr double kSoftcapA = 23.0, kSoftcapB = 5.0, kSoftcapC = 7.5;  // z = A*sigmoid((l+B)/C)
+constexpr double kXsaEps = 1e-4;  // XSA's F.normalize(v, eps=1e-4): v / max(|v|, eps)
 
 // Record 71's fp32 `scalars` vector: resid lambdas (11), sa lambdas as (11, 2), bigram lambdas (11),
 // smear, backout and skip lambdas, then padding. Config::scalar_slots() gives the layout in use
@@ -196,6 +198,15 @@ struct Config {
     // rounded to bf16 (upstream's .bfloat16() before use; their gradient passes straight through).
     // false: the exact parameters (the smooth function that finite differences can check).
     bool lambdas_bf16 = true;
+    // Record 82's XSA (exclusive self attention, upstream a333be08 L1125-1131) on the layers marked here
+    // (record 82: 1, 3, 4, 7, 8, 10; attention, non-paired): before the output gate, each head's
+    // attention output y loses alpha times its component along its own value v (after the value
+    // embedding's mix): y' = y - alpha (y . v^) v^, v^ = v / max(|v|, 1e-4), alpha = tanh(a[layer, h])
+    // with a = Params::xsa_alphas.
+    std::array<bool, kLayers> xsa{};
+    // alpha is tanh(a) rounded to bf16 (upstream's .type_as(y); the gradient passes straight through,
+    // as with lambdas_bf16). false: the exact tanh(a), the smooth function finite differences check.
+    bool xsa_alpha_bf16 = true;
     double grad_scale = 2.0;                // upstream's grad_scale (2 / grad_accum_steps; 2 on 8 ranks)
     double x_s = 100.0 / 448.0, w_s = 1.6 / 448.0;
     // Padding ones after the used scalars; -1: upstream's on 8 ranks (record 71: 4, its formula
@@ -211,6 +222,9 @@ struct Config {
     }
     // The lambda a stream update multiplies by (see lambdas_bf16).
     double stream_lambda(double parameter) const { return lambdas_bf16 ? round_bf16(parameter) : parameter; }
+    bool any_xsa() const { return std::find(xsa.begin(), xsa.end(), true) != xsa.end(); }
+    // XSA's strength from its parameter a (see xsa_alpha_bf16).
+    double xsa_alpha(double a) const { return xsa_alpha_bf16 ? round_bf16(std::tanh(a)) : std::tanh(a); }
     // The layer whose output layer i's attention normalizes instead of the stream (-1: the stream).
     int attn_source(int layer) const { return late_attn_source >= 0 && layer > late_attn_source ? late_attn_source : -1; }
     // Window of a layer in tokens (paired layers use it in rows of the doubled sequence); -1: no attention.
@@ -270,6 +284,9 @@ struct Config {
         for (int i = 0; i < kLayers; ++i)
             require(!paired[i] || (H % 2 == 0 && i != 6), "paired layer %d needs an even head count and attention (H=%d)",
                     i, H);
+        // upstream applies XSA only where the attention reads v as (T, H, D): paired layers read (2T, H/2, D)
+        for (int i = 0; i < kLayers; ++i)
+            require(!xsa[i] || (i != 6 && !paired[i]), "XSA layer %d must have attention and not be paired", i);
         require(int(yarn.freq.size()) == D / 4 && int(yarn_paired.freq.size()) == D / 4,
                 "YaRN state has %zu/%zu frequencies, want D/4 = %d (call Config::make or Yarn::reset)",
                 yarn.freq.size(), yarn_paired.freq.size(), D / 4);
@@ -294,6 +311,9 @@ struct Params {
     std::vector<double> resid_lambdas;   // (11, 2) the stream's factor at each sublayer update
     std::vector<double> post_lambdas;    // (11, 2) the block output's factor
     std::vector<double> bigram_lambdas;  // (11) the bigram embedding's: [0] before layer 0, [i] at layer i's attention
+    // Record 82's XSA strengths (fp32 upstream, zeros at init): alpha = tanh(a). Rows of layers without
+    // XSA are never read (zero gradient).
+    std::vector<double> xsa_alphas;      // (11, H) fp32, row = layer; empty unless Config::any_xsa()
 
     // Element counts in tensors() order.
     static std::vector<size_t> sizes(const Config& c) {
@@ -312,7 +332,8 @@ struct Params {
                 size_t(c.num_scalars()),
                 c.sublayer_lambdas ? size_t(2 * kLayers) : 0,
                 c.sublayer_lambdas ? size_t(2 * kLayers) : 0,
-                c.sublayer_lambdas ? size_t(kLayers) : 0};
+                c.sublayer_lambdas ? size_t(kLayers) : 0,
+                c.any_xsa() ? size_t(kLayers) * H : 0};
     }
 
     static Params zeros(const Config& c) {
@@ -374,7 +395,8 @@ struct Params {
                 {"scalars", &scalars},
                 {"resid_lambdas", &resid_lambdas},
                 {"post_lambdas", &post_lambdas},
-                {"bigram_lambdas", &bigram_lambdas}};
+                {"bigram_lambdas", &bigram_lambdas},
+                {"xsa_alphas", &xsa_alphas}};
     }
     std::vector<std::pair<const char*, const std::vector<double>*>> tensors() const {
         std::vector<std::pair<const char*, const std::vector<double>*>> out;
@@ -449,8 +471,10 @@ struct LayerTape {
     std::vector<double> lse;             // (rows*slots) attention log-sum-exp (paired: 2T rows x H/2 slots)
     std::vector<double> ve_sig;          // (T,H) sigmoid of the value-embedding gate (gate = 2*ve_sig)
     std::vector<double> attn_sig;        // (T,H) sigmoid of the output gate
-    std::vector<double> y;               // (T,C) attention output, model head order, before the gate
-    std::vector<double> yg;              // (T,C) after the output gate
+    std::vector<double> y;               // (T,C) attention output, model head order, before XSA and the gate
+    std::vector<double> y_xsa;           // (T,C) XSA layers: y' = y - alpha p v^, what the gate multiplies (else empty)
+    std::vector<double> xsa_p, xsa_n;    // (T,H) XSA layers: p = y . v^ and max(|v|, 1e-4) (else empty)
+    std::vector<double> yg;              // (T,C) after the output gate (of y_xsa on XSA layers, else of y)
     std::vector<double> o_raw;           // (T,C) yg @ W_o^T, before sa_lambda1
     std::vector<double> x_attn;          // (T,C) after the attention sublayer (layer 6: after the skip add)
     std::vector<double> xm, rstd_m;      // MLP input norm(x_attn)
@@ -597,6 +621,31 @@ inline void rms_norm_backward_acc(const double* y, const double* rstd, const dou
         const double m = dot(dy + r * n, y + r * n, n) / double(n);
         for (size_t i = 0; i < n; ++i) dx[r * n + i] += rstd[r] * (dy[r * n + i] - y[r * n + i] * m);
     }
+}
+
+// XSA on one head's row of D (record 82): y' = y - alpha p v^, v^ = v / n, n = max(|v|, kXsaEps),
+// p = y . v^. Writes y' into y_out (not aliasing y) and n into *n_out; returns p.
+inline double xsa_forward_row(const double* y, const double* v, double alpha, size_t D, double* y_out,
+                              double* n_out) {
+    const double n = std::max(std::sqrt(dot(v, v, D)), kXsaEps);
+    const double p = dot(y, v, D) / n;
+    for (size_t d = 0; d < D; ++d) y_out[d] = y[d] - alpha * p * (v[d] / n);
+    *n_out = n;
+    return p;
+}
+
+// Its backward from g = dL/dy' (y, v, alpha and the forward's p, n): writes dy (which may alias g:
+// every read of g comes first), adds dL/dv into dv and returns dL/dalpha = -p q, with q = g . v^.
+// dy = g - alpha q v^ and dL/dv^ = -alpha (p g + q y). Through the normalize: where |v| > eps,
+// dv = (I - v^ v^T) dL/dv^ / |v| = -alpha (p g + q y - 2 p q v^) / |v| (dL/dv^ . v^ = -2 alpha p q; moving
+// v along v^ leaves v^ unchanged); where the clamp holds, v^ = v / eps is linear: dv = dL/dv^ / eps.
+inline double xsa_backward_row(const double* y, const double* v, double alpha, double p, double n, const double* g,
+                               size_t D, double* dy, double* dv) {
+    const double q = dot(g, v, D) / n;
+    const double along = n > kXsaEps ? 2.0 * p * q : 0.0;  // coefficient of v^ that the projection removes
+    for (size_t d = 0; d < D; ++d) dv[d] += -alpha * (p * g[d] + q * y[d] - along * (v[d] / n)) / n;
+    for (size_t d = 0; d < D; ++d) dy[d] = g[d] - alpha * q * (v[d] / n);
+    return -p * q;
 }
 
 }  // namespace detail
@@ -771,6 +820,24 @@ inline void attention_block_forward(const Config& c, const Params& p, const Batc
     L.lse.resize(size_t(s.rows()) * s.slots());
     attention_forward(s, L.q.data(), L.k.data(), L.v.data(), L.y.data(), L.lse.data());
 
+    // XSA: each head's output loses alpha of its component along the v it read at its own token
+    L.y_xsa.clear();
+    L.xsa_p.clear();
+    L.xsa_n.clear();
+    if (c.xsa[layer]) {
+        L.y_xsa.resize(T * C);
+        L.xsa_p.resize(T * H);
+        L.xsa_n.resize(T * H);
+        for (size_t t = 0; t < T; ++t)
+            for (size_t h = 0; h < H; ++h) {
+                const size_t o = (t * H + h) * D;
+                const double alpha = c.xsa_alpha(p.xsa_alphas[size_t(layer) * H + h]);
+                L.xsa_p[t * H + h] = xsa_forward_row(L.y.data() + o, L.v.data() + o, alpha, D, L.y_xsa.data() + o,
+                                                     L.xsa_n.data() + t * H + h);
+            }
+    }
+    const std::vector<double>& y_gate_in = c.xsa[layer] ? L.y_xsa : L.y;
+
     L.attn_sig.resize(T * H);
     L.yg.resize(T * C);
     const double* agate = p.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
@@ -778,7 +845,7 @@ inline void attention_block_forward(const Config& c, const Params& p, const Batc
         for (size_t h = 0; h < H; ++h) {
             const double sg = sigmoid(dot(L.xa.data() + t * C, agate + h * kGateDim, kGateDim));
             L.attn_sig[t * H + h] = sg;
-            for (size_t d = 0; d < D; ++d) L.yg[(t * H + h) * D + d] = sg * L.y[(t * H + h) * D + d];
+            for (size_t d = 0; d < D; ++d) L.yg[(t * H + h) * D + d] = sg * y_gate_in[(t * H + h) * D + d];
         }
     L.o_raw.resize(T * C);
     matmul_nt(L.yg.data(), W + 3 * C * C, L.o_raw.data(), T, C, C);
@@ -988,23 +1055,37 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
     matmul_nn(dout.data(), W + 3 * C * C, dyg.data(), T, C, C);
     for (double& e : dyg) e *= sa1;
 
-    // output gate: yg = y * sigmoid(xa[:12] . attn_gate[h])
-    std::vector<double> dxa(T * C, 0.0), dy(T * C);
+    // output gate: yg = y_in * sigmoid(xa[:12] . attn_gate[h]), y_in = XSA's y' on its layers, else y;
+    // then XSA's backward (xsa_backward_row) turns d y' into d y and its share of d v and d alpha
+    const bool xsa = c.xsa[layer];
+    const std::vector<double>& y_gate_in = xsa ? L.y_xsa : L.y;
+    std::vector<double> dxa(T * C, 0.0), dy(T * C), dv_xsa(xsa ? T * C : 0, 0.0);
     const double* agate = p.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
     double* dagate = g.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
     for (size_t t = 0; t < T; ++t)
         for (size_t h = 0; h < H; ++h) {
             const size_t o = (t * H + h) * D;
             const double sg = L.attn_sig[t * H + h];
-            const double dz = sg * (1.0 - sg) * dot(dyg.data() + o, L.y.data() + o, D);
+            const double dz = sg * (1.0 - sg) * dot(dyg.data() + o, y_gate_in.data() + o, D);
             for (size_t d = 0; d < D; ++d) dy[o + d] = sg * dyg[o + d];
             axpy(dz, L.xa.data() + t * C, dagate + h * kGateDim, kGateDim);
             axpy(dz, agate + h * kGateDim, dxa.data() + t * C, kGateDim);
+            if (xsa) {  // alpha = tanh(a) (bf16 or not): d a = d alpha (1 - tanh(a)^2), straight through the rounding
+                const size_t at = size_t(layer) * H + h;
+                const double th = std::tanh(p.xsa_alphas[at]);
+                const double dalpha = xsa_backward_row(L.y.data() + o, L.v.data() + o, c.xsa_alpha(p.xsa_alphas[at]),
+                                                       L.xsa_p[t * H + h], L.xsa_n[t * H + h], dy.data() + o, D,
+                                                       dy.data() + o, dv_xsa.data() + o);
+                g.xsa_alphas[at] += dalpha * (1.0 - th * th);
+            }
         }
 
     std::vector<double> dq(T * C), dk(T * C), dv(T * C);
     attention_backward(attn_shape(c, b, layer), L.q.data(), L.k.data(), L.v.data(), L.y.data(), L.lse.data(),
                        dy.data(), dq.data(), dk.data(), dv.data());
+    // v is read by the attention and by XSA: its gradient is the sum, and flows on into its sources
+    // (the QKV projection, the value embedding and its gate)
+    if (xsa) axpy(1.0, dv_xsa.data(), dv.data(), T * C);
 
     // value embedding: v = v_raw + 2 sigmoid(in . ve_gate[h]) * ve, in = the gate's input (gate_input)
     if (table >= 0) {

@@ -2,7 +2,8 @@
 // derivations: finite differences of every parameter's gradient (on the smooth path, FP8 off),
 // the FP8 formats from their bit definitions, the paired-head layout, document isolation (and
 // exactly the paths that cross documents by design: smear, bigram hash, key offset), windows,
-// the MTP and evaluation losses, upstream's initialization and YaRN update, bad input. Host only.
+// the MTP and evaluation losses, upstream's initialization and YaRN update, record 80's stream, record
+// 82's XSA (its row function on both sides of the normalize clamp), bad input. Host only.
 #include "gpt_reference.h"
 #include "../test_util.h"
 
@@ -446,7 +447,7 @@ void check_r80_layout() {
     for (double v : p.x0_lambdas) lambdas &= v == 0.0;
     test::check(lambdas, "record 80 init: resid sqrt(1.1), post 1, bigram 0.05, x0 0");
     const auto t = p.tensors();
-    test::check(t.size() == 15 && std::string(t[11].first) == "scalars" && std::string(t[12].first) == "resid_lambdas" &&
+    test::check(t.size() == 16 && std::string(t[11].first) == "scalars" && std::string(t[12].first) == "resid_lambdas" &&
                     std::string(t[13].first) == "post_lambdas" && std::string(t[14].first) == "bigram_lambdas",
                 "tensors(): record 80's lambdas at the end");
     const Params p71 = Params::init(Config::make(16, 512, 128, 2, 64, 50, 128, 384), 99);
@@ -495,6 +496,227 @@ void check_r80_error_scales() {
     test::check(largest > 0.6, "record 80 error scales: the largest gradient is %.2f of its scale", largest);
     std::printf("  record 80 lambdas: FP8 vs exact largest difference %.3f of the scale, largest gradient %.2f of it\n",
                 worst, largest);
+}
+
+// ---- record 82's XSA ----
+// XSA's row function by itself against central differences of L = w . y', on both sides of
+// F.normalize's clamp: |v| ~ 1.6, and |v| ~ 5e-6 < 1e-4 where v^ = v / 1e-4 (the model-level check
+// below never reaches the clamp). L is linear in y and alpha, so their differences are exact but for
+// rounding; in v it is smooth (quadratic under the clamp).
+void check_xsa_row() {
+    const size_t D = 8;
+    for (const double v_scale : {1.0, 3e-6}) {
+        std::vector<double> y(D), v(D), w(D), out(D), dy(D), dv(D, 0.0);
+        for (size_t d = 0; d < D; ++d) {
+            y[d] = test::uniform(-1.0, 1.0);
+            v[d] = v_scale * test::uniform(-1.0, 1.0);
+            w[d] = test::uniform(-1.0, 1.0);
+        }
+        double alpha = test::uniform(-0.9, 0.9), n = 0.0;
+        auto loss = [&] {
+            double nn = 0.0;
+            detail::xsa_forward_row(y.data(), v.data(), alpha, D, out.data(), &nn);
+            return detail::dot(w.data(), out.data(), D);
+        };
+        const double p = detail::xsa_forward_row(y.data(), v.data(), alpha, D, out.data(), &n);
+        const bool clamped = v_scale < 1.0;
+        const double norm = std::sqrt(detail::dot(v.data(), v.data(), D));
+        test::check(clamped ? n == kXsaEps && norm < kXsaEps : n == norm && norm > kXsaEps,
+                    "XSA row: normalizer %.6g for |v| = %.6g (clamp at %g)", n, norm, kXsaEps);
+        test::check(std::fabs(p - detail::dot(y.data(), v.data(), D) / n) <= 1e-15 * std::fabs(p) + 1e-300,
+                    "XSA row: p = y . v / max(|v|, eps)");
+        const double dalpha =
+            detail::xsa_backward_row(y.data(), v.data(), alpha, p, n, w.data(), D, dy.data(), dv.data());
+        // v's step: under the clamp L is quadratic in v, so a step of |v|'s own size is exact (and keeps
+        // |v| below eps) while the loss's rounding noise (~1e-16 / step) stays far below the tolerance
+        const double hv = clamped ? v_scale : 1e-5;
+        std::vector<double> fd_y(D), fd_v(D);
+        for (size_t d = 0; d < D; ++d) {
+            fd_y[d] = test::central_difference(y[d], 1e-3, loss);
+            fd_v[d] = test::central_difference(v[d], hv, loss);
+        }
+        const double fd_alpha = test::central_difference(alpha, 1e-3, loss);
+        double vmax = 0.0;
+        for (double e : dv) vmax = std::max(vmax, std::fabs(e));
+        const char* side = clamped ? "clamped" : "unclamped";
+        test::check_close(std::string("XSA row (") + side + "): dL/dy", dy, fd_y, 1e-9, 1e-8);
+        // absolute: 1e-10 over the difference's rounding noise (~1e-16 |L| / step), for rows whose dv is small
+        test::check_close(std::string("XSA row (") + side + "): dL/dv", dv, fd_v, 1e-8 * vmax + 1e-10, 1e-7);
+        test::check(std::fabs(dalpha - fd_alpha) <= 1e-9 * (1.0 + std::fabs(dalpha)),
+                    "XSA row (%s): dL/dalpha %.12g, central difference %.12g", side, dalpha, fd_alpha);
+    }
+    // alpha = 1 removes y's whole component along v (|v| above the clamp): y' . v = 0
+    std::vector<double> y(32), v(32), out(32);
+    for (size_t d = 0; d < 32; ++d) y[d] = test::uniform(-1.0, 1.0), v[d] = test::uniform(-1.0, 1.0);
+    double n = 0.0;
+    detail::xsa_forward_row(y.data(), v.data(), 1.0, 32, out.data(), &n);
+    test::check(std::fabs(detail::dot(out.data(), v.data(), 32)) < 1e-14 * n * n, "XSA row at alpha 1: y' . v = %.3g",
+                detail::dot(out.data(), v.data(), 32));
+}
+
+// The finite-difference configuration of record 80 with record 82's XSA on its layers (1, 3, 4, 7, 8,
+// 10: 1 and 8 read value embeddings, 3 and 10 have the key offset, 8 and 10 read norm(h7)), exact
+// alphas (their bf16 rounding is piecewise constant: check_xsa_forward).
+Config xsa_small_config() {
+    Config c = r80_small_config();
+    for (int i : {1, 3, 4, 7, 8, 10}) c.xsa[size_t(i)] = true;
+    c.xsa_alpha_bf16 = false;
+    return c;
+}
+// Strengths of either sign well away from 0 (tanh(a) of 0.38 to 0.83), so that XSA changes y visibly;
+// every row, so that the rows of layers without XSA would show if they were read.
+Params xsa_random_params(const Config& c) {
+    Params p = random_params(c);
+    for (double& a : p.xsa_alphas) a = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.4, 1.2);
+    return p;
+}
+
+// Layout and init: xsa_alphas last in tensors(), (11, H) with XSA, empty without, zeros at init;
+// an XSA layer must have attention and not be paired (check_bad_input).
+void check_xsa_layout() {
+    Config c = Config::make(16, 512, 128, 2, 64, 50, 128, 384);
+    test::check(!c.any_xsa() && Params::init(c, 5).xsa_alphas.empty(), "without XSA: no xsa_alphas");
+    c.xsa[4] = true;
+    const Params p = Params::init(c, 5);
+    const auto t = p.tensors();
+    bool zeros = p.xsa_alphas.size() == size_t(kLayers) * c.H;
+    for (double a : p.xsa_alphas) zeros &= a == 0.0;
+    test::check(c.any_xsa() && zeros && t.size() == 16 && std::string(t[15].first) == "xsa_alphas" &&
+                    Params::sizes(c).size() == 16 && Params::sizes(c)[15] == size_t(kLayers) * c.H,
+                "XSA: xsa_alphas (11, H) of zeros, last in tensors() and sizes()");
+    test::check(c.xsa_alpha(0.3) == round_bf16(std::tanh(0.3)) && c.xsa_alpha(0.3) != std::tanh(0.3) &&
+                    c.xsa_alpha(5.0) == 1.0,
+                "XSA: alpha = bf16(tanh(a))");
+}
+
+// The forward's structure: zero strengths are the model without XSA (gradients too, bit for bit);
+// alpha = 1 leaves each XSA head's output orthogonal to its own v (after the value-embedding mix), and
+// the gate multiplies that; bf16 alphas equal the exact model at a' = atanh(bf16(tanh(a))), with
+// the gradient passed straight through the rounding.
+void check_xsa_forward() {
+    const Config c = xsa_small_config();
+    Config off = c;
+    off.xsa = {};
+    const Batch b = make_batch(c, {0, 11, 18}, 1);
+    Params p = xsa_random_params(c);
+    Params z = p, p_off = p;
+    z.xsa_alphas.assign(z.xsa_alphas.size(), 0.0);
+    p_off.xsa_alphas.clear();
+    Params gz, g_off;
+    const double lz = forward_backward(c, z, b, 1.0, gz), l_off = forward_backward(off, p_off, b, 1.0, g_off);
+    bool same = lz == l_off;
+    for (size_t i = 0; i + 1 < gz.tensors().size(); ++i) same &= *gz.tensors()[i].second == *g_off.tensors()[i].second;
+    test::check(same, "XSA at zero strengths: loss %.17g, without XSA %.17g (or gradients differ)", lz, l_off);
+    test::check(forward(c, p, b) != l_off, "XSA at non-zero strengths changes nothing");
+
+    Config unit = c;
+    unit.xsa_alpha_bf16 = true;
+    Params pu = p;
+    pu.xsa_alphas.assign(pu.xsa_alphas.size(), 5.0);  // tanh(5) = 0.99991 rounds to 1 in bf16
+    Tape tu;
+    forward(unit, pu, b, &tu);
+    const size_t T = c.T, H = c.H, D = c.D;
+    double worst = 0.0;
+    bool gated = true, shapes = true;
+    for (int i = 0; i < kLayers; ++i) {
+        const LayerTape& L = tu.layers[size_t(i)];
+        shapes &= c.xsa[size_t(i)] ? L.y_xsa.size() == T * c.C && L.xsa_p.size() == T * H : L.y_xsa.empty();
+        if (!c.xsa[size_t(i)]) continue;
+        for (size_t r = 0; r < T * H; ++r) {
+            const double* v = L.v.data() + r * D;
+            const double* y = L.y.data() + r * D;
+            const double nv = std::sqrt(detail::dot(v, v, D)), ny = std::sqrt(detail::dot(y, y, D));
+            worst = std::max(worst, std::fabs(detail::dot(L.y_xsa.data() + r * D, v, D)) / (nv * ny));
+            for (size_t d = 0; d < D; ++d) gated &= L.yg[r * D + d] == L.attn_sig[r] * L.y_xsa[r * D + d];
+        }
+    }
+    test::check(shapes && worst < 1e-14 && gated,
+                "XSA at alpha 1: y' . v up to %.3g |y||v| (or the gate does not multiply y', or tapes misshaped)",
+                worst);
+
+    Config bf = c;
+    bf.xsa_alpha_bf16 = true;
+    Params pr = p;
+    for (double& a : pr.xsa_alphas) a = std::atanh(round_bf16(std::tanh(a)));
+    Params g_bf, g_ex;
+    const double l_bf = forward_backward(bf, p, b, 1.0, g_bf), l_ex = forward_backward(c, pr, b, 1.0, g_ex);
+    test::check(std::fabs(l_bf - l_ex) <= 1e-13 * l_ex && l_bf != forward(c, p, b),
+                "bf16 alphas: loss %.17g, exact model at rounded alphas %.17g (or the rounding changes nothing)", l_bf,
+                l_ex);
+    // straight through: d a = d alpha (1 - tanh(a)^2) at the rounded alpha
+    std::vector<double> want(g_ex.xsa_alphas);
+    for (size_t e = 0; e < want.size(); ++e) {
+        const double ta = std::tanh(p.xsa_alphas[e]), tr = std::tanh(pr.xsa_alphas[e]);
+        want[e] *= (1.0 - ta * ta) / (1.0 - tr * tr);
+    }
+    test::check_close("bf16 alphas: gradient straight through the rounding", g_bf.xsa_alphas, want, 1e-12, 1e-8);
+    test::check_close("bf16 alphas: the value bank's gradient as the exact model's at rounded alphas", g_bf.attn_bank,
+                      g_ex.attn_bank, 1e-12, 1e-8);
+}
+
+// Every tensor's gradient with XSA on, weighted to what XSA touches: every strength of its layers,
+// each XSA layer's q, k, v (twice: v carries XSA's own gradient) and o weights, output gate and sa
+// lambdas, and the value embeddings and ve gates of layers 1 and 8 (v's sources); the rows of the
+// layers without XSA are checked to be exactly 0 below.
+void check_xsa_gradients_fd() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Config c = xsa_small_config();
+    Params p = xsa_random_params(c);
+    const Batch b = make_batch(c, {0, 11, 18}, 2);
+    Params g;
+    const double loss = forward_backward(c, p, b, 1.0, g);
+    const int C = c.C, V = c.V, F = c.hidden(), H = c.H;
+    auto rnd = [](int n) { return test::randint(0, n - 1); };
+    auto tok = [&] { return size_t(b.inputs[rnd(c.T)]); };
+    const ScalarSlots& k = c.scalar_slots();
+    std::vector<size_t> alphas, a, ag, sc, ve, vg;
+    for (int i = 0; i < kLayers; ++i) {
+        const int bank = attn_bank_index(i);
+        if (!c.xsa[size_t(i)]) {
+            if (bank >= 0) a.push_back((size_t(bank) * 4 * C + rnd(4) * C + rnd(C)) * C + rnd(C));
+            continue;
+        }
+        for (int h = 0; h < H; ++h) alphas.push_back(size_t(i) * H + h);
+        for (int part : {0, 1, 2, 2, 3})  // q, k, v, v, o
+            a.push_back((size_t(bank) * 4 * C + part * C + rnd(C)) * C + rnd(C));
+        ag.push_back((size_t(bank) * H + rnd(H)) * kGateDim + rnd(kGateDim));
+        sc.push_back(size_t(k.sa_of(i, 0)));
+        sc.push_back(size_t(k.sa_of(i, 1)));
+    }
+    for (size_t s : {k.smear, k.backout, k.skip}) sc.push_back(s);
+    for (int t = 0; t < kValueTables; ++t) {
+        const bool read_by_xsa = c.xsa[size_t(c.value_layers[size_t(t)])];
+        for (int i = 0; i < (read_by_xsa ? 2 : 1); ++i) {
+            ve.push_back((size_t(t) * V + tok()) * C + rnd(C));
+            vg.push_back((size_t(t) * H + rnd(H)) * kGateDim + rnd(kGateDim));
+        }
+    }
+    Samples samples = {{"xsa_alphas", alphas}, {"attn_bank", a},   {"attn_gate_bank", ag},
+                       {"scalars", sc},        {"value_embeds", ve}, {"ve_gate_bank", vg}};
+    std::vector<size_t> m, e, bg;
+    for (int l : {1, 4, 8}) m.push_back(((size_t(l) * 2 + 1) * F + rnd(F)) * C + rnd(C));  // c_proj
+    for (int l : {3, 10}) m.push_back(((size_t(l) * 2) * F + rnd(F)) * C + rnd(C));        // c_fc
+    for (int i = 0; i < 2; ++i) e.push_back(tok() * C + rnd(C));
+    for (int i = 0; i < 2; ++i) bg.push_back(size_t(b.bigram[rnd(c.T)]) * C + rnd(C));
+    samples.push_back({"mlp_bank", m});
+    samples.push_back({"embed", e});
+    samples.push_back({"bigram_embed", bg});
+    samples.push_back({"lm_head", {size_t(rnd(C * V)), size_t(rnd(C * V))}});
+    samples.push_back({"smear_gate", {size_t(rnd(kGateDim))}});
+    samples.push_back({"skip_gate", {size_t(rnd(kGateDim))}});
+    samples.push_back({"x0_lambdas", {size_t(rnd(kLayers))}});
+    samples.push_back({"resid_lambdas", {size_t(2 * 4), size_t(2 * 8 + 1)}});
+    samples.push_back({"post_lambdas", {size_t(2 * 3), size_t(2 * 10)}});
+    samples.push_back({"bigram_lambdas", {size_t(7)}});
+    const FdStats fd = fd_check(c, p, b, g, samples);
+
+    // the strengths of the layers without XSA are never read: exactly zero; those of its layers are not
+    bool rows = true;
+    for (int i = 0; i < kLayers; ++i)
+        for (int h = 0; h < H; ++h) rows &= (g.xsa_alphas[size_t(i) * H + h] != 0.0) == c.xsa[size_t(i)];
+    test::check(rows, "xsa_alphas' gradient: zero exactly on the rows of layers without XSA");
+    std::printf("XSA finite differences: loss %.6f, %d forwards (%d step reductions), %.1f s\n", loss, fd.evaluated,
+                fd.shrunk, seconds_since(t0));
 }
 
 // ---- loss scaling, evaluation loss, MTP decomposition ----
@@ -1037,6 +1259,21 @@ void check_bad_input() {
         x.sublayer_lambdas = true;
         forward(x, p, b);
     });
+    expect_exit_failure("XSA on a paired layer", [&] {
+        Config x = c;
+        x.xsa[2] = true;
+        x.validate();
+    });
+    expect_exit_failure("XSA on the layer without attention", [&] {
+        Config x = c;
+        x.xsa[6] = true;
+        x.validate();
+    });
+    expect_exit_failure("XSA without its strengths", [&] {
+        Config x = c;
+        x.xsa[1] = true;
+        forward(x, p, b);
+    });
     expect_exit_failure("YaRN apply with a zero window", [&] {
         Config x = c;
         x.yarn_apply(0, 10);
@@ -1064,6 +1301,12 @@ int main() {
     check_r80_error_scales();
     check_r80_gradients_fd();
     std::printf("record 80's checks: %.1f s\n", seconds_since(t80));
+    const auto t82 = std::chrono::steady_clock::now();
+    check_xsa_row();
+    check_xsa_layout();
+    check_xsa_forward();
+    check_xsa_gradients_fd();
+    std::printf("record 82's XSA checks: %.1f s\n", seconds_since(t82));
     check_fp8_tiny();
     std::printf("total %.1f s\n", seconds_since(t0));
     return test::finish();
