@@ -103,6 +103,9 @@ struct Structure {
     // record 80: the attention layers after this one read norm(its output) instead of the stream (-1: none)
     int late_attn_source = -1;
     AttnBanks attn_banks = AttnBanks::layer;
+    // record 82: XSA in these layers' output gates (non-paired attention layers; record 82: 1, 3, 4, 7, 8, 10),
+    // with the per-(layer, head) strengths `xsa_alphas`
+    std::vector<int> xsa_layers = {};
 
     static bool holds(const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); }
     bool has_attention(int l) const { return !holds(without_attention, l); }
@@ -114,6 +117,7 @@ struct Structure {
     }
     bool is_paired(int l) const { return holds(paired, l); }
     bool is_long_window(int l) const { return holds(long_window, l); }
+    bool has_xsa(int l) const { return holds(xsa_layers, l); }
     bool reads_late_source(int l) const { return late_attn_source >= 0 && l > late_attn_source; }
     int value_tables() const { return static_cast<int>(value_layers.size()); }
     int value_table(int l) const {  // -1: none
@@ -346,6 +350,16 @@ void use_record80_banks(Config& c) {
     c.work_order = record80_bank_order(c.work_order);
 }
 
+// Record 82's XSA (upstream a333be08, L1125-1131) on a config: the layers, and the strengths' row, Adam at
+// (0.9, 0.95), lr 1, no weight decay, replicated, updated after the gates (upstream's work order).
+void use_record82_xsa(Config& c, std::vector<int> layers) {
+    c.structure.xsa_layers = std::move(layers);
+    const auto gates = table_row(c.param_table, "ve_gate_bank");
+    c.param_table.insert(gates + 1, {"xsa_alphas", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.95, 1.0, 0.0});
+    const auto turn = std::find(c.work_order.begin(), c.work_order.end(), "ve_gate_bank");
+    c.work_order.insert(turn + 1, "xsa_alphas");
+}
+
 void use_record80_residual_stream(Config& c) {
     c.structure.sublayer_lambdas = true;
     c.structure.late_attn_source = c.structure.backout_layer;  // upstream: layers 8-10 attend to norm(x_backout)
@@ -438,12 +452,16 @@ std::string structure_error(const Structure& st) {
     auto all_layers = [&](const std::vector<int>& v) { return std::all_of(v.begin(), v.end(), layer); };
     if (n < 2 || n > kMaxLayers) return "the structure needs 2 to " + std::to_string(kMaxLayers) + " layers";
     if (!all_layers(st.without_attention) || !all_layers(st.paired) || !all_layers(st.long_window) ||
-        !all_layers(st.value_layers))
+        !all_layers(st.value_layers) || !all_layers(st.xsa_layers))
         return "a layer list of the structure names a layer outside 0.." + std::to_string(n - 1);
     if (st.attn_layers() < 1) return "the structure needs a layer with attention";
     for (int l = 0; l < n; ++l)
         if (!st.has_attention(l) && (st.is_paired(l) || st.is_long_window(l) || st.value_table(l) >= 0))
             return "layer " + std::to_string(l) + " has no attention, so it cannot be paired, long-window or read a value table";
+    for (const int l : st.xsa_layers)
+        if (!st.has_attention(l) || st.is_paired(l))
+            return "XSA layer " + std::to_string(l) + " must have attention and not be paired (upstream: v does not line up "
+                   "with y in a paired layer)";
     if (st.value_tables() > kMaxValueTables) return "at most " + std::to_string(kMaxValueTables) + " value tables";
     for (int k = 0; k < st.value_tables(); ++k)
         if (st.value_table(st.value_layers[size_t(k)]) != k) return "two value tables on one layer";
@@ -524,6 +542,7 @@ struct Params {
     float* resid_lambdas = nullptr;  // (11, 2): [attention, MLP] per layer
     float* post_lambdas = nullptr;   // (11, 2)
     float* bigram_lambdas = nullptr; // (11)
+    float* xsa_alphas = nullptr;     // (11, H): XSA's raw strengths (Structure::xsa_layers; else null)
 
     // Layer l's [Wq; Wk] (2C, C), Wv and Wo (C, C each): one [Wq; Wk; Wv; Wo] under AttnBanks::layer
     bf16* wqk(const Config& c, int l) const {
@@ -547,6 +566,9 @@ struct Params {
     bf16* ve_gate(const Config& c, int l) const {
         const int k = c.structure.value_table(l);
         return k < 0 ? nullptr : ve_gate_bank + k * c.num_heads * kGateWidth;
+    }
+    float* xsa_alpha(const Config& c, int l) const {
+        return c.structure.has_xsa(l) ? xsa_alphas + int64_t(l) * c.num_heads : nullptr;
     }
 };
 
@@ -608,6 +630,7 @@ void visit_params(const Config& c, Params& p, Visit&& visit) {
     visit(ParamSpec{"ve_gate_bank", {tables, H, kGateWidth}, Init::zeros}, p.ve_gate_bank);
     visit(ParamSpec{"smear_gate", {1, kGateWidth}, Init::zeros}, p.smear_gate);
     visit(ParamSpec{"skip_gate", {1, kGateWidth}, Init::zeros}, p.skip_gate);
+    if (!st.xsa_layers.empty()) visit(ParamSpec{"xsa_alphas", {layers, H}, Init::zeros}, p.xsa_alphas);
     if (st.sublayer_lambdas) {  // upstream's order
         visit(ParamSpec{"post_lambdas", {layers, 2}, Init::constant, 0, 0.0f, 1.0f}, p.post_lambdas);
         visit(ParamSpec{"x0_lambdas", {layers}, Init::zeros}, p.x0_lambdas);
@@ -787,6 +810,7 @@ struct BackwardBufs {
     bf16* dve[kMaxValueTables]; // gradient of each layer's value-embedding rows
     bf16* dqkv;              // (T, 3C)
     bf16 *dq, *dk, *dv, *dy; // (T, H, D)
+    bf16* dv_xsa;            // XSA's share of v's gradient (T, H, D): with Structure::xsa_layers only
     float *dz_attn, *dz_ve;  // gate logit gradients (T, H)
     bf16* dw_eff;            // gradients of a layer's lambda-scaled weights: wqkv's (3C, C), then wo's (C, C)
     // per-sublayer lambdas only:
@@ -813,6 +837,7 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.dk = a.take<bf16>("bw.dk", {T, C});
     w.dv = a.take<bf16>("bw.dv", {T, C});
     w.dy = a.take<bf16>("bw.dy", {T, C});
+    w.dv_xsa = c.structure.xsa_layers.empty() ? nullptr : a.take<bf16>("bw.dv_xsa", {T, C});
     w.dz_attn = a.take<float>("bw.dz_attn", {T, H});
     w.dz_ve = a.take<float>("bw.dz_ve", {T, H});
     w.dw_eff = a.take<bf16>("bw.dw_eff", {4 * C, C});
@@ -825,6 +850,7 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.scratch_bytes = std::max({residual_backward_scratch_bytes(T), lambda_scaled_weight_backward_scratch_bytes({3 * C * C, C * C}),
                                 lambda_scaled_weight_backward_scratch_bytes({2 * C * C, C * C, C * C}),
                                 attn_gates_backward_scratch_bytes(T, c.num_heads), embed_smear_backward_scratch_bytes(T),
+                                st.xsa_layers.empty() ? 0 : attn_output_gate_backward_scratch_bytes(T, c.num_heads, c.head_dim),
                                 embedding_backward_scratch_bytes(T, c.model_dim, 1 + c.structure.value_tables()),
                                 attention_backward_workspace_bytes(T, c.num_heads, c.head_dim)});
     w.scratch = static_cast<float*>(a.take_bytes("bw.scratch", w.scratch_bytes));
@@ -1027,7 +1053,7 @@ int layer_window(const Config& c, const StepSchedule& step_sch, int l) {
     return c.structure.is_long_window(l) ? step_sch.ws_long : step_sch.ws_short;
 }
 
-AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule& step_sch, const bf16* xa) {
+AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule& step_sch, const LayerActs& L) {
     const Config& c = m.cfg;
     AttnAux aux;
     aux.T = b.T;
@@ -1038,12 +1064,13 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
     aux.key_offset = !aux.paired && layer_window(c, step_sch, l) == step_sch.ws_long;
     aux.rope_table = m.rope.table;
     aux.rope_positions = m.rope.positions;
-    aux.xa = xa;
+    aux.xa = L.h_attn;
     aux.ids = b.inputs;
     aux.ve_table = m.params.ve_table(c, l);
     aux.ve_gate = m.params.ve_gate(c, l);
     aux.ve_gate_input = c.structure.ve_gate_reads_ve && !aux.paired && aux.ve_table ? VeGateInput::x_and_ve : VeGateInput::x;
     aux.attn_gate = m.params.attn_gate(c, l);
+    if (c.structure.has_xsa(l)) aux.xsa_v = L.v, aux.xsa_alpha = m.params.xsa_alpha(c, l);
     return aux;
 }
 
@@ -1063,7 +1090,7 @@ void attention_block_forward(Model& m, const DeviceBatch& b, const StepSchedule&
         lambda_scaled_weight_forward({{L.wqkv_eff, p.wqk(c, l), sa, 2 * CC},
                                       {L.wqkv_eff + 2 * CC, p.wv(c, l), sa, CC},
                                       {L.wo_eff, p.wo(c, l), sa + 1, CC}}, s);
-    const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
+    const AttnAux aux = attn_aux(m, l, b, step_sch, L);
     matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
     if (aux.ve_table) await_gathered(m.gathered, At::value_table, s, c.structure.value_table(l));
     attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
@@ -1210,21 +1237,22 @@ void attention_block_backward(Model& m, const DeviceBatch& b, const StepSchedule
     const BlockPartials sums{w.scratch, m.sums_done};
     const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim;
     const Structure& st = c.structure;
-    const AttnAux aux = attn_aux(m, l, b, step_sch, L.h_attn);
+    const AttnAux aux = attn_aux(m, l, b, step_sch, L);
     const float* sa = p.scalars + c.scalar_slots.sa + 2 * l;
     float* dsa = g.scalars + c.scalar_slots.sa + 2 * l;
     // output projection: attn_out = y_gated @ wo_eff^T
     bf16* dwo_eff = w.dw_eff + int64_t(3) * C * C;
     matmul_backward_weight(*m.lt, dwo_eff, d_out, L.y_gated, T, C, C, s, false, "gemm_attn_out_dw");
     matmul_backward_input(*m.lt, w.dy, d_out, L.wo_eff, T, C, C, s, false, "gemm_attn_out_dx");
-    attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s);
+    const XsaGrads xsa = aux.xsa_v ? XsaGrads{w.dv_xsa, g.xsa_alpha(c, l), sums, acc.accumulate_others} : XsaGrads{};
+    attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s, xsa);
     attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
                        layer_window(c, step_sch, l), aux.paired, static_cast<float>(m.rope.attn_scale), w.scratch,
                        w.scratch_bytes, s, AttentionBackwardMode::deterministic, b.cu_seqlens_host.data(), m.attention);
     const int table = st.value_table(l);
     bf16* dve = table >= 0 ? w.dve[table] : nullptr;
     float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
-    attn_qkv_backward(aux, w.dqkv, dve, dz_ve, w.dq, w.dk, w.dv, L.qkv, L.rstd_q, L.rstd_k, s);
+    attn_qkv_backward(aux, w.dqkv, dve, dz_ve, w.dq, w.dk, w.dv, L.qkv, L.rstd_q, L.rstd_k, s, xsa.dv);
     // qkv = h_attn @ wqkv_eff^T
     matmul_backward_weight(*m.lt, w.dw_eff, w.dqkv, L.h_attn, T, 3 * C, C, s, false, "gemm_attn_qkv_dw");
     matmul_backward_input(*m.lt, dh, w.dqkv, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv_dx");
@@ -1266,6 +1294,8 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         CUDA_CHECK(memset_async(g.embed, 0, size_t(V) * C * sizeof(bf16), s));
         CUDA_CHECK(memset_async(g.value_embeds, 0, size_t(st.value_tables()) * V * C * sizeof(bf16), s));
         CUDA_CHECK(memset_async(g.bigram_embed, 0, size_t(c.bigram_vocab) * C * sizeof(bf16), s));
+        if (g.xsa_alphas)  // the rows of layers without XSA stay zero; the XSA layers' backward writes theirs
+            CUDA_CHECK(memset_async(g.xsa_alphas, 0, size_t(st.layers) * c.num_heads * sizeof(float), s));
     }
 
     // loss -> its e5m2 gradient, both layouts in one pass -> lm_head and its input

@@ -598,9 +598,10 @@ struct XsaGrads {
     bool accumulate = false;    // d_alpha += (every micro-batch after the first), as for every parameter gradient
 };
 constexpr int kOutputGateThreads = 256;
-inline int attn_output_gate_blocks(const AttnAux& a) { return static_cast<int>(attn_head_lane_grid(a.T, a.H, a.D).x); }
-inline size_t attn_output_gate_backward_scratch_bytes(const AttnAux& a) {
-    return static_cast<size_t>(attn_output_gate_blocks(a)) * a.H * sizeof(float);
+inline int attn_output_gate_blocks(int T, int H, int D) { return static_cast<int>(attn_head_lane_grid(T, H, D).x); }
+// XsaGrads::scratch's partials: a value per head per block
+inline size_t attn_output_gate_backward_scratch_bytes(int T, int H, int D) {
+    return static_cast<size_t>(attn_output_gate_blocks(T, H, D)) * H * sizeof(float);
 }
 // g = d_y_gated * s, dz_attn = s (1 - s) (d_y_gated . y') per head row, dy = g; with XSA (q = g . v^):
 //   dy = g - alpha q v^,  d(v^) = -alpha (p g + q y),
@@ -687,7 +688,7 @@ inline Work attn_output_gate_backward_work(const AttnAux& a, const XsaGrads& xsa
     Work w{.name = "attn_output_gate_backward", .flops = 1.5 * rows,
            .bytes_read = 2 * rows + attn_aux_gate_bytes(a), .bytes_written = rows + attn_aux_stats_bytes(a)};
     if (a.xsa_v == nullptr) return w;
-    const double partials = 4.0 * attn_output_gate_blocks(a) * a.H, ticket = sizeof(unsigned int);
+    const double partials = 4.0 * attn_output_gate_blocks(a.T, a.H, a.D) * a.H, ticket = sizeof(unsigned int);
     w.flops += 8.0 * rows;
     w.bytes_read += rows + 4.0 * a.H + partials + ticket + (xsa.accumulate ? 4.0 * a.H : 0);
     w.bytes_written += rows + partials + ticket + 4.0 * a.H;
@@ -705,8 +706,8 @@ inline void attn_output_gate_backward(const AttnAux& a, bf16* dy, float* dz_attn
                    "attn_output_gate_backward: XsaGrads (dv, d_alpha, scratch) are needed exactly with AttnAux::xsa_v");
     kernel_require(!on || (xsa.dv != dy && xsa.dv != dy_gated && xsa.dv != a.xsa_v),
                    "attn_output_gate_backward: XSA's dv may not alias dy, dy_gated or v");
-    launch(attn_output_gate_backward_work(a, xsa), attn_output_gate_backward_kernel, dim3(attn_output_gate_blocks(a)),
-           dim3(kOutputGateThreads), 0, stream, dy, dz_attn, dy_gated, y, xsa.dv, xsa.d_alpha, xsa.scratch,
+    launch(attn_output_gate_backward_work(a, xsa), attn_output_gate_backward_kernel,
+           dim3(attn_output_gate_blocks(a.T, a.H, a.D)), dim3(kOutputGateThreads), 0, stream, dy, dz_attn, dy_gated, y, xsa.dv, xsa.d_alpha, xsa.scratch,
            static_cast<int>(xsa.accumulate), a);
     CUDA_CHECK_LAUNCH();
 }

@@ -865,7 +865,7 @@ void test_xsa(int T, int H, int D, bool accumulate, const Rope& rope) {
     const auto d_alpha_before = test::uniform_vector(H, -1, 1);
     d_alpha.upload(d_alpha_before);
     DeviceBuffer<bf16> dv_xsa(n);
-    test::DevicePartials scratch(attn_output_gate_backward_scratch_bytes(run.aux));
+    test::DevicePartials scratch(attn_output_gate_backward_scratch_bytes(T, H, D));
     run.v.upload(v), run.y.upload(y), run.dy_gated.upload(g_out);
     AttnAux aux = run.aux;
     aux.xsa_v = run.v.ptr, aux.xsa_alpha = d_a.ptr;
@@ -992,7 +992,7 @@ int bench_rope(const bench::Options& o) {
         // record 82's XSA in the output gate (its non-paired layers), with v from this layer's forward
         DeviceBuffer<float> alpha(test::uniform_vector(H, -1, 1)), d_alpha(H);
         DeviceBuffer<bf16> dv_xsa(static_cast<size_t>(T) * c.C);
-        test::DevicePartials xsa_scratch(attn_output_gate_backward_scratch_bytes(r.aux));
+        test::DevicePartials xsa_scratch(attn_output_gate_backward_scratch_bytes(T, H, D));
         AttnAux xsa = r.aux;
         xsa.xsa_v = r.v.ptr, xsa.xsa_alpha = alpha.ptr;
         b.run("attn_output_gate_forward", at + ", XSA",

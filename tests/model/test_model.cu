@@ -41,7 +41,9 @@ std::vector<DeviceTensor> device_tensors(const Config& c, const Params& p) {  //
             whole(p.attn_gate_bank, true), whole(p.ve_gate_bank, true),  whole(p.smear_gate, true),
             whole(p.skip_gate, true),      whole(p.x0_lambdas, false),   whole(p.scalars, false),
             // record 80's residual stream (null and empty without it)
-            whole(p.resid_lambdas, false), whole(p.post_lambdas, false), whole(p.bigram_lambdas, false)};
+            whole(p.resid_lambdas, false), whole(p.post_lambdas, false), whole(p.bigram_lambdas, false),
+            // record 82's XSA strengths (null and empty without it)
+            whole(p.xsa_alphas, false)};
 }
 // Calls f(device pointer, host offset, elements) for each piece of device tensor d over host tensor h.
 template <class F>
@@ -139,6 +141,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     rc.sw_over_all_weights = c.loss == SoftcapLoss::tanh_bf16;
     rc.sublayer_lambdas = c.structure.sublayer_lambdas;
     rc.late_attn_source = c.structure.late_attn_source;
+    for (const int l : c.structure.xsa_layers) rc.xsa[size_t(l)] = true;
     rc.yarn_apply(old_long, ws_long);
     ref::Batch rb;
     rb.inputs.assign(inputs.begin(), inputs.begin() + T);
@@ -153,6 +156,8 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     // reach layer 7's output through norm(h7)) are a visible share of the gradients below them.
     for (int l = c.structure.late_attn_source + 1; c.structure.late_attn_source >= 0 && l < c.structure.layers; ++l)
         rp.post_lambdas[size_t(2 * l)] = 4.0;
+    // XSA: strengths of either sign well away from 0 (tanh(a) of 0.4 to 1.2), so that it changes y visibly
+    for (double& a : rp.xsa_alphas) a = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.4, 1.2);
     upload_params(c, m.params, rp);
     m.lm_head_fp8_stale = true;  // lm_head changed outside the optimizer: its FP8 copies are remade
 
@@ -513,6 +518,23 @@ int main() {
         test::check(std::all_of(gqk.begin(), gqk.end(), [](float x) { return x == 0.0f; }) &&
                         std::all_of(gvo.begin(), gvo.end(), [](float x) { return x == 0.0f; }),
                     "the banks' padding matrices have zero gradients");
+
+        // record 82's XSA on its layers 1, 3, 4, 7, 8, 10 (every unpaired attention layer; 1 and 8 with value
+        // embeddings, whose v XSA reads), strengths starting at zero
+        Config r82 = r80;
+        use_record82_xsa(r82, {1, 3, 4, 7, 8, 10});
+        Model m82;
+        build_model(m82, r82, test::seed(), s);
+        const std::vector<float> a0 = download_f(m82.params.xsa_alphas, size_t(r82.structure.layers) * r82.num_heads);
+        test::check(std::all_of(a0.begin(), a0.end(), [](float x) { return x == 0.0f; }), "xsa_alphas start at zero");
+        std::printf("record 80's switches with record 82's XSA:\n");
+        compare_with_reference(m82, r82, s);
+        const std::vector<float> ga = download_f(m82.grads.xsa_alphas, size_t(r82.structure.layers) * r82.num_heads);
+        bool rows = true;  // zero exactly on the layers without XSA, non-zero on its layers
+        for (int l = 0; l < r82.structure.layers; ++l)
+            for (int h = 0; h < r82.num_heads; ++h)
+                rows = rows && (ga[size_t(l * r82.num_heads + h)] != 0.0f) == r82.structure.has_xsa(l);
+        test::check(rows, "xsa_alphas' gradient: zero on the layers without XSA, non-zero on its layers");
     }
 
     // Bad input stops before any kernel runs, with a message naming the problem.
@@ -522,6 +544,12 @@ int main() {
         odd.head_dim = 128;
         Model bad;
         build_model(bad, odd, 1, s);
+    });
+    test::check_fails_with("XSA on a paired layer", "XSA layer 2 must have attention and not be paired", [&] {
+        Config paired = c;
+        use_record82_xsa(paired, {1, 2});
+        Model bad;
+        build_model(bad, paired, 1, s);
     });
     test::check_fails_with("a late attention source without per-sublayer lambdas", "needs per-sublayer lambdas", [&] {
         Config late = c;

@@ -865,7 +865,7 @@ void test_rope() {
         DeviceBuffer<bf16> dv_xsa(tc);
         AttnAux x = a;
         x.ve_gate_input = VeGateInput::x_and_ve, x.xsa_v = v.ptr, x.xsa_alpha = alpha.ptr;
-        test::DevicePartials xsa_scratch(attn_output_gate_backward_scratch_bytes(x));
+        test::DevicePartials xsa_scratch(attn_output_gate_backward_scratch_bytes(T, H, D));
         const double xsa_partials = bytes(xsa_scratch.partials), ticket = sizeof(unsigned int);
         check_family("attn_output_gate_forward with XSA",
                      {kernel("attn_output_gate_forward", bytes(y) + gate_in + bytes(v) + bytes(alpha), bytes(yg))},
