@@ -10,6 +10,7 @@
 //   x       = embed[ids]                                    embed_smear_forward fuses this gather
 //   x[t]   += smear_lambda * sigmoid(x[t,:12] . smear_gate) * x[t-1]   (t >= 1, across documents)
 //   x0_bigram = bigram_embed[bigram_ids]                    embedding_gather
+//             (record 83: times the sign row S[(tok[t-1] ^ tok[t]) mod rows], BigramSigns)
 //   value-embedding rows are gathered by the attention auxiliaries (attention_aux.cuh), never stored.
 // Backward:
 //   embed_smear_backward: d(smeared x) -> d(x rows), d(smear_gate), d(smear_lambda)
@@ -38,24 +39,58 @@ __device__ __forceinline__ float gate_logit(const bf16* x, const bf16* w) {
 
 // ---- forward lookups ----
 
-// out[t] = table[ids[t]]
-__global__ void embedding_gather_kernel(bf16* out, const bf16* table, const int32_t* ids, int T, int C) {
+// Record 83's sign trick (upstream a333be08 L1390-1395, PR #299): the bigram row of position t is
+// multiplied by row sign_index(t) of a fixed (rows, C) table of +-1, sign_index(0) = 0 and
+// sign_index(t) = (tok[t-1] ^ tok[t]) mod rows over the rank's token ids (across documents); its
+// gradient gets the same signs. Both products are exact in bf16. Null table: no signs.
+struct BigramSigns {
+    const bf16* table = nullptr;     // (rows, C) of +-1, not trained
+    const int32_t* tokens = nullptr; // the micro-batch's input token ids (T)
+    int rows = 0;
+    int unused = 0;  // no padding: emu reads every word of a kernel's struct argument (PointerArg)
+};
+static_assert(std::has_unique_object_representations_v<BigramSigns>, "BigramSigns: padding");
+__device__ __forceinline__ const bf16* bigram_sign_row(const BigramSigns& s, int t, int C) {
+    const int index = t == 0 ? 0 : (s.tokens[t - 1] ^ s.tokens[t]) % s.rows;
+    return s.table + static_cast<size_t>(index) * C;
+}
+__device__ __forceinline__ Pack128<bf16> times_signs(Pack128<bf16> x, const bf16* sign) {
+    const Pack128<bf16> m = load128(sign);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) x[i] = __float2bfloat16(__bfloat162float(x[i]) * __bfloat162float(m[i]));
+    return x;
+}
+inline void bigram_signs_check(const BigramSigns& s, const char* who) {
+    kernel_require(s.table == nullptr || (s.tokens != nullptr && s.rows > 0),
+                   "%s: a sign table needs the token ids and its row count (rows=%d)", who, s.rows);
+}
+
+// out[t] = table[ids[t]] (times its sign row)
+__global__ void embedding_gather_kernel(bf16* out, const bf16* table, const int32_t* ids, int T, int C,
+                                        BigramSigns signs) {
     const int packs = C / 8;
     const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (idx >= static_cast<int64_t>(T) * packs) return;
     const int t = static_cast<int>(idx / packs), c = static_cast<int>(idx % packs) * 8;
-    store128(out + static_cast<size_t>(t) * C + c, load128(table + static_cast<size_t>(ids[t]) * C + c));
+    Pack128<bf16> row = load128(table + static_cast<size_t>(ids[t]) * C + c);
+    if (signs.table) row = times_signs(row, bigram_sign_row(signs, t, C) + c);
+    store128(out + static_cast<size_t>(t) * C + c, row);
 }
-// Reads the ids and the T rows they pick, writes out.
-inline Work embedding_gather_work(int T, int C) {
-    return Work{.name = "embedding_gather", .bytes_read = 4.0 * T + 2.0 * T * C, .bytes_written = 2.0 * T * C};
+// Reads the ids and the T rows they pick (with signs: the tokens and the T sign rows), writes out.
+inline Work embedding_gather_work(int T, int C, bool signs) {
+    return Work{.name = "embedding_gather", .flops = signs ? 1.0 * T * C : 0.0,
+                .bytes_read = 4.0 * T + 2.0 * T * C + (signs ? 4.0 * T + 2.0 * T * C : 0.0),
+                .bytes_written = 2.0 * T * C};
 }
-inline void embedding_gather(bf16* out, const bf16* table, const int32_t* ids, int T, int C, cudaStream_t stream) {
+inline void embedding_gather(bf16* out, const bf16* table, const int32_t* ids, int T, int C, cudaStream_t stream,
+                             const BigramSigns& signs = {}) {
     kernel_require(T > 0 && C > 0 && C % 8 == 0,
                    "embedding_gather: need T > 0 and C a positive multiple of 8 (T=%d C=%d)", T, C);
+    bigram_signs_check(signs, "embedding_gather");
     const int64_t threads = static_cast<int64_t>(T) * (C / 8);
-    launch(embedding_gather_work(T, C), embedding_gather_kernel,
-           dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))), dim3(256), 0, stream, out, table, ids, T, C);
+    launch(embedding_gather_work(T, C, signs.table != nullptr), embedding_gather_kernel,
+           dim3(static_cast<unsigned>(ceil_div<int64_t>(threads, 256))), dim3(256), 0, stream, out, table, ids, T, C,
+           signs);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -342,7 +377,8 @@ __device__ __forceinline__ void embedding_grad_store_row(bf16* grad_row, const f
 
 // One item per threadIdx.y row, one table per blockIdx.y: sum the item's position rows in order.
 __global__ void embedding_grad_items_kernel(EmbeddingGradBatch batch, const int32_t* order, const int32_t* items,
-                                            int num_items, float* slots, int max_slots, int C, bool accumulate) {
+                                            int num_items, float* slots, int max_slots, int C, bool accumulate,
+                                            BigramSigns signs) {
     const int item = blockIdx.x * blockDim.y + threadIdx.y;
     if (item >= num_items) return;
     const int table = blockIdx.y, c = threadIdx.x * 8;
@@ -351,7 +387,9 @@ __global__ void embedding_grad_items_kernel(EmbeddingGradBatch batch, const int3
     const bf16* dout = batch.dout[table];
     float acc[8] = {};
     for (int k = begin; k < end; ++k) {
-        const Pack128<bf16> g = load128(dout + static_cast<size_t>(order[k]) * C + c);
+        const int t = order[k];
+        Pack128<bf16> g = load128(dout + static_cast<size_t>(t) * C + c);
+        if (signs.table) g = times_signs(g, bigram_sign_row(signs, t, C) + c);
 #pragma unroll
         for (int i = 0; i < 8; ++i) acc[i] += __bfloat162float(g[i]);
     }
@@ -388,11 +426,13 @@ __global__ void embedding_grad_merge_kernel(EmbeddingGradBatch batch, const int3
 // position's row of dout (an add per element), and the rows they overwrite only when accumulating;
 // write the single-chunk ids' rows (bf16) and the chunk sums (fp32 slots). Merges: read the merges
 // and the slots (an add per element), write the multi-chunk ids' rows.
-inline Work embedding_grad_items_work(const IdSegments& s, int C, int tables, bool accumulate) {
+// With signs, also the tokens and each position's sign row (a multiply per element).
+inline Work embedding_grad_items_work(const IdSegments& s, int C, int tables, bool accumulate, bool signs) {
     const double single_rows = 2.0 * (s.num_unique - s.num_merges) * C, slots = 4.0 * s.num_slots * C;
     const double per_table_read = 2.0 * s.T * C + (accumulate ? single_rows : 0);
-    return Work{.name = "embedding_backward", .flops = 1.0 * tables * s.T * C,
-                .bytes_read = 4.0 * s.T + 16.0 * s.num_items + tables * per_table_read,
+    return Work{.name = "embedding_backward", .flops = (signs ? 2.0 : 1.0) * tables * s.T * C,
+                .bytes_read = 4.0 * s.T + 16.0 * s.num_items + tables * per_table_read +
+                              (signs ? 4.0 * s.T + 2.0 * s.T * C : 0.0),
                 .bytes_written = tables * (single_rows + slots)};
 }
 inline Work embedding_grad_merge_work(const IdSegments& s, int C, int tables, bool accumulate) {
@@ -406,13 +446,15 @@ inline Work embedding_grad_merge_work(const IdSegments& s, int C, int tables, bo
 inline size_t embedding_backward_scratch_bytes(int T, int C, int tables = 1) {
     return static_cast<size_t>(tables) * embedding_grad_max_slots(T) * C * sizeof(float);
 }
-// grad[ids[t]] (+)= sum of dout[t] over the positions t of each id, for every table of the batch.
+// grad[ids[t]] (+)= sum of dout[t] over the positions t of each id, for every table of the batch (each
+// dout[t] times its sign row where `signs` has a table: the bigram table of record 83).
 // `segments`/`device_packed`: a buffer built by IdSegmentBuilder::build and copied to the device
 // (its first segments.ints() int32s). Rows of the tables whose id is not in the batch are not
 // touched: zero the gradient (cudaMemsetAsync) when a fresh accumulation starts.
 inline void embedding_backward(const EmbeddingGradBatch& batch, const IdSegments& segments,
                                const int32_t* device_packed, float* scratch, int C, bool accumulate,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, const BigramSigns& signs = {}) {
+    bigram_signs_check(signs, "embedding_backward");
     kernel_require(batch.count >= 1 && batch.count <= kMaxEmbedGradTables,
                    "embedding_backward: 1 to %d tables per call, got %d", kMaxEmbedGradTables, batch.count);
     kernel_require(C % 8 == 0 && C > 0 && C / 8 <= 1024,
@@ -423,10 +465,10 @@ inline void embedding_backward(const EmbeddingGradBatch& batch, const IdSegments
     const int threads_x = C / 8, rows = std::max(1, 256 / threads_x);
     const int max_slots = embedding_grad_max_slots(segments.T);
     const dim3 block(threads_x, rows);
-    launch(embedding_grad_items_work(segments, C, batch.count, accumulate), embedding_grad_items_kernel,
-           dim3(ceil_div(segments.num_items, rows), batch.count), block, 0, stream, batch,
+    launch(embedding_grad_items_work(segments, C, batch.count, accumulate, signs.table != nullptr),
+           embedding_grad_items_kernel, dim3(ceil_div(segments.num_items, rows), batch.count), block, 0, stream, batch,
            device_packed + segments.order_at(), device_packed + segments.items_at(), segments.num_items, scratch,
-           max_slots, C, accumulate);
+           max_slots, C, accumulate, signs);
     CUDA_CHECK_LAUNCH();
     if (segments.num_merges > 0) {
         launch(embedding_grad_merge_work(segments, C, batch.count, accumulate), embedding_grad_merge_kernel,
@@ -439,10 +481,10 @@ inline void embedding_backward(const EmbeddingGradBatch& batch, const IdSegments
 // One table.
 inline void embedding_backward(bf16* grad_table, const bf16* dout, const IdSegments& segments,
                                const int32_t* device_packed, float* scratch, int C, bool accumulate,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, const BigramSigns& signs = {}) {
     EmbeddingGradBatch batch;
     batch.count = 1;
     batch.grad[0] = grad_table;
     batch.dout[0] = dout;
-    embedding_backward(batch, segments, device_packed, scratch, C, accumulate, stream);
+    embedding_backward(batch, segments, device_packed, scratch, C, accumulate, stream, signs);
 }

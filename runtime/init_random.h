@@ -40,3 +40,13 @@ inline void init_normal(__nv_bfloat16* p, int64_t n, uint64_t seed, float std, c
     launch(Work{.name = "init_normal", .bytes_written = 2.0 * n}, init_normal_kernel, grid_for(n), dim3(256), 0, s, p, n,
            seed, std);
 }
+// p[i] = +1 or -1, each with probability 1/2 (the top bit of the hash): upstream's randn(...).sign()
+// for record 83's bigram sign table (a fixed random table; upstream draws it unseeded on rank 0).
+__global__ void init_signs_kernel(__nv_bfloat16* p, int64_t n, uint64_t seed) {
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        p[i] = __float2bfloat16(splitmix64(seed ^ splitmix64(i)) >> 63 ? -1.0f : 1.0f);
+}
+inline void init_signs(__nv_bfloat16* p, int64_t n, uint64_t seed, cudaStream_t s) {
+    launch(Work{.name = "init_signs", .bytes_written = 2.0 * n}, init_signs_kernel, grid_for(n), dim3(256), 0, s, p, n,
+           seed);
+}

@@ -699,7 +699,12 @@ void test_finite_differences(bool paired, bool key_offset, bool ve, VeGateInput 
             xa12.push_back(static_cast<size_t>(t) * c.C + j);
             dxa12_got.push_back(dxa[xa12.back()]);
         }
-    test::check_close(name + " d(xa[:, :12])", dxa12_got, fd(xa, xa12), atol, rtol);
+    // each column a sum over heads of dz * w, which can cancel as the gate weights' sums do: the tolerance
+    // also scales with sum |dz * w| (TEST_SEED=10614463182684925117 missed a plain 2% by 0.0002 at such a column)
+    const auto want_dxa12 = fd(xa, xa12);
+    std::vector<double> dxa12_tol(want_dxa12.size());
+    for (size_t i = 0; i < dxa12_tol.size(); ++i) dxa12_tol[i] = atol + rtol * (std::fabs(want_dxa12[i]) + mag_xa[i]);
+    test::check_within(name + " d(xa[:, :12])", dxa12_got, want_dxa12, dxa12_tol);
     if (ve) {  // with x_and_ve, columns 0-5 of each row also through the gate, whose terms can cancel as
         // the gate weights' do: there the tolerance also scales with sum |dz * w| (TEST_SEED=14891482332208150819
         // missed a plain 2% by 0.0006 at such a column)

@@ -8,6 +8,7 @@
 // product is exact in fp32 and double alike: the bf16 rounding of the logit is then the same
 // in the kernel and the reference, and a gate never flips between two bf16 neighbours.
 #include "../../kernels/embed.cuh"
+#include "../../runtime/init_random.h"
 #include "../bench_util.h"
 #include "../device_util.h"
 
@@ -57,6 +58,71 @@ void test_gather(int T, int C, int V) {
     for (int t = 0; t < T && same; ++t)
         same = std::memcmp(&out[static_cast<size_t>(t) * C], &table[static_cast<size_t>(ids[t]) * C], C * sizeof(bf16)) == 0;
     test::check(same, "embedding_gather T=%d C=%d V=%d: rows differ from the table", T, C, V);
+}
+
+// ---- record 83's bigram signs ----
+// A sign table from init_signs and random token ids (GPT-2's ids) for a micro-batch of T tokens.
+struct Signs {
+    int rows;
+    std::vector<bf16> table;
+    std::vector<int32_t> tokens;
+    std::unique_ptr<DeviceBuffer<bf16>> d_table;
+    std::unique_ptr<DeviceBuffer<int32_t>> d_tokens;
+    Signs(int T, int C, int r) : rows(r), tokens(random_ids(T, 50257)) {
+        d_table = std::make_unique<DeviceBuffer<bf16>>(static_cast<size_t>(rows) * C);
+        init_signs(d_table->ptr, static_cast<int64_t>(rows) * C, test::seed() + 3, nullptr);
+        table = d_table->download();
+        d_tokens = std::make_unique<DeviceBuffer<int32_t>>(tokens);
+    }
+    BigramSigns view() const { return {d_table->ptr, d_tokens->ptr, rows}; }
+    // upstream: sign_idx[0] = 0, sign_idx[t] = (tok[t-1] ^ tok[t]) % rows
+    double at(int t, int c, int C) const {
+        const int index = t == 0 ? 0 : (tokens[t - 1] ^ tokens[t]) % rows;
+        return value(table[static_cast<size_t>(index) * C + c]);
+    }
+};
+
+// init_signs: +-1 only, about half each, the same bits for a seed, another seed another table
+void test_init_signs() {
+    const int64_t n = 8192 * 192;
+    DeviceBuffer<bf16> a(n), b(n), other(n);
+    init_signs(a.ptr, n, 11, nullptr);
+    init_signs(b.ptr, n, 11, nullptr);
+    init_signs(other.ptr, n, 12, nullptr);
+    const auto va = a.download(), vb = b.download(), vo = other.download();
+    int64_t plus = 0, bad = 0, differ = 0;
+    for (int64_t i = 0; i < n; ++i) {
+        const double x = value(va[i]);
+        plus += x == 1.0;
+        bad += x != 1.0 && x != -1.0;
+        differ += value(vo[i]) != x;
+    }
+    const double sd = std::sqrt(n / 4.0);  // of the count of +1 over n fair draws
+    test::check(bad == 0 && std::fabs(plus - n / 2.0) < 6 * sd, "init_signs: %lld of %lld not +-1, %lld are +1", 
+                static_cast<long long>(bad), static_cast<long long>(n), static_cast<long long>(plus));
+    test::check(test::same_bits(va, vb), "init_signs: one seed, two tables");
+    test::check(std::fabs(differ - n / 2.0) < 6 * sd, "init_signs: another seed changes %lld of %lld entries",
+                static_cast<long long>(differ), static_cast<long long>(n));
+}
+
+// The signed lookup equals the table row times its sign row, bit for bit (both are exact)
+void test_signed_gather(int T, int C, int V, int rows) {
+    const auto table = uniform_bf16(static_cast<size_t>(V) * C, -2, 2);
+    const auto ids = random_ids(T, V);
+    const Signs sg(T, C, rows);
+    DeviceBuffer<bf16> d_table(table), d_out(static_cast<size_t>(T) * C);
+    DeviceBuffer<int32_t> d_ids(ids);
+    embedding_gather(d_out.ptr, d_table.ptr, d_ids.ptr, T, C, nullptr, sg.view());
+    const auto out = d_out.download();
+    size_t bad = 0, flipped = 0;
+    for (int t = 0; t < T; ++t)
+        for (int c = 0; c < C; ++c) {
+            const double want = value(table[static_cast<size_t>(ids[t]) * C + c]) * sg.at(t, c, C);
+            bad += value(out[static_cast<size_t>(t) * C + c]) != want;
+            flipped += sg.at(t, c, C) < 0;
+        }
+    test::check(bad == 0 && flipped > 0, "embedding_gather with signs T=%d C=%d rows=%d: %zu values differ (%zu flipped)",
+                T, C, rows, bad, flipped);
 }
 
 // ---- smear: reference ----
@@ -285,9 +351,12 @@ void time_segments(int T, int vocab, const std::vector<int32_t>& ids, const char
 }
 
 // ---- embedding backward ----
+// sign_rows > 0: record 83's signs (one table)
 void test_embedding_backward(const char* what, const std::vector<int32_t>& ids, int V, int C, int tables,
-                             bool accumulate) {
+                             bool accumulate, int sign_rows = 0) {
     const int T = static_cast<int>(ids.size());
+    const std::unique_ptr<Signs> sg = sign_rows > 0 ? std::make_unique<Signs>(T, C, sign_rows) : nullptr;
+    const BigramSigns signs = sg ? sg->view() : BigramSigns{};
     IdSegmentBuilder builder;
     std::vector<int32_t> packed(id_segments_capacity_ints(T));
     const IdSegments s = builder.build(ids.data(), T, V, packed.data());
@@ -307,9 +376,9 @@ void test_embedding_backward(const char* what, const std::vector<int32_t>& ids, 
         batch.dout[k] = d_dout[k]->ptr;
     }
     if (tables == 1)
-        embedding_backward(batch.grad[0], batch.dout[0], s, d_packed.ptr, d_scratch.ptr, C, accumulate, nullptr);
+        embedding_backward(batch.grad[0], batch.dout[0], s, d_packed.ptr, d_scratch.ptr, C, accumulate, nullptr, signs);
     else
-        embedding_backward(batch, s, d_packed.ptr, d_scratch.ptr, C, accumulate, nullptr);
+        embedding_backward(batch, s, d_packed.ptr, d_scratch.ptr, C, accumulate, nullptr, signs);
 
     std::vector<char> in_batch(V, 0);
     for (int t : ids) in_batch[t] = 1;
@@ -318,7 +387,8 @@ void test_embedding_backward(const char* what, const std::vector<int32_t>& ids, 
         std::vector<double> want(static_cast<size_t>(V) * C, 0), slack(want.size(), 0);
         for (int t = 0; t < T; ++t)
             for (int c = 0; c < C; ++c) {
-                want[static_cast<size_t>(ids[t]) * C + c] += value(dout[k][static_cast<size_t>(t) * C + c]);
+                want[static_cast<size_t>(ids[t]) * C + c] +=
+                    value(dout[k][static_cast<size_t>(t) * C + c]) * (sg ? sg->at(t, c, C) : 1.0);
                 slack[static_cast<size_t>(ids[t]) * C + c] +=
                     1e-5 * std::fabs(value(dout[k][static_cast<size_t>(t) * C + c]));
             }
@@ -336,14 +406,14 @@ void test_embedding_backward(const char* what, const std::vector<int32_t>& ids, 
                 slack_rows.push_back(slack[i] + 1e-7);
             }
         const std::string name = std::string("embedding backward ") + what + " C=" + std::to_string(C) + " table " +
-                                 std::to_string(k) + (accumulate ? " accumulate" : "");
+                                 std::to_string(k) + (accumulate ? " accumulate" : "") + (sg ? " signs" : "");
         check_within(name, got_rows, want_rows, slack_rows, kRtol);
         test::check(untouched, "%s: rows outside the batch were written", name.c_str());
     }
     // determinism: the same inputs give the same bits
     const auto first = d_grad[0]->download();
     for (int k = 0; k < tables; ++k) d_grad[k]->upload(init[k]);
-    embedding_backward(batch, s, d_packed.ptr, d_scratch.ptr, C, accumulate, nullptr);
+    embedding_backward(batch, s, d_packed.ptr, d_scratch.ptr, C, accumulate, nullptr, signs);
     const auto second = d_grad[0]->download();
     test::check(test::same_bits(first, second), "embedding backward %s: two runs differ in bits", what);
 }
@@ -406,6 +476,23 @@ int bench_embed(const bench::Options& o) {
               embedding_backward(bigram_grad.ptr, dout.ptr, by_bigram.s, by_bigram.packed->ptr, scratch.ptr, C, true,
                                  s);
           });
+    // record 83's narrow signed bigram table: 3x the rows, 192 channels, 8192 sign rows
+    const int bigram_dim = 192, signed_rows = 3 * p.bigram_vocab;
+    const std::vector<int32_t> signed_ids = random_ids(T, signed_rows);
+    const DeviceSegments by_signed(signed_ids, signed_rows);
+    const Signs sg(T, bigram_dim, 8192);
+    DeviceBuffer<int32_t> d_signed_ids(signed_ids);
+    DeviceBuffer<bf16> narrow(size_t(signed_rows) * bigram_dim), narrow_grad(narrow.n),
+        narrow_out(size_t(T) * bigram_dim), narrow_dout(uniform_bf16(size_t(T) * bigram_dim, -1, 1));
+    bench::fill_tiled(narrow, uniform_bf16(size_t(1) << 20, -1, 1));
+    const std::string narrow_at = bench::fmt("T=%d C=%d bigram, %d rows, signs", T, bigram_dim, signed_rows);
+    b.run("embedding_gather", narrow_at, [&](cudaStream_t s) {
+        embedding_gather(narrow_out.ptr, narrow.ptr, d_signed_ids.ptr, T, bigram_dim, s, sg.view());
+    });
+    b.run("embedding_backward", narrow_at, [&](cudaStream_t s) {
+        embedding_backward(narrow_grad.ptr, narrow_dout.ptr, by_signed.s, by_signed.packed->ptr, scratch.ptr, bigram_dim,
+                           true, s, sg.view());
+    });
     return b.finish();
 }
 
@@ -427,6 +514,11 @@ int main(int argc, char** argv) {
     });
     test::check_fails_with("C not a multiple of 8", "C a positive multiple of 8",
                            [] { embedding_gather(nullptr, nullptr, nullptr, 4, 100, nullptr); });
+    test::check_fails_with("a sign table without the token ids", "a sign table needs the token ids", [] {
+        embedding_gather(reinterpret_cast<bf16*>(16), reinterpret_cast<const bf16*>(16),
+                         reinterpret_cast<const int32_t*>(16), 4, 192, nullptr,
+                         BigramSigns{reinterpret_cast<const bf16*>(16), nullptr, 8192});
+    });
     test::check_fails_with("smear with C < 12", "at least 12",
                            [] { embed_smear_forward(nullptr, nullptr, nullptr, nullptr, nullptr, 4, 8, nullptr); });
 
@@ -465,6 +557,14 @@ int main(int argc, char** argv) {
     }
     test_embedding_backward("record width", skewed_ids(300, 500), 500, 768, 2, false);
     test_embedding_backward("one id", std::vector<int32_t>(700, 3), 10, 64, 1, true);
+
+    // record 83's bigram signs: the table, the signed lookup and its backward (192 channels, 8192 sign rows;
+    // a sign row count that is no power of two), repeated ids merged over several chunks
+    test_init_signs();
+    test_signed_gather(1000, 192, 3000, 8192);
+    test_signed_gather(37, 64, 500, 1000);
+    for (bool acc : {false, true}) test_embedding_backward("skewed", skewed_ids(3000, 300), 300, 192, 1, acc, 8192);
+    test_embedding_backward("random", random_ids(500, 2000), 2000, 64, 1, false, 1000);
 
     // the builder's speed at the record's batch (49152 tokens per rank and micro-step)
     time_segments(49152, 50304, zipf_ids(49152, 50304), "Zipf-like token ids");

@@ -25,6 +25,7 @@
 #include "../../kernels/residual.cuh"
 #include "../../kernels/attention_aux.cuh"
 #include "../../kernels/transpose.cuh"
+#include "../../runtime/init_random.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -652,6 +653,25 @@ void test_embed() {
                   kernel("embedding_backward", 12 * multi + 2 * slots * slot + 2 * multi * row, 2 * multi * row)},
                  {inout(g0), inout(g1)},
                  [&] { embedding_backward(batch, seg, d_packed.ptr, slots_buf.ptr, C, true, nullptr); });
+
+    // record 83's signs: the lookup and the backward also read the tokens and each position's sign row
+    const int sign_rows = 40;
+    DeviceBuffer<bf16> sign_table(size_t(sign_rows) * C);
+    init_signs(sign_table.ptr, int64_t(sign_rows) * C, 5, nullptr);
+    std::vector<int32_t> tokens(T);
+    for (auto& t : tokens) t = test::randint(0, 50256);
+    DeviceBuffer<int32_t> d_tokens(tokens);
+    const BigramSigns signs{sign_table.ptr, d_tokens.ptr, sign_rows};
+    const double sign_reads = bytes(d_tokens) + rows;  // T sign rows of C bf16
+    check_family("embedding_gather with signs",
+                 {kernel("embedding_gather", bytes(d_ids) + rows + sign_reads, bytes(o))}, {out(o)},
+                 [&] { embedding_gather(o.ptr, table.ptr, d_ids.ptr, T, C, nullptr, signs); });
+    check_family("embedding_backward with signs",
+                 {kernel("embedding_backward", 4.0 * T + 16 * items + bytes(dout) + sign_reads,
+                         single * row + slots * slot),
+                  kernel("embedding_backward", 12 * multi + slots * slot, multi * row)},
+                 {out(g0), out(slots_buf)},
+                 [&] { embedding_backward(g0.ptr, dout.ptr, seg, d_packed.ptr, slots_buf.ptr, C, false, nullptr, signs); });
 }
 
 // ---- head ----
