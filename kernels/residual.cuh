@@ -569,12 +569,33 @@ struct SublayerLambdaGrads {
 // The bf16 value upstream multiplies by: the fp32 parameter rounded (`.bfloat16()`).
 __device__ __forceinline__ float bf16_lambda(const float* p) { return __bfloat162float(__float2bfloat16(*p)); }
 inline int injection_terms(Injection inj) { return inj == Injection::none ? 0 : inj == Injection::x0 ? 1 : 2; }
+// The bigram injection's width, `bigram_dim`. 0: record 80's form, xb (T, C) added into every channel with
+// x0's term, (r*x + p*y) + (lx0*x0 + lb*xb). Record 84's (upstream a333be08 L1390-1409, L1470-1474): xb is
+// (T, bigram_dim), bigram_dim = 192, added into the stream's channels [0, bigram_dim) only, by an in-place
+// slice add after the update: ((r*x + p*y) + lx0*x0) + lb*xb, which inductor fuses into one rounding.
+inline void require_bigram_dim(const char* who, int bigram_dim, int C) {
+    kernel_require(bigram_dim == 0 || (bigram_dim > 0 && bigram_dim <= C && bigram_dim % kNormPackWidth == 0),
+                   "%s: bigram_dim %d must be 0 (every channel) or a multiple of %d up to C=%d", who, bigram_dim,
+                   kNormPackWidth, C);
+}
+// Bytes of the bigram rows a row kernel reads or writes: (T, C), or (T, bigram_dim) when narrow.
+inline double bigram_rows_bytes(int T, int C, int bigram_dim) { return 2.0 * T * (bigram_dim ? bigram_dim : C); }
+// Where element `col` of row `row` of xb is, and whether the injection reaches it.
+struct BigramSlot {
+    size_t at;
+    bool here;
+};
+__device__ __forceinline__ BigramSlot bigram_slot(int row, int col, int C, int bigram_dim) {
+    return {static_cast<size_t>(row) * (bigram_dim ? bigram_dim : C) + col, bigram_dim == 0 || col < bigram_dim};
+}
 
 // x_out = bf16(r*x + p*y + (lx0*x0 + lb*xb as injected)), lambdas in bf16; h = norm(x_out) when h is given.
+// kNarrow: record 84's bigram (bigram_dim > 0), its own instance: the two orders in one kernel spill.
+template <bool kNarrow>
 __global__ void __launch_bounds__(kNormThreads, 4)
     sublayer_residual_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
                                      const __nv_bfloat16* y, const __nv_bfloat16* x0, const __nv_bfloat16* x0_bigram,
-                                     SublayerLambdas lambdas, Injection injection, int T, int C) {
+                                     SublayerLambdas lambdas, Injection injection, int T, int C, int bigram_dim) {
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
     const bool with_x0 = injection != Injection::none, with_bigram = injection == Injection::x0_and_bigram;
@@ -588,12 +609,20 @@ __global__ void __launch_bounds__(kNormThreads, 4)
         if (col >= C) continue;
         const Pack128<__nv_bfloat16> xv = load128(x + off + col), yv = load128(y + off + col);
         const Pack128<__nv_bfloat16> zv = with_x0 ? load128(x0 + off + col) : Pack128<__nv_bfloat16>{};
-        const Pack128<__nv_bfloat16> bv = with_bigram ? load128(x0_bigram + off + col) : Pack128<__nv_bfloat16>{};
+        const BigramSlot slot = bigram_slot(row, col, C, kNarrow ? bigram_dim : 0);
+        const bool here = with_bigram && slot.here;
+        const Pack128<__nv_bfloat16> bv = here ? load128(x0_bigram + slot.at) : Pack128<__nv_bfloat16>{};
 #pragma unroll
         for (int k = 0; k < kNormPackWidth; ++k) {
-            // upstream's order: (r*x + p*y) + (lx0*x0 + lb*xb)
-            const float inj = l * __bfloat162float(zv[k]) + b * __bfloat162float(bv[k]);
-            out.pack[i][k] = __float2bfloat16(r * __bfloat162float(xv[k]) + p * __bfloat162float(yv[k]) + inj);
+            const float base = r * __bfloat162float(xv[k]) + p * __bfloat162float(yv[k]);
+            float v;
+            if constexpr (!kNarrow) {  // record 80's order: (r*x + p*y) + (lx0*x0 + lb*xb)
+                v = base + (l * __bfloat162float(zv[k]) + b * __bfloat162float(bv[k]));
+            } else {  // record 84's: ((r*x + p*y) + lx0*x0) + lb*xb where the bigram reaches
+                v = base + l * __bfloat162float(zv[k]);
+                if (here) v += b * __bfloat162float(bv[k]);
+            }
+            out.pack[i][k] = __float2bfloat16(v);
         }
         store128(x_out + off + col, out.pack[i]);
     }
@@ -601,28 +630,32 @@ __global__ void __launch_bounds__(kNormThreads, 4)
 }
 // Reads x, y, the injected x0 and xb, and the lambdas; writes x_out (and h, rstd with the norm); two
 // multiply-adds per term, 3 more per element with the norm.
-inline Work sublayer_residual_forward_work(int T, int C, Injection injection, bool norm) {
+inline Work sublayer_residual_forward_work(int T, int C, Injection injection, bool norm, int bigram_dim) {
     const int terms = 2 + injection_terms(injection);
+    const double narrow = injection == Injection::x0_and_bigram ? norm_rows_bytes(T, C) - bigram_rows_bytes(T, C, bigram_dim) : 0;
     return Work{.name = "sublayer_residual_forward", .flops = (2.0 * terms + (norm ? 3.0 : 0.0)) * T * C,
-                .bytes_read = norm_rows_bytes(T, C, terms) + terms * sizeof(float),
+                .bytes_read = norm_rows_bytes(T, C, terms) - narrow + terms * sizeof(float),
                 .bytes_written = norm_rows_bytes(T, C, norm ? 2 : 1) + (norm ? norm_rstd_bytes(T) : 0)};
 }
 // One sublayer's update of the stream x by its block's output y (and the injection); with h (and h_rstd)
 // also the norm the next block reads. x_out may be x (in place) when the backward does not need x.
+// bigram_dim: the bigram injection's width (require_bigram_dim; 0: record 80's).
 inline void sublayer_residual_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
                                       const __nv_bfloat16* y, const __nv_bfloat16* x0, const __nv_bfloat16* x0_bigram,
                                       SublayerLambdas lambdas, Injection injection, int T, int C,
-                                      cudaStream_t stream) {
+                                      cudaStream_t stream, int bigram_dim = 0) {
     require_norm_rows("sublayer_residual_forward", T, C, {x_out, h, x, y, x0, x0_bigram});
+    require_bigram_dim("sublayer_residual_forward", bigram_dim, C);
     const int terms = injection_terms(injection);
     kernel_require(x_out && x && y && lambdas.resid && lambdas.post && (h != nullptr) == (h_rstd != nullptr),
                    "sublayer_residual_forward: x_out, x, y and the resid and post lambdas are required, h and "
                    "h_rstd both or neither");
     kernel_require((terms < 1 || (x0 && lambdas.x0)) && (terms < 2 || (x0_bigram && lambdas.bigram)),
                    "sublayer_residual_forward: the injection reads x0 (and x0_bigram) and their lambdas, missing");
-    launch(sublayer_residual_forward_work(T, C, injection, h != nullptr), sublayer_residual_forward_kernel,
+    launch(sublayer_residual_forward_work(T, C, injection, h != nullptr, bigram_dim),
+           bigram_dim ? sublayer_residual_forward_kernel<true> : sublayer_residual_forward_kernel<false>,
            dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x, y, x0, x0_bigram, lambdas,
-           injection, T, C);
+           injection, T, C, bigram_dim);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -681,6 +714,7 @@ struct SublayerBackwardOptions {
     bool accumulate_dx;            // add into dx (it holds another share of the stream's gradient)
     bool accumulate_x0_grads;      // add into dx0 and dx0_bigram (every injection but the first the backward meets)
     bool accumulate_lambda_grads;  // add into the lambda gradients (every micro-step but the first)
+    int bigram_dim = 0;            // the bigram injection's width (as in the forward; 0: record 80's)
 };
 // gm = g + rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32, dh the sum of the NormGrads; gm = g without
 // any); dx (+)= r*gm, dy = p*gm,
@@ -691,7 +725,7 @@ __global__ void __launch_bounds__(kNormThreads, 3)
                                       NormGrads dh, const __nv_bfloat16* x_out, const float* h_rstd,
                                       const __nv_bfloat16* x, const __nv_bfloat16* y, const __nv_bfloat16* x0,
                                       const __nv_bfloat16* x0_bigram, SublayerLambdas lambdas, Injection injection,
-                                      bool accumulate_dx, bool accumulate_x0_grads, int T, int C) {
+                                      bool accumulate_dx, bool accumulate_x0_grads, int T, int C, int bigram_dim) {
     const int lane = threadIdx.x % 32;
     const bool with_x0 = injection != Injection::none, with_bigram = injection == Injection::x0_and_bigram;
     const float r = bf16_lambda(lambdas.resid), p = bf16_lambda(lambdas.post);
@@ -730,11 +764,13 @@ __global__ void __launch_bounds__(kNormThreads, 3)
             acc[0] += pack_dot(gm, load128(x + at));
             acc[1] += pack_dot(gm, load128(y + at));
             if (with_x0) acc[2] += pack_dot(gm, load128(x0 + at));
-            if (with_bigram) acc[3] += pack_dot(gm, load128(x0_bigram + at));
+            const BigramSlot slot = bigram_slot(row, col, C, bigram_dim);
+            const bool here = with_bigram && slot.here;
+            if (here) acc[3] += pack_dot(gm, load128(x0_bigram + slot.at));
             store_scaled_pack(dx + at, gm, r, accumulate_dx);
             store_scaled_pack(dy + at, gm, p, false);
             if (with_x0) store_scaled_pack(dx0 + at, gm, l, accumulate_x0_grads);
-            if (with_bigram) store_scaled_pack(dx0_bigram + at, gm, b, accumulate_x0_grads);
+            if (here) store_scaled_pack(dx0_bigram + slot.at, gm, b, accumulate_x0_grads);
         }
     }
     sum_warp_reduced_partials(sum, acc);
@@ -745,10 +781,13 @@ __global__ void __launch_bounds__(kNormThreads, 3)
 inline Work sublayer_residual_backward_work(int T, int C, const SublayerBackwardOptions& o, int norms) {
     const int terms = 2 + injection_terms(o.injection), injected = terms - 2;
     const int added = (o.accumulate_dx ? 1 : 0) + (o.accumulate_x0_grads ? injected : 0);
+    // a narrow bigram: xb and its gradient (and what it adds to) are (T, bigram_dim)
+    const double narrow = injected == 2 ? norm_rows_bytes(T, C) - bigram_rows_bytes(T, C, o.bigram_dim) : 0;
     return Work{.name = "sublayer_residual_backward", .flops = (4.0 * terms + (norms ? 5.0 + 2 * norms : 0.0)) * T * C,
-                .bytes_read = norm_rows_bytes(T, C, 1 + terms + (norms ? 1 + norms : 0) + added) +
-                              (norms ? norm_rstd_bytes(T) : 0) + terms * sizeof(float),
-                .bytes_written = norm_rows_bytes(T, C, terms) + 4.0 * terms * residual_backward_blocks(T)};
+                .bytes_read = norm_rows_bytes(T, C, 1 + terms + (norms ? 1 + norms : 0) + added) -
+                              (o.accumulate_x0_grads ? 2 : 1) * narrow + (norms ? norm_rstd_bytes(T) : 0) +
+                              terms * sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C, terms) - narrow + 4.0 * terms * residual_backward_blocks(T)};
 }
 // From the gradient of the sublayer output's uses: g (the stream, passed on to the next update) and dh
 // (the norms that blocks read from it: NormGrads; {} where none did). dx: the gradient of the
@@ -765,6 +804,7 @@ inline void sublayer_residual_backward(__nv_bfloat16* dx, __nv_bfloat16* dy, __n
                                        SublayerBackwardOptions options, int T, int C, cudaStream_t stream) {
     require_norm_rows("sublayer_residual_backward", T, C,
                       {dx, dy, dx0, dx0_bigram, g, dh.dh[0], dh.dh[1], dh.dh[2], x_out, x, y, x0, x0_bigram});
+    require_bigram_dim("sublayer_residual_backward", options.bigram_dim, C);
     const int terms = injection_terms(options.injection);
     kernel_require(dx && dy && g && x && y && lambdas.resid && lambdas.post && lambda_grads.resid && lambda_grads.post,
                    "sublayer_residual_backward: dx, dy, g, x, y and the resid and post lambdas and gradients are "
@@ -786,35 +826,59 @@ inline void sublayer_residual_backward(__nv_bfloat16* dx, __nv_bfloat16* dy, __n
     launch(with_last_block_sum(sublayer_residual_backward_work(T, C, options, dh.count()), sum, blocks),
            sublayer_residual_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dy, dx0, dx0_bigram, sum,
            g, dh, x_out, h_rstd, x, y, x0, x0_bigram, lambdas, options.injection, options.accumulate_dx,
-           options.accumulate_x0_grads, T, C);
+           options.accumulate_x0_grads, T, C, options.bigram_dim);
     CUDA_CHECK_LAUNCH();
 }
 
 // ---- record 80: the stream before layer 0 ----
-// x_out = bf16(x0 + lb*xb), lb = bf16(bigram_lambdas[0]); h = norm(x_out) (layer 0's attention input).
+// x_out = bf16(x0 + lb*xb), lb = bf16(bigram_lambdas[0]), where the bigram reaches (bigram_dim); x0 elsewhere;
+// h = norm(x_out) (layer 0's attention input).
 __global__ void __launch_bounds__(kNormThreads, 4)
     stream_start_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x0,
-                                const __nv_bfloat16* x0_bigram, const float* bigram_lambda, int T, int C) {
+                                const __nv_bfloat16* x0_bigram, const float* bigram_lambda, int T, int C,
+                                int bigram_dim) {
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
     const size_t off = static_cast<size_t>(row) * C;
-    add_scaled_row(x_out + off, h + off, h_rstd + row, x0 + off, x0_bigram + off, bf16_lambda(bigram_lambda), C, lane);
+    if (bigram_dim == 0) {
+        add_scaled_row(x_out + off, h + off, h_rstd + row, x0 + off, x0_bigram + off, bf16_lambda(bigram_lambda), C,
+                       lane);
+        return;
+    }
+    const float b = bf16_lambda(bigram_lambda);
+    NormRow out = {};
+#pragma unroll
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) continue;
+        out.pack[i] = load128(x0 + off + col);
+        if (const BigramSlot slot = bigram_slot(row, col, C, bigram_dim); slot.here) {
+            const Pack128<__nv_bfloat16> bv = load128(x0_bigram + slot.at);
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k)
+                out.pack[i][k] = __float2bfloat16(__bfloat162float(out.pack[i][k]) + b * __bfloat162float(bv[k]));
+        }
+        store128(x_out + off + col, out.pack[i]);
+    }
+    norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
 }
 // Reads x0, xb and the lambda; writes x_out, h and rstd; a multiply-add and the norm per element.
-inline Work stream_start_forward_work(int T, int C) {
+inline Work stream_start_forward_work(int T, int C, int bigram_dim) {
     return Work{.name = "stream_start_forward", .flops = 5.0 * T * C,
-                .bytes_read = norm_rows_bytes(T, C, 2) + sizeof(float),
+                .bytes_read = norm_rows_bytes(T, C) + bigram_rows_bytes(T, C, bigram_dim) + sizeof(float),
                 .bytes_written = norm_rows_bytes(T, C, 2) + norm_rstd_bytes(T)};
 }
-// x0: the normed smeared embedding; x0_bigram: the bigram embedding; bigram_lambda: bigram_lambdas[0].
+// x0: the normed smeared embedding; x0_bigram: the bigram embedding; bigram_lambda: bigram_lambdas[0];
+// bigram_dim: the bigram's width (require_bigram_dim; 0: record 80's, every channel).
 inline void stream_start_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x0,
                                  const __nv_bfloat16* x0_bigram, const float* bigram_lambda, int T, int C,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, int bigram_dim = 0) {
     require_norm_rows("stream_start_forward", T, C, {x_out, h, x0, x0_bigram});
+    require_bigram_dim("stream_start_forward", bigram_dim, C);
     kernel_require(x_out && h && h_rstd && x0 && x0_bigram && bigram_lambda,
                    "stream_start_forward: every tensor and the lambda are required");
-    launch(stream_start_forward_work(T, C), stream_start_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads),
-           0, stream, x_out, h, h_rstd, x0, x0_bigram, bigram_lambda, T, C);
+    launch(stream_start_forward_work(T, C, bigram_dim), stream_start_forward_kernel, dim3(norm_row_blocks(T)),
+           dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x0, x0_bigram, bigram_lambda, T, C, bigram_dim);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -824,7 +888,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     stream_start_backward_kernel(__nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram, LastBlockSum sum,
                                  const __nv_bfloat16* g, const __nv_bfloat16* dh, const __nv_bfloat16* x_out,
                                  const float* h_rstd, const __nv_bfloat16* x0_bigram, const float* bigram_lambda,
-                                 bool accumulate_x0_grads, int T, int C) {
+                                 bool accumulate_x0_grads, int T, int C, int bigram_dim) {
     const int lane = threadIdx.x % 32;
     const float b = bf16_lambda(bigram_lambda);
     float acc[1] = {0.0f};
@@ -837,9 +901,12 @@ __global__ void __launch_bounds__(kNormThreads, 4)
             if (col >= C) break;
             const size_t at = off + col;
             const Pack128<__nv_bfloat16> gv = load128(g + at), dhv = load128(dh + at), xv = load128(x_out + at);
-            const Pack128<__nv_bfloat16> bv = load128(x0_bigram + at);
+            const BigramSlot slot = bigram_slot(row, col, C, bigram_dim);
+            const bool here = slot.here;
+            const Pack128<__nv_bfloat16> bv = here ? load128(x0_bigram + slot.at) : Pack128<__nv_bfloat16>{};
             Pack128<__nv_bfloat16> dzv = accumulate_x0_grads ? load128(dx0 + at) : Pack128<__nv_bfloat16>{};
-            Pack128<__nv_bfloat16> dbv = accumulate_x0_grads ? load128(dx0_bigram + at) : Pack128<__nv_bfloat16>{};
+            Pack128<__nv_bfloat16> dbv =
+                here && accumulate_x0_grads ? load128(dx0_bigram + slot.at) : Pack128<__nv_bfloat16>{};
 #pragma unroll
             for (int k = 0; k < kNormPackWidth; ++k) {
                 const float gm =
@@ -849,22 +916,25 @@ __global__ void __launch_bounds__(kNormThreads, 4)
                 dbv[k] = __float2bfloat16(accumulate_x0_grads ? __bfloat162float(dbv[k]) + b * gm : b * gm);
             }
             store128(dx0 + at, dzv);
-            store128(dx0_bigram + at, dbv);
+            if (here) store128(dx0_bigram + slot.at, dbv);
         }
     }
     sum_warp_reduced_partials(sum, acc);
 }
 // Reads g, dh, x_out, xb, rstd and the lambda (and the gradients it adds into); writes dx0, dxb and the
 // partials; the norm's gradient, a product and a scale per element.
-inline Work stream_start_backward_work(int T, int C, bool accumulate_x0_grads) {
+inline Work stream_start_backward_work(int T, int C, bool accumulate_x0_grads, int bigram_dim) {
+    const double xb = bigram_rows_bytes(T, C, bigram_dim);  // xb, and dxb where it accumulates
     return Work{.name = "stream_start_backward", .flops = 10.0 * T * C,
-                .bytes_read = norm_rows_bytes(T, C, accumulate_x0_grads ? 6 : 4) + norm_rstd_bytes(T) + sizeof(float),
-                .bytes_written = norm_rows_bytes(T, C, 2) + 4.0 * residual_backward_blocks(T)};
+                .bytes_read = norm_rows_bytes(T, C, accumulate_x0_grads ? 4 : 3) + (accumulate_x0_grads ? 2 : 1) * xb +
+                              norm_rstd_bytes(T) + sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C) + xb + 4.0 * residual_backward_blocks(T)};
 }
 // Which outputs of stream_start_backward already hold a share to add to (write them with designators).
 struct StreamStartBackwardOptions {
     bool accumulate_x0_grads;      // dx0, dx0_bigram: they hold the injections' and the skip gate's shares
     bool accumulate_lambda_grads;  // d_bigram_lambda (every micro-step but the first)
+    int bigram_dim = 0;            // the bigram's width (as in the forward; 0: record 80's, every channel)
 };
 // g: the gradient of the stream entering layer 0 (from layer 0's attention sublayer); dh: of the norm
 // layer 0's attention read. dx0 and dx0_bigram receive their gradients; d_bigram_lambda receives
@@ -875,12 +945,14 @@ inline void stream_start_backward(__nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram,
                                   const float* bigram_lambda, StreamStartBackwardOptions options, int T, int C,
                                   cudaStream_t stream) {
     require_norm_rows("stream_start_backward", T, C, {dx0, dx0_bigram, g, dh, x_out, x0_bigram});
+    require_bigram_dim("stream_start_backward", options.bigram_dim, C);
     kernel_require(dx0 && dx0_bigram && d_bigram_lambda && g && dh && x_out && h_rstd && x0_bigram && bigram_lambda,
                    "stream_start_backward: every tensor and the lambda and its gradient are required");
     const int blocks = residual_backward_blocks(T);
     const LastBlockSum sum{SumTargets().add_bf16_rounded(d_bigram_lambda), scratch, options.accumulate_lambda_grads};
-    launch(with_last_block_sum(stream_start_backward_work(T, C, options.accumulate_x0_grads), sum, blocks),
+    launch(with_last_block_sum(stream_start_backward_work(T, C, options.accumulate_x0_grads, options.bigram_dim), sum,
+                               blocks),
            stream_start_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx0, dx0_bigram, sum, g, dh,
-           x_out, h_rstd, x0_bigram, bigram_lambda, options.accumulate_x0_grads, T, C);
+           x_out, h_rstd, x0_bigram, bigram_lambda, options.accumulate_x0_grads, T, C, options.bigram_dim);
     CUDA_CHECK_LAUNCH();
 }

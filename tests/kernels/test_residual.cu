@@ -1030,6 +1030,126 @@ void check_stream_start_exact(const Shape& s) {
 }
 
 // Layer 6 of record 80: the gated skip add's bits, and the norm of what it stored.
+// Record 84's narrow bigram (bigram_dim < C): xb and its gradient are (T, bigram_dim) and reach the stream's
+// first bigram_dim channels only. Against the double references with xb widened by zeros; the narrow
+// buffers are followed by a guard the kernels must not touch. `exact`: dyadic data and lambdas on m/64
+// (check_sublayer_exact's), so every output must be the bf16 of the exact value, bit for bit.
+void check_narrow_bigram(const Shape& s, int bd, bool exact) {
+    const std::string at = s.name() + " bigram_dim=" + std::to_string(bd) + (exact ? " exact" : "");
+    const size_t nb = size_t(s.T) * bd, guard = 64;
+    auto data = [&](size_t n, double sd) { return exact ? dyadic_bf16(n, 8) : normal_bf16(n, 0.0, sd); };
+    const auto x = data(s.n(), 1), y = data(s.n(), 2), x0 = data(s.n(), 1), g = data(s.n(), 1), dh = data(s.n(), 1);
+    const auto xb = data(nb + guard, 0.5), old_dxb = data(nb + guard, 1), old = data(s.n(), 1);
+    V xb_wide(s.n(), 0.0);  // xb widened by zeros: the reference's
+    for (int t = 0; t < s.T; ++t)
+        for (int c = 0; c < bd; ++c) xb_wide[size_t(t) * s.C + c] = __bfloat162float(xb[size_t(t) * bd + c]);
+    auto lambda = [&](double lo, double hi) {
+        return exact ? lambda_near_grid(test::randint(65, 127)) * (lo < 0 ? -1 : 1) : lambda_off_grid(lo, hi);
+    };
+    const std::vector<float> lam = {lambda(0.8, 1.3), lambda(0.5, 1.5), lambda(-0.5, 0.5), lambda(-0.3, 0.3)};
+    const Sublayer m = sublayer_of(lam, Injection::x0_and_bigram);
+    const V xd = values(x), yd = values(y), x0d = values(x0), zero(s.n(), 0.0);
+    DeviceBuffer<bf16> d_x(x), d_y(y), d_x0(x0), d_xb(xb), d_g(g), d_dh(dh), d_xo(s.n()), d_h(s.n());
+    DeviceBuffer<bf16> d_dx(s.n()), d_dy(s.n()), d_dx0(s.n()), d_dxb(nb + guard);
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(4);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+    const SublayerLambdas lambdas{d_lam.ptr, d_lam.ptr + 1, d_lam.ptr + 2, d_lam.ptr + 3};
+    const SublayerLambdaGrads grads{d_grads.ptr, d_grads.ptr + 1, d_grads.ptr + 2, d_grads.ptr + 3};
+    // out: the narrow (T, bd) part of a widened (T, C) tensor
+    auto narrow = [&](const V& wide) {
+        V out(nb);
+        for (int t = 0; t < s.T; ++t)
+            for (int c = 0; c < bd; ++c) out[size_t(t) * bd + c] = wide[size_t(t) * s.C + c];
+        return out;
+    };
+    auto check_out = [&](const std::string& what, const V& got, const V& want, const V& mag) {
+        if (!exact) return check_within(what, got, want, bf16_tol(want, mag));
+        V w(want.size());
+        for (size_t i = 0; i < w.size(); ++i) w[i] = round_bf16(want[i]);
+        return check_within(what, got, w, V(w.size(), 0.0));
+    };
+    auto guard_intact = [&](const std::string& what) {
+        const auto got = d_dxb.download();
+        test::check(std::equal(got.begin() + nb, got.end(), old_dxb.begin() + nb,
+                               [](bf16 a, bf16 b) { return __bfloat16_as_ushort(a) == __bfloat16_as_ushort(b); }),
+                    "%s: the bigram gradient's guard past (T, bigram_dim) is untouched%s", what.c_str(), at.c_str());
+    };
+
+    // the attention sublayer's update and its norm
+    sublayer_residual_forward(d_xo.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, d_x0.ptr, d_xb.ptr, lambdas,
+                              Injection::x0_and_bigram, s.T, s.C, nullptr, bd);
+    V mag;
+    const V xo_ref = ref_sublayer(xd, yd, x0d, xb_wide, m, &mag);
+    const V xod = values(d_xo.download());
+    check_out("sublayer_residual_forward x narrow bigram" + at, xod, xo_ref, mag);
+    const bool norm = !exact;  // the exact case has no norm (gm = g exactly)
+    const SublayerGrads want = ref_sublayer_backward(values(g), norm ? values(dh) : V{}, xod, xd, yd, x0d, xb_wide, m,
+                                                     s.T, s.C);
+    for (bool acc : {false, true}) {
+        const std::string how = at + (acc ? " accumulate" : "");
+        const std::vector<float> old_grads = {1.5f, -0.25f, 3.0f, 0.125f};
+        d_dx.upload(old), d_dx0.upload(old), d_dxb.upload(old_dxb), d_grads.upload(old_grads);
+        sublayer_residual_backward(d_dx.ptr, d_dy.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.view(), d_g.ptr,
+                                   norm ? NormGrads{{d_dh.ptr}} : NormGrads{}, d_xo.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr,
+                                   d_x0.ptr, d_xb.ptr, lambdas,
+                                   {.injection = Injection::x0_and_bigram, .accumulate_dx = acc,
+                                    .accumulate_x0_grads = acc, .accumulate_lambda_grads = acc, .bigram_dim = bd},
+                                   s.T, s.C, nullptr);
+        V wb = narrow(want.dxb), mb = narrow(want.magnitude);
+        for (size_t i = 0; i < nb; ++i) {
+            mb[i] *= std::fabs(m.b);
+            if (acc) wb[i] += __bfloat162float(old_dxb[i]), mb[i] += std::fabs(__bfloat162float(old_dxb[i]));
+        }
+        const auto got_dxb = values(d_dxb.download());
+        check_out("sublayer_residual_backward dx0_bigram narrow" + how, V(got_dxb.begin(), got_dxb.begin() + nb), wb, mb);
+        guard_intact("sublayer_residual_backward");
+        V w0 = want.dx0, m0(s.n());
+        for (size_t i = 0; i < s.n(); ++i) {
+            m0[i] = std::fabs(m.l) * want.magnitude[i];
+            if (acc) w0[i] += __bfloat162float(old[i]), m0[i] += std::fabs(__bfloat162float(old[i]));
+        }
+        check_out("sublayer_residual_backward dx0 narrow bigram" + how, values(d_dx0.download()), w0, m0);
+        const auto pg = d_grads.download();
+        if (exact)
+            test::check(pg[3] == static_cast<float>((acc ? old_grads[3] : 0.0) + round_bf16(want.d[3])),
+                        "d bigram_lambda narrow%s: got %.9g, want %.9g", how.c_str(), pg[3], want.d[3]);
+        else
+            check_lambda_grad("d bigram_lambda narrow" + how, pg[3], acc ? old_grads[3] : 0.0, want.d[3], want.mag[3]);
+    }
+
+    // the stream before layer 0: x0 plus the bigram on the first bd channels, and its norm
+    const Sublayer start{1.0, 0.0, 0.0, m.b, Injection::none};
+    const float lb = lam[3];
+    DeviceBuffer<float> d_lb(std::vector<float>{lb}), d_glb(1);
+    stream_start_forward(d_xo.ptr, d_h.ptr, d_rstd.ptr, d_x0.ptr, d_xb.ptr, d_lb.ptr, s.T, s.C, nullptr, bd);
+    V smag;
+    const V so_ref = ref_sublayer(x0d, zero, zero, xb_wide, start, &smag);
+    const V sod = values(d_xo.download());
+    check_out("stream_start_forward x narrow bigram" + at, sod, so_ref, smag);
+    if (!exact) check_fused_norm("stream_start_forward narrow bigram", at, sod, d_h, d_rstd, s);
+    const SublayerGrads sw = ref_sublayer_backward(values(g), values(dh), sod, x0d, zero, zero, xb_wide, start, s.T, s.C);
+    for (bool acc : {false, true}) {
+        const std::string how = at + (acc ? " accumulate" : "");
+        d_dx0.upload(old), d_dxb.upload(old_dxb), d_glb.upload(std::vector<float>{0.5f});
+        stream_start_backward(d_dx0.ptr, d_dxb.ptr, d_glb.ptr, d_scratch.view(), d_g.ptr, d_dh.ptr, d_xo.ptr,
+                              d_rstd.ptr, d_xb.ptr, d_lb.ptr,
+                              {.accumulate_x0_grads = acc, .accumulate_lambda_grads = acc, .bigram_dim = bd}, s.T, s.C,
+                              nullptr);
+        V wb = narrow(sw.dxb), mb = narrow(sw.magnitude);
+        for (size_t i = 0; i < nb; ++i) {
+            mb[i] *= std::fabs(start.b);
+            if (acc) wb[i] += __bfloat162float(old_dxb[i]), mb[i] += std::fabs(__bfloat162float(old_dxb[i]));
+        }
+        const auto got_dxb = values(d_dxb.download());
+        // the norm's backward is not exact on dyadic data: within bf16 either way
+        check_within("stream_start_backward dx0_bigram narrow" + how, V(got_dxb.begin(), got_dxb.begin() + nb), wb,
+                     bf16_tol(wb, mb));
+        guard_intact("stream_start_backward");
+        check_lambda_grad("stream_start_backward d bigram_lambda narrow" + how, d_glb.download()[0], acc ? 0.5 : 0.0,
+                          sw.d[3], sw.mag[3]);
+    }
+}
+
 void check_skip_norm(const Shape& s) {
     const std::string at = s.name();
     const auto x = normal_bf16(s.n()), skip = normal_bf16(s.n()), x0 = x0_rows(s), w = skip_gate_weights();
@@ -1183,6 +1303,11 @@ int main(int argc, char** argv) {
         }
         if (exact) check_sublayer(s, Injection::none, 3);  // layer 7's MLP: h7's norm read by layers 8-10
         check_stream_start(s);
+        for (const int bd : {8, s.C / 2 + 8, s.C}) {  // record 84's narrow bigram (192 of 768), and the full width
+            if (bd > s.C || bd % 8) continue;
+            check_narrow_bigram(s, bd, false);
+            if (exact) check_narrow_bigram(s, bd, true);
+        }
         if (exact) check_stream_start_exact(s);
         check_skip_norm(s);
     }

@@ -274,6 +274,63 @@ void test_rows() {
                                            T, C, nullptr);
                  });
 
+    {  // record 80's per-sublayer update and stream start, and record 84's narrow bigram (64 of 128 channels)
+        DeviceBuffer<float> lam4(test::uniform_vector(4, 0.5, 1.5)), grads4(4), grad1(1);
+        const SublayerLambdas sl{lam4.ptr, lam4.ptr + 1, lam4.ptr + 2, lam4.ptr + 3};
+        const SublayerLambdaGrads sg{grads4.ptr, grads4.ptr + 1, grads4.ptr + 2, grads4.ptr + 3};
+        const int bd = 64;
+        DeviceBuffer<bf16> xbn(uniform_bf16(size_t(T) * bd, -1, 1)), dxbn(size_t(T) * bd);
+        const double partials4 = 4.0 * blocks * sizeof(float), partials1 = 1.0 * blocks * sizeof(float);
+        for (const int width : {0, bd}) {
+            const bf16* xbp = width ? xbn.ptr : xb.ptr;
+            DeviceBuffer<bf16>& dxbp = width ? dxbn : dxb;
+            const double bb = width ? bytes(xbn) : bytes(xb);
+            const std::string how = width ? " narrow bigram" : "";
+            check_family("sublayer_residual_forward" + how,
+                         {kernel("sublayer_residual_forward", bytes(x) + bytes(g) + bytes(x0) + bb + 4 * lam,
+                                 bytes(y) + bytes(h) + bytes(rstd))},
+                         {out(y), out(h), out(rstd)}, [&] {
+                             sublayer_residual_forward(y.ptr, h.ptr, rstd.ptr, x.ptr, g.ptr, x0.ptr, xbp, sl,
+                                                       Injection::x0_and_bigram, T, C, nullptr, width);
+                         });
+            // the block output's gradient goes to h; its norm's gradient is dy; the stream it read is y
+            check_family("sublayer_residual_backward" + how,
+                         {kernel("sublayer_residual_backward",
+                                 bytes(g) + bytes(dy) + bytes(y) + bytes(rstd) + bytes(x) + bytes(g) + bytes(x0) + bb +
+                                     4 * lam + partials4 + ticket,
+                                 bytes(dx) + bytes(h) + bytes(dx0) + bb + partials4 + bytes(grads4) + ticket)},
+                         {out(dx), out(h), out(dx0), out(dxbp), out(scratch.partials), out(grads4),
+                          inout(scratch.done)},
+                         [&] {
+                             sublayer_residual_backward(dx.ptr, h.ptr, dx0.ptr, dxbp.ptr, sg, scratch.view(), g.ptr,
+                                                        NormGrads{{dy.ptr}}, y.ptr, rstd.ptr, x.ptr, g.ptr, x0.ptr,
+                                                        xbp, sl,
+                                                        {.injection = Injection::x0_and_bigram, .accumulate_dx = false,
+                                                         .accumulate_x0_grads = false,
+                                                         .accumulate_lambda_grads = false, .bigram_dim = width},
+                                                        T, C, nullptr);
+                         },
+                         bytes(dx) + bytes(h) + bytes(dx0) + bb + partials4 + bytes(grads4));
+            check_family("stream_start_forward" + how,
+                         {kernel("stream_start_forward", bytes(x0) + bb + lam, bytes(y) + bytes(h) + bytes(rstd))},
+                         {out(y), out(h), out(rstd)}, [&] {
+                             stream_start_forward(y.ptr, h.ptr, rstd.ptr, x0.ptr, xbp, lam4.ptr, T, C, nullptr, width);
+                         });
+            check_family("stream_start_backward" + how,
+                         {kernel("stream_start_backward",
+                                 bytes(g) + bytes(dy) + bytes(y) + bytes(rstd) + bb + lam + partials1 + ticket,
+                                 bytes(dx0) + bb + partials1 + bytes(grad1) + ticket)},
+                         {out(dx0), out(dxbp), out(scratch.partials), out(grad1), inout(scratch.done)}, [&] {
+                             stream_start_backward(dx0.ptr, dxbp.ptr, grad1.ptr, scratch.view(), g.ptr, dy.ptr, y.ptr,
+                                                   rstd.ptr, xbp, lam4.ptr,
+                                                   {.accumulate_x0_grads = false, .accumulate_lambda_grads = false,
+                                                    .bigram_dim = width},
+                                                   T, C, nullptr);
+                         },
+                         bytes(dx0) + bb + partials1 + bytes(grad1));
+        }
+    }
+
     DeviceBuffer<bf16> gate(test::gate_exact_weights(kGateWidth)), d_gate(kGateWidth);
     const double gate_cols = 2.0 * kGateWidth * T;  // the first 12 columns of a (T, C) bf16 tensor
     check_family("gated_skip_add_forward",
