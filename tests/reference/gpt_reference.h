@@ -8,6 +8,10 @@
 // late_attn_source, lambdas_bf16). As for record 71, activations are not rounded to bf16: only the
 // parameter-side roundings the model multiplies by (FP8 lm_head, bf16 stream lambdas) are reproduced.
 // Record 82's XSA (upstream a333be08 L1125-1131) is the per-layer switch xsa (default off), with xsa_alpha_bf16.
+// Records 83/84's bigram changes (upstream a333be08 L1390-1409, L1472-1476), defaults record 80's:
+// - bigram_dim: the bigram embedding's width (0: C); every bigram injection adds into channels [0, bigram_dim).
+// - bigram_sign_rows, bigram_sign_table: record 83's sign trick, a fixed +-1 table multiplying each bigram row.
+// - x0_includes_bigram: record 84's aliasing, x0 (every later read of it) includes the pre-layer-0 bigram add.
 //
 // Shapes (row-major): T tokens of one packed sequence, V padded vocab, C = H*D model width,
 // F = 4C MLP hidden width, 11 layers. Parameters are held in upstream's shapes (Params).
@@ -207,6 +211,25 @@ struct Config {
     // alpha is tanh(a) rounded to bf16 (upstream's .type_as(y); the gradient passes straight through,
     // as with lambdas_bf16). false: the exact tanh(a), the smooth function finite differences check.
     bool xsa_alpha_bf16 = true;
+    // Record 84's narrow bigram (upstream a333be08: nn.Embedding(bigram_vocab, bigram_dim), 192 of 768):
+    // the bigram embedding is (bigram_vocab, bigram_dim) and each of its injections (before layer 0, at
+    // the attention of layers 1-10) adds into the stream's channels [0, bigram_dim) only, upstream's
+    // x[..., :bigram_dim] += ...; 0: C (records 71/80). Narrower than C needs sublayer_lambdas: record
+    // 71's per-layer mix has no narrow form upstream.
+    int bigram_dim = 0;
+    // Record 83's sign trick (upstream PR 299): the bigram row of token t is multiplied elementwise by
+    // row (inputs[t-1] ^ inputs[t]) % bigram_sign_rows of a fixed +-1 table (row 0 at t = 0; the packed
+    // batch's ids, across document boundaries: bigram_sign_index), so that bigrams sharing a hashed row
+    // mostly differ in sign. The table is a buffer, not a parameter: no gradient, never trained.
+    // 0 rows: no signs (record 80); record 83/84: 8192.
+    int bigram_sign_rows = 0;
+    std::vector<double> bigram_sign_table;  // (bigram_sign_rows, bigram_width()), entries +-1
+    // Record 84 (a333be08 only): upstream writes x = x0 = norm(...) and then adds the pre-layer-0 bigram
+    // in place (x[..., :bigram_dim] = ... + x0_bigram * bigram_lambdas[0]), which changes x0 too, the
+    // same tensor: every later read of x0 (the x0 injections, the skip gate's x0[..., :12]) sees the
+    // stream after that add, not the norm's output. A later upstream commit fixed it with x0.clone();
+    // this switch reproduces the aliased form. Needs sublayer_lambdas.
+    bool x0_includes_bigram = false;
     double grad_scale = 2.0;                // upstream's grad_scale (2 / grad_accum_steps; 2 on 8 ranks)
     double x_s = 100.0 / 448.0, w_s = 1.6 / 448.0;
     // Padding ones after the used scalars; -1: upstream's on 8 ranks (record 71: 4, its formula
@@ -214,6 +237,16 @@ struct Config {
     int scalars_pad = -1;
 
     int hidden() const { return 4 * C; }
+    int bigram_width() const { return bigram_dim > 0 ? bigram_dim : C; }
+    bool bigram_signs() const { return bigram_sign_rows > 0; }
+    // A random +-1 table of bigram_sign_rows x bigram_width() (upstream: randn(...).sign(); here fair
+    // coin flips from our own stream), for tests: c.bigram_sign_table = c.random_sign_table(seed).
+    std::vector<double> random_sign_table(uint64_t seed) const {
+        std::mt19937_64 g(seed);
+        std::vector<double> table(size_t(bigram_sign_rows) * size_t(bigram_width()));
+        for (double& e : table) e = (g() >> 63) ? 1.0 : -1.0;
+        return table;
+    }
     double grad_s() const { return grad_scale * 0.75 / 448.0; }
     const ScalarSlots& scalar_slots() const { return sublayer_lambdas ? kSlotsR80 : kSlotsR71; }
     int num_scalars() const {
@@ -287,6 +320,19 @@ struct Config {
         // upstream applies XSA only where the attention reads v as (T, H, D): paired layers read (2T, H/2, D)
         for (int i = 0; i < kLayers; ++i)
             require(!xsa[i] || (i != 6 && !paired[i]), "XSA layer %d must have attention and not be paired", i);
+        require(bigram_dim >= 0 && bigram_dim <= C, "bigram_dim %d outside [0, C=%d] (0: C)", bigram_dim, C);
+        require(bigram_width() == C || sublayer_lambdas,
+                "bigram_dim %d < C=%d needs sublayer_lambdas (record 71's per-layer mix has no narrow form)",
+                bigram_dim, C);
+        require(bigram_sign_rows >= 0, "bigram_sign_rows %d < 0 (0: no signs)", bigram_sign_rows);
+        require(bigram_sign_table.size() == size_t(bigram_sign_rows) * size_t(bigram_width()),
+                "bigram sign table has %zu entries, want bigram_sign_rows x bigram width = %d x %d",
+                bigram_sign_table.size(), bigram_sign_rows, bigram_width());
+        for (size_t e = 0; e < bigram_sign_table.size(); ++e)
+            require(bigram_sign_table[e] == 1.0 || bigram_sign_table[e] == -1.0,
+                    "bigram sign table entry %zu is %g, want +-1", e, bigram_sign_table[e]);
+        require(!x0_includes_bigram || sublayer_lambdas,
+                "x0_includes_bigram needs sublayer_lambdas (record 84's pre-layer-0 bigram add is record 80's)");
         require(int(yarn.freq.size()) == D / 4 && int(yarn_paired.freq.size()) == D / 4,
                 "YaRN state has %zu/%zu frequencies, want D/4 = %d (call Config::make or Yarn::reset)",
                 yarn.freq.size(), yarn_paired.freq.size(), D / 4);
@@ -297,7 +343,7 @@ struct Config {
 struct Params {
     std::vector<double> embed;           // (V, C)
     std::vector<double> lm_head;         // (C, V), stored transposed as upstream
-    std::vector<double> bigram_embed;    // (bigram_vocab, C)
+    std::vector<double> bigram_embed;    // (bigram_vocab, Config::bigram_width())
     std::vector<double> value_embeds;    // (5V, C): table k row v at k*V + v
     std::vector<double> attn_bank;       // (10, 4C, C): rows Wq; Wk; Wv; Wo
     std::vector<double> mlp_bank;        // (12, 2, 4C, C): [:,0] c_fc, [:,1] c_proj; entry 11 padding
@@ -320,7 +366,7 @@ struct Params {
         const size_t C = c.C, V = c.V, F = c.hidden(), H = c.H;
         return {V * C,
                 C * V,
-                size_t(c.bigram_vocab) * C,
+                size_t(c.bigram_vocab) * size_t(c.bigram_width()),
                 kValueTables * V * C,
                 kAttnLayers * 4 * C * C,
                 kMlpBankLayers * 2 * F * C,
@@ -455,10 +501,19 @@ inline std::vector<int> bigram_hash(const std::vector<int>& inputs, int bigram_v
     return out;
 }
 
+// Record 83's sign rows (Config::bigram_sign_rows): row 0 at position 0, else (prev XOR cur) mod rows,
+// over the packed batch's input ids (across document boundaries, as the bigram hash).
+inline std::vector<int> bigram_sign_index(const std::vector<int>& inputs, int rows) {
+    require(rows >= 1, "bigram sign index needs at least one row (got %d)", rows);
+    std::vector<int> out(inputs.size(), 0);
+    for (size_t t = 1; t < inputs.size(); ++t) out[t] = (inputs[t - 1] ^ inputs[t]) % rows;
+    return out;
+}
+
 // ---- everything the forward keeps (the backward reads it; tests and model checks may too) ----
 struct LayerTape {
     // (T,C) stream entering the layer: record 71 after the skip add on layer 6; record 80 before it
-    // (layer 0: x0 + lb[0] xb)
+    // (layer 0: x0 + lb[0] xb, xb added into channels [0, bigram width))
     std::vector<double> x_in;
     // (T,C) what the attention normalizes: record 71 the stream after resid/x0/bigram mixing (also the
     // attention's residual base); record 80 x_in, or the late source's output (empty on layer 6)
@@ -485,10 +540,14 @@ struct LayerTape {
 
 struct Tape {
     std::vector<double> emb;                 // (T,C) token embeddings
-    std::vector<double> x_bigram;            // (T,C) bigram embeddings
+    std::vector<double> x_bigram;            // (T, bigram width) bigram embeddings (times their sign rows)
+    std::vector<int> bigram_sign_idx;        // (T) sign rows (Config::bigram_signs(); else empty)
     std::vector<double> smear_sig;           // (T) sigmoid(emb[t,:12] . smear_gate), t >= 1
     std::vector<double> x_smear;             // (T,C) after the smear
     std::vector<double> x0, rstd0;           // norm(x_smear)
+    // x0_includes_bigram: x0 after the pre-layer-0 bigram add (upstream's aliased x0), what every later
+    // read of x0 sees (x0_read); else empty
+    std::vector<double> x0_with_bigram;
     std::vector<double> skip_sig;            // (T) sigmoid(x0[t,:12] . skip_gate)
     std::array<LayerTape, kLayers> layers;
     std::vector<double> x_final;             // (T,C) after the backout
@@ -508,6 +567,12 @@ struct Tape {
     // too, so its error scale is the root-sum-square of k_t x0[t, j] times each dot's own scale.
     std::vector<double> skip_gate_scales;  // (12)
 };
+
+// The x0 that the x0 injections and the skip gate read: the norm's output, or (x0_includes_bigram)
+// upstream's aliased x0 after the pre-layer-0 bigram add.
+inline const std::vector<double>& x0_read(const Config& c, const Tape& tp) {
+    return c.x0_includes_bigram ? tp.x0_with_bigram : tp.x0;
+}
 
 // The lambdas, laid end to end: the used scalars (47 in record 71's layout, 25 in record 80's), then
 // x0_lambdas, then (record 80) resid_lambdas (22), post_lambdas (22) and bigram_lambdas (11). Their
@@ -548,6 +613,24 @@ inline double scaled_dot(const double* a, const double* b, size_t n, double& sq)
 
 inline void axpy(double a, const double* x, double* y, size_t n) {
     for (size_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// The narrow bigram's forms (Config::bigram_dim): rows of (rows, lda) and (rows, ldb) arrays, their
+// first n columns. scaled_dot over them, in the order of scaled_dot on rows laid end to end (the
+// same bits when n = lda = ldb, the full width).
+inline double scaled_dot_rows(const double* a, size_t lda, const double* b, size_t ldb, size_t rows, size_t n,
+                              double& sq) {
+    double s = 0.0;
+    for (size_t r = 0; r < rows; ++r)
+        for (size_t i = 0; i < n; ++i) {
+            const double e = a[r * lda + i] * b[r * ldb + i];
+            s += e, sq += e * e;
+        }
+    return s;
+}
+// y[r, :n] += a x[r, :n], row strides ldx, ldy.
+inline void axpy_rows(double a, const double* x, size_t ldx, double* y, size_t ldy, size_t rows, size_t n) {
+    for (size_t r = 0; r < rows; ++r) axpy(a, x + r * ldx, y + r * ldy, n);
 }
 
 // out (M,N) += alpha * sum_k A(m,k) B[k*N + n] with A(m,k) = A[m*am + k*ak]. Tiles of 6 rows x 4
@@ -869,7 +952,8 @@ inline void mlp_block_forward(const Config& c, const Params& p, int layer, Layer
 
 inline double softcap(double l) { return kSoftcapA * sigmoid((l + kSoftcapB) / kSoftcapC); }
 
-// Layer 6's skip add: out = in + sigmoid(skip_lambda) * 2 sigmoid(x0[:12] . skip_gate) * x_out[3].
+// Layer 6's skip add: out = in + sigmoid(skip_lambda) * 2 sigmoid(x0[:12] . skip_gate) * x_out[3] (x0:
+// x0_read; the forward keeps the gate's sigmoid in tp.skip_sig).
 inline void skip_add_forward(const Config& c, const Params& p, const Tape& tp, const std::vector<double>& in,
                              std::vector<double>& out) {
     const size_t T = c.T, C = c.C;
@@ -909,6 +993,15 @@ inline void stream_r71_forward(const Config& c, const Params& p, const Batch& b,
     }
 }
 
+// Record 80's stream before layer 0: x0 + lb[0] xb, xb (T, bigram width) added into channels [0, bigram
+// width) of the norm's output x0.
+inline std::vector<double> stream_start(const Config& c, const Params& p, const Tape& tp) {
+    const size_t T = c.T, C = c.C, W = c.bigram_width();
+    std::vector<double> x(tp.x0);
+    axpy_rows(c.stream_lambda(p.bigram_lambdas[0]), tp.x_bigram.data(), W, x.data(), C, T, W);
+    return x;
+}
+
 // Record 80's layers (upstream 2c702746 GPT.forward; torch_reference.py residual_stream_r80), lambdas
 // as Config::stream_lambda gives them, the stream in double (upstream rounds each update to bf16):
 //   before layer 0:  x_in[0] = x0 + lb[0] xb
@@ -917,13 +1010,13 @@ inline void stream_r71_forward(const Config& c, const Params& p, const Batch& b,
 //   layer 6:         x_attn = x_in + skip gate * x_out[3] (record 71's skip add)
 //   MLP:             x_out = rm[i] x_attn + pm[i] mlp(norm(x_attn))
 // with ra, rm = resid_lambdas[i][0, 1], pa, pm = post_lambdas[i][0, 1], lx0 = x0_lambdas, lb = bigram_lambdas.
+// xb (T, bigram width) adds into channels [0, bigram width) only (record 84's narrow bigram); x0 is
+// x0_read: with x0_includes_bigram, x_in[0] itself (upstream's aliasing).
 inline void stream_r80_forward(const Config& c, const Params& p, const Batch& b, Tape& tp) {
-    const size_t T = c.T, C = c.C;
+    const size_t T = c.T, C = c.C, W = c.bigram_width();
     const ScalarSlots& k = c.scalar_slots();
-    const double lb0 = c.stream_lambda(p.bigram_lambdas[0]);
-    LayerTape& first = tp.layers[0];
-    first.x_in.resize(T * C);
-    for (size_t e = 0; e < T * C; ++e) first.x_in[e] = tp.x0[e] + lb0 * tp.x_bigram[e];
+    const std::vector<double>& x0 = x0_read(c, tp);
+    tp.layers[0].x_in = c.x0_includes_bigram ? tp.x0_with_bigram : stream_start(c, p, tp);
     for (int i = 0; i < kLayers; ++i) {
         LayerTape& L = tp.layers[i];
         if (i > 0) L.x_in = tp.layers[i - 1].x_out;
@@ -938,8 +1031,12 @@ inline void stream_r80_forward(const Config& c, const Params& p, const Batch& b,
             const double lx0 = c.stream_lambda(p.x0_lambdas[i]), lb = i > 0 ? c.stream_lambda(p.bigram_lambdas[i]) : 0.0;
             const double sa1 = p.scalars[k.sa_of(i, 1)];
             L.x_attn.resize(T * C);
-            for (size_t e = 0; e < T * C; ++e)
-                L.x_attn[e] = ra * L.x_in[e] + pa * (sa1 * L.o_raw[e]) + (lx0 * tp.x0[e] + lb * tp.x_bigram[e]);
+            for (size_t t = 0; t < T; ++t)
+                for (size_t j = 0; j < C; ++j) {
+                    const size_t e = t * C + j;
+                    const double bg = j < W ? lb * tp.x_bigram[t * W + j] : 0.0;
+                    L.x_attn[e] = ra * L.x_in[e] + pa * (sa1 * L.o_raw[e]) + (lx0 * x0[e] + bg);
+                }
         }
         mlp_block_forward(c, p, i, L);
         const double rm = c.stream_lambda(p.resid_lambdas[2 * i + 1]), pm = c.stream_lambda(p.post_lambdas[2 * i + 1]);
@@ -965,11 +1062,21 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
     const double* S = p.scalars.data();
     const ScalarSlots& k = c.scalar_slots();
 
+    const size_t W = c.bigram_width();
     tp.emb.resize(T * C);
-    tp.x_bigram.resize(T * C);
+    tp.x_bigram.resize(T * W);
+    if (c.bigram_signs()) tp.bigram_sign_idx = bigram_sign_index(b.inputs, c.bigram_sign_rows);
+    else tp.bigram_sign_idx.clear();
     for (size_t t = 0; t < T; ++t) {
         std::copy_n(p.embed.data() + size_t(b.inputs[t]) * C, C, tp.emb.data() + t * C);
-        std::copy_n(p.bigram_embed.data() + size_t(b.bigram[t]) * C, C, tp.x_bigram.data() + t * C);
+        const double* row = p.bigram_embed.data() + size_t(b.bigram[t]) * W;
+        double* xb = tp.x_bigram.data() + t * W;
+        if (c.bigram_signs()) {  // record 83: times the token's sign row, elementwise (exact)
+            const double* sign = c.bigram_sign_table.data() + size_t(tp.bigram_sign_idx[t]) * W;
+            for (size_t j = 0; j < W; ++j) xb[j] = row[j] * sign[j];
+        } else {
+            std::copy_n(row, W, xb);
+        }
     }
     // smear: token t takes smear_lambda * sigmoid(emb[t,:12] . smear_gate) of token t-1 (any document)
     tp.x_smear = tp.emb;
@@ -981,8 +1088,12 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
     tp.x0.resize(T * C);
     tp.rstd0.resize(T);
     rms_norm(tp.x_smear.data(), tp.x0.data(), tp.rstd0.data(), T, C);
+    // record 84's aliasing: x0 is the stream after the pre-layer-0 bigram add, from here on
+    if (c.x0_includes_bigram) tp.x0_with_bigram = stream_start(c, p, tp);
+    else tp.x0_with_bigram.clear();
+    const std::vector<double>& x0 = x0_read(c, tp);
     tp.skip_sig.resize(T);
-    for (size_t t = 0; t < T; ++t) tp.skip_sig[t] = sigmoid(dot(tp.x0.data() + t * C, p.skip_gate.data(), kGateDim));
+    for (size_t t = 0; t < T; ++t) tp.skip_sig[t] = sigmoid(dot(x0.data() + t * C, p.skip_gate.data(), kGateDim));
 
     if (c.sublayer_lambdas) stream_r80_forward(c, p, b, tp);
     else stream_r71_forward(c, p, b, tp);
@@ -1161,8 +1272,8 @@ inline void mlp_block_backward(const Config& c, const Params& p, int layer, cons
 }
 
 // Layer 6's skip add backward (skip_add_forward): dx is the gradient of its output (and of its input
-// x_in, unchanged); adds x_out[3]'s share into d_skip, x0's (through the gate) into dx0, and the skip
-// lambda's and gate's gradients and error scales.
+// x_in, unchanged); adds x_out[3]'s share into d_skip, x0's (x0_read, through the gate) into dx0, and the
+// skip lambda's and gate's gradients and error scales.
 inline void skip_add_backward(const Config& c, const Params& p, Tape& tp, const std::vector<double>& dx,
                               std::vector<double>& d_skip, std::vector<double>& dx0, Params& g) {
     const size_t T = c.T, C = c.C;
@@ -1170,6 +1281,7 @@ inline void skip_add_backward(const Config& c, const Params& p, Tape& tp, const 
     std::vector<double>& sq = tp.scalar_scales;
     const double sl = sigmoid(p.scalars[slot]);
     const std::vector<double>& skip = tp.layers[kSkipFrom].x_out;
+    const std::vector<double>& x0 = x0_read(c, tp);
     for (size_t t = 0; t < T; ++t) {
         const double sg = tp.skip_sig[t];
         axpy(sl * 2.0 * sg, dx.data() + t * C, d_skip.data() + t * C, C);
@@ -1179,10 +1291,10 @@ inline void skip_add_backward(const Config& c, const Params& p, Tape& tp, const 
         g.scalars[slot] += dgate * ds;
         sq[slot] += dgate_sq * ds * ds;
         const double dzs = dgate * sl * 2.0 * sg * (1.0 - sg);
-        axpy(dzs, tp.x0.data() + t * C, g.skip_gate.data(), kGateDim);
+        axpy(dzs, x0.data() + t * C, g.skip_gate.data(), kGateDim);
         const double k = sl * 2.0 * sg * (1.0 - sg);
         for (size_t j = 0; j < kGateDim; ++j) {
-            const double x = tp.x0[t * C + j];
+            const double x = x0[t * C + j];
             tp.skip_gate_scales[j] += k * k * dgate_sq * x * x + dzs * dzs * x * x;
         }
         axpy(dzs, p.skip_gate.data(), dx0.data() + t * C, kGateDim);
@@ -1224,12 +1336,14 @@ inline void stream_r71_backward(const Config& c, const Params& p, const Batch& b
     }
 }
 
-// Record 80's layers backward (stream_r80_forward), arguments as stream_r71_backward. The lambdas'
-// gradients are those of the values used (straight through the bf16 rounding, as upstream's cast).
+// Record 80's layers backward (stream_r80_forward), arguments as stream_r71_backward (dxb: (T, bigram
+// width)); dx0 leaves as the gradient of the norm's output x0. The lambdas' gradients are those of the
+// values used (straight through the bf16 rounding, as upstream's cast).
 inline void stream_r80_backward(const Config& c, const Params& p, const Batch& b, Tape& tp, std::vector<double>& dx,
                                 const std::vector<double>& d_backout, std::vector<double>& dx0,
                                 std::vector<double>& dxb, Params& g) {
-    const size_t T = c.T, C = c.C;
+    const size_t T = c.T, C = c.C, W = c.bigram_width();
+    const std::vector<double>& x0 = x0_read(c, tp);
     const ScalarSlots& k = c.scalar_slots();
     std::vector<double>& sq = tp.scalar_scales;
     std::vector<double> d_skip(T * C, 0.0), d_late(T * C, 0.0), d_branch(T * C), d_attn(T * C), y(T * C);
@@ -1258,23 +1372,28 @@ inline void stream_r80_backward(const Config& c, const Params& p, const Batch& b
         for (size_t e = 0; e < T * C; ++e) y[e] = sa1 * L.o_raw[e];
         g.resid_lambdas[a] += scaled_dot(dx.data(), L.x_in.data(), T * C, tp.resid_lambda_scales[a]);
         g.post_lambdas[a] += scaled_dot(dx.data(), y.data(), T * C, tp.post_lambda_scales[a]);
-        g.x0_lambdas[i] += scaled_dot(dx.data(), tp.x0.data(), T * C, tp.x0_lambda_scales[i]);
+        g.x0_lambdas[i] += scaled_dot(dx.data(), x0.data(), T * C, tp.x0_lambda_scales[i]);
         axpy(lx0, dx.data(), dx0.data(), T * C);
-        if (i > 0) {
+        if (i > 0) {  // xb reaches channels [0, W) only
             const double lb = c.stream_lambda(p.bigram_lambdas[i]);
-            g.bigram_lambdas[i] += scaled_dot(dx.data(), tp.x_bigram.data(), T * C, tp.bigram_lambda_scales[i]);
-            axpy(lb, dx.data(), dxb.data(), T * C);
+            g.bigram_lambdas[i] +=
+                scaled_dot_rows(dx.data(), C, tp.x_bigram.data(), W, T, W, tp.bigram_lambda_scales[i]);
+            axpy_rows(lb, dx.data(), C, dxb.data(), W, T, W);
         }
         for (size_t e = 0; e < T * C; ++e) d_branch[e] = pa * dx[e], d_attn[e] = ra * dx[e];
         // the attention's input gradient goes to what it normalized: x_in, or the late source's output
         attention_block_backward(c, p, b, i, L, d_branch, c.attn_source(i) >= 0 ? d_late : d_attn, g, sq);
         dx.swap(d_attn);  // now d x_in
     }
-    // x_in[0] = x0 + lb[0] xb
+    // x_in[0] = x0 + lb[0] xb (channels [0, W)). With x0_includes_bigram every read of x0 above read
+    // x_in[0] itself (upstream's aliased tensor): their gradient dx0 joins the stream's before the add's
+    // backward, so it also reaches lb[0], the bigram rows and (as dx0 again) the norm.
+    if (c.x0_includes_bigram) axpy(1.0, dx0.data(), dx.data(), T * C);
     const double lb0 = c.stream_lambda(p.bigram_lambdas[0]);
-    g.bigram_lambdas[0] += scaled_dot(dx.data(), tp.x_bigram.data(), T * C, tp.bigram_lambda_scales[0]);
-    axpy(1.0, dx.data(), dx0.data(), T * C);
-    axpy(lb0, dx.data(), dxb.data(), T * C);
+    g.bigram_lambdas[0] += scaled_dot_rows(dx.data(), C, tp.x_bigram.data(), W, T, W, tp.bigram_lambda_scales[0]);
+    axpy_rows(lb0, dx.data(), C, dxb.data(), W, T, W);
+    if (c.x0_includes_bigram) dx0.swap(dx);
+    else axpy(1.0, dx.data(), dx0.data(), T * C);
 }
 
 }  // namespace detail
@@ -1347,7 +1466,8 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     rms_norm_backward_acc(tp.xn.data(), tp.rstd_f.data(), dxn.data(), dx.data(), T, C);
     const double bo = S[k.backout];
     g.scalars[k.backout] -= scaled_dot(dx.data(), tp.layers[kBackoutLayer].x_out.data(), T * C, sq[k.backout]);
-    std::vector<double> d_backout(T * C), dx0(T * C, 0.0), dxb(T * C, 0.0);
+    const size_t W = c.bigram_width();
+    std::vector<double> d_backout(T * C), dx0(T * C, 0.0), dxb(T * W, 0.0);
     for (size_t e = 0; e < T * C; ++e) d_backout[e] = -bo * dx[e];
 
     if (c.sublayer_lambdas) stream_r80_backward(c, p, b, tp, dx, d_backout, dx0, dxb, g);
@@ -1371,7 +1491,13 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     }
     for (size_t t = 0; t < T; ++t) {
         axpy(1.0, demb.data() + t * C, g.embed.data() + size_t(b.inputs[t]) * C, C);
-        axpy(1.0, dxb.data() + t * C, g.bigram_embed.data() + size_t(b.bigram[t]) * C, C);
+        double* dbg = g.bigram_embed.data() + size_t(b.bigram[t]) * W;
+        if (c.bigram_signs()) {  // x_bigram[t] = row * sign row: the row's gradient is dxb[t] * sign row
+            const double* sign = c.bigram_sign_table.data() + size_t(tp.bigram_sign_idx[t]) * W;
+            for (size_t j = 0; j < W; ++j) dbg[j] += dxb[t * W + j] * sign[j];
+        } else {
+            axpy(1.0, dxb.data() + t * W, dbg, W);
+        }
     }
     for (double& e : sq) e = std::sqrt(e);
     for (double& e : tp.x0_lambda_scales) e = std::sqrt(e);

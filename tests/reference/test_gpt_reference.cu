@@ -3,7 +3,8 @@
 // the FP8 formats from their bit definitions, the paired-head layout, document isolation (and
 // exactly the paths that cross documents by design: smear, bigram hash, key offset), windows,
 // the MTP and evaluation losses, upstream's initialization and YaRN update, record 80's stream, record
-// 82's XSA (its row function on both sides of the normalize clamp), bad input. Host only.
+// 82's XSA (its row function on both sides of the normalize clamp), records 83/84's bigram (narrow
+// width, sign trick, x0 aliasing), bad input. Host only.
 #include "gpt_reference.h"
 #include "../test_util.h"
 
@@ -719,6 +720,232 @@ void check_xsa_gradients_fd() {
                 fd.shrunk, seconds_since(t0));
 }
 
+// ---- records 83/84's bigram: narrow width, sign trick, x0 aliasing ----
+// Record 80's finite-difference configuration with a bigram 40 wide of the 64 channels (a multiple of
+// 8 below C, past the 12 gate channels, so that the aliased x0's skip gate reads bigram channels),
+// signs from a 5-row table (rows repeat within the 32 tokens) and x0 aliasing on or off.
+Config bigram_small_config(bool x0_includes_bigram) {
+    Config c = r80_small_config();
+    c.bigram_dim = 40;
+    c.bigram_sign_rows = 5;
+    c.bigram_sign_table = c.random_sign_table(test::rng()());
+    c.x0_includes_bigram = x0_includes_bigram;
+    return c;
+}
+// Bigram rows, bigram and x0 lambdas of the size of what they are added to (perturb's 0.05 leaves the
+// bigram a few thousandths of the stream, and its aliasing into x0 nearly invisible).
+Params bigram_random_params(const Config& c) {
+    Params p = random_params(c);
+    for (double& e : p.bigram_embed) e = test::uniform(-1.0, 1.0);
+    for (double& l : p.bigram_lambdas) l = test::uniform(0.1, 0.4);
+    for (double& l : p.x0_lambdas) l = test::uniform(-0.5, 0.5);
+    return p;
+}
+
+// The sign rows on a hand-made batch: row 0 at t = 0, (prev ^ cur) % rows after, across the document
+// bound at 3; the forward's x_bigram is the bigram row times its sign row.
+void check_bigram_signs() {
+    const std::vector<int> inputs = {5, 3, 3, 12, 7, 200};
+    // 5^3 = 6, 3^3 = 0, 3^12 = 15, 12^7 = 11, 7^200 = 207
+    test::check(bigram_sign_index(inputs, 4) == std::vector<int>({0, 2, 0, 3, 3, 3}) &&
+                    bigram_sign_index(inputs, 5) == std::vector<int>({0, 1, 0, 0, 1, 2}) &&
+                    bigram_sign_index(inputs, 1) == std::vector<int>(6, 0),
+                "bigram_sign_index: row 0 at t = 0, (prev ^ cur) mod rows");
+    Config c = bigram_small_config(false);
+    c.T = 6;
+    Params p = bigram_random_params(c);
+    Batch b;
+    b.inputs = inputs;
+    b.targets = {3, 3, 12, 7, 200, 1};
+    b.cu_seqlens = {0, 3, 6};  // t = 3 starts a document: its sign row still reads token 2
+    b.bigram = bigram_hash(b.inputs, c.bigram_vocab);
+    Tape tp;
+    forward(c, p, b, &tp);
+    const size_t W = c.bigram_width();
+    bool rows = tp.bigram_sign_idx == std::vector<int>({0, 1, 0, 0, 1, 2}) && tp.x_bigram.size() == 6 * W;
+    for (size_t t = 0; t < 6; ++t)
+        for (size_t j = 0; j < W; ++j)
+            rows &= tp.x_bigram[t * W + j] == p.bigram_embed[size_t(b.bigram[t]) * W + j] *
+                                                  c.bigram_sign_table[size_t(tp.bigram_sign_idx[t]) * W + j];
+    test::check(rows, "signed bigram: x_bigram[t] = bigram row * sign row (prev ^ cur) mod 5, (T, 40)");
+    // both signs present, the same table for the same seed
+    int plus = 0;
+    for (double e : c.bigram_sign_table) plus += e > 0;
+    test::check(plus > 0 && plus < int(c.bigram_sign_table.size()) &&
+                    c.random_sign_table(7) == c.random_sign_table(7) && c.random_sign_table(7) != c.random_sign_table(8),
+                "random_sign_table: +-1 both present (%d of %zu +1), deterministic per seed", plus,
+                c.bigram_sign_table.size());
+}
+
+// The switches' structure by forward runs: (1) full width with an all-(+1) table is record 80 bit for
+// bit, gradients included; (2) the narrow bigram reaches channels [0, 40) only: with post lambdas 0 (the
+// blocks add nothing) new bigram rows move every layer's output there and leave channels 40-63 exact;
+// (3) the aliased x0 is layer 0's input, differs from the norm's output on channels [0, 40) only, and
+// the skip gate reads it; at bigram_lambdas[0] = 0 aliasing changes nothing but d bigram_lambdas[0].
+void check_bigram_forward() {
+    const Config c80 = r80_small_config();
+    Config ones = c80;
+    ones.bigram_dim = c80.C;
+    ones.bigram_sign_rows = 3;
+    ones.bigram_sign_table.assign(size_t(3) * c80.C, 1.0);
+    for (const bool bf16 : {false, true}) {
+        Config a = c80, o = ones;
+        a.lambdas_bf16 = o.lambdas_bf16 = bf16;
+        const Params p = bigram_random_params(a);
+        const Batch b = make_batch(a, {0, 11, 18}, 1);
+        Params ga, go;
+        Tape ta, to;
+        const double la = forward_backward(a, p, b, 1.0, ga, &ta), lo = forward_backward(o, p, b, 1.0, go, &to);
+        bool same = la == lo && ta.row_loss == to.row_loss;
+        for (size_t t = 0; t < ga.tensors().size(); ++t) same &= *ga.tensors()[t].second == *go.tensors()[t].second;
+        test::check(same && to.bigram_sign_idx.size() == size_t(a.T),
+                    "bigram_dim = C with an all-(+1) sign table (bf16 lambdas %d): loss %.17g, record 80's %.17g (or "
+                    "gradients differ)",
+                    bf16, lo, la);
+    }
+
+    const Config c = bigram_small_config(false);
+    const size_t T = c.T, C = c.C, W = c.bigram_width();
+    Params p = bigram_random_params(c);
+    p.post_lambdas.assign(2 * kLayers, 0.0);
+    const Batch b = make_batch(c, {0, 11, 18}, 1);
+    Params q = p;
+    for (double& e : q.bigram_embed) e += 0.25;
+    Tape tp, tq;
+    forward(c, p, b, &tp);
+    forward(c, q, b, &tq);
+    bool narrow_moved = true, wide_exact = true;
+    for (int i = 0; i < kLayers; ++i)
+        for (size_t t = 0; t < T; ++t) {
+            bool moved = false;
+            for (size_t j = 0; j < C; ++j) {
+                const size_t e = t * C + j;
+                if (j < W) moved |= tp.layers[i].x_out[e] != tq.layers[i].x_out[e];
+                else wide_exact &= tp.layers[i].x_out[e] == tq.layers[i].x_out[e];
+            }
+            narrow_moved &= moved;
+        }
+    test::check(narrow_moved && wide_exact,
+                "narrow bigram (40 of 64): new rows must move channels [0, 40) of every layer's output (%d) and "
+                "leave channels 40-63 exact (%d)",
+                narrow_moved, wide_exact);
+
+    const Config ca = bigram_small_config(true);
+    Config cn = ca;
+    cn.x0_includes_bigram = false;
+    const Params pa = bigram_random_params(ca);
+    Tape on, off;
+    forward(ca, pa, b, &on);
+    forward(cn, pa, b, &off);
+    const bool alias = on.x0_with_bigram == on.layers[0].x_in && off.x0_with_bigram.empty() &&
+                       on.layers[0].x_in == off.layers[0].x_in;
+    bool narrow_only = true, differs = false;
+    for (size_t t = 0; t < T; ++t)
+        for (size_t j = 0; j < C; ++j) {
+            const size_t e = t * C + j;
+            if (j < W) differs |= on.x0_with_bigram[e] != on.x0[e];
+            else narrow_only &= on.x0_with_bigram[e] == on.x0[e];
+        }
+    bool skip = true;
+    for (size_t t = 0; t < T; ++t)
+        skip &= on.skip_sig[t] ==
+                test::sigmoid(detail::dot(on.x0_with_bigram.data() + t * C, pa.skip_gate.data(), kGateDim));
+    test::check(alias && narrow_only && differs && skip && on.skip_sig != off.skip_sig && on.loss != off.loss,
+                "x0 aliasing: x0 = layer 0's input (%d), off the norm's output on channels [0, 40) only (%d, %d), the "
+                "skip gate reads it (%d)",
+                alias, narrow_only, differs, skip);
+    Params pz = pa;
+    pz.bigram_lambdas[0] = 0.0;
+    Params gon, goff;
+    const double lon = forward_backward(ca, pz, b, 1.0, gon), loff = forward_backward(cn, pz, b, 1.0, goff);
+    bool same = lon == loff && gon.bigram_lambdas[0] != goff.bigram_lambdas[0];
+    Params gon0 = gon, goff0 = goff;
+    gon0.bigram_lambdas[0] = goff0.bigram_lambdas[0] = 0.0;
+    for (size_t t = 0; t < gon.tensors().size(); ++t) same &= *gon0.tensors()[t].second == *goff0.tensors()[t].second;
+    test::check(same,
+                "x0 aliasing at bigram_lambdas[0] = 0: loss %.17g, without %.17g; gradients must agree but for d "
+                "bigram_lambdas[0] (%.6g, %.6g), which the reads of x0 reach",
+                lon, loff, gon.bigram_lambdas[0], goff.bigram_lambdas[0]);
+}
+
+// Every tensor's gradient with records 83/84's bigram, weighted to what it touches: a bigram row read
+// at two positions under different sign rows, other rows at channels across [0, 40), every bigram
+// lambda, the x0 lambdas and the skip gate (readers of the aliased x0), the embedding and smear (the
+// norm's inputs), and a sample of the rest. With aliasing on, record 84's XSA layers as well.
+void check_bigram_gradients_fd(bool x0_includes_bigram) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Config c = bigram_small_config(x0_includes_bigram);
+    if (x0_includes_bigram)
+        for (int i : {1, 3, 4, 7, 8, 10}) c.xsa[size_t(i)] = true;
+    c.xsa_alpha_bf16 = false;
+    Params p = bigram_random_params(c);
+    for (double& a : p.xsa_alphas) a = test::uniform(-1.0, 1.0);
+    Batch b = make_batch(c, {0, 11, 18}, 2);
+    // one bigram row read at two positions under different sign rows (any id is in range)
+    const std::vector<int> sidx = bigram_sign_index(b.inputs, c.bigram_sign_rows);
+    const int t1 = 5;
+    int t2 = 6;
+    while (sidx[size_t(t2)] == sidx[size_t(t1)] && t2 + 1 < c.T) ++t2;
+    test::check(sidx[size_t(t2)] != sidx[size_t(t1)], "test setup: two positions with different sign rows");
+    b.bigram[size_t(t2)] = b.bigram[size_t(t1)];
+    Params g;
+    const double loss = forward_backward(c, p, b, 1.0, g);
+    const int C = c.C, V = c.V, F = c.hidden(), H = c.H, W = c.bigram_width();
+    auto rnd = [](int n) { return test::randint(0, n - 1); };
+    auto tok = [&] { return size_t(b.inputs[rnd(c.T)]); };
+    const ScalarSlots& k = c.scalar_slots();
+    std::vector<size_t> bg, bl, x0;
+    const size_t shared = size_t(b.bigram[size_t(t1)]);
+    for (int i = 0; i < 4; ++i) bg.push_back(shared * W + rnd(W));
+    for (int i = 0; i < 6; ++i) bg.push_back(size_t(b.bigram[rnd(c.T)]) * W + rnd(W));
+    bg.push_back(size_t(b.bigram[rnd(c.T)]) * W + W - 1);  // the last channel the bigram reaches
+    for (int i = 0; i < kLayers; ++i)
+        if (i != kSkipTo) bl.push_back(size_t(i));
+    for (int i : {0, 3, 7, 9, 10}) x0.push_back(size_t(i));
+    Samples samples = {{"bigram_embed", bg},
+                       {"bigram_lambdas", bl},
+                       {"x0_lambdas", x0},
+                       {"skip_gate", {0, 5, 11, size_t(rnd(kGateDim))}},
+                       {"smear_gate", {size_t(rnd(kGateDim))}},
+                       {"embed", {tok() * C + rnd(C), tok() * C + rnd(C), tok() * C + rnd(C)}},
+                       {"lm_head", {size_t(rnd(C * V))}}};
+    std::vector<size_t> a, m, ve, ag, vg;
+    for (int bank : {0, 1, 4, 6, 9}) a.push_back((size_t(bank) * 4 * C + rnd(4) * C + rnd(C)) * C + rnd(C));
+    for (int l : {0, 5, 9}) m.push_back(((size_t(l) * 2 + 1) * F + rnd(F)) * C + rnd(C));  // c_proj
+    for (int l : {2, 8}) m.push_back(((size_t(l) * 2) * F + rnd(F)) * C + rnd(C));         // c_fc
+    for (int t : {0, 2, 4}) {
+        ve.push_back((size_t(t) * V + tok()) * C + rnd(C));
+        vg.push_back((size_t(t) * H + rnd(H)) * kGateDim + rnd(kGateDim));
+    }
+    for (int i = 0; i < 2; ++i) ag.push_back((size_t(rnd(kAttnLayers)) * H + rnd(H)) * kGateDim + rnd(kGateDim));
+    samples.push_back({"attn_bank", a});
+    samples.push_back({"mlp_bank", m});
+    samples.push_back({"value_embeds", ve});
+    samples.push_back({"ve_gate_bank", vg});
+    samples.push_back({"attn_gate_bank", ag});
+    samples.push_back({"scalars", {size_t(k.sa_of(1, 0)), size_t(k.smear), size_t(k.backout), size_t(k.skip)}});
+    samples.push_back({"resid_lambdas", {size_t(0), size_t(2 * 6 + 1), size_t(2 * 9)}});
+    samples.push_back({"post_lambdas", {size_t(1), size_t(2 * 4), size_t(2 * 10 + 1)}});
+    if (x0_includes_bigram) samples.push_back({"xsa_alphas", {size_t(1 * H), size_t(8 * H + 1)}});
+    const FdStats fd = fd_check(c, p, b, g, samples);
+
+    // a row the batch does not read has exactly zero gradient; the shared row's is not
+    std::set<int> used(b.bigram.begin(), b.bigram.end());
+    int unused = 0;
+    while (used.count(unused)) ++unused;
+    bool zero = true, shared_nonzero = false;
+    for (int j = 0; j < W; ++j) {
+        zero &= g.bigram_embed[size_t(unused) * W + j] == 0.0;
+        shared_nonzero |= g.bigram_embed[shared * W + j] != 0.0;
+    }
+    test::check(zero && shared_nonzero && g.bigram_embed.size() == size_t(c.bigram_vocab) * W,
+                "bigram rows (97, 40): an unread row's gradient must be exactly zero (%d), a read one's not (%d)", zero,
+                shared_nonzero);
+    std::printf("records 83/84 bigram finite differences (x0 aliasing %s): loss %.6f, %d forwards (%d step "
+                "reductions), %.1f s\n",
+                x0_includes_bigram ? "on, XSA" : "off", loss, fd.evaluated, fd.shrunk, seconds_since(t0));
+}
+
 // ---- loss scaling, evaluation loss, MTP decomposition ----
 void check_losses() {
     Config c = small_config();
@@ -1274,6 +1501,60 @@ void check_bad_input() {
         x.xsa[1] = true;
         forward(x, p, b);
     });
+    expect_exit_failure("a narrow bigram without record 80's stream", [&] {
+        Config x = c;
+        x.bigram_dim = 32;
+        x.validate();
+    });
+    expect_exit_failure("a bigram wider than the model", [&] {
+        Config x = c;
+        x.sublayer_lambdas = true;
+        x.bigram_dim = c.C + 8;
+        x.validate();
+    });
+    expect_exit_failure("a negative bigram width", [&] {
+        Config x = c;
+        x.sublayer_lambdas = true;
+        x.bigram_dim = -8;
+        x.validate();
+    });
+    expect_exit_failure("sign rows without their table", [&] {
+        Config x = c;
+        x.bigram_sign_rows = 5;
+        x.validate();
+    });
+    expect_exit_failure("a sign table of full width for a narrow bigram", [&] {
+        Config x = c;
+        x.sublayer_lambdas = true;
+        x.bigram_sign_rows = 5;
+        x.bigram_sign_table.assign(size_t(5) * c.C, 1.0);
+        x.bigram_dim = 32;
+        x.validate();
+    });
+    expect_exit_failure("a sign table entry that is not +-1", [&] {
+        Config x = c;
+        x.bigram_sign_rows = 5;
+        x.bigram_sign_table = x.random_sign_table(3);
+        x.bigram_sign_table[17] = 0.5;
+        x.validate();
+    });
+    expect_exit_failure("negative sign rows", [&] {
+        Config x = c;
+        x.bigram_sign_rows = -1;
+        x.validate();
+    });
+    expect_exit_failure("x0 aliasing without record 80's stream", [&] {
+        Config x = c;
+        x.x0_includes_bigram = true;
+        x.validate();
+    });
+    expect_exit_failure("full-width bigram rows for a narrow bigram", [&] {
+        Config x = r80_small_config();
+        const Params q = Params::init(x, 1);
+        x.bigram_dim = 32;
+        forward(x, q, make_batch(x, {0, 10}, 0));
+    });
+    expect_exit_failure("sign rows of an empty table", [] { bigram_sign_index({1, 2, 3}, 0); });
     expect_exit_failure("YaRN apply with a zero window", [&] {
         Config x = c;
         x.yarn_apply(0, 10);
@@ -1307,6 +1588,12 @@ int main() {
     check_xsa_forward();
     check_xsa_gradients_fd();
     std::printf("record 82's XSA checks: %.1f s\n", seconds_since(t82));
+    const auto t84 = std::chrono::steady_clock::now();
+    check_bigram_signs();
+    check_bigram_forward();
+    check_bigram_gradients_fd(false);
+    check_bigram_gradients_fd(true);
+    std::printf("records 83/84's bigram checks: %.1f s\n", seconds_since(t84));
     check_fp8_tiny();
     std::printf("total %.1f s\n", seconds_since(t0));
     return test::finish();
