@@ -256,6 +256,10 @@ struct Config {
     int vocab_size = 50257, padded_vocab = 50304;
     int model_dim = 768, num_heads = 6, head_dim = 128, mlp_dim = 3072;
     int bigram_vocab = 50304 * 5;
+    // record 84 (upstream a333be08): the bigram table's width and the stream channels it reaches (192; 0: model_dim,
+    // every channel, records 71-80), and record 83's sign trick: rows of the fixed +-1 sign table (8192; 0: none)
+    int bigram_dim = 0, bigram_sign_rows = 0;
+    int bigram_width() const { return bigram_dim ? bigram_dim : model_dim; }
     SoftcapLoss loss = SoftcapLoss::sigmoid;
     float value_embed_std = 0.0f;   // value tables start at N(0, std^2); 0: zeros (record 71)
     // data
@@ -495,6 +499,11 @@ std::string config_error(const Config& c) {
     if (c.mlp_dim % 64 != 0) return bad("mlp_dim must be a multiple of 64");
     if (c.padded_vocab % 128 != 0 || c.padded_vocab < c.vocab_size) return bad("padded_vocab must be a multiple of 128 >= vocab_size");
     if (c.bigram_vocab < 2) return bad("bigram_vocab must be at least 2");
+    if (c.bigram_dim < 0 || c.bigram_dim > c.model_dim || c.bigram_dim % 8 != 0)
+        return bad("bigram_dim must be 0 (model_dim) or a multiple of 8 up to model_dim");
+    if (c.bigram_dim > 0 && !c.structure.sublayer_lambdas)
+        return bad("a narrow bigram (bigram_dim) needs per-sublayer lambdas (record 71's layer mix has no narrow form)");
+    if (c.bigram_sign_rows < 0) return bad("bigram_sign_rows must be 0 (no sign trick) or positive");
     if (c.world_size < 1 || 8 % c.world_size != 0) return bad("the world size must divide 8");
     if (c.stages.empty()) return bad("at least one training stage is needed");
     for (const TrainingStage& st : c.stages) {
@@ -526,7 +535,7 @@ using bf16 = __nv_bfloat16;
 struct Params {
     bf16* embed = nullptr;           // (V, C), tied to lm_head^T until the split step
     bf16* lm_head = nullptr;         // (C, V): stored transposed, as upstream's CastedLinearT
-    bf16* bigram_embed = nullptr;    // (bigram_vocab, C)
+    bf16* bigram_embed = nullptr;    // (bigram_vocab, Config::bigram_width())
     bf16* value_embeds = nullptr;    // (5 V, C): five tables
     bf16* attn_bank = nullptr;       // (10 * 4, C, C): per attention layer [Wq; Wk; Wv; Wo] (AttnBanks::layer; else null)
     bf16* qk_bank = nullptr;         // (pad8(10 H), 2D, C): per attention layer [Wq; Wk] (AttnBanks::head_pairs; else null)
@@ -606,7 +615,7 @@ void visit_params(const Config& c, Params& p, Visit&& visit) {
     const int64_t layers = st.layers, attn_layers = st.attn_layers(), tables = st.value_tables();
     visit(ParamSpec{"embed", {V, C}, Init::lm_head_transposed}, p.embed);
     visit(ParamSpec{"lm_head", {C, V}, Init::normal, 3, 0.005f}, p.lm_head);
-    visit(ParamSpec{"bigram_embed", {c.bigram_vocab, C}, Init::zeros}, p.bigram_embed);
+    visit(ParamSpec{"bigram_embed", {c.bigram_vocab, c.bigram_width()}, Init::zeros}, p.bigram_embed);
     visit(ParamSpec{"value_embed", {tables * V, C}, c.value_embed_std > 0 ? Init::normal : Init::zeros, 4, c.value_embed_std},
           p.value_embeds);
     if (st.attn_banks == AttnBanks::layer) {
@@ -723,7 +732,7 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
     s.smeared = a.take<bf16>(m + "smeared", {T, C});
     s.x0 = a.take<bf16>(m + "x0", {T, C});
     s.rstd_x0 = a.take<float>(m + "rstd_x0", {T});
-    s.x0_bigram = a.take<bf16>(m + "x0_bigram", {T, C});
+    s.x0_bigram = a.take<bf16>(m + "x0_bigram", {T, c.bigram_width()});
     const Structure& st = c.structure;
     for (int l = 0; l < st.layers; ++l) {
         LayerActs& L = s.layer[l];
@@ -828,7 +837,7 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
     w.dX_backout = a.take<bf16>("bw.dX_backout", {T, C});
     w.dh = a.take<bf16>("bw.dh", {T, C});
     w.gx0 = a.take<bf16>("bw.gx0", {T, C});
-    w.gxb = a.take<bf16>("bw.gxb", {T, C});
+    w.gxb = a.take<bf16>("bw.gxb", {T, c.bigram_width()});
     w.d_smeared = a.take<bf16>("bw.d_smeared", {T, C});
     w.d_embed_rows = a.take<bf16>("bw.d_embed_rows", {T, C});
     for (int k = 0; k < c.structure.value_tables(); ++k) w.dve[k] = a.take<bf16>("bw.dve" + std::to_string(k), {T, C});
@@ -891,6 +900,7 @@ struct Model {
     GradBuckets buckets;          // the reductions the backward starts (set by build_optimizer)
     GatherEvents gathered;        // what the forward waits for (made by build_optimizer)
     float* mtp_weights;           // device, up to kMaxMtpWeights
+    bf16* bigram_signs;           // record 83's (bigram_sign_rows, bigram width) +-1 table, or null; from the seed
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
     MlpKernel mlp_kernel = MlpKernel::mma;  // the MLP's c_fc GEMMs: build_model's default, or --mlp-kernel
     AttentionKernel attention = default_attention_kernel();  // the attention kernels, or --attention
@@ -908,6 +918,7 @@ void layout_state(Arena& a, Model& m) {
     m.dloss = a.take<float>("dloss", {1});
     m.sums_done = reinterpret_cast<unsigned int*>(a.take<int32_t>("sums_done", {1}));  // zeroed by the arena
     m.mtp_weights = a.take<float>("mtp_weights", {kMaxMtpWeights});
+    m.bigram_signs = c.bigram_sign_rows ? a.take<bf16>("bigram_signs", {c.bigram_sign_rows, c.bigram_width()}) : nullptr;
 }
 void layout_activations(Arena& a, Model& m) {
     const Config& c = m.cfg;
@@ -935,6 +946,7 @@ void layout_activations(Arena& a, Model& m) {
 
 // ---- initialization, as upstream's GPT.__init__ (values from runtime/init_random.h's counter-based
 // generator, so the same seed gives the same parameters on any GPU and in the CPU build) ----
+constexpr uint64_t kBigramSignStream = 15;  // the sign table's generator stream (ParamSpec::seed_stream's space)
 
 // The scalars vector as upstream starts it; the tail is padding: ones, as upstream.
 std::vector<float> initial_scalars(const Config& c) {
@@ -1019,6 +1031,10 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
     place(m.state_arena, [&](Arena& a) { layout_state(a, m); });
     place(m.act_arena, [&](Arena& a) { layout_activations(a, m); });
     init_params(m, seed, s);
+    // upstream draws it unseeded on rank 0 and broadcasts it; here every rank draws it from the run's seed
+    // (a resume checks the seed, so it is the same table) and broadcast_params makes rank 0's a fact
+    if (m.bigram_signs)
+        init_signs(m.bigram_signs, int64_t(c.bigram_sign_rows) * c.bigram_width(), seed * 16 + kBigramSignStream, s);
     yarn_rope_reset(m.rope, s);
     const LmHeadFp8Scales scales = lm_head_fp8_scales(c.grad_scale());
     CUDA_CHECK(copy_async(m.fp8_scales, &scales, sizeof scales, cudaMemcpyHostToDevice, s));
@@ -1031,6 +1047,14 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
 // counter-based init already agrees; the broadcast makes it a fact whatever the seeds).
 void broadcast_params(Model& m, ncclComm_t comm, cudaStream_t s) {
     NCCL_CHECK(broadcast(m.param_arena.base(), m.param_arena.base(), m.param_arena.bytes(), ncclUint8, 0, comm, s));
+    if (m.bigram_signs) {
+        const size_t n = size_t(m.cfg.bigram_sign_rows) * m.cfg.bigram_width() * sizeof(bf16);
+        NCCL_CHECK(broadcast(m.bigram_signs, m.bigram_signs, n, ncclUint8, 0, comm, s));
+    }
+}
+// Record 83's sign trick as the bigram kernels read it (none without a table).
+BigramSigns bigram_signs(const Model& m, const DeviceBatch& b) {
+    return m.bigram_signs ? BigramSigns{m.bigram_signs, b.inputs, m.cfg.bigram_sign_rows} : BigramSigns{};
 }
 
 // ============================================================================================
@@ -1131,11 +1155,11 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     embed_smear_forward(a.smeared, p.embed, b.inputs, p.smear_gate, p.scalars + k.smear, T, C, s);
     rmsnorm_forward(a.x0, a.rstd_x0, a.smeared, T, C, s);
     await_gathered(m.gathered, At::bigram, s);
-    embedding_gather(a.x0_bigram, p.bigram_embed, b.bigram, T, C, s);
+    embedding_gather(a.x0_bigram, p.bigram_embed, b.bigram, T, c.bigram_width(), s, bigram_signs(m, b));
 
     if (st.sublayer_lambdas)  // x = bf16(x0 + lb[0] x0_bigram); layer 0's attention reads norm(x)
         stream_start_forward(a.layer[0].x, a.layer[0].h_attn, a.layer[0].rstd_attn, a.x0, a.x0_bigram, p.bigram_lambdas,
-                             T, C, s);
+                             T, C, s, c.bigram_dim);
     for (int l = 0; l < st.layers; ++l) {
         const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
@@ -1159,7 +1183,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
         } else {  // x = bf16(resid x + post attn(h_attn) + injection); h = norm(x)
             attention_block_forward(m, b, step_sch, l, L, s);
             sublayer_residual_forward(L.xa, L.h_mlp, L.rstd_mlp, L.x, L.attn_out, a.x0, a.x0_bigram,
-                                      sublayer_lambdas(p, l, 0), attention_injection(l), T, C, s);
+                                      sublayer_lambdas(p, l, 0), attention_injection(l), T, C, s, c.bigram_dim);
             stream = L.xa, mlp_in = L.h_mlp;
         }
         await_gathered(m.gathered, At::mlp, s);
@@ -1293,7 +1317,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     if (!accumulate) {  // the embedding backward writes only the rows of this batch's ids
         CUDA_CHECK(memset_async(g.embed, 0, size_t(V) * C * sizeof(bf16), s));
         CUDA_CHECK(memset_async(g.value_embeds, 0, size_t(st.value_tables()) * V * C * sizeof(bf16), s));
-        CUDA_CHECK(memset_async(g.bigram_embed, 0, size_t(c.bigram_vocab) * C * sizeof(bf16), s));
+        CUDA_CHECK(memset_async(g.bigram_embed, 0, size_t(c.bigram_vocab) * c.bigram_width() * sizeof(bf16), s));
         if (g.xsa_alphas)  // the rows of layers without XSA stay zero; the XSA layers' backward writes theirs
             CUDA_CHECK(memset_async(g.xsa_alphas, 0, size_t(st.layers) * c.num_heads * sizeof(float), s));
     }
@@ -1366,7 +1390,8 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             sublayer_residual_backward(d_in, w.dblock, w.gx0, w.gxb, sublayer_lambda_grads(g, l, 0), sums, dX, NormGrads{{w.dh}},
                                        L.xa, L.rstd_mlp, L.x, L.attn_out, a.x0, a.x0_bigram, sublayer_lambdas(p, l, 0),
                                        {.injection = attention_injection(l), .accumulate_dx = add_to_d_in,
-                                        .accumulate_x0_grads = l != last_attention, .accumulate_lambda_grads = accumulate},
+                                        .accumulate_x0_grads = l != last_attention, .accumulate_lambda_grads = accumulate,
+                                        .bigram_dim = c.bigram_dim},
                                        T, C, s);
             // a later reader of the late source keeps its input gradient until the source's update
             const bool later_reader = st.reads_late_source(l) && st.reads_late_source(l - 1);
@@ -1381,7 +1406,9 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                                     {.accumulate_d_skip = false, .accumulate_param_grads = accumulate}, T, C, s);
         if (l == 0 && st.sublayer_lambdas)  // the stream's start, x0 + lb[0] x0_bigram, read by layer 0's norm and update
             stream_start_backward(w.gx0, w.gxb, g.bigram_lambdas, sums, dX, w.dh, L.x, L.rstd_attn, a.x0_bigram,
-                                  p.bigram_lambdas, {.accumulate_x0_grads = true, .accumulate_lambda_grads = accumulate},
+                                  p.bigram_lambdas,
+                                  {.accumulate_x0_grads = true, .accumulate_lambda_grads = accumulate,
+                                   .bigram_dim = c.bigram_dim},
                                   T, C, s);
     }
     // x0 = norm(smeared); smeared = smear(embed[ids])
@@ -1389,7 +1416,8 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     embed_smear_backward(w.d_embed_rows, g.smear_gate, g.scalars + k.smear, w.d_smeared, p.embed, b.inputs,
                          p.smear_gate, p.scalars + k.smear, sums, T, C, accumulate, s);
     embedding_backward(g.embed, w.d_embed_rows, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
-    embedding_backward(g.bigram_embed, w.gxb, b.bigram_segments, b.bigram_segments_dev, w.scratch, C, true, s);
+    embedding_backward(g.bigram_embed, w.gxb, b.bigram_segments, b.bigram_segments_dev, w.scratch, c.bigram_width(), true,
+                       s, bigram_signs(m, b));
 }
 
 // ============================================================================================
@@ -1609,7 +1637,7 @@ void layout_optimizer(Arena& a, Optimizer& o, const Config& c, Params& p, Params
     o.normuon_scratch = a.take_bytes("optim.normuon_scratch", scratch);
     if (sparse_active) {  // two steps' tokens per rank bound the rows touched between exchanges
         o.sparse_max_touched = std::min(c.bigram_vocab, 2 * c.max_train_tokens());
-        o.sparse_buffer = a.take_bytes("optim.sparse_exchange", sparse_exchange_device_bytes(c.bigram_vocab, c.model_dim,
+        o.sparse_buffer = a.take_bytes("optim.sparse_exchange", sparse_exchange_device_bytes(c.bigram_vocab, c.bigram_width(),
                                                                                              o.world, o.sparse_max_touched));
     }
     o.scalars = reinterpret_cast<OptimScalars*>(a.take_bytes("optim.step_scalars", sizeof(OptimScalars)));
@@ -1690,8 +1718,8 @@ void build_optimizer(Optimizer& o, Model& m, int rank, int world, bool sparse_ac
     CUDA_CHECK(cudaStreamCreateWithFlags(&o.comms, cudaStreamNonBlocking));
     if (sparse_active)
         o.exchange = std::make_unique<SparseRowExchange>(
-            m.cfg.bigram_vocab, m.cfg.model_dim, o.sparse_max_touched, comm, o.comms, o.sparse_buffer,
-            sparse_exchange_device_bytes(m.cfg.bigram_vocab, m.cfg.model_dim, world, o.sparse_max_touched));
+            m.cfg.bigram_vocab, m.cfg.bigram_width(), o.sparse_max_touched, comm, o.comms, o.sparse_buffer,
+            sparse_exchange_device_bytes(m.cfg.bigram_vocab, m.cfg.bigram_width(), world, o.sparse_max_touched));
     for (cudaEvent_t* e : {&o.grads_ready, &o.comms_done})
         CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     for (OptimGroup& q : o.group) {

@@ -142,6 +142,12 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     rc.sublayer_lambdas = c.structure.sublayer_lambdas;
     rc.late_attn_source = c.structure.late_attn_source;
     for (const int l : c.structure.xsa_layers) rc.xsa[size_t(l)] = true;
+    rc.bigram_dim = c.bigram_dim;  // record 84's narrow bigram, record 83's signs (the model's own table)
+    rc.bigram_sign_rows = c.bigram_sign_rows;
+    if (m.bigram_signs) {
+        const std::vector<float> t = download_bf16(m.bigram_signs, size_t(c.bigram_sign_rows) * c.bigram_width());
+        rc.bigram_sign_table.assign(t.begin(), t.end());
+    }
     rc.yarn_apply(old_long, ws_long);
     ref::Batch rb;
     rb.inputs.assign(inputs.begin(), inputs.begin() + T);
@@ -156,6 +162,12 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     // reach layer 7's output through norm(h7)) are a visible share of the gradients below them.
     for (int l = c.structure.late_attn_source + 1; c.structure.late_attn_source >= 0 && l < c.structure.layers; ++l)
         rp.post_lambdas[size_t(2 * l)] = 4.0;
+    // The narrow signed bigram: rows and lambdas big enough (rows ~0.5, lambdas 0.3-0.6) that the bigram's share of
+    // the stream is visible beside x0's, or a wrong bigram path would hide under the tolerances
+    if (c.bigram_dim > 0 || c.bigram_sign_rows > 0) {
+        for (double& e : rp.bigram_embed) e *= 25.0;
+        for (double& l : rp.bigram_lambdas) l = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.3, 0.6);
+    }
     // XSA: strengths of either sign well away from 0 (tanh(a) of 0.4 to 1.2), so that it changes y visibly
     for (double& a : rp.xsa_alphas) a = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.4, 1.2);
     upload_params(c, m.params, rp);
@@ -535,6 +547,20 @@ int main() {
             for (int h = 0; h < r82.num_heads; ++h)
                 rows = rows && (ga[size_t(l * r82.num_heads + h)] != 0.0f) == r82.structure.has_xsa(l);
         test::check(rows, "xsa_alphas' gradient: zero on the layers without XSA, non-zero on its layers");
+
+        // record 83's sign trick and record 84's narrow bigram (a quarter of the width, as 192 of 768), few sign
+        // rows so that they repeat within the batch
+        Config r84 = r82;
+        r84.bigram_dim = r84.model_dim / 4;
+        r84.bigram_sign_rows = 61;
+        Model m84;
+        build_model(m84, r84, test::seed(), s);
+        const std::vector<float> signs = download_bf16(m84.bigram_signs, size_t(61) * r84.bigram_width());
+        const int64_t plus = std::count(signs.begin(), signs.end(), 1.0f), minus = std::count(signs.begin(), signs.end(), -1.0f);
+        test::check(plus + minus == int64_t(signs.size()) && plus > 0 && minus > 0, "the sign table is +-1 (%lld + %lld of %zu)",
+                    static_cast<long long>(plus), static_cast<long long>(minus), signs.size());
+        std::printf("record 80's switches with XSA, the narrow signed bigram:\n");
+        compare_with_reference(m84, r84, s);
     }
 
     // Bad input stops before any kernel runs, with a message naming the problem.
@@ -550,6 +576,12 @@ int main() {
         use_record82_xsa(paired, {1, 2});
         Model bad;
         build_model(bad, paired, 1, s);
+    });
+    test::check_fails_with("a narrow bigram on record 71's layer mix", "a narrow bigram (bigram_dim) needs per-sublayer", [&] {
+        Config narrow = c;
+        narrow.bigram_dim = 64;
+        Model bad;
+        build_model(bad, narrow, 1, s);
     });
     test::check_fails_with("a late attention source without per-sublayer lambdas", "needs per-sublayer lambdas", [&] {
         Config late = c;
