@@ -652,10 +652,13 @@ inline void sublayer_residual_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, fl
                    "h_rstd both or neither");
     kernel_require((terms < 1 || (x0 && lambdas.x0)) && (terms < 2 || (x0_bigram && lambdas.bigram)),
                    "sublayer_residual_forward: the injection reads x0 (and x0_bigram) and their lambdas, missing");
-    launch(sublayer_residual_forward_work(T, C, injection, h != nullptr, bigram_dim),
-           bigram_dim ? sublayer_residual_forward_kernel<true> : sublayer_residual_forward_kernel<false>,
-           dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x, y, x0, x0_bigram, lambdas,
-           injection, T, C, bigram_dim);
+    const Work work = sublayer_residual_forward_work(T, C, injection, h != nullptr, bigram_dim);
+    if (bigram_dim)
+        launch(work, sublayer_residual_forward_kernel<true>, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream,
+               x_out, h, h_rstd, x, y, x0, x0_bigram, lambdas, injection, T, C, bigram_dim);
+    else
+        launch(work, sublayer_residual_forward_kernel<false>, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream,
+               x_out, h, h_rstd, x, y, x0, x0_bigram, lambdas, injection, T, C, bigram_dim);
     CUDA_CHECK_LAUNCH();
 }
 

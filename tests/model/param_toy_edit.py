@@ -88,14 +88,22 @@ def function_body(lines, signature, pattern, what):
     return hits[0]
 
 
+def statement_end(lines, i):
+    """The last line of the statement starting at line i (a call may continue over several lines)."""
+    while not lines[i].rstrip().endswith(";"):
+        i += 1
+    return i
+
+
 def forward_bigram_gather(lines):
-    return function_body(lines, r"^void gpt_forward\(", r"^\s*embedding_gather\(a\.x0_bigram, p\.bigram_embed,",
-                         "gpt_forward's bigram gather")
+    return statement_end(lines, function_body(lines, r"^void gpt_forward\(",
+                                              r"^\s*embedding_gather\(a\.x0_bigram, p\.bigram_embed,",
+                                              "gpt_forward's bigram gather"))
 
 
 def backward_bigram_grad(lines):
-    return function_body(lines, r"^void gpt_backward\(", r"^\s*embedding_backward\(g\.bigram_embed,",
-                         "gpt_backward's bigram gradient")
+    return statement_end(lines, function_body(lines, r"^void gpt_backward\(", r"^\s*embedding_backward\(g\.bigram_embed,",
+                                              "gpt_backward's bigram gradient"))
 
 
 ANCHORS = {
