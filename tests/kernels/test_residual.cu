@@ -1282,6 +1282,18 @@ int bench_residual(const bench::Options& o) {
 int main(int argc, char** argv) {
     if (const auto o = bench::parse(argc, argv)) return bench_residual(*o);
     test::seed();
+    // bad input: a child process must exit non-zero (forked before emu starts its threads)
+    test::check_fails_with("a bigram width that is no multiple of 8", "bigram_dim 12 must be 0 (every channel) or a multiple of 8", [] {
+        bf16* p = reinterpret_cast<bf16*>(16);
+        const float* l = reinterpret_cast<const float*>(16);
+        stream_start_forward(p, p, reinterpret_cast<float*>(16), p, p, l, 4, 64, nullptr, 12);
+    });
+    test::check_fails_with("a bigram wider than the stream", "bigram_dim 72 must be 0 (every channel)", [] {
+        bf16* p = reinterpret_cast<bf16*>(16);
+        const float* l = reinterpret_cast<const float*>(16);
+        sublayer_residual_forward(p, nullptr, nullptr, p, p, p, p, {l, l, l, l}, Injection::x0_and_bigram, 4, 64, nullptr,
+                                  72);
+    });
     test::check(residual_backward_scratch_bytes(1) == 13 * sizeof(float) &&
                     residual_backward_scratch_bytes(1 << 20) == 13 * sizeof(float) * kResidualMaxBackwardBlocks,
                 "scratch sized for 13 partial sums per block, blocks capped");

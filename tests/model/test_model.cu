@@ -203,8 +203,11 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         const bool by_scale = &b == &rg.scalars || &b == &rg.x0_lambdas || &b == &rg.skip_gate || &b == &rg.resid_lambdas ||
                               &b == &rg.post_lambdas || &b == &rg.bigram_lambdas;
         std::printf("  grad %-15s |ref| %.4e  relative error %.3e\n", got_t[i].first, norm2(b), rel);
-        if (!by_scale)
-            test::check(rel < (reduced ? 0.15 : 0.08), "gradient of %s: relative error %.3e", got_t[i].first, rel);
+        // xsa_alphas: each a sum over tokens of -p q that cancels as the gates' sums do, more so with the scaled-up
+        // bigram (TEST_SEED=14962909035690948383 under EMU_RANDOM_ORDER=11: 16.8%); a wrong one is off by O(1)
+        // (a planted wrong row: 125%)
+        const double bound = &b == &rg.xsa_alphas ? 0.3 : reduced ? 0.15 : 0.08;
+        if (!by_scale) test::check(rel < bound, "gradient of %s: relative error %.3e", got_t[i].first, rel);
     }
     // Each lambda's gradient is a sum of products d_i x_i of a stream gradient with a stream over
     // T x C, and the sum can cancel almost completely, so a relative check on it is meaningless. The
@@ -576,6 +579,18 @@ int main() {
         use_record82_xsa(paired, {1, 2});
         Model bad;
         build_model(bad, paired, 1, s);
+    });
+    test::check_fails_with("a bigram width that is no multiple of 8", "bigram_dim must be 0 (model_dim) or a multiple of 8", [&] {
+        Config odd = c;
+        odd.bigram_dim = 12;
+        Model bad;
+        build_model(bad, odd, 1, s);
+    });
+    test::check_fails_with("a negative sign table", "bigram_sign_rows must be 0 (no sign trick) or positive", [&] {
+        Config neg = c;
+        neg.bigram_sign_rows = -1;
+        Model bad;
+        build_model(bad, neg, 1, s);
     });
     test::check_fails_with("a narrow bigram on record 71's layer mix", "a narrow bigram (bigram_dim) needs per-sublayer", [&] {
         Config narrow = c;
