@@ -106,6 +106,10 @@ struct Structure {
     // record 82: XSA in these layers' output gates (non-paired attention layers; record 82: 1, 3, 4, 7, 8, 10),
     // with the per-(layer, head) strengths `xsa_alphas`
     std::vector<int> xsa_layers = {};
+    // record 84 (upstream a333be08) only: its `x = x0 = norm(...)` then the in-place bigram add makes x0 the stream
+    // start itself, so every later read of x0 (the injections, the skip gate) sees the bigram's channels too. Upstream
+    // fixed it with a clone in record 85; its stage-2 logs ran with it, so this preset reproduces it.
+    bool x0_is_stream = false;
 
     static bool holds(const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); }
     bool has_attention(int l) const { return !holds(without_attention, l); }
@@ -478,6 +482,8 @@ std::string structure_error(const Structure& st) {
                "and attention on layer 0";
     if (st.sublayer_lambdas && st.backout_layer + 1 == st.skip_to)
         return "with per-sublayer lambdas the backout layer's output cannot enter the skip's target";
+    if (st.x0_is_stream && !st.sublayer_lambdas)
+        return "x0_is_stream (record 84's x0 aliasing) needs per-sublayer lambdas: record 71's stream starts as x0";
     if (st.late_attn_source >= 0) {
         if (!st.sublayer_lambdas) return "a late attention source needs per-sublayer lambdas";
         if (st.late_attn_source + 1 >= n) return "the late attention source must be a layer before the last";
@@ -780,8 +786,11 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
         const bool own = training || l == st.skip_from + 1 || l == st.backout_layer + 1;
         s.layer[l].x = own ? a.take<bf16>(m + "layer" + std::to_string(l) + ".x", {T, C}) : passed;
     }
-    // record 71's layer 0 mixes x0 itself; record 80's stream starts as x0 + lb[0] x0_bigram
-    s.layer[0].x = !st.sublayer_lambdas ? s.x0 : training ? a.take<bf16>(m + "layer0.x", {T, C}) : passed;
+    // record 71's layer 0 mixes x0 itself; record 80's stream starts as x0 + lb[0] x0_bigram (record 84's is written
+    // over x0: x0_is_stream)
+    s.layer[0].x = !st.sublayer_lambdas || st.x0_is_stream ? s.x0
+                   : training                             ? a.take<bf16>(m + "layer0.x", {T, C})
+                                                          : passed;
     s.x_out = a.take<bf16>(m + "x_out", {T, C});
     s.x_final = a.take<bf16>(m + "x_final", {T, C});
     s.h_final = a.take<bf16>(m + "h_final", {T, C});
@@ -1157,7 +1166,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     await_gathered(m.gathered, At::bigram, s);
     embedding_gather(a.x0_bigram, p.bigram_embed, b.bigram, T, c.bigram_width(), s, bigram_signs(m, b));
 
-    if (st.sublayer_lambdas)  // x = bf16(x0 + lb[0] x0_bigram); layer 0's attention reads norm(x)
+    if (st.sublayer_lambdas)  // x = bf16(x0 + lb[0] x0_bigram) (x0_is_stream: in place); layer 0's attention reads norm(x)
         stream_start_forward(a.layer[0].x, a.layer[0].h_attn, a.layer[0].rstd_attn, a.x0, a.x0_bigram, p.bigram_lambdas,
                              T, C, s, c.bigram_dim);
     for (int l = 0; l < st.layers; ++l) {
@@ -1408,7 +1417,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             stream_start_backward(w.gx0, w.gxb, g.bigram_lambdas, sums, dX, w.dh, L.x, L.rstd_attn, a.x0_bigram,
                                   p.bigram_lambdas,
                                   {.accumulate_x0_grads = true, .accumulate_lambda_grads = accumulate,
-                                   .bigram_dim = c.bigram_dim},
+                                   .bigram_dim = c.bigram_dim, .x0_is_stream = st.x0_is_stream},
                                   T, C, s);
     }
     // x0 = norm(smeared); smeared = smear(embed[ids])

@@ -872,7 +872,8 @@ inline Work stream_start_forward_work(int T, int C, int bigram_dim) {
                 .bytes_written = norm_rows_bytes(T, C, 2) + norm_rstd_bytes(T)};
 }
 // x0: the normed smeared embedding; x0_bigram: the bigram embedding; bigram_lambda: bigram_lambdas[0];
-// bigram_dim: the bigram's width (require_bigram_dim; 0: record 80's, every channel).
+// bigram_dim: the bigram's width (require_bigram_dim; 0: record 80's, every channel). x_out may be x0 (record
+// 84's aliasing, in place: each pack is read by the thread that then writes it).
 inline void stream_start_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x0,
                                  const __nv_bfloat16* x0_bigram, const float* bigram_lambda, int T, int C,
                                  cudaStream_t stream, int bigram_dim = 0) {
@@ -886,12 +887,14 @@ inline void stream_start_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* 
 }
 
 // gm = g + rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32); dx0 (+)= gm, dxb (+)= lb*gm; partial sums
-// of gm*xb for bigram_lambdas[0].
+// of gm*xb for bigram_lambdas[0]. x0_is_stream (record 84's aliasing): dx0 holds the gradient of x0's
+// readers, which read the stream start itself, so the stream's gradient is gs = bf16(dx0 + gm), and dxb and
+// the lambda's sums take gs in place of gm.
 __global__ void __launch_bounds__(kNormThreads, 4)
     stream_start_backward_kernel(__nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram, LastBlockSum sum,
                                  const __nv_bfloat16* g, const __nv_bfloat16* dh, const __nv_bfloat16* x_out,
                                  const float* h_rstd, const __nv_bfloat16* x0_bigram, const float* bigram_lambda,
-                                 bool accumulate_x0_grads, int T, int C, int bigram_dim) {
+                                 bool accumulate_x0_grads, bool x0_is_stream, int T, int C, int bigram_dim) {
     const int lane = threadIdx.x % 32;
     const float b = bf16_lambda(bigram_lambda);
     float acc[1] = {0.0f};
@@ -914,9 +917,10 @@ __global__ void __launch_bounds__(kNormThreads, 4)
             for (int k = 0; k < kNormPackWidth; ++k) {
                 const float gm =
                     __bfloat162float(gv[k]) + rstd * __bfloat162float(dhv[k]) - q * __bfloat162float(xv[k]);
-                acc[0] += gm * __bfloat162float(bv[k]);
                 dzv[k] = __float2bfloat16(accumulate_x0_grads ? __bfloat162float(dzv[k]) + gm : gm);
-                dbv[k] = __float2bfloat16(accumulate_x0_grads ? __bfloat162float(dbv[k]) + b * gm : b * gm);
+                const float gs = x0_is_stream ? __bfloat162float(dzv[k]) : gm;
+                acc[0] += gs * __bfloat162float(bv[k]);
+                dbv[k] = __float2bfloat16(accumulate_x0_grads ? __bfloat162float(dbv[k]) + b * gs : b * gs);
             }
             store128(dx0 + at, dzv);
             if (here) store128(dx0_bigram + slot.at, dbv);
@@ -938,6 +942,9 @@ struct StreamStartBackwardOptions {
     bool accumulate_x0_grads;      // dx0, dx0_bigram: they hold the injections' and the skip gate's shares
     bool accumulate_lambda_grads;  // d_bigram_lambda (every micro-step but the first)
     int bigram_dim = 0;            // the bigram's width (as in the forward; 0: record 80's, every channel)
+    // record 84's aliasing (Structure::x0_is_stream): x0's readers read the stream start, so dx0's share is the
+    // stream's too and reaches the bigram and its lambda (needs accumulate_x0_grads: dx0 holds that share)
+    bool x0_is_stream = false;
 };
 // g: the gradient of the stream entering layer 0 (from layer 0's attention sublayer); dh: of the norm
 // layer 0's attention read. dx0 and dx0_bigram receive their gradients; d_bigram_lambda receives
@@ -951,11 +958,14 @@ inline void stream_start_backward(__nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram,
     require_bigram_dim("stream_start_backward", options.bigram_dim, C);
     kernel_require(dx0 && dx0_bigram && d_bigram_lambda && g && dh && x_out && h_rstd && x0_bigram && bigram_lambda,
                    "stream_start_backward: every tensor and the lambda and its gradient are required");
+    kernel_require(!options.x0_is_stream || options.accumulate_x0_grads,
+                   "stream_start_backward: x0_is_stream needs accumulate_x0_grads (dx0 holds x0's readers' share)");
     const int blocks = residual_backward_blocks(T);
     const LastBlockSum sum{SumTargets().add_bf16_rounded(d_bigram_lambda), scratch, options.accumulate_lambda_grads};
     launch(with_last_block_sum(stream_start_backward_work(T, C, options.accumulate_x0_grads, options.bigram_dim), sum,
                                blocks),
            stream_start_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx0, dx0_bigram, sum, g, dh,
-           x_out, h_rstd, x0_bigram, bigram_lambda, options.accumulate_x0_grads, T, C, options.bigram_dim);
+           x_out, h_rstd, x0_bigram, bigram_lambda, options.accumulate_x0_grads, options.x0_is_stream, T, C,
+           options.bigram_dim);
     CUDA_CHECK_LAUNCH();
 }

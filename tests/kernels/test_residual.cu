@@ -1000,6 +1000,60 @@ void check_stream_start(const Shape& s) {
                           want.d[3], want.mag[3]);
     }
 }
+// Record 84's aliasing: the stream start written over x0 in place (the same bits as out of place), and its
+// backward with x0_is_stream: dx0 arrives holding the gradient of x0's readers, which is the stream start's
+// too, so it reaches the bigram rows and the lambda: the reference is the plain backward of g + old dx0.
+void check_stream_start_aliased(const Shape& s, int bd) {
+    const std::string at = s.name() + " aliased, bigram_dim " + std::to_string(bd);
+    const int W = bd ? bd : s.C;
+    const size_t nb = size_t(s.T) * W;
+    const auto x0 = normal_bf16(s.n()), xb = normal_bf16(nb, 0.0, 0.5), g = normal_bf16(s.n());
+    const auto dh = normal_bf16(s.n()), old_dx0 = normal_bf16(s.n()), old_dxb = normal_bf16(nb);
+    const std::vector<float> lam = {lambda_off_grid(-0.5, 0.5)};
+    const float old_grad = random_float(-1, 1);
+    DeviceBuffer<bf16> d_x0(x0), d_xb(xb), d_g(g), d_dh(dh), d_xo(s.n()), d_h(s.n()), d_h2(s.n()), d_dx0(old_dx0),
+        d_dxb(old_dxb);
+    DeviceBuffer<float> d_rstd(s.T), d_rstd2(s.T), d_lam(lam), d_grad(std::vector<float>{old_grad});
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+    stream_start_forward(d_xo.ptr, d_h.ptr, d_rstd.ptr, d_x0.ptr, d_xb.ptr, d_lam.ptr, s.T, s.C, nullptr, bd);
+    stream_start_forward(d_x0.ptr, d_h2.ptr, d_rstd2.ptr, d_x0.ptr, d_xb.ptr, d_lam.ptr, s.T, s.C, nullptr, bd);
+    const auto xo = d_xo.download();
+    test::check(std::memcmp(xo.data(), d_x0.download().data(), s.n() * sizeof(bf16)) == 0 &&
+                    std::memcmp(d_h.download().data(), d_h2.download().data(), s.n() * sizeof(bf16)) == 0,
+                "stream_start_forward in place%s: the same bits as out of place", at.c_str());
+
+    V wide_xb(s.n(), 0.0), gsum(s.n());
+    for (int t = 0; t < s.T; ++t)
+        for (int c = 0; c < W; ++c) wide_xb[size_t(t) * s.C + c] = __bfloat162float(xb[size_t(t) * W + c]);
+    for (size_t i = 0; i < s.n(); ++i) gsum[i] = double(__bfloat162float(g[i])) + __bfloat162float(old_dx0[i]);
+    const Sublayer m{1.0, 0.0, 0.0, round_bf16(lam[0]), Injection::none};
+    const V zero(s.n(), 0.0);
+    const SublayerGrads want = ref_sublayer_backward(gsum, values(dh), values(xo), values(x0), zero, zero, wide_xb, m,
+                                                     s.T, s.C);
+    stream_start_backward(d_dx0.ptr, d_dxb.ptr, d_grad.ptr, d_scratch.view(), d_g.ptr, d_dh.ptr, d_x0.ptr, d_rstd.ptr,
+                          d_xb.ptr, d_lam.ptr,
+                          {.accumulate_x0_grads = true, .accumulate_lambda_grads = true, .bigram_dim = bd,
+                           .x0_is_stream = true},
+                          s.T, s.C, nullptr);
+    // dxb and the lambda's sum read the stream gradient rounded to bf16 (as autograd's sum of x's gradients
+    // is): up to 2^-8 of it, beyond the usual tolerances
+    V m0 = want.magnitude, wb(nb), mb(nb);
+    for (size_t i = 0; i < s.n(); ++i) m0[i] += std::fabs(__bfloat162float(old_dx0[i]));
+    double mag3 = want.mag[3];
+    for (int t = 0; t < s.T; ++t)
+        for (int c = 0; c < W; ++c) {
+            const size_t i = size_t(t) * W + c, j = size_t(t) * s.C + c;
+            wb[i] = want.dxb[j] + __bfloat162float(old_dxb[i]);
+            mb[i] = std::fabs(m.b) * m0[j] + std::fabs(__bfloat162float(old_dxb[i]));
+            mag3 += std::fabs(want.dx[j] * wide_xb[j]) / 256 / 1e-5;  // check_lambda_grad allows 1e-5 of it
+        }
+    V tb = bf16_tol(wb, mb);
+    for (int t = 0; t < s.T; ++t)
+        for (int c = 0; c < W; ++c) tb[size_t(t) * W + c] += std::fabs(m.b * want.dx[size_t(t) * s.C + c]) / 256;
+    check_within("stream_start_backward dx0" + at, values(d_dx0.download()), want.dx, bf16_tol(want.dx, m0));
+    check_within("stream_start_backward dx0_bigram" + at, values(d_dxb.download()), wb, tb);
+    check_lambda_grad("stream_start_backward d bigram_lambda" + at, d_grad.download()[0], old_grad, want.d[3], mag3);
+}
 // Exact data as check_sublayer_exact, with dh = 0 (the norm's share is then exactly zero).
 void check_stream_start_exact(const Shape& s) {
     const std::string at = s.name() + " exact";
@@ -1321,6 +1375,7 @@ int main(int argc, char** argv) {
             if (exact) check_narrow_bigram(s, bd, true);
         }
         if (exact) check_stream_start_exact(s);
+        for (const int bd : {0, 8}) check_stream_start_aliased(s, bd);
         check_skip_norm(s);
     }
     check_mix_finite_differences(false);

@@ -144,6 +144,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     for (const int l : c.structure.xsa_layers) rc.xsa[size_t(l)] = true;
     rc.bigram_dim = c.bigram_dim;  // record 84's narrow bigram, record 83's signs (the model's own table)
     rc.bigram_sign_rows = c.bigram_sign_rows;
+    rc.x0_includes_bigram = c.structure.x0_is_stream;
     if (m.bigram_signs) {
         const std::vector<float> t = download_bf16(m.bigram_signs, size_t(c.bigram_sign_rows) * c.bigram_width());
         rc.bigram_sign_table.assign(t.begin(), t.end());
@@ -168,6 +169,10 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         for (double& e : rp.bigram_embed) e *= 25.0;
         for (double& l : rp.bigram_lambdas) l = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.3, 0.6);
     }
+    // x0 aliased: the injections' lambdas big enough that x0's readers' gradient, which then reaches the bigram rows
+    // and bigram_lambdas[0], is a visible share of theirs
+    if (c.structure.x0_is_stream)
+        for (double& l : rp.x0_lambdas) l = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.3, 0.6);
     // XSA: strengths of either sign well away from 0 (tanh(a) of 0.4 to 1.2), so that it changes y visibly
     for (double& a : rp.xsa_alphas) a = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.4, 1.2);
     upload_params(c, m.params, rp);
@@ -552,17 +557,19 @@ int main() {
         test::check(rows, "xsa_alphas' gradient: zero on the layers without XSA, non-zero on its layers");
 
         // record 83's sign trick and record 84's narrow bigram (a quarter of the width, as 192 of 768), few sign
-        // rows so that they repeat within the batch
+        // rows so that they repeat within the batch; record 84's x0 aliasing (the narrow bigram without it is
+        // record 86's, whose kernels test_residual checks)
         Config r84 = r82;
         r84.bigram_dim = r84.model_dim / 4;
         r84.bigram_sign_rows = 61;
+        r84.structure.x0_is_stream = true;
         Model m84;
         build_model(m84, r84, test::seed(), s);
         const std::vector<float> signs = download_bf16(m84.bigram_signs, size_t(61) * r84.bigram_width());
         const int64_t plus = std::count(signs.begin(), signs.end(), 1.0f), minus = std::count(signs.begin(), signs.end(), -1.0f);
         test::check(plus + minus == int64_t(signs.size()) && plus > 0 && minus > 0, "the sign table is +-1 (%lld + %lld of %zu)",
                     static_cast<long long>(plus), static_cast<long long>(minus), signs.size());
-        std::printf("record 80's switches with XSA, the narrow signed bigram:\n");
+        std::printf("record 80's switches with XSA, the narrow signed bigram, x0 aliased:\n");
         compare_with_reference(m84, r84, s);
     }
 
@@ -591,6 +598,12 @@ int main() {
         neg.bigram_sign_rows = -1;
         Model bad;
         build_model(bad, neg, 1, s);
+    });
+    test::check_fails_with("x0 aliasing on record 71's layer mix", "x0_is_stream (record 84's x0 aliasing) needs per-sublayer", [&] {
+        Config aliased = c;
+        aliased.structure.x0_is_stream = true;
+        Model bad;
+        build_model(bad, aliased, 1, s);
     });
     test::check_fails_with("a narrow bigram on record 71's layer mix", "a narrow bigram (bigram_dim) needs per-sublayer", [&] {
         Config narrow = c;
