@@ -21,6 +21,7 @@
 #include "../../kernels/finite.cuh"
 #include "../../kernels/head.cuh"
 #include "../../kernels/mlp.cuh"
+#include "../../kernels/mudd.cuh"
 #include "../../kernels/optim.cuh"
 #include "../../kernels/residual.cuh"
 #include "../../kernels/attention_aux.cuh"
@@ -1015,6 +1016,81 @@ void test_rope() {
                  partials + bytes(d_attn_gate) + bytes(d_ve_gate));  // dxa's and dve's columns are updated in place
 }
 
+// ---- MUDD (record 81): the last layer's entry and the exit, forward and backward ----
+void test_mudd() {
+    const int T = 40, C = 128, H = 2, V = 30, blocks = mudd_backward_blocks(T);
+    std::vector<int32_t> ids(T);
+    for (int32_t& i : ids) i = test::randint(0, V - 1);
+    DeviceBuffer<int32_t> d_ids(ids);
+    auto rows = [&] { return DeviceBuffer<bf16>(uniform_bf16(size_t(T) * C, -1, 1)); };
+    DeviceBuffer<bf16> z(uniform_bf16(size_t(T) * kMuddHidden, -1, 1)), table(uniform_bf16(size_t(V) * C, -1, 1));
+    DeviceBuffer<bf16> w2(uniform_bf16(size_t(kMuddMaxCoef) * kMuddHidden, -1, 1)), b2(uniform_bf16(kMuddMaxCoef, -1, 1));
+    DeviceBuffer<bf16> h0 = rows(), h7 = rows(), h9 = rows(), h3 = rows(), x = rows(), g1 = rows(), g2 = rows();
+    DeviceBuffer<bf16> o1(size_t(T) * C), o2(size_t(T) * C), o3(size_t(T) * C), o4(size_t(T) * C);
+    DeviceBuffer<bf16> d0 = rows(), d7 = rows(), d3 = rows(), dz(size_t(T) * kMuddHidden);
+    DeviceBuffer<bf16> dw2(size_t(kMuddMaxCoef) * kMuddHidden), db2(kMuddMaxCoef);
+    DeviceBuffer<float> coeffs(size_t(T) * kMuddCoefStride), dcoeffs(test::uniform_vector(size_t(T) * kMuddCoefStride, -1, 1));
+    DeviceBuffer<float> rstd(T);
+    test::DevicePartials scratch(mudd_backward_scratch_bytes(T));
+    const double rows_bytes = 2.0 * T * C, gathered = rows_bytes + bytes(d_ids), zb = bytes(z), ticket = sizeof(unsigned int);
+    const MuddSource ve{table.ptr, d_ids.ptr};
+    for (const int n : {kMuddEntryCoef, kMuddExitCoef}) {
+        const bool entry = n == kMuddEntryCoef;
+        const MuddHead head{w2.ptr, b2.ptr, n};
+        const double head_bytes = 2.0 * n * (kMuddHidden + 1), partials = 4.0 * blocks * n * (kMuddHidden + 1);
+        MuddExitSources src{{{h0.ptr, nullptr}, {h7.ptr, nullptr}, {h9.ptr, nullptr}, ve, {h3.ptr, nullptr}}};
+        if (entry) {
+            check_family("mudd_entry_forward",
+                         {kernel("mudd_entry_forward", zb + head_bytes + 3 * rows_bytes + gathered,
+                                 bytes(coeffs) + 2 * rows_bytes)},
+                         {out(coeffs), out(o1), out(o2)}, [&] {
+                             mudd_entry_forward(coeffs.ptr, o1.ptr, o2.ptr, z.ptr, head, h0.ptr, h7.ptr, h9.ptr, ve, T, C,
+                                                H, nullptr);
+                         });
+            // dh0 and dh7 add to their shares, dh9 is written; the head's gradients are added to
+            const MuddEntryGrads eg{{d0.ptr, true}, {d7.ptr, true}, {o3.ptr, false}, o4.ptr};
+            check_family("mudd_entry_backward",
+                         {kernel("mudd_entry_backward",
+                                 2 * rows_bytes + 3 * rows_bytes + 2 * rows_bytes + gathered + 4.0 * T * kMuddEntryCoef +
+                                     zb + head_bytes + partials + head_bytes + ticket,
+                                 4 * rows_bytes + bytes(dz) + 4.0 * T * 8 + partials + head_bytes + ticket)},
+                         {out(o3), out(o4), out(dz), out(scratch.partials), inout(d0), inout(d7), inout(dcoeffs),
+                          inout(dw2), inout(db2), inout(scratch.done)},
+                         [&] {
+                             mudd_entry_backward(dz.ptr, dcoeffs.ptr, eg, {dw2.ptr, db2.ptr, true}, scratch.view(),
+                                                 g1.ptr, g2.ptr, coeffs.ptr, z.ptr, head, h0.ptr, h7.ptr, h9.ptr, ve,
+                                                 T, C, H, nullptr);
+                         },
+                         2 * rows_bytes + bytes(dz) + partials);  // dh0, dh7, the coefficients and the head in place
+        } else {
+            const double sources = 4 * rows_bytes + gathered;
+            check_family("mudd_exit_forward",
+                         {kernel("mudd_exit_forward", zb + head_bytes + rows_bytes + sources,
+                                 bytes(coeffs) + 2 * rows_bytes + bytes(rstd))},
+                         {out(coeffs), out(o1), out(o2), out(rstd)}, [&] {
+                             mudd_exit_forward(coeffs.ptr, o1.ptr, o2.ptr, rstd.ptr, z.ptr, head, x.ptr, src, T, C,
+                                               nullptr);
+                         });
+            // h0's and h3's gradients add to their shares, the others are written; the head's gradients are written
+            MuddExitGrads eg{o3.ptr, {{d0.ptr, true}, {o4.ptr, false}, {dz.ptr, false}, {g1.ptr, false}, {d3.ptr, true}}};
+            DeviceBuffer<bf16> dz2(size_t(T) * kMuddHidden);
+            eg.src[2] = {o2.ptr, false};
+            check_family("mudd_exit_backward",
+                         {kernel("mudd_exit_backward",
+                                 2 * rows_bytes + bytes(rstd) + 4.0 * T * kMuddExitCoef + sources + 2 * rows_bytes + zb +
+                                     head_bytes + partials + ticket,
+                                 6 * rows_bytes + 4.0 * T * kMuddExitCoef + bytes(dz2) + partials + head_bytes + ticket)},
+                         {out(o3), out(o4), out(o2), out(g1), out(dz2), out(scratch.partials), out(dw2), out(db2),
+                          inout(d0), inout(d3), inout(dcoeffs), inout(scratch.done)},
+                         [&] {
+                             mudd_exit_backward(dz2.ptr, dcoeffs.ptr, eg, {dw2.ptr, db2.ptr, false}, scratch.view(),
+                                                g2.ptr, o1.ptr, rstd.ptr, coeffs.ptr, z.ptr, head, src, T, C, nullptr);
+                         },
+                         4 * rows_bytes + bytes(dz2) + partials + 2.0 * kMuddExitCoef * kMuddHidden + 2.0 * kMuddExitCoef);
+        }
+    }
+}
+
 // ---- comms' kernels (the exchange itself: test_mpi_work_comms) ----
 void test_comms_kernels() {
     const int R = 64, C = 64, n = 10;
@@ -1106,6 +1182,7 @@ int main() {
     test_head(lt);
     test_optim(lt);
     test_rope();
+    test_mudd();
     test_comms_kernels();
     return test::finish();
 }

@@ -1,0 +1,504 @@
+// Record 81's MUDD, multiway dynamic dense connections (upstream a333be08: init_mudd, forward_mudd and their
+// use at the last layer and after it): per-token coefficients from a small MLP of a stream row, which mix the
+// streams saved earlier (h0: the stream entering layer 0, h3 and h7: layers 3's and 7's outputs, h9: the last
+// layer's input) into the last layer and into the stream the head reads.
+//
+// Per token t, block id (0: the last layer's entry, n = 14 coefficients from h9; 1: the exit, n = 5 from the
+// last layer's output x):
+//   z = h @ w1[id]^T                                    (T, 64): a cuBLASLt matmul, before these kernels
+//   u = bf16(gelu(z)), c = bf16((bf16(u . w2[id, :n]^T) + b2[id, :n]) * 0.1)   (exact-erf GELU)
+//   entry: aux_v = bf16(g_h ve + c0 h0 + c1 h7 + c2 h9), g_h = c6 for heads < H/2, c7 for the others
+//          (ve: the layer's value table at the tokens; aux_v joins v as the value embedding does)
+//          r = bf16((1 + c5) h9 + c3 h0 + c4 h7)         (the stream the layer's attention update scales by c8)
+//          c8..c13 are the layer's per-token update coefficients, for the residual kernels
+//   exit:  xf = bf16(x + c0 h0 + c1 h7 + c2 h9 + c3 ve0 + c4 h3); hf = norm(xf)   (ve0: value table 0 at the
+//          tokens, ungated; this replaces record 80's backout)
+// The coefficients are kept as fp32 copies of their bf16 values, kMuddCoefStride per token.
+//
+// Backward: dc_j = bf16(sum over the row of g . source_j) per token (the entry's gate: per head, then the
+// heads of each half); dpre = bf16(0.1 dc); du = bf16(dpre . w2[id]); dz = bf16(du gelu'(z)), gelu'(z) =
+// Phi(z) + z phi(z); db2 = sum_t dpre and dw2 = sum_t dpre u from fixed-order block partials summed by the
+// last block (bitwise reproducible); dw1 = dz^T h and dh += dz w1 are matmuls after these kernels. Every
+// source receives c_j g, added to what its gradient already holds where the caller says so.
+#pragma once
+#include "common.cuh"
+#include "norm.cuh"
+
+#include <cmath>
+
+constexpr int kMuddHidden = 64;      // the MLP's hidden width: two values per lane
+constexpr int kMuddMaxCoef = 14;     // the entry's coefficients (upstream's max_num_coef)
+constexpr int kMuddEntryCoef = 14, kMuddExitCoef = 5;
+constexpr int kMuddCoefStride = 16;  // fp32 per token in the coefficient buffers
+constexpr int kMuddExitSources = 5;  // h0, h7, h9, ve0, h3
+constexpr int kMuddMaxHeads = 16;
+constexpr int kMuddMaxBackwardBlocks = 264;  // two per SM of an H100: the partials' second pass stays short
+constexpr float kMuddScale = 0.1f;           // upstream's _mudd_scale
+constexpr int kMuddPartials = kMuddMaxCoef * (kMuddHidden + 1);  // per block: dw2 then db2
+
+// One MUDD block's second layer: rows [0, n) of w2[id] (n x 64) and b2[id] (bf16 parameters).
+struct MuddHead {
+    const __nv_bfloat16* w2;
+    const __nv_bfloat16* b2;
+    int n;
+};
+// Where that block's gradients go (bf16 parameter gradients, n x 64 and n), and whether they add to them.
+struct MuddHeadGrads {
+    __nv_bfloat16* dw2;
+    __nv_bfloat16* db2;
+    bool accumulate;
+};
+// A mixed stream: rows of a (T, C) tensor, or (ids set) rows of a table at the tokens.
+struct MuddSource {
+    const __nv_bfloat16* rows;
+    const int32_t* ids;
+};
+// A source's gradient, (T, C): written, or added to what it holds.
+struct MuddSourceGrad {
+    __nv_bfloat16* d;
+    bool accumulate;
+};
+
+__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16(v)); }
+__device__ __forceinline__ float gelu_erf(float z) { return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f)); }
+__device__ __forceinline__ float gelu_erf_grad(float z) {
+    return 0.5f * (1.0f + erff(z * 0.70710678118654752f)) + z * 0.39894228040143268f * expf(-0.5f * z * z);
+}
+__device__ __forceinline__ const __nv_bfloat16* mudd_source_row(const MuddSource& s, int row, int C) {
+    return s.rows + static_cast<size_t>(s.ids ? s.ids[row] : row) * C;
+}
+// dst[j] = v[j] for j < n, lane j writing (a register array read at constant indices only: no local memory).
+template <int N>
+__device__ __forceinline__ void mudd_store_row(float* dst, const float (&v)[N], int n, int lane) {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+        if (j < n && lane == j) dst[j] = v[j];
+}
+
+// The lane's two hidden values u = bf16(gelu(z)) (columns 2 lane, 2 lane + 1) and the row's coefficients, every
+// lane holding all of them (zeros past n).
+__device__ __forceinline__ void mudd_row_coefficients(float (&c)[kMuddCoefStride], float (&u)[2], float (&z)[2],
+                                                      const __nv_bfloat16* z_row, const MuddHead& head, int lane) {
+    const __nv_bfloat162 zz = reinterpret_cast<const __nv_bfloat162*>(z_row)[lane];
+    z[0] = __low2float(zz), z[1] = __high2float(zz);
+    u[0] = bf16_round(gelu_erf(z[0])), u[1] = bf16_round(gelu_erf(z[1]));
+#pragma unroll
+    for (int j = 0; j < kMuddCoefStride; ++j) {
+        c[j] = 0.0f;
+        if (j >= head.n) continue;
+        const __nv_bfloat162 w = reinterpret_cast<const __nv_bfloat162*>(head.w2 + j * kMuddHidden)[lane];
+        const float dot = warp_reduce_sum(u[0] * __low2float(w) + u[1] * __high2float(w));
+        c[j] = bf16_round((bf16_round(dot) + __bfloat162float(head.b2[j])) * kMuddScale);
+    }
+}
+
+// From the row's coefficient gradients dc (bf16 values): the lane's two dz (written) and its shares of dw2 and
+// db2 (added to acc_w, acc_b; db2's in lane 0 only, every lane holding the same dpre).
+__device__ __forceinline__ void mudd_row_head_backward(__nv_bfloat16* dz_row, float (&acc_w)[kMuddMaxCoef][2],
+                                                       float (&acc_b)[kMuddMaxCoef], const float (&dc)[kMuddCoefStride],
+                                                       const float (&u)[2], const float (&z)[2], const MuddHead& head,
+                                                       int lane) {
+    float du[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < kMuddMaxCoef; ++j) {
+        if (j >= head.n) continue;
+        const float dpre = bf16_round(kMuddScale * dc[j]);
+        const __nv_bfloat162 w = reinterpret_cast<const __nv_bfloat162*>(head.w2 + j * kMuddHidden)[lane];
+        du[0] += dpre * __low2float(w);
+        du[1] += dpre * __high2float(w);
+        acc_w[j][0] += dpre * u[0];
+        acc_w[j][1] += dpre * u[1];
+        if (lane == 0) acc_b[j] += dpre;
+    }
+    reinterpret_cast<__nv_bfloat162*>(dz_row)[lane] =
+        __floats2bfloat162_rn(bf16_round(du[0]) * gelu_erf_grad(z[0]), bf16_round(du[1]) * gelu_erf_grad(z[1]));
+}
+
+// The block's dw2 and db2 partials (summed over its warps in order) to scratch; the last block sums every
+// block's in block order, one value a thread, into the gradients.
+__device__ __forceinline__ void mudd_head_partials(const float (&acc_w)[kMuddMaxCoef][2],
+                                                   const float (&acc_b)[kMuddMaxCoef], const MuddHead& head,
+                                                   const MuddHeadGrads& grads, BlockPartials scratch) {
+    __shared__ float warp_vals[kNormRowsPerBlock][kMuddPartials];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n = head.n, values = n * (kMuddHidden + 1);
+#pragma unroll
+    for (int j = 0; j < kMuddMaxCoef; ++j) {
+        if (j >= n) continue;
+        warp_vals[warp][j * kMuddHidden + 2 * lane] = acc_w[j][0];
+        warp_vals[warp][j * kMuddHidden + 2 * lane + 1] = acc_w[j][1];
+        if (lane == 0) warp_vals[warp][n * kMuddHidden + j] = acc_b[j];
+    }
+    __syncthreads();
+    float* mine = scratch.partials + static_cast<size_t>(blockIdx.x) * kMuddPartials;
+    for (int v = threadIdx.x; v < values; v += blockDim.x) {
+        float s = 0.0f;
+        for (int w = 0; w < kNormRowsPerBlock; ++w) s += warp_vals[w][v];
+        mine[v] = s;
+    }
+    if (!last_block_done(scratch.done)) return;
+    for (int v = threadIdx.x; v < values; v += blockDim.x) {
+        float s = 0.0f;
+        for (int b = 0; b < static_cast<int>(gridDim.x); ++b)
+            s += __ldcg(scratch.partials + static_cast<size_t>(b) * kMuddPartials + v);
+        __nv_bfloat16* g = v < n * kMuddHidden ? grads.dw2 + v : grads.db2 + (v - n * kMuddHidden);
+        *g = __float2bfloat16(grads.accumulate ? __bfloat162float(*g) + s : s);
+    }
+}
+
+// ---- shapes ----
+inline std::string mudd_shape_error(int T, int C, int H) {
+    if (const char* e = norm_rows_shape_error(T, C)) return e;
+    if (H < 2 || H > kMuddMaxHeads || H % 2 != 0 || C % H != 0 || (C / H) % kNormPackWidth != 0)
+        return "MUDD needs an even head count of at most " + std::to_string(kMuddMaxHeads) +
+               " whose heads are whole 16-byte packs (C " + std::to_string(C) + ", H " + std::to_string(H) + ")";
+    return "";
+}
+inline int mudd_backward_blocks(int T) { return std::min(norm_row_blocks(T), kMuddMaxBackwardBlocks); }
+// Scratch bytes of a MUDD backward launcher for T rows (its BlockPartials' partials).
+inline size_t mudd_backward_scratch_bytes(int T) {
+    return sizeof(float) * kMuddPartials * static_cast<size_t>(mudd_backward_blocks(T));
+}
+// Bytes a launch moves for: a source's rows (and its ids), the head (w2 rows and b2), a head's reduction (the
+// partials written and read back by the last block, the gradients read where added to and written, the ticket).
+inline double mudd_source_bytes(int T, int C, const MuddSource& s) { return 2.0 * T * C + (s.ids ? 4.0 * T : 0.0); }
+inline double mudd_head_bytes(int n) { return 2.0 * n * (kMuddHidden + 1); }
+inline Work mudd_head_reduction(Work w, int T, int n, bool accumulate) {
+    const double partials = 4.0 * mudd_backward_blocks(T) * n * (kMuddHidden + 1);
+    w.flops += static_cast<double>(mudd_backward_blocks(T)) * n * (kMuddHidden + 1);
+    w.bytes_read += partials + (accumulate ? mudd_head_bytes(n) : 0.0) + sizeof(unsigned int);
+    w.bytes_written += partials + mudd_head_bytes(n) + sizeof(unsigned int);
+    return w;
+}
+inline void require_mudd_head(const char* who, const MuddHead& head, int n) {
+    kernel_require(head.w2 && head.b2 && head.n == n, "%s: the MUDD head needs w2 and b2 rows, %d coefficients (got %d)",
+                   who, n, head.n);
+}
+
+// ---- the last layer's entry ----
+// coeffs = the 14 coefficients; aux_v = bf16(g_h ve + c0 h0 + c1 h7 + c2 h9); r = bf16((1 + c5) h9 + c3 h0 + c4 h7).
+__global__ void __launch_bounds__(kNormThreads, 4)
+    mudd_entry_forward_kernel(float* coeffs, __nv_bfloat16* aux_v, __nv_bfloat16* r, const __nv_bfloat16* z,
+                              MuddHead head, const __nv_bfloat16* h0, const __nv_bfloat16* h7,
+                              const __nv_bfloat16* h9, MuddSource ve, int T, int C, int H) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    float c[kMuddCoefStride], u[2], zz[2];
+    mudd_row_coefficients(c, u, zz, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
+    mudd_store_row(coeffs + static_cast<size_t>(row) * kMuddCoefStride, c, kMuddCoefStride, lane);
+    const size_t off = static_cast<size_t>(row) * C;
+    const __nv_bfloat16* ve_row = mudd_source_row(ve, row, C);
+    const int half = (C / H) * (H / 2);  // the first half of the heads' columns take c6
+#pragma unroll
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) continue;
+        const Pack128<__nv_bfloat16> a = load128(h0 + off + col), b = load128(h7 + off + col),
+                                     x = load128(h9 + off + col), e = load128(ve_row + col);
+        const float g = col < half ? c[6] : c[7];
+        Pack128<__nv_bfloat16> av, rv;
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k) {
+            const float fa = __bfloat162float(a[k]), fb = __bfloat162float(b[k]), fx = __bfloat162float(x[k]);
+            av[k] = __float2bfloat16(g * __bfloat162float(e[k]) + c[0] * fa + c[1] * fb + c[2] * fx);
+            rv[k] = __float2bfloat16((1.0f + c[5]) * fx + c[3] * fa + c[4] * fb);
+        }
+        store128(aux_v + off + col, av);
+        store128(r + off + col, rv);
+    }
+}
+// Reads z, the head, h0, h7, h9 and the value rows; writes the coefficients, aux_v and r.
+inline Work mudd_entry_forward_work(int T, int C, const MuddSource& ve) {
+    return Work{.name = "mudd_entry_forward",
+                .flops = double(T) * (3.0 * kMuddEntryCoef * kMuddHidden + 20.0 * kMuddHidden + 12.0 * C),
+                .bytes_read = 2.0 * T * kMuddHidden + mudd_head_bytes(kMuddEntryCoef) + norm_rows_bytes(T, C, 3) +
+                              mudd_source_bytes(T, C, ve),
+                .bytes_written = 4.0 * T * kMuddCoefStride + norm_rows_bytes(T, C, 2)};
+}
+// z: h9 @ w1[0]^T (T, 64); ve: the layer's value table at the tokens (MuddSource{table, ids}).
+inline void mudd_entry_forward(float* coeffs, __nv_bfloat16* aux_v, __nv_bfloat16* r, const __nv_bfloat16* z,
+                               MuddHead head, const __nv_bfloat16* h0, const __nv_bfloat16* h7, const __nv_bfloat16* h9,
+                               MuddSource ve, int T, int C, int H, cudaStream_t stream) {
+    require_shape(mudd_shape_error(T, C, H), "mudd_entry_forward");
+    require_norm_rows("mudd_entry_forward", T, C, {aux_v, r, h0, h7, h9, ve.rows});
+    require_mudd_head("mudd_entry_forward", head, kMuddEntryCoef);
+    kernel_require(coeffs && z && ve.ids, "mudd_entry_forward: the coefficients, z and the value rows' ids are required");
+    launch(mudd_entry_forward_work(T, C, ve), mudd_entry_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0,
+           stream, coeffs, aux_v, r, z, head, h0, h7, h9, ve, T, C, H);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The entry's gradients. daux: of aux_v (v's gradient); dr: of r; dcoeffs: the row's coefficient gradients at
+// 8..13 (from the layer's update kernels; read, and 0..7 written). The sources' gradients: dh0, dh7 added to
+// or written (MuddSourceGrad), dh9 = c2 daux + (1 + c5) dr (or added), dve = g_h daux (written).
+struct MuddEntryGrads {
+    MuddSourceGrad dh0, dh7, dh9;
+    __nv_bfloat16* dve;
+};
+__global__ void __launch_bounds__(kNormThreads, 2)
+    mudd_entry_backward_kernel(__nv_bfloat16* dz, float* dcoeffs, MuddEntryGrads d, MuddHeadGrads dhead,
+                               BlockPartials scratch, const __nv_bfloat16* daux, const __nv_bfloat16* dr,
+                               const float* coeffs, const __nv_bfloat16* z, MuddHead head, const __nv_bfloat16* h0,
+                               const __nv_bfloat16* h7, const __nv_bfloat16* h9, MuddSource ve, int T, int C, int H) {
+    const int lane = threadIdx.x % 32;
+    float acc_w[kMuddMaxCoef][2] = {}, acc_b[kMuddMaxCoef] = {};
+    const int D = C / H, half = D * (H / 2);
+    for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
+        const size_t off = static_cast<size_t>(row) * C;
+        const float* c = coeffs + static_cast<size_t>(row) * kMuddCoefStride;
+        const __nv_bfloat16* ve_row = mudd_source_row(ve, row, C);
+        // the coefficients' sums: daux . (h0, h7, h9), dr . (h0, h7, h9), and daux . ve per head
+        float s[6] = {}, heads[kMuddMaxHeads] = {};
+#pragma unroll
+        for (int i = 0; i < kNormPacksPerLane; ++i) {
+            const int col = norm_row_col(i, lane);
+            if (col >= C) continue;
+            const Pack128<__nv_bfloat16> ga = load128(daux + off + col), gr = load128(dr + off + col),
+                                         a = load128(h0 + off + col), b = load128(h7 + off + col),
+                                         x = load128(h9 + off + col), e = load128(ve_row + col);
+            float he = 0.0f;
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) {
+                const float fga = __bfloat162float(ga[k]), fgr = __bfloat162float(gr[k]);
+                const float fa = __bfloat162float(a[k]), fb = __bfloat162float(b[k]), fx = __bfloat162float(x[k]);
+                s[0] += fga * fa, s[1] += fga * fb, s[2] += fga * fx;
+                s[3] += fgr * fa, s[4] += fgr * fb, s[5] += fgr * fx;
+                he += fga * __bfloat162float(e[k]);
+            }
+            const int h = col / D;  // a pack lies in one head (D is a multiple of the pack)
+#pragma unroll
+            for (int q = 0; q < kMuddMaxHeads; ++q)
+                if (q == h) heads[q] += he;
+        }
+        float dc[kMuddCoefStride] = {};
+#pragma unroll
+        for (int j = 0; j < 6; ++j) dc[j] = bf16_round(warp_reduce_sum(s[j]));
+        float g0 = 0.0f, g1 = 0.0f;  // upstream: the gate's per-head gradients (bf16), summed over each half
+#pragma unroll
+        for (int q = 0; q < kMuddMaxHeads; ++q) {
+            if (q >= H) continue;
+            const float hq = bf16_round(warp_reduce_sum(heads[q]));
+            if (q < H / 2) g0 += hq;
+            else g1 += hq;
+        }
+        dc[6] = bf16_round(g0), dc[7] = bf16_round(g1);
+#pragma unroll
+        for (int j = 8; j < kMuddEntryCoef; ++j) dc[j] = dcoeffs[static_cast<size_t>(row) * kMuddCoefStride + j];
+        mudd_store_row(dcoeffs + static_cast<size_t>(row) * kMuddCoefStride, dc, 8, lane);
+        // the sources' gradients
+#pragma unroll 1
+        for (int i = 0; i < kNormPacksPerLane; ++i) {
+            const int col = norm_row_col(i, lane);
+            if (col >= C) continue;
+            const size_t at = off + col;
+            const Pack128<__nv_bfloat16> ga = load128(daux + at), gr = load128(dr + at);
+            Pack128<__nv_bfloat16> v0 = d.dh0.accumulate ? load128(d.dh0.d + at) : Pack128<__nv_bfloat16>{};
+            Pack128<__nv_bfloat16> v7 = d.dh7.accumulate ? load128(d.dh7.d + at) : Pack128<__nv_bfloat16>{};
+            Pack128<__nv_bfloat16> v9 = d.dh9.accumulate ? load128(d.dh9.d + at) : Pack128<__nv_bfloat16>{};
+            Pack128<__nv_bfloat16> ve_g;
+            const float g = col < half ? c[6] : c[7];
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) {
+                const float fga = __bfloat162float(ga[k]), fgr = __bfloat162float(gr[k]);
+                v0[k] = __float2bfloat16(__bfloat162float(v0[k]) + c[0] * fga + c[3] * fgr);
+                v7[k] = __float2bfloat16(__bfloat162float(v7[k]) + c[1] * fga + c[4] * fgr);
+                v9[k] = __float2bfloat16(__bfloat162float(v9[k]) + c[2] * fga + (1.0f + c[5]) * fgr);
+                ve_g[k] = __float2bfloat16(g * fga);
+            }
+            store128(d.dh0.d + at, v0);
+            store128(d.dh7.d + at, v7);
+            store128(d.dh9.d + at, v9);
+            store128(d.dve + at, ve_g);
+        }
+        float u[2], zz[2], unused[kMuddCoefStride];
+        mudd_row_coefficients(unused, u, zz, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
+        mudd_row_head_backward(dz + static_cast<size_t>(row) * kMuddHidden, acc_w, acc_b, dc, u, zz, head, lane);
+    }
+    mudd_head_partials(acc_w, acc_b, head, dhead, scratch);
+}
+// Reads daux, dr, h0, h7, h9, the value rows, the coefficients 0..7 and gradients 8..13, z and the head, and the
+// gradients it adds to (each once: the second reads of a row come from L1); writes the sources' gradients, dve, dz,
+// the coefficient gradients 0..7, and the head's reduction.
+inline Work mudd_entry_backward_work(int T, int C, const MuddEntryGrads& d, const MuddHeadGrads& dhead,
+                                     const MuddSource& ve) {
+    const int added = int(d.dh0.accumulate) + int(d.dh7.accumulate) + int(d.dh9.accumulate);
+    const Work w{.name = "mudd_entry_backward",
+                 .flops = double(T) * (16.0 * C + 4.0 * kMuddEntryCoef * kMuddHidden + 30.0 * kMuddHidden),
+                 .bytes_read = norm_rows_bytes(T, C, 5 + added) + mudd_source_bytes(T, C, ve) + 4.0 * T * 8 +
+                               4.0 * T * (kMuddEntryCoef - 8) + 2.0 * T * kMuddHidden + mudd_head_bytes(kMuddEntryCoef),
+                 .bytes_written = norm_rows_bytes(T, C, 4) + 2.0 * T * kMuddHidden + 4.0 * T * 8};
+    return mudd_head_reduction(w, T, kMuddEntryCoef, dhead.accumulate);
+}
+// dz: (T, 64), for dw1[0] = dz^T h9 and dh9 += dz w1[0] (matmuls after this); scratch: mudd_backward_scratch_bytes.
+inline void mudd_entry_backward(__nv_bfloat16* dz, float* dcoeffs, MuddEntryGrads d, MuddHeadGrads dhead,
+                                BlockPartials scratch, const __nv_bfloat16* daux, const __nv_bfloat16* dr,
+                                const float* coeffs, const __nv_bfloat16* z, MuddHead head, const __nv_bfloat16* h0,
+                                const __nv_bfloat16* h7, const __nv_bfloat16* h9, MuddSource ve, int T, int C, int H,
+                                cudaStream_t stream) {
+    require_shape(mudd_shape_error(T, C, H), "mudd_entry_backward");
+    require_norm_rows("mudd_entry_backward", T, C, {d.dh0.d, d.dh7.d, d.dh9.d, d.dve, daux, dr, h0, h7, h9, ve.rows});
+    require_mudd_head("mudd_entry_backward", head, kMuddEntryCoef);
+    kernel_require(dz && dcoeffs && dhead.dw2 && dhead.db2 && scratch.partials && scratch.done && coeffs && z && ve.ids,
+                   "mudd_entry_backward: dz, the coefficients and their gradients, the head's gradients, the scratch, z "
+                   "and the value rows' ids are required");
+    const int blocks = mudd_backward_blocks(T);
+    launch(mudd_entry_backward_work(T, C, d, dhead, ve), mudd_entry_backward_kernel, dim3(blocks), dim3(kNormThreads), 0,
+           stream, dz, dcoeffs, d, dhead, scratch, daux, dr, coeffs, z, head, h0, h7, h9, ve, T, C, H);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- the exit, after the last layer ----
+// The exit's five sources in upstream's order: h0, h7, h9, ve0 (value table 0 at the tokens), h3.
+struct MuddExitSources {
+    MuddSource src[kMuddExitSources];
+};
+// coeffs = the 5 coefficients; xf = bf16(x + sum_j c_j source_j); hf = norm(xf).
+__global__ void __launch_bounds__(kNormThreads, 4)
+    mudd_exit_forward_kernel(float* coeffs, __nv_bfloat16* xf, __nv_bfloat16* hf, float* rstd_f,
+                             const __nv_bfloat16* z, MuddHead head, const __nv_bfloat16* x, MuddExitSources sources,
+                             int T, int C) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    float c[kMuddCoefStride], u[2], zz[2];
+    mudd_row_coefficients(c, u, zz, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
+    mudd_store_row(coeffs + static_cast<size_t>(row) * kMuddCoefStride, c, kMuddCoefStride, lane);
+    const size_t off = static_cast<size_t>(row) * C;
+    NormRow out = {};
+#pragma unroll
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) continue;
+        const Pack128<__nv_bfloat16> xv = load128(x + off + col);
+        float v[kNormPackWidth];
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k) v[k] = __bfloat162float(xv[k]);
+#pragma unroll
+        for (int j = 0; j < kMuddExitSources; ++j) {
+            const Pack128<__nv_bfloat16> sv = load128(mudd_source_row(sources.src[j], row, C) + col);
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) v[k] += c[j] * __bfloat162float(sv[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k) out.pack[i][k] = __float2bfloat16(v[k]);
+        store128(xf + off + col, out.pack[i]);
+    }
+    norm_row_store_normalized(hf + off, rstd_f + row, out, norm_row_rstd(out, C), C, lane);
+}
+inline double mudd_exit_sources_bytes(int T, int C, const MuddExitSources& sources) {
+    double b = 0;
+    for (const MuddSource& src : sources.src) b += mudd_source_bytes(T, C, src);
+    return b;
+}
+// Reads z, the head, x and the five sources; writes the coefficients, xf, hf and rstd.
+inline Work mudd_exit_forward_work(int T, int C, const MuddExitSources& sources) {
+    return Work{.name = "mudd_exit_forward",
+                .flops = double(T) * (3.0 * kMuddExitCoef * kMuddHidden + 20.0 * kMuddHidden + 14.0 * C),
+                .bytes_read = 2.0 * T * kMuddHidden + mudd_head_bytes(kMuddExitCoef) + norm_rows_bytes(T, C) +
+                              mudd_exit_sources_bytes(T, C, sources),
+                .bytes_written = 4.0 * T * kMuddCoefStride + norm_rows_bytes(T, C, 2) + norm_rstd_bytes(T)};
+}
+inline void require_exit_sources(const char* who, const MuddExitSources& s) {
+    for (const MuddSource& src : s.src) kernel_require(src.rows, "%s: every one of the exit's five sources is required", who);
+}
+// z: x @ w1[1]^T (T, 64).
+inline void mudd_exit_forward(float* coeffs, __nv_bfloat16* xf, __nv_bfloat16* hf, float* rstd_f,
+                              const __nv_bfloat16* z, MuddHead head, const __nv_bfloat16* x, MuddExitSources sources,
+                              int T, int C, cudaStream_t stream) {
+    require_norm_rows("mudd_exit_forward", T, C, {xf, hf, x});
+    require_exit_sources("mudd_exit_forward", sources);
+    require_mudd_head("mudd_exit_forward", head, kMuddExitCoef);
+    kernel_require(coeffs && z && rstd_f, "mudd_exit_forward: the coefficients, z and rstd are required");
+    launch(mudd_exit_forward_work(T, C, sources), mudd_exit_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0,
+           stream, coeffs, xf, hf, rstd_f, z, head, x, sources, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The exit's gradients: dx (x's, written: the identity term), and each source's (MuddSourceGrad; ve0's is a
+// (T, C) tensor for the table's backward).
+struct MuddExitGrads {
+    __nv_bfloat16* dx;
+    MuddSourceGrad src[kMuddExitSources];
+};
+// g = bf16(norm backward of dhf); dx = g; d source_j (+)= c_j g; dc_j = bf16(sum g . source_j) (written to
+// dcoeffs' first five of each row); the head's backward.
+__global__ void __launch_bounds__(kNormThreads, 2)
+    mudd_exit_backward_kernel(__nv_bfloat16* dz, float* dcoeffs, MuddExitGrads d, MuddHeadGrads dhead,
+                              BlockPartials scratch,
+                              const __nv_bfloat16* dhf, const __nv_bfloat16* xf, const float* rstd_f,
+                              const float* coeffs, const __nv_bfloat16* z, MuddHead head, MuddExitSources sources,
+                              int T, int C) {
+    const int lane = threadIdx.x % 32;
+    float acc_w[kMuddMaxCoef][2] = {}, acc_b[kMuddMaxCoef] = {};
+    for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
+        const size_t off = static_cast<size_t>(row) * C;
+        const float* c = coeffs + static_cast<size_t>(row) * kMuddCoefStride;
+        const float rstd = rstd_f[row], q = norm_row_grad_coeff(dhf + off, xf + off, rstd, C, lane);
+        float s[kMuddExitSources] = {};
+#pragma unroll 1
+        for (int i = 0; i < kNormPacksPerLane; ++i) {
+            const int col = norm_row_col(i, lane);
+            if (col >= C) continue;
+            const Pack128<__nv_bfloat16> dv = load128(dhf + off + col), xv = load128(xf + off + col);
+            Pack128<__nv_bfloat16> gv;
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k)
+                gv[k] = __float2bfloat16(rstd * __bfloat162float(dv[k]) - q * __bfloat162float(xv[k]));
+            store128(d.dx + off + col, gv);
+#pragma unroll
+            for (int j = 0; j < kMuddExitSources; ++j) {
+                const Pack128<__nv_bfloat16> sv = load128(mudd_source_row(sources.src[j], row, C) + col);
+                __nv_bfloat16* gp = d.src[j].d + off + col;
+                Pack128<__nv_bfloat16> out = d.src[j].accumulate ? load128(gp) : Pack128<__nv_bfloat16>{};
+#pragma unroll
+                for (int k = 0; k < kNormPackWidth; ++k) {
+                    const float g = __bfloat162float(gv[k]);
+                    s[j] += g * __bfloat162float(sv[k]);
+                    out[k] = __float2bfloat16(__bfloat162float(out[k]) + c[j] * g);
+                }
+                store128(gp, out);
+            }
+        }
+        float dc[kMuddCoefStride] = {};
+#pragma unroll
+        for (int j = 0; j < kMuddExitSources; ++j) dc[j] = bf16_round(warp_reduce_sum(s[j]));
+        mudd_store_row(dcoeffs + static_cast<size_t>(row) * kMuddCoefStride, dc, kMuddExitCoef, lane);
+        float u[2], zz[2], unused[kMuddCoefStride];
+        mudd_row_coefficients(unused, u, zz, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
+        mudd_row_head_backward(dz + static_cast<size_t>(row) * kMuddHidden, acc_w, acc_b, dc, u, zz, head, lane);
+    }
+    mudd_head_partials(acc_w, acc_b, head, dhead, scratch);
+}
+// Reads dhf, xf, rstd, the coefficients 0..4, the sources, z and the head, and the gradients it adds to (each
+// once); writes dx, the sources' gradients, the coefficient gradients 0..4, dz and the head's reduction.
+inline Work mudd_exit_backward_work(int T, int C, const MuddExitGrads& d, const MuddHeadGrads& dhead,
+                                    const MuddExitSources& sources) {
+    int added = 0;
+    for (const MuddSourceGrad& g : d.src) added += g.accumulate;
+    const Work w{.name = "mudd_exit_backward",
+                 .flops = double(T) * (20.0 * C + 4.0 * kMuddExitCoef * kMuddHidden + 30.0 * kMuddHidden),
+                 .bytes_read = norm_rows_bytes(T, C, 2 + added) + norm_rstd_bytes(T) + 4.0 * T * kMuddExitCoef +
+                               mudd_exit_sources_bytes(T, C, sources) + 2.0 * T * kMuddHidden +
+                               mudd_head_bytes(kMuddExitCoef),
+                 .bytes_written = norm_rows_bytes(T, C, 1 + kMuddExitSources) + 4.0 * T * kMuddExitCoef +
+                                  2.0 * T * kMuddHidden};
+    return mudd_head_reduction(w, T, kMuddExitCoef, dhead.accumulate);
+}
+// dz: (T, 64), for dw1[1] = dz^T x and dx += dz w1[1] (matmuls after this); scratch: mudd_backward_scratch_bytes.
+inline void mudd_exit_backward(__nv_bfloat16* dz, float* dcoeffs, MuddExitGrads d, MuddHeadGrads dhead,
+                               BlockPartials scratch,
+                               const __nv_bfloat16* dhf, const __nv_bfloat16* xf, const float* rstd_f,
+                               const float* coeffs, const __nv_bfloat16* z, MuddHead head, MuddExitSources sources,
+                               int T, int C, cudaStream_t stream) {
+    require_norm_rows("mudd_exit_backward", T, C, {d.dx, dhf, xf});
+    require_exit_sources("mudd_exit_backward", sources);
+    for (const MuddSourceGrad& g : d.src)
+        kernel_require(g.d && reinterpret_cast<uintptr_t>(g.d) % 16 == 0,
+                       "mudd_exit_backward: every source's gradient is required, 16-byte aligned");
+    require_mudd_head("mudd_exit_backward", head, kMuddExitCoef);
+    kernel_require(dz && dcoeffs && dhead.dw2 && dhead.db2 && scratch.partials && scratch.done && rstd_f && coeffs && z,
+                   "mudd_exit_backward: dz, the coefficients and their gradients, the head's gradients, the scratch and "
+                   "rstd and z are required");
+    const int blocks = mudd_backward_blocks(T);
+    launch(mudd_exit_backward_work(T, C, d, dhead, sources), mudd_exit_backward_kernel, dim3(blocks), dim3(kNormThreads), 0,
+           stream, dz, dcoeffs, d, dhead, scratch, dhf, xf, rstd_f, coeffs, z, head, sources, T, C);
+    CUDA_CHECK_LAUNCH();
+}
