@@ -154,17 +154,27 @@ inline SmemDesc decode_smem_desc(uint64_t desc) {
     }
     return d;
 }
+// E4m3: the operand holds e4m3 bytes (16 k's per core-matrix row), else bf16 (8).
+template <bool E4m3 = false>
 inline float smem_desc_element(const SmemDesc& d, int r, int k) {
+    constexpr int eb = E4m3 ? 1 : 2, per_row = 16 / eb;
     const uint32_t a = d.swizzle == Swizzle::none
-                           ? d.start + (r / 8) * d.sbo + (r % 8) * 16 + (k / 8) * d.lbo + (k % 8) * 2
-                           : swizzle_address(d.start + (r / 8) * d.sbo + (r % 8) * swizzle_bytes(d.swizzle) + 2 * k, d.swizzle);
-    uint16_t h;
-    std::memcpy(&h, dynamic_smem_at("wgmma operand", a, 2), 2);
-    return bf16_bits_value(h);
+                           ? d.start + (r / 8) * d.sbo + (r % 8) * 16 + (k / per_row) * d.lbo + (k % per_row) * eb
+                           : swizzle_address(d.start + (r / 8) * d.sbo + (r % 8) * swizzle_bytes(d.swizzle) + eb * k, d.swizzle);
+    if constexpr (E4m3) {
+        return e4m3_values()[*dynamic_smem_at("wgmma operand", a, 1)];
+    } else {
+        uint16_t h;
+        std::memcpy(&h, dynamic_smem_at("wgmma operand", a, 2), 2);
+        return bf16_bits_value(h);
+    }
 }
 
-template <int N>
+// One wgmma of the warp: bf16 (k16) or, with E4m3, e4m3 (k32, A from shared memory only); the products
+// (exact in fp32 for both) are added in k order from the accumulator.
+template <int N, bool E4m3 = false>
 void wgmma_combine(const unsigned char* in, unsigned char*, unsigned) {
+    constexpr int K = E4m3 ? 32 : 16;
     WgmmaIn lane[32];
     for (int l = 0; l < 32; ++l) std::memcpy(&lane[l], in + l * kSlotBytes, sizeof lane[l]);
     const WgmmaIn& l0 = lane[0];
@@ -172,10 +182,13 @@ void wgmma_combine(const unsigned char* in, unsigned char*, unsigned) {
         if (lane[l].desc_a != l0.desc_a || lane[l].desc_b != l0.desc_b || lane[l].n != N || lane[l].scale_d != l0.scale_d ||
             lane[l].a_in_regs != l0.a_in_regs)
             fail_thread("divergent warpgroup: lanes of a warp issued wgmma with different shapes, descriptors or scale-d");
-    float A[1][16][16];
-    alignas(32) float B[N / 8][16][8], D[1][N / 8][16][8];
+    float A[1][16][K];
+    alignas(32) float B[N / 8][K][8], D[1][N / 8][16][8];
     const int row0 = 16 * l0.warp;
-    if (l0.a_in_regs) {
+    if constexpr (E4m3) {
+        if (l0.a_in_regs) fail_thread("e4m3 wgmma with A from registers: emu implements A from shared memory only");
+    }
+    if (l0.a_in_regs && !E4m3) {
         for (int l = 0; l < 32; ++l) {
             const int g = l / 4, t = l % 4;
             const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * t, 2 * t, 2 * t + 8, 2 * t + 8};
@@ -187,11 +200,11 @@ void wgmma_combine(const unsigned char* in, unsigned char*, unsigned) {
     } else {
         const SmemDesc a = decode_smem_desc(l0.desc_a);
         for (int r = 0; r < 16; ++r)
-            for (int k = 0; k < 16; ++k) A[0][r][k] = smem_desc_element(a, row0 + r, k);
+            for (int k = 0; k < K; ++k) A[0][r][k] = smem_desc_element<E4m3>(a, row0 + r, k);
     }
     const SmemDesc b = decode_smem_desc(l0.desc_b);
     for (int n = 0; n < N; ++n)
-        for (int k = 0; k < 16; ++k) B[n / 8][k][n % 8] = smem_desc_element(b, n, k);
+        for (int k = 0; k < K; ++k) B[n / 8][k][n % 8] = smem_desc_element<E4m3>(b, n, k);
     for (int l = 0; l < 32; ++l) {
         const int g = l / 4, t = l % 4;
         for (int i = 0; i < N / 8; ++i) {
@@ -203,7 +216,7 @@ void wgmma_combine(const unsigned char* in, unsigned char*, unsigned) {
             D[0][i][g + 8][2 * t + 1] = s ? c[3] : 0.0f;
         }
     }
-    mma_tiles_accumulate<1, N / 8>(D, A, B);  // k ascending from the accumulator; bf16 products are exact
+    mma_tiles_accumulate<1, N / 8, K>(D, A, B);  // k ascending from the accumulator; the products are exact
     for (int l = 0; l < 32; ++l) {
         const int g = l / 4, t = l % 4;
         for (int i = 0; i < N / 8; ++i) {
@@ -216,7 +229,7 @@ void wgmma_combine(const unsigned char* in, unsigned char*, unsigned) {
     }
 }
 
-template <int N>
+template <int N, bool E4m3 = false>
 void wgmma_issue(WgmmaAcc<N>& acc, const uint32_t* a, uint64_t desc_a, uint64_t desc_b, bool scale_d) {
     WgmmaThreadState& s = wgmma_state();
     if (!s.fenced) fail_thread("wgmma issued without a wgmma_fence since the last wgmma_wait (or the kernel's start)");
@@ -233,7 +246,8 @@ void wgmma_issue(WgmmaAcc<N>& acc, const uint32_t* a, uint64_t desc_a, uint64_t 
     WgmmaIn in{c, entry.value, desc_a, desc_b, {}, N, static_cast<int>(t_thread->warp % 4), a != nullptr, scale_d};
     if (a) std::memcpy(in.a, a, sizeof in.a);
     std::memcpy(collective_slot(), &in, sizeof in);
-    collective_arrive(a ? "wgmma.mma_async (A from registers)" : "wgmma.mma_async", 0xffffffffu, wgmma_combine<N>);
+    collective_arrive(E4m3 ? "wgmma.mma_async .e4m3" : a ? "wgmma.mma_async (A from registers)" : "wgmma.mma_async",
+                      0xffffffffu, wgmma_combine<N, E4m3>);
     for (float& r : acc.r) std::memcpy(&r, &kWgmmaInFlight, sizeof r);
 }
 
@@ -383,6 +397,10 @@ __device__ __forceinline__ void wgmma_ss(WgmmaAcc<N>& d, uint64_t desc_a, uint64
 template <int N>
 __device__ __forceinline__ void wgmma_rs(WgmmaAcc<N>& d, const uint32_t (&a)[4], uint64_t desc_b, bool scale_d) {
     emu::wgmma_issue<N>(d, a, 0, desc_b, scale_d);
+}
+template <int N>
+__device__ __forceinline__ void wgmma_ss_e4m3(WgmmaAcc<N>& d, uint64_t desc_a, uint64_t desc_b, bool scale_d) {
+    emu::wgmma_issue<N, true>(d, nullptr, desc_a, desc_b, scale_d);
 }
 template <class... Acc>
 __device__ __forceinline__ void wgmma_fence(Acc&...) {

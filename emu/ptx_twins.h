@@ -6,7 +6,10 @@
 #pragma once
 #include "cuda_emu.h"
 
+#include <algorithm>
+#include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -25,8 +28,42 @@ struct MmaIn {
 static_assert(sizeof(MmaIn) <= kSlotBytes);
 
 // D (+)= A B over 16x8 tiles, k ascending from the accumulator (defined with the tile products below).
-template <int M, int N>
-void mma_tiles_accumulate(float (&D)[M][N][16][8], const float (&A)[M][16][16], const float (&B)[N][16][8]);
+template <int M, int N, int K = 16>
+void mma_tiles_accumulate(float (&D)[M][N][16][8], const float (&A)[M][16][K], const float (&B)[N][K][8]);
+
+// ---- e4m3 (ptx.cuh): codes from fp32 as cvt.rn.satfinite does it, and their values ----
+inline uint8_t e4m3_rn_satfinite(float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    const uint32_t mag = bits & 0x7fffffffu, sign = (bits >> 24) & 0x80u;
+    if (mag > 0x7f800000u) return 0x7f;  // NaN: the canonical code, sign dropped
+    uint32_t code;
+    if (mag < 0x3c800000u) {  // below 2^-6, the smallest normal: a count of 2^-9 units, exact, rounded to even
+        code = static_cast<uint32_t>(std::nearbyint(__uint_as_float(mag) * 512.0f));  // 8 units: the smallest normal's code
+    } else {
+        // keep 3 of the 23 mantissa bits, to nearest even; the carry runs into the exponent; rebias 127 -> 7
+        const uint32_t kept = (mag + 0x7ffffu + ((mag >> 20) & 1u)) >> 20;
+        code = kept - ((127u - 7u) << 3);
+    }
+    return static_cast<uint8_t>(sign | std::min<uint32_t>(code, 0x7eu));  // past 448 (inf too): satfinite's 448
+}
+// The value of an e4m3 code, exactly (every one is an fp32).
+inline float e4m3_value(uint8_t c) {
+    const int e = (c >> 3) & 15, m = c & 7;
+    const float mag = e == 15 && m == 7 ? __uint_as_float(0x7fc00000u)
+                      : e == 0          ? std::ldexp(float(m), -9)
+                                        : std::ldexp(float(8 + m), e - 10);
+    return c & 0x80 ? -mag : mag;
+}
+// The 256 values, for the tile products' decoding.
+inline const float* e4m3_values() {
+    static const auto table = [] {
+        std::array<float, 256> t{};
+        for (int c = 0; c < 256; ++c) t[c] = e4m3_value(static_cast<uint8_t>(c));
+        return t;
+    }();
+    return table.data();
+}
 
 inline void mma_m16n8k16_bf16_combine(const unsigned char* in, unsigned char* out, unsigned) {
     float A[1][16][16];
@@ -50,6 +87,34 @@ inline void mma_m16n8k16_bf16_combine(const unsigned char* in, unsigned char* ou
         D[0][0][g + 8][2 * t + 1] = f.c[3];
     }
     mma_tiles_accumulate<1, 1>(D, A, B);  // products of bf16 are exact in fp32
+    for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        const float d[4] = {D[0][0][g][2 * t], D[0][0][g][2 * t + 1], D[0][0][g + 8][2 * t], D[0][0][g + 8][2 * t + 1]};
+        std::memcpy(out + l * kSlotBytes, d, sizeof d);
+    }
+}
+
+// mma.sync m16n8k32 .e4m3: the k32 fragments of ptx.cuh decoded, then 32 products (exact in fp32: two
+// 4-bit significands) added in k order from the accumulator, as m16n8k16's twin adds its 16.
+inline void mma_m16n8k32_e4m3_combine(const unsigned char* in, unsigned char* out, unsigned) {
+    float A[1][16][32];
+    alignas(16) float B[1][32][8], D[1][1][16][8];
+    const float* value = e4m3_values();
+    for (int l = 0; l < 32; ++l) {
+        MmaIn f;
+        std::memcpy(&f, in + l * kSlotBytes, sizeof f);
+        const int g = l / 4, t = l % 4;
+        const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {4 * t, 4 * t, 4 * t + 16, 4 * t + 16};
+        for (int i = 0; i < 4; ++i)
+            for (int e = 0; e < 4; ++e) A[0][rows[i]][cols[i] + e] = value[(f.a[i] >> (8 * e)) & 0xff];
+        for (int i = 0; i < 2; ++i)
+            for (int e = 0; e < 4; ++e) B[0][4 * t + 16 * i + e][g] = value[(f.b[i] >> (8 * e)) & 0xff];
+        D[0][0][g][2 * t] = f.c[0];
+        D[0][0][g][2 * t + 1] = f.c[1];
+        D[0][0][g + 8][2 * t] = f.c[2];
+        D[0][0][g + 8][2 * t + 1] = f.c[3];
+    }
+    mma_tiles_accumulate<1, 1, 32>(D, A, B);
     for (int l = 0; l < 32; ++l) {
         const int g = l / 4, t = l % 4;
         const float d[4] = {D[0][0][g][2 * t], D[0][0][g][2 * t + 1], D[0][0][g + 8][2 * t], D[0][0][g + 8][2 * t + 1]};
@@ -106,6 +171,20 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
     std::memcpy(in.c, c, sizeof in.c);
     emu::warp_collective("mma.sync.m16n8k16", 0xffffffffu, &in, sizeof in, d, sizeof d,
                          emu::mma_m16n8k16_bf16_combine);
+}
+
+__device__ __forceinline__ uint16_t cvt_e4m3x2(float lo, float hi) {
+    return static_cast<uint16_t>(emu::e4m3_rn_satfinite(lo) | emu::e4m3_rn_satfinite(hi) << 8);
+}
+
+__device__ __forceinline__ void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                  const float (&c)[4]) {
+    emu::MmaIn in;
+    std::memcpy(in.a, a, sizeof in.a);
+    std::memcpy(in.b, b, sizeof in.b);
+    std::memcpy(in.c, c, sizeof in.c);
+    emu::warp_collective("mma.sync.m16n8k32.e4m3", 0xffffffffu, &in, sizeof in, d, sizeof d,
+                         emu::mma_m16n8k32_e4m3_combine);
 }
 
 template <int N, bool Trans>
@@ -249,8 +328,8 @@ struct MmaFromSmemIn {
 // output adds its 16 products in k order, as the single mma twin does (products of bf16 are exact in
 // fp32), so both versions give the single twin's bits. A row of every n-tile at once: one broadcast
 // of A feeds 2N (SSE) or N (AVX2) independent chains.
-template <int M, int N>
-void mma_tiles_accumulate_sse(float (&D)[M][N][16][8], const float (&A)[M][16][16], const float (&B)[N][16][8]) {
+template <int M, int N, int K>
+void mma_tiles_accumulate_sse(float (&D)[M][N][16][8], const float (&A)[M][16][K], const float (&B)[N][K][8]) {
     typedef float Quad __attribute__((vector_size(16)));  // 4 of a tile row's 8 columns
     for (int m = 0; m < M; ++m)
         for (int i = 0; i < 16; ++i) {
@@ -258,7 +337,7 @@ void mma_tiles_accumulate_sse(float (&D)[M][N][16][8], const float (&A)[M][16][1
 #pragma GCC unroll 8
             for (int n = 0; n < N; ++n) std::memcpy(d[n], D[m][n][i], sizeof d[n]);
 #pragma GCC unroll 16
-            for (int k = 0; k < 16; ++k) {
+            for (int k = 0; k < K; ++k) {
                 const float a = A[m][i][k];
 #pragma GCC unroll 8
                 for (int n = 0; n < N; ++n) {
@@ -272,9 +351,9 @@ void mma_tiles_accumulate_sse(float (&D)[M][N][16][8], const float (&A)[M][16][1
             for (int n = 0; n < N; ++n) std::memcpy(D[m][n][i], d[n], sizeof d[n]);
         }
 }
-template <int M, int N>
-__attribute__((target("avx2"))) void mma_tiles_accumulate_avx2(float (&D)[M][N][16][8], const float (&A)[M][16][16],
-                                                                const float (&B)[N][16][8]) {
+template <int M, int N, int K>
+__attribute__((target("avx2"))) void mma_tiles_accumulate_avx2(float (&D)[M][N][16][8], const float (&A)[M][16][K],
+                                                                const float (&B)[N][K][8]) {
     typedef float Oct __attribute__((vector_size(32)));  // a tile row's 8 columns
     for (int m = 0; m < M; ++m)
         for (int i = 0; i < 16; ++i) {
@@ -282,7 +361,7 @@ __attribute__((target("avx2"))) void mma_tiles_accumulate_avx2(float (&D)[M][N][
 #pragma GCC unroll 8
             for (int n = 0; n < N; ++n) std::memcpy(&d[n], D[m][n][i], sizeof d[n]);
 #pragma GCC unroll 16
-            for (int k = 0; k < 16; ++k) {
+            for (int k = 0; k < K; ++k) {
                 const float a = A[m][i][k];
 #pragma GCC unroll 8
                 for (int n = 0; n < N; ++n) {
@@ -296,22 +375,27 @@ __attribute__((target("avx2"))) void mma_tiles_accumulate_avx2(float (&D)[M][N][
         }
 }
 
-template <int M, int N>
-void mma_tiles_accumulate(float (&D)[M][N][16][8], const float (&A)[M][16][16], const float (&B)[N][16][8]) {
+template <int M, int N, int K>
+void mma_tiles_accumulate(float (&D)[M][N][16][8], const float (&A)[M][16][K], const float (&B)[N][K][8]) {
     static const bool avx2 = __builtin_cpu_supports("avx2");
-    if (avx2) mma_tiles_accumulate_avx2<M, N>(D, A, B);
-    else mma_tiles_accumulate_sse<M, N>(D, A, B);
+    if (avx2) mma_tiles_accumulate_avx2<M, N, K>(D, A, B);
+    else mma_tiles_accumulate_sse<M, N, K>(D, A, B);
 }
 
-template <int S, int M, int N>
+// The tile product of mma_m16n8k16_bf16_from_smem (E4m3 false: 16-byte chunks of 8 bf16, k-steps of
+// 16) or mma_m16n8k32_e4m3_from_smem (true: chunks of 16 e4m3, k-steps of 32).
+template <int S, int M, int N, bool E4m3 = false>
 void mma_m16n8k16_bf16_from_smem_combine(const unsigned char* in, unsigned char*, unsigned) {
+    constexpr int KE = E4m3 ? 16 : 8, K = 2 * KE;  // k's per 16-byte chunk, per k-step
+    const float* e4m3 = e4m3_values();
     MmaFromSmemIn lane[32];
     alignas(16) float D[M][N][16][8];  // D[m][n] is the 16x8 accumulator tile (m, n)
     for (int l = 0; l < 32; ++l) {
         std::memcpy(&lane[l], in + l * kSlotBytes, sizeof lane[l]);
         if (lane[l].s != S || lane[l].m != M || lane[l].n != N) {
-            std::fprintf(stderr, "emu: divergent warp: lanes met at mma_m16n8k16_bf16_from_smem with different shapes\n");
-            std::abort();
+            // fails the kernel (not the process), as a divergent wgmma does
+            fail_thread(E4m3 ? "divergent warp: lanes met at mma_m16n8k32_e4m3_from_smem with different shapes"
+                             : "divergent warp: lanes met at mma_m16n8k16_bf16_from_smem with different shapes");
         }
         const int g = l / 4, t = l % 4;
         for (int m = 0; m < M; ++m)
@@ -328,23 +412,27 @@ void mma_m16n8k16_bf16_from_smem_combine(const unsigned char* in, unsigned char*
         // Matrix i of an x4 load is the 8 rows whose addresses lanes 8i..8i+7 give. In the A fragment
         // it is the 8x8 block (i % 2, i / 2); in the B fragments of pair p it holds columns j of n-tile
         // 2p + i / 2, rows 8 (i % 2) + e of B, kept here as B[n][k][8 columns].
-        float A[M][16][16];
-        alignas(16) float B[N][16][8];
+        float A[M][16][K];
+        alignas(16) float B[N][K][8];
+        // one 16-byte chunk's KE elements
+        const auto chunk = [&](float* dst, size_t step, const void* p) {
+            if constexpr (E4m3) {
+                const auto* row = static_cast<const uint8_t*>(p);
+#pragma GCC unroll 16
+                for (int e = 0; e < KE; ++e) dst[e * step] = e4m3[row[e]];
+            } else {
+                const auto* row = static_cast<const uint16_t*>(p);
+#pragma GCC unroll 8
+                for (int e = 0; e < KE; ++e) dst[e * step] = bf16_bits_value(row[e]);
+            }
+        };
         for (int i = 0; i < 4; ++i)
             for (int j = 0; j < 8; ++j) {
                 const MmaFromSmemIn& src = lane[8 * i + j];
-                for (int m = 0; m < M; ++m) {
-                    const auto* row = static_cast<const uint16_t*>(src.a_rows[s * M + m]);
-#pragma GCC unroll 8
-                    for (int e = 0; e < 8; ++e) A[m][8 * (i % 2) + j][8 * (i / 2) + e] = bf16_bits_value(row[e]);
-                }
-                for (int p = 0; p < N / 2; ++p) {
-                    const auto* row = static_cast<const uint16_t*>(src.b_rows[s * (N / 2) + p]);
-#pragma GCC unroll 8
-                    for (int e = 0; e < 8; ++e) B[2 * p + i / 2][8 * (i % 2) + e][j] = bf16_bits_value(row[e]);
-                }
+                for (int m = 0; m < M; ++m) chunk(&A[m][8 * (i % 2) + j][KE * (i / 2)], 1, src.a_rows[s * M + m]);
+                for (int p = 0; p < N / 2; ++p) chunk(&B[2 * p + i / 2][KE * (i % 2)][j], 8, src.b_rows[s * (N / 2) + p]);
             }
-        mma_tiles_accumulate<M, N>(D, A, B);
+        mma_tiles_accumulate<M, N, K>(D, A, B);
     }
     for (int l = 0; l < 32; ++l) {
         const int g = l / 4, t = l % 4;
@@ -372,6 +460,20 @@ __device__ __forceinline__ void mma_m16n8k16_bf16_from_smem(float (&acc)[M][N][4
     const emu::MmaFromSmemIn in{&a_rows[0][0], &b_rows[0][0], &acc[0][0][0], S, M, N};
     std::memcpy(emu::collective_slot(), &in, sizeof in);
     emu::collective_arrive("mma_m16n8k16_bf16_from_smem", 0xffffffffu, emu::mma_m16n8k16_bf16_from_smem_combine<S, M, N>);
+}
+
+template <int S, int M, int N>
+__device__ __forceinline__ void mma_m16n8k32_e4m3_from_smem(float (&acc)[M][N][4], const void* const (&a_rows)[S][M],
+                                                            const void* const (&b_rows)[S][N / 2]) {
+    static_assert(N % 2 == 0, "B fragments come in pairs of n-tiles");
+    for (int s = 0; s < S; ++s) {
+        for (int m = 0; m < M; ++m) emu::check_shared_operand("ldmatrix row", a_rows[s][m], 16);
+        for (int p = 0; p < N / 2; ++p) emu::check_shared_operand("ldmatrix row", b_rows[s][p], 16);
+    }
+    const emu::MmaFromSmemIn in{&a_rows[0][0], &b_rows[0][0], &acc[0][0][0], S, M, N};
+    std::memcpy(emu::collective_slot(), &in, sizeof in);
+    emu::collective_arrive("mma_m16n8k32_e4m3_from_smem", 0xffffffffu,
+                           emu::mma_m16n8k16_bf16_from_smem_combine<S, M, N, true>);
 }
 
 #include "hopper_twins.h"

@@ -72,6 +72,35 @@ template <int S, int M, int N>
 __device__ __forceinline__ void mma_m16n8k16_bf16_from_smem(float (&acc)[M][N][4], const void* const (&a_rows)[S][M],
                                                             const void* const (&b_rows)[S][N / 2]);
 
+// ---- FP8: e4m3 ("e4m3fn": 1.4.3, bias 7, no infinities, NaN = S.1111.111, largest finite 448) ----
+// cvt.rn.satfinite.e4m3x2.f32 (sm_89+): two fp32 to e4m3 codes, `lo`'s in the low byte; rounded to
+// nearest even (subnormals, multiples of 2^-9, included); magnitudes past 448, infinities included, give
+// +-448; NaN gives 0x7F (the canonical NaN, its sign dropped, as cuda_fp8.hpp's host path models the
+// instruction).
+__device__ __forceinline__ uint16_t cvt_e4m3x2(float lo, float hi);
+// Four values to four codes, v0's in the low byte (two cvt_e4m3x2).
+__device__ __forceinline__ uint32_t cvt_e4m3x4(float v0, float v1, float v2, float v3) {
+    return uint32_t(cvt_e4m3x2(v0, v1)) | uint32_t(cvt_e4m3x2(v2, v3)) << 16;
+}
+
+// D = A @ B + C on one 16x8x32 tile: e4m3 inputs, fp32 accumulation (mma.sync m16n8k32 .e4m3, sm_89+).
+// Four e4m3 per 32-bit register, the lowest k in the low byte (PTX ISA, "Matrix fragments for
+// mma.m16n8k32" with 8-bit types), g = lane / 4, t = lane % 4:
+//   A (16x32, row-major): a0 = A[g][4t..4t+3]     a1 = A[g+8][4t..4t+3]
+//                         a2 = A[g][4t+16..4t+19] a3 = A[g+8][4t+16..4t+19]
+//   B (32x8, "col"):      b0 = B[4t..4t+3][g]     b1 = B[4t+16..4t+19][g]
+//   C, D (16x8, fp32):    as m16n8k16's.
+// These are m16n8k16's bf16 layouts with 16-bit pairs read as byte quads: an ldmatrix of rows of 16
+// e4m3 (one 16-byte chunk) gives lane l row l/4's bytes 4(l%4)..4(l%4)+3, so a tile's fragments load by
+// ldmatrix exactly as bf16 ones do, with a 16-byte chunk holding 16 k's instead of 8.
+__device__ __forceinline__ void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                  const float (&c)[4]);
+// mma_m16n8k16_bf16_from_smem's product on e4m3 tiles: for s < S, ldmatrix x4 loads of the A rows and
+// B rows (each row address now 16 k's of e4m3) feed acc[m][n] = a[m] @ b[n] + acc[m][n] with
+// mma_m16n8k32_e4m3, every m < M, n < N. On the GPU exactly that loop; under emu one meeting of the warp.
+template <int S, int M, int N>
+__device__ __forceinline__ void mma_m16n8k32_e4m3_from_smem(float (&acc)[M][N][4], const void* const (&a_rows)[S][M],
+                                                            const void* const (&b_rows)[S][N / 2]);
 
 // ---- Hopper (sm_90a): wgmma, shared-memory matrix descriptors, mbarrier, TMA ----
 // wgmma.mma_async m64nNk16, bf16 x bf16 -> fp32: a warpgroup (4 aligned warps, 128 threads) computes
@@ -126,6 +155,12 @@ __device__ __forceinline__ void wgmma_ss(WgmmaAcc<N>& d, uint64_t desc_a, uint64
 // The same with A from registers (the A layout above).
 template <int N>
 __device__ __forceinline__ void wgmma_rs(WgmmaAcc<N>& d, const uint32_t (&a)[4], uint64_t desc_b, bool scale_d);
+// m64nNk32 with e4m3 operands, both from shared memory and K-major (FP8 wgmma has no transposed
+// operands): element (r, k) lies at byte start + (r/8) SBO + (r%8) S + k under swizzle S (none: start
+// + (r/8) SBO + (r%8) 16 + (k/16) LBO + k%16). A 128-byte swizzled row holds 128 k's, and each k-step of
+// 32 advances the start by 32 bytes, as a bf16 k-step of 16 does. D as the bf16 wgmma's.
+template <int N>
+__device__ __forceinline__ void wgmma_ss_e4m3(WgmmaAcc<N>& d, uint64_t desc_a, uint64_t desc_b, bool scale_d);
 // Each names the accumulators it orders (the GPU build keeps the compiler from moving their accesses
 // across it).
 template <class... Acc>
@@ -168,9 +203,11 @@ __device__ __forceinline__ void tma_load_3d(void* smem_dst, const CUtensorMap* m
 // The tensor map of a bf16 tensor of rank R (dims innermost first, strides in bytes of dims 1..R-1),
 // loaded in boxes of `box` elements with swizzle s, through cuTensorMapEncodeTiled (the driver's,
 // found through the runtime's entry point; emu's own in the CPU build). Stops with a message on error.
+// `type`: the elements' (CU_TENSOR_MAP_DATA_TYPE_UINT8 for e4m3 bytes).
 template <int R>
 CUtensorMap encode_tensor_map(const void* base, const uint64_t (&dims)[R], const uint64_t (&strides)[R - 1],
-                              const uint32_t (&box)[R], Swizzle s) {
+                              const uint32_t (&box)[R], Swizzle s,
+                              CUtensorMapDataType type = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16) {
     static_assert(R >= 1 && R <= 5, "tensor maps have rank 1 to 5");
     using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
@@ -196,11 +233,12 @@ CUtensorMap encode_tensor_map(const void* base, const uint64_t (&dims)[R], const
     cuuint32_t element_strides[R];
     for (int i = 0; i < R; ++i) element_strides[i] = 1;
     CUtensorMap map;
-    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, R, const_cast<void*>(base), dims, strides, box,
+    const CUresult r = encode(&map, type, R, const_cast<void*>(base), dims, strides, box,
                               element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS) {
-        std::fprintf(stderr, "encode_tensor_map: cuTensorMapEncodeTiled failed (CUresult %d) for a rank-%d bf16 tensor at %p, box", int(r), R, base);
+        std::fprintf(stderr, "encode_tensor_map: cuTensorMapEncodeTiled failed (CUresult %d) for a rank-%d %s tensor at %p, box", int(r), R,
+                     type == CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 ? "bf16" : "non-bf16", base);
         for (int i = 0; i < R; ++i) std::fprintf(stderr, " %u", box[i]);
         std::fprintf(stderr, ", swizzle %u bytes\n", s == Swizzle::none ? 0u : swizzle_bytes(s));
         std::exit(EXIT_FAILURE);
@@ -220,6 +258,22 @@ __device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t 
                                                   const float (&c)[4]) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+}
+
+__device__ __forceinline__ uint16_t cvt_e4m3x2(float lo, float hi) {
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));  // the first source: the high byte
+    return r;
+}
+
+__device__ __forceinline__ void mma_m16n8k32_e4m3(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2],
+                                                  const float (&c)[4]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%10,%11,%12,%13};\n"
         : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
@@ -280,6 +334,27 @@ __device__ __forceinline__ void mma_m16n8k16_bf16_from_smem(float (&acc)[M][N][4
             for (int n = 0; n < N; ++n) {
                 const uint32_t b[2] = {r[n / 2][2 * (n % 2)], r[n / 2][2 * (n % 2) + 1]};
                 mma_m16n8k16_bf16(acc[m][n], a[m], b, acc[m][n]);
+            }
+    }
+}
+
+template <int S, int M, int N>
+__device__ __forceinline__ void mma_m16n8k32_e4m3_from_smem(float (&acc)[M][N][4], const void* const (&a_rows)[S][M],
+                                                            const void* const (&b_rows)[S][N / 2]) {
+    static_assert(N % 2 == 0, "B fragments come in pairs of n-tiles");
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+        uint32_t a[M][4], r[N / 2][4];
+#pragma unroll
+        for (int m = 0; m < M; ++m) ldmatrix<4>(a[m], a_rows[s][m]);
+#pragma unroll
+        for (int p = 0; p < N / 2; ++p) ldmatrix<4>(r[p], b_rows[s][p]);
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+            for (int n = 0; n < N; ++n) {
+                const uint32_t b[2] = {r[n / 2][2 * (n % 2)], r[n / 2][2 * (n % 2) + 1]};
+                mma_m16n8k32_e4m3(acc[m][n], a[m], b, acc[m][n]);
             }
     }
 }
@@ -352,6 +427,23 @@ __device__ __forceinline__ void wgmma_rs(WgmmaAcc<N>& d, const uint32_t (&a)[4],
                      : WGMMA_D32(0), WGMMA_D32(32), WGMMA_D32(64), WGMMA_D32(96)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(sd));
 }
+#define WGMMA_SS_E4M3(n, regs, da, db, sd) \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %" #sd ", 0;\nwgmma.mma_async.sync.aligned.m64n" #n "k32.f32.e4m3.e4m3 {" regs \
+    "}, %" #da ", %" #db ", p, 1, 1;\n}\n"
+template <int N>
+__device__ __forceinline__ void wgmma_ss_e4m3(WgmmaAcc<N>& d, uint64_t desc_a, uint64_t desc_b, bool scale_d) {
+    const int sd = scale_d;
+    if constexpr (N == 64)
+        asm volatile(WGMMA_SS_E4M3(64, WGMMA_REGS_32, 32, 33, 34) : WGMMA_D32(0) : "l"(desc_a), "l"(desc_b), "r"(sd));
+    else if constexpr (N == 128)
+        asm volatile(WGMMA_SS_E4M3(128, WGMMA_REGS_64, 64, 65, 66)
+                     : WGMMA_D32(0), WGMMA_D32(32) : "l"(desc_a), "l"(desc_b), "r"(sd));
+    else
+        asm volatile(WGMMA_SS_E4M3(256, WGMMA_REGS_128, 128, 129, 130)
+                     : WGMMA_D32(0), WGMMA_D32(32), WGMMA_D32(64), WGMMA_D32(96)
+                     : "l"(desc_a), "l"(desc_b), "r"(sd));
+}
+#undef WGMMA_SS_E4M3
 #undef WGMMA_D8
 #undef WGMMA_D32
 #undef WGMMA_REGS_32
