@@ -558,8 +558,12 @@ struct SublayerLambdas {
     const float* post;    // post_lambdas[i, 0 | 1]
     const float* x0;      // x0_lambdas[i]
     const float* bigram;  // bigram_lambdas[i]
+    // 0: one value each for every token. Record 81's MUDD (the last layer): per-token coefficients, token t's at
+    // [t * token_stride] (fp32 copies of bf16 values, kernels/mudd.cuh), and the gradients per token too.
+    int64_t token_stride = 0;
 };
-// Where their gradients go (fp32 elements of the parameters' gradients); x0 and bigram as the injection asks.
+// Where their gradients go (fp32 elements of the parameters' gradients; per token: at the same stride as the
+// lambdas, each the row's sum rounded to bf16, written); x0 and bigram as the injection asks.
 struct SublayerLambdaGrads {
     float* resid;
     float* post;
@@ -568,6 +572,10 @@ struct SublayerLambdaGrads {
 };
 // The bf16 value upstream multiplies by: the fp32 parameter rounded (`.bfloat16()`).
 __device__ __forceinline__ float bf16_lambda(const float* p) { return __bfloat162float(__float2bfloat16(*p)); }
+// Token `row`'s value of a lambda (SublayerLambdas::token_stride).
+__device__ __forceinline__ float bf16_lambda(const float* p, int row, int64_t token_stride) {
+    return bf16_lambda(p + row * token_stride);
+}
 inline int injection_terms(Injection inj) { return inj == Injection::none ? 0 : inj == Injection::x0 ? 1 : 2; }
 // The bigram injection's width, `bigram_dim`. 0: record 80's form, xb (T, C) added into every channel with
 // x0's term, (r*x + p*y) + (lx0*x0 + lb*xb). Record 84's (upstream a333be08 L1390-1409, L1470-1474): xb is
@@ -599,8 +607,10 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
     const bool with_x0 = injection != Injection::none, with_bigram = injection == Injection::x0_and_bigram;
-    const float r = bf16_lambda(lambdas.resid), p = bf16_lambda(lambdas.post);
-    const float l = with_x0 ? bf16_lambda(lambdas.x0) : 0.0f, b = with_bigram ? bf16_lambda(lambdas.bigram) : 0.0f;
+    const int64_t ts = lambdas.token_stride;
+    const float r = bf16_lambda(lambdas.resid, row, ts), p = bf16_lambda(lambdas.post, row, ts);
+    const float l = with_x0 ? bf16_lambda(lambdas.x0, row, ts) : 0.0f;
+    const float b = with_bigram ? bf16_lambda(lambdas.bigram, row, ts) : 0.0f;
     const size_t off = static_cast<size_t>(row) * C;
     NormRow out = {};
 #pragma unroll
@@ -630,11 +640,12 @@ __global__ void __launch_bounds__(kNormThreads, 4)
 }
 // Reads x, y, the injected x0 and xb, and the lambdas; writes x_out (and h, rstd with the norm); two
 // multiply-adds per term, 3 more per element with the norm.
-inline Work sublayer_residual_forward_work(int T, int C, Injection injection, bool norm, int bigram_dim) {
+inline Work sublayer_residual_forward_work(int T, int C, Injection injection, bool norm, int bigram_dim,
+                                          bool per_token = false) {
     const int terms = 2 + injection_terms(injection);
     const double narrow = injection == Injection::x0_and_bigram ? norm_rows_bytes(T, C) - bigram_rows_bytes(T, C, bigram_dim) : 0;
     return Work{.name = "sublayer_residual_forward", .flops = (2.0 * terms + (norm ? 3.0 : 0.0)) * T * C,
-                .bytes_read = norm_rows_bytes(T, C, terms) - narrow + terms * sizeof(float),
+                .bytes_read = norm_rows_bytes(T, C, terms) - narrow + terms * sizeof(float) * (per_token ? T : 1),
                 .bytes_written = norm_rows_bytes(T, C, norm ? 2 : 1) + (norm ? norm_rstd_bytes(T) : 0)};
 }
 // One sublayer's update of the stream x by its block's output y (and the injection); with h (and h_rstd)
@@ -652,7 +663,8 @@ inline void sublayer_residual_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, fl
                    "h_rstd both or neither");
     kernel_require((terms < 1 || (x0 && lambdas.x0)) && (terms < 2 || (x0_bigram && lambdas.bigram)),
                    "sublayer_residual_forward: the injection reads x0 (and x0_bigram) and their lambdas, missing");
-    const Work work = sublayer_residual_forward_work(T, C, injection, h != nullptr, bigram_dim);
+    kernel_require(lambdas.token_stride >= 0, "sublayer_residual_forward: token_stride must not be negative");
+    const Work work = sublayer_residual_forward_work(T, C, injection, h != nullptr, bigram_dim, lambdas.token_stride > 0);
     if (bigram_dim)
         launch(work, sublayer_residual_forward_kernel<true>, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream,
                x_out, h, h_rstd, x, y, x0, x0_bigram, lambdas, injection, T, C, bigram_dim);
@@ -722,21 +734,34 @@ struct SublayerBackwardOptions {
 // gm = g + rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32, dh the sum of the NormGrads; gm = g without
 // any); dx (+)= r*gm, dy = p*gm,
 // dx0 (+)= lx0*gm, dxb (+)= lb*gm (lambdas in bf16); partial sums of gm*x, gm*y, gm*x0, gm*xb.
+// kPerToken (SublayerLambdas::token_stride): the lambdas are the row's, and so are those sums, written per row
+// (rounded to bf16) into `grads` instead of summed over the rows (its own instance: the sums' order of the
+// shared-lambda kernel stays as it was).
+template <bool kPerToken>
 __global__ void __launch_bounds__(kNormThreads, 3)
     sublayer_residual_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dy, __nv_bfloat16* dx0,
-                                      __nv_bfloat16* dx0_bigram, LastBlockSum sum, const __nv_bfloat16* g,
+                                      __nv_bfloat16* dx0_bigram, LastBlockSum sum, SublayerLambdaGrads grads,
+                                      const __nv_bfloat16* g,
                                       NormGrads dh, const __nv_bfloat16* x_out, const float* h_rstd,
                                       const __nv_bfloat16* x, const __nv_bfloat16* y, const __nv_bfloat16* x0,
                                       const __nv_bfloat16* x0_bigram, SublayerLambdas lambdas, Injection injection,
                                       bool accumulate_dx, bool accumulate_x0_grads, int T, int C, int bigram_dim) {
     const int lane = threadIdx.x % 32;
     const bool with_x0 = injection != Injection::none, with_bigram = injection == Injection::x0_and_bigram;
-    const float r = bf16_lambda(lambdas.resid), p = bf16_lambda(lambdas.post);
-    const float l = with_x0 ? bf16_lambda(lambdas.x0) : 0.0f, b = with_bigram ? bf16_lambda(lambdas.bigram) : 0.0f;
+    const int64_t ts = kPerToken ? lambdas.token_stride : 0;
+    float r = bf16_lambda(lambdas.resid), p = bf16_lambda(lambdas.post);
+    float l = with_x0 ? bf16_lambda(lambdas.x0) : 0.0f, b = with_bigram ? bf16_lambda(lambdas.bigram) : 0.0f;
     const bool norm = dh.dh[0] || dh.dh[1] || dh.dh[2];
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // gm*x, gm*y, gm*x0, gm*xb
     for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
         const size_t off = static_cast<size_t>(row) * C;
+        if constexpr (kPerToken) {
+            r = bf16_lambda(lambdas.resid, row, ts), p = bf16_lambda(lambdas.post, row, ts);
+            l = with_x0 ? bf16_lambda(lambdas.x0, row, ts) : 0.0f;
+            b = with_bigram ? bf16_lambda(lambdas.bigram, row, ts) : 0.0f;
+#pragma unroll
+            for (int v = 0; v < 4; ++v) acc[v] = 0.0f;
+        }
         const float rstd = norm ? h_rstd[row] : 0.0f;
         const float q = norm ? norm_grads_coeff(dh, off, x_out, rstd, C, lane) : 0.0f;
 #pragma unroll 1
@@ -775,13 +800,23 @@ __global__ void __launch_bounds__(kNormThreads, 3)
             if (with_x0) store_scaled_pack(dx0 + at, gm, l, accumulate_x0_grads);
             if (here) store_scaled_pack(dx0_bigram + slot.at, gm, b, accumulate_x0_grads);
         }
+        if constexpr (kPerToken) {
+            float* const out[4] = {grads.resid, grads.post, grads.x0, grads.bigram};
+#pragma unroll
+            for (int v = 0; v < 4; ++v) {
+                const float s = warp_reduce_sum(acc[v]);
+                if (lane == 0 && (v < 2 || (v == 2 && with_x0) || (v == 3 && with_bigram)))
+                    out[v][row * ts] = __bfloat162float(__float2bfloat16(s));
+            }
+        }
     }
-    sum_warp_reduced_partials(sum, acc);
+    if constexpr (!kPerToken) sum_warp_reduced_partials(sum, acc);
 }
 // Reads g, x, y, the injected x0 and xb, (dh, x_out and rstd with the norm), the lambdas and the
 // gradients it adds into; writes dx, dy, the injected terms' gradients and the partials; the norm's
 // gradient, a product and a scaled output per term, ~7 + 4 per term operations per element.
-inline Work sublayer_residual_backward_work(int T, int C, const SublayerBackwardOptions& o, int norms) {
+inline Work sublayer_residual_backward_work(int T, int C, const SublayerBackwardOptions& o, int norms,
+                                           bool per_token = false) {
     const int terms = 2 + injection_terms(o.injection), injected = terms - 2;
     const int added = (o.accumulate_dx ? 1 : 0) + (o.accumulate_x0_grads ? injected : 0);
     // a narrow bigram: xb and its gradient (and what it adds to) are (T, bigram_dim)
@@ -789,8 +824,10 @@ inline Work sublayer_residual_backward_work(int T, int C, const SublayerBackward
     return Work{.name = "sublayer_residual_backward", .flops = (4.0 * terms + (norms ? 5.0 + 2 * norms : 0.0)) * T * C,
                 .bytes_read = norm_rows_bytes(T, C, 1 + terms + (norms ? 1 + norms : 0) + added) -
                               (o.accumulate_x0_grads ? 2 : 1) * narrow + (norms ? norm_rstd_bytes(T) : 0) +
-                              terms * sizeof(float),
-                .bytes_written = norm_rows_bytes(T, C, terms) - narrow + 4.0 * terms * residual_backward_blocks(T)};
+                              terms * sizeof(float) * (per_token ? T : 1),
+                // per token: each row's lambda gradients; else the partials (the last block's sum is added after)
+                .bytes_written = norm_rows_bytes(T, C, terms) - narrow +
+                                 (per_token ? 4.0 * terms * T : 4.0 * terms * residual_backward_blocks(T))};
 }
 // From the gradient of the sublayer output's uses: g (the stream, passed on to the next update) and dh
 // (the norms that blocks read from it: NormGrads; {} where none did). dx: the gradient of the
@@ -821,15 +858,26 @@ inline void sublayer_residual_backward(__nv_bfloat16* dx, __nv_bfloat16* dy, __n
                    "lambda and its gradient");
     kernel_require(dy != g && (!options.accumulate_dx || dx != g),
                    "sublayer_residual_backward: dy may not alias g, nor dx when accumulating into it");
+    kernel_require(lambdas.token_stride >= 0 && (lambdas.token_stride == 0 || !options.accumulate_lambda_grads),
+                   "sublayer_residual_backward: per-token lambdas (token_stride > 0) write their gradients per token, "
+                   "never accumulating; token_stride must not be negative");
+    const int blocks = residual_backward_blocks(T);
+    if (lambdas.token_stride > 0) {  // per-token gradients, written by their rows: no partials
+        launch(sublayer_residual_backward_work(T, C, options, dh.count(), true), sublayer_residual_backward_kernel<true>,
+               dim3(blocks), dim3(kNormThreads), 0, stream, dx, dy, dx0, dx0_bigram, LastBlockSum{}, lambda_grads, g, dh,
+               x_out, h_rstd, x, y, x0, x0_bigram, lambdas, options.injection, options.accumulate_dx,
+               options.accumulate_x0_grads, T, C, options.bigram_dim);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     SumTargets targets = SumTargets().add_bf16_rounded(lambda_grads.resid).add_bf16_rounded(lambda_grads.post);
     if (terms >= 1) targets.add_bf16_rounded(lambda_grads.x0);
     if (terms >= 2) targets.add_bf16_rounded(lambda_grads.bigram);
-    const int blocks = residual_backward_blocks(T);
     const LastBlockSum sum{targets, scratch, options.accumulate_lambda_grads};
     launch(with_last_block_sum(sublayer_residual_backward_work(T, C, options, dh.count()), sum, blocks),
-           sublayer_residual_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dy, dx0, dx0_bigram, sum,
-           g, dh, x_out, h_rstd, x, y, x0, x0_bigram, lambdas, options.injection, options.accumulate_dx,
-           options.accumulate_x0_grads, T, C, options.bigram_dim);
+           sublayer_residual_backward_kernel<false>, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dy, dx0,
+           dx0_bigram, sum, lambda_grads, g, dh, x_out, h_rstd, x, y, x0, x0_bigram, lambdas, options.injection,
+           options.accumulate_dx, options.accumulate_x0_grads, T, C, options.bigram_dim);
     CUDA_CHECK_LAUNCH();
 }
 

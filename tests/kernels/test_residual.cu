@@ -1000,6 +1000,87 @@ void check_stream_start(const Shape& s) {
                           want.d[3], want.mag[3]);
     }
 }
+// Record 81's MUDD at the last layer: per-token lambdas (SublayerLambdas::token_stride), each row its own, and the
+// gradients per row (rounded to bf16, written at the same stride) instead of summed over rows. Against the double
+// references row by row; lambdas at columns 8..11 of a 16-wide row (the MUDD coefficients' layout), the other
+// columns of the gradient rows left as they were. bd: the bigram's width (0: every channel).
+void check_sublayer_per_token(const Shape& s, Injection inj, int bd, bool norm) {
+    const std::string at = s.name() + injection_name(inj) + " per token" + (norm ? " with its norm" : "") +
+                           (bd ? ", bigram_dim " + std::to_string(bd) : "");
+    const int terms = injection_terms(inj), W = bd ? bd : s.C, stride = 16;
+    const size_t nb = size_t(s.T) * W;
+    const auto x = normal_bf16(s.n()), y = normal_bf16(s.n(), 0.0, 2.0), x0 = normal_bf16(s.n());
+    const auto xb = normal_bf16(nb, 0.0, 0.5), g = normal_bf16(s.n()), dh = normal_bf16(s.n());
+    std::vector<float> lam(size_t(s.T) * stride), old_grads(lam.size());
+    for (size_t i = 0; i < lam.size(); ++i) lam[i] = float(round_bf16(test::uniform(-1.5, 1.5))), old_grads[i] = random_float(-1, 1);
+    DeviceBuffer<bf16> d_x(x), d_y(y), d_x0(x0), d_xb(xb), d_g(g), d_dh(dh), d_xo(s.n()), d_h(s.n());
+    DeviceBuffer<bf16> d_dx(s.n()), d_dy(s.n()), d_dx0(s.n()), d_dxb(nb);
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(old_grads);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+    const SublayerLambdas lambdas{d_lam.ptr + 8, d_lam.ptr + 9, d_lam.ptr + 10, d_lam.ptr + 11, stride};
+    const SublayerLambdaGrads grads{d_grads.ptr + 8, d_grads.ptr + 9, d_grads.ptr + 10, d_grads.ptr + 11};
+    const bf16* x0_in = terms >= 1 ? d_x0.ptr : nullptr;
+    const bf16* xb_in = terms >= 2 ? d_xb.ptr : nullptr;
+    sublayer_residual_forward(d_xo.ptr, norm ? d_h.ptr : nullptr, norm ? d_rstd.ptr : nullptr, d_x.ptr, d_y.ptr, x0_in,
+                              xb_in, lambdas, inj, s.T, s.C, nullptr, bd);
+    sublayer_residual_backward(d_dx.ptr, d_dy.ptr, d_dx0.ptr, d_dxb.ptr, grads, d_scratch.view(), d_g.ptr,
+                               norm ? NormGrads{{d_dh.ptr}} : NormGrads{}, d_xo.ptr, norm ? d_rstd.ptr : nullptr, d_x.ptr,
+                               d_y.ptr, x0_in, xb_in, lambdas,
+                               {.injection = inj, .accumulate_dx = false, .accumulate_x0_grads = false,
+                                .accumulate_lambda_grads = false, .bigram_dim = bd},
+                               s.T, s.C, nullptr);
+    const V xo = values(d_xo.download()), dxd = values(d_dx.download()), dyd = values(d_dy.download());
+    const V dx0d = values(d_dx0.download()), dxbd = values(d_dxb.download());
+    const std::vector<float> gd = d_grads.download();
+    V want_xo, tol_xo, want_dx, tol_dx, want_dy, tol_dy, want_dx0, tol_dx0, want_dxb, tol_dxb;
+    bool lambdas_ok = true, others_kept = true;
+    for (int t = 0; t < s.T; ++t) {
+        const float* lt = &lam[size_t(t) * stride];
+        const std::vector<float> row_lam = {lt[8], lt[9], lt[10], lt[11]};
+        const Sublayer m = sublayer_of(row_lam, inj);
+        auto row = [&](const std::vector<bf16>& v) {
+            V r(size_t(s.C));
+            for (int c = 0; c < s.C; ++c) r[size_t(c)] = __bfloat162float(v[size_t(t) * s.C + c]);
+            return r;
+        };
+        V xbw(s.C, 0.0);
+        for (int c = 0; c < W && terms >= 2; ++c) xbw[c] = __bfloat162float(xb[size_t(t) * W + c]);
+        V mag;
+        const V xo_ref = ref_sublayer(row(x), row(y), terms >= 1 ? row(x0) : V(s.C, 0.0), xbw, m, &mag);
+        const V xo_row(xo.begin() + long(t) * s.C, xo.begin() + long(t + 1) * s.C);
+        const SublayerGrads w = ref_sublayer_backward(row(g), norm ? row(dh) : V{}, xo_row, row(x), row(y),
+                                                      terms >= 1 ? row(x0) : V(s.C, 0.0), xbw, m, 1, s.C);
+        for (int c = 0; c < s.C; ++c) {
+            want_xo.push_back(xo_ref[c]), tol_xo.push_back(std::fabs(xo_ref[c]) / 128 + 1e-5 * mag[c]);
+            want_dx.push_back(w.dx[c]), tol_dx.push_back(std::fabs(w.dx[c]) / 128 + 1e-5 * std::fabs(m.r) * w.magnitude[c]);
+            want_dy.push_back(w.dy[c]), tol_dy.push_back(std::fabs(w.dy[c]) / 128 + 1e-5 * std::fabs(m.p) * w.magnitude[c]);
+            if (terms >= 1)
+                want_dx0.push_back(w.dx0[c]), tol_dx0.push_back(std::fabs(w.dx0[c]) / 128 + 1e-5 * std::fabs(m.l) * w.magnitude[c]);
+            if (terms >= 2 && c < W)
+                want_dxb.push_back(w.dxb[c]), tol_dxb.push_back(std::fabs(w.dxb[c]) / 128 + 1e-5 * std::fabs(m.b) * w.magnitude[c]);
+        }
+        for (int v = 0; v < 4; ++v) {
+            const float got = gd[size_t(t) * stride + 8 + v];
+            if (v >= 2 + terms) {
+                others_kept = others_kept && got == old_grads[size_t(t) * stride + 8 + v];
+                continue;
+            }
+            const double err = 1e-5 * w.mag[v] + 1e-30, lo = round_bf16(w.d[v] - err), hi = round_bf16(w.d[v] + err);
+            lambdas_ok = lambdas_ok && got >= std::min(lo, hi) && got <= std::max(lo, hi);
+        }
+        for (int c = 0; c < stride; ++c)
+            if (c < 8 || c >= 8 + 2 + terms) others_kept = others_kept && gd[size_t(t) * stride + c] == old_grads[size_t(t) * stride + c];
+    }
+    check_within("sublayer_residual_forward x" + at, xo, want_xo, tol_xo);
+    check_within("sublayer_residual_backward dx" + at, dxd, want_dx, tol_dx);
+    check_within("sublayer_residual_backward dy" + at, dyd, want_dy, tol_dy);
+    if (terms >= 1) check_within("sublayer_residual_backward dx0" + at, dx0d, want_dx0, tol_dx0);
+    if (terms >= 2) check_within("sublayer_residual_backward dxb" + at, dxbd, want_dxb, tol_dxb);
+    test::check(lambdas_ok, "sublayer_residual_backward%s: each row's lambda gradients, its sums rounded to bf16", at.c_str());
+    test::check(others_kept, "sublayer_residual_backward%s: the gradient rows' other columns untouched", at.c_str());
+    if (norm) check_fused_norm("sublayer_residual_forward", at, xo, d_h, d_rstd, s);
+}
+
 // Record 84's aliasing: the stream start written over x0 in place (the same bits as out of place), and its
 // backward with x0_is_stream: dx0 arrives holding the gradient of x0's readers, which is the stream start's
 // too, so it reaches the bigram rows and the lambda: the reference is the plain backward of g + old dx0.
@@ -1376,6 +1457,13 @@ int main(int argc, char** argv) {
         }
         if (exact) check_stream_start_exact(s);
         for (const int bd : {0, 8}) check_stream_start_aliased(s, bd);
+        // record 81's last layer: the attention update (narrow bigram) and the MLP's, with its norm (past the block
+        // cap, where a warp takes several rows, the MLP's only)
+        if (s.T <= 1024) {
+            check_sublayer_per_token(s, Injection::x0_and_bigram, s.C >= 16 ? 8 : 0, false);
+            check_sublayer_per_token(s, Injection::x0_and_bigram, 0, true);
+        }
+        check_sublayer_per_token(s, Injection::none, 0, true);
         check_skip_norm(s);
     }
     check_mix_finite_differences(false);

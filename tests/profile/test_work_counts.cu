@@ -312,6 +312,32 @@ void test_rows() {
                                                         T, C, nullptr);
                          },
                          bytes(dx) + bytes(h) + bytes(dx0) + bb + partials4 + bytes(grads4));
+            // record 81's last layer: per-token lambdas (a row of 16 per token), their gradients written per token
+            DeviceBuffer<float> lamt(test::uniform_vector(size_t(T) * 16, 0.5, 1.5)), gradt(size_t(T) * 16);
+            const SublayerLambdas st{lamt.ptr + 8, lamt.ptr + 9, lamt.ptr + 10, lamt.ptr + 11, 16};
+            const SublayerLambdaGrads sgt{gradt.ptr + 8, gradt.ptr + 9, gradt.ptr + 10, gradt.ptr + 11};
+            check_family("sublayer_residual_forward per token" + how,
+                         {kernel("sublayer_residual_forward", bytes(x) + bytes(g) + bytes(x0) + bb + 4.0 * lam * T,
+                                 bytes(y) + bytes(h) + bytes(rstd))},
+                         {out(y), out(h), out(rstd)}, [&] {
+                             sublayer_residual_forward(y.ptr, h.ptr, rstd.ptr, x.ptr, g.ptr, x0.ptr, xbp, st,
+                                                       Injection::x0_and_bigram, T, C, nullptr, width);
+                         });
+            check_family("sublayer_residual_backward per token" + how,
+                         {kernel("sublayer_residual_backward",
+                                 bytes(g) + bytes(dy) + bytes(y) + bytes(rstd) + bytes(x) + bytes(g) + bytes(x0) + bb +
+                                     4.0 * lam * T,
+                                 bytes(dx) + bytes(h) + bytes(dx0) + bb + 4.0 * lam * T)},
+                         {out(dx), out(h), out(dx0), out(dxbp), out(gradt)},
+                         [&] {
+                             sublayer_residual_backward(dx.ptr, h.ptr, dx0.ptr, dxbp.ptr, sgt, scratch.view(), g.ptr,
+                                                        NormGrads{{dy.ptr}}, y.ptr, rstd.ptr, x.ptr, g.ptr, x0.ptr,
+                                                        xbp, st,
+                                                        {.injection = Injection::x0_and_bigram, .accumulate_dx = false,
+                                                         .accumulate_x0_grads = false,
+                                                         .accumulate_lambda_grads = false, .bigram_dim = width},
+                                                        T, C, nullptr);
+                         });
             check_family("stream_start_forward" + how,
                          {kernel("stream_start_forward", bytes(x0) + bb + lam, bytes(y) + bytes(h) + bytes(rstd))},
                          {out(y), out(h), out(rstd)}, [&] {
