@@ -202,6 +202,9 @@ struct AttnAux {
     // removes tanh(a[h]) of y's component along v (xsa_output). Both null on layers without it.
     const bf16* xsa_v = nullptr;       // the attention's v (T, H, D), value embeddings mixed in
     const float* xsa_alpha = nullptr;  // this layer's (H) raw strengths a (xsa_alphas row, fp32)
+    // record 81's MUDD at the last layer: aux_v (T, C) from kernels/mudd.cuh, added to v (v = bf16(v_in + aux_v),
+    // upstream's `v = v + aux_v`); its gradient is v's, which attn_qkv_backward leaves in dqkv's v columns
+    const bf16* v_add = nullptr;
 };
 static_assert(std::has_unique_object_representations_v<AttnAux>, "AttnAux: a kernel argument with padding");
 inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
@@ -387,6 +390,12 @@ __global__ void attn_qkv_forward_kernel(bf16* q_out, bf16* k_out, bf16* v_out, f
 #pragma unroll
             for (int i = 0; i < 8; ++i) v[i] = fmaf(g, ve[i], v[i]);
         }
+        if (a.v_add != nullptr) {
+            float add[8];
+            rope_load8(add, a.v_add + static_cast<size_t>(l.t) * C + l.h * a.D + l.d0);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[i] += add[i];
+        }
         rope_store8(v_out + out_at, v);
     }
 }
@@ -394,8 +403,9 @@ __global__ void attn_qkv_forward_kernel(bf16* q_out, bf16* k_out, bf16* v_out, f
 // v and both rstd; the norm and rotary, 6 operations per q and k element, 2 per v element with ve.
 inline Work attn_qkv_forward_work(const AttnAux& a, bool writes_v) {
     const double rows = attn_aux_rows_bytes(a), elems = rows / 2;
-    return Work{.name = "attn_qkv_forward", .flops = 12 * elems + (a.ve_table ? 2 * elems : 0),
-                .bytes_read = (writes_v ? 3 : 2) * rows + attn_aux_rope_bytes(a) + attn_aux_ve_bytes(a),
+    return Work{.name = "attn_qkv_forward", .flops = 12 * elems + (a.ve_table ? 2 * elems : 0) + (a.v_add ? elems : 0),
+                .bytes_read = (writes_v ? 3 : 2) * rows + attn_aux_rope_bytes(a) + attn_aux_ve_bytes(a) +
+                              (a.v_add ? rows : 0),
                 .bytes_written = (writes_v ? 3 : 2) * rows + 2 * attn_aux_stats_bytes(a)};
 }
 // q, k, v: (T, H, D); rstd_q, rstd_k: (T, H) fp32 for the backward. v may be null on a layer
@@ -404,6 +414,7 @@ inline void attn_qkv_forward(const AttnAux& a, bf16* q, bf16* k, bf16* v, float*
                              const bf16* qkv, cudaStream_t stream) {
     attn_aux_check(a, "attn_qkv_forward", true);
     kernel_require(a.ve_table == nullptr || v != nullptr, "attn_qkv_forward: a layer with value embeddings needs v");
+    kernel_require(a.v_add == nullptr || v != nullptr, "attn_qkv_forward: a layer adding aux_v to v needs v");
     launch(attn_qkv_forward_work(a, v != nullptr), attn_qkv_forward_kernel, attn_head_lane_grid(a.T, a.H, a.D),
            dim3(256), 0, stream, q, k, v, rstd_q, rstd_k, qkv, a);
     CUDA_CHECK_LAUNCH();

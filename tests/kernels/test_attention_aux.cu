@@ -511,6 +511,18 @@ void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, cons
         test::check(same_bits(q2.download(), q1) && same_bits(k2.download(), k1),
                     "attn_qkv_forward %s without v: q or k differ", name.c_str());
     }
+    {  // record 81's MUDD aux_v added to v (with or without the value embedding): v = bf16(v_in (+ ve mix) + aux_v)
+        const auto add = uniform_bf16(static_cast<size_t>(T) * c.C, -1, 1);
+        DeviceBuffer<bf16> d_add(add), q2(add.size()), k2(add.size()), v2(add.size());
+        AttnAux with_add = run.aux;
+        with_add.v_add = d_add.ptr;
+        attn_qkv_forward(with_add, q2.ptr, k2.ptr, v2.ptr, run.rstd_q.ptr, run.rstd_k.ptr, run.qkv.ptr, nullptr);
+        std::vector<double> want(ref.v.size());
+        for (size_t i = 0; i < want.size(); ++i) want[i] = ref.v[i] + __bfloat162float(add[i]);
+        test::check_close("attn_qkv_forward v + aux_v " + name, values(v2.download()), want, kAtol, kRtol);
+        test::check(same_bits(q2.download(), run.q.download()) && same_bits(k2.download(), run.k.download()),
+                    "attn_qkv_forward %s with aux_v: q and k as without", name.c_str());
+    }
 
     // backward
     const auto dq = uniform_bf16(static_cast<size_t>(T) * c.C, -1, 1), dk = uniform_bf16(dq.size(), -1, 1),
