@@ -6,12 +6,16 @@
 // Record 80's changes (upstream 2c702746) are Config switches whose defaults are record 71's:
 // value_layers, ve_gate_reads_ve, sw_over_all_weights, and its residual stream (sublayer_lambdas,
 // late_attn_source, lambdas_bf16). As for record 71, activations are not rounded to bf16: only the
-// parameter-side roundings the model multiplies by (FP8 lm_head, bf16 stream lambdas) are reproduced.
+// quantizations the model multiplies by (FP8 lm_head, FP8 MLP up-projection, bf16 stream lambdas) are
+// reproduced.
 // Record 82's XSA (upstream a333be08 L1125-1131) is the per-layer switch xsa (default off), with xsa_alpha_bf16.
 // Records 83/84's bigram changes (upstream a333be08 L1390-1409, L1472-1476), defaults record 80's:
 // - bigram_dim: the bigram embedding's width (0: C); every bigram injection adds into channels [0, bigram_dim).
 // - bigram_sign_rows, bigram_sign_table: record 83's sign trick, a fixed +-1 table multiplying each bigram row.
 // - x0_includes_bigram: record 84's aliasing, x0 (every later read of it) includes the pre-layer-0 bigram add.
+// Record 81's MUDD (upstream a333be08 init_mudd/forward_mudd L1281-1330, its use L1438-1499) is the switch mudd:
+// data-dependent coefficients (Params::mudd_w1, mudd_w2, mudd_b2) replace layer 10's lambdas and ve gate and
+// the backout. Record 84's FP8 MLP up-projection (quantize_mlp_fp8 L1332-1343, L1479-1487) is mlp_up_fp8.
 //
 // Shapes (row-major): T tokens of one packed sequence, V padded vocab, C = H*D model width,
 // F = 4C MLP hidden width, 11 layers. Parameters are held in upstream's shapes (Params).
@@ -52,6 +56,22 @@ constexpr double kRmsEps = FLT_EPSILON;  // F.rms_norm without eps on bf16 input
 constexpr double kPi = 3.14159265358979323846;
 constexpr double kSoftcapA = 23.0, kSoftcapB = 5.0, kSoftcapC = 7.5;  // z = A*sigmoid((l+B)/C)
 constexpr double kXsaEps = 1e-4;  // XSA's F.normalize(v, eps=1e-4): v / max(|v|, eps)
+// Record 81's MUDD (Config::mudd): two blocks, each h -> (gelu(h W1^T) W2^T + b2) * 0.1 with a 64-wide hidden
+// layer; block 0 gives layer 10's 14 coefficients, block 1 the post-loop's 5. The stream snapshots it mixes
+// are upstream's cache: h0 = layer 0's input, h3 = layer kSkipFrom's output, h7 = layer kBackoutLayer's
+// output, h9 = layer 10's input.
+constexpr int kMuddBlocks = 2, kMuddDim = 64;
+constexpr double kMuddScale = 0.1;
+// Block 0's coefficients, upstream's mu[j] at layer 10: v_mudd's three sources, the residual base r's three, the
+// value embedding's gate for heads [0, H/2) and [H/2, H), then what replaces the layer's resid/post (attention),
+// x0, bigram and resid/post (MLP) lambdas.
+enum MuddLayerCoef {
+    kMuV0, kMuV7, kMuV9, kMuR0, kMuR7, kMuR9, kMuGateLo, kMuGateHi,
+    kMuResidAttn, kMuPostAttn, kMuX0, kMuBigram, kMuResidMlp, kMuPostMlp
+};
+// Block 1's, after layer 10: the weights of h0, h7, h9, value table 0's rows and h3 added to the stream.
+enum MuddPostCoef { kMuPost0, kMuPost7, kMuPost9, kMuPostVe, kMuPost3 };
+constexpr int kMuddCoefs = kMuPostMlp + 1, kMuddPostCoefs = kMuPost3 + 1;  // 14, 5
 
 // Record 71's fp32 `scalars` vector: resid lambdas (11), sa lambdas as (11, 2), bigram lambdas (11),
 // smear, backout and skip lambdas, then padding. Config::scalar_slots() gives the layout in use
@@ -74,6 +94,10 @@ struct ScalarSlots {
 };
 constexpr ScalarSlots kSlotsR71{0, kLayers, 3 * kLayers, kScalarSmear, kScalarBackout, kScalarSkip, kScalarsUsed};
 constexpr ScalarSlots kSlotsR80{-1, 0, -1, 2 * kLayers, 2 * kLayers + 1, 2 * kLayers + 2, kScalarsUsedR80};
+// Record 81's (Config::mudd): record 80's without the backout (MUDD's post-loop coefficients replace it), 24
+// entries, and upstream's padding (-2L - 2) mod 8 = 0. Readers of the backout slot check backout >= 0.
+constexpr int kScalarsUsedMudd = 2 * kLayers + 2;
+constexpr ScalarSlots kSlotsMudd{-1, 0, -1, 2 * kLayers, -1, 2 * kLayers + 1, kScalarsUsedMudd};
 
 // Clear message and a non-zero exit for inputs the model cannot take.
 inline void require(bool ok, const char* fmt, ...) {
@@ -118,13 +142,19 @@ inline double round_to_format(double v, int mantissa_bits, int min_exp, double m
     if (r > max_finite) return std::copysign(overflow, v);
     return std::copysign(r, v);
 }
-// float8_e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities, max 448; beyond it NaN.
+// float8_e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities, max 448; beyond it NaN
+// (torch eager's cast: 464 is a tie that rounds to even, 448; above it NaN).
 inline double round_e4m3(double v) { return round_to_format(v, 3, -6, 448.0, std::nan("")); }
+// The same rounding with saturation: magnitudes that round above 448 give +-448 (NaN stays NaN). Hopper's
+// cvt.rn.satfinite, which Triton's .to(float8e4nv) and so upstream's compiled casts use (SPEC-latest section 3).
+inline double round_e4m3_satfinite(double v) { return round_to_format(v, 3, -6, 448.0, 448.0); }
 // float8_e5m2: 5 exponent bits (bias 15), 2 mantissa bits, max 57344, infinities.
 inline double round_e5m2(double v) { return round_to_format(v, 2, -14, 57344.0, INFINITY); }
 // bfloat16: fp32's exponent range, 7 mantissa bits, infinities; on fp32 values the same as torch's
 // fp32 -> bf16 cast (round to nearest even).
 inline double round_bf16(double v) { return round_to_format(v, 7, -126, 0x1.fep127, INFINITY); }
+// fp32, round to nearest even (the C++ conversion in the default rounding mode).
+inline double round_fp32(double v) { return double(float(v)); }
 
 // ---- YaRN state: one per Yarn instance (upstream has a plain and a paired one) ----
 struct Yarn {
@@ -230,6 +260,24 @@ struct Config {
     // stream after that add, not the norm's output. A later upstream commit fixed it with x0.clone();
     // this switch reproduces the aliased form. Needs sublayer_lambdas.
     bool x0_includes_bigram = false;
+    // Record 81's MUDD (upstream a333be08 L1281-1330, L1438-1499; needs sublayer_lambdas, an even head count
+    // and a value table on layer 10). Coefficients c = coefficients of block 0 from h9 (MuddLayerCoef):
+    //   layer 10: v += g ve(table of layer 10) + (c0 h0 + c1 h7 + c2 h9), g = c6 on heads [0, H/2), c7 on
+    //             [H/2, H) (no learned ve gate); r = (1 + c5) h9 + c3 h0 + c4 h7; the attention still reads
+    //             norm(x_mix) (the late source's output with late_attn_source); x_attn = c8 r + c9 attn + c10 h0,
+    //             x_attn[:, :bigram width] += c11 xb; x_out = c12 x_attn + c13 mlp(norm(x_attn))
+    //   post-loop: c' = coefficients of block 1 from x_out[10] (MuddPostCoef); x_final = x_out[10] + c'0 h0 +
+    //             c'1 h7 + c'2 h9 + c'3 ve0 + c'4 h3 (ve0: value table 0's rows at the input tokens), no backout
+    // h0 is layer 0's input (after the pre-layer-0 bigram add, with or without x0_includes_bigram), h3, h7
+    // the outputs of layers 3 and 7, h9 layer 10's input. Layer 10's resid/post, x0 and bigram lambdas and its
+    // table's ve gate are never read (zero gradient); `scalars` takes kSlotsMudd (no backout). The
+    // coefficients are activations: not rounded to bf16 here (upstream's are bf16 tensors).
+    bool mudd = false;
+    // Record 84's FP8 MLP up-projection in the training forward (detail::mlp_up_fp8_forward has the rounding
+    // points): pre = (e4m3(normed * 448/a) . e4m3(W1 / w_s)^T) * w_s a / 448, a = max|normed| over the layer's
+    // whole input. The backward is unchanged (the unquantized normed input and W1, with pre from the FP8
+    // forward); evaluation (training false) is unquantized.
+    bool mlp_up_fp8 = false;
     double grad_scale = 2.0;                // upstream's grad_scale (2 / grad_accum_steps; 2 on 8 ranks)
     double x_s = 100.0 / 448.0, w_s = 1.6 / 448.0;
     // Padding ones after the used scalars; -1: upstream's on 8 ranks (record 71: 4, its formula
@@ -248,14 +296,18 @@ struct Config {
         return table;
     }
     double grad_s() const { return grad_scale * 0.75 / 448.0; }
-    const ScalarSlots& scalar_slots() const { return sublayer_lambdas ? kSlotsR80 : kSlotsR71; }
+    const ScalarSlots& scalar_slots() const { return mudd ? kSlotsMudd : sublayer_lambdas ? kSlotsR80 : kSlotsR71; }
     int num_scalars() const {
-        const int upstream = sublayer_lambdas ? ((-2 * kLayers - 3) % 8 + 8) % 8 : ((-3 * kLayers - 3) % 8 + 8) % 8;
+        const int upstream = mudd               ? ((-2 * kLayers - 2) % 8 + 8) % 8
+                             : sublayer_lambdas ? ((-2 * kLayers - 3) % 8 + 8) % 8
+                                                : ((-3 * kLayers - 3) % 8 + 8) % 8;
         return scalar_slots().used + (scalars_pad >= 0 ? scalars_pad : upstream);
     }
     // The lambda a stream update multiplies by (see lambdas_bf16).
     double stream_lambda(double parameter) const { return lambdas_bf16 ? round_bf16(parameter) : parameter; }
     bool any_xsa() const { return std::find(xsa.begin(), xsa.end(), true) != xsa.end(); }
+    // The layer whose lambdas and ve gate MUDD's block 0 replaces (the last), with mudd.
+    bool mudd_layer(int layer) const { return mudd && layer == kLayers - 1; }
     // XSA's strength from its parameter a (see xsa_alpha_bf16).
     double xsa_alpha(double a) const { return xsa_alpha_bf16 ? round_bf16(std::tanh(a)) : std::tanh(a); }
     // The layer whose output layer i's attention normalizes instead of the stream (-1: the stream).
@@ -333,6 +385,12 @@ struct Config {
                     "bigram sign table entry %zu is %g, want +-1", e, bigram_sign_table[e]);
         require(!x0_includes_bigram || sublayer_lambdas,
                 "x0_includes_bigram needs sublayer_lambdas (record 84's pre-layer-0 bigram add is record 80's)");
+        require(!mudd || sublayer_lambdas,
+                "mudd needs sublayer_lambdas (record 81's coefficients replace record 80's per-sublayer lambdas)");
+        require(!mudd || H % 2 == 0, "mudd needs an even head count (its two ve gate lanes cover H/2 heads each; H=%d)",
+                H);
+        require(!mudd || table_of(kLayers - 1) >= 0,
+                "mudd needs a value table on layer %d (its coefficients gate that layer's value embedding)", kLayers - 1);
         require(int(yarn.freq.size()) == D / 4 && int(yarn_paired.freq.size()) == D / 4,
                 "YaRN state has %zu/%zu frequencies, want D/4 = %d (call Config::make or Yarn::reset)",
                 yarn.freq.size(), yarn_paired.freq.size(), D / 4);
@@ -360,6 +418,11 @@ struct Params {
     // Record 82's XSA strengths (fp32 upstream, zeros at init): alpha = tanh(a). Rows of layers without
     // XSA are never read (zero gradient).
     std::vector<double> xsa_alphas;      // (11, H) fp32, row = layer; empty unless Config::any_xsa()
+    // Record 81's MUDD blocks (Config::mudd; empty otherwise), [block][...]: block 0 layer 10's, 1 the post-loop's
+    // (which reads rows [0, 5) of w2 and b2: the rest has zero gradient).
+    std::vector<double> mudd_w1;         // (2, 64, C) the hidden layer, as nn.Linear (out, in)
+    std::vector<double> mudd_w2;         // (2, 14, 64) the coefficients' layer
+    std::vector<double> mudd_b2;         // (2, 14) its bias (before the 0.1 scale)
 
     // Element counts in tensors() order.
     static std::vector<size_t> sizes(const Config& c) {
@@ -379,7 +442,10 @@ struct Params {
                 c.sublayer_lambdas ? size_t(2 * kLayers) : 0,
                 c.sublayer_lambdas ? size_t(2 * kLayers) : 0,
                 c.sublayer_lambdas ? size_t(kLayers) : 0,
-                c.any_xsa() ? size_t(kLayers) * H : 0};
+                c.any_xsa() ? size_t(kLayers) * H : 0,
+                c.mudd ? size_t(kMuddBlocks) * kMuddDim * C : 0,
+                c.mudd ? size_t(kMuddBlocks) * kMuddCoefs * kMuddDim : 0,
+                c.mudd ? size_t(kMuddBlocks) * kMuddCoefs : 0};
     }
 
     static Params zeros(const Config& c) {
@@ -415,13 +481,25 @@ struct Params {
             }
         }
         p.scalars[k.smear] = 0.0;
-        p.scalars[k.backout] = 0.5;
+        if (k.backout >= 0) p.scalars[k.backout] = 0.5;
         p.scalars[k.skip] = -1.5;
         for (int i = k.used; i < c.num_scalars(); ++i) p.scalars[i] = 1.0;
         if (c.sublayer_lambdas) {  // x0_lambdas stay 0
             p.resid_lambdas.assign(2 * kLayers, std::sqrt(1.1));  // per sublayer: a layer scales the stream by 1.1
             p.post_lambdas.assign(2 * kLayers, 1.0);
             p.bigram_lambdas.assign(kLayers, 0.05);
+        }
+        if (c.mudd) {  // w1: kaiming_uniform(a = sqrt(5)) = uniform(+-1/sqrt(C)); w2 zeros; b2 upstream's, in bf16
+            std::uniform_real_distribution<double> w1(-1.0 / std::sqrt(double(c.C)), 1.0 / std::sqrt(double(c.C)));
+            for (double& w : p.mudd_w1) w = w1(g);
+            double* b0 = p.mudd_b2.data();
+            double* b1 = b0 + kMuddCoefs;
+            b0[kMuGateLo] = b0[kMuGateHi] = round_bf16(2.0 / kMuddScale);  // the other layers' 2 sigmoid's maximum
+            b0[kMuResidAttn] = b0[kMuResidMlp] = round_bf16(std::sqrt(1.1) / kMuddScale);  // 10.488 -> 10.5
+            b0[kMuPostAttn] = b0[kMuPostMlp] = round_bf16(1.0 / kMuddScale);
+            b0[kMuX0] = 0.0;
+            b0[kMuBigram] = round_bf16(0.05 / kMuddScale);
+            b1[kMuPost7] = round_bf16(-0.5 / kMuddScale);  // the backout's -0.5 h7
         }
         return p;
     }
@@ -442,7 +520,10 @@ struct Params {
                 {"resid_lambdas", &resid_lambdas},
                 {"post_lambdas", &post_lambdas},
                 {"bigram_lambdas", &bigram_lambdas},
-                {"xsa_alphas", &xsa_alphas}};
+                {"xsa_alphas", &xsa_alphas},
+                {"mudd_w1", &mudd_w1},
+                {"mudd_w2", &mudd_w2},
+                {"mudd_b2", &mudd_b2}};
     }
     std::vector<std::pair<const char*, const std::vector<double>*>> tensors() const {
         std::vector<std::pair<const char*, const std::vector<double>*>> out;
@@ -524,7 +605,11 @@ struct LayerTape {
     std::vector<double> rstd_q, rstd_k;  // (T,H)
     std::vector<double> q, k, v;         // (T,H,D) as attended: rotated q, k (k shifted), v with value embedding
     std::vector<double> lse;             // (rows*slots) attention log-sum-exp (paired: 2T rows x H/2 slots)
-    std::vector<double> ve_sig;          // (T,H) sigmoid of the value-embedding gate (gate = 2*ve_sig)
+    std::vector<double> ve_sig;          // (T,H) sigmoid of the value-embedding gate (gate = 2*ve_sig; empty on MUDD's layer)
+    // MUDD's layer (Config::mudd_layer; else empty), from block 0's coefficients, set before the attention:
+    std::vector<double> mudd_ve_gate;    // (T,H) the value embedding's gate: c6 on heads [0, H/2), c7 on [H/2, H)
+    std::vector<double> v_mudd;          // (T,C) c0 h0 + c1 h7 + c2 h9, added to v with the value embedding
+    std::vector<double> mudd_r;          // (T,C) (1 + c5) h9 + c3 h0 + c4 h7, the attention update's residual base
     std::vector<double> attn_sig;        // (T,H) sigmoid of the output gate
     std::vector<double> y;               // (T,C) attention output, model head order, before XSA and the gate
     std::vector<double> y_xsa;           // (T,C) XSA layers: y' = y - alpha p v^, what the gate multiplies (else empty)
@@ -533,7 +618,8 @@ struct LayerTape {
     std::vector<double> o_raw;           // (T,C) yg @ W_o^T, before sa_lambda1
     std::vector<double> x_attn;          // (T,C) after the attention sublayer (layer 6: after the skip add)
     std::vector<double> xm, rstd_m;      // MLP input norm(x_attn)
-    std::vector<double> pre;             // (T,F) xm @ c_fc^T
+    std::vector<double> pre;             // (T,F) xm @ c_fc^T (Config::mlp_up_fp8: from the quantized operands)
+    double mlp_fp8_a = 0.0, mlp_fp8_dequant = 0.0;  // mlp_up_fp8: the input's amax a and w_s a / 448 (else 0)
     std::vector<double> mlp_out;         // (T,C) relu(pre)^2 @ c_proj^T
     std::vector<double> x_out;           // (T,C) layer output
 };
@@ -550,7 +636,13 @@ struct Tape {
     std::vector<double> x0_with_bigram;
     std::vector<double> skip_sig;            // (T) sigmoid(x0[t,:12] . skip_gate)
     std::array<LayerTape, kLayers> layers;
-    std::vector<double> x_final;             // (T,C) after the backout
+    // Config::mudd: block 0 (layer 10, from h9) and block 1 (post-loop, from x_out[10]); else empty
+    struct Mudd {
+        std::vector<double> z;     // (T,64) h W1[block]^T, before the gelu
+        std::vector<double> coef;  // (T,n) (gelu(z) W2[block, :n]^T + b2[block, :n]) * 0.1, n = 14 or 5
+    };
+    std::array<Mudd, kMuddBlocks> mudd;
+    std::vector<double> x_final;             // (T,C) after the backout (mudd: after the post-loop mix)
     std::vector<double> xn, rstd_f;          // norm(x_final), the lm_head input
     std::vector<double> xq, wq;              // FP8 path: dequantized lm_head operands (T,C), (C,V)
     std::vector<double> logits;              // (T,V) before the softcap
@@ -566,6 +658,10 @@ struct Tape {
     // The skip gate's gradient is sum_t k_t <dx_t, skip_t> x0[t, j]: the inner dot products cancel
     // too, so its error scale is the root-sum-square of k_t x0[t, j] times each dot's own scale.
     std::vector<double> skip_gate_scales;  // (12)
+    // MUDD's b2 gradient (Config::mudd) is 0.1 sum_t dc[t, j], each dc a sum over channels of gradient x
+    // source: the root-sum-square of 0.1 times all those products, as Params::mudd_b2 (rows [5, 14) of
+    // block 1: 0). Else empty.
+    std::vector<double> mudd_b2_scales;
 };
 
 // The x0 that the x0 injections and the skip gate read: the norm's output, or (x0_includes_bigram)
@@ -574,20 +670,22 @@ inline const std::vector<double>& x0_read(const Config& c, const Tape& tp) {
     return c.x0_includes_bigram ? tp.x0_with_bigram : tp.x0;
 }
 
-// The lambdas, laid end to end: the used scalars (47 in record 71's layout, 25 in record 80's), then
-// x0_lambdas, then (record 80) resid_lambdas (22), post_lambdas (22) and bigram_lambdas (11). Their
-// gradients from `g`, and from a tape the scale of each one's error, for checks element by element.
-// The layout is read off the tensors: record 80's are empty in record 71's.
+// The lambdas, laid end to end: the used scalars (47 in record 71's layout, 25 in record 80's, 24 in
+// record 81's), then x0_lambdas, then (record 80) resid_lambdas (22), post_lambdas (22) and bigram_lambdas
+// (11). Their gradients from `g`, and from a tape the scale of each one's error, for checks element by
+// element. The layout is read off the tensors: record 80's are empty in record 71's, MUDD's outside mudd.
 inline std::vector<double> lambda_gradients(const Params& g) {
     const bool r80 = !g.resid_lambdas.empty();
-    std::vector<double> v(g.scalars.begin(), g.scalars.begin() + (r80 ? kScalarsUsedR80 : kScalarsUsed));
+    const int used = !g.mudd_b2.empty() ? kScalarsUsedMudd : r80 ? kScalarsUsedR80 : kScalarsUsed;
+    std::vector<double> v(g.scalars.begin(), g.scalars.begin() + used);
     for (const std::vector<double>* t : {&g.x0_lambdas, &g.resid_lambdas, &g.post_lambdas, &g.bigram_lambdas})
         v.insert(v.end(), t->begin(), t->end());
     return v;
 }
 inline std::vector<double> lambda_error_scales(const Tape& t) {
     const bool r80 = !t.resid_lambda_scales.empty();
-    std::vector<double> v(t.scalar_scales.begin(), t.scalar_scales.begin() + (r80 ? kScalarsUsedR80 : kScalarsUsed));
+    const int used = !t.mudd[1].coef.empty() ? kScalarsUsedMudd : r80 ? kScalarsUsedR80 : kScalarsUsed;
+    std::vector<double> v(t.scalar_scales.begin(), t.scalar_scales.begin() + used);
     for (const std::vector<double>* s :
          {&t.x0_lambda_scales, &t.resid_lambda_scales, &t.post_lambda_scales, &t.bigram_lambda_scales})
         v.insert(v.end(), s->begin(), s->end());
@@ -729,6 +827,90 @@ inline double xsa_backward_row(const double* y, const double* v, double alpha, d
     for (size_t d = 0; d < D; ++d) dv[d] += -alpha * (p * g[d] + q * y[d] - along * (v[d] / n)) / n;
     for (size_t d = 0; d < D; ++d) dy[d] = g[d] - alpha * q * (v[d] / n);
     return -p * q;
+}
+
+// ---- record 81's MUDD blocks ----
+// F.gelu (exact erf form) and its derivative Phi(z) + z phi(z).
+inline double gelu_erf(double z) { return 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0))); }
+inline double gelu_erf_grad(double z) {
+    return 0.5 * (1.0 + std::erf(z / std::sqrt(2.0))) + z * std::exp(-0.5 * z * z) / std::sqrt(2.0 * kPi);
+}
+
+// Upstream's forward_mudd(h, block, n): m.coef (T, n) = (gelu(h W1[block]^T) W2[block, :n]^T + b2[block, :n])
+// * 0.1, per token; m.z keeps the hidden layer before the gelu.
+inline void mudd_forward(const Config& c, const Params& p, int block, int n, const double* h, Tape::Mudd& m) {
+    const size_t T = c.T, C = c.C, M = kMuddDim, N = n;
+    const double* w1 = p.mudd_w1.data() + size_t(block) * M * C;
+    const double* w2 = p.mudd_w2.data() + size_t(block) * kMuddCoefs * M;  // its first n rows
+    const double* b2 = p.mudd_b2.data() + size_t(block) * kMuddCoefs;
+    m.z.resize(T * M);
+    matmul_nt(h, w1, m.z.data(), T, M, C);
+    std::vector<double> gz(T * M);
+    for (size_t e = 0; e < T * M; ++e) gz[e] = gelu_erf(m.z[e]);
+    m.coef.resize(T * N);
+    matmul_nt(gz.data(), w2, m.coef.data(), T, N, M);
+    for (size_t t = 0; t < T; ++t)
+        for (size_t j = 0; j < N; ++j) m.coef[t * N + j] = (m.coef[t * N + j] + b2[j]) * kMuddScale;
+}
+
+// Its backward from dcoef (T, n), the coefficients' gradient: d pre = 0.1 dcoef; d b2 = sum_t d pre;
+// d W2 = d pre^T gelu(z); dz = (d pre W2) gelu'(z); d W1 = dz^T h; dh += dz W1.
+inline void mudd_backward(const Config& c, const Params& p, int block, int n, const double* h, const Tape::Mudd& m,
+                          const std::vector<double>& dcoef, double* dh, Params& g) {
+    const size_t T = c.T, C = c.C, M = kMuddDim, N = n;
+    const size_t w1_at = size_t(block) * M * C, w2_at = size_t(block) * kMuddCoefs * M, b2_at = size_t(block) * kMuddCoefs;
+    std::vector<double> dpre(T * N), gz(T * M), dz(T * M), dh_block(T * C);
+    for (size_t e = 0; e < T * N; ++e) dpre[e] = kMuddScale * dcoef[e];
+    for (size_t t = 0; t < T; ++t)
+        for (size_t j = 0; j < N; ++j) g.mudd_b2[b2_at + j] += dpre[t * N + j];
+    for (size_t e = 0; e < T * M; ++e) gz[e] = gelu_erf(m.z[e]);
+    matmul_tn_acc(dpre.data(), gz.data(), g.mudd_w2.data() + w2_at, T, N, M, 1.0);
+    matmul_nn(dpre.data(), p.mudd_w2.data() + w2_at, dz.data(), T, N, M);
+    for (size_t e = 0; e < T * M; ++e) dz[e] *= gelu_erf_grad(m.z[e]);
+    matmul_tn_acc(dz.data(), h, g.mudd_w1.data() + w1_at, T, M, C, 1.0);
+    matmul_nn(dz.data(), p.mudd_w1.data() + w1_at, dh_block.data(), T, M, C);
+    axpy(1.0, dh_block.data(), dh, T * C);
+}
+
+// ---- record 84's FP8 MLP up-projection (Config::mlp_up_fp8) ----
+// Upstream quantizes W1 eagerly after each optimizer step (quantize_mlp_fp8, bf16 tensor ops) and the
+// normed input inside the compiled forward. Rounding points, each as upstream's code rounds:
+//   w_s  = bf16(fp32(bf16(max|W1|) / 448)), amax clamped >= 1e-12  (eager bf16: fp32 division, then bf16)
+//   W1q  = e4m3(bf16(fp32(W1 / w_s)))                              (eager cast; |W1 / w_s| <= 448 (1 + 2^-8)
+//                                                                    stays below 464, so it never saturates)
+//   a    = max(bf16(max|normed|), 1e-12)                            (the amax of upstream's bf16 normed, which
+//                                                                    rounding commutes with)
+//   xq   = e4m3_satfinite(fp32(normed * fp32(448 / a)))            (compiled: inductor computes the chain in fp32
+//                                                                    and casts with cvt.rn.satfinite; no bf16
+//                                                                    rounding of 448 / a or of the product.
+//                                                                    Upstream writes 448.0 / amax, which torch
+//                                                                    traces as reciprocal(a) * 448: at most one
+//                                                                    fp32 ulp from fp32(448 / a))
+//   dq   = fp32(fp32(w_s * a) / 448)                                (the fp32 buffer's copy_, mul_, div_)
+//   pre  = (xq . W1q^T) * dq, accumulated in double (upstream: fp32 with Hopper's fast FP8 accumulation,
+//          then bf16)
+// Only the forward's values change: the backward reads the unquantized normed input and W1.
+inline double mlp_fp8_weight_scale(const double* w, size_t n) {
+    double amax = 0.0;
+    for (size_t e = 0; e < n; ++e) amax = std::max(amax, std::fabs(w[e]));
+    return round_bf16(round_fp32(std::max(round_bf16(amax), round_bf16(1e-12)) / 448.0));
+}
+inline double mlp_fp8_input_amax(const double* x, size_t n) {
+    double amax = 0.0;
+    for (size_t e = 0; e < n; ++e) amax = std::max(amax, std::fabs(x[e]));
+    return std::max(round_bf16(amax), 1e-12);
+}
+inline void mlp_up_fp8_forward(const double* xm, const double* fc, size_t T, size_t F, size_t C, double* pre,
+                               double* a_out, double* dequant_out) {
+    const double w_s = mlp_fp8_weight_scale(fc, F * C), a = mlp_fp8_input_amax(xm, T * C);
+    const double x_scale = round_fp32(448.0 / a), dequant = round_fp32(round_fp32(w_s * a) / 448.0);
+    std::vector<double> wq(F * C), xq(T * C);
+    for (size_t e = 0; e < F * C; ++e) wq[e] = round_e4m3(round_bf16(round_fp32(fc[e] / w_s)));
+    for (size_t e = 0; e < T * C; ++e) xq[e] = round_e4m3_satfinite(round_fp32(xm[e] * x_scale));
+    matmul_nt(xq.data(), wq.data(), pre, T, F, C);
+    for (size_t e = 0; e < T * F; ++e) pre[e] *= dequant;
+    *a_out = a;
+    *dequant_out = dequant;
 }
 
 }  // namespace detail
@@ -884,7 +1066,17 @@ inline void attention_block_forward(const Config& c, const Params& p, const Batc
         for (size_t t = T - 1; t >= 1; --t)
             for (size_t h = 0; h < H; ++h)
                 for (size_t d = D / 2; d < D; ++d) L.k[(t * H + h) * D + d] = L.k[((t - 1) * H + h) * D + d];
-    if (table >= 0) {
+    if (table >= 0 && !L.mudd_ve_gate.empty()) {  // MUDD's layer: v += g ve + v_mudd (upstream's aux_v)
+        L.ve_sig.clear();
+        for (size_t t = 0; t < T; ++t) {
+            const double* ve = value_row(c, p, table, b.inputs[t]);
+            for (size_t h = 0; h < H; ++h) {
+                const size_t o = (t * H + h) * D;
+                const double g = L.mudd_ve_gate[t * H + h];
+                for (size_t d = 0; d < D; ++d) L.v[o + d] += g * ve[h * D + d] + L.v_mudd[o + d];
+            }
+        }
+    } else if (table >= 0) {
         L.ve_sig.resize(T * H);
         const double* gate = p.ve_gate_bank.data() + size_t(table) * H * kGateDim;
         for (size_t t = 0; t < T; ++t) {
@@ -943,7 +1135,10 @@ inline void mlp_block_forward(const Config& c, const Params& p, int layer, Layer
     L.rstd_m.resize(T);
     rms_norm(L.x_attn.data(), L.xm.data(), L.rstd_m.data(), T, C);
     L.pre.resize(T * F);
-    matmul_nt(L.xm.data(), fc, L.pre.data(), T, F, C);
+    L.mlp_fp8_a = L.mlp_fp8_dequant = 0.0;
+    if (c.training && c.mlp_up_fp8)
+        mlp_up_fp8_forward(L.xm.data(), fc, T, F, C, L.pre.data(), &L.mlp_fp8_a, &L.mlp_fp8_dequant);
+    else matmul_nt(L.xm.data(), fc, L.pre.data(), T, F, C);
     std::vector<double> post(T * F);
     for (size_t e = 0; e < T * F; ++e) post[e] = L.pre[e] > 0.0 ? L.pre[e] * L.pre[e] : 0.0;
     L.mlp_out.resize(T * C);
@@ -1002,6 +1197,53 @@ inline std::vector<double> stream_start(const Config& c, const Params& p, const 
     return x;
 }
 
+// MUDD's layer 10 (Config::mudd), given its x_in (h9) and x_mix: block 0's coefficients c from h9, then
+//   v += g ve + v_mudd (in the attention block), v_mudd = c0 h0 + c1 h7 + c2 h9, g = c6 | c7 per head half
+//   r = (1 + c5) h9 + c3 h0 + c4 h7
+//   x_attn = c8 r + c9 (sa1 o_raw) + c10 h0, x_attn[:, :bigram width] += c11 xb
+//   x_out = c12 x_attn + c13 mlp(norm(x_attn))
+// each sum in upstream's order (its lines L1438-1491).
+inline void mudd_layer_forward(const Config& c, const Params& p, const Batch& b, Tape& tp) {
+    const int i = kLayers - 1;
+    const size_t T = c.T, C = c.C, H = c.H, W = c.bigram_width(), N = kMuddCoefs;
+    LayerTape& L = tp.layers[i];
+    const std::vector<double>&h0 = tp.layers[0].x_in, &h7 = tp.layers[kBackoutLayer].x_out, &h9 = L.x_in;
+    mudd_forward(c, p, 0, kMuddCoefs, h9.data(), tp.mudd[0]);
+    const std::vector<double>& cf = tp.mudd[0].coef;
+    L.v_mudd.resize(T * C);
+    L.mudd_r.resize(T * C);
+    L.mudd_ve_gate.resize(T * H);
+    for (size_t t = 0; t < T; ++t) {
+        const double* k = cf.data() + t * N;
+        for (size_t j = 0; j < C; ++j) {
+            const size_t e = t * C + j;
+            L.v_mudd[e] = k[kMuV0] * h0[e] + k[kMuV7] * h7[e] + k[kMuV9] * h9[e];
+            L.mudd_r[e] = (1.0 + k[kMuR9]) * h9[e] + k[kMuR0] * h0[e] + k[kMuR7] * h7[e];
+        }
+        for (size_t h = 0; h < H; ++h) L.mudd_ve_gate[t * H + h] = k[h < H / 2 ? kMuGateLo : kMuGateHi];
+    }
+    attention_block_forward(c, p, b, i, L);
+    const double sa1 = p.scalars[c.scalar_slots().sa_of(i, 1)];
+    L.x_attn.resize(T * C);
+    for (size_t t = 0; t < T; ++t) {
+        const double* k = cf.data() + t * N;
+        for (size_t j = 0; j < C; ++j) {
+            const size_t e = t * C + j;
+            L.x_attn[e] = k[kMuResidAttn] * L.mudd_r[e] + k[kMuPostAttn] * (sa1 * L.o_raw[e]) + k[kMuX0] * h0[e];
+            if (j < W) L.x_attn[e] += k[kMuBigram] * tp.x_bigram[t * W + j];
+        }
+    }
+    mlp_block_forward(c, p, i, L);
+    L.x_out.resize(T * C);
+    for (size_t t = 0; t < T; ++t) {
+        const double* k = cf.data() + t * N;
+        for (size_t j = 0; j < C; ++j) {
+            const size_t e = t * C + j;
+            L.x_out[e] = k[kMuResidMlp] * L.x_attn[e] + k[kMuPostMlp] * L.mlp_out[e];
+        }
+    }
+}
+
 // Record 80's layers (upstream 2c702746 GPT.forward; torch_reference.py residual_stream_r80), lambdas
 // as Config::stream_lambda gives them, the stream in double (upstream rounds each update to bf16):
 //   before layer 0:  x_in[0] = x0 + lb[0] xb
@@ -1011,7 +1253,8 @@ inline std::vector<double> stream_start(const Config& c, const Params& p, const 
 //   MLP:             x_out = rm[i] x_attn + pm[i] mlp(norm(x_attn))
 // with ra, rm = resid_lambdas[i][0, 1], pa, pm = post_lambdas[i][0, 1], lx0 = x0_lambdas, lb = bigram_lambdas.
 // xb (T, bigram width) adds into channels [0, bigram width) only (record 84's narrow bigram); x0 is
-// x0_read: with x0_includes_bigram, x_in[0] itself (upstream's aliasing).
+// x0_read: with x0_includes_bigram, x_in[0] itself (upstream's aliasing). With Config::mudd layer 10 takes
+// block 0's coefficients instead of its lambdas (mudd_layer_inputs, and the updates below).
 inline void stream_r80_forward(const Config& c, const Params& p, const Batch& b, Tape& tp) {
     const size_t T = c.T, C = c.C, W = c.bigram_width();
     const ScalarSlots& k = c.scalar_slots();
@@ -1026,6 +1269,10 @@ inline void stream_r80_forward(const Config& c, const Params& p, const Batch& b,
         } else {
             const int src = c.attn_source(i);
             L.x_mix = src >= 0 ? tp.layers[src].x_out : L.x_in;
+            if (c.mudd_layer(i)) {
+                mudd_layer_forward(c, p, b, tp);
+                continue;
+            }
             attention_block_forward(c, p, b, i, L);
             const double ra = c.stream_lambda(p.resid_lambdas[2 * i]), pa = c.stream_lambda(p.post_lambdas[2 * i]);
             const double lx0 = c.stream_lambda(p.x0_lambdas[i]), lb = i > 0 ? c.stream_lambda(p.bigram_lambdas[i]) : 0.0;
@@ -1095,13 +1342,30 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
     tp.skip_sig.resize(T);
     for (size_t t = 0; t < T; ++t) tp.skip_sig[t] = sigmoid(dot(x0.data() + t * C, p.skip_gate.data(), kGateDim));
 
+    for (LayerTape& L : tp.layers) L.mudd_ve_gate.clear(), L.v_mudd.clear(), L.mudd_r.clear();
+    for (Tape::Mudd& m : tp.mudd) m.z.clear(), m.coef.clear();
     if (c.sublayer_lambdas) stream_r80_forward(c, p, b, tp);
     else stream_r71_forward(c, p, b, tp);
 
     tp.x_final.resize(T * C);
-    const double bo = S[k.backout];
     const std::vector<double>& x = tp.layers[kLayers - 1].x_out;
-    for (size_t e = 0; e < T * C; ++e) tp.x_final[e] = x[e] - bo * tp.layers[kBackoutLayer].x_out[e];
+    if (c.mudd) {  // x + c'0 h0 + c'1 h7 + c'2 h9 + c'3 ve0 + c'4 h3, in upstream's order
+        mudd_forward(c, p, 1, kMuddPostCoefs, x.data(), tp.mudd[1]);
+        const std::vector<double>&h0 = tp.layers[0].x_in, &h3 = tp.layers[kSkipFrom].x_out;
+        const std::vector<double>&h7 = tp.layers[kBackoutLayer].x_out, &h9 = tp.layers[kLayers - 1].x_in;
+        for (size_t t = 0; t < T; ++t) {
+            const double* k = tp.mudd[1].coef.data() + t * kMuddPostCoefs;
+            const double* ve0 = value_row(c, p, 0, b.inputs[t]);
+            for (size_t j = 0; j < C; ++j) {
+                const size_t e = t * C + j;
+                tp.x_final[e] = x[e] + k[kMuPost0] * h0[e] + k[kMuPost7] * h7[e] + k[kMuPost9] * h9[e] +
+                                k[kMuPostVe] * ve0[j] + k[kMuPost3] * h3[e];
+            }
+        }
+    } else {
+        const double bo = S[k.backout];
+        for (size_t e = 0; e < T * C; ++e) tp.x_final[e] = x[e] - bo * tp.layers[kBackoutLayer].x_out[e];
+    }
     tp.xn.resize(T * C);
     tp.rstd_f.resize(T);
     rms_norm(tp.x_final.data(), tp.xn.data(), tp.rstd_f.data(), T, C);
@@ -1145,10 +1409,11 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
 namespace detail {
 
 // Attention block backward: dout is the gradient of the block's output sa1 * o_raw; adds the gradient
-// of x_mix (through norm(x_mix)) into dx_mix and parameter gradients into g.
+// of x_mix (through norm(x_mix)) into dx_mix and parameter gradients into g. On MUDD's layer the caller
+// owns the value embedding's term (its gate and v_mudd are coefficients): v's gradient goes to *dv_out.
 inline void attention_block_backward(const Config& c, const Params& p, const Batch& b, int layer, const LayerTape& L,
                                      const std::vector<double>& dout, std::vector<double>& dx_mix, Params& g,
-                                     std::vector<double>& scalar_sq) {
+                                     std::vector<double>& scalar_sq, std::vector<double>* dv_out = nullptr) {
     const size_t T = c.T, C = c.C, H = c.H, D = c.D;
     const int bank = attn_bank_index(layer), table = c.table_of(layer);
     const size_t wofs = size_t(bank) * 4 * C * C;
@@ -1197,9 +1462,10 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
     // v is read by the attention and by XSA: its gradient is the sum, and flows on into its sources
     // (the QKV projection, the value embedding and its gate)
     if (xsa) axpy(1.0, dv_xsa.data(), dv.data(), T * C);
+    if (dv_out) *dv_out = dv;
 
     // value embedding: v = v_raw + 2 sigmoid(in . ve_gate[h]) * ve, in = the gate's input (gate_input)
-    if (table >= 0) {
+    if (table >= 0 && L.mudd_ve_gate.empty()) {
         const double* vgate = p.ve_gate_bank.data() + size_t(table) * H * kGateDim;
         double* dvgate = g.ve_gate_bank.data() + size_t(table) * H * kGateDim;
         const bool reads_ve = c.gate_reads_ve(layer);
@@ -1301,6 +1567,120 @@ inline void skip_add_backward(const Config& c, const Params& p, Tape& tp, const 
     }
 }
 
+// Gradients that reach the stream from outside its layers' own chain: the backout's and MUDD's reads of
+// layer outputs (x_out[i]) and MUDD's of layer 0's input. An empty vector is none.
+struct StreamTaps {
+    std::array<std::vector<double>, kLayers> x_out;
+    std::vector<double> x_in0;
+    static std::vector<double>& zeroed(std::vector<double>& v, size_t n) {
+        if (v.empty()) v.assign(n, 0.0);
+        return v;
+    }
+};
+
+// MUDD's layer 10 backward (mudd_layer_forward). dx: the gradient of x_out[10] on entry, of its x_in (h9) on
+// return. Adds h0's and h7's shares into taps, the attention input's into d_late when it reads the late
+// source, the bigram's into dxb; every coefficient's gradient (sum over channels of gradient x source) goes
+// through block 0's backward into h9 and MUDD's weights.
+inline void mudd_layer_backward(const Config& c, const Params& p, const Batch& b, Tape& tp, std::vector<double>& dx,
+                                std::vector<double>& d_late, StreamTaps& taps, std::vector<double>& dxb, Params& g) {
+    const int i = kLayers - 1;
+    const size_t T = c.T, C = c.C, H = c.H, D = c.D, W = c.bigram_width(), N = kMuddCoefs;
+    const LayerTape& L = tp.layers[i];
+    const std::vector<double>&h0 = tp.layers[0].x_in, &h7 = tp.layers[kBackoutLayer].x_out, &h9 = L.x_in;
+    const std::vector<double>& cf = tp.mudd[0].coef;
+    std::vector<double>& d_h0 = StreamTaps::zeroed(taps.x_in0, T * C);
+    std::vector<double>& d_h7 = StreamTaps::zeroed(taps.x_out[kBackoutLayer], T * C);
+    std::vector<double> dcf(T * N, 0.0), d_branch(T * C), d_attn(T * C), dr(T * C), dh9(T * C, 0.0), dv;
+    double* sq = tp.mudd_b2_scales.data();  // block 0's sums of squares (of dcf's products; 0.01 x at the end)
+    // MLP: x_out = c12 x_attn + c13 mlp_out
+    for (size_t t = 0; t < T; ++t) {
+        const double *k = cf.data() + t * N, *dxt = dx.data() + t * C;
+        dcf[t * N + kMuResidMlp] = scaled_dot(dxt, L.x_attn.data() + t * C, C, sq[kMuResidMlp]);
+        dcf[t * N + kMuPostMlp] = scaled_dot(dxt, L.mlp_out.data() + t * C, C, sq[kMuPostMlp]);
+        for (size_t j = 0; j < C; ++j) d_branch[t * C + j] = k[kMuPostMlp] * dxt[j], d_attn[t * C + j] = k[kMuResidMlp] * dxt[j];
+    }
+    mlp_block_backward(c, p, i, L, d_branch, d_attn, g);  // d_attn: now d x_attn
+    // attention: x_attn = c8 r + c9 (sa1 o_raw) + c10 h0 + c11 xb (channels [0, W))
+    const double sa1 = p.scalars[c.scalar_slots().sa_of(i, 1)];
+    for (size_t t = 0; t < T; ++t) {
+        const double *k = cf.data() + t * N, *da = d_attn.data() + t * C;
+        double post_sq = 0.0;
+        dcf[t * N + kMuResidAttn] = scaled_dot(da, L.mudd_r.data() + t * C, C, sq[kMuResidAttn]);
+        dcf[t * N + kMuPostAttn] = sa1 * scaled_dot(da, L.o_raw.data() + t * C, C, post_sq);
+        sq[kMuPostAttn] += sa1 * sa1 * post_sq;
+        dcf[t * N + kMuX0] = scaled_dot(da, h0.data() + t * C, C, sq[kMuX0]);
+        dcf[t * N + kMuBigram] = scaled_dot(da, tp.x_bigram.data() + t * W, W, sq[kMuBigram]);
+        for (size_t j = 0; j < C; ++j) {
+            const size_t e = t * C + j;
+            d_branch[e] = k[kMuPostAttn] * da[j];
+            dr[e] = k[kMuResidAttn] * da[j];
+            d_h0[e] += k[kMuX0] * da[j];
+            if (j < W) dxb[t * W + j] += k[kMuBigram] * da[j];
+        }
+    }
+    attention_block_backward(c, p, b, i, L, d_branch, c.attn_source(i) >= 0 ? d_late : dh9, g, tp.scalar_scales, &dv);
+    // r = (1 + c5) h9 + c3 h0 + c4 h7; v = ... + g ve + (c0 h0 + c1 h7 + c2 h9), g = c6 | c7 per head half
+    const int table = c.table_of(i);
+    for (size_t t = 0; t < T; ++t) {
+        const double *k = cf.data() + t * N, *drt = dr.data() + t * C, *dvt = dv.data() + t * C;
+        double* dk = dcf.data() + t * N;
+        const size_t o = t * C;
+        dk[kMuR9] = scaled_dot(drt, h9.data() + o, C, sq[kMuR9]);
+        dk[kMuR0] = scaled_dot(drt, h0.data() + o, C, sq[kMuR0]);
+        dk[kMuR7] = scaled_dot(drt, h7.data() + o, C, sq[kMuR7]);
+        dk[kMuV0] = scaled_dot(dvt, h0.data() + o, C, sq[kMuV0]);
+        dk[kMuV7] = scaled_dot(dvt, h7.data() + o, C, sq[kMuV7]);
+        dk[kMuV9] = scaled_dot(dvt, h9.data() + o, C, sq[kMuV9]);
+        for (size_t j = 0; j < C; ++j) {
+            dh9[o + j] += (1.0 + k[kMuR9]) * drt[j] + k[kMuV9] * dvt[j];
+            d_h0[o + j] += k[kMuR0] * drt[j] + k[kMuV0] * dvt[j];
+            d_h7[o + j] += k[kMuR7] * drt[j] + k[kMuV7] * dvt[j];
+        }
+        const double* ve = value_row(c, p, table, b.inputs[t]);
+        double* dve = g.value_embeds.data() + (size_t(table) * c.V + b.inputs[t]) * C;
+        for (size_t h = 0; h < H; ++h) {
+            const int lane = h < H / 2 ? kMuGateLo : kMuGateHi;
+            dk[lane] += scaled_dot(dvt + h * D, ve + h * D, D, sq[lane]);
+            axpy(L.mudd_ve_gate[t * H + h], dvt + h * D, dve + h * D, D);
+        }
+    }
+    mudd_backward(c, p, 0, int(N), h9.data(), tp.mudd[0], dcf, dh9.data(), g);
+    dx.swap(dh9);
+}
+
+// MUDD's post-loop backward (forward's x_final): dx, the gradient of x_final on entry, becomes that of
+// x_out[10] (its own term plus block 1's input); h0's, h3's, h7's and h9's shares go into taps, ve0's into
+// value table 0's rows.
+inline void mudd_post_backward(const Config& c, const Params& p, const Batch& b, Tape& tp, std::vector<double>& dx,
+                               StreamTaps& taps, Params& g) {
+    const size_t T = c.T, C = c.C, N = kMuddPostCoefs;
+    const std::vector<double>&h0 = tp.layers[0].x_in, &h3 = tp.layers[kSkipFrom].x_out;
+    const std::vector<double>&h7 = tp.layers[kBackoutLayer].x_out, &h9 = tp.layers[kLayers - 1].x_in;
+    std::vector<double>& d_h0 = StreamTaps::zeroed(taps.x_in0, T * C);
+    std::vector<double>& d_h3 = StreamTaps::zeroed(taps.x_out[kSkipFrom], T * C);
+    std::vector<double>& d_h7 = StreamTaps::zeroed(taps.x_out[kBackoutLayer], T * C);
+    std::vector<double>& d_h9 = StreamTaps::zeroed(taps.x_out[kLayers - 2], T * C);
+    std::vector<double> dcf(T * N);
+    double* sq = tp.mudd_b2_scales.data() + kMuddCoefs;  // block 1's
+    for (size_t t = 0; t < T; ++t) {
+        const double *k = tp.mudd[1].coef.data() + t * N, *dxt = dx.data() + t * C;
+        const double* ve0 = value_row(c, p, 0, b.inputs[t]);
+        const size_t o = t * C;
+        dcf[t * N + kMuPost0] = scaled_dot(dxt, h0.data() + o, C, sq[kMuPost0]);
+        dcf[t * N + kMuPost7] = scaled_dot(dxt, h7.data() + o, C, sq[kMuPost7]);
+        dcf[t * N + kMuPost9] = scaled_dot(dxt, h9.data() + o, C, sq[kMuPost9]);
+        dcf[t * N + kMuPostVe] = scaled_dot(dxt, ve0, C, sq[kMuPostVe]);
+        dcf[t * N + kMuPost3] = scaled_dot(dxt, h3.data() + o, C, sq[kMuPost3]);
+        axpy(k[kMuPost0], dxt, d_h0.data() + o, C);
+        axpy(k[kMuPost7], dxt, d_h7.data() + o, C);
+        axpy(k[kMuPost9], dxt, d_h9.data() + o, C);
+        axpy(k[kMuPostVe], dxt, g.value_embeds.data() + size_t(b.inputs[t]) * C, C);  // table 0
+        axpy(k[kMuPost3], dxt, d_h3.data() + o, C);
+    }
+    mudd_backward(c, p, 1, int(N), tp.layers[kLayers - 1].x_out.data(), tp.mudd[1], dcf, dx.data(), g);
+}
+
 // Record 71's layers backward (stream_r71_forward). dx: the gradient of x_out[10] on entry (consumed);
 // d_backout: x_out[7]'s share from the backout. Adds into dx0 and dxb (x0's and the bigram
 // embedding's gradients) and the parameters' gradients.
@@ -1340,8 +1720,7 @@ inline void stream_r71_backward(const Config& c, const Params& p, const Batch& b
 // width)); dx0 leaves as the gradient of the norm's output x0. The lambdas' gradients are those of the
 // values used (straight through the bf16 rounding, as upstream's cast).
 inline void stream_r80_backward(const Config& c, const Params& p, const Batch& b, Tape& tp, std::vector<double>& dx,
-                                const std::vector<double>& d_backout, std::vector<double>& dx0,
-                                std::vector<double>& dxb, Params& g) {
+                                StreamTaps& taps, std::vector<double>& dx0, std::vector<double>& dxb, Params& g) {
     const size_t T = c.T, C = c.C, W = c.bigram_width();
     const std::vector<double>& x0 = x0_read(c, tp);
     const ScalarSlots& k = c.scalar_slots();
@@ -1349,9 +1728,13 @@ inline void stream_r80_backward(const Config& c, const Params& p, const Batch& b
     std::vector<double> d_skip(T * C, 0.0), d_late(T * C, 0.0), d_branch(T * C), d_attn(T * C), y(T * C);
     for (int i = kLayers - 1; i >= 0; --i) {
         const LayerTape& L = tp.layers[i];
-        if (i == kBackoutLayer) axpy(1.0, d_backout.data(), dx.data(), T * C);
+        if (!taps.x_out[i].empty()) axpy(1.0, taps.x_out[i].data(), dx.data(), T * C);  // the backout's, MUDD's
         if (i == c.late_attn_source) axpy(1.0, d_late.data(), dx.data(), T * C);  // layers after it read norm(x_out)
         if (i == kSkipFrom) axpy(1.0, d_skip.data(), dx.data(), T * C);
+        if (c.mudd_layer(i)) {
+            mudd_layer_backward(c, p, b, tp, dx, d_late, taps, dxb, g);  // dx: now d x_in
+            continue;
+        }
         // MLP: x_out = rm x_attn + pm mlp_out
         const int m = 2 * i + 1;
         const double rm = c.stream_lambda(p.resid_lambdas[m]), pm = c.stream_lambda(p.post_lambdas[m]);
@@ -1387,7 +1770,9 @@ inline void stream_r80_backward(const Config& c, const Params& p, const Batch& b
     }
     // x_in[0] = x0 + lb[0] xb (channels [0, W)). With x0_includes_bigram every read of x0 above read
     // x_in[0] itself (upstream's aliased tensor): their gradient dx0 joins the stream's before the add's
-    // backward, so it also reaches lb[0], the bigram rows and (as dx0 again) the norm.
+    // backward, so it also reaches lb[0], the bigram rows and (as dx0 again) the norm. MUDD's reads of h0
+    // (x_in[0] itself) join there too.
+    if (!taps.x_in0.empty()) axpy(1.0, taps.x_in0.data(), dx.data(), T * C);
     if (c.x0_includes_bigram) axpy(1.0, dx0.data(), dx.data(), T * C);
     const double lb0 = c.stream_lambda(p.bigram_lambdas[0]);
     g.bigram_lambdas[0] += scaled_dot_rows(dx.data(), C, tp.x_bigram.data(), W, T, W, tp.bigram_lambda_scales[0]);
@@ -1423,6 +1808,7 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     tp.resid_lambda_scales.assign(r80 * 2 * kLayers, 0.0);
     tp.post_lambda_scales.assign(r80 * 2 * kLayers, 0.0);
     tp.bigram_lambda_scales.assign(r80 * kLayers, 0.0);
+    tp.mudd_b2_scales.assign(c.mudd ? size_t(kMuddBlocks) * kMuddCoefs : 0, 0.0);
 
     // logits' gradient, row by row: dz = s * (S_w p - sum_k w_k onehot(target[t+k])), dl = dz * z (1 - sig) / C
     std::vector<double> dl(T * V);
@@ -1461,17 +1847,24 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     matmul_nt(dl.data(), w_used, dxn.data(), T, C, V);
     std::vector<double>().swap(dl);
 
-    // final norm and backout: x_final = x_out[10] - backout * x_out[7]
+    // final norm and backout: x_final = x_out[10] - backout * x_out[7] (mudd: MUDD's post-loop mix)
     std::vector<double> dx(T * C, 0.0);
     rms_norm_backward_acc(tp.xn.data(), tp.rstd_f.data(), dxn.data(), dx.data(), T, C);
-    const double bo = S[k.backout];
-    g.scalars[k.backout] -= scaled_dot(dx.data(), tp.layers[kBackoutLayer].x_out.data(), T * C, sq[k.backout]);
+    StreamTaps taps;
+    if (c.mudd) {
+        mudd_post_backward(c, p, b, tp, dx, taps, g);
+    } else {
+        const double bo = S[k.backout];
+        g.scalars[k.backout] -= scaled_dot(dx.data(), tp.layers[kBackoutLayer].x_out.data(), T * C, sq[k.backout]);
+        std::vector<double>& d_backout = taps.x_out[kBackoutLayer];
+        d_backout.resize(T * C);
+        for (size_t e = 0; e < T * C; ++e) d_backout[e] = -bo * dx[e];
+    }
     const size_t W = c.bigram_width();
-    std::vector<double> d_backout(T * C), dx0(T * C, 0.0), dxb(T * W, 0.0);
-    for (size_t e = 0; e < T * C; ++e) d_backout[e] = -bo * dx[e];
+    std::vector<double> dx0(T * C, 0.0), dxb(T * W, 0.0);
 
-    if (c.sublayer_lambdas) stream_r80_backward(c, p, b, tp, dx, d_backout, dx0, dxb, g);
-    else stream_r71_backward(c, p, b, tp, dx, d_backout, dx0, dxb, g);
+    if (c.sublayer_lambdas) stream_r80_backward(c, p, b, tp, dx, taps, dx0, dxb, g);
+    else stream_r71_backward(c, p, b, tp, dx, taps.x_out[kBackoutLayer], dx0, dxb, g);
 
     // x0 = norm(x_smear); x_smear[t] = emb[t] + smear_lambda * sigmoid(emb[t,:12] . smear_gate) * emb[t-1]
     std::vector<double> dsm(T * C, 0.0);
@@ -1504,6 +1897,7 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     for (std::vector<double>* v : {&tp.skip_gate_scales, &tp.resid_lambda_scales, &tp.post_lambda_scales,
                                    &tp.bigram_lambda_scales})
         for (double& e : *v) e = std::sqrt(e);
+    for (double& e : tp.mudd_b2_scales) e = kMuddScale * std::sqrt(e);
     return loss;
 }
 

@@ -4,7 +4,8 @@
 // exactly the paths that cross documents by design: smear, bigram hash, key offset), windows,
 // the MTP and evaluation losses, upstream's initialization and YaRN update, record 80's stream, record
 // 82's XSA (its row function on both sides of the normalize clamp), records 83/84's bigram (narrow
-// width, sign trick, x0 aliasing), bad input. Host only.
+// width, sign trick, x0 aliasing), record 81's MUDD (against its formulas, against record 80 at constant
+// coefficients, finite differences), record 84's FP8 MLP up-projection, bad input. Host only.
 #include "gpt_reference.h"
 #include "../test_util.h"
 
@@ -448,9 +449,9 @@ void check_r80_layout() {
     for (double v : p.x0_lambdas) lambdas &= v == 0.0;
     test::check(lambdas, "record 80 init: resid sqrt(1.1), post 1, bigram 0.05, x0 0");
     const auto t = p.tensors();
-    test::check(t.size() == 16 && std::string(t[11].first) == "scalars" && std::string(t[12].first) == "resid_lambdas" &&
+    test::check(t.size() == 19 && std::string(t[11].first) == "scalars" && std::string(t[12].first) == "resid_lambdas" &&
                     std::string(t[13].first) == "post_lambdas" && std::string(t[14].first) == "bigram_lambdas",
-                "tensors(): record 80's lambdas at the end");
+                "tensors(): record 80's lambdas after scalars");
     const Params p71 = Params::init(Config::make(16, 512, 128, 2, 64, 50, 128, 384), 99);
     test::check(p71.resid_lambdas.empty() && p71.post_lambdas.empty() && p71.bigram_lambdas.empty() &&
                     p71.scalars.size() == 51 && lambda_gradients(p71).size() == 58,
@@ -582,9 +583,9 @@ void check_xsa_layout() {
     const auto t = p.tensors();
     bool zeros = p.xsa_alphas.size() == size_t(kLayers) * c.H;
     for (double a : p.xsa_alphas) zeros &= a == 0.0;
-    test::check(c.any_xsa() && zeros && t.size() == 16 && std::string(t[15].first) == "xsa_alphas" &&
-                    Params::sizes(c).size() == 16 && Params::sizes(c)[15] == size_t(kLayers) * c.H,
-                "XSA: xsa_alphas (11, H) of zeros, last in tensors() and sizes()");
+    test::check(c.any_xsa() && zeros && t.size() == 19 && std::string(t[15].first) == "xsa_alphas" &&
+                    Params::sizes(c).size() == 19 && Params::sizes(c)[15] == size_t(kLayers) * c.H,
+                "XSA: xsa_alphas (11, H) of zeros, after the lambdas in tensors() and sizes()");
     test::check(c.xsa_alpha(0.3) == round_bf16(std::tanh(0.3)) && c.xsa_alpha(0.3) != std::tanh(0.3) &&
                     c.xsa_alpha(5.0) == 1.0,
                 "XSA: alpha = bf16(tanh(a))");
@@ -606,7 +607,8 @@ void check_xsa_forward() {
     Params gz, g_off;
     const double lz = forward_backward(c, z, b, 1.0, gz), l_off = forward_backward(off, p_off, b, 1.0, g_off);
     bool same = lz == l_off;
-    for (size_t i = 0; i + 1 < gz.tensors().size(); ++i) same &= *gz.tensors()[i].second == *g_off.tensors()[i].second;
+    for (size_t i = 0; i < gz.tensors().size(); ++i)
+        if (std::string(gz.tensors()[i].first) != "xsa_alphas") same &= *gz.tensors()[i].second == *g_off.tensors()[i].second;
     test::check(same, "XSA at zero strengths: loss %.17g, without XSA %.17g (or gradients differ)", lz, l_off);
     test::check(forward(c, p, b) != l_off, "XSA at non-zero strengths changes nothing");
 
@@ -946,6 +948,421 @@ void check_bigram_gradients_fd(bool x0_includes_bigram) {
                 x0_includes_bigram ? "on, XSA" : "off", loss, fd.evaluated, fd.shrunk, seconds_since(t0));
 }
 
+// ---- record 81's MUDD ----
+// The bigram finite-difference configuration (record 80's stream with h7 the late source, the narrow signed
+// bigram) with MUDD, x0 aliasing on or off.
+Config mudd_small_config(bool x0_includes_bigram) {
+    Config c = bigram_small_config(x0_includes_bigram);
+    c.mudd = true;
+    return c;
+}
+// MUDD's weights random, w2 and b2 included (at init w2 = 0 makes every coefficient a constant and leaves
+// w1 without gradient): coefficients of order 0.5 that vary from token to token.
+Params mudd_random_params(const Config& c) {
+    Params p = bigram_random_params(c);
+    const double w1 = 1.0 / std::sqrt(double(c.C));  // upstream's init bound
+    for (double& w : p.mudd_w1) w = test::uniform(-w1, w1);
+    for (double& w : p.mudd_w2) w = test::uniform(-1.0, 1.0);
+    for (double& b : p.mudd_b2) b = test::uniform(-3.0, 3.0);
+    return p;
+}
+
+// Layout, init and refusals' neighbours: scalars without the backout (24, no padding), the three tensors
+// after xsa_alphas, upstream's init values, the lambda vectors.
+void check_mudd_layout() {
+    Config c = Config::make(16, 512, 128, 2, 64, 50, 128, 384);
+    c.sublayer_lambdas = true;
+    c.late_attn_source = 7;
+    c.value_layers = {1, 2, 8, 9, 10};
+    c.mudd = true;
+    const Params p = Params::init(c, 99);
+    const ScalarSlots& k = c.scalar_slots();
+    bool ok = p.scalars.size() == 24 && c.num_scalars() == 24 && k.sa == 0 && k.smear == 22 && k.backout == -1 &&
+              k.skip == 23 && k.used == 24;
+    for (int i = 0; i < kLayers; ++i) ok &= p.scalars[2 * i] == 0.5 && p.scalars[2 * i + 1] == 1.0;
+    ok &= p.scalars[22] == 0.0 && p.scalars[23] == -1.5;
+    test::check(ok, "MUDD scalars: sa (0.5, 1) x 11, smear 0, skip -1.5, no backout, no padding (24)");
+    const auto t = p.tensors();
+    const std::vector<size_t> n = Params::sizes(c);
+    test::check(t.size() == 19 && n.size() == 19 && std::string(t[16].first) == "mudd_w1" &&
+                    std::string(t[17].first) == "mudd_w2" && std::string(t[18].first) == "mudd_b2" &&
+                    n[16] == size_t(2 * 64 * 128) && n[17] == size_t(2 * 14 * 64) && n[18] == size_t(2 * 14),
+                "MUDD tensors: mudd_w1 (2, 64, C), mudd_w2 (2, 14, 64), mudd_b2 (2, 14) after xsa_alphas");
+    const double bound = 1.0 / std::sqrt(128.0);
+    double largest = 0.0, sum = 0.0;
+    for (double w : p.mudd_w1) largest = std::max(largest, std::fabs(w)), sum += w;
+    bool w2 = true;
+    for (double w : p.mudd_w2) w2 &= w == 0.0;
+    test::check(largest <= bound && largest > 0.99 * bound && std::fabs(sum / double(p.mudd_w1.size())) < 0.01 * bound && w2,
+                "MUDD init: w1 uniform(+-1/sqrt(C)) (largest %.5f of %.5f), w2 zeros", largest, bound);
+    std::vector<double> want(28, 0.0);
+    want[kMuGateLo] = want[kMuGateHi] = 20.0;
+    want[kMuResidAttn] = want[kMuResidMlp] = 10.5;
+    want[kMuPostAttn] = want[kMuPostMlp] = 10.0;
+    want[kMuBigram] = 0.5;
+    want[kMuddCoefs + kMuPost7] = -5.0;
+    test::check(p.mudd_b2 == want, "MUDD init: b2 = upstream's (20, 20, 10.5, 10, 0, 0.5, 10.5, 10 at 6-13; -5 at [1, 1])");
+    // without MUDD: no tensors; lambda_gradients: 24 scalars, x0 (11), resid (22), post (22), bigram (11)
+    Config r80 = c;
+    r80.mudd = false;
+    const Params p80 = Params::init(r80, 99);
+    test::check(p80.mudd_w1.empty() && p80.mudd_w2.empty() && p80.mudd_b2.empty() && p80.scalars.size() == 32,
+                "record 80 (no MUDD): no MUDD tensors, 32 scalars");
+    Params g = Params::zeros(c);
+    for (auto& [name, v] : g.tensors())
+        for (size_t i = 0; i < v->size(); ++i) (*v)[i] = 1000.0 * (name[0] + name[1]) + double(i);
+    const std::vector<double> lg = lambda_gradients(g);
+    Tape tp;
+    tp.scalar_scales = g.scalars;
+    tp.x0_lambda_scales = g.x0_lambdas;
+    tp.resid_lambda_scales = g.resid_lambdas;
+    tp.post_lambda_scales = g.post_lambdas;
+    tp.bigram_lambda_scales = g.bigram_lambdas;
+    tp.mudd[1].coef.assign(1, 0.0);  // what marks a MUDD tape
+    test::check(lg.size() == 90 && lg[23] == g.scalars[23] && lg[24] == g.x0_lambdas[0] && lg[89] == g.bigram_lambdas[10] &&
+                    lambda_error_scales(tp) == lg,
+                "MUDD lambda vectors: scalars (24), x0 (11), resid (22), post (22), bigram (11)");
+}
+
+// Naive MUDD block for one token: (gelu(h W1^T) W2[:n]^T + b2[:n]) * 0.1, from the formula.
+std::vector<double> naive_mudd(const Params& p, int block, int n, const double* h, int C) {
+    std::vector<double> out(size_t(n), 0.0), gz(kMuddDim);
+    for (int m = 0; m < kMuddDim; ++m) {
+        double z = 0.0;
+        for (int j = 0; j < C; ++j) z += h[j] * p.mudd_w1[(size_t(block) * kMuddDim + m) * C + j];
+        gz[size_t(m)] = 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
+    }
+    for (int i = 0; i < n; ++i) {
+        double s = p.mudd_b2[size_t(block) * kMuddCoefs + i];
+        for (int m = 0; m < kMuddDim; ++m) s += gz[size_t(m)] * p.mudd_w2[(size_t(block) * kMuddCoefs + i) * kMuddDim + m];
+        out[size_t(i)] = s * 0.1;
+    }
+    return out;
+}
+
+// The forward against the formulas, written out per element from the tape's snapshots (4 heads, so each
+// ve gate lane covers two): the coefficients, layer 10's v, attention input, updates and output, and the
+// post-loop mix. Then MUDD at constant coefficients (w2 = 0) equal to record 80's lambdas, ve gate 1 and
+// backout is record 80 (up to the sums' order), and its b2 gradient is 0.1 times theirs.
+void check_mudd_forward() {
+    for (const bool alias : {false, true}) {
+        Config c = mudd_small_config(alias);
+        c.H = 4;
+        c.D = 16;
+        c.yarn.reset(16);
+        c.yarn_paired.reset(16);
+        c.yarn_apply(7, 11);
+        const Params p = mudd_random_params(c);
+        const Batch b = make_batch(c, {0, 11, 18}, 1);
+        Tape tp;
+        forward(c, p, b, &tp);
+        const int T = c.T, C = c.C, H = c.H, D = c.D, W = c.bigram_width();
+        const LayerTape& L = tp.layers[10];
+        const std::vector<double>&h0 = tp.layers[0].x_in, &h3 = tp.layers[3].x_out, &h7 = tp.layers[7].x_out,
+                                  &h9 = tp.layers[9].x_out;
+        const double sa0 = p.scalars[c.scalar_slots().sa_of(10, 0)], sa1 = p.scalars[c.scalar_slots().sa_of(10, 1)];
+        double worst = 0.0;
+        auto near = [&](double got, double want) {
+            worst = std::max(worst, std::fabs(got - want) / (1.0 + std::fabs(want)));
+        };
+        for (int t = 0; t < T; ++t) {
+            const std::vector<double> k = naive_mudd(p, 0, 14, h9.data() + size_t(t) * C, C);
+            for (int j = 0; j < 14; ++j) near(tp.mudd[0].coef[size_t(t) * 14 + j], k[size_t(j)]);
+            const double* ve4 = p.value_embeds.data() + (size_t(4) * c.V + b.inputs[size_t(t)]) * C;
+            const double* ve0 = p.value_embeds.data() + size_t(b.inputs[size_t(t)]) * C;
+            for (int h = 0; h < H; ++h)
+                for (int d = 0; d < D; ++d) {
+                    const size_t e = size_t(t) * C + h * D + d;
+                    const double gate = h < H / 2 ? k[6] : k[7];
+                    const double v = sa0 * L.qkv_raw[size_t(t) * 3 * C + 2 * C + h * D + d] + gate * ve4[h * D + d] +
+                                     (k[0] * h0[e] + k[1] * h7[e] + k[2] * h9[e]);
+                    near(L.v[e], v);
+                }
+            std::vector<double> x(C);
+            for (int j = 0; j < C; ++j) {
+                const size_t e = size_t(t) * C + j;
+                const double r = (1.0 + k[5]) * h9[e] + k[3] * h0[e] + k[4] * h7[e];
+                double xa = k[8] * r + k[9] * sa1 * L.o_raw[e] + k[10] * h0[e];
+                if (j < W) xa += k[11] * tp.x_bigram[size_t(t) * W + j];
+                near(L.x_attn[e], xa);
+                x[size_t(j)] = k[12] * L.x_attn[e] + k[13] * L.mlp_out[e];
+                near(L.x_out[e], x[size_t(j)]);
+            }
+            const std::vector<double> q = naive_mudd(p, 1, 5, L.x_out.data() + size_t(t) * C, C);
+            for (int j = 0; j < 5; ++j) near(tp.mudd[1].coef[size_t(t) * 5 + j], q[size_t(j)]);
+            for (int j = 0; j < C; ++j) {
+                const size_t e = size_t(t) * C + j;
+                near(tp.x_final[e], L.x_out[e] + q[0] * h0[e] + q[1] * h7[e] + q[2] * h9[e] + q[3] * ve0[j] + q[4] * h3[e]);
+            }
+        }
+        test::check(worst < 1e-12 && L.x_mix == h7 && L.x_in == h9 && L.ve_sig.empty() &&
+                        (alias ? tp.x0_with_bigram == h0 : tp.x0 != h0),
+                    "MUDD forward (x0 aliasing %d) against the formulas: worst %.3g; layer 10 attends to norm(h7), its "
+                    "input is h9; h0 is layer 0's input",
+                    alias, worst);
+
+        // constant coefficients: record 80 with lambdas c8..c13, a ve gate of 1 (gate weights 0) and backout 0.5
+        Config c80 = bigram_small_config(alias);
+        Params p80 = bigram_random_params(c80);
+        const int t4 = 4 * c80.H * kGateDim;
+        for (int e = t4; e < t4 + c80.H * kGateDim; ++e) p80.ve_gate_bank[size_t(e)] = 0.0;  // 2 sigmoid(0) = 1
+        Config cm = c80;
+        cm.mudd = true;
+        Params pm = Params::zeros(cm);
+        {
+            auto from = p80.tensors();
+            auto to = pm.tensors();
+            for (size_t i = 0; i < from.size(); ++i)
+                if (std::string(from[i].first) != "scalars" && std::string(from[i].first).rfind("mudd", 0) != 0)
+                    *to[i].second = *from[i].second;
+        }
+        const ScalarSlots &k80 = c80.scalar_slots(), &km = cm.scalar_slots();
+        for (int i = 0; i < kLayers; ++i)
+            for (int j = 0; j < 2; ++j) pm.scalars[size_t(km.sa_of(i, j))] = p80.scalars[size_t(k80.sa_of(i, j))];
+        pm.scalars[size_t(km.smear)] = p80.scalars[size_t(k80.smear)];
+        pm.scalars[size_t(km.skip)] = p80.scalars[size_t(k80.skip)];
+        p80.scalars[size_t(k80.backout)] = 0.5;
+        for (double& w : pm.mudd_w1) w = test::uniform(-0.3, 0.3);  // w2 = 0: the coefficients are b2 * 0.1
+        double* b0 = pm.mudd_b2.data();
+        b0[kMuGateLo] = b0[kMuGateHi] = 10.0;  // 10 * 0.1 = 1 exactly
+        b0[kMuddCoefs + kMuPost7] = -5.0;      // -0.5 h7
+        for (int j : {kMuResidAttn, kMuPostAttn, kMuX0, kMuBigram, kMuResidMlp, kMuPostMlp}) b0[j] = test::uniform(-12.0, 12.0);
+        if (!alias) b0[kMuX0] = 0.0;  // record 80's layer-10 x0 injection reads x0, MUDD's c10 reads h0: equal only aliased
+        p80.resid_lambdas[20] = b0[kMuResidAttn] * kMuddScale;
+        p80.post_lambdas[20] = b0[kMuPostAttn] * kMuddScale;
+        p80.x0_lambdas[10] = b0[kMuX0] * kMuddScale;
+        p80.bigram_lambdas[10] = b0[kMuBigram] * kMuddScale;
+        p80.resid_lambdas[21] = b0[kMuResidMlp] * kMuddScale;
+        p80.post_lambdas[21] = b0[kMuPostMlp] * kMuddScale;
+        const Batch b80 = make_batch(c80, {0, 11, 18}, 1);
+        Params g80, gm;
+        const double l80 = forward_backward(c80, p80, b80, 1.0, g80), lm = forward_backward(cm, pm, b80, 1.0, gm);
+        double grad_worst = 0.0;
+        {
+            auto a = gm.tensors();
+            auto w = g80.tensors();
+            for (size_t i = 0; i < a.size(); ++i) {
+                const std::string name = a[i].first;
+                if (name == "scalars" || name.rfind("mudd", 0) == 0 || name == "ve_gate_bank" ||
+                    name == "resid_lambdas" || name == "post_lambdas" || name == "x0_lambdas" || name == "bigram_lambdas")
+                    continue;
+                double big = 0.0, diff = 0.0;
+                for (size_t e = 0; e < a[i].second->size(); ++e)
+                    big = std::max(big, std::fabs((*w[i].second)[e])),
+                    diff = std::max(diff, std::fabs((*a[i].second)[e] - (*w[i].second)[e]));
+                grad_worst = std::max(grad_worst, diff / std::max(big, 1e-300));
+            }
+            std::vector<std::pair<int, int>> slots = {{km.smear, k80.smear}, {km.skip, k80.skip}};
+            for (int i = 0; i < kLayers; ++i)
+                for (int j = 0; j < 2; ++j) slots.push_back({km.sa_of(i, j), k80.sa_of(i, j)});
+            for (auto [sm, s80] : slots)
+                grad_worst = std::max(grad_worst, std::fabs(gm.scalars[size_t(sm)] - g80.scalars[size_t(s80)]) /
+                                                      (1e-300 + std::fabs(g80.scalars[size_t(s80)])));
+        }
+        const double* gb = gm.mudd_b2.data();
+        double lam_worst = 0.0;
+        auto lam = [&](double got_b2, double want_lambda) {
+            lam_worst = std::max(lam_worst, std::fabs(got_b2 - kMuddScale * want_lambda) / (1e-300 + std::fabs(kMuddScale * want_lambda)));
+        };
+        lam(gb[kMuResidAttn], g80.resid_lambdas[20]);
+        lam(gb[kMuPostAttn], g80.post_lambdas[20]);
+        lam(gb[kMuBigram], g80.bigram_lambdas[10]);
+        lam(gb[kMuResidMlp], g80.resid_lambdas[21]);
+        lam(gb[kMuPostMlp], g80.post_lambdas[21]);
+        lam(gb[kMuddCoefs + kMuPost7], -g80.scalars[size_t(k80.backout)]);
+        if (alias) lam(gb[kMuX0], g80.x0_lambdas[10]);
+        test::check(std::fabs(lm - l80) <= 1e-12 * std::fabs(l80) && grad_worst < 1e-9 && lam_worst < 1e-9,
+                    "MUDD at constant coefficients (x0 aliasing %d) = record 80: loss %.17g vs %.17g, other gradients "
+                    "off by %.3g, d b2 / 0.1 off record 80's lambda gradients by %.3g",
+                    alias, lm, l80, grad_worst, lam_worst);
+    }
+}
+
+// Every new gradient by central differences, with w2 and b2 random so that every coefficient path is live:
+// both blocks' w1, every row of w2 and b2 that is read, value tables 0 (layer 1's and c'3's) and 4 (the ve
+// gated by c6/c7), layers 3 and 7 (h3, h7) and 10's weights, the bigram rows, the lambdas that stay live and
+// layer 10's sa lambdas; with aliasing on, XSA on record 84's layers (10's v includes v_mudd). What MUDD
+// leaves unread is exactly zero: layer 10's resid/post/x0/bigram lambdas, its table's ve gate, rows [5, 14)
+// of block 1's w2 and b2.
+void check_mudd_gradients_fd(bool x0_includes_bigram) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Config c = mudd_small_config(x0_includes_bigram);
+    if (x0_includes_bigram)
+        for (int i : {1, 3, 4, 7, 8, 10}) c.xsa[size_t(i)] = true;
+    c.xsa_alpha_bf16 = false;
+    Params p = mudd_random_params(c);
+    for (double& a : p.xsa_alphas) a = test::uniform(-1.0, 1.0);
+    const Batch b = make_batch(c, {0, 11, 18}, 2);
+    Params g;
+    const double loss = forward_backward(c, p, b, 1.0, g);
+    const int C = c.C, V = c.V, F = c.hidden(), H = c.H, W = c.bigram_width(), M = kMuddDim;
+    auto rnd = [](int n) { return test::randint(0, n - 1); };
+    auto tok = [&] { return size_t(b.inputs[rnd(c.T)]); };
+    const ScalarSlots& k = c.scalar_slots();
+    std::vector<size_t> w1, w2, b2;
+    for (int blk = 0; blk < kMuddBlocks; ++blk)
+        for (int i = 0; i < 3; ++i) w1.push_back((size_t(blk) * M + rnd(M)) * C + rnd(C));
+    for (int j = 0; j < kMuddCoefs; ++j) w2.push_back(size_t(j) * M + rnd(M)), b2.push_back(size_t(j));
+    for (int j = 0; j < kMuddPostCoefs; ++j)
+        w2.push_back((size_t(kMuddCoefs) + j) * M + rnd(M)), b2.push_back(size_t(kMuddCoefs + j));
+    std::vector<size_t> ve, a, m, bg;
+    for (int t : {0, 4})
+        for (int i = 0; i < 3; ++i) ve.push_back((size_t(t) * V + tok()) * C + rnd(C));
+    for (int bank : {3, 6, 9})  // layers 3, 7, 10
+        for (int part : {rnd(3), 3}) a.push_back((size_t(bank) * 4 * C + part * C + rnd(C)) * C + rnd(C));
+    for (int l : {3, 7, 9}) m.push_back(((size_t(l) * 2 + 1) * F + rnd(F)) * C + rnd(C));  // c_proj
+    for (int l : {3, 10}) m.push_back(((size_t(l) * 2) * F + rnd(F)) * C + rnd(C));         // c_fc
+    for (int i = 0; i < 3; ++i) bg.push_back(size_t(b.bigram[rnd(c.T)]) * W + rnd(W));
+    Samples samples = {{"mudd_w1", w1},
+                       {"mudd_w2", w2},
+                       {"mudd_b2", b2},
+                       {"value_embeds", ve},
+                       {"attn_bank", a},
+                       {"mlp_bank", m},
+                       {"bigram_embed", bg},
+                       {"resid_lambdas", {size_t(2 * 3), size_t(2 * 7 + 1), size_t(2 * 9)}},
+                       {"post_lambdas", {size_t(2 * 7), size_t(2 * 9 + 1)}},
+                       {"x0_lambdas", {0, 3, 9}},
+                       {"bigram_lambdas", {0, 9}},
+                       {"scalars", {size_t(k.sa_of(10, 0)), size_t(k.sa_of(10, 1)), size_t(k.smear), size_t(k.skip)}},
+                       {"skip_gate", {size_t(rnd(kGateDim))}},
+                       {"embed", {tok() * C + rnd(C), tok() * C + rnd(C)}},
+                       {"lm_head", {size_t(rnd(C * V))}}};
+    if (x0_includes_bigram) samples.push_back({"xsa_alphas", {size_t(10 * H), size_t(10 * H + 1)}});
+    const FdStats fd = fd_check(c, p, b, g, samples);
+
+    bool dead = g.resid_lambdas[20] == 0.0 && g.resid_lambdas[21] == 0.0 && g.post_lambdas[20] == 0.0 &&
+                g.post_lambdas[21] == 0.0 && g.x0_lambdas[10] == 0.0 && g.bigram_lambdas[10] == 0.0;
+    const int table = c.table_of(10);
+    for (int e = 0; e < H * kGateDim; ++e) dead &= g.ve_gate_bank[size_t(table * H * kGateDim + e)] == 0.0;
+    for (int j = kMuddPostCoefs; j < kMuddCoefs; ++j) {
+        dead &= g.mudd_b2[size_t(kMuddCoefs + j)] == 0.0;
+        for (int i = 0; i < M; ++i) dead &= g.mudd_w2[(size_t(kMuddCoefs) + j) * M + i] == 0.0;
+    }
+    bool live = true;
+    for (int j = 0; j < kMuddCoefs + kMuddPostCoefs; ++j) live &= g.mudd_b2[size_t(j)] != 0.0;
+    test::check(dead && live,
+                "MUDD: layer 10's lambdas and ve gate, block 1's w2/b2 rows [5, 14) must have exactly zero gradient "
+                "(%d), every read b2 entry a non-zero one (%d)",
+                dead, live);
+    std::printf("record 81 MUDD finite differences (x0 aliasing %s): loss %.6f, %d forwards (%d step reductions), %.1f s\n",
+                x0_includes_bigram ? "on, XSA" : "off", loss, fd.evaluated, fd.shrunk, seconds_since(t0));
+}
+
+// MUDD's b2 error scales (Tape::mudd_b2_scales), as check_r80_error_scales: the FP8 head's e5m2 gradient
+// moves each b2 gradient by a fraction of its scale, while the gradients are of the order of it; the unread
+// rows' scales are 0.
+void check_mudd_error_scales() {
+    Config exact = mudd_small_config(true);
+    exact.lambdas_bf16 = true;
+    Config fp8 = exact;
+    fp8.fp8 = true;
+    const Params p = mudd_random_params(exact);
+    const Batch b = make_batch(exact, {0, 11, 18}, 0);
+    Params g8, gx;
+    Tape tx;
+    forward_backward(fp8, p, b, exact.grad_scale, g8);
+    forward_backward(exact, p, b, exact.grad_scale, gx, &tx);
+    const std::vector<double>& scales = tx.mudd_b2_scales;
+    test::check(scales.size() == 28, "MUDD error scales: %zu entries", scales.size());
+    const double worst = test::check_within_scale("MUDD: FP8 vs exact b2 gradients", g8.mudd_b2, gx.mudd_b2, scales, 0.6);
+    double largest = 0.0;
+    bool zero = true, positive = true;
+    for (size_t j = 0; j < scales.size(); ++j) {
+        const bool read = j < size_t(kMuddCoefs + kMuddPostCoefs);  // block 0, then block 1's first 5
+        if (read) positive &= scales[j] > 0.0, largest = std::max(largest, std::fabs(gx.mudd_b2[j]) / scales[j]);
+        else zero &= scales[j] == 0.0;
+    }
+    test::check(largest > 0.6 && zero && positive,
+                "MUDD error scales: the largest b2 gradient is %.2f of its scale; unread rows' scales 0 (%d), read "
+                "rows' positive (%d)",
+                largest, zero, positive);
+    std::printf("  MUDD b2: FP8 vs exact largest difference %.3f of the scale, largest gradient %.2f of it\n", worst,
+                largest);
+}
+
+// ---- record 84's FP8 MLP up-projection ----
+// The loss moves by a small, non-zero relative amount; layer 4's pre is the formula's, recomputed here
+// element by element in float where upstream rounds to fp32, and a few percent off the unquantized product
+// of the same input; the backward reads the unquantized input and W1 with the FP8 pre; evaluation is
+// unquantized.
+void check_mlp_fp8() {
+    const Config c = r80_small_config();
+    Config q = c;
+    q.mlp_up_fp8 = true;
+    const Params p = random_params(c);
+    const Batch b = make_batch(c, {0, 11, 18}, 0);
+    Tape tx, tq;
+    Params gx, gq;
+    const double lx = forward_backward(c, p, b, 1.0, gx, &tx), lq = forward_backward(q, p, b, 1.0, gq, &tq);
+    const double rel = std::fabs(lq - lx) / std::fabs(lx);
+    test::check(rel > 1e-8 && rel < 1e-2, "FP8 MLP: loss %.10f vs exact %.10f, relative %.3g", lq, lx, rel);
+
+    const int layer = 4;
+    const size_t T = c.T, C = c.C, F = c.hidden();
+    const LayerTape& L = tq.layers[layer];
+    const double* w = p.mlp_bank.data() + size_t(2 * layer) * F * C;
+    double wmax = 0.0, xmax = 0.0;
+    for (size_t e = 0; e < F * C; ++e) wmax = std::max(wmax, std::fabs(w[e]));
+    for (size_t e = 0; e < T * C; ++e) xmax = std::max(xmax, std::fabs(L.xm[e]));
+    const double w_s = round_bf16(double(float(round_bf16(wmax)) / 448.0f));
+    const double a = round_bf16(xmax);
+    const float xs = 448.0f / float(a);
+    const double dq = double(float(float(w_s) * float(a)) / 448.0f);
+    double worst = 0.0, moved = 0.0, largest_xq = 0.0, pre_scale = 0.0;
+    for (size_t t = 0; t < T; ++t)
+        for (size_t f = 0; f < F; ++f) {
+            double s = 0.0, exact = 0.0;
+            for (size_t j = 0; j < C; ++j) {
+                const double xq = round_e4m3_satfinite(double(float(L.xm[t * C + j] * double(xs))));
+                const double wq = round_e4m3(round_bf16(double(float(w[f * C + j] / w_s))));
+                largest_xq = std::max(largest_xq, std::fabs(xq));
+                s += xq * wq;
+                exact += L.xm[t * C + j] * w[f * C + j];
+            }
+            const double pre = s * dq;
+            pre_scale = std::max(pre_scale, std::fabs(exact));
+            worst = std::max(worst, std::fabs(L.pre[t * F + f] - pre) / (1e-300 + std::fabs(pre)));
+            moved = std::max(moved, std::fabs(pre - exact));
+        }
+    test::check(worst < 1e-12 && L.mlp_fp8_a == a && L.mlp_fp8_dequant == dq && largest_xq == 448.0 &&
+                    moved > 1e-4 * pre_scale && moved < 0.1 * pre_scale && tx.layers[layer].mlp_fp8_a == 0.0,
+                "FP8 MLP layer %d: pre off the recomputation by %.3g (a %.6g, dequant %.6g, largest |xq| %g), off the "
+                "exact pre by %.3g of its largest",
+                layer, worst, a, dq, largest_xq, moved / pre_scale);
+
+    // the backward: d c_fc = d pre^T xm and d xm = d pre c_fc with xm and c_fc unquantized, d pre from the
+    // FP8 pre: layer 4's block backward from a random output gradient, against the formula
+    std::vector<double> dout(T * C), dx(T * C, 0.0);
+    for (double& e : dout) e = test::normal();
+    Params g = Params::zeros(q);
+    detail::mlp_block_backward(q, p, layer, L, dout, dx, g);
+    const double* proj = w + F * C;
+    std::vector<double> dpre(T * F);
+    for (size_t t = 0; t < T; ++t)
+        for (size_t f = 0; f < F; ++f) {
+            double s = 0.0;
+            for (size_t j = 0; j < C; ++j) s += dout[t * C + j] * proj[f * C + j];
+            const double pre = L.pre[t * F + f];
+            dpre[t * F + f] = pre > 0.0 ? 2.0 * pre * s : 0.0;
+        }
+    double bworst = 0.0, bscale = 0.0;
+    for (size_t f = 0; f < F; f += 7)
+        for (size_t j = 0; j < C; ++j) {
+            double s = 0.0;
+            for (size_t t = 0; t < T; ++t) s += dpre[t * F + f] * L.xm[t * C + j];
+            bworst = std::max(bworst, std::fabs(g.mlp_bank[size_t(2 * layer) * F * C + f * C + j] - s));
+            bscale = std::max(bscale, std::fabs(s));
+        }
+    test::check(bworst < 1e-12 * bscale, "FP8 MLP backward: d c_fc off d pre(FP8 pre)^T xm (unquantized) by %.3g of %.3g",
+                bworst, bscale);
+    Config eval = c, eval_q = q;
+    eval.training = eval_q.training = false;
+    test::check(forward(eval, p, b) == forward(eval_q, p, b), "FP8 MLP: evaluation must stay unquantized");
+    std::printf("  FP8 MLP: loss relative change %.3g, layer %d pre moved by %.3g of its largest\n", rel, layer,
+                moved / pre_scale);
+}
+
 // ---- loss scaling, evaluation loss, MTP decomposition ----
 void check_losses() {
     Config c = small_config();
@@ -1056,6 +1473,26 @@ void check_fp8() {
                 "e4m3fn subnormal ties");
     test::check(round_e5m2(1.125) == 1.0 && round_e5m2(1.375) == 1.5 && round_e5m2(std::ldexp(1.5, -16)) == std::ldexp(1.0, -15),
                 "e5m2 ties");
+    // the saturating e4m3 of upstream's compiled casts (record 84's MLP input): the same nearest-even rounding
+    // in range, +-448 beyond it
+    check_format("e4m3fn satfinite", decode_e4m3, round_e4m3_satfinite, 0x7E);
+    test::check(round_e4m3_satfinite(0.0) == 0.0 && std::signbit(round_e4m3_satfinite(-0.0)) &&
+                    round_e4m3_satfinite(448.0) == 448.0 && round_e4m3_satfinite(464.0) == 448.0 &&
+                    round_e4m3_satfinite(464.5) == 448.0 && round_e4m3_satfinite(-1e30) == -448.0 &&
+                    round_e4m3_satfinite(INFINITY) == 448.0 && std::isnan(round_e4m3_satfinite(std::nan(""))),
+                "e4m3fn satfinite: 0, 448, 464 and beyond saturate to +-448, NaN stays NaN");
+    const double s9 = std::ldexp(1.0, -9);  // the smallest subnormal
+    test::check(round_e4m3_satfinite(s9) == s9 && round_e4m3_satfinite(std::ldexp(1.0, -10)) == 0.0 &&
+                    round_e4m3_satfinite(std::nextafter(std::ldexp(1.0, -10), 1.0)) == s9 &&
+                    round_e4m3_satfinite(3 * std::ldexp(1.0, -10)) == 2 * s9 &&
+                    round_e4m3_satfinite(5 * std::ldexp(1.0, -10)) == 2 * s9 && round_e4m3_satfinite(1.0625) == 1.0 &&
+                    round_e4m3_satfinite(1.1875) == 1.25 && round_e4m3_satfinite(-1.0625) == -1.0 &&
+                    round_e4m3_satfinite(std::ldexp(0.875, -6)) == std::ldexp(0.875, -6),
+                "e4m3fn satfinite: subnormal 2^-9, ties to even (2^-10 -> 0, 3 2^-10 and 5 2^-10 -> 2^-8, 1.0625 -> 1, "
+                "1.1875 -> 1.25), the largest subnormal");
+    test::check(round_fp32(1.0 + std::ldexp(1.0, -24)) == 1.0 && round_fp32(1.0 + 3 * std::ldexp(1.0, -24)) ==
+                                                                         1.0 + std::ldexp(1.0, -22),
+                "round_fp32: nearest, ties to even");
 }
 
 // ---- the paired-head layout, straight on the attention core ----
@@ -1555,6 +1992,30 @@ void check_bad_input() {
         forward(x, q, make_batch(x, {0, 10}, 0));
     });
     expect_exit_failure("sign rows of an empty table", [] { bigram_sign_index({1, 2, 3}, 0); });
+    expect_exit_failure("MUDD without record 80's stream", [&] {
+        Config x = c;
+        x.mudd = true;
+        x.validate();
+    });
+    expect_exit_failure("MUDD with an odd head count", [&] {
+        Config x = Config::make(8, 64, 96, 3, 32, 10, 4, 8);
+        x.paired = {};
+        x.sublayer_lambdas = true;
+        x.mudd = true;
+        x.validate();
+    });
+    expect_exit_failure("MUDD without a value table on layer 10", [&] {
+        Config x = r80_small_config();
+        x.value_layers = {0, 1, 2, 8, 9};
+        x.mudd = true;
+        x.validate();
+    });
+    expect_exit_failure("record 80's parameters (no MUDD tensors, 32 scalars) under MUDD", [&] {
+        Config x = r80_small_config();
+        const Params q = Params::init(x, 1);
+        x.mudd = true;
+        forward(x, q, make_batch(x, {0, 10}, 0));
+    });
     expect_exit_failure("YaRN apply with a zero window", [&] {
         Config x = c;
         x.yarn_apply(0, 10);
@@ -1594,6 +2055,14 @@ int main() {
     check_bigram_gradients_fd(false);
     check_bigram_gradients_fd(true);
     std::printf("records 83/84's bigram checks: %.1f s\n", seconds_since(t84));
+    const auto t81 = std::chrono::steady_clock::now();
+    check_mudd_layout();
+    check_mudd_forward();
+    check_mudd_gradients_fd(false);
+    check_mudd_gradients_fd(true);
+    check_mudd_error_scales();
+    check_mlp_fp8();
+    std::printf("record 81's MUDD and record 84's FP8 MLP checks: %.1f s\n", seconds_since(t81));
     check_fp8_tiny();
     std::printf("total %.1f s\n", seconds_since(t0));
     return test::finish();
