@@ -136,22 +136,46 @@ __device__ __forceinline__ int fc_swizzle(int row, int col) {
     return row * COLS + (((col >> 3) ^ (row & 7)) << 3) + (col & 7);
 }
 
-// Issues the copies of k-step [k0, k0 + 64) of the block's x rows and w rows into a stage; chunks
-// outside the tensors (rows past T or H, columns past C) become zeros, which add nothing.
-__device__ __forceinline__ void fc_load_stage(__nv_bfloat16* stage, const __nv_bfloat16* x, const __nv_bfloat16* w,
-                                              int m0, int n0, int k0, int T, int C, int H) {
-    constexpr int chunks_per_row = kFcTileK / 8;
+// The operands' element type In: bf16, or e4m3 (the FP8 up-projection). A pipeline stage's row is
+// 128 bytes either way (64 bf16 or 128 e4m3: upstream's BLOCK_SIZE_K of 64, and 128 for FP8), a
+// 16-byte chunk 8 or 16 k's, and the products go in 4 steps of 32 bytes (k16 bf16 or k32 e4m3 MMAs).
+template <class In>
+constexpr int fc_tile_k() {
+    static_assert(sizeof(In) == 1 || sizeof(In) == 2, "bf16 or e4m3 operands");
+    return 128 / static_cast<int>(sizeof(In));
+}
+constexpr int kFcRowBytes = 128, kFcChunksPerRow = kFcRowBytes / 16;
+static_assert(kFcTileK == fc_tile_k<__nv_bfloat16>(), "a bf16 stage row is 128 bytes");
+// Byte offset of 16-byte chunk `chunk` of `row` in a stage's swizzled tile of 128-byte rows
+// (fc_swizzle<64>'s layout, counted in bytes).
+__device__ __forceinline__ int fc_chunk_offset(int row, int chunk) {
+    return row * kFcRowBytes + ((chunk ^ (row & 7)) << 4);
+}
+
+// Issues the copies of k-step [k0, k0 + fc_tile_k<In>()) of the block's x rows and w rows into a
+// stage; chunks outside the tensors (rows past T or H, columns past C) become zeros, which add nothing.
+template <class In>
+__device__ __forceinline__ void fc_load_stage(unsigned char* stage, const In* x, const In* w, int m0, int n0, int k0,
+                                              int T, int C, int H) {
+    constexpr int per_chunk = 16 / static_cast<int>(sizeof(In));
     static_assert(kFcTileRows == kFcTileCols, "x and w tiles are copied by the same threads");
-    __nv_bfloat16* sx = stage;
-    __nv_bfloat16* sw = stage + kFcTileRows * kFcTileK;
+    unsigned char* sx = stage;
+    unsigned char* sw = stage + kFcTileRows * kFcRowBytes;
 #pragma unroll
-    for (int i = 0; i < kFcTileRows * chunks_per_row / kFcThreads; ++i) {
+    for (int i = 0; i < kFcTileRows * kFcChunksPerRow / kFcThreads; ++i) {
         const int c = threadIdx.x + i * kFcThreads;
-        const int r = c / chunks_per_row, col = (c % chunks_per_row) * 8, k = k0 + col;
+        const int r = c / kFcChunksPerRow, chunk = c % kFcChunksPerRow, k = k0 + chunk * per_chunk;
         const bool in_x = k < C && m0 + r < T, in_w = k < C && n0 + r < H;
-        cp_async16(sx + fc_swizzle<kFcTileK>(r, col), in_x ? x + size_t(m0 + r) * C + k : x, in_x);
-        cp_async16(sw + fc_swizzle<kFcTileK>(r, col), in_w ? w + size_t(n0 + r) * C + k : w, in_w);
+        cp_async16(sx + fc_chunk_offset(r, chunk), in_x ? x + size_t(m0 + r) * C + k : x, in_x);
+        cp_async16(sw + fc_chunk_offset(r, chunk), in_w ? w + size_t(n0 + r) * C + k : w, in_w);
     }
+}
+// The scale the epilogue multiplies the fp32 sums by before rounding: the FP8 path's dequant (read
+// from device memory), none for bf16.
+template <class In>
+__device__ __forceinline__ float fc_dequant(const float* dequant) {
+    if constexpr (sizeof(In) == 1) return *dequant;
+    else return 1.0f;
 }
 
 // What the epilogue makes of g, the bf16 rounding of a tile's fp32 sums.
@@ -197,65 +221,72 @@ __device__ __forceinline__ void fc_store_tile(const __nv_bfloat16* tile, int tid
 // `pre` read by the backward only (the other is null). The backward's pre may be its out: each
 // element is read by the thread that then writes it. Two blocks per SM: at most 128 registers a
 // thread (ptxas: no spills) and 2 x 96 KB.
-template <FcEpilogue E>
+// In: the operands' type (bf16, or e4m3 with the sums multiplied by *dequant before the rounding;
+// dequant is read by the e4m3 kernel only).
+template <FcEpilogue E, class In = __nv_bfloat16>
 __global__ void __launch_bounds__(kFcThreads, 2)
-    linear_relu_square_kernel(__nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre,
-                              const __nv_bfloat16* x, const __nv_bfloat16* w, int T, int C, int H) {
-    __nv_bfloat16* smem = dynamic_smem<__nv_bfloat16>();
+    linear_relu_square_kernel(__nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre, const In* x,
+                              const In* w, const float* dequant, int T, int C, int H) {
+    constexpr int tile_k = fc_tile_k<In>();
+    unsigned char* smem = dynamic_smem<unsigned char>();
     const int m0 = blockIdx.y * kFcTileRows, n0 = blockIdx.x * kFcTileCols;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int wm = (warp % (kFcTileRows / kFcWarpRows)) * kFcWarpRows;
     const int wn = (warp / (kFcTileRows / kFcWarpRows)) * kFcWarpCols;
-    const int ksteps = ceil_div(C, kFcTileK);
+    const int ksteps = ceil_div(C, tile_k);
+    constexpr size_t stage_bytes = kFcStageElems * sizeof(__nv_bfloat16);
 
 #pragma unroll
     for (int s = 0; s < kFcStages - 1; ++s) {
-        if (s < ksteps) fc_load_stage(smem + s * kFcStageElems, x, w, m0, n0, s * kFcTileK, T, C, H);
+        if (s < ksteps) fc_load_stage(smem + s * stage_bytes, x, w, m0, n0, s * tile_k, T, C, H);
         cp_async_commit();  // empty groups keep the count the waits rely on
     }
 
-    constexpr int MT = kFcWarpRows / 16, NT = kFcWarpCols / 8, KS = kFcTileK / 16;
+    constexpr int MT = kFcWarpRows / 16, NT = kFcWarpCols / 8, KS = kFcRowBytes / 32;
     float acc[MT][NT][4] = {};
     for (int ks = 0; ks < ksteps; ++ks) {
         cp_async_wait<kFcStages - 2>();  // k-step ks has landed (this thread's copies)...
         __syncthreads();                 // ...everyone's, and the stage read at ks - 1 is free again
         const int next = ks + kFcStages - 1;
-        if (next < ksteps)
-            fc_load_stage(smem + (next % kFcStages) * kFcStageElems, x, w, m0, n0, next * kFcTileK, T, C, H);
+        if (next < ksteps) fc_load_stage(smem + (next % kFcStages) * stage_bytes, x, w, m0, n0, next * tile_k, T, C, H);
         cp_async_commit();
 
-        // x rows "rows first" (lanes 0-15 rows at column k, 16-31 the same rows at k + 8) give A
-        // fragments; w rows "cols first" (lanes 0-7 rows at k, 8-15 at k + 8, 16-23 the next 8 rows at
-        // k, 24-31 at k + 8) give the B fragments of B = w^T for two n-tiles (layouts: ptx.cuh)
-        const __nv_bfloat16* sx = smem + (ks % kFcStages) * kFcStageElems;
-        const __nv_bfloat16* sw = sx + kFcTileRows * kFcTileK;
+        // x rows "rows first" (lanes 0-15 rows at chunk 2s, 16-31 the same rows at chunk 2s + 1) give A
+        // fragments; w rows "cols first" (lanes 0-7 rows at chunk 2s, 8-15 at 2s + 1, 16-23 the next 8
+        // rows at 2s, 24-31 at 2s + 1) give the B fragments of B = w^T for two n-tiles (layouts: ptx.cuh;
+        // a 32-byte step is a k16 bf16 or a k32 e4m3 MMA)
+        const unsigned char* sx = smem + (ks % kFcStages) * stage_bytes;
+        const unsigned char* sw = sx + kFcTileRows * kFcRowBytes;
         const void* x_rows[KS][MT];
         const void* w_rows[KS][NT / 2];
 #pragma unroll
         for (int s = 0; s < KS; ++s) {
 #pragma unroll
-            for (int m = 0; m < MT; ++m)
-                x_rows[s][m] = sx + fc_swizzle<kFcTileK>(wm + 16 * m + (lane & 15), 16 * s + ((lane >> 4) << 3));
+            for (int m = 0; m < MT; ++m) x_rows[s][m] = sx + fc_chunk_offset(wm + 16 * m + (lane & 15), 2 * s + (lane >> 4));
 #pragma unroll
             for (int p = 0; p < NT / 2; ++p)
-                w_rows[s][p] = sw + fc_swizzle<kFcTileK>(wn + 16 * p + (lane & 7) + ((lane >> 4) << 3),
-                                                         16 * s + (((lane >> 3) & 1) << 3));
+                w_rows[s][p] = sw + fc_chunk_offset(wn + 16 * p + (lane & 7) + ((lane >> 4) << 3), 2 * s + ((lane >> 3) & 1));
         }
-        mma_m16n8k16_bf16_from_smem<KS, MT, NT>(acc, x_rows, w_rows);
+        if constexpr (sizeof(In) == 1) mma_m16n8k32_e4m3_from_smem<KS, MT, NT>(acc, x_rows, w_rows);
+        else mma_m16n8k16_bf16_from_smem<KS, MT, NT>(acc, x_rows, w_rows);
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the stages: the epilogue reuses their memory
 
+    const float dq = fc_dequant<In>(dequant);
+    __nv_bfloat16* tile = reinterpret_cast<__nv_bfloat16*>(smem);
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int m = 0; m < MT; ++m)
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-            const float(&c)[4] = acc[m][n];
-            fc_stage_fragment<kFcTileCols>(smem, wm + 16 * m + g, wn + 8 * n + 2 * t, c[0], c[1], c[2], c[3]);
+            float c[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) c[i] = sizeof(In) == 1 ? acc[m][n][i] * dq : acc[m][n][i];
+            fc_stage_fragment<kFcTileCols>(tile, wm + 16 * m + g, wn + 8 * n + 2 * t, c[0], c[1], c[2], c[3]);
         }
     __syncthreads();
-    fc_store_tile<E, kFcTileRows, kFcThreads>(smem, threadIdx.x, out, post, pre, m0, n0, T, H);
+    fc_store_tile<E, kFcTileRows, kFcThreads>(tile, threadIdx.x, out, post, pre, m0, n0, T, H);
 }
 
 // ---- the Hopper kernel: TMA -> mbarrier ring -> wgmma, warp-specialized ----
@@ -290,20 +321,22 @@ static_assert(kFcTileK * 2 == 128, "a k-step's row is one 128-byte swizzle span"
 static_assert(128 * kFcwProducerRegs + 128 * kFcwConsumers * kFcwConsumerRegs <= 65536, "registers of one SM");
 static_assert(kFcwSmemBytes <= 227 * 1024, "shared memory of one block");
 
-// The producer's loop (one thread).
+// The producer's loop (one thread); a k-step is tile_k elements (128 bytes of a row).
 __device__ __forceinline__ void fc_wgmma_produce(unsigned char* ring, uint64_t* full, uint64_t* empty,
                                                  const CUtensorMap* map_x, const CUtensorMap* map_w, int m0, int n0,
-                                                 int ksteps) {
+                                                 int ksteps, int tile_k) {
     for (int ks = 0; ks < ksteps; ++ks) {
         const int s = ks % kFcwStages;
         if (ks >= kFcwStages) mbarrier_wait(&empty[s], (ks / kFcwStages - 1) % 2);  // k-step ks - 4 is consumed
         unsigned char* stage = ring + s * kFcwStageBytes;
         mbarrier_arrive_expect_tx(&full[s], kFcwStageBytes);
-        tma_load_2d(stage, map_x, ks * kFcTileK, m0, &full[s]);
-        tma_load_2d(stage + kFcwXBytes, map_w, ks * kFcTileK, n0, &full[s]);
+        tma_load_2d(stage, map_x, ks * tile_k, m0, &full[s]);
+        tma_load_2d(stage + kFcwXBytes, map_w, ks * tile_k, n0, &full[s]);
     }
 }
-// A consumer warpgroup's loop: acc = its 64 rows of x @ w^T over every k-step, retired.
+// A consumer warpgroup's loop: acc = its 64 rows of x @ w^T over every k-step, retired. Each k-step
+// is four wgmmas of 32 bytes of k: m64n256k16 on bf16, m64n256k32 on e4m3.
+template <class In = __nv_bfloat16>
 __device__ __forceinline__ void fc_wgmma_consume(WgmmaAcc<kFcwCols>& acc, const unsigned char* ring, uint64_t* full,
                                                  uint64_t* empty, int consumer, int ksteps) {
     for (int ks = 0; ks < ksteps; ++ks) {
@@ -313,9 +346,12 @@ __device__ __forceinline__ void fc_wgmma_consume(WgmmaAcc<kFcwCols>& acc, const 
         const unsigned char* w = ring + s * kFcwStageBytes + kFcwXBytes;
         wgmma_fence(acc);
 #pragma unroll
-        for (int kk = 0; kk < kFcTileK / 16; ++kk)
-            wgmma_ss(acc, make_smem_desc(x + 32 * kk, 0, 1024, Swizzle::b128),
-                     make_smem_desc(w + 32 * kk, 0, 1024, Swizzle::b128), ks > 0 || kk > 0);
+        for (int kk = 0; kk < kFcRowBytes / 32; ++kk) {
+            const uint64_t da = make_smem_desc(x + 32 * kk, 0, 1024, Swizzle::b128),
+                           db = make_smem_desc(w + 32 * kk, 0, 1024, Swizzle::b128);
+            if constexpr (sizeof(In) == 1) wgmma_ss_e4m3(acc, da, db, ks > 0 || kk > 0);
+            else wgmma_ss(acc, da, db, ks > 0 || kk > 0);
+        }
         wgmma_commit();
         wgmma_wait<1>(acc);  // k-step ks - 1's wgmmas are retired: their stage may be refilled
         if (ks > 0) mbarrier_arrive(&empty[(ks - 1) % kFcwStages]);
@@ -323,17 +359,19 @@ __device__ __forceinline__ void fc_wgmma_consume(WgmmaAcc<kFcwCols>& acc, const 
     wgmma_wait<0>(acc);
 }
 
-// linear_relu_square_kernel's g and epilogue on Hopper; x and w come as tensor maps (boxes of 64 x
-// 128 and 64 x 256, 128-byte swizzle).
-template <FcEpilogue E>
+// linear_relu_square_kernel's g and epilogue on Hopper; x and w come as tensor maps (boxes of 128
+// bytes x 128 and x 256 rows, 128-byte swizzle: 64 bf16 or 128 e4m3 wide). In as there (e4m3: the
+// sums times *dequant before the rounding).
+template <FcEpilogue E, class In = __nv_bfloat16>
 __global__ void __launch_bounds__(kFcwThreads, 1)
     linear_relu_square_wgmma_kernel(__nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre,
                                     const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-                                    int T, int C, int H) {
+                                    const float* dequant, int T, int C, int H) {
+    constexpr int tile_k = fc_tile_k<In>();
     __shared__ uint64_t full[kFcwStages], empty[kFcwStages];
     unsigned char* raw = dynamic_smem<unsigned char>();
     unsigned char* ring = raw + (1024 - smem_address(raw) % 1024) % 1024;  // the swizzle repeats every 1024 bytes
-    const int m0 = blockIdx.y * kFcTileRows, n0 = blockIdx.x * kFcwCols, ksteps = ceil_div(C, kFcTileK);
+    const int m0 = blockIdx.y * kFcTileRows, n0 = blockIdx.x * kFcwCols, ksteps = ceil_div(C, tile_k);
     const int warpgroup = threadIdx.x / 128;
     if (threadIdx.x == 0) {
         for (int s = 0; s < kFcwStages; ++s) {
@@ -345,13 +383,14 @@ __global__ void __launch_bounds__(kFcwThreads, 1)
     __syncthreads();
     if (warpgroup == 0) {
         setmaxnreg_dec<kFcwProducerRegs>();
-        if (threadIdx.x == 0) fc_wgmma_produce(ring, full, empty, &map_x, &map_w, m0, n0, ksteps);
+        if (threadIdx.x == 0) fc_wgmma_produce(ring, full, empty, &map_x, &map_w, m0, n0, ksteps, tile_k);
         return;
     }
     setmaxnreg_inc<kFcwConsumerRegs>();
     const int consumer = warpgroup - 1, warp = threadIdx.x / 32 - 4, lane = threadIdx.x % 32;
     WgmmaAcc<kFcwCols> acc;
-    fc_wgmma_consume(acc, ring, full, empty, consumer, ksteps);
+    fc_wgmma_consume<In>(acc, ring, full, empty, consumer, ksteps);
+    const float dq = fc_dequant<In>(dequant);
 
     __nv_bfloat16* tile = reinterpret_cast<__nv_bfloat16*>(ring + kFcwStages * kFcwStageBytes + warp * kFcwStagingBytes);
     const int g = lane / 4, t = lane % 4, row0 = m0 + 64 * consumer + 16 * (warp % 4);
@@ -360,7 +399,11 @@ __global__ void __launch_bounds__(kFcwThreads, 1)
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             const int f = 4 * (16 * half + i);  // the fragment of columns 128 half + 8 i..
-            fc_stage_fragment<128>(tile, g, 8 * i + 2 * t, acc[f], acc[f + 1], acc[f + 2], acc[f + 3]);
+            if constexpr (sizeof(In) == 1)
+                fc_stage_fragment<128>(tile, g, 8 * i + 2 * t, acc[f] * dq, acc[f + 1] * dq, acc[f + 2] * dq,
+                                       acc[f + 3] * dq);
+            else
+                fc_stage_fragment<128>(tile, g, 8 * i + 2 * t, acc[f], acc[f + 1], acc[f + 2], acc[f + 3]);
         }
         __syncwarp();
         fc_store_tile<E, 16, 32>(tile, lane, out, post, pre, row0, n0 + 128 * half, T, H);
@@ -400,47 +443,49 @@ inline Work linear_relu_square_backward_work(MlpKernel k, int T, int C, int H) {
                 .m = H, .n = T, .k = C};
 }
 
-template <FcEpilogue E>
+template <FcEpilogue E, class In>
 void launch_linear_relu_square_mma(const Work& work, __nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre,
-                                   const __nv_bfloat16* x, const __nv_bfloat16* w, int T, int C, int H,
+                                   const In* x, const In* w, const float* dequant, int T, int C, int H,
                                    cudaStream_t stream) {
-    static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_kernel<E>,
+    static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_kernel<E, In>,
                                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                       static_cast<int>(kFcSmemBytes))),
                                       true);
     (void)smem_allowed;
     const dim3 grid(static_cast<unsigned>(ceil_div(H, kFcTileCols)), static_cast<unsigned>(ceil_div(T, kFcTileRows)));
-    launch(work, linear_relu_square_kernel<E>, grid, dim3(kFcThreads), kFcSmemBytes, stream, out, post, pre, x, w, T,
-           C, H);
+    launch(work, linear_relu_square_kernel<E, In>, grid, dim3(kFcThreads), kFcSmemBytes, stream, out, post, pre, x, w,
+           dequant, T, C, H);
     CUDA_CHECK_LAUNCH();
 }
-template <FcEpilogue E>
+template <FcEpilogue E, class In>
 void launch_linear_relu_square_wgmma(const Work& work, __nv_bfloat16* out, __nv_bfloat16* post,
-                                     const __nv_bfloat16* pre, const __nv_bfloat16* x, const __nv_bfloat16* w, int T,
+                                     const __nv_bfloat16* pre, const In* x, const In* w, const float* dequant, int T,
                                      int C, int H, cudaStream_t stream) {
-    static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_wgmma_kernel<E>,
+    static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_wgmma_kernel<E, In>,
                                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                       static_cast<int>(kFcwSmemBytes))),
                                       true);
     (void)smem_allowed;
-    const uint64_t row_bytes = uint64_t(C) * sizeof(__nv_bfloat16);
+    const uint64_t row_bytes = uint64_t(C) * sizeof(In);
+    const uint32_t tile_k = fc_tile_k<In>();
+    const CUtensorMapDataType type = sizeof(In) == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
     const CUtensorMap map_x = encode_tensor_map<2>(x, {uint64_t(C), uint64_t(T)}, {row_bytes},
-                                                   {uint32_t(kFcTileK), uint32_t(kFcTileRows)}, Swizzle::b128);
+                                                   {tile_k, uint32_t(kFcTileRows)}, Swizzle::b128, type);
     const CUtensorMap map_w = encode_tensor_map<2>(w, {uint64_t(C), uint64_t(H)}, {row_bytes},
-                                                   {uint32_t(kFcTileK), uint32_t(kFcwCols)}, Swizzle::b128);
+                                                   {tile_k, uint32_t(kFcwCols)}, Swizzle::b128, type);
     const dim3 grid(static_cast<unsigned>(ceil_div(H, kFcwCols)), static_cast<unsigned>(ceil_div(T, kFcTileRows)));
-    launch(work, linear_relu_square_wgmma_kernel<E>, grid, dim3(kFcwThreads), kFcwSmemBytes, stream, out, post, pre,
-           map_x, map_w, T, C, H);
+    launch(work, linear_relu_square_wgmma_kernel<E, In>, grid, dim3(kFcwThreads), kFcwSmemBytes, stream, out, post,
+           pre, map_x, map_w, dequant, T, C, H);
     CUDA_CHECK_LAUNCH();
 }
-template <FcEpilogue E>
+template <FcEpilogue E, class In = __nv_bfloat16>
 void launch_linear_relu_square(MlpKernel k, const Work& work, __nv_bfloat16* out, __nv_bfloat16* post,
-                               const __nv_bfloat16* pre, const __nv_bfloat16* x, const __nv_bfloat16* w, int T, int C,
-                               int H, cudaStream_t stream) {
+                               const __nv_bfloat16* pre, const In* x, const In* w, int T, int C, int H,
+                               cudaStream_t stream, const float* dequant = nullptr) {
     if (k == MlpKernel::wgmma)
-        launch_linear_relu_square_wgmma<E>(work, out, post, pre, x, w, T, C, H, stream);
+        launch_linear_relu_square_wgmma<E, In>(work, out, post, pre, x, w, dequant, T, C, H, stream);
     else
-        launch_linear_relu_square_mma<E>(work, out, post, pre, x, w, T, C, H, stream);
+        launch_linear_relu_square_mma<E, In>(work, out, post, pre, x, w, dequant, T, C, H, stream);
 }
 
 // pre (T, H) = x (T, C) @ w (H, C)^T, post (T, H) = relu(pre)^2, both bf16; one kernel, k's.
@@ -513,6 +558,279 @@ inline void mlp_backward(CublasLt& lt, MlpKernel k, __nv_bfloat16* dx, __nv_bflo
     }
     matmul_backward_weight(lt, dc_fc, dpre, x, T, H, C, stream, accumulate_weight_grads, "gemm_mlp_fc_dw");
     matmul_backward_input(lt, dx, dpre, c_fc, T, H, C, stream, false, "gemm_mlp_fc_dx");
+}
+
+// ---- the FP8 up-projection (record 84; the training forward only) ----
+// Upstream a333be08: quantize_mlp_fp8 (train_gpt.py L1332-1343) after every optimizer step and at init,
+// the forward's use_mlp_fp8 branch (L1479-1487), linear_relu_square's USE_FP8 path (triton_kernels.py
+// L403-541). The backward is mlp_backward unchanged: bf16, from the unquantized x and c_fc and the pre
+// and post this forward saved. Rounding points:
+// - Weights (eager PyTorch, outside the compiled graph, so every tensor op rounds to bf16):
+//   w_s[l] = bf16(max(max|W1_l|, bf16(1e-12)) / 448), kept as fp32 (the amax of bf16 values is one of
+//   them; eager CUDA divides a tensor by a Python scalar as a multiply by fp32(1/448), which gives the
+//   division's bf16 for every bf16: test_mlp checks them all); W1q_l = e4m3(bf16(fp32(W1_l) / w_s[l]))
+//   with cvt.rn.satfinite: torch's eager e4m3 cast does not saturate, but |W1 / w_s| <= 448 (1 + 2^-8)
+//   rounds to at most 450 in bf16, which both casts take to 448, so they agree on every reachable value.
+// - Activations (inside torch.compile, which fuses the chain and rounds nothing to bf16 in between, as
+//   the lm_head's x.div(s).to(fp8) in kernels/head.cuh): a = max|x| over the layer's whole (T, C) input,
+//   clamped to >= bf16(1e-12); xq = e4m3(fp32(x) * (448 / a)), 448 / a one IEEE fp32 division, the
+//   cast cvt.rn.satfinite; dequant = fp32(w_s[l] * a) / 448 (upstream's fp32 buffer's
+//   copy_(w_s).mul_(a).div_(448)). The amaxes are integer maxima of the magnitudes' bits: exact, in any
+//   order (so deterministic), and NaN wins as in torch's amax.
+// - pre = bf16(fp32(sum_k xq wq) * dequant) and post = bf16(relu(pre)^2), written by the fused c_fc
+//   kernels' epilogue (FcEpilogue::relu_square_forward) with the sums multiplied by the dequant before
+//   the one rounding (upstream: accumulator *= dequant, then .to(bf16)). The sums are fp32 of exact
+//   e4m3 products: under emu in k order; on Hopper by the tensor cores' fast FP8 accumulation, never
+//   promoted, as upstream's tl.dot (max_num_imprecise_acc 2^30).
+// Passes per layer (T tokens, width C, hidden H; global-memory bytes): the amax pass reads x (2TC),
+// the quantize pass reads x and writes xq (2TC + TC), the GEMM reads xq and W1q (TC + HC) and writes
+// pre and post (4TH); bf16's GEMM alone reads 2TC + 2HC. Why xq goes through memory rather than the
+// GEMM quantizing its x tiles as they arrive: the amax needs a whole pass over x before any element can
+// be quantized, so that pass exists either way; quantizing in the GEMM would save xq's write and read
+// (2TC, ~75 MB at T = 49152, C = 768) but brings x in as bf16, twice the bytes per k-step of the
+// 128-wide FP8 stages (the wgmma kernel's 4-stage ring would no longer fit), adds a conversion through
+// shared memory between TMA and wgmma in every consumer, and repeats it for each of the H / 256 column
+// tiles that read the same x tile. Upstream does the same three passes (inductor's amax and cast
+// kernels, then the Triton GEMM). The amax pass could be fused into the norm that produces x.
+struct Fp8UpWeights {
+    __nv_fp8_e4m3* w;  // (layers, H, C) e4m3: layer l's W1q at w + l H C
+    float* scale;      // (layers): w_s
+};
+// An MLP bank's c_fc: layer l's (H, C) bf16 at c_fc + l * layer_stride (elements).
+struct MlpFcBank {
+    const __nv_bfloat16* c_fc;
+    int64_t layer_stride;
+    int layers;
+};
+// What mlp_fp8_quantize_input leaves in device memory for the GEMM.
+struct Fp8UpScales {
+    float amax;     // a
+    float x_scale;  // 448 / a
+    float dequant;  // w_s a / 448
+    float unused;
+};
+// One layer's FP8 up-projection: its quantized weight and the scratch of its input's quantization.
+// Launches that may run at the same time (other streams) need their own xq, scales and amax.
+struct Fp8Up {
+    const __nv_fp8_e4m3* w;  // (H, C): Fp8UpWeights::w + l H C
+    const float* w_scale;    // &Fp8UpWeights::scale[l]
+    __nv_fp8_e4m3* xq;       // scratch (T, C), 16-byte aligned
+    Fp8UpScales* scales;     // scratch
+    BlockPartials amax;      // scratch: mlp_fp8_input_scratch_floats(T, C) partials, a counter zeroed once
+};
+
+constexpr int kFp8Threads = 256, kFp8AmaxMaxBlocks = 256;
+constexpr float kE4m3Max = 448.0f;
+// The amax pass's blocks over n elements: fixed by n.
+inline int fp8_amax_blocks(int64_t n) {
+    return static_cast<int>(std::clamp<int64_t>(ceil_div<int64_t>(n / 8, kFp8Threads), 1, kFp8AmaxMaxBlocks));
+}
+// |v| as bits: unsigned, they order as the magnitudes do, with NaN above inf.
+__device__ __forceinline__ uint32_t abs_bits(__nv_bfloat16 v) {
+    return (uint32_t(__bfloat16_as_ushort(v)) << 16) & 0x7fffffffu;
+}
+__device__ inline uint32_t block_reduce_max_bits(uint32_t v) {
+    __shared__ uint32_t warp_max[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) warp_max[warp] = v;
+    __syncthreads();
+    v = lane < warps ? warp_max[lane] : 0u;
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// The max of |x[i]| bits over packs [first, n / 8) with a stride of `step` packs.
+__device__ __forceinline__ uint32_t abs_max_bits(const __nv_bfloat16* x, int64_t n, int64_t first, int64_t step) {
+    uint32_t m = 0;
+    for (int64_t i = first; i < n / 8; i += step) {
+        const Pack128<__nv_bfloat16> p = load128(x + 8 * i);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) m = max(m, abs_bits(p[k]));
+    }
+    return m;
+}
+// max(a, bf16(1e-12)), NaN kept (torch's clamp).
+__device__ __forceinline__ float clamp_amax(float a) {
+    const float lo = __bfloat162float(__float2bfloat16(1e-12f));
+    return a < lo ? lo : a;
+}
+// 8 bf16 to 8 e4m3 codes, each e4m3(f(value)).
+template <class F>
+__device__ __forceinline__ uint2 e4m3_pack8(const Pack128<__nv_bfloat16>& p, F f) {
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = f(__bfloat162float(p[k]));
+    return make_uint2(cvt_e4m3x4(v[0], v[1], v[2], v[3]), cvt_e4m3x4(v[4], v[5], v[6], v[7]));
+}
+
+// ---- weights: all layers of the bank in two launches ----
+// Block b works on layer b / blocks_per_layer; the last block turns each layer's partials into w_s.
+__global__ void __launch_bounds__(kFp8Threads)
+    mlp_fp8_weight_scale_kernel(float* scale, MlpFcBank bank, int64_t n, int blocks_per_layer, BlockPartials scratch) {
+    const int layer = blockIdx.x / blocks_per_layer, part = blockIdx.x % blocks_per_layer;
+    const uint32_t m = block_reduce_max_bits(abs_max_bits(bank.c_fc + layer * bank.layer_stride, n,
+                                                          int64_t(part) * blockDim.x + threadIdx.x,
+                                                          int64_t(blocks_per_layer) * blockDim.x));
+    if (threadIdx.x == 0) scratch.partials[blockIdx.x] = __uint_as_float(m);
+    if (!last_block_done(scratch.done)) return;
+    for (int l = 0; l < bank.layers; ++l) {
+        uint32_t lm = 0;
+        for (int i = threadIdx.x; i < blocks_per_layer; i += blockDim.x)
+            lm = max(lm, __float_as_uint(scratch.partials[l * blocks_per_layer + i]));
+        lm = block_reduce_max_bits(lm);
+        if (threadIdx.x == 0) scale[l] = __bfloat162float(__float2bfloat16(clamp_amax(__uint_as_float(lm)) / kE4m3Max));
+    }
+}
+// W1q = e4m3(bf16(W1 / w_s)), 8 elements a thread; layer l's output at w + l n.
+__global__ void __launch_bounds__(kFp8Threads)
+    mlp_fp8_quantize_weights_kernel(__nv_fp8_e4m3* w, const float* scale, MlpFcBank bank, int64_t n) {
+    const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, per_layer = n / 8;
+    if (p >= per_layer * bank.layers) return;
+    const int layer = static_cast<int>(p / per_layer);
+    const float s = scale[layer];
+    const Pack128<__nv_bfloat16> v = load128(bank.c_fc + layer * bank.layer_stride + 8 * (p % per_layer));
+    *reinterpret_cast<uint2*>(reinterpret_cast<unsigned char*>(w) + 8 * p) =
+        e4m3_pack8(v, [s](float x) { return __bfloat162float(__float2bfloat16(x / s)); });
+}
+inline int mlp_fp8_weight_blocks_per_layer(int H, int C) { return fp8_amax_blocks(int64_t(H) * C); }
+// The weight scales' partials: one float per block of mlp_fp8_quantize_weights' amax launch.
+inline size_t mlp_fp8_weight_scratch_floats(int layers, int H, int C) {
+    return size_t(layers) * mlp_fp8_weight_blocks_per_layer(H, C);
+}
+inline std::string mlp_fp8_shape_error(int T, int C, int H, std::initializer_list<const void*> pointers) {
+    if (T <= 0 || C <= 0 || H <= 0)
+        return "T (" + std::to_string(T) + "), C (" + std::to_string(C) + ") and H (" + std::to_string(H) +
+               ") must be positive";
+    if (C % 16 != 0 || H % 8 != 0)
+        return "C (" + std::to_string(C) + ") must be a multiple of 16 (rows of 16-byte e4m3 chunks) and H (" +
+               std::to_string(H) + ") of 8";
+    if (ceil_div(T, kFcTileRows) > 65535) return "T (" + std::to_string(T) + ") needs more than 65535 row tiles";
+    if (!all_aligned16(pointers)) return "a buffer is not 16-byte aligned";
+    return "";
+}
+// Reads the bank's weights, the partials and the counter; writes the partials, the scales and the counter.
+inline Work mlp_fp8_weight_scale_work(int layers, int H, int C) {
+    const double n = double(layers) * H * C, partials = 4.0 * mlp_fp8_weight_scratch_floats(layers, H, C);
+    return Work{.name = "mlp_fp8_weight_scale", .flops = n, .bytes_read = 2 * n + partials + 4,
+                .bytes_written = partials + 4.0 * layers + 4};
+}
+// Reads the weights and scales, writes W1q; a division and a conversion per element.
+inline Work mlp_fp8_quantize_weights_work(int layers, int H, int C) {
+    const double n = double(layers) * H * C;
+    return Work{.name = "mlp_fp8_quantize_weights", .flops = 2 * n, .bytes_read = 2 * n + 4.0 * layers,
+                .bytes_written = n};
+}
+// out.w (layers, H, C) = W1q and out.scale (layers) = w_s of every layer of the bank, in two launches
+// (the scales, then the weights); `scratch`: mlp_fp8_weight_scratch_floats partials and a counter
+// zeroed once. After every optimizer step that changes c_fc, and at init.
+inline void mlp_fp8_quantize_weights(const Fp8UpWeights& out, const MlpFcBank& bank, int H, int C,
+                                     BlockPartials scratch, cudaStream_t stream) {
+    require_shape(mlp_fp8_shape_error(1, C, H, {out.w, bank.c_fc}), "mlp_fp8_quantize_weights");
+    kernel_require(bank.layers >= 1 && bank.layer_stride % 8 == 0 && bank.layer_stride >= int64_t(H) * C,
+                   "mlp_fp8_quantize_weights: %d layers %lld elements apart: need at least one layer, a stride of at "
+                   "least H C = %lld and a multiple of 8",
+                   bank.layers, (long long)bank.layer_stride, (long long)(int64_t(H) * C));
+    const int64_t n = int64_t(H) * C;
+    const int per_layer = mlp_fp8_weight_blocks_per_layer(H, C);
+    launch(mlp_fp8_weight_scale_work(bank.layers, H, C), mlp_fp8_weight_scale_kernel, dim3(per_layer * bank.layers),
+           dim3(kFp8Threads), 0, stream, out.scale, bank, n, per_layer, scratch);
+    CUDA_CHECK_LAUNCH();
+    const int64_t packs = n / 8 * bank.layers;
+    launch(mlp_fp8_quantize_weights_work(bank.layers, H, C), mlp_fp8_quantize_weights_kernel,
+           dim3(static_cast<unsigned>(ceil_div<int64_t>(packs, kFp8Threads))), dim3(kFp8Threads), 0, stream, out.w,
+           out.scale, bank, n);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- activations: the amax pass, then the quantize pass ----
+// Partials of x's amax; the last block writes a, 448 / a and the dequant.
+__global__ void __launch_bounds__(kFp8Threads)
+    mlp_fp8_input_amax_kernel(Fp8UpScales* scales, const __nv_bfloat16* x, int64_t n, const float* w_scale,
+                              BlockPartials scratch) {
+    const uint32_t m = block_reduce_max_bits(abs_max_bits(x, n, int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                                                          int64_t(gridDim.x) * blockDim.x));
+    if (threadIdx.x == 0) scratch.partials[blockIdx.x] = __uint_as_float(m);
+    if (!last_block_done(scratch.done)) return;
+    uint32_t all = 0;
+    for (int i = threadIdx.x; i < static_cast<int>(gridDim.x); i += blockDim.x)
+        all = max(all, __float_as_uint(scratch.partials[i]));
+    all = block_reduce_max_bits(all);
+    if (threadIdx.x == 0) {
+        const float a = clamp_amax(__uint_as_float(all));
+        *scales = Fp8UpScales{.amax = a, .x_scale = kE4m3Max / a, .dequant = *w_scale * a / kE4m3Max, .unused = 0.0f};
+    }
+}
+// xq = e4m3(x * 448 / a), 8 elements a thread.
+__global__ void __launch_bounds__(kFp8Threads)
+    mlp_fp8_quantize_input_kernel(__nv_fp8_e4m3* xq, const __nv_bfloat16* x, int64_t n, const Fp8UpScales* scales) {
+    const int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (p >= n / 8) return;
+    const float q = scales->x_scale;
+    *reinterpret_cast<uint2*>(reinterpret_cast<unsigned char*>(xq) + 8 * p) =
+        e4m3_pack8(load128(x + 8 * p), [q](float v) { return v * q; });
+}
+// The input amax's partials: one float per block.
+inline size_t mlp_fp8_input_scratch_floats(int T, int C) { return size_t(fp8_amax_blocks(int64_t(T) * C)); }
+// Reads x, w_s, the partials and the counter; writes the partials, the scales and the counter.
+inline Work mlp_fp8_input_amax_work(int T, int C) {
+    const double n = double(T) * C, partials = 4.0 * mlp_fp8_input_scratch_floats(T, C);
+    return Work{.name = "mlp_fp8_input_amax", .flops = n, .bytes_read = 2 * n + partials + 8,
+                .bytes_written = partials + sizeof(Fp8UpScales) + 4};
+}
+// Reads x and the scale, writes xq; a multiply and a conversion per element.
+inline Work mlp_fp8_quantize_input_work(int T, int C) {
+    const double n = double(T) * C;
+    return Work{.name = "mlp_fp8_quantize_input", .flops = 2 * n, .bytes_read = 2 * n + 4, .bytes_written = n};
+}
+// up.scales and up.xq (T, C) from x (T, C): the amax pass and the quantize pass, no host sync.
+inline void mlp_fp8_quantize_input(const Fp8Up& up, const __nv_bfloat16* x, int T, int C, cudaStream_t stream) {
+    require_shape(mlp_fp8_shape_error(T, C, 8, {up.xq, x}), "mlp_fp8_quantize_input");
+    const int64_t n = int64_t(T) * C;
+    launch(mlp_fp8_input_amax_work(T, C), mlp_fp8_input_amax_kernel, dim3(fp8_amax_blocks(n)), dim3(kFp8Threads), 0,
+           stream, up.scales, x, n, up.w_scale, up.amax);
+    CUDA_CHECK_LAUNCH();
+    launch(mlp_fp8_quantize_input_work(T, C), mlp_fp8_quantize_input_kernel,
+           dim3(static_cast<unsigned>(ceil_div<int64_t>(n / 8, kFp8Threads))), dim3(kFp8Threads), 0, stream, up.xq, x,
+           n, up.scales);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- the GEMM ----
+// The MMAs the grid executes: linear_relu_square_tc_flops' tiles over C in whole 128-wide k-steps.
+inline double linear_relu_square_fp8_tc_flops(MlpKernel k, int T, int C, int H) {
+    const int tile_cols = k == MlpKernel::wgmma ? kFcwCols : kFcTileCols;
+    const double rows = ceil_div(T, kFcTileRows) * kFcTileRows, cols = ceil_div(H, tile_cols) * tile_cols;
+    return 2 * rows * cols * (ceil_div(C, fc_tile_k<__nv_fp8_e4m3>()) * fc_tile_k<__nv_fp8_e4m3>());
+}
+// Reads xq, W1q and the dequant, writes pre and post; a multiply, a max and a square per output.
+inline Work linear_relu_square_forward_fp8_work(MlpKernel k, int T, int C, int H) {
+    return Work{.name = "linear_relu_square_forward_fp8", .tc_flops = linear_relu_square_fp8_tc_flops(k, T, C, H),
+                .flops = 3.0 * T * H, .bytes_read = 1.0 * (T + H) * C + 4, .bytes_written = 4.0 * T * H,
+                .m = H, .n = T, .k = C};
+}
+// pre (T, H) = bf16(fp32(up.xq (T, C) @ up.w (H, C)^T) * up.scales->dequant), post = relu(pre)^2;
+// one kernel, k's (mlp_fp8_quantize_input has written xq and the scales).
+inline void linear_relu_square_forward_fp8(MlpKernel k, __nv_bfloat16* pre, __nv_bfloat16* post, const Fp8Up& up,
+                                           int T, int C, int H, cudaStream_t stream) {
+    require_shape(mlp_fp8_shape_error(T, C, H, {pre, post, up.xq, up.w}), "linear_relu_square_forward_fp8");
+    launch_linear_relu_square<FcEpilogue::relu_square_forward, __nv_fp8_e4m3>(
+        k, linear_relu_square_forward_fp8_work(k, T, C, H), pre, post, nullptr, up.xq, up.w, T, C, H, stream,
+        &up.scales->dequant);
+}
+
+// mlp_forward with the FP8 up-projection (training, record 84): xq and the scales from x, then pre and
+// post from the e4m3 GEMM, out = post @ c_proj in bf16. The backward is mlp_backward's, from x and the
+// bf16 c_fc.
+inline void mlp_forward_fp8(CublasLt& lt, MlpKernel k, __nv_bfloat16* out, __nv_bfloat16* pre, __nv_bfloat16* post,
+                            const __nv_bfloat16* x, const Fp8Up& up, const __nv_bfloat16* c_proj, int T, int C, int H,
+                            cudaStream_t stream) {
+    require_shape(mlp_fp8_shape_error(T, C, H, {out, pre, post, x, up.xq, up.w, c_proj}), "mlp_forward_fp8");
+    mlp_fp8_quantize_input(up, x, T, C, stream);
+    linear_relu_square_forward_fp8(k, pre, post, up, T, C, H, stream);
+    matmul_bf16(lt, out, post, false, c_proj, false, T, C, H, stream, 1.0f, 0.0f, nullptr, {}, "gemm_mlp_proj");
 }
 
 // ---- lambda-scaled weight: the attention's F.linear(x, sa_lambda * w), with sa_lambda a scalar

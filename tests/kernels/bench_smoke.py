@@ -21,7 +21,8 @@ EXPECTED = {
                       "backout_forward", "backout_backward"],
     "test_mlp": ["mlp_forward", "mlp_backward", "linear_relu_square_forward", "linear_relu_square_backward",
                  "relu_square_forward", "relu_square_backward", "lambda_scaled_weight_forward",
-                 "lambda_scaled_weight_backward"],
+                 "lambda_scaled_weight_backward", "mlp_fp8_quantize_weights", "mlp_fp8_quantize_input",
+                 "linear_relu_square_forward_fp8", "mlp_forward_fp8"],
 }
 
 # launcher, shape, mean ms, then the Work: GFLOP, MB, TFLOP/s ... TB/s (fractions of the H100's peaks)

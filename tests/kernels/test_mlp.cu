@@ -248,6 +248,272 @@ void report_linear_relu_square_time(MlpKernel k, int T, int C, int H) {
                 T, C, H, mlp_kernel_name(k), fused, unfused);
 }
 
+// ---- the FP8 up-projection (record 84): quantization and the e4m3 c_fc GEMM ----
+// e4m3's rounding of v, by value: the nearest multiple of its binade's quantum (2^-9 below 2^-6),
+// ties to even, past 448 saturated (cvt.rn.satfinite); v finite.
+double e4m3_round(double v) {
+    const double a = std::fabs(v);
+    if (a == 0) return v;
+    int e;
+    std::frexp(a, &e);  // a in [2^(e-1), 2^e)
+    const double quantum = std::ldexp(1.0, std::max(e - 1, -6) - 3);
+    return std::copysign(std::min(std::nearbyint(a / quantum) * quantum, 448.0), v);
+}
+// Codes compared by value and sign (no NaN here).
+size_t e4m3_mismatches(const std::vector<__nv_fp8_e4m3>& got, const std::vector<double>& want) {
+    size_t bad = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+        bad += value(got[i]) != want[i] || std::signbit(value(got[i])) != std::signbit(want[i]);
+    return bad;
+}
+float bf16_of(float v) { return __bfloat162float(__float2bfloat16(v)); }
+float float_of_bits(uint32_t b) {
+    float f;
+    std::memcpy(&f, &b, sizeof f);
+    return f;
+}
+const float kAmaxFloor = bf16_of(1e-12f);
+
+// Eager CUDA's bf16 tensor / 448 is a multiply by fp32(1/448); the kernel divides: the same bf16 for
+// every positive finite bf16 amax.
+void test_fp8_scale_division() {
+    int differ = 0;
+    for (uint32_t b = 1; b < 0x7f80; ++b) {
+        const float a = float_of_bits(b << 16);
+        differ += test::bits(__float2bfloat16(a / 448.0f)) != test::bits(__float2bfloat16(a * (1.0f / 448.0f)));
+    }
+    test::check(differ == 0, "bf16(a / 448) = bf16(a * fp32(1/448)) for every positive bf16 a: %d differ", differ);
+}
+
+// A bank of `layers` c_fc weights `stride` elements apart (train_gpt's mlp bank interleaves c_proj);
+// layer l's scale grows with l, and layer `zero` (if any) is all zeros (the 1e-12 floor).
+struct Fp8Bank {
+    int layers, H, C;
+    int64_t stride;
+    std::vector<bf16> host;
+    DeviceBuffer<bf16> dev;
+    Fp8Bank(int layers_, int H_, int C_, int64_t stride_, int zero)
+        : layers(layers_), H(H_), C(C_), stride(stride_), host(make(layers_, H_, C_, stride_, zero)), dev(host) {}
+    static std::vector<bf16> make(int layers, int H, int C, int64_t stride, int zero) {
+        std::vector<bf16> h = normal_bf16(size_t(stride) * layers, 0.0, 1.0);
+        for (int l = 0; l < layers; ++l)
+            for (int64_t i = 0; i < int64_t(H) * C; ++i) {
+                double v = value(h[l * stride + i]) * (l == zero ? 0.0 : 0.01 * (l + 1) / std::sqrt(double(C)));
+                h[l * stride + i] = to_bf16(v);
+            }
+        return h;
+    }
+    // Plants in each non-zero layer (at a non-maximal element, so w_s stays) a weight whose W / w_s
+    // rounds differently to e4m3 with and without the bf16 intermediate, where w_s has one; true if
+    // layer l got one.
+    std::vector<bool> witness;
+    void plant_double_rounding() {
+        witness.assign(size_t(layers), false);
+        for (int l = 0; l < layers; ++l) {
+            const float s = scale(l);
+            double amax = 0;
+            for (int64_t i = 0; i < int64_t(H) * C; ++i) amax = std::max(amax, std::fabs(value(layer(l)[i])));
+            const size_t at = std::fabs(value(layer(l)[0])) == amax ? 1 : 0;
+            for (uint32_t b = 0x0080; b < 0x7f80 && !witness[l]; ++b) {
+                const float w = float_of_bits(b << 16);
+                if (w >= amax) break;
+                if (e4m3_round(bf16_of(w / s)) != e4m3_round(w / s)) {
+                    host[size_t(l) * stride + at] = __float2bfloat16(w);
+                    witness[l] = true;
+                }
+            }
+        }
+        dev.upload(host);
+    }
+    const bf16* layer(int l) const { return &host[size_t(l) * stride]; }
+    // w_s and W1q of layer l by the rounding points mlp.cuh states
+    float scale(int l) const {
+        double a = 0;
+        for (int64_t i = 0; i < int64_t(H) * C; ++i) a = std::max(a, std::fabs(value(layer(l)[i])));
+        return bf16_of(std::max(float(a), kAmaxFloor) / 448.0f);
+    }
+    std::vector<double> quantized(int l, bool bf16_intermediate = true) const {
+        const float s = scale(l);
+        std::vector<double> q(size_t(H) * C);
+        for (size_t i = 0; i < q.size(); ++i) {
+            const float v = float(value(layer(l)[i])) / s;
+            q[i] = e4m3_round(bf16_intermediate ? bf16_of(v) : v);
+        }
+        return q;
+    }
+};
+struct Fp8Weights {
+    DeviceBuffer<__nv_fp8_e4m3> w;
+    DeviceBuffer<float> scale;
+    test::DevicePartials scratch;
+    Fp8Weights(const Fp8Bank& b)
+        : w(size_t(b.layers) * b.H * b.C), scale(size_t(b.layers)),
+          scratch(mlp_fp8_weight_scratch_floats(b.layers, b.H, b.C) * sizeof(float)) {
+        mlp_fp8_quantize_weights({w.ptr, scale.ptr}, {b.dev.ptr, b.stride, b.layers}, b.H, b.C, scratch.view(), nullptr);
+    }
+};
+
+void test_mlp_fp8_quantize_weights(int layers, int H, int C, int64_t stride, int zero) {
+    const std::string what = " layers " + std::to_string(layers) + " H " + std::to_string(H) + " C " + std::to_string(C);
+    Fp8Bank bank(layers, H, C, stride, zero);
+    bank.plant_double_rounding();
+    const Fp8Weights q(bank);
+    const auto scales = q.scale.download();
+    const auto w = q.w.download();
+    for (int l = 0; l < layers; ++l) {
+        test::check(test::bits(scales[l]) == test::bits(bank.scale(l)), "mlp_fp8_quantize_weights w_s[%d] %.9g, want %.9g%s",
+                    l, scales[l], bank.scale(l), what.c_str());
+        const std::vector<__nv_fp8_e4m3> got(w.begin() + size_t(l) * H * C, w.begin() + size_t(l + 1) * H * C);
+        const size_t bad = e4m3_mismatches(got, bank.quantized(l));
+        test::check(bad == 0, "mlp_fp8_quantize_weights W1q of layer %d: %zu of %zu codes wrong%s", l, bad, got.size(),
+                    what.c_str());
+        // planted: quantized without the bf16 intermediate, the witness's code differs
+        if (bank.witness[l])
+            test::check(e4m3_mismatches(got, bank.quantized(l, false)) > 0,
+                        "planted: W1q of layer %d quantized without the bf16 intermediate must differ somewhere%s", l,
+                        what.c_str());
+    }
+    test::check(q.scratch.done.download()[0] == 0, "mlp_fp8_quantize_weights: the ticket counter is back at zero%s",
+                what.c_str());
+}
+
+// Layer `layer` of a bank through mlp_fp8_quantize_input and the e4m3 GEMM on kernel k.
+struct Fp8Run {
+    std::vector<bf16> pre, post;
+    std::vector<__nv_fp8_e4m3> xq;
+    Fp8UpScales scales;
+};
+Fp8Run run_fp8_forward(MlpKernel k, const Fp8Weights& q, const DeviceBuffer<bf16>& x, int layer, int T, int C, int H,
+                       int scale_layer) {
+    DeviceBuffer<__nv_fp8_e4m3> xq(size_t(T) * C);
+    DeviceBuffer<Fp8UpScales> scales(1);
+    test::DevicePartials amax(mlp_fp8_input_scratch_floats(T, C) * sizeof(float));
+    const size_t n = size_t(T) * H, guard = 8 * size_t(H);  // rows past T stay untouched
+    const std::vector<bf16> sentinel(n + guard, to_bf16(-7.0));
+    DeviceBuffer<bf16> d_pre(sentinel), d_post(sentinel);
+    const Fp8Up up{q.w.ptr + size_t(layer) * H * C, q.scale.ptr + scale_layer, xq.ptr, scales.ptr, amax.view()};
+    mlp_fp8_quantize_input(up, x.ptr, T, C, nullptr);
+    linear_relu_square_forward_fp8(k, d_pre.ptr, d_post.ptr, up, T, C, H, nullptr);
+    Fp8Run r{d_pre.download(), d_post.download(), xq.download(), scales.download()[0]};
+    const bool kept = std::all_of(r.pre.begin() + n, r.pre.end(), [](bf16 v) { return value(v) == -7.0; }) &&
+                      std::all_of(r.post.begin() + n, r.post.end(), [](bf16 v) { return value(v) == -7.0; });
+    test::check(kept, "linear_relu_square_forward_fp8 (%s) writes nothing past row T", mlp_kernel_name(k));
+    test::check(amax.done.download()[0] == 0, "mlp_fp8_quantize_input: the ticket counter is back at zero");
+    r.pre.resize(n);
+    r.post.resize(n);
+    return r;
+}
+
+// The forward of layer 1 of a two-layer bank on both kernels against host references that quantize
+// identically: the scales and xq exactly; pre within fp32 accumulation and one bf16 rounding of the
+// double sum, and under emu bit for bit against an fp32 k-ordered sum; post = relu(pre)^2 exactly;
+// the two kernels' bits equal under emu. x has an outlier row so that a's scale is not a power of two.
+void test_mlp_fp8_forward(int T, int C, int H) {
+    const std::string what = " T " + std::to_string(T) + " C " + std::to_string(C) + " H " + std::to_string(H);
+    const Fp8Bank bank(2, H, C, 2 * int64_t(H) * C, -1);
+    const Fp8Weights q(bank);
+    auto x = normal_bf16(size_t(T) * C);
+    x[size_t(T / 2) * C + 3] = to_bf16(-7.3);
+    const DeviceBuffer<bf16> d_x(x);
+
+    // the host's quantization
+    double amax = 0;
+    for (bf16 v : x) amax = std::max(amax, std::fabs(value(v)));
+    const float a = std::max(float(amax), kAmaxFloor), x_scale = 448.0f / a, w_s = bank.scale(1);
+    const float dequant = w_s * a / 448.0f;
+    std::vector<double> xq(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xq[i] = e4m3_round(float(value(x[i])) * x_scale);
+    const std::vector<double> wq = bank.quantized(1);
+    const Gemm ref = gemm(T, H, C, xq, C, 1, wq, 1, C);  // xq @ wq^T, exact products
+    std::vector<double> want(ref.out.size()), tol(ref.out.size());
+    const double acc = kEmulated ? 1e-5 * std::sqrt(C + 1.0) : 2e-3;  // Hopper's fast FP8 accumulation: looser
+    for (size_t i = 0; i < want.size(); ++i) {
+        want[i] = ref.out[i] * dequant;
+        tol[i] = acc * ref.mag[i] * dequant + std::fabs(want[i]) / 256 + 1e-30;
+    }
+
+    std::vector<bf16> pres[2];
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) {
+        const std::string kw = what + " (" + mlp_kernel_name(k) + ")";
+        const Fp8Run r = run_fp8_forward(k, q, d_x, 1, T, C, H, 1);
+        test::check(test::bits(r.scales.amax) == test::bits(a) && test::bits(r.scales.x_scale) == test::bits(x_scale) &&
+                        test::bits(r.scales.dequant) == test::bits(dequant),
+                    "mlp_fp8_quantize_input scales: a %.9g (want %.9g), 448/a %.9g (%.9g), dequant %.9g (%.9g)%s",
+                    r.scales.amax, a, r.scales.x_scale, x_scale, r.scales.dequant, dequant, kw.c_str());
+        const size_t bad = e4m3_mismatches(r.xq, xq);
+        test::check(bad == 0, "mlp_fp8_quantize_input xq: %zu of %zu codes wrong%s", bad, xq.size(), kw.c_str());
+        check_within("linear_relu_square_forward_fp8 pre" + kw, values(r.pre), want, tol);
+        test::check(same_bits(r.post, relu_square_reference(r.pre)), "linear_relu_square_forward_fp8 post = relu(pre)^2%s",
+                    kw.c_str());
+        if constexpr (kEmulated) {  // fp32 sums in k order from zero, times the dequant, rounded once
+            std::vector<bf16> exact(size_t(T) * H);
+            for (int i = 0; i < T; ++i)
+                for (int j = 0; j < H; ++j) {
+                    float sum = 0.0f;
+                    for (int kk = 0; kk < C; ++kk) sum += float(xq[size_t(i) * C + kk]) * float(wq[size_t(j) * C + kk]);
+                    exact[size_t(i) * H + j] = __float2bfloat16(sum * dequant);
+                }
+            test::check(same_bits(r.pre, exact), "linear_relu_square_forward_fp8 pre = bf16(fp32 k-order sum x dequant) under emu%s",
+                        kw.c_str());
+        }
+        pres[k == MlpKernel::wgmma] = r.pre;
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < pres[0].size(); ++i) differ += test::bits(pres[0][i]) != test::bits(pres[1][i]);
+    if constexpr (kEmulated)
+        test::check(differ == 0, "linear_relu_square_forward_fp8: wgmma and mma differ in %zu of %zu bits%s", differ,
+                    pres[0].size(), what.c_str());
+    else
+        std::printf("linear_relu_square_forward_fp8%s: wgmma and mma differ in %zu of %zu outputs' bits\n", what.c_str(),
+                    differ, pres[0].size());
+
+    // planted: the other layer's weight scale (w_s[0] for layer 1's weights) must fail the pre check
+    const Fp8Run wrong = run_fp8_forward(MlpKernel::mma, q, d_x, 1, T, C, H, 0);
+    size_t off = 0;
+    for (size_t i = 0; i < want.size(); ++i) off += std::fabs(value(wrong.pre[i]) - want[i]) > tol[i];
+    test::check(off > 0, "planted: the scale of the wrong layer must fail the pre check%s (%zu outputs off)", what.c_str(),
+                off);
+}
+
+// mlp_forward_fp8: the quantization, the e4m3 c_fc and out = post @ c_proj from its own post.
+void test_mlp_forward_fp8(MlpKernel k, int T, int C, int H) {
+    const std::string what = shape_text(k, T, C, H);
+    const Fp8Bank bank(1, H, C, int64_t(H) * C, -1);
+    const Fp8Weights q(bank);
+    const auto x = normal_bf16(size_t(T) * C), c_proj = normal_bf16(size_t(H) * C, 0.0, 0.5 / std::sqrt(double(C)));
+    DeviceBuffer<bf16> d_x(x), d_proj(c_proj), out(size_t(T) * C), pre(size_t(T) * H), post(size_t(T) * H);
+    DeviceBuffer<__nv_fp8_e4m3> xq(size_t(T) * C);
+    DeviceBuffer<Fp8UpScales> scales(1);
+    test::DevicePartials amax(mlp_fp8_input_scratch_floats(T, C) * sizeof(float));
+    CublasLt lt;
+    mlp_forward_fp8(lt, k, out.ptr, pre.ptr, post.ptr, d_x.ptr,
+                    {q.w.ptr, q.scale.ptr, xq.ptr, scales.ptr, amax.view()}, d_proj.ptr, T, C, H, nullptr);
+    const Fp8Run r = run_fp8_forward(k, q, d_x, 0, T, C, H, 0);
+    test::check(same_bits(pre.download(), r.pre) && same_bits(post.download(), r.post),
+                "mlp_forward_fp8 pre and post: linear_relu_square_forward_fp8's bits%s", what.c_str());
+    const auto postv = values(r.post);
+    const Gemm ref = gemm(T, C, H, postv, H, 1, values(c_proj), C, 1);  // post @ c_proj
+    check_within("mlp_forward_fp8 out" + what, values(out.download()), ref.out, gemm_tolerance(ref, H));
+}
+
+void test_mlp_fp8_shape_rules() {
+    test::check(mlp_fp8_shape_error(3, 16, 8, {nullptr}).empty() && !mlp_fp8_shape_error(256, 136, 512, {nullptr}).empty() &&
+                    !mlp_fp8_shape_error(256, 128, 500, {nullptr}).empty() && !mlp_fp8_shape_error(0, 128, 512, {nullptr}).empty(),
+                "mlp_fp8 shape rules (C a multiple of 16, H of 8, T positive)");
+    auto* fake = reinterpret_cast<bf16*>(256);
+    auto* fake8 = reinterpret_cast<__nv_fp8_e4m3*>(256);
+    test::check_fails_with("mlp_fp8_quantize_weights with C 136", "mlp_fp8_quantize_weights: C (136)", [=] {
+        mlp_fp8_quantize_weights({fake8, nullptr}, {fake, 512 * 136, 2}, 512, 136, {}, nullptr);
+    });
+    test::check_fails_with("mlp_fp8_quantize_weights with layers overlapping", "a stride of at least H C", [=] {
+        mlp_fp8_quantize_weights({fake8, nullptr}, {fake, 512 * 128 - 8, 2}, 512, 128, {}, nullptr);
+    });
+    test::check_fails_with("linear_relu_square_forward_fp8 with a misaligned xq", "not 16-byte aligned", [=] {
+        const Fp8Up up{fake8, nullptr, fake8 + 8, nullptr, {}};
+        linear_relu_square_forward_fp8(MlpKernel::wgmma, fake, fake, up, 256, 128, 512, nullptr);
+    });
+}
+
 // ---- the MLP ----
 struct MlpCase {
     int T, C, H;
@@ -662,6 +928,30 @@ int bench_mlp(const bench::Options& o) {
             linear_relu_square_backward(fc, dpre.ptr, dout.ptr, c_proj.ptr, pre.ptr, T, C, H, s);
         });
     }
+    // the FP8 up-projection (record 84): the weights of a 12-layer bank, the input's quantization, the
+    // e4m3 GEMM on both kernels and the whole forward
+    {
+        const int layers = 12;
+        DeviceBuffer<bf16> bank(normal_bf16(size_t(layers) * H * C, 0.0, w_std));
+        DeviceBuffer<__nv_fp8_e4m3> w8(size_t(layers) * H * C), xq(size_t(T) * C);
+        DeviceBuffer<float> w_s(layers);
+        DeviceBuffer<Fp8UpScales> scales(1);
+        test::DevicePartials wp(mlp_fp8_weight_scratch_floats(layers, H, C) * sizeof(float)),
+            xp(mlp_fp8_input_scratch_floats(T, C) * sizeof(float));
+        b.run("mlp_fp8_quantize_weights", bench::fmt("%d layers of H=%d C=%d", layers, H, C), [&](cudaStream_t s) {
+            mlp_fp8_quantize_weights({w8.ptr, w_s.ptr}, {bank.ptr, int64_t(H) * C, layers}, H, C, wp.view(), s);
+        });
+        const Fp8Up up{w8.ptr, w_s.ptr, xq.ptr, scales.ptr, xp.view()};
+        b.run("mlp_fp8_quantize_input", bench::fmt("T=%d C=%d", T, C),
+              [&](cudaStream_t s) { mlp_fp8_quantize_input(up, x.ptr, T, C, s); });
+        for (MlpKernel fc : {MlpKernel::mma, MlpKernel::wgmma})
+            b.run("linear_relu_square_forward_fp8", at + " " + mlp_kernel_name(fc), [&](cudaStream_t s) {
+                linear_relu_square_forward_fp8(fc, pre.ptr, post.ptr, up, T, C, H, s);
+            });
+        b.run("mlp_forward_fp8", at + " " + mlp_kernel_name(k), [&](cudaStream_t s) {
+            mlp_forward_fp8(lt, k, out.ptr, pre.ptr, post.ptr, x.ptr, up, c_proj.ptr, T, C, H, s);
+        });
+    }
     const int64_t n = int64_t(T) * H;
     b.run("relu_square_forward", bench::fmt("n=%lld (T x H)", (long long)n),
           [&](cudaStream_t s) { relu_square_forward(dpre.ptr, pre.ptr, n, s); });
@@ -728,6 +1018,17 @@ int main(int argc, char** argv) {
     test_fc_kernels_agree(144, 768, 3072);  // record width, ragged T; 12 k-steps: the ring wraps 3 times
     test_fc_kernels_agree(200, 200, 136);   // ragged C, H and T
     test_fc_kernels_agree(3, 8, 32);
+
+    test_fp8_scale_division();
+    test_mlp_fp8_shape_rules();
+    test_mlp_fp8_quantize_weights(2, 512, 128, 2 * 512 * 128, -1);  // tiny preset's bank: c_fc and c_proj interleaved
+    test_mlp_fp8_quantize_weights(3, 136, 144, 136 * 144 + 8, 1);    // ragged, a layer of zeros (the 1e-12 floor)
+    test_mlp_fp8_quantize_weights(12, 3072, 768, 3072 * 768, -1);    // the record's bank
+    test_mlp_fp8_forward(256, 128, 512);  // tiny preset
+    test_mlp_fp8_forward(200, 144, 136);  // ragged T, H, and C: a 128-wide k-step and a partial one of 16
+    test_mlp_fp8_forward(72, 768, 3072);  // record width, 6 k-steps
+    test_mlp_fp8_forward(3, 16, 8);       // less than one of everything
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) test_mlp_forward_fp8(k, 136, 128, 512);
 
     test_lambda_scaled_weight({3 * 128 * 128, 128 * 128});  // tiny preset's q, k, v and o
     test_lambda_scaled_weight({3 * 768 * 768, 768 * 768});  // the record's

@@ -429,6 +429,53 @@ void test_matmul(CublasLt& lt) {
     if (ops.size() == 1) check_gemm_shape("matmul_fp8", ops[0], GemmType::fp8, N, M, K, 1);
 }
 
+// ---- the FP8 up-projection: the weights' two launches, the input's two, the e4m3 GEMM on both
+// kernels, and mlp_forward_fp8 (the scratch partials and the ticket counter are written too, so the
+// poisoned outputs show only the tensors) ----
+void test_mlp_fp8(CublasLt& lt) {
+    const int T = 128, C = 128, H = 256, L = 3;
+    const size_t ntc = size_t(T) * C, nth = size_t(T) * H, nhc = size_t(H) * C;
+    const double tc = double(ntc), hc = double(nhc);
+    DeviceBuffer<bf16> bank(uniform_bf16(L * 2 * nhc, -0.2, 0.2)), x(uniform_bf16(ntc, -1, 1));
+    DeviceBuffer<bf16> c_proj(uniform_bf16(nhc, -0.2, 0.2)), pre(nth), post(nth), o(ntc);
+    DeviceBuffer<__nv_fp8_e4m3> w(L * nhc), xq(ntc);
+    DeviceBuffer<float> scale(L);
+    DeviceBuffer<Fp8UpScales> scales(1);
+    test::DevicePartials wp(mlp_fp8_weight_scratch_floats(L, H, C) * sizeof(float)),
+        xp(mlp_fp8_input_scratch_floats(T, C) * sizeof(float));
+    const double wpb = 4.0 * mlp_fp8_weight_scratch_floats(L, H, C), xpb = 4.0 * mlp_fp8_input_scratch_floats(T, C);
+    check_family("mlp_fp8_quantize_weights",
+                 {kernel("mlp_fp8_weight_scale", 2 * L * hc + wpb + 4, wpb + 4.0 * L + 4),
+                  kernel("mlp_fp8_quantize_weights", 2 * L * hc + 4.0 * L, L * hc)},
+                 {out(w), out(scale)},
+                 [&] { mlp_fp8_quantize_weights({w.ptr, scale.ptr}, {bank.ptr, 2 * int64_t(H) * C, L}, H, C, wp.view(), nullptr); },
+                 bytes(w) + bytes(scale));
+    const Fp8Up up{w.ptr + size_t(2) * H * C, scale.ptr + 2, xq.ptr, scales.ptr, xp.view()};
+    check_family("mlp_fp8_quantize_input",
+                 {kernel("mlp_fp8_input_amax", 2 * tc + xpb + 8, xpb + sizeof(Fp8UpScales) + 4),
+                  kernel("mlp_fp8_quantize_input", 2 * tc + 4, tc)},
+                 {out(xq), out(scales)}, [&] { mlp_fp8_quantize_input(up, x.ptr, T, C, nullptr); },
+                 bytes(xq) + bytes(scales));
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) {
+        const std::string fc = std::string(" (") + mlp_kernel_name(k) + ")";
+        const auto ops = check_family("linear_relu_square_forward_fp8" + fc,
+                                      {kernel("linear_relu_square_forward_fp8", tc + hc + 4, bytes(pre) + bytes(post))},
+                                      {out(pre), out(post)},
+                                      [&] { linear_relu_square_forward_fp8(k, pre.ptr, post.ptr, up, T, C, H, nullptr); });
+        if (ops.size() == 1)
+            test::check(ops[0].work.tc_flops == 2.0 * T * C * H, "linear_relu_square_forward_fp8%s: tc_flops %.0f, want 2 T C H",
+                        fc.c_str(), ops[0].work.tc_flops);
+    }
+    check_family("mlp_forward_fp8",
+                 {kernel("mlp_fp8_input_amax", 2 * tc + xpb + 8, xpb + sizeof(Fp8UpScales) + 4),
+                  kernel("mlp_fp8_quantize_input", 2 * tc + 4, tc),
+                  kernel("linear_relu_square_forward_fp8", tc + hc + 4, bytes(pre) + bytes(post)),
+                  gemm("gemm_mlp_proj", bytes(post) + bytes(c_proj), bytes(o))},
+                 {out(xq), out(pre), out(post), out(o)},
+                 [&] { mlp_forward_fp8(lt, MlpKernel::wgmma, o.ptr, pre.ptr, post.ptr, x.ptr, up, c_proj.ptr, T, C, H, nullptr); },
+                 bytes(xq) + bytes(pre) + bytes(post) + bytes(o));
+}
+
 // ---- mlp ----
 void test_mlp(CublasLt& lt) {
     const int T = 128, C = 64, H = 256;  // whole tiles of the c_fc kernel
@@ -1203,6 +1250,7 @@ int main() {
     test_rows();
     test_matmul(lt);
     test_mlp(lt);
+    test_mlp_fp8(lt);
     test_attention();
     test_embed();
     test_head(lt);
