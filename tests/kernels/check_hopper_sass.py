@@ -1,8 +1,8 @@
 """The GPU build's Hopper GEMM really runs on wgmma and TMA, without spilling (issue 20, item 4).
 
 Usage: check_hopper_sass.py BINARY KERNEL_SYMBOL_PREFIX...
-For each kernel whose mangled symbol starts with a prefix: `cuobjdump -sass` must show HGMMA and UTMALDG
-instructions in it, and `cuobjdump -res-usage` must give it no local memory and no stack (spills).
+For each kernel whose mangled symbol starts with a prefix: `cuobjdump -sass` must show HGMMA (bf16 wgmma) or
+QGMMA (FP8 wgmma) and UTMALDG instructions in it, and `cuobjdump -res-usage` must give it no local memory and no stack (spills).
 cuobjdump is found as check_res_usage.py finds it; -sass also needs nvdisasm (find_nvdisasm).
 Exits 77 (CTest's skip) when either tool is missing."""
 import glob
@@ -57,9 +57,11 @@ def main():
         if not any(symbol.startswith(p) for p in prefixes):
             continue
         checked += 1
-        for instruction in ("HGMMA", "UTMALDG"):
-            if instruction not in body:
-                failures.append(f"{symbol}: no {instruction} in its SASS")
+        # HGMMA: bf16 wgmma; QGMMA: FP8 (e4m3/e5m2) wgmma
+        if "HGMMA" not in body and "QGMMA" not in body:
+            failures.append(f"{symbol}: no HGMMA or QGMMA in its SASS")
+        if "UTMALDG" not in body:
+            failures.append(f"{symbol}: no UTMALDG in its SASS")
         usage = res.get(symbol, "")
         for field in ("LOCAL", "STACK"):
             m = re.search(field + r":(\d+)", usage)
@@ -70,7 +72,7 @@ def main():
     for f in failures:
         print("check_hopper_sass:", f)
     if not failures:
-        print(f"check_hopper_sass: {checked} kernels with HGMMA and UTMALDG, no local memory")
+        print(f"check_hopper_sass: {checked} kernels with HGMMA or QGMMA and UTMALDG, no local memory")
     return 1 if failures else 0
 
 

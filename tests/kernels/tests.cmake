@@ -8,16 +8,18 @@ if(Python3_Interpreter_FOUND)
   set_tests_properties(kernel_bench_smoke PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" TIMEOUT 300)
 endif()
 # The GPU build's TMA + wgmma GEMM of test_hopper (the correct variants, A from shared memory and from
-# registers) and the MLP's wgmma kernels: HGMMA and UTMALDG in their SASS, no local memory
+# registers) and the MLP's wgmma kernels: HGMMA (QGMMA for FP8) and UTMALDG in their SASS, no local memory
 # (tests/kernels/check_hopper_sass.py).
 if(BUILD_GPU AND Python3_Interpreter_FOUND)
   add_test(NAME gpu_hopper_sass COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/kernels/check_hopper_sass.py
            $<TARGET_FILE:test_hopper_gpu> _Z14gemm_tma_wgmmaILb0EL7Planted0E _Z14gemm_tma_wgmmaILb1EL7Planted0E)
   set_tests_properties(gpu_hopper_sass PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" SKIP_RETURN_CODE 77)
-  # the MLP's Hopper kernels (kernels/mlp.cuh, forward and backward epilogues) in test_mlp's binary
+  # the MLP's Hopper kernels (kernels/mlp.cuh, forward and backward epilogues, and the FP8 up-projection's
+  # e4m3 forward: QGMMA) in test_mlp's binary
   add_test(NAME gpu_hopper_sass_mlp COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/kernels/check_hopper_sass.py
-           $<TARGET_FILE:test_mlp_gpu> _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue0E
-           _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue1E)
+           $<TARGET_FILE:test_mlp_gpu> _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue0E13__nv_bfloat16
+           _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue1E13__nv_bfloat16
+           _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue0E13__nv_fp8_e4m3)
   set_tests_properties(gpu_hopper_sass_mlp PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" SKIP_RETURN_CODE 77)
   # the checker itself: a single-wgmma kernel loads no TMA box, so it must be refused
   add_test(NAME gpu_hopper_sass_planted COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/kernels/check_hopper_sass.py
