@@ -1,7 +1,9 @@
 // The ReLU^2 MLP, out = relu(x @ c_fc^T)^2 @ c_proj: one tensor-core GEMM that writes both the
 // pre-activation and relu(pre)^2, then a cuBLASLt matmul; the backward is cuBLASLt matmuls around the
-// same tensor-core GEMM, whose epilogue applies ReLU^2's derivative. Also the lambda-scaled weight the
-// attention projections use (w_eff = sa_lambda * w).
+// same tensor-core GEMM, whose epilogue applies ReLU^2's derivative. Record 84's FP8 up-projection
+// (training forward only) runs the same GEMM kernels on e4m3 operands, quantized by its own passes
+// (mlp_fp8_quantize_weights, mlp_fp8_quantize_input; rounding points at mlp_forward_fp8's section). Also the
+// lambda-scaled weight the attention projections use (w_eff = sa_lambda * w).
 //
 // Rounding points follow upstream's fused Triton MLP: pre is the fp32 sum rounded to bf16, post is
 // relu(pre)^2 from that bf16 pre (rounded once); in the backward, g @ c_proj^T is rounded to bf16,
@@ -95,13 +97,15 @@ inline void relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* dpost
 
 // ---- g = x @ w^T on tensor cores, with ReLU^2 (forward) or its derivative (backward) in the epilogue ----
 // x (T, C) and w (H, C) are both K-major (the "TN" GEMM). Two kernels compute it, each output adding
-// its fp32 products in 16-wide k-steps in ascending k from zero (so under emu, whose mma.sync and
-// wgmma twins add a k-step's products in k order, the two give the same bits):
-//   mma:   a block computes a 128 x 128 tile of g over C in steps of 64, through a 3-stage cp.async
+// its fp32 products in 16-wide (bf16) or 32-wide (e4m3) k-steps in ascending k from zero (so under emu,
+// whose mma.sync and wgmma twins add a k-step's products in k order, the two give the same bits):
+//   mma:   a block computes a 128 x 128 tile of g over C in steps of 64 (e4m3: 128), through a 3-stage cp.async
 //          pipeline; its 8 warps each own 64 x 32 of the tile and issue mma.sync from ldmatrix loads.
 //   wgmma: Hopper's; a block computes a 128 x 256 tile: a producer warpgroup's TMA loads feed a
 //          4-stage mbarrier ring read by two consumer warpgroups' wgmmas (linear_relu_square_wgmma_kernel).
-// Both epilogues round the fp32 sums to bf16 once (g), stage them in shared memory, and write with
+// On Hopper (sm_90a) the e4m3 mma.sync compiles to conversions and HMMA.16816 (it has FP8 only in wgmma,
+// QGMMA): the mma kernel is the other GPUs' and the CPU build's. Both epilogues round the fp32 sums (e4m3:
+// times the dequant) to bf16 once (g), stage them in shared memory, and write with
 // 16-byte accesses, by FcEpilogue: the forward's pre = g and post = relu(pre)^2, or the backward's
 // dpre = 2 g relu(pre) (g = dout @ c_proj^T).
 enum class MlpKernel { mma, wgmma };
