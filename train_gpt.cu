@@ -15,6 +15,7 @@
 #include "kernels/head.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/mlp.cuh"
+#include "kernels/mudd.cuh"
 #include "kernels/norm.cuh"
 #include "kernels/optim.cuh"
 #include "kernels/residual.cuh"
@@ -110,6 +111,10 @@ struct Structure {
     // start itself, so every later read of x0 (the injections, the skip gate) sees the bigram's channels too. Upstream
     // fixed it with a clone in record 85; its stage-2 logs ran with it, so this preset reproduces it.
     bool x0_is_stream = false;
+    // record 81 (upstream a333be08, init_mudd / forward_mudd): MUDD's per-token dense connections at the last layer
+    // (its value mix, residual and update coefficients from the streams h0, h7 = the backout layer's output, h9 =
+    // its input) and after it (the exit, in place of the backout: h0, h7, h9, value table 0, h3 = the skip's source)
+    bool mudd = false;
 
     static bool holds(const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); }
     bool has_attention(int l) const { return !holds(without_attention, l); }
@@ -148,6 +153,11 @@ constexpr ScalarSlots record71_scalar_slots(int layers) {
 // skip, then ones to a multiple of 8 (upstream pads by (-2 * layers - 3) mod its world size, 8).
 constexpr ScalarSlots record80_scalar_slots(int layers) {
     return {-1, 0, -1, 2 * layers, 2 * layers + 1, 2 * layers + 2, 2 * layers + 3 + ((-2 * layers - 3) % 8 + 8) % 8};
+}
+// Record 81's (MUDD's exit replaces the backout, whose slot is gone): sa lambda pairs, smear, skip, then ones to a
+// multiple of 8 (upstream: (-2 * layers - 2) mod 8, none for 11 layers).
+constexpr ScalarSlots record81_scalar_slots(int layers) {
+    return {-1, 0, -1, 2 * layers, -1, 2 * layers + 1, 2 * layers + 2 + ((-2 * layers - 2) % 8 + 8) % 8};
 }
 
 // The training loss kernel's numerics (evaluation is record 71's in both: upstream's eval path).
@@ -368,6 +378,20 @@ void use_record82_xsa(Config& c, std::vector<int> layers) {
     c.work_order.insert(turn + 1, "xsa_alphas");
 }
 
+// Record 81's MUDD (upstream a333be08, init_mudd / forward_mudd) on a config with record 80's stream: the switch, the
+// scalars without the backout's slot, and the three parameters' rows: Adam (0.9, 0.99) at a quarter of the lr,
+// replicated, the biases without weight decay; updated with the small parameters.
+void use_record81_mudd(Config& c) {
+    c.structure.mudd = true;
+    c.scalar_slots = record81_scalar_slots(c.structure.layers);
+    const auto gates = table_row(c.param_table, "ve_gate_bank");
+    c.param_table.insert(gates + 1, {{"mudd_w1", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 0.25, 1.0},
+                                     {"mudd_w2", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 0.25, 1.0},
+                                     {"mudd_b2", Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 0.25, 0.0}});
+    const auto turn = std::find(c.work_order.begin(), c.work_order.end(), "ve_gate_bank");
+    c.work_order.insert(turn + 1, {"mudd_b2", "mudd_w2", "mudd_w1"});
+}
+
 void use_record80_residual_stream(Config& c) {
     c.structure.sublayer_lambdas = true;
     c.structure.late_attn_source = c.structure.backout_layer;  // upstream: layers 8-10 attend to norm(x_backout)
@@ -482,6 +506,15 @@ std::string structure_error(const Structure& st) {
                "and attention on layer 0";
     if (st.sublayer_lambdas && st.backout_layer + 1 == st.skip_to)
         return "with per-sublayer lambdas the backout layer's output cannot enter the skip's target";
+    if (st.mudd) {
+        const int last = n - 1;
+        if (!st.sublayer_lambdas || st.late_attn_source != st.backout_layer)
+            return "MUDD needs per-sublayer lambdas and the late attention source at the backout layer (h7)";
+        if (!st.has_attention(last) || st.value_table(last) < 0 || st.value_tables() < 1 || st.skip_to == last ||
+            st.backout_layer + 1 >= last)
+            return "MUDD needs attention and a value table on the last layer, which is neither the skip's target nor "
+                   "the backout layer's next";
+    }
     if (st.x0_is_stream && !st.sublayer_lambdas)
         return "x0_is_stream (record 84's x0 aliasing) needs per-sublayer lambdas: record 71's stream starts as x0";
     if (st.late_attn_source >= 0) {
@@ -558,6 +591,10 @@ struct Params {
     float* post_lambdas = nullptr;   // (11, 2)
     float* bigram_lambdas = nullptr; // (11)
     float* xsa_alphas = nullptr;     // (11, H): XSA's raw strengths (Structure::xsa_layers; else null)
+    // record 81's MUDD (Structure::mudd; else null): block 0 the last layer's entry, block 1 the exit
+    bf16* mudd_w1 = nullptr;         // (2, 64, C)
+    bf16* mudd_w2 = nullptr;         // (2, 14, 64)
+    bf16* mudd_b2 = nullptr;         // (2, 14): stored pre-scaled (the coefficients are 0.1 (... + b2))
 
     // Layer l's [Wq; Wk] (2C, C), Wv and Wo (C, C each): one [Wq; Wk; Wv; Wo] under AttnBanks::layer
     bf16* wqk(const Config& c, int l) const {
@@ -585,6 +622,10 @@ struct Params {
     float* xsa_alpha(const Config& c, int l) const {
         return c.structure.has_xsa(l) ? xsa_alphas + int64_t(l) * c.num_heads : nullptr;
     }
+    // MUDD block id's first layer (64, C), and its second's rows and biases
+    bf16* mudd_w1_of(const Config& c, int id) const { return mudd_w1 + int64_t(id) * kMuddHidden * c.model_dim; }
+    bf16* mudd_w2_of(int id) const { return mudd_w2 + id * kMuddMaxCoef * kMuddHidden; }
+    bf16* mudd_b2_of(int id) const { return mudd_b2 + id * kMuddMaxCoef; }
 };
 
 // ---- the parameter registry: every parameter once, with its name (the optimizer table's label,
@@ -599,6 +640,8 @@ enum class Init {
     constant,            // every element `value` (fp32 parameters)
     lm_head_transposed,  // embed starts tied to lm_head
     scalars,             // the scalars vector's values (initial_scalars)
+    uniform_fan_in,      // U(-b, b), b = 1 / sqrt(shape's last dim): torch's kaiming_uniform_(a = sqrt(5))
+    mudd_bias,           // upstream's init_mudd biases (initial_mudd_bias)
 };
 struct ParamSpec {
     const char* name;
@@ -646,6 +689,11 @@ void visit_params(const Config& c, Params& p, Visit&& visit) {
     visit(ParamSpec{"smear_gate", {1, kGateWidth}, Init::zeros}, p.smear_gate);
     visit(ParamSpec{"skip_gate", {1, kGateWidth}, Init::zeros}, p.skip_gate);
     if (!st.xsa_layers.empty()) visit(ParamSpec{"xsa_alphas", {layers, H}, Init::zeros}, p.xsa_alphas);
+    if (st.mudd) {
+        visit(ParamSpec{"mudd_w1", {2, kMuddHidden, C}, Init::uniform_fan_in, 6}, p.mudd_w1);
+        visit(ParamSpec{"mudd_w2", {2, kMuddMaxCoef, kMuddHidden}, Init::zeros}, p.mudd_w2);
+        visit(ParamSpec{"mudd_b2", {2, kMuddMaxCoef}, Init::mudd_bias}, p.mudd_b2);
+    }
     if (st.sublayer_lambdas) {  // upstream's order
         visit(ParamSpec{"post_lambdas", {layers, 2}, Init::constant, 0, 0.0f, 1.0f}, p.post_lambdas);
         visit(ParamSpec{"x0_lambdas", {layers}, Init::zeros}, p.x0_lambdas);
@@ -715,7 +763,7 @@ struct Acts {
     bf16* x0_bigram;            // bigram embedding rows
     LayerActs layer[kMaxLayers];
     bf16* x_out;                // the last layer's output
-    bf16* x_final;              // after the backout
+    bf16* x_final;              // after the backout (MUDD: the exit's mix)
     bf16* h_final;              // norm(x_final): the lm_head's input
     float* rstd_final;
     bf16* block_out;            // a block's output before it joins the stream (per-sublayer lambdas in training:
@@ -725,6 +773,11 @@ struct Acts {
     float* lse_head;            // (T)
     float* row_losses;          // (T)
     LmHeadFp8Buffers fp8;
+    // record 81's MUDD (Structure::mudd; else null): per block (0: the last layer's entry, 1: the exit) its hidden
+    // pre-activations z = h w1^T (T, 64) and coefficients (T, kMuddCoefStride); the entry's aux_v and r (T, C)
+    bf16* mudd_z[2];
+    float* mudd_c[2];
+    bf16 *aux_v, *mudd_r;
 };
 
 // Training keeps every layer's tensors for the backward; eval streams layers through one set and
@@ -780,16 +833,16 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
         }
     }
     // Streams between layers (layer 0 reads x0): every layer's input in training; in eval one
-    // buffer passed along, and the two streams read again later (the skip's and the backout's).
+    // buffer passed along, and the streams read again later (the skip's and the backout's; MUDD's h9).
     bf16* passed = training ? nullptr : a.take<bf16>(m + "stream", {T, C});
     for (int l = 1; l < st.layers; ++l) {
-        const bool own = training || l == st.skip_from + 1 || l == st.backout_layer + 1;
+        const bool own = training || l == st.skip_from + 1 || l == st.backout_layer + 1 || (st.mudd && l == st.layers - 1);
         s.layer[l].x = own ? a.take<bf16>(m + "layer" + std::to_string(l) + ".x", {T, C}) : passed;
     }
     // record 71's layer 0 mixes x0 itself; record 80's stream starts as x0 + lb[0] x0_bigram (record 84's is written
     // over x0: x0_is_stream)
     s.layer[0].x = !st.sublayer_lambdas || st.x0_is_stream ? s.x0
-                   : training                             ? a.take<bf16>(m + "layer0.x", {T, C})
+                   : training || st.mudd                  ? a.take<bf16>(m + "layer0.x", {T, C})  // MUDD's h0
                                                           : passed;
     s.x_out = a.take<bf16>(m + "x_out", {T, C});
     s.x_final = a.take<bf16>(m + "x_final", {T, C});
@@ -813,6 +866,16 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
     } else {
         s.fp8 = {};
     }
+    s.mudd_z[0] = s.mudd_z[1] = s.aux_v = s.mudd_r = nullptr;
+    s.mudd_c[0] = s.mudd_c[1] = nullptr;
+    if (st.mudd) {
+        for (int id = 0; id < 2; ++id) {
+            s.mudd_z[id] = a.take<bf16>(m + "mudd_z" + std::to_string(id), {T, kMuddHidden});
+            s.mudd_c[id] = a.take<float>(m + "mudd_c" + std::to_string(id), {T, kMuddCoefStride});
+        }
+        s.aux_v = a.take<bf16>(m + "aux_v", {T, C});
+        s.mudd_r = a.take<bf16>(m + "mudd_r", {T, C});
+    }
 }
 
 // ---- the backward's own buffers (training layout only) ----
@@ -835,6 +898,10 @@ struct BackwardBufs {
     bf16* dblock;            // gradient of a block's output (the update scales it by its post lambda)
     bf16* dh_late[NormGrads::kMax - 1];  // the attention inputs' gradients of the layers after the late
                                          // source's first reader, kept until the source's own update
+    // record 81's MUDD only: the gradients of h0 (the stream start: MUDD's shares, then layer 0's), of h9 (the last
+    // layer's input), of r and of the exit's value rows; the heads' dz (T, 64) and the coefficients' (T, 16)
+    bf16 *dX_h0, *dX_h9, *dr, *dve_exit, *mudd_dz;
+    float* mudd_dc;
     float* scratch;          // partial sums, attention workspace, embedding chunk sums
     size_t scratch_bytes;
 };
@@ -865,7 +932,18 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
         const int l = st.late_attn_source + 2 + j;  // a later reader of the late source
         w.dh_late[j] = st.late_attn_source >= 0 && l < st.layers ? a.take<bf16>("bw.dh_late" + std::to_string(j), {T, C}) : nullptr;
     }
+    w.dX_h0 = w.dX_h9 = w.dr = w.dve_exit = w.mudd_dz = nullptr;
+    w.mudd_dc = nullptr;
+    if (st.mudd) {
+        w.dX_h0 = a.take<bf16>("bw.dX_h0", {T, C});
+        w.dX_h9 = a.take<bf16>("bw.dX_h9", {T, C});
+        w.dr = a.take<bf16>("bw.dr", {T, C});
+        w.dve_exit = a.take<bf16>("bw.dve_exit", {T, C});
+        w.mudd_dz = a.take<bf16>("bw.mudd_dz", {T, kMuddHidden});
+        w.mudd_dc = a.take<float>("bw.mudd_dc", {T, kMuddCoefStride});
+    }
     w.scratch_bytes = std::max({residual_backward_scratch_bytes(T), lambda_scaled_weight_backward_scratch_bytes({3 * C * C, C * C}),
+                                st.mudd ? mudd_backward_scratch_bytes(T) : 0,
                                 lambda_scaled_weight_backward_scratch_bytes({2 * C * C, C * C, C * C}),
                                 attn_gates_backward_scratch_bytes(T, c.num_heads), embed_smear_backward_scratch_bytes(T),
                                 st.xsa_layers.empty() ? 0 : attn_output_gate_backward_scratch_bytes(T, c.num_heads, c.head_dim),
@@ -968,9 +1046,25 @@ std::vector<float> initial_scalars(const Config& c) {
         if (k.bigram >= 0) scalars[size_t(k.bigram + l)] = 0.1f;
     }
     scalars[size_t(k.smear)] = 0.0f;
-    scalars[size_t(k.backout)] = 0.5f;
+    if (k.backout >= 0) scalars[size_t(k.backout)] = 0.5f;
     scalars[size_t(k.skip)] = -1.5f;
     return scalars;
+}
+
+// MUDD's second-layer biases as upstream's init_mudd stores them (pre-scaled by 1 / 0.1, rounded to bf16): the entry's
+// value-embedding gates at 2, its update coefficients at the per-layer lambdas' starts (resid sqrt(1.1), post 1,
+// x0 0, bigram 0.05), and the exit's h7 coefficient at -0.5, the backout it replaces.
+std::vector<bf16> initial_mudd_bias() {
+    std::vector<float> b(2 * kMuddMaxCoef, 0.0f);
+    const float unscale = 1.0f / kMuddScale, resid = static_cast<float>(std::sqrt(1.1)) * unscale;
+    b[6] = b[7] = 2.0f * unscale;
+    b[8] = b[12] = resid;
+    b[9] = b[13] = 1.0f * unscale;
+    b[11] = 0.05f * unscale;
+    b[kMuddMaxCoef + 1] = -0.5f * unscale;
+    std::vector<bf16> out(b.size());
+    for (size_t i = 0; i < b.size(); ++i) out[i] = __float2bfloat16(b[i]);
+    return out;
 }
 
 // Every parameter by its registry rule (the arena starts zeroed; zeros are written again so that
@@ -1012,6 +1106,15 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
             const std::vector<float> v = initial_scalars(c);
             CUDA_CHECK(copy_async(e.data, v.data(), v.size() * sizeof(float), cudaMemcpyHostToDevice, s));
             CUDA_CHECK(sync_stream(s, "init_scalars"));  // v is a local
+            break;
+        }
+        case Init::uniform_fan_in:
+            init_uniform(p, n, key, 1.0f / std::sqrt(static_cast<float>(e.spec.shape.back())), s);
+            break;
+        case Init::mudd_bias: {
+            const std::vector<bf16> v = initial_mudd_bias();
+            CUDA_CHECK(copy_async(e.data, v.data(), v.size() * sizeof(bf16), cudaMemcpyHostToDevice, s));
+            CUDA_CHECK(sync_stream(s, "init_mudd_bias"));  // v is a local
             break;
         }
         case Init::lm_head_transposed: break;
@@ -1086,7 +1189,30 @@ int layer_window(const Config& c, const StepSchedule& step_sch, int l) {
     return c.structure.is_long_window(l) ? step_sch.ws_long : step_sch.ws_short;
 }
 
-AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule& step_sch, const LayerActs& L) {
+// Record 81's MUDD: the last layer of a structure with it.
+bool is_mudd_layer(const Structure& st, int l) { return st.mudd && l == st.layers - 1; }
+// MUDD's per-token lambdas for a sublayer update: coefficients [first, first + 4) of each token's row (the last
+// layer's attention update: 8..11, resid of r, post, h0, bigram; its MLP update: 12, 13).
+SublayerLambdas mudd_lambdas(const float* c, int first, bool injected) {
+    return {c + first, c + first + 1, injected ? c + first + 2 : nullptr, injected ? c + first + 3 : nullptr,
+            kMuddCoefStride};
+}
+SublayerLambdaGrads mudd_lambda_grads(float* dc, int first, bool injected) {
+    return {dc + first, dc + first + 1, injected ? dc + first + 2 : nullptr, injected ? dc + first + 3 : nullptr};
+}
+MuddHead mudd_head(const Params& p, int id) {
+    return {p.mudd_w2_of(id), p.mudd_b2_of(id), id == 0 ? kMuddEntryCoef : kMuddExitCoef};
+}
+// The exit's sources, upstream's order: h0 (the stream start), h7, h9 (the last layer's input), value table 0 at the
+// tokens, h3.
+MuddExitSources mudd_exit_sources(const Model& m, const Acts& a, const DeviceBatch& b) {
+    const Structure& st = m.cfg.structure;
+    return {{{a.layer[0].x, nullptr}, {a.layer[st.backout_layer + 1].x, nullptr}, {a.layer[st.layers - 1].x, nullptr},
+             {m.params.value_embeds, b.inputs}, {a.layer[st.skip_from + 1].x, nullptr}}};
+}
+
+AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule& step_sch, const Acts& a) {
+    const LayerActs& L = a.layer[l];
     const Config& c = m.cfg;
     AttnAux aux;
     aux.T = b.T;
@@ -1104,16 +1230,30 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
     aux.ve_gate_input = c.structure.ve_gate_reads_ve && !aux.paired && aux.ve_table ? VeGateInput::x_and_ve : VeGateInput::x;
     aux.attn_gate = m.params.attn_gate(c, l);
     if (c.structure.has_xsa(l)) aux.xsa_v = L.v, aux.xsa_alpha = m.params.xsa_alpha(c, l);
+    if (is_mudd_layer(c.structure, l)) {  // the value embedding reaches v through MUDD's aux_v, gated by c6, c7
+        aux.ve_table = aux.ve_gate = nullptr;
+        aux.ve_gate_input = VeGateInput::x;
+        aux.v_add = a.aux_v;
+    }
     return aux;
 }
 
 // The attention block of layer l: L.h_attn -> L.attn_out (the lambda-scaled weights, QKV, the value
-// embedding, attention, the output gate, the output projection).
-void attention_block_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, int l, LayerActs& L,
+// embedding, attention, the output gate, the output projection). MUDD's last layer first computes its entry from
+// its input h9: the coefficients, aux_v (v's value-embedding and dense terms) and r (its update's stream).
+void attention_block_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, int l, Acts& a,
                              cudaStream_t s) {
     const Config& c = m.cfg;
     const Params& p = m.params;
+    LayerActs& L = a.layer[l];
     const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim;
+    if (is_mudd_layer(c.structure, l)) {
+        const Structure& st = c.structure;
+        await_gathered(m.gathered, At::value_table, s, st.value_table(l));
+        matmul_forward(*m.lt, a.mudd_z[0], L.x, p.mudd_w1_of(c, 0), T, kMuddHidden, C, s, false, "gemm_mudd_entry");
+        mudd_entry_forward(a.mudd_c[0], a.aux_v, a.mudd_r, a.mudd_z[0], mudd_head(p, 0), a.layer[0].x,
+                           a.layer[st.backout_layer + 1].x, L.x, {p.ve_table(c, l), b.inputs}, T, C, H, s);
+    }
     const float* sa = p.scalars + c.scalar_slots.sa + 2 * l;
     await_gathered(m.gathered, At::attn, s);
     const int64_t CC = int64_t(C) * C;
@@ -1123,7 +1263,7 @@ void attention_block_forward(Model& m, const DeviceBatch& b, const StepSchedule&
         lambda_scaled_weight_forward({{L.wqkv_eff, p.wqk(c, l), sa, 2 * CC},
                                       {L.wqkv_eff + 2 * CC, p.wv(c, l), sa, CC},
                                       {L.wo_eff, p.wo(c, l), sa + 1, CC}}, s);
-    const AttnAux aux = attn_aux(m, l, b, step_sch, L);
+    const AttnAux aux = attn_aux(m, l, b, step_sch, a);
     matmul_forward(*m.lt, L.qkv, L.h_attn, L.wqkv_eff, T, 3 * C, C, s, false, "gemm_attn_qkv");
     if (aux.ve_table) await_gathered(m.gathered, At::value_table, s, c.structure.value_table(l));
     attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
@@ -1181,7 +1321,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             residual_mix_forward(L.xm, L.h_attn, L.rstd_attn, L.x, a.x0, a.x0_bigram, mix_lambdas(c, p, l), l == 0, T, C, s);
             stream = L.xm, mlp_in = L.h_attn;
             if (st.has_attention(l)) {
-                attention_block_forward(m, b, step_sch, l, L, s);
+                attention_block_forward(m, b, step_sch, l, a, s);
                 residual_add_forward(L.xa, L.h_mlp, L.rstd_mlp, L.xm, L.attn_out, T, C, s);
                 stream = L.xa, mlp_in = L.h_mlp;
             }
@@ -1189,8 +1329,13 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             gated_skip_add_norm_forward(L.xm, L.h_attn, L.rstd_attn, L.x, a.layer[st.skip_from + 1].x, a.x0, p.skip_gate,
                                         p.scalars + k.skip, T, C, s);
             stream = L.xm, mlp_in = L.h_attn;
+        } else if (is_mudd_layer(st, l)) {  // x = bf16(c8 r + c9 attn(h_attn) + c10 h0 (+ c11 xb)), per token
+            attention_block_forward(m, b, step_sch, l, a, s);
+            sublayer_residual_forward(L.xa, L.h_mlp, L.rstd_mlp, a.mudd_r, L.attn_out, a.layer[0].x, a.x0_bigram,
+                                      mudd_lambdas(a.mudd_c[0], 8, true), Injection::x0_and_bigram, T, C, s, c.bigram_dim);
+            stream = L.xa, mlp_in = L.h_mlp;
         } else {  // x = bf16(resid x + post attn(h_attn) + injection); h = norm(x)
-            attention_block_forward(m, b, step_sch, l, L, s);
+            attention_block_forward(m, b, step_sch, l, a, s);
             sublayer_residual_forward(L.xa, L.h_mlp, L.rstd_mlp, L.x, L.attn_out, a.x0, a.x0_bigram,
                                       sublayer_lambdas(p, l, 0), attention_injection(l), T, C, s, c.bigram_dim);
             stream = L.xa, mlp_in = L.h_mlp;
@@ -1204,13 +1349,19 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
                   // late source's readers (none after the last layer or before the skip's target)
             const bool norm = l + 1 < st.layers && st.has_attention(l + 1) && !st.reads_late_source(l);
             sublayer_residual_forward(x_next, norm ? a.layer[l + 1].h_attn : nullptr, norm ? a.layer[l + 1].rstd_attn : nullptr,
-                                      stream, L.mlp_out, nullptr, nullptr, sublayer_lambdas(p, l, 1), Injection::none,
-                                      T, C, s);
+                                      stream, L.mlp_out, nullptr, nullptr,
+                                      is_mudd_layer(st, l) ? mudd_lambdas(a.mudd_c[0], 12, false) : sublayer_lambdas(p, l, 1),
+                                      Injection::none, T, C, s);
         }
     }
-    // x -= backout_lambda * (the backout layer's output); h = norm(x)
-    backout_forward(a.x_final, a.h_final, a.rstd_final, a.x_out, a.layer[st.backout_layer + 1].x, p.scalars + k.backout, T,
-                    C, s);
+    if (st.mudd) {  // MUDD's exit: x += c0 h0 + c1 h7 + c2 h9 + c3 ve0 + c4 h3, per token; h = norm(x)
+        matmul_forward(*m.lt, a.mudd_z[1], a.x_out, p.mudd_w1_of(c, 1), T, kMuddHidden, C, s, false, "gemm_mudd_exit");
+        mudd_exit_forward(a.mudd_c[1], a.x_final, a.h_final, a.rstd_final, a.mudd_z[1], mudd_head(p, 1), a.x_out,
+                          mudd_exit_sources(m, a, b), T, C, s);
+    } else {  // x -= backout_lambda * (the backout layer's output); h = norm(x)
+        backout_forward(a.x_final, a.h_final, a.rstd_final, a.x_out, a.layer[st.backout_layer + 1].x, p.scalars + k.backout,
+                        T, C, s);
+    }
     if (a.training) refresh_lm_head_copies(m, s);
     await_gathered(m.gathered, At::head, s);
     if (a.training) {
@@ -1270,7 +1421,7 @@ void attention_block_backward(Model& m, const DeviceBatch& b, const StepSchedule
     const BlockPartials sums{w.scratch, m.sums_done};
     const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim;
     const Structure& st = c.structure;
-    const AttnAux aux = attn_aux(m, l, b, step_sch, L);
+    const AttnAux aux = attn_aux(m, l, b, step_sch, m.train);
     const float* sa = p.scalars + c.scalar_slots.sa + 2 * l;
     float* dsa = g.scalars + c.scalar_slots.sa + 2 * l;
     // output projection: attn_out = y_gated @ wo_eff^T
@@ -1282,7 +1433,7 @@ void attention_block_backward(Model& m, const DeviceBatch& b, const StepSchedule
     attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
                        layer_window(c, step_sch, l), aux.paired, static_cast<float>(m.rope.attn_scale), w.scratch,
                        w.scratch_bytes, s, AttentionBackwardMode::deterministic, b.cu_seqlens_host.data(), m.attention);
-    const int table = st.value_table(l);
+    const int table = aux.ve_table ? st.value_table(l) : -1;  // MUDD's layer: its value rows are the entry's
     bf16* dve = table >= 0 ? w.dve[table] : nullptr;
     float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
     attn_qkv_backward(aux, w.dqkv, dve, dz_ve, w.dq, w.dk, w.dv, L.qkv, L.rstd_q, L.rstd_k, s, xsa.dv);
@@ -1321,6 +1472,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     const Structure& st = c.structure;
     const ScalarSlots& k = c.scalar_slots;
     bf16 *dX = w.dX, *dX_skip = w.dX_skip, *dX_backout = w.dX_backout;  // stream gradients change buffers below
+    bf16 *dX_h0 = w.dX_h0, *dX_h9 = w.dX_h9;                            // MUDD's h0 and h9
     const bool accumulate = acc.accumulate_others;
     const Range range("backward");
     if (!accumulate) {  // the embedding backward writes only the rows of this batch's ids
@@ -1329,6 +1481,15 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         CUDA_CHECK(memset_async(g.bigram_embed, 0, size_t(c.bigram_vocab) * c.bigram_width() * sizeof(bf16), s));
         if (g.xsa_alphas)  // the rows of layers without XSA stay zero; the XSA layers' backward writes theirs
             CUDA_CHECK(memset_async(g.xsa_alphas, 0, size_t(st.layers) * c.num_heads * sizeof(float), s));
+        if (st.mudd) {  // MUDD's kernels add (the exit's rows 5.. of w2 and b2 get none)
+            CUDA_CHECK(memset_async(g.mudd_w1, 0, size_t(2) * kMuddHidden * C * sizeof(bf16), s));
+            CUDA_CHECK(memset_async(g.mudd_w2, 0, size_t(2) * kMuddMaxCoef * kMuddHidden * sizeof(bf16), s));
+            CUDA_CHECK(memset_async(g.mudd_b2, 0, size_t(2) * kMuddMaxCoef * sizeof(bf16), s));
+        }
+    }
+    if (st.mudd) {  // MUDD's shares of h0 reach it first (dX_h0): every injection adds to x0's and the bigram's
+        CUDA_CHECK(memset_async(w.gx0, 0, size_t(T) * C * sizeof(bf16), s));
+        CUDA_CHECK(memset_async(w.gxb, 0, size_t(T) * c.bigram_width() * sizeof(bf16), s));
     }
 
     // loss -> its e5m2 gradient, both layouts in one pass -> lm_head and its input
@@ -1340,11 +1501,29 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                                       step_sch.mtp_weights, step_sch.n_predict, m.dloss, T, V, s);
     lm_head_fp8_backward(*m.lt, w.dh, g.lm_head, accumulate, a.fp8, m.fp8_scales, T, C, V, s);
     reduce_final(m.buckets, acc, At::head, 0, st.layers, s);
-    backout_backward(dX, dX_backout, g.scalars + k.backout, sums, w.dh, a.x_final, a.rstd_final,
-                     a.layer[st.backout_layer + 1].x, p.scalars + k.backout, accumulate, T, C, s);
+    if (st.mudd) {  // the exit: x_out's gradient (dX) and the first shares of h0, h7, h9, value table 0's rows, h3
+        const MuddExitGrads eg{dX, {{dX_h0, false}, {dX_backout, false}, {dX_h9, false}, {w.dve_exit, false},
+                                    {dX_skip, false}}};
+        mudd_exit_backward(w.mudd_dz, w.mudd_dc, eg, {g.mudd_w2_of(1), g.mudd_b2_of(1), true}, sums, w.dh, a.x_final,
+                           a.rstd_final, a.mudd_c[1], a.mudd_z[1], mudd_head(p, 1), mudd_exit_sources(m, a, b), T, C, s);
+        matmul_backward_weight(*m.lt, g.mudd_w1_of(c, 1), w.mudd_dz, a.x_out, T, kMuddHidden, C, s, true,
+                               "gemm_mudd_exit_dw");
+        matmul_backward_input(*m.lt, dX, w.mudd_dz, p.mudd_w1_of(c, 1), T, kMuddHidden, C, s, true, "gemm_mudd_exit_dx");
+        embedding_backward(g.value_embeds, w.dve_exit, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
+    } else {
+        backout_backward(dX, dX_backout, g.scalars + k.backout, sums, w.dh, a.x_final, a.rstd_final,
+                         a.layer[st.backout_layer + 1].x, p.scalars + k.backout, accumulate, T, C, s);
+    }
     if (st.sublayer_lambdas && !accumulate) {  // the skip's target has no attention update: its lambdas are unused
-        float* unused[] = {g.resid_lambdas + 2 * st.skip_to, g.post_lambdas + 2 * st.skip_to, g.x0_lambdas + st.skip_to,
-                           g.bigram_lambdas + st.skip_to};
+        std::vector<float*> unused = {g.resid_lambdas + 2 * st.skip_to, g.post_lambdas + 2 * st.skip_to,
+                                      g.x0_lambdas + st.skip_to, g.bigram_lambdas + st.skip_to};
+        if (st.mudd) {  // nor are MUDD's layer's, nor its value table's gate: the per-token coefficients replace them
+            const int last = st.layers - 1;
+            for (float* e : {g.resid_lambdas + 2 * last, g.resid_lambdas + 2 * last + 1, g.post_lambdas + 2 * last,
+                             g.post_lambdas + 2 * last + 1, g.x0_lambdas + last, g.bigram_lambdas + last})
+                unused.push_back(e);
+            CUDA_CHECK(memset_async(g.ve_gate(c, last), 0, size_t(c.num_heads) * kGateWidth * sizeof(bf16), s));
+        }
         for (float* e : unused) CUDA_CHECK(memset_async(e, 0, sizeof(float), s));
     }
     int last_attention = 0;  // the first injection the backward meets writes gx0 and gxb; the others add
@@ -1364,12 +1543,14 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                 for (int j = 0; l == st.late_attn_source && j < NormGrads::kMax - 1; ++j) dh_next.dh[j + 1] = w.dh_late[j];
             }
             const LayerActs* next = l + 1 < st.layers ? &a.layer[l + 1] : nullptr;
-            sublayer_residual_backward(dX, w.dblock, nullptr, nullptr, sublayer_lambda_grads(g, l, 1), sums, dX, dh_next,
-                                       next ? next->x : a.x_out, norm ? next->rstd_attn : nullptr,
+            const bool mudd = is_mudd_layer(st, l);  // MUDD's layer: per-token c12, c13
+            sublayer_residual_backward(dX, w.dblock, nullptr, nullptr,
+                                       mudd ? mudd_lambda_grads(w.mudd_dc, 12, false) : sublayer_lambda_grads(g, l, 1),
+                                       sums, dX, dh_next, next ? next->x : a.x_out, norm ? next->rstd_attn : nullptr,
                                        st.has_attention(l) ? L.xa : L.xm, L.mlp_out, nullptr, nullptr,
-                                       sublayer_lambdas(p, l, 1),
+                                       mudd ? mudd_lambdas(a.mudd_c[0], 12, false) : sublayer_lambdas(p, l, 1),
                                        {.injection = Injection::none, .accumulate_dx = false, .accumulate_x0_grads = false,
-                                        .accumulate_lambda_grads = accumulate},
+                                        .accumulate_lambda_grads = accumulate && !mudd},
                                        T, C, s);
             d_mlp_out = w.dblock;
         }
@@ -1381,6 +1562,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         bf16* d_in = dX;
         bool add_to_d_in = false;
         if (l == 0 && !st.sublayer_lambdas) d_in = w.gx0, add_to_d_in = true;
+        if (l == 0 && st.mudd) d_in = dX_h0, add_to_d_in = true;  // h0 is the stream start
         if (l == st.backout_layer + 1) d_in = dX_backout, add_to_d_in = true;
         if (l == st.skip_from + 1) d_in = dX_skip, add_to_d_in = true;
         if (!st.sublayer_lambdas) {
@@ -1395,11 +1577,37 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                                   T, C, s);
         } else if (!st.has_attention(l)) {  // the skip's target: the norm its MLP read, then the skip add
             residual_add_backward(dX, w.dh, L.xm, L.rstd_attn, T, C, s);
+        } else if (is_mudd_layer(st, l)) {  // x_a = bf16(c8 r + c9 attn_out + c10 h0 (+ c11 xb)): r's gradient to dr
+            sublayer_residual_backward(w.dr, w.dblock, dX_h0, w.gxb, mudd_lambda_grads(w.mudd_dc, 8, true), sums, dX,
+                                       NormGrads{{w.dh}}, L.xa, L.rstd_mlp, a.mudd_r, L.attn_out, a.layer[0].x,
+                                       a.x0_bigram, mudd_lambdas(a.mudd_c[0], 8, true),
+                                       {.injection = Injection::x0_and_bigram, .accumulate_dx = false,
+                                        .accumulate_x0_grads = true, .accumulate_lambda_grads = false,
+                                        .bigram_dim = c.bigram_dim},
+                                       T, C, s);
+            const bool later_reader = st.reads_late_source(l) && st.reads_late_source(l - 1);
+            attention_block_backward(m, b, step_sch, acc, l, w.dblock,
+                                     later_reader ? w.dh_late[l - st.late_attn_source - 2] : w.dh, s);
+            // the entry: from aux_v's gradient (v's, in d(qkv)) and r's, every coefficient's and source's; then its
+            // first layer (h9's share, the value table's rows)
+            const int table = st.value_table(l), H = c.num_heads;
+            const MuddEntryGrads eg{{dX_h0, true}, {dX_backout, true}, {dX_h9, true}, w.dve[table]};
+            mudd_entry_backward(w.mudd_dz, w.mudd_dc, eg, {g.mudd_w2_of(0), g.mudd_b2_of(0), true}, sums, w.dqkv + 2 * C,
+                                3 * C, w.dr, a.mudd_c[0], a.mudd_z[0], mudd_head(p, 0), a.layer[0].x,
+                                a.layer[st.backout_layer + 1].x, L.x, {p.ve_table(c, l), b.inputs}, T, C, H, s);
+            matmul_backward_weight(*m.lt, g.mudd_w1_of(c, 0), w.mudd_dz, L.x, T, kMuddHidden, C, s, true,
+                                   "gemm_mudd_entry_dw");
+            matmul_backward_input(*m.lt, dX_h9, w.mudd_dz, p.mudd_w1_of(c, 0), T, kMuddHidden, C, s, true,
+                                  "gemm_mudd_entry_dx");
+            embedding_backward(g.ve_table(c, l), w.dve[table], b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
+            reduce_final(m.buckets, acc, At::value_table, table, st.layers, s);
+            std::swap(dX, dX_h9);  // the layer's input gradient: h9's
         } else {  // x_a = bf16(resid x + post attn_out + injection); then the attention from the gradient of attn_out
             sublayer_residual_backward(d_in, w.dblock, w.gx0, w.gxb, sublayer_lambda_grads(g, l, 0), sums, dX, NormGrads{{w.dh}},
                                        L.xa, L.rstd_mlp, L.x, L.attn_out, a.x0, a.x0_bigram, sublayer_lambdas(p, l, 0),
                                        {.injection = attention_injection(l), .accumulate_dx = add_to_d_in,
-                                        .accumulate_x0_grads = l != last_attention, .accumulate_lambda_grads = accumulate,
+                                        .accumulate_x0_grads = st.mudd || l != last_attention,
+                                        .accumulate_lambda_grads = accumulate,
                                         .bigram_dim = c.bigram_dim},
                                        T, C, s);
             // a later reader of the late source keeps its input gradient until the source's update
@@ -1409,10 +1617,13 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         }
         if (l == st.backout_layer + 1) std::swap(dX, dX_backout);  // the layer below continues from there
         if (l == st.skip_from + 1) std::swap(dX, dX_skip);
+        if (l == 0 && st.mudd) std::swap(dX, dX_h0);  // the stream start's whole gradient
         if (l == st.skip_to)  // the skip add's output gradient (dX) also reaches the skip layer's output and the gate
             gated_skip_add_backward(dX_skip, w.gx0, g.skip_gate, g.scalars + k.skip, sums, dX,
                                     a.layer[st.skip_from + 1].x, a.x0, p.skip_gate, p.scalars + k.skip,
-                                    {.accumulate_d_skip = false, .accumulate_param_grads = accumulate}, T, C, s);
+                                    {.accumulate_d_skip = st.mudd,  // MUDD's exit wrote h3's first share
+                                     .accumulate_param_grads = accumulate},
+                                    T, C, s);
         if (l == 0 && st.sublayer_lambdas)  // the stream's start, x0 + lb[0] x0_bigram, read by layer 0's norm and update
             stream_start_backward(w.gx0, w.gxb, g.bigram_lambdas, sums, dX, w.dh, L.x, L.rstd_attn, a.x0_bigram,
                                   p.bigram_lambdas,

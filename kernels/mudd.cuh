@@ -236,9 +236,10 @@ struct MuddEntryGrads {
 };
 __global__ void __launch_bounds__(kNormThreads, 2)
     mudd_entry_backward_kernel(__nv_bfloat16* dz, float* dcoeffs, MuddEntryGrads d, MuddHeadGrads dhead,
-                               BlockPartials scratch, const __nv_bfloat16* daux, const __nv_bfloat16* dr,
-                               const float* coeffs, const __nv_bfloat16* z, MuddHead head, const __nv_bfloat16* h0,
-                               const __nv_bfloat16* h7, const __nv_bfloat16* h9, MuddSource ve, int T, int C, int H) {
+                               BlockPartials scratch, const __nv_bfloat16* daux, int64_t daux_ld,
+                               const __nv_bfloat16* dr, const float* coeffs, const __nv_bfloat16* z, MuddHead head,
+                               const __nv_bfloat16* h0, const __nv_bfloat16* h7, const __nv_bfloat16* h9, MuddSource ve,
+                               int T, int C, int H) {
     const int lane = threadIdx.x % 32;
     float acc_w[kMuddMaxCoef][2] = {}, acc_b[kMuddMaxCoef] = {};
     const int D = C / H, half = D * (H / 2);
@@ -252,7 +253,7 @@ __global__ void __launch_bounds__(kNormThreads, 2)
         for (int i = 0; i < kNormPacksPerLane; ++i) {
             const int col = norm_row_col(i, lane);
             if (col >= C) continue;
-            const Pack128<__nv_bfloat16> ga = load128(daux + off + col), gr = load128(dr + off + col),
+            const Pack128<__nv_bfloat16> ga = load128(daux + row * daux_ld + col), gr = load128(dr + off + col),
                                          a = load128(h0 + off + col), b = load128(h7 + off + col),
                                          x = load128(h9 + off + col), e = load128(ve_row + col);
             float he = 0.0f;
@@ -290,7 +291,7 @@ __global__ void __launch_bounds__(kNormThreads, 2)
             const int col = norm_row_col(i, lane);
             if (col >= C) continue;
             const size_t at = off + col;
-            const Pack128<__nv_bfloat16> ga = load128(daux + at), gr = load128(dr + at);
+            const Pack128<__nv_bfloat16> ga = load128(daux + row * daux_ld + col), gr = load128(dr + at);
             Pack128<__nv_bfloat16> v0 = d.dh0.accumulate ? load128(d.dh0.d + at) : Pack128<__nv_bfloat16>{};
             Pack128<__nv_bfloat16> v7 = d.dh7.accumulate ? load128(d.dh7.d + at) : Pack128<__nv_bfloat16>{};
             Pack128<__nv_bfloat16> v9 = d.dh9.accumulate ? load128(d.dh9.d + at) : Pack128<__nv_bfloat16>{};
@@ -329,20 +330,24 @@ inline Work mudd_entry_backward_work(int T, int C, const MuddEntryGrads& d, cons
     return mudd_head_reduction(w, T, kMuddEntryCoef, dhead.accumulate);
 }
 // dz: (T, 64), for dw1[0] = dz^T h9 and dh9 += dz w1[0] (matmuls after this); scratch: mudd_backward_scratch_bytes.
+// daux's rows are daux_ld apart (C; the trainer passes v's columns of d(qkv), 3C).
 inline void mudd_entry_backward(__nv_bfloat16* dz, float* dcoeffs, MuddEntryGrads d, MuddHeadGrads dhead,
-                                BlockPartials scratch, const __nv_bfloat16* daux, const __nv_bfloat16* dr,
+                                BlockPartials scratch, const __nv_bfloat16* daux, int64_t daux_ld, const __nv_bfloat16* dr,
                                 const float* coeffs, const __nv_bfloat16* z, MuddHead head, const __nv_bfloat16* h0,
                                 const __nv_bfloat16* h7, const __nv_bfloat16* h9, MuddSource ve, int T, int C, int H,
                                 cudaStream_t stream) {
     require_shape(mudd_shape_error(T, C, H), "mudd_entry_backward");
     require_norm_rows("mudd_entry_backward", T, C, {d.dh0.d, d.dh7.d, d.dh9.d, d.dve, daux, dr, h0, h7, h9, ve.rows});
     require_mudd_head("mudd_entry_backward", head, kMuddEntryCoef);
+    kernel_require(daux_ld >= C && daux_ld % kNormPackWidth == 0,
+                   "mudd_entry_backward: daux's row stride %lld must be at least C and whole 16-byte packs",
+                   static_cast<long long>(daux_ld));
     kernel_require(dz && dcoeffs && dhead.dw2 && dhead.db2 && scratch.partials && scratch.done && coeffs && z && ve.ids,
                    "mudd_entry_backward: dz, the coefficients and their gradients, the head's gradients, the scratch, z "
                    "and the value rows' ids are required");
     const int blocks = mudd_backward_blocks(T);
     launch(mudd_entry_backward_work(T, C, d, dhead, ve), mudd_entry_backward_kernel, dim3(blocks), dim3(kNormThreads), 0,
-           stream, dz, dcoeffs, d, dhead, scratch, daux, dr, coeffs, z, head, h0, h7, h9, ve, T, C, H);
+           stream, dz, dcoeffs, d, dhead, scratch, daux, daux_ld, dr, coeffs, z, head, h0, h7, h9, ve, T, C, H);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -218,7 +218,7 @@ void check_entry(const Shape& s, bool acc) {
     DeviceBuffer<float> d_dc(dc_in);
     DevicePartials scratch(mudd_backward_scratch_bytes(T));
     const MuddEntryGrads eg{{d_d0.ptr, true}, {d_d7.ptr, true}, {d_d9.ptr, acc}, d_dve.ptr};
-    mudd_entry_backward(d_dz.ptr, d_dc.ptr, eg, {d_dw2.ptr, d_db2.ptr, acc}, scratch.view(), d_daux.ptr, d_dr.ptr, d_c.ptr,
+    mudd_entry_backward(d_dz.ptr, d_dc.ptr, eg, {d_dw2.ptr, d_db2.ptr, acc}, scratch.view(), d_daux.ptr, C, d_dr.ptr, d_c.ptr,
                         d_z.ptr, mh, d_h0.ptr, d_h7.ptr, d_h9.ptr, {d_table.ptr, d_ids.ptr}, T, C, H, nullptr);
     V dc_want(size_t(T) * 8), dc_tol(size_t(T) * 8), d0(s.n()), d7(s.n()), d9(s.n()), dve(s.n());
     V d0t(s.n()), d7t(s.n()), d9t(s.n()), dvet(s.n());

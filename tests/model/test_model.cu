@@ -43,7 +43,9 @@ std::vector<DeviceTensor> device_tensors(const Config& c, const Params& p) {  //
             // record 80's residual stream (null and empty without it)
             whole(p.resid_lambdas, false), whole(p.post_lambdas, false), whole(p.bigram_lambdas, false),
             // record 82's XSA strengths (null and empty without it)
-            whole(p.xsa_alphas, false)};
+            whole(p.xsa_alphas, false),
+            // record 81's MUDD (null and empty without it)
+            whole(p.mudd_w1, true), whole(p.mudd_w2, true), whole(p.mudd_b2, true)};
 }
 // Calls f(device pointer, host offset, elements) for each piece of device tensor d over host tensor h.
 template <class F>
@@ -145,6 +147,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     rc.bigram_dim = c.bigram_dim;  // record 84's narrow bigram, record 83's signs (the model's own table)
     rc.bigram_sign_rows = c.bigram_sign_rows;
     rc.x0_includes_bigram = c.structure.x0_is_stream;
+    rc.mudd = c.structure.mudd;
     if (m.bigram_signs) {
         const std::vector<float> t = download_bf16(m.bigram_signs, size_t(c.bigram_sign_rows) * c.bigram_width());
         rc.bigram_sign_table.assign(t.begin(), t.end());
@@ -173,6 +176,12 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     // and bigram_lambdas[0], is a visible share of theirs
     if (c.structure.x0_is_stream)
         for (double& l : rp.x0_lambdas) l = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.3, 0.6);
+    // MUDD: the coefficients' second layer away from its zero start (every coefficient then depends on its stream,
+    // and every path of the blocks' backward carries gradient), the biases moved off their init
+    for (double& w : rp.mudd_w2) w = test::uniform(-0.15, 0.15);
+    for (double& b : rp.mudd_b2) b += test::uniform(-1.0, 1.0);
+    // the exit's value-row coefficient (0 at init) at 0.3-0.6, so that value table 0's gradient shows its share
+    if (!rp.mudd_b2.empty()) rp.mudd_b2[ref::kMuddCoefs + 3] = (test::randint(0, 1) ? 1 : -1) * test::uniform(3.0, 6.0);
     // XSA: strengths of either sign well away from 0 (tanh(a) of 0.4 to 1.2), so that it changes y visibly
     for (double& a : rp.xsa_alphas) a = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.4, 1.2);
     upload_params(c, m.params, rp);
@@ -211,7 +220,11 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         // xsa_alphas: each a sum over tokens of -p q that cancels as the gates' sums do, more so with the scaled-up
         // bigram (TEST_SEED=14962909035690948383 under EMU_RANDOM_ORDER=11: 16.8%); a wrong one is off by O(1)
         // (a planted wrong row: 125%)
-        const double bound = &b == &rg.xsa_alphas ? 0.3 : reduced ? 0.15 : 0.08;
+        // MUDD's blocks: their gradients are sums over tokens of products with each token's coefficient gradients,
+        // themselves sums over channels that cancel (6.9% on a passing seed; planted wrong paths: 12-43% here and
+        // several tensors above 8%)
+        const bool mudd = &b == &rg.mudd_w1 || &b == &rg.mudd_w2 || &b == &rg.mudd_b2;
+        const double bound = &b == &rg.xsa_alphas ? 0.3 : reduced || mudd ? 0.15 : 0.08;
         if (!by_scale) test::check(rel < bound, "gradient of %s: relative error %.3e", got_t[i].first, rel);
     }
     // Each lambda's gradient is a sum of products d_i x_i of a stream gradient with a stream over
@@ -571,6 +584,14 @@ int main() {
                     static_cast<long long>(plus), static_cast<long long>(minus), signs.size());
         std::printf("record 80's switches with XSA, the narrow signed bigram, x0 aliased:\n");
         compare_with_reference(m84, r84, s);
+
+        // record 81's MUDD on top: the last layer's entry and the exit in place of the backout
+        Config r81 = r84;
+        use_record81_mudd(r81);
+        Model m81;
+        build_model(m81, r81, test::seed(), s);
+        std::printf("record 84's switches with MUDD:\n");
+        compare_with_reference(m81, r81, s);
     }
 
     // Bad input stops before any kernel runs, with a message naming the problem.

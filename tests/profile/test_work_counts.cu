@@ -1131,7 +1131,7 @@ void test_mudd() {
                           inout(dw2), inout(db2), inout(scratch.done)},
                          [&] {
                              mudd_entry_backward(dz.ptr, dcoeffs.ptr, eg, {dw2.ptr, db2.ptr, true}, scratch.view(),
-                                                 g1.ptr, g2.ptr, coeffs.ptr, z.ptr, head, h0.ptr, h7.ptr, h9.ptr, ve,
+                                                 g1.ptr, C, g2.ptr, coeffs.ptr, z.ptr, head, h0.ptr, h7.ptr, h9.ptr, ve,
                                                  T, C, H, nullptr);
                          },
                          2 * rows_bytes + bytes(dz) + partials);  // dh0, dh7, the coefficients and the head in place
