@@ -273,6 +273,9 @@ struct Config {
     // record 84 (upstream a333be08): the bigram table's width and the stream channels it reaches (192; 0: model_dim,
     // every channel, records 71-80), and record 83's sign trick: rows of the fixed +-1 sign table (8192; 0: none)
     int bigram_dim = 0, bigram_sign_rows = 0;
+    // record 84: the training forward's MLP up-projection in FP8 e4m3 (upstream's quantize_mlp_fp8 and use_mlp_fp8:
+    // per-layer weight scales refreshed after each optimizer step, the input's amax per forward); evaluation bf16
+    bool mlp_up_fp8 = false;
     int bigram_width() const { return bigram_dim ? bigram_dim : model_dim; }
     SoftcapLoss loss = SoftcapLoss::sigmoid;
     float value_embed_std = 0.0f;   // value tables start at N(0, std^2); 0: zeros (record 71)
@@ -543,6 +546,9 @@ std::string config_error(const Config& c) {
     if (c.bigram_dim > 0 && !c.structure.sublayer_lambdas)
         return bad("a narrow bigram (bigram_dim) needs per-sublayer lambdas (record 71's layer mix has no narrow form)");
     if (c.bigram_sign_rows < 0) return bad("bigram_sign_rows must be 0 (no sign trick) or positive");
+    if (c.mlp_up_fp8)
+        if (const std::string e = mlp_fp8_shape_error(1, c.model_dim, c.mlp_dim, {}); !e.empty())
+            return bad("the FP8 MLP up-projection (mlp_up_fp8): " + e);
     if (c.world_size < 1 || 8 % c.world_size != 0) return bad("the world size must divide 8");
     if (c.stages.empty()) return bad("at least one training stage is needed");
     for (const TrainingStage& st : c.stages) {
@@ -778,6 +784,7 @@ struct Acts {
     bf16* mudd_z[2];
     float* mudd_c[2];
     bf16 *aux_v, *mudd_r;
+    __nv_fp8_e4m3* mlp_xq;      // record 84's FP8 up-projection (training): the MLP input quantized (T, C)
 };
 
 // Training keeps every layer's tensors for the backward; eval streams layers through one set and
@@ -866,6 +873,7 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
     } else {
         s.fp8 = {};
     }
+    s.mlp_xq = training && c.mlp_up_fp8 ? a.take<__nv_fp8_e4m3>(m + "mlp_xq", {T, C}) : nullptr;
     s.mudd_z[0] = s.mudd_z[1] = s.aux_v = s.mudd_r = nullptr;
     s.mudd_c[0] = s.mudd_c[1] = nullptr;
     if (st.mudd) {
@@ -978,6 +986,13 @@ struct Model {
     float* untie_scratch;         // (C, V) over the dead activations: lm_head's moments gathered at the untie step
     // remade after each change of lm_head (refresh_lm_head_copies): its FP8 copies; embed while tied
     bool lm_head_fp8_stale = true, embed_stale = false;
+    // record 84's FP8 up-projection (Config::mlp_up_fp8): every MLP layer's e4m3 c_fc and its scale (the padding
+    // layer's too, as upstream), remade before the training forward after c_fc changed (mlp_fp8_stale); the input
+    // quantization's scales and scratch (its counters, like sums_done, outside the shared activations)
+    Fp8UpWeights mlp_fp8{};
+    BlockPartials mlp_fp8_weight_scratch{}, mlp_fp8_input_scratch{};
+    Fp8UpScales* mlp_fp8_scales = nullptr;
+    bool mlp_fp8_stale = true;
     DeviceBatch batch, eval_batch;
     YarnRope rope;
     LmHeadFp8Scales* fp8_scales;  // device
@@ -1006,6 +1021,20 @@ void layout_state(Arena& a, Model& m) {
     m.sums_done = reinterpret_cast<unsigned int*>(a.take<int32_t>("sums_done", {1}));  // zeroed by the arena
     m.mtp_weights = a.take<float>("mtp_weights", {kMaxMtpWeights});
     m.bigram_signs = c.bigram_sign_rows ? a.take<bf16>("bigram_signs", {c.bigram_sign_rows, c.bigram_width()}) : nullptr;
+    m.mlp_fp8 = {};
+    m.mlp_fp8_weight_scratch = m.mlp_fp8_input_scratch = {};
+    m.mlp_fp8_scales = nullptr;
+    if (c.mlp_up_fp8) {
+        const int layers = c.structure.layers + 1, C = c.model_dim, M = c.mlp_dim;
+        m.mlp_fp8.w = a.take<__nv_fp8_e4m3>("mlp_fp8.w", {layers, M, C});
+        m.mlp_fp8.scale = a.take<float>("mlp_fp8.scale", {layers});
+        m.mlp_fp8_weight_scratch = {a.take<float>("mlp_fp8.weight_partials", {int64_t(mlp_fp8_weight_scratch_floats(layers, M, C))}),
+                                    reinterpret_cast<unsigned int*>(a.take<int32_t>("mlp_fp8.weight_done", {1}))};
+        const int T = c.max_train_tokens();
+        m.mlp_fp8_input_scratch = {a.take<float>("mlp_fp8.input_partials", {int64_t(mlp_fp8_input_scratch_floats(T, C))}),
+                                   reinterpret_cast<unsigned int*>(a.take<int32_t>("mlp_fp8.input_done", {1}))};
+        m.mlp_fp8_scales = reinterpret_cast<Fp8UpScales*>(a.take<float>("mlp_fp8.scales", {4}));
+    }
 }
 void layout_activations(Arena& a, Model& m) {
     const Config& c = m.cfg;
@@ -1341,7 +1370,18 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             stream = L.xa, mlp_in = L.h_mlp;
         }
         await_gathered(m.gathered, At::mlp, s);
-        mlp_forward(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
+        if (a.training && c.mlp_up_fp8) {  // record 84: x and c_fc in e4m3, c_fc's copies remade after it changed
+            if (m.mlp_fp8_stale) {
+                mlp_fp8_quantize_weights(m.mlp_fp8, {p.mlp_bank, int64_t(2) * M * C, st.layers + 1}, M, C,
+                                         m.mlp_fp8_weight_scratch, s);
+                m.mlp_fp8_stale = false;
+            }
+            const Fp8Up up{m.mlp_fp8.w + int64_t(l) * M * C, m.mlp_fp8.scale + l, a.mlp_xq, m.mlp_fp8_scales,
+                           m.mlp_fp8_input_scratch};
+            mlp_forward_fp8(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, up, p.c_proj(c, l), T, C, M, s);
+        } else {
+            mlp_forward(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
+        }
         bf16* x_next = l + 1 < st.layers ? a.layer[l + 1].x : a.x_out;
         if (!st.sublayer_lambdas) {
             residual_add_forward(x_next, nullptr, nullptr, stream, L.mlp_out, T, C, s);
@@ -2131,6 +2171,7 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         CUDA_CHECK(record_event(q.updated, s));
     }
     if (do_adam) m.lm_head_fp8_stale = true, m.embed_stale = tied;
+    m.mlp_fp8_stale = true;  // NorMuon stepped c_fc
     // the gathers by their rows' turns (the next forward waits for each at its place)
     for (int i : gather_order(c, tied))
         if (steps(o.group[i]))
@@ -2409,6 +2450,7 @@ int load_checkpoint(Run& r, const std::string& dir) {
                                                  r.opt.resume_unverified, r.log);
         r.o.split = f.mine.meta("split_embed") == "1";
         r.m.lm_head_fp8_stale = true, r.m.embed_stale = false;  // a saved embed is lm_head's already while tied
+        r.m.mlp_fp8_stale = true;
         for (OptimGroup& q : r.o.group) {
             const std::string label = q.rule.label;
             const char* dt = q.t.fp32 ? "F32" : "BF16";
@@ -2610,6 +2652,7 @@ PlanTrainer plan_trainer(Run& r) {
         r.o.split = step > r.sch.split_step;  // embed is tied until the untie step
         // an even step's forward remakes lm_head's copies (embed too while tied) after the Adam step before it
         r.m.lm_head_fp8_stale = step % 2 == 0;
+        r.m.mlp_fp8_stale = true;  // every step's NorMuon update changes c_fc
         r.m.embed_stale = step % 2 == 0 && step > 0 && step - 1 <= r.sch.split_step;
     };
     t.train_step = [&r](int step) { train_step(r, step); };
@@ -2692,6 +2735,7 @@ void warm_up(Run& r) {
     CUDA_CHECK(sync_stream(r.s, "warm_up"));
     CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), initial.data(), initial.size(), cudaMemcpyHostToDevice));
     r.m.lm_head_fp8_stale = true, r.m.embed_stale = false;  // the restored embed is lm_head's already
+    r.m.mlp_fp8_stale = true;
     CUDA_CHECK(cudaMemset(r.m.grad_arena.base(), 0, r.m.grad_arena.bytes()));
     reset_optimizer(r.o, r.s);
     reset_schedule(r);

@@ -148,6 +148,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     rc.bigram_sign_rows = c.bigram_sign_rows;
     rc.x0_includes_bigram = c.structure.x0_is_stream;
     rc.mudd = c.structure.mudd;
+    rc.mlp_up_fp8 = c.mlp_up_fp8;
     if (m.bigram_signs) {
         const std::vector<float> t = download_bf16(m.bigram_signs, size_t(c.bigram_sign_rows) * c.bigram_width());
         rc.bigram_sign_table.assign(t.begin(), t.end());
@@ -186,6 +187,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     for (double& a : rp.xsa_alphas) a = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.4, 1.2);
     upload_params(c, m.params, rp);
     m.lm_head_fp8_stale = true;  // lm_head changed outside the optimizer: its FP8 copies are remade
+    m.mlp_fp8_stale = true;      // c_fc's too
 
     gpt_forward(m, m.batch, step_sch, m.train, s);
     gpt_backward(m, m.batch, step_sch, {false, false}, s);
@@ -194,6 +196,23 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     ref::Params rg;
     ref::Tape tape;
     const double ref_loss = ref::forward_backward(rc, rp, rb, rc.grad_scale, rg, &tape);
+    if (c.mlp_up_fp8) {  // record 84's FP8 up-projection: layer 0's pre from the model's own MLP input and c_fc, quantized
+        // as upstream quantizes (the reference's detail::mlp_up_fp8_forward). The loss hides a wrong quantization in
+        // its tolerance, and e4m3 turns the stream's bf16 noise into percents of pre (1.6% against the reference's own
+        // stream); on the same input the only differences are fp32 sums and pre's bf16 rounding.
+        const size_t M = size_t(c.mlp_dim), C = size_t(c.model_dim);
+        const std::vector<float> pre = download_bf16(m.train.layer[0].pre, size_t(T) * M),
+                                 xin = download_bf16(m.train.layer[0].h_mlp, size_t(T) * C),
+                                 fc = download_bf16(m.params.c_fc(c, 0), M * C);
+        const std::vector<double> xd(xin.begin(), xin.end()), fcd(fc.begin(), fc.end());
+        std::vector<double> want(size_t(T) * M), diff(want.size());
+        double a = 0, dequant = 0;
+        ref::detail::mlp_up_fp8_forward(xd.data(), fcd.data(), size_t(T), M, C, want.data(), &a, &dequant);
+        for (size_t e = 0; e < want.size(); ++e) diff[e] = pre[e] - ref::round_bf16(want[e]);  // pre is stored in bf16
+        const double rel = norm2(diff) / std::max(norm2(want), 1e-30);
+        std::printf("  layer 0's FP8 MLP pre-activation from its own input: relative error %.3e\n", rel);
+        test::check(rel < 1e-3, "layer 0's FP8 MLP pre-activation from its own input: relative error %.3e", rel);
+    }
     std::printf("loss: model %.6f reference %.6f (relative %.2e)\n", loss, ref_loss, std::fabs(loss - ref_loss) / ref_loss);
     // bf16 activations through 11 layers and an FP8 head: the sum over rows agrees to ~1e-3.
     test::check(std::fabs(loss - ref_loss) <= 5e-3 * ref_loss, "training loss %.6f vs reference %.6f", loss, ref_loss);
@@ -592,6 +611,14 @@ int main() {
         build_model(m81, r81, test::seed(), s);
         std::printf("record 84's switches with MUDD:\n");
         compare_with_reference(m81, r81, s);
+
+        // and record 84's FP8 MLP up-projection: every switch of the record
+        Config fp8 = r81;
+        fp8.mlp_up_fp8 = true;
+        Model m84f;
+        build_model(m84f, fp8, test::seed(), s);
+        std::printf("record 84's switches with MUDD and the FP8 up-projection:\n");
+        compare_with_reference(m84f, fp8, s);
     }
 
     // Bad input stops before any kernel runs, with a message naming the problem.
