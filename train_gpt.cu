@@ -96,6 +96,8 @@ struct Structure {
     int backout_layer = 7;                              // its output is subtracted after the last layer
     // record 80: an unpaired layer's value-embedding gate reads cat(x[:6], ve[:6]), not x[:12]
     bool ve_gate_reads_ve = false;
+    // record 84 (upstream a333be08 L1448-1453): the paired layers' gates read it too (with ve_gate_reads_ve)
+    bool paired_ve_gate_reads_ve = false;
     // record 80's residual stream (records 73-77): x = bf16(x0 + lb[0] xb) before layer 0; each sublayer
     // x = bf16(resid x + post block(norm(x)) + injection), the injection lx0[i] x0 + lb[i] xb after each
     // attention (layer 0: x0 only); the layer without attention (the skip's target) only adds the skip.
@@ -1256,7 +1258,8 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
     aux.ids = b.inputs;
     aux.ve_table = m.params.ve_table(c, l);
     aux.ve_gate = m.params.ve_gate(c, l);
-    aux.ve_gate_input = c.structure.ve_gate_reads_ve && !aux.paired && aux.ve_table ? VeGateInput::x_and_ve : VeGateInput::x;
+    const bool reads_ve = c.structure.ve_gate_reads_ve && (!aux.paired || c.structure.paired_ve_gate_reads_ve);
+    aux.ve_gate_input = reads_ve && aux.ve_table ? VeGateInput::x_and_ve : VeGateInput::x;
     aux.attn_gate = m.params.attn_gate(c, l);
     if (c.structure.has_xsa(l)) aux.xsa_v = L.v, aux.xsa_alpha = m.params.xsa_alpha(c, l);
     if (is_mudd_layer(c.structure, l)) {  // the value embedding reaches v through MUDD's aux_v, gated by c6, c7

@@ -178,7 +178,8 @@ inline void yarn_rope_apply(YarnRope& r, int old_window, int new_window, cudaStr
 // Upstream 2c702746 train_gpt.py L1102 (non-paired layers, #70) and L1120 (paired layers).
 enum class VeGateInput : uint8_t {
     x,         // xa[t, :12]: record 71's every layer, record 80's paired layers
-    x_and_ve,  // cat(xa[t, :6], ve_table[ids[t], :6]): record 80's non-paired layers
+    x_and_ve,  // cat(xa[t, :6], ve_table[ids[t], :6]): record 80's non-paired layers, record 84's every layer
+               // (upstream a333be08 L1448-1453: computed outside the attention, aux_v.view_as(v) on paired ones)
 };
 constexpr int kVeGateHalf = kGateWidth / 2;  // x_and_ve: columns 0-5 of xa, then 0-5 of the ve row
 // No padding (a static_assert below): emu's race detector reads every word of a kernel's struct
@@ -216,10 +217,8 @@ inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
     kernel_require(a.xa != nullptr, "%s: the attention input xa is required (gates read xa[:, :12])", who);
     kernel_require((a.ve_table == nullptr) == (a.ve_gate == nullptr), "%s: ve_table and ve_gate go together", who);
     kernel_require(a.ve_table == nullptr || a.ids != nullptr, "%s: value embeddings need the token ids", who);
-    if (a.ve_gate_input == VeGateInput::x_and_ve) {
+    if (a.ve_gate_input == VeGateInput::x_and_ve) {  // record 84 also on paired layers: the gate is per (t, h) either way
         kernel_require(a.ve_table != nullptr, "%s: VeGateInput::x_and_ve on a layer without value embeddings", who);
-        kernel_require(!a.paired, "%s: VeGateInput::x_and_ve on a paired layer (upstream's paired VE gate reads xa[:, :12])",
-                       who);
     } else {
         kernel_require(a.ve_gate_input == VeGateInput::x, "%s: unknown VeGateInput %d", who,
                        static_cast<int>(a.ve_gate_input));

@@ -1065,14 +1065,6 @@ int main(int argc, char** argv) {
         attn_gates_backward(bad_aux(), reinterpret_cast<bf16*>(16), nullptr, reinterpret_cast<bf16*>(16), nullptr,
                             reinterpret_cast<const float*>(20), nullptr, {}, false, nullptr);
     });
-    test::check_fails_with("VE gate reading ve on a paired layer", "VeGateInput::x_and_ve on a paired layer", [] {
-        AttnAux a = bad_aux();
-        a.paired = true;
-        a.ve_table = a.ve_gate = reinterpret_cast<const bf16*>(16);
-        a.ids = reinterpret_cast<const int32_t*>(16);
-        a.ve_gate_input = VeGateInput::x_and_ve;
-        attn_qkv_forward(a, nullptr, nullptr, reinterpret_cast<bf16*>(16), nullptr, nullptr, nullptr, nullptr);
-    });
     test::check_fails_with("VE gate reading ve without value embeddings",
                            "VeGateInput::x_and_ve on a layer without value embeddings", [] {
                                AttnAux a = bad_aux();
@@ -1152,6 +1144,7 @@ int main(int argc, char** argv) {
         // layers 2 and 9 keep xa[:, :12], the cases above
         test_layer(s.T, s.H, s.D, false, false, true, rope, F, false, VeGateInput::x_and_ve);  // layer 1
         test_layer(s.T, s.H, s.D, false, true, true, rope, F, true, VeGateInput::x_and_ve);    // layers 8, 10
+        test_layer(s.T, s.H, s.D, true, false, true, rope, F, false, VeGateInput::x_and_ve);   // record 84: 2, 9
     }
     {  // ragged T (not a multiple of the rows a block covers)
         Rope rope(64, 2 * 37);
@@ -1176,5 +1169,6 @@ int main(int argc, char** argv) {
     test_finite_differences(false, false, false);
     test_finite_differences(false, true, true, VeGateInput::x_and_ve);
     test_finite_differences(false, false, true, VeGateInput::x_and_ve);
+    test_finite_differences(true, false, true, VeGateInput::x_and_ve);  // record 84's paired layers
     return test::finish();
 }

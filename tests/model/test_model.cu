@@ -140,6 +140,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     test::check(c.structure.value_tables() == ref::kValueTables, "the reference holds %d value tables", ref::kValueTables);
     std::copy(c.structure.value_layers.begin(), c.structure.value_layers.end(), rc.value_layers.begin());
     rc.ve_gate_reads_ve = c.structure.ve_gate_reads_ve;
+    rc.paired_ve_gate_reads_ve = c.structure.paired_ve_gate_reads_ve;
     rc.sw_over_all_weights = c.loss == SoftcapLoss::tanh_bf16;
     rc.sublayer_lambdas = c.structure.sublayer_lambdas;
     rc.late_attn_source = c.structure.late_attn_source;
@@ -595,6 +596,7 @@ int main() {
         r84.bigram_dim = r84.model_dim / 4;
         r84.bigram_sign_rows = 61;
         r84.structure.x0_is_stream = true;
+        r84.structure.paired_ve_gate_reads_ve = true;  // layers 2 and 9's gates read the value embedding too
         Model m84;
         build_model(m84, r84, test::seed(), s);
         const std::vector<float> signs = download_bf16(m84.bigram_signs, size_t(61) * r84.bigram_width());

@@ -218,6 +218,8 @@ struct Config {
     std::array<int, kValueTables> value_layers{0, 1, 8, 9, 10};
     // Record 80: an unpaired layer's ve gate reads cat(xa[:6], ve[:6]) instead of xa[:12].
     bool ve_gate_reads_ve = false;
+    // Record 84 (upstream a333be08 L1448-1453): with ve_gate_reads_ve, the paired layers' gates read it too.
+    bool paired_ve_gate_reads_ve = false;
     // Record 80's CE kernel: the gradient's normalizer S_w sums every MTP weight, also those whose
     // target t+k lies past the batch (record 71: only the weights with a target, w_k > 0).
     bool sw_over_all_weights = false;
@@ -328,7 +330,9 @@ struct Config {
             if (value_layers[size_t(k)] == layer) return k;
         return -1;
     }
-    bool gate_reads_ve(int layer) const { return ve_gate_reads_ve && !paired[layer] && table_of(layer) >= 0; }
+    bool gate_reads_ve(int layer) const {
+        return ve_gate_reads_ve && (!paired[layer] || paired_ve_gate_reads_ve) && table_of(layer) >= 0;
+    }
     void yarn_apply(int old_window, int new_window) {
         yarn.apply(old_window, new_window);
         yarn_paired.apply(old_window, new_window);
