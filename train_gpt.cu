@@ -456,15 +456,46 @@ Config tiny_r80_preset() {
 
 // The presets by the name --preset takes (README: "Presets"). `record` is the newest of upstream's
 // records this program reproduces.
+// Record 84's switches on a record-80 config (upstream a333be08's stage 2 over 2c702746's stage 1): record 81's
+// MUDD, 82's XSA on every unpaired attention layer, 83's sign trick and 84's narrow bigram (a quarter of the width,
+// three times the rows) with its aliased x0, the paired layers' gates reading the value embedding, the FP8 MLP
+// up-projection.
+void use_record84(Config& c) {
+    use_record81_mudd(c);
+    use_record82_xsa(c, {1, 3, 4, 7, 8, 10});
+    c.bigram_vocab = c.padded_vocab * 15;
+    c.bigram_dim = c.model_dim / 4;
+    c.bigram_sign_rows = 8192;
+    c.structure.x0_is_stream = true;
+    c.structure.paired_ve_gate_reads_ve = true;
+    c.mlp_up_fp8 = true;
+}
+// Upstream's record 84 (a333be08, 79.2 s): record 84's switches, 1380 + 10 steps.
+Config r84_preset() {
+    Config c = r80_preset();
+    c.name = "r84";
+    use_record84(c);
+    c.scheduled_iterations = 1380;
+    c.extension_iterations = 10;
+    c.upstream_peak_mib = 30908;  // upstream's logs of this code (SPEC-latest section 4: stage 2)
+    return c;
+}
+// Record 84 at tiny's sizes: tiny-r80's with record 84's switches.
+Config tiny_r84_preset() {
+    Config c = tiny_r80_preset();
+    c.name = "tiny-r84";
+    use_record84(c);
+    c.bigram_vocab = tiny_preset().bigram_vocab * 3;  // three times tiny's rows, as 15 of 5 vocabularies
+    return c;
+}
+
 struct Preset {
     const char* name;
     Config (*make)();
 };
-const Preset kPresets[] = {{"r71", r71_preset},
-                           {"record", r71_preset},
-                           {"tiny", tiny_preset},
-                           {"r80", r80_preset},
-                           {"tiny-r80", tiny_r80_preset}};
+const Preset kPresets[] = {{"r71", r71_preset},         {"record", r71_preset},         {"tiny", tiny_preset},
+                           {"r80", r80_preset},         {"tiny-r80", tiny_r80_preset}, {"r84", r84_preset},
+                           {"tiny-r84", tiny_r84_preset}};
 
 // The preset NAME's config (named NAME), or none.
 std::optional<Config> preset_config(const std::string& name) {

@@ -17,6 +17,14 @@ if(Python3_Interpreter_FOUND)
   set_tests_properties(test_trainer_r80 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1500)
 endif()
 
+# The tiny-r84 preset end to end (tests/trainer/test_trainer_r84.py): 1 rank's losses falling, 2 ranks under emu's
+# strict modes against 1 rank, the record's memory plan (no golden run yet).
+if(Python3_Interpreter_FOUND)
+  add_test(NAME test_trainer_r84 COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r84.py
+           $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
+  set_tests_properties(test_trainer_r84 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 900)
+endif()
+
 # Bad inputs and faults (tests/trainer/test_failures.py): flags, startup checks, a full log disk,
 # checkpoint manifests and mixed or damaged rank files, non-finite state, signals; issue 28's outputs
 # that could be lost, overwritten, skipped or invalidated (flags per mode, EMU_* ranges, checkpoint

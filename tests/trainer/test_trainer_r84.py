@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""End to end on the tiny-r84 preset (record 84's switches at tiny's sizes: MUDD, XSA, the narrow signed bigram with
+the aliased x0, the paired layers' gates reading the value embedding, the FP8 MLP up-projection), under emu.
+
+No golden run yet (the PyTorch reference has no record-84 port): this checks what holds without one.
+  - 1 rank, 6 + 2 steps (stage changes at 2, 4 and 6, Adam steps 1, 3, 5, 7, the untie at 5): every training
+    loss finite, validation at 0, 4 and 8 falling; the log in upstream's format;
+  - 2 ranks under emu's strictest modes (deferred streams in random order, poisoned allocations: MUDD's and XSA's
+    replicated reductions, the narrow bigram's sparse exchange, the banks' buckets and gathers, each ordered by
+    its events or reported as a race), steps 0..3: the same training and validation losses as 1 rank up to
+    reduction order (0.1%, as records 71's and 80's 1 = 2 = 8);
+  - --print-memory --preset r84: the record's plan fits one H100 (80 GB).
+Usage: test_trainer_r84.py TRAIN_GPT_CPU MPIRUN...
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_trainer as T  # noqa: E402  (its run, check and log helpers)
+
+SCHEDULE = ["--preset", "tiny-r84", "--scheduled-steps", "6", "--extension-steps", "2", "--val-every", "4",
+            "--val-tokens", "4096", "--log-train-loss", "--warmup", "0"]
+TOTAL = 8
+STRICT = {"EMU_RANDOM_ORDER": "29", "EMU_STREAMS": "deferred:29", "EMU_POISON": "1"}
+
+
+def losses(text):
+    train = [float(v) for v in re.findall(r"^step:\d+/\d+ train_loss:(\S+)$", text, re.M)]
+    val = {int(a): float(b) for a, b in re.findall(r"^step:(\d+)/\d+ val_loss:(\S+) ", text, re.M)}
+    return np.array(train), val
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="trainer_r84_") as tmp:
+        T.run(SCHEDULE + ["--run-id", "np1", "--log-dir", tmp])
+        T.check_log(os.path.join(tmp, "np1.txt"), "1 rank")
+        one_train, one_val = losses(open(os.path.join(tmp, "np1.txt")).read())
+        T.check(one_train.shape == (TOTAL,) and np.all(np.isfinite(one_train)),
+                f"1 rank: {TOTAL} finite training losses ({one_train})")
+        T.check(sorted(one_val) == [0, 4, TOTAL] and one_val[0] > one_val[4] > one_val[TOTAL],
+                f"1 rank: validation losses {one_val} fall")
+        steps = 4
+        T.run(SCHEDULE + ["--max-steps", str(steps), "--run-id", "np2", "--log-dir", tmp], ranks=2, env=STRICT)
+        train, val = losses(open(os.path.join(tmp, "np2.txt")).read())
+        a = one_train[:steps]
+        T.check(a.shape == train.shape and np.all(np.abs(a - train) <= 1e-3 * a),
+                f"2 ranks, strict emu vs 1: training losses of steps 0..{steps - 1} agree to 0.1% "
+                f"(max {np.max(np.abs(a - train) / a) if a.shape == train.shape else np.inf:.1e})")
+        T.check(sorted(val) == [0, steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val),
+                f"2 ranks, strict emu vs 1: validation losses {val} agree to 0.1%")
+    plan = subprocess.run([T.BINARY, "--preset", "r84", "--print-memory"], capture_output=True, text=True)
+    total = re.search(r"^total\s+(\S+) MiB", plan.stdout, re.M)
+    T.check(plan.returncode == 0 and total is not None and float(total.group(1)) < 80 * 1024,
+            f"r84's memory plan fits one H100: {total.group(1) if total else plan.stderr[-300:]} MiB")
+    if T.failures:
+        sys.exit(f"{len(T.failures)} check(s) failed")
+    print("all tiny-r84 trainer checks passed")
+
+
+if __name__ == "__main__":
+    main()
