@@ -224,11 +224,15 @@ __device__ __forceinline__ void fc_store_tile(const __nv_bfloat16* tile, int tid
 // g = bf16(x @ w^T) with fp32 sums, then the epilogue E; `post` is written by the forward only and
 // `pre` read by the backward only (the other is null). The backward's pre may be its out: each
 // element is read by the thread that then writes it. Two blocks per SM: at most 128 registers a
-// thread (ptxas: no spills) and 2 x 96 KB.
+// thread (ptxas: no spills) and 2 x 96 KB. The e4m3 instance one block: sm_90 has no e4m3 mma.sync, so
+// its MMAs convert their operands first, which at 128 registers spilled 16 bytes (Hopper runs the
+// wgmma kernel; this one serves other GPUs and the CPU build).
 // In: the operands' type (bf16, or e4m3 with the sums multiplied by *dequant before the rounding;
 // dequant is read by the e4m3 kernel only).
+template <class In>
+constexpr int kFcMinBlocks = sizeof(In) == 1 ? 1 : 2;
 template <FcEpilogue E, class In = __nv_bfloat16>
-__global__ void __launch_bounds__(kFcThreads, 2)
+__global__ void __launch_bounds__(kFcThreads, kFcMinBlocks<In>)
     linear_relu_square_kernel(__nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre, const In* x,
                               const In* w, const float* dequant, int T, int C, int H) {
     constexpr int tile_k = fc_tile_k<In>();

@@ -75,13 +75,17 @@ __device__ __forceinline__ void mudd_store_row(float* dst, const float (&v)[N], 
         if (j < n && lane == j) dst[j] = v[j];
 }
 
-// The lane's two hidden values u = bf16(gelu(z)) (columns 2 lane, 2 lane + 1) and the row's coefficients, every
-// lane holding all of them (zeros past n).
-__device__ __forceinline__ void mudd_row_coefficients(float (&c)[kMuddCoefStride], float (&u)[2], float (&z)[2],
-                                                      const __nv_bfloat16* z_row, const MuddHead& head, int lane) {
+// The lane's two hidden pre-activations z and values u = bf16(gelu(z)) (columns 2 lane, 2 lane + 1).
+__device__ __forceinline__ void mudd_row_hidden(float (&u)[2], float (&z)[2], const __nv_bfloat16* z_row, int lane) {
     const __nv_bfloat162 zz = reinterpret_cast<const __nv_bfloat162*>(z_row)[lane];
     z[0] = __low2float(zz), z[1] = __high2float(zz);
     u[0] = bf16_round(gelu_erf(z[0])), u[1] = bf16_round(gelu_erf(z[1]));
+}
+// The row's coefficients, every lane holding all of them (zeros past n).
+__device__ __forceinline__ void mudd_row_coefficients(float (&c)[kMuddCoefStride], const __nv_bfloat16* z_row,
+                                                      const MuddHead& head, int lane) {
+    float u[2], z[2];
+    mudd_row_hidden(u, z, z_row, lane);
 #pragma unroll
     for (int j = 0; j < kMuddCoefStride; ++j) {
         c[j] = 0.0f;
@@ -92,12 +96,13 @@ __device__ __forceinline__ void mudd_row_coefficients(float (&c)[kMuddCoefStride
     }
 }
 
-// From the row's coefficient gradients dc (bf16 values): the lane's two dz (written) and its shares of dw2 and
-// db2 (added to acc_w, acc_b; db2's in lane 0 only, every lane holding the same dpre).
+// From the row's coefficient gradients dc (bf16 values) and its z: the lane's two dz (written) and its shares of
+// dw2 and db2 (added to acc_w, acc_b; db2's in lane 0 only, every lane holding the same dpre).
 __device__ __forceinline__ void mudd_row_head_backward(__nv_bfloat16* dz_row, float (&acc_w)[kMuddMaxCoef][2],
                                                        float (&acc_b)[kMuddMaxCoef], const float (&dc)[kMuddCoefStride],
-                                                       const float (&u)[2], const float (&z)[2], const MuddHead& head,
-                                                       int lane) {
+                                                       const __nv_bfloat16* z_row, const MuddHead& head, int lane) {
+    float u[2], z[2];
+    mudd_row_hidden(u, z, z_row, lane);
     float du[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < kMuddMaxCoef; ++j) {
@@ -182,8 +187,8 @@ __global__ void __launch_bounds__(kNormThreads, 4)
                               const __nv_bfloat16* h9, MuddSource ve, int T, int C, int H) {
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
-    float c[kMuddCoefStride], u[2], zz[2];
-    mudd_row_coefficients(c, u, zz, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
+    float c[kMuddCoefStride];
+    mudd_row_coefficients(c, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
     mudd_store_row(coeffs + static_cast<size_t>(row) * kMuddCoefStride, c, kMuddCoefStride, lane);
     const size_t off = static_cast<size_t>(row) * C;
     const __nv_bfloat16* ve_row = mudd_source_row(ve, row, C);
@@ -310,9 +315,8 @@ __global__ void __launch_bounds__(kNormThreads, 2)
             store128(d.dh9.d + at, v9);
             store128(d.dve + at, ve_g);
         }
-        float u[2], zz[2], unused[kMuddCoefStride];
-        mudd_row_coefficients(unused, u, zz, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
-        mudd_row_head_backward(dz + static_cast<size_t>(row) * kMuddHidden, acc_w, acc_b, dc, u, zz, head, lane);
+        const size_t zrow = static_cast<size_t>(row) * kMuddHidden;
+        mudd_row_head_backward(dz + zrow, acc_w, acc_b, dc, z + zrow, head, lane);
     }
     mudd_head_partials(acc_w, acc_b, head, dhead, scratch);
 }
@@ -363,8 +367,8 @@ __global__ void __launch_bounds__(kNormThreads, 4)
                              int T, int C) {
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
-    float c[kMuddCoefStride], u[2], zz[2];
-    mudd_row_coefficients(c, u, zz, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
+    float c[kMuddCoefStride];
+    mudd_row_coefficients(c, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
     mudd_store_row(coeffs + static_cast<size_t>(row) * kMuddCoefStride, c, kMuddCoefStride, lane);
     const size_t off = static_cast<size_t>(row) * C;
     NormRow out = {};
@@ -466,9 +470,8 @@ __global__ void __launch_bounds__(kNormThreads, 2)
 #pragma unroll
         for (int j = 0; j < kMuddExitSources; ++j) dc[j] = bf16_round(warp_reduce_sum(s[j]));
         mudd_store_row(dcoeffs + static_cast<size_t>(row) * kMuddCoefStride, dc, kMuddExitCoef, lane);
-        float u[2], zz[2], unused[kMuddCoefStride];
-        mudd_row_coefficients(unused, u, zz, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
-        mudd_row_head_backward(dz + static_cast<size_t>(row) * kMuddHidden, acc_w, acc_b, dc, u, zz, head, lane);
+        const size_t zrow = static_cast<size_t>(row) * kMuddHidden;
+        mudd_row_head_backward(dz + zrow, acc_w, acc_b, dc, z + zrow, head, lane);
     }
     mudd_head_partials(acc_w, acc_b, head, dhead, scratch);
 }

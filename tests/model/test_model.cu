@@ -243,9 +243,11 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         // MUDD's blocks: their gradients are sums over tokens of products with each token's coefficient gradients,
         // themselves sums over channels that cancel (6.9% on a passing seed; planted wrong paths: 12-43% here and
         // several tensors above 8%)
-        const bool mudd = &b == &rg.mudd_w1 || &b == &rg.mudd_w2 || &b == &rg.mudd_b2;
+        const bool mudd = &b == &rg.mudd_w1 || &b == &rg.mudd_w2;
         const double bound = &b == &rg.xsa_alphas ? 0.3 : reduced || mudd ? 0.15 : 0.08;
-        if (!by_scale) test::check(rel < bound, "gradient of %s: relative error %.3e", got_t[i].first, rel);
+        // mudd_b2: 0.1 times sums over tokens of the coefficients' gradients, which cancel as the lambdas' do (17% at
+        // TEST_SEED=9169812687577948472 under EMU_RANDOM_ORDER=23): checked against its scale below
+        if (!by_scale && &b != &rg.mudd_b2) test::check(rel < bound, "gradient of %s: relative error %.3e", got_t[i].first, rel);
     }
     // Each lambda's gradient is a sum of products d_i x_i of a stream gradient with a stream over
     // T x C, and the sum can cancel almost completely, so a relative check on it is meaningless. The
@@ -255,11 +257,17 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     const double worst = test::check_within_scale("lambda gradients (scalars, x0, resid, post, bigram lambdas)", ref::lambda_gradients(mg),
                                                   ref::lambda_gradients(rg), ref::lambda_error_scales(tape), 0.3);
     std::printf("  lambdas: largest error %.3f of its scale\n", worst);
+    if (c.structure.mudd) {
+        const double worst_b2 = test::check_within_scale("MUDD's b2 gradient", mg.mudd_b2, rg.mudd_b2, tape.mudd_b2_scales, 0.3);
+        std::printf("  mudd_b2: largest error %.3f of its scale\n", worst_b2);
+    }
     // The skip gate's 12 gradients are sums over tokens of a gate factor times a dot product over C
     // that cancels in the same way; TEST_SEED=1273328711279058700 put 17.7% of relative error in
     // them. Against its scale (Tape::skip_gate_scales) the error stayed below 0.045 over 80 seeds,
     // while the largest gradient was 0.19-0.63 of it: a bound of 0.1 sees a wrong gradient.
-    constexpr double kSkipBound = 0.1;
+    // With MUDD's coefficients scaled up (compare_with_reference) the largest was 0.112 of it
+    // (TEST_SEED=9169812687577948472 under EMU_RANDOM_ORDER=23), its largest gradient still 1.03 of it.
+    const double kSkipBound = c.structure.mudd ? 0.15 : 0.1;
     const double worst_skip = test::check_within_scale("skip gate gradient", mg.skip_gate, rg.skip_gate,
                                                        tape.skip_gate_scales, kSkipBound);
     double largest = 0;  // how far off a zero gradient would be
