@@ -244,7 +244,12 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         // themselves sums over channels that cancel (6.9% on a passing seed; planted wrong paths: 12-43% here and
         // several tensors above 8%)
         const bool mudd = &b == &rg.mudd_w1 || &b == &rg.mudd_w2;
-        const double bound = &b == &rg.xsa_alphas ? 0.3 : reduced || mudd ? 0.15 : 0.08;
+        // (MUDD's: 14.3% at TEST_SEED=8728976318279275397 under EMU_RANDOM_ORDER=23; a planted missing aux_v 16.7%
+        // here and 18-33% in attn_bank and attn_gate_bank.) The FP8 up-projection turns the stream's bf16 noise into
+        // e4m3 rounding flips (layer 0's pre 1.6% off the reference's own stream), so every bound doubles there (that
+        // seed: value_embeds 8.2%, attn_bank 9.0%); its path is checked bit for bit by the pre-activation check above.
+        const double base = &b == &rg.xsa_alphas ? 0.3 : mudd ? 0.25 : reduced ? 0.15 : 0.08;
+        const double bound = c.mlp_up_fp8 ? 2 * base : base;
         // mudd_b2: 0.1 times sums over tokens of the coefficients' gradients, which cancel as the lambdas' do (17% at
         // TEST_SEED=9169812687577948472 under EMU_RANDOM_ORDER=23): checked against its scale below
         if (!by_scale && &b != &rg.mudd_b2) test::check(rel < bound, "gradient of %s: relative error %.3e", got_t[i].first, rel);
