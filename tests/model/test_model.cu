@@ -180,8 +180,8 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
         for (double& l : rp.x0_lambdas) l = (test::randint(0, 1) ? 1 : -1) * test::uniform(0.3, 0.6);
     // MUDD: the coefficients' second layer away from its zero start (every coefficient then depends on its stream,
     // and every path of the blocks' backward carries gradient), the biases moved off their init
-    for (double& w : rp.mudd_w2) w = test::uniform(-0.15, 0.15);
-    for (double& b : rp.mudd_b2) b += test::uniform(-1.0, 1.0);
+    for (double& w : rp.mudd_w2) w = test::uniform(-0.08, 0.08);
+    for (double& b : rp.mudd_b2) b += test::uniform(-0.5, 0.5);
     // the exit's value-row coefficient (0 at init) at 0.3-0.6, so that value table 0's gradient shows its share
     if (!rp.mudd_b2.empty()) rp.mudd_b2[ref::kMuddCoefs + 3] = (test::randint(0, 1) ? 1 : -1) * test::uniform(3.0, 6.0);
     // XSA: strengths of either sign well away from 0 (tanh(a) of 0.4 to 1.2), so that it changes y visibly
