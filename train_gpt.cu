@@ -2420,7 +2420,7 @@ void check_step_losses(Run& r, int step, bool wait) {
         }
         l.checked = s + 1;
     }
-    if (!r.opt.log_train_loss || step == 0 || l.checked < step) return;
+    if (!r.opt.log_train_loss || step <= l.first || l.checked < step) return;
     const double sum = l.sum(step - 1);
     const double all = host_sum(sum);
     print0(r, "step:%d/%d train_loss:%.4f\n", step, r.sch.total_steps,
@@ -2436,6 +2436,13 @@ void check_step_losses(Run& r, int step, bool wait) {
 // The manifest also names the chain of runs the directory belongs to (`lineage`) and what a resume
 // must match to continue the same computation (r.facts: the schedule, the data, the kernels).
 // `training_ms`: the run's training time up to this step, in the log's line for scripts/stats.py.
+// Record 83's sign table as the checkpoint holds it (rank 0's file).
+CheckpointTensor sign_table_tensor(const Model& m) {
+    const Config& c = m.cfg;
+    return {"buffer.bigram_signs", "BF16", {c.bigram_sign_rows, c.bigram_width()}, m.bigram_signs,
+            size_t(c.bigram_sign_rows) * c.bigram_width() * sizeof(bf16)};
+}
+
 void save_checkpoint(Run& r, int step, double training_ms) {
     refresh_lm_head_copies(r.m, r.s);  // a tied embed follows the last Adam step's lm_head
     await_all_gathered(r.m.gathered, r.s);
@@ -2461,6 +2468,9 @@ void save_checkpoint(Run& r, int step, double training_ms) {
             if (pending_adam_grads) tensors.push_back({"grad." + label, dt, {q.t.rows, q.t.row_elems}, q.t.grad, full});
         }
     }
+    // record 83's sign table is a buffer, as in upstream's state dict: a reader of the file (the references, the
+    // comparison with upstream's code) takes the very table the run trained with
+    if (r.d.rank == 0 && r.m.bigram_signs) tensors.push_back(sign_table_tensor(r.m));
     CheckpointMeta manifest = {{"format", "train_gpt manifest 1"},  {"preset", r.m.cfg.name},
                                {"step", std::to_string(step)},      {"world_size", std::to_string(r.d.world)},
                                {"seed", std::to_string(r.opt.seed)}, {"run_id", r.opt.run_id},
@@ -2498,6 +2508,7 @@ int load_checkpoint(Run& r, const std::string& dir) {
                 if (f.step % 2 == 1) read_tensor(f.mine, {"grad." + label, dt, whole, q.t.grad, full});
             }
         }
+        if (r.m.bigram_signs) read_tensor(f.first, sign_table_tensor(r.m));
         return f.step;
     } catch (const std::exception& e) {
         fail("cannot resume from " + dir + ": " + e.what());
@@ -2575,7 +2586,7 @@ void start_batches(Run& r, BatchSchedule plan, int repeat = 1) {
                                                           first.max_seq_len, c.grad_accum(), lo);
     const SparsePlanning sparse = r.o.sparse ? SparsePlanning{r.d.world, r.o.sparse_max_touched, c.bigram_vocab}
                                              : SparsePlanning{};
-    r.losses.checked = plan.first_made;
+    r.losses.checked = r.losses.first = plan.first_made;
     r.batches = std::make_unique<BatchProducer>(batch_shape(c), std::move(loader), r.d.rank, sparse, r.m.batch.packed_ints,
                                                 plan, step_batches(r.sch, plan.steps));
 }

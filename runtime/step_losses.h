@@ -18,6 +18,7 @@ struct StepLosses {
     int grad_accum = 1;
     cudaEvent_t ready[kSteps] = {};
     int checked = 0;  // the steps before it have been checked (their slots are free)
+    int first = 0;    // the first step this run makes: a resumed run has no loss of the steps before it
 
     void allocate(int accum) {
         grad_accum = accum;

@@ -2,13 +2,17 @@
 """End to end on the tiny-r84 preset (record 84's switches at tiny's sizes: MUDD, XSA, the narrow signed bigram with
 the aliased x0, the paired layers' gates reading the value embedding, the FP8 MLP up-projection), under emu.
 
-No golden run yet (the PyTorch reference has no record-84 port): this checks what holds without one.
   - 1 rank, 6 + 2 steps (stage changes at 2, 4 and 6, Adam steps 1, 3, 5, 7, the untie at 5): every training
-    loss finite, validation at 0, 4 and 8 falling; the log in upstream's format;
-  - 2 ranks under emu's strictest modes (deferred streams in random order, poisoned allocations: MUDD's and XSA's
+    loss finite, validation at 0, 4 and 8 falling; the log in upstream's format; record 83's sign table saved with
+    the parameters (`buffer.bigram_signs`, (8192, bigram_dim) of +-1, what the references and upstream's code
+    read to start from the same state);
+  - resume from step 3 (an odd step: the even step's Adam gradients pending, the FP8 copies of c_fc to remake, the
+    sign table read back) equals the uninterrupted run at step 8, every tensor bitwise, and its log prints no
+    training loss of a step it did not run;
+  - 8 ranks under emu's strictest modes (deferred streams in random order, poisoned allocations: MUDD's and XSA's
     replicated reductions, the narrow bigram's sparse exchange, the banks' buckets and gathers, each ordered by
-    its events or reported as a race), steps 0..3: the same training and validation losses as 1 rank up to
-    reduction order (0.1%, as records 71's and 80's 1 = 2 = 8);
+    its events or reported as a race) and 2 ranks in the default mode, steps 0..3: the same training and
+    validation losses as 1 rank up to reduction order (0.1%, as records 71's and 80's 1 = 2 = 8);
   - --print-memory --preset r84: the record's plan fits one H100 (80 GB).
 Usage: test_trainer_r84.py TRAIN_GPT_CPU MPIRUN...
 """
@@ -37,22 +41,50 @@ def losses(text):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="trainer_r84_") as tmp:
-        T.run(SCHEDULE + ["--run-id", "np1", "--log-dir", tmp])
+        root = os.path.join(tmp, "np1")
+        T.run(SCHEDULE + ["--run-id", "np1", "--log-dir", tmp, "--save-checkpoint", root, "--checkpoint-steps",
+                          f"0,3,{TOTAL}"])
         T.check_log(os.path.join(tmp, "np1.txt"), "1 rank")
         one_train, one_val = losses(open(os.path.join(tmp, "np1.txt")).read())
         T.check(one_train.shape == (TOTAL,) and np.all(np.isfinite(one_train)),
                 f"1 rank: {TOTAL} finite training losses ({one_train})")
         T.check(sorted(one_val) == [0, 4, TOTAL] and one_val[0] > one_val[4] > one_val[TOTAL],
                 f"1 rank: validation losses {one_val} fall")
+        signs = T.tensors(T.ckpt(root, 0), names=["buffer.bigram_signs"])[1].get("buffer.bigram_signs")
+        T.check(signs is not None and signs.shape == (8192, 32) and set(np.unique(signs)) == {-1.0, 1.0}
+                and abs(float(np.mean(signs))) < 0.02,
+                f"the checkpoint holds the sign table, (8192, 32) of balanced +-1 "
+                f"({None if signs is None else (signs.shape, np.unique(signs), float(np.mean(signs)))})")
+
+        # resume from step 3 to the end: the same bytes as the uninterrupted run (every tensor as stored)
+        resumed = os.path.join(tmp, "resumed")
+        T.run(SCHEDULE + ["--run-id", "resumed", "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps",
+                          str(TOTAL), "--resume", os.path.dirname(T.ckpt(root, 3))])
+        _, a = T.read_checkpoint.load(T.ckpt(root, TOTAL))
+        _, b = T.read_checkpoint.load(T.ckpt(resumed, TOTAL))
+        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        T.check(a.keys() == b.keys() and not differ,
+                "resume from step 3 equals the uninterrupted run at step 8 (every tensor, bitwise)"
+                + (" differ: " + " ".join(differ[:8]) if differ else ""))
+        text = open(os.path.join(tmp, "resumed.txt")).read()
+        logged = [int(k) for k in re.findall(r"^step:(\d+)/\d+ train_loss:", text, re.M)]
+        r_train, _ = losses(text)
+        T.check(logged == list(range(4, TOTAL + 1)) and np.array_equal(r_train, one_train[3:]),
+                f"the resumed log prints the training losses of steps 4..{TOTAL} only, the uninterrupted run's "
+                f"({logged}: {r_train})")
+
+        # without upstream's warm-up (test_trainer.py runs it on record 71's tiny preset)
         steps = 4
-        T.run(SCHEDULE + ["--max-steps", str(steps), "--run-id", "np2", "--log-dir", tmp], ranks=2, env=STRICT)
-        train, val = losses(open(os.path.join(tmp, "np2.txt")).read())
-        a = one_train[:steps]
-        T.check(a.shape == train.shape and np.all(np.abs(a - train) <= 1e-3 * a),
-                f"2 ranks, strict emu vs 1: training losses of steps 0..{steps - 1} agree to 0.1% "
-                f"(max {np.max(np.abs(a - train) / a) if a.shape == train.shape else np.inf:.1e})")
-        T.check(sorted(val) == [0, steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val),
-                f"2 ranks, strict emu vs 1: validation losses {val} agree to 0.1%")
+        for ranks, env, label in ((8, STRICT, "8 ranks, strict emu"), (2, None, "2 ranks")):
+            run_id = f"np{ranks}"
+            T.run(SCHEDULE + ["--max-steps", str(steps), "--run-id", run_id, "--log-dir", tmp], ranks=ranks, env=env)
+            train, val = losses(open(os.path.join(tmp, run_id + ".txt")).read())
+            a = one_train[:steps]
+            T.check(a.shape == train.shape and np.all(np.abs(a - train) <= 1e-3 * a),
+                    f"{label} vs 1: training losses of steps 0..{steps - 1} agree to 0.1% "
+                    f"(max {np.max(np.abs(a - train) / a) if a.shape == train.shape else np.inf:.1e})")
+            T.check(sorted(val) == [0, steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val),
+                    f"{label} vs 1: validation losses {val} agree to 0.1%")
     plan = subprocess.run([T.BINARY, "--preset", "r84", "--print-memory"], capture_output=True, text=True)
     total = re.search(r"^total\s+(\S+) MiB", plan.stdout, re.M)
     T.check(plan.returncode == 0 and total is not None and float(total.group(1)) < 80 * 1024,

@@ -17,8 +17,9 @@ if(Python3_Interpreter_FOUND)
   set_tests_properties(test_trainer_r80 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1500)
 endif()
 
-# The tiny-r84 preset end to end (tests/trainer/test_trainer_r84.py): 1 rank's losses falling, 2 ranks under emu's
-# strict modes against 1 rank, the record's memory plan (no golden run yet).
+# The tiny-r84 preset end to end (tests/trainer/test_trainer_r84.py): 1 rank's losses falling, the sign table in the
+# checkpoint, a bitwise resume from an odd step, 8 ranks under emu's strict modes and 2 in the default mode against
+# 1 rank, the record's memory plan.
 if(Python3_Interpreter_FOUND)
   add_test(NAME test_trainer_r84 COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r84.py
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
@@ -70,6 +71,15 @@ if(Python3_Interpreter_FOUND)
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
   set_tests_properties(repin_planted PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 900)
 endif()
+# Record 84's FP8 up-projection through real tiny-r84 steps (tests/trainer/fp8_refresh.cu): each step's training
+# forward multiplies by the quantization of the c_fc it reads, although NorMuon moved it after the step before.
+# Planted: the optimizer's mark that c_fc changed lost after each step, which must fail at step 1.
+trainer_test(fp8_refresh ${REPO}/tests/trainer/fp8_refresh.cu CPU_ONLY)
+add_test(NAME fp8_refresh COMMAND ${MPIRUN} -np 1 $<TARGET_FILE:fp8_refresh>)
+add_test(NAME fp8_refresh_planted COMMAND ${MPIRUN} -np 1 $<TARGET_FILE:fp8_refresh> plant)
+set_tests_properties(fp8_refresh fp8_refresh_planted PROPERTIES ENVIRONMENT "REPO=${REPO}" TIMEOUT 600)
+set_tests_properties(fp8_refresh_planted PROPERTIES
+                     PASS_REGULAR_EXPRESSION "FAIL.*step 1: the FP8 copies of c_fc are its quantization")
 # The next forward's waits for the gathers (tests/trainer/gathers_race.cu): real tiny steps through
 # an Adam step tied and untied under deferred streams, where the race detector stops any read of a
 # parameter not ordered after its gather; every rank's parameters equal afterwards. Planted: the
