@@ -96,6 +96,13 @@ __device__ __forceinline__ void mudd_row_coefficients(float (&c)[kMuddCoefStride
     }
 }
 
+// Row `row`'s coefficients from its z, every lane holding them, and kept in coeffs for the backward.
+__device__ __forceinline__ void mudd_row_coefficients_kept(float (&c)[kMuddCoefStride], float* coeffs,
+                                                           const __nv_bfloat16* z, const MuddHead& head, int row,
+                                                           int lane) {
+    mudd_row_coefficients(c, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
+    mudd_store_row(coeffs + static_cast<size_t>(row) * kMuddCoefStride, c, kMuddCoefStride, lane);
+}
 // From the row's coefficient gradients dc (bf16 values) and its z: the lane's two dz (written) and its shares of
 // dw2 and db2 (added to acc_w, acc_b; db2's in lane 0 only, every lane holding the same dpre).
 __device__ __forceinline__ void mudd_row_head_backward(__nv_bfloat16* dz_row, float (&acc_w)[kMuddMaxCoef][2],
@@ -188,8 +195,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
     float c[kMuddCoefStride];
-    mudd_row_coefficients(c, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
-    mudd_store_row(coeffs + static_cast<size_t>(row) * kMuddCoefStride, c, kMuddCoefStride, lane);
+    mudd_row_coefficients_kept(c, coeffs, z, head, row, lane);
     const size_t off = static_cast<size_t>(row) * C;
     const __nv_bfloat16* ve_row = mudd_source_row(ve, row, C);
     const int half = (C / H) * (H / 2);  // the first half of the heads' columns take c6
@@ -368,8 +374,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
     float c[kMuddCoefStride];
-    mudd_row_coefficients(c, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
-    mudd_store_row(coeffs + static_cast<size_t>(row) * kMuddCoefStride, c, kMuddCoefStride, lane);
+    mudd_row_coefficients_kept(c, coeffs, z, head, row, lane);
     const size_t off = static_cast<size_t>(row) * C;
     NormRow out = {};
 #pragma unroll
