@@ -32,8 +32,12 @@ Upstream at world size 1 pads its banks to a multiple of 1 and its scalars by (-
 """
 import argparse
 import glob
+import math
 import os
+import re
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -135,20 +139,105 @@ KERNEL_PATCHES = [
      ["        return grad_x, None, None, grad_w, None, None, None, None"]),
 ]
 
+# record 84 (a333be08): the r80 patches whose lines are unchanged, then the new lines' (what, anchor, replacement[, count])
+R84_KEPT = ("the CUDA warm-up tensor", "the kernels package import", "the CUDA check", "the device", "set_device",
+            "the process group", "the norm", "Polar Express's normalization", "QK norm", "the key offset",
+            "the output gate", "the smear gate", "the smear", "the skip gate", "the evaluation softcap",
+            "the hyperparameters", "the training schedule", "the block size", "the main program")
+TRAIN_PATCHES_R84 = [p for p in TRAIN_PATCHES if p[0] in R84_KEPT] + [
+    ("the VE add (unpaired and paired branches)", "                v = v + aux_v.view_as(v)",
+     ["                v = (v.float() + aux_v.view_as(v).float()).bfloat16()  # upstream_cpu: one rounding with "
+      "aux_v's terms"], 2),
+    ("the VE gate",
+     "                    ve_gate_out = 2 * torch.sigmoid(F.linear(gate_in, ve_gates[i])).view(B, T, self.num_heads, 1)",
+     ["                    ve_gate_out = 2 * torch.sigmoid(F.linear(gate_in, ve_gates[i]).float()).view(B, T, "
+      "self.num_heads, 1)"]),
+    ("the gated VE", "                    aux_v = (ve_gate_out * ve_view).view(B, T, -1)",
+     ["                    aux_v = (ve_gate_out * ve_view.float()).view(B, T, -1)"]),
+    ("MUDD's coefficients",
+     "        x = (F.linear(x, self.mudd_w2[id, :num_coef]) + self.mudd_b2[id, :num_coef]) * self._mudd_scale",
+     ["        x = ((F.linear(x, self.mudd_w2[id, :num_coef]).float() + self.mudd_b2[id, :num_coef].float()) * "
+      "self._mudd_scale).bfloat16()  # upstream_cpu: one rounding"]),
+    ("MUDD's v terms",
+     "                    v_mudd = (mu[0] * cache[0] + mu[1] * cache[7] + mu[2] * x).view(B, T, self.num_heads, "
+     "self.head_dim)",
+     ["                    v_mudd = (mu[0].float() * cache[0].float() + mu[1].float() * cache[7].float() + "
+      "mu[2].float() * x.float()).view(B, T, self.num_heads, self.head_dim)"]),
+    ("MUDD's stream recombination", "                    x = (1 + mu[5]) * x + mu[3] * cache[0] + mu[4] * cache[7]",
+     ["                    x = (1 + mu[5].float()) * x.float() + mu[3].float() * cache[0].float() + mu[4].float() * "
+      "cache[7].float()  # upstream_cpu: fp32 into the attention update"]),
+    ("MUDD's gated VE", "                    aux_v = (ve_gate * ve_view + v_mudd).view(B, T, -1)",
+     ["                    aux_v = (ve_gate.float() * ve_view.float() + v_mudd).view(B, T, -1)"]),
+    ("MUDD's attention update",
+     ("                    x = mu[8] * x + mu[9] * attn_out + mu[10] * cache[0] ",
+      "                    x[..., :args.bigram_dim] = x[..., :args.bigram_dim] + mu[11] * x0_bigram"),
+     ["                    x = mu[8].float() * x + mu[9].float() * attn_out.float() + mu[10].float() * cache[0].float()",
+      "                    x = torch.cat([x[..., :args.bigram_dim] + mu[11].float() * x0_bigram.float(), "
+      "x[..., args.bigram_dim:]], dim=-1).bfloat16()  # upstream_cpu: one rounding"]),
+    ("the attention update",
+     ("                    x = resid_lambdas_attn[i] * x + post_lambdas_attn[i] * attn_out + x0_inject[i]",
+      "                    if bg_inject[i] is not None:",
+      "                        x[..., :args.bigram_dim] = x[..., :args.bigram_dim] + bg_inject[i]"),
+     ["                    x = resid_lambdas_attn[i].float() * x.float() + post_lambdas_attn[i].float() * "
+      "attn_out.float() + x0_inject[i]",
+      "                    if bg_inject[i] is not None:",
+      "                        x = torch.cat([x[..., :args.bigram_dim] + bg_inject[i], x[..., args.bigram_dim:]], dim=-1)",
+      "                    x = x.bfloat16()  # upstream_cpu: one rounding"]),
+    ("the pre-layer-0 bigram",
+     "        x[..., :args.bigram_dim] = x[..., :args.bigram_dim] + x0_bigram * bigram_lambdas[0]",
+     ["        x[..., :args.bigram_dim] = (x[..., :args.bigram_dim].float() + x0_bigram.float() * "
+      "bigram_lambdas[0].float()).bfloat16()  # upstream_cpu: one rounding, still in place (x0 is x)"]),
+    ("the x0 injections", "        x0_inject = tuple(x0 * x0_lambdas[i] for i in range(self.num_layers))",
+     ["        x0_inject = tuple(x0.float() * x0_lambdas[i].float() for i in range(self.num_layers))"]),
+    ("the bigram injections",
+     "        bg_inject = (None,) + tuple(x0_bigram * bigram_lambdas[i] for i in range(1, self.num_layers))",
+     ["        bg_inject = (None,) + tuple(x0_bigram.float() * bigram_lambdas[i].float() for i in range(1, "
+      "self.num_layers))"]),
+    ("the skip add", "                x = x + skip_gate_out * cache[3]",
+     ["                x = (x.float() + skip_gate_out * cache[3].float()).bfloat16()"]),
+    ("MUDD's MLP update", "                x = mu[12] * x + mu[13] * ReLUSqrdMLP(normed, *mlp_args)",
+     ["                x = (mu[12].float() * x.float() + mu[13].float() * ReLUSqrdMLP(normed, *mlp_args).float())"
+      ".bfloat16()"]),
+    ("the MLP update",
+     "                x = resid_lambdas_mlp[i] * x + post_lambdas_mlp[i] * ReLUSqrdMLP(normed, *mlp_args)",
+     ["                x = (resid_lambdas_mlp[i].float() * x.float() + post_lambdas_mlp[i].float() * "
+      "ReLUSqrdMLP(normed, *mlp_args).float()).bfloat16()"]),
+    ("MUDD's exit",
+     "        x = x + mu[0] * cache[0] + mu[1] * cache[7] + mu[2] * cache[9] + mu[3] * ve_bank0 + mu[4] * cache[3]",
+     ["        x = (x.float() + mu[0].float() * cache[0].float() + mu[1].float() * cache[7].float() + mu[2].float() * "
+      "cache[9].float() + mu[3].float() * ve_bank0.float() + mu[4].float() * cache[3].float()).bfloat16()"]),
+    ("the FP8 input cast", "                x_f8 = (normed.detach() * (448.0 / amax)).to(torch.float8_e4m3fn)",
+     ["                x_f8 = (normed.detach().float() * (448.0 / amax.float())).to(torch.float8_e4m3fn)  "
+      "# upstream_cpu: fp32, one rounding"]),
+    ("XSA's v^", "            vn = F.normalize(v, dim=-1, eps=1e-4)",
+     ["            vn = F.normalize(v.float(), dim=-1, eps=1e-4)  # upstream_cpu: fp32 until the gated output"]),
+    ("XSA's projection", "            proj = (y * vn).sum(-1, keepdim=True)",
+     ["            proj = (y.float() * vn).sum(-1, keepdim=True)"]),
+    ("XSA's update", "            y = y - alpha * proj * vn", ["            y = y.float() - alpha.float() * proj * vn"]),
+]
+
 
 class PatchError(Exception):
     pass
 
 
-def apply_patches(text, patches, name):
+def apply_patches(text, patches, name, commit="2c702746"):
+    """Each patch (what, anchor, replacement[, count]): the anchor, one exact whole line or a tuple of
+    consecutive whole lines, must occur exactly `count` times (default once), else PatchError names it;
+    every occurrence is replaced by the replacement lines ("{line}": the anchor's first line)."""
     lines = text.split("\n")
-    for what, anchor, replacement in patches:
-        hits = [i for i, line in enumerate(lines) if line == anchor]
-        if len(hits) != 1:
-            raise PatchError(f"{name}: {what} ({anchor.strip()[:70]!r}) found {len(hits)} times, want once: "
-                             "this is not upstream's 2c702746 code as the patch knows it")
-        i = hits[0]
-        lines[i:i + 1] = [r.replace("{line}", lines[i]) for r in replacement]
+    for patch in patches:
+        what, anchor, replacement = patch[:3]
+        count = patch[3] if len(patch) > 3 else 1
+        block = [anchor] if isinstance(anchor, str) else list(anchor)
+        n = len(block)
+        hits = [i for i in range(len(lines) - n + 1) if lines[i:i + n] == block]
+        if len(hits) != count:
+            raise PatchError(f"{name}: {what} ({block[0].strip()[:70]!r}{' + %d lines' % (n - 1) if n > 1 else ''}) "
+                             f"found {len(hits)} times, want {count}: this is not upstream's {commit} code as the "
+                             "patch knows it")
+        for i in reversed(hits):
+            lines[i:i + n] = [r.replace("{line}", lines[i]) for r in replacement]
     if name == "train_gpt.py":  # everything after the main program's first line is left out
         cut = lines.index("_upstream_cpu_hooks.END = True  # upstream_cpu: cut here")
         lines = lines[:cut]
@@ -161,11 +250,21 @@ def free_port():
         return s.getsockname()[1]
 
 
-def load_upstream(src, tmp, cfg):
+def upstream_record(src):
+    """84 for a333be08's train_gpt.py (it has quantize_mlp_fp8 and init_mudd), else 80 (2c702746)."""
+    path = os.path.join(src, "train_gpt.py")
+    if not os.path.exists(path):
+        raise PatchError(f"{path} is missing (git show COMMIT:train_gpt.py > {path})")
+    text = open(path).read()
+    return 84 if "def quantize_mlp_fp8(self):" in text and "def init_mudd(" in text else 80
+
+
+def load_upstream(src, tmp, cfg, record=80, extra=None):
     """Upstream's train_gpt.py (up to its main program) and triton_kernels.py, patched, imported."""
+    commit = {80: "2c702746", 84: "a333be08"}[record]
     for name in ("train_gpt.py", "triton_kernels.py"):
         if not os.path.exists(os.path.join(src, name)):
-            raise PatchError(f"{src}/{name} is missing (git show 2c702746:{name} > {src}/{name})")
+            raise PatchError(f"{src}/{name} is missing (git show {commit}:{name} > {src}/{name})")
     import standins
     import torch
     standins.install()
@@ -177,6 +276,10 @@ def load_upstream(src, tmp, cfg):
         args.bigram_vocab_size = cfg.bigram_vocab
         args.num_scheduled_iterations = cfg.scheduled_iterations
         args.num_extension_iterations = cfg.extension_iterations
+        for key, value in (extra or {}).items():  # record 84: bigram_dim, bigram_sign_table_rows
+            if not hasattr(args, key):
+                raise PatchError(f"upstream's Hyperparameters has no {key}")
+            setattr(args, key, value)
 
     def stages(upstream_stages):
         if len(upstream_stages) != len(cfg.stages):
@@ -190,8 +293,9 @@ def load_upstream(src, tmp, cfg):
         return upstream_stages
     hooks.configure, hooks.stages = configure, stages
     sys.modules["_upstream_cpu_hooks"] = hooks
-    for name, patches in (("train_gpt.py", TRAIN_PATCHES), ("triton_kernels.py", KERNEL_PATCHES)):
-        text = apply_patches(open(os.path.join(src, name)).read(), patches, name)
+    train_patches = {80: TRAIN_PATCHES, 84: TRAIN_PATCHES_R84}[record]
+    for name, patches in (("train_gpt.py", train_patches), ("triton_kernels.py", KERNEL_PATCHES)):
+        text = apply_patches(open(os.path.join(src, name)).read(), patches, name, commit)
         open(os.path.join(tmp, name), "w").write(text)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     sys.path.insert(0, tmp)
@@ -213,7 +317,7 @@ def load_upstream(src, tmp, cfg):
 
 # upstream converts these to bf16 after GPT(...) (in its main program, which is cut): the rest stay fp32
 BF16_LABELS = {"embed", "bigram_embed", "smear_gate", "skip_gate", "lm_head", "value_embeds", "attn_gate_bank",
-               "ve_gate_bank", "qk_bank", "vo_bank", "mlp_bank"}
+               "ve_gate_bank", "qk_bank", "vo_bank", "mlp_bank", "mudd_w1", "mudd_w2", "mudd_b2"}
 
 
 def build_model(ns, torch, params):
@@ -267,9 +371,24 @@ def main(argv=None):
                    help="also train a second reference from the same parameters nudged by one bf16 step on 1%% of "
                         "each bf16 tensor's elements (embed kept = lm_head^T): its distance from the first is the "
                         "bf16 noise floor the upstream-reference difference is judged against")
+    p.add_argument("--record", type=int, choices=(80, 84), default=None,
+                   help="upstream's record: 80 (2c702746, against the reference) or 84 (a333be08, against the C++ "
+                        "trainer); default: told by the files")
+    p.add_argument("--trainer", help="record 84: the C++ trainer's CPU binary (e.g. build-up/train_gpt_cpu), run "
+                                     "with --preset tiny-r84 at the same schedule and seed; its step-0 checkpoint "
+                                     "gives both sides' parameters and the sign table")
+    p.add_argument("--val-every", type=int, default=4, help="record 84: validate every N steps and at the end")
+    p.add_argument("--fa3-bf16-p", action="store_true",
+                   help="the attention stand-in rounds P to bf16 for P V and dS to bf16 for dq, dk, as FA3's (and "
+                        "the C++ trainer's) tensor-core GEMMs take them (default: exact fp32 P, as the reference)")
     args = p.parse_args(argv)
+    import standins
+    standins.FA3_BF16_P = args.fa3_bf16_p
     try:
-        return run(args)
+        record = upstream_record(args.upstream)
+        if args.record is not None and args.record != record:
+            raise PatchError(f"{args.upstream}/train_gpt.py is record {record}'s code, not {args.record}'s")
+        return run_r84(args) if record == 84 else run(args)
     except PatchError as e:
         print(f"upstream_cpu: error: {e}", file=sys.stderr)
         return 1
@@ -501,6 +620,288 @@ def print_grad_norms(model, ref, twin, torch):
         if p.numel() <= 32 and os.environ.get("UPSTREAM_CPU_SHOW"):
             print("     upstream  " + " ".join(f"{v:.3e}" for v in g_up.flatten().tolist()))
             print("     reference " + " ".join(f"{v:.3e}" for v in g_ref.flatten().tolist()))
+
+
+# =====================================================================================================
+# Record 84 (a333be08): upstream against the C++ trainer's own run (--trainer), upstream from the
+# trainer's step-0 parameters nudged as the noise floor.
+# =====================================================================================================
+# the trainer's checkpoint labels where they are not upstream's parameter names
+TRAINER_LABELS = {"value_embeds": "value_embed", "mlp_bank": "mlp"}
+
+
+def make_gpt(ns, torch, cfg, seed=None):
+    """Upstream's GPT at the tiny sizes, its bf16 parameters cast as its main program does."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    args = ns["args"]
+    model = ns["GPT"](vocab_size=50257, num_layers=11, num_heads=cfg.num_heads, head_dim=cfg.head_dim,
+                      model_dim=cfg.model_dim, max_seq_len=args.val_batch_size // (ns["grad_accum_steps"] *
+                                                                                      ns["world_size"]))
+    for name, p in model.named_parameters():
+        if name.replace(".weight", "") in BF16_LABELS:
+            p.data = p.data.bfloat16()
+    return model
+
+
+def trainer_params_r84(ns, torch, tensors, cfg):
+    """The trainer's checkpoint tensors ('param.<label>') in upstream's shapes (a dict by upstream label),
+    the 8-GPU layout's padding dropped after checking it is padding; the parameters upstream initializes
+    without randomness (equal from two seeds: lambdas, scalars, MUDD's biases, zero gates, c_proj, ...)
+    checked equal to the trainer's bit for bit."""
+    ref = make_gpt(ns, torch, cfg, seed=1)
+    other = dict(make_gpt(ns, torch, cfg, seed=2).named_parameters())
+    out = {}
+    for name, p in ref.named_parameters():
+        label = name.replace(".weight", "")
+        key = "param." + TRAINER_LABELS.get(label, label)
+        if key not in tensors:
+            raise PatchError(f"the trainer's checkpoint has no {key} for upstream's {label}")
+        src = tensors[key]
+        if src.dtype != p.dtype:
+            raise PatchError(f"{label}: the trainer's dtype {src.dtype}, upstream's {p.dtype}")
+        inner = math.prod(p.shape[1:])
+        if src.numel() % inner or src.numel() < p.numel():
+            raise PatchError(f"{label}: the trainer's {tuple(src.shape)} does not hold upstream's {tuple(p.shape)}")
+        src = src.reshape(-1, *p.shape[1:])
+        if src.shape[0] > p.shape[0]:
+            pad = src[p.shape[0]:]
+            fill = 1.0 if label == "scalars" else 0.0
+            if not bool((pad == fill).all()):
+                raise PatchError(f"{label}: the trainer's entries past upstream's {p.shape[0]} are not padding")
+            src = src[:p.shape[0]]
+        if torch.equal(p.data, other[name].data) and not torch.equal(src, p.data):
+            bad = (src != p.data).nonzero()[:5].tolist()
+            raise PatchError(f"{label}: upstream initializes it without randomness, the trainer's step-0 values "
+                             f"differ (first indices {bad})")
+        out[label] = src.clone()
+    missing = {k[len("param."):] for k in tensors if k.startswith("param.")} - \
+        {TRAINER_LABELS.get(k, k) for k in out}
+    if missing:
+        raise PatchError(f"upstream's model has no {sorted(missing)}")
+    return out
+
+
+def build_model_r84(ns, torch, cfg, params, signs):
+    model = make_gpt(ns, torch, cfg)
+    for name, p in model.named_parameters():
+        p.data = params[name.replace(".weight", "")].clone()
+    table = model.bigram_sign_table
+    if signs.shape != table.shape or signs.dtype != table.dtype or not bool((signs.abs() == 1).all()):
+        raise PatchError(f"the trainer's sign table {tuple(signs.shape)} {signs.dtype} is not upstream's "
+                         f"+-1 {tuple(table.shape)} {table.dtype}")
+    table.copy_(signs)  # upstream draws it unseeded on rank 0: the trainer's instead
+    return model
+
+
+def quantize_fp8(ns, model):
+    """upstream's model.quantize_mlp_fp8(), which reads the global `model`: pointed at this one first."""
+    ns["model"] = model
+    model.quantize_mlp_fp8()
+
+
+TRAINER_STEP = re.compile(r"^step:(\d+)/(\d+) (train_loss|val_loss):(\S+)")
+
+
+def run_trainer(args, tmp):
+    """The C++ trainer's run at the same schedule (one emu worker), its step-0 checkpoint saved: its
+    training losses by step (its step:N is after N steps: our step N - 1), validation losses by step,
+    and step 0's gradient norms per group."""
+    cmd = [args.trainer, "--preset", "tiny-r84", "--seed", str(args.seed), "--scheduled-steps",
+           str(args.scheduled_steps), "--extension-steps", str(args.extension_steps), "--max-steps", str(args.steps),
+           "--val-every", str(args.val_every), "--log-train-loss", "--log-grad-norms", "--warmup", "0",
+           "--save-checkpoint", os.path.join(tmp, "ckpt"), "--checkpoint-steps", "0",
+           "--log-dir", os.path.join(tmp, "logs"), "--run-id", "upstream_cpu"]
+    if args.val_tokens is not None:
+        cmd += ["--val-tokens", str(args.val_tokens)]
+    print("trainer: " + " ".join(cmd), flush=True)
+    env = dict(os.environ, EMU_WORKERS=str(args.threads))
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if out.returncode:
+        raise PatchError(f"the trainer failed ({out.returncode}): {out.stderr[-2000:] or out.stdout[-2000:]}")
+    train, val, norms = {}, {}, None
+    for line in out.stdout.splitlines():
+        m = TRAINER_STEP.match(line)
+        if m:
+            (train if m.group(3) == "train_loss" else val)[int(m.group(1)) - (m.group(3) == "train_loss")] = \
+                float(m.group(4))
+        elif line.startswith("step:1/") and " grad_norms " in line:
+            norms = {k: float(v) for k, v in (kv.split(":") for kv in line.split(" grad_norms ")[1].split())}
+        elif line.startswith("config tiny-r84:"):
+            print("trainer: " + line.strip())
+    if norms is None or len(train) != args.steps:
+        raise PatchError(f"the trainer's log lacks the losses or gradient norms: {out.stdout[-2000:]}")
+    return train, val, norms, os.path.join(tmp, "ckpt", "step000000", "rank0.safetensors")
+
+
+def run_r84(args):
+    import torch
+    import ref_loader
+    import torch_reference as R
+    torch.set_num_threads(args.threads)
+    if not args.trainer:
+        raise PatchError("record 84 is compared with the C++ trainer: --trainer build-up/train_gpt_cpu")
+    if args.init or args.full_size_optimizer:
+        raise PatchError("record 84: --init and --full-size-optimizer are record 80's (the trainer's own run "
+                         "gives the step-0 parameters)")
+    cfg = R.tiny_r80_config()  # tiny-r84 is tiny-r80's sizes and schedule with record 84's switches
+    cfg.scheduled_iterations, cfg.extension_iterations = args.scheduled_steps, args.extension_steps
+    if args.val_tokens is not None:
+        if args.val_tokens <= 0 or args.val_tokens % cfg.val_batch_tokens:
+            raise PatchError(f"--val-tokens must be a positive multiple of {cfg.val_batch_tokens}")
+        cfg.val_tokens = args.val_tokens
+    if not 1 <= args.steps <= cfg.total_steps:
+        raise PatchError(f"--steps must be in 1..{cfg.total_steps}")
+    train_files = sorted(glob.glob(os.path.join(ROOT, "data/tinyshakespeare/tinyshakespeare_train_*.bin")))
+    if not train_files:
+        raise PatchError("the Tiny Shakespeare shards are missing from data/tinyshakespeare/")
+    with tempfile.TemporaryDirectory() as tmp:
+        return compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R)
+
+
+def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
+    tr_train, tr_val, tr_norms, ckpt = run_trainer(args, tmp)
+    tensors, _ = R.read_safetensors(ckpt, prefix=("param.", "buffer."))
+    shutil.rmtree(os.path.dirname(ckpt))
+    if "buffer.bigram_signs" not in tensors:
+        raise PatchError("the trainer's checkpoint has no buffer.bigram_signs (its sign table)")
+    signs = tensors["buffer.bigram_signs"]
+    cfg.bigram_vocab = tensors["param.bigram_embed"].shape[0]
+    extra = dict(bigram_dim=signs.shape[1], bigram_sign_table_rows=signs.shape[0])
+    cfg.validate()
+    cwd = os.getcwd()
+    os.chdir(tmp)  # upstream's module-level code may write logs/ into the working directory
+    try:
+        ns, torch = load_upstream(os.path.abspath(os.path.join(cwd, args.upstream)), tmp, cfg, 84, extra)
+    finally:
+        os.chdir(cwd)
+    params = trainer_params_r84(ns, torch, tensors, cfg)
+    model = build_model_r84(ns, torch, cfg, params, signs)
+    quantize_fp8(ns, model)
+    manager = ns["TrainingManager"](model)
+    twin = twin_manager = None
+    if args.noise:
+        twin = build_model_r84(ns, torch, cfg, nudged(params, torch), signs)
+        quantize_fp8(ns, twin)
+        twin_manager = ns["TrainingManager"](twin)
+    check_schedule(ns, R.Schedule(cfg), cfg)
+    grad_scale = ns["grad_scale"]
+    docs = lambda n: R.max_num_docs(cfg, n)
+    sched = R.Schedule(cfg)
+    seq, batch_tokens = sched.train_max_seq_len(0), cfg.stages[0].batch_tokens
+    gen = ref_loader.generator(train_files, 0, 1, batch_tokens, seq, cfg.grad_accum, True, cfg.bigram_vocab,
+                               max_num_docs=docs)
+    models = [(model, manager)] + ([(twin, twin_manager)] if twin else [])
+    val_up = {}
+
+    def validate_all(step):
+        losses = [validate_upstream(m, mg, cfg, torch, R, ref_loader, docs) for m, mg in models]
+        val_up[step] = losses
+        tr = tr_val.get(step)
+        line = f"validation at step {step} ({cfg.val_tokens} tokens): upstream {losses[0]:.9f} trainer " + \
+            (f"{tr:.4f} relative difference {abs(losses[0] - tr) / abs(tr):.2e}" if tr is not None else "(none)")
+        if twin:
+            line += f" | nudged upstream {losses[1]:.9f} its difference {abs(losses[1] - losses[0]) / abs(losses[0]):.2e}"
+        print(line, flush=True)
+    started, rows, t0 = False, [], time.time()
+    for step in range(args.steps + 1):
+        for m, mg in models:
+            mg.advance_schedule(step)
+        if step == args.steps or (args.val_every > 0 and step % args.val_every == 0):
+            if step == cfg.total_steps:
+                for m, mg in models:
+                    mg.apply_final_ws_ext()
+            validate_all(step)
+        if step == args.steps:
+            break
+        if step == 0:
+            print(f"{'step':>4} {'upstream loss':>16} {'trainer loss':>13} {'rel. diff':>10}" +
+                  (f" {'nudged upstream':>16} {'its diff':>10}" if twin else "") +
+                  "   (the trainer logs 4 decimals: its rel. diff resolves ~5e-5 / loss)")
+        send = manager.train_loader_send_args
+        mine = None
+        if sched.batch_tokens(step) != batch_tokens or sched.train_max_seq_len(step) != seq:
+            batch_tokens, seq = sched.batch_tokens(step), sched.train_max_seq_len(step)
+            mine = (batch_tokens, seq, cfg.grad_accum)
+        if send != mine:
+            raise PatchError(f"step {step}: upstream re-sends {send} to its loader, the reference schedule {mine}")
+        totals = [0.0 for _ in models]
+        for micro in range(cfg.grad_accum):
+            raw = gen.send(send) if started else next(gen)
+            started = True
+            b = R.Batch.from_lists(raw["inputs"], raw["targets"], raw["cu"], raw["bigram"])
+            for k, (m, mg) in enumerate(models):
+                loss = m(b.inputs.int(), b.targets, b.cu_seqlens.int(), b.bigram.int(), mg.get_forward_args()).sum()
+                (loss * grad_scale).backward()
+                totals[k] += float(loss.detach())
+        if step == 0:
+            print_grad_norms_r84(model, twin, tr_norms, torch)
+        for m, mg in models:
+            mg.step_optimizers(step)
+            quantize_fp8(ns, m)
+        losses = [t / batch_tokens for t in totals]
+        tr = tr_train[step]
+        rows.append((step, losses[0], tr, losses[1] if twin else None))
+        extra_col = f" {losses[1]:>16.9f} {abs(losses[1] - losses[0]) / abs(losses[0]):>10.2e}" if twin else ""
+        print(f"{step:>4} {losses[0]:>16.9f} {tr:>13.4f} {abs(losses[0] - tr) / abs(tr):>10.2e}{extra_col}   "
+              f"({time.time() - t0:.0f} s)", flush=True)
+    worst = max(abs(r[1] - r[2]) / abs(r[2]) for r in rows)
+    print(f"upstream vs trainer: step 0 {abs(rows[0][1] - rows[0][2]) / abs(rows[0][2]):.2e}, largest over "
+          f"{len(rows)} steps {worst:.2e}; validation " + ", ".join(
+              f"step {s} {abs(v[0] - tr_val[s]) / abs(tr_val[s]):.2e}" for s, v in sorted(val_up.items())
+              if s in tr_val))
+    if twin:
+        floor = max(abs(r[3] - r[1]) / abs(r[1]) for r in rows[1:]) if len(rows) > 1 else 0.0
+        print(f"nudged upstream vs upstream (the noise floor): largest over steps 1.. {floor:.2e}; validation " +
+              ", ".join(f"step {s} {abs(v[1] - v[0]) / abs(v[0]):.2e}" for s, v in sorted(val_up.items())))
+    return 0
+
+
+def validate_upstream(model, manager, cfg, torch, R, ref_loader, docs):
+    """Upstream's validation loss (the mean over micro-batches of each one's mean loss) on the first
+    val_tokens of the validation shard, as upstream's loop computes it (model.eval(): bf16 MLP)."""
+    val_files = sorted(glob.glob(os.path.join(ROOT, "data/tinyshakespeare/tinyshakespeare_val_*.bin")))
+    gen = ref_loader.generator(val_files, 0, 1, cfg.val_batch_tokens, -1, cfg.grad_accum, False, cfg.bigram_vocab,
+                               max_num_docs=docs)
+    total, n = 0.0, cfg.grad_accum * cfg.val_tokens // cfg.val_batch_tokens
+    model.eval()
+    with torch.no_grad():
+        for _ in range(n):
+            r = next(gen)
+            b = R.Batch.from_lists(r["inputs"], r["targets"], r["cu"], r["bigram"])
+            total += float(model(b.inputs.int(), b.targets, b.cu_seqlens.int(), b.bigram.int(),
+                                 manager.get_forward_args()).mean())
+    model.train()
+    return total / n
+
+
+# the trainer's --log-grad-norms groups by upstream's labels
+TRAINER_NORM_LABELS = {"value_embeds": "value_embed", "mlp_bank": "mlp"}
+
+
+def print_grad_norms_r84(model, twin, tr_norms, torch):
+    """Step 0's accumulated gradients (before the optimizer) per parameter: upstream's norm, the trainer's
+    logged norm (7 digits) and their relative difference; with --noise the nudged upstream's norm's
+    relative difference from upstream's and the relative norm of its whole gradient's difference."""
+    print("step 0 gradient norms: upstream, trainer, |upstream - trainer| / trainer" +
+          (", nudged upstream: |its norm - upstream's| / upstream's, |its gradient - upstream's| / |upstream's|"
+           if twin else ""))
+    others = dict(twin.named_parameters()) if twin else {}
+    for name, p in model.named_parameters():
+        label = name.replace(".weight", "")
+        g = p.grad.double() if p.grad is not None else torch.zeros(p.shape, dtype=torch.float64)
+        n_up = g.norm().item()
+        n_tr = tr_norms.get(TRAINER_NORM_LABELS.get(label, label))
+        rel = lambda d, base: d / base if base else d
+        line = f"  {label:>16} {n_up:14.7e} " + (f"{n_tr:14.7e} {rel(abs(n_up - n_tr), n_tr):10.2e}"
+                                                 if n_tr is not None else f"{'(none)':>14} {'':>10}")
+        if twin:
+            q = others[name].grad
+            gt = q.double() if q is not None else torch.zeros(p.shape, dtype=torch.float64)
+            line += f" {rel(abs(gt.norm().item() - n_up), n_up):10.2e} {rel((gt - g).norm().item(), n_up):10.2e}"
+        print(line)
+        if p.numel() <= 32 and os.environ.get("UPSTREAM_CPU_SHOW"):
+            print("     upstream  " + " ".join(f"{v:.3e}" for v in g.flatten().tolist()))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
-"""CPU stand-ins for what upstream's train_gpt.py and triton_kernels.py (record 80, commit 2c702746) need
+"""CPU stand-ins for what upstream's train_gpt.py and triton_kernels.py (record 80, commit 2c702746, and
+record 84, a333be08) need
 from a GPU, so that their own Python code runs on the CPU (scripts/upstream_cpu/run.py). Written here
 from the kernels' semantics (upstream's sources say what each computes); nothing is copied from them.
 
   install()                 fake `triton` and `kernels` packages and torch.cuda._compile_kernel, before
                             upstream's files are imported; torch.compile becomes the identity (eager)
-  patch_kernels(module)     triton_kernels' launchers (XXT, XTX, ba_plus_cAA, linear_relu_square,
-                            transpose_copy, transpose_add) replaced by exact CPU equivalents
+  patch_kernels(module)     triton_kernels' launchers (XXT, XTX, ba_plus_cAA, linear_relu_square with
+                            a333be08's FP8 e4m3 forward, transpose_copy, transpose_add) replaced by exact CPU
+                            equivalents
   torch._scaled_mm          FP8 operands cast back to fp32, one fp32 matmul, times scale_a * scale_b
 
 Each stand-in reproduces the kernel's rounding points: fp32 accumulation, one rounding to the output
@@ -40,13 +42,58 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     seen = (doc[:, None] == doc[None, :]) & (j <= i)
     if window_size[0] >= 0:
         seen &= i - j <= window_size[0]
+    if FA3_BF16_P:
+        return _Fa3RoundedP.apply(q, k, v, seen, softmax_scale)
     scores = torch.einsum("ihd,jhd->hij", q.float(), k.float()) * softmax_scale
     p = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
     return torch.einsum("hij,jhd->ihd", p, v.float()).bfloat16()
 
 
-def get_kernel(name):
-    if name != "varunneal/flash-attention-3":
+# run.py --fa3-bf16-p: the stand-in rounds P (and the backward's dS) to bf16 where FA3's tensor-core
+# GEMMs take them, as FA3 (and the C++ trainer's mma.sync attention) do; off: exact fp32 P (the default,
+# as the reference does)
+FA3_BF16_P = False
+
+
+class _Fa3RoundedP(torch.autograd.Function):
+    """FA3's rounding points in one pass (not its online blocks): S = scale q k^T in fp32; P = exp(S - max)
+    in fp32, rounded to bf16 for P V; out = bf16(sum_j bf16(P_ij) v_j / sum_j P_ij) (the denominator from the
+    unrounded P). Backward: P = exp(S - lse) in fp32, dv = bf16(bf16(P)^T dout), dP = dout v^T in fp32,
+    delta = rowsum(dout * out), dS = P (dP - delta) rounded to bf16 for dq = bf16(scale dS k) and
+    dk = bf16(scale dS^T q)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, seen, scale):
+        s = torch.einsum("ihd,jhd->hij", q.float(), k.float()) * scale
+        s = s.masked_fill(~seen, float("-inf"))
+        m = s.amax(dim=-1, keepdim=True)
+        p = torch.exp(s - m)
+        l = p.sum(dim=-1, keepdim=True)
+        out = (torch.einsum("hij,jhd->hid", p.bfloat16().float(), v.float()) / l).permute(1, 0, 2).bfloat16()
+        ctx.save_for_backward(q, k, v, seen, out, m + torch.log(l))
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, seen, out, lse = ctx.saved_tensors
+        scale = ctx.scale
+        s = (torch.einsum("ihd,jhd->hij", q.float(), k.float()) * scale).masked_fill(~seen, float("-inf"))
+        p = torch.exp(s - lse)
+        do = dout.bfloat16().float()
+        dv = torch.einsum("hij,ihd->jhd", p.bfloat16().float(), do).bfloat16()
+        dp = torch.einsum("ihd,jhd->hij", do, v.float())
+        delta = (do * out.float()).sum(dim=-1).permute(1, 0)[..., None]
+        ds = (p * (dp - delta)).bfloat16().float()
+        dq = (scale * torch.einsum("hij,jhd->ihd", ds, k.float())).bfloat16()
+        dk = (scale * torch.einsum("hij,ihd->jhd", ds, q.float())).bfloat16()
+        return dq, dk, dv, None, None
+
+
+def get_kernel(name, version=None):
+    """2c702746: varunneal/flash-attention-3; a333be08: kernels-community/flash-attn3, version 1 (another
+    build of the same FA3)."""
+    if (name, version) not in (("varunneal/flash-attention-3", None), ("kernels-community/flash-attn3", 1)):
         raise NotImplementedError(f"standins: no stand-in for the kernel package {name}")
     return types.SimpleNamespace(flash_attn_interface=types.SimpleNamespace(
         flash_attn_varlen_func=flash_attn_varlen_func))
@@ -85,9 +132,25 @@ def ba_plus_cAA(A, alpha, beta, out):
     return out
 
 
-def linear_relu_square(a, b, aux=None):
+def linear_relu_square(a, b, aux=None, a_f8=None, b_f8=None, dequant_scale_ptr=None):
     """Forward (aux None): pre = bf16(a @ b^T), post = bf16(relu(pre)^2) from the bf16 pre.
-    Backward (aux = pre): bf16(2 * bf16(a @ b^T) * relu(pre))."""
+    Backward (aux = pre): bf16(2 * bf16(a @ b^T) * relu(pre)).
+    a333be08's FP8 forward (b_f8 given: a_f8 = e4m3 x, b_f8 = e4m3 W1, dequant_scale_ptr = the fp32
+    one-element w_s * amax / 448): the e4m3 products summed in fp32 (exact products; the kernel's
+    tl.dot on sm_90 accumulates them with Hopper's fast FP8 accumulation, less precise: a known
+    difference), the fp32 sums times the fp32 dequant scale (accumulator *= load(dequant_scale_ptr)),
+    then rounded once to bf16 as pre; post as above. a and b (bf16) are not read there."""
+    if b_f8 is not None:
+        if aux is not None or a_f8 is None or dequant_scale_ptr is None:
+            raise NotImplementedError("standins: the FP8 path is forward only, with a_f8 and the dequant scale")
+        if a_f8.dtype != torch.float8_e4m3fn or b_f8.dtype != torch.float8_e4m3fn:
+            raise NotImplementedError(f"standins: FP8 operands {a_f8.dtype}, {b_f8.dtype}, want e4m3fn")
+        if dequant_scale_ptr.dtype != torch.float32 or dequant_scale_ptr.numel() != 1:
+            raise NotImplementedError("standins: the dequant scale is one fp32 element")
+        acc = a_f8.float() @ b_f8.float().t()
+        acc = acc * dequant_scale_ptr.reshape(())
+        c = acc.to(a.dtype)
+        return c, torch.relu(c.float()).square().to(a.dtype)
     c = (a.float() @ b.float().t()).to(a.dtype)
     if aux is None:
         return c, torch.relu(c.float()).square().to(a.dtype)
