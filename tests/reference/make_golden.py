@@ -153,21 +153,24 @@ def main(argv=None) -> int:
     p.add_argument("--val-tokens", type=int, default=None, help="validation tokens (the trainer's flag)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: reproducible sums, and fastest on a "
                                                            "busy machine)")
-    p.add_argument("--preset", choices=("tiny", "tiny-r80"), default="tiny",
-                   help="tiny: record 71's twin; tiny-r80: record 80's twin (tests/reference/README.md). Both start "
-                        "from the C++ trainer's step-0 checkpoint (or --checkpoint) and check its batches")
-    p.add_argument("--write-init", help="tiny-r80: start from this reference's own seeded init (--seed) instead of "
-                                        "the trainer's, and write it to this safetensors file; the batches are then "
-                                        "ref_loader's, checked only against dumps given with --train-dump/--val-dump")
+    p.add_argument("--preset", choices=("tiny", "tiny-r80", "tiny-r84"), default="tiny",
+                   help="tiny: record 71's twin; tiny-r80, tiny-r84: records 80's and 84's twins "
+                        "(tests/reference/README.md). Each starts from the C++ trainer's step-0 checkpoint (or "
+                        "--checkpoint; tiny-r84 takes its bigram sign table from it too) and checks its batches")
+    p.add_argument("--write-init", help="tiny-r80, tiny-r84: start from this reference's own seeded init (--seed) "
+                                        "instead of the trainer's, and write it to this safetensors file; the batches "
+                                        "are then ref_loader's, checked only against dumps given with "
+                                        "--train-dump/--val-dump")
     p.add_argument("--out", default=None, help="default: tests/reference/fixtures/tiny_golden.json, or "
-                                               "tiny_r80_golden.json for --preset tiny-r80")
+                                               "tiny_r80_golden.json / tiny_r84_golden.json for those presets")
     args = p.parse_args(argv)
     if args.write_init and (args.preset == "tiny" or args.checkpoint):
         print("make_golden: error: --write-init saves the reference's own init, used only for --preset tiny-r80 "
-              "without --checkpoint", file=sys.stderr)
+              "or tiny-r84 without --checkpoint", file=sys.stderr)
         return 1
     if args.out is None:
-        name = "tiny_golden.json" if args.preset == "tiny" else "tiny_r80_golden.json"
+        name = {"tiny": "tiny_golden.json", "tiny-r80": "tiny_r80_golden.json",
+                "tiny-r84": "tiny_r84_golden.json"}[args.preset]
         args.out = os.path.join("tests", "reference", "fixtures", name)
     try:
         return generate(args)
@@ -206,16 +209,19 @@ def generate(args) -> int:
             ckpt_path = initial_checkpoint(args, tmp)
         else:
             ckpt_path = args.write_init or os.path.join(tmp, "init.safetensors")
-            init = R.init_params(cfg, args.seed)
-            R.write_safetensors(ckpt_path, {"param." + n: t for n, t in init.items()},
+            init = {"param." + n: t for n, t in R.init_params(cfg, args.seed).items()}
+            if cfg.bigram_sign_rows:
+                init["buffer.bigram_signs"] = R.random_sign_table(cfg, args.seed)
+            R.write_safetensors(ckpt_path, init,
                                 dict(format="torch_reference init", preset=args.preset, step=0, seed=args.seed,
-                                     made_by=f"torch_reference.init_params(tiny_r80_config(), seed={args.seed})"))
-        tensors, meta = R.read_safetensors(ckpt_path, prefix="param.")
+                                     made_by=f"torch_reference.init_params({args.preset} config, seed={args.seed})"))
+        tensors, meta = R.read_safetensors(ckpt_path, prefix=("param.", "buffer."))
         ckpt_hash = sha256(ckpt_path)
     if meta.get("preset", args.preset) != args.preset or meta.get("step", "0") != "0":
         raise GoldenError(f"{ckpt_path} is preset {meta.get('preset')} step {meta.get('step')}, "
                           f"want {args.preset} step 0")
     params = R.params_from_checkpoint(cfg, tensors)
+    signs = R.bigram_signs_from_checkpoint(cfg, tensors)  # None unless the config has a sign table
     if not torch.equal(params["embed"], params["lm_head"].t()):
         raise GoldenError("the checkpoint's embed is not lm_head^T (they start tied)")
 
@@ -233,7 +239,7 @@ def generate(args) -> int:
              "--batches", str(val_micro // cfg.grad_accum)], "dump_batches --val")
         val_sums = CheckedBatches(parse_dump(val_text, "val"), "val")
 
-    tr = R.Trainer(cfg, params)
+    tr = R.Trainer(cfg, params, signs)
     docs_rule = None if cfg.max_num_docs_table is None else (lambda n: R.max_num_docs(cfg, n))
     seq_len = tr.schedule.train_max_seq_len(0)
     train_gen = ref_loader.generator(train_files, 0, 1, cfg.stages[0].batch_tokens, seq_len, cfg.grad_accum,
@@ -292,8 +298,12 @@ def generate(args) -> int:
             f"checkpoint {args.checkpoint}" if args.checkpoint else
             f"the trainer's step-0 checkpoint (--preset {args.preset} --seed {args.seed}), its batches checked"
             if has_trainer else
-            f"torch_reference.init_params(tiny_r80_config(), seed={args.seed}) (--write-init): the reference's own "
-            "step-0 parameters, the batches ref_loader's with r80's rules, unchecked")
+            f"torch_reference.init_params({args.preset} config, seed={args.seed}) (--write-init): the reference's own "
+            "step-0 parameters, the batches ref_loader's with the preset's rules, unchecked")
+    if signs is not None:  # (the sign table is the checkpoint's buffer.bigram_signs)
+        result["source"]["bigram_signs"] = dict(
+            key="buffer.bigram_signs", shape=list(signs.shape), plus_ones=int((signs.float() > 0).sum()),
+            sha256=hashlib.sha256(signs.view(torch.int16).numpy().tobytes()).hexdigest())
     out = args.out if os.path.isabs(args.out) else os.path.join(ROOT, args.out)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     tmp_out = out + ".tmp"

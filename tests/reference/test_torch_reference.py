@@ -738,6 +738,550 @@ class R80OptimizerTest(unittest.TestCase):
 
 
 
+
+# =====================================================================================================
+# Record 84 (upstream a333be08; records 81-84): the r84 / tiny-r84 presets' new pieces, each against an
+# independent computation (hand-derived values, float64 formulas, finite differences, or an equivalent
+# record-80 model).
+# =====================================================================================================
+def small_r84_config():
+    c = R.tiny_r84_config()
+    c.vocab_size, c.padded_vocab, c.bigram_vocab = 500, 512, 64 * 15
+    c.bigram_sign_rows = 61  # not a power of two: a mask in place of the mod would show
+    return c
+
+
+def r84_params(cfg, seed, bigram_scale=0.3):
+    """init_params with nonzero bigram rows (zeros at init would hide the bigram paths)."""
+    p = R.init_params(cfg, seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    p["bigram_embed"] = (torch.randn(p["bigram_embed"].shape, generator=g) * bigram_scale).bfloat16()
+    return p
+
+
+def e4m3(v):
+    """Nearest e4m3fn value (3 mantissa bits, subnormals below 2^-6, largest finite 448), saturating."""
+    return round_to_format(v, 3, -6, 448.0)
+
+
+@needs_torch
+class R84ConfigTest(unittest.TestCase):
+    def test_presets_sizes_slots_and_schedule(self):
+        c = R.r84_config()
+        shapes = R.param_shapes(c)
+        self.assertEqual(shapes["bigram_embed"], ((754560, 192), torch.bfloat16))
+        self.assertEqual(shapes["scalars"], ((24,), torch.float32))
+        self.assertEqual(shapes["xsa_alphas"], ((11, 6), torch.float32))
+        self.assertEqual(shapes["mudd_w1"], ((2, 64, 768), torch.bfloat16))
+        self.assertEqual(shapes["mudd_w2"], ((2, 14, 64), torch.bfloat16))
+        self.assertEqual(shapes["mudd_b2"], ((2, 14), torch.bfloat16))
+        sl = R.scalar_slots(c)
+        self.assertEqual((sl.sa, sl.smear, sl.backout, sl.skip, sl.count), (0, 22, -1, 23, 24))
+        s = R.Schedule(c)
+        self.assertEqual(s.boundaries, [(0, 460), (460, 920), (920, 1380), (1380, 1390)])
+        self.assertEqual(s.split_step, 921)
+        self.assertEqual(int(1380 * (1 - c.cooldown_frac)), 552)
+        t = R.tiny_r84_config()
+        ts = R.param_shapes(t)
+        self.assertEqual(ts["bigram_embed"], ((61440, 32), torch.bfloat16))
+        self.assertEqual(ts["xsa_alphas"], ((11, 2), torch.float32))
+        self.assertEqual(ts["mudd_w1"], ((2, 64, 128), torch.bfloat16))
+        self.assertEqual((t.bigram_sign_rows, t.xsa_layers, t.total_steps), (8192, (1, 3, 4, 7, 8, 10), 34))
+        # everything else is tiny-r80's
+        t80 = R.tiny_r80_config()
+        for f in ("model_dim", "num_heads", "mlp_dim", "stages", "max_num_docs_table", "value_layers", "grad_scale"):
+            self.assertEqual(getattr(t, f), getattr(t80, f), f)
+        # record 80's presets do not move: every new field at its default, and omitted from the fixture JSON
+        for name in ("record", "tiny", "r80", "tiny-r80"):
+            cf = R.PRESETS[name]()
+            self.assertFalse(cf.mudd or cf.xsa_layers or cf.bigram_dim or cf.bigram_sign_rows or
+                             cf.x0_includes_bigram or cf.paired_ve_gate_reads_ve or cf.mlp_up_fp8, name)
+            self.assertNotIn("mudd", cf.to_json())
+        self.assertTrue(t.to_json()["mudd"])
+
+    def test_optimizer_table(self):
+        t = R.R84_PARAM_TABLE
+        # upstream's dict order at a333be08 (L1839-1864): the scatter order
+        self.assertEqual(list(t), ["qk_bank", "vo_bank", "mlp_bank", "scalars", "smear_gate", "skip_gate",
+                                   "attn_gate_bank", "ve_gate_bank", "lm_head", "bigram_embed", "post_lambdas",
+                                   "x0_lambdas", "bigram_lambdas", "resid_lambdas", "xsa_alphas", "value_embeds",
+                                   "embed", "mudd_w1", "mudd_w2", "mudd_b2"])
+        self.assertEqual(t["xsa_alphas"], ("adam", (0.9, 0.95), 1.0, 0.0))
+        self.assertEqual(t["mudd_w1"], ("adam", (0.9, 0.99), 0.25, 1.0))
+        self.assertEqual(t["mudd_w2"], ("adam", (0.9, 0.99), 0.25, 1.0))
+        self.assertEqual(t["mudd_b2"], ("adam", (0.9, 0.99), 0.25, 0.0))
+        self.assertEqual(sorted(R.R84_WORK_ORDER), sorted(t))
+        self.assertEqual(sorted(R.param_names(R.r84_config())), sorted(t))
+
+    def test_init_values(self):
+        cfg = small_r84_config()
+        p = R.init_params(cfg, 11)
+        self.assertEqual(p["scalars"].tolist(), [0.5, 1.0] * 11 + [0.0, -1.5])
+        b = p["mudd_b2"].float()
+        # stored pre-scaled, in bf16: 2/0.1 = 20, sqrt(1.1)/0.1 = 10.488 -> 10.5, 1/0.1 = 10, 0.05/0.1 = 0.5, -5
+        want0 = [0, 0, 0, 0, 0, 0, 20, 20, 10.5, 10, 0, 0.5, 10.5, 10]
+        self.assertEqual(b[0].tolist(), want0)
+        self.assertEqual(b[1].tolist(), [0, -5] + [0] * 12)
+        w1 = p["mudd_w1"].float()
+        self.assertLessEqual(w1.abs().max().item(), 128 ** -0.5)
+        self.assertGreater(w1.abs().max().item(), 0.9 * 128 ** -0.5)
+        self.assertTrue(bool((p["mudd_w2"] == 0).all()) and bool((p["xsa_alphas"] == 0).all()))
+
+    def test_refusals(self):
+        c = small_r84_config()
+        c.xsa_layers = (2,)  # paired
+        self.assertRaises(ValueError, c.validate)
+        c = small_r84_config()
+        c.sublayer_lambdas = False
+        self.assertRaises(ValueError, c.validate)
+        cfg = small_r84_config()
+        self.assertRaises(ValueError, R.Trainer, cfg, R.init_params(cfg, 1))  # no sign table
+        t = {"buffer.bigram_signs": torch.ones(61, 32, dtype=torch.bfloat16)}
+        t["buffer.bigram_signs"][3, 4] = 0.5
+        self.assertRaises(ValueError, R.bigram_signs_from_checkpoint, cfg, t)
+
+
+@needs_torch
+class R84BigramTest(unittest.TestCase):
+    def test_sign_index_by_hand(self):
+        ids = torch.tensor([5, 3, 8195, 1, 1, 100, 27])
+        # t = 0: row 0; then (prev ^ cur) mod rows
+        self.assertEqual(R.bigram_sign_index(ids, 8192).tolist(),
+                         [0, 5 ^ 3, (3 ^ 8195) % 8192, (8195 ^ 1) % 8192, 0, 100 ^ 1, 100 ^ 27])
+        self.assertEqual(R.bigram_sign_index(ids, 8192).tolist(), [0, 6, 0, 2, 0, 101, 127])
+        self.assertEqual(R.bigram_sign_index(ids, 61).tolist(), [0, 6, 8192 % 61, 8194 % 61, 0, 101 - 61, 127 - 122])
+        self.assertEqual(R.bigram_sign_index(ids, 61).tolist(), [0, 6, 18, 20, 0, 40, 5])
+
+    def test_signs_in_lookup_and_gradient(self):
+        """Flipping sign row k and negating the bigram rows read under it leaves the forward unchanged and
+        negates those rows' gradients (a row read under sign row k only); every other row's gradient stays."""
+        cfg = small_r84_config()
+        p = r84_params(cfg, 12)
+        gen = torch.Generator().manual_seed(120)
+        b = random_batch(cfg, 32, 3, gen)
+        signs = R.random_sign_table(cfg, 7)
+        idx = R.bigram_sign_index(b.inputs, cfg.bigram_sign_rows)
+        k = int(idx[5])
+        mine = set(b.bigram[idx == k].tolist())
+        others = set(b.bigram[idx != k].tolist())
+        rows = sorted(mine - others)
+        self.assertTrue(rows, "pick a batch where some bigram row is read under sign row k only")
+
+        def run(params, table):
+            tr = R.Trainer(cfg, params, table)
+            loss = R.forward(cfg, tr.params, b, tr.forward_args(), training=False)
+            loss.backward()
+            return float(loss), tr.params["bigram_embed"].grad.clone()
+        l0, g0 = run(p, signs)
+        s2 = signs.clone()
+        s2[k] = -s2[k]
+        q = {n: t.clone() for n, t in p.items()}
+        q["bigram_embed"][rows] = -q["bigram_embed"][rows]
+        l1, g1 = run(q, s2)
+        self.assertEqual(l0, l1)
+        self.assertTrue(torch.equal(g1[rows], -g0[rows]))
+        rest = sorted(others)
+        self.assertTrue(torch.equal(g1[rest], g0[rest]))
+        self.assertGreater(g0[rows].float().abs().sum().item(), 0)
+        # and the signs matter: the unsigned model (all +1) differs
+        l2, _ = run(p, torch.ones_like(signs))
+        self.assertNotEqual(l0, l2)
+
+    def test_narrow_injection_reaches_the_bigram_channels_only(self):
+        """With every block's output zero (Wo and c_proj zero), the stream's channels >= bigram_dim do not
+        depend on the bigram rows, before layer 0 and after the injections of layers 1 and 2; the bigram
+        channels move with them."""
+        cfg = small_r84_config()
+        p = r84_params(cfg, 13)
+        p["x0_lambdas"].fill_(0.25)
+        p["vo_bank"][1::2] = 0
+        b = random_batch(cfg, 16, 1, torch.Generator().manual_seed(121))
+        signs = R.random_sign_table(cfg, 8)
+        seen = []
+        real = R.rms_norm
+
+        def spy(x):
+            if x.dim() == 2 and x.shape[-1] == cfg.model_dim:
+                seen.append(x.detach().clone())
+            return real(x)
+
+        def stream_inputs(params):
+            seen.clear()
+            R.rms_norm = spy
+            try:
+                R.forward(cfg, params, b, R.Trainer(cfg, params, signs).forward_args(), training=False)
+            finally:
+                R.rms_norm = real
+            return list(seen)
+        a = stream_inputs(p)
+        q = {n: t.clone() for n, t in p.items()}
+        q["bigram_embed"] = (q["bigram_embed"].float() * 3).bfloat16()
+        c = stream_inputs(q)
+        bd = cfg.bigram_dim
+        for i in (1, 3, 5, 7):  # the attention inputs of layers 0 (the stream start), 1, 2, 3
+            self.assertTrue(torch.equal(a[i][:, bd:], c[i][:, bd:]), i)
+            self.assertFalse(torch.equal(a[i][:, :bd], c[i][:, :bd]), i)
+
+
+@needs_torch
+class R84XsaTest(unittest.TestCase):
+    def test_forward_against_the_formula(self):
+        g = torch.Generator().manual_seed(130)
+        T, H, D = 5, 3, 16
+        y = torch.randn(T, H, D, generator=g).bfloat16()
+        v = torch.randn(T, H, D, generator=g).bfloat16()
+        v[2, 1] = 1e-6  # |v| < 1e-4: F.normalize divides by the eps, not by |v|
+        a = torch.tensor([0.7, -1.3, 0.0])
+        got = R.xsa(y, v, a).double()
+        alpha = [float(torch.tensor(math.tanh(x)).bfloat16()) for x in a.tolist()]
+        for t in range(T):
+            for h in range(H):
+                yy, vv = y[t, h].double(), v[t, h].double()
+                n = max(math.sqrt(float((vv * vv).sum())), 1e-4)
+                want = yy - alpha[h] * float((yy * vv).sum()) / (n * n) * vv
+                self.assertTrue(torch.allclose(got[t, h], want, rtol=1e-5, atol=1e-6), (t, h))
+        self.assertTrue(torch.equal(got[:, 2], y[:, 2].double()))  # tanh(0) = 0
+        # the clamped row is not a projection: it removes alpha (y . v) / 1e-8 v
+        self.assertFalse(torch.allclose(got[2, 1], y[2, 1].double()))
+
+    def test_autograd_against_finite_differences(self):
+        """The same function in float64 (no bf16 rounding of alpha) against central differences, also
+        through the clamp (a row with |v| < 1e-4)."""
+        def xsa64(y, v, a):
+            vhat = v / v.norm(dim=-1, keepdim=True).clamp_min(R.XSA_EPS)
+            return y - torch.tanh(a).view(1, -1, 1) * (y * vhat).sum(-1, keepdim=True) * vhat
+        g = torch.Generator().manual_seed(131)
+        y = torch.randn(4, 2, 8, generator=g, dtype=torch.float64, requires_grad=True)
+        v0 = torch.randn(4, 2, 8, generator=g, dtype=torch.float64)
+        v0[1, 0] *= 1e-6
+        v = v0.requires_grad_(True)
+        a = torch.tensor([0.4, -0.9], dtype=torch.float64, requires_grad=True)
+        self.assertTrue(torch.autograd.gradcheck(xsa64, (y, v, a), eps=1e-7, atol=1e-6, rtol=1e-5))
+        # and the reference's own function (fp32 math, alpha rounded to bf16 with its gradient straight
+        # through the cast, rounded to bf16 there) has the float64 function's gradient at the rounded alpha
+        ga = torch.randn(4, 2, 8, generator=g, dtype=torch.float64)
+        yb = y.detach().bfloat16()
+        vb = v.detach().bfloat16()
+        y32, v32, a32 = (yb.float().requires_grad_(True), vb.float().requires_grad_(True),
+                         a.detach().float().requires_grad_(True))
+        got = torch.autograd.grad((R.xsa(y32, v32, a32).double() * ga).sum(), (y32, v32, a32))
+
+        def xsa64_rounded(y_, v_, a_):
+            t = torch.tanh(a_)
+            alpha = t + (t.bfloat16().double() - t).detach()
+            vhat = v_ / v_.norm(dim=-1, keepdim=True).clamp_min(R.XSA_EPS)
+            return y_ - alpha.view(1, -1, 1) * (y_ * vhat).sum(-1, keepdim=True) * vhat
+        y64, v64, a64 = (yb.double().requires_grad_(True), vb.double().requires_grad_(True),
+                         a.detach().clone().requires_grad_(True))
+        want = torch.autograd.grad((xsa64_rounded(y64, v64, a64) * ga).sum(), (y64, v64, a64))
+        for gg, ww, tol in zip(got, want, (1e-5, 1e-4, 2 ** -7)):
+            self.assertLessEqual((gg.double() - ww).norm().item(), tol * ww.norm().item())
+
+    def test_model_gradient_reaches_the_xsa_layers_only(self):
+        cfg = small_r84_config()
+        p = r84_params(cfg, 14)
+        p["xsa_alphas"] = torch.full((11, 2), 0.3)
+        tr = R.Trainer(cfg, p, R.random_sign_table(cfg, 9))
+        b = random_batch(cfg, 32, 2, torch.Generator().manual_seed(132))
+        (R.forward(cfg, tr.params, b, tr.forward_args(), training=True).sum() * cfg.grad_scale).backward()
+        gx = tr.params["xsa_alphas"].grad
+        for layer in range(11):
+            self.assertEqual(bool((gx[layer] != 0).all()), layer in (1, 3, 4, 7, 8, 10), layer)
+
+
+@needs_torch
+class R84Fp8Test(unittest.TestCase):
+    def test_e4m3_casts_and_saturation(self):
+        vals = [0.0, 1.0, 1.0625, 1.1, 17.3, 240.0, 447.0, 448.0, 460.0, 470.0, 1e6, -0.3, 2 ** -9, 3 * 2 ** -10,
+                2 ** -10, 0.013]
+        got = R.to_fp8(torch.tensor(vals), torch.float8_e4m3fn).float().tolist()
+        self.assertEqual(got, [e4m3(v) for v in vals])
+        self.assertEqual(got[8:11], [448.0, 448.0, 448.0])  # saturating, as the GPU's satfinite cast
+
+    def test_weight_and_activation_quantization_by_hand(self):
+        w = torch.tensor([[0.5, -0.03, 0.0021], [0.25, 0.1, -0.7]]).bfloat16()
+        wq, w_s = R.quantize_up_projection(w)
+        amax = float(w.float().abs().max())
+        ws = float(torch.tensor(amax / 448).bfloat16())           # bf16(max|W| / 448)
+        self.assertEqual(w_s.item(), ws)
+        for r in range(2):
+            for c in range(3):
+                q = float(torch.tensor(float(w[r, c]) / ws).bfloat16())  # bf16(W / w_s), then e4m3
+                self.assertEqual(float(wq[r, c]), e4m3(q), (r, c))
+        self.assertEqual(float(wq.float().abs().max()), 448.0)
+        h = torch.tensor([[0.3, -2.0, 0.01], [1.7, 0.0, 0.5]]).bfloat16()
+        xq, a = R.quantize_activation(h)
+        self.assertEqual(a.item(), 2.0)
+        s = 448.0 / 2.0
+        self.assertEqual(xq.float().tolist(), [[e4m3(float(x) * s) for x in row] for row in h.float().tolist()])
+        # amax 3: the scale 448 / 3 in fp32 (the compiled graph's), not rounded to bf16 (149.0): over every bf16
+        # value in [0.5, 3] some products land on the other side of an e4m3 rounding boundary
+        h = torch.arange(0x3F00, 0x4041, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).reshape(1, -1)
+        xq, a = R.quantize_activation(h)
+        self.assertEqual(a.item(), 3.0)
+        s32 = float(torch.tensor(448.0) / 3)
+        self.assertEqual(xq.float().tolist()[0], [e4m3(float(torch.tensor(float(x)) * s32)) for x in h[0].tolist()])
+
+    def test_up_projection_forward_float64_and_backward_as_bf16(self):
+        g = torch.Generator().manual_seed(140)
+        h = torch.randn(9, 32, generator=g).bfloat16().requires_grad_(True)
+        w = (torch.randn(24, 32, generator=g) * 0.05).bfloat16().requires_grad_(True)
+        pre = R.Fp8UpProjection.apply(h, w)
+        wq, w_s = R.quantize_up_projection(w.detach())
+        xq, a = R.quantize_activation(h.detach())
+        deq = float(torch.tensor(w_s.item() * a.item(), dtype=torch.float32) / 448)
+        want = ((xq.double() @ wq.double().t()) * deq).bfloat16()
+        self.assertLessEqual((pre.float() - want.float()).abs().max().item(),
+                             2 ** -8 * want.float().abs().max().item())  # at most a bf16 step apart
+        self.assertGreater(torch.eq(pre, want).float().mean().item(), 0.95)
+        bf_pre = R.linear(h, w)
+        self.assertFalse(torch.equal(pre, bf_pre))  # the FP8 path is not the bf16 one
+        gy = torch.randn(9, 24, generator=g).bfloat16()
+        dh, dw = torch.autograd.grad(pre, (h, w), gy)
+        dh2, dw2 = torch.autograd.grad(bf_pre, (h, w), gy)
+        self.assertTrue(torch.equal(dh, dh2) and torch.equal(dw, dw2))
+
+    def test_training_forward_only(self):
+        cfg = small_r84_config()
+        p = r84_params(cfg, 15)
+        p["mlp_bank"][:, 1] = (torch.randn(p["mlp_bank"][:, 1].shape, generator=torch.Generator().manual_seed(3))
+                               * 0.05).bfloat16()
+        signs = R.random_sign_table(cfg, 10)
+        b = random_batch(cfg, 32, 2, torch.Generator().manual_seed(141))
+        off = small_r84_config()
+        off.mlp_up_fp8 = False
+        args = R.Trainer(cfg, p, signs).forward_args()
+        with torch.no_grad():
+            self.assertEqual(float(R.forward(cfg, p, b, args, training=False)),
+                             float(R.forward(off, p, b, args, training=False)))
+            self.assertNotEqual(float(R.forward(cfg, p, b, args, training=True).sum()),
+                                float(R.forward(off, p, b, args, training=True).sum()))
+
+
+class _Spy:
+    """Records the reference's calls of some functions during a forward (monkeypatched module globals)."""
+
+    def __init__(self, cfg, replace_coefficients=None):
+        self.cfg, self.replace = cfg, replace_coefficients or {}
+        self.norm_inputs, self.attn, self.mudd_in, self.mlp_out = [], {}, {}, []
+
+    def run(self, params, batch, args, training):
+        real_norm, real_attn, real_mudd, real_mlp = R.rms_norm, R.attention_block, R.mudd_coefficients, R.mlp_block
+        C = self.cfg.model_dim
+
+        def norm(x):
+            if x.dim() == 2 and x.shape[-1] == C:
+                self.norm_inputs.append(x.detach().clone())
+            return real_norm(x)
+
+        def attn(cfg, p, layer, h, W, ve, doc, args_, ve_gate=None, v_add=None):
+            y = real_attn(cfg, p, layer, h, W, ve, doc, args_, ve_gate, v_add)
+            self.attn[layer] = (ve_gate, v_add, y.detach().clone())
+            return y
+
+        def mudd(p, h, block, n):
+            self.mudd_in[block] = h.detach().clone()
+            return self.replace[block].clone() if block in self.replace else real_mudd(p, h, block, n)
+
+        def mlp(*a, **k):
+            out = real_mlp(*a, **k)
+            self.mlp_out.append(out.detach().clone())
+            return out
+        R.rms_norm, R.attention_block, R.mudd_coefficients, R.mlp_block = norm, attn, mudd, mlp
+        try:
+            return R.forward(self.cfg, params, batch, args, training=training)
+        finally:
+            R.rms_norm, R.attention_block, R.mudd_coefficients, R.mlp_block = real_norm, real_attn, real_mudd, real_mlp
+
+    def stream(self, k):
+        """The stream normed at the k-th (T, C) norm: 0 the smeared embedding, then per layer its attention
+        input (not layer 6) and its MLP input, the last the stream after the MUDD exit."""
+        return self.norm_inputs[k]
+
+
+NORM_H0, NORM_H3, NORM_H7, NORM_L10_MLP, NORM_FINAL = 1, 9, 16, 21, 22  # indices of _Spy.stream
+
+
+@needs_torch
+class R84MuddTest(unittest.TestCase):
+    def test_coefficients_by_hand(self):
+        cfg = small_r84_config()
+        p = R.init_params(cfg, 16)
+        h = torch.randn(3, cfg.model_dim, generator=torch.Generator().manual_seed(150)).bfloat16()
+        # w2 = 0 at init: c = bf16(b2 * 0.1): 2.0, bf16(1.05) = 1.046875, 1.0, bf16(0.5 * 0.1) = 0.050048828125
+        c0 = R.mudd_coefficients(p, h, 0, 14).float()
+        want = [0, 0, 0, 0, 0, 0, 2.0, 2.0, 1.046875, 1.0, 0, 0.050048828125, 1.046875, 1.0]
+        self.assertEqual(c0.tolist(), [want] * 3)
+        self.assertEqual(R.mudd_coefficients(p, h, 1, 5).float().tolist(), [[0, -0.5, 0, 0, 0]] * 3)
+        # random w2, b2: float64 from the definition, exact-erf GELU, roundings where upstream materializes
+        g = torch.Generator().manual_seed(151)
+        p["mudd_w2"] = (torch.randn(2, 14, 64, generator=g) * 0.3).bfloat16()
+        p["mudd_b2"] = torch.randn(2, 14, generator=g).bfloat16()
+        got = R.mudd_coefficients(p, h, 1, 5).double()
+        z = (h.double() @ p["mudd_w1"][1].double().t()).bfloat16().double()
+        u = (0.5 * z * (1 + torch.erf(z / math.sqrt(2)))).bfloat16().double()
+        lin = (u @ p["mudd_w2"][1, :5].double().t()).bfloat16().double()
+        want = ((lin + p["mudd_b2"][1, :5].double()) * 0.1).bfloat16().double()
+        self.assertLessEqual((got - want).abs().max().item(), 2 ** -8 * want.abs().max().item())
+        self.assertGreater(torch.eq(got, want).double().mean().item(), 0.9)
+        # the tanh GELU would differ
+        u_tanh = (0.5 * z * (1 + torch.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z ** 3)))).bfloat16().double()
+        self.assertFalse(torch.equal(u, u_tanh))
+
+    def test_at_init_equals_record_80s_layer_10_and_backout(self):
+        """With w2 = 0 MUDD's coefficients are its biases: the entry is layer 10 with resid sqrt(1.1), post 1,
+        x0 0, bigram 0.05 lambdas and a ve gate of 2.0, the exit record 80's backout of 0.5 h7. Layer 10's value
+        table is zeroed, so the ve gates do not matter; the two models' losses and shared gradients agree
+        bit for bit."""
+        cfg = small_r84_config()
+        p = r84_params(cfg, 17)
+        p["x0_lambdas"] = torch.linspace(-0.3, 0.3, 11)
+        p["mlp_bank"][:, 1] = (torch.randn(p["mlp_bank"][:, 1].shape, generator=torch.Generator().manual_seed(4))
+                               * 0.05).bfloat16()
+        V = cfg.padded_vocab
+        p["value_embeds"][4 * V:] = 0
+        cfg80 = small_r84_config()
+        cfg80.mudd = False
+        cfg80.optimizer_table = {n: row for n, row in R.R84_PARAM_TABLE.items() if not n.startswith("mudd")}
+        q = {n: t.clone() for n, t in p.items() if n in R.param_shapes(cfg80)}
+        sc = torch.zeros(R.scalar_slots(cfg80).count)
+        sc[:22] = p["scalars"][:22]
+        sc[22], sc[23], sc[24] = p["scalars"][22], 0.5, p["scalars"][23]   # smear, backout 0.5, skip
+        q["scalars"] = sc
+        self.assertEqual(R.scalar_slots(cfg80).skip, 24)
+        q["resid_lambdas"][10] = 1.1 ** 0.5   # bf16: 1.046875, as bf16(10.5 * 0.1)
+        q["post_lambdas"][10] = 1.0
+        q["x0_lambdas"][10] = 0.0
+        q["bigram_lambdas"][10] = 0.05
+        signs = R.random_sign_table(cfg, 11)
+        b = random_batch(cfg, 32, 3, torch.Generator().manual_seed(152))
+        out = []
+        for c, params in ((cfg, p), (cfg80, q)):
+            tr = R.Trainer(c, params, signs)
+            loss = R.forward(c, tr.params, b, tr.forward_args(), training=True).sum()
+            (loss * c.grad_scale).backward()
+            out.append((float(loss), {n: t.grad for n, t in tr.params.items()}))
+        self.assertEqual(out[0][0], out[1][0])
+        for n in ("embed", "qk_bank", "vo_bank", "mlp_bank", "bigram_embed", "attn_gate_bank", "skip_gate"):
+            self.assertTrue(torch.equal(out[0][1][n], out[1][1][n]), n)
+        # the exit's h7 coefficient c'1 = -0.5 stands for the backout: d b2[1, 1] = 0.1 dL/dc'1 = -0.1 dL/d backout
+        gb = out[0][1]["mudd_b2"][1, 1].item()
+        gk = out[1][1]["scalars"][23].item()
+        self.assertAlmostEqual(gb, -0.1 * gk, delta=2 ** -7 * abs(gb))
+
+    def test_entry_and_exit_mix_their_sources(self):
+        """Chosen coefficients in place of the MLP's (a spy), and the stream read at its norms: the last
+        layer's v_add, ve gate, r and updates, and the exit's sum, each against a float64 formula of the
+        sources it names (h0 the stream start, h3, h7, h9, value table 0 at the tokens)."""
+        cfg = small_r84_config()
+        p = r84_params(cfg, 18)
+        p["mlp_bank"][:, 1] = (torch.randn(p["mlp_bank"][:, 1].shape, generator=torch.Generator().manual_seed(5))
+                               * 0.05).bfloat16()
+        T, C, H, bd = 32, cfg.model_dim, cfg.num_heads, cfg.bigram_dim
+        g = torch.Generator().manual_seed(153)
+        ce = (torch.randint(-8, 9, (T, 14), generator=g) / 8).bfloat16()   # exact multiples of 1/8
+        cx = (torch.randint(-8, 9, (T, 5), generator=g) / 8).bfloat16()
+        signs = R.random_sign_table(cfg, 12)
+        b = random_batch(cfg, T, 2, torch.Generator().manual_seed(154))
+        spy = _Spy(cfg, {0: ce, 1: cx})
+        spy.run(p, b, R.Trainer(cfg, p, signs).forward_args(), training=False)
+        self.assertEqual(len(spy.norm_inputs), NORM_FINAL + 1)
+        d = lambda t: t.double()
+        h0, h3, h7 = d(spy.stream(NORM_H0)), d(spy.stream(NORM_H3)), d(spy.stream(NORM_H7))
+        h9, xl = d(spy.mudd_in[0]), d(spy.mudd_in[1])
+        self.assertTrue(torch.equal(spy.stream(NORM_H7), spy.stream(NORM_H7 + 2)))  # layers 8-10 read h7
+        c, e = d(ce), d(cx)
+        col = lambda m, j: m[:, j:j + 1]
+        ve_gate, v_add, y = spy.attn[10]
+        self.assertTrue(torch.allclose(d(v_add), col(c, 0) * h0 + col(c, 1) * h7 + col(c, 2) * h9, rtol=1e-6, atol=1e-6))
+        self.assertEqual(ve_gate.tolist(), [[a, b_] for a, b_ in zip(c[:, 6].tolist(), c[:, 7].tolist())])
+        r = ((1 + col(c, 5)) * h9 + col(c, 3) * h0 + col(c, 4) * h7).bfloat16().double()
+        xb = p["bigram_embed"][b.bigram].double() * signs[R.bigram_sign_index(b.inputs, cfg.bigram_sign_rows)].double()
+        xbp = torch.cat([xb, torch.zeros(T, C - bd, dtype=torch.float64)], 1)
+        mid = col(c, 8) * r + col(c, 9) * d(y) + col(c, 10) * h0 + col(c, 11) * xbp
+        got_mid = d(spy.stream(NORM_L10_MLP))
+        self.assertLessEqual((got_mid - mid).abs().max().item(), 2 ** -7 * mid.abs().max().item())
+        last = col(c, 12) * got_mid + col(c, 13) * d(spy.mlp_out[-1])
+        self.assertLessEqual((xl - last).abs().max().item(), 2 ** -7 * last.abs().max().item())
+        ve0 = p["value_embeds"][b.inputs].double()  # value table 0 (layer 1's)
+        final = xl + col(e, 0) * h0 + col(e, 1) * h7 + col(e, 2) * h9 + col(e, 3) * ve0 + col(e, 4) * h3
+        got = d(spy.stream(NORM_FINAL))
+        self.assertLessEqual((got - final).abs().max().item(), 2 ** -7 * final.abs().max().item())
+
+
+@needs_torch
+class R84StreamTest(unittest.TestCase):
+    def test_x0_aliasing_changes_the_skip_gates_input(self):
+        """x0 aliased to the stream start (after the in-place bigram add): with x0 lambdas zero only the skip
+        gate reads x0, so aliasing changes the loss exactly when the skip gate's weights are nonzero and the
+        bigram rows and lambda reach its 12 channels."""
+        cfg = small_r84_config()
+        p = r84_params(cfg, 19)
+        p["x0_lambdas"].zero_()
+        signs = R.random_sign_table(cfg, 13)
+        b = random_batch(cfg, 32, 2, torch.Generator().manual_seed(160))
+        off = small_r84_config()
+        off.x0_includes_bigram = False
+        args = R.Trainer(cfg, p, signs).forward_args()
+        loss = lambda c, q: float(R.forward(c, q, b, args, training=False))
+        self.assertEqual(loss(cfg, p), loss(off, p))  # skip gate weights zero at init
+        q = {n: t.clone() for n, t in p.items()}
+        q["skip_gate"] = (torch.randn(1, 12, generator=torch.Generator().manual_seed(6)) * 2).bfloat16()
+        self.assertNotEqual(loss(cfg, q), loss(off, q))
+        q["bigram_lambdas"][0] = 0.0
+        self.assertEqual(loss(cfg, q), loss(off, q))
+        # the skip gate's gradient reads the aliased x0: with aliasing it sees the bigram rows' share
+        q["bigram_lambdas"][0] = 0.5
+        grads = []
+        for c in (cfg, off):
+            tr = R.Trainer(c, q, signs)
+            R.forward(c, tr.params, b, tr.forward_args(), training=False).backward()
+            grads.append(tr.params["skip_gate"].grad.clone())
+        self.assertFalse(torch.equal(grads[0], grads[1]))
+
+    def test_paired_layers_gate_reads_ve(self):
+        cfg = small_r84_config()
+        p = r84_params(cfg, 20)
+        g = torch.Generator().manual_seed(161)
+        p["ve_gate_bank"] = (torch.randn(5, 2, 12, generator=g) * 0.5).bfloat16()
+        T, C = 6, cfg.model_dim
+        h = torch.randn(T, C, generator=g).bfloat16()
+        ve = (torch.randn(T, C, generator=g) * 0.5).bfloat16()
+        doc = torch.arange(T)
+        args = R.Trainer(cfg, p, R.random_sign_table(cfg, 14)).forward_args()
+        W = R.attention_weights(cfg, p)
+        layer = 2  # paired, value table 1
+        y = R.attention_block(cfg, p, layer, h, W[R.attn_index(layer)], ve, doc, args)
+        gate = 2 * torch.sigmoid(R.linear(torch.cat([h[:, :6], ve[:, :6]], -1), p["ve_gate_bank"][1]).float())
+        y_given = R.attention_block(cfg, p, layer, h, W[R.attn_index(layer)], ve, doc, args, ve_gate=gate)
+        self.assertTrue(torch.equal(y, y_given))
+        off = small_r84_config()
+        off.paired_ve_gate_reads_ve = False
+        self.assertFalse(torch.equal(R.attention_block(off, p, layer, h, W[R.attn_index(layer)], ve, doc, args), y))
+
+    def test_training_steps_keep_dead_entries(self):
+        cfg = small_r84_config()
+        p = r84_params(cfg, 21)
+        tr = R.Trainer(cfg, p, R.random_sign_table(cfg, 15))
+        gen = torch.Generator().manual_seed(162)
+        before = {n: t.detach().clone() for n, t in tr.params.items()}
+        losses = []
+        for step in range(2):
+            tr.advance(step)
+            losses.append(tr.train_step(step, [random_batch(cfg, 32, 3, gen) for _ in range(8)]))
+        self.assertTrue(all(math.isfinite(l) for l in losses))
+        P = tr.params
+        for name in ("mudd_w2", "mudd_b2", "xsa_alphas", "qk_bank", "bigram_embed"):
+            self.assertFalse(torch.equal(P[name], before[name]), name)
+        # w2 = 0 at init: no gradient reaches w1 before w2 has moved (Adam steps on step 1 only)
+        self.assertTrue(torch.equal(P["mudd_w1"], before["mudd_w1"]))
+        # MUDD's entry replaces layer 10's lambdas and ve gate; the exit uses 5 of 14 rows
+        for name, idx in (("resid_lambdas", 10), ("post_lambdas", 10), ("x0_lambdas", 10), ("bigram_lambdas", 10),
+                          ("ve_gate_bank", 4), ("mudd_w2", (1, slice(5, None))), ("mudd_b2", (1, slice(5, None))),
+                          ("xsa_alphas", 2)):
+            self.assertTrue(torch.equal(P[name][idx], before[name][idx]), name)
+        self.assertTrue(torch.equal(P["embed"], P["lm_head"].t()))
+
 if __name__ == "__main__":
     if not HAVE_TORCH:
         print("test_torch_reference: skipped (torch is not installed)")

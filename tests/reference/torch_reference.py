@@ -109,6 +109,17 @@ class Config:
     normuon_scale_bf16: bool = False               # variance reduction's final_scale.type_as(v) rounding
     max_num_docs_table: Optional[Dict[int, int]] = None  # cu_seqlens entries per tokens per rank (#78)
     optimizer_table: Optional[Dict[str, tuple]] = None   # None: record 71's PARAM_TABLE
+    # ---- Records 81-84 (upstream a333be08, SPEC-latest stage 2); the defaults are record 80's (and 71's).
+    mudd: bool = False                             # record 81's MUDD at the last layer's entry and after the loop
+    #                                                (replaces the backout; scalars lose its slot)
+    mudd_hidden: int = 64                          # MUDD's hidden width (upstream's mudd_dim)
+    xsa_layers: Tuple[int, ...] = ()               # record 82's XSA on these (unpaired, attention) layers
+    bigram_dim: int = 0                            # record 84's narrow bigram: channels [0, bigram_dim) (0: all,
+    #                                                record 80's form and order of the injection sums)
+    bigram_sign_rows: int = 0                      # record 83's sign table rows (0: no signs)
+    x0_includes_bigram: bool = False               # a333be08's x = x0 = norm(..) then the in-place bigram add
+    paired_ve_gate_reads_ve: bool = False          # paired layers' VE gate reads cat(x[:6], ve[:6]) too (L1448)
+    mlp_up_fp8: bool = False                       # record 84's e4m3 MLP up-projection (training forward only)
 
     @property
     def grad_accum(self) -> int:
@@ -121,6 +132,11 @@ class Config:
     @property
     def lm_head_grad_s(self) -> float:
         return self.grad_scale * 0.75 / 448
+
+    @property
+    def bigram_width(self) -> int:
+        """Columns of bigram_embed and of the bigram injection (record 84: model_dim / 4)."""
+        return self.bigram_dim if self.bigram_dim else self.model_dim
 
     @property
     def total_steps(self) -> int:
@@ -166,6 +182,17 @@ class Config:
         need(not self.fused_ce or all(len(st.mtp_start) <= 3 for st in self.stages),
              "r80's CE kernel adds term2 for at most 3 MTP weights")
         need(self.bank_pad_multiple >= 1, "bank_pad_multiple must be positive")
+        need(0 <= self.bigram_dim <= self.model_dim, "bigram_dim must be in 0..model_dim")
+        need(self.bigram_dim >= GATE or self.bigram_dim == 0 or not self.x0_includes_bigram,
+             "the aliased x0 is read by the skip gate's 12 channels: keep bigram_dim >= 12")
+        need(self.bigram_sign_rows >= 0, "bigram_sign_rows must be >= 0")
+        need(self.sublayer_lambdas or not (self.bigram_dim or self.x0_includes_bigram or self.mudd),
+             "the narrow bigram, the aliased x0 and MUDD need record 80's per-sublayer stream")
+        need(not self.mudd or self.late_attn_source == BACKOUT_LAYER,
+             "MUDD mixes h7, the late attention source: late_attn_source must be 7")
+        need(not self.mudd or self.mudd_hidden >= 1, "mudd_hidden must be positive")
+        need(all(0 <= l < LAYERS and has_attention(l) and l not in PAIRED_LAYERS for l in self.xsa_layers),
+             "XSA layers must have attention and not be paired (upstream: v is (2T, H/2, D) there)")
         for st in self.stages:
             need(len(st.mtp_start) == len(st.mtp_end) >= 1, "each stage needs matching MTP weight lists")
             need(st.train_max_seq_len is None or st.train_max_seq_len >= 1, "train_max_seq_len must be positive")
@@ -174,7 +201,9 @@ class Config:
 
 _STRUCTURE_FIELDS = ("grad_scale_numerator", "lr_floor", "value_layers", "value_embed_std", "ve_gate_reads_ve",
                      "sublayer_lambdas", "late_attn_source", "head_pair_banks", "bank_pad_multiple", "fused_ce",
-                     "polar_express_xtx", "normuon_scale_bf16", "max_num_docs_table", "optimizer_table")
+                     "polar_express_xtx", "normuon_scale_bf16", "max_num_docs_table", "optimizer_table",
+                     "mudd", "mudd_hidden", "xsa_layers", "bigram_dim", "bigram_sign_rows", "x0_includes_bigram",
+                     "paired_ve_gate_reads_ve", "mlp_up_fp8")
 
 
 def record_config() -> Config:
@@ -275,7 +304,61 @@ def tiny_r80_config() -> Config:
     return c
 
 
-PRESETS = {"record": record_config, "tiny": tiny_config, "r80": r80_config, "tiny-r80": tiny_r80_config}
+# Upstream's param_table at a333be08 (L1839-1864) in its dict order (the scatter order): record 80's with
+# xsa_alphas before value_embeds and the MUDD overrides appended (wd_mul defaults to 1: mudd_w1, mudd_w2).
+# Its work order (L1866-1874) is another order of the same rows; at world size 1 each row's update reads only
+# its own state, except embed, tied to lm_head, which NorMuonAdam.step handles after every row.
+R84_PARAM_TABLE = {}
+for _name, _row in R80_PARAM_TABLE.items():
+    if _name == "value_embeds":
+        R84_PARAM_TABLE["xsa_alphas"] = ("adam", (0.9, 0.95), 1.0, 0.0)
+    R84_PARAM_TABLE[_name] = _row
+R84_PARAM_TABLE.update({
+    "mudd_w1": ("adam", (0.9, 0.99), 0.25, 1.0),
+    "mudd_w2": ("adam", (0.9, 0.99), 0.25, 1.0),
+    "mudd_b2": ("adam", (0.9, 0.99), 0.25, 0.0),
+})
+R84_WORK_ORDER = ["scalars", "smear_gate", "skip_gate", "attn_gate_bank", "ve_gate_bank", "mudd_b2", "xsa_alphas",
+                  "post_lambdas", "x0_lambdas", "bigram_lambdas", "resid_lambdas", "mudd_w2", "value_embeds",
+                  "bigram_embed", "mudd_w1", "lm_head", "embed", "qk_bank", "vo_bank", "mlp_bank"]
+R84_XSA_LAYERS = (1, 3, 4, 7, 8, 10)  # a333be08 L1377: every unpaired attention layer
+
+
+def use_record84(c: Config) -> None:
+    """Records 81-84's switches (upstream a333be08) on a record-80 config; the bigram rows are the caller's."""
+    c.mudd = True
+    c.xsa_layers = R84_XSA_LAYERS
+    c.bigram_dim = c.model_dim // 4          # 192 at the record's 768
+    c.bigram_sign_rows = 8192
+    c.x0_includes_bigram = True
+    c.paired_ve_gate_reads_ve = True
+    c.mlp_up_fp8 = True
+    c.optimizer_table = dict(R84_PARAM_TABLE)
+
+
+def r84_config() -> Config:
+    """Upstream's record 84 (commit a333be08, 79.2 s): SPEC-latest stage 2 on the full sizes."""
+    c = r80_config()
+    c.name = "r84"
+    use_record84(c)
+    c.bigram_vocab = c.padded_vocab * 15     # 754,560 rows of 192
+    c.scheduled_iterations, c.extension_iterations = 1380, 10
+    return c
+
+
+def tiny_r84_config() -> Config:
+    """The CPU-sized twin of r84 (train_gpt.cu's tiny_r84_preset): tiny-r80's sizes and schedule with
+    record 84's switches; bigram rows three times tiny's (15 of record 71's 5 vocabularies), bigram_dim
+    model_dim / 4 = 32, 8192 sign rows, MUDD hidden 64 (README "tiny-r84")."""
+    c = tiny_r80_config()
+    c.name = "tiny-r84"
+    use_record84(c)
+    c.bigram_vocab = tiny_config().bigram_vocab * 3
+    return c
+
+
+PRESETS = {"record": record_config, "tiny": tiny_config, "r80": r80_config, "tiny-r80": tiny_r80_config,
+           "r84": r84_config, "tiny-r84": tiny_r84_config}
 
 
 def next_multiple_of_n(v: int, n: int) -> int:
@@ -308,6 +391,10 @@ ATTN_LAYERS = 10          # layer 6 has no attention
 VALUE_TABLES = 5          # value embeddings on layers 0, 1 and 8, 9, 10
 SKIP_FROM, SKIP_TO, BACKOUT_LAYER = 3, 6, 7
 GATE = 12                 # gates read the first 12 channels
+MUDD_COEFS = 14           # record 81: coefficients of MUDD's entry block (its exit uses the first 5)
+MUDD_EXIT_COEFS = 5
+MUDD_SCALE = 0.1          # upstream's _mudd_scale
+XSA_EPS = 1e-4            # F.normalize(v, eps=1e-4)
 PAIRED_LAYERS = (0, 2, 5, 9)
 LONG_WINDOW_LAYERS = (3, 10)
 
@@ -355,6 +442,10 @@ def scalar_slots(cfg: Config) -> ScalarSlots:
         return ScalarSlots(RESID, SA, BIGRAM, SMEAR, BACKOUT, SKIP, NUM_SCALARS)
     # r80: [sa (0.5, 1.0) x layers, smear, backout, skip, ones]; upstream pads by (-2*layers - 3) mod
     # world_size, here for its 8 GPUs (7 ones: 32 entries), as record 71's layout is padded for 8.
+    if cfg.mudd:  # a333be08 L1270: the backout's slot is gone (MUDD's exit absorbs it): [sa x layers, smear,
+        # skip, padding], padded by (-2*layers - 2) mod 8: 24 entries, no padding, for 11 layers
+        n = 2 * LAYERS + 2
+        return ScalarSlots(-1, 0, -1, 2 * LAYERS, -1, 2 * LAYERS + 1, n + (-n) % 8)
     n = 2 * LAYERS + 3
     return ScalarSlots(-1, 0, -1, 2 * LAYERS, 2 * LAYERS + 1, 2 * LAYERS + 2, n + (-n) % 8)
 
@@ -383,7 +474,7 @@ def param_shapes(cfg: Config) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
         shapes = {
             "embed": ((V, C), bf),
             "lm_head": ((C, V), bf),
-            "bigram_embed": ((cfg.bigram_vocab, C), bf),
+            "bigram_embed": ((cfg.bigram_vocab, cfg.bigram_width), bf),
             "value_embeds": ((len(cfg.value_layers) * V, C), bf),
         }
         if cfg.head_pair_banks:
@@ -405,6 +496,12 @@ def param_shapes(cfg: Config) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
             "resid_lambdas": ((LAYERS, 2), f32),
             "scalars": ((scalar_slots(cfg).count,), f32),
         })
+        if cfg.xsa_layers:  # record 82: (layers, heads) fp32, rows of layers without XSA never read
+            shapes["xsa_alphas"] = ((LAYERS, H), f32)
+        if cfg.mudd:  # record 81: block 0 the last layer's entry (14 coefficients), block 1 the exit (5)
+            shapes["mudd_w1"] = ((2, cfg.mudd_hidden, C), bf)
+            shapes["mudd_w2"] = ((2, MUDD_COEFS, cfg.mudd_hidden), bf)
+            shapes["mudd_b2"] = ((2, MUDD_COEFS), bf)
         return shapes
     return {
         "embed": ((V, C), bf),
@@ -462,9 +559,35 @@ def _init_params_r80(cfg: Config, p: Dict[str, torch.Tensor], g: torch.Generator
     sl = scalar_slots(cfg)
     sc = torch.ones(sl.count)
     sc[sl.sa:sl.sa + 2 * LAYERS] = torch.tensor([0.5, 1.0]).repeat(LAYERS)
-    sc[sl.smear], sc[sl.backout], sc[sl.skip] = 0.0, 0.5, -1.5
+    sc[sl.smear], sc[sl.skip] = 0.0, -1.5
+    if sl.backout >= 0:
+        sc[sl.backout] = 0.5
     p["scalars"] = sc
+    if cfg.mudd:  # a333be08 init_mudd: kaiming_uniform(a=sqrt(5)) = U(+-1/sqrt(C)), w2 zeros, b2 pre-scaled
+        b = cfg.model_dim ** -0.5
+        p["mudd_w1"] = (torch.rand(p["mudd_w1"].shape, generator=g) * 2 - 1).mul(b).bfloat16()
+        p["mudd_b2"] = mudd_initial_b2()
     return p
+
+
+def mudd_initial_b2() -> torch.Tensor:
+    """Upstream's mudd_b2 init (a333be08 L1306-1319), stored pre-scaled (effective = 0.1 x), in bf16: the
+    entry's ve gate halves 2.0, its layer lambdas resid sqrt(1.1), post 1, x0 0, bigram 0.05; the exit's h7
+    coefficient -0.5 (record 80's backout)."""
+    b = torch.zeros(2, MUDD_COEFS)
+    b[0, 6] = b[0, 7] = 2.0 / MUDD_SCALE
+    b[0, 8] = b[0, 12] = 1.1 ** 0.5 / MUDD_SCALE
+    b[0, 9] = b[0, 13] = 1.0 / MUDD_SCALE
+    b[0, 11] = 0.05 / MUDD_SCALE
+    b[1, 1] = -0.5 / MUDD_SCALE
+    return b.bfloat16()
+
+
+def random_sign_table(cfg: Config, seed: int) -> torch.Tensor:
+    """A +-1 bf16 table (bigram_sign_rows, bigram_width), as upstream's randn().sign() (which is unseeded;
+    golden runs take the trainer's table from its checkpoint instead)."""
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, 2, (cfg.bigram_sign_rows, cfg.bigram_width), generator=g) * 2 - 1).bfloat16()
 
 
 # =====================================================================================================
@@ -476,8 +599,8 @@ _ST_DTYPES = {"BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64
 _ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
 
 
-def read_safetensors(path: str, prefix: str = "") -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
-    """The tensors whose names start with `prefix`, and the metadata."""
+def read_safetensors(path: str, prefix="") -> Tuple[Dict[str, torch.Tensor], Dict[str, str]]:
+    """The tensors whose names start with `prefix` (a string or a tuple of them), and the metadata."""
     with open(path, "rb") as f:
         raw = f.read()
     if len(raw) < 8:
@@ -546,6 +669,26 @@ def params_from_checkpoint(cfg: Config, tensors: Dict[str, torch.Tensor],
                              f"(or any shape of {math.prod(shape)} elements)")
         out[name] = t.reshape(shape).clone()
     return out
+
+
+def bigram_signs_from_checkpoint(cfg: Config, tensors: Dict[str, torch.Tensor],
+                                 key: str = "buffer.bigram_signs") -> Optional[torch.Tensor]:
+    """Record 83's sign table (a buffer, not a parameter: upstream draws it unseeded on rank 0 and broadcasts
+    it; the trainer draws it from its seed and saves it as `buffer.bigram_signs`, BF16 (rows, width)), checked
+    to be +-1. None where the config has no sign table."""
+    if not cfg.bigram_sign_rows:
+        return None
+    if key not in tensors:
+        raise ValueError(f"checkpoint has no tensor '{key}' (the bigram sign table of a config with "
+                         f"{cfg.bigram_sign_rows} sign rows)")
+    t = tensors[key]
+    shape = (cfg.bigram_sign_rows, cfg.bigram_width)
+    if t.numel() != math.prod(shape) or t.dtype != torch.bfloat16:
+        raise ValueError(f"checkpoint tensor '{key}' is {tuple(t.shape)} {t.dtype}, want {shape} torch.bfloat16")
+    t = t.reshape(shape).clone()
+    if not bool((t.float().abs() == 1).all()):
+        raise ValueError(f"checkpoint tensor '{key}' holds entries other than +-1")
+    return t
 
 
 # =====================================================================================================
@@ -919,6 +1062,7 @@ class ForwardArgs:
     mtp_weights: torch.Tensor     # fp32
     yarn: Yarn
     yarn_paired: Yarn
+    bigram_signs: Optional[torch.Tensor] = None  # record 83's +-1 table (bigram_sign_rows, bigram_width), bf16
 
 
 def rotary(x: torch.Tensor, yarn: Yarn) -> torch.Tensor:
@@ -941,9 +1085,25 @@ def attention(q, k, v, doc, window: int, scale: float) -> torch.Tensor:
     return bf(torch.einsum("sij,jsd->isd", p, v.float()))
 
 
+def xsa(y: torch.Tensor, v: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """Record 82's XSA (a333be08 L1125-1131) on y, v (T, H, D) bf16 with the layer's raw strengths a (H) fp32:
+    y - alpha (y . v^) v^ per token and head, v^ = v / max(|v|, 1e-4) (F.normalize(eps=1e-4)), alpha =
+    bf16(tanh(a)) (`.type_as(y)`, an explicit cast). fp32 from the bf16 values, not rounded: upstream's
+    compiled graph fuses it with the output gate's multiply, rounded once after it (the caller)."""
+    vf, yf = v.float(), y.float()
+    vhat = vf / vf.norm(dim=-1, keepdim=True).clamp_min(XSA_EPS)
+    proj = (yf * vhat).sum(-1, keepdim=True)
+    alpha = bf(torch.tanh(a)).float().view(1, -1, 1)
+    return yf - alpha * proj * vhat
+
+
 def attention_block(cfg: Config, p: Dict[str, torch.Tensor], layer: int, h: torch.Tensor, W: torch.Tensor,
-                    ve: Optional[torch.Tensor], doc: torch.Tensor, args: ForwardArgs) -> torch.Tensor:
-    """W: the layer's (4C, C) [Wq; Wk; Wv; Wo]; h: the normed stream; ve: its value-embedding rows."""
+                    ve: Optional[torch.Tensor], doc: torch.Tensor, args: ForwardArgs,
+                    ve_gate: Optional[torch.Tensor] = None, v_add: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """W: the layer's (4C, C) [Wq; Wk; Wv; Wo]; h: the normed stream; ve: its value-embedding rows.
+    Record 81's MUDD entry (the last layer) passes ve_gate (T, H) fp32, the per-head gate that replaces the
+    ve_gate_bank's, and v_add (T, C) fp32, its mix of h0, h7, h9 added to v with the gated ve (upstream's
+    aux_v = g ve + v_mudd, then v + aux_v: one fp32 expression, v rounded once for the attention)."""
     T, C, H, D = h.shape[0], cfg.model_dim, cfg.num_heads, cfg.head_dim
     paired = layer in PAIRED_LAYERS
     sa_at = scalar_slots(cfg).sa + 2 * layer
@@ -965,26 +1125,101 @@ def attention_block(cfg: Config, p: Dict[str, torch.Tensor], layer: int, h: torc
         v = v.reshape(2 * T, H // 2, D)
         doc = doc.repeat_interleave(2)
         rows = 2 * T
+    aux = None
     if ve is not None:
-        gate_w = p["ve_gate_bank"][value_table(layer, cfg.value_layers)]
-        if cfg.ve_gate_reads_ve and not paired:  # #70: 2 sigmoid(cat(x[:6], ve[:6]) . w), bf16 logits
-            gate_in = torch.cat([h[:, :GATE // 2], ve[:, :GATE // 2]], -1)
+        if ve_gate is None:
+            gate_w = p["ve_gate_bank"][value_table(layer, cfg.value_layers)]
+            # #70: 2 sigmoid(cat(x[:6], ve[:6]) . w), bf16 logits; record 84: paired layers too (L1448-1453)
+            if cfg.ve_gate_reads_ve and (not paired or cfg.paired_ve_gate_reads_ve):
+                gate_in = torch.cat([h[:, :GATE // 2], ve[:, :GATE // 2]], -1)
+            else:
+                gate_in = h[:, :GATE]
+            gate = 2 * torch.sigmoid(linear(gate_in, gate_w).float())
         else:
-            gate_in = h[:, :GATE]
-        gate = 2 * torch.sigmoid(linear(gate_in, gate_w).float())
-        v = v + gate.reshape(rows, -1, 1) * ve.float().reshape(rows, -1, D)
-    y = attention(bf(q), bf(k), bf(v), doc, window, args.yarn_paired.attn_scale if paired else args.yarn.attn_scale)
+            gate = ve_gate
+        aux = gate.reshape(rows, -1, 1) * ve.float().reshape(rows, -1, D)
+    if v_add is not None:
+        aux = v_add.reshape(rows, -1, D) if aux is None else aux + v_add.reshape(rows, -1, D)
+    if aux is not None:
+        v = v + aux
+    v = bf(v)
+    y = attention(bf(q), bf(k), v, doc, window, args.yarn_paired.attn_scale if paired else args.yarn.attn_scale)
     y = y.reshape(T, H, D)
     gate = torch.sigmoid(linear(h[:, :GATE], p["attn_gate_bank"][attn_index(layer)]).float())
+    if layer in cfg.xsa_layers:
+        y = xsa(y, v, p["xsa_alphas"][layer])
     y = bf(y.float() * gate.unsqueeze(-1))
     return linear(y.reshape(T, C), w_o)
 
 
-def mlp_block(h: torch.Tensor, c_fc: torch.Tensor, c_proj: torch.Tensor) -> torch.Tensor:
-    """relu(h @ c_fc^T)^2 @ c_proj, pre and post activations in bf16 (upstream's fused kernel)."""
-    pre = linear(h, c_fc)
+def mlp_block(h: torch.Tensor, c_fc: torch.Tensor, c_proj: torch.Tensor, fp8: bool = False) -> torch.Tensor:
+    """relu(h @ c_fc^T)^2 @ c_proj, pre and post activations in bf16 (upstream's fused kernel). fp8: record
+    84's e4m3 up-projection (Fp8UpProjection) for pre; the rest, and every gradient, as the bf16 path."""
+    pre = Fp8UpProjection.apply(h, c_fc) if fp8 else linear(h, c_fc)
     post = bf(torch.relu(pre.float()).square())
     return bf(post.float() @ c_proj.float())
+
+
+E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+
+
+def quantize_up_projection(w: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Upstream's quantize_mlp_fp8 (a333be08 L1332-1343, eager bf16 ops) for one c_fc: w_s =
+    bf16(max|W| / 448) (the amax of bf16 values is exact; the division is a bf16 op), Wq = e4m3(bf16(W / w_s)).
+    Returns (Wq, w_s as fp32)."""
+    w_s = bf(w.abs().amax().float().clamp_min(1e-12) / E4M3_MAX)
+    wq = to_fp8(bf(w.float() / w_s.float()).float(), torch.float8_e4m3fn)
+    return wq, w_s.float()
+
+
+def quantize_activation(h: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The training forward's MLP input quantization (L1479-1483): a = max|h| over the whole micro-batch
+    (bf16, exact, clamped >= 1e-12), xq = e4m3(h * (448 / a)) with the scale formed in fp32 (the compiled
+    graph fuses it; eager would round 448 / a to bf16). Returns (xq, a as fp32)."""
+    a = h.detach().abs().amax().float().clamp_min(1e-12)
+    scale = torch.tensor(E4M3_MAX, dtype=torch.float32) / a
+    return to_fp8(h.detach().float() * scale, torch.float8_e4m3fn), a
+
+
+class Fp8UpProjection(torch.autograd.Function):
+    """pre = bf16((xq @ Wq^T) * dequant): the e4m3 operands' products summed in fp32 (exact products; the
+    GPU's FP8 MMA accumulates them in its own order), dequant = (w_s * a) / 448 in fp32 as upstream's
+    _mlp_dequant_scale_buf (copy_(w_s).mul_(a).div_(448)), applied to the fp32 accumulator before the bf16
+    rounding (triton_kernels.py@a333be08 L435-436). Wq is formed from the current c_fc at each forward: upstream
+    re-quantizes after every optimizer step, and c_fc changes only there, so the values are the same.
+    Backward (FusedLinearReLUSquareFunction.backward): bf16 from the bf16 input and c_fc, as a linear."""
+
+    @staticmethod
+    def forward(ctx, h, w):
+        wq, w_s = quantize_up_projection(w)
+        xq, a = quantize_activation(h)
+        dequant = (w_s * a) / E4M3_MAX
+        ctx.save_for_backward(h, w)
+        return bf((xq.float() @ wq.float().t()) * dequant)
+
+    @staticmethod
+    def backward(ctx, g):
+        h, w = ctx.saved_tensors
+        gf = g.float()
+        return bf(gf @ w.float()), bf(gf.t() @ h.float())
+
+
+def bigram_sign_index(inputs: torch.Tensor, rows: int) -> torch.Tensor:
+    """Record 83's sign row per position (a333be08 L1390-1392): 0 at t = 0, (tok[t-1] XOR tok[t]) mod rows after,
+    over the whole micro-batch (across document boundaries)."""
+    idx = torch.zeros_like(inputs)
+    idx[1:] = torch.bitwise_xor(inputs[:-1], inputs[1:]) % rows
+    return idx
+
+
+def mudd_coefficients(p: Dict[str, torch.Tensor], h: torch.Tensor, block: int, n: int) -> torch.Tensor:
+    """Record 81's forward_mudd (a333be08 L1326-1330): c = (gelu(h W1[block]^T) W2[block, :n]^T + b2[block, :n])
+    * 0.1, exact-erf GELU; both matmuls bf16 (z and u = gelu(z) materialized), the bias and scale fused and
+    rounded once to bf16 (the (T, n) tensor its many readers share). Returns (T, n) bf16."""
+    z = linear(h, p["mudd_w1"][block])
+    u = bf(F.gelu(z.float()))
+    lin = linear(u, p["mudd_w2"][block, :n])
+    return bf((lin.float() + p["mudd_b2"][block, :n].float()) * MUDD_SCALE)
 
 
 def forward(cfg: Config, p: Dict[str, torch.Tensor], batch: Batch, args: ForwardArgs, training: bool) -> torch.Tensor:
@@ -996,6 +1231,10 @@ def forward(cfg: Config, p: Dict[str, torch.Tensor], batch: Batch, args: Forward
     doc = batch.doc_ids()
     emb = EmbeddingRows.apply(p["embed"], batch.inputs)
     x_bigram = EmbeddingRows.apply(p["bigram_embed"], batch.bigram).float()
+    if cfg.bigram_sign_rows:  # record 83: row t times sign row (tok[t-1] ^ tok[t]) mod rows (exact: +-1)
+        if args.bigram_signs is None:
+            raise ValueError(f"config '{cfg.name}' has a bigram sign table: ForwardArgs.bigram_signs is needed")
+        x_bigram = x_bigram * args.bigram_signs[bigram_sign_index(batch.inputs, cfg.bigram_sign_rows)].float()
     ve_ids = (torch.arange(len(cfg.value_layers))[:, None] * V + batch.inputs[None, :])
     ve_all = EmbeddingRows.apply(p["value_embeds"], ve_ids)  # (tables, T, C)
 
@@ -1005,10 +1244,11 @@ def forward(cfg: Config, p: Dict[str, torch.Tensor], batch: Batch, args: Forward
     x = bf(torch.cat([e[:1], e[1:] + s[slots.smear] * g * e[:-1]]))
     x0 = bf(rms_norm(x))
     if cfg.sublayer_lambdas:
-        x, backout = residual_stream_r80(cfg, p, x0, x_bigram, ve_all, doc, args)
+        x, backout = residual_stream_r80(cfg, p, x0, x_bigram, ve_all, doc, args, training)
     else:
         x, backout = residual_stream_r71(cfg, p, x0, x_bigram, ve_all, doc, args)
-    x = bf(x.float() - s[slots.backout] * backout.float())
+    if backout is not None:  # (MUDD's exit, inside residual_stream_r80, replaces the backout)
+        x = bf(x.float() - s[slots.backout] * backout.float())
     h = bf(rms_norm(x))
     if training and cfg.fused_ce:
         return FusedSoftcappedCE.apply(h, p["lm_head"], batch.targets, args.mtp_weights, cfg.lm_head_x_s,
@@ -1034,40 +1274,85 @@ def attention_weights(cfg: Config, p: Dict[str, torch.Tensor]) -> List[torch.Ten
 
 
 def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tensor, x_bigram: torch.Tensor,
-                        ve_all: torch.Tensor, doc: torch.Tensor, args: ForwardArgs):
+                        ve_all: torch.Tensor, doc: torch.Tensor, args: ForwardArgs, training: bool = False):
     """Records 73-77 (upstream @2c702746 GPT.forward): x = x0 + lb[0] bigram; per layer i
       i = 6: x += skip_gate_out * h3 (no attention, no injection);
       else:  x = ra[i] x + pa[i] attn(norm(h7 if i > 7 else x)) + (lx0[i] x0 + lb[i] bigram, no bigram at 0);
       every layer: x = rm[i] x + pm[i] MLP(norm(x)); h3, h7 = x after layers 3, 7.
     Lambdas are rounded to bf16 before use (upstream's .bfloat16().unbind), so their gradients are fp32
     sums rounded to bf16; each update is computed in fp32 from bf16 values and rounded once (inductor
-    fuses it). Returns the stream and h7 (the backout source)."""
+    fuses it). Returns the stream and h7 (the backout source).
+
+    Records 81-84 (a333be08 GPT.forward L1390-1499), each a Config switch:
+      bigram_dim: x_bigram is (T, bigram_dim), added into channels [0, bigram_dim) only, by an in-place slice add
+        after each update: ((ra x + pa y) + lx0 x0) + lb xb, one rounding (inductor fuses the slice add);
+      x0_includes_bigram: x = x0 = norm(..), then x[:, :bd] += lb[0] xb in place changes x0 too (the same
+        tensor): the injections, the skip gate and MUDD's h0 read the stream start;
+      mudd: at the last layer, c = mudd(h9, block 0, 14): aux_v = g ve + c0 h0 + c1 h7 + c2 h9 (g = c6 for
+        the first half of the heads, c7 for the rest), r = bf16((1 + c5) h9 + c3 h0 + c4 h7) (its own line),
+        x = bf16(c8 r + c9 attn + c10 h0 (+ c11 xb on the bigram channels)), x = bf16(c12 x + c13 MLP(norm x));
+        after the loop c' = mudd(x, block 1, 5), x = bf16(x + c'0 h0 + c'1 h7 + c'2 h9 + c'3 ve0 + c'4 h3)
+        (ve0: value table 0 at the tokens) instead of the backout (returned None);
+      mlp_up_fp8: the training forward's MLP up-projections in e4m3 (Fp8UpProjection)."""
     s, slots = p["scalars"], scalar_slots(cfg)
     lam = lambda name: bf(p[name]).float()
     resid, post, lx0, lb = lam("resid_lambdas"), lam("post_lambdas"), lam("x0_lambdas"), lam("bigram_lambdas")
+    C, H = cfg.model_dim, cfg.num_heads
+    narrow = cfg.bigram_dim != 0  # record 84's in-place injection (and its order of sums), any width
+    xb = F.pad(x_bigram, (0, C - x_bigram.shape[-1])) if x_bigram.shape[-1] < C else x_bigram  # zeros: exact
     x0f = x0.float()
-    x = bf(x0f + lb[0] * x_bigram)
+    x = bf(x0f + lb[0] * xb)
+    if cfg.x0_includes_bigram:
+        x0, x0f = x, x.float()
     skip_gate = torch.sigmoid(s[slots.skip]) * 2 * torch.sigmoid(linear(x0[:, :GATE], p["skip_gate"]).float())
     attn_w = attention_weights(cfg, p)
     mlp_w = [pair.unbind(0) for pair in p["mlp_bank"].unbind(0)]
-    skip = late = backout = None
+    fp8 = training and cfg.mlp_up_fp8
+    h0 = x
+    skip = late = backout = h9 = None
     for i in range(LAYERS):
+        entry = cfg.mudd and i == LAYERS - 1
         if not has_attention(i):
             x = bf(x.float() + skip_gate * skip.float())
         else:
             table = value_table(i, cfg.value_layers)
             source = late if late is not None else x
+            ve_gate = v_add = None
+            if entry:
+                h9 = x
+                c = mudd_coefficients(p, h9, 0, MUDD_COEFS).float()
+                col = lambda j: c[:, j:j + 1]
+                h0f, h7f, h9f = h0.float(), late.float(), h9.float()
+                v_add = col(0) * h0f + col(1) * h7f + col(2) * h9f
+                x = bf((1 + col(5)) * h9f + col(3) * h0f + col(4) * h7f)
+                ve_gate = torch.cat([col(6).expand(-1, H // 2), col(7).expand(-1, H - H // 2)], -1)
             y = attention_block(cfg, p, i, bf(rms_norm(source)), attn_w[attn_index(i)],
-                                ve_all[table] if table >= 0 else None, doc, args)
-            inject = lx0[i] * x0f if i == 0 else lx0[i] * x0f + lb[i] * x_bigram
-            x = bf(resid[i, 0] * x.float() + post[i, 0] * y.float() + inject)
-        x = bf(resid[i, 1] * x.float() + post[i, 1] * mlp_block(bf(rms_norm(x)), *mlp_w[i]).float())
+                                ve_all[table] if table >= 0 else None, doc, args, ve_gate, v_add)
+            if entry:
+                x = bf(col(8) * x.float() + col(9) * y.float() + col(10) * h0f + col(11) * xb)
+            elif narrow:
+                upd = resid[i, 0] * x.float() + post[i, 0] * y.float() + lx0[i] * x0f
+                x = bf(upd if i == 0 else upd + lb[i] * xb)
+            else:
+                inject = lx0[i] * x0f if i == 0 else lx0[i] * x0f + lb[i] * x_bigram
+                x = bf(resid[i, 0] * x.float() + post[i, 0] * y.float() + inject)
+        m = mlp_block(bf(rms_norm(x)), *mlp_w[i], fp8=fp8)
+        if entry:
+            x = bf(col(12) * x.float() + col(13) * m.float())
+        else:
+            x = bf(resid[i, 1] * x.float() + post[i, 1] * m.float())
         if i == SKIP_FROM:
             skip = x
         if i == cfg.late_attn_source:
             late = x
         if i == BACKOUT_LAYER:
             backout = x
+    if cfg.mudd:
+        c = mudd_coefficients(p, x, 1, MUDD_EXIT_COEFS).float()
+        ve0 = ve_all[0].float()
+        x = bf(x.float() + c[:, 0:1] * h0.float() + c[:, 1:2] * late.float() + c[:, 2:3] * h9.float()
+               + c[:, 3:4] * ve0 + c[:, 4:5] * skip.float())
+        backout = None
     return x, backout
 
 
@@ -1352,8 +1637,17 @@ class NorMuonAdam:
 # Training at world size 1: upstream's main loop around the pieces above.
 # =====================================================================================================
 class Trainer:
-    def __init__(self, cfg: Config, params: Dict[str, torch.Tensor]):
+    def __init__(self, cfg: Config, params: Dict[str, torch.Tensor], bigram_signs: Optional[torch.Tensor] = None):
+        """bigram_signs: record 83's sign table (bigram_sign_rows, bigram_width) bf16, for configs with one."""
         cfg.validate()
+        if bool(cfg.bigram_sign_rows) != (bigram_signs is not None):
+            raise ValueError(f"config '{cfg.name}' has {cfg.bigram_sign_rows} bigram sign rows: a sign table is "
+                             "needed exactly when it has some")
+        if bigram_signs is not None and (tuple(bigram_signs.shape) != (cfg.bigram_sign_rows, cfg.bigram_width)
+                                         or bigram_signs.dtype != torch.bfloat16):
+            raise ValueError(f"the sign table is {tuple(bigram_signs.shape)} {bigram_signs.dtype}, want "
+                             f"{(cfg.bigram_sign_rows, cfg.bigram_width)} torch.bfloat16")
+        self.bigram_signs = bigram_signs
         shapes = param_shapes(cfg)
         for name, (shape, dtype) in shapes.items():
             if tuple(params[name].shape) != shape or params[name].dtype != dtype:
@@ -1385,7 +1679,8 @@ class Trainer:
 
     def forward_args(self) -> ForwardArgs:
         bs = self.cfg.block_size
-        return ForwardArgs(self.ws_short * bs, self.ws_long * bs, self.mtp_weights, self.yarn, self.yarn_paired)
+        return ForwardArgs(self.ws_short * bs, self.ws_long * bs, self.mtp_weights, self.yarn, self.yarn_paired,
+                           self.bigram_signs)
 
     def train_step(self, step: int, micro_batches: Sequence[Batch]) -> float:
         """The step's micro-batches forward and backward (loss * grad_scale), then the optimizer.
