@@ -1195,7 +1195,7 @@ class R84MuddTest(unittest.TestCase):
         ve_gate, v_add, y = spy.attn[10]
         self.assertTrue(torch.allclose(d(v_add), col(c, 0) * h0 + col(c, 1) * h7 + col(c, 2) * h9, rtol=1e-6, atol=1e-6))
         self.assertEqual(ve_gate.tolist(), [[a, b_] for a, b_ in zip(c[:, 6].tolist(), c[:, 7].tolist())])
-        r = ((1 + col(c, 5)) * h9 + col(c, 3) * h0 + col(c, 4) * h7).bfloat16().double()
+        r = (1 + col(c, 5)) * h9 + col(c, 3) * h0 + col(c, 4) * h7  # not rounded: fused into the update
         xb = p["bigram_embed"][b.bigram].double() * signs[R.bigram_sign_index(b.inputs, cfg.bigram_sign_rows)].double()
         xbp = torch.cat([xb, torch.zeros(T, C - bd, dtype=torch.float64)], 1)
         mid = col(c, 8) * r + col(c, 9) * d(y) + col(c, 10) * h0 + col(c, 11) * xbp

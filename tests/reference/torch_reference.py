@@ -1289,7 +1289,8 @@ def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
       x0_includes_bigram: x = x0 = norm(..), then x[:, :bd] += lb[0] xb in place changes x0 too (the same
         tensor): the injections, the skip gate and MUDD's h0 read the stream start;
       mudd: at the last layer, c = mudd(h9, block 0, 14): aux_v = g ve + c0 h0 + c1 h7 + c2 h9 (g = c6 for
-        the first half of the heads, c7 for the rest), r = bf16((1 + c5) h9 + c3 h0 + c4 h7) (its own line),
+        the first half of the heads, c7 for the rest), r = (1 + c5) h9 + c3 h0 + c4 h7 and aux_v stay fp32 (each
+        has one reader, which inductor fuses them into: aux_v into v's rounding, r into the attention update's),
         x = bf16(c8 r + c9 attn + c10 h0 (+ c11 xb on the bigram channels)), x = bf16(c12 x + c13 MLP(norm x));
         after the loop c' = mudd(x, block 1, 5), x = bf16(x + c'0 h0 + c'1 h7 + c'2 h9 + c'3 ve0 + c'4 h3)
         (ve0: value table 0 at the tokens) instead of the backout (returned None);
@@ -1324,12 +1325,12 @@ def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
                 col = lambda j: c[:, j:j + 1]
                 h0f, h7f, h9f = h0.float(), late.float(), h9.float()
                 v_add = col(0) * h0f + col(1) * h7f + col(2) * h9f
-                x = bf((1 + col(5)) * h9f + col(3) * h0f + col(4) * h7f)
+                r = (1 + col(5)) * h9f + col(3) * h0f + col(4) * h7f  # fp32 into the update (see above)
                 ve_gate = torch.cat([col(6).expand(-1, H // 2), col(7).expand(-1, H - H // 2)], -1)
             y = attention_block(cfg, p, i, bf(rms_norm(source)), attn_w[attn_index(i)],
                                 ve_all[table] if table >= 0 else None, doc, args, ve_gate, v_add)
             if entry:
-                x = bf(col(8) * x.float() + col(9) * y.float() + col(10) * h0f + col(11) * xb)
+                x = bf(col(8) * r + col(9) * y.float() + col(10) * h0f + col(11) * xb)
             elif narrow:
                 upd = resid[i, 0] * x.float() + post[i, 0] * y.float() + lx0[i] * x0f
                 x = bf(upd if i == 0 else upd + lb[i] * xb)
