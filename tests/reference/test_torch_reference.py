@@ -827,6 +827,29 @@ class R84ConfigTest(unittest.TestCase):
         self.assertGreater(w1.abs().max().item(), 0.9 * 128 ** -0.5)
         self.assertTrue(bool((p["mudd_w2"] == 0).all()) and bool((p["xsa_alphas"] == 0).all()))
 
+    def test_checkpoint_round_trip_with_the_sign_table(self):
+        """The trainer's layout: 2-D (rows, row elements) tensors under its labels, the sign table as
+        buffer.bigram_signs; read back in this module's shapes, a mis-sized table refused."""
+        cfg = small_r84_config()
+        p = r84_params(cfg, 22)
+        signs = R.random_sign_table(cfg, 16)
+        t = {"param." + R.LABELS.get(n, n): v.reshape(v.shape[0], -1) for n, v in p.items()}
+        t["buffer.bigram_signs"] = signs
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "rank0.safetensors")
+            R.write_safetensors(path, t, {"preset": "tiny-r84"})
+            got, meta = R.read_safetensors(path, prefix=("param.", "buffer."))
+        q = R.params_from_checkpoint(cfg, got)
+        self.assertEqual(sorted(q), sorted(p))
+        for n in p:
+            self.assertTrue(torch.equal(q[n], p[n]) and q[n].shape == p[n].shape, n)
+        self.assertTrue(torch.equal(R.bigram_signs_from_checkpoint(cfg, got), signs))
+        self.assertIsNone(R.bigram_signs_from_checkpoint(R.tiny_r80_config(), got))
+        got["buffer.bigram_signs"] = signs[:-1]
+        self.assertRaises(ValueError, R.bigram_signs_from_checkpoint, cfg, got)
+        del got["buffer.bigram_signs"]
+        self.assertRaises(ValueError, R.bigram_signs_from_checkpoint, cfg, got)
+
     def test_refusals(self):
         c = small_r84_config()
         c.xsa_layers = (2,)  # paired
