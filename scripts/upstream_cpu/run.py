@@ -1,34 +1,75 @@
 #!/usr/bin/env python3
-"""Runs upstream's own record-80 code (modded-nanogpt commit 2c702746) on the CPU at the tiny-r80 sizes,
-beside tests/reference/torch_reference.py, from the same step-0 parameters and batches, and prints both
-training losses step by step with their relative difference (README of tests/reference: "tiny-r80").
+"""Runs upstream's own code on the CPU at a tiny preset's sizes, from the same step-0 parameters and batches
+as this project's side, and prints the training losses step by step with their relative difference:
 
-Upstream's files are never committed here: take them from a clone of upstream's repository first,
+  record 80 (modded-nanogpt 2c702746) at tiny-r80, beside tests/reference/torch_reference.py (README of
+  tests/reference: "tiny-r80");
+  record 84 (a333be08) at tiny-r84, beside the C++ trainer's own run (--trainer build-up/train_gpt_cpu):
+  the trainer trains --preset tiny-r84 at the same schedule and seed and saves its step-0 checkpoint,
+  whose parameters (and sign table, buffer.bigram_signs) upstream starts from; the trainer's log gives its
+  losses (4 decimals) and step 0's gradient norms (--log-grad-norms); its --dump-batches CRC-32s check
+  every training micro-batch fed to upstream. --noise adds upstream from the same parameters nudged by one
+  bf16 step on 1% of each bf16 tensor's elements (the noise floor); --reference adds tests/reference's
+  tiny-r84 port from the same checkpoint as another column.
 
-  mkdir -p /tmp/up80
-  git -C UPSTREAM_CLONE show 2c702746:train_gpt.py > /tmp/up80/train_gpt.py
-  git -C UPSTREAM_CLONE show 2c702746:triton_kernels.py > /tmp/up80/triton_kernels.py
-  python3 scripts/upstream_cpu/run.py --upstream /tmp/up80 [--steps N] [--init FILE]
+Which record is told by the files (a333be08's train_gpt.py has quantize_mlp_fp8 and init_mudd); --record
+checks it. Upstream's files are never committed here: take them from a clone of upstream's repository,
+
+  mkdir -p /tmp/up80 /tmp/up84
+  for f in train_gpt.py triton_kernels.py; do git -C UPSTREAM_CLONE show 2c702746:$f > /tmp/up80/$f
+                                              git -C UPSTREAM_CLONE show a333be08:$f > /tmp/up84/$f; done
+  python3 scripts/upstream_cpu/run.py --upstream /tmp/up80 [--steps N] [--init FILE] [--noise]
+  python3 scripts/upstream_cpu/run.py --upstream /tmp/up84 --trainer build-up/train_gpt_cpu --steps 8 \
+      --scheduled-steps 6 --extension-steps 2 --val-tokens 4096 --noise
 
 (from the repository root, with torch installed; the CPU wheel is enough). It copies both files into a
-temporary folder and patches the copies (each patch finds its anchor line exactly once, else stops and
-names it: upstream's code is not 2c702746's as the patch knows it):
+temporary folder and patches the copies. Each patch finds its anchor (one exact whole line, or a block of
+consecutive whole lines) exactly once (the VE add of a333be08: exactly twice, its unpaired and paired
+branches), else stops and names it: upstream's code is not the commit's as the patch knows it.
+Both records:
   - CUDA, NCCL and the kernels package out: the CPU device, a one-process gloo group, standins.py for
-    FlashAttention-3, the Triton kernels, the NVRTC CE kernel and torch._scaled_mm; torch.compile is
-    the identity (standins.install);
-  - the compiled graph's rounding where eager PyTorch would round more often: the residual-stream
-    updates, the gates, the smear and the backout are computed in fp32 from bf16 values and rounded once
-    (inductor fuses each), q and k stay fp32 through the norm and rotary until FA3's bf16 input, the FP8
-    operands are divided in fp32 before the cast (inductor: one rounding), Polar Express's normalization
-    is fp32; the key offset's overlapping copy reads a clone (the compiled graph is functional);
-  - the sizes of tests/reference's tiny-r80 (model width, heads, bigram rows, batch sizes, cut lengths,
-    block size, steps), the rest of the schedule (windows, lr_mul, MTP weights, cooldown, floor) as
-    upstream's code has it: run.py checks that it equals the reference's;
-  - the file is cut before its main program; run.py builds upstream's GPT and TrainingManager and
-    drives them like upstream's training loop (advance_schedule, grad_accum forward/backward of
-    loss.sum() * grad_scale, step_optimizers).
-Upstream at world size 1 pads its banks to a multiple of 1 and its scalars by (-25) % 1: the reference's
-8-GPU layout's padding (zero matrices, ones) is dropped when loading, after checking it is padding.
+    FlashAttention-3 (a333be08: kernels-community/flash-attn3 v1), the Triton kernels (a333be08: with the
+    FP8 e4m3 up-projection), the NVRTC CE kernel and torch._scaled_mm; torch.compile is the identity
+    (standins.install); the CE kernel's backward returns the eighth (None) gradient eager autograd wants;
+    the attention stand-in keeps P in fp32 unless --fa3-bf16-p (P and dS rounded to bf16 for FA3's GEMMs,
+    as FA3 and the C++ trainer do: the trainer's step-0 training loss, 18.5971, is upstream's with it);
+  - the compiled graph's rounding where eager PyTorch would round more often (inductor fuses each chain of
+    pointwise operations and keeps its intermediates in fp32): the norm and Polar Express's
+    normalization in fp32, q and k fp32 through the norm and rotary until FA3's bf16 input, the key
+    offset's overlapping copy reads a clone (the compiled graph is functional), the output gate, the
+    smear gate and smear, the skip gate, the evaluation softcap, the CE's FP8 operands divided in fp32;
+  - the sizes of the tiny preset (model width, heads, bigram rows, batch sizes, cut lengths, block size,
+    steps; a333be08 also bigram_dim and bigram_sign_table_rows, from the trainer's checkpoint), the rest
+    of the schedule (windows, lr_mul, MTP weights, cooldown, floor) as upstream's code has it: run.py
+    checks it against tests/reference's schedule at every step;
+  - the file is cut before its main program; run.py builds upstream's GPT and TrainingManager and drives
+    them like upstream's training loop (advance_schedule, grad_accum forward/backward of loss.sum() *
+    grad_scale, step_optimizers; a333be08: model.quantize_mlp_fp8() after construction and after each
+    optimizer step, its global `model` pointed at the model being quantized).
+2c702746 only: the unpaired and paired VE gates and adds, the pre-layer-0 bigram, the injections, the skip
+add, the attention and MLP residuals, the backout, each rounded once.
+a333be08 only (each a chain rounded once, where the compiled graph materializes it):
+  - the VE gate (sigmoid in fp32) and the gated VE (aux_v) stay fp32 into v + aux_v, one rounding (both
+    branches); MUDD's v terms and its gated VE likewise;
+  - MUDD's coefficients: bf16((bf16(u W2^T) + b2) * 0.1), rounded once (the trainer's choice too), the GELU
+    and both GEMMs as written; the stream recombination (1 + c5) h9 + c3 h0 + c4 h7 stays fp32 into layer
+    10's attention update c8 r + c9 attn + c10 h0 (+ c11 bigram on the first bigram_dim channels), rounded
+    once (the trainer rounds r and aux_v separately: a rounding-level difference); MUDD's MLP update and
+    exit, each rounded once;
+  - the pre-layer-0 bigram, still in place (x0 is the same tensor: upstream's aliasing kept), rounded
+    once; the x0 and bigram injections fp32 into the attention update, which rounds once after the bigram
+    part; the skip add and the MLP update, each rounded once;
+  - XSA in fp32 (F.normalize of v, the projection, y - alpha p v^) into the output gate's one rounding;
+    alpha = tanh(a).type_as(y) keeps its bf16 rounding as written (the trainer's choice too);
+  - the FP8 input cast e4m3(fp32(x) * (448 / fp32(amax))), one rounding; quantize_mlp_fp8 and the dequant
+    buffer run as written (eager, not compiled upstream either);
+  - the sign table: upstream draws it unseeded at construction; run.py copies the trainer's into it.
+Record 80: upstream at world size 1 pads its banks to a multiple of 1 and its scalars by (-25) % 1: the
+reference's 8-GPU layout's padding (zero matrices, ones) is dropped when loading, after checking it is
+padding. Record 84: the trainer's checkpoint (its labels; value_embed, mlp) is reshaped to upstream's
+parameters, padding dropped after the same check, and every parameter upstream initializes without
+randomness (equal from two seeds: lambdas, scalars, MUDD's biases and w2, zero gates, c_proj, XSA) must
+equal the trainer's bit for bit.
 """
 import argparse
 import glob
@@ -139,7 +180,8 @@ KERNEL_PATCHES = [
      ["        return grad_x, None, None, grad_w, None, None, None, None"]),
 ]
 
-# record 84 (a333be08): the r80 patches whose lines are unchanged, then the new lines' (what, anchor, replacement[, count])
+# record 84 (a333be08): the r80 patches whose lines are unchanged, then the new lines' patches, each
+# (what, anchor, replacement[, count])
 R84_KEPT = ("the CUDA warm-up tensor", "the kernels package import", "the CUDA check", "the device", "set_device",
             "the process group", "the norm", "Polar Express's normalization", "QK norm", "the key offset",
             "the output gate", "the smear gate", "the smear", "the skip gate", "the evaluation softcap",
@@ -149,7 +191,8 @@ TRAIN_PATCHES_R84 = [p for p in TRAIN_PATCHES if p[0] in R84_KEPT] + [
      ["                v = (v.float() + aux_v.view_as(v).float()).bfloat16()  # upstream_cpu: one rounding with "
       "aux_v's terms"], 2),
     ("the VE gate",
-     "                    ve_gate_out = 2 * torch.sigmoid(F.linear(gate_in, ve_gates[i])).view(B, T, self.num_heads, 1)",
+     "                    ve_gate_out = 2 * torch.sigmoid(F.linear(gate_in, ve_gates[i])).view(B, T, self.num_heads, "
+     "1)",
      ["                    ve_gate_out = 2 * torch.sigmoid(F.linear(gate_in, ve_gates[i]).float()).view(B, T, "
       "self.num_heads, 1)"]),
     ("the gated VE", "                    aux_v = (ve_gate_out * ve_view).view(B, T, -1)",
@@ -171,7 +214,8 @@ TRAIN_PATCHES_R84 = [p for p in TRAIN_PATCHES if p[0] in R84_KEPT] + [
     ("MUDD's attention update",
      ("                    x = mu[8] * x + mu[9] * attn_out + mu[10] * cache[0] ",
       "                    x[..., :args.bigram_dim] = x[..., :args.bigram_dim] + mu[11] * x0_bigram"),
-     ["                    x = mu[8].float() * x + mu[9].float() * attn_out.float() + mu[10].float() * cache[0].float()",
+     ["                    x = mu[8].float() * x + mu[9].float() * attn_out.float() + mu[10].float() * "
+      "cache[0].float()",
       "                    x = torch.cat([x[..., :args.bigram_dim] + mu[11].float() * x0_bigram.float(), "
       "x[..., args.bigram_dim:]], dim=-1).bfloat16()  # upstream_cpu: one rounding"]),
     ("the attention update",
@@ -181,7 +225,8 @@ TRAIN_PATCHES_R84 = [p for p in TRAIN_PATCHES if p[0] in R84_KEPT] + [
      ["                    x = resid_lambdas_attn[i].float() * x.float() + post_lambdas_attn[i].float() * "
       "attn_out.float() + x0_inject[i]",
       "                    if bg_inject[i] is not None:",
-      "                        x = torch.cat([x[..., :args.bigram_dim] + bg_inject[i], x[..., args.bigram_dim:]], dim=-1)",
+      "                        x = torch.cat([x[..., :args.bigram_dim] + bg_inject[i], x[..., args.bigram_dim:]], "
+      "dim=-1)",
       "                    x = x.bfloat16()  # upstream_cpu: one rounding"]),
     ("the pre-layer-0 bigram",
      "        x[..., :args.bigram_dim] = x[..., :args.bigram_dim] + x0_bigram * bigram_lambdas[0]",
@@ -213,7 +258,8 @@ TRAIN_PATCHES_R84 = [p for p in TRAIN_PATCHES if p[0] in R84_KEPT] + [
      ["            vn = F.normalize(v.float(), dim=-1, eps=1e-4)  # upstream_cpu: fp32 until the gated output"]),
     ("XSA's projection", "            proj = (y * vn).sum(-1, keepdim=True)",
      ["            proj = (y.float() * vn).sum(-1, keepdim=True)"]),
-    ("XSA's update", "            y = y - alpha * proj * vn", ["            y = y.float() - alpha.float() * proj * vn"]),
+    ("XSA's update", "            y = y - alpha * proj * vn",
+     ["            y = y.float() - alpha.float() * proj * vn"]),
 ]
 
 
@@ -354,7 +400,7 @@ def build_model(ns, torch, params):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--upstream", required=True, help="folder with upstream's train_gpt.py and triton_kernels.py "
-                                                     "at 2c702746")
+                                                     "at 2c702746 (record 80) or a333be08 (record 84)")
     p.add_argument("--init", help="step-0 parameters (safetensors, 'param.<label>'), e.g. make_golden.py "
                                   "--preset tiny-r80 --write-init FILE; default: the reference's init, --seed")
     p.add_argument("--seed", type=int, default=1337)
@@ -378,6 +424,9 @@ def main(argv=None):
                                      "with --preset tiny-r84 at the same schedule and seed; its step-0 checkpoint "
                                      "gives both sides' parameters and the sign table")
     p.add_argument("--val-every", type=int, default=4, help="record 84: validate every N steps and at the end")
+    p.add_argument("--reference", action="store_true",
+                   help="record 84: also train tests/reference's tiny-r84 port from the same checkpoint (a column "
+                        "beside the trainer's, judged against upstream like the nudged twin)")
     p.add_argument("--fa3-bf16-p", action="store_true",
                    help="the attention stand-in rounds P to bf16 for P V and dS to bf16 for dq, dk, as FA3's (and "
                         "the C++ trainer's) tensor-core GEMMs take them (default: exact fp32 P, as the reference)")
@@ -731,7 +780,17 @@ def run_trainer(args, tmp):
             print("trainer: " + line.strip())
     if norms is None or len(train) != args.steps:
         raise PatchError(f"the trainer's log lacks the losses or gradient norms: {out.stdout[-2000:]}")
-    return train, val, norms, os.path.join(tmp, "ckpt", "step000000", "rank0.safetensors")
+    # its training batches' CRC-32s (inputs, targets, bigram, cu_seqlens per micro-batch), checked below
+    dump = subprocess.run(cmd[:3] + cmd[5:9] + ["--dump-batches", str(args.steps)], env=env, capture_output=True,
+                          text=True)  # (--dump-batches refuses --seed)
+    if dump.returncode:
+        raise PatchError(f"the trainer's --dump-batches failed: {dump.stderr[-2000:]}")
+    import make_golden
+    try:
+        sums = make_golden.parse_dump(dump.stdout, "train")
+    except make_golden.GoldenError as e:
+        raise PatchError(f"the trainer's --dump-batches: {e}")
+    return train, val, norms, os.path.join(tmp, "ckpt", "step000000", "rank0.safetensors"), sums
 
 
 def run_r84(args):
@@ -760,7 +819,7 @@ def run_r84(args):
 
 
 def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
-    tr_train, tr_val, tr_norms, ckpt = run_trainer(args, tmp)
+    tr_train, tr_val, tr_norms, ckpt, tr_batches = run_trainer(args, tmp)
     tensors, _ = R.read_safetensors(ckpt, prefix=("param.", "buffer."))
     shutil.rmtree(os.path.dirname(ckpt))
     if "buffer.bigram_signs" not in tensors:
@@ -785,6 +844,16 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
         quantize_fp8(ns, twin)
         twin_manager = ns["TrainingManager"](twin)
     check_schedule(ns, R.Schedule(cfg), cfg)
+    ref = None
+    if args.reference:  # tests/reference's record-84 port from the same checkpoint, as a third column
+        if "tiny-r84" not in R.PRESETS:
+            raise PatchError("--reference: tests/reference/torch_reference.py has no tiny-r84 preset")
+        rcfg = R.PRESETS["tiny-r84"]()
+        rcfg.scheduled_iterations, rcfg.extension_iterations = cfg.scheduled_iterations, cfg.extension_iterations
+        rcfg.val_tokens = cfg.val_tokens
+        rcfg.validate()
+        ref = R.Trainer(rcfg, R.params_from_checkpoint(rcfg, tensors), R.bigram_signs_from_checkpoint(rcfg, tensors))
+        check_schedule(ns, ref.schedule, rcfg)
     grad_scale = ns["grad_scale"]
     docs = lambda n: R.max_num_docs(cfg, n)
     sched = R.Schedule(cfg)
@@ -792,31 +861,49 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
     gen = ref_loader.generator(train_files, 0, 1, batch_tokens, seq, cfg.grad_accum, True, cfg.bigram_vocab,
                                max_num_docs=docs)
     models = [(model, manager)] + ([(twin, twin_manager)] if twin else [])
-    val_up = {}
+    val_up, val_ref, ref_rows, checked_batches = {}, {}, [], 0
 
     def validate_all(step):
         losses = [validate_upstream(m, mg, cfg, torch, R, ref_loader, docs) for m, mg in models]
         val_up[step] = losses
+        if ref is not None:
+            gen = ref_loader.generator(sorted(glob.glob(os.path.join(ROOT, "data/tinyshakespeare/"
+                                                                     "tinyshakespeare_val_*.bin"))),
+                                       0, 1, cfg.val_batch_tokens, -1, cfg.grad_accum, False, cfg.bigram_vocab,
+                                       max_num_docs=docs)
+            n = cfg.grad_accum * cfg.val_tokens // cfg.val_batch_tokens
+            batches = [R.Batch.from_lists(r["inputs"], r["targets"], r["cu"], r["bigram"])
+                       for r in (next(gen) for _ in range(n))]
+            val_ref[step] = ref.evaluate(batches)
         tr = tr_val.get(step)
         line = f"validation at step {step} ({cfg.val_tokens} tokens): upstream {losses[0]:.9f} trainer " + \
             (f"{tr:.4f} relative difference {abs(losses[0] - tr) / abs(tr):.2e}" if tr is not None else "(none)")
         if twin:
-            line += f" | nudged upstream {losses[1]:.9f} its difference {abs(losses[1] - losses[0]) / abs(losses[0]):.2e}"
+            line += (f" | nudged upstream {losses[1]:.9f} its difference "
+                     f"{abs(losses[1] - losses[0]) / abs(losses[0]):.2e}")
+        if ref is not None:
+            line += (f" | reference {val_ref[step]:.9f} its difference "
+                     f"{abs(val_ref[step] - losses[0]) / abs(losses[0]):.2e}")
         print(line, flush=True)
     started, rows, t0 = False, [], time.time()
     for step in range(args.steps + 1):
         for m, mg in models:
             mg.advance_schedule(step)
+        if ref is not None:
+            ref.advance(step)
         if step == args.steps or (args.val_every > 0 and step % args.val_every == 0):
             if step == cfg.total_steps:
                 for m, mg in models:
                     mg.apply_final_ws_ext()
+                if ref is not None:
+                    ref.apply_final_window_extension()
             validate_all(step)
         if step == args.steps:
             break
         if step == 0:
             print(f"{'step':>4} {'upstream loss':>16} {'trainer loss':>13} {'rel. diff':>10}" +
                   (f" {'nudged upstream':>16} {'its diff':>10}" if twin else "") +
+                  (f" {'reference':>16} {'its diff':>10}" if args.reference else "") +
                   "   (the trainer logs 4 decimals: its rel. diff resolves ~5e-5 / loss)")
         send = manager.train_loader_send_args
         mine = None
@@ -825,26 +912,39 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
             mine = (batch_tokens, seq, cfg.grad_accum)
         if send != mine:
             raise PatchError(f"step {step}: upstream re-sends {send} to its loader, the reference schedule {mine}")
-        totals = [0.0 for _ in models]
+        totals, micro_batches = [0.0 for _ in models], []
         for micro in range(cfg.grad_accum):
             raw = gen.send(send) if started else next(gen)
             started = True
             b = R.Batch.from_lists(raw["inputs"], raw["targets"], raw["cu"], raw["bigram"])
+            got = tuple(ref_loader.crc(t.tolist()) for t in (b.inputs, b.targets, b.bigram, b.cu_seqlens))
+            if tr_batches.get((step, micro)) != got:
+                raise PatchError(f"step {step} micro-batch {micro}: CRC-32s {got} differ from the trainer's "
+                                 f"--dump-batches {tr_batches.get((step, micro))}")
+            checked_batches += 1
+            micro_batches.append(b)
             for k, (m, mg) in enumerate(models):
                 loss = m(b.inputs.int(), b.targets, b.cu_seqlens.int(), b.bigram.int(), mg.get_forward_args()).sum()
                 (loss * grad_scale).backward()
                 totals[k] += float(loss.detach())
+        ref_loss = ref.accumulate_gradients(micro_batches) / batch_tokens if ref is not None else None
         if step == 0:
-            print_grad_norms_r84(model, twin, tr_norms, torch)
+            print_grad_norms_r84(model, twin, tr_norms, torch, ref.grad_norms() if ref is not None else None)
         for m, mg in models:
             mg.step_optimizers(step)
             quantize_fp8(ns, m)
+        if ref is not None:
+            ref.optimizer_step(step)
+        ref_rows.append(ref_loss)
         losses = [t / batch_tokens for t in totals]
         tr = tr_train[step]
         rows.append((step, losses[0], tr, losses[1] if twin else None))
         extra_col = f" {losses[1]:>16.9f} {abs(losses[1] - losses[0]) / abs(losses[0]):>10.2e}" if twin else ""
+        if ref is not None:
+            extra_col += f" {ref_loss:>16.9f} {abs(ref_loss - losses[0]) / abs(losses[0]):>10.2e}"
         print(f"{step:>4} {losses[0]:>16.9f} {tr:>13.4f} {abs(losses[0] - tr) / abs(tr):>10.2e}{extra_col}   "
               f"({time.time() - t0:.0f} s)", flush=True)
+    print(f"training batches: all {checked_batches} micro-batches equal the trainer's (--dump-batches CRC-32s)")
     worst = max(abs(r[1] - r[2]) / abs(r[2]) for r in rows)
     print(f"upstream vs trainer: step 0 {abs(rows[0][1] - rows[0][2]) / abs(rows[0][2]):.2e}, largest over "
           f"{len(rows)} steps {worst:.2e}; validation " + ", ".join(
@@ -854,6 +954,10 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
         floor = max(abs(r[3] - r[1]) / abs(r[1]) for r in rows[1:]) if len(rows) > 1 else 0.0
         print(f"nudged upstream vs upstream (the noise floor): largest over steps 1.. {floor:.2e}; validation " +
               ", ".join(f"step {s} {abs(v[1] - v[0]) / abs(v[0]):.2e}" for s, v in sorted(val_up.items())))
+    if ref is not None:
+        print(f"reference vs upstream: step 0 {abs(ref_rows[0] - rows[0][1]) / abs(rows[0][1]):.2e}, largest over "
+              f"{len(rows)} steps {max(abs(a - r[1]) / abs(r[1]) for a, r in zip(ref_rows, rows)):.2e}; validation " +
+              ", ".join(f"step {s} {abs(val_ref[s] - v[0]) / abs(v[0]):.2e}" for s, v in sorted(val_up.items())))
     return 0
 
 
@@ -879,13 +983,13 @@ def validate_upstream(model, manager, cfg, torch, R, ref_loader, docs):
 TRAINER_NORM_LABELS = {"value_embeds": "value_embed", "mlp_bank": "mlp"}
 
 
-def print_grad_norms_r84(model, twin, tr_norms, torch):
+def print_grad_norms_r84(model, twin, tr_norms, torch, ref_norms=None):
     """Step 0's accumulated gradients (before the optimizer) per parameter: upstream's norm, the trainer's
     logged norm (7 digits) and their relative difference; with --noise the nudged upstream's norm's
     relative difference from upstream's and the relative norm of its whole gradient's difference."""
     print("step 0 gradient norms: upstream, trainer, |upstream - trainer| / trainer" +
           (", nudged upstream: |its norm - upstream's| / upstream's, |its gradient - upstream's| / |upstream's|"
-           if twin else ""))
+           if twin else "") + (", reference: |its norm - upstream's| / upstream's" if ref_norms else ""))
     others = dict(twin.named_parameters()) if twin else {}
     for name, p in model.named_parameters():
         label = name.replace(".weight", "")
@@ -899,6 +1003,9 @@ def print_grad_norms_r84(model, twin, tr_norms, torch):
             q = others[name].grad
             gt = q.double() if q is not None else torch.zeros(p.shape, dtype=torch.float64)
             line += f" {rel(abs(gt.norm().item() - n_up), n_up):10.2e} {rel((gt - g).norm().item(), n_up):10.2e}"
+        if ref_norms:
+            n_ref = ref_norms.get(label)
+            line += f" {rel(abs(n_ref - n_up), n_up):10.2e}" if n_ref is not None else f" {'(none)':>10}"
         print(line)
         if p.numel() <= 32 and os.environ.get("UPSTREAM_CPU_SHOW"):
             print("     upstream  " + " ".join(f"{v:.3e}" for v in g.flatten().tolist()))
