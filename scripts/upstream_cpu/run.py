@@ -7,7 +7,8 @@ as this project's side, and prints the training losses step by step with their r
   record 84 (a333be08) at tiny-r84, beside the C++ trainer's own run (--trainer build-up/train_gpt_cpu):
   the trainer trains --preset tiny-r84 at the same schedule and seed and saves its step-0 checkpoint,
   whose parameters (and sign table, buffer.bigram_signs) upstream starts from; the trainer's log gives its
-  losses (4 decimals) and step 0's gradient norms (--log-grad-norms); its --dump-batches CRC-32s check
+  losses (4 decimals) and step 0's gradient norms (--log-grad-norms), and its step-1 checkpoint's NorMuon
+  momentum (0.15 g after step 0) step 0's whole bank gradients, compared per matrix; its --dump-batches CRC-32s check
   every training micro-batch fed to upstream. --noise adds upstream from the same parameters nudged by one
   bf16 step on 1% of each bf16 tensor's elements (the noise floor); --reference adds tests/reference's
   tiny-r84 port from the same checkpoint as another column.
@@ -759,7 +760,7 @@ def run_trainer(args, tmp):
     cmd = [args.trainer, "--preset", "tiny-r84", "--seed", str(args.seed), "--scheduled-steps",
            str(args.scheduled_steps), "--extension-steps", str(args.extension_steps), "--max-steps", str(args.steps),
            "--val-every", str(args.val_every), "--log-train-loss", "--log-grad-norms", "--warmup", "0",
-           "--save-checkpoint", os.path.join(tmp, "ckpt"), "--checkpoint-steps", "0",
+           "--save-checkpoint", os.path.join(tmp, "ckpt"), "--checkpoint-steps", "0,1",
            "--log-dir", os.path.join(tmp, "logs"), "--run-id", "upstream_cpu"]
     if args.val_tokens is not None:
         cmd += ["--val-tokens", str(args.val_tokens)]
@@ -793,6 +794,52 @@ def run_trainer(args, tmp):
     return train, val, norms, os.path.join(tmp, "ckpt", "step000000", "rank0.safetensors"), sums
 
 
+BANKS = ("qk_bank", "vo_bank", "mlp_bank")
+
+
+def trainer_bank_gradients(ns, torch, R, path, model):
+    """Step 0's gradients of the NorMuon banks as the trainer had them: its momentum buffers after step 0
+    (its step-1 checkpoint) are lerp(0, g, 1 - momentum(0)) = 0.15 g, as upstream's polar_express makes
+    them; in upstream's shapes, padding dropped."""
+    tensors, _ = R.read_safetensors(path, prefix="momentum.")
+    scale = 1 - ns["get_muon_momentum"](0)
+    out = {}
+    for name, p in model.named_parameters():
+        if name in BANKS:
+            t = tensors["momentum." + TRAINER_LABELS.get(name, name)].double() / scale
+            out[name] = t.reshape(-1, *p.shape[1:])[:p.shape[0]]
+    return out
+
+
+def print_bank_gradients(model, twin, trainer_grads):
+    """Per matrix of each bank: |g_trainer - g_upstream| / |g_upstream| and, with --noise, the nudged
+    upstream's |g_nudged - g_upstream| / |g_upstream|, and the norms' relative difference."""
+    others = dict(twin.named_parameters()) if twin else {}
+    print("step 0 bank gradients per matrix (the trainer's from its momentum after step 0): |trainer - upstream| / "
+          "|upstream|, (|trainer| - |upstream|) / |upstream|" +
+          (", |nudged - upstream| / |upstream|, (|nudged| - |upstream|) / |upstream|" if twin else ""))
+    for name, p in model.named_parameters():
+        if name not in BANKS:
+            continue
+        g, gt = p.grad.double(), trainer_grads[name]
+        flat = lambda t: t.reshape(t.shape[0] * (t.shape[1] if name == "mlp_bank" else 1), -1)
+        g, gt = flat(g), flat(gt)
+        gn = flat(others[name].grad.double()) if twin else None
+        cells = []
+        for i in range(g.shape[0]):
+            base = g[i].norm().item()
+            if base == 0:
+                cells.append(f"{i}: zero" + ("" if gt[i].norm().item() == 0 else " (trainer nonzero)"))
+                continue
+            cell = f"{i}: {(gt[i] - g[i]).norm().item() / base:.1e} {(gt[i].norm().item() - base) / base:+.1e}"
+            if twin:
+                cell += f" | {(gn[i] - g[i]).norm().item() / base:.1e} {(gn[i].norm().item() - base) / base:+.1e}"
+            cells.append(cell)
+        print(f"  {name}:")
+        for i in range(0, len(cells), 2):
+            print("    " + "   ".join(f"{c:<44}" for c in cells[i:i + 2]).rstrip())
+
+
 def run_r84(args):
     import torch
     import ref_loader
@@ -822,6 +869,7 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
     tr_train, tr_val, tr_norms, ckpt, tr_batches = run_trainer(args, tmp)
     tensors, _ = R.read_safetensors(ckpt, prefix=("param.", "buffer."))
     shutil.rmtree(os.path.dirname(ckpt))
+    ckpt1 = ckpt.replace("step000000", "step000001")
     if "buffer.bigram_signs" not in tensors:
         raise PatchError("the trainer's checkpoint has no buffer.bigram_signs (its sign table)")
     signs = tensors["buffer.bigram_signs"]
@@ -836,6 +884,8 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
         os.chdir(cwd)
     params = trainer_params_r84(ns, torch, tensors, cfg)
     model = build_model_r84(ns, torch, cfg, params, signs)
+    tr_bank_grads = trainer_bank_gradients(ns, torch, R, ckpt1, model)
+    shutil.rmtree(os.path.dirname(ckpt1))
     quantize_fp8(ns, model)
     manager = ns["TrainingManager"](model)
     twin = twin_manager = None
@@ -930,6 +980,7 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
         ref_loss = ref.accumulate_gradients(micro_batches) / batch_tokens if ref is not None else None
         if step == 0:
             print_grad_norms_r84(model, twin, tr_norms, torch, ref.grad_norms() if ref is not None else None)
+            print_bank_gradients(model, twin, tr_bank_grads)
         for m, mg in models:
             mg.step_optimizers(step)
             quantize_fp8(ns, m)
