@@ -25,12 +25,14 @@ VOCAB_ROWS = 50304  # the model's padded vocabulary (next multiple of 128 above 
 SPECIAL = "<|endoftext|>"  # a special token, not a mergeable rank: it has no byte string
 EXPECTED_SHA256 = "36281293860d09f2307c3d2cd503f2e595e24c165fbd49b11f89cfaed71b617c"
 EXPECTED_VALID = 50000
-SPOT = {262: 294, 290: 281, 1169: 400, 50255: 17841, 11: -1}  # " the"->" th", " and"->" an", "the"->"th", " gazed"->" gaze", ","
+# " the" -> " th", " and" -> " an", "the" -> "th", " gazed" -> " gaze", "," has none
+SPOT = {262: 294, 290: 281, 1169: 400, 50255: 17841, 11: -1}
 
 
 def bytes_to_unicode():
     """GPT-2's byte -> printable character map (encoder.py), inverted by token_bytes."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1))
+    bs += list(range(ord("\u00ae"), ord("\u00ff") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -89,6 +91,10 @@ def main(argv=None):
                     help="folder with GPT-2's encoder.json (default ../shared/data/gpt2 from the repo root)")
     ap.add_argument("--out", default=os.path.join(REPO, "data", "gpt2_prefix_table.bin"))
     args = ap.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.vocab, "encoder.json")):
+        print(f"make_prefix_table: no encoder.json in {args.vocab} (give the GPT-2 vocabulary folder with --vocab)",
+              file=sys.stderr)
+        return 2
     table = build_table(token_bytes(args.vocab))
     blob = struct.pack(f"<{VOCAB_ROWS}i", *table)
     problems = check(table, blob)

@@ -25,7 +25,7 @@ list(JOIN UNIT_TEST_PROGRAMS "|" UNIT_TEST_ALTERNATIVES)
 set(TIER_RULES
   "setup ^setup_"
   "gpu-build ^(gpu_res_usage|gpu_hopper_sass.*|gpu_attention_sass|launch_log_fresh|test_check_res_usage)$"
-  "scripts ^(test_scripts|test_ab|run_ab_cpu|gpu_check_.*|gpu_bundle_.*)$"
+  "scripts ^(test_scripts|test_make_prefix_table|test_ab|run_ab_cpu|gpu_check_.*|gpu_bundle_.*)$"
   "strict _strict(_[0-9]+)?$"
   "trainer ^(test_trainer|test_trainer_r80|test_trainer_r84|test_trainer_failures|schedule_bits|repin_.*|plan_step_.*|profile_steps_cli|gathers_race.*|fp8_refresh.*|param_toy_edit|single_rank_losses)$"
   "mpi _np([2-9]|[1-9][0-9]+)(_|$)"

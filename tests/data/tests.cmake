@@ -16,7 +16,7 @@ endfunction()
 
 data_host_program(dump_batches ${REPO}/data/dump_batches.cpp)
 data_host_program(bench_data_loader ${REPO}/tests/data/bench_data_loader.cpp)
-foreach(t test_data_shard test_data_bigram test_data_loader test_data_cli test_data_checkpoint)
+foreach(t test_data_shard test_data_bigram test_data_loader test_data_cli test_data_checkpoint test_data_prefix_table)
   data_host_program(${t} ${REPO}/tests/data/${t}.cpp)
 endforeach()
 
@@ -26,9 +26,11 @@ add_test(NAME test_data_bigram COMMAND test_data_bigram)
 add_test(NAME test_data_loader COMMAND test_data_loader)
 add_test(NAME test_data_cli COMMAND test_data_cli $<TARGET_FILE:dump_batches>)
 add_test(NAME test_data_checkpoint COMMAND test_data_checkpoint)
+add_test(NAME test_data_prefix_table COMMAND test_data_prefix_table)
 # One record-size micro-batch must take far less host time than a 34 ms training step.
 add_test(NAME bench_data_loader COMMAND bench_data_loader --max-ms 5)
-set_tests_properties(test_data_shard test_data_bigram test_data_loader test_data_cli test_data_checkpoint bench_data_loader
+set_tests_properties(test_data_shard test_data_bigram test_data_loader test_data_cli test_data_checkpoint test_data_prefix_table
+                     bench_data_loader
                      PROPERTIES ENVIRONMENT "${DATA_TEST_ENV}" TIMEOUT 120)
 
 # The Python side: the independent reference against the stored fixtures, and the dataset

@@ -50,3 +50,11 @@ if(Python3_Interpreter_FOUND)
   add_test(NAME gpu_bundle_json_headers COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_bundle_json.py ${CMAKE_BINARY_DIR})
   set_tests_properties(gpu_bundle_json_headers PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 300)
 endif()
+
+# scripts/make_prefix_table.py (tests/scripts/test_make_prefix_table.py): rebuilt from the shared GPT-2
+# vocabulary it equals the committed data/gpt2_prefix_table.bin byte for byte; a vocabulary with one
+# token removed is refused with a sha256 error and no output.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME test_make_prefix_table COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/scripts/test_make_prefix_table.py)
+  set_tests_properties(test_make_prefix_table PROPERTIES ENVIRONMENT "REPO=${REPO};SHARED_DATA=${SHARED_DATA};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 120)
+endif()
