@@ -56,11 +56,14 @@ def losses(text):
     return np.array(train), val
 
 
-def check_golden(text, final):
-    golden = json.load(open(os.path.join(T.REPO, "tests", "reference", "fixtures", "tiny_r80_golden.json")))
-    T.check(golden["preset"] == "tiny-r80" and golden["steps"] == TOTAL and
+def check_golden(text, final, preset="tiny-r80", groups=16, small=SMALL, noisy=NOISY):
+    """A tiny twin's 1-rank log and final parameters against tests/reference/fixtures/<preset>_golden.json (the
+    r84 test reuses it with its own groups)."""
+    fixture = preset.replace("-", "_") + "_golden.json"
+    golden = json.load(open(os.path.join(T.REPO, "tests", "reference", "fixtures", fixture)))
+    T.check(golden["preset"] == preset and golden["steps"] == TOTAL and
             golden["hyperparameters"]["config"]["scheduled_iterations"] == 6,
-            "the golden fixture was made for tiny-r80 and this schedule")
+            f"the golden fixture was made for {preset} and this schedule")
     train, val = losses(text)
     want = np.array(golden["train_losses"])
     rel = np.abs(train - want) / want if train.shape == want.shape else np.array([np.inf])
@@ -70,14 +73,14 @@ def check_golden(text, final):
             f"validation losses {val} match the reference {want_val}")
     lines = re.findall(r"^step:1/\d+ grad_norms (.*)$", text, re.M)
     norms = dict(kv.split(":") for kv in lines[0].split()) if lines else {}
-    T.check(len(norms) == 16 and {"qk_bank", "vo_bank", "resid_lambdas"} <= norms.keys(),
-            f"step 0's gradient norms are logged for record 80's 16 groups ({sorted(norms)})")
+    T.check(len(norms) == groups and {"qk_bank", "vo_bank", "resid_lambdas"} <= norms.keys(),
+            f"step 0's gradient norms are logged for {groups} groups ({sorted(norms)})")
     for label, value in norms.items():
         want_norm = golden["step0_grad_norms"][GOLDEN_NAMES.get(label, label)]
-        tol = NOISY.get(label, 0.15 if label in SMALL else 0.03)
+        tol = noisy.get(label, 0.15 if label in small else 0.03)
         T.check(abs(float(value) - want_norm) <= tol * want_norm + 1e-6,
                 f"step 0 gradient norm of {label}: {value} vs {want_norm:.6e} (tolerance {tol:.0%})")
-    T.check_final_norms(final, golden, GOLDEN_NAMES, SMALL)
+    T.check_final_norms(final, golden, GOLDEN_NAMES, small)
 
 
 def main():
