@@ -1217,13 +1217,20 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
     CUDA_CHECK(sync_stream(s, "build_model"));
 }
 
+// Record 83's sign table as the checkpoint holds it (rank 0's file) and the broadcast sends it.
+CheckpointTensor sign_table_tensor(const Model& m) {
+    const Config& c = m.cfg;
+    return {"buffer.bigram_signs", "BF16", {c.bigram_sign_rows, c.bigram_width()}, m.bigram_signs,
+            size_t(c.bigram_sign_rows) * c.bigram_width() * sizeof(bf16)};
+}
+
 // Every rank starts from rank 0's parameters, as upstream broadcasts them after init (the
 // counter-based init already agrees; the broadcast makes it a fact whatever the seeds).
 void broadcast_params(Model& m, ncclComm_t comm, cudaStream_t s) {
     NCCL_CHECK(broadcast(m.param_arena.base(), m.param_arena.base(), m.param_arena.bytes(), ncclUint8, 0, comm, s));
     if (m.bigram_signs) {
-        const size_t n = size_t(m.cfg.bigram_sign_rows) * m.cfg.bigram_width() * sizeof(bf16);
-        NCCL_CHECK(broadcast(m.bigram_signs, m.bigram_signs, n, ncclUint8, 0, comm, s));
+        const CheckpointTensor signs = sign_table_tensor(m);
+        NCCL_CHECK(broadcast(m.bigram_signs, m.bigram_signs, signs.bytes, ncclUint8, 0, comm, s));
     }
 }
 // Record 83's sign trick as the bigram kernels read it (none without a table).
@@ -2436,13 +2443,6 @@ void check_step_losses(Run& r, int step, bool wait) {
 // The manifest also names the chain of runs the directory belongs to (`lineage`) and what a resume
 // must match to continue the same computation (r.facts: the schedule, the data, the kernels).
 // `training_ms`: the run's training time up to this step, in the log's line for scripts/stats.py.
-// Record 83's sign table as the checkpoint holds it (rank 0's file).
-CheckpointTensor sign_table_tensor(const Model& m) {
-    const Config& c = m.cfg;
-    return {"buffer.bigram_signs", "BF16", {c.bigram_sign_rows, c.bigram_width()}, m.bigram_signs,
-            size_t(c.bigram_sign_rows) * c.bigram_width() * sizeof(bf16)};
-}
-
 void save_checkpoint(Run& r, int step, double training_ms) {
     refresh_lm_head_copies(r.m, r.s);  // a tied embed follows the last Adam step's lm_head
     await_all_gathered(r.m.gathered, r.s);
