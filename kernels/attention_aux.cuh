@@ -18,11 +18,13 @@
 //       paired layers: the attention reads q, k, v as (2T, H/2, D) with doubled cu_seqlens
 //   attn_output_gate_forward(aux, y_gated, y)                    y' * sigmoid(xa[:, :12] . attn_gate[h]),
 //                                                                y' = y, or y minus XSA's part along v
+//                                                                (record 85: y' * coefs[t, gate + h], or y')
 //   [x += y_gated @ (sa_lambda1 * W_o)^T]
 // Backward (keep xa, qkv, rstd_q, rstd_k, q, k, v, y from the forward):
 //   [d_y_gated = dx @ (sa_lambda1 * W_o); dW_o]
 //   attn_output_gate_backward(aux, dy, dz_attn, d_y_gated, y[, xsa])  dy may alias d_y_gated;
 //                                                                XSA layers: also XSA's dv and d alpha
+//                                                                (record 85: the coefficients' gradients)
 //   [dq, dk, dv = attention_backward(...)]
 //   attn_qkv_backward(aux, dqkv, dve, dz_ve, dq, dk, dv, qkv, rstd_q, rstd_k[, dv_xsa])
 //   [dxa = dqkv @ (sa_lambda0 * W_qkv); dW_qkv]
@@ -182,6 +184,19 @@ enum class VeGateInput : uint8_t {
                // (upstream a333be08 L1448-1453: computed outside the attention, aux_v.view_as(v) on paired ones)
 };
 constexpr int kVeGateHalf = kGateWidth / 2;  // x_and_ve: columns 0-5 of xa, then 0-5 of the ve row
+// Record 85 (upstream 003ff3e2, CausalSelfAttention.forward and unpack_*_mudd_gate): the output gate and XSA take
+// their strengths per token from columns of the MUDD gate's coefficients (kernels/mudd.cuh: fp32 copies of bf16
+// values, `stride` per token) in place of record 71-84's sigmoid gate and per-layer xsa_alphas: head h of token t
+// reads column gate + h (the raw gate value) and xsa + h (alpha = tanh of it). The backward writes the gradients
+// of those columns into `grads` (same layout; other columns untouched).
+struct TokenCoefs {
+    const float* coefs = nullptr;  // null: record 71-84's gates (AttnAux::attn_gate, xsa_alpha)
+    float* grads = nullptr;        // backward only
+    int stride = 0;
+    int gate = -1;                 // y *= coefs[t, gate + h]; -1: this layer has no output gate (records 85+: 3, 10)
+    int xsa = -1;                  // XSA's alpha; -1: no XSA (with AttnAux::xsa_v exactly)
+    int unused = 0;
+};
 // No padding (a static_assert below): emu's race detector reads every word of a kernel's struct
 // argument as a possible pointer (PointerArg), and a padding word's stale bytes around an int can
 // make one that points into a live buffer, a race that is not there.
@@ -206,6 +221,7 @@ struct AttnAux {
     // record 81's MUDD at the last layer: aux_v (T, C) from kernels/mudd.cuh, added to v (v = bf16(v_in + aux_v),
     // upstream's `v = v + aux_v`); its gradient is v's, which attn_qkv_backward leaves in dqkv's v columns
     const bf16* v_add = nullptr;
+    TokenCoefs token{};  // record 85's per-token gate and XSA strengths
 };
 static_assert(std::has_unique_object_representations_v<AttnAux>, "AttnAux: a kernel argument with padding");
 inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
@@ -223,7 +239,18 @@ inline void attn_aux_check(const AttnAux& a, const char* who, bool rotary) {
         kernel_require(a.ve_gate_input == VeGateInput::x, "%s: unknown VeGateInput %d", who,
                        static_cast<int>(a.ve_gate_input));
     }
-    kernel_require((a.xsa_v == nullptr) == (a.xsa_alpha == nullptr), "%s: xsa_v and xsa_alpha go together", who);
+    if (a.token.coefs == nullptr) {
+        kernel_require((a.xsa_v == nullptr) == (a.xsa_alpha == nullptr), "%s: xsa_v and xsa_alpha go together", who);
+    } else {
+        const TokenCoefs& c = a.token;
+        kernel_require(a.xsa_alpha == nullptr && a.attn_gate == nullptr,
+                       "%s: per-token strengths (AttnAux::token) replace attn_gate and xsa_alpha: set one or the other", who);
+        kernel_require((a.xsa_v == nullptr) == (c.xsa < 0), "%s: xsa_v and a per-token XSA column go together", who);
+        kernel_require(c.gate >= 0 || c.xsa >= 0, "%s: per-token strengths with neither a gate nor an XSA column", who);
+        kernel_require(c.gate + a.H <= c.stride && c.xsa + a.H <= c.stride && c.gate >= -1 && c.xsa >= -1,
+                       "%s: per-token columns gate %d, xsa %d (+%d heads) outside the coefficients' %d per token", who,
+                       c.gate, c.xsa, a.H, c.stride);
+    }
     kernel_require(a.xsa_v == nullptr || !a.paired,
                    "%s: XSA on a paired layer (upstream applies it to non-paired layers only: v is (2T, H/2, D) there)",
                    who);
@@ -535,66 +562,99 @@ inline void attn_qkv_backward(const AttnAux& a, bf16* dqkv, bf16* dve, float* dz
 }
 
 // ---- output gate, with XSA where the layer has it ----
-// XSA (exclusive self attention, record 82): y' = y - alpha p v^, v^ = v / max(|v|, 1e-4), p = y . v^,
-// alpha = bf16(tanh(a[h])) (upstream's F.normalize(v, eps=1e-4) and tanh(a).type_as(y)); without XSA
-// y' = y. Upstream's compiled graph fuses it with the gate's sigmoid: y' stays fp32 until y_gated.
+// XSA (exclusive self attention) removes alpha of y's component along v, in one of two roundings of the same math:
+//   record 82 (XsaForm::unit): w = v^ = v / max(|v|, 1e-4), p = y . v^, y' = y - alpha p v^, alpha = bf16(tanh(a[h]))
+//     (upstream a333be08: F.normalize(v, eps=1e-4), tanh(a).type_as(y));
+//   record 86 (XsaForm::projection): w = v, n = max(|v|^2, 1e-8), p = (y . v) / n, y' = y - alpha p v, alpha =
+//     tanh(coefs[t, xsa + h]) (upstream 003ff3e2: (y * v).sum / v.square().sum.clamp_min(1e-8); tanh of a bf16
+//     column, which the compiled graph keeps in fp32).
+// Without XSA y' = y. Upstream's compiled graph fuses it with the gate: y' stays fp32 until y_gated.
+enum class XsaForm { unit, projection };
 struct XsaRow {
-    float vhat[8];    // this lane's dims of v^
-    float p;          // y . v^
-    float inv_norm;   // 1 / max(|v|, 1e-4)
-    bool clamped;     // |v| <= 1e-4: v^ = v / 1e-4, not a unit vector
+    float w[8];       // this lane's dims of the direction y' moves along: v^ (unit) or v (projection)
+    float p;          // y's coefficient along w
+    float scale;      // unit: 1 / max(|v|, 1e-4); projection: 1 / max(|v|^2, 1e-8)
+    bool clamped;     // unit: |v| <= 1e-4, so v^ = v / 1e-4 is not a unit vector; projection: |v|^2 < 1e-8
 };
-constexpr float kXsaNormEps = 1e-4f;
-__device__ __forceinline__ float xsa_alpha(const AttnAux& a, int h) {
+constexpr float kXsaNormEps = 1e-4f, kXsaSquareEps = 1e-8f;
+__device__ __forceinline__ XsaForm xsa_form(const AttnAux& a) {
+    return a.token.coefs != nullptr ? XsaForm::projection : XsaForm::unit;
+}
+__device__ __forceinline__ float xsa_alpha(const AttnAux& a, int t, int h) {
+    if (a.token.coefs != nullptr) return tanhf(a.token.coefs[static_cast<size_t>(t) * a.token.stride + a.token.xsa + h]);
     return __bfloat162float(__float2bfloat16(tanhf(a.xsa_alpha[h])));
 }
 // Every lane of the warp takes part (row sums); y[8], v[8] are this lane's dims.
-__device__ __forceinline__ XsaRow xsa_row(const float* y, const float* v, int lanes) {
+__device__ __forceinline__ XsaRow xsa_row(XsaForm form, const float* y, const float* v, int lanes) {
     XsaRow x;
+    float p = 0.0f;
+    if (form == XsaForm::projection) {
+        const float n = attn_head_row_sum(rope_sum_squares8(v), lanes);
+        x.clamped = n < kXsaSquareEps;  // clamp_min: n = 1e-8 passes no gradient to v below it
+        x.scale = 1.0f / (x.clamped ? kXsaSquareEps : n);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            x.w[i] = v[i];
+            p = fmaf(y[i], v[i], p);
+        }
+        x.p = attn_head_row_sum(p, lanes) / (x.clamped ? kXsaSquareEps : n);
+        return x;
+    }
     const float norm = sqrtf(attn_head_row_sum(rope_sum_squares8(v), lanes));
     x.clamped = !(norm > kXsaNormEps);
     const float m = x.clamped ? kXsaNormEps : norm;
-    x.inv_norm = 1.0f / m;
-    float p = 0.0f;
+    x.scale = 1.0f / m;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        x.vhat[i] = v[i] / m;
-        p = fmaf(y[i], x.vhat[i], p);
+        x.w[i] = v[i] / m;
+        p = fmaf(y[i], x.w[i], p);
     }
     x.p = attn_head_row_sum(p, lanes);
     return x;
 }
-// y_gated = y' * sigmoid(bf16(xa[t,:12] . attn_gate[h])), y' as above
+// The output gate's value for head h of token t: sigmoid(bf16(xa[t,:12] . attn_gate[h])) (records 71-84), the raw
+// per-token column (record 85's gated layers), or 1 (record 85's layers with XSA and no gate).
+__device__ __forceinline__ float output_gate(const AttnAux& a, const AttnHeadLane& l) {
+    if (a.token.coefs == nullptr)
+        return sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
+    return a.token.gate < 0 ? 1.0f : a.token.coefs[static_cast<size_t>(l.t) * a.token.stride + a.token.gate + l.h];
+}
+// y_gated = y' * s, y' and s as above
 __global__ void attn_output_gate_forward_kernel(bf16* y_gated, const bf16* y, AttnAux a) {
     const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
-    const float s = sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
+    const float s = output_gate(a, l);
     const size_t at = static_cast<size_t>(l.row) * a.D + l.d0;
     float yv[8];
     rope_load8(yv, y + at);
     if (a.xsa_v != nullptr) {  // every lane of the warp reaches the row sums: rows past the end return below
         float v[8];
         rope_load8(v, a.xsa_v + at);
-        const XsaRow x = xsa_row(yv, v, a.D / 8);
-        const float ap = xsa_alpha(a, l.h) * x.p;
+        const XsaRow x = xsa_row(xsa_form(a), yv, v, a.D / 8);
+        const float ap = xsa_alpha(a, l.t, l.h) * x.p;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) yv[i] -= ap * x.vhat[i];
+        for (int i = 0; i < 8; ++i) yv[i] -= ap * x.w[i];
     }
     if (!l.valid) return;
 #pragma unroll
     for (int i = 0; i < 8; ++i) yv[i] *= s;
     rope_store8(y_gated + at, yv);
 }
-// Reads y (and v), the gate's columns of xa and the gate (and the strengths); writes y_gated; a multiply
-// per element (XSA: 7 more operations per element, a square root and a tanh per row).
+// Reads y (and v), the gate's inputs (the columns of xa and the gate, or a per-token column) and XSA's strengths;
+// writes y_gated; a multiply per element (XSA: 7 more operations per element, a square root and a tanh per row).
+inline double attn_output_gate_input_bytes(const AttnAux& a) {
+    if (a.token.coefs == nullptr) return attn_aux_gate_bytes(a) + (a.xsa_v != nullptr ? 4.0 * a.H : 0);
+    return 4.0 * a.T * a.H * ((a.token.gate >= 0) + (a.token.xsa >= 0));
+}
 inline Work attn_output_gate_forward_work(const AttnAux& a) {
     const bool xsa = a.xsa_v != nullptr;
     return Work{.name = "attn_output_gate_forward", .flops = (xsa ? 8.0 : 1.0) * attn_aux_rows_bytes(a) / 2,
-                .bytes_read = (xsa ? 2 : 1) * attn_aux_rows_bytes(a) + attn_aux_gate_bytes(a) + (xsa ? 4.0 * a.H : 0),
+                .bytes_read = (xsa ? 2 : 1) * attn_aux_rows_bytes(a) + attn_output_gate_input_bytes(a),
                 .bytes_written = attn_aux_rows_bytes(a)};
 }
 inline void attn_output_gate_forward(const AttnAux& a, bf16* y_gated, const bf16* y, cudaStream_t stream) {
     attn_aux_check(a, "attn_output_gate_forward", false);
-    kernel_require(a.attn_gate != nullptr, "attn_output_gate_forward: no attn_gate");
+    kernel_require(a.attn_gate != nullptr || a.token.coefs != nullptr,
+                   "attn_output_gate_forward: no attn_gate (nor per-token strengths)");
     launch(attn_output_gate_forward_work(a), attn_output_gate_forward_kernel, attn_head_lane_grid(a.T, a.H, a.D),
            dim3(256), 0, stream, y_gated, y, a);
     CUDA_CHECK_LAUNCH();
@@ -613,61 +673,76 @@ inline int attn_output_gate_blocks(int T, int H, int D) { return static_cast<int
 inline size_t attn_output_gate_backward_scratch_bytes(int T, int H, int D) {
     return static_cast<size_t>(attn_output_gate_blocks(T, H, D)) * H * sizeof(float);
 }
-// g = d_y_gated * s, dz_attn = s (1 - s) (d_y_gated . y') per head row, dy = g; with XSA (q = g . v^):
-//   dy = g - alpha q v^,  d(v^) = -alpha (p g + q y),
-//   dv = d(v^) / |v| - (d(v^) . v^) v^ / |v| = -alpha (p g + q y - 2 p q v^) / |v|   (unclamped)
-//   dv = d(v^) / 1e-4                                                                 (|v| <= 1e-4)
-//   d alpha = sum over tokens of -p q, rounded to bf16 (alpha's dtype), and d a = d alpha (1 - tanh(a)^2)
-// Each block sums its rows' -p q per head (in row order) into the scratch; the last block sums the
-// blocks' partials in a fixed order (block_sum_as).
+// g = d_y_gated * s and dy = g. The gate's gradient per head row: records 71-84 dz_attn = s (1 - s) (d_y_gated . y')
+// (the logit's; attn_gates_backward takes it on), record 85 grads[t, gate + h] = bf16(d_y_gated . y').
+// With XSA, q = (g . w) (unit) or (g . v) / n (projection):
+//   dy = g - alpha q w,  dvhat = -alpha (p g + q y),
+//   unit:       dv = (dvhat + 2 alpha p q w) / max(|v|, 1e-4)   (clamped: dvhat / 1e-4)
+//   projection: dv = dvhat + 2 alpha p q v                      (clamped: dvhat)
+//   d alpha = -p q (unit), -p q n (projection) per row; d a = d alpha (1 - tanh(a)^2)
+// Record 82: d alpha summed over tokens, rounded to bf16 (alpha's dtype): each block sums its rows' -p q per head
+// (in row order) into the scratch and the last block sums the blocks' partials in a fixed order (block_sum_as).
+// Record 85: per row, grads[t, xsa + h] = bf16(d alpha (1 - alpha^2)), as the compiled graph fuses tanh's backward.
 __global__ void __launch_bounds__(kOutputGateThreads)
     attn_output_gate_backward_kernel(bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y, bf16* dv_xsa,
                                      float* d_alpha, BlockPartials scratch, int accumulate, AttnAux a) {
     const AttnHeadLane l = attn_head_lane(a.T, a.H, a.D);
     const int lanes = a.D / 8;
-    const float s = sigmoidf(gate_logit(a.xa + static_cast<size_t>(l.t) * a.H * a.D, a.attn_gate + l.h * kGateWidth));
+    const float s = output_gate(a, l);
     const size_t at = static_cast<size_t>(l.row) * a.D + l.d0;
     float g[8], yv[8], v[8];
     rope_load8(g, dy_gated + at);
     rope_load8(yv, y + at);
     const bool xsa = a.xsa_v != nullptr;
+    const XsaForm form = xsa_form(a);
     XsaRow x{};
     float alpha = 0.0f;
     if (xsa) {
         rope_load8(v, a.xsa_v + at);
-        x = xsa_row(yv, v, lanes);
-        alpha = xsa_alpha(a, l.h);
+        x = xsa_row(form, yv, v, lanes);
+        alpha = xsa_alpha(a, l.t, l.h);
     }
     float part = 0.0f, q = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-        const float y_out = xsa ? yv[i] - alpha * x.p * x.vhat[i] : yv[i];
+        const float y_out = xsa ? yv[i] - alpha * x.p * x.w[i] : yv[i];
         part = fmaf(g[i], y_out, part);
         g[i] *= s;
-        q = fmaf(g[i], x.vhat[i], q);
+        q = fmaf(g[i], x.w[i], q);
     }
-    const float dz = attn_head_row_sum(part, lanes) * s * (1.0f - s);
-    float contribution = 0.0f;  // -p q of this row, for d alpha
+    part = attn_head_row_sum(part, lanes);
+    float contribution = 0.0f;  // d alpha of this row
     if (xsa) {
         q = attn_head_row_sum(q, lanes);
-        contribution = -x.p * q;
+        if (form == XsaForm::projection) q *= x.scale;
+        contribution = form == XsaForm::projection ? -x.p * q / x.scale : -x.p * q;
         const float aq = alpha * q;
         float dvv[8];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const float dvhat = -alpha * (x.p * g[i] + q * yv[i]);
-            dvv[i] = x.clamped ? dvhat * x.inv_norm : (dvhat + 2.0f * alpha * x.p * q * x.vhat[i]) * x.inv_norm;
-            g[i] -= aq * x.vhat[i];
+            if (form == XsaForm::unit)
+                dvv[i] = x.clamped ? dvhat * x.scale : (dvhat + 2.0f * alpha * x.p * q * x.w[i]) * x.scale;
+            else
+                dvv[i] = x.clamped ? dvhat : dvhat + 2.0f * alpha * x.p * q * x.w[i];
+            g[i] -= aq * x.w[i];
         }
         if (l.valid) rope_store8(dv_xsa + at, dvv);
     }
     if (l.valid) {
         rope_store8(dy + at, g);
-        if (l.d0 == 0) dz_attn[l.row] = dz;
+        const TokenCoefs& c = a.token;
+        if (c.coefs == nullptr) {
+            if (l.d0 == 0) dz_attn[l.row] = part * s * (1.0f - s);
+        } else if (l.d0 == 0) {
+            float* row = c.grads + static_cast<size_t>(l.t) * c.stride + l.h;
+            if (c.gate >= 0) row[c.gate] = __bfloat162float(__float2bfloat16(part));
+            if (xsa) row[c.xsa] = __bfloat162float(__float2bfloat16(contribution * (1.0f - alpha * alpha)));
+        }
     }
-    if (!xsa) return;  // uniform over the grid: the block-wide steps below see every thread or none
+    if (!xsa || a.token.coefs != nullptr) return;  // uniform over the grid: the block-wide steps below see every thread or none
 
-    // d alpha: this block's rows per head, in row order, then the last block over the blocks
+    // record 82's d alpha: this block's rows per head, in row order, then the last block over the blocks
     __shared__ float row_part[kOutputGateThreads];
     const int rows = blockDim.x / lanes, r = threadIdx.x / lanes;
     const int64_t row0 = static_cast<int64_t>(blockIdx.x) * rows;
@@ -690,30 +765,46 @@ __global__ void __launch_bounds__(kOutputGateThreads)
         }
     }
 }
-// Reads dy_gated, y, the gate's columns of xa and the gate; writes dy and dz_attn; a multiply-add and a
-// multiply per element. XSA: also reads v and the strengths, writes dv and the partials (and reads
-// them back, with the ticket, in the last block) and d_alpha; 16 more operations per element.
+// Reads dy_gated, y and the gate's inputs; writes dy and the gate's gradient (dz_attn, or a per-token column); a
+// multiply-add and a multiply per element. XSA: also reads v and the strengths, writes dv (16 more operations per
+// element) and d alpha: record 82's partials (and reads them back, with the ticket, in the last block) and d_alpha,
+// or record 85's per-token column.
 inline Work attn_output_gate_backward_work(const AttnAux& a, const XsaGrads& xsa) {
     const double rows = attn_aux_rows_bytes(a);
+    const bool token = a.token.coefs != nullptr;
     Work w{.name = "attn_output_gate_backward", .flops = 1.5 * rows,
-           .bytes_read = 2 * rows + attn_aux_gate_bytes(a), .bytes_written = rows + attn_aux_stats_bytes(a)};
+           .bytes_read = 2 * rows + attn_output_gate_input_bytes(a),
+           .bytes_written = rows + (token ? attn_output_gate_input_bytes(a) : attn_aux_stats_bytes(a))};
     if (a.xsa_v == nullptr) return w;
-    const double partials = 4.0 * attn_output_gate_blocks(a.T, a.H, a.D) * a.H, ticket = sizeof(unsigned int);
     w.flops += 8.0 * rows;
-    w.bytes_read += rows + 4.0 * a.H + partials + ticket + (xsa.accumulate ? 4.0 * a.H : 0);
-    w.bytes_written += rows + partials + ticket + 4.0 * a.H;
+    w.bytes_read += rows;
+    w.bytes_written += rows;
+    if (token) return w;
+    const double partials = 4.0 * attn_output_gate_blocks(a.T, a.H, a.D) * a.H, ticket = sizeof(unsigned int);
+    w.bytes_read += partials + ticket + (xsa.accumulate ? 4.0 * a.H : 0);
+    w.bytes_written += partials + ticket + 4.0 * a.H;
     return w;
 }
-// dy: gradient of the attention output before XSA and the gate (may alias dy_gated); dz_attn: (T, H)
-// fp32. Layers with XSA pass its outputs in `xsa`.
+// dy: gradient of the attention output before XSA and the gate (may alias dy_gated); dz_attn: (T, H) fp32, records
+// 71-84 (null with per-token strengths, whose gradients go to AttnAux::token.grads). Layers with XSA pass its
+// outputs in `xsa` (record 85: dv only).
 inline void attn_output_gate_backward(const AttnAux& a, bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y,
                                       cudaStream_t stream, const XsaGrads& xsa = {}) {
     attn_aux_check(a, "attn_output_gate_backward", false);
-    kernel_require(a.attn_gate != nullptr, "attn_output_gate_backward: no attn_gate");
-    const bool on = a.xsa_v != nullptr;
-    kernel_require(on == (xsa.dv != nullptr && xsa.d_alpha != nullptr && xsa.scratch.partials != nullptr &&
-                          xsa.scratch.done != nullptr),
-                   "attn_output_gate_backward: XsaGrads (dv, d_alpha, scratch) are needed exactly with AttnAux::xsa_v");
+    const bool on = a.xsa_v != nullptr, token = a.token.coefs != nullptr;
+    if (token) {
+        kernel_require(a.token.grads != nullptr && dz_attn == nullptr,
+                       "attn_output_gate_backward: per-token strengths take their gradients in AttnAux::token.grads, "
+                       "not dz_attn");
+        kernel_require(on == (xsa.dv != nullptr) && xsa.d_alpha == nullptr && xsa.scratch.partials == nullptr,
+                       "attn_output_gate_backward: per-token XSA needs XsaGrads::dv exactly with AttnAux::xsa_v, and no "
+                       "d_alpha or scratch");
+    } else {
+        kernel_require(on == (xsa.dv != nullptr && xsa.d_alpha != nullptr && xsa.scratch.partials != nullptr &&
+                              xsa.scratch.done != nullptr),
+                       "attn_output_gate_backward: XsaGrads (dv, d_alpha, scratch) are needed exactly with AttnAux::xsa_v");
+        kernel_require(a.attn_gate != nullptr && dz_attn != nullptr, "attn_output_gate_backward: no attn_gate or dz_attn");
+    }
     kernel_require(!on || (xsa.dv != dy && xsa.dv != dy_gated && xsa.dv != a.xsa_v),
                    "attn_output_gate_backward: XSA's dv may not alias dy, dy_gated or v");
     launch(attn_output_gate_backward_work(a, xsa), attn_output_gate_backward_kernel,

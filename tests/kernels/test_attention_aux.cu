@@ -950,6 +950,162 @@ void test_xsa(int T, int H, int D, bool accumulate, const Rope& rope) {
                 "%s: attn_qkv_backward with XSA's dv equals it given bf16(dv + dv_xsa)", name.c_str());
 }
 
+// ---- record 85: per-token output gate and XSA strengths ----
+// The double reference of one layer's output stage in upstream 003ff3e2's form (CausalSelfAttention.forward): n =
+// max(|v|^2, 1e-8), p = (y . v) / n, y' = y - alpha p v with alpha = tanh(gx[t, h]) (gx: the XSA column, a bf16 value),
+// y_out = y' gg[t, h] (gg: the gate column, raw; 1 without a gate). The loss is sum(g_out * y_out).
+struct TokenXsa {
+    int T, H, D;
+    bool gate, xsa;
+    TokenXsa(int t, int h, int d, bool with_gate, bool with_xsa) : T(t), H(h), D(d), gate(with_gate), xsa(with_xsa) {}
+    std::vector<double> y, v, g_out, gg, gx;                 // gg, gx (T, H)
+    std::vector<double> y_out, dy, dv, dgg, dgx;             // dgg, dgx unrounded
+    std::vector<double> y_out_mag, dy_mag, dv_mag, dgg_mag, dgx_mag;
+    void run() {
+        const size_t n = size_t(T) * H * D, rows = size_t(T) * H;
+        y_out.assign(n, 0), dy.assign(n, 0), dv.assign(n, 0), dgg.assign(rows, 0), dgx.assign(rows, 0);
+        y_out_mag.assign(n, 0), dy_mag.assign(n, 0), dv_mag.assign(n, 0), dgg_mag.assign(rows, 0), dgx_mag.assign(rows, 0);
+        for (size_t r = 0; r < rows; ++r) {
+            const size_t o = r * D;
+            double n2 = 0;
+            for (int d = 0; d < D; ++d) n2 += v[o + d] * v[o + d];
+            const bool clamped = n2 < 1e-8;
+            const double nn = clamped ? 1e-8 : n2, al = xsa ? std::tanh(gx[r]) : 0.0, sg = gate ? gg[r] : 1.0;
+            double p = 0, p_abs = 0, q = 0, q_abs = 0;
+            for (int d = 0; d < D; ++d) p += y[o + d] * v[o + d], p_abs += std::fabs(y[o + d] * v[o + d]);
+            p /= nn, p_abs /= nn;
+            for (int d = 0; d < D; ++d) {
+                const double yo = y[o + d] - al * p * v[o + d], mag = std::fabs(y[o + d]) + std::fabs(al) * p_abs * std::fabs(v[o + d]);
+                y_out[o + d] = yo * sg, y_out_mag[o + d] = mag * std::fabs(sg);
+                dgg[r] += g_out[o + d] * yo, dgg_mag[r] += std::fabs(g_out[o + d]) * mag;
+                q += g_out[o + d] * sg * v[o + d], q_abs += std::fabs(g_out[o + d] * sg * v[o + d]);
+            }
+            q /= nn, q_abs /= nn;
+            for (int d = 0; d < D; ++d) {
+                const double g = g_out[o + d] * sg;
+                dy[o + d] = g - al * q * v[o + d];
+                dy_mag[o + d] = std::fabs(g) + std::fabs(al) * q_abs * std::fabs(v[o + d]);
+                dv[o + d] = -al * (p * g + q * y[o + d]) + (clamped ? 0.0 : 2 * al * p * q * v[o + d]);
+                dv_mag[o + d] = std::fabs(al) * (p_abs * std::fabs(g) + q_abs * std::fabs(y[o + d]) +
+                                                 (clamped ? 0.0 : 2 * p_abs * q_abs * std::fabs(v[o + d])));
+            }
+            dgx[r] = -p * q * nn * (1 - al * al);
+            dgx_mag[r] = p_abs * q_abs * nn * (1 - al * al);
+        }
+    }
+};
+
+// The reference's gradients against central differences of its loss (rows with |v|^2 below 1e-8, clamped, and
+// between 1e-8 and 1e-4).
+void check_token_xsa_reference_gradients() {
+    TokenXsa x(3, 2, 16, true, true);
+    const size_t n = size_t(x.T) * x.H * x.D;
+    for (auto* vec : {&x.y, &x.v, &x.g_out}) {
+        vec->resize(n);
+        for (auto& e : *vec) e = test::uniform(-1, 1);
+    }
+    for (int d = 0; d < x.D; ++d) x.v[size_t(1) * x.D + d] *= 1e-6, x.v[size_t(4) * x.D + d] *= 1e-3;
+    x.gg = {0.3, -0.6, 1.45, 0.7, 0.2, -1.1};
+    x.gx = {0.4, -0.9, 1.3, -0.2, 0.8, 0.05};
+    x.run();
+    const TokenXsa base = x;
+    auto loss = [&](TokenXsa& z) {
+        z.run();
+        double l = 0;
+        for (size_t i = 0; i < n; ++i) l += z.g_out[i] * z.y_out[i];
+        return l;
+    };
+    double worst = 0;
+    auto fd = [&](std::vector<double> TokenXsa::*field, size_t i, double want, double h) {
+        TokenXsa up = base, down = base;
+        (up.*field)[i] += h;
+        (down.*field)[i] -= h;
+        const double got = (loss(up) - loss(down)) / (2 * h);
+        worst = std::max(worst, std::fabs(got - want) / (1e-6 + 1e-5 * std::fabs(want)));
+    };
+    for (size_t i = 0; i < n; ++i) {
+        fd(&TokenXsa::y, i, base.dy[i], 1e-6);
+        fd(&TokenXsa::v, i, base.dv[i], i / x.D == 1 || i / x.D == 4 ? 1e-8 : 1e-6);  // small rows stay in their regime
+    }
+    for (size_t r = 0; r < base.gg.size(); ++r) {
+        fd(&TokenXsa::gg, r, base.dgg[r], 1e-6);
+        fd(&TokenXsa::gx, r, base.dgx[r], 1e-6);
+    }
+    test::check(worst <= 1, "per-token XSA reference: gradients against central differences, worst at %.3g of the bound",
+                worst);
+}
+
+// The kernels against the reference with per-token strengths (AttnAux::token): columns of a (T, 40) coefficient
+// buffer; v random with rows of |v|^2 below 1e-8 (clamped) and near 1e-5 (not clamped: the unit form's 1e-4 on
+// |v| would be the same threshold on |v|^2 = 1e-8, but a squared threshold of 1e-4 is not); the gradients' buffer
+// keeps every other column's bits.
+void test_token_xsa(int T, int H, int D, bool gate, bool xsa, const Rope& rope) {
+    const Case c = make_case(T, H, D, false, false, false, false);
+    const std::string name = std::string("per-token") + (gate ? " gate" : "") + (xsa ? " XSA" : "") +
+                             " T=" + std::to_string(T) + " H=" + std::to_string(H) + " D=" + std::to_string(D);
+    Run run(c, rope);
+    const size_t n = size_t(T) * c.C;
+    constexpr int kStride = 40;
+    TokenXsa x(T, H, D, gate, xsa);
+    std::vector<bf16> v = uniform_bf16(n, -1, 1), y = uniform_bf16(n, -1, 1), g_out = uniform_bf16(n, -1, 1);
+    for (int row = 0; row < T * H; ++row)
+        for (int d = 0; d < D && (row % 7 == 0 || row % 5 == 1); ++d)
+            v[size_t(row) * D + d] = to_bf16(value(v[size_t(row) * D + d]) * (row % 7 == 0 ? 3e-6 : 1e-3));
+    const auto coefs_bf = uniform_bf16(size_t(T) * kStride, -2, 2);  // bf16 values, as the MUDD gate keeps them
+    std::vector<float> coefs(coefs_bf.size());
+    for (size_t i = 0; i < coefs.size(); ++i) coefs[i] = static_cast<float>(value(coefs_bf[i]));
+    const int gate_col = gate ? 12 : -1, xsa_col = xsa ? 29 : -1;
+    for (int t = 0; t < T; ++t)
+        for (int h = 0; h < H; ++h) {
+            x.gg.push_back(gate ? coefs[size_t(t) * kStride + gate_col + h] : 1.0);
+            x.gx.push_back(xsa ? coefs[size_t(t) * kStride + xsa_col + h] : 0.0);
+        }
+    x.y = values(y), x.v = values(v), x.g_out = values(g_out);
+    x.run();
+
+    const auto grads_before = test::uniform_vector(coefs.size(), -1, 1);
+    DeviceBuffer<float> d_coefs(coefs), d_grads(grads_before);
+    DeviceBuffer<bf16> dv_xsa(n);
+    run.v.upload(v), run.y.upload(y), run.dy_gated.upload(g_out);
+    AttnAux aux = run.aux;
+    aux.attn_gate = nullptr;
+    aux.token = TokenCoefs{d_coefs.ptr, d_grads.ptr, kStride, gate_col, xsa_col};
+    if (xsa) aux.xsa_v = run.v.ptr;
+    attn_output_gate_forward(aux, run.y_gated.ptr, run.y.ptr, nullptr);
+    attn_output_gate_backward(aux, run.dy.ptr, nullptr, run.dy_gated.ptr, run.y.ptr, nullptr,
+                              XsaGrads{xsa ? dv_xsa.ptr : nullptr, nullptr, {}, false});
+
+    // bf16 outputs: one rounding (2^-9 relative, checked at 2^-8) plus fp32's error, 2^-18 of the terms' sum
+    auto tol = [](const std::vector<double>& want, const std::vector<double>& mag) {
+        std::vector<double> t(want.size());
+        for (size_t i = 0; i < t.size(); ++i) t[i] = kRtol * std::fabs(want[i]) + std::ldexp(mag[i], -18) + 1e-30;
+        return t;
+    };
+    test::check_within("attn_output_gate_forward y_gated " + name, values(run.y_gated.download()), x.y_out,
+                       tol(x.y_out, x.y_out_mag));
+    test::check_within("attn_output_gate_backward dy " + name, values(run.dy.download()), x.dy, tol(x.dy, x.dy_mag));
+    if (xsa)
+        test::check_within("attn_output_gate_backward XSA dv " + name, values(dv_xsa.download()), x.dv, tol(x.dv, x.dv_mag));
+    const auto got = d_grads.download();
+    std::vector<double> got_gg, got_gx;
+    size_t kept = 0;
+    for (int t = 0; t < T; ++t)
+        for (int k = 0; k < kStride; ++k) {
+            const size_t i = size_t(t) * kStride + k;
+            if (gate && k >= gate_col && k < gate_col + H) got_gg.push_back(got[i]);
+            else if (xsa && k >= xsa_col && k < xsa_col + H) got_gx.push_back(got[i]);
+            else kept += bits(got[i]) == bits(grads_before[i]);
+        }
+    test::check(kept == size_t(T) * (kStride - H * (gate + xsa)), "%s: the other columns' gradients keep their bits",
+                name.c_str());
+    if (gate)
+        test::check_within("attn_output_gate_backward d gate column " + name, got_gg, x.dgg, tol(x.dgg, x.dgg_mag));
+    if (xsa)
+        test::check_within("attn_output_gate_backward d XSA column " + name, got_gx, x.dgx, tol(x.dgx, x.dgx_mag));
+    for (const double g : got_gg) test::check(g == value(to_bf16(g)), "%s: d gate column %.9g is not a bf16 value", name.c_str(), g);
+    for (const double g : got_gx) test::check(g == value(to_bf16(g)), "%s: d XSA column %.9g is not a bf16 value", name.c_str(), g);
+}
+
 AttnAux bad_aux() {
     AttnAux a;
     a.T = 8;
@@ -1162,6 +1318,16 @@ int main(int argc, char** argv) {
         yarn_rope_reset(rope.r, nullptr);
         test_xsa(T, H, D, false, rope);
         test_xsa(T, H, D, true, rope);
+    }
+
+    // record 85: per-token gate and XSA strengths (both on layer 3, XSA alone on 1, 4, 7, the gate alone on 10)
+    check_token_xsa_reference_gradients();
+    for (const auto& [T, H, D] : {std::tuple{512, 2, 64}, std::tuple{48, 6, 128}, std::tuple{37, 6, 128}}) {
+        Rope rope(D, 2 * T);
+        yarn_rope_reset(rope.r, nullptr);
+        test_token_xsa(T, H, D, true, true, rope);
+        test_token_xsa(T, H, D, false, true, rope);
+        test_token_xsa(T, H, D, true, false, rope);
     }
 
     test_finite_differences(false, true, true);
