@@ -534,6 +534,148 @@ def F_cos(a, b):
 
 
 @needs_torch
+class R88PrefixLossTest(unittest.TestCase):
+    """Record 88's prefix-token term in the fused CE rows (upstream 75d6867a triton_kernels.py's
+    ce_fwd_bwd_kernel): each against a float64 definition written here."""
+
+    def setUp(self):
+        g = torch.Generator().manual_seed(88)
+        self.T, self.V = 9, 40
+        self.logits = (torch.randn(self.T, self.V, generator=g) * 4).bfloat16()
+        self.targets = torch.randint(0, self.V, (self.T,), generator=g)
+        self.w = torch.tensor([1.0, 0.5, 0.25])
+        self.gs, self.gscale = 0.125 * 0.75 / 448, 0.125
+        self.P = torch.randint(0, self.V, (self.T,), generator=g)
+        self.P[1] = -1                       # no prefix
+        self.P[2] = self.V + 3               # out of range: ignored like -1
+        self.P[4] = self.targets[5]          # the prefix is also row 4's k = 1 MTP target: term2 adds both
+        self.P[6] = self.targets[6]          # and row 6's own next token
+        self.pw = torch.tensor(0.1875)
+
+    def run_rows(self, pw=None, P="default"):
+        P = self.P if P == "default" else P
+        return R.fused_ce_rows(self.logits, self.targets, self.w, self.gs, self.gscale, P,
+                               self.pw if pw is None else pw)
+
+    def test_losses_match_float64_definition(self):
+        losses, _ = self.run_rows()
+        z = 23 * f64_sigmoid_bf16(self.logits)
+        lse = torch.logsumexp(z, 1)
+        for t in range(self.T):
+            want = sum(self.w[k].item() * (lse[t] - z[t, self.targets[t + k]]).item()
+                       for k in range(3) if t + k < self.T)
+            if 0 <= self.P[t] < self.V:
+                want += self.pw.item() * (lse[t] - z[t, self.P[t]]).item()
+            self.assertAlmostEqual(losses[t].item(), want, delta=2e-6 * abs(want), msg=f"row {t}")
+
+    def test_gradient_numerics(self):
+        """S_w = pw (valid prefix rows) + all three MTP weights; term2 adds pw at the prefix column."""
+        _, d8 = self.run_rows()
+        s = f64_sigmoid_bf16(self.logits)
+        p = torch.softmax(23 * s, 1)
+        term2 = torch.zeros(self.T, self.V, dtype=torch.float64)
+        S = torch.full((self.T, 1), 1.75, dtype=torch.float64)
+        for t in range(self.T):
+            for k in range(3):
+                if t + k < self.T:
+                    term2[t, self.targets[t + k]] += self.w[k].item()
+            if 0 <= self.P[t] < self.V:
+                term2[t, self.P[t]] += self.pw.item()
+                S[t] += self.pw.item()
+        want = self.gscale * (23 / 7.5) / self.gs * (S * p - term2) * s * (1 - s)
+        want8 = torch.tensor([[round_to_format(v, 2, -14, 57344.0) for v in row] for row in want.tolist()],
+                             dtype=torch.float64)
+        got = d8.double()
+        step = torch.where(want8 == 0, torch.tensor(2.0 ** -16, dtype=torch.float64),
+                           2.0 ** (torch.floor(torch.log2(want8.abs().clamp_min(2.0 ** -16))) - 2))
+        self.assertTrue(bool(((got - want8).abs() <= step).all()))
+        self.assertGreater(float((got == want8).double().mean()), 0.97)
+
+    def test_gradient_matches_autograd_of_the_loss(self):
+        """Where the MTP targets all exist, S_w is the loss's weight sum: the e5m2 gradient is the autograd
+        gradient of the rows' losses (MTP + prefix) up to e5m2 and bf16(s)."""
+        _, d8 = self.run_rows()
+        l = self.logits.double().requires_grad_(True)
+        z = 23 * torch.sigmoid((l + 5) / 7.5)
+        lse = torch.logsumexp(z, 1)
+        loss = sum(self.w[k] * (lse[:self.T - k] - z[:self.T - k].gather(
+            1, self.targets[k:].unsqueeze(1)).squeeze(1)).sum() for k in range(3))
+        valid = (self.P >= 0) & (self.P < self.V)
+        Pc = self.P.clamp(0, self.V - 1)
+        loss = loss + (self.pw.double() * (lse - z.gather(1, Pc.unsqueeze(1)).squeeze(1)) * valid).sum()
+        (loss * self.gscale).backward()
+        got = d8.double()[:self.T - 2] * self.gs
+        want = l.grad[:self.T - 2]
+        self.assertTrue(torch.allclose(got, want, rtol=0.2, atol=self.gs * 2.0 ** -15))
+        self.assertGreater(F_cos(got, want), 0.999)
+
+    def test_zero_weight_and_no_prefix_equal_record_80(self):
+        base_l, base_d = R.fused_ce_rows(self.logits, self.targets, self.w, self.gs, self.gscale)
+        for pw, P in ((torch.tensor(0.0), self.P), (self.pw, torch.full((self.T,), -1))):
+            l, d = self.run_rows(pw, P)
+            self.assertTrue(torch.equal(l, base_l))
+            self.assertTrue(torch.equal(d.view(torch.uint8), base_d.view(torch.uint8)))
+        l, _ = self.run_rows()
+        self.assertFalse(torch.equal(l, base_l))
+
+    def test_prefix_table(self):
+        """The committed table against the spec's check values (upstream's build_prefix_table on GPT-2)."""
+        p = R.load_prefix_table()
+        self.assertEqual(p.numel(), 50304)
+        self.assertEqual(int((p >= 0).sum()), 50000)
+        for tok, want in ((262, 294), (290, 281), (1169, 400), (50255, 17841), (11, -1), (50256, -1), (50300, -1)):
+            self.assertEqual(int(p[tok]), want, msg=f"p[{tok}]")
+        with tempfile.NamedTemporaryFile() as f:
+            f.write(b"\0" * 12)
+            f.flush()
+            with self.assertRaisesRegex(ValueError, "12 bytes, want 201216"):
+                R.load_prefix_table(f.name)
+
+    def test_model_passes_the_next_tokens_prefixes(self):
+        """forward() hands the CE the prefixes of the targets (the immediate next tokens) and the step's pw."""
+        cfg = R.tiny_r84_config()
+        cfg.prefix_loss = True
+        for st in cfg.stages[:-1]:
+            st.prefix_start = st.prefix_end = 0.25
+        p = r84_params(cfg, 7)
+        b = random_batch(cfg, 16, 2, torch.Generator().manual_seed(88))
+        trainer = R.Trainer(cfg, p, R.random_sign_table(cfg, 8))
+        seen, real = [], R.fused_ce_rows
+
+        def spy(*args):
+            seen.append(args)
+            return real(*args)
+        R.fused_ce_rows = spy
+        try:
+            with_prefix = R.forward(cfg, trainer.params, b, trainer.forward_args(), training=True)
+            cfg.prefix_loss = False
+            without = R.forward(cfg, trainer.params, b, trainer.forward_args(), training=True)
+        finally:
+            R.fused_ce_rows = real
+        self.assertTrue(torch.equal(seen[0][5], R.load_prefix_table()[b.targets]))
+        self.assertEqual(float(seen[0][6]), 0.25)
+        self.assertIsNone(seen[1][5])
+        self.assertGreater(float((with_prefix - without).sum()), 0.0)
+
+    def test_schedule_and_validation(self):
+        c = R.tiny_r84_config()
+        c.prefix_loss = True
+        c.stages[0].prefix_start = c.stages[0].prefix_end = 0.25
+        c.stages[1].prefix_start, c.stages[1].prefix_end = 0.25, 0.0
+        c.validate()
+        sch = R.Schedule(c)
+        (s0, e0), (s1, e1) = sch.boundaries[0], sch.boundaries[1]
+        self.assertEqual(float(sch.prefix_weight(s0)), 0.25)
+        mid = (s1 + e1) // 2
+        want = torch.tensor(0.25 + (0.0 - 0.25) * ((mid - s1) / (e1 - s1)), dtype=torch.float32)
+        self.assertEqual(float(sch.prefix_weight(mid)), float(want))
+        self.assertEqual(float(sch.prefix_weight(e1)), 0.0)  # stage 3: no weight
+        c.prefix_loss = False
+        with self.assertRaisesRegex(ValueError, "prefix weights without prefix_loss"):
+            c.validate()
+
+
+@needs_torch
 class R80ModelTest(unittest.TestCase):
     def test_banks_concatenate_to_the_layer_matrices(self):
         cfg = R.r80_config()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -53,6 +54,10 @@ class Stage:
     mtp_end: List[float]
     # r80 (#72): documents are cut at this many tokens in this stage; None: Config.max_seq_len (r71)
     train_max_seq_len: Optional[int] = None
+    # record 88 (upstream 75d6867a prefix_weight_start/_end): the prefix-token loss's weight, interpolated over
+    # the stage like the MTP weights (used where Config.prefix_loss)
+    prefix_start: float = 0.0
+    prefix_end: float = 0.0
 
 
 @dataclass
@@ -120,6 +125,9 @@ class Config:
     x0_includes_bigram: bool = False               # a333be08's x = x0 = norm(..) then the in-place bigram add
     paired_ve_gate_reads_ve: bool = False          # paired layers' VE gate reads cat(x[:6], ve[:6]) too (L1448)
     mlp_up_fp8: bool = False                       # record 84's e4m3 MLP up-projection (training forward only)
+    # ---- Records 85-89 (upstream 003ff3e2 and 75d6867a, SPEC-latest stages 3 and 4)
+    prefix_loss: bool = False                      # record 88's prefix-token prediction in the fused CE
+    #                                                (the weights: Stage.prefix_start/_end)
 
     @property
     def grad_accum(self) -> int:
@@ -159,6 +167,9 @@ class Config:
         for st in d["stages"]:
             if st["train_max_seq_len"] is None:
                 del st["train_max_seq_len"]
+            for f in ("prefix_start", "prefix_end"):
+                if not self.prefix_loss:
+                    del st[f]
         d.update(grad_accum=self.grad_accum, grad_scale=self.grad_scale, lm_head_grad_s=self.lm_head_grad_s,
                  total_steps=self.total_steps)
         return d
@@ -179,6 +190,11 @@ class Config:
             "value_layers must be distinct layers with attention")
         need(self.late_attn_source is None or 0 <= self.late_attn_source < LAYERS - 1,
              "late_attn_source must be a layer before the last")
+        need(not self.prefix_loss or self.fused_ce, "the prefix-token loss (record 88) lives in the fused CE kernel")
+        need(self.prefix_loss or all(st.prefix_start == st.prefix_end == 0.0 for st in self.stages),
+             "prefix weights without prefix_loss")
+        need(not self.prefix_loss or self.vocab_size == 50257,
+             "the prefix-token table is GPT-2's: vocab_size must be 50257")
         need(not self.fused_ce or all(len(st.mtp_start) <= 3 for st in self.stages),
              "r80's CE kernel adds term2 for at most 3 MTP weights")
         need(self.bank_pad_multiple >= 1, "bank_pad_multiple must be positive")
@@ -671,6 +687,21 @@ def params_from_checkpoint(cfg: Config, tensors: Dict[str, torch.Tensor],
     return out
 
 
+PREFIX_TABLE_ROWS = 50304
+
+
+def load_prefix_table(path: Optional[str] = None) -> torch.Tensor:
+    """Record 88's prefix-token table (int64, 50304): the committed data/gpt2_prefix_table.bin (int32 little
+    endian, made by scripts/make_prefix_table.py from GPT-2's vocabulary and checked against upstream's sha256)."""
+    if path is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "gpt2_prefix_table.bin")
+    with open(path, "rb") as f:
+        raw = f.read()
+    if len(raw) != 4 * PREFIX_TABLE_ROWS:
+        raise ValueError(f"prefix table {path}: {len(raw)} bytes, want {4 * PREFIX_TABLE_ROWS}")
+    return torch.tensor(struct.unpack(f"<{PREFIX_TABLE_ROWS}i", raw), dtype=torch.int64)
+
+
 def bigram_signs_from_checkpoint(cfg: Config, tensors: Dict[str, torch.Tensor],
                                  key: str = "buffer.bigram_signs") -> Optional[torch.Tensor]:
     """Record 83's sign table (a buffer, not a parameter: upstream draws it unseeded on rank 0 and broadcasts
@@ -751,6 +782,12 @@ class Schedule:
         i, t = self.lookup(step)
         st = self.cfg.stages[i]
         return torch.tensor([a + (b - a) * t for a, b in zip(st.mtp_start, st.mtp_end)], dtype=torch.float32)
+
+    def prefix_weight(self, step: int) -> torch.Tensor:
+        """Record 88's pw: start + (end - start) t in double, then fp32 (upstream's torch.tensor([pw]))."""
+        i, t = self.lookup(step)
+        st = self.cfg.stages[i]
+        return torch.tensor(st.prefix_start + (st.prefix_end - st.prefix_start) * t, dtype=torch.float32)
 
     def windows(self, step: int) -> Tuple[int, int]:
         """(short, long) windows of the step in blocks."""
@@ -961,7 +998,8 @@ def ce_kernel_sigmoid(logits: torch.Tensor) -> torch.Tensor:
 
 
 def fused_ce_rows(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor, grad_s: float,
-                  grad_scale: float) -> Tuple[torch.Tensor, torch.Tensor]:
+                  grad_scale: float, prefix_targets: Optional[torch.Tensor] = None,
+                  prefix_weight: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """What upstream's ce_fwd_bwd_kernel (triton_kernels.py @2c702746) computes from the bf16 logits
     (T, V): the per-row losses (fp32) and the e5m2 logit gradients, in its order of fp32 operations.
       s = sigmoid above, rounded to bf16 and reused: z = 23 s for the loss, the sum and the gradient;
@@ -969,7 +1007,10 @@ def fused_ce_rows(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Te
       loss_t = sum_k [t+k < T] w_k (lse - z[target[t+k]]);
       dlogit = e5m2_satfinite(grad_scale * (1/C * A) * (1/grad_s) * (S_w p - term2) * s (1 - s)),
       S_w = sum of ALL the MTP weights (also k with t+k >= T: upstream's quirk, the last rows' gradient
-      normalizer does not match their loss), term2_j = sum_k [t+k < T, target[t+k] = j] w_k."""
+      normalizer does not match their loss), term2_j = sum_k [t+k < T, target[t+k] = j] w_k.
+    Record 88 (75d6867a, prefix_targets P (T) and the fp32 weight pw given): rows with 0 <= P_t < V add
+    pw (lse - z[P_t]) to their loss after the MTP terms, start S_w at pw (then add the MTP weights), and
+    add pw to term2 at column P_t after the MTP weights."""
     T, V = logits.shape
     A = torch.tensor(SOFTCAP_A, dtype=torch.float32)
     s_raw = ce_kernel_sigmoid(logits)
@@ -985,7 +1026,15 @@ def fused_ce_rows(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Te
         zt = z[:m].gather(1, targets[k:k + m].unsqueeze(1)).squeeze(1)
         # total += w * (lse - z): one FMA in the kernel (float64 holds the product exactly)
         losses[:m] = (losses[:m].double() + w[k].double() * (lse[:m, 0] - zt).double()).float()
-    S_w = torch.zeros((), dtype=torch.float32)
+    S_w = torch.zeros((T, 1), dtype=torch.float32)
+    if prefix_targets is not None:
+        pw = prefix_weight.float().reshape(())
+        valid = (prefix_targets >= 0) & (prefix_targets < V)
+        P = prefix_targets.clamp(0, V - 1)
+        zp = z.gather(1, P.unsqueeze(1)).squeeze(1)
+        with_prefix = (losses.double() + pw.double() * (lse[:, 0] - zp).double()).float()
+        losses = torch.where(valid, with_prefix, losses)
+        S_w = torch.where(valid, pw, torch.zeros((), dtype=torch.float32)).unsqueeze(1)
     for k in range(n):
         S_w = S_w + w[k]
     grad_z = S_w * torch.exp(z - lse)
@@ -994,6 +1043,9 @@ def fused_ce_rows(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Te
     for k in range(min(n, 3)):
         m = max(T - k, 0)
         term2[:m].scatter_add_(1, targets[k:k + m].unsqueeze(1), w[k].expand(m, 1).contiguous())
+    if prefix_targets is not None:
+        rows = valid.nonzero().squeeze(1)
+        term2[rows, P[rows]] += pw
     grad_z = grad_z - term2
     k1 = torch.tensor(grad_scale, dtype=torch.float32) * (CE_INV_C * A)
     k2 = 1.0 / torch.tensor(grad_s, dtype=torch.float32)
@@ -1009,12 +1061,12 @@ class FusedSoftcappedCE(torch.autograd.Function):
     to the bf16 parameter's gradient."""
 
     @staticmethod
-    def forward(ctx, x, w, targets, weights, x_s, w_s, grad_s, grad_scale):
+    def forward(ctx, x, w, targets, weights, x_s, w_s, grad_s, grad_scale, prefix_targets=None, prefix_weight=None):
         x8 = to_fp8(x.float() / x_s, torch.float8_e4m3fn)
         w8 = to_fp8(w.float() / w_s, torch.float8_e4m3fn)
         scale = torch.tensor(x_s, dtype=torch.float32) * torch.tensor(w_s, dtype=torch.float32)
         logits = bf((x8.float() @ w8.float()) * scale)
-        losses, d8 = fused_ce_rows(logits, targets, weights, grad_s, grad_scale)
+        losses, d8 = fused_ce_rows(logits, targets, weights, grad_s, grad_scale, prefix_targets, prefix_weight)
         ctx.save_for_backward(x8, w8, d8)
         ctx.scales = (x_s, w_s, grad_s)
         return losses
@@ -1026,7 +1078,7 @@ class FusedSoftcappedCE(torch.autograd.Function):
         d = d8.float()
         dx = bf((d @ w8.float().t()) * (grad_s * w_s))
         dw = bf((x8.float().t() @ d) * (x_s * grad_s))
-        return dx, dw, None, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None, None, None
 
 
 def eval_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -1063,6 +1115,8 @@ class ForwardArgs:
     yarn: Yarn
     yarn_paired: Yarn
     bigram_signs: Optional[torch.Tensor] = None  # record 83's +-1 table (bigram_sign_rows, bigram_width), bf16
+    prefix_table: Optional[torch.Tensor] = None  # record 88's prefix-token table (Config.prefix_loss)
+    prefix_weight: Optional[torch.Tensor] = None  # and the step's weight pw (fp32)
 
 
 def rotary(x: torch.Tensor, yarn: Yarn) -> torch.Tensor:
@@ -1251,8 +1305,10 @@ def forward(cfg: Config, p: Dict[str, torch.Tensor], batch: Batch, args: Forward
         x = bf(x.float() - s[slots.backout] * backout.float())
     h = bf(rms_norm(x))
     if training and cfg.fused_ce:
+        prefix_targets = args.prefix_table[batch.targets] if cfg.prefix_loss else None
         return FusedSoftcappedCE.apply(h, p["lm_head"], batch.targets, args.mtp_weights, cfg.lm_head_x_s,
-                                       cfg.lm_head_w_s, cfg.lm_head_grad_s, cfg.grad_scale)
+                                       cfg.lm_head_w_s, cfg.lm_head_grad_s, cfg.grad_scale, prefix_targets,
+                                       args.prefix_weight)
     if training:
         logits = Fp8LmHead.apply(h, p["lm_head"], cfg.lm_head_x_s, cfg.lm_head_w_s, cfg.lm_head_grad_s)
         return mtp_loss(logits, batch.targets, args.mtp_weights)
@@ -1662,6 +1718,8 @@ class Trainer:
         self.yarn_paired = Yarn(cfg.head_dim, cfg.yarn_max_seq_len, paired=True)
         self.ws_short, self.ws_long = cfg.stages[0].ws_short, cfg.stages[0].ws_long
         self.mtp_weights = self.schedule.mtp_weights(0)
+        self.prefix_table = load_prefix_table() if cfg.prefix_loss else None
+        self.prefix_weight = self.schedule.prefix_weight(0)
 
     def advance(self, step: int) -> None:
         """Upstream's advance_schedule: the step's windows (YaRN follows a long-window change) and MTP
@@ -1673,6 +1731,7 @@ class Trainer:
             self.yarn_paired.apply(self.ws_long * bs, ws_long * bs)
         self.ws_short, self.ws_long = ws_short, ws_long
         self.mtp_weights = self.schedule.mtp_weights(step)
+        self.prefix_weight = self.schedule.prefix_weight(step)
 
     def apply_final_window_extension(self) -> None:
         """The final validation's longer long window (YaRN is not updated for it, as upstream)."""
@@ -1681,7 +1740,7 @@ class Trainer:
     def forward_args(self) -> ForwardArgs:
         bs = self.cfg.block_size
         return ForwardArgs(self.ws_short * bs, self.ws_long * bs, self.mtp_weights, self.yarn, self.yarn_paired,
-                           self.bigram_signs)
+                           self.bigram_signs, self.prefix_table, self.prefix_weight)
 
     def train_step(self, step: int, micro_batches: Sequence[Batch]) -> float:
         """The step's micro-batches forward and backward (loss * grad_scale), then the optimizer.
