@@ -41,10 +41,11 @@ upstream's): lines such as
   step:1555/1555 val_loss:3.2789 train_time:95168ms step_avg:61.20ms
 anywhere in the file (the source code printed at its top, format strings included, never matches:
 only whole lines of numbers in exactly this form count), and, in this trainer's logs, the header
-lines "seed: N" and "source_hash: H" at the start of a line. A run is finished when it has a
-val_loss line at the total step N of step:k/N, or when it ended normally (its "peak memory" line)
-right after a validation at its last step (a run stopped by --max-steps); its final val loss and
-training time are that line's.
+lines "seed: N", "source_hash: H" and "preset: NAME" at the start of a line (older logs: the
+preset is the "command:" line's --preset, or "default"; upstream's logs name none). A run is
+finished when it has a val_loss line at the total step N of step:k/N, or when it ended normally
+(its "peak memory" line) right after a validation at its last step (a run stopped by
+--max-steps); its final val loss and training time are that line's.
 
 A log that ends with a "fail: ..." line is a failed run (the trainer writes every fatal error and
 a stopping signal there); one ending with neither "fail:" nor "finished:" was killed outright.
@@ -64,8 +65,8 @@ What is counted:
   - identical runs are counted once, with a warning: logs with the same step and validation lines
     (a copied log), or with the same source_hash, seed and val losses (the trainer is
     deterministic: a rerun of a seed adds no evidence). Upstream's logs have no seed or hash.
-  - the runs of a set must share their schedule (steps) and source_hash (logs without one count as
-    one more source): mixed runs are refused unless --mix is given.
+  - the runs of a set must share their preset, schedule (steps) and source_hash (logs without one
+    count as one more source): mixed runs are refused unless --mix is given.
   - a missing file, a directory without *.txt files, or no logs at all: an error.
 Exit status: 0 done (at least two runs counted in each set, or two complete pairs); 1 an error
 above, or fewer than two runs (pairs) left to count; 2 bad arguments.
@@ -98,7 +99,10 @@ SAVED_LINE = re.compile(r"saved checkpoint (.*) step:(\d+) train_time:(\d+)ms")
 # This trainer's header lines, at the start of a line (the source dump holds the words only
 # indented or quoted). Upstream's logs have none.
 HEADER_LINES = {"seed": re.compile(r"seed: (\d+)"), "source_hash": re.compile(r"source_hash: ([0-9a-f]{16})"),
-                "header_run_id": re.compile(r"run_id: (\S+)"), "resumes": re.compile(r"resumes: (\S+) step (\d+)")}
+                "header_run_id": re.compile(r"run_id: (\S+)"), "resumes": re.compile(r"resumes: (\S+) step (\d+)"),
+                "preset_line": re.compile(r"preset: (\S+)"), "command": re.compile(r"command: (.*)")}
+# The trainer's --preset NAME in a command line (logs written before the "preset:" header line).
+PRESET_FLAG = re.compile(r"(?:^|\s)--preset(?:\s+|=)(\S+)")
 
 
 class LogError(Exception):
@@ -237,6 +241,8 @@ class Run:
         self.step_lines = []      # every step line's text, in order: a copied log has the same
         self.header_run_id = None  # the "run_id:" header line (the file name's stem stands in without one)
         self.resumes = None       # "RUN_ID step N" of a resumed run's header
+        self.preset_line = None   # the "preset:" header line (the preset's own name, e.g. r71 for --preset record)
+        self.command = None       # the "command:" header line
         self.failed = None        # the "fail:" line's message
         self.saves = {}           # step -> training time (ms) at its checkpoint
         self.earlier_ms = 0       # a resumed run: the training time of its earlier segments
@@ -254,6 +260,18 @@ class Run:
         if self.ended and step == (self.last_train_step or 0):
             return loss, time_ms + self.earlier_ms
         return None
+
+    @property
+    def preset(self):
+        """The preset the run trained: its "preset:" header line; in older logs the command line's --preset,
+        or "default" (the trainer's default preset when it ran); None for a log that is not this trainer's
+        (upstream's: no header lines)."""
+        if self.preset_line is not None:
+            return self.preset_line
+        if self.command is not None:
+            flags = PRESET_FLAG.findall(self.command)
+            return flags[-1] if flags else "default"
+        return "default" if self.source_hash is not None else None
 
     @property
     def steps(self):
@@ -435,7 +453,8 @@ def drop_duplicates(runs):
 def mixture(runs):
     """A message naming how the runs differ in schedule or source_hash, or None when they agree."""
     problems = []
-    for what, key in (("schedules (final step/total steps)", lambda r: r.steps),
+    for what, key in (("presets", lambda r: r.preset or "none (not this trainer's log)"),
+                      ("schedules (final step/total steps)", lambda r: r.steps),
                       ("sources (source_hash)", lambda r: r.source_hash or "none (not this trainer's log)")):
         groups = {}
         for r in runs:
@@ -487,7 +506,8 @@ def summarize(runs, target=None, skipped=(), repeats=(), z_sigma=None):
     times = [seconds(r.final[1]) for r in runs]
     out = {
         "runs": [{"run_id": r.run_id, "path": r.path, "seed": r.seed, "source_hash": r.source_hash,
-                  "steps": r.steps, "val_loss": r.final[0], "train_time_s": seconds(r.final[1])} for r in runs],
+                  "preset": r.preset, "steps": r.steps, "val_loss": r.final[0],
+                  "train_time_s": seconds(r.final[1])} for r in runs],
         "n": len(runs),
         "val_loss": describe(losses),
         "train_time_s": describe(times),
@@ -509,13 +529,18 @@ def format_p(p):
 
 
 def print_runs(runs):
+    """One line per run; a preset column when any run is this trainer's (upstream's logs name none)."""
     width = max(len("run"), *(len(r.run_id) for r in runs))
     steps_width = max(len("steps"), *(len(r.steps) for r in runs))
-    print(f"{'run':<{width}}  {'seed':>6}  {'steps':>{steps_width}}  {'val_loss':>8}  {'time_s':>8}")
+    presets = any(r.preset for r in runs)
+    preset_width = max([len("preset")] + [len(r.preset or "-") for r in runs])
+    preset_head = f"  {'preset':<{preset_width}}" if presets else ""
+    print(f"{'run':<{width}}  {'seed':>6}{preset_head}  {'steps':>{steps_width}}  {'val_loss':>8}  {'time_s':>8}")
     for r in runs:
         loss, time_ms = r.final
         seed = "-" if r.seed is None else str(r.seed)
-        print(f"{r.run_id:<{width}}  {seed:>6}  {r.steps:>{steps_width}}  {loss:8.4f}  {seconds(time_ms):8.3f}")
+        preset = f"  {r.preset or '-':<{preset_width}}" if presets else ""
+        print(f"{r.run_id:<{width}}  {seed:>6}{preset}  {r.steps:>{steps_width}}  {loss:8.4f}  {seconds(time_ms):8.3f}")
 
 
 def spread_text(d, fmt, unit="", mean_fmt=None):
@@ -528,7 +553,8 @@ def spread_text(d, fmt, unit="", mean_fmt=None):
 
 def print_summary(s):
     runs = s["runs"]
-    print(f"n = {s['n']} ({runs[0]['steps']} steps each)")
+    preset = f"preset {runs[0]['preset']}, " if runs[0]["preset"] else ""
+    print(f"n = {s['n']} ({preset}{runs[0]['steps']} steps each)")
     print(f"val_loss: {spread_text(s['val_loss'], '.4f', mean_fmt='.5f')}")
     if "target" in s:
         if s["t"] is None:

@@ -244,6 +244,18 @@ class Parsing(unittest.TestCase):
         run = stats.parse_log(write(os.path.join(self.tmp, "b.txt"), log_text(3.28, 90000, header=header)))
         self.assertEqual((run.seed, run.source_hash), (17, "00ff00ff00ff00ff"))
 
+    def test_preset(self):
+        """The "preset:" header line; in older logs the command's --preset (the last one), else "default";
+        upstream's logs (no header lines) name none. The source dump's quoted copies do not count."""
+        def preset_of(name, header):
+            return stats.parse_log(write(os.path.join(self.tmp, name), log_text(3.28, 90000, header=header))).preset
+        self.assertIsNone(preset_of("u.txt", ""))
+        self.assertEqual(preset_of("p.txt", "command: ./build/train_gpt --preset tiny\npreset: tiny-r84\n"), "tiny-r84")
+        self.assertEqual(preset_of("c.txt", "command: ./build/train_gpt --preset r80 --seed 3 --preset=r84\n"), "r84")
+        self.assertEqual(preset_of("d.txt", "command: ./build/train_gpt --seed 3 --run-id x-preset\n"), "default")
+        self.assertEqual(preset_of("h.txt", "source_hash: 00ff00ff00ff00ff\n"), "default")
+        self.assertIsNone(preset_of("q.txt", '  preset: r84\n"command: --preset r80"\n'))
+
     def test_stopped_by_max_steps(self):
         # A run stopped by --max-steps ends normally after a validation at its last step: finished.
         run = stats.parse_log(write(os.path.join(self.tmp, "m.txt"), log_text(8.95, 13000, total=34, max_steps=6)))
@@ -382,7 +394,7 @@ class Summary(unittest.TestCase):
         self.assertEqual(s["duplicates"], [{"path": b, "duplicate_of": a, "why": s["duplicates"][0]["why"]}])
         self.assertIn(f"{b}: duplicate of {a}: the same source_hash, seed 1 and val losses", err)
         r = run_py("stats.py", [a, c, d])
-        self.assertRegex(r.stdout, r"(?m)^c\s+2\s+1555/1555\s+3\.2790\s+95\.200$")
+        self.assertRegex(r.stdout, r"(?m)^c\s+2\s+default\s+1555/1555\s+3\.2790\s+95\.200$")
         # Upstream's logs have no seed: equal losses alone are not a duplicate.
         e = write(os.path.join(self.tmp, "e.txt"), log_text(3.2790, 95000))
         f = write(os.path.join(self.tmp, "f.txt"), log_text(3.2790, 95100))
@@ -412,6 +424,24 @@ class Summary(unittest.TestCase):
         short = write(os.path.join(self.tmp, "s.txt"), log_text(3.5, 60000, max_steps=1000))
         r = run_py("stats.py", [a, b, short])
         self.assertIn("1000/1555: s", r.stderr)
+
+    def test_mixed_presets_refused_and_shown(self):
+        """Two presets under one source and schedule (the same binary) are not comparable either; the text
+        output names each run's preset and the set's."""
+        head = "seed: {}\nsource_hash: 1234567890abcdef\npreset: {}\n"
+        a = write(os.path.join(self.tmp, "a.txt"), log_text(3.2740, 94000, header=head.format(1, "r84")))
+        b = write(os.path.join(self.tmp, "b.txt"), log_text(3.2770, 95000, header=head.format(2, "r84")))
+        c = write(os.path.join(self.tmp, "c.txt"), log_text(3.2750, 93000, header=head.format(3, "r84-prefix")))
+        r = run_py("stats.py", [a, b, c])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("runs are not comparable: different presets: r84: a, b; r84-prefix: c.", r.stderr)
+        s, _ = self.json_of(["--mix", a, b, c])
+        self.assertEqual([x["preset"] for x in s["runs"]], ["r84", "r84", "r84-prefix"])
+        r = run_py("stats.py", [a, b])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertRegex(r.stdout, r"(?m)^run\s+seed\s+preset\s+steps\s+val_loss\s+time_s$")
+        self.assertRegex(r.stdout, r"(?m)^a\s+1\s+r84\s+1555/1555\s+3\.2740\s+94\.000$")
+        self.assertIn("n = 2 (preset r84, 1555/1555 steps each)\n", r.stdout)
 
     def test_one_run(self):
         paths = write_logs(self.tmp, {"solo": (3.2761, 95000)})
