@@ -264,6 +264,23 @@ TRAIN_PATCHES_R84 = [p for p in TRAIN_PATCHES if p[0] in R84_KEPT] + [
 ]
 
 
+# record 88 on record 84 (its PR's code: a333be08 plus the prefix-token loss, as the logs of upstream's
+# records/track_1_short/2026-07-13_PrefixTokenPrediction/prefix-1375-8x print it): record 84's patches (the PR
+# strips a trailing space from MUDD's attention update), and
+TRAIN_PATCHES_R88 = [(p[0], tuple(line.rstrip() for line in p[1]), *p[2:]) if p[0] == "MUDD's attention update" else p
+                     for p in TRAIN_PATCHES_R84] + [
+    ("the tiktoken import", "import tiktoken", ["pass  # upstream_cpu: the prefix table is data/gpt2_prefix_table.bin"]),
+    ("the prefix table",
+     '        self.register_buffer("prefix_table", build_prefix_table(self.vocab_size), persistent=False)',
+     ['        self.register_buffer("prefix_table", _upstream_cpu_hooks.prefix_table(self.vocab_size), '
+      'persistent=False)']),
+]
+KERNEL_PATCHES_R88 = KERNEL_PATCHES[:2] + [
+    ("the CE backward's gradients", "        return grad_x, None, None, None, None, grad_w, None, None, None",
+     ["        return grad_x, None, None, None, None, grad_w, None, None, None, None"]),
+]
+
+
 class PatchError(Exception):
     pass
 
@@ -298,17 +315,22 @@ def free_port():
 
 
 def upstream_record(src):
-    """84 for a333be08's train_gpt.py (it has quantize_mlp_fp8 and init_mudd), else 80 (2c702746)."""
+    """84 for a333be08's train_gpt.py (it has quantize_mlp_fp8 and init_mudd), 88 for record 88's PR on it (also
+    build_prefix_table), else 80 (2c702746). Later code (the MUDD gate: 003ff3e2 on) is refused."""
     path = os.path.join(src, "train_gpt.py")
     if not os.path.exists(path):
         raise PatchError(f"{path} is missing (git show COMMIT:train_gpt.py > {path})")
     text = open(path).read()
-    return 84 if "def quantize_mlp_fp8(self):" in text and "def init_mudd(" in text else 80
+    if "def init_mudd_gate(" in text:
+        raise PatchError(f"{path} has the MUDD gate (upstream 003ff3e2 or later): not supported here yet")
+    if "def quantize_mlp_fp8(self):" in text and "def init_mudd(" in text:
+        return 88 if "def build_prefix_table(" in text else 84
+    return 80
 
 
 def load_upstream(src, tmp, cfg, record=80, extra=None):
     """Upstream's train_gpt.py (up to its main program) and triton_kernels.py, patched, imported."""
-    commit = {80: "2c702746", 84: "a333be08"}[record]
+    commit = {80: "2c702746", 84: "a333be08", 88: "record 88's PR (a333be08 + the prefix loss)"}[record]
     for name in ("train_gpt.py", "triton_kernels.py"):
         if not os.path.exists(os.path.join(src, name)):
             raise PatchError(f"{src}/{name} is missing (git show {commit}:{name} > {src}/{name})")
@@ -332,16 +354,24 @@ def load_upstream(src, tmp, cfg, record=80, extra=None):
         if len(upstream_stages) != len(cfg.stages):
             raise PatchError(f"upstream has {len(upstream_stages)} training stages, the reference {len(cfg.stages)}")
         for up, ours in zip(upstream_stages, cfg.stages):
-            theirs = (tuple(up.window_sizes), up.lr_mul, list(up.mtp_weights_start), list(up.mtp_weights_end))
-            mine = ((ours.ws_short, ours.ws_long), ours.lr_mul, ours.mtp_start, ours.mtp_end)
+            theirs = (tuple(up.window_sizes), up.lr_mul, list(up.mtp_weights_start), list(up.mtp_weights_end),
+                      getattr(up, "prefix_weight_start", 0.0), getattr(up, "prefix_weight_end", 0.0))
+            mine = ((ours.ws_short, ours.ws_long), ours.lr_mul, ours.mtp_start, ours.mtp_end, ours.prefix_start,
+                    ours.prefix_end)
             if theirs != mine:
                 raise PatchError(f"a stage differs between upstream {theirs} and the reference {mine}")
             up.batch_size, up.train_max_seq_len = ours.batch_tokens, ours.train_max_seq_len
         return upstream_stages
-    hooks.configure, hooks.stages = configure, stages
+    def prefix_table(vocab_size):
+        import torch_reference as R
+        if vocab_size != R.PREFIX_TABLE_ROWS:
+            raise PatchError(f"upstream's padded vocabulary is {vocab_size}, the prefix table's {R.PREFIX_TABLE_ROWS}")
+        return R.load_prefix_table()
+    hooks.configure, hooks.stages, hooks.prefix_table = configure, stages, prefix_table
     sys.modules["_upstream_cpu_hooks"] = hooks
-    train_patches = {80: TRAIN_PATCHES, 84: TRAIN_PATCHES_R84}[record]
-    for name, patches in (("train_gpt.py", train_patches), ("triton_kernels.py", KERNEL_PATCHES)):
+    train_patches = {80: TRAIN_PATCHES, 84: TRAIN_PATCHES_R84, 88: TRAIN_PATCHES_R88}[record]
+    kernel_patches = KERNEL_PATCHES_R88 if record == 88 else KERNEL_PATCHES
+    for name, patches in (("train_gpt.py", train_patches), ("triton_kernels.py", kernel_patches)):
         text = apply_patches(open(os.path.join(src, name)).read(), patches, name, commit)
         open(os.path.join(tmp, name), "w").write(text)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -418,9 +448,10 @@ def main(argv=None):
                    help="also train a second reference from the same parameters nudged by one bf16 step on 1%% of "
                         "each bf16 tensor's elements (embed kept = lm_head^T): its distance from the first is the "
                         "bf16 noise floor the upstream-reference difference is judged against")
-    p.add_argument("--record", type=int, choices=(80, 84), default=None,
-                   help="upstream's record: 80 (2c702746, against the reference) or 84 (a333be08, against the C++ "
-                        "trainer); default: told by the files")
+    p.add_argument("--record", type=int, choices=(80, 84, 88), default=None,
+                   help="upstream's record: 80 (2c702746, against the reference), 84 (a333be08, against the C++ "
+                        "trainer) or 88 (its PR's code on a333be08, against the trainer's tiny-r84-prefix); "
+                        "default: told by the files")
     p.add_argument("--trainer", help="record 84: the C++ trainer's CPU binary (e.g. build-up/train_gpt_cpu), run "
                                      "with --preset tiny-r84 at the same schedule and seed; its step-0 checkpoint "
                                      "gives both sides' parameters and the sign table")
@@ -438,7 +469,7 @@ def main(argv=None):
         record = upstream_record(args.upstream)
         if args.record is not None and args.record != record:
             raise PatchError(f"{args.upstream}/train_gpt.py is record {record}'s code, not {args.record}'s")
-        return run_r84(args) if record == 84 else run(args)
+        return run_r84(args, record) if record in (84, 88) else run(args)
     except PatchError as e:
         print(f"upstream_cpu: error: {e}", file=sys.stderr)
         return 1
@@ -562,11 +593,14 @@ def check_schedule(ns, ours, cfg):
             theirs.split_step != ours.split_step:
         raise PatchError(f"stage boundaries/split: upstream {theirs.boundaries} {theirs.split_step}, reference "
                          f"{ours.boundaries} {ours.split_step}")
+    prefix = hasattr(theirs, "prefix_weights")  # record 88
     for step in range(cfg.total_steps + 1):
-        up = (theirs.get_lr(step), ns["get_muon_momentum"](step), theirs.mtp_weights[step].tolist())
-        mine = (ours.lr(step), ours.muon_momentum(step), ours.mtp_weights(step).tolist())
+        up = (theirs.get_lr(step), ns["get_muon_momentum"](step), theirs.mtp_weights[step].tolist(),
+              theirs.prefix_weights[step].tolist() if prefix else None)
+        mine = (ours.lr(step), ours.muon_momentum(step), ours.mtp_weights(step).tolist(),
+                [ours.prefix_weight(step).item()] if prefix else None)
         if up != mine:
-            raise PatchError(f"step {step}: upstream (lr, momentum, MTP weights) {up}, reference {mine}")
+            raise PatchError(f"step {step}: upstream (lr, momentum, MTP weights, prefix weight) {up}, reference {mine}")
     print(f"schedule: upstream's and the reference's agree exactly at steps 0..{cfg.total_steps} (boundaries "
           f"{ours.boundaries}, split {ours.split_step}, lr {ours.lr(0)} .. {ours.lr(cfg.total_steps)})")
 
@@ -753,11 +787,11 @@ def quantize_fp8(ns, model):
 TRAINER_STEP = re.compile(r"^step:(\d+)/(\d+) (train_loss|val_loss):(\S+)")
 
 
-def run_trainer(args, tmp):
+def run_trainer(args, tmp, preset="tiny-r84"):
     """The C++ trainer's run at the same schedule (one emu worker), its step-0 checkpoint saved: its
     training losses by step (its step:N is after N steps: our step N - 1), validation losses by step,
     and step 0's gradient norms per group."""
-    cmd = [args.trainer, "--preset", "tiny-r84", "--seed", str(args.seed), "--scheduled-steps",
+    cmd = [args.trainer, "--preset", preset, "--seed", str(args.seed), "--scheduled-steps",
            str(args.scheduled_steps), "--extension-steps", str(args.extension_steps), "--max-steps", str(args.steps),
            "--val-every", str(args.val_every), "--log-train-loss", "--log-grad-norms", "--warmup", "0",
            "--save-checkpoint", os.path.join(tmp, "ckpt"), "--checkpoint-steps", "0,1",
@@ -777,7 +811,7 @@ def run_trainer(args, tmp):
                 float(m.group(4))
         elif line.startswith("step:1/") and " grad_norms " in line:
             norms = {k: float(v) for k, v in (kv.split(":") for kv in line.split(" grad_norms ")[1].split())}
-        elif line.startswith("config tiny-r84:"):
+        elif line.startswith(f"config {preset}:"):
             print("trainer: " + line.strip())
     if norms is None or len(train) != args.steps:
         raise PatchError(f"the trainer's log lacks the losses or gradient norms: {out.stdout[-2000:]}")
@@ -840,7 +874,7 @@ def print_bank_gradients(model, twin, trainer_grads):
             print("    " + "   ".join(f"{c:<44}" for c in cells[i:i + 2]).rstrip())
 
 
-def run_r84(args):
+def run_r84(args, record=84):
     import torch
     import ref_loader
     import torch_reference as R
@@ -851,6 +885,8 @@ def run_r84(args):
         raise PatchError("record 84: --init and --full-size-optimizer are record 80's (the trainer's own run "
                          "gives the step-0 parameters)")
     cfg = R.tiny_r80_config()  # tiny-r84 is tiny-r80's sizes and schedule with record 84's switches
+    if record == 88:
+        R.use_record88(cfg)
     cfg.scheduled_iterations, cfg.extension_iterations = args.scheduled_steps, args.extension_steps
     if args.val_tokens is not None:
         if args.val_tokens <= 0 or args.val_tokens % cfg.val_batch_tokens:
@@ -862,11 +898,12 @@ def run_r84(args):
     if not train_files:
         raise PatchError("the Tiny Shakespeare shards are missing from data/tinyshakespeare/")
     with tempfile.TemporaryDirectory() as tmp:
-        return compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R)
+        return compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record)
 
 
-def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
-    tr_train, tr_val, tr_norms, ckpt, tr_batches = run_trainer(args, tmp)
+def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
+    preset = {84: "tiny-r84", 88: "tiny-r84-prefix"}[record]
+    tr_train, tr_val, tr_norms, ckpt, tr_batches = run_trainer(args, tmp, preset)
     tensors, _ = R.read_safetensors(ckpt, prefix=("param.", "buffer."))
     shutil.rmtree(os.path.dirname(ckpt))
     ckpt1 = ckpt.replace("step000000", "step000001")
@@ -879,7 +916,7 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
     cwd = os.getcwd()
     os.chdir(tmp)  # upstream's module-level code may write logs/ into the working directory
     try:
-        ns, torch = load_upstream(os.path.abspath(os.path.join(cwd, args.upstream)), tmp, cfg, 84, extra)
+        ns, torch = load_upstream(os.path.abspath(os.path.join(cwd, args.upstream)), tmp, cfg, record, extra)
     finally:
         os.chdir(cwd)
     params = trainer_params_r84(ns, torch, tensors, cfg)
@@ -896,9 +933,9 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R):
     check_schedule(ns, R.Schedule(cfg), cfg)
     ref = None
     if args.reference:  # tests/reference's record-84 port from the same checkpoint, as a third column
-        if "tiny-r84" not in R.PRESETS:
-            raise PatchError("--reference: tests/reference/torch_reference.py has no tiny-r84 preset")
-        rcfg = R.PRESETS["tiny-r84"]()
+        if preset not in R.PRESETS:
+            raise PatchError(f"--reference: tests/reference/torch_reference.py has no {preset} preset")
+        rcfg = R.PRESETS[preset]()
         rcfg.scheduled_iterations, rcfg.extension_iterations = cfg.scheduled_iterations, cfg.extension_iterations
         rcfg.val_tokens = cfg.val_tokens
         rcfg.validate()

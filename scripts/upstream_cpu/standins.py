@@ -191,13 +191,21 @@ class CeKernel:
     max over the unrounded A s; lse = max + log(sum exp(A s_bf16 - max)); loss = sum over k with
     t + k < T of fma(w_k, lse - A s[target], loss); S_w = the sum of all n_predict weights; every
     column written with term2 = 0, then each target column of rows t + k < T rewritten with term2 =
-    the weights of the k < 3 whose target is that column."""
+    the weights of the k < 3 whose target is that column.
+    Record 88's kernel (75d6867a, and its PR on a333be08) takes prefix_targets and prefix_weight after the
+    MTP weights: a row whose prefix P is in [0, V) adds fma(pw, lse - A s[P], loss) after the MTP terms,
+    starts S_w at pw, and its column P's term2 adds pw after the MTP weights."""
 
     def set_shared_memory_config(self, nbytes):
         pass
 
     def __call__(self, grid, block, args, shared_mem=0):
-        logits, targets, mtp_weights, losses, grad_input, n_rows, n_predict, A, B, C, grad_s, grad_scale = args
+        if len(args) == 14:
+            (logits, targets, mtp_weights, prefix_targets, prefix_weight, losses, grad_input, n_rows, n_predict, A,
+             B, C, grad_s, grad_scale) = args
+        else:
+            logits, targets, mtp_weights, losses, grad_input, n_rows, n_predict, A, B, C, grad_s, grad_scale = args
+            prefix_targets = prefix_weight = None
         f = lambda v: torch.tensor(v, dtype=torch.float32)
         A, B, C, grad_s, grad_scale = f(A), f(B), f(C), f(grad_s), f(grad_scale)
         inv_C = 1 / C
@@ -212,14 +220,26 @@ class CeKernel:
             m = max(T - k, 0)
             zt = A * s[:m].gather(1, targets[k:k + m].long().unsqueeze(1)).squeeze(1)
             total[:m] = _fma32(w[k].expand(m), lse[:m, 0] - zt, total[:m])
+        S_w = torch.zeros((T, 1), dtype=torch.float32)
+        if prefix_targets is not None:
+            V = s.shape[1]
+            pw = prefix_weight.float().reshape(())
+            P = prefix_targets.long()
+            valid = (P >= 0) & (P < V)
+            Pc = P.clamp(0, V - 1)
+            zp = A * s.gather(1, Pc.unsqueeze(1)).squeeze(1)
+            total = torch.where(valid, _fma32(pw.expand(T), lse[:, 0] - zp, total), total)
+            S_w = torch.where(valid, pw, torch.zeros((), dtype=torch.float32)).unsqueeze(1)
         losses.copy_(total)
-        S_w = torch.zeros((), dtype=torch.float32)
         for k in range(n_predict):
             S_w = S_w + w[k]
         term2 = torch.zeros_like(s)
         for k in range(min(n_predict, 3)):
             m = max(T - k, 0)
             term2[:m].scatter_add_(1, targets[k:k + m].long().unsqueeze(1), w[k].expand(m, 1).contiguous())
+        if prefix_targets is not None:
+            rows = valid.nonzero().squeeze(1)
+            term2[rows, Pc[rows]] += pw
         grad_z = S_w * torch.exp(A * s - lse) - term2
         g = grad_scale * (1 / C * A) * (1 / grad_s) * grad_z * s * (1 - s)
         big = torch.finfo(torch.float8_e5m2).max  # cvt.rn.satfinite

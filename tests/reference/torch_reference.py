@@ -373,8 +373,34 @@ def tiny_r84_config() -> Config:
     return c
 
 
+def use_record88(c: Config) -> None:
+    """Record 88's prefix-token loss (upstream 75d6867a; its PR logged it on a333be08 as prefix-1375-8x): pw 0.25
+    through the first stage, 0.25 -> 0 through the second, 0 after."""
+    c.prefix_loss = True
+    for st, (a, b) in zip(c.stages, ((0.25, 0.25), (0.25, 0.0), (0.0, 0.0), (0.0, 0.0))):
+        st.prefix_start, st.prefix_end = a, b
+
+
+def r84_prefix_config() -> Config:
+    """Record 88's PR on record 84 (a333be08 + the prefix-token loss, 1365 + 10 steps: the PR's prefix-1375-8x)."""
+    c = r84_config()
+    c.name = "r84-prefix"
+    use_record88(c)
+    c.scheduled_iterations, c.extension_iterations = 1365, 10
+    return c
+
+
+def tiny_r84_prefix_config() -> Config:
+    """tiny-r84 with record 88's prefix-token loss (the tiny schedule's lengths)."""
+    c = tiny_r84_config()
+    c.name = "tiny-r84-prefix"
+    use_record88(c)
+    return c
+
+
 PRESETS = {"record": record_config, "tiny": tiny_config, "r80": r80_config, "tiny-r80": tiny_r80_config,
-           "r84": r84_config, "tiny-r84": tiny_r84_config}
+           "r84": r84_config, "tiny-r84": tiny_r84_config, "r84-prefix": r84_prefix_config,
+           "tiny-r84-prefix": tiny_r84_prefix_config}
 
 
 def next_multiple_of_n(v: int, n: int) -> int:
