@@ -35,6 +35,11 @@ constexpr int kMuddMaxHeads = 16;
 constexpr int kMuddMaxBackwardBlocks = 264;  // two per SM of an H100: the partials' second pass stays short
 constexpr float kMuddScale = 0.1f;           // upstream's _mudd_scale
 constexpr int kMuddPartials = kMuddMaxCoef * (kMuddHidden + 1);  // per block: dw2 then db2
+// Record 85's MUDD gate (its own section at the end).
+constexpr int kMuddGatePreCoef = 26, kMuddGatePostCoef = 41;
+constexpr int kMuddGateMaxCoef = 41;      // upstream's max_num_coef: w2 is (2, 41, 64), b2 (2, 41)
+constexpr int kMuddGateCoefStride = 48;   // fp32 per token in the gate's coefficient buffers (16-byte rows)
+constexpr int kMuddGatePartials = kMuddGateMaxCoef * (kMuddHidden + 1) + 1;  // per block: dw2, db2, dscale
 
 // One MUDD block's second layer: rows [0, n) of w2[id] (n x 64) and b2[id] (bf16 parameters).
 struct MuddHead {
@@ -67,12 +72,12 @@ __device__ __forceinline__ float gelu_erf_grad(float z) {
 __device__ __forceinline__ const __nv_bfloat16* mudd_source_row(const MuddSource& s, int row, int C) {
     return s.rows + static_cast<size_t>(s.ids ? s.ids[row] : row) * C;
 }
-// dst[j] = v[j] for j < n, lane j writing (a register array read at constant indices only: no local memory).
+// dst[j] = v[j] for j < n, lane j % 32 writing (a register array read at constant indices only: no local memory).
 template <int N>
 __device__ __forceinline__ void mudd_store_row(float* dst, const float (&v)[N], int n, int lane) {
 #pragma unroll
     for (int j = 0; j < N; ++j)
-        if (j < n && lane == j) dst[j] = v[j];
+        if (j < n && lane == j % 32) dst[j] = v[j];
 }
 
 // The lane's two hidden pre-activations z and values u = bf16(gelu(z)) (columns 2 lane, 2 lane + 1).
@@ -81,77 +86,107 @@ __device__ __forceinline__ void mudd_row_hidden(float (&u)[2], float (&z)[2], co
     z[0] = __low2float(zz), z[1] = __high2float(zz);
     u[0] = bf16_round(gelu_erf(z[0])), u[1] = bf16_round(gelu_erf(z[1]));
 }
-// The row's coefficients, every lane holding all of them (zeros past n).
-__device__ __forceinline__ void mudd_row_coefficients(float (&c)[kMuddCoefStride], const __nv_bfloat16* z_row,
-                                                      const MuddHead& head, int lane) {
+// Coefficient j before its scale, in every lane: bf16(u . w2[j]) + b2[j] in fp32 (the matmul's bf16 output plus
+// the bias, which inductor fuses with the scale multiply: unrounded).
+__device__ __forceinline__ float mudd_head_pre(const float (&u)[2], const MuddHead& head, int j, int lane) {
+    const __nv_bfloat162 w = reinterpret_cast<const __nv_bfloat162*>(head.w2 + j * kMuddHidden)[lane];
+    return bf16_round(warp_reduce_sum(u[0] * __low2float(w) + u[1] * __high2float(w))) + __bfloat162float(head.b2[j]);
+}
+// The row's coefficients bf16(pre_j * scale), every lane holding all of them (zeros past n).
+template <int N>
+__device__ __forceinline__ void mudd_row_coefficients(float (&c)[N], const __nv_bfloat16* z_row, const MuddHead& head,
+                                                      float scale, int lane) {
     float u[2], z[2];
     mudd_row_hidden(u, z, z_row, lane);
 #pragma unroll
-    for (int j = 0; j < kMuddCoefStride; ++j) {
-        c[j] = 0.0f;
-        if (j >= head.n) continue;
-        const __nv_bfloat162 w = reinterpret_cast<const __nv_bfloat162*>(head.w2 + j * kMuddHidden)[lane];
-        const float dot = warp_reduce_sum(u[0] * __low2float(w) + u[1] * __high2float(w));
-        c[j] = bf16_round((bf16_round(dot) + __bfloat162float(head.b2[j])) * kMuddScale);
-    }
+    for (int j = 0; j < N; ++j) c[j] = j < head.n ? bf16_round(mudd_head_pre(u, head, j, lane) * scale) : 0.0f;
 }
 
 // Row `row`'s coefficients from its z, every lane holding them, and kept in coeffs for the backward.
 __device__ __forceinline__ void mudd_row_coefficients_kept(float (&c)[kMuddCoefStride], float* coeffs,
                                                            const __nv_bfloat16* z, const MuddHead& head, int row,
                                                            int lane) {
-    mudd_row_coefficients(c, z + static_cast<size_t>(row) * kMuddHidden, head, lane);
+    mudd_row_coefficients(c, z + static_cast<size_t>(row) * kMuddHidden, head, kMuddScale, lane);
     mudd_store_row(coeffs + static_cast<size_t>(row) * kMuddCoefStride, c, kMuddCoefStride, lane);
 }
-// From the row's coefficient gradients dc (bf16 values) and its z: the lane's two dz (written) and its shares of
-// dw2 and db2 (added to acc_w, acc_b; db2's in lane 0 only, every lane holding the same dpre).
-__device__ __forceinline__ void mudd_row_head_backward(__nv_bfloat16* dz_row, float (&acc_w)[kMuddMaxCoef][2],
-                                                       float (&acc_b)[kMuddMaxCoef], const float (&dc)[kMuddCoefStride],
-                                                       const __nv_bfloat16* z_row, const MuddHead& head, int lane) {
+// A head's per-thread shares of its parameter gradients over the rows a warp takes: dw2 (the lane's two hidden
+// columns of each coefficient), db2 (coefficient j in lane j % 32) and, for the gate, dscale (lane 0).
+template <int N>
+struct MuddHeadAcc {
+    float w[N][2] = {};
+    float b[(N + 31) / 32] = {};
+    float scale = 0.0f;
+};
+// How a head's coefficient gradients dc reach its MLP. MUDD (scale 0.1, a Python constant): dpre = bf16(0.1 dc)
+// feeds du, dw2 and db2. The gate (scale s = bf16(_mudd_gate_scale)): dP = bf16(s dG) feeds du and dw2 (matmul
+// inputs), while db2 sums s dG and dscale sums dG P unrounded (inductor fuses both reductions with the multiply;
+// P = pre, recomputed from z in fp32 as its backward kernel recomputes it from the saved matmul output).
+enum class MuddHeadKind { mudd, gate };
+// From the row's coefficient gradients (dc(j): bf16 values, j < head.n) and its z: the lane's two dz (written) and
+// its shares of the head's gradients (added to acc).
+template <MuddHeadKind kKind, int N, typename Dc>
+__device__ __forceinline__ void mudd_row_head_backward(__nv_bfloat16* dz_row, MuddHeadAcc<N>& acc, Dc dc,
+                                                       const __nv_bfloat16* z_row, const MuddHead& head, float scale,
+                                                       int lane) {
     float u[2], z[2];
     mudd_row_hidden(u, z, z_row, lane);
     float du[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int j = 0; j < kMuddMaxCoef; ++j) {
+    for (int j = 0; j < N; ++j) {
         if (j >= head.n) continue;
-        const float dpre = bf16_round(kMuddScale * dc[j]);
+        const float dcj = dc(j), scaled = scale * dcj, dpre = bf16_round(scaled);
         const __nv_bfloat162 w = reinterpret_cast<const __nv_bfloat162*>(head.w2 + j * kMuddHidden)[lane];
         du[0] += dpre * __low2float(w);
         du[1] += dpre * __high2float(w);
-        acc_w[j][0] += dpre * u[0];
-        acc_w[j][1] += dpre * u[1];
-        if (lane == 0) acc_b[j] += dpre;
+        acc.w[j][0] += dpre * u[0];
+        acc.w[j][1] += dpre * u[1];
+        if (lane == j % 32) acc.b[j / 32] += kKind == MuddHeadKind::gate ? scaled : dpre;
+        if constexpr (kKind == MuddHeadKind::gate) acc.scale += dcj * mudd_head_pre(u, head, j, lane);
     }
     reinterpret_cast<__nv_bfloat162*>(dz_row)[lane] =
         __floats2bfloat162_rn(bf16_round(du[0]) * gelu_erf_grad(z[0]), bf16_round(du[1]) * gelu_erf_grad(z[1]));
 }
 
-// The block's dw2 and db2 partials (summed over its warps in order) to scratch; the last block sums every
-// block's in block order, one value a thread, into the gradients.
-__device__ __forceinline__ void mudd_head_partials(const float (&acc_w)[kMuddMaxCoef][2],
-                                                   const float (&acc_b)[kMuddMaxCoef], const MuddHead& head,
-                                                   const MuddHeadGrads& grads, BlockPartials scratch) {
-    __shared__ float warp_vals[kNormRowsPerBlock][kMuddPartials];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n = head.n, values = n * (kMuddHidden + 1);
+// The gate's scale gradient (fp32 gradient of an fp32 parameter), and whether it adds to it (both gates add to the
+// one scale: the second backward to run adds).
+struct MuddGateScaleGrad {
+    float* d;
+    int64_t accumulate;  // a bool, as wide as a word: no padding (see SumTargets::Run)
+};
+// The block's dw2, db2 (and dscale) partials, its warps' shares summed in warp order, to scratch (P values a
+// block); the last block sums every block's in block order, one value a thread, into the gradients. dscale (the
+// gate's, d set) receives its sum rounded to bf16: the gradient of the bf16 copy the forward multiplies by.
+template <int N, int P>
+__device__ __forceinline__ void mudd_head_partials(const MuddHeadAcc<N>& acc, const MuddHead& head,
+                                                   const MuddHeadGrads& grads, MuddGateScaleGrad dscale,
+                                                   BlockPartials scratch) {
+    __shared__ float block_vals[P];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, n = head.n;
+    const int values = n * (kMuddHidden + 1) + (dscale.d ? 1 : 0);
+    for (int v = threadIdx.x; v < values; v += blockDim.x) block_vals[v] = 0.0f;
+    for (int w = 0; w < kNormRowsPerBlock; ++w) {
+        __syncthreads();
+        if (warp != w) continue;
 #pragma unroll
-    for (int j = 0; j < kMuddMaxCoef; ++j) {
-        if (j >= n) continue;
-        warp_vals[warp][j * kMuddHidden + 2 * lane] = acc_w[j][0];
-        warp_vals[warp][j * kMuddHidden + 2 * lane + 1] = acc_w[j][1];
-        if (lane == 0) warp_vals[warp][n * kMuddHidden + j] = acc_b[j];
+        for (int j = 0; j < N; ++j) {
+            if (j >= n) continue;
+            block_vals[j * kMuddHidden + 2 * lane] += acc.w[j][0];
+            block_vals[j * kMuddHidden + 2 * lane + 1] += acc.w[j][1];
+            if (lane == j % 32) block_vals[n * kMuddHidden + j] += acc.b[j / 32];
+        }
+        if (dscale.d && lane == 0) block_vals[n * (kMuddHidden + 1)] += acc.scale;
     }
     __syncthreads();
-    float* mine = scratch.partials + static_cast<size_t>(blockIdx.x) * kMuddPartials;
-    for (int v = threadIdx.x; v < values; v += blockDim.x) {
-        float s = 0.0f;
-        for (int w = 0; w < kNormRowsPerBlock; ++w) s += warp_vals[w][v];
-        mine[v] = s;
-    }
+    float* mine = scratch.partials + static_cast<size_t>(blockIdx.x) * P;
+    for (int v = threadIdx.x; v < values; v += blockDim.x) mine[v] = block_vals[v];
     if (!last_block_done(scratch.done)) return;
     for (int v = threadIdx.x; v < values; v += blockDim.x) {
         float s = 0.0f;
-        for (int b = 0; b < static_cast<int>(gridDim.x); ++b)
-            s += __ldcg(scratch.partials + static_cast<size_t>(b) * kMuddPartials + v);
+        for (int b = 0; b < static_cast<int>(gridDim.x); ++b) s += __ldcg(scratch.partials + static_cast<size_t>(b) * P + v);
+        if (v == n * (kMuddHidden + 1)) {
+            *dscale.d = (dscale.accumulate ? *dscale.d : 0.0f) + bf16_round(s);
+            continue;
+        }
         __nv_bfloat16* g = v < n * kMuddHidden ? grads.dw2 + v : grads.db2 + (v - n * kMuddHidden);
         *g = __float2bfloat16(grads.accumulate ? __bfloat162float(*g) + s : s);
     }
@@ -252,7 +287,7 @@ __global__ void __launch_bounds__(kNormThreads, 2)
                                const __nv_bfloat16* h0, const __nv_bfloat16* h7, const __nv_bfloat16* h9, MuddSource ve,
                                int T, int C, int H) {
     const int lane = threadIdx.x % 32;
-    float acc_w[kMuddMaxCoef][2] = {}, acc_b[kMuddMaxCoef] = {};
+    MuddHeadAcc<kMuddMaxCoef> acc;
     const int D = C / H, half = D * (H / 2);
     for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
         const size_t off = static_cast<size_t>(row) * C;
@@ -322,9 +357,10 @@ __global__ void __launch_bounds__(kNormThreads, 2)
             store128(d.dve + at, ve_g);
         }
         const size_t zrow = static_cast<size_t>(row) * kMuddHidden;
-        mudd_row_head_backward(dz + zrow, acc_w, acc_b, dc, z + zrow, head, lane);
+        mudd_row_head_backward<MuddHeadKind::mudd>(dz + zrow, acc, [&](int j) { return dc[j]; }, z + zrow, head,
+                                                   kMuddScale, lane);
     }
-    mudd_head_partials(acc_w, acc_b, head, dhead, scratch);
+    mudd_head_partials<kMuddMaxCoef, kMuddPartials>(acc, head, dhead, {}, scratch);
 }
 // Reads daux, dr, h0, h7, h9, the value rows, the coefficients 0..7 and gradients 8..13, z and the head, and the
 // gradients it adds to (each once: the second reads of a row come from L1); writes the sources' gradients, dve, dz,
@@ -441,7 +477,7 @@ __global__ void __launch_bounds__(kNormThreads, 2)
                               const float* coeffs, const __nv_bfloat16* z, MuddHead head, MuddExitSources sources,
                               int T, int C) {
     const int lane = threadIdx.x % 32;
-    float acc_w[kMuddMaxCoef][2] = {}, acc_b[kMuddMaxCoef] = {};
+    MuddHeadAcc<kMuddMaxCoef> acc;
     for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
         const size_t off = static_cast<size_t>(row) * C;
         const float* c = coeffs + static_cast<size_t>(row) * kMuddCoefStride;
@@ -476,9 +512,10 @@ __global__ void __launch_bounds__(kNormThreads, 2)
         for (int j = 0; j < kMuddExitSources; ++j) dc[j] = bf16_round(warp_reduce_sum(s[j]));
         mudd_store_row(dcoeffs + static_cast<size_t>(row) * kMuddCoefStride, dc, kMuddExitCoef, lane);
         const size_t zrow = static_cast<size_t>(row) * kMuddHidden;
-        mudd_row_head_backward(dz + zrow, acc_w, acc_b, dc, z + zrow, head, lane);
+        mudd_row_head_backward<MuddHeadKind::mudd>(dz + zrow, acc, [&](int j) { return dc[j]; }, z + zrow, head,
+                                                   kMuddScale, lane);
     }
-    mudd_head_partials(acc_w, acc_b, head, dhead, scratch);
+    mudd_head_partials<kMuddMaxCoef, kMuddPartials>(acc, head, dhead, {}, scratch);
 }
 // Reads dhf, xf, rstd, the coefficients 0..4, the sources, z and the head, and the gradients it adds to (each
 // once); writes dx, the sources' gradients, the coefficient gradients 0..4, dz and the head's reduction.
@@ -513,5 +550,105 @@ inline void mudd_exit_backward(__nv_bfloat16* dz, float* dcoeffs, MuddExitGrads 
     const int blocks = mudd_backward_blocks(T);
     launch(mudd_exit_backward_work(T, C, d, dhead, sources), mudd_exit_backward_kernel, dim3(blocks), dim3(kNormThreads), 0,
            stream, dz, dcoeffs, d, dhead, scratch, dhf, xf, rstd_f, coeffs, z, head, sources, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// ---- record 85's MUDD gate (upstream 003ff3e2 = 75d6867a: init_mudd_gate, forward_mudd_gate) ----
+// A second head of the same form whose coefficients the layers read per token in place of records 71-84's lambdas
+// and gates: id 0 (pre, n = 26, h = x0) and id 1 (post, n = 41, h = layer 4's input), w2 rows [id, :n], b2 [id, :n]:
+//   z = h @ Wg1[id]^T (T, 64, a matmul before these kernels);  u = bf16(gelu(z));
+//   G = bf16((bf16(u . w2^T) + b2) * s),  s = bf16(_mudd_gate_scale)  (fp32 parameter, `type_as` the bf16 u)
+// kept as fp32 copies of the bf16 values, kMuddGateCoefStride per token (zeros past n). Which layer reads which
+// column: SPEC "MUDD gate (#85)"; the readers write the gradients of the columns they read into a buffer of the
+// same layout (every column < n is read by one of them).
+// Backward: dP = bf16(s dG) into du = bf16(dP . w2), dz = bf16(du gelu'(z)) and dw2 = sum_t dP u; db2 = sum_t s dG;
+// dscale = bf16(sum_{t, j < n} dG P) with P = bf16(u . w2^T) + b2 (fp32); fixed-order block partials summed by the
+// last block (bitwise reproducible); dWg1 = dz^T h and dh += dz Wg1 are matmuls after these kernels.
+
+// coeffs[t, j] = G[t, j] for j < n, 0 for the rest of the row's kMuddGateCoefStride.
+__global__ void __launch_bounds__(kNormThreads, 4)
+    mudd_gate_forward_kernel(float* coeffs, const __nv_bfloat16* z, MuddHead head, const float* scale, int T) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    const float s = bf16_round(*scale);
+    float u[2], zz[2];
+    mudd_row_hidden(u, zz, z + static_cast<size_t>(row) * kMuddHidden, lane);
+    float* out = coeffs + static_cast<size_t>(row) * kMuddGateCoefStride;
+#pragma unroll 1
+    for (int j = 0; j < kMuddGateCoefStride; ++j) {
+        const float c = j < head.n ? bf16_round(mudd_head_pre(u, head, j, lane) * s) : 0.0f;
+        if (lane == j % 32) out[j] = c;
+    }
+}
+// Reads z, the head and the scale; writes the coefficients.
+inline Work mudd_gate_forward_work(int T, int n) {
+    return Work{.name = "mudd_gate_forward",
+                .flops = double(T) * (3.0 * n * kMuddHidden + 20.0 * kMuddHidden),
+                .bytes_read = 2.0 * T * kMuddHidden + mudd_head_bytes(n) + sizeof(float),
+                .bytes_written = 4.0 * T * kMuddGateCoefStride};
+}
+inline void require_mudd_gate_head(const char* who, const MuddHead& head, const float* scale) {
+    kernel_require(head.w2 && head.b2 && (head.n == kMuddGatePreCoef || head.n == kMuddGatePostCoef) && scale,
+                   "%s: the MUDD gate needs w2 and b2 rows, %d (pre) or %d (post) coefficients (got %d), and the scale",
+                   who, kMuddGatePreCoef, kMuddGatePostCoef, head.n);
+}
+// z: h @ Wg1[id]^T (T, 64); head: w2[id] and b2[id] with n = 26 (pre) or 41 (post); scale: _mudd_gate_scale (fp32).
+inline void mudd_gate_forward(float* coeffs, const __nv_bfloat16* z, MuddHead head, const float* scale, int T,
+                              cudaStream_t stream) {
+    require_mudd_gate_head("mudd_gate_forward", head, scale);
+    kernel_require(coeffs && z && T > 0, "mudd_gate_forward: the coefficients and z are required, T > 0 (T=%d)", T);
+    launch(mudd_gate_forward_work(T, head.n), mudd_gate_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0,
+           stream, coeffs, z, head, scale, T);
+    CUDA_CHECK_LAUNCH();
+}
+
+// dz and the head's gradients from the coefficients' gradients dcoeffs (columns < n read).
+__global__ void __launch_bounds__(kNormThreads, 2)
+    mudd_gate_backward_kernel(__nv_bfloat16* dz, MuddHeadGrads dhead, MuddGateScaleGrad dscale, BlockPartials scratch,
+                              const float* dcoeffs, const __nv_bfloat16* z, MuddHead head, const float* scale, int T) {
+    const int lane = threadIdx.x % 32;
+    const float s = bf16_round(*scale);
+    MuddHeadAcc<kMuddGateMaxCoef> acc;
+    for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
+        const float* dg = dcoeffs + static_cast<size_t>(row) * kMuddGateCoefStride;
+        const size_t zrow = static_cast<size_t>(row) * kMuddHidden;
+        mudd_row_head_backward<MuddHeadKind::gate>(dz + zrow, acc, [&](int j) { return dg[j]; }, z + zrow, head, s,
+                                                   lane);
+    }
+    mudd_head_partials<kMuddGateMaxCoef, kMuddGatePartials>(acc, head, dhead, dscale, scratch);
+}
+inline int mudd_gate_backward_blocks(int T) { return mudd_backward_blocks(T); }
+// Scratch bytes of mudd_gate_backward for T rows (its BlockPartials' partials).
+inline size_t mudd_gate_backward_scratch_bytes(int T) {
+    return sizeof(float) * kMuddGatePartials * static_cast<size_t>(mudd_gate_backward_blocks(T));
+}
+// Reads the n coefficient gradients of each row, z, the head and the scale; writes dz and the head's reduction
+// (dw2, db2 and dscale: one more value); recomputes P (the forward's dot) for dscale.
+inline Work mudd_gate_backward_work(int T, int n, const MuddHeadGrads& dhead, const MuddGateScaleGrad& dscale) {
+    Work w{.name = "mudd_gate_backward",
+           .flops = double(T) * (7.0 * n * kMuddHidden + 30.0 * kMuddHidden),
+           .bytes_read = 4.0 * T * n + 2.0 * T * kMuddHidden + mudd_head_bytes(n) + sizeof(float),
+           .bytes_written = 2.0 * T * kMuddHidden};
+    w = mudd_head_reduction(w, T, n, dhead.accumulate);
+    const double partials = 4.0 * mudd_gate_backward_blocks(T);  // dscale's
+    w.flops += mudd_gate_backward_blocks(T);
+    w.bytes_read += partials + (dscale.accumulate ? sizeof(float) : 0);
+    w.bytes_written += partials + sizeof(float);
+    return w;
+}
+// dz: (T, 64), for dWg1[id] = dz^T h and dh += dz Wg1[id] (matmuls after this); dhead: w2[id]'s rows [0, n) and
+// b2[id]'s (the rest of the row, never read, keeps a zero gradient: the caller's); dscale: _mudd_gate_scale's;
+// scratch: mudd_gate_backward_scratch_bytes(T). dcoeffs: (T, kMuddGateCoefStride), each column < n holding the
+// gradient its reader wrote (columns from n on are not read).
+inline void mudd_gate_backward(__nv_bfloat16* dz, MuddHeadGrads dhead, MuddGateScaleGrad dscale, BlockPartials scratch,
+                               const float* dcoeffs, const __nv_bfloat16* z, MuddHead head, const float* scale, int T,
+                               cudaStream_t stream) {
+    require_mudd_gate_head("mudd_gate_backward", head, scale);
+    kernel_require(dz && dcoeffs && z && dhead.dw2 && dhead.db2 && dscale.d && scratch.partials && scratch.done && T > 0,
+                   "mudd_gate_backward: dz, the coefficients' gradients, z, the head's and the scale's gradients and the "
+                   "scratch are required, T > 0 (T=%d)", T);
+    const int blocks = mudd_gate_backward_blocks(T);
+    launch(mudd_gate_backward_work(T, head.n, dhead, dscale), mudd_gate_backward_kernel, dim3(blocks),
+           dim3(kNormThreads), 0, stream, dz, dhead, dscale, scratch, dcoeffs, z, head, scale, T);
     CUDA_CHECK_LAUNCH();
 }

@@ -20,6 +20,7 @@ using test::DeviceBuffer;
 using test::DevicePartials;
 using test::normal_bf16;
 using test::round_bf16;
+using test::same_bits;
 using test::value;
 using test::values;
 using V = std::vector<double>;
@@ -46,9 +47,11 @@ Head random_head(int n) {
     // w2 and b2 as a trained model might hold them: b2 around upstream's init (tens), w2 small
     return {n, normal_bf16(size_t(n) * kMuddHidden, 0.0, 0.3), normal_bf16(size_t(n), 0.0, 8.0)};
 }
-// The coefficients in double from z (unrounded u and dot) and the tolerance the kernel's roundings allow.
-void ref_coefficients(const std::vector<bf16>& z, const Head& h, int T, V& c, V& tol) {
-    c.assign(size_t(T) * kMuddCoefStride, 0.0);
+// The coefficients in double from z (unrounded u and dot) and the tolerance the kernel's roundings allow; `scale`:
+// MUDD's 0.1 or the gate's bf16 scale, `stride` values a row.
+void ref_coefficients(const std::vector<bf16>& z, const Head& h, int T, V& c, V& tol, double scale = kMuddScale,
+                      int stride = kMuddCoefStride) {
+    c.assign(size_t(T) * stride, 0.0);
     tol.assign(c.size(), 0.0);
     for (int t = 0; t < T; ++t)
         for (int j = 0; j < h.n; ++j) {
@@ -57,18 +60,21 @@ void ref_coefficients(const std::vector<bf16>& z, const Head& h, int T, V& c, V&
                 const double p = gelu(value(z[size_t(t) * kMuddHidden + k])) * value(h.w2[size_t(j) * kMuddHidden + k]);
                 dot += p, mag += std::fabs(p);
             }
-            const double b = value(h.b2[j]), v = (dot + b) * kMuddScale;
-            c[size_t(t) * kMuddCoefStride + j] = v;
+            const double b = value(h.b2[j]), v = (dot + b) * scale;
+            c[size_t(t) * stride + j] = v;
             // u's roundings (2^-8 of each term), the dot's, the sum's and the result's
-            tol[size_t(t) * kMuddCoefStride + j] = kMuddScale * (mag * kR + std::fabs(dot) * kR + (std::fabs(dot) + std::fabs(b)) * kR) + std::fabs(v) * kR + 1e-30;
+            tol[size_t(t) * stride + j] = std::fabs(scale) * (mag * kR + std::fabs(dot) * kR + (std::fabs(dot) + std::fabs(b)) * kR) + std::fabs(v) * kR + 1e-30;
         }
 }
-// The head's backward in double from the coefficient gradients dc (T x 16): dz, dw2, db2, with the tolerances the
-// kernel's roundings of dpre and du allow (dc is given as the kernel's bf16 values).
+// The head's backward in double from the coefficient gradients dc (T x stride): dz, dw2, db2 (and for the gate
+// dscale = sum dc P, P = u . w2 + b2), with the tolerances the kernel's roundings of dpre, du (and P) allow (dc is
+// given as the kernel's bf16 values). `scale`: MUDD's 0.1 or the gate's bf16 scale.
 struct HeadGrads {
     V dz, dz_tol, dw2, dw2_tol, db2, db2_tol;
+    double dscale = 0, dscale_tol = 0;
 };
-HeadGrads ref_head_backward(const V& dc, const std::vector<bf16>& z, const Head& h, int T) {
+HeadGrads ref_head_backward(const V& dc, const std::vector<bf16>& z, const Head& h, int T, double scale = kMuddScale,
+                            int stride = kMuddCoefStride) {
     HeadGrads o;
     o.dz.assign(size_t(T) * kMuddHidden, 0.0);
     o.dz_tol.assign(o.dz.size(), 0.0);
@@ -76,12 +82,13 @@ HeadGrads ref_head_backward(const V& dc, const std::vector<bf16>& z, const Head&
     o.dw2_tol.assign(o.dw2.size(), 0.0);
     o.db2.assign(size_t(h.n), 0.0);
     o.db2_tol.assign(o.db2.size(), 0.0);
+    double ds_mag = 0;
     for (int t = 0; t < T; ++t) {
         for (int k = 0; k < kMuddHidden; ++k) {
             const double zk = value(z[size_t(t) * kMuddHidden + k]), u = gelu(zk);
             double du = 0, mag = 0;
             for (int j = 0; j < h.n; ++j) {
-                const double dpre = kMuddScale * dc[size_t(t) * kMuddCoefStride + j];
+                const double dpre = scale * dc[size_t(t) * stride + j];
                 const double p = dpre * value(h.w2[size_t(j) * kMuddHidden + k]);
                 du += p, mag += std::fabs(p);
                 o.dw2[size_t(j) * kMuddHidden + k] += dpre * u;
@@ -95,55 +102,69 @@ HeadGrads ref_head_backward(const V& dc, const std::vector<bf16>& z, const Head&
                                                     (std::fabs(du) + mag * kR) * 4e-7 + std::fabs(dz) * kR + 1e-30;
         }
         for (int j = 0; j < h.n; ++j) {
-            const double dpre = kMuddScale * dc[size_t(t) * kMuddCoefStride + j];
+            const double g = dc[size_t(t) * stride + j], dpre = scale * g;
             o.db2[size_t(j)] += dpre;
             o.db2_tol[size_t(j)] += std::fabs(dpre) * kR;
+            double dot = 0, mag = 0;
+            for (int k = 0; k < kMuddHidden; ++k) {
+                const double p = gelu(value(z[size_t(t) * kMuddHidden + k])) * value(h.w2[size_t(j) * kMuddHidden + k]);
+                dot += p, mag += std::fabs(p);
+            }
+            const double P = dot + value(h.b2[j]);
+            o.dscale += g * P;
+            ds_mag += std::fabs(g * P);
+            o.dscale_tol += std::fabs(g) * (mag * kR + std::fabs(dot) * kR);  // u's roundings and the dot's
         }
     }
     for (size_t i = 0; i < o.dw2.size(); ++i) o.dw2_tol[i] += std::fabs(o.dw2[i]) * kR + 1e-30;
     for (size_t i = 0; i < o.db2.size(); ++i) o.db2_tol[i] += std::fabs(o.db2[i]) * kR + 1e-30;
+    o.dscale_tol += 1e-5 * ds_mag + std::fabs(o.dscale) * kR + 1e-30;  // fp32 sums, the result's bf16 rounding
     return o;
 }
 
-// The reference's head backward against central differences of L = sum_t,j dc[t, j] c[t, j] (double, unrounded).
-void check_head_finite_differences() {
-    const int T = 3, n = kMuddEntryCoef;
+// The reference's head backward against central differences of L = sum_t,j dc[t, j] c[t, j] (double, unrounded):
+// MUDD's head (scale 0.1), and the gate's (its learnable scale: d/ds as well).
+void check_head_finite_differences(bool gate) {
+    const int T = 3, n = gate ? kMuddGatePostCoef : kMuddEntryCoef, stride = gate ? kMuddGateCoefStride : kMuddCoefStride;
     const Head h = random_head(n);
     const auto z = normal_bf16(size_t(T) * kMuddHidden);
-    V dc(size_t(T) * kMuddCoefStride, 0.0);
+    V dc(size_t(T) * stride, 0.0);
     for (int t = 0; t < T; ++t)
-        for (int j = 0; j < n; ++j) dc[size_t(t) * kMuddCoefStride + j] = test::normal();
-    const HeadGrads g = ref_head_backward(dc, z, h, T);
+        for (int j = 0; j < n; ++j) dc[size_t(t) * stride + j] = test::normal();
+    double scale = gate ? test::normal(0.1, 0.05) : kMuddScale;
+    const HeadGrads g = ref_head_backward(dc, z, h, T, scale, stride);
     auto loss = [&](const V& zd, const V& w2, const V& b2) {
         double L = 0;
         for (int t = 0; t < T; ++t)
             for (int j = 0; j < n; ++j) {
                 double dot = 0;
                 for (int k = 0; k < kMuddHidden; ++k) dot += gelu(zd[size_t(t) * kMuddHidden + k]) * w2[size_t(j) * kMuddHidden + k];
-                L += dc[size_t(t) * kMuddCoefStride + j] * (dot + b2[size_t(j)]) * kMuddScale;
+                L += dc[size_t(t) * stride + j] * (dot + b2[size_t(j)]) * scale;
             }
         return L;
     };
     V zd = values(z), w2 = values(h.w2), b2 = values(h.b2);
     const double e = 1e-5;
     double worst = 0;
-    auto fd = [&](V& x, size_t i, double analytic) {
-        const double keep = x[i];
-        x[i] = keep + e;
+    auto fd_of = [&](double& x, double analytic) {
+        const double keep = x;
+        x = keep + e;
         const double lp = loss(zd, w2, b2);
-        x[i] = keep - e;
+        x = keep - e;
         const double lm = loss(zd, w2, b2);
-        x[i] = keep;
+        x = keep;
         worst = std::max(worst, std::fabs((lp - lm) / (2 * e) - analytic) / (std::fabs(analytic) + 1e-3));
     };
     for (int i = 0; i < 12; ++i) {
         const size_t a = size_t(test::randint(0, T * kMuddHidden - 1)), b = size_t(test::randint(0, n * kMuddHidden - 1));
         const size_t j = size_t(test::randint(0, n - 1));
-        fd(zd, a, g.dz[a]);
-        fd(w2, b, g.dw2[b]);
-        fd(b2, j, g.db2[j]);
+        fd_of(zd[a], g.dz[a]);
+        fd_of(w2[b], g.dw2[b]);
+        fd_of(b2[j], g.db2[j]);
     }
-    test::check(worst < 1e-6, "MUDD head backward (reference) against central differences: worst relative error %.3g", worst);
+    if (gate) fd_of(scale, g.dscale);
+    test::check(worst < 1e-6, "%s head backward (reference) against central differences: worst relative error %.3g",
+                gate ? "MUDD gate" : "MUDD", worst);
 }
 
 V download_values(const DeviceBuffer<bf16>& d) { return values(d.download()); }
@@ -384,6 +405,72 @@ void check_exit(const Shape& s, bool acc) {
     test::check(scratch.done.download()[0] == 0, "mudd_exit_backward %s: the ticket counter is back at zero", at.c_str());
 }
 
+// Record 85's gate head: its coefficients from z with the learnable scale, then dz, dw2, db2 and dscale from the
+// readers' column gradients. The head has upstream's 41 rows with the pre gate using 26: rows and columns from n on
+// must be neither read (their gradients are poisoned) nor written.
+void check_gate(int T, int n, bool acc) {
+    const std::string at = "T=" + std::to_string(T) + (n == kMuddGatePreCoef ? " pre" : " post") + (acc ? " accumulate" : "");
+    constexpr int S = kMuddGateCoefStride;
+    Head head = random_head(kMuddGateMaxCoef);
+    // the scale off the bf16 grid: the kernels multiply by its bf16 rounding
+    const float scale = float(test::normal(0.1, 0.03)) * (1.0f + 1.0f / 1024);
+    const double s = round_bf16(scale);
+    const auto z = normal_bf16(size_t(T) * kMuddHidden);
+    DeviceBuffer<bf16> d_z(z), d_w2(head.w2), d_b2(head.b2);
+    DeviceBuffer<float> d_scale(std::vector<float>{scale}), d_c(std::vector<float>(size_t(T) * S, 1e30f));
+    const MuddHead mh{d_w2.ptr, d_b2.ptr, n};
+    mudd_gate_forward(d_c.ptr, d_z.ptr, mh, d_scale.ptr, T, nullptr);
+    head.n = n;
+    V cref, ctol;
+    ref_coefficients(z, head, T, cref, ctol, s, S);
+    const V c = download_floats(d_c);
+    test::check_within("mudd_gate_forward coefficients " + at, c, cref, ctol);
+    bool bf16_values = true;
+    for (double v : c) bf16_values = bf16_values && v == round_bf16(v);
+    test::check(bf16_values, "mudd_gate_forward %s: the coefficients are bf16 values", at.c_str());
+
+    // backward: the readers' gradients (bf16 values) in columns < n, the rest poisoned
+    std::vector<float> dg(size_t(T) * S);
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < S; ++j) dg[size_t(t) * S + j] = j < n ? float(round_bf16(test::normal())) : float(test::normal(0, 100));
+    const auto old_w2 = normal_bf16(head.w2.size()), old_b2 = normal_bf16(head.b2.size());
+    const float old_ds = float(test::normal());
+    DeviceBuffer<float> d_dg(dg), d_ds(std::vector<float>{old_ds});
+    DeviceBuffer<bf16> d_dz(size_t(T) * kMuddHidden), d_dw2(old_w2), d_db2(old_b2);
+    DevicePartials scratch(mudd_gate_backward_scratch_bytes(T));
+    const auto run = [&] {
+        mudd_gate_backward(d_dz.ptr, {d_dw2.ptr, d_db2.ptr, acc}, {d_ds.ptr, acc}, scratch.view(), d_dg.ptr, d_z.ptr, mh,
+                           d_scale.ptr, T, nullptr);
+    };
+    run();
+    V dgv(dg.begin(), dg.end());
+    const HeadGrads want = ref_head_backward(dgv, z, head, T, s, S);
+    test::check_within("mudd_gate_backward dz " + at, download_values(d_dz), want.dz, want.dz_tol);
+    const size_t nw = size_t(n) * kMuddHidden;
+    const V got_w2 = download_values(d_dw2), got_b2 = download_values(d_db2);
+    V w2 = want.dw2, t2 = want.dw2_tol, b2 = want.db2, tb = want.db2_tol;
+    for (size_t i = 0; i < nw && acc; ++i) w2[i] += value(old_w2[i]), t2[i] += std::fabs(value(old_w2[i])) * kR;
+    for (int j = 0; j < n && acc; ++j) b2[size_t(j)] += value(old_b2[size_t(j)]), tb[size_t(j)] += std::fabs(value(old_b2[size_t(j)])) * kR;
+    test::check_within("mudd_gate_backward dw2 " + at, V(got_w2.begin(), got_w2.begin() + nw), w2, t2);
+    test::check_within("mudd_gate_backward db2 " + at, V(got_b2.begin(), got_b2.begin() + n), b2, tb);
+    const V ow2 = values(old_w2), ob2 = values(old_b2);
+    test::check(V(got_w2.begin() + nw, got_w2.end()) == V(ow2.begin() + nw, ow2.end()) &&
+                    V(got_b2.begin() + n, got_b2.end()) == V(ob2.begin() + n, ob2.end()),
+                "mudd_gate_backward %s: the rows from n on keep their gradients", at.c_str());
+    const float got_ds = d_ds.download()[0];
+    test::check_within("mudd_gate_backward dscale " + at, V{got_ds}, V{(acc ? old_ds : 0.0) + want.dscale},
+                       V{want.dscale_tol + (acc ? std::fabs(old_ds) * 1e-7 : 0.0)});
+    test::check(acc || double(got_ds) == round_bf16(got_ds), "mudd_gate_backward %s: dscale is a bf16 value", at.c_str());
+    test::check(scratch.done.download()[0] == 0, "mudd_gate_backward %s: the ticket counter is back at zero", at.c_str());
+    if (!acc) {  // the same call again gives the same bits
+        const auto dz1 = d_dz.download(), dw1 = d_dw2.download(), db1 = d_db2.download();
+        run();
+        test::check(same_bits(dz1, d_dz.download()) && same_bits(dw1, d_dw2.download()) &&
+                        same_bits(db1, d_db2.download()) && d_ds.download()[0] == got_ds,
+                    "mudd_gate_backward %s: reproducible", at.c_str());
+    }
+}
+
 }  // namespace
 
 int main() {
@@ -406,7 +493,8 @@ int main() {
         mudd_exit_forward(reinterpret_cast<float*>(16), p, p, reinterpret_cast<float*>(16), p, {p, p, kMuddExitCoef}, p,
                           srcs, 4, 128, nullptr);
     });
-    check_head_finite_differences();
+    check_head_finite_differences(false);
+    check_head_finite_differences(true);
     // the record's width and heads (ragged rows), tiny's, four heads, and rows past the partials' block cap
     const Shape shapes[] = {{37, 768, 6}, {300, 128, 2}, {64, 256, 4}, {2200, 128, 2}};
     for (const Shape& s : shapes)
@@ -414,5 +502,8 @@ int main() {
             check_entry(s, acc);
             check_exit(s, acc);
         }
+    // the gates: ragged rows, tiny's rows, and rows past the partials' block cap
+    for (int T : {37, 300, 2200})
+        for (int n : {kMuddGatePreCoef, kMuddGatePostCoef}) check_gate(T, n, T == 300 ? n == kMuddGatePostCoef : n == kMuddGatePreCoef);
     return test::finish();
 }
