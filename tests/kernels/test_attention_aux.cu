@@ -796,6 +796,17 @@ struct Xsa {
     }
 };
 
+// |central difference - want| in units of the bound 1e-6 + 1e-5 |want|: loss(z) with z's field[i] moved by +-h.
+template <class Z, class Loss>
+double central_difference_error(const Z& base, Loss loss, std::vector<double> Z::*field, size_t i, double want,
+                                double h) {
+    Z up = base, down = base;
+    (up.*field)[i] += h;
+    (down.*field)[i] -= h;
+    const double got = (loss(up) - loss(down)) / (2 * h);
+    return std::fabs(got - want) / (1e-6 + 1e-5 * std::fabs(want));
+}
+
 // The reference's gradients against central differences of its own loss in double (alpha unrounded, so
 // that a is a smooth input): a check of the formulas the kernel and the reference share.
 void check_xsa_reference_gradients() {
@@ -821,11 +832,7 @@ void check_xsa_reference_gradients() {
     };
     double worst = 0;
     auto fd = [&](std::vector<double> Xsa::*field, size_t i, double want, double h) {
-        Xsa up = base, down = base;
-        (up.*field)[i] += h;
-        (down.*field)[i] -= h;
-        const double got = (loss(up) - loss(down)) / (2 * h);
-        worst = std::max(worst, std::fabs(got - want) / (1e-6 + 1e-5 * std::fabs(want)));
+        worst = std::max(worst, central_difference_error(base, loss, field, i, want, h));
     };
     for (size_t i = 0; i < n; ++i) {
         fd(&Xsa::y, i, base.dy[i], 1e-6);
@@ -1017,11 +1024,7 @@ void check_token_xsa_reference_gradients() {
     };
     double worst = 0;
     auto fd = [&](std::vector<double> TokenXsa::*field, size_t i, double want, double h) {
-        TokenXsa up = base, down = base;
-        (up.*field)[i] += h;
-        (down.*field)[i] -= h;
-        const double got = (loss(up) - loss(down)) / (2 * h);
-        worst = std::max(worst, std::fabs(got - want) / (1e-6 + 1e-5 * std::fabs(want)));
+        worst = std::max(worst, central_difference_error(base, loss, field, i, want, h));
     };
     for (size_t i = 0; i < n; ++i) {
         fd(&TokenXsa::y, i, base.dy[i], 1e-6);
