@@ -446,6 +446,17 @@ class R80ScheduleTest(unittest.TestCase):
             R.check_num_docs(r80, 16384, 64)
 
 
+def assert_e5m2_of(test, got, want):
+    """got (e5m2 values) is want (float64) rounded to e5m2: one step of slack only where the float64 and fp32
+    values may straddle a rounding tie, and at least 97% exact."""
+    want8 = torch.tensor([[round_to_format(v, 2, -14, 57344.0) for v in row] for row in want.tolist()],
+                         dtype=torch.float64)
+    step = torch.where(want8 == 0, torch.tensor(2.0 ** -16, dtype=torch.float64),
+                       2.0 ** (torch.floor(torch.log2(want8.abs().clamp_min(2.0 ** -16))) - 2))
+    test.assertTrue(bool(((got - want8).abs() <= step).all()))
+    test.assertGreater(float((got == want8).double().mean()), 0.97)
+
+
 @needs_torch
 class R80CrossEntropyTest(unittest.TestCase):
     def setUp(self):
@@ -479,14 +490,8 @@ class R80CrossEntropyTest(unittest.TestCase):
                 if t + k < self.T:
                     term2[t, self.targets[t + k]] += self.w[k].item()
         want = self.gscale * (23 / 7.5) / self.gs * (1.75 * p - term2) * s * (1 - s)
-        want8 = torch.tensor([[round_to_format(v, 2, -14, 57344.0) for v in row] for row in want.tolist()],
-                             dtype=torch.float64)
         got = d8.double()
-        # the float64 and fp32 values may straddle an e5m2 rounding tie: allow one step there, nowhere else
-        step = torch.where(want8 == 0, torch.tensor(2.0 ** -16, dtype=torch.float64),
-                           2.0 ** (torch.floor(torch.log2(want8.abs().clamp_min(2.0 ** -16))) - 2))
-        self.assertTrue(bool(((got - want8).abs() <= step).all()))
-        self.assertGreater(float((got == want8).double().mean()), 0.97)
+        assert_e5m2_of(self, got, want)
         # the last row: all the weight of S_w = 1.75 on p, only w_0 on its target (no t+1, t+2 rows)
         t, j = self.T - 1, int(self.targets[-1])
         self.assertGreater(got[t].sum().item(), 0.0)  # 1.75 - 1.0: the quirk leaves a positive row sum
@@ -583,13 +588,7 @@ class R88PrefixLossTest(unittest.TestCase):
                 term2[t, self.P[t]] += self.pw.item()
                 S[t] += self.pw.item()
         want = self.gscale * (23 / 7.5) / self.gs * (S * p - term2) * s * (1 - s)
-        want8 = torch.tensor([[round_to_format(v, 2, -14, 57344.0) for v in row] for row in want.tolist()],
-                             dtype=torch.float64)
-        got = d8.double()
-        step = torch.where(want8 == 0, torch.tensor(2.0 ** -16, dtype=torch.float64),
-                           2.0 ** (torch.floor(torch.log2(want8.abs().clamp_min(2.0 ** -16))) - 2))
-        self.assertTrue(bool(((got - want8).abs() <= step).all()))
-        self.assertGreater(float((got == want8).double().mean()), 0.97)
+        assert_e5m2_of(self, d8.double(), want)
 
     def test_gradient_matches_autograd_of_the_loss(self):
         """Where the MTP targets all exist, S_w is the loss's weight sum: the e5m2 gradient is the autograd
