@@ -384,6 +384,106 @@ inline void gated_skip_add_backward(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, _
     CUDA_CHECK_LAUNCH();
 }
 
+// ---- record 85: the skip from layer 3 into layer 6 with a per-token gate ----
+// Upstream 003ff3e2 (= 75d6867a L1592-1596): skip_gate_out = sigmoid(skip_lambda) * G28, x = x + skip_gate_out * h3,
+// G28 the MUDD post gate's column 28 (kernels/mudd.cuh: fp32 copies of bf16 values, `gate_stride` apart) and
+// skip_lambda an fp32 scalar used as is (no `.bfloat16()`); one fused expression, rounded once where x is stored.
+// Replaces record 71-84's 2 sigmoid(x0[:, :12] . skip_gate) (gated_skip_add_*).
+// x_out = bf16(x + sigmoid(lambda) * G[t] * skip); h = norm(x_out) (layer 6's MLP input).
+__global__ void __launch_bounds__(kNormThreads, 4)
+    token_skip_add_norm_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                                       const __nv_bfloat16* skip, const float* gate, int64_t gate_stride,
+                                       const float* skip_lambda, int T, int C) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    const size_t off = static_cast<size_t>(row) * C;
+    const float s = sigmoidf(*skip_lambda) * gate[row * gate_stride];
+    add_scaled_row(x_out + off, h + off, h_rstd + row, x + off, skip + off, s, C, lane);
+}
+// Reads x, skip, each token's gate and the lambda; writes x_out, h and rstd; a multiply-add and the norm per element.
+inline Work token_skip_add_norm_forward_work(int T, int C) {
+    return Work{.name = "token_skip_add_norm_forward", .flops = 5.0 * T * C,
+                .bytes_read = norm_rows_bytes(T, C, 2) + 4.0 * T + sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C, 2) + norm_rstd_bytes(T)};
+}
+// skip: layer 3's output (h3); gate: the post gate's column 28 (token t's at gate[t * gate_stride]); x_out may be x
+// (in place). Its backward: residual_add_backward (the norm's share into the gradient of x_out), then
+// token_skip_add_backward.
+inline void token_skip_add_norm_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
+                                        const __nv_bfloat16* skip, const float* gate, int64_t gate_stride,
+                                        const float* skip_lambda, int T, int C, cudaStream_t stream) {
+    require_norm_rows("token_skip_add_norm_forward", T, C, {x_out, h, x, skip});
+    kernel_require(x_out && h && h_rstd && x && skip && gate && skip_lambda && gate_stride > 0,
+                   "token_skip_add_norm_forward: every tensor, the gate column (stride > 0) and the lambda are required");
+    launch(token_skip_add_norm_forward_work(T, C), token_skip_add_norm_forward_kernel, dim3(norm_row_blocks(T)),
+           dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x, skip, gate, gate_stride, skip_lambda, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
+// With g = d x_out, sl = sigmoid(lambda) and ds = sum_c g*skip (fp32): d_skip (+)= bf16(sl G[t] g);
+// dG[t] = bf16(sl ds) (written); partial sums of sl (1 - sl) G[t] ds for skip_lambda (lane 0 of each row's warp).
+__global__ void __launch_bounds__(kNormThreads, 4)
+    token_skip_add_backward_kernel(__nv_bfloat16* d_skip, float* d_gate, LastBlockSum sum, const __nv_bfloat16* g,
+                                   const __nv_bfloat16* skip, const float* gate, int64_t gate_stride,
+                                   const float* skip_lambda, bool accumulate_d_skip, int T, int C) {
+    const int lane = threadIdx.x % 32;
+    const float sl = sigmoidf(*skip_lambda), dsl = sl * (1.0f - sl);
+    float acc[1] = {0.0f};
+    for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
+        const size_t off = static_cast<size_t>(row) * C;
+        const float ds = norm_row_dot(norm_row_load(g + off, C, lane), norm_row_load(skip + off, C, lane));
+        const float G = gate[row * gate_stride], s = sl * G;
+#pragma unroll 1
+        for (int i = 0; i < kNormPacksPerLane; ++i) {
+            const int col = norm_row_col(i, lane);
+            if (col >= C) break;
+            const Pack128<__nv_bfloat16> gv = load128(g + off + col);
+            Pack128<__nv_bfloat16> out = accumulate_d_skip ? load128(d_skip + off + col) : Pack128<__nv_bfloat16>{};
+#pragma unroll
+            for (int k = 0; k < kNormPackWidth; ++k) {
+                const float d = s * __bfloat162float(gv[k]);
+                out[k] = __float2bfloat16(accumulate_d_skip ? __bfloat162float(out[k]) + d : d);
+            }
+            store128(d_skip + off + col, out);
+        }
+        if (lane == 0) {
+            d_gate[row * gate_stride] = __bfloat162float(__float2bfloat16(sl * ds));
+            acc[0] += dsl * (G * ds);
+        }
+    }
+    sum_warp_reduced_partials(sum, acc);
+}
+// Which outputs of token_skip_add_backward already hold a share to add to (write them with designators).
+struct TokenSkipBackwardOptions {
+    bool accumulate_d_skip;         // d_skip, layer 3's output gradient
+    bool accumulate_lambda_grad;    // d_skip_lambda (every micro-step but the first)
+};
+// Reads g, skip (d_skip too when accumulating), each token's gate and the lambda; writes d_skip, each token's gate
+// gradient and the partials; a dot and a scaled output per element.
+inline Work token_skip_add_backward_work(int T, int C, bool accumulate_d_skip) {
+    return Work{.name = "token_skip_add_backward", .flops = 3.0 * T * C,
+                .bytes_read = norm_rows_bytes(T, C, accumulate_d_skip ? 3 : 2) + 4.0 * T + sizeof(float),
+                .bytes_written = norm_rows_bytes(T, C) + 4.0 * T + 4.0 * residual_backward_blocks(T)};
+}
+// g: the gradient of the skip add's output (also the gradient of its input x, unchanged). d_skip: the gradient of
+// layer 3's output; d_gate: the gate column's gradient (token t's at d_gate[t * gate_stride], written);
+// d_skip_lambda: skip_lambda's fp32 sum. `scratch`: residual_backward_scratch_bytes(T).
+inline void token_skip_add_backward(__nv_bfloat16* d_skip, float* d_gate, float* d_skip_lambda, BlockPartials scratch,
+                                    const __nv_bfloat16* g, const __nv_bfloat16* skip, const float* gate,
+                                    int64_t gate_stride, const float* skip_lambda, TokenSkipBackwardOptions options,
+                                    int T, int C, cudaStream_t stream) {
+    require_norm_rows("token_skip_add_backward", T, C, {d_skip, g, skip});
+    kernel_require(d_skip && d_gate && d_skip_lambda && g && skip && gate && skip_lambda && gate_stride > 0,
+                   "token_skip_add_backward: every tensor, the gate column (stride > 0), the lambda and the gradients "
+                   "are required");
+    const int blocks = residual_backward_blocks(T);
+    const LastBlockSum sum{SumTargets().add(d_skip_lambda), scratch, options.accumulate_lambda_grad};
+    launch(with_last_block_sum(token_skip_add_backward_work(T, C, options.accumulate_d_skip), sum, blocks),
+           token_skip_add_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, d_skip, d_gate, sum, g, skip,
+           gate, gate_stride, skip_lambda, options.accumulate_d_skip, T, C);
+    CUDA_CHECK_LAUNCH();
+}
+
 // ---- block outputs ----
 // x_out = bf16(x + y); h = norm(x_out) when h is given.
 __global__ void __launch_bounds__(kNormThreads, 4)
@@ -544,6 +644,11 @@ inline void backout_backward(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float
 // Backward: sublayer_residual_backward per sublayer in reverse, dh = the gradient of the norm it fused (at
 // layer 7's MLP, NormGrads{dh8, dh9, dh10}: the three attention inputs' gradients); layer 6:
 // residual_add_backward (its norm), then gated_skip_add_backward; before layer 0: stream_start_backward.
+// Record 85 (upstream 003ff3e2, GPT.forward with the MUDD gate, SPEC "MUDD gate (#85)") reads x0's and the
+// bigram's coefficients per token from the gate's columns (SublayerLambdas::injection_stride; stream_start_*'s
+// token_stride for layer 0's bigram before the layer), and layer 6's skip is token_skip_add_norm_forward /
+// token_skip_add_backward; each column's gradient is its row's sum, rounded to bf16 and written (the gate's
+// backward, kernels/mudd.cuh, reads them). Resid and post stay shared lambdas.
 
 // Which of x0 and the bigram embedding a sublayer update adds (scaled by their lambdas).
 enum class Injection : int {
@@ -561,7 +666,16 @@ struct SublayerLambdas {
     // 0: one value each for every token. Record 81's MUDD (the last layer): per-token coefficients, token t's at
     // [t * token_stride] (fp32 copies of bf16 values, kernels/mudd.cuh), and the gradients per token too.
     int64_t token_stride = 0;
+    // Record 85's MUDD gate (token_stride 0): x0 and bigram per token, token t's at [t * injection_stride] (columns
+    // of the gate's coefficients, kernels/mudd.cuh), their gradients per token too; resid and post stay shared.
+    int64_t injection_stride = 0;
 };
+// Which of a sublayer's lambdas are per token (SublayerLambdas): none, all (token_stride), or the injections'
+// (injection_stride).
+enum class TokenLambdas : int { none, all, injections };
+inline TokenLambdas token_lambdas(const SublayerLambdas& l) {
+    return l.token_stride > 0 ? TokenLambdas::all : l.injection_stride > 0 ? TokenLambdas::injections : TokenLambdas::none;
+}
 // Where their gradients go (fp32 elements of the parameters' gradients; per token: at the same stride as the
 // lambdas, each the row's sum rounded to bf16, written); x0 and bigram as the injection asks.
 struct SublayerLambdaGrads {
@@ -577,6 +691,21 @@ __device__ __forceinline__ float bf16_lambda(const float* p, int row, int64_t to
     return bf16_lambda(p + row * token_stride);
 }
 inline int injection_terms(Injection inj) { return inj == Injection::none ? 0 : inj == Injection::x0 ? 1 : 2; }
+inline void require_token_strides(const char* who, const SublayerLambdas& l, Injection inj) {
+    kernel_require(l.token_stride >= 0 && l.injection_stride >= 0 && !(l.token_stride && l.injection_stride) &&
+                       (l.injection_stride == 0 || inj != Injection::none),
+                   "%s: token_stride and injection_stride must not be negative, nor both set, and per-token injections "
+                   "need an injection", who);
+}
+// Bytes of a sublayer's lambdas, read: shared ones once, per-token ones once a row.
+inline double sublayer_lambda_bytes(int T, Injection inj, TokenLambdas tokens) {
+    const int injected = injection_terms(inj);
+    switch (tokens) {
+    case TokenLambdas::all: return 4.0 * (2 + injected) * T;
+    case TokenLambdas::injections: return 4.0 * (2 + injected * T);
+    default: return 4.0 * (2 + injected);
+    }
+}
 // The bigram injection's width, `bigram_dim`. 0: record 80's form, xb (T, C) added into every channel with
 // x0's term, (r*x + p*y) + (lx0*x0 + lb*xb). Record 84's (upstream a333be08 L1390-1409, L1470-1474): xb is
 // (T, bigram_dim), bigram_dim = 192, added into the stream's channels [0, bigram_dim) only, by an in-place
@@ -607,10 +736,10 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
     const bool with_x0 = injection != Injection::none, with_bigram = injection == Injection::x0_and_bigram;
-    const int64_t ts = lambdas.token_stride;
+    const int64_t ts = lambdas.token_stride, is = ts ? ts : lambdas.injection_stride;
     const float r = bf16_lambda(lambdas.resid, row, ts), p = bf16_lambda(lambdas.post, row, ts);
-    const float l = with_x0 ? bf16_lambda(lambdas.x0, row, ts) : 0.0f;
-    const float b = with_bigram ? bf16_lambda(lambdas.bigram, row, ts) : 0.0f;
+    const float l = with_x0 ? bf16_lambda(lambdas.x0, row, is) : 0.0f;
+    const float b = with_bigram ? bf16_lambda(lambdas.bigram, row, is) : 0.0f;
     const size_t off = static_cast<size_t>(row) * C;
     NormRow out = {};
 #pragma unroll
@@ -641,11 +770,11 @@ __global__ void __launch_bounds__(kNormThreads, 4)
 // Reads x, y, the injected x0 and xb, and the lambdas; writes x_out (and h, rstd with the norm); two
 // multiply-adds per term, 3 more per element with the norm.
 inline Work sublayer_residual_forward_work(int T, int C, Injection injection, bool norm, int bigram_dim,
-                                          bool per_token = false) {
+                                          TokenLambdas tokens = TokenLambdas::none) {
     const int terms = 2 + injection_terms(injection);
     const double narrow = injection == Injection::x0_and_bigram ? norm_rows_bytes(T, C) - bigram_rows_bytes(T, C, bigram_dim) : 0;
     return Work{.name = "sublayer_residual_forward", .flops = (2.0 * terms + (norm ? 3.0 : 0.0)) * T * C,
-                .bytes_read = norm_rows_bytes(T, C, terms) - narrow + terms * sizeof(float) * (per_token ? T : 1),
+                .bytes_read = norm_rows_bytes(T, C, terms) - narrow + sublayer_lambda_bytes(T, injection, tokens),
                 .bytes_written = norm_rows_bytes(T, C, norm ? 2 : 1) + (norm ? norm_rstd_bytes(T) : 0)};
 }
 // One sublayer's update of the stream x by its block's output y (and the injection); with h (and h_rstd)
@@ -663,8 +792,8 @@ inline void sublayer_residual_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, fl
                    "h_rstd both or neither");
     kernel_require((terms < 1 || (x0 && lambdas.x0)) && (terms < 2 || (x0_bigram && lambdas.bigram)),
                    "sublayer_residual_forward: the injection reads x0 (and x0_bigram) and their lambdas, missing");
-    kernel_require(lambdas.token_stride >= 0, "sublayer_residual_forward: token_stride must not be negative");
-    const Work work = sublayer_residual_forward_work(T, C, injection, h != nullptr, bigram_dim, lambdas.token_stride > 0);
+    require_token_strides("sublayer_residual_forward", lambdas, injection);
+    const Work work = sublayer_residual_forward_work(T, C, injection, h != nullptr, bigram_dim, token_lambdas(lambdas));
     if (bigram_dim)
         launch(work, sublayer_residual_forward_kernel<true>, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream,
                x_out, h, h_rstd, x, y, x0, x0_bigram, lambdas, injection, T, C, bigram_dim);
@@ -734,10 +863,11 @@ struct SublayerBackwardOptions {
 // gm = g + rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32, dh the sum of the NormGrads; gm = g without
 // any); dx (+)= r*gm, dy = p*gm,
 // dx0 (+)= lx0*gm, dxb (+)= lb*gm (lambdas in bf16); partial sums of gm*x, gm*y, gm*x0, gm*xb.
-// kPerToken (SublayerLambdas::token_stride): the lambdas are the row's, and so are those sums, written per row
-// (rounded to bf16) into `grads` instead of summed over the rows (its own instance: the sums' order of the
-// shared-lambda kernel stays as it was).
-template <bool kPerToken>
+// kTokens (TokenLambdas): per-token lambdas are the row's, and so are their sums, written per row (rounded to
+// bf16) into `grads` instead of summed over the rows: all four (record 81, token_stride), or x0's and the
+// bigram's (record 85, injection_stride) with resid's and post's summed as shared lambdas. Each its own
+// instance: the sums' order of the shared-lambda kernel stays as it was.
+template <TokenLambdas kTokens>
 __global__ void __launch_bounds__(kNormThreads, 3)
     sublayer_residual_backward_kernel(__nv_bfloat16* dx, __nv_bfloat16* dy, __nv_bfloat16* dx0,
                                       __nv_bfloat16* dx0_bigram, LastBlockSum sum, SublayerLambdaGrads grads,
@@ -748,19 +878,20 @@ __global__ void __launch_bounds__(kNormThreads, 3)
                                       bool accumulate_dx, bool accumulate_x0_grads, int T, int C, int bigram_dim) {
     const int lane = threadIdx.x % 32;
     const bool with_x0 = injection != Injection::none, with_bigram = injection == Injection::x0_and_bigram;
-    const int64_t ts = kPerToken ? lambdas.token_stride : 0;
+    constexpr bool kAll = kTokens == TokenLambdas::all, kInjections = kTokens != TokenLambdas::none;
+    const int64_t ts = kAll ? lambdas.token_stride : 0, is = kAll ? ts : kInjections ? lambdas.injection_stride : 0;
     float r = bf16_lambda(lambdas.resid), p = bf16_lambda(lambdas.post);
     float l = with_x0 ? bf16_lambda(lambdas.x0) : 0.0f, b = with_bigram ? bf16_lambda(lambdas.bigram) : 0.0f;
     const bool norm = dh.dh[0] || dh.dh[1] || dh.dh[2];
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // gm*x, gm*y, gm*x0, gm*xb
     for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
         const size_t off = static_cast<size_t>(row) * C;
-        if constexpr (kPerToken) {
-            r = bf16_lambda(lambdas.resid, row, ts), p = bf16_lambda(lambdas.post, row, ts);
-            l = with_x0 ? bf16_lambda(lambdas.x0, row, ts) : 0.0f;
-            b = with_bigram ? bf16_lambda(lambdas.bigram, row, ts) : 0.0f;
+        if constexpr (kInjections) {
+            if constexpr (kAll) r = bf16_lambda(lambdas.resid, row, ts), p = bf16_lambda(lambdas.post, row, ts);
+            l = with_x0 ? bf16_lambda(lambdas.x0, row, is) : 0.0f;
+            b = with_bigram ? bf16_lambda(lambdas.bigram, row, is) : 0.0f;
 #pragma unroll
-            for (int v = 0; v < 4; ++v) acc[v] = 0.0f;
+            for (int v = kAll ? 0 : 2; v < 4; ++v) acc[v] = 0.0f;
         }
         const float rstd = norm ? h_rstd[row] : 0.0f;
         const float q = norm ? norm_grads_coeff(dh, off, x_out, rstd, C, lane) : 0.0f;
@@ -800,23 +931,28 @@ __global__ void __launch_bounds__(kNormThreads, 3)
             if (with_x0) store_scaled_pack(dx0 + at, gm, l, accumulate_x0_grads);
             if (here) store_scaled_pack(dx0_bigram + slot.at, gm, b, accumulate_x0_grads);
         }
-        if constexpr (kPerToken) {
+        if constexpr (kInjections) {
             float* const out[4] = {grads.resid, grads.post, grads.x0, grads.bigram};
 #pragma unroll
-            for (int v = 0; v < 4; ++v) {
+            for (int v = kAll ? 0 : 2; v < 4; ++v) {
                 const float s = warp_reduce_sum(acc[v]);
                 if (lane == 0 && (v < 2 || (v == 2 && with_x0) || (v == 3 && with_bigram)))
-                    out[v][row * ts] = __bfloat162float(__float2bfloat16(s));
+                    out[v][row * is] = __bfloat162float(__float2bfloat16(s));
             }
         }
     }
-    if constexpr (!kPerToken) sum_warp_reduced_partials(sum, acc);
+    if constexpr (kTokens == TokenLambdas::none) {
+        sum_warp_reduced_partials(sum, acc);
+    } else if constexpr (kTokens == TokenLambdas::injections) {
+        const float shared[2] = {acc[0], acc[1]};  // resid's and post's
+        sum_warp_reduced_partials(sum, shared);
+    }
 }
 // Reads g, x, y, the injected x0 and xb, (dh, x_out and rstd with the norm), the lambdas and the
 // gradients it adds into; writes dx, dy, the injected terms' gradients and the partials; the norm's
 // gradient, a product and a scaled output per term, ~7 + 4 per term operations per element.
 inline Work sublayer_residual_backward_work(int T, int C, const SublayerBackwardOptions& o, int norms,
-                                           bool per_token = false) {
+                                           TokenLambdas tokens = TokenLambdas::none) {
     const int terms = 2 + injection_terms(o.injection), injected = terms - 2;
     const int added = (o.accumulate_dx ? 1 : 0) + (o.accumulate_x0_grads ? injected : 0);
     // a narrow bigram: xb and its gradient (and what it adds to) are (T, bigram_dim)
@@ -824,17 +960,21 @@ inline Work sublayer_residual_backward_work(int T, int C, const SublayerBackward
     return Work{.name = "sublayer_residual_backward", .flops = (4.0 * terms + (norms ? 5.0 + 2 * norms : 0.0)) * T * C,
                 .bytes_read = norm_rows_bytes(T, C, 1 + terms + (norms ? 1 + norms : 0) + added) -
                               (o.accumulate_x0_grads ? 2 : 1) * narrow + (norms ? norm_rstd_bytes(T) : 0) +
-                              terms * sizeof(float) * (per_token ? T : 1),
-                // per token: each row's lambda gradients; else the partials (the last block's sum is added after)
+                              sublayer_lambda_bytes(T, o.injection, tokens),
+                // per token: each row's lambda gradients; shared: the partials (the last block's sum is added after)
                 .bytes_written = norm_rows_bytes(T, C, terms) - narrow +
-                                 (per_token ? 4.0 * terms * T : 4.0 * terms * residual_backward_blocks(T))};
+                                 (tokens == TokenLambdas::all ? 4.0 * terms * T
+                                  : tokens == TokenLambdas::injections
+                                      ? 4.0 * injected * T + 4.0 * 2 * residual_backward_blocks(T)
+                                      : 4.0 * terms * residual_backward_blocks(T))};
 }
 // From the gradient of the sublayer output's uses: g (the stream, passed on to the next update) and dh
 // (the norms that blocks read from it: NormGrads; {} where none did). dx: the gradient of the
 // stream entering the sublayer, may be g itself (in place) unless accumulate_dx; dy: the block output's
 // gradient (overwritten). dx0 / dx0_bigram: as the injection asks (else unused). lambda_grads: resid and
 // post always, x0 and bigram as the injection asks; each receives its fp32 sum over tokens rounded to
-// bf16. The options: SublayerBackwardOptions. `scratch`: residual_backward_scratch_bytes(T) of partials.
+// bf16 (a per-token lambda, SublayerLambdas: its row's sum rounded to bf16, written at the lambdas' stride).
+// The options: SublayerBackwardOptions. `scratch`: residual_backward_scratch_bytes(T) of partials.
 inline void sublayer_residual_backward(__nv_bfloat16* dx, __nv_bfloat16* dy, __nv_bfloat16* dx0,
                                        __nv_bfloat16* dx0_bigram, SublayerLambdaGrads lambda_grads,
                                        BlockPartials scratch, const __nv_bfloat16* g, NormGrads dh,
@@ -858,12 +998,14 @@ inline void sublayer_residual_backward(__nv_bfloat16* dx, __nv_bfloat16* dy, __n
                    "lambda and its gradient");
     kernel_require(dy != g && (!options.accumulate_dx || dx != g),
                    "sublayer_residual_backward: dy may not alias g, nor dx when accumulating into it");
-    kernel_require(lambdas.token_stride >= 0 && (lambdas.token_stride == 0 || !options.accumulate_lambda_grads),
+    require_token_strides("sublayer_residual_backward", lambdas, options.injection);
+    kernel_require(lambdas.token_stride == 0 || !options.accumulate_lambda_grads,
                    "sublayer_residual_backward: per-token lambdas (token_stride > 0) write their gradients per token, "
-                   "never accumulating; token_stride must not be negative");
+                   "never accumulating");
     const int blocks = residual_backward_blocks(T);
     if (lambdas.token_stride > 0) {  // per-token gradients, written by their rows: no partials
-        launch(sublayer_residual_backward_work(T, C, options, dh.count(), true), sublayer_residual_backward_kernel<true>,
+        launch(sublayer_residual_backward_work(T, C, options, dh.count(), TokenLambdas::all),
+               sublayer_residual_backward_kernel<TokenLambdas::all>,
                dim3(blocks), dim3(kNormThreads), 0, stream, dx, dy, dx0, dx0_bigram, LastBlockSum{}, lambda_grads, g, dh,
                x_out, h_rstd, x, y, x0, x0_bigram, lambdas, options.injection, options.accumulate_dx,
                options.accumulate_x0_grads, T, C, options.bigram_dim);
@@ -871,32 +1013,41 @@ inline void sublayer_residual_backward(__nv_bfloat16* dx, __nv_bfloat16* dy, __n
         return;
     }
     SumTargets targets = SumTargets().add_bf16_rounded(lambda_grads.resid).add_bf16_rounded(lambda_grads.post);
+    if (lambdas.injection_stride > 0) {  // x0's and the bigram's per row (accumulate_lambda_grads: resid's and post's)
+        const LastBlockSum sum{targets, scratch, options.accumulate_lambda_grads};
+        launch(with_last_block_sum(
+                   sublayer_residual_backward_work(T, C, options, dh.count(), TokenLambdas::injections), sum, blocks),
+               sublayer_residual_backward_kernel<TokenLambdas::injections>, dim3(blocks), dim3(kNormThreads), 0, stream,
+               dx, dy, dx0, dx0_bigram, sum, lambda_grads, g, dh, x_out, h_rstd, x, y, x0, x0_bigram, lambdas,
+               options.injection, options.accumulate_dx, options.accumulate_x0_grads, T, C, options.bigram_dim);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     if (terms >= 1) targets.add_bf16_rounded(lambda_grads.x0);
     if (terms >= 2) targets.add_bf16_rounded(lambda_grads.bigram);
     const LastBlockSum sum{targets, scratch, options.accumulate_lambda_grads};
     launch(with_last_block_sum(sublayer_residual_backward_work(T, C, options, dh.count()), sum, blocks),
-           sublayer_residual_backward_kernel<false>, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dy, dx0,
+           sublayer_residual_backward_kernel<TokenLambdas::none>, dim3(blocks), dim3(kNormThreads), 0, stream, dx, dy, dx0,
            dx0_bigram, sum, lambda_grads, g, dh, x_out, h_rstd, x, y, x0, x0_bigram, lambdas, options.injection,
            options.accumulate_dx, options.accumulate_x0_grads, T, C, options.bigram_dim);
     CUDA_CHECK_LAUNCH();
 }
 
 // ---- record 80: the stream before layer 0 ----
-// x_out = bf16(x0 + lb*xb), lb = bf16(bigram_lambdas[0]), where the bigram reaches (bigram_dim); x0 elsewhere;
-// h = norm(x_out) (layer 0's attention input).
+// x_out = bf16(x0 + lb*xb), lb = bf16(bigram_lambdas[0]) (or token t's coefficient, token_stride > 0), where
+// the bigram reaches (bigram_dim); x0 elsewhere; h = norm(x_out) (layer 0's attention input).
 __global__ void __launch_bounds__(kNormThreads, 4)
     stream_start_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x0,
                                 const __nv_bfloat16* x0_bigram, const float* bigram_lambda, int T, int C,
-                                int bigram_dim) {
+                                int bigram_dim, int64_t token_stride) {
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
     const size_t off = static_cast<size_t>(row) * C;
+    const float b = bf16_lambda(bigram_lambda, row, token_stride);
     if (bigram_dim == 0) {
-        add_scaled_row(x_out + off, h + off, h_rstd + row, x0 + off, x0_bigram + off, bf16_lambda(bigram_lambda), C,
-                       lane);
+        add_scaled_row(x_out + off, h + off, h_rstd + row, x0 + off, x0_bigram + off, b, C, lane);
         return;
     }
-    const float b = bf16_lambda(bigram_lambda);
     NormRow out = {};
 #pragma unroll
     for (int i = 0; i < kNormPacksPerLane; ++i) {
@@ -913,41 +1064,49 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     }
     norm_row_store_normalized(h + off, h_rstd + row, out, norm_row_rstd(out, C), C, lane);
 }
-// Reads x0, xb and the lambda; writes x_out, h and rstd; a multiply-add and the norm per element.
-inline Work stream_start_forward_work(int T, int C, int bigram_dim) {
+// Reads x0, xb and the lambda (or each token's coefficient); writes x_out, h and rstd; a multiply-add and the norm
+// per element.
+inline Work stream_start_forward_work(int T, int C, int bigram_dim, bool per_token = false) {
     return Work{.name = "stream_start_forward", .flops = 5.0 * T * C,
-                .bytes_read = norm_rows_bytes(T, C) + bigram_rows_bytes(T, C, bigram_dim) + sizeof(float),
+                .bytes_read = norm_rows_bytes(T, C) + bigram_rows_bytes(T, C, bigram_dim) + sizeof(float) * (per_token ? T : 1),
                 .bytes_written = norm_rows_bytes(T, C, 2) + norm_rstd_bytes(T)};
 }
 // x0: the normed smeared embedding; x0_bigram: the bigram embedding; bigram_lambda: bigram_lambdas[0];
 // bigram_dim: the bigram's width (require_bigram_dim; 0: record 80's, every channel). x_out may be x0 (record
-// 84's aliasing, in place: each pack is read by the thread that then writes it).
+// 84's aliasing, in place: each pack is read by the thread that then writes it). token_stride > 0 (record 85):
+// the bigram's coefficient is per token, token t's at bigram_lambda[t * token_stride] (the MUDD pre gate's
+// column for layer 0: fp32 copies of bf16 values, kernels/mudd.cuh).
 inline void stream_start_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x0,
                                  const __nv_bfloat16* x0_bigram, const float* bigram_lambda, int T, int C,
-                                 cudaStream_t stream, int bigram_dim = 0) {
+                                 cudaStream_t stream, int bigram_dim = 0, int64_t token_stride = 0) {
     require_norm_rows("stream_start_forward", T, C, {x_out, h, x0, x0_bigram});
     require_bigram_dim("stream_start_forward", bigram_dim, C);
-    kernel_require(x_out && h && h_rstd && x0 && x0_bigram && bigram_lambda,
-                   "stream_start_forward: every tensor and the lambda are required");
-    launch(stream_start_forward_work(T, C, bigram_dim), stream_start_forward_kernel, dim3(norm_row_blocks(T)),
-           dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x0, x0_bigram, bigram_lambda, T, C, bigram_dim);
+    kernel_require(x_out && h && h_rstd && x0 && x0_bigram && bigram_lambda && token_stride >= 0,
+                   "stream_start_forward: every tensor and the lambda are required, token_stride not negative");
+    launch(stream_start_forward_work(T, C, bigram_dim, token_stride > 0), stream_start_forward_kernel,
+           dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, stream, x_out, h, h_rstd, x0, x0_bigram, bigram_lambda, T,
+           C, bigram_dim, token_stride);
     CUDA_CHECK_LAUNCH();
 }
 
 // gm = g + rstd*dh - x_out * rstd^3 dot(dh, x_out)/C (fp32); dx0 (+)= gm, dxb (+)= lb*gm; partial sums
 // of gm*xb for bigram_lambdas[0]. x0_is_stream (record 84's aliasing): dx0 holds the gradient of x0's
 // readers, which read the stream start itself, so the stream's gradient is gs = bf16(dx0 + gm), and dxb and
-// the lambda's sums take gs in place of gm.
+// the lambda's sums take gs in place of gm. kPerToken (record 85): lb is the row's coefficient, token_stride apart,
+// and so is its sum, written per row (rounded to bf16) into d_bigram_lambda at the same stride (its own instance).
+template <bool kPerToken>
 __global__ void __launch_bounds__(kNormThreads, 4)
     stream_start_backward_kernel(__nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram, LastBlockSum sum,
-                                 const __nv_bfloat16* g, const __nv_bfloat16* dh, const __nv_bfloat16* x_out,
-                                 const float* h_rstd, const __nv_bfloat16* x0_bigram, const float* bigram_lambda,
-                                 bool accumulate_x0_grads, bool x0_is_stream, int T, int C, int bigram_dim) {
+                                 float* d_bigram_lambda, const __nv_bfloat16* g, const __nv_bfloat16* dh,
+                                 const __nv_bfloat16* x_out, const float* h_rstd, const __nv_bfloat16* x0_bigram,
+                                 const float* bigram_lambda, int64_t token_stride, bool accumulate_x0_grads,
+                                 bool x0_is_stream, int T, int C, int bigram_dim) {
     const int lane = threadIdx.x % 32;
-    const float b = bf16_lambda(bigram_lambda);
+    float b = bf16_lambda(bigram_lambda);
     float acc[1] = {0.0f};
     for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
         const size_t off = static_cast<size_t>(row) * C;
+        if constexpr (kPerToken) b = bf16_lambda(bigram_lambda, row, token_stride), acc[0] = 0.0f;
         const float rstd = h_rstd[row], q = norm_row_grad_coeff(dh + off, x_out + off, rstd, C, lane);
 #pragma unroll 1
         for (int i = 0; i < kNormPacksPerLane; ++i) {
@@ -973,17 +1132,22 @@ __global__ void __launch_bounds__(kNormThreads, 4)
             store128(dx0 + at, dzv);
             if (here) store128(dx0_bigram + slot.at, dbv);
         }
+        if constexpr (kPerToken) {
+            const float s = warp_reduce_sum(acc[0]);
+            if (lane == 0) d_bigram_lambda[row * token_stride] = __bfloat162float(__float2bfloat16(s));
+        }
     }
-    sum_warp_reduced_partials(sum, acc);
+    if constexpr (!kPerToken) sum_warp_reduced_partials(sum, acc);
 }
 // Reads g, dh, x_out, xb, rstd and the lambda (and the gradients it adds into); writes dx0, dxb and the
 // partials; the norm's gradient, a product and a scale per element.
-inline Work stream_start_backward_work(int T, int C, bool accumulate_x0_grads, int bigram_dim) {
+// (Per token: each row's coefficient read and its gradient written, no partials.)
+inline Work stream_start_backward_work(int T, int C, bool accumulate_x0_grads, int bigram_dim, bool per_token = false) {
     const double xb = bigram_rows_bytes(T, C, bigram_dim);  // xb, and dxb where it accumulates
     return Work{.name = "stream_start_backward", .flops = 10.0 * T * C,
                 .bytes_read = norm_rows_bytes(T, C, accumulate_x0_grads ? 4 : 3) + (accumulate_x0_grads ? 2 : 1) * xb +
-                              norm_rstd_bytes(T) + sizeof(float),
-                .bytes_written = norm_rows_bytes(T, C) + xb + 4.0 * residual_backward_blocks(T)};
+                              norm_rstd_bytes(T) + sizeof(float) * (per_token ? T : 1),
+                .bytes_written = norm_rows_bytes(T, C) + xb + 4.0 * (per_token ? T : residual_backward_blocks(T))};
 }
 // Which outputs of stream_start_backward already hold a share to add to (write them with designators).
 struct StreamStartBackwardOptions {
@@ -993,10 +1157,14 @@ struct StreamStartBackwardOptions {
     // record 84's aliasing (Structure::x0_is_stream): x0's readers read the stream start, so dx0's share is the
     // stream's too and reaches the bigram and its lambda (needs accumulate_x0_grads: dx0 holds that share)
     bool x0_is_stream = false;
+    // record 85 (as in the forward): the bigram's coefficient per token, and its gradient per token (written, at
+    // the same stride: accumulate_lambda_grads must be false)
+    int64_t token_stride = 0;
 };
 // g: the gradient of the stream entering layer 0 (from layer 0's attention sublayer); dh: of the norm
 // layer 0's attention read. dx0 and dx0_bigram receive their gradients; d_bigram_lambda receives
-// bigram_lambdas[0]'s fp32 sum rounded to bf16. `scratch`: residual_backward_scratch_bytes(T).
+// bigram_lambdas[0]'s fp32 sum rounded to bf16 (per token: each row's). `scratch`: residual_backward_scratch_bytes(T)
+// (unused per token).
 inline void stream_start_backward(__nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram, float* d_bigram_lambda,
                                   BlockPartials scratch, const __nv_bfloat16* g, const __nv_bfloat16* dh,
                                   const __nv_bfloat16* x_out, const float* h_rstd, const __nv_bfloat16* x0_bigram,
@@ -1008,12 +1176,23 @@ inline void stream_start_backward(__nv_bfloat16* dx0, __nv_bfloat16* dx0_bigram,
                    "stream_start_backward: every tensor and the lambda and its gradient are required");
     kernel_require(!options.x0_is_stream || options.accumulate_x0_grads,
                    "stream_start_backward: x0_is_stream needs accumulate_x0_grads (dx0 holds x0's readers' share)");
+    kernel_require(options.token_stride >= 0 && (options.token_stride == 0 || !options.accumulate_lambda_grads),
+                   "stream_start_backward: a per-token coefficient's gradient is written per token, never accumulated; "
+                   "token_stride must not be negative");
     const int blocks = residual_backward_blocks(T);
+    if (options.token_stride > 0) {
+        launch(stream_start_backward_work(T, C, options.accumulate_x0_grads, options.bigram_dim, true),
+               stream_start_backward_kernel<true>, dim3(blocks), dim3(kNormThreads), 0, stream, dx0, dx0_bigram,
+               LastBlockSum{}, d_bigram_lambda, g, dh, x_out, h_rstd, x0_bigram, bigram_lambda, options.token_stride,
+               options.accumulate_x0_grads, options.x0_is_stream, T, C, options.bigram_dim);
+        CUDA_CHECK_LAUNCH();
+        return;
+    }
     const LastBlockSum sum{SumTargets().add_bf16_rounded(d_bigram_lambda), scratch, options.accumulate_lambda_grads};
     launch(with_last_block_sum(stream_start_backward_work(T, C, options.accumulate_x0_grads, options.bigram_dim), sum,
                                blocks),
-           stream_start_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, dx0, dx0_bigram, sum, g, dh,
-           x_out, h_rstd, x0_bigram, bigram_lambda, options.accumulate_x0_grads, options.x0_is_stream, T, C,
-           options.bigram_dim);
+           stream_start_backward_kernel<false>, dim3(blocks), dim3(kNormThreads), 0, stream, dx0, dx0_bigram, sum,
+           d_bigram_lambda, g, dh, x_out, h_rstd, x0_bigram, bigram_lambda, int64_t{0}, options.accumulate_x0_grads,
+           options.x0_is_stream, T, C, options.bigram_dim);
     CUDA_CHECK_LAUNCH();
 }

@@ -1004,10 +1004,15 @@ void check_stream_start(const Shape& s) {
 // gradients per row (rounded to bf16, written at the same stride) instead of summed over rows. Against the double
 // references row by row; lambdas at columns 8..11 of a 16-wide row (the MUDD coefficients' layout), the other
 // columns of the gradient rows left as they were. bd: the bigram's width (0: every channel).
-void check_sublayer_per_token(const Shape& s, Injection inj, int bd, bool norm) {
-    const std::string at = s.name() + injection_name(inj) + " per token" + (norm ? " with its norm" : "") +
-                           (bd ? ", bigram_dim " + std::to_string(bd) : "");
-    const int terms = injection_terms(inj), W = bd ? bd : s.C, stride = 16;
+// gate (record 85, SublayerLambdas::injection_stride): only x0's and the bigram's coefficients per token, at columns
+// 20 and 21 of a 48-wide row (the MUDD post gate's layer-5 pair, kMuddGateCoefStride), resid and post shared (fp32
+// off the bf16 grid, their gradients summed over the rows and added to what they hold).
+void check_sublayer_per_token(const Shape& s, Injection inj, int bd, bool norm, bool gate = false) {
+    const std::string at = s.name() + injection_name(inj) + (gate ? " gate columns" : " per token") +
+                           (norm ? " with its norm" : "") + (bd ? ", bigram_dim " + std::to_string(bd) : "");
+    const int terms = injection_terms(inj), W = bd ? bd : s.C, stride = gate ? 48 : 16;
+    // where lambda v (resid, post, x0, bigram) of a row is in the per-token rows; -1: shared
+    const auto col_of = [&](int v) { return gate ? (v >= 2 ? 20 + v - 2 : -1) : 8 + v; };
     const size_t nb = size_t(s.T) * W;
     const auto x = normal_bf16(s.n()), y = normal_bf16(s.n(), 0.0, 2.0), x0 = normal_bf16(s.n());
     const auto xb = normal_bf16(nb, 0.0, 0.5), g = normal_bf16(s.n()), dh = normal_bf16(s.n());
@@ -1015,10 +1020,16 @@ void check_sublayer_per_token(const Shape& s, Injection inj, int bd, bool norm) 
     for (size_t i = 0; i < lam.size(); ++i) lam[i] = float(round_bf16(test::uniform(-1.5, 1.5))), old_grads[i] = random_float(-1, 1);
     DeviceBuffer<bf16> d_x(x), d_y(y), d_x0(x0), d_xb(xb), d_g(g), d_dh(dh), d_xo(s.n()), d_h(s.n());
     DeviceBuffer<bf16> d_dx(s.n()), d_dy(s.n()), d_dx0(s.n()), d_dxb(nb);
-    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(old_grads);
+    const std::vector<float> shared = {lambda_off_grid(0.8, 1.3), lambda_off_grid(0.5, 1.5)};
+    const std::vector<float> old_shared = {random_float(-1, 1), random_float(-1, 1)};
+    DeviceBuffer<float> d_rstd(s.T), d_lam(lam), d_grads(old_grads), d_shared(shared), d_shared_grads(old_shared);
     DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
-    const SublayerLambdas lambdas{d_lam.ptr + 8, d_lam.ptr + 9, d_lam.ptr + 10, d_lam.ptr + 11, stride};
-    const SublayerLambdaGrads grads{d_grads.ptr + 8, d_grads.ptr + 9, d_grads.ptr + 10, d_grads.ptr + 11};
+    const SublayerLambdas lambdas =
+        gate ? SublayerLambdas{d_shared.ptr, d_shared.ptr + 1, d_lam.ptr + 20, d_lam.ptr + 21, 0, stride}
+             : SublayerLambdas{d_lam.ptr + 8, d_lam.ptr + 9, d_lam.ptr + 10, d_lam.ptr + 11, stride};
+    const SublayerLambdaGrads grads =
+        gate ? SublayerLambdaGrads{d_shared_grads.ptr, d_shared_grads.ptr + 1, d_grads.ptr + 20, d_grads.ptr + 21}
+             : SublayerLambdaGrads{d_grads.ptr + 8, d_grads.ptr + 9, d_grads.ptr + 10, d_grads.ptr + 11};
     const bf16* x0_in = terms >= 1 ? d_x0.ptr : nullptr;
     const bf16* xb_in = terms >= 2 ? d_xb.ptr : nullptr;
     sublayer_residual_forward(d_xo.ptr, norm ? d_h.ptr : nullptr, norm ? d_rstd.ptr : nullptr, d_x.ptr, d_y.ptr, x0_in,
@@ -1027,16 +1038,18 @@ void check_sublayer_per_token(const Shape& s, Injection inj, int bd, bool norm) 
                                norm ? NormGrads{{d_dh.ptr}} : NormGrads{}, d_xo.ptr, norm ? d_rstd.ptr : nullptr, d_x.ptr,
                                d_y.ptr, x0_in, xb_in, lambdas,
                                {.injection = inj, .accumulate_dx = false, .accumulate_x0_grads = false,
-                                .accumulate_lambda_grads = false, .bigram_dim = bd},
+                                .accumulate_lambda_grads = gate, .bigram_dim = bd},
                                s.T, s.C, nullptr);
     const V xo = values(d_xo.download()), dxd = values(d_dx.download()), dyd = values(d_dy.download());
     const V dx0d = values(d_dx0.download()), dxbd = values(d_dxb.download());
     const std::vector<float> gd = d_grads.download();
     V want_xo, tol_xo, want_dx, tol_dx, want_dy, tol_dy, want_dx0, tol_dx0, want_dxb, tol_dxb;
     bool lambdas_ok = true, others_kept = true;
+    double shared_d[2] = {0, 0}, shared_mag[2] = {0, 0};
     for (int t = 0; t < s.T; ++t) {
         const float* lt = &lam[size_t(t) * stride];
-        const std::vector<float> row_lam = {lt[8], lt[9], lt[10], lt[11]};
+        const std::vector<float> row_lam = gate ? std::vector<float>{shared[0], shared[1], lt[20], lt[21]}
+                                                : std::vector<float>{lt[8], lt[9], lt[10], lt[11]};
         const Sublayer m = sublayer_of(row_lam, inj);
         auto row = [&](const std::vector<bf16>& v) {
             V r(size_t(s.C));
@@ -1060,16 +1073,28 @@ void check_sublayer_per_token(const Shape& s, Injection inj, int bd, bool norm) 
                 want_dxb.push_back(w.dxb[c]), tol_dxb.push_back(std::fabs(w.dxb[c]) / 128 + 1e-5 * std::fabs(m.b) * w.magnitude[c]);
         }
         for (int v = 0; v < 4; ++v) {
-            const float got = gd[size_t(t) * stride + 8 + v];
+            if (col_of(v) < 0) {  // shared: summed over the rows
+                shared_d[v] += w.d[v], shared_mag[v] += w.mag[v];
+                continue;
+            }
+            const float got = gd[size_t(t) * stride + col_of(v)];
             if (v >= 2 + terms) {
-                others_kept = others_kept && got == old_grads[size_t(t) * stride + 8 + v];
+                others_kept = others_kept && got == old_grads[size_t(t) * stride + col_of(v)];
                 continue;
             }
             const double err = 1e-5 * w.mag[v] + 1e-30, lo = round_bf16(w.d[v] - err), hi = round_bf16(w.d[v] + err);
             lambdas_ok = lambdas_ok && got >= std::min(lo, hi) && got <= std::max(lo, hi);
         }
-        for (int c = 0; c < stride; ++c)
-            if (c < 8 || c >= 8 + 2 + terms) others_kept = others_kept && gd[size_t(t) * stride + c] == old_grads[size_t(t) * stride + c];
+        for (int c = 0; c < stride; ++c) {
+            bool written = false;
+            for (int v = 0; v < 2 + terms; ++v) written = written || c == col_of(v);
+            if (!written) others_kept = others_kept && gd[size_t(t) * stride + c] == old_grads[size_t(t) * stride + c];
+        }
+    }
+    if (gate) {
+        const auto sg = d_shared_grads.download();
+        check_lambda_grad("sublayer_residual_backward d resid_lambda" + at, sg[0], old_shared[0], shared_d[0], shared_mag[0]);
+        check_lambda_grad("sublayer_residual_backward d post_lambda" + at, sg[1], old_shared[1], shared_d[1], shared_mag[1]);
     }
     check_within("sublayer_residual_forward x" + at, xo, want_xo, tol_xo);
     check_within("sublayer_residual_backward dx" + at, dxd, want_dx, tol_dx);
@@ -1336,6 +1361,240 @@ void check_sublayer_finite_differences() {
     }
 }
 
+// ---- record 85: coefficients per token from the MUDD gate's columns (fp32 copies of bf16 values, 48 a row) ----
+constexpr int kGateStride = 48;  // kernels/mudd.cuh's kMuddGateCoefStride
+// A (T, 48) gate buffer: column `col` holds bf16 values in [lo, hi), the other columns values no kernel may read.
+std::vector<float> gate_rows(int T, int col, double lo, double hi) {
+    std::vector<float> v(size_t(T) * kGateStride);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = float(test::uniform(-1e4, 1e4));
+    for (int t = 0; t < T; ++t) v[size_t(t) * kGateStride + col] = float(round_bf16(test::uniform(lo, hi)));
+    return v;
+}
+bool others_untouched(const std::vector<float>& got, const std::vector<float>& old, int col) {
+    for (size_t i = 0; i < got.size(); ++i)
+        if (int(i % kGateStride) != col && std::memcmp(&got[i], &old[i], sizeof(float)) != 0) return false;
+    return true;
+}
+
+// Per-token x0 and bigram coefficients that every row holds alike: the stream, its norm and every stream gradient
+// have the bits of the shared-lambda kernels given those values (the option changes where a coefficient is read,
+// nothing else).
+void check_sublayer_gate_matches_shared(const Shape& s, Injection inj, int bd) {
+    const std::string at = s.name() + injection_name(inj) + " gate columns alike, bigram_dim " + std::to_string(bd);
+    const int W = bd ? bd : s.C;
+    const auto x = normal_bf16(s.n()), y = normal_bf16(s.n()), x0 = normal_bf16(s.n()), xb = normal_bf16(size_t(s.T) * W);
+    const auto g = normal_bf16(s.n()), dh = normal_bf16(s.n()), old = normal_bf16(s.n());
+    const float l = float(round_bf16(test::uniform(-1, 1))), b = float(round_bf16(test::uniform(-1, 1)));
+    const std::vector<float> lam = {lambda_off_grid(0.8, 1.3), lambda_off_grid(0.5, 1.5), l, b};
+    std::vector<float> cols(size_t(s.T) * kGateStride, 0.0f);
+    for (int t = 0; t < s.T; ++t) cols[size_t(t) * kGateStride + 18] = l, cols[size_t(t) * kGateStride + 19] = b;
+    DeviceBuffer<float> d_lam(lam), d_cols(cols), d_grads(4), d_col_grads(cols.size()), d_rstd(s.T);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+    const SublayerLambdas shared{d_lam.ptr, d_lam.ptr + 1, d_lam.ptr + 2, d_lam.ptr + 3};
+    const SublayerLambdas token{d_lam.ptr, d_lam.ptr + 1, d_cols.ptr + 18, d_cols.ptr + 19, 0, kGateStride};
+    DeviceBuffer<bf16> d_x(x), d_y(y), d_x0(x0), d_xb(xb), d_g(g), d_dh(dh);
+    struct Out {
+        std::vector<bf16> xo, h, dx, dy, dx0, dxb;
+        std::vector<float> rstd;
+    };
+    const auto run = [&](const SublayerLambdas& lambdas, const SublayerLambdaGrads& grads) {
+        DeviceBuffer<bf16> xo(s.n()), h(s.n()), dx(s.n()), dy(s.n()), dx0(old),
+            dxb(std::vector<bf16>(old.begin(), old.begin() + long(s.T) * W));
+        sublayer_residual_forward(xo.ptr, h.ptr, d_rstd.ptr, d_x.ptr, d_y.ptr, d_x0.ptr, d_xb.ptr, lambdas, inj, s.T, s.C,
+                                  nullptr, bd);
+        sublayer_residual_backward(dx.ptr, dy.ptr, dx0.ptr, dxb.ptr, grads, d_scratch.view(), d_g.ptr, {{d_dh.ptr}}, xo.ptr,
+                                   d_rstd.ptr, d_x.ptr, d_y.ptr, d_x0.ptr, d_xb.ptr, lambdas,
+                                   {.injection = inj, .accumulate_dx = false, .accumulate_x0_grads = true,
+                                    .accumulate_lambda_grads = false, .bigram_dim = bd},
+                                   s.T, s.C, nullptr);
+        return Out{xo.download(), h.download(), dx.download(), dy.download(), dx0.download(), dxb.download(),
+                   d_rstd.download()};
+    };
+    const Out a = run(shared, {d_grads.ptr, d_grads.ptr + 1, d_grads.ptr + 2, d_grads.ptr + 3});
+    const auto shared_grads = d_grads.download();
+    const Out c = run(token, {d_grads.ptr, d_grads.ptr + 1, d_col_grads.ptr + 18, d_col_grads.ptr + 19});
+    test::check(same_bits(a.xo, c.xo) && same_bits(a.h, c.h) && same_bits(a.rstd, c.rstd) && same_bits(a.dx, c.dx) &&
+                    same_bits(a.dy, c.dy) && same_bits(a.dx0, c.dx0) && same_bits(a.dxb, c.dxb),
+                "sublayer_residual%s: the shared-lambda kernels' bits", at.c_str());
+    const auto token_grads = d_grads.download();
+    test::check(shared_grads[0] == token_grads[0] && shared_grads[1] == token_grads[1],
+                "sublayer_residual_backward%s: resid's and post's gradients as with shared lambdas", at.c_str());
+}
+
+// Record 85's stream before layer 0: x = x0 + Gb0[t]*xb (the pre gate's column 19) and its norm; backward into x0,
+// xb and each row's coefficient.
+void check_stream_start_per_token(const Shape& s, int bd) {
+    const std::string at = s.name() + " gate column, bigram_dim " + std::to_string(bd);
+    const int W = bd ? bd : s.C, col = 19;
+    const size_t nb = size_t(s.T) * W;
+    const auto x0 = normal_bf16(s.n()), xb = normal_bf16(nb, 0.0, 0.5), g = normal_bf16(s.n()), dh = normal_bf16(s.n());
+    const auto old_dx0 = normal_bf16(s.n()), old_dxb = normal_bf16(nb);
+    const std::vector<float> cols = gate_rows(s.T, col, -1.5, 1.5), old_cols = gate_rows(s.T, col, -1, 1);
+    DeviceBuffer<bf16> d_x0(x0), d_xb(xb), d_g(g), d_dh(dh), d_xo(s.n()), d_h(s.n()), d_dx0(s.n()), d_dxb(nb);
+    DeviceBuffer<float> d_rstd(s.T), d_cols(cols), d_dcols(old_cols);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+    stream_start_forward(d_xo.ptr, d_h.ptr, d_rstd.ptr, d_x0.ptr, d_xb.ptr, d_cols.ptr + col, s.T, s.C, nullptr, bd,
+                         kGateStride);
+    const V xo = values(d_xo.download());
+    check_fused_norm("stream_start_forward", at, xo, d_h, d_rstd, s);
+    for (bool acc : {false, true}) {
+        const std::string how = at + (acc ? " accumulate" : "");
+        d_dx0.upload(old_dx0), d_dxb.upload(old_dxb), d_dcols.upload(old_cols);
+        stream_start_backward(d_dx0.ptr, d_dxb.ptr, d_dcols.ptr + col, d_scratch.view(), d_g.ptr, d_dh.ptr, d_xo.ptr,
+                              d_rstd.ptr, d_xb.ptr, d_cols.ptr + col,
+                              {.accumulate_x0_grads = acc, .accumulate_lambda_grads = false, .bigram_dim = bd,
+                               .token_stride = kGateStride},
+                              s.T, s.C, nullptr);
+        const V dx0 = values(d_dx0.download()), dxb = values(d_dxb.download());
+        const std::vector<float> dcols = d_dcols.download();
+        V w_xo, t_xo, w0, t0, wb, tb;
+        bool coef_ok = true;
+        for (int t = 0; t < s.T; ++t) {
+            const double b = cols[size_t(t) * kGateStride + col];
+            const Sublayer start{1.0, 0.0, 0.0, b, Injection::none};
+            V r0(s.C), rb(s.C, 0.0), rg(s.C), rdh(s.C), zero(s.C, 0.0);
+            for (int c = 0; c < s.C; ++c) {
+                const size_t i = size_t(t) * s.C + c;
+                r0[c] = __bfloat162float(x0[i]), rg[c] = __bfloat162float(g[i]), rdh[c] = __bfloat162float(dh[i]);
+                if (c < W) rb[c] = __bfloat162float(xb[size_t(t) * W + c]);
+            }
+            V mag;
+            const V ref = ref_sublayer(r0, zero, zero, rb, start, &mag);
+            const V xo_row(xo.begin() + long(t) * s.C, xo.begin() + long(t + 1) * s.C);
+            const SublayerGrads w = ref_sublayer_backward(rg, rdh, xo_row, r0, zero, zero, rb, start, 1, s.C);
+            for (int c = 0; c < s.C; ++c) {
+                const size_t i = size_t(t) * s.C + c;
+                w_xo.push_back(ref[c]), t_xo.push_back(std::fabs(ref[c]) / 128 + 1e-5 * mag[c]);
+                const double o0 = acc ? __bfloat162float(old_dx0[i]) : 0.0;
+                w0.push_back(w.dx[c] + o0), t0.push_back(std::fabs(w.dx[c] + o0) / 128 + 1e-5 * (w.magnitude[c] + std::fabs(o0)));
+                if (c < W) {
+                    const double ob = acc ? __bfloat162float(old_dxb[size_t(t) * W + c]) : 0.0;
+                    wb.push_back(w.dxb[c] + ob);
+                    tb.push_back(std::fabs(w.dxb[c] + ob) / 128 + 1e-5 * (std::fabs(b) * w.magnitude[c] + std::fabs(ob)));
+                }
+            }
+            const double err = 1e-5 * w.mag[3] + 1e-30, lo = round_bf16(w.d[3] - err), hi = round_bf16(w.d[3] + err);
+            const float got = dcols[size_t(t) * kGateStride + col];
+            coef_ok = coef_ok && got >= std::min(lo, hi) && got <= std::max(lo, hi);
+        }
+        if (!acc) check_within("stream_start_forward x" + at, xo, w_xo, t_xo);
+        check_within("stream_start_backward dx0" + how, dx0, w0, t0);
+        check_within("stream_start_backward dx0_bigram" + how, dxb, wb, tb);
+        test::check(coef_ok, "stream_start_backward%s: each row's coefficient gradient, its sum rounded to bf16", how.c_str());
+        test::check(others_untouched(dcols, old_cols, col), "stream_start_backward%s: the other columns untouched", how.c_str());
+    }
+}
+
+// Record 85's skip into layer 6: out = x + sigmoid(lambda) G[t] skip; with the output's gradient g:
+// d_skip = sigmoid(lambda) G[t] g, dG[t] = sigmoid(lambda) sum_c g skip, d lambda = sigmoid'(lambda) sum_t G[t] sum_c g skip.
+struct TokenSkipGrads {
+    V d_skip, d_skip_mag, dG, dG_mag;
+    double dlambda = 0, dlambda_mag = 0;
+};
+V ref_token_skip(const V& x, const V& skip, const V& G, double lambda, int T, int C, V* magnitude) {
+    V out(x.size());
+    if (magnitude) magnitude->resize(x.size());
+    for (int t = 0; t < T; ++t)
+        for (int c = 0; c < C; ++c) {
+            const size_t i = size_t(t) * C + c;
+            const double a = sigmoid(lambda) * G[size_t(t)] * skip[i];
+            out[i] = x[i] + a;
+            if (magnitude) (*magnitude)[i] = std::fabs(x[i]) + std::fabs(a);
+        }
+    return out;
+}
+TokenSkipGrads ref_token_skip_backward(const V& g, const V& skip, const V& G, double lambda, int T, int C) {
+    TokenSkipGrads o;
+    const double sl = sigmoid(lambda), dsl = sl * (1 - sl);
+    o.d_skip.resize(g.size()), o.d_skip_mag.resize(g.size()), o.dG.resize(size_t(T)), o.dG_mag.resize(size_t(T));
+    for (int t = 0; t < T; ++t) {
+        double ds = 0, mag = 0;
+        for (int c = 0; c < C; ++c) {
+            const size_t i = size_t(t) * C + c;
+            o.d_skip[i] = sl * G[size_t(t)] * g[i], o.d_skip_mag[i] = std::fabs(o.d_skip[i]);
+            ds += g[i] * skip[i], mag += std::fabs(g[i] * skip[i]);
+        }
+        o.dG[size_t(t)] = sl * ds, o.dG_mag[size_t(t)] = sl * mag;
+        o.dlambda += dsl * G[size_t(t)] * ds, o.dlambda_mag += dsl * std::fabs(G[size_t(t)]) * mag;
+    }
+    return o;
+}
+void check_token_skip(const Shape& s) {
+    const std::string at = s.name() + " gate column";
+    const int col = 28;
+    const auto x = normal_bf16(s.n()), skip = normal_bf16(s.n()), g = normal_bf16(s.n()), old = normal_bf16(s.n());
+    const std::vector<float> cols = gate_rows(s.T, col, -1.0, 6.0), old_cols = gate_rows(s.T, col, -1, 1);
+    const float lambda = random_float(-2.5, 1.0), old_dl = random_float(-1, 1);
+    V G(s.T);
+    for (int t = 0; t < s.T; ++t) G[size_t(t)] = cols[size_t(t) * kGateStride + col];
+    DeviceBuffer<bf16> d_x(x), d_skip(skip), d_g(g), d_out(s.n()), d_h(s.n()), d_dskip(s.n());
+    DeviceBuffer<float> d_cols(cols), d_dcols(old_cols), d_lam(std::vector<float>{lambda}), d_dl(1), d_rstd(s.T);
+    DevicePartials d_scratch(residual_backward_scratch_bytes(s.T));
+    token_skip_add_norm_forward(d_out.ptr, d_h.ptr, d_rstd.ptr, d_x.ptr, d_skip.ptr, d_cols.ptr + col, kGateStride,
+                                d_lam.ptr, s.T, s.C, nullptr);
+    V mag;
+    const V ref = ref_token_skip(values(x), values(skip), G, lambda, s.T, s.C, &mag);
+    const V out = values(d_out.download());
+    check_within("token_skip_add_norm_forward x" + at, out, ref, bf16_tol(ref, mag));
+    check_fused_norm("token_skip_add_norm_forward", at, out, d_h, d_rstd, s);
+    const TokenSkipGrads want = ref_token_skip_backward(values(g), values(skip), G, lambda, s.T, s.C);
+    for (bool acc : {false, true}) {
+        const std::string how = at + (acc ? " accumulate" : "");
+        d_dskip.upload(old), d_dcols.upload(old_cols), d_dl.upload(std::vector<float>{old_dl});
+        const auto run = [&] {
+            token_skip_add_backward(d_dskip.ptr, d_dcols.ptr + col, d_dl.ptr, d_scratch.view(), d_g.ptr, d_skip.ptr,
+                                    d_cols.ptr + col, kGateStride, d_lam.ptr,
+                                    {.accumulate_d_skip = acc, .accumulate_lambda_grad = acc}, s.T, s.C, nullptr);
+        };
+        run();
+        V w = want.d_skip, m = want.d_skip_mag;
+        for (size_t i = 0; i < s.n() && acc; ++i) w[i] += __bfloat162float(old[i]), m[i] += std::fabs(__bfloat162float(old[i]));
+        const auto dskip = d_dskip.download();
+        check_within("token_skip_add_backward d_skip" + how, values(dskip), w, bf16_tol(w, m));
+        const std::vector<float> dcols = d_dcols.download();
+        V dG(s.T), dG_tol(s.T);
+        for (int t = 0; t < s.T; ++t) {
+            dG[size_t(t)] = dcols[size_t(t) * kGateStride + col];
+            dG_tol[size_t(t)] = std::fabs(want.dG[size_t(t)]) / 128 + 1e-5 * want.dG_mag[size_t(t)] + 1e-30;
+        }
+        check_within("token_skip_add_backward dG" + how, dG, want.dG, dG_tol);
+        test::check(others_untouched(dcols, old_cols, col), "token_skip_add_backward%s: the other columns untouched", how.c_str());
+        const float dl = d_dl.download()[0];
+        check_scalar("token_skip_add_backward d skip_lambda" + how, dl, (acc ? old_dl : 0.0) + want.dlambda,
+                     1e-5 * (want.dlambda_mag + std::fabs(old_dl)) + 1e-30);
+        test::check(d_scratch.done.download()[0] == 0, "token_skip_add_backward%s: ticket counter back at zero", how.c_str());
+        if (!acc) {
+            run();
+            test::check(same_bits(d_dskip.download(), dskip) && same_bits(d_dcols.download(), dcols) &&
+                            d_dl.download()[0] == dl,
+                        "token_skip_add_backward reproducible%s", how.c_str());
+        }
+    }
+}
+// The token skip's reference backward against central differences of loss = g . out.
+void check_token_skip_finite_differences() {
+    const Shape s{5, 16};
+    const V g = values(normal_bf16(s.n()));
+    V x = values(normal_bf16(s.n())), skip = values(normal_bf16(s.n())), G(s.T);
+    for (double& v : G) v = test::uniform(-1, 6);
+    double lambda = test::uniform(-2.5, 1.0);
+    const TokenSkipGrads want = ref_token_skip_backward(g, skip, G, lambda, s.T, s.C);
+    const auto loss = [&] { return dot(g, ref_token_skip(x, skip, G, lambda, s.T, s.C, nullptr)); };
+    check_scalar("token skip reference d skip_lambda vs differences", want.dlambda, central_difference(lambda, loss),
+                 kFdRtol * want.dlambda_mag + 1e-9);
+    V fd_G(s.T), tol_G(s.T);
+    for (int t = 0; t < s.T; ++t)
+        fd_G[size_t(t)] = central_difference(G[size_t(t)], loss), tol_G[size_t(t)] = kFdRtol * want.dG_mag[size_t(t)] + 1e-9;
+    check_within("token skip reference dG vs differences", want.dG, fd_G, tol_G);
+    V fd_skip(s.n()), fd_x(s.n()), tol(s.n());
+    for (size_t i = 0; i < s.n(); ++i) {
+        fd_skip[i] = central_difference(skip[i], loss), fd_x[i] = central_difference(x[i], loss);
+        tol[i] = kFdRtol * (want.d_skip_mag[i] + std::fabs(g[i])) + 1e-9;
+    }
+    check_within("token skip reference d_skip vs differences", want.d_skip, fd_skip, tol);
+    check_within("token skip: x's gradient is the output's (g) vs differences", g, fd_x, tol);
+}
+
 // ---- benchmark: every residual-stream launcher as a middle layer calls it ----
 int bench_residual(const bench::Options& o) {
     bench::Bench b(o);
@@ -1465,6 +1724,21 @@ int main(int argc, char** argv) {
         }
         check_sublayer_per_token(s, Injection::none, 0, true);
         check_skip_norm(s);
+        // record 85: x0's and the bigram's coefficients from the MUDD gate's columns (the full-width bigram and a
+        // narrow one), the stream start's bigram coefficient, the per-token skip
+        if (s.T <= 1024) {
+            check_sublayer_per_token(s, Injection::x0_and_bigram, s.C, true, true);
+            check_stream_start_per_token(s, s.C);
+            check_token_skip(s);
+            check_sublayer_per_token(s, Injection::x0, 0, false, true);
+            if (s.C >= 16 && s.T <= 64) check_sublayer_per_token(s, Injection::x0_and_bigram, 8, false, true);
+            check_sublayer_gate_matches_shared(s, Injection::x0_and_bigram, s.C);
+        }
+    }
+    {  // record 85's per-row sums past the block cap, where a warp takes several rows: each row's starts from zero
+        const Shape narrow_past_cap{8200, 16};
+        check_sublayer_per_token(narrow_past_cap, Injection::x0_and_bigram, 16, true, true);
+        check_stream_start_per_token(narrow_past_cap, 16);
     }
     check_mix_finite_differences(false);
     check_mix_finite_differences(true);
@@ -1472,5 +1746,6 @@ int main(int argc, char** argv) {
     check_backout_finite_differences();
     check_add_finite_differences();
     check_sublayer_finite_differences();
+    check_token_skip_finite_differences();
     return test::finish();
 }
