@@ -2,17 +2,22 @@
 // pre-activation and relu(pre)^2, then a cuBLASLt matmul; the backward is cuBLASLt matmuls around the
 // same tensor-core GEMM, whose epilogue applies ReLU^2's derivative. Record 84's FP8 up-projection
 // (training forward only) runs the same GEMM kernels on e4m3 operands, quantized by its own passes
-// (mlp_fp8_quantize_weights, mlp_fp8_quantize_input; rounding points at mlp_forward_fp8's section). Also the
+// (mlp_fp8_quantize_weights, mlp_fp8_quantize_input; rounding points at mlp_forward_fp8's section), and
+// record 89's FP8 down-projection with delayed scales (MlpDownScales; its section states the rounding
+// points): the up-projection's epilogue also writes post in e4m3 and its amax. Also the
 // lambda-scaled weight the attention projections use (w_eff = sa_lambda * w).
 //
 // Rounding points follow upstream's fused Triton MLP: pre is the fp32 sum rounded to bf16, post is
 // relu(pre)^2 from that bf16 pre (rounded once); in the backward, g @ c_proj^T is rounded to bf16,
-// then 2 * that * relu(pre) is rounded once more.
+// then 2 * that * relu(pre) is rounded once more. Record 87 (upstream 75d6867a triton_kernels.py
+// L455-491) keeps post only: the forward writes no pre, and the backward takes relu(pre) as
+// sqrt(post) (ReluSquareSaves::post_only; it differs from relu(pre) by post's bf16 rounding).
 #pragma once
 #include "matmul.cuh"
 #include "ptx.cuh"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <string>
@@ -74,24 +79,59 @@ __device__ __forceinline__ Pack128<__nv_bfloat16> relu_square_backward(const Pac
     return out;
 }
 
-// dpre = 2 * dpost_pre * relu(pre), dpost_pre = dout @ c_proj^T as its matmul rounded it; dpre may be dpost_pre
+// What the forward keeps for the backward: pre and post (records 84-86; the backward reads pre), or
+// post only (record 87; the backward takes relu(pre) as sqrt(post)).
+enum class ReluSquareSaves { pre_and_post, post_only };
+inline const char* relu_square_saves_name(ReluSquareSaves s) {
+    return s == ReluSquareSaves::post_only ? "post only" : "pre and post";
+}
+
+// 2 * d * sqrt(post) of 8 bf16 pairs: fp32 sqrt of the bf16 post, the product rounded once to bf16
+// (upstream: 2 * bf16 g exactly, times tl.sqrt(post.to(fp32)), .to(bf16)). post >= 0 as the forward
+// writes it. sqrtf is the correctly rounded square root; upstream's tl.sqrt is sqrt.approx.f32, which
+// may differ from it by an ulp of fp32: the bf16 result can differ only where 2 d sqrt(post) lies
+// within that ulp of a bf16 rounding boundary.
+__device__ __forceinline__ Pack128<__nv_bfloat16> relu_square_backward_from_post(const Pack128<__nv_bfloat16>& d,
+                                                                                 const Pack128<__nv_bfloat16>& post) {
+    Pack128<__nv_bfloat16> out;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+        out[k] = __float2bfloat16(2.0f * __bfloat162float(d[k]) * sqrtf(__bfloat162float(post[k])));
+    return out;
+}
+// ReLU^2's derivative from what the forward saved (pre, or post).
+template <ReluSquareSaves S>
+__device__ __forceinline__ Pack128<__nv_bfloat16> relu_square_derivative(const Pack128<__nv_bfloat16>& d,
+                                                                         const Pack128<__nv_bfloat16>& saved) {
+    if constexpr (S == ReluSquareSaves::post_only) return relu_square_backward_from_post(d, saved);
+    else return relu_square_backward(d, saved);
+}
+
+// dpre = 2 * dpost_pre * relu(pre), dpost_pre = dout @ c_proj^T as its matmul rounded it, relu(pre)
+// from the saved pre or as sqrt(post); dpre may be dpost_pre
+template <ReluSquareSaves S>
 __global__ void __launch_bounds__(kPackThreads)
-    relu_square_backward_kernel(__nv_bfloat16* dpre, const __nv_bfloat16* dpost_pre, const __nv_bfloat16* pre,
+    relu_square_backward_kernel(__nv_bfloat16* dpre, const __nv_bfloat16* dpost_pre, const __nv_bfloat16* saved,
                                 int64_t n) {
     const int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
     if (i >= n) return;
-    store128(dpre + i, relu_square_backward(load128(dpost_pre + i), load128(pre + i)));
+    store128(dpre + i, relu_square_derivative<S>(load128(dpost_pre + i), load128(saved + i)));
 }
-// Reads dpost_pre and pre, writes dpre; a compare and two multiplies per element.
+// Reads dpost_pre and pre (or post), writes dpre; a compare (or a square root) and two multiplies per element.
 inline Work relu_square_backward_work(int64_t n) {
     return Work{.name = "relu_square_backward", .flops = 3.0 * n, .bytes_read = 4.0 * n, .bytes_written = 2.0 * n};
 }
-inline void relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* dpost_pre, const __nv_bfloat16* pre,
-                                 int64_t n, cudaStream_t stream) {
-    require_shape(bf16_packs_shape_error(n, {dpre, dpost_pre, pre}), "relu_square_backward");
+// `saved` is pre, or post with ReluSquareSaves::post_only.
+inline void relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* dpost_pre, const __nv_bfloat16* saved,
+                                 int64_t n, cudaStream_t stream, ReluSquareSaves saves = ReluSquareSaves::pre_and_post) {
+    require_shape(bf16_packs_shape_error(n, {dpre, dpost_pre, saved}), "relu_square_backward");
     if (n == 0) return;
-    launch(relu_square_backward_work(n), relu_square_backward_kernel, bf16_packs_grid(n), dim3(kPackThreads), 0, stream,
-           dpre, dpost_pre, pre, n);
+    if (saves == ReluSquareSaves::post_only)
+        launch(relu_square_backward_work(n), relu_square_backward_kernel<ReluSquareSaves::post_only>, bf16_packs_grid(n),
+               dim3(kPackThreads), 0, stream, dpre, dpost_pre, saved, n);
+    else
+        launch(relu_square_backward_work(n), relu_square_backward_kernel<ReluSquareSaves::pre_and_post>,
+               bf16_packs_grid(n), dim3(kPackThreads), 0, stream, dpre, dpost_pre, saved, n);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -106,8 +146,8 @@ inline void relu_square_backward(__nv_bfloat16* dpre, const __nv_bfloat16* dpost
 // On Hopper (sm_90a) the e4m3 mma.sync compiles to conversions and HMMA.16816 (it has FP8 only in wgmma,
 // QGMMA): the mma kernel is the other GPUs' and the CPU build's. Both epilogues round the fp32 sums (e4m3:
 // times the dequant) to bf16 once (g), stage them in shared memory, and write with
-// 16-byte accesses, by FcEpilogue: the forward's pre = g and post = relu(pre)^2, or the backward's
-// dpre = 2 g relu(pre) (g = dout @ c_proj^T).
+// 16-byte accesses, by FcEpilogue: the forward's pre = g and post = relu(pre)^2 (or post alone), or the
+// backward's dpre = 2 g relu(pre) (g = dout @ c_proj^T; relu(pre) from pre, or as sqrt(post)).
 enum class MlpKernel { mma, wgmma };
 inline const char* mlp_kernel_name(MlpKernel k) { return k == MlpKernel::wgmma ? "wgmma" : "mma"; }
 // wgmma on Hopper GPUs (compute capability 9), mma elsewhere and in the CPU build.
@@ -183,10 +223,53 @@ __device__ __forceinline__ float fc_dequant(const float* dequant) {
 }
 
 // What the epilogue makes of g, the bf16 rounding of a tile's fp32 sums.
+// (The values name the kernels' instances in tests/kernels/tests.cmake's SASS checks: new ones go last.)
 enum class FcEpilogue {
-    relu_square_forward,   // out = pre = g; post = relu(pre)^2, as relu_square_forward makes it
-    relu_square_backward,  // reads pre; out = dpre = 2 g relu(pre), as relu_square_backward makes it
+    relu_square_forward,        // out = pre = g; post = relu(pre)^2, as relu_square_forward makes it
+    relu_square_backward,       // reads pre; out = dpre = 2 g relu(pre), as relu_square_backward makes it
+    relu_square_post,           // out = post = relu(g)^2 only (record 87)
+    relu_square_backward_post,  // reads post (as `pre`); out = dpre = 2 g sqrt(post) (record 87)
+    relu_square_post_fp8,       // relu_square_post, and post's e4m3 copy and amax (record 89: Fp8DownAct)
 };
+// The forward's and the backward's epilogue for what the forward keeps.
+constexpr FcEpilogue fc_forward_epilogue(ReluSquareSaves s) {
+    return s == ReluSquareSaves::post_only ? FcEpilogue::relu_square_post : FcEpilogue::relu_square_forward;
+}
+constexpr FcEpilogue fc_backward_epilogue(ReluSquareSaves s) {
+    return s == ReluSquareSaves::post_only ? FcEpilogue::relu_square_backward_post : FcEpilogue::relu_square_backward;
+}
+
+// 8 bf16 to 8 e4m3 codes, each e4m3(f(value)) (cvt.rn.satfinite).
+template <class F>
+__device__ __forceinline__ uint2 e4m3_pack8(const Pack128<__nv_bfloat16>& p, F f) {
+    float v[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) v[k] = f(__bfloat162float(p[k]));
+    return make_uint2(cvt_e4m3x4(v[0], v[1], v[2], v[3]), cvt_e4m3x4(v[4], v[5], v[6], v[7]));
+}
+
+// Record 89: the post-only forward's epilogue also writes post's e4m3 copy for the FP8 down-projection,
+// postq = e4m3(min(post * (1 / act), 448)) (upstream 75d6867a triton_kernels.py L463-489: 1 / act one
+// fp32 division, the product in fp32, cvt.rn.satfinite), and the max of the bf16 post it wrote, one
+// partial per warp: kFcAmaxSlotsPerTile per tile at slot tile * 8 + warp (upstream keeps one per
+// persistent CTA; only the max of them all is used, so any split that covers every tile is the same).
+struct Fp8DownAct {
+    __nv_fp8_e4m3* postq;  // (T, H)
+    float* partials;       // this layer's mlp_fp8_down_act_partials(k, T, H) amax partials
+    const float* act;      // this layer's activation scale, MlpDownScales::act
+};
+constexpr int kFcAmaxSlotsPerTile = 8;  // the warps that store a tile: all 8 (mma), the 8 consumers' (wgmma)
+static_assert(kFcThreads / 32 == kFcAmaxSlotsPerTile, "one amax slot per mma warp");
+// The max of the bits of the warp's 32 values (the lanes all get it).
+__device__ __forceinline__ uint32_t warp_max_bits(uint32_t v) {
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// |v| of a bf16 as fp32 bits: unsigned, they order as the magnitudes do, with NaN above inf.
+__device__ __forceinline__ uint32_t abs_bits(__nv_bfloat16 v) {
+    return (uint32_t(__bfloat16_as_ushort(v)) << 16) & 0x7fffffffu;
+}
 
 // The epilogue's first half: a 16 x 8 accumulator fragment (c0, c1 at (row, col), (row, col + 1);
 // c2, c3 eight rows down: mma.sync's and wgmma's D layout) rounded to bf16 into a staged tile of
@@ -199,11 +282,14 @@ __device__ __forceinline__ void fc_stage_fragment(__nv_bfloat16* tile, int row, 
 }
 // The second half: a staged ROWS x 128 tile of g, whose (0, 0) is g's (m0, n0), out to global memory
 // by E in 16-byte accesses by THREADS threads (this one `tid`); nothing past row T or column H.
+// relu_square_post_fp8 also writes postq (8-byte stores: 8 e4m3 a chunk) with inv_act = 1 / act and
+// returns the max of this thread's post bits (0 for the other epilogues).
 template <FcEpilogue E, int ROWS, int THREADS>
-__device__ __forceinline__ void fc_store_tile(const __nv_bfloat16* tile, int tid, __nv_bfloat16* out,
-                                              __nv_bfloat16* post, const __nv_bfloat16* pre, int m0, int n0, int T,
-                                              int H) {
+__device__ __forceinline__ uint32_t fc_store_tile(const __nv_bfloat16* tile, int tid, __nv_bfloat16* out,
+                                                  __nv_bfloat16* post, const __nv_bfloat16* pre, int m0, int n0,
+                                                  int T, int H, __nv_fp8_e4m3* postq = nullptr, float inv_act = 0.0f) {
     constexpr int COLS = 128, chunks_per_row = COLS / 8;
+    uint32_t amax = 0;
     static_assert(ROWS * chunks_per_row % THREADS == 0, "every thread stores the same number of chunks");
 #pragma unroll
     for (int i = 0; i < ROWS * chunks_per_row / THREADS; ++i) {
@@ -215,14 +301,32 @@ __device__ __forceinline__ void fc_store_tile(const __nv_bfloat16* tile, int tid
         if constexpr (E == FcEpilogue::relu_square_forward) {
             store128(out + at, g);
             store128(post + at, relu_square(g));
-        } else {
+        } else if constexpr (E == FcEpilogue::relu_square_post) {
+            store128(out + at, relu_square(g));
+        } else if constexpr (E == FcEpilogue::relu_square_post_fp8) {
+            const Pack128<__nv_bfloat16> p = relu_square(g);
+            store128(out + at, p);
+            *reinterpret_cast<uint2*>(reinterpret_cast<unsigned char*>(postq) + at) =
+                e4m3_pack8(p, [inv_act](float v) { return fminf(v * inv_act, 448.0f); });
+#pragma unroll
+            for (int k = 0; k < 8; ++k) amax = max(amax, abs_bits(p[k]));
+        } else if constexpr (E == FcEpilogue::relu_square_backward) {
             store128(out + at, relu_square_backward(g, load128(pre + at)));
+        } else {
+            store128(out + at, relu_square_backward_from_post(g, load128(pre + at)));
         }
     }
+    return amax;
+}
+// 1 / act for relu_square_post_fp8's epilogue (an IEEE division, as upstream's 1.0 / tl.load), else unused.
+template <FcEpilogue E>
+__device__ __forceinline__ float fc_inverse_act(const Fp8DownAct& down) {
+    if constexpr (E == FcEpilogue::relu_square_post_fp8) return 1.0f / *down.act;
+    else return 0.0f;
 }
 
-// g = bf16(x @ w^T) with fp32 sums, then the epilogue E; `post` is written by the forward only and
-// `pre` read by the backward only (the other is null). The backward's pre may be its out: each
+// g = bf16(x @ w^T) with fp32 sums, then the epilogue E; `post` is written by the pre-and-post forward
+// only and `pre` read by the backwards only (pre, or post for relu_square_backward_post; else null). The backward's pre may be its out: each
 // element is read by the thread that then writes it. Two blocks per SM: at most 128 registers a
 // thread (ptxas: no spills) and 2 x 96 KB. The e4m3 instance one block: sm_90 has no e4m3 mma.sync, so
 // its MMAs convert their operands first, which at 128 registers spilled 16 bytes (Hopper runs the
@@ -234,7 +338,7 @@ constexpr int kFcMinBlocks = sizeof(In) == 1 ? 1 : 2;
 template <FcEpilogue E, class In = __nv_bfloat16>
 __global__ void __launch_bounds__(kFcThreads, kFcMinBlocks<In>)
     linear_relu_square_kernel(__nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre, const In* x,
-                              const In* w, const float* dequant, int T, int C, int H) {
+                              const In* w, const float* dequant, int T, int C, int H, Fp8DownAct down) {
     constexpr int tile_k = fc_tile_k<In>();
     unsigned char* smem = dynamic_smem<unsigned char>();
     const int m0 = blockIdx.y * kFcTileRows, n0 = blockIdx.x * kFcTileCols;
@@ -294,7 +398,13 @@ __global__ void __launch_bounds__(kFcThreads, kFcMinBlocks<In>)
             fc_stage_fragment<kFcTileCols>(tile, wm + 16 * m + g, wn + 8 * n + 2 * t, c[0], c[1], c[2], c[3]);
         }
     __syncthreads();
-    fc_store_tile<E, kFcTileRows, kFcThreads>(tile, threadIdx.x, out, post, pre, m0, n0, T, H);
+    const uint32_t amax = fc_store_tile<E, kFcTileRows, kFcThreads>(tile, threadIdx.x, out, post, pre, m0, n0, T, H,
+                                                                    down.postq, fc_inverse_act<E>(down));
+    if constexpr (E == FcEpilogue::relu_square_post_fp8) {
+        const uint32_t m = warp_max_bits(amax);
+        if (lane == 0)
+            down.partials[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * kFcAmaxSlotsPerTile + warp] = __uint_as_float(m);
+    }
 }
 
 // ---- the Hopper kernel: TMA -> mbarrier ring -> wgmma, warp-specialized ----
@@ -374,7 +484,7 @@ template <FcEpilogue E, class In = __nv_bfloat16>
 __global__ void __launch_bounds__(kFcwThreads, 1)
     linear_relu_square_wgmma_kernel(__nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre,
                                     const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-                                    const float* dequant, int T, int C, int H) {
+                                    const float* dequant, int T, int C, int H, Fp8DownAct down) {
     constexpr int tile_k = fc_tile_k<In>();
     __shared__ uint64_t full[kFcwStages], empty[kFcwStages];
     unsigned char* raw = dynamic_smem<unsigned char>();
@@ -402,6 +512,8 @@ __global__ void __launch_bounds__(kFcwThreads, 1)
 
     __nv_bfloat16* tile = reinterpret_cast<__nv_bfloat16*>(ring + kFcwStages * kFcwStageBytes + warp * kFcwStagingBytes);
     const int g = lane / 4, t = lane % 4, row0 = m0 + 64 * consumer + 16 * (warp % 4);
+    const float inv_act = fc_inverse_act<E>(down);
+    uint32_t amax = 0;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
 #pragma unroll
@@ -414,8 +526,15 @@ __global__ void __launch_bounds__(kFcwThreads, 1)
                 fc_stage_fragment<128>(tile, g, 8 * i + 2 * t, acc[f], acc[f + 1], acc[f + 2], acc[f + 3]);
         }
         __syncwarp();
-        fc_store_tile<E, 16, 32>(tile, lane, out, post, pre, row0, n0 + 128 * half, T, H);
+        amax = max(amax, fc_store_tile<E, 16, 32>(tile, lane, out, post, pre, row0, n0 + 128 * half, T, H, down.postq,
+                                                  inv_act));
         __syncwarp();  // the warp's stores have read the tile before the next half overwrites it
+    }
+    if constexpr (E == FcEpilogue::relu_square_post_fp8) {
+        static_assert(4 * kFcwConsumers == kFcAmaxSlotsPerTile, "one amax slot per consumer warp");
+        const uint32_t m = warp_max_bits(amax);
+        if (lane == 0)
+            down.partials[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * kFcAmaxSlotsPerTile + warp] = __uint_as_float(m);
     }
 }
 
@@ -439,12 +558,14 @@ inline double linear_relu_square_tc_flops(MlpKernel k, int T, int C, int H) {
     const double depth = ceil_div(C, kFcTileK) * kFcTileK;
     return 2 * rows * cols * depth;
 }
-// Reads x and w, writes pre and post; a max and a square per output.
-inline Work linear_relu_square_forward_work(MlpKernel k, int T, int C, int H) {
+// Reads x and w, writes pre and post (or post alone); a max and a square per output.
+inline Work linear_relu_square_forward_work(MlpKernel k, int T, int C, int H,
+                                            ReluSquareSaves saves = ReluSquareSaves::pre_and_post) {
+    const double written = (saves == ReluSquareSaves::post_only ? 2.0 : 4.0) * T * H;
     return Work{.name = "linear_relu_square_forward", .tc_flops = linear_relu_square_tc_flops(k, T, C, H),
-                .flops = 2.0 * T * H, .bytes_read = 2.0 * (T + H) * C, .bytes_written = 4.0 * T * H, .m = H, .n = T, .k = C};
+                .flops = 2.0 * T * H, .bytes_read = 2.0 * (T + H) * C, .bytes_written = written, .m = H, .n = T, .k = C};
 }
-// Reads g's operands and pre, writes dpre; a compare and two multiplies per output.
+// Reads g's operands and pre (or post), writes dpre; a compare (or a square root) and two multiplies per output.
 inline Work linear_relu_square_backward_work(MlpKernel k, int T, int C, int H) {
     return Work{.name = "linear_relu_square_backward", .tc_flops = linear_relu_square_tc_flops(k, T, C, H),
                 .flops = 3.0 * T * H, .bytes_read = 2.0 * (T + H) * C + 2.0 * T * H, .bytes_written = 2.0 * T * H,
@@ -454,7 +575,7 @@ inline Work linear_relu_square_backward_work(MlpKernel k, int T, int C, int H) {
 template <FcEpilogue E, class In>
 void launch_linear_relu_square_mma(const Work& work, __nv_bfloat16* out, __nv_bfloat16* post, const __nv_bfloat16* pre,
                                    const In* x, const In* w, const float* dequant, int T, int C, int H,
-                                   cudaStream_t stream) {
+                                   cudaStream_t stream, const Fp8DownAct& down) {
     static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_kernel<E, In>,
                                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                       static_cast<int>(kFcSmemBytes))),
@@ -462,13 +583,13 @@ void launch_linear_relu_square_mma(const Work& work, __nv_bfloat16* out, __nv_bf
     (void)smem_allowed;
     const dim3 grid(static_cast<unsigned>(ceil_div(H, kFcTileCols)), static_cast<unsigned>(ceil_div(T, kFcTileRows)));
     launch(work, linear_relu_square_kernel<E, In>, grid, dim3(kFcThreads), kFcSmemBytes, stream, out, post, pre, x, w,
-           dequant, T, C, H);
+           dequant, T, C, H, down);
     CUDA_CHECK_LAUNCH();
 }
 template <FcEpilogue E, class In>
 void launch_linear_relu_square_wgmma(const Work& work, __nv_bfloat16* out, __nv_bfloat16* post,
                                      const __nv_bfloat16* pre, const In* x, const In* w, const float* dequant, int T,
-                                     int C, int H, cudaStream_t stream) {
+                                     int C, int H, cudaStream_t stream, const Fp8DownAct& down) {
     static const bool smem_allowed = (CUDA_CHECK(cudaFuncSetAttribute(linear_relu_square_wgmma_kernel<E, In>,
                                                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                       static_cast<int>(kFcwSmemBytes))),
@@ -483,36 +604,55 @@ void launch_linear_relu_square_wgmma(const Work& work, __nv_bfloat16* out, __nv_
                                                    {tile_k, uint32_t(kFcwCols)}, Swizzle::b128, type);
     const dim3 grid(static_cast<unsigned>(ceil_div(H, kFcwCols)), static_cast<unsigned>(ceil_div(T, kFcTileRows)));
     launch(work, linear_relu_square_wgmma_kernel<E, In>, grid, dim3(kFcwThreads), kFcwSmemBytes, stream, out, post,
-           pre, map_x, map_w, dequant, T, C, H);
+           pre, map_x, map_w, dequant, T, C, H, down);
     CUDA_CHECK_LAUNCH();
 }
 template <FcEpilogue E, class In = __nv_bfloat16>
 void launch_linear_relu_square(MlpKernel k, const Work& work, __nv_bfloat16* out, __nv_bfloat16* post,
                                const __nv_bfloat16* pre, const In* x, const In* w, int T, int C, int H,
-                               cudaStream_t stream, const float* dequant = nullptr) {
+                               cudaStream_t stream, const float* dequant = nullptr, const Fp8DownAct& down = {}) {
     if (k == MlpKernel::wgmma)
-        launch_linear_relu_square_wgmma<E, In>(work, out, post, pre, x, w, dequant, T, C, H, stream);
+        launch_linear_relu_square_wgmma<E, In>(work, out, post, pre, x, w, dequant, T, C, H, stream, down);
     else
-        launch_linear_relu_square_mma<E, In>(work, out, post, pre, x, w, dequant, T, C, H, stream);
+        launch_linear_relu_square_mma<E, In>(work, out, post, pre, x, w, dequant, T, C, H, stream, down);
 }
 
-// pre (T, H) = x (T, C) @ w (H, C)^T, post (T, H) = relu(pre)^2, both bf16; one kernel, k's.
+// With ReluSquareSaves::post_only the forward writes no pre: pre must be null (a pre buffer given
+// would be left stale, which a caller reading it would not notice).
+inline void require_saves(ReluSquareSaves saves, const void* pre, const char* launcher) {
+    kernel_require((saves == ReluSquareSaves::post_only) == (pre == nullptr),
+                   "%s: pre must be null exactly when the forward keeps post only (%s; pre %s)", launcher,
+                   relu_square_saves_name(saves), pre ? "given" : "null");
+}
+
+// pre (T, H) = x (T, C) @ w (H, C)^T, post (T, H) = relu(pre)^2, both bf16; one kernel, k's. With
+// saves post_only (record 87), post alone (pre null).
 inline void linear_relu_square_forward(MlpKernel k, __nv_bfloat16* pre, __nv_bfloat16* post, const __nv_bfloat16* x,
-                                       const __nv_bfloat16* w, int T, int C, int H, cudaStream_t stream) {
+                                       const __nv_bfloat16* w, int T, int C, int H, cudaStream_t stream,
+                                       ReluSquareSaves saves = ReluSquareSaves::pre_and_post) {
+    require_saves(saves, pre, "linear_relu_square_forward");
     require_shape(linear_relu_square_shape_error(T, C, H, {pre, post, x, w}), "linear_relu_square_forward");
-    launch_linear_relu_square<FcEpilogue::relu_square_forward>(k, linear_relu_square_forward_work(k, T, C, H), pre,
-                                                               post, nullptr, x, w, T, C, H, stream);
+    const Work work = linear_relu_square_forward_work(k, T, C, H, saves);
+    if (saves == ReluSquareSaves::post_only)
+        launch_linear_relu_square<FcEpilogue::relu_square_post>(k, work, post, nullptr, nullptr, x, w, T, C, H, stream);
+    else
+        launch_linear_relu_square<FcEpilogue::relu_square_forward>(k, work, pre, post, nullptr, x, w, T, C, H, stream);
 }
 
 // dpre (T, H) = 2 bf16(g (T, C) @ w (H, C)^T) relu(pre), all bf16; one kernel, k's. The product is
 // rounded to bf16 first, as upstream's fused kernel rounds its accumulator before the derivative:
-// the same bits as a matmul with the same fp32 sums then relu_square_backward. dpre may be pre.
+// the same bits as a matmul with the same fp32 sums then relu_square_backward. `saved` is pre, or
+// with saves post_only post (relu(pre) taken as sqrt(post)); dpre may be `saved`.
 inline void linear_relu_square_backward(MlpKernel k, __nv_bfloat16* dpre, const __nv_bfloat16* g,
-                                        const __nv_bfloat16* w, const __nv_bfloat16* pre, int T, int C, int H,
-                                        cudaStream_t stream) {
-    require_shape(linear_relu_square_shape_error(T, C, H, {dpre, g, w, pre}), "linear_relu_square_backward");
-    launch_linear_relu_square<FcEpilogue::relu_square_backward>(k, linear_relu_square_backward_work(k, T, C, H), dpre,
-                                                                nullptr, pre, g, w, T, C, H, stream);
+                                        const __nv_bfloat16* w, const __nv_bfloat16* saved, int T, int C, int H,
+                                        cudaStream_t stream, ReluSquareSaves saves = ReluSquareSaves::pre_and_post) {
+    require_shape(linear_relu_square_shape_error(T, C, H, {dpre, g, w, saved}), "linear_relu_square_backward");
+    const Work work = linear_relu_square_backward_work(k, T, C, H);
+    if (saves == ReluSquareSaves::post_only)
+        launch_linear_relu_square<FcEpilogue::relu_square_backward_post>(k, work, dpre, nullptr, saved, g, w, T, C, H,
+                                                                         stream);
+    else
+        launch_linear_relu_square<FcEpilogue::relu_square_backward>(k, work, dpre, nullptr, saved, g, w, T, C, H, stream);
 }
 
 // ---- the whole MLP: x (T, C); c_fc (H, C); c_proj (H, C); pre, post (T, H); out (T, C) ----
@@ -526,22 +666,23 @@ inline std::string mlp_shape_error(int T, int C, int H) {
     return "";
 }
 
-// pre = x @ c_fc^T; post = relu(pre)^2; out = post @ c_proj (pre and post are kept for the backward);
-// the first two by k's kernel
+// pre = x @ c_fc^T; post = relu(pre)^2; out = post @ c_proj (pre and post are kept for the backward;
+// with saves post_only post alone, pre null); the first two by k's kernel
 inline void mlp_forward(CublasLt& lt, MlpKernel k, __nv_bfloat16* out, __nv_bfloat16* pre, __nv_bfloat16* post,
                         const __nv_bfloat16* x, const __nv_bfloat16* c_fc, const __nv_bfloat16* c_proj, int T, int C,
-                        int H, cudaStream_t stream) {
+                        int H, cudaStream_t stream, ReluSquareSaves saves = ReluSquareSaves::pre_and_post) {
     require_shape(mlp_shape_error(T, C, H), "mlp_forward");
-    linear_relu_square_forward(k, pre, post, x, c_fc, T, C, H, stream);
+    linear_relu_square_forward(k, pre, post, x, c_fc, T, C, H, stream, saves);
     matmul_bf16(lt, out, post, false, c_proj, false, T, C, H, stream, 1.0f, 0.0f, nullptr, {}, "gemm_mlp_proj");
 }
 
 // Given dout (T, C): dc_proj (+)= post^T @ dout; dpre = 2 (dout @ c_proj^T) relu(pre);
 // dc_fc (+)= dpre^T @ x; dx = dpre @ c_fc. dc_proj comes first: dpre (T, H) is scratch and may be
-// the post buffer, and post is last read by dc_proj. (The gradients' reductions across ranks start
+// the post buffer, and post is last read by dc_proj (post only: by the fused dpre kernel, in place). (The gradients' reductions across ranks start
 // after the whole backward, in the optimizer step.)
 // post may be null (not kept from the forward): it is then recomputed from pre into dpre, the
-// same bits, at the cost of one elementwise pass.
+// same bits, at the cost of one elementwise pass. With saves post_only (record 87) pre is null and
+// relu(pre) is taken as sqrt(post).
 // dpre is one tensor-core kernel (linear_relu_square_backward, k's) wherever its shape rules hold; past
 // them (T beyond 65535 row tiles, or a buffer not 16-byte aligned) it is a cuBLASLt matmul and
 // relu_square_backward, the same bits where the two accumulate in the same order (emu).
@@ -549,20 +690,26 @@ inline void mlp_backward(CublasLt& lt, MlpKernel k, __nv_bfloat16* dx, __nv_bflo
                          bool accumulate_weight_grads, __nv_bfloat16* dpre, const __nv_bfloat16* dout,
                          const __nv_bfloat16* x, const __nv_bfloat16* c_fc, const __nv_bfloat16* c_proj,
                          const __nv_bfloat16* pre, const __nv_bfloat16* post, int T, int C, int H,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, ReluSquareSaves saves = ReluSquareSaves::pre_and_post) {
     require_shape(mlp_shape_error(T, C, H), "mlp_backward");
+    require_saves(saves, pre, "mlp_backward");
+    kernel_require(saves == ReluSquareSaves::pre_and_post || post != nullptr, "mlp_backward: post only, but post is null");
     const int64_t n = static_cast<int64_t>(T) * H;
+    const __nv_bfloat16* saved = saves == ReluSquareSaves::post_only ? post : pre;
     if (post == nullptr) {
         relu_square_forward(dpre, pre, n, stream);
         post = dpre;
     }
     const float beta = accumulate_weight_grads ? 1.0f : 0.0f;
     matmul_bf16(lt, dc_proj, post, true, dout, false, H, C, T, stream, 1.0f, beta, nullptr, {}, "gemm_mlp_proj_dw");
-    if (linear_relu_square_shape_error(T, C, H, {dpre, dout, c_proj, pre}).empty()) {
-        linear_relu_square_backward(k, dpre, dout, c_proj, pre, T, C, H, stream);
+    if (linear_relu_square_shape_error(T, C, H, {dpre, dout, c_proj, saved}).empty()) {
+        linear_relu_square_backward(k, dpre, dout, c_proj, saved, T, C, H, stream, saves);
     } else {
+        // the matmul writes dpre before the derivative reads post: here they must be apart
+        kernel_require(saves == ReluSquareSaves::pre_and_post || dpre != post,
+                       "mlp_backward: post only, on the fallback path (T %d), dpre must not be the post buffer", T);
         matmul_bf16(lt, dpre, dout, false, c_proj, true, T, H, C, stream, 1.0f, 0.0f, nullptr, {}, "gemm_mlp_proj_dx");
-        relu_square_backward(dpre, dpre, pre, n, stream);
+        relu_square_backward(dpre, dpre, saved, n, stream, saves);
     }
     matmul_backward_weight(lt, dc_fc, dpre, x, T, H, C, stream, accumulate_weight_grads, "gemm_mlp_fc_dw");
     matmul_backward_input(lt, dx, dpre, c_fc, T, H, C, stream, false, "gemm_mlp_fc_dx");
@@ -633,10 +780,6 @@ constexpr float kE4m3Max = 448.0f;
 inline int fp8_amax_blocks(int64_t n) {
     return static_cast<int>(std::clamp<int64_t>(ceil_div<int64_t>(n / 8, kFp8Threads), 1, kFp8AmaxMaxBlocks));
 }
-// |v| as bits: unsigned, they order as the magnitudes do, with NaN above inf.
-__device__ __forceinline__ uint32_t abs_bits(__nv_bfloat16 v) {
-    return (uint32_t(__bfloat16_as_ushort(v)) << 16) & 0x7fffffffu;
-}
 __device__ inline uint32_t block_reduce_max_bits(uint32_t v) {
     __shared__ uint32_t warp_max[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -665,19 +808,13 @@ __device__ __forceinline__ float clamp_amax(float a) {
     const float lo = __bfloat162float(__float2bfloat16(1e-12f));
     return a < lo ? lo : a;
 }
-// 8 bf16 to 8 e4m3 codes, each e4m3(f(value)).
-template <class F>
-__device__ __forceinline__ uint2 e4m3_pack8(const Pack128<__nv_bfloat16>& p, F f) {
-    float v[8];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) v[k] = f(__bfloat162float(p[k]));
-    return make_uint2(cvt_e4m3x4(v[0], v[1], v[2], v[3]), cvt_e4m3x4(v[4], v[5], v[6], v[7]));
-}
 
 // ---- weights: all layers of the bank in two launches ----
-// Block b works on layer b / blocks_per_layer; the last block turns each layer's partials into w_s.
+// Block b works on layer b / blocks_per_layer; the last block turns each layer's partials into w_s
+// (layer l's at scale[l * scale_stride]).
 __global__ void __launch_bounds__(kFp8Threads)
-    mlp_fp8_weight_scale_kernel(float* scale, MlpFcBank bank, int64_t n, int blocks_per_layer, BlockPartials scratch) {
+    mlp_fp8_weight_scale_kernel(float* scale, int scale_stride, MlpFcBank bank, int64_t n, int blocks_per_layer,
+                                BlockPartials scratch) {
     const int layer = blockIdx.x / blocks_per_layer, part = blockIdx.x % blocks_per_layer;
     const uint32_t m = block_reduce_max_bits(abs_max_bits(bank.c_fc + layer * bank.layer_stride, n,
                                                           int64_t(part) * blockDim.x + threadIdx.x,
@@ -689,7 +826,8 @@ __global__ void __launch_bounds__(kFp8Threads)
         for (int i = threadIdx.x; i < blocks_per_layer; i += blockDim.x)
             lm = max(lm, __float_as_uint(scratch.partials[l * blocks_per_layer + i]));
         lm = block_reduce_max_bits(lm);
-        if (threadIdx.x == 0) scale[l] = __bfloat162float(__float2bfloat16(clamp_amax(__uint_as_float(lm)) / kE4m3Max));
+        if (threadIdx.x == 0)
+            scale[size_t(l) * scale_stride] = __bfloat162float(__float2bfloat16(clamp_amax(__uint_as_float(lm)) / kE4m3Max));
     }
 }
 // W1q = e4m3(bf16(W1 / w_s)), 8 elements a thread; layer l's output at w + l n.
@@ -744,7 +882,7 @@ inline void mlp_fp8_quantize_weights(const Fp8UpWeights& out, const MlpFcBank& b
     const int64_t n = int64_t(H) * C;
     const int per_layer = mlp_fp8_weight_blocks_per_layer(H, C);
     launch(mlp_fp8_weight_scale_work(bank.layers, H, C), mlp_fp8_weight_scale_kernel, dim3(per_layer * bank.layers),
-           dim3(kFp8Threads), 0, stream, out.scale, bank, n, per_layer, scratch);
+           dim3(kFp8Threads), 0, stream, out.scale, 1, bank, n, per_layer, scratch);
     CUDA_CHECK_LAUNCH();
     const int64_t packs = n / 8 * bank.layers;
     launch(mlp_fp8_quantize_weights_work(bank.layers, H, C), mlp_fp8_quantize_weights_kernel,
@@ -813,32 +951,251 @@ inline double linear_relu_square_fp8_tc_flops(MlpKernel k, int T, int C, int H) 
     const double rows = ceil_div(T, kFcTileRows) * kFcTileRows, cols = ceil_div(H, tile_cols) * tile_cols;
     return 2 * rows * cols * (ceil_div(C, fc_tile_k<__nv_fp8_e4m3>()) * fc_tile_k<__nv_fp8_e4m3>());
 }
-// Reads xq, W1q and the dequant, writes pre and post; a multiply, a max and a square per output.
-inline Work linear_relu_square_forward_fp8_work(MlpKernel k, int T, int C, int H) {
+// Reads xq, W1q and the dequant, writes pre and post (or post alone); a multiply, a max and a square per output.
+inline Work linear_relu_square_forward_fp8_work(MlpKernel k, int T, int C, int H,
+                                                ReluSquareSaves saves = ReluSquareSaves::pre_and_post) {
+    const double written = (saves == ReluSquareSaves::post_only ? 2.0 : 4.0) * T * H;
     return Work{.name = "linear_relu_square_forward_fp8", .tc_flops = linear_relu_square_fp8_tc_flops(k, T, C, H),
-                .flops = 3.0 * T * H, .bytes_read = 1.0 * (T + H) * C + 4, .bytes_written = 4.0 * T * H,
+                .flops = 3.0 * T * H, .bytes_read = 1.0 * (T + H) * C + 4, .bytes_written = written,
                 .m = H, .n = T, .k = C};
 }
-// pre (T, H) = bf16(fp32(up.xq (T, C) @ up.w (H, C)^T) * up.scales->dequant), post = relu(pre)^2;
-// one kernel, k's (mlp_fp8_quantize_input has written xq and the scales).
+// pre (T, H) = bf16(fp32(up.xq (T, C) @ up.w (H, C)^T) * up.scales->dequant), post = relu(pre)^2 (with
+// saves post_only post alone, pre null); one kernel, k's (mlp_fp8_quantize_input has written xq and
+// the scales).
 inline void linear_relu_square_forward_fp8(MlpKernel k, __nv_bfloat16* pre, __nv_bfloat16* post, const Fp8Up& up,
-                                           int T, int C, int H, cudaStream_t stream) {
+                                           int T, int C, int H, cudaStream_t stream,
+                                           ReluSquareSaves saves = ReluSquareSaves::pre_and_post) {
+    require_saves(saves, pre, "linear_relu_square_forward_fp8");
     require_shape(mlp_fp8_shape_error(T, C, H, {pre, post, up.xq, up.w}), "linear_relu_square_forward_fp8");
-    launch_linear_relu_square<FcEpilogue::relu_square_forward, __nv_fp8_e4m3>(
-        k, linear_relu_square_forward_fp8_work(k, T, C, H), pre, post, nullptr, up.xq, up.w, T, C, H, stream,
-        &up.scales->dequant);
+    const Work work = linear_relu_square_forward_fp8_work(k, T, C, H, saves);
+    if (saves == ReluSquareSaves::post_only)
+        launch_linear_relu_square<FcEpilogue::relu_square_post, __nv_fp8_e4m3>(k, work, post, nullptr, nullptr, up.xq,
+                                                                              up.w, T, C, H, stream, &up.scales->dequant);
+    else
+        launch_linear_relu_square<FcEpilogue::relu_square_forward, __nv_fp8_e4m3>(k, work, pre, post, nullptr, up.xq,
+                                                                                 up.w, T, C, H, stream,
+                                                                                 &up.scales->dequant);
 }
 
 // mlp_forward with the FP8 up-projection (training, record 84): xq and the scales from x, then pre and
-// post from the e4m3 GEMM, out = post @ c_proj in bf16. The backward is mlp_backward's, from x and the
-// bf16 c_fc.
+// post (post only: post) from the e4m3 GEMM, out = post @ c_proj in bf16. The backward is mlp_backward's,
+// from x and the bf16 c_fc, with the same saves.
 inline void mlp_forward_fp8(CublasLt& lt, MlpKernel k, __nv_bfloat16* out, __nv_bfloat16* pre, __nv_bfloat16* post,
                             const __nv_bfloat16* x, const Fp8Up& up, const __nv_bfloat16* c_proj, int T, int C, int H,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, ReluSquareSaves saves = ReluSquareSaves::pre_and_post) {
+    require_saves(saves, pre, "mlp_forward_fp8");
     require_shape(mlp_fp8_shape_error(T, C, H, {out, pre, post, x, up.xq, up.w, c_proj}), "mlp_forward_fp8");
     mlp_fp8_quantize_input(up, x, T, C, stream);
-    linear_relu_square_forward_fp8(k, pre, post, up, T, C, H, stream);
+    linear_relu_square_forward_fp8(k, pre, post, up, T, C, H, stream, saves);
     matmul_bf16(lt, out, post, false, c_proj, false, T, C, H, stream, 1.0f, 0.0f, nullptr, {}, "gemm_mlp_proj");
+}
+
+// ---- the FP8 down-projection with delayed scaling (record 89; the training forward only) ----
+// Upstream 75d6867a: quantize_mlp_fp8 (train_gpt.py L1403-1434) after every optimizer step
+// (bootstrap_down = step < 16) and at init and after the warm-up's reset (bootstrap); the forward's
+// use_mlp_fp8 branch (L1643-1675); triton_kernels.py's linear_relu_square EMIT_FP8 epilogue (L463-491),
+// reduce_mlp_activation_scales and quantize_transpose_mlp_down_weights (L494-565, L743-785). Per layer l:
+// - Weights, W2 = c_proj (H, C) bf16: with bootstrap, next = bf16(max(max|W2|, bf16(1e-12)) / 448) (eager
+//   torch, as the up-projection's w_s); then used = next, W2q = e4m3(clamp(fp32(W2) / used, +-448))
+//   (an IEEE fp32 division, cvt.rn.satfinite) stored transposed (C, H), and next = max(max|W2|, 1e-12) *
+//   fp32(1.12 / 448) (the headroom over 448 divided in double, as Triton folds the constexpr, rounded
+//   once to fp32 when it multiplies). So from step 16 on the weights of step s are quantized with
+//   step s - 1's amax times 1.12; a larger |W2 / used| clamps to 448.
+// - Activations: the post-only up-projection's epilogue writes postq = e4m3(min(post / act, 448)) and
+//   amax partials of the bf16 post (Fp8DownAct); after the layers one launch sets
+//   act = max(max partials, 1e-12) * fp32(1.80 / 448) for the next training forward (one step late,
+//   per rank and per micro-step, never all-reduced; validation runs bf16 and leaves it).
+// - out (T, C) = bf16(fp32(postq @ W2q^T) * act * used) by cuBLASLt's FP8 matmul with fast
+//   accumulation (upstream's _scaled_mm(use_fast_accum=True)); emu accumulates exactly in fp32.
+// The backward is unchanged: bf16 from post and W2 (mlp_backward with ReluSquareSaves::post_only).
+// All scales start at 1 (upstream's persistent buffers of ones, restored to 1 after the warm-up).
+
+// One layer's scales, each at the start of its own 16-byte slot: cuBLASLt's FP8 scale pointers must
+// be 16-byte aligned (an H100 refused them 4 bytes off), and act and used are its two.
+struct alignas(16) MlpDownScales {
+    float act = 1.0f, act_pad[3] = {};    // the activations' scale (of the next training forward)
+    float used = 1.0f, used_pad[3] = {};  // the scale W2q was quantized with
+    float next = 1.0f, next_pad[3] = {};  // the scale of the next quantization
+};
+static_assert(sizeof(MlpDownScales) == 48 && offsetof(MlpDownScales, used) == 16 && offsetof(MlpDownScales, next) == 32,
+              "16-byte slots");
+constexpr int kMlpDownScaleStride = sizeof(MlpDownScales) / sizeof(float);
+// Quantization's headrooms over the amax (upstream's HEADROOM / 448.0 folded in double), and its floor.
+constexpr float kMlpDownWeightHeadroom = static_cast<float>(1.12 / 448.0);
+constexpr float kMlpDownActHeadroom = static_cast<float>(1.80 / 448.0);
+constexpr float kMlpDownAmaxFloor = 1e-12f;
+// Whether quantize_mlp_fp8 bootstraps the weights' scale from their own amax (steps < 16, init and
+// after the warm-up) or uses the one the previous quantization left (delayed).
+enum class MlpDownScaling { delayed, bootstrap };
+
+// The weights of every layer: W2q (layers, C, H) e4m3, layer l's (C, H) at w + l C H, and the scales.
+struct Fp8DownWeights {
+    __nv_fp8_e4m3* w;
+    MlpDownScales* scales;  // (layers)
+};
+// An MLP bank's c_proj: layer l's (H, C) bf16 at c_proj + l * layer_stride (elements).
+struct MlpProjBank {
+    const __nv_bfloat16* c_proj;
+    int64_t layer_stride;
+    int layers;
+};
+
+constexpr int kDownQuantTile = 64, kDownQuantThreads = 128;
+inline int mlp_fp8_down_weight_tiles(int H, int C) { return ceil_div(H, kDownQuantTile) * ceil_div(C, kDownQuantTile); }
+// W2q of one 64 x 64 tile (rows h, columns c) of layer blockIdx.y: e4m3(clamp(W2 / used, +-448)) through
+// shared memory, written transposed with 16-byte stores; partials[layer * tiles + tile] = the tile's
+// max |W2| (fp32 bits). Reads used from `next`, as upstream's kernel reads next_scale (the launch
+// before has not moved it), and block 0 records it as used.
+__global__ void __launch_bounds__(kDownQuantThreads)
+    mlp_fp8_down_quantize_kernel(__nv_fp8_e4m3* w, MlpDownScales* scales, MlpProjBank bank, int H, int C,
+                                 float* partials) {
+    __shared__ __align__(16) unsigned char tile[kDownQuantTile][kDownQuantTile + 16];  // codes [h][c]
+    const int layer = blockIdx.y, tiles_c = ceil_div(C, kDownQuantTile);
+    const int h0 = (blockIdx.x / tiles_c) * kDownQuantTile, c0 = (blockIdx.x % tiles_c) * kDownQuantTile;
+    const float s = scales[layer].next;
+    const __nv_bfloat16* src = bank.c_proj + layer * bank.layer_stride;
+    uint32_t amax = 0;
+    for (int i = threadIdx.x; i < kDownQuantTile * kDownQuantTile / 16; i += blockDim.x) {
+        const int hh = i / (kDownQuantTile / 16), cc = (i % (kDownQuantTile / 16)) * 16;
+        if (h0 + hh >= H || c0 + cc >= C) continue;
+        const Pack128<__nv_bfloat16> v[2] = {load128(src + size_t(h0 + hh) * C + c0 + cc),
+                                             load128(src + size_t(h0 + hh) * C + c0 + cc + 8)};
+        const auto q = [s](float x) { return fmaxf(fminf(x / s, 448.0f), -448.0f); };  // upstream's order (NaN: 448)
+        const uint2 lo = e4m3_pack8(v[0], q), hi = e4m3_pack8(v[1], q);
+        *reinterpret_cast<uint4*>(&tile[hh][cc]) = make_uint4(lo.x, lo.y, hi.x, hi.y);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) amax = max(amax, max(abs_bits(v[0][k]), abs_bits(v[1][k])));
+    }
+    __syncthreads();
+    // W2q row c holds column c of the tile: each thread writes 16 consecutive h of one column
+    unsigned char* out = reinterpret_cast<unsigned char*>(w) + size_t(layer) * C * H;
+    for (int i = threadIdx.x; i < kDownQuantTile * kDownQuantTile / 16; i += blockDim.x) {
+        const int cc = i / (kDownQuantTile / 16), hh = (i % (kDownQuantTile / 16)) * 16;
+        if (h0 + hh >= H || c0 + cc >= C) continue;
+        uint32_t word[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+            word[q] = uint32_t(tile[hh + 4 * q][cc]) | uint32_t(tile[hh + 4 * q + 1][cc]) << 8 |
+                      uint32_t(tile[hh + 4 * q + 2][cc]) << 16 | uint32_t(tile[hh + 4 * q + 3][cc]) << 24;
+        *reinterpret_cast<uint4*>(out + size_t(c0 + cc) * H + h0 + hh) = make_uint4(word[0], word[1], word[2], word[3]);
+    }
+    amax = block_reduce_max_bits(amax);
+    if (threadIdx.x == 0) {
+        partials[size_t(layer) * gridDim.x + blockIdx.x] = __uint_as_float(amax);
+        if (blockIdx.x == 0) scales[layer].used = s;
+    }
+}
+
+// A delayed scale per layer (block): *scale = max(max of the layer's `count` partials, 1e-12) * headroom,
+// layer l's partials at partials + l * count and its scale at scale + l * kMlpDownScaleStride.
+// fmaxf, as Triton's tl.maximum, takes a NaN amax to the floor.
+__global__ void __launch_bounds__(kFp8Threads)
+    mlp_fp8_down_delayed_scale_kernel(float* scale, const float* partials, int64_t count, float headroom) {
+    uint32_t m = 0;
+    const float* p = partials + blockIdx.x * count;
+    for (int64_t i = threadIdx.x; i < count; i += blockDim.x) m = max(m, __float_as_uint(p[i]));
+    m = block_reduce_max_bits(m);
+    if (threadIdx.x == 0)
+        scale[size_t(blockIdx.x) * kMlpDownScaleStride] = fmaxf(__uint_as_float(m), kMlpDownAmaxFloor) * headroom;
+}
+// Reads the layers' partials, writes their scales; a compare per partial.
+inline Work mlp_fp8_down_delayed_scale_work(const char* name, int layers, int64_t count) {
+    const double partials = double(layers) * count;
+    return Work{.name = name, .flops = partials, .bytes_read = 4 * partials, .bytes_written = 4.0 * layers};
+}
+
+inline std::string mlp_fp8_down_shape_error(int T, int C, int H, std::initializer_list<const void*> pointers) {
+    if (T <= 0 || C <= 0 || H <= 0 || T % 16 != 0 || C % 16 != 0 || H % 16 != 0)
+        return "T (" + std::to_string(T) + "), C (" + std::to_string(C) + ") and H (" + std::to_string(H) +
+               ") must be positive multiples of 16 (cuBLASLt's FP8 matmul; 16-byte e4m3 rows)";
+    if (ceil_div(T, kFcTileRows) > 65535) return "T (" + std::to_string(T) + ") needs more than 65535 row tiles";
+    if (!all_aligned16(pointers)) return "a buffer is not 16-byte aligned";
+    return "";
+}
+// The weight quantization's scratch: the bootstrap's amax partials (mlp_fp8_weight_scratch_floats) and,
+// after them in stream order, one partial per layer and 64 x 64 tile; one BlockPartials serves both.
+inline size_t mlp_fp8_down_weight_scratch_floats(int layers, int H, int C) {
+    return std::max(mlp_fp8_weight_scratch_floats(layers, H, C), size_t(layers) * mlp_fp8_down_weight_tiles(H, C));
+}
+// Reads the bank's weights and the scales, writes W2q, used and the tiles' partials; a division, two
+// clamps and a conversion per element.
+inline Work mlp_fp8_down_quantize_work(int layers, int H, int C) {
+    const double n = double(layers) * H * C, partials = 4.0 * layers * mlp_fp8_down_weight_tiles(H, C);
+    return Work{.name = "mlp_fp8_down_quantize", .flops = 4 * n, .bytes_read = 2 * n + 4.0 * layers,
+                .bytes_written = n + partials + 4.0 * layers};
+}
+// quantize_mlp_fp8's down half for every layer of the bank: with bootstrap, next from W2's amax; then
+// W2q (out.w) from next, used = next, and next = the amax times 1.12 over 448 (three launches, two
+// without bootstrap). scratch: mlp_fp8_down_weight_scratch_floats partials and a counter zeroed once.
+inline void mlp_fp8_down_quantize_weights(const Fp8DownWeights& out, const MlpProjBank& bank, int H, int C,
+                                          MlpDownScaling scaling, BlockPartials scratch, cudaStream_t stream) {
+    require_shape(mlp_fp8_down_shape_error(16, C, H, {out.w, out.scales, bank.c_proj}), "mlp_fp8_down_quantize_weights");
+    kernel_require(bank.layers >= 1 && bank.layer_stride % 8 == 0 && bank.layer_stride >= int64_t(H) * C,
+                   "mlp_fp8_down_quantize_weights: %d layers %lld elements apart: need at least one layer, a stride of "
+                   "at least H C = %lld and a multiple of 8",
+                   bank.layers, (long long)bank.layer_stride, (long long)(int64_t(H) * C));
+    const int64_t n = int64_t(H) * C;
+    if (scaling == MlpDownScaling::bootstrap) {
+        const int per_layer = mlp_fp8_weight_blocks_per_layer(H, C);
+        launch(mlp_fp8_weight_scale_work(bank.layers, H, C), mlp_fp8_weight_scale_kernel, dim3(per_layer * bank.layers),
+               dim3(kFp8Threads), 0, stream, &out.scales->next, kMlpDownScaleStride,
+               MlpFcBank{bank.c_proj, bank.layer_stride, bank.layers}, n, per_layer, scratch);
+        CUDA_CHECK_LAUNCH();
+    }
+    const int tiles = mlp_fp8_down_weight_tiles(H, C);
+    launch(mlp_fp8_down_quantize_work(bank.layers, H, C), mlp_fp8_down_quantize_kernel,
+           dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(bank.layers)), dim3(kDownQuantThreads), 0, stream,
+           out.w, out.scales, bank, H, C, scratch.partials);
+    CUDA_CHECK_LAUNCH();
+    launch(mlp_fp8_down_delayed_scale_work("mlp_fp8_down_weight_scales", bank.layers, tiles),
+           mlp_fp8_down_delayed_scale_kernel, dim3(static_cast<unsigned>(bank.layers)), dim3(kFp8Threads), 0, stream,
+           &out.scales->next, scratch.partials, int64_t(tiles), kMlpDownWeightHeadroom);
+    CUDA_CHECK_LAUNCH();
+}
+
+// The activations' amax partials of one layer's forward on kernel k: kFcAmaxSlotsPerTile per tile.
+inline int64_t mlp_fp8_down_act_partials(MlpKernel k, int T, int H) {
+    const int tile_cols = k == MlpKernel::wgmma ? kFcwCols : kFcTileCols;
+    return int64_t(ceil_div(T, kFcTileRows)) * ceil_div(H, tile_cols) * kFcAmaxSlotsPerTile;
+}
+// Reads xq, W1q, the dequant and act; writes post, postq and the partials.
+inline Work linear_relu_square_forward_fp8_down_work(MlpKernel k, int T, int C, int H) {
+    Work w = linear_relu_square_forward_fp8_work(k, T, C, H, ReluSquareSaves::post_only);
+    w.flops += 2.0 * T * H;
+    w.bytes_read += 4;
+    w.bytes_written += 1.0 * T * H + 4.0 * mlp_fp8_down_act_partials(k, T, H);
+    return w;
+}
+// Records 84 + 87 + 89: post (T, H) = relu(bf16(fp32(up.xq @ up.w^T) * dequant))^2 as
+// linear_relu_square_forward_fp8 with post only, and down.postq and down.partials (Fp8DownAct).
+inline void linear_relu_square_forward_fp8_down(MlpKernel k, __nv_bfloat16* post, const Fp8DownAct& down,
+                                                const Fp8Up& up, int T, int C, int H, cudaStream_t stream) {
+    require_shape(mlp_fp8_shape_error(T, C, H, {post, up.xq, up.w, down.postq, down.partials}),
+                  "linear_relu_square_forward_fp8_down");
+    kernel_require(down.act != nullptr, "linear_relu_square_forward_fp8_down: no activation scale");
+    launch_linear_relu_square<FcEpilogue::relu_square_post_fp8, __nv_fp8_e4m3>(
+        k, linear_relu_square_forward_fp8_down_work(k, T, C, H), post, nullptr, nullptr, up.xq, up.w, T, C, H, stream,
+        &up.scales->dequant, down);
+}
+// After the layers' forwards: scales[l].act = max(max of layer l's partials, 1e-12) * 1.80 / 448 for
+// l < layers, layer l's mlp_fp8_down_act_partials(k, T, H) = count partials at partials + l * count.
+inline void mlp_fp8_down_act_scales(MlpDownScales* scales, const float* partials, int64_t count, int layers,
+                                    cudaStream_t stream) {
+    kernel_require(layers >= 1 && count >= 1, "mlp_fp8_down_act_scales: %d layers of %lld partials", layers,
+                   (long long)count);
+    launch(mlp_fp8_down_delayed_scale_work("mlp_fp8_down_act_scales", layers, count), mlp_fp8_down_delayed_scale_kernel,
+           dim3(static_cast<unsigned>(layers)), dim3(kFp8Threads), 0, stream, &scales->act, partials, count,
+           kMlpDownActHeadroom);
+    CUDA_CHECK_LAUNCH();
+}
+// out (T, C) = bf16(fp32(postq (T, H) @ w2q (C, H)^T) * scale.act * scale.used): one layer's FP8
+// down-projection, w2q that layer's Fp8DownWeights::w + l C H, scale its MlpDownScales.
+inline void mlp_fp8_down_proj(CublasLt& lt, __nv_bfloat16* out, const __nv_fp8_e4m3* postq,
+                              const __nv_fp8_e4m3* w2q, const MlpDownScales* scale, int T, int C, int H,
+                              cudaStream_t stream) {
+    require_shape(mlp_fp8_down_shape_error(T, C, H, {out, postq, w2q, scale}), "mlp_fp8_down_proj");
+    matmul_fp8(lt, out, postq, &scale->act, w2q, &scale->used, T, C, H, stream, /*fast_accum=*/true, 0.0f,
+               "gemm_mlp_proj_fp8");
 }
 
 // ---- lambda-scaled weight: the attention's F.linear(x, sa_lambda * w), with sa_lambda a scalar

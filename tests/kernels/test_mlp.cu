@@ -3,7 +3,9 @@
 // against double-precision loops (and, on the CPU build, bit for bit against cuBLASLt + the
 // elementwise kernels and against each other), the MLP forward/backward on both kernels stage by stage
 // and end to end against double-precision loops, a finite-difference check of its backward, the lambda-scaled weight pair (with its deterministic
-// dlambda), the fixed-order sum, and the shape rules.
+// dlambda), the fixed-order sum, and the shape rules. Record 87's post-only forward and sqrt(post)
+// backward; record 89's FP8 down-projection: the weights' bootstrap and delayed scales over simulated
+// steps, the epilogue's e4m3 post and amax partials, the activation scale, and the e4m3 GEMM.
 #include "../../kernels/mlp.cuh"
 #include "../bench_util.h"
 #include "../device_util.h"
@@ -222,6 +224,162 @@ void test_fc_kernels_agree(int T, int C, int H) {
             std::printf("linear_relu_square %s%s: wgmma and mma differ in %zu of %zu outputs' bits\n", names[j],
                         what.c_str(), differ, n);
     }
+}
+
+// ---- record 87: the forward keeps post only, the backward takes relu(pre) as sqrt(post) ----
+// The post-only forward: post bit for bit the pre-and-post forward's (the same main loop), within the
+// double reference's tolerance, nothing past row T; a pre buffer with post_only is refused.
+void test_linear_relu_square_post_only(MlpKernel k, int T, int C, int H) {
+    const std::string what = shape_text(k, T, C, H) + " (post only)";
+    const size_t n = size_t(T) * H, guard = 8 * size_t(H);
+    const auto x = normal_bf16(size_t(T) * C), w = normal_bf16(size_t(H) * C, 0.0, 0.5 / std::sqrt(double(C)));
+    const std::vector<bf16> sentinel(n + guard, to_bf16(-7.0));
+    DeviceBuffer<bf16> d_x(x), d_w(w), d_post(sentinel), d_pre2(n), d_post2(n);
+    linear_relu_square_forward(k, nullptr, d_post.ptr, d_x.ptr, d_w.ptr, T, C, H, nullptr, ReluSquareSaves::post_only);
+    auto post = d_post.download();
+    test::check(std::all_of(post.begin() + n, post.end(), [](bf16 v) { return value(v) == -7.0; }),
+                "linear_relu_square_forward writes nothing past row T%s", what.c_str());
+    post.resize(n);
+    // against the double GEMM: relu(pre)^2 with pre's fp32 sums and two roundings (2^-8 each, doubled by the square)
+    const Gemm ref = gemm(T, H, C, values(x), C, 1, values(w), 1, C);
+    std::vector<double> want(n), tol(n);
+    for (size_t i = 0; i < n; ++i) {
+        const double r = std::max(ref.out[i], 0.0), e = 1e-5 * std::sqrt(C + 1.0) * ref.mag[i] + std::fabs(ref.out[i]) / 256;
+        want[i] = r * r;
+        tol[i] = r > e ? 2 * r * e + e * e + want[i] / 256 + 1e-30 : e * e + 1e-30;  // near 0: relu may cut the error
+    }
+    check_within("linear_relu_square_forward post" + what, values(post), want, tol);
+    linear_relu_square_forward(k, d_pre2.ptr, d_post2.ptr, d_x.ptr, d_w.ptr, T, C, H, nullptr);
+    test::check(same_bits(post, d_post2.download()), "linear_relu_square_forward post only: the pre-and-post forward's post%s",
+                what.c_str());
+    test::check_fails_with("linear_relu_square_forward post only with a pre buffer", "pre must be null", [&] {
+        linear_relu_square_forward(k, d_pre2.ptr, d_post.ptr, d_x.ptr, d_w.ptr, T, C, H, nullptr, ReluSquareSaves::post_only);
+    });
+}
+
+// dpre = bf16(2 bf16(g) sqrt(post)) in fp32 (the kernel's roundings: bf16 g times the fp32 sqrt of
+// the bf16 post, the product rounded to fp32 and then to bf16, as upstream's tl.dot accumulator
+// .to(bf16), 2 *, * tl.sqrt(post.to(fp32)), .to(bf16)).
+std::vector<bf16> dpre_from_post_reference(const std::vector<bf16>& gw, const std::vector<bf16>& post) {
+    std::vector<bf16> out(gw.size());
+    for (size_t i = 0; i < gw.size(); ++i) {
+        const double r = std::sqrt(double(value(post[i])));  // sqrtf is correctly rounded: float(r) is its result
+        out[i] = to_bf16(double(float(2.0 * value(gw[i]) * double(float(r)))));
+    }
+    return out;
+}
+
+// The post-only backward: dpre from post, against the double GEMM times sqrt(post); bit for bit
+// against the rounding points above from the forward kernel's own bf16 g; and unlike the relu(pre)
+// derivative on the pre that post was made from (which it must not equal: post's rounding shows);
+// in place; under emu the cuBLASLt + relu_square_backward(post only) bits.
+void test_linear_relu_square_backward_post_only(MlpKernel k, int T, int C, int H) {
+    const std::string what = shape_text(k, T, C, H) + " (post only)";
+    const size_t n = size_t(T) * H, guard = 8 * size_t(H);
+    const auto g = normal_bf16(size_t(T) * C, 0.0, 0.1), w = normal_bf16(size_t(H) * C, 0.0, 0.5 / std::sqrt(double(C)));
+    auto pre = normal_bf16(n);
+    for (size_t i = 0; i < n; i += 11) pre[i] = to_bf16(i % 2 ? 0.0 : -0.0);
+    const auto post = relu_square_reference(pre);
+    const std::vector<bf16> sentinel(n + guard, to_bf16(-7.0));
+    DeviceBuffer<bf16> d_g(g), d_w(w), d_post(post), d_dpre(sentinel);
+    linear_relu_square_backward(k, d_dpre.ptr, d_g.ptr, d_w.ptr, d_post.ptr, T, C, H, nullptr, ReluSquareSaves::post_only);
+    auto dpre = d_dpre.download();
+    test::check(std::all_of(dpre.begin() + n, dpre.end(), [](bf16 v) { return value(v) == -7.0; }),
+                "linear_relu_square_backward writes nothing past row T%s", what.c_str());
+    dpre.resize(n);
+
+    const Gemm ref = gemm(T, H, C, values(g), C, 1, values(w), 1, C);  // g @ w^T
+    std::vector<double> want(n), tol(n);
+    for (size_t i = 0; i < n; ++i) {
+        const double r = std::sqrt(value(post[i]));
+        want[i] = 2.0 * ref.out[i] * r;
+        tol[i] = 2.0 * r * 1e-5 * std::sqrt(C + 1.0) * ref.mag[i] + std::fabs(want[i]) / 128 + 1e-30;
+    }
+    check_within("linear_relu_square_backward" + what, values(dpre), want, tol);
+
+    DeviceBuffer<bf16> d_gw(n), d_gpost(n);
+    linear_relu_square_forward(k, d_gw.ptr, d_gpost.ptr, d_g.ptr, d_w.ptr, T, C, H, nullptr);
+    const auto gw = d_gw.download();
+    const auto want_bits = dpre_from_post_reference(gw, post);
+    test::check(same_bits(dpre, want_bits), "linear_relu_square_backward = bf16(2 bf16(g) sqrt(post))%s", what.c_str());
+    // the derivative from pre differs where post's rounding shows: a kernel reading relu(pre) would fail above
+    size_t differ = 0;
+    for (size_t i = 0; i < n; ++i)
+        differ += test::bits(want_bits[i]) != test::bits(to_bf16(2.0 * value(gw[i]) * std::max(value(pre[i]), 0.0)));
+    test::check(differ > 0 || n < 64, "sqrt(post) and relu(pre) give different dpre in %zu of %zu%s", differ, n,
+                what.c_str());
+
+    DeviceBuffer<bf16> d_inplace(post);
+    linear_relu_square_backward(k, d_inplace.ptr, d_g.ptr, d_w.ptr, d_inplace.ptr, T, C, H, nullptr,
+                                ReluSquareSaves::post_only);
+    test::check(same_bits(d_inplace.download(), dpre), "linear_relu_square_backward in place (dpre is post)%s", what.c_str());
+    if constexpr (kEmulated) {
+        DeviceBuffer<bf16> u_dpre(n);
+        CublasLt lt;
+        matmul_bf16(lt, u_dpre.ptr, d_g.ptr, false, d_w.ptr, true, T, H, C, nullptr);
+        relu_square_backward(u_dpre.ptr, u_dpre.ptr, d_post.ptr, static_cast<int64_t>(n), nullptr, ReluSquareSaves::post_only);
+        test::check(same_bits(dpre, u_dpre.download()),
+                    "linear_relu_square_backward: the same bits as cuBLASLt + relu_square_backward (post only) on emu%s",
+                    what.c_str());
+    }
+}
+
+// The elementwise derivative from post, bit for bit, on every bf16 post >= 0 paired with a few g.
+void test_relu_square_backward_from_post_all() {
+    std::vector<bf16> post, g;
+    const double gs[4] = {1.0, -0.7109375, 3.140625, 1e-3};
+    for (uint32_t b = 0; b < 0x7f80; ++b) {
+        post.push_back(__ushort_as_bfloat16(static_cast<unsigned short>(b)));
+        g.push_back(to_bf16(gs[b % 4]));
+    }
+    const int64_t n = static_cast<int64_t>(post.size() / 8 * 8);
+    DeviceBuffer<bf16> d_post(post), d_g(g), d_dpre(post.size());
+    relu_square_backward(d_dpre.ptr, d_g.ptr, d_post.ptr, n, nullptr, ReluSquareSaves::post_only);
+    auto got = d_dpre.download();
+    got.resize(size_t(n));
+    auto want = dpre_from_post_reference(g, post);
+    want.resize(size_t(n));
+    test::check(same_bits(got, want), "relu_square_backward (post only) = bf16(2 g sqrt(post)) on every bf16 post");
+}
+
+// mlp_forward / mlp_backward with post only: out and dc_proj the pre-and-post path's bits (post is
+// the same), dpre the post-only kernel's, dc_fc and dx from it within the double reference; refusals.
+void test_mlp_post_only(MlpKernel k, int T, int C, int H) {
+    const std::string what = shape_text(k, T, C, H) + " (post only)";
+    const double w_std = 0.5 / std::sqrt(double(C));
+    const auto x = normal_bf16(size_t(T) * C), c_fc = normal_bf16(size_t(H) * C, 0.0, w_std),
+               c_proj = normal_bf16(size_t(H) * C, 0.0, w_std), dout = normal_bf16(size_t(T) * C, 0.0, 0.1);
+    DeviceBuffer<bf16> d_x(x), d_fc(c_fc), d_proj(c_proj), d_dout(dout), out1(size_t(T) * C), out2(size_t(T) * C),
+        pre(size_t(T) * H), post1(size_t(T) * H), post2(size_t(T) * H), dpre(size_t(T) * H), dx(size_t(T) * C),
+        dfc(size_t(H) * C), dproj1(size_t(H) * C), dproj2(size_t(H) * C), dx2(size_t(T) * C), dfc2(size_t(H) * C);
+    CublasLt lt;
+    mlp_forward(lt, k, out1.ptr, pre.ptr, post1.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr, T, C, H, nullptr);
+    mlp_forward(lt, k, out2.ptr, nullptr, post2.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr, T, C, H, nullptr,
+                ReluSquareSaves::post_only);
+    test::check(same_bits(out1.download(), out2.download()) && same_bits(post1.download(), post2.download()),
+                "mlp_forward post only: out and post the pre-and-post forward's bits%s", what.c_str());
+    const auto postv = post2.download();
+    mlp_backward(lt, k, dx.ptr, dfc.ptr, dproj1.ptr, false, dpre.ptr, d_dout.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr, pre.ptr,
+                 post1.ptr, T, C, H, nullptr);
+    // dpre in the post buffer (the fused kernel reads post in place)
+    mlp_backward(lt, k, dx2.ptr, dfc2.ptr, dproj2.ptr, false, post2.ptr, d_dout.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr,
+                 nullptr, post2.ptr, T, C, H, nullptr, ReluSquareSaves::post_only);
+    test::check(same_bits(dproj1.download(), dproj2.download()), "mlp_backward post only: dc_proj the same bits%s",
+                what.c_str());
+    const auto dprev = post2.download();  // now dpre
+    DeviceBuffer<bf16> d_postv(postv), want_dpre(size_t(T) * H);
+    linear_relu_square_backward(k, want_dpre.ptr, d_dout.ptr, d_proj.ptr, d_postv.ptr, T, C, H, nullptr,
+                                ReluSquareSaves::post_only);
+    test::check(same_bits(dprev, want_dpre.download()), "mlp_backward post only: dpre from sqrt(post)%s", what.c_str());
+    const auto dpv = values(dprev);
+    const Gemm dfc_ref = gemm(H, C, T, dpv, 1, H, values(x), C, 1);  // dpre^T @ x
+    check_within("mlp_backward post only dc_fc" + what, values(dfc2.download()), dfc_ref.out, gemm_tolerance(dfc_ref, T));
+    const Gemm dx_ref = gemm(T, C, H, dpv, H, 1, values(c_fc), C, 1);  // dpre @ c_fc
+    check_within("mlp_backward post only dx" + what, values(dx2.download()), dx_ref.out, gemm_tolerance(dx_ref, H));
+    test::check_fails_with("mlp_backward post only with post null", "post only, but post is null", [&] {
+        mlp_backward(lt, k, dx2.ptr, dfc2.ptr, dproj2.ptr, false, dpre.ptr, d_dout.ptr, d_x.ptr, d_fc.ptr, d_proj.ptr,
+                     nullptr, nullptr, T, C, H, nullptr, ReluSquareSaves::post_only);
+    });
 }
 
 // Wall time of the fused kernel against the unfused pair at one shape (printed, not checked).
@@ -496,6 +654,226 @@ void test_mlp_forward_fp8(MlpKernel k, int T, int C, int H) {
     check_within("mlp_forward_fp8 out" + what, values(out.download()), ref.out, gemm_tolerance(ref, H));
 }
 
+// linear_relu_square_forward_fp8 post only (records 84 + 87): post the pre-and-post run's bits.
+void test_mlp_fp8_forward_post_only(MlpKernel k, int T, int C, int H) {
+    const std::string what = shape_text(k, T, C, H) + " (post only)";
+    const Fp8Bank bank(1, H, C, int64_t(H) * C, -1);
+    const Fp8Weights q(bank);
+    const DeviceBuffer<bf16> d_x(normal_bf16(size_t(T) * C));
+    const Fp8Run r = run_fp8_forward(k, q, d_x, 0, T, C, H, 0);
+    DeviceBuffer<__nv_fp8_e4m3> xq(size_t(T) * C);
+    DeviceBuffer<Fp8UpScales> scales(1);
+    test::DevicePartials amax(mlp_fp8_input_scratch_floats(T, C) * sizeof(float));
+    const size_t n = size_t(T) * H;
+    DeviceBuffer<bf16> post(std::vector<bf16>(n + 8 * size_t(H), to_bf16(-7.0)));
+    const Fp8Up up{q.w.ptr, q.scale.ptr, xq.ptr, scales.ptr, amax.view()};
+    mlp_fp8_quantize_input(up, d_x.ptr, T, C, nullptr);
+    linear_relu_square_forward_fp8(k, nullptr, post.ptr, up, T, C, H, nullptr, ReluSquareSaves::post_only);
+    auto got = post.download();
+    test::check(std::all_of(got.begin() + n, got.end(), [](bf16 v) { return value(v) == -7.0; }),
+                "linear_relu_square_forward_fp8 writes nothing past row T%s", what.c_str());
+    got.resize(n);
+    test::check(same_bits(got, r.post), "linear_relu_square_forward_fp8 post only: the pre-and-post run's post%s",
+                what.c_str());
+}
+
+// ---- record 89: the FP8 down-projection with delayed scaling ----
+const float kDownWeightHeadroom = float(1.12 / 448.0), kDownActHeadroom = float(1.80 / 448.0);
+// e4m3(clamp(v, +-448)) of an fp32 value, by value
+double e4m3_clamped(float v) { return e4m3_round(std::max(std::min(double(v), 448.0), -448.0)); }
+
+// quantize_mlp_fp8's down half over `steps` simulated optimizer steps of a bank of c_proj weights
+// (H, C): bootstrap at step 0 (and at step 1 when `bootstrap_two`), delayed after. The host keeps its
+// own next/used and checks each step's scales bit for bit, W2q code for code (transposed), that the
+// activation scale is untouched, and that the delayed step s quantizes with step s - 1's amax * 1.12 / 448.
+// At step 2 the weights grow by 1.5 and one gets an outlier past 448 used: its code must clamp to 448.
+// Layer `zero` (if any) is all zeros: the floors.
+void test_mlp_fp8_down_weights(int layers, int H, int C, int64_t stride, int zero, int steps) {
+    const std::string what = " layers " + std::to_string(layers) + " H " + std::to_string(H) + " C " + std::to_string(C);
+    DeviceBuffer<__nv_fp8_e4m3> w2q(size_t(layers) * C * H + 64);
+    DeviceBuffer<MlpDownScales> scales{std::vector<MlpDownScales>(size_t(layers))};
+    test::DevicePartials scratch(mlp_fp8_down_weight_scratch_floats(layers, H, C) * sizeof(float));
+    std::vector<float> next(size_t(layers), 1.0f), prev_amax(size_t(layers), 0.0f);
+    for (int step = 0; step < steps; ++step) {
+        const bool bootstrap = step == 0 || (step == 1 && steps > 4);
+        const std::string ws = what + " step " + std::to_string(step) + (bootstrap ? " (bootstrap)" : " (delayed)");
+        std::vector<bf16> bank = normal_bf16(size_t(stride) * layers);
+        std::vector<size_t> outlier(size_t(layers), SIZE_MAX);
+        for (int l = 0; l < layers; ++l) {
+            const double sd = l == zero ? 0.0 : 0.02 * (l + 1) * (step == 2 ? 1.5 : 1.0) / std::sqrt(double(C));
+            for (int64_t i = 0; i < int64_t(H) * C; ++i) bank[l * stride + i] = to_bf16(value(bank[l * stride + i]) * sd);
+            if (step == 2 && l != zero) {  // past 448 used: 2.5 times the previous amax
+                outlier[l] = size_t(l * 7919) % (size_t(H) * C);
+                bank[l * stride + outlier[l]] = to_bf16(-2.5 * prev_amax[l]);
+            } else if (l != zero) {  // the amax in the last tile: a reduction that misses a tile fails
+                bank[l * stride + int64_t(H) * C - 1] = to_bf16(5.0 * sd);
+            }
+        }
+        DeviceBuffer<bf16> d_bank(bank);
+        mlp_fp8_down_quantize_weights({w2q.ptr, scales.ptr}, {d_bank.ptr, stride, layers}, H, C,
+                                      bootstrap ? MlpDownScaling::bootstrap : MlpDownScaling::delayed, scratch.view(),
+                                      nullptr);
+        const auto got_scales = scales.download();
+        const auto got_w = w2q.download();
+        for (int l = 0; l < layers; ++l) {
+            double amax = 0;
+            for (int64_t i = 0; i < int64_t(H) * C; ++i) amax = std::max(amax, std::fabs(value(bank[l * stride + i])));
+            if (bootstrap) next[l] = bf16_of(std::max(float(amax), kAmaxFloor) / 448.0f);
+            const float used = next[l];
+            next[l] = std::max(float(amax), 1e-12f) * kDownWeightHeadroom;
+            const MlpDownScales& g = got_scales[size_t(l)];
+            test::check(test::bits(g.used) == test::bits(used) && test::bits(g.next) == test::bits(next[l]) && g.act == 1.0f,
+                        "mlp_fp8_down_quantize_weights layer %d: used %.9g (want %.9g), next %.9g (want %.9g), act %g (1)%s",
+                        l, g.used, used, g.next, next[l], g.act, ws.c_str());
+            if (!bootstrap && l != zero)
+                test::check(test::bits(g.used) == test::bits(prev_amax[l] * kDownWeightHeadroom),
+                            "delayed: layer %d quantized with the previous step's amax %.9g * 1.12 / 448%s", l,
+                            prev_amax[l], ws.c_str());
+            size_t bad = 0, clamped = 0;
+            for (int c = 0; c < C; ++c)
+                for (int h = 0; h < H; ++h) {
+                    const float v = float(value(bank[l * stride + size_t(h) * C + c])) / used;
+                    const double want = e4m3_clamped(v);
+                    const __nv_fp8_e4m3 q = got_w[size_t(l) * C * H + size_t(c) * H + h];
+                    bad += value(q) != want || std::signbit(value(q)) != std::signbit(want);
+                    clamped += std::fabs(v) > 464.0f && value(q) == std::copysign(448.0, v);
+                }
+            test::check(bad == 0, "mlp_fp8_down_quantize_weights W2q (transposed) of layer %d: %zu of %zu codes wrong%s", l,
+                        bad, size_t(H) * C, ws.c_str());
+            if (outlier[l] != SIZE_MAX)
+                test::check(clamped >= 1, "layer %d's outlier (%.3g used) clamps to -448%s", l,
+                            value(bank[l * stride + outlier[l]]) / used, ws.c_str());
+            prev_amax[l] = float(amax);
+        }
+        const auto tail = w2q.download();
+        test::check(std::all_of(tail.end() - 64, tail.end(), [](__nv_fp8_e4m3 v) { return v.__x == 0; }),
+                    "mlp_fp8_down_quantize_weights writes nothing past the last layer%s", ws.c_str());
+        test::check(scratch.done.download()[0] == 0, "mlp_fp8_down_quantize_weights: the ticket counter is back at zero%s",
+                    ws.c_str());
+    }
+}
+
+// One layer's FP8 forward with emission on kernel k: post, postq and the amax partials, from the up
+// weights q (layer 0) and x, with the activation scale *act_dev.
+struct Fp8DownRun {
+    std::vector<bf16> post;
+    std::vector<__nv_fp8_e4m3> postq;
+    std::vector<float> partials;
+};
+Fp8DownRun run_fp8_down_forward(MlpKernel k, const Fp8Weights& q, const DeviceBuffer<bf16>& x,
+                                const DeviceBuffer<MlpDownScales>& scales, DeviceBuffer<float>& partials, int T, int C,
+                                int H) {
+    DeviceBuffer<__nv_fp8_e4m3> xq(size_t(T) * C), postq(size_t(T) * H);
+    DeviceBuffer<Fp8UpScales> up_scales(1);
+    test::DevicePartials amax(mlp_fp8_input_scratch_floats(T, C) * sizeof(float));
+    DeviceBuffer<bf16> post(size_t(T) * H);
+    const Fp8Up up{q.w.ptr, q.scale.ptr, xq.ptr, up_scales.ptr, amax.view()};
+    mlp_fp8_quantize_input(up, x.ptr, T, C, nullptr);
+    linear_relu_square_forward_fp8_down(k, post.ptr, {postq.ptr, partials.ptr, &scales.ptr->act}, up, T, C, H, nullptr);
+    return {post.download(), postq.download(), partials.download()};
+}
+
+// The activation side over 3 simulated steps on kernel k: act starts at 1; each step's forward must give
+// post bit for bit linear_relu_square_forward_fp8's (post only), postq = e4m3(min(post * (1 / act), 448))
+// code for code, partials whose max is the max of post (every slot written: a sentinel of 1e30 must be
+// gone, and the slot after the scratch untouched), and then mlp_fp8_down_act_scales sets
+// act = max(amax, 1e-12) * 1.80 / 448, which the next step uses. x grows by 1.6 a step: post by 2.56 >
+// 1.80, so from step 1 on the largest posts clamp at 448.
+void test_mlp_fp8_down_act(MlpKernel k, int T, int C, int H) {
+    const std::string what = shape_text(k, T, C, H);
+    const Fp8Bank bank(1, H, C, int64_t(H) * C, -1);
+    const Fp8Weights q(bank);
+    const int64_t count = mlp_fp8_down_act_partials(k, T, H);
+    DeviceBuffer<MlpDownScales> scales(std::vector<MlpDownScales>(2));
+    DeviceBuffer<float> partials(std::vector<float>(size_t(count) + 1, 1e30f));
+    const auto x0 = normal_bf16(size_t(T) * C);
+    float act = 1.0f;
+    for (int step = 0; step < 3; ++step) {
+        const std::string ws = what + " step " + std::to_string(step);
+        std::vector<bf16> x(x0.size());
+        for (size_t i = 0; i < x.size(); ++i)  // the last row larger: post's max in the last row of tiles
+            x[i] = to_bf16(value(x0[i]) * std::pow(1.6, step) * (i >= x.size() - size_t(C) ? 2.0 : 1.0));
+        const DeviceBuffer<bf16> d_x(x);
+        partials.upload(std::vector<float>(size_t(count) + 1, 1e30f));
+        const Fp8DownRun r = run_fp8_down_forward(k, q, d_x, scales, partials, T, C, H);
+
+        // post: the post-only FP8 forward's bits
+        DeviceBuffer<__nv_fp8_e4m3> xq(size_t(T) * C);
+        DeviceBuffer<Fp8UpScales> up_scales(1);
+        test::DevicePartials amax(mlp_fp8_input_scratch_floats(T, C) * sizeof(float));
+        DeviceBuffer<bf16> post(size_t(T) * H);
+        const Fp8Up up{q.w.ptr, q.scale.ptr, xq.ptr, up_scales.ptr, amax.view()};
+        mlp_fp8_quantize_input(up, d_x.ptr, T, C, nullptr);
+        linear_relu_square_forward_fp8(k, nullptr, post.ptr, up, T, C, H, nullptr, ReluSquareSaves::post_only);
+        test::check(same_bits(r.post, post.download()), "linear_relu_square_forward_fp8_down post: the post-only bits%s",
+                    ws.c_str());
+
+        const float inv = 1.0f / act;
+        double post_max = 0;
+        size_t bad = 0, clamped = 0;
+        for (size_t i = 0; i < r.post.size(); ++i) {
+            const double p = value(r.post[i]);
+            post_max = std::max(post_max, p);
+            const double want = e4m3_round(std::min(double(float(p) * inv), 448.0));
+            bad += value(r.postq[i]) != want;
+            clamped += float(p) * inv > 464.0f;
+        }
+        test::check(bad == 0, "postq = e4m3(min(post / act, 448)): %zu of %zu codes wrong (act %.9g)%s", bad,
+                    r.post.size(), act, ws.c_str());
+        test::check(step == 0 || clamped > 0, "step %d: %zu posts beyond 448 act clamp%s", step, clamped, ws.c_str());
+        const float got_max = *std::max_element(r.partials.begin(), r.partials.begin() + count);
+        test::check(got_max == float(post_max) && r.partials[size_t(count)] == 1e30f,
+                    "amax partials: max %.9g, want the max of post %.9g; the slot past the scratch kept%s", got_max,
+                    post_max, ws.c_str());
+        mlp_fp8_down_act_scales(scales.ptr, partials.ptr, count, 1, nullptr);
+        const auto sc = scales.download();
+        const float want_act = std::max(float(post_max), 1e-12f) * kDownActHeadroom;
+        test::check(test::bits(sc[0].act) == test::bits(want_act) && sc[0].used == 1.0f && sc[0].next == 1.0f &&
+                        sc[1].act == 1.0f,
+                    "mlp_fp8_down_act_scales: act %.9g, want %.9g (used, next and layer 1 untouched)%s", sc[0].act,
+                    want_act, ws.c_str());
+        act = want_act;
+    }
+}
+
+// The down GEMM on random codes: out = bf16(fp32(postq @ w2q^T) * act * used) against the double
+// product, with fp32 accumulation's tolerance (fast FP8 accumulation on the GPU: looser); dropping
+// `used` must fail it.
+void test_mlp_fp8_down_proj(int T, int C, int H) {
+    const std::string what = " T " + std::to_string(T) + " C " + std::to_string(C) + " H " + std::to_string(H);
+    std::vector<__nv_fp8_e4m3> pq(size_t(T) * H), wq(size_t(C) * H);
+    std::vector<double> pv(pq.size()), wv(wq.size());
+    const auto pn = normal_bf16(pq.size(), 0.0, 60.0), wn = normal_bf16(wq.size(), 0.0, 100.0);
+    for (size_t i = 0; i < pq.size(); ++i) {
+        pv[i] = e4m3_round(std::fabs(value(pn[i])));  // post >= 0
+        pq[i] = __nv_fp8_e4m3(float(pv[i]));
+    }
+    for (size_t i = 0; i < wq.size(); ++i) {
+        wv[i] = e4m3_clamped(float(value(wn[i])));
+        wq[i] = __nv_fp8_e4m3(float(wv[i]));
+    }
+    std::vector<MlpDownScales> sc(3);
+    sc[1].act = 0.0123f;
+    sc[1].used = 3.7e-5f;
+    DeviceBuffer<__nv_fp8_e4m3> d_pq(pq), d_wq(wq);
+    DeviceBuffer<MlpDownScales> d_sc(sc);
+    DeviceBuffer<bf16> out(size_t(T) * C);
+    CublasLt lt;
+    mlp_fp8_down_proj(lt, out.ptr, d_pq.ptr, d_wq.ptr, d_sc.ptr + 1, T, C, H, nullptr);
+    const Gemm ref = gemm(T, C, H, pv, H, 1, wv, 1, H);  // postq @ w2q^T
+    const double s = double(sc[1].act) * sc[1].used, acc = kEmulated ? 1e-5 * std::sqrt(H + 1.0) : 2e-3;
+    std::vector<double> want(ref.out.size()), tol(ref.out.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+        want[i] = ref.out[i] * s;
+        tol[i] = acc * ref.mag[i] * s + std::fabs(want[i]) / 256 + 1e-30;
+    }
+    const auto got = values(out.download());
+    check_within("mlp_fp8_down_proj out" + what, got, want, tol);
+    size_t off = 0;
+    for (size_t i = 0; i < want.size(); ++i) off += std::fabs(got[i] - want[i] / sc[1].used) > tol[i] / sc[1].used;
+    test::check(off > 0, "planted: without used the output must be off (%zu)%s", off, what.c_str());
+}
+
 void test_mlp_fp8_shape_rules() {
     test::check(mlp_fp8_shape_error(3, 16, 8, {nullptr}).empty() && !mlp_fp8_shape_error(256, 136, 512, {nullptr}).empty() &&
                     !mlp_fp8_shape_error(256, 128, 500, {nullptr}).empty() && !mlp_fp8_shape_error(0, 128, 512, {nullptr}).empty(),
@@ -507,6 +885,23 @@ void test_mlp_fp8_shape_rules() {
     });
     test::check_fails_with("mlp_fp8_quantize_weights with layers overlapping", "a stride of at least H C", [=] {
         mlp_fp8_quantize_weights({fake8, nullptr}, {fake, 512 * 128 - 8, 2}, 512, 128, {}, nullptr);
+    });
+    test::check_fails_with("mlp_fp8_down_proj with T 24", "mlp_fp8_down_proj: T (24), C (128) and H (512) must be", [=] {
+        CublasLt lt;
+        mlp_fp8_down_proj(lt, fake, fake8, fake8, reinterpret_cast<const MlpDownScales*>(256), 24, 128, 512, nullptr);
+    });
+    test::check_fails_with("mlp_fp8_down_quantize_weights with layers overlapping", "a stride of at least H C", [=] {
+        mlp_fp8_down_quantize_weights({fake8, reinterpret_cast<MlpDownScales*>(256)}, {fake, 512 * 128 - 8, 2}, 512, 128,
+                                      MlpDownScaling::bootstrap, {}, nullptr);
+    });
+    test::check_fails_with("linear_relu_square_forward_fp8_down without act", "no activation scale", [=] {
+        const Fp8Up up{fake8, nullptr, fake8, nullptr, {}};
+        linear_relu_square_forward_fp8_down(MlpKernel::wgmma, fake, {fake8, reinterpret_cast<float*>(256), nullptr}, up,
+                                            256, 128, 512, nullptr);
+    });
+    test::check_fails_with("linear_relu_square_forward_fp8 post only with a pre buffer", "pre must be null", [=] {
+        const Fp8Up up{fake8, nullptr, fake8, nullptr, {}};
+        linear_relu_square_forward_fp8(MlpKernel::mma, fake, fake, up, 256, 128, 512, nullptr, ReluSquareSaves::post_only);
     });
     test::check_fails_with("linear_relu_square_forward_fp8 with a misaligned xq", "not 16-byte aligned", [=] {
         const Fp8Up up{fake8, nullptr, fake8 + 8, nullptr, {}};
@@ -1014,6 +1409,17 @@ int main(int argc, char** argv) {
         test_mlp_finite_differences(k, 4, 16, 64);
         test_mlp_finite_differences(k, 3, 8, 32);
     }
+    test_relu_square_backward_from_post_all();
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) {  // record 87: post only
+        test_linear_relu_square_post_only(k, 256, 128, 512);
+        test_linear_relu_square_post_only(k, 136, 64, 264);  // ragged T, H past one wgmma tile
+        test_linear_relu_square_post_only(k, 3, 8, 32);
+        test_linear_relu_square_backward_post_only(k, 256, 128, 512);
+        test_linear_relu_square_backward_post_only(k, 200, 200, 136);  // ragged C, H and T
+        test_linear_relu_square_backward_post_only(k, 3, 8, 32);
+        test_mlp_post_only(k, 136, 128, 512);
+        test_mlp_fp8_forward_post_only(k, 200, 144, 136);
+    }
     test_fc_kernels_agree(256, 128, 512);  // tiny preset
     test_fc_kernels_agree(144, 768, 3072);  // record width, ragged T; 12 k-steps: the ring wraps 3 times
     test_fc_kernels_agree(200, 200, 136);   // ragged C, H and T
@@ -1029,6 +1435,15 @@ int main(int argc, char** argv) {
     test_mlp_fp8_forward(72, 768, 3072);  // record width, 6 k-steps
     test_mlp_fp8_forward(3, 16, 8);       // less than one of everything
     for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) test_mlp_forward_fp8(k, 136, 128, 512);
+    // record 89
+    test_mlp_fp8_down_weights(2, 512, 128, 2 * 512 * 128, -1, 4);  // tiny preset's bank: c_fc and c_proj interleaved
+    test_mlp_fp8_down_weights(3, 144, 208, 144 * 208 + 8, 1, 5);   // ragged tiles, a zero layer, two bootstraps
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) {
+        test_mlp_fp8_down_act(k, 256, 128, 512);  // tiny preset
+        test_mlp_fp8_down_act(k, 200, 144, 136);  // ragged T, H and C
+    }
+    test_mlp_fp8_down_proj(256, 128, 512);  // tiny preset
+    test_mlp_fp8_down_proj(48, 768, 3072);  // record width
 
     test_lambda_scaled_weight({3 * 128 * 128, 128 * 128});  // tiny preset's q, k, v and o
     test_lambda_scaled_weight({3 * 768 * 768, 768 * 768});  // the record's
