@@ -386,10 +386,14 @@ inline void gated_skip_add_backward(__nv_bfloat16* d_skip, __nv_bfloat16* dx0, _
 
 // ---- record 85: the skip from layer 3 into layer 6 with a per-token gate ----
 // Upstream 003ff3e2 (= 75d6867a L1592-1596): skip_gate_out = sigmoid(skip_lambda) * G28, x = x + skip_gate_out * h3,
-// G28 the MUDD post gate's column 28 (kernels/mudd.cuh: fp32 copies of bf16 values, `gate_stride` apart) and
-// skip_lambda an fp32 scalar used as is (no `.bfloat16()`); one fused expression, rounded once where x is stored.
-// Replaces record 71-84's 2 sigmoid(x0[:, :12] . skip_gate) (gated_skip_add_*).
-// x_out = bf16(x + sigmoid(lambda) * G[t] * skip); h = norm(x_out) (layer 6's MLP input).
+// G28 the MUDD post gate's column 28 (kernels/mudd.cuh: fp32 copies of bf16 values, `gate_stride` apart),
+// skip_lambda an fp32 scalar. Replaces record 71-84's 2 sigmoid(x0[:, :12] . skip_gate) (gated_skip_add_*).
+// Rounding as inductor compiles it (torch 2.x's generated code for this expression, read on the CPU backend): the
+// fp32 sigmoid times the bf16 column promotes to bf16, so the forward multiplies by bf16(sigmoid(lambda)), the
+// rest fused in fp32 and rounded once where x is stored; the backward recomputes sigmoid in fp32 and uses it
+// unrounded, with ds = bf16(sum_c g*h3) (a reduction's bf16 output) and skip_lambda's gradient
+// sigmoid'(lambda) * bf16(sum_t ds G28) (the scalar reduction stored in bf16, then widened).
+// x_out = bf16(x + bf16(sigmoid(lambda)) * G[t] * skip); h = norm(x_out) (layer 6's MLP input).
 __global__ void __launch_bounds__(kNormThreads, 4)
     token_skip_add_norm_forward_kernel(__nv_bfloat16* x_out, __nv_bfloat16* h, float* h_rstd, const __nv_bfloat16* x,
                                        const __nv_bfloat16* skip, const float* gate, int64_t gate_stride,
@@ -397,7 +401,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
     const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
     if (row >= T) return;
     const size_t off = static_cast<size_t>(row) * C;
-    const float s = sigmoidf(*skip_lambda) * gate[row * gate_stride];
+    const float s = __bfloat162float(__float2bfloat16(sigmoidf(*skip_lambda))) * gate[row * gate_stride];
     add_scaled_row(x_out + off, h + off, h_rstd + row, x + off, skip + off, s, C, lane);
 }
 // Reads x, skip, each token's gate and the lambda; writes x_out, h and rstd; a multiply-add and the norm per element.
@@ -420,18 +424,21 @@ inline void token_skip_add_norm_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, 
     CUDA_CHECK_LAUNCH();
 }
 
-// With g = d x_out, sl = sigmoid(lambda) and ds = sum_c g*skip (fp32): d_skip (+)= bf16(sl G[t] g);
-// dG[t] = bf16(sl ds) (written); partial sums of sl (1 - sl) G[t] ds for skip_lambda (lane 0 of each row's warp).
+// With g = d x_out, sl = sigmoid(lambda) (fp32) and ds = bf16(sum_c g*skip): d_skip (+)= bf16(sl G[t] g);
+// dG[t] = bf16(sl ds) (written); d_skip_lambda (+)= sl (1 - sl) bf16(sum_t G[t] ds), the sum from fixed-order
+// partials (lane 0 of each row's warp) by the last block.
 __global__ void __launch_bounds__(kNormThreads, 4)
-    token_skip_add_backward_kernel(__nv_bfloat16* d_skip, float* d_gate, LastBlockSum sum, const __nv_bfloat16* g,
-                                   const __nv_bfloat16* skip, const float* gate, int64_t gate_stride,
-                                   const float* skip_lambda, bool accumulate_d_skip, int T, int C) {
+    token_skip_add_backward_kernel(__nv_bfloat16* d_skip, float* d_gate, float* d_skip_lambda, BlockPartials scratch,
+                                   const __nv_bfloat16* g, const __nv_bfloat16* skip, const float* gate,
+                                   int64_t gate_stride, const float* skip_lambda, bool accumulate_d_skip,
+                                   bool accumulate_lambda_grad, int T, int C) {
     const int lane = threadIdx.x % 32;
     const float sl = sigmoidf(*skip_lambda), dsl = sl * (1.0f - sl);
-    float acc[1] = {0.0f};
+    float acc = 0.0f;
     for (int row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32; row < T; row += gridDim.x * kNormRowsPerBlock) {
         const size_t off = static_cast<size_t>(row) * C;
-        const float ds = norm_row_dot(norm_row_load(g + off, C, lane), norm_row_load(skip + off, C, lane));
+        const float ds = __bfloat162float(
+            __float2bfloat16(norm_row_dot(norm_row_load(g + off, C, lane), norm_row_load(skip + off, C, lane))));
         const float G = gate[row * gate_stride], s = sl * G;
 #pragma unroll 1
         for (int i = 0; i < kNormPacksPerLane; ++i) {
@@ -448,10 +455,20 @@ __global__ void __launch_bounds__(kNormThreads, 4)
         }
         if (lane == 0) {
             d_gate[row * gate_stride] = __bfloat162float(__float2bfloat16(sl * ds));
-            acc[0] += dsl * (G * ds);
+            acc += G * ds;
         }
     }
-    sum_warp_reduced_partials(sum, acc);
+    // the block's partial (its warps' lane 0 values in warp order), then the last block's fixed-order sum
+    __shared__ float warp_sums[kNormRowsPerBlock][1];
+    if (lane == 0) warp_sums[threadIdx.x / 32][0] = acc;
+    store_block_partials(scratch.partials + blockIdx.x, warp_sums);
+    if (!last_block_done(scratch.done)) return;
+    const int blocks = static_cast<int>(gridDim.x);
+    const float s = block_sum_as(scratch.partials, blocks, 1, sum_threads(blocks, kSumPartialsThreads));
+    if (threadIdx.x == 0) {
+        const float d = dsl * __bfloat162float(__float2bfloat16(s));
+        *d_skip_lambda = accumulate_lambda_grad ? *d_skip_lambda + d : d;
+    }
 }
 // Which outputs of token_skip_add_backward already hold a share to add to (write them with designators).
 struct TokenSkipBackwardOptions {
@@ -467,7 +484,7 @@ inline Work token_skip_add_backward_work(int T, int C, bool accumulate_d_skip) {
 }
 // g: the gradient of the skip add's output (also the gradient of its input x, unchanged). d_skip: the gradient of
 // layer 3's output; d_gate: the gate column's gradient (token t's at d_gate[t * gate_stride], written);
-// d_skip_lambda: skip_lambda's fp32 sum. `scratch`: residual_backward_scratch_bytes(T).
+// d_skip_lambda: skip_lambda's gradient. `scratch`: residual_backward_scratch_bytes(T).
 inline void token_skip_add_backward(__nv_bfloat16* d_skip, float* d_gate, float* d_skip_lambda, BlockPartials scratch,
                                     const __nv_bfloat16* g, const __nv_bfloat16* skip, const float* gate,
                                     int64_t gate_stride, const float* skip_lambda, TokenSkipBackwardOptions options,
@@ -477,10 +494,11 @@ inline void token_skip_add_backward(__nv_bfloat16* d_skip, float* d_gate, float*
                    "token_skip_add_backward: every tensor, the gate column (stride > 0), the lambda and the gradients "
                    "are required");
     const int blocks = residual_backward_blocks(T);
-    const LastBlockSum sum{SumTargets().add(d_skip_lambda), scratch, options.accumulate_lambda_grad};
+    const LastBlockSum sum{SumTargets().add(d_skip_lambda), scratch, options.accumulate_lambda_grad};  // its Work
     launch(with_last_block_sum(token_skip_add_backward_work(T, C, options.accumulate_d_skip), sum, blocks),
-           token_skip_add_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, d_skip, d_gate, sum, g, skip,
-           gate, gate_stride, skip_lambda, options.accumulate_d_skip, T, C);
+           token_skip_add_backward_kernel, dim3(blocks), dim3(kNormThreads), 0, stream, d_skip, d_gate, d_skip_lambda,
+           scratch, g, skip, gate, gate_stride, skip_lambda, options.accumulate_d_skip, options.accumulate_lambda_grad,
+           T, C);
     CUDA_CHECK_LAUNCH();
 }
 
