@@ -1198,6 +1198,21 @@ inline void mlp_fp8_down_proj(CublasLt& lt, __nv_bfloat16* out, const __nv_fp8_e
                "gemm_mlp_proj_fp8");
 }
 
+// mlp_forward for records 84 + 87 + 89 (training): xq and its scales from x, post (post only) with postq and
+// this layer's amax partials (mlp_fp8_down_act_partials(k, T, H) floats) from the e4m3 up-projection,
+// then out = the FP8 down-projection with the layer's scale (act, used) and W2q (C, H). The backward
+// is mlp_backward's with ReluSquareSaves::post_only; after the layers, mlp_fp8_down_act_scales.
+inline void mlp_forward_fp8_down(CublasLt& lt, MlpKernel k, __nv_bfloat16* out, __nv_bfloat16* post,
+                                 __nv_fp8_e4m3* postq, float* partials, const __nv_bfloat16* x, const Fp8Up& up,
+                                 const __nv_fp8_e4m3* w2q, const MlpDownScales* scale, int T, int C, int H,
+                                 cudaStream_t stream) {
+    require_shape(mlp_fp8_down_shape_error(T, C, H, {out, post, postq, partials, x, up.xq, up.w, w2q, scale}),
+                  "mlp_forward_fp8_down");
+    mlp_fp8_quantize_input(up, x, T, C, stream);
+    linear_relu_square_forward_fp8_down(k, post, {postq, partials, &scale->act}, up, T, C, H, stream);
+    mlp_fp8_down_proj(lt, out, postq, w2q, scale, T, C, H, stream);
+}
+
 // ---- lambda-scaled weight: the attention's F.linear(x, sa_lambda * w), with sa_lambda a scalar
 // parameter read from device memory; an attention layer's wqkv and wo go in one launch each way, as
 // three pieces where the banks hold [Wq; Wk] apart from Wv (record 80: one lambda over two pieces) ----

@@ -874,6 +874,39 @@ void test_mlp_fp8_down_proj(int T, int C, int H) {
     test::check(off > 0, "planted: without used the output must be off (%zu)%s", off, what.c_str());
 }
 
+// mlp_forward_fp8_down: post, postq, the partials and out the bits of its parts run one by one, with a
+// bootstrapped W2q and an act from a previous forward.
+void test_mlp_forward_fp8_down(MlpKernel k, int T, int C, int H) {
+    const std::string what = shape_text(k, T, C, H);
+    const Fp8Bank bank(1, H, C, int64_t(H) * C, -1);
+    const Fp8Weights q(bank);
+    const DeviceBuffer<bf16> c_proj(normal_bf16(size_t(H) * C, 0.0, 0.5 / std::sqrt(double(C)))),
+        x(normal_bf16(size_t(T) * C));
+    DeviceBuffer<__nv_fp8_e4m3> w2q(size_t(C) * H), xq(size_t(T) * C), postq(size_t(T) * H);
+    DeviceBuffer<MlpDownScales> scales{std::vector<MlpDownScales>(1)};
+    test::DevicePartials wscratch(mlp_fp8_down_weight_scratch_floats(1, H, C) * sizeof(float));
+    mlp_fp8_down_quantize_weights({w2q.ptr, scales.ptr}, {c_proj.ptr, int64_t(H) * C, 1}, H, C, MlpDownScaling::bootstrap,
+                                  wscratch.view(), nullptr);
+    const int64_t count = mlp_fp8_down_act_partials(k, T, H);
+    DeviceBuffer<float> partials(static_cast<size_t>(count));
+    DeviceBuffer<Fp8UpScales> up_scales(1);
+    test::DevicePartials amax(mlp_fp8_input_scratch_floats(T, C) * sizeof(float));
+    const Fp8Up up{q.w.ptr, q.scale.ptr, xq.ptr, up_scales.ptr, amax.view()};
+    DeviceBuffer<bf16> out(size_t(T) * C), post(size_t(T) * H);
+    CublasLt lt;
+    mlp_forward_fp8_down(lt, k, out.ptr, post.ptr, postq.ptr, partials.ptr, x.ptr, up, w2q.ptr, scales.ptr, T, C, H, nullptr);
+    mlp_fp8_down_act_scales(scales.ptr, partials.ptr, count, 1, nullptr);  // act for the second forward
+    mlp_forward_fp8_down(lt, k, out.ptr, post.ptr, postq.ptr, partials.ptr, x.ptr, up, w2q.ptr, scales.ptr, T, C, H, nullptr);
+    const Fp8DownRun r = run_fp8_down_forward(k, q, x, scales, partials, T, C, H);
+    DeviceBuffer<__nv_fp8_e4m3> d_pq(r.postq);
+    DeviceBuffer<bf16> out2(size_t(T) * C);
+    mlp_fp8_down_proj(lt, out2.ptr, d_pq.ptr, w2q.ptr, scales.ptr, T, C, H, nullptr);
+    const auto pq = postq.download();
+    test::check(same_bits(post.download(), r.post) && std::memcmp(pq.data(), r.postq.data(), pq.size()) == 0 &&
+                    same_bits(out.download(), out2.download()) && scales.download()[0].act != 1.0f,
+                "mlp_forward_fp8_down: post, postq and out its parts' bits, with a delayed act%s", what.c_str());
+}
+
 void test_mlp_fp8_shape_rules() {
     test::check(mlp_fp8_shape_error(3, 16, 8, {nullptr}).empty() && !mlp_fp8_shape_error(256, 136, 512, {nullptr}).empty() &&
                     !mlp_fp8_shape_error(256, 128, 500, {nullptr}).empty() && !mlp_fp8_shape_error(0, 128, 512, {nullptr}).empty(),
@@ -1442,6 +1475,7 @@ int main(int argc, char** argv) {
         test_mlp_fp8_down_act(k, 256, 128, 512);  // tiny preset
         test_mlp_fp8_down_act(k, 200, 144, 136);  // ragged T, H and C
     }
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) test_mlp_forward_fp8_down(k, 144, 128, 512);
     test_mlp_fp8_down_proj(256, 128, 512);  // tiny preset
     test_mlp_fp8_down_proj(48, 768, 3072);  // record width
 
