@@ -302,11 +302,12 @@ void test_linear_relu_square_backward_post_only(MlpKernel k, int T, int C, int H
     const auto gw = d_gw.download();
     const auto want_bits = dpre_from_post_reference(gw, post);
     test::check(same_bits(dpre, want_bits), "linear_relu_square_backward = bf16(2 bf16(g) sqrt(post))%s", what.c_str());
-    // the derivative from pre differs where post's rounding shows: a kernel reading relu(pre) would fail above
+    // the derivative from pre differs where post's rounding shows (in ~1 of 8 positive entries: asked of
+    // the larger shapes only, where missing it is impossible in practice): reading relu(pre) would fail above
     size_t differ = 0;
     for (size_t i = 0; i < n; ++i)
         differ += test::bits(want_bits[i]) != test::bits(to_bf16(2.0 * value(gw[i]) * std::max(value(pre[i]), 0.0)));
-    test::check(differ > 0 || n < 64, "sqrt(post) and relu(pre) give different dpre in %zu of %zu%s", differ, n,
+    test::check(differ > 0 || n < 4096, "sqrt(post) and relu(pre) give different dpre in %zu of %zu%s", differ, n,
                 what.c_str());
 
     DeviceBuffer<bf16> d_inplace(post);
