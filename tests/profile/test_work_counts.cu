@@ -1044,6 +1044,39 @@ void test_rope() {
                      });
     }
 
+    {  // record 85's per-token strengths: columns of the MUDD gate's coefficients; the backward writes only the
+       // used columns of the gradients (the rest keep the poison)
+        constexpr int kStride = 48;
+        DeviceBuffer<float> coefs(test::uniform_vector(size_t(T) * kStride, -1, 1)), grads(size_t(T) * kStride);
+        DeviceBuffer<bf16> dv_xsa(tc);
+        const double column = 4.0 * T * H;
+        struct Kind {
+            const char* name;
+            int gate, xsa;
+        };
+        for (const Kind k : {Kind{"gate and XSA", 12, 29}, Kind{"XSA", -1, 0}, Kind{"gate", 12, -1}}) {
+            AttnAux x = a;
+            x.attn_gate = nullptr;
+            x.token = TokenCoefs{coefs.ptr, grads.ptr, kStride, k.gate, k.xsa};
+            const bool xsa = k.xsa >= 0;
+            x.xsa_v = xsa ? v.ptr : nullptr;
+            const double cols = column * ((k.gate >= 0) + xsa), vb = xsa ? bytes(v) : 0.0;
+            const std::string at = std::string(" per token, ") + k.name;
+            check_family("attn_output_gate_forward" + at,
+                         {kernel("attn_output_gate_forward", bytes(y) + vb + cols, bytes(yg))}, {out(yg)},
+                         [&] { attn_output_gate_forward(x, yg.ptr, y.ptr, nullptr); });
+            std::vector<Output> outs = {out(dy), out(grads)};
+            if (xsa) outs.push_back(out(dv_xsa));
+            check_family("attn_output_gate_backward" + at,
+                         {kernel("attn_output_gate_backward", bytes(yg) + bytes(y) + vb + cols,
+                                 bytes(dy) + cols + (xsa ? bytes(dv_xsa) : 0.0))},
+                         outs, [&] {
+                             attn_output_gate_backward(x, dy.ptr, nullptr, yg.ptr, y.ptr, nullptr,
+                                                       XsaGrads{xsa ? dv_xsa.ptr : nullptr, nullptr, {}, false});
+                         });
+        }
+    }
+
     const int blocks = ceil_div(T, kGateRowsPerBlock), n_w = 2 * H * kGateWidth;
     test::DevicePartials scratch(attn_gates_backward_scratch_bytes(T, H));
     const double partials = 4.0 * blocks * n_w, ticket = sizeof(unsigned int);
