@@ -1195,6 +1195,31 @@ void test_mudd() {
                          4 * rows_bytes + bytes(dz2) + partials + 2.0 * kMuddExitCoef * kMuddHidden + 2.0 * kMuddExitCoef);
         }
     }
+    // record 85's MUDD gate head: 26 (pre) or 41 (post) coefficients, 48 per token (zeros past n), a learnable scale
+    DeviceBuffer<bf16> gw2(uniform_bf16(size_t(kMuddGateMaxCoef) * kMuddHidden, -1, 1)), gb2(uniform_bf16(kMuddGateMaxCoef, -1, 1));
+    DeviceBuffer<bf16> gdw2(size_t(kMuddGateMaxCoef) * kMuddHidden), gdb2(kMuddGateMaxCoef), gdz(size_t(T) * kMuddHidden);
+    DeviceBuffer<float> scale(std::vector<float>{0.1f}), dscale(1), gcoeffs(size_t(T) * kMuddGateCoefStride);
+    DeviceBuffer<float> gdcoeffs(test::uniform_vector(size_t(T) * kMuddGateCoefStride, -1, 1));
+    test::DevicePartials gscratch(mudd_gate_backward_scratch_bytes(T));
+    const int gblocks = mudd_gate_backward_blocks(T);
+    for (const int n : {kMuddGatePreCoef, kMuddGatePostCoef}) {
+        const MuddHead head{gw2.ptr, gb2.ptr, n};
+        const double head_bytes = 2.0 * n * (kMuddHidden + 1), partials = 4.0 * gblocks * (n * (kMuddHidden + 1) + 1);
+        const std::string at = " n=" + std::to_string(n);
+        check_family("mudd_gate_forward" + at,
+                     {kernel("mudd_gate_forward", zb + head_bytes + bytes(scale), bytes(gcoeffs))}, {out(gcoeffs)},
+                     [&] { mudd_gate_forward(gcoeffs.ptr, z.ptr, head, scale.ptr, T, nullptr); });
+        check_family("mudd_gate_backward" + at,  // the last block reads the partials back, and draws and resets the ticket
+                     {kernel("mudd_gate_backward",
+                             4.0 * T * n + zb + head_bytes + bytes(scale) + partials + ticket,
+                             bytes(gdz) + partials + head_bytes + ticket + bytes(dscale))},
+                     {out(gdz), out(gscratch.partials), out(gdw2), out(gdb2), out(dscale), inout(gscratch.done)},
+                     [&] {
+                         mudd_gate_backward(gdz.ptr, {gdw2.ptr, gdb2.ptr, false}, {dscale.ptr, 0}, gscratch.view(),
+                                            gdcoeffs.ptr, z.ptr, head, scale.ptr, T, nullptr);
+                     },
+                     bytes(gdz) + partials + head_bytes + bytes(dscale));
+    }
 }
 
 // ---- comms' kernels (the exchange itself: test_mpi_work_comms) ----
