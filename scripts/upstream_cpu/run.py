@@ -11,9 +11,14 @@ as this project's side, and prints the training losses step by step with their r
   momentum (0.15 g after step 0) step 0's whole bank gradients, compared per matrix; its --dump-batches CRC-32s check
   every training micro-batch fed to upstream. --noise adds upstream from the same parameters nudged by one
   bf16 step on 1% of each bf16 tensor's elements (the noise floor); --reference adds tests/reference's
-  tiny-r84 port from the same checkpoint as another column.
+  tiny-r84 port from the same checkpoint as another column;
+  record 88 on record 84 (the PR's code: a333be08 plus the prefix-token loss, as the logs of upstream's
+  records/track_1_short/2026-07-13_PrefixTokenPrediction/prefix-1375-8x print it, train_gpt.py and
+  triton_kernels.py cut from one log at their "# triton_kernels.py" banner) beside the trainer's
+  --preset tiny-r84-prefix, as record 84's (the prefix table: data/gpt2_prefix_table.bin, not tiktoken).
 
-Which record is told by the files (a333be08's train_gpt.py has quantize_mlp_fp8 and init_mudd); --record
+Which record is told by the files (a333be08's train_gpt.py has quantize_mlp_fp8 and init_mudd; record 88's
+also build_prefix_table; the MUDD gate's code, 003ff3e2 on, is refused); --record
 checks it. Upstream's files are never committed here: take them from a clone of upstream's repository,
 
   mkdir -p /tmp/up80 /tmp/up84
