@@ -1275,6 +1275,44 @@ int main(int argc, char** argv) {
         a.xsa_alpha = reinterpret_cast<const float*>(16);
         attn_qkv_backward(a, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr);
     });
+    // record 85's per-token strengths (AttnAux::token)
+    auto token_aux = [] {
+        AttnAux a = bad_aux();
+        a.attn_gate = nullptr;
+        a.token = TokenCoefs{reinterpret_cast<const float*>(16), reinterpret_cast<float*>(16), 40, 12, -1};
+        return a;
+    };
+    test::check_fails_with("per-token strengths beside attn_gate", "replace attn_gate and xsa_alpha", [&] {
+        AttnAux a = token_aux();
+        a.attn_gate = reinterpret_cast<const bf16*>(16);
+        attn_output_gate_forward(a, nullptr, nullptr, nullptr);
+    });
+    test::check_fails_with("a per-token XSA column without v", "xsa_v and a per-token XSA column go together", [&] {
+        AttnAux a = token_aux();
+        a.token.xsa = 20;
+        attn_output_gate_forward(a, nullptr, nullptr, nullptr);
+    });
+    test::check_fails_with("per-token strengths with no column", "neither a gate nor an XSA column", [&] {
+        AttnAux a = token_aux();
+        a.token.gate = -1;
+        attn_output_gate_forward(a, nullptr, nullptr, nullptr);
+    });
+    test::check_fails_with("a per-token column past the row", "outside the coefficients' 40 per token", [&] {
+        AttnAux a = token_aux();
+        a.token.gate = 39;
+        attn_output_gate_forward(a, nullptr, nullptr, nullptr);
+    });
+    test::check_fails_with("per-token strengths' backward given dz_attn", "take their gradients in AttnAux::token.grads",
+                           [&] {
+                               attn_output_gate_backward(token_aux(), nullptr, reinterpret_cast<float*>(16), nullptr,
+                                                         nullptr, nullptr);
+                           });
+    test::check_fails_with("per-token XSA's backward without dv", "per-token XSA needs XsaGrads::dv exactly", [&] {
+        AttnAux a = token_aux();
+        a.token.xsa = 20;
+        a.xsa_v = reinterpret_cast<const bf16*>(16);
+        attn_output_gate_backward(a, nullptr, nullptr, nullptr, nullptr, nullptr);
+    });
     test::check_fails_with("YaRN head_dim 40", "head_dim must be a multiple of 16",
                            [] { yarn_rope_view(reinterpret_cast<void*>(16), 40, 100); });
 
