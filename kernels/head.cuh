@@ -523,6 +523,22 @@ struct CeSoftcap {
 constexpr CeSoftcap kCeSoftcap{23.0f, 5.0f, 7.5f};
 constexpr int kCeTargetTerms = 3;  // upstream's term2 loop: `for (int k = 0; k < 3; k++)`
 
+// Record 88's prefix-token prediction (upstream 75d6867a ce_fwd_bwd_kernel): row t also predicts
+// P_t = table[targets[t]], the token whose bytes are the longest proper prefix of its next token's (-1: none,
+// data/prefix_table.h), with the step's weight *weight: loss_t += pw (lse - z[P_t]) after the MTP terms, S_w
+// starts at pw, and term2[P_t] += pw after the MTP weights, where 0 <= P_t < V. No table: records 80-84.
+struct CePrefix {
+    const int* table = nullptr;     // device, `rows` entries; a target outside [0, V) has no prefix
+    const float* weight = nullptr;  // device scalar pw (0 turns the term off without changing a bit)
+    int64_t rows = 0;               // 64 bits: a kernel argument without padding
+};
+__device__ __forceinline__ int ce_prefix_target(const CePrefix& p, const int* targets, int t, int V) {
+    if (!p.table) return -1;
+    const int target = targets[t];
+    const int prefix = target >= 0 && target < V ? p.table[target] : -1;
+    return prefix < V ? prefix : -1;  // upstream's prefix_valid: 0 <= P < V
+}
+
 struct CeConstants {
     float a, inv_c, b_div_c;
 };
@@ -544,7 +560,8 @@ __device__ __forceinline__ float ce_sigmoid_bf16(const CeConstants& k, float l) 
 // n_predict with t + k < T and 0 <= target[t+k] < V of w_k (lse - A s[target[t+k]]), FMAs in k order.
 __global__ void __launch_bounds__(kLossThreads)
     ce_r80_loss_forward_kernel(float* row_losses, float* lse_out, const __nv_bfloat16* logits, const int* targets,
-                               const float* mtp_weights, int n_predict, int T, int V, CeSoftcap softcap) {
+                               const float* mtp_weights, int n_predict, int T, int V, CeSoftcap softcap,
+                               CePrefix prefix) {
     const int t = blockIdx.x;
     const CeConstants k = ce_constants(softcap);
     const __nv_bfloat16* row = logits + static_cast<int64_t>(t) * V;
@@ -574,24 +591,38 @@ __global__ void __launch_bounds__(kLossThreads)
         if (target >= 0 && target < V)
             loss = fmaf(mtp_weights[i], lse - k.a * ce_sigmoid_bf16(k, __bfloat162float(row[target])), loss);
     }
+    if (const int p = ce_prefix_target(prefix, targets, t, V); p >= 0)
+        loss = fmaf(*prefix.weight, lse - k.a * ce_sigmoid_bf16(k, __bfloat162float(row[p])), loss);
     row_losses[t] = loss;
     lse_out[t] = lse;
 }
 
 // Reads the logits twice (the second pass mostly from cache), the targets and weights, writes row_losses
-// and lse; per logit the max, the sigmoid (2 FMAs, 2 multiplies, tanh), the rounding, exp and add.
-inline Work ce_r80_loss_forward_work(int T, int V, int n_predict) {
+// and lse; per logit the max, the sigmoid (2 FMAs, 2 multiplies, tanh), the rounding, exp and add. The prefix
+// term reads a table entry per row and the weight.
+inline Work ce_r80_loss_forward_work(int T, int V, int n_predict, bool prefix = false) {
     return Work{.name = "ce_r80_loss_forward", .flops = 10.0 * T * V,
-                .bytes_read = 4.0 * T * V + 4.0 * T + 4.0 * n_predict, .bytes_written = 8.0 * T};
+                .bytes_read = 4.0 * T * V + 4.0 * T + 4.0 * n_predict + (prefix ? 4.0 * T + 4 : 0.0),
+                .bytes_written = 8.0 * T};
+}
+// The prefix term's table must cover every target the loss reads.
+inline std::string ce_prefix_error(const CePrefix& p, int V) {
+    if (!p.table) return p.weight ? "a prefix weight without a prefix table" : "";
+    if (!p.weight) return "a prefix table without its weight";
+    if (p.rows < V) return "prefix table of " + std::to_string(p.rows) + " rows for V " + std::to_string(V);
+    return "";
 }
 // Record 80's training forward: row_losses (T), lse (T, for ce_r80_loss_backward_fp8), and *loss_total
-// (+)= sum of the rows (fixed order). targets (T) int32; mtp_weights (n_predict) fp32, both in device memory.
+// (+)= sum of the rows (fixed order). targets (T) int32; mtp_weights (n_predict) fp32, both in device memory;
+// prefix: record 88's term (none by default).
 inline void ce_r80_loss_forward(float* loss_total, bool accumulate_total, float* row_losses, float* lse,
                                 const __nv_bfloat16* logits, const int* targets, const float* mtp_weights,
-                                int n_predict, int T, int V, cudaStream_t stream) {
+                                int n_predict, int T, int V, cudaStream_t stream, const CePrefix& prefix = {}) {
     require_shape(mtp_shape_error(T, V, logits, n_predict), "ce_r80_loss_forward");
-    launch(ce_r80_loss_forward_work(T, V, n_predict), ce_r80_loss_forward_kernel, dim3(T), dim3(kLossThreads), 0,
-           stream, row_losses, lse, logits, targets, mtp_weights, n_predict, T, V, kCeSoftcap);
+    require_shape(ce_prefix_error(prefix, V), "ce_r80_loss_forward");
+    launch(ce_r80_loss_forward_work(T, V, n_predict, prefix.table), ce_r80_loss_forward_kernel, dim3(T),
+           dim3(kLossThreads), 0, stream, row_losses, lse, logits, targets, mtp_weights, n_predict, T, V, kCeSoftcap,
+           prefix);
     CUDA_CHECK_LAUNCH();
     sum_fixed_order(loss_total, row_losses, T, 1.0f, accumulate_total, stream);
 }
@@ -638,17 +669,20 @@ __global__ void __launch_bounds__(kQuantThreads)
 // target in the column it is S_w p rounded once. A target outside [0, V) matches no column (upstream's
 // backward would index out of bounds with one: its data has none). Upstream's kernel flushes subnormals
 // (fast math) and this one does not: they can only arise where the e5m2 code is 0 either way.
+constexpr int kCeTerms = kCeTargetTerms + 1;  // the MTP targets', then the prefix target's
 struct CeGradRow {
     float lse, s_w, scale;  // scale = grad_scale (A/C) (1/grad_s), the product's first three factors
-    int target[kCeTargetTerms];
-    float weight[kCeTargetTerms];
+    int target[kCeTerms];
+    float weight[kCeTerms];
 };
 __device__ __forceinline__ CeGradRow ce_grad_row(const CeConstants& k, const float* lse, const int* targets,
-                                                 const float* mtp_weights, int n_predict, float grad_scale,
-                                                 float grad_s, int t, int T) {
+                                                 const float* mtp_weights, int n_predict, const CePrefix& prefix,
+                                                 float grad_scale, float grad_s, int t, int T, int V) {
     CeGradRow row;
     row.lse = lse[t];
-    row.s_w = 0.0f;
+    const int p = ce_prefix_target(prefix, targets, t, V);
+    const float pw = p >= 0 ? *prefix.weight : 0.0f;
+    row.s_w = pw;  // upstream: S_w = prefix_valid ? prefix_weight : 0, then the MTP weights
     for (int i = 0; i < n_predict; ++i) row.s_w += mtp_weights[i];  // all k: upstream's quirk
     row.scale = grad_scale * (k.inv_c * k.a) * __fdividef(1.0f, grad_s);
 #pragma unroll
@@ -657,6 +691,8 @@ __device__ __forceinline__ CeGradRow ce_grad_row(const CeConstants& k, const flo
         row.target[i] = used ? targets[t + i] : -1;
         row.weight[i] = used ? mtp_weights[i] : 0.0f;
     }
+    row.target[kCeTargetTerms] = p;
+    row.weight[kCeTargetTerms] = pw;
     return row;
 }
 // The e5m2 codes of the row's 8 logits l at columns [c, c + 8), packed 4 to a word, the lowest byte first.
@@ -664,7 +700,7 @@ __device__ __forceinline__ uint2 ce_dlogit_codes8(const CeConstants& k, const Ce
                                                   const Pack128<__nv_bfloat16>& l, int c) {
     float term2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
-    for (int i = 0; i < kCeTargetTerms; ++i) {
+    for (int i = 0; i < kCeTerms; ++i) {  // in upstream's order: the MTP weights, then the prefix's
         const unsigned offset = static_cast<unsigned>(row.target[i]) - static_cast<unsigned>(c);  // < 8: in this pack
         if (offset < 8u) term2[offset] += row.weight[i];
     }
@@ -684,11 +720,13 @@ struct CeDlogitCodes {
     const __nv_bfloat16* logits;
     const float *lse, *mtp_weights, *grad_scale, *grad_s;
     const int* targets;
+    CePrefix prefix;
     CeSoftcap softcap;
     int n_predict, T, V;
     __device__ __forceinline__ void codes16(uint32_t (&w)[4], int t, int c) const {
         const CeConstants k = ce_constants(softcap);
-        const CeGradRow row = ce_grad_row(k, lse, targets, mtp_weights, n_predict, *grad_scale, *grad_s, t, T);
+        const CeGradRow row =
+            ce_grad_row(k, lse, targets, mtp_weights, n_predict, prefix, *grad_scale, *grad_s, t, T, V);
         const __nv_bfloat16* l = logits + static_cast<int64_t>(t) * V + c;
         const uint2 lo = ce_dlogit_codes8(k, row, load128cs(l), c), hi = ce_dlogit_codes8(k, row, load128cs(l + 8), c + 8);
         w[0] = lo.x;
@@ -698,26 +736,29 @@ struct CeDlogitCodes {
     }
 };
 // floats have no unique object representation, so the padding check is by size (emu reads every word)
-static_assert(sizeof(CeDlogitCodes) == 6 * sizeof(void*) + sizeof(CeSoftcap) + 3 * sizeof(int),
+static_assert(sizeof(CeDlogitCodes) == 6 * sizeof(void*) + sizeof(CePrefix) + sizeof(CeSoftcap) + 3 * sizeof(int),
               "CeDlogitCodes: a kernel argument with padding");
 
 // Reads the logits, lse, targets, weights and both scales, writes both e5m2 layouts; per logit the
 // sigmoid, its rounding, exp, the FMA and four multiplies.
-inline Work ce_r80_loss_backward_fp8_work(int T, int V, int n_predict) {
+inline Work ce_r80_loss_backward_fp8_work(int T, int V, int n_predict, bool prefix = false) {
     return Work{.name = "ce_r80_loss_backward_fp8", .flops = 13.0 * T * V,
-                .bytes_read = 2.0 * T * V + 8.0 * T + 4.0 * n_predict + 8, .bytes_written = 2.0 * T * V};
+                .bytes_read = 2.0 * T * V + 8.0 * T + 4.0 * n_predict + 8 + (prefix ? 4.0 * T + 4 : 0.0),
+                .bytes_written = 2.0 * T * V};
 }
 // Record 80's training backward, fused with the lm_head's gradient quantization: g_f8 (T, V) = the e5m2
 // dlogits above and g_f8_t (V, T) its transpose, for lm_head_fp8_backward, which rescales by grad_s.
 // grad_scale: the loss's scale in the objective (upstream bakes it in and ignores grad_output);
-// grad_s: the dlogits' fp8 scale (lm_head_fp8_scales(grad_scale).grad); both device scalars.
+// grad_s: the dlogits' fp8 scale (lm_head_fp8_scales(grad_scale).grad); both device scalars. prefix: record
+// 88's term, as given to the forward.
 inline void ce_r80_loss_backward_fp8(__nv_fp8_e5m2* g_f8, __nv_fp8_e5m2* g_f8_t, const float* grad_scale,
                                      const float* grad_s, const __nv_bfloat16* logits, const float* lse,
                                      const int* targets, const float* mtp_weights, int n_predict, int T, int V,
-                                     cudaStream_t stream) {
+                                     cudaStream_t stream, const CePrefix& prefix = {}) {
     require_shape(mtp_fp8_shape_error(T, V, n_predict, logits, g_f8, g_f8_t), "ce_r80_loss_backward_fp8");
-    const CeDlogitCodes src{logits, lse, mtp_weights, grad_scale, grad_s, targets, kCeSoftcap, n_predict, T, V};
-    launch(ce_r80_loss_backward_fp8_work(T, V, n_predict), fp8_codes_two_layouts_kernel<CeDlogitCodes>,
+    require_shape(ce_prefix_error(prefix, V), "ce_r80_loss_backward_fp8");
+    const CeDlogitCodes src{logits, lse, mtp_weights, grad_scale, grad_s, targets, prefix, kCeSoftcap, n_predict, T, V};
+    launch(ce_r80_loss_backward_fp8_work(T, V, n_predict, prefix.table), fp8_codes_two_layouts_kernel<CeDlogitCodes>,
            quantize_fp8_grid(T, V), dim3(kQuantThreads), 0, stream, reinterpret_cast<unsigned char*>(g_f8),
            reinterpret_cast<unsigned char*>(g_f8_t), src, T, V);
     CUDA_CHECK_LAUNCH();

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -632,8 +633,18 @@ struct CeRef {
     std::vector<double> lse, loss;
     std::vector<double> dlogit, tol;  // the gradient before the e5m2 rounding, and its error bound
 };
+// Record 88's prefix term as the reference takes it: table (any length) and pw; no table, no term.
+struct CePrefixRef {
+    const std::vector<int>* table = nullptr;
+    float weight = 0.0f;
+    int target(const std::vector<int>& targets, int t, int V) const {  // P_t, or -1
+        if (!table || targets[t] < 0 || targets[t] >= V) return -1;
+        const int p = (*table)[size_t(targets[t])];
+        return p >= 0 && p < V ? p : -1;
+    }
+};
 CeRef ce_r80_ref(const std::vector<bf16>& logits, const std::vector<int>& targets, const std::vector<float>& weights,
-                 float grad_scale, float grad_s, int T, int V) {
+                 float grad_scale, float grad_s, int T, int V, const CePrefixRef& prefix = {}) {
     const int n = static_cast<int>(weights.size());
     CeRef r;
     r.lse.resize(T);
@@ -656,17 +667,20 @@ CeRef ce_r80_ref(const std::vector<bf16>& logits, const std::vector<int>& target
         double loss = 0.0;
         for (int k = 0; k < n && t + k < T; ++k)
             if (targets[t + k] >= 0 && targets[t + k] < V) loss += weights[k] * (lse - 23.0 * s[targets[t + k]]);
+        const int pt = prefix.target(targets, t, V);
+        const double pw = pt >= 0 ? prefix.weight : 0.0;
+        if (pt >= 0) loss += pw * (lse - 23.0 * s[pt]);
         r.loss[t] = loss;
         for (int v = 0; v < V; ++v) {
-            double term2 = 0.0;
+            double term2 = v == pt ? pw : 0.0;
             for (int k = 0; k < std::min(n, 3) && t + k < T; ++k)  // upstream's term2 loop: k < 3
                 if (targets[t + k] == v) term2 += weights[k];
             const double p = std::exp(23.0 * s[v] - lse), factor = scale * s[v] * (1.0 - s[v]);
             const size_t e = size_t(t) * V + v;
-            r.dlogit[e] = factor * (s_w * p - term2);
+            r.dlogit[e] = factor * ((s_w + pw) * p - term2);
             // p: the kernel's lse (an fp32 sum of V fast exps, __logf) and its fp32 z - lse and __expf,
             // within 1e-5 relative; the difference and the four multiplies and the scale's roundings: 2^-20.
-            r.tol[e] = factor * s_w * p * 1e-5 + std::fabs(r.dlogit[e]) * 0x1p-20 + 1e-30;
+            r.tol[e] = factor * (s_w + pw) * p * 1e-5 + std::fabs(r.dlogit[e]) * 0x1p-20 + 1e-30;
         }
     }
     return r;
@@ -691,11 +705,15 @@ struct CeCodeCheck {
 // Record 80's forward and fused e5m2 backward against ce_r80_ref on fresh logits; targets: every third
 // one repeats the previous (term2 with two or three weights on a column), some point at the row's largest
 // logit (large target gradients, cancellation in S_w p - term2), and with `invalid_targets` some outside
-// [0, V) (the loss skips them, no column matches).
-void test_ce_r80(int T, int V, const std::vector<float>& weights, bool invalid_targets, double grad_scale) {
+// [0, V) (the loss skips them, no column matches). With a prefix weight (record 88): a random prefix table of V + 24
+// rows, about a fifth -1 and a few entries at or past V (no term), some rows' prefix at their k = 0 or k = 1 target
+// (term2 adds two weights), and a table value of 0 (the first column).
+void test_ce_r80(int T, int V, const std::vector<float>& weights, bool invalid_targets, double grad_scale,
+                 std::optional<float> prefix_weight = std::nullopt) {
     std::string what = " T " + std::to_string(T) + " V " + std::to_string(V) + " weights {";
     for (float w : weights) what += std::to_string(w).substr(0, 5) + " ";
     what += "} grad_scale " + std::to_string(grad_scale).substr(0, 5) + (invalid_targets ? " with invalid targets" : "");
+    if (prefix_weight) what += " prefix weight " + std::to_string(*prefix_weight).substr(0, 6);
     const int n_predict = static_cast<int>(weights.size());
     const auto logits = ce_logits(T, V);
     std::vector<int> targets(T);
@@ -709,13 +727,31 @@ void test_ce_r80(int T, int V, const std::vector<float>& weights, bool invalid_t
     for (int t = 2; t < T; t += 3) targets[t] = targets[t - 1];
     if (invalid_targets)
         for (int t = 0; t < T; t += 5) targets[t] = test::randint(0, 1) ? -1 : V + test::randint(0, 100);
+    std::vector<int> table(size_t(V) + 24);
+    for (auto& p : table) {
+        const int kind = test::randint(0, 19);
+        p = kind < 4 ? -1 : kind == 4 ? V + test::randint(0, 23) : test::randint(0, V - 1);
+    }
+    for (int t = 0; t + 1 < T; t += 4) {  // rows whose prefix is their own target or the next row's
+        if (targets[t] < 0 || targets[t] >= V) continue;
+        table[size_t(targets[t])] = t % 8 == 0 ? targets[t + 1] : targets[t];
+    }
+    table[size_t(test::randint(0, V - 1))] = 0;
+    const CePrefixRef prefix_ref{prefix_weight ? &table : nullptr, prefix_weight.value_or(0.0f)};
     const float grad_scale_f = static_cast<float>(grad_scale), grad_s = lm_head_fp8_scales(grad_scale).grad;
-    const CeRef ref = ce_r80_ref(logits, targets, weights, grad_scale_f, grad_s, T, V);
+    const CeRef ref = ce_r80_ref(logits, targets, weights, grad_scale_f, grad_s, T, V, prefix_ref);
 
     DeviceBuffer<bf16> d_logits(logits);
-    DeviceBuffer<int> d_targets(targets);
+    DeviceBuffer<int> d_targets(targets), d_table(table);
     DeviceBuffer<float> d_weights(weights), d_losses(T), d_lse(T), d_total(std::vector<float>{1.5f}),
-        d_grad_scale(std::vector<float>{grad_scale_f}), d_grad_s(std::vector<float>{grad_s});
+        d_grad_scale(std::vector<float>{grad_scale_f}), d_grad_s(std::vector<float>{grad_s}),
+        d_prefix_weight(std::vector<float>{prefix_weight.value_or(0.0f)});
+    const CePrefix prefix = prefix_weight ? CePrefix{d_table.ptr, d_prefix_weight.ptr, int64_t(table.size())} : CePrefix{};
+    if (prefix_weight) {  // the table must make a difference: rows with a prefix term
+        int with = 0;
+        for (int t = 0; t < T; ++t) with += prefix_ref.target(targets, t, V) >= 0;
+        test::check(with >= T / 3, "r80 ce%s: only %d of %d rows with a prefix", what.c_str(), with, T);
+    }
     double total = 0.0, total_mag = 0.0;
     for (double x : ref.loss) {
         total += x;
@@ -723,7 +759,7 @@ void test_ce_r80(int T, int V, const std::vector<float>& weights, bool invalid_t
     }
     for (bool accumulate : {true, false}) {
         ce_r80_loss_forward(d_total.ptr, accumulate, d_losses.ptr, d_lse.ptr, d_logits.ptr, d_targets.ptr,
-                            d_weights.ptr, n_predict, T, V, nullptr);
+                            d_weights.ptr, n_predict, T, V, nullptr, prefix);
         // lse: an fp32 sum of V exps (about 20 roundings deep: 1.2e-6 relative), __logf (2^-21.4 absolute
         // on the GPU) and the final add (half an ulp, 1e-6 at 24): 4e-6; the loss: that times sum w
         test::check_close("r80 ce forward lse" + what, d_lse.download().data(), ref.lse.data(), T, 4e-6, 2e-7);
@@ -736,7 +772,7 @@ void test_ce_r80(int T, int V, const std::vector<float>& weights, bool invalid_t
 
     DeviceBuffer<e5m2> g(size_t(T) * V), g_t(size_t(T) * V);
     ce_r80_loss_backward_fp8(g.ptr, g_t.ptr, d_grad_scale.ptr, d_grad_s.ptr, d_logits.ptr, d_lse.ptr, d_targets.ptr,
-                             d_weights.ptr, n_predict, T, V, nullptr);
+                             d_weights.ptr, n_predict, T, V, nullptr, prefix);
     const auto codes = bytes_of(g.download()), codes_t = bytes_of(g_t.download());
     // the last n_predict - 1 rows separately: their S_w counts weights whose targets lie past T
     const int last = std::max(T - (n_predict - 1), 0);
@@ -807,6 +843,20 @@ void test_ce_r80_shape_errors() {
     test::check_fails_with("ce_r80_loss_forward V 1004", "ce_r80_loss_forward", [&] {
         ce_r80_loss_forward(f.ptr, false, f.ptr, f.ptr, logits.ptr, targets.ptr, f.ptr, 1, 32, 1004, nullptr);
     });
+    // record 88's prefix term: a table shorter than V, a table without its weight, a weight without a table
+    test::check_fails_with("ce_r80_loss_forward short prefix table", "prefix table of 1000 rows for V 1008", [&] {
+        ce_r80_loss_forward(f.ptr, false, f.ptr, f.ptr, logits.ptr, targets.ptr, f.ptr, 1, 32, 1008, nullptr,
+                            CePrefix{targets.ptr, f.ptr, 1000});
+    });
+    test::check_fails_with("ce_r80_loss_backward_fp8 table without weight", "a prefix table without its weight", [&] {
+        ce_r80_loss_backward_fp8(g.ptr, g_t.ptr, f.ptr, f.ptr, logits.ptr, f.ptr, targets.ptr, f.ptr, 1, 32, 1008,
+                                 nullptr, CePrefix{targets.ptr, nullptr, 1008});
+    });
+    test::check_fails_with("ce_r80_loss_backward_fp8 weight without table", "a prefix weight without a prefix table",
+                           [&] {
+                               ce_r80_loss_backward_fp8(g.ptr, g_t.ptr, f.ptr, f.ptr, logits.ptr, f.ptr, targets.ptr,
+                                                        f.ptr, 1, 32, 1008, nullptr, CePrefix{nullptr, f.ptr, 0});
+                           });
 }
 
 // ---- benchmark: the head of one training micro-step and of an eval batch ----
@@ -898,6 +948,13 @@ int main(int argc, char** argv) {
     test_ce_r80(32, 160, {0.8f, 0.3f, 0.1f, 0.05f}, true, 1.0);
     test_ce_r80(16, 50304, {1.0f, 0.5f, 0.0f}, false, 1.0);
     test_ce_r80(7, 40, {1.0f, 0.5f, 0.25f}, true, 1.0);
+    // record 88's prefix term: stage 1's pw, one in stage 2's decay with invalid targets, pw 0 (stage 3), the
+    // real vocabulary, the ragged tiles and the rows near the end
+    test_ce_r80(64, 1024, {1.0f, 0.5f, 0.25f}, false, 1.0, 0.25f);
+    test_ce_r80(48, 208, {1.0f, 0.5f}, true, 0.125, 0.1368f);
+    test_ce_r80(32, 160, {1.0f, 0.5f, 0.0f}, true, 0.5, 0.0f);
+    test_ce_r80(16, 50304, {1.0f, 0.5f, 0.25f}, false, 1.0, 0.25f);
+    test_ce_r80(7, 40, {1.0f}, true, 1.0, 0.25f);
     test_ce_r80_shape_errors();
 
     test_eval_loss(64, 1024);
