@@ -6,6 +6,7 @@
 //   ./build/train_gpt_cpu --preset tiny             (CPU build against emu/, Tiny Shakespeare)
 #include "data/dump.h"
 #include "data/loader.h"
+#include "data/prefix_table.h"
 #include "kernels/attention.cuh"
 #include "kernels/attention_aux.cuh"
 #include "kernels/common.cuh"
@@ -74,6 +75,9 @@ struct TrainingStage {
     int ws_short, ws_long;       // attention windows in blocks of `block_size` tokens
     double lr_mul;
     std::vector<float> mtp_start, mtp_end;  // multi-token-prediction weights, interpolated over the stage
+    // record 88 (upstream 75d6867a prefix_weight_start/_end): the prefix-token loss's weight pw, interpolated over the
+    // stage as the MTP weights are (read where Config::prefix_loss)
+    float prefix_start = 0.0f, prefix_end = 0.0f;
 };
 
 // The layer structure (upstream writes it as literals in its forward; here each preset states it):
@@ -278,6 +282,9 @@ struct Config {
     // record 84: the training forward's MLP up-projection in FP8 e4m3 (upstream's quantize_mlp_fp8 and use_mlp_fp8:
     // per-layer weight scales refreshed after each optimizer step, the input's amax per forward); evaluation bf16
     bool mlp_up_fp8 = false;
+    // record 88: the training loss also predicts each next token's longest proper prefix token (data/prefix_table.h),
+    // weighted by the stages' prefix_start/_end, in record 80's fused cross-entropy; evaluation unchanged
+    bool prefix_loss = false;
     int bigram_width() const { return bigram_dim ? bigram_dim : model_dim; }
     SoftcapLoss loss = SoftcapLoss::sigmoid;
     float value_embed_std = 0.0f;   // value tables start at N(0, std^2); 0: zeros (record 71)
@@ -477,7 +484,7 @@ Config r84_preset() {
     use_record84(c);
     c.scheduled_iterations = 1380;
     c.extension_iterations = 10;
-    c.upstream_peak_mib = 30908;  // upstream's logs of this code (SPEC-latest section 4: stage 2)
+    c.upstream_peak_mib = 30908;  // upstream's logs of this code (e.g. 2026-07-17_FP8DownProjection/baseline)
     return c;
 }
 // Record 84 at tiny's sizes: tiny-r80's with record 84's switches.
@@ -489,13 +496,40 @@ Config tiny_r84_preset() {
     return c;
 }
 
+// Record 88's prefix-token loss (upstream 75d6867a; its PR logged it on a333be08 as prefix-1375-8x): pw 0.25 through
+// the first stage, 0.25 -> 0 through the second, 0 after (upstream's prefix_weight_start/_end).
+void use_record88(Config& c) {
+    c.prefix_loss = true;
+    const float weights[][2] = {{0.25f, 0.25f}, {0.25f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+    for (size_t i = 0; i < c.stages.size() && i < std::size(weights); ++i)
+        c.stages[i].prefix_start = weights[i][0], c.stages[i].prefix_end = weights[i][1];
+}
+// Record 88's PR on record 84 (a333be08 + the prefix-token loss, 1365 + 10 steps: the PR's prefix-1375-8x logs, the
+// feature check of upstream's stage 4 on its stage 2).
+Config r84_prefix_preset() {
+    Config c = r84_preset();
+    c.name = "r84-prefix";
+    use_record88(c);
+    c.scheduled_iterations = 1365;
+    c.upstream_peak_mib = 30617;  // the median of its 10 logs (30373 to 30975 MiB)
+    return c;
+}
+// tiny-r84 with record 88's prefix-token loss (the tiny schedule's lengths).
+Config tiny_r84_prefix_preset() {
+    Config c = tiny_r84_preset();
+    c.name = "tiny-r84-prefix";
+    use_record88(c);
+    return c;
+}
+
 struct Preset {
     const char* name;
     Config (*make)();
 };
 const Preset kPresets[] = {{"r71", r71_preset},         {"record", r71_preset},         {"tiny", tiny_preset},
                            {"r80", r80_preset},         {"tiny-r80", tiny_r80_preset}, {"r84", r84_preset},
-                           {"tiny-r84", tiny_r84_preset}};
+                           {"tiny-r84", tiny_r84_preset}, {"r84-prefix", r84_prefix_preset},
+                           {"tiny-r84-prefix", tiny_r84_prefix_preset}};
 
 // The preset NAME's config (named NAME), or none.
 std::optional<Config> preset_config(const std::string& name) {
@@ -590,7 +624,17 @@ std::string config_error(const Config& c) {
             return bad("each stage's batch must split into 8 micro-batches of a multiple of 16 tokens, with 1 to 8 "
                        "MTP weights");
         if (st.max_seq_len < 1) return bad("each stage's max_seq_len must be at least 1 token");
+        if (!c.prefix_loss && (st.prefix_start != 0.0f || st.prefix_end != 0.0f))
+            return bad("a stage has prefix-loss weights but the config has no prefix_loss");
+        if (c.prefix_loss && st.mtp_start.size() + 1 > size_t(kMaxMtpWeights))
+            return bad("with prefix_loss a stage holds at most " + std::to_string(kMaxMtpWeights - 1) +
+                       " MTP weights (the prefix weight rides after them)");
     }
+    if (c.prefix_loss && c.loss != SoftcapLoss::tanh_bf16)
+        return bad("the prefix-token loss (record 88) is a term of record 80's cross-entropy (loss tanh_bf16)");
+    if (c.prefix_loss && c.padded_vocab > dataload::kPrefixTableRows)
+        return bad("the prefix-token loss's table has " + std::to_string(dataload::kPrefixTableRows) +
+                   " rows, fewer than padded_vocab " + std::to_string(c.padded_vocab));
     if (const std::string e = c.max_docs.error(); !e.empty()) return bad(e);
     if (c.val_batch_tokens % (8 * 16) != 0) return bad("the validation batch must split into 8 multiples of 16 tokens");
     if (const std::string e = structure_error(c.structure); !e.empty()) return bad(e);
@@ -1005,6 +1049,7 @@ struct StepSchedule {
     int ws_short = 0, ws_long = 0;   // windows in tokens
     const float* mtp_weights;        // device, n_predict weights
     int n_predict = 1;
+    CePrefix prefix;                 // record 88's table and weight (the device float after the MTP weights), or none
 };
 
 // ============================================================================================
@@ -1034,7 +1079,8 @@ struct Model {
     unsigned int* sums_done;      // device: the backward's reductions' ticket counter (zero between launches)
     GradBuckets buckets;          // the reductions the backward starts (set by build_optimizer)
     GatherEvents gathered;        // what the forward waits for (made by build_optimizer)
-    float* mtp_weights;           // device, up to kMaxMtpWeights
+    float* mtp_weights;           // device, up to kMaxMtpWeights: the step's MTP weights, then record 88's prefix weight
+    int* prefix_table;            // record 88's (kPrefixTableRows) prefix tokens from data/gpt2_prefix_table.bin, or null
     bf16* bigram_signs;           // record 83's (bigram_sign_rows, bigram width) +-1 table, or null; from the seed
     std::unique_ptr<CublasLt> lt; // made by build_model (a memory plan needs no device)
     MlpKernel mlp_kernel = MlpKernel::mma;  // the MLP's c_fc GEMMs: build_model's default, or --mlp-kernel
@@ -1053,6 +1099,7 @@ void layout_state(Arena& a, Model& m) {
     m.dloss = a.take<float>("dloss", {1});
     m.sums_done = reinterpret_cast<unsigned int*>(a.take<int32_t>("sums_done", {1}));  // zeroed by the arena
     m.mtp_weights = a.take<float>("mtp_weights", {kMaxMtpWeights});
+    m.prefix_table = c.prefix_loss ? a.take<int32_t>("prefix_table", {dataload::kPrefixTableRows}) : nullptr;
     m.bigram_signs = c.bigram_sign_rows ? a.take<bf16>("bigram_signs", {c.bigram_sign_rows, c.bigram_width()}) : nullptr;
     m.mlp_fp8 = {};
     m.mlp_fp8_weight_scratch = m.mlp_fp8_input_scratch = {};
@@ -1209,6 +1256,18 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
     // (a resume checks the seed, so it is the same table) and broadcast_params makes rank 0's a fact
     if (m.bigram_signs)
         init_signs(m.bigram_signs, int64_t(c.bigram_sign_rows) * c.bigram_width(), seed * 16 + kBigramSignStream, s);
+    if (m.prefix_table) {  // data, not state: every rank reads the same checked file (upstream builds it at start-up)
+        const std::string path = repo_dir() + "/data/gpt2_prefix_table.bin";
+        std::vector<int32_t> table;
+        try {
+            table = dataload::read_prefix_table(path);
+        } catch (const std::exception& e) {
+            std::fprintf(stderr, "train_gpt: preset %s's prefix-token loss: %s\n", c.name.c_str(), e.what());
+            std::exit(EXIT_FAILURE);
+        }
+        CUDA_CHECK(copy_async(m.prefix_table, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
+        CUDA_CHECK(sync_stream(s, "prefix_table"));  // table is a local
+    }
     yarn_rope_reset(m.rope, s);
     const LmHeadFp8Scales scales = lm_head_fp8_scales(c.grad_scale());
     CUDA_CHECK(copy_async(m.fp8_scales, &scales, sizeof scales, cudaMemcpyHostToDevice, s));
@@ -1447,9 +1506,12 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     await_gathered(m.gathered, At::head, s);
     if (a.training) {
         lm_head_fp8_forward(*m.lt, a.logits, a.fp8, a.h_final, m.fp8_scales, T, C, V, s);
-        const auto loss_forward = c.loss == SoftcapLoss::tanh_bf16 ? ce_r80_loss_forward : softcap_mtp_loss_forward;
-        loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, step_sch.mtp_weights,
-                     step_sch.n_predict, T, V, s);
+        if (c.loss == SoftcapLoss::tanh_bf16)
+            ce_r80_loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, step_sch.mtp_weights,
+                                step_sch.n_predict, T, V, s, step_sch.prefix);
+        else
+            softcap_mtp_loss_forward(m.loss, false, a.row_losses, a.lse_head, a.logits, b.targets, step_sch.mtp_weights,
+                                     step_sch.n_predict, T, V, s);
     } else {
         for (int r = 0; r < T; r += a.logit_rows) {
             const int rows = std::min(a.logit_rows, T - r);
@@ -1576,7 +1638,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
     // loss -> its e5m2 gradient, both layouts in one pass -> lm_head and its input
     if (c.loss == SoftcapLoss::tanh_bf16)
         ce_r80_loss_backward_fp8(a.fp8.g_f8, a.fp8.g_f8_t, m.dloss, &m.fp8_scales->grad, a.logits, a.lse_head, b.targets,
-                                 step_sch.mtp_weights, step_sch.n_predict, T, V, s);
+                                 step_sch.mtp_weights, step_sch.n_predict, T, V, s, step_sch.prefix);
     else
         softcap_mtp_loss_backward_fp8(a.fp8.g_f8, a.fp8.g_f8_t, &m.fp8_scales->grad, a.logits, a.lse_head, b.targets,
                                       step_sch.mtp_weights, step_sch.n_predict, m.dloss, T, V, s);
@@ -1783,6 +1845,17 @@ struct Schedule {
         std::vector<float> w;
         for (size_t k = 0; k < stage->mtp_start.size(); ++k)
             w.push_back(static_cast<float>(stage->mtp_start[k] + (double(stage->mtp_end[k]) - stage->mtp_start[k]) * t));
+        return w;
+    }
+    // Record 88's prefix weight, interpolated as the MTP weights are (upstream: a Python float, then an fp32 tensor).
+    float prefix_weight(int step) const {
+        const auto [stage, t] = lookup(step);
+        return static_cast<float>(stage->prefix_start + (double(stage->prefix_end) - stage->prefix_start) * t);
+    }
+    // What a step uploads with its batch (runtime/batch_producer.h): the MTP weights, then the prefix weight if any.
+    std::vector<float> loss_weights(int step) const {
+        std::vector<float> w = mtp_weights(step);
+        if (c.prefix_loss) w.push_back(prefix_weight(step));
         return w;
     }
     std::vector<int> transition_steps() const { return {starts.begin() + 1, starts.end()}; }
@@ -2312,6 +2385,7 @@ struct Run {
         step_sch.ws_long = state.ws_long * m.cfg.block_size;
         step_sch.mtp_weights = m.mtp_weights;
         step_sch.n_predict = n_predict;
+        if (m.prefix_table) step_sch.prefix = {m.prefix_table, m.mtp_weights + n_predict, dataload::kPrefixTableRows};
         return step_sch;
     }
 };
@@ -2337,6 +2411,9 @@ void log_config(Run& r) {
         for (size_t k = 0; k < st.mtp_start.size(); ++k)
             mtp += (k ? ", " : "") + std::to_string(st.mtp_start[k]).substr(0, 4) + "->" +
                    std::to_string(st.mtp_end[k]).substr(0, 4);
+        if (c.prefix_loss)
+            mtp += "], prefix [" + std::to_string(st.prefix_start).substr(0, 4) + "->" +
+                   std::to_string(st.prefix_end).substr(0, 4);
         print0(r, "  stage %zu: from step %d, batch %lld tokens, documents cut at %d, windows (%d, %d), lr_mul %.2f, mtp [%s]\n",
                i, r.sch.starts[i], static_cast<long long>(st.batch_tokens), st.max_seq_len, st.ws_short, st.ws_long,
                st.lr_mul, mtp.c_str());
@@ -2352,7 +2429,7 @@ void log_config(Run& r) {
 // What follows the source: the environment, the header lines and the config, then a rule.
 void log_preamble(Run& r) {
     log_environment(r.log, r.d);
-    log_header(r.log, r.d, {r.opt.command, r.opt.seed, r.opt.run_id, r.resumes_run_id, r.resumes_step});
+    log_header(r.log, r.d, {r.opt.command, r.m.cfg.name, r.opt.seed, r.opt.run_id, r.resumes_run_id, r.resumes_step});
     log_config(r);
     print0(r, "%s\n", std::string(100, '=').c_str());
 }
@@ -2566,7 +2643,7 @@ std::vector<StepBatch> step_batches(const Schedule& sch, const std::vector<int>&
     std::vector<StepBatch> out;
     for (int step : steps) {
         const TrainingStage& st = *sch.lookup(step).first;
-        out.push_back({st.batch_tokens, st.max_seq_len, sch.mtp_weights(step)});
+        out.push_back({st.batch_tokens, st.max_seq_len, sch.loss_weights(step)});
     }
     return out;
 }

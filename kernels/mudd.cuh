@@ -559,7 +559,7 @@ inline void mudd_exit_backward(__nv_bfloat16* dz, float* dcoeffs, MuddExitGrads 
 //   z = h @ Wg1[id]^T (T, 64, a matmul before these kernels);  u = bf16(gelu(z));
 //   G = bf16((bf16(u . w2^T) + b2) * s),  s = bf16(_mudd_gate_scale)  (fp32 parameter, `type_as` the bf16 u)
 // kept as fp32 copies of the bf16 values, kMuddGateCoefStride per token (zeros past n). Which layer reads which
-// column: SPEC "MUDD gate (#85)"; the readers write the gradients of the columns they read into a buffer of the
+// column: upstream 003ff3e2's unpack_pre_mudd_gate / unpack_post_mudd_gate; the readers write the gradients of the columns they read into a buffer of the
 // same layout (every column < n is read by one of them).
 // Backward: dP = bf16(s dG) into du = bf16(dP . w2), dz = bf16(du gelu'(z)) and dw2 = sum_t dP u; db2 = sum_t s dG;
 // dscale = bf16(sum_{t, j < n} dG P) with P = bf16(u . w2^T) + b2 (fp32); fixed-order block partials summed by the

@@ -207,14 +207,15 @@ std::string source_hash() {
 // continues (resumes_step -1: none).
 struct RunHeader {
     std::string command;
+    std::string preset;  // the config's own name (r71 for --preset record), which scripts/stats.py groups runs by
     uint64_t seed = 0;
     std::string run_id;
     std::string resumes_run_id;
     int resumes_step = -1;
 };
 
-// command, date_utc, hosts, world_size, seed, run_id, resumes (a resumed run: the run id and step of the
-// checkpoint it continues), source_hash: each line starts with its key.
+// command, preset, date_utc, hosts, world_size, seed, run_id, resumes (a resumed run: the run id and step of
+// the checkpoint it continues), source_hash: each line starts with its key.
 void log_header(LogSink& log, const Distributed& d, const RunHeader& run) {
     const std::string hosts = host_list(d);
     char date[32];
@@ -223,6 +224,7 @@ void log_header(LogSink& log, const Distributed& d, const RunHeader& run) {
     gmtime_r(&now, &utc);
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", &utc);
     log_print(log, "command: %s\n", run.command.c_str());
+    log_print(log, "preset: %s\n", run.preset.c_str());
     log_print(log, "date_utc: %s\n", date);
     log_print(log, "hosts: %s\n", hosts.c_str());
     log_print(log, "world_size: %d\n", d.world);

@@ -146,7 +146,7 @@ inline double round_to_format(double v, int mantissa_bits, int min_exp, double m
 // (torch eager's cast: 464 is a tie that rounds to even, 448; above it NaN).
 inline double round_e4m3(double v) { return round_to_format(v, 3, -6, 448.0, std::nan("")); }
 // The same rounding with saturation: magnitudes that round above 448 give +-448 (NaN stays NaN). Hopper's
-// cvt.rn.satfinite, which Triton's .to(float8e4nv) and so upstream's compiled casts use (SPEC-latest section 3).
+// cvt.rn.satfinite, which Triton's .to(float8e4nv) and so upstream's compiled casts use.
 inline double round_e4m3_satfinite(double v) { return round_to_format(v, 3, -6, 448.0, 448.0); }
 // float8_e5m2: 5 exponent bits (bias 15), 2 mantissa bits, max 57344, infinities.
 inline double round_e5m2(double v) { return round_to_format(v, 2, -14, 57344.0, INFINITY); }

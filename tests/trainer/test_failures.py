@@ -332,6 +332,8 @@ def test_header(log_path, argv):
         found = [l[len(key) + 2:] for l in lines if l.startswith(key + ": ")]
         return found[0] if len(found) == 1 else None
     check(value("command") == " ".join(argv), f"command: {value('command')}")
+    # the config's own name, which scripts/stats.py groups runs by (the base run's --preset tiny)
+    check(value("preset") == "tiny", f"preset: {value('preset')}")
     check(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", value("date_utc") or "") is not None, f"date_utc: {value('date_utc')}")
     check(value("hosts") == socket.gethostname(), f"hosts: {value('hosts')}")
     check(value("world_size") == "1" and value("seed") == "1337", "world_size and seed")
