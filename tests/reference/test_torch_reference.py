@@ -1446,6 +1446,268 @@ class R84StreamTest(unittest.TestCase):
             self.assertTrue(torch.equal(P[name][idx], before[name][idx]), name)
         self.assertTrue(torch.equal(P["embed"], P["lm_head"].t()))
 
+
+# =====================================================================================================
+# Record 89 (upstream 75d6867a; its PR on a333be08: 2026-07-17_FP8DownProjection/this_pr): the FP8 MLP
+# down-projection's delayed-scale state machine, each against a re-derivation written here in Python floats
+# (fp32 and bf16 roundings from the formats' definitions).
+# =====================================================================================================
+def f32(v):
+    """v rounded to fp32 (an fp32 operation's result computed in double first is the correctly rounded one:
+    double has more than 2 * 24 + 2 bits)."""
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def bf16(v):
+    return round_to_format(v, 7, -126, 3.3895313892515355e38)
+
+
+class DownRederivation:
+    """Upstream's quantize_mlp_fp8 (down half), the EMIT_FP8 epilogue, reduce_mlp_activation_scales and the
+    _scaled_mm, written from upstream's code in Python floats, one layer at a time."""
+
+    def __init__(self, layers):
+        self.act, self.used, self.next = [1.0] * layers, [1.0] * layers, [1.0] * layers
+        self.w2q = [None] * layers
+
+    def quantize(self, bank, bootstrap):
+        for l in range(bank.shape[0]):
+            w = bank[l, 1].float().tolist()
+            amax = max(abs(v) for row in w for v in row)
+            if bootstrap:  # bf16 eager torch: clamp(min=1e-12) in bf16, / 448 a bf16 op
+                self.next[l] = bf16(f32(max(amax, bf16(1e-12)) / 448.0))
+            self.used[l] = self.next[l]
+            self.w2q[l] = [[e4m3(max(min(f32(v / self.used[l]), 448.0), -448.0)) for v in row] for row in w]
+            self.next[l] = f32(max(amax, f32(1e-12)) * f32(1.12 / 448.0))
+
+    def forward(self, l, post):
+        """postq codes and out's unrounded value (double sum of the e4m3 products, times fp32(act * used)); the
+        layer's amax is returned for the caller to apply after the layers."""
+        inv = f32(1.0 / self.act[l])
+        postq = [[e4m3(min(f32(v * inv), 448.0)) for v in row] for row in post.float().tolist()]
+        scale = f32(self.act[l] * self.used[l])
+        w = self.w2q[l]
+        out = [[sum(q[h] * w[h][c] for h in range(len(q))) * scale for c in range(len(w[0]))] for q in postq]
+        return postq, out, max(v for row in post.float().tolist() for v in row)
+
+    def end_forward(self, amaxes):
+        for l, a in amaxes.items():
+            self.act[l] = f32(max(a, f32(1e-12)) * f32(1.80 / 448.0))
+
+
+def down_bank(gen, layers=3, H=24, C=16, scale=0.05):
+    bank = torch.zeros(layers, 2, H, C)
+    bank[:, 1] = torch.randn(layers, H, C, generator=gen) * scale
+    return bank.bfloat16()
+
+
+@needs_torch
+class R89Fp8DownTest(unittest.TestCase):
+    def test_presets(self):
+        t, r = R.tiny_r84_fp8down_config(), R.r84_fp8down_config()
+        self.assertTrue(t.mlp_fp8_down and r.mlp_fp8_down and t.mlp_up_fp8)
+        self.assertEqual((r.scheduled_iterations, r.extension_iterations), (1380, 10))  # the PR's this_pr logs
+        base = R.tiny_r84_config()
+        self.assertFalse(base.mlp_fp8_down)
+        self.assertNotIn("mlp_fp8_down", base.to_json())  # record 84's fixtures keep their bytes
+        self.assertEqual(t.to_json()["mlp_fp8_down"], True)
+        d = t.to_json()
+        for k in ("name", "mlp_fp8_down"):
+            d.pop(k)
+        b = base.to_json()
+        b.pop("name")
+        self.assertEqual(d, b)  # tiny-r84 plus the switch
+        t.mlp_up_fp8 = False
+        with self.assertRaisesRegex(ValueError, "mlp_up_fp8 is needed"):
+            t.validate()
+
+    def test_weight_state_machine_over_steps(self):
+        """Init (bootstrap), then 20 optimizer steps (bootstrap while step < 16): every step's act/used/next bits and
+        W2q codes against the re-derivation; used is bf16(amax / 448) through step 15, then the previous step's
+        amax * 1.12 / 448; a layer growing past the headroom clamps to +-448; a zero layer's floors."""
+        g = torch.Generator().manual_seed(89)
+        bank = down_bank(g)
+        bank[2, 1] = 0.0  # a zero layer: bf16(bf16(1e-12) / 448), then 1e-12 * 1.12 / 448
+        st, ref = R.MlpDownState(entries=3), DownRederivation(3)
+        st.quantize_weights(bank, bootstrap=True)
+        ref.quantize(bank, True)
+        prev_amax = None
+        for step in range(20):
+            bank = bank.float()
+            bank[:2, 1] += torch.randn(2, 24, 16, generator=g) * 0.01
+            if step == 17:
+                bank[0, 1, 3, 5] = 2.5 * bank[0, 1].abs().max()  # past the 1.12 headroom: clamps
+            bank = bank.bfloat16()
+            boot = step < R.MLP_DOWN_BOOTSTRAP_STEPS
+            st.quantize_weights(bank, bootstrap=boot)
+            ref.quantize(bank, boot)
+            self.assertEqual(st.used.tolist(), ref.used, f"step {step}")
+            self.assertEqual(st.next.tolist(), ref.next, f"step {step}")
+            self.assertEqual(st.act.tolist(), [1.0] * 3)  # the weight side leaves act
+            for l in range(3):
+                self.assertEqual(st.w2q[l].float().tolist(), ref.w2q[l], f"step {step} layer {l}")
+            amax = bank[:, 1].float().abs().amax(dim=(1, 2)).tolist()
+            if boot:
+                self.assertEqual(st.used[0].item(), bf16(f32(amax[0] / 448.0)))
+            else:
+                self.assertEqual(st.used[0].item(), f32(prev_amax[0] * f32(1.12 / 448)))
+                self.assertNotEqual(st.used[0].item(), bf16(f32(amax[0] / 448.0)))
+            if step == 17:
+                self.assertEqual(st.w2q[0][3, 5].item(), 448.0)
+                self.assertEqual(st.w2q[0].float().abs().max().item(), 448.0)
+            self.assertEqual(st.used[2].item(), bf16(f32(bf16(1e-12) / 448)) if boot else f32(f32(1e-12) * f32(1.12 / 448)))
+            prev_amax = amax
+
+    def test_activation_side_one_step_late(self):
+        """Three forwards of one layer: each quantizes post with the act the previous one left (the first with 1:
+        posts past 448 clamp), out against the re-derivation's double sum (within a bf16 step, mostly equal), act
+        = amax * 1.80 / 448 after end_forward only; the weight scales untouched."""
+        g = torch.Generator().manual_seed(90)
+        bank = down_bank(g)
+        st, ref = R.MlpDownState(entries=3), DownRederivation(3)
+        st.quantize_weights(bank, True)
+        ref.quantize(bank, True)
+        used, nxt = st.used.clone(), st.next.clone()
+        for k, scale in enumerate((30.0, 0.02, 0.3)):
+            post = R.bf(torch.relu(torch.randn(20, 24, generator=g) * scale).square())
+            act_before = st.act.clone()
+            st.record_amax(1, post)
+            out = R.Fp8DownProjection.apply(post, bank[1, 1], st.w2q[1], st.act[1], st.used[1])
+            postq, want, amax = ref.forward(1, post)
+            self.assertTrue(torch.equal(st.act, act_before))  # not before end_forward
+            self.assertEqual(R.quantize_post(post, act_before[1]).float().tolist(), postq)
+            if k == 0:
+                self.assertGreater(sum(v == 448.0 for row in postq for v in row), 0)  # act 1: big posts clamp
+            w = torch.tensor(want, dtype=torch.float64)
+            diff = (out.double() - w).abs()
+            self.assertTrue(bool((diff <= w.abs() * 2 ** -8 + 1e-30).all()), f"forward {k}")
+            self.assertGreater(torch.eq(out, w.bfloat16()).float().mean().item(), 0.95)
+            st.end_forward()
+            ref.end_forward({1: amax})
+            self.assertEqual(st.act.tolist(), ref.act)
+            self.assertEqual(st.act[1].item(), f32(max(amax, f32(1e-12)) * f32(1.80 / 448.0)))
+            self.assertEqual([st.act[0].item(), st.act[2].item()], [1.0, 1.0])
+            self.assertTrue(torch.equal(st.used, used) and torch.equal(st.next, nxt))
+
+    def test_post_quantization_every_bf16_value(self):
+        """quantize_post on every bf16 value in [2^-10, 2^10) and past 448 * act, with acts a forward could leave:
+        e4m3(min(f32(post * f32(1 / act)), 448)) exactly (1 / act in fp32, not bf16; no other rounding)."""
+        post = torch.arange(0x3A80, 0x44A0, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
+        for amax in (0.7, 3.3, 517.25):
+            act = f32(amax * f32(1.80 / 448.0))
+            got = R.quantize_post(post, torch.tensor(act, dtype=torch.float32)).float().tolist()
+            inv = f32(1.0 / act)
+            want = [e4m3(min(f32(v * inv), 448.0)) for v in post.float().tolist()]
+            self.assertEqual(got, want, amax)
+
+    def test_backward_is_the_bf16_paths(self):
+        g = torch.Generator().manual_seed(91)
+        h = torch.randn(12, 16, generator=g).bfloat16().requires_grad_(True)
+        bank = down_bank(g, H=32)
+        bank[:, 0] = (torch.randn(3, 32, 16, generator=g) * 0.2).bfloat16()
+        c_fc, c_proj = (bank[1, i].clone().requires_grad_(True) for i in (0, 1))
+        st = R.MlpDownState(entries=3)
+        st.quantize_weights(bank, True)
+        gy = torch.randn(12, 16, generator=g).bfloat16()
+        y8 = R.mlp_block(h, c_fc, c_proj, down=(st, 1))
+        y16 = R.mlp_block(h, c_fc, c_proj)
+        self.assertFalse(torch.equal(y8, y16))
+        a = torch.autograd.grad(y8, (h, c_fc, c_proj), gy)
+        b = torch.autograd.grad(y16, (h, c_fc, c_proj), gy)
+        for x, y in zip(a, b):
+            self.assertTrue(torch.equal(x, y))
+
+    def model_setup(self):
+        cfg = small_r84_config()
+        cfg.mlp_fp8_down = True
+        p = r84_params(cfg, 17)
+        p["mlp_bank"][:, 1] = (torch.randn(p["mlp_bank"][:, 1].shape, generator=torch.Generator().manual_seed(4))
+                               * 0.05).bfloat16()
+        return cfg, p, R.random_sign_table(cfg, 11)
+
+    def test_model_act_per_training_forward_not_validation(self):
+        """Through the model: each layer's down-projection reads the act the previous training forward left (1 at
+        first), act changes after every training micro-step (per micro-batch, from that batch's posts alone) and
+        never in validation, which runs the bf16 MLP; entry 11 (no layer) keeps 1."""
+        cfg, p, signs = self.model_setup()
+        tr = R.Trainer(cfg, p, signs)
+        gen = torch.Generator().manual_seed(92)
+        b1, b2 = (random_batch(cfg, 24, 2, gen) for _ in range(2))
+        seen, real = [], R.Fp8DownProjection.apply
+
+        def spy(post, w2, w2q, act, used):
+            seen.append((float(act), float(post.float().amax())))
+            return real(post, w2, w2q, act, used)
+        R.Fp8DownProjection.apply = spy
+        try:
+            args = tr.forward_args()
+            with torch.no_grad():
+                R.forward(cfg, tr.params, b1, args, training=False)
+                self.assertEqual((tr.mlp_down.act.tolist(), seen), ([1.0] * 12, []))
+                R.forward(cfg, tr.params, b1, args, training=True)
+                first = list(seen)
+                act1 = tr.mlp_down.act.clone()
+                R.forward(cfg, tr.params, b1, args, training=False)
+                self.assertTrue(torch.equal(tr.mlp_down.act, act1))
+                R.forward(cfg, tr.params, b2, args, training=True)
+                second = seen[len(first):]
+        finally:
+            R.Fp8DownProjection.apply = real
+        self.assertEqual(len(first), R.LAYERS)
+        self.assertEqual([a for a, _ in first], [1.0] * R.LAYERS)
+        want1 = [f32(max(m, f32(1e-12)) * f32(1.80 / 448.0)) for _, m in first]
+        self.assertEqual(act1[:R.LAYERS].tolist(), want1)
+        self.assertEqual(act1[R.LAYERS].item(), 1.0)
+        self.assertEqual([a for a, _ in second], want1)  # one forward late
+        self.assertEqual(tr.mlp_down.act[:R.LAYERS].tolist(),
+                         [f32(max(m, f32(1e-12)) * f32(1.80 / 448.0)) for _, m in second])
+        with torch.no_grad():
+            off = small_r84_config()
+            self.assertEqual(float(R.forward(cfg, tr.params, b1, args, training=False)),
+                             float(R.forward(off, tr.params, b1, args, training=False)))
+
+    def run_steps(self, tr, steps, batches):
+        losses = []
+        for step in steps:
+            tr.advance(step)
+            losses.append(tr.train_step(step, batches[step]))
+        return losses
+
+    def test_resume_mid_bootstrap_is_bitwise(self):
+        """A run saved after step 0 (bootstrap shortened to step 0 so that step 1's quantization is delayed) and
+        resumed in a fresh Trainer gives the uninterrupted run's losses, parameters and scales bit for bit; resumed
+        without the scale state (ones, re-bootstrapped) it does not."""
+        cfg, p, signs = self.model_setup()
+        gen = torch.Generator().manual_seed(93)
+        batches = [[random_batch(cfg, 16, 2, gen) for _ in range(cfg.grad_accum)] for _ in range(3)]
+        saved = R.MLP_DOWN_BOOTSTRAP_STEPS
+        R.MLP_DOWN_BOOTSTRAP_STEPS = 1
+        try:
+            a = R.Trainer(cfg, p, signs)
+            self.run_steps(a, [0], batches)
+            state = a.state_dict()
+            next0 = a.mlp_down.next.clone()
+            want = self.run_steps(a, [1], batches)
+            self.assertTrue(torch.equal(a.mlp_down.used, next0))  # step 1's quantization: delayed
+            want += self.run_steps(a, [2], batches)
+            b = R.Trainer(cfg, p, signs)
+            b.load_state_dict(state)
+            got = self.run_steps(b, [1, 2], batches)
+            c = R.Trainer(cfg, p, signs)
+            c.load_state_dict(state)
+            c.mlp_down = R.MlpDownState()
+            c.mlp_down.quantize_weights(c.params["mlp_bank"], bootstrap=True)
+            lost = self.run_steps(c, [1], batches)
+        finally:
+            R.MLP_DOWN_BOOTSTRAP_STEPS = saved
+        self.assertEqual(got, want)
+        for n in a.params:
+            self.assertTrue(torch.equal(a.params[n], b.params[n]), n)
+        for k in ("act", "used", "next", "w2q"):
+            self.assertTrue(torch.equal(getattr(a.mlp_down, k).float(), getattr(b.mlp_down, k).float()), k)
+        self.assertNotEqual(lost[0], want[0])
+
+
 if __name__ == "__main__":
     if not HAVE_TORCH:
         print("test_torch_reference: skipped (torch is not installed)")

@@ -27,6 +27,7 @@ Everything is deterministic on the CPU (no atomics), so the same inputs give the
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -128,6 +129,8 @@ class Config:
     # ---- Records 85-89 (upstream 003ff3e2 and 75d6867a, SPEC-latest stages 3 and 4)
     prefix_loss: bool = False                      # record 88's prefix-token prediction in the fused CE
     #                                                (the weights: Stage.prefix_start/_end)
+    mlp_fp8_down: bool = False                     # record 89's e4m3 MLP down-projection with delayed scales
+    #                                                (training forward only; MlpDownState)
 
     @property
     def grad_accum(self) -> int:
@@ -195,6 +198,8 @@ class Config:
              "prefix weights without prefix_loss")
         need(not self.prefix_loss or self.vocab_size == 50257,
              "the prefix-token table is GPT-2's: vocab_size must be 50257")
+        need(not self.mlp_fp8_down or self.mlp_up_fp8,
+             "record 89's e4m3 post comes from record 84's FP8 up-projection's epilogue: mlp_up_fp8 is needed")
         need(not self.fused_ce or all(len(st.mtp_start) <= 3 for st in self.stages),
              "r80's CE kernel adds term2 for at most 3 MTP weights")
         need(self.bank_pad_multiple >= 1, "bank_pad_multiple must be positive")
@@ -219,7 +224,7 @@ _STRUCTURE_FIELDS = ("grad_scale_numerator", "lr_floor", "value_layers", "value_
                      "sublayer_lambdas", "late_attn_source", "head_pair_banks", "bank_pad_multiple", "fused_ce",
                      "polar_express_xtx", "normuon_scale_bf16", "max_num_docs_table", "optimizer_table",
                      "mudd", "mudd_hidden", "xsa_layers", "bigram_dim", "bigram_sign_rows", "x0_includes_bigram",
-                     "paired_ve_gate_reads_ve", "mlp_up_fp8")
+                     "paired_ve_gate_reads_ve", "mlp_up_fp8", "mlp_fp8_down")
 
 
 def record_config() -> Config:
@@ -398,9 +403,36 @@ def tiny_r84_prefix_config() -> Config:
     return c
 
 
+def use_record89(c: Config) -> None:
+    """Record 89's FP8 MLP down-projection with delayed scaling (upstream 75d6867a; its PR logged it on a333be08 as
+    2026-07-17_FP8DownProjection/this_pr): MlpDownState, on record 84's FP8 up-projection."""
+    c.mlp_fp8_down = True
+
+
+def r84_fp8down_config() -> Config:
+    """Record 89's PR on record 84 (a333be08 + the FP8 down-projection, 1380 + 10 steps as the PR's this_pr logs:
+    the schedule of r84 unchanged)."""
+    c = r84_config()
+    c.name = "r84-fp8down"
+    use_record89(c)
+    return c
+
+
+def tiny_r84_fp8down_config() -> Config:
+    """tiny-r84 with record 89's FP8 down-projection (the tiny schedule's lengths: 30 + 4 steps, so the weights'
+    bootstrap ends within it, at step 16). The per-layer activation amax is the exact max over the micro-batch's
+    post: upstream's (layers, num_SMs) partial-amax scratch relies on at least 132 tiles of 128 x 256 per layer, and
+    tiny's few tiles would leave stale slots in it (SPEC-latest section 6 item 8: sized to the actual tile count)."""
+    c = tiny_r84_config()
+    c.name = "tiny-r84-fp8down"
+    use_record89(c)
+    return c
+
+
 PRESETS = {"record": record_config, "tiny": tiny_config, "r80": r80_config, "tiny-r80": tiny_r80_config,
            "r84": r84_config, "tiny-r84": tiny_r84_config, "r84-prefix": r84_prefix_config,
-           "tiny-r84-prefix": tiny_r84_prefix_config}
+           "tiny-r84-prefix": tiny_r84_prefix_config, "r84-fp8down": r84_fp8down_config,
+           "tiny-r84-fp8down": tiny_r84_fp8down_config}
 
 
 def next_multiple_of_n(v: int, n: int) -> int:
@@ -1143,6 +1175,8 @@ class ForwardArgs:
     bigram_signs: Optional[torch.Tensor] = None  # record 83's +-1 table (bigram_sign_rows, bigram_width), bf16
     prefix_table: Optional[torch.Tensor] = None  # record 88's prefix-token table (Config.prefix_loss)
     prefix_weight: Optional[torch.Tensor] = None  # and the step's weight pw (fp32)
+    mlp_down: Optional["MlpDownState"] = None    # record 89's scales and W2q (Config.mlp_fp8_down), updated by
+    #                                              every training forward
 
 
 def rotary(x: torch.Tensor, yarn: Yarn) -> torch.Tensor:
@@ -1232,11 +1266,18 @@ def attention_block(cfg: Config, p: Dict[str, torch.Tensor], layer: int, h: torc
     return linear(y.reshape(T, C), w_o)
 
 
-def mlp_block(h: torch.Tensor, c_fc: torch.Tensor, c_proj: torch.Tensor, fp8: bool = False) -> torch.Tensor:
+def mlp_block(h: torch.Tensor, c_fc: torch.Tensor, c_proj: torch.Tensor, fp8: bool = False,
+              down: Optional[Tuple["MlpDownState", int]] = None) -> torch.Tensor:
     """relu(h @ c_fc^T)^2 @ c_proj, pre and post activations in bf16 (upstream's fused kernel). fp8: record
-    84's e4m3 up-projection (Fp8UpProjection) for pre; the rest, and every gradient, as the bf16 path."""
+    84's e4m3 up-projection (Fp8UpProjection) for pre; the rest, and every gradient, as the bf16 path.
+    down = (state, layer): record 89's e4m3 down-projection (Fp8DownProjection) with that layer's scales; the
+    layer's amax of post is recorded in the state (MlpDownState.end_forward turns it into the next act)."""
     pre = Fp8UpProjection.apply(h, c_fc) if fp8 else linear(h, c_fc)
     post = bf(torch.relu(pre.float()).square())
+    if down is not None:
+        state, layer = down
+        state.record_amax(layer, post)
+        return Fp8DownProjection.apply(post, c_proj, state.w2q[layer], state.act[layer], state.used[layer])
     return bf(post.float() @ c_proj.float())
 
 
@@ -1282,6 +1323,109 @@ class Fp8UpProjection(torch.autograd.Function):
         h, w = ctx.saved_tensors
         gf = g.float()
         return bf(gf @ w.float()), bf(gf.t() @ h.float())
+
+
+# Record 89: the FP8 MLP down-projection with delayed scaling (upstream 75d6867a quantize_mlp_fp8 train_gpt.py
+# L1403-1434, the forward's use_mlp_fp8 branch L1643-1675, triton_kernels.py L403-785; its PR on a333be08 as
+# 2026-07-17_FP8DownProjection/this_pr logs it).
+MLP_DOWN_BOOTSTRAP_STEPS = 16   # quantize_mlp_fp8(bootstrap_down=(step < 16)) after optimizer step `step`
+MLP_DOWN_WEIGHT_HEADROOM = 1.12  # quantize_transpose_mlp_down_weights' headroom
+MLP_DOWN_ACT_HEADROOM = 1.80     # reduce_mlp_activation_scales(headroom=1.80) after the layers
+AMAX_FLOOR = 1e-12
+
+
+def delayed_scale(amax: torch.Tensor, headroom: float) -> torch.Tensor:
+    """reduce_mlp_activation_scales_kernel: max(amax, 1e-12) * (HEADROOM / 448.0), the constexpr quotient folded in
+    double and rounded once to fp32 where it multiplies the fp32 amax (not fp32(headroom) / fp32(448))."""
+    return torch.maximum(amax.float(), torch.tensor(AMAX_FLOOR, dtype=torch.float32)) * \
+        torch.tensor(headroom / E4M3_MAX, dtype=torch.float32)
+
+
+class MlpDownState:
+    """Upstream's three persistent fp32 buffers of 12 (one per mlp_bank entry; all ones at the start, and again
+    after the warm-up's state restore), W2q and the forward's per-layer amax of post:
+      act[l]   _mlp_down_act_scales: the activations' scale, set by each training forward for the next one;
+      used[l]  _mlp_down_proj_scales: the scale W2q was quantized with (the _scaled_mm's scale_b);
+      next[l]  _mlp_down_proj_next_scales: the scale the next quantization will use.
+    quantize_weights() is quantize_mlp_fp8's down half, after every optimizer step (bootstrap while step < 16) and
+    at the start (bootstrap); the training forward reads act and used (Fp8DownProjection), record_amax() keeps
+    each layer's max of its bf16 post and end_forward() turns them into act for the NEXT training forward (per
+    micro-step, per rank, never all-reduced). Validation runs the bf16 MLP and touches none of it.
+    Divisions are IEEE fp32 here; upstream's Triton `/` (W2 / next, 1.0 / act) lowers to div.full.f32 (within
+    2 ulp), which can move an e4m3 code where the quotient lies within 2 ulp of a rounding midpoint."""
+
+    def __init__(self, entries: int = LAYERS + 1):
+        self.act = torch.ones(entries, dtype=torch.float32)
+        self.used = torch.ones(entries, dtype=torch.float32)
+        self.next = torch.ones(entries, dtype=torch.float32)
+        self.w2q: Optional[torch.Tensor] = None  # (entries, H, C) e4m3: c_proj's layout (upstream stores W2^T)
+        self.amax: Dict[int, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def quantize_weights(self, mlp_bank: torch.Tensor, bootstrap: bool) -> None:
+        """W2 = mlp_bank[:, 1] (bf16). Bootstrap (eager bf16 torch): next = bf16(max(max|W2|, bf16(1e-12)) / 448)
+        (the clamp's scalar in bf16, the division in fp32 rounded to bf16). Then (the Triton kernel and its reduce):
+        used = next; W2q = e4m3(clamp(fp32(W2) / used, +-448)); next = max(max|W2|, 1e-12) * fp32(1.12 / 448)."""
+        w = mlp_bank.detach()[:, 1]
+        amax = w.abs().amax(dim=(1, 2))  # bf16, exact
+        if bootstrap:
+            floor = torch.tensor(AMAX_FLOOR, dtype=torch.bfloat16).float()
+            self.next = bf(torch.maximum(amax.float(), floor) / E4M3_MAX).float()
+        self.used = self.next.clone()
+        q = (w.float() / self.used[:, None, None]).clamp(max=E4M3_MAX).clamp(min=-E4M3_MAX)
+        self.w2q = q.to(torch.float8_e4m3fn)
+        self.next = delayed_scale(amax.float(), MLP_DOWN_WEIGHT_HEADROOM)
+
+    def record_amax(self, layer: int, post: torch.Tensor) -> None:
+        """linear_relu_square's EMIT_FP8 partials: the max of the layer's bf16 post (>= 0), as fp32 (every tile
+        of the (T, H) post counted once: the scratch sized to the actual tile count)."""
+        self.amax[layer] = post.detach().float().amax()
+
+    def end_forward(self) -> None:
+        """reduce_mlp_activation_scales(headroom=1.80) after the training forward's layers: act[l] of each layer
+        whose MLP ran."""
+        for layer, a in sorted(self.amax.items()):
+            self.act[layer] = delayed_scale(a, MLP_DOWN_ACT_HEADROOM)
+        self.amax = {}
+
+    def state_dict(self) -> Dict[str, torch.Tensor]:
+        """The persistent buffers (upstream's state_dict holds act, used, next) and W2q (quantize_mlp_fp8's
+        output, a pure function of W2 and used)."""
+        return dict(act=self.act.clone(), used=self.used.clone(), next=self.next.clone(),
+                    w2q=None if self.w2q is None else self.w2q.clone())
+
+    def load_state_dict(self, d: Dict[str, torch.Tensor]) -> None:
+        self.act, self.used, self.next = d["act"].clone(), d["used"].clone(), d["next"].clone()
+        self.w2q = None if d["w2q"] is None else d["w2q"].clone()
+        self.amax = {}
+
+
+def quantize_post(post: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+    """The EMIT_FP8 epilogue: postq = e4m3(min(post * (1 / act), 448)), 1 / act an fp32 division (Triton's 1.0 /
+    tl.load(act)), the bf16 post widened to fp32 for the product, no lower clamp (post >= 0)."""
+    inv = torch.tensor(1.0, dtype=torch.float32) / act
+    return to_fp8(torch.minimum(post.detach().float() * inv, torch.tensor(E4M3_MAX)), torch.float8_e4m3fn)
+
+
+class Fp8DownProjection(torch.autograd.Function):
+    """out = bf16(fp32(postq @ W2q) * (act * used)) with postq = e4m3(min(post * (1 / act), 448)) (the epilogue:
+    1 / act in fp32, the bf16 post widened to fp32 for the product, post >= 0 so no lower clamp) and the e4m3
+    products summed in fp32 (the GPU's FP8 MMA with fast accumulation sums them less precisely), then
+    torch._scaled_mm's scale_a = act, scale_b = used applied to the fp32 sum as one fp32 factor act * used
+    (cuBLASLt's alpha * scaleA * scaleB; the emu's cuBLASLt and scripts/upstream_cpu's stand-in alike).
+    Backward (FusedLinearReLUSquareFunction.backward, unchanged): bf16 from post and W2, the bf16 path's
+    d post = bf16(g @ W2^T) and dW2 = bf16(post^T @ g)."""
+
+    @staticmethod
+    def forward(ctx, post, w2, w2q, act, used):
+        ctx.save_for_backward(post, w2)
+        return bf((quantize_post(post, act).float() @ w2q.float()) * (act * used))
+
+    @staticmethod
+    def backward(ctx, g):
+        post, w2 = ctx.saved_tensors
+        gf = g.float()
+        return bf(gf @ w2.float().t()), bf(post.float().t() @ gf), None, None, None
 
 
 def bigram_sign_index(inputs: torch.Tensor, rows: int) -> torch.Tensor:
@@ -1391,6 +1535,9 @@ def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
     attn_w = attention_weights(cfg, p)
     mlp_w = [pair.unbind(0) for pair in p["mlp_bank"].unbind(0)]
     fp8 = training and cfg.mlp_up_fp8
+    down = training and cfg.mlp_fp8_down
+    if down and args.mlp_down is None:
+        raise ValueError(f"config '{cfg.name}' has the FP8 down-projection: ForwardArgs.mlp_down is needed")
     h0 = x
     skip = late = backout = h9 = None
     for i in range(LAYERS):
@@ -1419,7 +1566,7 @@ def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
             else:
                 inject = lx0[i] * x0f if i == 0 else lx0[i] * x0f + lb[i] * x_bigram
                 x = bf(resid[i, 0] * x.float() + post[i, 0] * y.float() + inject)
-        m = mlp_block(bf(rms_norm(x)), *mlp_w[i], fp8=fp8)
+        m = mlp_block(bf(rms_norm(x)), *mlp_w[i], fp8=fp8, down=(args.mlp_down, i) if down else None)
         if entry:
             x = bf(col(12) * x.float() + col(13) * m.float())
         else:
@@ -1430,6 +1577,8 @@ def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
             late = x
         if i == BACKOUT_LAYER:
             backout = x
+    if down:  # reduce_mlp_activation_scales after the layers: the next training forward's act
+        args.mlp_down.end_forward()
     if cfg.mudd:
         c = mudd_coefficients(p, x, 1, MUDD_EXIT_COEFS).float()
         ve0 = ve_all[0].float()
@@ -1746,6 +1895,10 @@ class Trainer:
         self.mtp_weights = self.schedule.mtp_weights(0)
         self.prefix_table = load_prefix_table() if cfg.prefix_loss else None
         self.prefix_weight = self.schedule.prefix_weight(0)
+        # record 89: quantize_mlp_fp8(bootstrap_down=True) after the warm-up's restore, scales all 1
+        self.mlp_down = MlpDownState() if cfg.mlp_fp8_down else None
+        if self.mlp_down is not None:
+            self.mlp_down.quantize_weights(self.params["mlp_bank"], bootstrap=True)
 
     def advance(self, step: int) -> None:
         """Upstream's advance_schedule: the step's windows (YaRN follows a long-window change) and MTP
@@ -1766,7 +1919,7 @@ class Trainer:
     def forward_args(self) -> ForwardArgs:
         bs = self.cfg.block_size
         return ForwardArgs(self.ws_short * bs, self.ws_long * bs, self.mtp_weights, self.yarn, self.yarn_paired,
-                           self.bigram_signs, self.prefix_table, self.prefix_weight)
+                           self.bigram_signs, self.prefix_table, self.prefix_weight, self.mlp_down)
 
     def train_step(self, step: int, micro_batches: Sequence[Batch]) -> float:
         """The step's micro-batches forward and backward (loss * grad_scale), then the optimizer.
@@ -1792,6 +1945,8 @@ class Trainer:
         self.optimizer.step(step, self.schedule.lr(step), self.schedule.muon_momentum(step))
         if step == self.schedule.split_step:
             self.optimizer.untie()
+        if self.mlp_down is not None:  # quantize_mlp_fp8 after every optimizer step
+            self.mlp_down.quantize_weights(self.params["mlp_bank"], bootstrap=step < MLP_DOWN_BOOTSTRAP_STEPS)
 
     @torch.no_grad()
     def evaluate(self, micro_batches: Sequence[Batch]) -> float:
@@ -1799,6 +1954,34 @@ class Trainer:
         args = self.forward_args()
         losses = [float(forward(self.cfg, self.params, b, args, training=False)) for b in micro_batches]
         return sum(losses) / len(losses)
+
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs to continue bit for bit: parameters and their pending gradients (Adam's
+        accumulate over two steps), the optimizer's state, the schedule's position (windows, YaRN, weights) and
+        record 89's scales and W2q (MlpDownState.state_dict)."""
+        return copy.deepcopy(dict(
+            params={n: t.detach() for n, t in self.params.items()},
+            grads={n: t.grad for n, t in self.params.items() if t.grad is not None},
+            optimizer=dict(state=self.optimizer.state, split_embed=self.optimizer.split_embed),
+            schedule=dict(ws=(self.ws_short, self.ws_long), yarn=self.yarn, yarn_paired=self.yarn_paired,
+                          mtp_weights=self.mtp_weights, prefix_weight=self.prefix_weight),
+            mlp_down=self.mlp_down.state_dict() if self.mlp_down is not None else None))
+
+    def load_state_dict(self, d: dict) -> None:
+        d = copy.deepcopy(d)
+        with torch.no_grad():
+            for n, t in self.params.items():
+                t.copy_(d["params"][n])
+                t.grad = d["grads"].get(n)
+        self.optimizer.state = d["optimizer"]["state"]
+        self.optimizer.split_embed = d["optimizer"]["split_embed"]
+        sch = d["schedule"]
+        (self.ws_short, self.ws_long), self.yarn, self.yarn_paired = sch["ws"], sch["yarn"], sch["yarn_paired"]
+        self.mtp_weights, self.prefix_weight = sch["mtp_weights"], sch["prefix_weight"]
+        if (d["mlp_down"] is None) != (self.mlp_down is None):
+            raise ValueError("the state's FP8 down-projection scales do not match the config's mlp_fp8_down")
+        if self.mlp_down is not None:
+            self.mlp_down.load_state_dict(d["mlp_down"])
 
     def grad_norms(self) -> Dict[str, float]:
         return {n: (float(t.grad.double().norm()) if t.grad is not None else 0.0) for n, t in self.params.items()}
