@@ -304,6 +304,24 @@ inline void gated_skip_add_norm_forward(__nv_bfloat16* x_out, __nv_bfloat16* h, 
     CUDA_CHECK_LAUNCH();
 }
 
+// The skip backwards' row of d_skip: d (+)= bf16(s g), one rounding per element (after the add when accumulating).
+__device__ __forceinline__ void add_scaled_grad_row(__nv_bfloat16* d_row, const __nv_bfloat16* g_row, float s,
+                                                    bool accumulate, int C, int lane) {
+#pragma unroll 1
+    for (int i = 0; i < kNormPacksPerLane; ++i) {
+        const int col = norm_row_col(i, lane);
+        if (col >= C) break;
+        const Pack128<__nv_bfloat16> gv = load128(g_row + col);
+        Pack128<__nv_bfloat16> out = accumulate ? load128(d_row + col) : Pack128<__nv_bfloat16>{};
+#pragma unroll
+        for (int k = 0; k < kNormPackWidth; ++k) {
+            const float d = s * __bfloat162float(gv[k]);
+            out[k] = __float2bfloat16(accumulate ? __bfloat162float(out[k]) + d : d);
+        }
+        store128(d_row + col, out);
+    }
+}
+
 // With g = d x_out and s = sigmoid(lambda) * 2 * sigmoid(logit): d_skip (+)= s*g; ds = sum_c g*skip;
 // dlogit = bf16(ds * sigmoid(lambda) * 2 * sigmoid'(logit)); dx0[t, k] += bf16(dlogit * w[k]) for k < 12;
 // partial sums of dlogit * x0[t, k] (skip_gate) and ds * 2 * sigmoid(logit) * sigmoid'(lambda) (skip_lambda).
@@ -320,19 +338,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
         const size_t off = static_cast<size_t>(row) * C;
         const float ds = norm_row_dot(norm_row_load(g + off, C, lane), norm_row_load(skip + off, C, lane));
         const float sg = sigmoidf(skip_gate_logit(x0 + off, gate)), s = sl * 2.0f * sg;
-#pragma unroll 1
-        for (int i = 0; i < kNormPacksPerLane; ++i) {
-            const int col = norm_row_col(i, lane);
-            if (col >= C) break;
-            const Pack128<__nv_bfloat16> gv = load128(g + off + col);
-            Pack128<__nv_bfloat16> out = accumulate_d_skip ? load128(d_skip + off + col) : Pack128<__nv_bfloat16>{};
-#pragma unroll
-            for (int k = 0; k < kNormPackWidth; ++k) {
-                const float d = s * __bfloat162float(gv[k]);
-                out[k] = __float2bfloat16(accumulate_d_skip ? __bfloat162float(out[k]) + d : d);
-            }
-            store128(d_skip + off + col, out);
-        }
+        add_scaled_grad_row(d_skip + off, g + off, s, accumulate_d_skip, C, lane);
         const float dlogit = __bfloat162float(__float2bfloat16(ds * sl * 2.0f * sg * (1.0f - sg)));
         if (lane < kGateWidth) {
             const float x0k = __bfloat162float(x0[off + lane]);
@@ -440,19 +446,7 @@ __global__ void __launch_bounds__(kNormThreads, 4)
         const float ds = __bfloat162float(
             __float2bfloat16(norm_row_dot(norm_row_load(g + off, C, lane), norm_row_load(skip + off, C, lane))));
         const float G = gate[row * gate_stride], s = sl * G;
-#pragma unroll 1
-        for (int i = 0; i < kNormPacksPerLane; ++i) {
-            const int col = norm_row_col(i, lane);
-            if (col >= C) break;
-            const Pack128<__nv_bfloat16> gv = load128(g + off + col);
-            Pack128<__nv_bfloat16> out = accumulate_d_skip ? load128(d_skip + off + col) : Pack128<__nv_bfloat16>{};
-#pragma unroll
-            for (int k = 0; k < kNormPackWidth; ++k) {
-                const float d = s * __bfloat162float(gv[k]);
-                out[k] = __float2bfloat16(accumulate_d_skip ? __bfloat162float(out[k]) + d : d);
-            }
-            store128(d_skip + off + col, out);
-        }
+        add_scaled_grad_row(d_skip + off, g + off, s, accumulate_d_skip, C, lane);
         if (lane == 0) {
             d_gate[row * gate_stride] = __bfloat162float(__float2bfloat16(sl * ds));
             acc += G * ds;
