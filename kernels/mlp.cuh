@@ -1158,9 +1158,11 @@ inline int64_t mlp_fp8_down_act_partials(MlpKernel k, int T, int H) {
     const int tile_cols = k == MlpKernel::wgmma ? kFcwCols : kFcTileCols;
     return int64_t(ceil_div(T, kFcTileRows)) * ceil_div(H, tile_cols) * kFcAmaxSlotsPerTile;
 }
-// Reads xq, W1q, the dequant and act; writes post, postq and the partials.
+// Reads xq, W1q, the dequant and act; writes post, postq and the partials (its own family: the profiler would
+// otherwise count it as the plain FP8 forward).
 inline Work linear_relu_square_forward_fp8_down_work(MlpKernel k, int T, int C, int H) {
     Work w = linear_relu_square_forward_fp8_work(k, T, C, H, ReluSquareSaves::post_only);
+    w.name = "linear_relu_square_forward_fp8_down";
     w.flops += 2.0 * T * H;
     w.bytes_read += 4;
     w.bytes_written += 1.0 * T * H + 4.0 * mlp_fp8_down_act_partials(k, T, H);

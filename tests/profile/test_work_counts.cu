@@ -281,80 +281,122 @@ void test_rows() {
         const SublayerLambdaGrads sg{grads4.ptr, grads4.ptr + 1, grads4.ptr + 2, grads4.ptr + 3};
         const int bd = 64;
         DeviceBuffer<bf16> xbn(uniform_bf16(size_t(T) * bd, -1, 1)), dxbn(size_t(T) * bd);
-        const double partials4 = 4.0 * blocks * sizeof(float), partials1 = 1.0 * blocks * sizeof(float);
+        const double partials4 = 4.0 * blocks * sizeof(float), partials2 = 2.0 * blocks * sizeof(float),
+                     partials1 = 1.0 * blocks * sizeof(float);
+        // record 81's last layer: per-token lambdas (a row of 16 per token), their gradients written per token
+        DeviceBuffer<float> lamt(test::uniform_vector(size_t(T) * 16, 0.5, 1.5)), gradt(size_t(T) * 16);
+        const SublayerLambdas st{lamt.ptr + 8, lamt.ptr + 9, lamt.ptr + 10, lamt.ptr + 11, 16};
+        const SublayerLambdaGrads sgt{gradt.ptr + 8, gradt.ptr + 9, gradt.ptr + 10, gradt.ptr + 11};
+        // record 85: columns of the MUDD gate's 48 coefficients per token: x0's (5) and the bigram's (17), resid
+        // and post shared; the stream start's bigram (3); layer 6's skip (28). The gradients' other columns keep
+        // the poison, so only the used ones count as written.
+        constexpr int kStride = 48;
+        DeviceBuffer<float> cols(test::uniform_vector(size_t(T) * kStride, -1, 1)), dcols(size_t(T) * kStride);
+        const double column = 4.0 * T;
+        const SublayerLambdas si{lam4.ptr, lam4.ptr + 1, cols.ptr + 5, cols.ptr + 17, 0, kStride};
+        const SublayerLambdaGrads sgi{grads4.ptr, grads4.ptr + 1, dcols.ptr + 5, dcols.ptr + 17};
         for (const int width : {0, bd}) {
             const bf16* xbp = width ? xbn.ptr : xb.ptr;
             DeviceBuffer<bf16>& dxbp = width ? dxbn : dxb;
             const double bb = width ? bytes(xbn) : bytes(xb);
             const std::string how = width ? " narrow bigram" : "";
+            // the rows each direction reads and writes; the block output's gradient goes to h, its norm's gradient
+            // is dy, the stream it read is y
+            const double fwd_in = bytes(x) + bytes(g) + bytes(x0) + bb, fwd_out = bytes(y) + bytes(h) + bytes(rstd);
+            const double bwd_in = bytes(g) + bytes(dy) + bytes(y) + bytes(rstd) + fwd_in,
+                         bwd_out = bytes(dx) + bytes(h) + bytes(dx0) + bb;
+            const auto forward = [&](const SublayerLambdas& l) {
+                sublayer_residual_forward(y.ptr, h.ptr, rstd.ptr, x.ptr, g.ptr, x0.ptr, xbp, l, Injection::x0_and_bigram,
+                                          T, C, nullptr, width);
+            };
+            const auto backward = [&](const SublayerLambdas& l, const SublayerLambdaGrads& lg) {
+                sublayer_residual_backward(dx.ptr, h.ptr, dx0.ptr, dxbp.ptr, lg, scratch.view(), g.ptr,
+                                           NormGrads{{dy.ptr}}, y.ptr, rstd.ptr, x.ptr, g.ptr, x0.ptr, xbp, l,
+                                           {.injection = Injection::x0_and_bigram, .accumulate_dx = false,
+                                            .accumulate_x0_grads = false, .accumulate_lambda_grads = false,
+                                            .bigram_dim = width},
+                                           T, C, nullptr);
+            };
             check_family("sublayer_residual_forward" + how,
-                         {kernel("sublayer_residual_forward", bytes(x) + bytes(g) + bytes(x0) + bb + 4 * lam,
-                                 bytes(y) + bytes(h) + bytes(rstd))},
-                         {out(y), out(h), out(rstd)}, [&] {
-                             sublayer_residual_forward(y.ptr, h.ptr, rstd.ptr, x.ptr, g.ptr, x0.ptr, xbp, sl,
-                                                       Injection::x0_and_bigram, T, C, nullptr, width);
-                         });
-            // the block output's gradient goes to h; its norm's gradient is dy; the stream it read is y
+                         {kernel("sublayer_residual_forward", fwd_in + 4 * lam, fwd_out)}, {out(y), out(h), out(rstd)},
+                         [&] { forward(sl); });
             check_family("sublayer_residual_backward" + how,
-                         {kernel("sublayer_residual_backward",
-                                 bytes(g) + bytes(dy) + bytes(y) + bytes(rstd) + bytes(x) + bytes(g) + bytes(x0) + bb +
-                                     4 * lam + partials4 + ticket,
-                                 bytes(dx) + bytes(h) + bytes(dx0) + bb + partials4 + bytes(grads4) + ticket)},
+                         {kernel("sublayer_residual_backward", bwd_in + 4 * lam + partials4 + ticket,
+                                 bwd_out + partials4 + bytes(grads4) + ticket)},
                          {out(dx), out(h), out(dx0), out(dxbp), out(scratch.partials), out(grads4),
                           inout(scratch.done)},
-                         [&] {
-                             sublayer_residual_backward(dx.ptr, h.ptr, dx0.ptr, dxbp.ptr, sg, scratch.view(), g.ptr,
-                                                        NormGrads{{dy.ptr}}, y.ptr, rstd.ptr, x.ptr, g.ptr, x0.ptr,
-                                                        xbp, sl,
-                                                        {.injection = Injection::x0_and_bigram, .accumulate_dx = false,
-                                                         .accumulate_x0_grads = false,
-                                                         .accumulate_lambda_grads = false, .bigram_dim = width},
-                                                        T, C, nullptr);
-                         },
-                         bytes(dx) + bytes(h) + bytes(dx0) + bb + partials4 + bytes(grads4));
-            // record 81's last layer: per-token lambdas (a row of 16 per token), their gradients written per token
-            DeviceBuffer<float> lamt(test::uniform_vector(size_t(T) * 16, 0.5, 1.5)), gradt(size_t(T) * 16);
-            const SublayerLambdas st{lamt.ptr + 8, lamt.ptr + 9, lamt.ptr + 10, lamt.ptr + 11, 16};
-            const SublayerLambdaGrads sgt{gradt.ptr + 8, gradt.ptr + 9, gradt.ptr + 10, gradt.ptr + 11};
+                         [&] { backward(sl, sg); }, bwd_out + partials4 + bytes(grads4));
             check_family("sublayer_residual_forward per token" + how,
-                         {kernel("sublayer_residual_forward", bytes(x) + bytes(g) + bytes(x0) + bb + 4.0 * lam * T,
-                                 bytes(y) + bytes(h) + bytes(rstd))},
-                         {out(y), out(h), out(rstd)}, [&] {
-                             sublayer_residual_forward(y.ptr, h.ptr, rstd.ptr, x.ptr, g.ptr, x0.ptr, xbp, st,
-                                                       Injection::x0_and_bigram, T, C, nullptr, width);
-                         });
+                         {kernel("sublayer_residual_forward", fwd_in + 4.0 * lam * T, fwd_out)},
+                         {out(y), out(h), out(rstd)}, [&] { forward(st); });
             check_family("sublayer_residual_backward per token" + how,
-                         {kernel("sublayer_residual_backward",
-                                 bytes(g) + bytes(dy) + bytes(y) + bytes(rstd) + bytes(x) + bytes(g) + bytes(x0) + bb +
-                                     4.0 * lam * T,
-                                 bytes(dx) + bytes(h) + bytes(dx0) + bb + 4.0 * lam * T)},
-                         {out(dx), out(h), out(dx0), out(dxbp), out(gradt)},
-                         [&] {
-                             sublayer_residual_backward(dx.ptr, h.ptr, dx0.ptr, dxbp.ptr, sgt, scratch.view(), g.ptr,
-                                                        NormGrads{{dy.ptr}}, y.ptr, rstd.ptr, x.ptr, g.ptr, x0.ptr,
-                                                        xbp, st,
-                                                        {.injection = Injection::x0_and_bigram, .accumulate_dx = false,
-                                                         .accumulate_x0_grads = false,
-                                                         .accumulate_lambda_grads = false, .bigram_dim = width},
-                                                        T, C, nullptr);
-                         });
-            check_family("stream_start_forward" + how,
-                         {kernel("stream_start_forward", bytes(x0) + bb + lam, bytes(y) + bytes(h) + bytes(rstd))},
-                         {out(y), out(h), out(rstd)}, [&] {
-                             stream_start_forward(y.ptr, h.ptr, rstd.ptr, x0.ptr, xbp, lam4.ptr, T, C, nullptr, width);
-                         });
-            check_family("stream_start_backward" + how,
-                         {kernel("stream_start_backward",
-                                 bytes(g) + bytes(dy) + bytes(y) + bytes(rstd) + bb + lam + partials1 + ticket,
-                                 bytes(dx0) + bb + partials1 + bytes(grad1) + ticket)},
-                         {out(dx0), out(dxbp), out(scratch.partials), out(grad1), inout(scratch.done)}, [&] {
-                             stream_start_backward(dx0.ptr, dxbp.ptr, grad1.ptr, scratch.view(), g.ptr, dy.ptr, y.ptr,
-                                                   rstd.ptr, xbp, lam4.ptr,
-                                                   {.accumulate_x0_grads = false, .accumulate_lambda_grads = false,
-                                                    .bigram_dim = width},
-                                                   T, C, nullptr);
+                         {kernel("sublayer_residual_backward", bwd_in + 4.0 * lam * T, bwd_out + 4.0 * lam * T)},
+                         {out(dx), out(h), out(dx0), out(dxbp), out(gradt)}, [&] { backward(st, sgt); });
+            // record 85: resid's and post's sums through the partials; x0's and the bigram's per row, into their columns
+            check_family("sublayer_residual_forward per-token injections" + how,
+                         {kernel("sublayer_residual_forward", fwd_in + 2 * lam + 2 * column, fwd_out)},
+                         {out(y), out(h), out(rstd)}, [&] { forward(si); });
+            check_family("sublayer_residual_backward per-token injections" + how,
+                         {kernel("sublayer_residual_backward", bwd_in + 2 * lam + 2 * column + partials2 + ticket,
+                                 bwd_out + 2 * column + partials2 + 2 * lam + ticket)},
+                         {out(dx), out(h), out(dx0), out(dxbp), out(dcols), out(scratch.partials), out(grads4),
+                          inout(scratch.done)},
+                         [&] { backward(si, sgi); }, bwd_out + 2 * column + partials2 + 2 * lam);
+
+            // the stream start: one bigram lambda (partials), or record 85's per token (each row's gradient written)
+            for (const bool per_token : {false, true}) {
+                const float* lb = per_token ? cols.ptr + 3 : lam4.ptr;
+                float* dlb = per_token ? dcols.ptr + 3 : grad1.ptr;
+                const double lb_in = per_token ? column : lam, lb_out = per_token ? column : partials1 + bytes(grad1);
+                const std::string at = (per_token ? " per token" : "") + how;
+                check_family("stream_start_forward" + at,
+                             {kernel("stream_start_forward", bytes(x0) + bb + lb_in, fwd_out)},
+                             {out(y), out(h), out(rstd)}, [&] {
+                                 stream_start_forward(y.ptr, h.ptr, rstd.ptr, x0.ptr, xbp, lb, T, C, nullptr, width,
+                                                      per_token ? kStride : 0);
+                             });
+                std::vector<Output> outs = {out(dx0), out(dxbp), per_token ? out(dcols) : out(grad1)};
+                if (!per_token) outs.insert(outs.end(), {out(scratch.partials), inout(scratch.done)});
+                check_family("stream_start_backward" + at,
+                             {kernel("stream_start_backward",
+                                     bytes(g) + bytes(dy) + bytes(y) + bytes(rstd) + bb + lb_in +
+                                         (per_token ? 0.0 : partials1 + ticket),
+                                     bytes(dx0) + bb + lb_out + (per_token ? 0.0 : ticket))},
+                             outs, [&] {
+                                 stream_start_backward(dx0.ptr, dxbp.ptr, dlb, scratch.view(), g.ptr, dy.ptr, y.ptr,
+                                                       rstd.ptr, xbp, lb,
+                                                       {.accumulate_x0_grads = false, .accumulate_lambda_grads = false,
+                                                        .bigram_dim = width, .token_stride = per_token ? kStride : 0},
+                                                       T, C, nullptr);
+                             },
+                             bytes(dx0) + bb + lb_out);
+            }
+        }
+        // record 85's layer-6 skip: G28[t] scales h3 (g here), skip_lambda an fp32 scalar
+        check_family("token_skip_add_norm_forward",
+                     {kernel("token_skip_add_norm_forward", bytes(x) + bytes(g) + column + lam,
+                             bytes(y) + bytes(h) + bytes(rstd))},
+                     {out(y), out(h), out(rstd)}, [&] {
+                         token_skip_add_norm_forward(y.ptr, h.ptr, rstd.ptr, x.ptr, g.ptr, cols.ptr + 28, kStride,
+                                                     lambdas.ptr, T, C, nullptr);
+                     });
+        // one partial per block (lane 0 of each row's warp summed in the block), the last block's sum into d skip_lambda
+        for (const bool acc : {false, true}) {
+            const double added = acc ? bytes(dx) + lam : 0.0;
+            std::vector<Output> outs = {out(dcols), out(scratch.partials), inout(scratch.done)};
+            outs.push_back(acc ? inout(dx) : out(dx));
+            outs.push_back(acc ? inout(lambda_grads) : out(lambda_grads));
+            check_family(std::string("token_skip_add_backward") + (acc ? " accumulating" : ""),
+                         {kernel("token_skip_add_backward",
+                                 bytes(dy) + bytes(g) + column + lam + partials1 + added + ticket,
+                                 bytes(dx) + column + partials1 + lam + ticket)},
+                         outs, [&] {
+                             token_skip_add_backward(dx.ptr, dcols.ptr + 28, lambda_grads.ptr, scratch.view(), dy.ptr,
+                                                     g.ptr, cols.ptr + 28, kStride, lambdas.ptr,
+                                                     {.accumulate_d_skip = acc, .accumulate_lambda_grad = acc}, T, C,
+                                                     nullptr);
                          },
-                         bytes(dx0) + bb + partials1 + bytes(grad1));
+                         acc ? column + partials1 : bytes(dx) + column + partials1 + lam);
         }
     }
 
@@ -474,6 +516,98 @@ void test_mlp_fp8(CublasLt& lt) {
                  {out(xq), out(pre), out(post), out(o)},
                  [&] { mlp_forward_fp8(lt, MlpKernel::wgmma, o.ptr, pre.ptr, post.ptr, x.ptr, up, c_proj.ptr, T, C, H, nullptr); },
                  bytes(xq) + bytes(pre) + bytes(post) + bytes(o));
+    // record 87 on the FP8 up-projection: post only (pre null)
+    const ReluSquareSaves post_only = ReluSquareSaves::post_only;
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) {
+        const std::string fc = std::string(" post only (") + mlp_kernel_name(k) + ")";
+        check_family("linear_relu_square_forward_fp8" + fc,
+                     {kernel("linear_relu_square_forward_fp8", tc + hc + 4, bytes(post))}, {out(post)},
+                     [&] { linear_relu_square_forward_fp8(k, nullptr, post.ptr, up, T, C, H, nullptr, post_only); });
+    }
+    check_family("mlp_forward_fp8 post only",
+                 {kernel("mlp_fp8_input_amax", 2 * tc + xpb + 8, xpb + sizeof(Fp8UpScales) + 4),
+                  kernel("mlp_fp8_quantize_input", 2 * tc + 4, tc),
+                  kernel("linear_relu_square_forward_fp8", tc + hc + 4, bytes(post)),
+                  gemm("gemm_mlp_proj", bytes(post) + bytes(c_proj), bytes(o))},
+                 {out(xq), out(post), out(o)},
+                 [&] { mlp_forward_fp8(lt, MlpKernel::wgmma, o.ptr, nullptr, post.ptr, x.ptr, up, c_proj.ptr, T, C, H, nullptr, post_only); },
+                 bytes(xq) + bytes(post) + bytes(o));
+
+    // record 89: the FP8 down-projection with delayed scales. W2 is the bank's second matrix of each layer; the
+    // scales are checked as fp32 slots (act, used, next and their pads), so only the slots written count.
+    DeviceBuffer<__nv_fp8_e4m3> w2q(L * nhc), postq(nth);
+    const std::vector<MlpDownScales> ones(L);
+    DeviceBuffer<MlpDownScales> down(ones);
+    const Output slots{down.ptr, size_t(L) * kMlpDownScaleStride, sizeof(float), true};
+    const Output slots_inout{down.ptr, size_t(L) * kMlpDownScaleStride, sizeof(float), false};
+    const MlpProjBank proj{bank.ptr + nhc, 2 * int64_t(H) * C, L};
+    const double tiles = 4.0 * L * mlp_fp8_down_weight_tiles(H, C);  // the tiles' amax partials
+    test::DevicePartials dwp(mlp_fp8_down_weight_scratch_floats(L, H, C) * sizeof(float));
+    // bootstrap: next from W2's amax (the up-projection's kernel, over the same scratch), then used and W2q, then
+    // next again; the scratch's partials overlap (the larger set counts once), the slots written are used and next
+    check_family("mlp_fp8_down_quantize_weights bootstrap",
+                 {kernel("mlp_fp8_weight_scale", 2 * L * hc + wpb + 4, wpb + 4.0 * L + 4),
+                  kernel("mlp_fp8_down_quantize", 2 * L * hc + 4.0 * L, L * hc + tiles + 4.0 * L),
+                  kernel("mlp_fp8_down_weight_scales", tiles, 4.0 * L)},
+                 {out(w2q), slots, out(dwp.partials), inout(dwp.done)},
+                 [&] {
+                     mlp_fp8_down_quantize_weights({w2q.ptr, down.ptr}, proj, H, C, MlpDownScaling::bootstrap,
+                                                   dwp.view(), nullptr);
+                 },
+                 bytes(w2q) + 8.0 * L + std::max(wpb, tiles));
+    down.upload(ones);
+    check_family("mlp_fp8_down_quantize_weights delayed",  // next is read: the slots are updated in place
+                 {kernel("mlp_fp8_down_quantize", 2 * L * hc + 4.0 * L, L * hc + tiles + 4.0 * L),
+                  kernel("mlp_fp8_down_weight_scales", tiles, 4.0 * L)},
+                 {out(w2q), out(dwp.partials), slots_inout},
+                 [&] {
+                     mlp_fp8_down_quantize_weights({w2q.ptr, down.ptr}, proj, H, C, MlpDownScaling::delayed,
+                                                   dwp.view(), nullptr);
+                 },
+                 bytes(w2q) + tiles);
+    // the post-only up-projection's e4m3 epilogue: post, postq and one amax partial per warp of each tile
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) {
+        const std::string fc = std::string(" (") + mlp_kernel_name(k) + ")";
+        DeviceBuffer<float> act_partials(mlp_fp8_down_act_partials(k, T, H));
+        const Fp8DownAct act{postq.ptr, act_partials.ptr, &down.ptr->act};
+        const auto ops = check_family("linear_relu_square_forward_fp8_down" + fc,
+                                      {kernel("linear_relu_square_forward_fp8_down", tc + hc + 8,
+                                              bytes(post) + bytes(postq) + bytes(act_partials))},
+                                      {out(post), out(postq), out(act_partials)},
+                                      [&] { linear_relu_square_forward_fp8_down(k, post.ptr, act, up, T, C, H, nullptr); });
+        if (ops.size() == 1)
+            test::check(ops[0].work.tc_flops == 2.0 * T * C * H,
+                        "linear_relu_square_forward_fp8_down%s: tc_flops %.0f, want 2 T C H", fc.c_str(),
+                        ops[0].work.tc_flops);
+    }
+    {  // every layer's act from its partials: only the act slots are written
+        const int64_t count = mlp_fp8_down_act_partials(MlpKernel::wgmma, T, H);
+        DeviceBuffer<float> partials(test::uniform_vector(size_t(L * count), 0, 4));
+        check_family("mlp_fp8_down_act_scales",
+                     {kernel("mlp_fp8_down_act_scales", bytes(partials), 4.0 * L)}, {slots},
+                     [&] { mlp_fp8_down_act_scales(down.ptr, partials.ptr, count, L, nullptr); });
+        down.upload(ones);
+    }
+    // layer 1's down-projection (cuBLASLt FP8: postq, W2q and the act and used scales)
+    const auto proj_ops = check_family(
+        "mlp_fp8_down_proj", {gemm("gemm_mlp_proj_fp8", bytes(postq) + hc + 2 * sizeof(float), bytes(o))}, {out(o)},
+        [&] { mlp_fp8_down_proj(lt, o.ptr, postq.ptr, w2q.ptr + nhc, down.ptr + 1, T, C, H, nullptr); });
+    if (proj_ops.size() == 1) check_gemm_shape("mlp_fp8_down_proj", proj_ops[0], GemmType::fp8, C, T, H, 1);
+    {
+        DeviceBuffer<float> act_partials(mlp_fp8_down_act_partials(MlpKernel::wgmma, T, H));
+        check_family("mlp_forward_fp8_down",
+                     {kernel("mlp_fp8_input_amax", 2 * tc + xpb + 8, xpb + sizeof(Fp8UpScales) + 4),
+                      kernel("mlp_fp8_quantize_input", 2 * tc + 4, tc),
+                      kernel("linear_relu_square_forward_fp8_down", tc + hc + 8,
+                             bytes(post) + bytes(postq) + bytes(act_partials)),
+                      gemm("gemm_mlp_proj_fp8", bytes(postq) + hc + 2 * sizeof(float), bytes(o))},
+                     {out(xq), out(post), out(postq), out(act_partials), out(o)},
+                     [&] {
+                         mlp_forward_fp8_down(lt, MlpKernel::wgmma, o.ptr, post.ptr, postq.ptr, act_partials.ptr, x.ptr,
+                                              up, w2q.ptr + nhc, down.ptr + 1, T, C, H, nullptr);
+                     },
+                     bytes(xq) + bytes(post) + bytes(postq) + bytes(act_partials) + bytes(o));
+    }
 }
 
 // ---- mlp ----
@@ -523,6 +657,49 @@ void test_mlp(CublasLt& lt) {
                         fc.c_str(), ops[0].work.tc_flops);
     }
 
+    // record 87: post only. The forward writes no pre; the backward reads post in pre's place (sqrt(post))
+    const ReluSquareSaves post_only = ReluSquareSaves::post_only;
+    for (MlpKernel k : {MlpKernel::mma, MlpKernel::wgmma}) {
+        const std::string fc = std::string(" post only (") + mlp_kernel_name(k) + ")";
+        ops = check_family("linear_relu_square_forward" + fc,
+                           {kernel("linear_relu_square_forward", bytes(x) + bytes(c_fc), bytes(post))}, {out(post)},
+                           [&] { linear_relu_square_forward(k, nullptr, post.ptr, x.ptr, c_fc.ptr, T, C, H, nullptr, post_only); });
+        if (ops.size() == 1)
+            test::check(ops[0].work.tc_flops == 2.0 * T * C * H, "linear_relu_square_forward%s: tc_flops %.0f, want 2 T C H",
+                        fc.c_str(), ops[0].work.tc_flops);
+        check_family("linear_relu_square_backward" + fc,
+                     {kernel("linear_relu_square_backward", bytes(dout) + bytes(c_proj) + bytes(post), bytes(dpre))},
+                     {out(dpre)},
+                     [&] { linear_relu_square_backward(k, dpre.ptr, dout.ptr, c_proj.ptr, post.ptr, T, C, H, nullptr, post_only); });
+    }
+    check_family("relu_square_backward post only", {kernel("relu_square_backward", bytes(pre) + bytes(post), bytes(dpre))},
+                 {out(dpre)}, [&] { relu_square_backward(dpre.ptr, pre.ptr, post.ptr, int64_t(th), nullptr, post_only); });
+    ops = check_family("mlp_forward post only",
+                       {kernel("linear_relu_square_forward", bytes(x) + bytes(c_fc), bytes(post)),
+                        gemm("gemm_mlp_proj", bytes(post) + bytes(c_proj), bytes(o))},
+                       {out(post), out(o)},
+                       [&] { mlp_forward(lt, MlpKernel::wgmma, o.ptr, nullptr, post.ptr, x.ptr, c_fc.ptr, c_proj.ptr, T, C, H, nullptr, post_only); });
+    if (ops.size() == 2) check_gemm_shape("gemm_mlp_proj", ops[1], GemmType::bf16, C, T, H, 1);
+    {  // dpre apart, and in the post buffer (the trainer's layout: post is read, then overwritten by dpre)
+        DeviceBuffer<bf16> post2(th);
+        CUDA_CHECK(cudaMemcpy(post2.ptr, post.ptr, bytes(post), cudaMemcpyDeviceToDevice));
+        const double t_h = bytes(post);  // post and dpre: (T, H) bf16
+        for (const bool in_place : {false, true}) {
+            bf16* dp = in_place ? post2.ptr : dpre.ptr;
+            const bf16* saved = in_place ? post2.ptr : post.ptr;
+            check_family(std::string("mlp_backward post only") + (in_place ? ", dpre in post" : ""),
+                         {gemm("gemm_mlp_proj_dw", t_h + bytes(dout), bytes(dc_proj)),
+                          kernel("linear_relu_square_backward", bytes(dout) + bytes(c_proj) + t_h, t_h),
+                          gemm("gemm_mlp_fc_dw", t_h + bytes(x), bytes(dc_fc)),
+                          gemm("gemm_mlp_fc_dx", t_h + bytes(c_fc), bytes(dx))},
+                         {out(dx), out(dc_fc), out(dc_proj), in_place ? inout(post2) : out(dpre)}, [&] {
+                             mlp_backward(lt, MlpKernel::wgmma, dx.ptr, dc_fc.ptr, dc_proj.ptr, false, dp, dout.ptr,
+                                          x.ptr, c_fc.ptr, c_proj.ptr, nullptr, saved, T, C, H, nullptr, post_only);
+                         },
+                         bytes(dx) + bytes(dc_fc) + bytes(dc_proj) + (in_place ? 0.0 : t_h));
+        }
+    }
+
     ops = check_family("mlp_forward",
                        {kernel("linear_relu_square_forward", bytes(x) + bytes(c_fc), bytes(pre) + bytes(post)),
                         gemm("gemm_mlp_proj", bytes(post) + bytes(c_proj), bytes(o))},
@@ -548,20 +725,25 @@ void test_mlp(CublasLt& lt) {
         const int t = 65535 * kFcTileRows + 8, c = 8, hh = 16;
         const double tc_b = 2.0 * t * c, th_b = 2.0 * t * hh, hc_b = 2.0 * hh * c;
         const auto fake = [](int i) { return reinterpret_cast<bf16*>(uintptr_t(256) * i); };  // distinct tensors
-        const std::vector<StepOp> big = record(true, [&] {
-            mlp_backward(lt, MlpKernel::wgmma, fake(1), fake(2), fake(3), false, fake(4), fake(5), fake(6), fake(7), fake(8), fake(9),
-                         fake(10), t, c, hh, nullptr);
-        });
         const std::vector<Want> want = {gemm("gemm_mlp_proj_dw", th_b + tc_b, hc_b),
                                         gemm("gemm_mlp_proj_dx", tc_b + hc_b, th_b),
                                         kernel("relu_square_backward", 2 * th_b, th_b),
                                         gemm("gemm_mlp_fc_dw", th_b + tc_b, hc_b),
                                         gemm("gemm_mlp_fc_dx", th_b + hc_b, tc_b)};
-        bool same = big.size() == want.size();
-        for (size_t i = 0; same && i < want.size(); ++i)
-            same = big[i].kind == want[i].kind && big[i].work.name == want[i].name &&
-                   big[i].work.bytes_read == want[i].read && big[i].work.bytes_written == want[i].written;
-        test::check(same, "mlp_backward past 65535 row tiles: cuBLASLt + relu_square_backward (%zu ops)", big.size());
+        for (const ReluSquareSaves saves : {ReluSquareSaves::pre_and_post, ReluSquareSaves::post_only}) {
+            // post only: pre null, relu_square_backward reads post in its place
+            const bf16* pre_p = saves == ReluSquareSaves::post_only ? nullptr : fake(9);
+            const std::vector<StepOp> big = record(true, [&] {
+                mlp_backward(lt, MlpKernel::wgmma, fake(1), fake(2), fake(3), false, fake(4), fake(5), fake(6), fake(7),
+                             fake(8), pre_p, fake(10), t, c, hh, nullptr, saves);
+            });
+            bool same = big.size() == want.size();
+            for (size_t i = 0; same && i < want.size(); ++i)
+                same = big[i].kind == want[i].kind && big[i].work.name == want[i].name &&
+                       big[i].work.bytes_read == want[i].read && big[i].work.bytes_written == want[i].written;
+            test::check(same, "mlp_backward (%s) past 65535 row tiles: cuBLASLt + relu_square_backward (%zu ops)",
+                        relu_square_saves_name(saves), big.size());
+        }
     }
 
     // a layer's two weights in one launch each way (here of 4096 and 1024 elements, one buffer each)
