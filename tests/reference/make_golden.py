@@ -118,7 +118,8 @@ def sha256(path: str) -> str:
 def initial_checkpoint(args, tmp: str) -> str:
     if args.checkpoint:
         return args.checkpoint
-    run([args.trainer, "--preset", args.preset, "--seed", str(args.seed), "--max-steps", "0", "--val-every", "0",
+    run([args.trainer, "--preset", args.trainer_preset, "--seed", str(args.seed), "--max-steps", "0",
+         "--val-every", "0",
          "--save-checkpoint", os.path.join(tmp, "ckpt"), "--checkpoint-steps", "0", "--log-dir", tmp,
          "--run-id", "golden-init"], "the trainer (initial checkpoint)")
     path = os.path.join(tmp, "ckpt", "step000000", "rank0.safetensors")
@@ -153,11 +154,17 @@ def main(argv=None) -> int:
     p.add_argument("--val-tokens", type=int, default=None, help="validation tokens (the trainer's flag)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: reproducible sums, and fastest on a "
                                                            "busy machine)")
-    p.add_argument("--preset", choices=("tiny", "tiny-r80", "tiny-r84", "tiny-r84-prefix"), default="tiny",
+    p.add_argument("--preset", choices=("tiny", "tiny-r80", "tiny-r84", "tiny-r84-prefix", "tiny-r84-fp8down"),
+                   default="tiny",
                    help="tiny: record 71's twin; tiny-r80, tiny-r84: records 80's and 84's twins; tiny-r84-prefix: "
-                        "tiny-r84 with record 88's prefix-token loss "
+                        "tiny-r84 with record 88's prefix-token loss; tiny-r84-fp8down: with record 89's FP8 MLP "
+                        "down-projection "
                         "(tests/reference/README.md). Each starts from the C++ trainer's step-0 checkpoint (or "
                         "--checkpoint; tiny-r84 takes its bigram sign table from it too) and checks its batches")
+    p.add_argument("--trainer-preset", default=None,
+                   help="the trainer's preset for the step-0 checkpoint and --dump-batches (default: --preset), for a "
+                        "preset the trainer does not have yet whose parameters and batches are another's (e.g. "
+                        "tiny-r84-fp8down from tiny-r84's: the FP8 down-projection changes neither)")
     p.add_argument("--write-init", help="tiny-r80, tiny-r84: start from this reference's own seeded init (--seed) "
                                         "instead of the trainer's, and write it to this safetensors file; the batches "
                                         "are then ref_loader's, checked only against dumps given with "
@@ -169,9 +176,11 @@ def main(argv=None) -> int:
         print("make_golden: error: --write-init saves the reference's own init, used only for --preset tiny-r80 "
               "or tiny-r84 without --checkpoint", file=sys.stderr)
         return 1
+    args.trainer_preset = args.trainer_preset or args.preset
     if args.out is None:
         name = {"tiny": "tiny_golden.json", "tiny-r80": "tiny_r80_golden.json",
-                "tiny-r84": "tiny_r84_golden.json", "tiny-r84-prefix": "tiny_r84_prefix_golden.json"}[args.preset]
+                "tiny-r84": "tiny_r84_golden.json", "tiny-r84-prefix": "tiny_r84_prefix_golden.json",
+                "tiny-r84-fp8down": "tiny_r84_fp8down_golden.json"}[args.preset]
         args.out = os.path.join("tests", "reference", "fixtures", name)
     try:
         return generate(args)
@@ -218,9 +227,10 @@ def generate(args) -> int:
                                      made_by=f"torch_reference.init_params({args.preset} config, seed={args.seed})"))
         tensors, meta = R.read_safetensors(ckpt_path, prefix=("param.", "buffer."))
         ckpt_hash = sha256(ckpt_path)
-    if meta.get("preset", args.preset) != args.preset or meta.get("step", "0") != "0":
+    want_preset = args.trainer_preset if has_trainer or args.checkpoint else args.preset
+    if meta.get("preset", want_preset) != want_preset or meta.get("step", "0") != "0":
         raise GoldenError(f"{ckpt_path} is preset {meta.get('preset')} step {meta.get('step')}, "
-                          f"want {args.preset} step 0")
+                          f"want {want_preset} step 0")
     params = R.params_from_checkpoint(cfg, tensors)
     signs = R.bigram_signs_from_checkpoint(cfg, tensors)  # None unless the config has a sign table
     if not torch.equal(params["embed"], params["lm_head"].t()):
@@ -228,7 +238,7 @@ def generate(args) -> int:
 
     train_sums = CheckedBatches(None, "train")
     if steps > 0 and (has_trainer or args.train_dump):
-        dump_cmd = [args.trainer, "--preset", args.preset, *schedule_flags, "--dump-batches", str(steps)]
+        dump_cmd = [args.trainer, "--preset", args.trainer_preset, *schedule_flags, "--dump-batches", str(steps)]
         train_text = open(args.train_dump).read() if args.train_dump else run(dump_cmd, "the trainer's --dump-batches")
         train_sums = CheckedBatches(parse_dump(train_text, "train"), "train")
     val_micro = cfg.grad_accum * cfg.val_tokens // cfg.val_batch_tokens
@@ -297,7 +307,7 @@ def generate(args) -> int:
     if args.preset != "tiny":  # (record 71's fixture keeps its keys)
         result["source"]["initial_parameters"] = (
             f"checkpoint {args.checkpoint}" if args.checkpoint else
-            f"the trainer's step-0 checkpoint (--preset {args.preset} --seed {args.seed}), its batches checked"
+            f"the trainer's step-0 checkpoint (--preset {args.trainer_preset} --seed {args.seed}), its batches checked"
             if has_trainer else
             f"torch_reference.init_params({args.preset} config, seed={args.seed}) (--write-init): the reference's own "
             "step-0 parameters, the batches ref_loader's with the preset's rules, unchecked")
