@@ -1060,6 +1060,34 @@ void test_head(CublasLt& lt) {
                      softcap_mtp_loss_backward_fp8(g_f8.ptr, g_f8_t.ptr, &sc->grad, logits.ptr, lse.ptr,
                                                    d_targets.ptr, weights.ptr, P, dloss.ptr, T, V, nullptr);
                  });
+    // record 80's loss (two passes over the logits forward; the backward fused with the e5m2 layouts), without and with
+    // record 88's prefix term: a table entry per row (gathered) and the weight
+    std::vector<int> table(static_cast<size_t>(V));
+    for (auto& p : table) p = test::randint(-1, V - 1);
+    DeviceBuffer<int> d_table(table);
+    DeviceBuffer<float> prefix_weight(std::vector<float>{0.25f});
+    for (const bool with_prefix : {false, true}) {
+        const CePrefix prefix = with_prefix ? CePrefix{d_table.ptr, prefix_weight.ptr, V} : CePrefix{};
+        const double prefix_bytes = with_prefix ? 4.0 * T + bytes(prefix_weight) : 0.0;
+        const std::string tag = with_prefix ? " (prefix)" : "";
+        check_family("ce_r80_loss_forward" + tag,
+                     {kernel("ce_r80_loss_forward",
+                             2 * bytes(logits) + bytes(d_targets) + bytes(weights) + prefix_bytes, bytes(rows) + bytes(lse)),
+                      kernel("sum_fixed_order", bytes(rows), bytes(loss))},
+                     {out(rows), out(lse), out(loss)}, [&] {
+                         ce_r80_loss_forward(loss.ptr, false, rows.ptr, lse.ptr, logits.ptr, d_targets.ptr, weights.ptr,
+                                             P, T, V, nullptr, prefix);
+                     });
+        check_family("ce_r80_loss_backward_fp8" + tag,
+                     {kernel("ce_r80_loss_backward_fp8",
+                             bytes(logits) + bytes(lse) + bytes(d_targets) + bytes(weights) + bytes(dloss) + scale +
+                                 prefix_bytes,
+                             bytes(g_f8) + bytes(g_f8_t))},
+                     {out(g_f8), out(g_f8_t)}, [&] {
+                         ce_r80_loss_backward_fp8(g_f8.ptr, g_f8_t.ptr, dloss.ptr, &sc->grad, logits.ptr, lse.ptr,
+                                                  d_targets.ptr, weights.ptr, P, T, V, nullptr, prefix);
+                     });
+    }
     check_family("softcap_eval_loss",
                  {kernel("softcap_eval_loss", bytes(logits) + bytes(d_targets), bytes(rows)),
                   kernel("sum_fixed_order", bytes(rows), bytes(loss))},
