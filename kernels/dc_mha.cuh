@@ -14,8 +14,9 @@
 //   dG[t, 35 + h] = dw2.
 // Layouts: q, k, v, y, out, go, dq, dk, dv (T, 6, 128) bf16 as kernels/attention.cuh; lse (T, 6) fp32 (natural
 // log of each local softmax's denominator); cu_seqlens as attention.cuh's (0, end of doc 0, ..., padded with T).
-// One block per token (forward, the backward's query side) or per key (the backward's key side); warp h owns head
-// h, each half-warp one key of a pair, each lane 8 of the 128 dims (16-byte loads). Products on the CUDA cores.
+// Warp h owns head h. Forward: one block per 16 queries, QK^T and PV on the tensor cores (mma.sync m16n8k16 over
+// the tile's 128 keys). Backward: one block per query (then one per key), each half-warp one key (query) of a pair,
+// each lane 8 of the 128 dims (16-byte loads), products on the CUDA cores.
 // Upstream's rounding points, kept here: scores and products accumulate in fp32 from bf16 operands (tl.dot); w1 and
 // the value weight w2 A are rounded to bf16 before use, as is dS before its two products; dw1, dw2, dq, dk, dv
 // are bf16 tensors upstream (dq, dk, dv then added to the attention's in bf16). Where the order differs: the
@@ -23,6 +24,7 @@
 // bf16 atomics), which makes it deterministic.
 #pragma once
 #include "common.cuh"
+#include "ptx.cuh"
 
 #include <cstdint>
 
@@ -110,58 +112,165 @@ __device__ __forceinline__ void dc_store_sum(__nv_bfloat16* dst, const __nv_bflo
     store128(dst, o);
 }
 
-// ---- forward ----
-// One block per token t: P_h over its keys (lse saved when lse != null), A, then out = y + w2 A v.
-__global__ void __launch_bounds__(kDcThreads)
-    dc_mha_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* y, const __nv_bfloat16* q,
-                          const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coefs, int coef_stride,
-                          const int* cu_seqlens, int num_cu, int T, float scale) {
-    __shared__ float p[kDcHeads][kDcWindow];
-    __shared__ float a[kDcWindow];
-    const int t = blockIdx.x, h = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane / 16, c = lane % 16;
-    const DcDoc doc = dc_document(cu_seqlens, num_cu, t, T);
-    const int n = min(kDcWindow, t - doc.start + 1);  // keys t, t-1, ..., t-n+1
-    const float* g = coefs + static_cast<size_t>(t) * coef_stride;
-    const DcW1 w = dc_w1(g);
-    const float score_mul = scale * kDcLog2e;  // upstream: tl.dot(q, k^T) * (scaling * log2 e), then exp2
+// ---- forward on the tensor cores ----
+// One block per 16 queries q0..q0+15, warp h head h. Their keys lie in [k0, k0 + 128), k0 = q0 - 111 (>= 0):
+// S_h = Q_h K_h^T and O_h = bf16(w2 A) V_h are m16n8k16 products over that 128-key tile, K_h and V_h staged
+// through shared memory 16 keys at a time (padded rows: the 8 rows an ldmatrix reads fall in distinct banks).
+constexpr int kDcTileQ = 16;
+constexpr int kDcTileK = 128;                   // kDcTileQ + kDcWindow - 1 keys, rounded up
+constexpr int kDcChunk = 16;                    // keys per staged chunk
+constexpr int kDcRow = kDcDim + 8;              // bf16 per shared row
+static_assert(kDcTileQ + kDcWindow - 1 <= kDcTileK, "the query tile's keys must fit the key tile");
 
-    const Pack128<__nv_bfloat16> qv = load128(dc_row(q, t, h, c));
-    for (int j0 = 0; j0 < n; j0 += 2) {
-        const int j = j0 + half;
-        const bool ok = j < n;
-        const float d = dc_half_dot(qv, load128(dc_row(k, t - (ok ? j : 0), h, c)), ok);
-        if (ok && c == 0) p[h][j] = d * score_mul;
-    }
-    __syncwarp();
-    float m = -INFINITY;
-    for (int j = lane; j < n; j += 32) m = fmaxf(m, p[h][j]);
-    m = warp_reduce_max(m);
-    float denom = 0.0f;
-    for (int j = lane; j < n; j += 32) denom += exp2f(p[h][j] - m);
-    denom = warp_reduce_sum(denom);
-    __syncwarp();
-    for (int j = lane; j < n; j += 32) p[h][j] = exp2f(p[h][j] - m) / denom;  // renormalised over the n keys
-    if (lse && lane == 0) lse[static_cast<size_t>(t) * kDcHeads + h] = m * 0.6931471805599453f + logf(denom);
-    __syncthreads();
-    for (int j = threadIdx.x; j < n; j += kDcThreads) {
-        float s = 0.0f;
+__device__ __forceinline__ uint32_t dc_pack_bf16(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+__device__ __forceinline__ uint32_t dc_load_pair(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+// The warp copies rows key0 .. key0 + 15 of head h of x into its chunk (zeros past T).
+__device__ __forceinline__ void dc_stage_chunk(__nv_bfloat16 (*chunk)[kDcRow], const __nv_bfloat16* x, int key0, int h,
+                                               int T, int lane) {
 #pragma unroll
-        for (int hh = 0; hh < kDcHeads; ++hh) s += w.w1[hh] * p[hh][j];  // fp32, heads in order (upstream's a_acc)
-        a[j] = s;
+    for (int i = 0; i < kDcChunk * kDcDim / kDcLaneDims / 32; ++i) {
+        const int e = i * 32 + lane, r = e / (kDcDim / kDcLaneDims), c = e % (kDcDim / kDcLaneDims);
+        const int key = key0 + r;
+        store128(&chunk[r][c * kDcLaneDims],
+                 key < T ? load128(dc_row(x, key, h, c)) : Pack128<__nv_bfloat16>::filled(__float2bfloat16(0.0f)));
+    }
+}
+
+// Fragment rows of this lane (PTX m16n8k16 layouts, ptx.cuh): g = lane / 4 and g + 8; columns 2 (lane % 4) + {0, 1}.
+__global__ void __launch_bounds__(kDcThreads)
+    dc_mha_forward_mma_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* y, const __nv_bfloat16* q,
+                              const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coefs, int coef_stride,
+                              const int* cu_seqlens, int num_cu, int T, float scale) {
+    __shared__ __align__(16) __nv_bfloat16 stage[kDcHeads][kDcChunk][kDcRow];
+    __shared__ float a[kDcTileQ][kDcTileK + 4];
+    const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    const int q0 = blockIdx.x * kDcTileQ, k0 = max(0, q0 - (kDcWindow - 1));
+    int row_t[2], row_start[2];
+    float w1r[2], w2r[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        row_t[r] = q0 + g + 8 * r;
+        const int t = min(row_t[r], T - 1);  // rows past T compute on row T - 1 and store nothing
+        row_start[r] = dc_document(cu_seqlens, num_cu, t, T).start;
+        const float* gr = coefs + static_cast<size_t>(t) * coef_stride;
+        w1r[r] = dc_pick(dc_w1(gr).w1, h);
+        w2r[r] = gr[kDcW2Col + h];
+    }
+    for (int i = threadIdx.x; i < kDcTileQ * (kDcTileK + 4); i += kDcThreads) (&a[0][0])[i] = 0.0f;
+
+    // S_h = Q_h K_h^T: Q's A fragments straight from global memory (each element read once)
+    uint32_t qa[kDcDim / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < kDcDim / 16; ++ks)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int t = min(row_t[i % 2], T - 1), col = ks * 16 + 2 * tq + 8 * (i / 2);
+            qa[ks][i] = dc_load_pair(q + (static_cast<size_t>(t) * kDcHeads + h) * kDcDim + col);
+        }
+    float sacc[kDcTileK / 8][4];
+#pragma unroll
+    for (int c = 0; c < kDcTileK / kDcChunk; ++c) {
+        dc_stage_chunk(stage[h], k, k0 + c * kDcChunk, h, T, lane);
+        __syncwarp();
+        sacc[2 * c][0] = sacc[2 * c][1] = sacc[2 * c][2] = sacc[2 * c][3] = 0.0f;
+        sacc[2 * c + 1][0] = sacc[2 * c + 1][1] = sacc[2 * c + 1][2] = sacc[2 * c + 1][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < kDcDim / 16; ++ks) {
+            uint32_t b[4];  // keys 0-7 and 8-15 of the chunk, dims ks*16 .. +15
+            const int m = lane / 8;
+            ldmatrix<4>(b, &stage[h][(m / 2) * 8 + lane % 8][ks * 16 + (m % 2) * 8]);
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_m16n8k16_bf16(sacc[2 * c], qa[ks], b0, sacc[2 * c]);
+            mma_m16n8k16_bf16(sacc[2 * c + 1], qa[ks], b1, sacc[2 * c + 1]);
+        }
+        __syncwarp();
+    }
+    // the local softmax of each row over its valid keys (a row's values sit in the 4 lanes of its quad)
+    const float score_mul = scale * kDcLog2e;  // upstream: tl.dot(q, k^T) * (scaling * log2 e), then exp2
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int t = row_t[r];
+        float m = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int key = k0 + n * 8 + 2 * tq + e;
+                const bool ok = t < T && key <= t && t - key < kDcWindow && key >= row_start[r];
+                float& s = sacc[n][2 * r + e];
+                s = ok ? s * score_mul : -INFINITY;
+                m = fmaxf(m, s);
+            }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        const float m_safe = m == -INFINITY ? 0.0f : m;  // rows past T: no key
+        float denom = 0.0f;
+#pragma unroll
+        for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& s = sacc[n][2 * r + e];
+                s = exp2f(s - m_safe);
+                denom += s;
+            }
+        denom += __shfl_xor_sync(0xffffffffu, denom, 1);
+        denom += __shfl_xor_sync(0xffffffffu, denom, 2);
+#pragma unroll
+        for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) sacc[n][2 * r + e] = denom > 0.0f ? sacc[n][2 * r + e] / denom : 0.0f;
+        if (lse && tq == 0 && t < T) lse[static_cast<size_t>(t) * kDcHeads + h] = m_safe * 0.6931471805599453f + logf(denom);
+    }
+    // A = sum_h w1 P_h in fp32, heads in order (upstream's a_acc): warp h adds its term at turn h
+#pragma unroll 1
+    for (int turn = 0; turn < kDcHeads; ++turn) {
+        __syncthreads();
+        if (h == turn)
+#pragma unroll
+            for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) a[g + 8 * (i / 2)][n * 8 + 2 * tq + i % 2] += w1r[i / 2] * sacc[n][i];
     }
     __syncthreads();
-    const float w2 = g[kDcW2Col + h];
-    float acc[kDcLaneDims] = {};
-    for (int j0 = 0; j0 < n; j0 += 2) {
-        const int j = j0 + half;
-        if (j >= n) break;
-        const float cw = dc_round_bf16(w2 * a[j]);  // upstream: (w2 A).to(bf16) before the dot with v
-        const Pack128<__nv_bfloat16> vv = load128(dc_row(v, t - j, h, c));
+    // O_h = bf16(w2 A) V_h: A's fragments from shared memory, V's by ldmatrix.trans
+    float oacc[kDcDim / 8][4] = {};
+#pragma unroll 1
+    for (int c = 0; c < kDcTileK / kDcChunk; ++c) {
+        dc_stage_chunk(stage[h], v, k0 + c * kDcChunk, h, T, lane);
+        __syncwarp();
+        uint32_t wa[4];
 #pragma unroll
-        for (int i = 0; i < kDcLaneDims; ++i) acc[i] += cw * __bfloat162float(vv[i]);
+        for (int i = 0; i < 4; ++i) {
+            const int r = i % 2, col = c * kDcChunk + 2 * tq + 8 * (i / 2);
+            // upstream: (w2 A).to(bf16) before the dot with v
+            wa[i] = dc_pack_bf16(w2r[r] * a[g + 8 * r][col], w2r[r] * a[g + 8 * r][col + 1]);
+        }
+#pragma unroll
+        for (int nd = 0; nd < kDcDim / 8; nd += 2) {
+            uint32_t b[4];  // dims nd*8 .. +7 and (nd+1)*8 .. +7, keys 0-15 of the chunk
+            const int m = lane / 8;
+            ldmatrix_trans<4>(b, &stage[h][(m % 2) * 8 + lane % 8][(nd + m / 2) * 8]);
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_m16n8k16_bf16(oacc[nd], wa, b0, oacc[nd]);
+            mma_m16n8k16_bf16(oacc[nd + 1], wa, b1, oacc[nd + 1]);
+        }
+        __syncwarp();
     }
-    dc_join_halves(acc);
-    if (half == 0) dc_store_sum(dc_row(out, t, h, c), dc_row(y, t, h, c), acc, 1.0f, false);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int t = row_t[r];
+        if (t >= T) continue;
+#pragma unroll
+        for (int nd = 0; nd < kDcDim / 8; ++nd) {
+            const size_t i = (static_cast<size_t>(t) * kDcHeads + h) * kDcDim + nd * 8 + 2 * tq;
+            const __nv_bfloat162 yy = *reinterpret_cast<const __nv_bfloat162*>(y + i);
+            *reinterpret_cast<__nv_bfloat162*>(out + i) =
+                __floats2bfloat162_rn(__low2float(yy) + oacc[nd][2 * r], __high2float(yy) + oacc[nd][2 * r + 1]);
+        }
+    }
 }
 
 inline void dc_mha_require(const char* who, int T, int H, int D, int coef_stride, const int* cu_seqlens, int num_cu) {
@@ -198,7 +307,8 @@ inline void dc_mha_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* 
     dc_mha_require("dc_mha_forward", T, H, D, coef_stride, cu_seqlens, num_cu);
     kernel_require(out && y && q && k && v && coefs, "dc_mha_forward: out, y, q, k, v and the coefficients are required");
     kernel_require(all_aligned16({out, y, q, k, v}), "dc_mha_forward: out, y, q, k, v must be 16-byte aligned");
-    launch(dc_mha_forward_work(T, num_cu, lse != nullptr), dc_mha_forward_kernel, dim3(T), dim3(kDcThreads), 0, stream,
+    launch(dc_mha_forward_work(T, num_cu, lse != nullptr), dc_mha_forward_mma_kernel, dim3(ceil_div(T, kDcTileQ)),
+           dim3(kDcThreads), 0, stream,
            out, lse, y, q, k, v, coefs, coef_stride, cu_seqlens, num_cu, T, scale);
     CUDA_CHECK_LAUNCH();
 }

@@ -118,7 +118,8 @@ Ref reference(const Problem& p, bool round_w1, bool backward) {
             w1[h] = round_w1 ? round_bf16(y1[h]) : y1[h];
             w2[h] = g[kW2 + h];
         }
-        std::vector<double> P(H * nk), A(nk, 0), magS(nk, 0);  // magS: sum |q.k| per key, the scores' sizes
+        // magS: sum |q.k| per key (the scores' sizes); Am: sum_h |w1| P (A's, for its fp32 error: A may cancel)
+        std::vector<double> P(H * nk), A(nk, 0), Am(nk, 0), magS(nk, 0);
         for (int h = 0; h < H; ++h) {
             double mx = -1e300;
             std::vector<double> sc(nk);
@@ -139,20 +140,22 @@ Ref reference(const Problem& p, bool round_w1, bool backward) {
             for (int j = 0; j < nk; ++j) {
                 P[h * nk + j] = std::exp(sc[j] - mx) / den;
                 A[j] += w1[h] * P[h * nk + j];
+                Am[j] += std::fabs(w1[h]) * P[h * nk + j];
                 worst = std::max(worst, magS[j]);
             }
             r.tol_lse[static_cast<size_t>(t) * H + h] = 1e-5 * (1 + worst + std::fabs(r.lse[static_cast<size_t>(t) * H + h]));
         }
         for (int h = 0; h < H; ++h)
             for (int d = 0; d < D; ++d) {
-                double s = 0, m = 0;
+                double s = 0, m = 0, ma = 0;
                 for (int j = 0; j < nk; ++j) {
                     s += A[j] * p.v[p.at(t - j, h, d)];
                     m += std::fabs(A[j] * p.v[p.at(t - j, h, d)]);
+                    ma += Am[j] * std::fabs(p.v[p.at(t - j, h, d)]);
                 }
                 const size_t i = p.at(t, h, d);
                 r.out[i] += w2[h] * s;
-                r.tol_out[i] = kU * std::fabs(r.out[i]) + (kU + 1e-4) * std::fabs(w2[h]) * m + 1e-7;
+                r.tol_out[i] = kU * std::fabs(r.out[i]) + std::fabs(w2[h]) * (kU * m + 1e-4 * ma) + 1e-7;
             }
         if (!backward) continue;
         // backward, query side
@@ -177,7 +180,7 @@ Ref reference(const Problem& p, bool round_w1, bool backward) {
                 s1 += dA[j] * pj;
                 m1 += mdA[j] * pj;
                 s2 += dm[h * nk + j] * A[j];
-                m2 += mdm[h * nk + j] * std::fabs(A[j]);
+                m2 += mdm[h * nk + j] * Am[j];
                 soft += w1[h] * dA[j] * pj;
                 msoft += std::fabs(w1[h]) * mdA[j] * pj;
             }
@@ -197,6 +200,7 @@ Ref reference(const Problem& p, bool round_w1, bool backward) {
                     rnd_dq[iq] += p.scale * std::fabs(ds * p.k[ik]);
                     rnd_dk[ik] += p.scale * std::fabs(ds * p.q[iq]);
                     rnd_dv[ik] += std::fabs(w2[h] * A[j] * p.go[iq]);
+                    mag_dv[ik] += std::fabs(w2[h] * p.go[iq]) * Am[j];
                     mag_dq[iq] += p.scale * mds * std::fabs(p.k[ik]);
                     mag_dk[ik] += p.scale * mds * std::fabs(p.q[iq]);
                 }
@@ -223,7 +227,7 @@ Ref reference(const Problem& p, bool round_w1, bool backward) {
             r.dv[i] = p.dv0[i] + v;
             r.tol_dq[i] = kU * (std::fabs(r.dq[i]) + std::fabs(q) + rnd_dq[i]) + 1e-4 * mag_dq[i] + 1e-7;
             r.tol_dk[i] = kU * (std::fabs(r.dk[i]) + std::fabs(k) + rnd_dk[i]) + 1e-4 * mag_dk[i] + 1e-7;
-            r.tol_dv[i] = kU * (std::fabs(r.dv[i]) + std::fabs(v) + rnd_dv[i]) + 1e-4 * rnd_dv[i] + 1e-7;
+            r.tol_dv[i] = kU * (std::fabs(r.dv[i]) + std::fabs(v) + rnd_dv[i]) + 1e-4 * mag_dv[i] + 1e-7;
         }
     return r;
 }
