@@ -14,9 +14,9 @@
 //   dG[t, 35 + h] = dw2.
 // Layouts: q, k, v, y, out, go, dq, dk, dv (T, 6, 128) bf16 as kernels/attention.cuh; lse (T, 6) fp32 (natural
 // log of each local softmax's denominator); cu_seqlens as attention.cuh's (0, end of doc 0, ..., padded with T).
-// Warp h owns head h. Forward: one block per 16 queries, QK^T and PV on the tensor cores (mma.sync m16n8k16 over
-// the tile's 128 keys). Backward: one block per query (then one per key), each half-warp one key (query) of a pair,
-// each lane 8 of the 128 dims (16-byte loads), products on the CUDA cores.
+// One block per 16 queries (the forward, the backward's query side) or 16 keys (the backward's key side), warp h
+// head h; every product runs on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the tile's
+// 128 keys (queries), the other operand staged 16 rows at a time through shared memory.
 // Upstream's rounding points, kept here: scores and products accumulate in fp32 from bf16 operands (tl.dot); w1 and
 // the value weight w2 A are rounded to bf16 before use, as is dS before its two products; dw1, dw2, dq, dk, dv
 // are bf16 tensors upstream (dq, dk, dv then added to the attention's in bf16). Where the order differs: the
@@ -85,146 +85,133 @@ template <class B>
 __device__ __forceinline__ B* dc_row(B* x, int t, int h, int c) {
     return x + (static_cast<size_t>(t) * kDcHeads + h) * kDcDim + c * kDcLaneDims;
 }
-// This lane's 8 dims of a . b, summed over the half-warp's 16 lanes (both halves reduce at once).
-__device__ __forceinline__ float dc_half_dot(const Pack128<__nv_bfloat16>& a, const Pack128<__nv_bfloat16>& b,
-                                             bool valid) {
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kDcLaneDims; ++i) s += __bfloat162float(a[i]) * __bfloat162float(b[i]);
-    return warp_butterfly<WarpSum, 8>(valid ? s : 0.0f);
-}
-// acc (this lane's 8 dims) plus the other half-warp's: both halves end with the sum over all keys.
-__device__ __forceinline__ void dc_join_halves(float (&acc)[kDcLaneDims]) {
-#pragma unroll
-    for (int i = 0; i < kDcLaneDims; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], 16);
-}
-// dst[t, h, lane's dims] = bf16(base + bf16(add)) for the half-warp 0 lanes (base may be dst: read first).
-// round_add: the value is a bf16 tensor upstream before the addition (the gradients); else base + add in fp32.
-__device__ __forceinline__ void dc_store_sum(__nv_bfloat16* dst, const __nv_bfloat16* base, const float (&add)[kDcLaneDims],
-                                             float mul, bool round_add) {
-    const Pack128<__nv_bfloat16> b = load128(base);
-    Pack128<__nv_bfloat16> o;
-#pragma unroll
-    for (int i = 0; i < kDcLaneDims; ++i) {
-        const float a = add[i] * mul;
-        o[i] = __float2bfloat16(__bfloat162float(b[i]) + (round_add ? dc_round_bf16(a) : a));
-    }
-    store128(dst, o);
-}
-
-// ---- forward on the tensor cores ----
-// One block per 16 queries q0..q0+15, warp h head h. Their keys lie in [k0, k0 + 128), k0 = q0 - 111 (>= 0):
-// S_h = Q_h K_h^T and O_h = bf16(w2 A) V_h are m16n8k16 products over that 128-key tile, K_h and V_h staged
-// through shared memory 16 keys at a time (padded rows: the 8 rows an ldmatrix reads fall in distinct banks).
+// ---- tensor-core tiles ----
+// A block's 16 rows r0..r0+15 (queries; keys on the backward's key side) meet 128 columns c0..c0+127 (keys, or
+// queries): c0 = r0 - 111 for queries, r0 for keys. Accumulator element i of n8 tile n sits at row g + 8 (i / 2),
+// column 8 n + 2 tq + i % 2 (g = lane / 4, tq = lane % 4: PTX's m16n8k16 layouts, ptx.cuh).
 constexpr int kDcTileQ = 16;
-constexpr int kDcTileK = 128;                   // kDcTileQ + kDcWindow - 1 keys, rounded up
-constexpr int kDcChunk = 16;                    // keys per staged chunk
-constexpr int kDcRow = kDcDim + 8;              // bf16 per shared row
-static_assert(kDcTileQ + kDcWindow - 1 <= kDcTileK, "the query tile's keys must fit the key tile");
+constexpr int kDcTileK = 128;                   // kDcTileQ + kDcWindow - 1 columns, rounded up
+constexpr int kDcChunk = 16;                    // rows per staged chunk
+constexpr int kDcRow = kDcDim + 8;              // bf16 per shared row: the 8 rows an ldmatrix reads hit distinct banks
+static_assert(kDcTileQ + kDcWindow - 1 <= kDcTileK, "the 16 rows' window must fit the 128 columns");
+using DcStage = __nv_bfloat16[kDcChunk][kDcRow];
+using DcScores = float[kDcTileK / 8][4];       // 16 x 128 fp32 (n8 tiles of columns)
+using DcOut = float[kDcDim / 8][4];             // 16 x 128 fp32 (n8 tiles of dims)
 
 __device__ __forceinline__ uint32_t dc_pack_bf16(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (lo) in the low half
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half
     return *reinterpret_cast<const uint32_t*>(&v);
 }
 __device__ __forceinline__ uint32_t dc_load_pair(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-// The warp copies rows key0 .. key0 + 15 of head h of x into its chunk (zeros past T).
-__device__ __forceinline__ void dc_stage_chunk(__nv_bfloat16 (*chunk)[kDcRow], const __nv_bfloat16* x, int key0, int h,
-                                               int T, int lane) {
+// The warp copies rows row0 .. row0 + 15 of head h of x into its chunk (zeros past T).
+__device__ __forceinline__ void dc_stage_chunk(DcStage& chunk, const __nv_bfloat16* x, int row0, int h, int T, int lane) {
 #pragma unroll
     for (int i = 0; i < kDcChunk * kDcDim / kDcLaneDims / 32; ++i) {
         const int e = i * 32 + lane, r = e / (kDcDim / kDcLaneDims), c = e % (kDcDim / kDcLaneDims);
-        const int key = key0 + r;
+        const int row = row0 + r;
         store128(&chunk[r][c * kDcLaneDims],
-                 key < T ? load128(dc_row(x, key, h, c)) : Pack128<__nv_bfloat16>::filled(__float2bfloat16(0.0f)));
+                 row < T ? load128(dc_row(x, row, h, c)) : Pack128<__nv_bfloat16>::filled(__float2bfloat16(0.0f)));
     }
 }
-
-// Fragment rows of this lane (PTX m16n8k16 layouts, ptx.cuh): g = lane / 4 and g + 8; columns 2 (lane % 4) + {0, 1}.
-__global__ void __launch_bounds__(kDcThreads)
-    dc_mha_forward_mma_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* y, const __nv_bfloat16* q,
-                              const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coefs, int coef_stride,
-                              const int* cu_seqlens, int num_cu, int T, float scale) {
-    __shared__ __align__(16) __nv_bfloat16 stage[kDcHeads][kDcChunk][kDcRow];
-    __shared__ float a[kDcTileQ][kDcTileK + 4];
-    const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
-    const int q0 = blockIdx.x * kDcTileQ, k0 = max(0, q0 - (kDcWindow - 1));
-    int row_t[2], row_start[2];
-    float w1r[2], w2r[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        row_t[r] = q0 + g + 8 * r;
-        const int t = min(row_t[r], T - 1);  // rows past T compute on row T - 1 and store nothing
-        row_start[r] = dc_document(cu_seqlens, num_cu, t, T).start;
-        const float* gr = coefs + static_cast<size_t>(t) * coef_stride;
-        w1r[r] = dc_pick(dc_w1(gr).w1, h);
-        w2r[r] = gr[kDcW2Col + h];
-    }
-    for (int i = threadIdx.x; i < kDcTileQ * (kDcTileK + 4); i += kDcThreads) (&a[0][0])[i] = 0.0f;
-
-    // S_h = Q_h K_h^T: Q's A fragments straight from global memory (each element read once)
-    uint32_t qa[kDcDim / 16][4];
+// acc[., col] = x_h[row] . y_h[c0 + col] over the 128 dims for the lane's rows row_t (read at min(row, T - 1)):
+// x's A fragments from global memory (each element read once), y staged.
+__device__ inline void dc_tile_dots(DcScores& acc, const __nv_bfloat16* x, const int (&row_t)[2], const __nv_bfloat16* y,
+                                    int c0, int h, int T, DcStage& stage, int lane) {
+    const int tq = lane % 4, m = lane / 8;
+    uint32_t xa[kDcDim / 16][4];
 #pragma unroll
     for (int ks = 0; ks < kDcDim / 16; ++ks)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int t = min(row_t[i % 2], T - 1), col = ks * 16 + 2 * tq + 8 * (i / 2);
-            qa[ks][i] = dc_load_pair(q + (static_cast<size_t>(t) * kDcHeads + h) * kDcDim + col);
-        }
-    float sacc[kDcTileK / 8][4];
+        for (int i = 0; i < 4; ++i)
+            xa[ks][i] = dc_load_pair(dc_row(x, min(row_t[i % 2], T - 1), h, 0) + ks * 16 + 2 * tq + 8 * (i / 2));
 #pragma unroll
     for (int c = 0; c < kDcTileK / kDcChunk; ++c) {
-        dc_stage_chunk(stage[h], k, k0 + c * kDcChunk, h, T, lane);
+        dc_stage_chunk(stage, y, c0 + c * kDcChunk, h, T, lane);
         __syncwarp();
-        sacc[2 * c][0] = sacc[2 * c][1] = sacc[2 * c][2] = sacc[2 * c][3] = 0.0f;
-        sacc[2 * c + 1][0] = sacc[2 * c + 1][1] = sacc[2 * c + 1][2] = sacc[2 * c + 1][3] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[2 * c][i] = acc[2 * c + 1][i] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < kDcDim / 16; ++ks) {
-            uint32_t b[4];  // keys 0-7 and 8-15 of the chunk, dims ks*16 .. +15
-            const int m = lane / 8;
-            ldmatrix<4>(b, &stage[h][(m / 2) * 8 + lane % 8][ks * 16 + (m % 2) * 8]);
+            uint32_t b[4];  // columns 0-7 and 8-15 of the chunk, dims ks*16 .. +15
+            ldmatrix<4>(b, &stage[(m / 2) * 8 + lane % 8][ks * 16 + (m % 2) * 8]);
             const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_m16n8k16_bf16(sacc[2 * c], qa[ks], b0, sacc[2 * c]);
-            mma_m16n8k16_bf16(sacc[2 * c + 1], qa[ks], b1, sacc[2 * c + 1]);
+            mma_m16n8k16_bf16(acc[2 * c], xa[ks], b0, acc[2 * c]);
+            mma_m16n8k16_bf16(acc[2 * c + 1], xa[ks], b1, acc[2 * c + 1]);
         }
         __syncwarp();
     }
-    // the local softmax of each row over its valid keys (a row's values sit in the 4 lanes of its quad)
-    const float score_mul = scale * kDcLog2e;  // upstream: tl.dot(q, k^T) * (scaling * log2 e), then exp2
+}
+// out = w (16 x 128 columns, bf16) @ y_h[c0 .. c0 + 127] (128 dims): w's A fragment of columns 16c .. 16c + 15 from
+// frag(c, wa), y staged and read by ldmatrix.trans.
+template <class Frag>
+__device__ inline void dc_tile_mix(DcOut& out, Frag frag, const __nv_bfloat16* y, int c0, int h, int T, DcStage& stage,
+                                   int lane) {
+    const int m = lane / 8;
+#pragma unroll
+    for (int nd = 0; nd < kDcDim / 8; ++nd)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) out[nd][i] = 0.0f;
+#pragma unroll 1
+    for (int c = 0; c < kDcTileK / kDcChunk; ++c) {
+        dc_stage_chunk(stage, y, c0 + c * kDcChunk, h, T, lane);
+        __syncwarp();
+        uint32_t wa[4];
+        frag(c, wa);
+#pragma unroll
+        for (int nd = 0; nd < kDcDim / 8; nd += 2) {
+            uint32_t b[4];  // dims nd*8 .. +7 and (nd+1)*8 .. +7, rows 0-15 of the chunk
+            ldmatrix_trans<4>(b, &stage[(m % 2) * 8 + lane % 8][(nd + m / 2) * 8]);
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_m16n8k16_bf16(out[nd], wa, b0, out[nd]);
+            mma_m16n8k16_bf16(out[nd + 1], wa, b1, out[nd + 1]);
+        }
+        __syncwarp();
+    }
+}
+// dst[row, h, :] = bf16(base + add * mul) for the lane's rows < T (base may be dst: each element read, then written);
+// round_add: add * mul is a bf16 tensor upstream before the addition (the gradients), else the sum is fp32.
+__device__ inline void dc_store_tile(__nv_bfloat16* dst, const __nv_bfloat16* base, const DcOut& add, const int (&row_t)[2],
+                                     int h, int T, float mul, bool round_add, int lane) {
+    const int tq = lane % 4;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-        const int t = row_t[r];
-        float m = -INFINITY;
+        if (row_t[r] >= T) continue;
 #pragma unroll
-        for (int n = 0; n < kDcTileK / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int key = k0 + n * 8 + 2 * tq + e;
-                const bool ok = t < T && key <= t && t - key < kDcWindow && key >= row_start[r];
-                float& s = sacc[n][2 * r + e];
-                s = ok ? s * score_mul : -INFINITY;
-                m = fmaxf(m, s);
-            }
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        const float m_safe = m == -INFINITY ? 0.0f : m;  // rows past T: no key
-        float denom = 0.0f;
-#pragma unroll
-        for (int n = 0; n < kDcTileK / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                float& s = sacc[n][2 * r + e];
-                s = exp2f(s - m_safe);
-                denom += s;
-            }
-        denom += __shfl_xor_sync(0xffffffffu, denom, 1);
-        denom += __shfl_xor_sync(0xffffffffu, denom, 2);
-#pragma unroll
-        for (int n = 0; n < kDcTileK / 8; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) sacc[n][2 * r + e] = denom > 0.0f ? sacc[n][2 * r + e] / denom : 0.0f;
-        if (lse && tq == 0 && t < T) lse[static_cast<size_t>(t) * kDcHeads + h] = m_safe * 0.6931471805599453f + logf(denom);
+        for (int nd = 0; nd < kDcDim / 8; ++nd) {
+            const size_t i = (static_cast<size_t>(row_t[r]) * kDcHeads + h) * kDcDim + nd * 8 + 2 * tq;
+            const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(base + i);
+            float a0 = add[nd][2 * r] * mul, a1 = add[nd][2 * r + 1] * mul;
+            if (round_add) a0 = dc_round_bf16(a0), a1 = dc_round_bf16(a1);
+            *reinterpret_cast<__nv_bfloat162*>(dst + i) = __floats2bfloat162_rn(__low2float(b) + a0, __high2float(b) + a1);
+        }
     }
-    // A = sum_h w1 P_h in fp32, heads in order (upstream's a_acc): warp h adds its term at turn h
+}
+// Key c0 + col is one of query t's: t - 111 <= key <= t, key >= t's document start.
+__device__ __forceinline__ bool dc_key_ok(int t, int key, int doc_start, int T) {
+    return t < T && key <= t && t - key < kDcWindow && key >= doc_start;
+}
+// The query rows' coefficients, for this warp's head.
+struct DcRows {
+    int t[2], start[2];
+    float w1[2], w2[2];
+};
+__device__ inline DcRows dc_query_rows(const float* coefs, int coef_stride, const int* cu_seqlens, int num_cu, int q0,
+                                       int h, int T, int lane) {
+    DcRows rows;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        rows.t[r] = q0 + lane / 4 + 8 * r;
+        const int t = min(rows.t[r], T - 1);  // rows past T compute on row T - 1 and store nothing
+        rows.start[r] = dc_document(cu_seqlens, num_cu, t, T).start;
+        const float* g = coefs + static_cast<size_t>(t) * coef_stride;
+        rows.w1[r] = dc_pick(dc_w1(g).w1, h);
+        rows.w2[r] = g[kDcW2Col + h];
+    }
+    return rows;
+}
+// sum[r] += w[r] * acc over the 16 x 128 tile in shared memory, warp h at turn h (fp32, heads in upstream's order).
+__device__ inline void dc_add_heads(float (*sum)[kDcTileK + 4], const DcScores& acc, const float (&w)[2], int h, int lane) {
+    const int g = lane / 4, tq = lane % 4;
 #pragma unroll 1
     for (int turn = 0; turn < kDcHeads; ++turn) {
         __syncthreads();
@@ -232,45 +219,73 @@ __global__ void __launch_bounds__(kDcThreads)
 #pragma unroll
             for (int n = 0; n < kDcTileK / 8; ++n)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) a[g + 8 * (i / 2)][n * 8 + 2 * tq + i % 2] += w1r[i / 2] * sacc[n][i];
+                for (int i = 0; i < 4; ++i) sum[g + 8 * (i / 2)][n * 8 + 2 * tq + i % 2] += w[i / 2] * acc[n][i];
     }
     __syncthreads();
-    // O_h = bf16(w2 A) V_h: A's fragments from shared memory, V's by ldmatrix.trans
-    float oacc[kDcDim / 8][4] = {};
-#pragma unroll 1
-    for (int c = 0; c < kDcTileK / kDcChunk; ++c) {
-        dc_stage_chunk(stage[h], v, k0 + c * kDcChunk, h, T, lane);
-        __syncwarp();
-        uint32_t wa[4];
+}
+// Sum over the 4 lanes of a quad (one accumulator row).
+__device__ __forceinline__ float dc_quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// ---- forward ----
+// P_h over each row's keys (lse saved when lse != null), A = sum_h w1 P_h, out = y + w2 A V.
+__global__ void __launch_bounds__(kDcThreads)
+    dc_mha_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* y, const __nv_bfloat16* q,
+                          const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coefs, int coef_stride,
+                          const int* cu_seqlens, int num_cu, int T, float scale) {
+    __shared__ __align__(16) DcStage stage[kDcHeads];
+    __shared__ float a[kDcTileQ][kDcTileK + 4];
+    const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    const int q0 = blockIdx.x * kDcTileQ, k0 = max(0, q0 - (kDcWindow - 1));
+    const DcRows rows = dc_query_rows(coefs, coef_stride, cu_seqlens, num_cu, q0, h, T, lane);
+    for (int i = threadIdx.x; i < kDcTileQ * (kDcTileK + 4); i += kDcThreads) (&a[0][0])[i] = 0.0f;
+
+    DcScores p;
+    dc_tile_dots(p, q, rows.t, k, k0, h, T, stage[h], lane);
+    const float score_mul = scale * kDcLog2e;  // upstream: tl.dot(q, k^T) * (scaling * log2 e), then exp2
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int r = i % 2, col = c * kDcChunk + 2 * tq + 8 * (i / 2);
-            // upstream: (w2 A).to(bf16) before the dot with v
-            wa[i] = dc_pack_bf16(w2r[r] * a[g + 8 * r][col], w2r[r] * a[g + 8 * r][col + 1]);
-        }
+    for (int r = 0; r < 2; ++r) {  // the local softmax of row g + 8r over its valid keys
+        float m = -INFINITY;
 #pragma unroll
-        for (int nd = 0; nd < kDcDim / 8; nd += 2) {
-            uint32_t b[4];  // dims nd*8 .. +7 and (nd+1)*8 .. +7, keys 0-15 of the chunk
-            const int m = lane / 8;
-            ldmatrix_trans<4>(b, &stage[h][(m % 2) * 8 + lane % 8][(nd + m / 2) * 8]);
-            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_m16n8k16_bf16(oacc[nd], wa, b0, oacc[nd]);
-            mma_m16n8k16_bf16(oacc[nd + 1], wa, b1, oacc[nd + 1]);
-        }
-        __syncwarp();
+        for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float& s = p[n][2 * r + e];
+                s = dc_key_ok(rows.t[r], k0 + n * 8 + 2 * tq + e, rows.start[r], T) ? s * score_mul : -INFINITY;
+                m = fmaxf(m, s);
+            }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        if (m == -INFINITY) m = 0.0f;  // rows past T: no key
+        float denom = 0.0f;
+#pragma unroll
+        for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) denom += p[n][2 * r + e] = exp2f(p[n][2 * r + e] - m);
+        denom = dc_quad_sum(denom);
+#pragma unroll
+        for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) p[n][2 * r + e] = denom > 0.0f ? p[n][2 * r + e] / denom : 0.0f;  // renormalised
+        if (lse && tq == 0 && rows.t[r] < T)
+            lse[static_cast<size_t>(rows.t[r]) * kDcHeads + h] = m * 0.6931471805599453f + logf(denom);
     }
+    dc_add_heads(a, p, rows.w1, h, lane);
+    DcOut o;
+    dc_tile_mix(
+        o,
+        [&](int c, uint32_t (&wa)[4]) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int t = row_t[r];
-        if (t >= T) continue;
-#pragma unroll
-        for (int nd = 0; nd < kDcDim / 8; ++nd) {
-            const size_t i = (static_cast<size_t>(t) * kDcHeads + h) * kDcDim + nd * 8 + 2 * tq;
-            const __nv_bfloat162 yy = *reinterpret_cast<const __nv_bfloat162*>(y + i);
-            *reinterpret_cast<__nv_bfloat162*>(out + i) =
-                __floats2bfloat162_rn(__low2float(yy) + oacc[nd][2 * r], __high2float(yy) + oacc[nd][2 * r + 1]);
-        }
-    }
+            for (int i = 0; i < 4; ++i) {
+                const int r = i % 2, col = c * kDcChunk + 2 * tq + 8 * (i / 2);
+                // upstream: (w2 A).to(bf16) before the dot with v
+                wa[i] = dc_pack_bf16(rows.w2[r] * a[g + 8 * r][col], rows.w2[r] * a[g + 8 * r][col + 1]);
+            }
+        },
+        v, k0, h, T, stage[h], lane);
+    dc_store_tile(out, y, o, rows.t, h, T, 1.0f, false, lane);
 }
 
 inline void dc_mha_require(const char* who, int T, int H, int D, int coef_stride, const int* cu_seqlens, int num_cu) {
@@ -282,19 +297,22 @@ inline void dc_mha_require(const char* who, int T, int H, int D, int coef_stride
                    kDcW2Col + kDcHeads - 1, coef_stride);
     kernel_require(cu_seqlens != nullptr && num_cu >= 1, "%s: cu_seqlens needs at least one entry", who);
 }
-// Counted as one document (each token sees min(t + 1, 112) keys): an upper bound when documents are shorter.
+// Valid (query, key) pairs counted as one document (each token sees min(t + 1, 112) keys): an upper bound.
 inline double dc_mha_pairs(int T) {
     const double full = T > kDcWindow ? double(T - kDcWindow) : 0.0, ramp = T < kDcWindow ? T : kDcWindow;
     return full * kDcWindow + ramp * (ramp + 1) / 2;
 }
+// One 16 x 128 x 128 tile product per block and head (masked columns included: the tensor cores compute them).
+inline double dc_tile_products_flops(int T) { return ceil_div(T, kDcTileQ) * kDcHeads * 2.0 * kDcTileQ * kDcTileK * kDcDim; }
 inline double dc_rows_bytes(int T) { return 2.0 * T * kDcHeads * kDcDim; }
 inline double dc_coef_bytes(int T) { return 4.0 * T * 2 * kDcHeads; }
-// Reads q, k, v, y, the gate's 12 columns and cu_seqlens; writes out and (training) lse. Per key pair and head:
-// q.k and the weighted v (2 x 2D FLOPs), exp2 and normalising (~5), A's 2 per head.
+// Reads q, k, v, y, the gate's 12 columns and cu_seqlens; writes out and (training) lse. Two tile products (QK^T,
+// PV) per block and head; per tile element exp2, the mask and normalising (~6), A's 2 per head.
 inline Work dc_mha_forward_work(int T, int num_cu, bool saves_lse) {
-    const double pairs = dc_mha_pairs(T);
+    const double elems = double(ceil_div(T, kDcTileQ)) * kDcHeads * kDcTileQ * kDcTileK;
     return Work{.name = "dc_mha_forward",
-                .flops = pairs * kDcHeads * (4.0 * kDcDim + 7.0),
+                .tc_flops = 2 * dc_tile_products_flops(T),
+                .flops = 8.0 * elems,
                 .bytes_read = 4 * dc_rows_bytes(T) + dc_coef_bytes(T) + 4.0 * num_cu,
                 .bytes_written = dc_rows_bytes(T) + (saves_lse ? 4.0 * T * kDcHeads : 0.0)};
 }
@@ -307,14 +325,13 @@ inline void dc_mha_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* 
     dc_mha_require("dc_mha_forward", T, H, D, coef_stride, cu_seqlens, num_cu);
     kernel_require(out && y && q && k && v && coefs, "dc_mha_forward: out, y, q, k, v and the coefficients are required");
     kernel_require(all_aligned16({out, y, q, k, v}), "dc_mha_forward: out, y, q, k, v must be 16-byte aligned");
-    launch(dc_mha_forward_work(T, num_cu, lse != nullptr), dc_mha_forward_mma_kernel, dim3(ceil_div(T, kDcTileQ)),
-           dim3(kDcThreads), 0, stream,
-           out, lse, y, q, k, v, coefs, coef_stride, cu_seqlens, num_cu, T, scale);
+    launch(dc_mha_forward_work(T, num_cu, lse != nullptr), dc_mha_forward_kernel, dim3(ceil_div(T, kDcTileQ)),
+           dim3(kDcThreads), 0, stream, out, lse, y, q, k, v, coefs, coef_stride, cu_seqlens, num_cu, T, scale);
     CUDA_CHECK_LAUNCH();
 }
 
 // ---- backward ----
-// The query side's products for the key side: A[t, j] (fp32, T x 112) and dS_h[t, j] (bf16, T x 6 x 112).
+// The query side's products for the key side: A[t, j] (fp32, T x 112) and dS_h[t, j] (bf16, T x 6 x 112), j = t - s.
 inline size_t dc_mha_backward_workspace_bytes(int T) {
     return static_cast<size_t>(T) * kDcWindow * (sizeof(float) + kDcHeads * sizeof(__nv_bfloat16));
 }
@@ -327,138 +344,196 @@ inline DcScratch dc_scratch(void* workspace, int T) {
     return {a, reinterpret_cast<__nv_bfloat16*>(a + static_cast<size_t>(T) * kDcWindow)};
 }
 
-// One block per query t: recomputes P_h from lse, then dA, dw1, dw2 (dG's 12 columns), dS (kept for the key
-// side, with A) and dq += scale dS k.
+// P_h = exp(scale q.k - lse) on the row's valid keys, 0 elsewhere (upstream: exp2(score - lse log2 e)).
+__device__ inline void dc_probs(DcScores& p, const DcRows& rows, const float (&lse2)[2], int k0, float score_mul, int T,
+                                int lane) {
+    const int tq = lane % 4;
+#pragma unroll
+    for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int r = i / 2;
+            p[n][i] = dc_key_ok(rows.t[r], k0 + n * 8 + 2 * tq + i % 2, rows.start[r], T) ? exp2f(p[n][i] * score_mul - lse2[r])
+                                                                                         : 0.0f;
+        }
+}
+
+// One block per 16 queries: dm_h = go_h . v_h, dA = sum_h w2 dm_h; P_h (from lse), A = sum_h w1 P_h, dw1 = sum dA P,
+// dS = bf16(P (w1 dA - sum w1 dA P)) into the scratch (with A, for the key side); dm_h again (recomputed rather
+// than kept: registers), dw2 = sum dm A; dq += scale dS K (dS read back by the warp that wrote it); dG's 12
+// columns through the rms backward.
 __global__ void __launch_bounds__(kDcThreads)
     dc_mha_backward_query_kernel(__nv_bfloat16* dq, float* dcoefs, float* a_out, __nv_bfloat16* ds_out,
                                  const __nv_bfloat16* go, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                  const __nv_bfloat16* v, const float* lse, const float* coefs, int coef_stride,
                                  const int* cu_seqlens, int num_cu, int T, float scale) {
-    __shared__ float p[kDcHeads][kDcWindow], dm[kDcHeads][kDcWindow];
-    __shared__ float a[kDcWindow], da[kDcWindow];
-    __shared__ float gw1[kDcHeads], gw2[kDcHeads];
-    const int t = blockIdx.x, h = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane / 16, c = lane % 16;
-    const DcDoc doc = dc_document(cu_seqlens, num_cu, t, T);
-    const int n = min(kDcWindow, t - doc.start + 1);
-    const float* g = coefs + static_cast<size_t>(t) * coef_stride;
-    const DcW1 w = dc_w1(g);
-    const float score_mul = scale * kDcLog2e, w1 = dc_pick(w.w1, h);
-    const float lse2 = lse[static_cast<size_t>(t) * kDcHeads + h] * kDcLog2e;
+    __shared__ __align__(16) DcStage stage[kDcHeads];
+    __shared__ float a[kDcTileQ][kDcTileK + 4], da[kDcTileQ][kDcTileK + 4];
+    __shared__ float gw[2][kDcTileQ][kDcHeads];  // bf16 values of dw1, dw2
+    const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    const int q0 = blockIdx.x * kDcTileQ, k0 = max(0, q0 - (kDcWindow - 1));
+    const DcRows rows = dc_query_rows(coefs, coef_stride, cu_seqlens, num_cu, q0, h, T, lane);
+    const float score_mul = scale * kDcLog2e;
+    float lse2[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) lse2[r] = lse[static_cast<size_t>(min(rows.t[r], T - 1)) * kDcHeads + h] * kDcLog2e;
+    for (int i = threadIdx.x; i < kDcTileQ * (kDcTileK + 4); i += kDcThreads) (&a[0][0])[i] = (&da[0][0])[i] = 0.0f;
 
-    const Pack128<__nv_bfloat16> qv = load128(dc_row(q, t, h, c)), gv = load128(dc_row(go, t, h, c));
-    for (int j0 = 0; j0 < n; j0 += 2) {
-        const int j = j0 + half;
-        const bool ok = j < n;
-        const int s = t - (ok ? j : 0);
-        const float d = dc_half_dot(qv, load128(dc_row(k, s, h, c)), ok);
-        const float m = dc_half_dot(gv, load128(dc_row(v, s, h, c)), ok);
-        if (ok && c == 0) {
-            p[h][j] = exp2f(d * score_mul - lse2);  // upstream: exp2(score - lse log2 e)
-            dm[h][j] = m;
+    DcScores acc;
+    dc_tile_dots(acc, go, rows.t, v, k0, h, T, stage[h], lane);  // dm_h (fp32, as upstream's tl.dot)
+    dc_add_heads(da, acc, rows.w2, h, lane);  // dA (upstream's da_acc)
+    dc_tile_dots(acc, q, rows.t, k, k0, h, T, stage[h], lane);
+    dc_probs(acc, rows, lse2, k0, score_mul, T, lane);
+    dc_add_heads(a, acc, rows.w1, h, lane);   // A (upstream's a_hidden)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float soft = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float d = da[g + 8 * r][n * 8 + 2 * tq + e], pp = acc[n][2 * r + e];
+                soft += rows.w1[r] * d * pp;  // upstream's soft_dot: sum (w1 dA) P
+                s1 += d * pp;
+            }
+        soft = dc_quad_sum(soft);
+        s1 = dc_quad_sum(s1);
+        if (tq == 0) gw[0][g + 8 * r][h] = dc_round_bf16(s1);  // upstream's gpost_w1 is a bf16 tensor
+        const int t = rows.t[r];
+#pragma unroll
+        for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int key = k0 + n * 8 + 2 * tq + e;
+                if (!dc_key_ok(t, key, rows.start[r], T)) continue;
+                // upstream: ds.to(bf16) before its dots with k and q
+                const float ds = acc[n][2 * r + e] * (rows.w1[r] * da[g + 8 * r][n * 8 + 2 * tq + e] - soft);
+                ds_out[(static_cast<size_t>(t) * kDcHeads + h) * kDcWindow + (t - key)] = __float2bfloat16(ds);
+                if (h == 0) a_out[static_cast<size_t>(t) * kDcWindow + (t - key)] = a[g + 8 * r][n * 8 + 2 * tq + e];
+            }
+    }
+    dc_tile_dots(acc, go, rows.t, v, k0, h, T, stage[h], lane);  // dm_h again (recomputed rather than kept: registers)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        float s = 0.0f;
+#pragma unroll
+        for (int n = 0; n < kDcTileK / 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) s += acc[n][2 * r + e] * a[g + 8 * r][n * 8 + 2 * tq + e];
+        s = dc_quad_sum(s);
+        if (tq == 0) gw[1][g + 8 * r][h] = dc_round_bf16(s);  // upstream's gpost_w2 is a bf16 tensor
+    }
+    DcOut o;
+    dc_tile_mix(
+        o,
+        [&](int c, uint32_t (&wa)[4]) {  // dS read back from the scratch (kept in registers, the kernel would spill)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int r = i % 2, t = rows.t[r];
+                float x[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = k0 + c * kDcChunk + 2 * tq + 8 * (i / 2) + e;
+                    x[e] = dc_key_ok(t, key, rows.start[r], T)
+                               ? __bfloat162float(ds_out[(static_cast<size_t>(t) * kDcHeads + h) * kDcWindow + (t - key)])
+                               : 0.0f;
+                }
+                wa[i] = dc_pack_bf16(x[0], x[1]);
+            }
+        },
+        k, k0, h, T, stage[h], lane);
+    dc_store_tile(dq, dq, o, rows.t, h, T, scale, true, lane);
+    __syncthreads();
+    if (threadIdx.x < kDcTileQ * kDcHeads) {  // dG[t, 29 + i] = bf16((dw1_i - y_i mean(dw1 y)) rstd), torch's rms_norm backward
+        const int r = threadIdx.x / kDcHeads, i = threadIdx.x % kDcHeads, t = q0 + r;
+        if (t < T) {
+            const DcW1 w = dc_w1(coefs + static_cast<size_t>(t) * coef_stride);
+            float dot = 0.0f;  // y = raw rstd, unrounded
+#pragma unroll
+            for (int hh = 0; hh < kDcHeads; ++hh) dot += gw[0][r][hh] * (w.raw[hh] * w.rstd);
+            float* dg = dcoefs + static_cast<size_t>(t) * coef_stride;
+            dg[kDcW1Col + i] = dc_round_bf16(w.rstd * (gw[0][r][i] - dc_pick(w.raw, i) * w.rstd * (dot / kDcHeads)));
+            dg[kDcW2Col + i] = gw[1][r][i];
         }
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < n; j += kDcThreads) {
-        float sa = 0.0f, sd = 0.0f;
-#pragma unroll
-        for (int hh = 0; hh < kDcHeads; ++hh) {  // fp32, heads in order (upstream's a_hidden and da_acc)
-            sa += w.w1[hh] * p[hh][j];
-            sd += g[kDcW2Col + hh] * dm[hh][j];
-        }
-        a[j] = sa;
-        da[j] = sd;
-        a_out[static_cast<size_t>(t) * kDcWindow + j] = sa;
-    }
-    __syncthreads();
-    float s_w2 = 0.0f, s_soft = 0.0f, s_w1 = 0.0f;
-    for (int j = lane; j < n; j += 32) {
-        s_w2 += dm[h][j] * a[j];
-        s_soft += w1 * da[j] * p[h][j];  // upstream's soft_dot: sum (w1 dA) P
-        s_w1 += da[j] * p[h][j];
-    }
-    s_w2 = warp_reduce_sum(s_w2);
-    s_soft = warp_reduce_sum(s_soft);
-    s_w1 = warp_reduce_sum(s_w1);
-    if (lane == 0) {
-        gw1[h] = dc_round_bf16(s_w1);  // upstream's gpost_w1 / gpost_w2 are bf16 tensors
-        gw2[h] = dc_round_bf16(s_w2);
-    }
-    __nv_bfloat16* ds_row = ds_out + (static_cast<size_t>(t) * kDcHeads + h) * kDcWindow;
-    for (int j = lane; j < n; j += 32) {
-        const float ds = dc_round_bf16(p[h][j] * (w1 * da[j] - s_soft));  // upstream: ds.to(bf16) before the dots
-        p[h][j] = ds;
-        ds_row[j] = __float2bfloat16(ds);
-    }
-    __syncthreads();
-    float acc[kDcLaneDims] = {};
-    for (int j0 = 0; j0 < n; j0 += 2) {
-        const int j = j0 + half;
-        if (j >= n) break;
-        const float ds = p[h][j];
-        const Pack128<__nv_bfloat16> kv = load128(dc_row(k, t - j, h, c));
-#pragma unroll
-        for (int i = 0; i < kDcLaneDims; ++i) acc[i] += ds * __bfloat162float(kv[i]);
-    }
-    dc_join_halves(acc);
-    if (half == 0) dc_store_sum(dc_row(dq, t, h, c), dc_row(dq, t, h, c), acc, scale, true);
-    if (threadIdx.x < kDcHeads) {
-        const int i = threadIdx.x;
-        float dot = 0.0f;  // mean_h(dw1 y1), y1 = raw rstd unrounded (torch's rms_norm backward)
-#pragma unroll
-        for (int hh = 0; hh < kDcHeads; ++hh) dot += gw1[hh] * (w.raw[hh] * w.rstd);
-        float* dg = dcoefs + static_cast<size_t>(t) * coef_stride;
-        const float raw = dc_pick(w.raw, i);
-        dg[kDcW1Col + i] = dc_round_bf16(w.rstd * (gw1[i] - raw * w.rstd * (dot / kDcHeads)));  // bf16 dc_w1 grad
-        dg[kDcW2Col + i] = gw2[i];
     }
 }
 
-// One block per key s: dk += scale sum_t dS k-side, dv += sum_t bf16(w2 A) go over the queries t = s .. s + 111 of
-// s's document.
+// One block per 16 keys s0..s0+15 and their queries s0 .. s0 + 127: dk += scale dS^T Q, dv += bf16(w2 A)^T go, the
+// A fragments gathered from the scratch (query t's column j = t - s) where (t, s) is a valid pair, zeros elsewhere.
 __global__ void __launch_bounds__(kDcThreads)
     dc_mha_backward_key_kernel(__nv_bfloat16* dk, __nv_bfloat16* dv, const float* a_in, const __nv_bfloat16* ds_in,
                                const __nv_bfloat16* go, const __nv_bfloat16* q, const float* coefs, int coef_stride,
                                const int* cu_seqlens, int num_cu, int T, float scale) {
-    const int s = blockIdx.x, h = threadIdx.x / 32, lane = threadIdx.x % 32, half = lane / 16, c = lane % 16;
-    const DcDoc doc = dc_document(cu_seqlens, num_cu, s, T);
-    const int n = min(kDcWindow, doc.end - s);  // queries s, s+1, ..., s+n-1
-    float acc_k[kDcLaneDims] = {}, acc_v[kDcLaneDims] = {};
-    for (int j0 = 0; j0 < n; j0 += 2) {
-        const int j = j0 + half;
-        if (j >= n) break;
-        const int t = s + j;
-        const float ds = __bfloat162float(ds_in[(static_cast<size_t>(t) * kDcHeads + h) * kDcWindow + j]);
-        const float cw = dc_round_bf16(coefs[static_cast<size_t>(t) * coef_stride + kDcW2Col + h] *
-                                       a_in[static_cast<size_t>(t) * kDcWindow + j]);  // upstream: (w2 A).to(bf16)
-        const Pack128<__nv_bfloat16> qv = load128(dc_row(q, t, h, c)), gv = load128(dc_row(go, t, h, c));
+    __shared__ __align__(16) DcStage stage[kDcHeads];
+    const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
+    const int s0 = blockIdx.x * kDcTileQ;
+    int key[2], end[2];
 #pragma unroll
-        for (int i = 0; i < kDcLaneDims; ++i) {
-            acc_k[i] += ds * __bfloat162float(qv[i]);
-            acc_v[i] += cw * __bfloat162float(gv[i]);
-        }
+    for (int r = 0; r < 2; ++r) {
+        key[r] = s0 + g + 8 * r;
+        end[r] = key[r] < T ? dc_document(cu_seqlens, num_cu, key[r], T).end : 0;  // no query for keys past T
     }
-    dc_join_halves(acc_k);
-    dc_join_halves(acc_v);
-    if (half == 0) {
-        dc_store_sum(dc_row(dk, s, h, c), dc_row(dk, s, h, c), acc_k, scale, true);
-        dc_store_sum(dc_row(dv, s, h, c), dc_row(dv, s, h, c), acc_v, 1.0f, true);
-    }
+    // pair (query t, key s) of the lane's fragment element: valid, and the scratch index t * 112 + (t - s)
+    auto pair = [&](int c, int i, int e, size_t& j) {
+        const int r = i % 2, t = s0 + c * kDcChunk + 2 * tq + 8 * (i / 2) + e;
+        j = static_cast<size_t>(t) * kDcWindow + (t - key[r]);
+        return t >= key[r] && t < end[r] && t - key[r] < kDcWindow;
+    };
+    DcOut o;
+    dc_tile_mix(
+        o,
+        [&](int c, uint32_t (&wa)[4]) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float x[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    size_t j;
+                    const bool ok = pair(c, i, e, j);
+                    const size_t t = j / kDcWindow;
+                    x[e] = ok ? __bfloat162float(ds_in[(t * kDcHeads + h) * kDcWindow + j % kDcWindow]) : 0.0f;
+                }
+                wa[i] = dc_pack_bf16(x[0], x[1]);  // already bf16 values
+            }
+        },
+        q, s0, h, T, stage[h], lane);
+    dc_store_tile(dk, dk, o, key, h, T, scale, true, lane);
+    dc_tile_mix(
+        o,
+        [&](int c, uint32_t (&wa)[4]) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                float x[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    size_t j;
+                    const bool ok = pair(c, i, e, j);
+                    // upstream: (w2 A).to(bf16) before its dot with go
+                    x[e] = ok ? coefs[(j / kDcWindow) * coef_stride + kDcW2Col + h] * a_in[j] : 0.0f;
+                }
+                wa[i] = dc_pack_bf16(x[0], x[1]);
+            }
+        },
+        go, s0, h, T, stage[h], lane);
+    dc_store_tile(dv, dv, o, key, h, T, 1.0f, true, lane);
 }
 
-// Reads go, q, k, v, lse, the gate's 12 columns; writes dq (read and written: added to), the 12 gradient columns
-// and the scratch (A and dS). Per pair and head: two dots (4D), dS and the sums (~12), dq's 2D; A and dA 4 per head.
+// Reads go, q, k (twice), v, lse, the gate's 12 columns; writes dq (read and written: added to), the 12 gradient
+// columns and the scratch (A and dS). Tile products: QK^T twice, go V^T, dS K; per tile element ~16.
 inline Work dc_mha_backward_query_work(int T, int num_cu) {
-    const double pairs = dc_mha_pairs(T);
+    const double elems = double(ceil_div(T, kDcTileQ)) * kDcHeads * kDcTileQ * kDcTileK;
     return Work{.name = "dc_mha_backward_query",
-                .flops = pairs * kDcHeads * (6.0 * kDcDim + 16.0) + 30.0 * T,
-                .bytes_read = 5 * dc_rows_bytes(T) + 4.0 * T * kDcHeads + dc_coef_bytes(T) + 4.0 * num_cu,
-                .bytes_written = dc_rows_bytes(T) + dc_coef_bytes(T) + pairs * (4.0 + 2.0 * kDcHeads)};
+                .tc_flops = 4 * dc_tile_products_flops(T),
+                .flops = 16.0 * elems + 30.0 * T,
+                .bytes_read = 6 * dc_rows_bytes(T) + 4.0 * T * kDcHeads + dc_coef_bytes(T) + 4.0 * num_cu,
+                .bytes_written = dc_rows_bytes(T) + dc_coef_bytes(T) + dc_mha_pairs(T) * (4.0 + 2.0 * kDcHeads)};
 }
-// Reads the scratch, go, q, w2 and dk, dv; writes dk and dv. Per pair and head: 2 x 2D, the value weight 2.
+// Reads the scratch, go, q, w2 and dk, dv; writes dk and dv. Tile products: dS^T Q and (w2 A)^T go.
 inline Work dc_mha_backward_key_work(int T, int num_cu) {
     const double pairs = dc_mha_pairs(T);
     return Work{.name = "dc_mha_backward_key",
-                .flops = pairs * kDcHeads * (4.0 * kDcDim + 2.0),
+                .tc_flops = 2 * dc_tile_products_flops(T),
+                .flops = pairs * kDcHeads * 2.0,
                 .bytes_read = 4 * dc_rows_bytes(T) + pairs * (4.0 + 2.0 * kDcHeads) + 4.0 * T * kDcHeads + 4.0 * num_cu,
                 .bytes_written = 2 * dc_rows_bytes(T)};
 }
@@ -479,11 +554,12 @@ inline void dc_mha_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16*
                    "dc_mha_backward: workspace of %zu bytes, needs %zu", workspace_bytes,
                    dc_mha_backward_workspace_bytes(T));
     const DcScratch sc = dc_scratch(workspace, T);
-    launch(dc_mha_backward_query_work(T, num_cu), dc_mha_backward_query_kernel, dim3(T), dim3(kDcThreads), 0, stream,
-           dq, dcoefs, sc.a, sc.ds, go, q, k, v, lse, coefs, coef_stride, cu_seqlens, num_cu, T, scale);
+    const dim3 grid(ceil_div(T, kDcTileQ));
+    launch(dc_mha_backward_query_work(T, num_cu), dc_mha_backward_query_kernel, grid, dim3(kDcThreads), 0, stream, dq,
+           dcoefs, sc.a, sc.ds, go, q, k, v, lse, coefs, coef_stride, cu_seqlens, num_cu, T, scale);
     CUDA_CHECK_LAUNCH();
-    launch(dc_mha_backward_key_work(T, num_cu), dc_mha_backward_key_kernel, dim3(T), dim3(kDcThreads), 0, stream, dk,
-           dv, static_cast<const float*>(sc.a), static_cast<const __nv_bfloat16*>(sc.ds), go, q, coefs, coef_stride,
+    launch(dc_mha_backward_key_work(T, num_cu), dc_mha_backward_key_kernel, grid, dim3(kDcThreads), 0, stream, dk, dv,
+           static_cast<const float*>(sc.a), static_cast<const __nv_bfloat16*>(sc.ds), go, q, coefs, coef_stride,
            cu_seqlens, num_cu, T, scale);
     CUDA_CHECK_LAUNCH();
 }
