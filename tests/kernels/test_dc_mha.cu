@@ -13,6 +13,7 @@
 // w1 = bf16(rms-normalised G) is a discrete rounding: the rows of G are drawn again until no w1 lies within 1e-5
 // (relative) of a bf16 rounding boundary, so the kernel's fp32 rms and the reference's double one round alike.
 #include "../../kernels/dc_mha.cuh"
+#include "../bench_util.h"
 #include "../device_util.h"
 
 #include <algorithm>
@@ -331,9 +332,39 @@ void check_central_differences() {
     test::check(bad == 0, "reference backward vs central differences: %d of %d off", bad, n);
 }
 
+// --bench: the three launches at the preset's stage-1 T (layer 10's shapes, H = 6 and D = 128 whatever the preset's
+// widths: DC-MHA exists at those only), documents cut at the preset's max_seq_len.
+int bench_dc_mha(const bench::Options& o) {
+    bench::Bench b(o);
+    const bench::Preset& pr = b.preset();
+    const int T = pr.T();
+    std::vector<int> cu;
+    for (int t = 0; t < T; t += pr.max_seq_len) cu.push_back(t);
+    cu.push_back(T);
+    const size_t n = static_cast<size_t>(T) * H * D;
+    DeviceBuffer<bf16> q(test::normal_bf16(n)), k(test::normal_bf16(n)), v(test::normal_bf16(n)), y(test::normal_bf16(n));
+    DeviceBuffer<bf16> go(test::normal_bf16(n)), out(n), dq(n), dk(n), dv(n);
+    DeviceBuffer<float> coefs(test::uniform_vector(static_cast<size_t>(T) * kStride, -1, 1)), lse(static_cast<size_t>(T) * H);
+    DeviceBuffer<float> dG(static_cast<size_t>(T) * kStride);
+    DeviceBuffer<int> dcu(cu);
+    const size_t ws_bytes = dc_mha_backward_workspace_bytes(T);
+    DeviceBuffer<unsigned char> ws(ws_bytes);
+    const int ncu = static_cast<int>(cu.size());
+    const std::string at = bench::fmt("T=%d H=%d D=%d documents of %d", T, H, D, pr.max_seq_len);
+    b.run("dc_mha_forward", at, [&](cudaStream_t st) {
+        dc_mha_forward(out.ptr, lse.ptr, y.ptr, q.ptr, k.ptr, v.ptr, coefs.ptr, kStride, dcu.ptr, ncu, T, H, D, 0.12f, st);
+    });
+    b.run("dc_mha_backward", at, [&](cudaStream_t st) {
+        dc_mha_backward(dq.ptr, dk.ptr, dv.ptr, dG.ptr, go.ptr, q.ptr, k.ptr, v.ptr, lse.ptr, coefs.ptr, kStride, dcu.ptr,
+                        ncu, T, H, D, 0.12f, ws.ptr, ws_bytes, st);
+    });
+    return b.finish();
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_dc_mha(*o);
     test::seed();
     // bad input: a child process must exit non-zero with the message (forked before emu starts its threads)
     auto fwd = [](int T, int Hh, int Dd, int stride, const void* q) {
