@@ -15,11 +15,19 @@ as this project's side, and prints the training losses step by step with their r
   record 88 on record 84 (the PR's code: a333be08 plus the prefix-token loss, as the logs of upstream's
   records/track_1_short/2026-07-13_PrefixTokenPrediction/prefix-1375-8x print it, train_gpt.py and
   triton_kernels.py cut from one log at their "# triton_kernels.py" banner) beside the trainer's
-  --preset tiny-r84-prefix, as record 84's (the prefix table: data/gpt2_prefix_table.bin, not tiktoken).
+  --preset tiny-r84-prefix, as record 84's (the prefix table: data/gpt2_prefix_table.bin, not tiktoken);
+  record 89 on record 84 (the PR's code: a333be08 plus the FP8 MLP down-projection with delayed scaling, as the
+  logs of records/track_1_short/2026-07-17_FP8DownProjection/this_pr print it, cut the same way) beside
+  tests/reference's tiny-r84-fp8down (--reference; after each step the three scale buffers against the
+  reference's MlpDownState) and the trainer's --preset tiny-r84-fp8down, or, while the trainer lacks it,
+  --trainer-preset tiny-r84 (the same step-0 parameters and batches; its losses then record 84's):
+
+  python3 scripts/upstream_cpu/run.py --upstream /tmp/up89 --trainer build/train_gpt_cpu --trainer-preset tiny-r84 \
+      --reference --noise --steps 34 --scheduled-steps 30 --extension-steps 4 --val-every 8 --val-tokens 4096
 
 Which record is told by the files (a333be08's train_gpt.py has quantize_mlp_fp8 and init_mudd; record 88's
-also build_prefix_table; the MUDD gate's code, 003ff3e2 on, is refused); --record
-checks it. Upstream's files are never committed here: take them from a clone of upstream's repository,
+also build_prefix_table; record 89's quantize_mlp_fp8 takes bootstrap_down; the MUDD gate's code, 003ff3e2 on, is
+refused); --record checks it. Upstream's files are never committed here: take them from a clone of upstream's repository,
 
   mkdir -p /tmp/up80 /tmp/up84
   for f in train_gpt.py triton_kernels.py; do git -C UPSTREAM_CLONE show 2c702746:$f > /tmp/up80/$f
@@ -70,6 +78,12 @@ a333be08 only (each a chain rounded once, where the compiled graph materializes 
   - the FP8 input cast e4m3(fp32(x) * (448 / fp32(amax))), one rounding; quantize_mlp_fp8 and the dequant
     buffer run as written (eager, not compiled upstream either);
   - the sign table: upstream draws it unseeded at construction; run.py copies the trainer's into it.
+Record 89's PR only: the activations' partial-amax scratch (layers, SM count) gets one slot per layer, where the
+EMIT_FP8 stand-in writes the exact max of the layer's post (at tiny sizes upstream's few tiles would leave stale
+slots: SPEC-latest section 6 item 8); quantize_transpose_mlp_down_weights and reduce_mlp_activation_scales are
+stand-ins (its (12, 576) weight scratch, sized for 3072 x 768, is not asserted); quantize_mlp_fp8 runs as written
+with bootstrap_down=True after construction and step < 16 after each optimizer step, as upstream's loop; the FP8
+GEMMs accumulate in fp32 (SPEC-latest section 6 item 9) and divisions are IEEE (Triton's are div.full.f32).
 Record 80: upstream at world size 1 pads its banks to a multiple of 1 and its scalars by (-25) % 1: the
 reference's 8-GPU layout's padding (zero matrices, ones) is dropped when loading, after checking it is
 padding. Record 84: the trainer's checkpoint (its labels; value_embed, mlp) is reshaped to upstream's
@@ -286,6 +300,18 @@ KERNEL_PATCHES_R88 = KERNEL_PATCHES[:2] + [
 ]
 
 
+# record 89 on record 84 (its PR's code: a333be08 plus the FP8 MLP down-projection with delayed scaling, as the logs
+# of upstream's records/track_1_short/2026-07-17_FP8DownProjection/this_pr print it): record 84's patches, and the
+# activations' partial-amax scratch given one slot per layer (upstream sizes it by the GPU's SM count; the stand-in
+# writes the exact max of the whole post into slot 0). Its Triton launchers are standins.py's; triton_kernels.py
+# takes record 84's patches.
+TRAIN_PATCHES_R89 = TRAIN_PATCHES_R84 + [
+    ("the SM count",
+     "        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count",
+     ["        num_sms = 1  # upstream_cpu: one partial-amax slot per layer (the stand-in writes the layer's max)"]),
+]
+
+
 class PatchError(Exception):
     pass
 
@@ -321,7 +347,8 @@ def free_port():
 
 def upstream_record(src):
     """84 for a333be08's train_gpt.py (it has quantize_mlp_fp8 and init_mudd), 88 for record 88's PR on it (also
-    build_prefix_table), else 80 (2c702746). Later code (the MUDD gate: 003ff3e2 on) is refused."""
+    build_prefix_table), 89 for record 89's PR on it (quantize_mlp_fp8 takes bootstrap_down), else 80 (2c702746).
+    Later code (the MUDD gate: 003ff3e2 on) and both PRs' changes together are refused."""
     path = os.path.join(src, "train_gpt.py")
     if not os.path.exists(path):
         raise PatchError(f"{path} is missing (git show COMMIT:train_gpt.py > {path})")
@@ -330,12 +357,18 @@ def upstream_record(src):
         raise PatchError(f"{path} has the MUDD gate (upstream 003ff3e2 or later): not supported here yet")
     if "def quantize_mlp_fp8(self):" in text and "def init_mudd(" in text:
         return 88 if "def build_prefix_table(" in text else 84
+    if "def quantize_mlp_fp8(self, bootstrap_down=False):" in text and "def init_mudd(" in text:
+        if "def build_prefix_table(" in text:
+            raise PatchError(f"{path} has both record 88's prefix loss and record 89's FP8 down-projection: not "
+                             "supported here")
+        return 89
     return 80
 
 
 def load_upstream(src, tmp, cfg, record=80, extra=None):
     """Upstream's train_gpt.py (up to its main program) and triton_kernels.py, patched, imported."""
-    commit = {80: "2c702746", 84: "a333be08", 88: "record 88's PR (a333be08 + the prefix loss)"}[record]
+    commit = {80: "2c702746", 84: "a333be08", 88: "record 88's PR (a333be08 + the prefix loss)",
+              89: "record 89's PR (a333be08 + the FP8 down-projection)"}[record]
     for name in ("train_gpt.py", "triton_kernels.py"):
         if not os.path.exists(os.path.join(src, name)):
             raise PatchError(f"{src}/{name} is missing (git show {commit}:{name} > {src}/{name})")
@@ -374,7 +407,7 @@ def load_upstream(src, tmp, cfg, record=80, extra=None):
         return R.load_prefix_table()
     hooks.configure, hooks.stages, hooks.prefix_table = configure, stages, prefix_table
     sys.modules["_upstream_cpu_hooks"] = hooks
-    train_patches = {80: TRAIN_PATCHES, 84: TRAIN_PATCHES_R84, 88: TRAIN_PATCHES_R88}[record]
+    train_patches = {80: TRAIN_PATCHES, 84: TRAIN_PATCHES_R84, 88: TRAIN_PATCHES_R88, 89: TRAIN_PATCHES_R89}[record]
     kernel_patches = KERNEL_PATCHES_R88 if record == 88 else KERNEL_PATCHES
     for name, patches in (("train_gpt.py", train_patches), ("triton_kernels.py", kernel_patches)):
         text = apply_patches(open(os.path.join(src, name)).read(), patches, name, commit)
@@ -453,10 +486,15 @@ def main(argv=None):
                    help="also train a second reference from the same parameters nudged by one bf16 step on 1%% of "
                         "each bf16 tensor's elements (embed kept = lm_head^T): its distance from the first is the "
                         "bf16 noise floor the upstream-reference difference is judged against")
-    p.add_argument("--record", type=int, choices=(80, 84, 88), default=None,
+    p.add_argument("--record", type=int, choices=(80, 84, 88, 89), default=None,
                    help="upstream's record: 80 (2c702746, against the reference), 84 (a333be08, against the C++ "
-                        "trainer) or 88 (its PR's code on a333be08, against the trainer's tiny-r84-prefix); "
-                        "default: told by the files")
+                        "trainer), 88 or 89 (their PRs' code on a333be08, against the trainer's tiny-r84-prefix or "
+                        "tiny-r84-fp8down, and with --reference the reference's); default: told by the files")
+    p.add_argument("--trainer-preset", default=None,
+                   help="records 84-89: the trainer's preset that gives the step-0 checkpoint, the batches and the "
+                        "trainer column (default: the record's own, tiny-r84, tiny-r84-prefix or tiny-r84-fp8down); "
+                        "e.g. record 89 with --trainer-preset tiny-r84 while the trainer lacks tiny-r84-fp8down: the "
+                        "same parameters and batches, the trainer's losses then record 84's")
     p.add_argument("--trainer", help="record 84: the C++ trainer's CPU binary (e.g. build-up/train_gpt_cpu), run "
                                      "with --preset tiny-r84 at the same schedule and seed; its step-0 checkpoint "
                                      "gives both sides' parameters and the sign table")
@@ -474,7 +512,7 @@ def main(argv=None):
         record = upstream_record(args.upstream)
         if args.record is not None and args.record != record:
             raise PatchError(f"{args.upstream}/train_gpt.py is record {record}'s code, not {args.record}'s")
-        return run_r84(args, record) if record in (84, 88) else run(args)
+        return run_r84(args, record) if record in (84, 88, 89) else run(args)
     except PatchError as e:
         print(f"upstream_cpu: error: {e}", file=sys.stderr)
         return 1
@@ -783,10 +821,14 @@ def build_model_r84(ns, torch, cfg, params, signs):
     return model
 
 
-def quantize_fp8(ns, model):
-    """upstream's model.quantize_mlp_fp8(), which reads the global `model`: pointed at this one first."""
+def quantize_fp8(ns, model, bootstrap_down=None):
+    """upstream's model.quantize_mlp_fp8(), which reads the global `model`: pointed at this one first; record 89's
+    takes bootstrap_down."""
     ns["model"] = model
-    model.quantize_mlp_fp8()
+    if bootstrap_down is None:
+        model.quantize_mlp_fp8()
+    else:
+        model.quantize_mlp_fp8(bootstrap_down=bootstrap_down)
 
 
 TRAINER_STEP = re.compile(r"^step:(\d+)/(\d+) (train_loss|val_loss):(\S+)")
@@ -907,8 +949,12 @@ def run_r84(args, record=84):
 
 
 def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
-    preset = {84: "tiny-r84", 88: "tiny-r84-prefix"}[record]
-    tr_train, tr_val, tr_norms, ckpt, tr_batches = run_trainer(args, tmp, preset)
+    preset = {84: "tiny-r84", 88: "tiny-r84-prefix", 89: "tiny-r84-fp8down"}[record]
+    trainer_preset = args.trainer_preset or preset
+    if trainer_preset != preset:
+        print(f"trainer: --preset {trainer_preset} gives the step-0 checkpoint, the batches and the trainer column "
+              f"(its losses are {trainer_preset}'s, not {preset}'s)", flush=True)
+    tr_train, tr_val, tr_norms, ckpt, tr_batches = run_trainer(args, tmp, trainer_preset)
     tensors, _ = R.read_safetensors(ckpt, prefix=("param.", "buffer."))
     shutil.rmtree(os.path.dirname(ckpt))
     ckpt1 = ckpt.replace("step000000", "step000001")
@@ -928,12 +974,16 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
     model = build_model_r84(ns, torch, cfg, params, signs)
     tr_bank_grads = trainer_bank_gradients(ns, torch, R, ckpt1, model)
     shutil.rmtree(os.path.dirname(ckpt1))
-    quantize_fp8(ns, model)
+    boot = True if record == 89 else None  # upstream: quantize_mlp_fp8(bootstrap_down=True) after the restore
+    quantize_fp8(ns, model, boot)
+    shadow = Fp8DownShadow(R, torch, model, sys.modules["triton_kernels"]) if record == 89 else None
+    if shadow is not None:
+        shadow.after_quantize(True)
     manager = ns["TrainingManager"](model)
     twin = twin_manager = None
     if args.noise:
         twin = build_model_r84(ns, torch, cfg, nudged(params, torch), signs)
-        quantize_fp8(ns, twin)
+        quantize_fp8(ns, twin, boot)
         twin_manager = ns["TrainingManager"](twin)
     check_schedule(ns, R.Schedule(cfg), cfg)
     ref = None
@@ -1016,16 +1066,22 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
             checked_batches += 1
             micro_batches.append(b)
             for k, (m, mg) in enumerate(models):
+                if shadow is not None:
+                    shadow.on = k == 0
                 loss = m(b.inputs.int(), b.targets, b.cu_seqlens.int(), b.bigram.int(), mg.get_forward_args()).sum()
+                if shadow is not None and k == 0:
+                    shadow.after_forward()
                 (loss * grad_scale).backward()
                 totals[k] += float(loss.detach())
         ref_loss = ref.accumulate_gradients(micro_batches) / batch_tokens if ref is not None else None
         if step == 0:
             print_grad_norms_r84(model, twin, tr_norms, torch, ref.grad_norms() if ref is not None else None)
             print_bank_gradients(model, twin, tr_bank_grads)
-        for m, mg in models:
-            mg.step_optimizers(step)
-            quantize_fp8(ns, m)
+        for k, (m, mg) in enumerate(models):
+            mg.step_optimizers(step)  # upstream's loop: quantize_mlp_fp8(bootstrap_down=(step < 16)) (record 89)
+            quantize_fp8(ns, m, step < R.MLP_DOWN_BOOTSTRAP_STEPS if record == 89 else None)
+            if shadow is not None and k == 0:
+                shadow.after_quantize(step < R.MLP_DOWN_BOOTSTRAP_STEPS)
         if ref is not None:
             ref.optimizer_step(step)
         ref_rows.append(ref_loss)
@@ -1037,6 +1093,8 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
             extra_col += f" {ref_loss:>16.9f} {abs(ref_loss - losses[0]) / abs(losses[0]):>10.2e}"
         print(f"{step:>4} {losses[0]:>16.9f} {tr:>13.4f} {abs(losses[0] - tr) / abs(tr):>10.2e}{extra_col}   "
               f"({time.time() - t0:.0f} s)", flush=True)
+        if shadow is not None:
+            shadow.report(step)
     print(f"training batches: all {checked_batches} micro-batches equal the trainer's (--dump-batches CRC-32s)")
     worst = max(abs(r[1] - r[2]) / abs(r[2]) for r in rows)
     print(f"upstream vs trainer: step 0 {abs(rows[0][1] - rows[0][2]) / abs(rows[0][2]):.2e}, largest over "
@@ -1052,6 +1110,61 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
               f"{len(rows)} steps {max(abs(a - r[1]) / abs(r[1]) for a, r in zip(ref_rows, rows)):.2e}; validation " +
               ", ".join(f"step {s} {abs(val_ref[s] - v[0]) / abs(v[0]):.2e}" for s, v in sorted(val_up.items())))
     return 0
+
+
+class Fp8DownShadow:
+    """Record 89: the reference's MlpDownState driven by upstream's own W2 (after each of its quantize_mlp_fp8 calls,
+    with the same bootstrap flag) and its own posts (the EMIT_FP8 launches of the model's training forwards), checked
+    bit for bit against upstream's buffers: used, next and W2q after every quantization; at every FP8 down-projection
+    the act upstream passes is the one the previous training forward left (1 at first) and the used its
+    quantization left; after each forward, act = the reference's delayed scale of that forward's 11 posts. So the
+    PR's wiring (which buffers, views and headroom, the bootstrap schedule, the one-step delay) is the reference's,
+    whatever the two runs' parameters drift to."""
+
+    def __init__(self, R, torch, model, kernels):
+        self.R, self.torch, self.model, self.on = R, torch, model, False
+        self.state = R.MlpDownState()
+        self.calls, self.problems, self.checked = [], [], 0
+        real = kernels.linear_relu_square
+
+        def spy(*args, **kwargs):
+            out = real(*args, **kwargs)
+            if self.on and kwargs.get("activation_scale") is not None:
+                layer = len(self.calls)
+                if float(kwargs["activation_scale"]) != float(self.state.act[layer]):
+                    self.problems.append(f"layer {layer}'s forward read act {float(kwargs['activation_scale'])}, the "
+                                        f"previous forward left {float(self.state.act[layer])}")
+                self.state.record_amax(layer, out[1])
+                self.calls.append(layer)
+            return out
+        kernels.linear_relu_square = spy
+
+    def after_quantize(self, bootstrap):
+        m, st = self.model, self.state
+        st.quantize_weights(m.mlp_bank.detach(), bootstrap)
+        for name, mine in (("_mlp_down_proj_scales", st.used), ("_mlp_down_proj_next_scales", st.next)):
+            if not self.torch.equal(getattr(m, name), mine):
+                self.problems.append(f"{name} {getattr(m, name).tolist()} != the reference's {mine.tolist()}")
+        if not self.torch.equal(m._mlp_down_proj_f8.float(), st.w2q.float()):
+            self.problems.append("W2q codes differ from the reference's quantize_weights")
+        self.checked += 1
+
+    def after_forward(self):
+        if self.calls != list(range(11)):
+            self.problems.append(f"the training forward ran the FP8 epilogue for layers {self.calls}")
+        self.state.end_forward()
+        self.calls = []
+        if not self.torch.equal(self.model._mlp_down_act_scales, self.state.act):
+            self.problems.append(f"act {self.model._mlp_down_act_scales.tolist()} != the reference's "
+                                 f"{self.state.act.tolist()}")
+        self.checked += 1
+
+    def report(self, step):
+        line = (f"       FP8 down state after step {step}: upstream's buffers = the reference's MlpDownState on "
+                f"upstream's W2 and posts: {'yes' if not self.problems else 'NO'} ({self.checked} checks so far)")
+        print(line + "".join("\n         " + p for p in self.problems[:5]), flush=True)
+        if self.problems:
+            raise PatchError(f"step {step}: upstream's FP8 down-projection state is not the reference's")
 
 
 def validate_upstream(model, manager, cfg, torch, R, ref_loader, docs):

@@ -1,13 +1,14 @@
-"""CPU stand-ins for what upstream's train_gpt.py and triton_kernels.py (record 80, commit 2c702746, and
-record 84, a333be08) need
+"""CPU stand-ins for what upstream's train_gpt.py and triton_kernels.py (record 80, commit 2c702746, record
+84, a333be08, and the PRs of records 88 and 89 on it) need
 from a GPU, so that their own Python code runs on the CPU (scripts/upstream_cpu/run.py). Written here
 from the kernels' semantics (upstream's sources say what each computes); nothing is copied from them.
 
   install()                 fake `triton` and `kernels` packages and torch.cuda._compile_kernel, before
                             upstream's files are imported; torch.compile becomes the identity (eager)
   patch_kernels(module)     triton_kernels' launchers (XXT, XTX, ba_plus_cAA, linear_relu_square with
-                            a333be08's FP8 e4m3 forward, transpose_copy, transpose_add) replaced by exact CPU
-                            equivalents
+                            a333be08's FP8 e4m3 forward and record 89's e4m3 post, transpose_copy, transpose_add,
+                            record 89's reduce_mlp_activation_scales and quantize_transpose_mlp_down_weights)
+                            replaced by exact CPU equivalents
   torch._scaled_mm          FP8 operands cast back to fp32, one fp32 matmul, times scale_a * scale_b
 
 Each stand-in reproduces the kernel's rounding points: fp32 accumulation, one rounding to the output
@@ -132,14 +133,20 @@ def ba_plus_cAA(A, alpha, beta, out):
     return out
 
 
-def linear_relu_square(a, b, aux=None, a_f8=None, b_f8=None, dequant_scale_ptr=None):
+def linear_relu_square(a, b, aux=None, a_f8=None, b_f8=None, dequant_scale_ptr=None, activation_scale=None,
+                       partial_amax=None):
     """Forward (aux None): pre = bf16(a @ b^T), post = bf16(relu(pre)^2) from the bf16 pre.
     Backward (aux = pre): bf16(2 * bf16(a @ b^T) * relu(pre)).
     a333be08's FP8 forward (b_f8 given: a_f8 = e4m3 x, b_f8 = e4m3 W1, dequant_scale_ptr = the fp32
     one-element w_s * amax / 448): the e4m3 products summed in fp32 (exact products; the kernel's
     tl.dot on sm_90 accumulates them with Hopper's fast FP8 accumulation, less precise: a known
     difference), the fp32 sums times the fp32 dequant scale (accumulator *= load(dequant_scale_ptr)),
-    then rounded once to bf16 as pre; post as above. a and b (bf16) are not read there."""
+    then rounded once to bf16 as pre; post as above. a and b (bf16) are not read there.
+    Record 89's EMIT_FP8 epilogue (activation_scale given, the layer's one-element act): also
+    post_f8 = e4m3(min(fp32(post) * (1 / act), 448)) (1 / act in fp32: IEEE here, Triton's div.full.f32 on the
+    GPU) returned third, and partial_amax[0] = the max of fp32(post) over the whole (T, H) post, the other
+    slots 0: the kernel's one partial per persistent CTA, of which only the max matters, with every tile
+    counted (upstream's scratch at tiny sizes would keep stale slots: run.py gives it one slot per layer)."""
     if b_f8 is not None:
         if aux is not None or a_f8 is None or dequant_scale_ptr is None:
             raise NotImplementedError("standins: the FP8 path is forward only, with a_f8 and the dequant scale")
@@ -150,11 +157,60 @@ def linear_relu_square(a, b, aux=None, a_f8=None, b_f8=None, dequant_scale_ptr=N
         acc = a_f8.float() @ b_f8.float().t()
         acc = acc * dequant_scale_ptr.reshape(())
         c = acc.to(a.dtype)
-        return c, torch.relu(c.float()).square().to(a.dtype)
+        post = torch.relu(c.float()).square().to(a.dtype)
+        if activation_scale is None:
+            return c, post
+        if partial_amax is None or activation_scale.dtype != torch.float32 or activation_scale.numel() != 1:
+            raise NotImplementedError("standins: the FP8 epilogue takes one fp32 act and a partial-amax row")
+        inv = torch.tensor(1.0, dtype=torch.float32) / activation_scale.reshape(())
+        post_f8 = torch.minimum(post.float() * inv, torch.tensor(448.0)).to(torch.float8_e4m3fn)
+        partial_amax.zero_()
+        partial_amax[0] = post.float().amax()
+        return c, post, post_f8
+    if activation_scale is not None:
+        raise NotImplementedError("standins: the e4m3 post comes with the FP8 up-projection only")
     c = (a.float() @ b.float().t()).to(a.dtype)
     if aux is None:
         return c, torch.relu(c.float()).square().to(a.dtype)
     return (2 * c.float() * torch.relu(aux.float())).to(a.dtype)
+
+
+def _delayed_scale(amax, headroom):
+    """reduce_mlp_activation_scales_kernel's max(amax, 1e-12) * (HEADROOM / 448.0): the constexpr quotient folded
+    in double, rounded once to fp32 where it multiplies."""
+    return torch.maximum(amax.float(), torch.tensor(1e-12, dtype=torch.float32)) * \
+        torch.tensor(headroom / 448.0, dtype=torch.float32)
+
+
+def reduce_mlp_activation_scales(partial_amax, scales, headroom=1.25):
+    """scales[l] = max(max_k partial_amax[l, k], 1e-12) * fp32(headroom / 448) for each row l of the partials."""
+    num_layers = partial_amax.shape[0]
+    if scales.numel() < num_layers:
+        raise NotImplementedError("standins: fewer scales than partial-amax rows")
+    scales[:num_layers] = _delayed_scale(partial_amax.amax(dim=1), headroom)
+
+
+def quantize_transpose_mlp_down_weights(weights, output_storage, next_scales, used_scales, partial_amax,
+                                        headroom=1.12):
+    """Per layer l of weights (L, H, C) bf16: scale = next_scales[l]; output_storage[l] (C, H) =
+    e4m3(clamp(fp32(W) / scale, +-448)) transposed (an IEEE fp32 division here, Triton's div.full.f32 on the GPU);
+    used_scales[l] = scale; then next_scales[l] = max(max|W|, 1e-12) * fp32(headroom / 448) (the tiles' partials
+    reduced as reduce_mlp_activation_scales does). partial_amax (upstream's (12, 576), sized for 3072 x 768: its
+    launcher asserts that shape, which tiny sizes do not have) is written with each layer's amax in slot 0."""
+    num_layers, hidden_dim, model_dim = weights.shape
+    if tuple(output_storage.shape) != (num_layers, model_dim, hidden_dim):
+        raise NotImplementedError(f"standins: W2q storage {tuple(output_storage.shape)} for weights "
+                                  f"{tuple(weights.shape)}")
+    if partial_amax.shape[0] != num_layers:
+        raise NotImplementedError("standins: one partial-amax row per layer")
+    w = weights.float()
+    scale = next_scales[:num_layers].clone()
+    q = torch.maximum(torch.minimum(w / scale[:, None, None], torch.tensor(448.0)), torch.tensor(-448.0))
+    output_storage.copy_(q.transpose(1, 2).to(torch.float8_e4m3fn))
+    used_scales[:num_layers] = scale
+    partial_amax.zero_()
+    partial_amax[:, 0] = w.abs().amax(dim=(1, 2))
+    reduce_mlp_activation_scales(partial_amax, next_scales, headroom=headroom)
 
 
 def transpose_copy(src, dst):
@@ -171,6 +227,9 @@ def patch_kernels(module):
         if not hasattr(module, name):
             raise SystemExit(f"standins: triton_kernels.py has no {name}: not the code this stand-in knows")
         setattr(module, name, globals()[name])
+    for name in ("reduce_mlp_activation_scales", "quantize_transpose_mlp_down_weights"):  # record 89
+        if hasattr(module, name):
+            setattr(module, name, globals()[name])
 
 
 # -----------------------------------------------------------------------------------------------------
