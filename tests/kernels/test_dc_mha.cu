@@ -394,6 +394,7 @@ int main(int argc, char** argv) {
                            [&] { bwd(reinterpret_cast<const float*>(16), 100); });
 
     check_central_differences();
+    check_layout("a sequence shorter than one 16-row tile", 7, {0, 3, 7}, false);
     check_layout("one document longer than the window", 300, {0, 300}, false);
     check_layout("short documents, one starting mid-window", 257, {0, 40, 45, 200, 257}, false);
     check_layout("a one-token document, padded bounds, out in place of y", 130, {0, 1, 130, 130}, true);
