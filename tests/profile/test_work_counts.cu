@@ -18,6 +18,7 @@
 // several ranks by test_mpi_work_comms.
 #include "../../kernels/attention.cuh"
 #include "../../kernels/comms.cuh"
+#include "../../kernels/dc_mha.cuh"
 #include "../../kernels/finite.cuh"
 #include "../../kernels/head.cuh"
 #include "../../kernels/mlp.cuh"
@@ -1510,6 +1511,48 @@ void test_helpers() {
 
 }  // namespace
 
+// ---- DC-MHA (record 85, layer 10): forward (training and validation) and its two backward kernels ----
+// One document of T tokens: every query sees min(t + 1, 112) keys, the pairs the Work records count and the scratch
+// (A fp32, dS bf16 per head) holds.
+void test_dc_mha() {
+    const int T = 200, H = kDcHeads, D = kDcDim, stride = kMuddGateCoefStride;
+    auto rows = [&] { return DeviceBuffer<bf16>(uniform_bf16(size_t(T) * H * D, -1, 1)); };
+    DeviceBuffer<bf16> q = rows(), k = rows(), v = rows(), y = rows(), go = rows(), o(size_t(T) * H * D);
+    DeviceBuffer<bf16> dq = rows(), dk = rows(), dv = rows();
+    DeviceBuffer<float> coefs(test::uniform_vector(size_t(T) * stride, -1, 1)), lse(size_t(T) * H);
+    DeviceBuffer<float> dcoefs(test::uniform_vector(size_t(T) * stride, -1, 1));
+    DeviceBuffer<int> cu(std::vector<int>{0, T});
+    const size_t ws_bytes = dc_mha_backward_workspace_bytes(T);
+    DeviceBuffer<unsigned char> ws(ws_bytes);
+    double pairs = 0;
+    for (int t = 0; t < T; ++t) pairs += std::min(t + 1, kDcWindow);
+    const double rb = bytes(q), used_coefs = 4.0 * T * 2 * H, w2_coefs = 4.0 * T * H, scratch = pairs * (4.0 + 2.0 * H);
+    check_family("dc_mha_forward", {kernel("dc_mha_forward", 4 * rb + used_coefs + bytes(cu), rb + bytes(lse))},
+                 {out(o), out(lse)}, [&] {
+                     dc_mha_forward(o.ptr, lse.ptr, y.ptr, q.ptr, k.ptr, v.ptr, coefs.ptr, stride, cu.ptr, 2, T, H, D,
+                                    0.1f, nullptr);
+                 });
+    check_family("dc_mha_forward (validation)", {kernel("dc_mha_forward", 4 * rb + used_coefs + bytes(cu), rb)},
+                 {out(o)}, [&] {
+                     dc_mha_forward(o.ptr, nullptr, y.ptr, q.ptr, k.ptr, v.ptr, coefs.ptr, stride, cu.ptr, 2, T, H, D,
+                                    0.1f, nullptr);
+                 });
+    // dq, dk, dv are added to; the gradient columns 29..40 and the scratch's valid pairs are written (measured per
+    // element: A fp32 (T, 112), then dS bf16 (T, 6, 112))
+    const DcScratch sc = dc_scratch(ws.ptr, T);
+    const Output scratch_a{sc.a, size_t(T) * kDcWindow, sizeof(float), true};
+    const Output scratch_ds{sc.ds, size_t(T) * H * kDcWindow, sizeof(bf16), true};
+    dc_mha_forward(o.ptr, lse.ptr, y.ptr, q.ptr, k.ptr, v.ptr, coefs.ptr, stride, cu.ptr, 2, T, H, D, 0.1f, nullptr);
+    check_family("dc_mha_backward",
+                 {kernel("dc_mha_backward_query", 6 * rb + bytes(lse) + used_coefs + bytes(cu), rb + used_coefs + scratch),
+                  kernel("dc_mha_backward_key", 4 * rb + scratch + w2_coefs + bytes(cu), 2 * rb)},
+                 {inout(dq), inout(dk), inout(dv), out(dcoefs), scratch_a, scratch_ds}, [&] {
+                     dc_mha_backward(dq.ptr, dk.ptr, dv.ptr, dcoefs.ptr, go.ptr, q.ptr, k.ptr, v.ptr, lse.ptr, coefs.ptr,
+                                     stride, cu.ptr, 2, T, H, D, 0.1f, ws.ptr, ws_bytes, nullptr);
+                 },
+                 used_coefs + scratch);
+}
+
 int main() {
     test::seed();
     CublasLt lt;
@@ -1525,6 +1568,7 @@ int main() {
     test_optim(lt);
     test_rope();
     test_mudd();
+    test_dc_mha();
     test_comms_kernels();
     return test::finish();
 }
