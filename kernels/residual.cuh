@@ -656,7 +656,7 @@ inline void backout_backward(__nv_bfloat16* dx, __nv_bfloat16* dx_backout, float
 // Backward: sublayer_residual_backward per sublayer in reverse, dh = the gradient of the norm it fused (at
 // layer 7's MLP, NormGrads{dh8, dh9, dh10}: the three attention inputs' gradients); layer 6:
 // residual_add_backward (its norm), then gated_skip_add_backward; before layer 0: stream_start_backward.
-// Record 85 (upstream 003ff3e2, GPT.forward with the MUDD gate, SPEC "MUDD gate (#85)") reads x0's and the
+// Record 85 (upstream 003ff3e2, GPT.forward with the MUDD gate) reads x0's and the
 // bigram's coefficients per token from the gate's columns (SublayerLambdas::injection_stride; stream_start_*'s
 // token_stride for layer 0's bigram before the layer), and layer 6's skip is token_skip_add_norm_forward /
 // token_skip_add_backward; each column's gradient is its row's sum, rounded to bf16 and written (the gate's

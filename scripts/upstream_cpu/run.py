@@ -80,10 +80,11 @@ a333be08 only (each a chain rounded once, where the compiled graph materializes 
   - the sign table: upstream draws it unseeded at construction; run.py copies the trainer's into it.
 Record 89's PR only: the activations' partial-amax scratch (layers, SM count) gets one slot per layer, where the
 EMIT_FP8 stand-in writes the exact max of the layer's post (at tiny sizes upstream's few tiles would leave stale
-slots: SPEC-latest section 6 item 8); quantize_transpose_mlp_down_weights and reduce_mlp_activation_scales are
+slots); quantize_transpose_mlp_down_weights and reduce_mlp_activation_scales are
 stand-ins (its (12, 576) weight scratch, sized for 3072 x 768, is not asserted); quantize_mlp_fp8 runs as written
 with bootstrap_down=True after construction and step < 16 after each optimizer step, as upstream's loop; the FP8
-GEMMs accumulate in fp32 (SPEC-latest section 6 item 9) and divisions are IEEE (Triton's are div.full.f32).
+GEMMs accumulate in fp32 (the tensor cores' FP8 accumulation is hardware behaviour) and divisions are IEEE
+(Triton's are div.full.f32).
 Record 80: upstream at world size 1 pads its banks to a multiple of 1 and its scalars by (-25) % 1: the
 reference's 8-GPU layout's padding (zero matrices, ones) is dropped when loading, after checking it is
 padding. Record 84: the trainer's checkpoint (its labels; value_embed, mlp) is reshaped to upstream's

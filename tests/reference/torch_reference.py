@@ -97,7 +97,7 @@ class Config:
     lm_head_x_s: float = 100 / 448
     lm_head_w_s: float = 1.6 / 448
     # ---- The model's structure and the numerics that changed after record 71, as data. The defaults
-    # are record 71's; r80_config() sets upstream's values at 2c702746 (SPEC-latest stages 0 and 1).
+    # are record 71's; r80_config() sets upstream's values at 2c702746 (records 72-80).
     # Fields at their default are left out of to_json() so that record 71's fixtures stay byte-identical.
     grad_scale_numerator: float = 2.0              # grad_scale = numerator / grad_accum (r80: 1, #bf699d0e)
     lr_floor: float = 0.1                          # the cooldown's end value (r80: 0.15, #72)
@@ -115,7 +115,7 @@ class Config:
     normuon_scale_bf16: bool = False               # variance reduction's final_scale.type_as(v) rounding
     max_num_docs_table: Optional[Dict[int, int]] = None  # cu_seqlens entries per tokens per rank (#78)
     optimizer_table: Optional[Dict[str, tuple]] = None   # None: record 71's PARAM_TABLE
-    # ---- Records 81-84 (upstream a333be08, SPEC-latest stage 2); the defaults are record 80's (and 71's).
+    # ---- Records 81-84 (upstream a333be08); the defaults are record 80's (and 71's).
     mudd: bool = False                             # record 81's MUDD at the last layer's entry and after the loop
     #                                                (replaces the backout; scalars lose its slot)
     mudd_hidden: int = 64                          # MUDD's hidden width (upstream's mudd_dim)
@@ -126,7 +126,7 @@ class Config:
     x0_includes_bigram: bool = False               # a333be08's x = x0 = norm(..) then the in-place bigram add
     paired_ve_gate_reads_ve: bool = False          # paired layers' VE gate reads cat(x[:6], ve[:6]) too (L1448)
     mlp_up_fp8: bool = False                       # record 84's e4m3 MLP up-projection (training forward only)
-    # ---- Records 85-89 (upstream 003ff3e2 and 75d6867a, SPEC-latest stages 3 and 4)
+    # ---- Records 85-89 (upstream 003ff3e2 and 75d6867a)
     prefix_loss: bool = False                      # record 88's prefix-token prediction in the fused CE
     #                                                (the weights: Stage.prefix_start/_end)
     mlp_fp8_down: bool = False                     # record 89's e4m3 MLP down-projection with delayed scales
@@ -279,7 +279,7 @@ R80_PARAM_TABLE = {
 
 
 def r80_config() -> Config:
-    """Upstream's record 80 (commit 2c702746): SPEC-latest stages 0 and 1 on the full sizes."""
+    """Upstream's record 80 (commit 2c702746, records 72-80) on the full sizes."""
     c = record_config()
     c.name = "r80"
     c.scheduled_iterations, c.extension_iterations = 1440, 40
@@ -358,7 +358,7 @@ def use_record84(c: Config) -> None:
 
 
 def r84_config() -> Config:
-    """Upstream's record 84 (commit a333be08, 79.2 s): SPEC-latest stage 2 on the full sizes."""
+    """Upstream's record 84 (commit a333be08, 79.2 s, records 81-84) on the full sizes."""
     c = r80_config()
     c.name = "r84"
     use_record84(c)
@@ -422,7 +422,7 @@ def tiny_r84_fp8down_config() -> Config:
     """tiny-r84 with record 89's FP8 down-projection (the tiny schedule's lengths: 30 + 4 steps, so the weights'
     bootstrap ends within it, at step 16). The per-layer activation amax is the exact max over the micro-batch's
     post: upstream's (layers, num_SMs) partial-amax scratch relies on at least 132 tiles of 128 x 256 per layer, and
-    tiny's few tiles would leave stale slots in it (SPEC-latest section 6 item 8: sized to the actual tile count)."""
+    tiny's few tiles would leave stale slots in it (here: the actual tiles)."""
     c = tiny_r84_config()
     c.name = "tiny-r84-fp8down"
     use_record89(c)
