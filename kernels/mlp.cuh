@@ -230,7 +230,12 @@ enum class FcEpilogue {
     relu_square_post,           // out = post = relu(g)^2 only (record 87)
     relu_square_backward_post,  // reads post (as `pre`); out = dpre = 2 g sqrt(post) (record 87)
     relu_square_post_fp8,       // relu_square_post, and post's e4m3 copy and amax (record 89: Fp8DownAct)
+    relu_square_forward_fp8,    // relu_square_forward, and post's e4m3 copy and amax (record 89 on record 84)
 };
+// The epilogues that also write Fp8DownAct's postq and amax partials.
+constexpr bool fc_emits_fp8(FcEpilogue e) {
+    return e == FcEpilogue::relu_square_post_fp8 || e == FcEpilogue::relu_square_forward_fp8;
+}
 // The forward's and the backward's epilogue for what the forward keeps.
 constexpr FcEpilogue fc_forward_epilogue(ReluSquareSaves s) {
     return s == ReluSquareSaves::post_only ? FcEpilogue::relu_square_post : FcEpilogue::relu_square_forward;
@@ -248,15 +253,17 @@ __device__ __forceinline__ uint2 e4m3_pack8(const Pack128<__nv_bfloat16>& p, F f
     return make_uint2(cvt_e4m3x4(v[0], v[1], v[2], v[3]), cvt_e4m3x4(v[4], v[5], v[6], v[7]));
 }
 
-// Record 89: the post-only forward's epilogue also writes post's e4m3 copy for the FP8 down-projection,
-// postq = e4m3(min(post * (1 / act), 448)) (upstream 75d6867a triton_kernels.py L463-489: 1 / act one
-// fp32 division, the product in fp32, cvt.rn.satfinite), and the max of the bf16 post it wrote, one
-// partial per warp: kFcAmaxSlotsPerTile per tile at slot tile * 8 + warp (upstream keeps one per
-// persistent CTA; only the max of them all is used, so any split that covers every tile is the same).
+// Record 89: the post-only forward's epilogue (with pre, the pre-and-post one's) also writes post's
+// e4m3 copy for the FP8 down-projection, postq = e4m3(min(post * (1 / act), 448)) (upstream 75d6867a
+// triton_kernels.py L463-489: 1 / act one fp32 division, the product in fp32, cvt.rn.satfinite), and
+// the max of the bf16 post it wrote, one partial per warp: kFcAmaxSlotsPerTile per tile at slot
+// tile * 8 + warp (upstream keeps one per persistent CTA; only the max of them all is used, so any
+// split that covers every tile is the same).
 struct Fp8DownAct {
     __nv_fp8_e4m3* postq;  // (T, H)
     float* partials;       // this layer's mlp_fp8_down_act_partials(k, T, H) amax partials
     const float* act;      // this layer's activation scale, MlpDownScales::act
+    __nv_bfloat16* pre = nullptr;  // also write pre: record 89's PR on record 84, whose MLP saves pre and post
 };
 constexpr int kFcAmaxSlotsPerTile = 8;  // the warps that store a tile: all 8 (mma), the 8 consumers' (wgmma)
 static_assert(kFcThreads / 32 == kFcAmaxSlotsPerTile, "one amax slot per mma warp");
@@ -282,8 +289,8 @@ __device__ __forceinline__ void fc_stage_fragment(__nv_bfloat16* tile, int row, 
 }
 // The second half: a staged ROWS x 128 tile of g, whose (0, 0) is g's (m0, n0), out to global memory
 // by E in 16-byte accesses by THREADS threads (this one `tid`); nothing past row T or column H.
-// relu_square_post_fp8 also writes postq (8-byte stores: 8 e4m3 a chunk) with inv_act = 1 / act and
-// returns the max of this thread's post bits (0 for the other epilogues).
+// relu_square_post_fp8 and relu_square_forward_fp8 also write postq (8-byte stores: 8 e4m3 a chunk)
+// with inv_act = 1 / act and return the max of this thread's post bits (0 for the other epilogues).
 template <FcEpilogue E, int ROWS, int THREADS>
 __device__ __forceinline__ uint32_t fc_store_tile(const __nv_bfloat16* tile, int tid, __nv_bfloat16* out,
                                                   __nv_bfloat16* post, const __nv_bfloat16* pre, int m0, int n0,
@@ -303,9 +310,14 @@ __device__ __forceinline__ uint32_t fc_store_tile(const __nv_bfloat16* tile, int
             store128(post + at, relu_square(g));
         } else if constexpr (E == FcEpilogue::relu_square_post) {
             store128(out + at, relu_square(g));
-        } else if constexpr (E == FcEpilogue::relu_square_post_fp8) {
+        } else if constexpr (fc_emits_fp8(E)) {
             const Pack128<__nv_bfloat16> p = relu_square(g);
-            store128(out + at, p);
+            if constexpr (E == FcEpilogue::relu_square_forward_fp8) {
+                store128(out + at, g);
+                store128(post + at, p);
+            } else {
+                store128(out + at, p);
+            }
             *reinterpret_cast<uint2*>(reinterpret_cast<unsigned char*>(postq) + at) =
                 e4m3_pack8(p, [inv_act](float v) { return fminf(v * inv_act, 448.0f); });
 #pragma unroll
@@ -318,14 +330,14 @@ __device__ __forceinline__ uint32_t fc_store_tile(const __nv_bfloat16* tile, int
     }
     return amax;
 }
-// 1 / act for relu_square_post_fp8's epilogue (an IEEE division, as upstream's 1.0 / tl.load), else unused.
+// 1 / act for the e4m3-post epilogues (an IEEE division, as upstream's 1.0 / tl.load), else unused.
 template <FcEpilogue E>
 __device__ __forceinline__ float fc_inverse_act(const Fp8DownAct& down) {
-    if constexpr (E == FcEpilogue::relu_square_post_fp8) return 1.0f / *down.act;
+    if constexpr (fc_emits_fp8(E)) return 1.0f / *down.act;
     else return 0.0f;
 }
 
-// g = bf16(x @ w^T) with fp32 sums, then the epilogue E; `post` is written by the pre-and-post forward
+// g = bf16(x @ w^T) with fp32 sums, then the epilogue E; `post` is written by the pre-and-post forwards
 // only and `pre` read by the backwards only (pre, or post for relu_square_backward_post; else null). The backward's pre may be its out: each
 // element is read by the thread that then writes it. Two blocks per SM: at most 128 registers a
 // thread (ptxas: no spills) and 2 x 96 KB. The e4m3 instance one block: sm_90 has no e4m3 mma.sync, so
@@ -400,7 +412,7 @@ __global__ void __launch_bounds__(kFcThreads, kFcMinBlocks<In>)
     __syncthreads();
     const uint32_t amax = fc_store_tile<E, kFcTileRows, kFcThreads>(tile, threadIdx.x, out, post, pre, m0, n0, T, H,
                                                                     down.postq, fc_inverse_act<E>(down));
-    if constexpr (E == FcEpilogue::relu_square_post_fp8) {
+    if constexpr (fc_emits_fp8(E)) {
         const uint32_t m = warp_max_bits(amax);
         if (lane == 0)
             down.partials[(size_t(blockIdx.y) * gridDim.x + blockIdx.x) * kFcAmaxSlotsPerTile + warp] = __uint_as_float(m);
@@ -530,7 +542,7 @@ __global__ void __launch_bounds__(kFcwThreads, 1)
                                                   inv_act));
         __syncwarp();  // the warp's stores have read the tile before the next half overwrites it
     }
-    if constexpr (E == FcEpilogue::relu_square_post_fp8) {
+    if constexpr (fc_emits_fp8(E)) {
         static_assert(4 * kFcwConsumers == kFcAmaxSlotsPerTile, "one amax slot per consumer warp");
         const uint32_t m = warp_max_bits(amax);
         if (lane == 0)
@@ -1158,10 +1170,11 @@ inline int64_t mlp_fp8_down_act_partials(MlpKernel k, int T, int H) {
     const int tile_cols = k == MlpKernel::wgmma ? kFcwCols : kFcTileCols;
     return int64_t(ceil_div(T, kFcTileRows)) * ceil_div(H, tile_cols) * kFcAmaxSlotsPerTile;
 }
-// Reads xq, W1q, the dequant and act; writes post, postq and the partials (its own family: the profiler would
-// otherwise count it as the plain FP8 forward).
-inline Work linear_relu_square_forward_fp8_down_work(MlpKernel k, int T, int C, int H) {
-    Work w = linear_relu_square_forward_fp8_work(k, T, C, H, ReluSquareSaves::post_only);
+// Reads xq, W1q, the dequant and act; writes post (with pre_and_post pre too), postq and the partials
+// (its own family: the profiler would otherwise count it as the plain FP8 forward).
+inline Work linear_relu_square_forward_fp8_down_work(MlpKernel k, int T, int C, int H,
+                                                     ReluSquareSaves saves = ReluSquareSaves::post_only) {
+    Work w = linear_relu_square_forward_fp8_work(k, T, C, H, saves);
     w.name = "linear_relu_square_forward_fp8_down";
     w.flops += 2.0 * T * H;
     w.bytes_read += 4;
@@ -1169,15 +1182,24 @@ inline Work linear_relu_square_forward_fp8_down_work(MlpKernel k, int T, int C, 
     return w;
 }
 // Records 84 + 87 + 89: post (T, H) = relu(bf16(fp32(up.xq @ up.w^T) * dequant))^2 as
-// linear_relu_square_forward_fp8 with post only, and down.postq and down.partials (Fp8DownAct).
+// linear_relu_square_forward_fp8 with post only, and down.postq and down.partials (Fp8DownAct). With
+// down.pre (record 89's PR on record 84) also pre = bf16(...), as linear_relu_square_forward_fp8 with
+// pre_and_post.
 inline void linear_relu_square_forward_fp8_down(MlpKernel k, __nv_bfloat16* post, const Fp8DownAct& down,
                                                 const Fp8Up& up, int T, int C, int H, cudaStream_t stream) {
-    require_shape(mlp_fp8_shape_error(T, C, H, {post, up.xq, up.w, down.postq, down.partials}),
+    require_shape(mlp_fp8_shape_error(T, C, H, {post, up.xq, up.w, down.postq, down.partials, down.pre}),
                   "linear_relu_square_forward_fp8_down");
     kernel_require(down.act != nullptr, "linear_relu_square_forward_fp8_down: no activation scale");
-    launch_linear_relu_square<FcEpilogue::relu_square_post_fp8, __nv_fp8_e4m3>(
-        k, linear_relu_square_forward_fp8_down_work(k, T, C, H), post, nullptr, nullptr, up.xq, up.w, T, C, H, stream,
-        &up.scales->dequant, down);
+    if (down.pre == nullptr) {
+        launch_linear_relu_square<FcEpilogue::relu_square_post_fp8, __nv_fp8_e4m3>(
+            k, linear_relu_square_forward_fp8_down_work(k, T, C, H), post, nullptr, nullptr, up.xq, up.w, T, C, H,
+            stream, &up.scales->dequant, down);
+        return;
+    }
+    kernel_require(down.pre != post, "linear_relu_square_forward_fp8_down: pre and post are one buffer");
+    launch_linear_relu_square<FcEpilogue::relu_square_forward_fp8, __nv_fp8_e4m3>(
+        k, linear_relu_square_forward_fp8_down_work(k, T, C, H, ReluSquareSaves::pre_and_post), down.pre, post, nullptr,
+        up.xq, up.w, T, C, H, stream, &up.scales->dequant, down);
 }
 // After the layers' forwards: scales[l].act = max(max of layer l's partials, 1e-12) * 1.80 / 448 for
 // l < layers, layer l's mlp_fp8_down_act_partials(k, T, H) = count partials at partials + l * count.

@@ -756,23 +756,32 @@ void test_mlp_fp8_down_weights(int layers, int H, int C, int64_t stride, int zer
 }
 
 // One layer's FP8 forward with emission on kernel k: post, postq and the amax partials, from the up
-// weights q (layer 0) and x, with the activation scale *act_dev.
+// weights q (layer 0) and x, with the activation scale *act_dev; with saves pre_and_post (record 89's
+// PR on record 84: Fp8DownAct::pre) pre too, its buffer first filled with a NaN that no g rounds to.
 struct Fp8DownRun {
     std::vector<bf16> post;
     std::vector<__nv_fp8_e4m3> postq;
     std::vector<float> partials;
+    std::vector<bf16> pre;  // pre_and_post only
 };
 Fp8DownRun run_fp8_down_forward(MlpKernel k, const Fp8Weights& q, const DeviceBuffer<bf16>& x,
                                 const DeviceBuffer<MlpDownScales>& scales, DeviceBuffer<float>& partials, int T, int C,
-                                int H) {
+                                int H, ReluSquareSaves saves = ReluSquareSaves::post_only) {
     DeviceBuffer<__nv_fp8_e4m3> xq(size_t(T) * C), postq(size_t(T) * H);
     DeviceBuffer<Fp8UpScales> up_scales(1);
     test::DevicePartials amax(mlp_fp8_input_scratch_floats(T, C) * sizeof(float));
     DeviceBuffer<bf16> post(size_t(T) * H);
     const Fp8Up up{q.w.ptr, q.scale.ptr, xq.ptr, up_scales.ptr, amax.view()};
     mlp_fp8_quantize_input(up, x.ptr, T, C, nullptr);
-    linear_relu_square_forward_fp8_down(k, post.ptr, {postq.ptr, partials.ptr, &scales.ptr->act}, up, T, C, H, nullptr);
-    return {post.download(), postq.download(), partials.download()};
+    if (saves == ReluSquareSaves::post_only) {
+        linear_relu_square_forward_fp8_down(k, post.ptr, {postq.ptr, partials.ptr, &scales.ptr->act}, up, T, C, H,
+                                            nullptr);
+        return {post.download(), postq.download(), partials.download(), {}};
+    }
+    DeviceBuffer<bf16> pre(std::vector<bf16>(size_t(T) * H, __ushort_as_bfloat16(0x7fd5)));
+    linear_relu_square_forward_fp8_down(k, post.ptr, {postq.ptr, partials.ptr, &scales.ptr->act, pre.ptr}, up, T, C,
+                                        H, nullptr);
+    return {post.download(), postq.download(), partials.download(), pre.download()};
 }
 
 // The activation side over 3 simulated steps on kernel k: act starts at 1; each step's forward must give
@@ -780,7 +789,8 @@ Fp8DownRun run_fp8_down_forward(MlpKernel k, const Fp8Weights& q, const DeviceBu
 // code for code, partials whose max is the max of post (every slot written: a sentinel of 1e30 must be
 // gone, and the slot after the scratch untouched), and then mlp_fp8_down_act_scales sets
 // act = max(amax, 1e-12) * 1.80 / 448, which the next step uses. x grows by 1.6 a step: post by 2.56 >
-// 1.80, so from step 1 on the largest posts clamp at 448.
+// 1.80, so from step 1 on the largest posts clamp at 448. The pre-keeping form (Fp8DownAct::pre) must
+// give the same post, postq and partials bits, and pre the pre-and-post FP8 forward's bits.
 void test_mlp_fp8_down_act(MlpKernel k, int T, int C, int H) {
     const std::string what = shape_text(k, T, C, H);
     const Fp8Bank bank(1, H, C, int64_t(H) * C, -1);
@@ -809,6 +819,21 @@ void test_mlp_fp8_down_act(MlpKernel k, int T, int C, int H) {
         linear_relu_square_forward_fp8(k, nullptr, post.ptr, up, T, C, H, nullptr, ReluSquareSaves::post_only);
         test::check(same_bits(r.post, post.download()), "linear_relu_square_forward_fp8_down post: the post-only bits%s",
                     ws.c_str());
+        {
+            DeviceBuffer<float> partials_pre(std::vector<float>(size_t(count) + 1, 1e30f));
+            const Fp8DownRun rp = run_fp8_down_forward(k, q, d_x, scales, partials_pre, T, C, H,
+                                                       ReluSquareSaves::pre_and_post);
+            DeviceBuffer<bf16> pre2(size_t(T) * H), post2(size_t(T) * H);
+            linear_relu_square_forward_fp8(k, pre2.ptr, post2.ptr, up, T, C, H, nullptr);
+            test::check(same_bits(rp.pre, pre2.download()) && same_bits(rp.post, post2.download()),
+                        "linear_relu_square_forward_fp8_down keeping pre: pre and post the pre-and-post FP8 forward's "
+                        "bits%s",
+                        ws.c_str());
+            test::check(same_bits(rp.post, r.post) && same_bits(rp.postq, r.postq) && same_bits(rp.partials, r.partials),
+                        "linear_relu_square_forward_fp8_down keeping pre: post, postq and the partials (and the slot "
+                        "past them) the post-only form's bits%s",
+                        ws.c_str());
+        }
 
         const float inv = 1.0f / act;
         double post_max = 0;
@@ -933,6 +958,18 @@ void test_mlp_fp8_shape_rules() {
         const Fp8Up up{fake8, nullptr, fake8, nullptr, {}};
         linear_relu_square_forward_fp8_down(MlpKernel::wgmma, fake, {fake8, reinterpret_cast<float*>(256), nullptr}, up,
                                             256, 128, 512, nullptr);
+    });
+    test::check_fails_with("linear_relu_square_forward_fp8_down keeping pre in post", "pre and post are one buffer", [=] {
+        const Fp8Up up{fake8, nullptr, fake8, nullptr, {}};
+        linear_relu_square_forward_fp8_down(MlpKernel::mma, fake, {fake8, reinterpret_cast<float*>(256),
+                                                                   reinterpret_cast<float*>(256), fake},
+                                            up, 256, 128, 512, nullptr);
+    });
+    test::check_fails_with("linear_relu_square_forward_fp8_down with pre misaligned", "not 16-byte aligned", [=] {
+        const Fp8Up up{fake8, nullptr, fake8, nullptr, {}};
+        linear_relu_square_forward_fp8_down(MlpKernel::wgmma, fake, {fake8, reinterpret_cast<float*>(256),
+                                                                     reinterpret_cast<float*>(256), fake + 1},
+                                            up, 256, 128, 512, nullptr);
     });
     test::check_fails_with("linear_relu_square_forward_fp8 post only with a pre buffer", "pre must be null", [=] {
         const Fp8Up up{fake8, nullptr, fake8, nullptr, {}};

@@ -15,8 +15,8 @@ if(BUILD_GPU AND Python3_Interpreter_FOUND)
            $<TARGET_FILE:test_hopper_gpu> _Z14gemm_tma_wgmmaILb0EL7Planted0E _Z14gemm_tma_wgmmaILb1EL7Planted0E)
   set_tests_properties(gpu_hopper_sass PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" SKIP_RETURN_CODE 77)
   # the MLP's Hopper kernels (kernels/mlp.cuh, forward and backward epilogues, and the FP8 up-projection's
-  # e4m3 forward: QGMMA) in test_mlp's binary; record 87's post-only epilogues (2, 3) and record 89's
-  # e4m3-post epilogue (4)
+  # e4m3 forward: QGMMA) in test_mlp's binary; record 87's post-only epilogues (2, 3), record 89's
+  # e4m3-post epilogue (4) and its pre-keeping form on record 84 (5)
   add_test(NAME gpu_hopper_sass_mlp COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/kernels/check_hopper_sass.py
            $<TARGET_FILE:test_mlp_gpu> _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue0E13__nv_bfloat16
            _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue1E13__nv_bfloat16
@@ -24,7 +24,8 @@ if(BUILD_GPU AND Python3_Interpreter_FOUND)
            _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue2E13__nv_bfloat16
            _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue3E13__nv_bfloat16
            _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue2E13__nv_fp8_e4m3
-           _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue4E13__nv_fp8_e4m3)
+           _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue4E13__nv_fp8_e4m3
+           _Z31linear_relu_square_wgmma_kernelIL10FcEpilogue5E13__nv_fp8_e4m3)
   set_tests_properties(gpu_hopper_sass_mlp PROPERTIES ENVIRONMENT "PYTHONDONTWRITEBYTECODE=1" SKIP_RETURN_CODE 77)
   # the checker itself: a single-wgmma kernel loads no TMA box, so it must be refused
   add_test(NAME gpu_hopper_sass_planted COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/kernels/check_hopper_sass.py
