@@ -580,6 +580,14 @@ void test_mlp_fp8(CublasLt& lt) {
             test::check(ops[0].work.tc_flops == 2.0 * T * C * H,
                         "linear_relu_square_forward_fp8_down%s: tc_flops %.0f, want 2 T C H", fc.c_str(),
                         ops[0].work.tc_flops);
+        // record 89's PR on record 84: pre too (Fp8DownAct::pre)
+        DeviceBuffer<bf16> pre(size_t(T) * H);
+        const Fp8DownAct act_pre{postq.ptr, act_partials.ptr, &down.ptr->act, pre.ptr};
+        check_family("linear_relu_square_forward_fp8_down with pre" + fc,
+                     {kernel("linear_relu_square_forward_fp8_down", tc + hc + 8,
+                             bytes(pre) + bytes(post) + bytes(postq) + bytes(act_partials))},
+                     {out(pre), out(post), out(postq), out(act_partials)},
+                     [&] { linear_relu_square_forward_fp8_down(k, post.ptr, act_pre, up, T, C, H, nullptr); });
     }
     {  // every layer's act from its partials: only the act slots are written
         const int64_t count = mlp_fp8_down_act_partials(MlpKernel::wgmma, T, H);
