@@ -285,6 +285,12 @@ struct Config {
     // record 88: the training loss also predicts each next token's longest proper prefix token (data/prefix_table.h),
     // weighted by the stages' prefix_start/_end, in record 80's fused cross-entropy; evaluation unchanged
     bool prefix_loss = false;
+    // record 89: the training forward's MLP down-projection in FP8 e4m3 with delayed scales (upstream's
+    // quantize_mlp_fp8 down half and _scaled_mm; kernels/mlp.cuh's MlpDownScales), on mlp_up_fp8's input path; the
+    // weights' scale from their own amax for the quantizations after steps below mlp_down_bootstrap_steps (and at
+    // the start and after the warm-up), then from the previous quantization's amax; evaluation bf16
+    bool mlp_down_fp8 = false;
+    int mlp_down_bootstrap_steps = 16;  // upstream: quantize_mlp_fp8(bootstrap_down=(step < 16))
     int bigram_width() const { return bigram_dim ? bigram_dim : model_dim; }
     SoftcapLoss loss = SoftcapLoss::sigmoid;
     float value_embed_std = 0.0f;   // value tables start at N(0, std^2); 0: zeros (record 71)
@@ -522,6 +528,25 @@ Config tiny_r84_prefix_preset() {
     return c;
 }
 
+// Record 89's FP8 down-projection (upstream 75d6867a; its PR logged it on a333be08 as FP8DownProjection/this_pr).
+void use_record89_fp8_down(Config& c) { c.mlp_down_fp8 = true; }
+// Record 89's PR on record 84 (a333be08 + the FP8 down-projection, 1380 + 10 steps: the PR's this_pr logs, the
+// feature check of upstream's stage 4 on its stage 2). Its MLP keeps pre and post, as record 84's.
+Config r84_fp8down_preset() {
+    Config c = r84_preset();
+    c.name = "r84-fp8down";
+    use_record89_fp8_down(c);
+    c.upstream_peak_mib = 30220;  // the PR's logs (2026-07-17_FP8DownProjection/this_pr)
+    return c;
+}
+// tiny-r84 with record 89's FP8 down-projection (the tiny schedule's lengths).
+Config tiny_r84_fp8down_preset() {
+    Config c = tiny_r84_preset();
+    c.name = "tiny-r84-fp8down";
+    use_record89_fp8_down(c);
+    return c;
+}
+
 struct Preset {
     const char* name;
     Config (*make)();
@@ -529,7 +554,8 @@ struct Preset {
 const Preset kPresets[] = {{"r71", r71_preset},         {"record", r71_preset},         {"tiny", tiny_preset},
                            {"r80", r80_preset},         {"tiny-r80", tiny_r80_preset}, {"r84", r84_preset},
                            {"tiny-r84", tiny_r84_preset}, {"r84-prefix", r84_prefix_preset},
-                           {"tiny-r84-prefix", tiny_r84_prefix_preset}};
+                           {"tiny-r84-prefix", tiny_r84_prefix_preset}, {"r84-fp8down", r84_fp8down_preset},
+                           {"tiny-r84-fp8down", tiny_r84_fp8down_preset}};
 
 // The preset NAME's config (named NAME), or none.
 std::optional<Config> preset_config(const std::string& name) {
@@ -616,6 +642,13 @@ std::string config_error(const Config& c) {
     if (c.mlp_up_fp8)
         if (const std::string e = mlp_fp8_shape_error(1, c.model_dim, c.mlp_dim, {}); !e.empty())
             return bad("the FP8 MLP up-projection (mlp_up_fp8): " + e);
+    if (c.mlp_down_fp8 && !c.mlp_up_fp8)
+        return bad("the FP8 MLP down-projection (mlp_down_fp8, record 89) takes the FP8 up-projection's epilogue: "
+                   "it needs mlp_up_fp8");
+    if (c.mlp_down_fp8)
+        if (const std::string e = mlp_fp8_down_shape_error(16, c.model_dim, c.mlp_dim, {}); !e.empty())
+            return bad("the FP8 MLP down-projection (mlp_down_fp8): " + e);
+    if (c.mlp_down_bootstrap_steps < 0) return bad("mlp_down_bootstrap_steps must be at least 0");
     if (c.world_size < 1 || 8 % c.world_size != 0) return bad("the world size must divide 8");
     if (c.stages.empty()) return bad("at least one training stage is needed");
     for (const TrainingStage& st : c.stages) {
@@ -862,6 +895,7 @@ struct Acts {
     float* mudd_c[2];
     bf16 *aux_v, *mudd_r;
     __nv_fp8_e4m3* mlp_xq;      // record 84's FP8 up-projection (training): the MLP input quantized (T, C)
+    __nv_fp8_e4m3* mlp_postq;   // record 89's FP8 down-projection (training): a layer's post quantized (T, H)
 };
 
 // Training keeps every layer's tensors for the backward; eval streams layers through one set and
@@ -951,6 +985,7 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
         s.fp8 = {};
     }
     s.mlp_xq = training && c.mlp_up_fp8 ? a.take<__nv_fp8_e4m3>(m + "mlp_xq", {T, C}) : nullptr;
+    s.mlp_postq = training && c.mlp_down_fp8 ? a.take<__nv_fp8_e4m3>(m + "mlp_postq", {T, c.mlp_dim}) : nullptr;
     s.mudd_z[0] = s.mudd_z[1] = s.aux_v = s.mudd_r = nullptr;
     s.mudd_c[0] = s.mudd_c[1] = nullptr;
     if (st.mudd) {
@@ -1071,6 +1106,13 @@ struct Model {
     BlockPartials mlp_fp8_weight_scratch{}, mlp_fp8_input_scratch{};
     Fp8UpScales* mlp_fp8_scales = nullptr;
     bool mlp_fp8_stale = true;
+    // record 89's FP8 down-projection (Config::mlp_down_fp8): every MLP layer's e4m3 W2^T (the padding layer's too)
+    // and its scales (act: this rank's, from the last training forward's amax; used; next), remade with the up
+    // copies (mlp_fp8_stale) by mlp_fp8_down_scaling; the weights' amax scratch and each layer's activation partials
+    Fp8DownWeights mlp_fp8_down{};
+    BlockPartials mlp_fp8_down_weight_scratch{};
+    float* mlp_fp8_down_act_partials = nullptr;
+    MlpDownScaling mlp_fp8_down_scaling = MlpDownScaling::bootstrap;
     DeviceBatch batch, eval_batch;
     YarnRope rope;
     LmHeadFp8Scales* fp8_scales;  // device
@@ -1114,6 +1156,22 @@ void layout_state(Arena& a, Model& m) {
         m.mlp_fp8_input_scratch = {a.take<float>("mlp_fp8.input_partials", {int64_t(mlp_fp8_input_scratch_floats(T, C))}),
                                    reinterpret_cast<unsigned int*>(a.take<int32_t>("mlp_fp8.input_done", {1}))};
         m.mlp_fp8_scales = reinterpret_cast<Fp8UpScales*>(a.take<float>("mlp_fp8.scales", {4}));
+    }
+    m.mlp_fp8_down = {};
+    m.mlp_fp8_down_weight_scratch = {};
+    m.mlp_fp8_down_act_partials = nullptr;
+    if (c.mlp_down_fp8) {
+        const int layers = c.structure.layers + 1, C = c.model_dim, M = c.mlp_dim, T = c.max_train_tokens();
+        m.mlp_fp8_down.w = a.take<__nv_fp8_e4m3>("mlp_fp8_down.w", {layers, C, M});
+        m.mlp_fp8_down.scales =
+            reinterpret_cast<MlpDownScales*>(a.take<float>("mlp_fp8_down.scales", {layers, kMlpDownScaleStride}));
+        m.mlp_fp8_down_weight_scratch = {
+            a.take<float>("mlp_fp8_down.weight_partials", {int64_t(mlp_fp8_down_weight_scratch_floats(layers, M, C))}),
+            reinterpret_cast<unsigned int*>(a.take<int32_t>("mlp_fp8_down.weight_done", {1}))};
+        // either kernel's tiles (--mlp-kernel picks one after the layout)
+        const int64_t partials = std::max(mlp_fp8_down_act_partials(MlpKernel::mma, T, M),
+                                          mlp_fp8_down_act_partials(MlpKernel::wgmma, T, M));
+        m.mlp_fp8_down_act_partials = a.take<float>("mlp_fp8_down.act_partials", {c.structure.layers * partials});
     }
 }
 void layout_activations(Arena& a, Model& m) {
@@ -1237,6 +1295,22 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
     CUDA_CHECK(sync_stream(s, "init_params"));
 }
 
+// Record 89's FP8 down-projection scales back to upstream's persistent buffers of ones, the next quantization a
+// bootstrap (at the start, and after the warm-up's reset).
+void reset_mlp_down_scales(Model& m, cudaStream_t s) {
+    if (!m.cfg.mlp_down_fp8) return;
+    const std::vector<MlpDownScales> ones(size_t(m.cfg.structure.layers + 1));
+    CUDA_CHECK(copy_async(m.mlp_fp8_down.scales, ones.data(), ones.size() * sizeof(MlpDownScales),
+                          cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(sync_stream(s, "reset_mlp_down_scales"));  // ones is a local
+    m.mlp_fp8_down_scaling = MlpDownScaling::bootstrap;
+}
+// The scaling of the down-projection's quantization after step `step`'s update (upstream: bootstrap_down =
+// step < 16; before the first step, -1, a bootstrap as at init).
+MlpDownScaling mlp_down_scaling_after(const Config& c, int step) {
+    return step < c.mlp_down_bootstrap_steps ? MlpDownScaling::bootstrap : MlpDownScaling::delayed;
+}
+
 // Builds the model for a config on the current device: arenas placed, parameters initialized,
 // the YaRN state reset.
 void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
@@ -1268,6 +1342,7 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
         CUDA_CHECK(copy_async(m.prefix_table, table.data(), table.size() * sizeof(int32_t), cudaMemcpyHostToDevice, s));
         CUDA_CHECK(sync_stream(s, "prefix_table"));  // table is a local
     }
+    reset_mlp_down_scales(m, s);
     yarn_rope_reset(m.rope, s);
     const LmHeadFp8Scales scales = lm_head_fp8_scales(c.grad_scale());
     CUDA_CHECK(copy_async(m.fp8_scales, &scales, sizeof scales, cudaMemcpyHostToDevice, s));
@@ -1281,6 +1356,14 @@ CheckpointTensor sign_table_tensor(const Model& m) {
     const Config& c = m.cfg;
     return {"buffer.bigram_signs", "BF16", {c.bigram_sign_rows, c.bigram_width()}, m.bigram_signs,
             size_t(c.bigram_sign_rows) * c.bigram_width() * sizeof(bf16)};
+}
+
+// Record 89's FP8 down-projection scales as a checkpoint holds them: (layers + 1, kMlpDownScaleStride) floats, each
+// layer's act, used and next at 0, 4 and 8 (MlpDownScales), in every rank's file.
+CheckpointTensor mlp_down_scales_tensor(const Model& m) {
+    const int layers = m.cfg.structure.layers + 1;
+    return {"buffer.mlp_down_scales", "F32", {layers, kMlpDownScaleStride}, m.mlp_fp8_down.scales,
+            size_t(layers) * sizeof(MlpDownScales)};
 }
 
 // Every rank starts from rank 0's parameters, as upstream broadcasts them after init (the
@@ -1471,14 +1554,27 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
         }
         await_gathered(m.gathered, At::mlp, s);
         if (a.training && c.mlp_up_fp8) {  // record 84: x and c_fc in e4m3, c_fc's copies remade after it changed
-            if (m.mlp_fp8_stale) {
+            if (m.mlp_fp8_stale) {  // upstream's quantize_mlp_fp8 after each optimizer step: c_fc, then c_proj
                 mlp_fp8_quantize_weights(m.mlp_fp8, {p.mlp_bank, int64_t(2) * M * C, st.layers + 1}, M, C,
                                          m.mlp_fp8_weight_scratch, s);
+                if (c.mlp_down_fp8)
+                    mlp_fp8_down_quantize_weights(m.mlp_fp8_down, {p.c_proj(c, 0), int64_t(2) * M * C, st.layers + 1},
+                                                  M, C, m.mlp_fp8_down_scaling, m.mlp_fp8_down_weight_scratch, s);
                 m.mlp_fp8_stale = false;
             }
             const Fp8Up up{m.mlp_fp8.w + int64_t(l) * M * C, m.mlp_fp8.scale + l, a.mlp_xq, m.mlp_fp8_scales,
                            m.mlp_fp8_input_scratch};
-            mlp_forward_fp8(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, up, p.c_proj(c, l), T, C, M, s);
+            if (c.mlp_down_fp8) {  // record 89: post also in e4m3 with the delayed act scale, its amax for the next
+                const int64_t count = mlp_fp8_down_act_partials(m.mlp_kernel, T, M);
+                const Fp8DownAct down{a.mlp_postq, m.mlp_fp8_down_act_partials + l * count,
+                                      &m.mlp_fp8_down.scales[l].act, L.pre};
+                mlp_fp8_quantize_input(up, mlp_in, T, C, s);
+                linear_relu_square_forward_fp8_down(m.mlp_kernel, L.post, down, up, T, C, M, s);
+                mlp_fp8_down_proj(*m.lt, L.mlp_out, a.mlp_postq, m.mlp_fp8_down.w + int64_t(l) * C * M,
+                                  m.mlp_fp8_down.scales + l, T, C, M, s);
+            } else {
+                mlp_forward_fp8(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, up, p.c_proj(c, l), T, C, M, s);
+            }
         } else {
             mlp_forward(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
         }
@@ -1494,6 +1590,9 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
                                       Injection::none, T, C, s);
         }
     }
+    if (a.training && c.mlp_down_fp8)  // record 89: each layer's act for the next training forward (this rank's)
+        mlp_fp8_down_act_scales(m.mlp_fp8_down.scales, m.mlp_fp8_down_act_partials,
+                                mlp_fp8_down_act_partials(m.mlp_kernel, T, M), st.layers, s);
     if (st.mudd) {  // MUDD's exit: x += c0 h0 + c1 h7 + c2 h9 + c3 ve0 + c4 h3, per token; h = norm(x)
         matmul_forward(*m.lt, a.mudd_z[1], a.x_out, p.mudd_w1_of(c, 1), T, kMuddHidden, C, s, false, "gemm_mudd_exit");
         mudd_exit_forward(a.mudd_c[1], a.x_final, a.h_final, a.rstd_final, a.mudd_z[1], mudd_head(p, 1), a.x_out,
@@ -2285,7 +2384,8 @@ void optimizer_step(Model& m, Optimizer& o, const Schedule& sch, int step, ncclC
         CUDA_CHECK(record_event(q.updated, s));
     }
     if (do_adam) m.lm_head_fp8_stale = true, m.embed_stale = tied;
-    m.mlp_fp8_stale = true;  // NorMuon stepped c_fc
+    m.mlp_fp8_stale = true;  // NorMuon stepped c_fc (and c_proj)
+    m.mlp_fp8_down_scaling = mlp_down_scaling_after(c, step);
     // the gathers by their rows' turns (the next forward waits for each at its place)
     for (int i : gather_order(c, tied))
         if (steps(o.group[i]))
@@ -2548,6 +2648,8 @@ void save_checkpoint(Run& r, int step, double training_ms) {
     // record 83's sign table is a buffer, as in upstream's state dict: a reader of the file (the references, the
     // comparison with upstream's code) takes the very table the run trained with
     if (r.d.rank == 0 && r.m.bigram_signs) tensors.push_back(sign_table_tensor(r.m));
+    // record 89's scales, this rank's (its act is its own); the quantization they feed is the next forward's
+    if (r.m.cfg.mlp_down_fp8) tensors.push_back(mlp_down_scales_tensor(r.m));
     CheckpointMeta manifest = {{"format", "train_gpt manifest 1"},  {"preset", r.m.cfg.name},
                                {"step", std::to_string(step)},      {"world_size", std::to_string(r.d.world)},
                                {"seed", std::to_string(r.opt.seed)}, {"run_id", r.opt.run_id},
@@ -2586,6 +2688,10 @@ int load_checkpoint(Run& r, const std::string& dir) {
             }
         }
         if (r.m.bigram_signs) read_tensor(f.first, sign_table_tensor(r.m));
+        if (r.m.cfg.mlp_down_fp8) {  // the quantization after step f.step - 1 is still to come
+            read_tensor(f.mine, mlp_down_scales_tensor(r.m));
+            r.m.mlp_fp8_down_scaling = mlp_down_scaling_after(r.m.cfg, f.step - 1);
+        }
         return f.step;
     } catch (const std::exception& e) {
         fail("cannot resume from " + dir + ": " + e.what());
@@ -2775,6 +2881,7 @@ PlanTrainer plan_trainer(Run& r) {
         // an even step's forward remakes lm_head's copies (embed too while tied) after the Adam step before it
         r.m.lm_head_fp8_stale = step % 2 == 0;
         r.m.mlp_fp8_stale = true;  // every step's NorMuon update changes c_fc
+        r.m.mlp_fp8_down_scaling = mlp_down_scaling_after(r.m.cfg, step - 1);
         r.m.embed_stale = step % 2 == 0 && step > 0 && step - 1 <= r.sch.split_step;
     };
     t.train_step = [&r](int step) { train_step(r, step); };
@@ -2858,6 +2965,7 @@ void warm_up(Run& r) {
     CUDA_CHECK(cudaMemcpy(r.m.param_arena.base(), initial.data(), initial.size(), cudaMemcpyHostToDevice));
     r.m.lm_head_fp8_stale = true, r.m.embed_stale = false;  // the restored embed is lm_head's already
     r.m.mlp_fp8_stale = true;
+    reset_mlp_down_scales(r.m, r.s);  // upstream restores its persistent ones, then quantizes with bootstrap
     CUDA_CHECK(cudaMemset(r.m.grad_arena.base(), 0, r.m.grad_arena.bytes()));
     reset_optimizer(r.o, r.s);
     reset_schedule(r);

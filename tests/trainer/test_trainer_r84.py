@@ -21,7 +21,13 @@ the aliased x0, the paired layers' gates reading the value embedding, the FP8 ML
   - tiny-r84-prefix (record 88's prefix-token loss on tiny-r84; pw 0.25, then 0.25 -> 0 over stage 1, then 0): 1 rank
     against its own golden run (tests/reference/fixtures/tiny_r84_prefix_golden.json) as above; step 0's training
     loss above tiny-r84's (the same parameters and batch: the prefix term adds); 2 ranks against 1 over steps 0..3
-    (each rank uploads the step's weight after its MTP weights).
+    (each rank uploads the step's weight after its MTP weights);
+  - tiny-r84-fp8down (record 89's FP8 down-projection with delayed scales on tiny-r84; the weights' scale bootstrapped
+    for every quantization of these 8 steps, as upstream's for steps below 16): 1 rank against its own golden run
+    (tests/reference/fixtures/tiny_r84_fp8down_golden.json); the scales in every rank's checkpoint
+    (`buffer.mlp_down_scales`); a resume from step 2 (inside the bootstrap) equal to the uninterrupted run at step 8,
+    and a run with upstream's warm-up equal to it at step 2 (the reset restores the scales), every tensor bitwise;
+    2 ranks under emu's strict modes against 1 over steps 0..3 (each rank's activation scale is its own).
 Usage: test_trainer_r84.py TRAIN_GPT_CPU MPIRUN...
 """
 import os
@@ -59,6 +65,37 @@ def losses(text):
     return np.array(train), val
 
 
+def check_ranks(tmp, schedule, one_train, one_val, ranks, env, run_id, label, steps=4):
+    """A run of `ranks` ranks over steps 0..steps-1 against 1 rank's losses, up to reduction order (0.1%)."""
+    T.run(schedule + ["--max-steps", str(steps), "--run-id", run_id, "--log-dir", tmp], ranks=ranks, env=env)
+    train, val = losses(open(os.path.join(tmp, run_id + ".txt")).read())
+    a = one_train[:steps]
+    T.check(a.shape == train.shape and np.all(np.abs(a - train) <= 1e-3 * a),
+            f"{label} vs 1: training losses of steps 0..{steps - 1} agree to 0.1% "
+            f"(max {np.max(np.abs(a - train) / a) if a.shape == train.shape else np.inf:.1e})")
+    T.check(sorted(val) == [0, steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val),
+            f"{label} vs 1: validation losses {val} agree to 0.1%")
+
+
+def check_resume(tmp, schedule, root, step, run_id, label):
+    """Resume from root's step-`step` checkpoint to the end: the same bytes as the uninterrupted run (every tensor as
+    stored). Returns the resumed run's log."""
+    resumed = os.path.join(tmp, run_id)
+    T.run(schedule + ["--run-id", run_id, "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps",
+                      str(TOTAL), "--resume", os.path.dirname(T.ckpt(root, step))])
+    differ = checkpoint_differences(T.ckpt(root, TOTAL), T.ckpt(resumed, TOTAL))
+    T.check(not differ, f"{label}: resume from step {step} equals the uninterrupted run at step {TOTAL} (every tensor, "
+            "bitwise)" + (" differ: " + " ".join(differ[:8]) if differ else ""))
+    return open(os.path.join(tmp, run_id + ".txt")).read()
+
+
+def checkpoint_differences(path_a, path_b):
+    """The tensors two checkpoint files do not both hold with the same bytes."""
+    _, a = T.read_checkpoint.load(path_a)
+    _, b = T.read_checkpoint.load(path_b)
+    return sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+
+
 def check_prefix(tmp, r84_train):
     """tiny-r84-prefix: 1 rank against its golden run, step 0's loss above tiny-r84's by the prefix term, 2 ranks = 1."""
     schedule = [a if a != "tiny-r84" else "tiny-r84-prefix" for a in SCHEDULE]
@@ -75,14 +112,41 @@ def check_prefix(tmp, r84_train):
     # the same parameters and batch at step 0: the prefix term pw (lse - z[P]) > 0 adds to most rows
     T.check(one_train.shape == (TOTAL,) and one_train[0] > r84_train[0] * 1.01,
             f"step 0's loss with the prefix term ({one_train[:1]}) is above tiny-r84's ({r84_train[:1]})")
-    steps = 4
-    T.run(schedule + ["--max-steps", str(steps), "--run-id", "prefix2", "--log-dir", tmp], ranks=2)
-    train, val = losses(open(os.path.join(tmp, "prefix2.txt")).read())
-    a = one_train[:steps]
-    T.check(a.shape == train.shape and np.all(np.abs(a - train) <= 1e-3 * a),
-            f"tiny-r84-prefix, 2 ranks vs 1: training losses of steps 0..{steps - 1} agree to 0.1% ({train} vs {a})")
-    T.check(sorted(val) == [0, steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val),
-            f"tiny-r84-prefix, 2 ranks vs 1: validation losses {val} agree to 0.1%")
+    check_ranks(tmp, schedule, one_train, one_val, 2, None, "prefix2", "tiny-r84-prefix, 2 ranks")
+
+
+def check_fp8down(tmp):
+    """tiny-r84-fp8down: 1 rank against its golden run, the scales in the checkpoints, a bitwise resume from the bootstrap,
+    2 strict ranks = 1."""
+    schedule = [a if a != "tiny-r84" else "tiny-r84-fp8down" for a in SCHEDULE]
+    root = os.path.join(tmp, "fp8down1")
+    T.run(schedule + ["--log-grad-norms", "--run-id", "fp8down1", "--log-dir", tmp, "--save-checkpoint", root,
+                      "--checkpoint-steps", f"0,2,{TOTAL}"])
+    text = open(os.path.join(tmp, "fp8down1.txt")).read()
+    R80.check_golden(text, T.tensors(T.ckpt(root, TOTAL), prefix="param.")[1], "tiny-r84-fp8down", 20, SMALL, NOISY)
+    one_train, one_val = losses(text)
+    scales = T.tensors(T.ckpt(root, TOTAL), names=["buffer.mlp_down_scales"])[1].get("buffer.mlp_down_scales")
+    # (12 layers, 12 floats): act, used, next at 0, 4, 8; after 8 steps every MLP layer's act and the weights' scales
+    # are amaxes over 448 (not the initial ones), the padding layer's act untouched
+    ok = scales is not None and scales.shape == (12, 12)
+    if ok:
+        act, used, nxt = scales[:, 0], scales[:, 4], scales[:, 8]
+        ok = (np.all(np.isfinite(scales)) and np.all((act[:11] > 0) & (act[:11] != 1)) and act[11] == 1 and
+              np.all((used[:11] > 0) & (used[:11] != 1)) and np.all(nxt[:11] > 0))
+    T.check(ok, f"the checkpoint holds record 89's scales, (12, 12), moved from their ones ({scales})")
+    check_resume(tmp, schedule, root, 2, "fp8down_resumed", "tiny-r84-fp8down (inside the bootstrap)")
+    # upstream's warm-up, then its reset (the scales back to their ones, the next quantization a bootstrap): the states
+    # at steps 0 and 2 equal the run's without it (step 0's holds the scales the reset restores; by step 2 they are
+    # overwritten, and c_proj's zero init hides step 0's act from the loss)
+    warm = os.path.join(tmp, "fp8down_warm")
+    warm_schedule = schedule[:schedule.index("--warmup")] + ["--warmup", "1"] + schedule[schedule.index("--warmup") + 2:]
+    T.run(warm_schedule + ["--max-steps", "2", "--run-id", "fp8down_warm", "--log-dir", tmp, "--save-checkpoint", warm,
+                           "--checkpoint-steps", "0,2"])
+    for step in (0, 2):
+        differ = checkpoint_differences(T.ckpt(root, step), T.ckpt(warm, step))
+        T.check(not differ, f"tiny-r84-fp8down: after the warm-up, step {step}'s state equals the run's without it "
+                "(every tensor, bitwise)" + (" differ: " + " ".join(differ[:8]) if differ else ""))
+    check_ranks(tmp, schedule, one_train, one_val, 2, STRICT, "fp8down2", "tiny-r84-fp8down, 2 strict ranks")
 
 
 def main():
@@ -105,16 +169,7 @@ def main():
                 f"({None if signs is None else (signs.shape, np.unique(signs), float(np.mean(signs)))})")
 
         # resume from step 3 to the end: the same bytes as the uninterrupted run (every tensor as stored)
-        resumed = os.path.join(tmp, "resumed")
-        T.run(SCHEDULE + ["--run-id", "resumed", "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps",
-                          str(TOTAL), "--resume", os.path.dirname(T.ckpt(root, 3))])
-        _, a = T.read_checkpoint.load(T.ckpt(root, TOTAL))
-        _, b = T.read_checkpoint.load(T.ckpt(resumed, TOTAL))
-        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-        T.check(a.keys() == b.keys() and not differ,
-                "resume from step 3 equals the uninterrupted run at step 8 (every tensor, bitwise)"
-                + (" differ: " + " ".join(differ[:8]) if differ else ""))
-        text = open(os.path.join(tmp, "resumed.txt")).read()
+        text = check_resume(tmp, SCHEDULE, root, 3, "resumed", "tiny-r84")
         logged = [int(k) for k in re.findall(r"^step:(\d+)/\d+ train_loss:", text, re.M)]
         r_train, _ = losses(text)
         T.check(logged == list(range(4, TOTAL + 1)) and np.array_equal(r_train, one_train[3:]),
@@ -122,18 +177,10 @@ def main():
                 f"({logged}: {r_train})")
 
         # without upstream's warm-up (test_trainer.py runs it on record 71's tiny preset)
-        steps = 4
         for ranks, env, label in ((8, STRICT, "8 ranks, strict emu"), (2, None, "2 ranks")):
-            run_id = f"np{ranks}"
-            T.run(SCHEDULE + ["--max-steps", str(steps), "--run-id", run_id, "--log-dir", tmp], ranks=ranks, env=env)
-            train, val = losses(open(os.path.join(tmp, run_id + ".txt")).read())
-            a = one_train[:steps]
-            T.check(a.shape == train.shape and np.all(np.abs(a - train) <= 1e-3 * a),
-                    f"{label} vs 1: training losses of steps 0..{steps - 1} agree to 0.1% "
-                    f"(max {np.max(np.abs(a - train) / a) if a.shape == train.shape else np.inf:.1e})")
-            T.check(sorted(val) == [0, steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val),
-                    f"{label} vs 1: validation losses {val} agree to 0.1%")
+            check_ranks(tmp, SCHEDULE, one_train, one_val, ranks, env, f"np{ranks}", label)
         check_prefix(tmp, one_train)
+        check_fp8down(tmp)
     plan = subprocess.run([T.BINARY, "--preset", "r84", "--print-memory"], capture_output=True, text=True)
     total = re.search(r"^total\s+(\S+) MiB", plan.stdout, re.M)
     T.check(plan.returncode == 0 and total is not None and float(total.group(1)) < 80 * 1024,
