@@ -479,42 +479,31 @@ __global__ void __launch_bounds__(kDcThreads)
         j = static_cast<size_t>(t) * kDcWindow + (t - key[r]);
         return t >= key[r] && t < end[r] && t - key[r] < kDcWindow;
     };
-    DcOut o;
-    dc_tile_mix(
-        o,
-        [&](int c, uint32_t (&wa)[4]) {
+    // the mix's A fragment: value(j) of each valid pair (0 elsewhere), packed to bf16
+    auto pair_values = [&](auto value) {
+        return [&, value](int c, uint32_t (&wa)[4]) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 float x[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     size_t j;
-                    const bool ok = pair(c, i, e, j);
-                    const size_t t = j / kDcWindow;
-                    x[e] = ok ? __bfloat162float(ds_in[(t * kDcHeads + h) * kDcWindow + j % kDcWindow]) : 0.0f;
-                }
-                wa[i] = dc_pack_bf16(x[0], x[1]);  // already bf16 values
-            }
-        },
-        q, s0, h, T, stage[h], lane);
-    dc_store_tile(dk, dk, o, key, h, T, scale, true, lane);
-    dc_tile_mix(
-        o,
-        [&](int c, uint32_t (&wa)[4]) {
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                float x[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    size_t j;
-                    const bool ok = pair(c, i, e, j);
-                    // upstream: (w2 A).to(bf16) before its dot with go
-                    x[e] = ok ? coefs[(j / kDcWindow) * coef_stride + kDcW2Col + h] * a_in[j] : 0.0f;
+                    x[e] = pair(c, i, e, j) ? value(j) : 0.0f;
                 }
                 wa[i] = dc_pack_bf16(x[0], x[1]);
             }
-        },
-        go, s0, h, T, stage[h], lane);
+        };
+    };
+    DcOut o;
+    const auto ds_of = [&](size_t j) {  // already bf16 values
+        const size_t t = j / kDcWindow;
+        return __bfloat162float(ds_in[(t * kDcHeads + h) * kDcWindow + j % kDcWindow]);
+    };
+    dc_tile_mix(o, pair_values(ds_of), q, s0, h, T, stage[h], lane);
+    dc_store_tile(dk, dk, o, key, h, T, scale, true, lane);
+    // upstream: (w2 A).to(bf16) before its dot with go
+    const auto w2a_of = [&](size_t j) { return coefs[(j / kDcWindow) * coef_stride + kDcW2Col + h] * a_in[j]; };
+    dc_tile_mix(o, pair_values(w2a_of), go, s0, h, T, stage[h], lane);
     dc_store_tile(dv, dv, o, key, h, T, 1.0f, true, lane);
 }
 
