@@ -131,7 +131,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     yarn_rope_apply(m.rope, old_long, ws_long, s);
     const float w[3] = {1.0f, 0.5f, 0.25f};
     CUDA_CHECK(cudaMemcpy(m.mtp_weights, w, sizeof w, cudaMemcpyHostToDevice));
-    const StepSchedule step_sch{ws_short, ws_long, m.mtp_weights, 3};
+    const StepSchedule step_sch{ws_short, ws_long, m.mtp_weights, 3, {}};
 
     ref::Config rc = ref::Config::make(T, c.padded_vocab, c.model_dim, c.num_heads, c.head_dim, c.bigram_vocab,
                                        ws_short, ws_long);
@@ -542,7 +542,7 @@ int main() {
     up.upload(m.batch, c.tokens(), inputs.data(), targets.data(), cu.data(), int(cu.size()), bigram.data(), T, s);
     const float w[3] = {1.0f, 0.5f, 0.25f};
     CUDA_CHECK(cudaMemcpy(m.mtp_weights, w, sizeof w, cudaMemcpyHostToDevice));
-    StepSchedule step_sch{c.stages[0].ws_short * c.block_size, c.stages[0].ws_long * c.block_size, m.mtp_weights, 3};
+    StepSchedule step_sch{c.stages[0].ws_short * c.block_size, c.stages[0].ws_long * c.block_size, m.mtp_weights, 3, {}};
     const auto t0 = std::chrono::steady_clock::now();
     gpt_forward(m, m.batch, step_sch, m.train, s);
     const float loss = download_f(m.loss, 1)[0];
