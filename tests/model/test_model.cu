@@ -429,6 +429,46 @@ void check_structure() {
         same = same && param_group(*c, "resid_lambdas") >= 0 && c->param_table[size_t(qk)].optim == Optim::normuon && c->param_table[size_t(vo)].reduce == Reduce::buckets;
         test::check(same, "preset %s: record 80's structure, schedule, data rules and optimizer", name);
     }
+    // Records 88's and 89's feature presets on record 84, and the rules their switches bring, each refusal naming its cause
+    for (const char* name : {"r84-prefix", "tiny-r84-prefix", "r84-fp8down", "tiny-r84-fp8down"}) {
+        const std::optional<Config> c = preset_config(name);
+        test::check(c && config_error(*c).empty(), "preset %s exists and is valid", name);
+        if (!c) continue;
+        const bool prefix = std::string(name).find("prefix") != std::string::npos;
+        const bool tiny = std::string(name).rfind("tiny", 0) == 0;
+        bool same = c->prefix_loss == prefix && c->mlp_down_fp8 == !prefix && c->mlp_up_fp8 &&
+                    c->mlp_down_bootstrap_steps == 16 && c->stages.size() == 4 &&
+                    c->scheduled_iterations == (tiny ? 30 : prefix ? 1365 : 1380);
+        const float pw[4][2] = {{0.25f, 0.25f}, {0.25f, 0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}};
+        for (size_t i = 0; i < c->stages.size(); ++i)
+            same = same && c->stages[i].prefix_start == (prefix ? pw[i][0] : 0.0f) &&
+                   c->stages[i].prefix_end == (prefix ? pw[i][1] : 0.0f);
+        test::check(same, "preset %s: record 84 with record %s's switch, steps and prefix weights", name,
+                    prefix ? "88" : "89");
+    }
+    struct SwitchRule {
+        const char *what, *preset, *message;
+        void (*plant)(Config&);
+    };
+    const SwitchRule switch_rules[] = {
+        {"prefix weights without prefix_loss", "tiny-r84-prefix", "prefix-loss weights but the config has no prefix_loss",
+         [](Config& c) { c.prefix_loss = false; }},
+        {"prefix_loss on record 71's loss", "tiny-r84-prefix", "a term of record 80's cross-entropy",
+         [](Config& c) { c.loss = SoftcapLoss::sigmoid; }},
+        {"prefix_loss with 8 MTP weights", "tiny-r84-prefix", "at most 7 MTP weights",
+         [](Config& c) { c.stages[0].mtp_start = c.stages[0].mtp_end = std::vector<float>(8, 1.0f); }},
+        {"mlp_down_fp8 without mlp_up_fp8", "tiny-r84-fp8down", "it needs mlp_up_fp8",
+         [](Config& c) { c.mlp_up_fp8 = false; }},
+        {"a negative bootstrap", "tiny-r84-fp8down", "mlp_down_bootstrap_steps must be at least 0",
+         [](Config& c) { c.mlp_down_bootstrap_steps = -1; }},
+    };
+    for (const SwitchRule& r : switch_rules) {
+        Config c = *preset_config(r.preset);
+        r.plant(c);
+        const std::string e = config_error(c);
+        test::check(e.find(r.message) != std::string::npos, "the config rules refuse %s naming it: '%s'", r.what,
+                    e.c_str());
+    }
     const Config base = tiny_preset();
     const std::pair<const char*, void (*)(Structure&)> planted[] = {
         {"too many layers", [](Structure& st) { st.layers = kMaxLayers + 1; }},
