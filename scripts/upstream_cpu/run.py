@@ -25,9 +25,21 @@ as this project's side, and prints the training losses step by step with their r
   python3 scripts/upstream_cpu/run.py --upstream /tmp/up89 --trainer build/train_gpt_cpu --trainer-preset tiny-r84 \
       --reference --noise --steps 34 --scheduled-steps 30 --extension-steps 4 --val-every 8 --val-tokens 4096
 
+  record 86 (003ff3e2, records 85-86: the MUDD gate's per-token coefficients in place of the XSA alphas, the
+  output gates, the x0 and bigram lambdas and the skip gate; DC-MHA's correction on layer 10; the XSA rewrite;
+  bigram rows 15/2 vocabularies at full width) at tiny-r86 (tests/reference's preset where it has it, else run.py's
+  own sizes: tiny-r84 at 6 heads of 64, upstream's init_mudd_gate asserts 6 heads) beside tests/reference's tiny-r86
+  (--reference) and the trainer's (--trainer); without --trainer from a seeded init (--init-from: upstream's own
+  GPT init, or the reference's init_params) and the reference loader's batches:
+
+  python3 scripts/upstream_cpu/run.py --upstream /tmp/up86 --reference --noise --steps 8 --scheduled-steps 6 \
+      --extension-steps 2 --val-tokens 4096
+  python3 scripts/upstream_cpu/run.py --self-check   # the DC stand-in against a float64 evaluation
+
 Which record is told by the files (a333be08's train_gpt.py has quantize_mlp_fp8 and init_mudd; record 88's
-also build_prefix_table; record 89's quantize_mlp_fp8 takes bootstrap_down; the MUDD gate's code, 003ff3e2 on, is
-refused); --record checks it. Upstream's files are never committed here: take them from a clone of upstream's repository,
+also build_prefix_table; record 89's quantize_mlp_fp8 takes bootstrap_down; 003ff3e2's has init_mudd_gate, the
+dc_triton_kernels import and DC on layer 10; the MUDD gate with record 88's or 89's code, 75d6867a, is refused);
+--record checks it. Upstream's files are never committed here: take them from a clone of upstream's repository,
 
   mkdir -p /tmp/up80 /tmp/up84
   for f in train_gpt.py triton_kernels.py; do git -C UPSTREAM_CLONE show 2c702746:$f > /tmp/up80/$f
@@ -78,6 +90,15 @@ a333be08 only (each a chain rounded once, where the compiled graph materializes 
   - the FP8 input cast e4m3(fp32(x) * (448 / fp32(amax))), one rounding; quantize_mlp_fp8 and the dequant
     buffer run as written (eager, not compiled upstream either);
   - the sign table: upstream draws it unseeded at construction; run.py copies the trainer's into it.
+003ff3e2 only (record 84's patches whose lines it keeps, and):
+  - dc_triton_kernels.py copied unpatched and imported (its kernels stay plain functions), its launcher
+    dc_attention_postonly_nodd_correction_add_base_triton replaced by standins.py's (the Triton kernels' rounding
+    points, forward and backward; it takes the twin's head_dim 64 where upstream's asserts 128);
+  - the MUDD gate's coefficients bf16((bf16(u W2^T) + b2) * bf16(scale)) (the scale's cast is explicit), rounded
+    once, as MUDD's; every reader of the (1, T, 41) gate tensor reads its bf16 (it has many readers: materialized);
+  - XSA (dot, denominator, y - alpha (dot / denom) v) and the output gate in fp32 into one rounding of the head
+    outputs before O; the attention update rho x + pi y + g_x0 x0 (+ g_b xb, layers 1..) and the pre-layer-0
+    bigram on x0's clone, each rounded once; the skip gate sigmoid(lambda) * gate fp32 into the skip add.
 Record 89's PR only: the activations' partial-amax scratch (layers, SM count) gets one slot per layer, where the
 EMIT_FP8 stand-in writes the exact max of the layer's post (at tiny sizes upstream's few tiles would leave stale
 slots); quantize_transpose_mlp_down_weights and reduce_mlp_activation_scales are
@@ -313,6 +334,51 @@ TRAIN_PATCHES_R89 = TRAIN_PATCHES_R84 + [
 ]
 
 
+# record 86 (003ff3e2, records 85-86: the MUDD gate, DC-MHA on layer 10, the XSA rewrite): record 84's patches whose
+# lines are unchanged, then the new lines'. The MUDD gate's (1, T, n) coefficient tensor is read by many consumers, so
+# the compiled graph materializes it (bf16); each consumer's chain stays fp32 into its one rounding, as record 84's.
+R86_GONE = ("the pre-layer-0 bigram", "the attention update", "the x0 injections", "the bigram injections",
+            "XSA's v^", "XSA's projection", "XSA's update", "the output gate", "the skip gate")
+TRAIN_PATCHES_R86 = [p for p in TRAIN_PATCHES_R84 if p[0] not in R86_GONE] + [
+    ("the MUDD gate's coefficients",
+     "        return (F.linear(x, self.mudd_gate_w2[id, :num_coef]) + self.mudd_gate_b2[id, :num_coef]) * "
+     "self._mudd_gate_scale.type_as(x)",
+     ["        return ((F.linear(x, self.mudd_gate_w2[id, :num_coef]).float() + self.mudd_gate_b2[id, :num_coef].float()"
+      ") * self._mudd_gate_scale.type_as(x).float()).bfloat16()  # upstream_cpu: one rounding (the scale's bf16 cast "
+      "explicit)"]),
+    ("the pre-layer-0 bigram",
+     "        x[..., :args.bigram_dim] = x[..., :args.bigram_dim] + x0_bigram * bigram_gates[0]",
+     ["        x[..., :args.bigram_dim] = (x[..., :args.bigram_dim].float() + x0_bigram.float() * "
+      "bigram_gates[0].float()).bfloat16()  # upstream_cpu: one rounding (x is x0's clone)"]),
+    ("the skip gate", "                skip_gate_out = torch.sigmoid(skip_lambda) * post_skip_gate",
+     ["                skip_gate_out = torch.sigmoid(skip_lambda) * post_skip_gate.float()  # upstream_cpu: fp32 into "
+      "the skip add"]),
+    ("the attention update",
+     ("                    x = resid_lambdas_attn[i] * x + post_lambdas_attn[i] * attn_out + x0 * x0_gates[i]",
+      "                    if i != 0:",
+      "                        x[..., :args.bigram_dim] = x[..., :args.bigram_dim] + x0_bigram * bigram_gates[i]"),
+     ["                    x = resid_lambdas_attn[i].float() * x.float() + post_lambdas_attn[i].float() * "
+      "attn_out.float() + x0.float() * x0_gates[i].float()",
+      "                    if i != 0:",
+      "                        x = torch.cat([x[..., :args.bigram_dim] + x0_bigram.float() * bigram_gates[i].float(), "
+      "x[..., args.bigram_dim:]], dim=-1)",
+      "                    x = x.bfloat16()  # upstream_cpu: one rounding"]),
+    ("XSA's dot", "            dot = (y * v).sum(-1, keepdim=True)",
+     ["            dot = (y.float() * v.float()).sum(-1, keepdim=True)  # upstream_cpu: fp32 until the head outputs' "
+      "one rounding"]),
+    ("XSA's denominator", "            denom = v.square().sum(-1, keepdim=True).clamp_min(1e-8)",
+     ["            denom = v.float().square().sum(-1, keepdim=True).clamp_min(1e-8)"]),
+    ("XSA's update", "            y = y - alpha * (dot / denom) * v",
+     ["            y = y.float() - alpha.float() * (dot / denom) * v.float()"]),
+    ("the output gate", "            y = y * attn_gate_w.type_as(y).view(B, T, self.num_heads, 1)",
+     ["            y = y.float() * attn_gate_w.type_as(y).float().view(B, T, self.num_heads, 1)"]),
+    ("the head outputs",
+     "        y = y.contiguous().view(B, T, self.num_heads * self.head_dim) # re-assemble all head outputs side by side",
+     ["        y = y.bfloat16().contiguous().view(B, T, self.num_heads * self.head_dim)  # upstream_cpu: XSA and the "
+      "gate rounded once, before O"]),
+]
+
+
 class PatchError(Exception):
     pass
 
@@ -348,14 +414,19 @@ def free_port():
 
 def upstream_record(src):
     """84 for a333be08's train_gpt.py (it has quantize_mlp_fp8 and init_mudd), 88 for record 88's PR on it (also
-    build_prefix_table), 89 for record 89's PR on it (quantize_mlp_fp8 takes bootstrap_down), else 80 (2c702746).
-    Later code (the MUDD gate: 003ff3e2 on) and both PRs' changes together are refused."""
+    build_prefix_table), 89 for record 89's PR on it (quantize_mlp_fp8 takes bootstrap_down), 86 for 003ff3e2 (the
+    MUDD gate, init_mudd_gate, and the dc_triton_kernels import), else 80 (2c702746). Later code (the MUDD gate with
+    record 88's or 89's changes: 75d6867a) and both PRs' changes together are refused."""
     path = os.path.join(src, "train_gpt.py")
     if not os.path.exists(path):
         raise PatchError(f"{path} is missing (git show COMMIT:train_gpt.py > {path})")
     text = open(path).read()
     if "def init_mudd_gate(" in text:
-        raise PatchError(f"{path} has the MUDD gate (upstream 003ff3e2 or later): not supported here yet")
+        later = [m for m in ("def build_prefix_table(", "bootstrap_down") if m in text]
+        if later or "from dc_triton_kernels import (" not in text or "self.dc_layers = [10]" not in text:
+            raise PatchError(f"{path} has the MUDD gate but is not 003ff3e2's code as run.py knows it "
+                             f"({', '.join(later) or 'no dc_triton_kernels import / DC on layer 10'}): not supported")
+        return 86
     if "def quantize_mlp_fp8(self):" in text and "def init_mudd(" in text:
         return 88 if "def build_prefix_table(" in text else 84
     if "def quantize_mlp_fp8(self, bootstrap_down=False):" in text and "def init_mudd(" in text:
@@ -369,8 +440,9 @@ def upstream_record(src):
 def load_upstream(src, tmp, cfg, record=80, extra=None):
     """Upstream's train_gpt.py (up to its main program) and triton_kernels.py, patched, imported."""
     commit = {80: "2c702746", 84: "a333be08", 88: "record 88's PR (a333be08 + the prefix loss)",
-              89: "record 89's PR (a333be08 + the FP8 down-projection)"}[record]
-    for name in ("train_gpt.py", "triton_kernels.py"):
+              89: "record 89's PR (a333be08 + the FP8 down-projection)", 86: "003ff3e2"}[record]
+    files = ("train_gpt.py", "triton_kernels.py") + (("dc_triton_kernels.py",) if record == 86 else ())
+    for name in files:
         if not os.path.exists(os.path.join(src, name)):
             raise PatchError(f"{src}/{name} is missing (git show {commit}:{name} > {src}/{name})")
     import standins
@@ -408,15 +480,21 @@ def load_upstream(src, tmp, cfg, record=80, extra=None):
         return R.load_prefix_table()
     hooks.configure, hooks.stages, hooks.prefix_table = configure, stages, prefix_table
     sys.modules["_upstream_cpu_hooks"] = hooks
-    train_patches = {80: TRAIN_PATCHES, 84: TRAIN_PATCHES_R84, 88: TRAIN_PATCHES_R88, 89: TRAIN_PATCHES_R89}[record]
+    train_patches = {80: TRAIN_PATCHES, 84: TRAIN_PATCHES_R84, 88: TRAIN_PATCHES_R88, 89: TRAIN_PATCHES_R89,
+                     86: TRAIN_PATCHES_R86}[record]
     kernel_patches = KERNEL_PATCHES_R88 if record == 88 else KERNEL_PATCHES
     for name, patches in (("train_gpt.py", train_patches), ("triton_kernels.py", kernel_patches)):
         text = apply_patches(open(os.path.join(src, name)).read(), patches, name, commit)
         open(os.path.join(tmp, name), "w").write(text)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    if record == 86:  # unpatched: imported (its @triton.jit kernels stay plain functions), its launcher replaced
+        shutil.copy(os.path.join(src, "dc_triton_kernels.py"), os.path.join(tmp, "dc_triton_kernels.py"))
     sys.path.insert(0, tmp)
     import triton_kernels
     standins.patch_kernels(triton_kernels)
+    if record == 86:
+        import dc_triton_kernels
+        standins.patch_dc_kernels(dc_triton_kernels)
     path = os.path.join(tmp, "train_gpt.py")
     ns = {"__name__": "upstream_train_gpt", "__file__": path}
     argv0, sys.argv[0] = sys.argv[0], path  # upstream reads its own source (for its log) from argv[0]
@@ -433,7 +511,8 @@ def load_upstream(src, tmp, cfg, record=80, extra=None):
 
 # upstream converts these to bf16 after GPT(...) (in its main program, which is cut): the rest stay fp32
 BF16_LABELS = {"embed", "bigram_embed", "smear_gate", "skip_gate", "lm_head", "value_embeds", "attn_gate_bank",
-               "ve_gate_bank", "qk_bank", "vo_bank", "mlp_bank", "mudd_w1", "mudd_w2", "mudd_b2"}
+               "ve_gate_bank", "qk_bank", "vo_bank", "mlp_bank", "mudd_w1", "mudd_w2", "mudd_b2", "mudd_gate_w1",
+               "mudd_gate_w2", "mudd_gate_b2"}
 
 
 def build_model(ns, torch, params):
@@ -469,8 +548,11 @@ def build_model(ns, torch, params):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--upstream", required=True, help="folder with upstream's train_gpt.py and triton_kernels.py "
-                                                     "at 2c702746 (record 80) or a333be08 (record 84)")
+    p.add_argument("--upstream", help="folder with upstream's train_gpt.py and triton_kernels.py at 2c702746 (record "
+                                      "80) or a333be08 (record 84), and dc_triton_kernels.py at 003ff3e2 (record 86)")
+    p.add_argument("--self-check", action="store_true",
+                   help="only check standins' DC-MHA correction (record 86) against a float64 evaluation on random "
+                        "data, forward and backward; no upstream files needed")
     p.add_argument("--init", help="step-0 parameters (safetensors, 'param.<label>'), e.g. make_golden.py "
                                   "--preset tiny-r80 --write-init FILE; default: the reference's init, --seed")
     p.add_argument("--seed", type=int, default=1337)
@@ -487,15 +569,20 @@ def main(argv=None):
                    help="also train a second reference from the same parameters nudged by one bf16 step on 1%% of "
                         "each bf16 tensor's elements (embed kept = lm_head^T): its distance from the first is the "
                         "bf16 noise floor the upstream-reference difference is judged against")
-    p.add_argument("--record", type=int, choices=(80, 84, 88, 89), default=None,
+    p.add_argument("--record", type=int, choices=(80, 84, 86, 88, 89), default=None,
                    help="upstream's record: 80 (2c702746, against the reference), 84 (a333be08, against the C++ "
                         "trainer), 88 or 89 (their PRs' code on a333be08, against the trainer's tiny-r84-prefix or "
-                        "tiny-r84-fp8down, and with --reference the reference's); default: told by the files")
+                        "tiny-r84-fp8down, and with --reference the reference's), 86 (003ff3e2, against the "
+                        "reference's and the trainer's tiny-r86); default: told by the files")
     p.add_argument("--trainer-preset", default=None,
                    help="records 84-89: the trainer's preset that gives the step-0 checkpoint, the batches and the "
                         "trainer column (default: the record's own, tiny-r84, tiny-r84-prefix or tiny-r84-fp8down); "
                         "e.g. record 89 with --trainer-preset tiny-r84 while the trainer lacks tiny-r84-fp8down: the "
                         "same parameters and batches, the trainer's losses then record 84's")
+    p.add_argument("--init-from", choices=("upstream", "reference"), default=None,
+                   help="record 86 without --trainer: the step-0 parameters and sign table from upstream's own GPT "
+                        "init (torch.manual_seed(--seed) before it) or the reference's init_params and "
+                        "random_sign_table (--seed); default: the reference's with --reference, else upstream's")
     p.add_argument("--trainer", help="record 84: the C++ trainer's CPU binary (e.g. build-up/train_gpt_cpu), run "
                                      "with --preset tiny-r84 at the same schedule and seed; its step-0 checkpoint "
                                      "gives both sides' parameters and the sign table")
@@ -507,13 +594,17 @@ def main(argv=None):
                    help="the attention stand-in rounds P to bf16 for P V and dS to bf16 for dq, dk, as FA3's (and "
                         "the C++ trainer's) tensor-core GEMMs take them (default: exact fp32 P, as the reference)")
     args = p.parse_args(argv)
+    if args.self_check:
+        return self_check()
+    if not args.upstream:
+        p.error("--upstream is required (or --self-check)")
     import standins
     standins.FA3_BF16_P = args.fa3_bf16_p
     try:
         record = upstream_record(args.upstream)
         if args.record is not None and args.record != record:
             raise PatchError(f"{args.upstream}/train_gpt.py is record {record}'s code, not {args.record}'s")
-        return run_r84(args, record) if record in (84, 88, 89) else run(args)
+        return run_r84(args, record) if record in (84, 86, 88, 89) else run(args)
     except PatchError as e:
         print(f"upstream_cpu: error: {e}", file=sys.stderr)
         return 1
@@ -755,7 +846,7 @@ def print_grad_norms(model, ref, twin, torch):
 # trainer's step-0 parameters nudged as the noise floor.
 # =====================================================================================================
 # the trainer's checkpoint labels where they are not upstream's parameter names
-TRAINER_LABELS = {"value_embeds": "value_embed", "mlp_bank": "mlp"}
+TRAINER_LABELS = {"value_embeds": "value_embed", "mlp_bank": "mlp", "_mudd_gate_scale": "mudd_gate_scale"}
 
 
 def make_gpt(ns, torch, cfg, seed=None):
@@ -783,11 +874,21 @@ def trainer_params_r84(ns, torch, tensors, cfg):
     for name, p in ref.named_parameters():
         label = name.replace(".weight", "")
         key = "param." + TRAINER_LABELS.get(label, label)
+        if key not in tensors and "param." + label in tensors:
+            key = "param." + label
         if key not in tensors:
             raise PatchError(f"the trainer's checkpoint has no {key} for upstream's {label}")
         src = tensors[key]
         if src.dtype != p.dtype:
             raise PatchError(f"{label}: the trainer's dtype {src.dtype}, upstream's {p.dtype}")
+        if p.dim() == 0:  # 003ff3e2's _mudd_gate_scale: the trainer's (1,)
+            if src.numel() != 1:
+                raise PatchError(f"{label}: the trainer's {tuple(src.shape)} for upstream's scalar")
+            src = src.reshape(())
+            if torch.equal(p.data, other[name].data) and not torch.equal(src, p.data):
+                raise PatchError(f"{label}: upstream initializes it to {p.item()}, the trainer's is {src.item()}")
+            out[label] = src.clone()
+            continue
         inner = math.prod(p.shape[1:])
         if src.numel() % inner or src.numel() < p.numel():
             raise PatchError(f"{label}: the trainer's {tuple(src.shape)} does not hold upstream's {tuple(p.shape)}")
@@ -804,7 +905,7 @@ def trainer_params_r84(ns, torch, tensors, cfg):
                              f"differ (first indices {bad})")
         out[label] = src.clone()
     missing = {k[len("param."):] for k in tensors if k.startswith("param.")} - \
-        {TRAINER_LABELS.get(k, k) for k in out}
+        {TRAINER_LABELS.get(k, k) for k in out} - set(out)
     if missing:
         raise PatchError(f"upstream's model has no {sorted(missing)}")
     return out
@@ -922,17 +1023,118 @@ def print_bank_gradients(model, twin, trainer_grads):
             print("    " + "   ".join(f"{c:<44}" for c in cells[i:i + 2]).rstrip())
 
 
+def tiny_r86_config(R):
+    """tests/reference's tiny-r86 where it has it; else run.py's own twin of its sizes: tiny-r84's schedule, windows,
+    batches and vocabulary at 6 heads of 64 (model_dim 384, mlp 4 x 384: upstream's init_mudd_gate asserts 6 heads),
+    4096 * 15 // 2 = 30,720 bigram rows at full width (003ff3e2: bigram_dim 768 = model_dim), 8192 sign rows."""
+    if "tiny-r86" in R.PRESETS:
+        return R.PRESETS["tiny-r86"]()
+    c = R.tiny_r84_config()
+    c.name = "tiny-r86 (run.py's sizes; tests/reference has no tiny-r86 preset yet)"
+    c.model_dim, c.num_heads, c.head_dim, c.mlp_dim = 384, 6, 64, 4 * 384
+    c.bigram_vocab, c.bigram_dim = 4096 * 15 // 2, 384
+    return c
+
+
+def seeded_init(args, ns, torch, cfg, R, preset):
+    """Record 86 without --trainer: step-0 tensors named as the trainer's checkpoint names them ('param.<label>',
+    'buffer.bigram_signs'), from upstream's own GPT init (torch.manual_seed(--seed), its sign table drawn there too)
+    or from the reference's init_params and random_sign_table (--seed), in the reference's layout (8-GPU padding:
+    trainer_params_r84 drops it after checking it)."""
+    source = args.init_from or ("reference" if args.reference else "upstream")
+    if source == "reference":
+        if preset not in R.PRESETS:
+            raise PatchError(f"--init-from reference: tests/reference/torch_reference.py has no {preset} preset")
+        rcfg = R.PRESETS[preset]()
+        tensors = {"param." + R.LABELS.get(n, n): t for n, t in R.init_params(rcfg, args.seed).items()}
+        tensors["buffer.bigram_signs"] = R.random_sign_table(rcfg, args.seed)
+    else:
+        if args.reference:
+            raise PatchError("--reference takes the reference's layout: --init-from reference (the default with it)")
+        model = make_gpt(ns, torch, cfg, seed=args.seed)
+        tensors = {"param." + TRAINER_LABELS.get(n.replace(".weight", ""), n.replace(".weight", "")): p.data.clone()
+                   for n, p in model.named_parameters()}
+        tensors["buffer.bigram_signs"] = model.bigram_sign_table.clone()
+    print(f"step-0 parameters and sign table: the {source}'s init, seed {args.seed} (no trainer)", flush=True)
+    return tensors
+
+
+def self_check(seeds=(1, 2, 3, 4, 5)):
+    """--self-check: standins' DC-MHA correction (dc_attention_postonly_nodd_correction_add_base_triton) against a
+    direct float64 evaluation (standins.dc_direct_float64, autograd for the gradients) from the same bf16 values, on
+    random data: 256 tokens in documents [0, 40), [40, 200), [200, 256) (one longer than the 112-key window, one
+    shorter; an empty one at the end) at D = 64 and 128, and 48 tokens in one document at D = 64; 5 seeds each.
+    Forward, every element: |out - out64| <= (1 + u) e + u |out64| with e = u sum_s |w2 A v| + 1e-6 (|y| + sum_s
+    |w2 A v|): u = 2^-8, bf16's unit roundoff, for w2 A rounded to bf16 before the dot and for the bf16 store; 1e-6
+    for the fp32 softmax and sums. Backward: each gradient's relative Frobenius error within 2^-6 (dS and
+    w2 A rounded to bf16 for their dots, the bf16 results, the bf16 atomic adds of at most 8 query blocks per key,
+    the recomputed P), and dy exactly dout. Returns 0 when all hold."""
+    import torch
+    import standins
+    torch.set_num_threads(1)
+    worst, failures = {}, []
+    cases = [(256, 64, [0, 40, 200, 256, 256]), (256, 128, [0, 40, 200, 256]), (48, 64, [0, 48])]
+    for T, D, cu in cases:
+        for seed in seeds:
+            g = torch.Generator().manual_seed(seed * 1000 + T + D)
+            rnd = lambda *shape, s=1.0: (torch.randn(*shape, generator=g) * s).bfloat16()
+            H, scaling = 6, 1 / D ** 0.5 * 1.6
+            q, k, v, y = rnd(1, T, H, D), rnd(1, T, H, D), rnd(1, T, H, D), rnd(T, H, D, s=0.1)
+            w1 = torch.nn.functional.rms_norm(torch.randn(1, T, H, generator=g), (H,), eps=1e-6).bfloat16()
+            w2 = rnd(1, T, H, s=0.5)
+            dout = rnd(T, H, D)
+            cu_t = torch.tensor(cu, dtype=torch.int32)
+            leaves = [t.clone().requires_grad_(True) for t in (y, q, k, v, w1, w2)]
+            out = standins.dc_attention_postonly_nodd_correction_add_base_triton(
+                leaves[0], leaves[1], leaves[2], leaves[3], (leaves[4], leaves[5]), None, scaling=scaling,
+                window=112, seq_lens=cu_t)
+            out.backward(dout)
+            d = [t.detach().double().requires_grad_(True) for t in (y, q[0], k[0], v[0], w1[0], w2[0])]
+            ref = standins.dc_direct_float64(*d, cu_t, scaling)
+            ref.backward(dout.double())
+            with torch.no_grad():
+                seen = standins._dc_visible(cu_t, T, 112)
+                p = torch.softmax((torch.einsum("ihd,jhd->hij", d[1], d[2]) * scaling).masked_fill(~seen, float("-inf")),
+                                  dim=-1)
+                a = torch.einsum("ih,hij->ij", d[4], p)
+                corr_abs = torch.einsum("ij,jhd->ihd", a.abs(), d[3].abs()) * d[5].abs()[..., None]
+                u = 2 ** -8
+                bound = (1 + u) * (u * corr_abs + 1e-6 * (d[0].abs() + corr_abs)) + u * ref.abs()
+                err = (out.double() - ref).abs()
+                fwd = float((err / bound).max())
+                worst["forward (error / bound)"] = max(worst.get("forward (error / bound)", 0.0), fwd)
+                if fwd > 1:
+                    failures.append(f"T {T} D {D} seed {seed}: forward error {float(err.max()):.3e} over its bound")
+                if not torch.equal(leaves[0].grad, dout):
+                    failures.append(f"T {T} D {D} seed {seed}: dy is not dout")
+                for name, mine, theirs in zip(("dq", "dk", "dv", "dw1", "dw2"), leaves[1:], d[1:]):
+                    got = mine.grad.double().reshape(theirs.grad.shape)
+                    rel = float((got - theirs.grad).norm() / theirs.grad.norm())
+                    worst[name] = max(worst.get(name, 0.0), rel)
+                    if not rel <= 2 ** -6:
+                        failures.append(f"T {T} D {D} seed {seed}: {name} relative error {rel:.3e} > 2^-6")
+    print("DC correction stand-in vs float64: worst over cases and seeds: " +
+          ", ".join(f"{k} {v:.3e}" for k, v in worst.items()))
+    for f in failures[:10]:
+        print("  FAIL " + f)
+    print("self-check: " + ("FAILED" if failures else "passed"))
+    return 1 if failures else 0
+
+
 def run_r84(args, record=84):
     import torch
     import ref_loader
     import torch_reference as R
     torch.set_num_threads(args.threads)
-    if not args.trainer:
+    if not args.trainer and record != 86:
         raise PatchError("record 84 is compared with the C++ trainer: --trainer build-up/train_gpt_cpu")
     if args.init or args.full_size_optimizer:
         raise PatchError("record 84: --init and --full-size-optimizer are record 80's (the trainer's own run "
                          "gives the step-0 parameters)")
-    cfg = R.tiny_r80_config()  # tiny-r84 is tiny-r80's sizes and schedule with record 84's switches
+    if record == 86:
+        cfg = tiny_r86_config(R)
+    else:
+        cfg = R.tiny_r80_config()  # tiny-r84 is tiny-r80's sizes and schedule with record 84's switches
     if record == 88:
         R.use_record88(cfg)
     cfg.scheduled_iterations, cfg.extension_iterations = args.scheduled_steps, args.extension_steps
@@ -950,20 +1152,24 @@ def run_r84(args, record=84):
 
 
 def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
-    preset = {84: "tiny-r84", 88: "tiny-r84-prefix", 89: "tiny-r84-fp8down"}[record]
+    preset = {84: "tiny-r84", 88: "tiny-r84-prefix", 89: "tiny-r84-fp8down", 86: "tiny-r86"}[record]
     trainer_preset = args.trainer_preset or preset
-    if trainer_preset != preset:
-        print(f"trainer: --preset {trainer_preset} gives the step-0 checkpoint, the batches and the trainer column "
-              f"(its losses are {trainer_preset}'s, not {preset}'s)", flush=True)
-    tr_train, tr_val, tr_norms, ckpt, tr_batches = run_trainer(args, tmp, trainer_preset)
-    tensors, _ = R.read_safetensors(ckpt, prefix=("param.", "buffer."))
-    shutil.rmtree(os.path.dirname(ckpt))
-    ckpt1 = ckpt.replace("step000000", "step000001")
-    if "buffer.bigram_signs" not in tensors:
-        raise PatchError("the trainer's checkpoint has no buffer.bigram_signs (its sign table)")
-    signs = tensors["buffer.bigram_signs"]
-    cfg.bigram_vocab = tensors["param.bigram_embed"].shape[0]
-    extra = dict(bigram_dim=signs.shape[1], bigram_sign_table_rows=signs.shape[0])
+    if args.trainer:
+        if trainer_preset != preset:
+            print(f"trainer: --preset {trainer_preset} gives the step-0 checkpoint, the batches and the trainer column "
+                  f"(its losses are {trainer_preset}'s, not {preset}'s)", flush=True)
+        tr_train, tr_val, tr_norms, ckpt, tr_batches = run_trainer(args, tmp, trainer_preset)
+        tensors, _ = R.read_safetensors(ckpt, prefix=("param.", "buffer."))
+        shutil.rmtree(os.path.dirname(ckpt))
+        ckpt1 = ckpt.replace("step000000", "step000001")
+        if "buffer.bigram_signs" not in tensors:
+            raise PatchError("the trainer's checkpoint has no buffer.bigram_signs (its sign table)")
+        signs = tensors["buffer.bigram_signs"]
+        cfg.bigram_vocab = tensors["param.bigram_embed"].shape[0]
+        extra = dict(bigram_dim=signs.shape[1], bigram_sign_table_rows=signs.shape[0])
+    else:  # record 86 before the trainer has tiny-r86: a seeded init, the reference's loader's batches
+        tr_train, tr_val, tr_norms, tr_batches, ckpt1, tensors = {}, {}, {}, None, None, None
+        extra = dict(bigram_dim=cfg.bigram_width, bigram_sign_table_rows=cfg.bigram_sign_rows)
     cfg.validate()
     cwd = os.getcwd()
     os.chdir(tmp)  # upstream's module-level code may write logs/ into the working directory
@@ -971,10 +1177,15 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
         ns, torch = load_upstream(os.path.abspath(os.path.join(cwd, args.upstream)), tmp, cfg, record, extra)
     finally:
         os.chdir(cwd)
+    if tensors is None:
+        tensors = seeded_init(args, ns, torch, cfg, R, preset)
+        signs = tensors["buffer.bigram_signs"]
     params = trainer_params_r84(ns, torch, tensors, cfg)
     model = build_model_r84(ns, torch, cfg, params, signs)
-    tr_bank_grads = trainer_bank_gradients(ns, torch, R, ckpt1, model)
-    shutil.rmtree(os.path.dirname(ckpt1))
+    tr_bank_grads = None
+    if ckpt1 is not None:
+        tr_bank_grads = trainer_bank_gradients(ns, torch, R, ckpt1, model)
+        shutil.rmtree(os.path.dirname(ckpt1))
     boot = True if record == 89 else None  # upstream: quantize_mlp_fp8(bootstrap_down=True) after the restore
     quantize_fp8(ns, model, boot)
     shadow = Fp8DownShadow(R, torch, model, sys.modules["triton_kernels"]) if record == 89 else None
@@ -1061,7 +1272,7 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
             started = True
             b = R.Batch.from_lists(raw["inputs"], raw["targets"], raw["cu"], raw["bigram"])
             got = tuple(ref_loader.crc(t.tolist()) for t in (b.inputs, b.targets, b.bigram, b.cu_seqlens))
-            if tr_batches.get((step, micro)) != got:
+            if tr_batches is not None and tr_batches.get((step, micro)) != got:
                 raise PatchError(f"step {step} micro-batch {micro}: CRC-32s {got} differ from the trainer's "
                                  f"--dump-batches {tr_batches.get((step, micro))}")
             checked_batches += 1
@@ -1077,7 +1288,8 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
         ref_loss = ref.accumulate_gradients(micro_batches) / batch_tokens if ref is not None else None
         if step == 0:
             print_grad_norms_r84(model, twin, tr_norms, torch, ref.grad_norms() if ref is not None else None)
-            print_bank_gradients(model, twin, tr_bank_grads)
+            if tr_bank_grads is not None:
+                print_bank_gradients(model, twin, tr_bank_grads)
         for k, (m, mg) in enumerate(models):
             mg.step_optimizers(step)  # upstream's loop: quantize_mlp_fp8(bootstrap_down=(step < 16)) (record 89)
             quantize_fp8(ns, m, step < R.MLP_DOWN_BOOTSTRAP_STEPS if record == 89 else None)
@@ -1087,21 +1299,22 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
             ref.optimizer_step(step)
         ref_rows.append(ref_loss)
         losses = [t / batch_tokens for t in totals]
-        tr = tr_train[step]
+        tr = tr_train.get(step)
         rows.append((step, losses[0], tr, losses[1] if twin else None))
         extra_col = f" {losses[1]:>16.9f} {abs(losses[1] - losses[0]) / abs(losses[0]):>10.2e}" if twin else ""
         if ref is not None:
             extra_col += f" {ref_loss:>16.9f} {abs(ref_loss - losses[0]) / abs(losses[0]):>10.2e}"
-        print(f"{step:>4} {losses[0]:>16.9f} {tr:>13.4f} {abs(losses[0] - tr) / abs(tr):>10.2e}{extra_col}   "
-              f"({time.time() - t0:.0f} s)", flush=True)
+        tr_col = f"{tr:>13.4f} {abs(losses[0] - tr) / abs(tr):>10.2e}" if tr is not None else f"{'(none)':>13} {'':>10}"
+        print(f"{step:>4} {losses[0]:>16.9f} {tr_col}{extra_col}   ({time.time() - t0:.0f} s)", flush=True)
         if shadow is not None:
             shadow.report(step)
-    print(f"training batches: all {checked_batches} micro-batches equal the trainer's (--dump-batches CRC-32s)")
-    worst = max(abs(r[1] - r[2]) / abs(r[2]) for r in rows)
-    print(f"upstream vs trainer: step 0 {abs(rows[0][1] - rows[0][2]) / abs(rows[0][2]):.2e}, largest over "
-          f"{len(rows)} steps {worst:.2e}; validation " + ", ".join(
-              f"step {s} {abs(v[0] - tr_val[s]) / abs(tr_val[s]):.2e}" for s, v in sorted(val_up.items())
-              if s in tr_val))
+    if tr_batches is not None:
+        print(f"training batches: all {checked_batches} micro-batches equal the trainer's (--dump-batches CRC-32s)")
+        worst = max(abs(r[1] - r[2]) / abs(r[2]) for r in rows)
+        print(f"upstream vs trainer: step 0 {abs(rows[0][1] - rows[0][2]) / abs(rows[0][2]):.2e}, largest over "
+              f"{len(rows)} steps {worst:.2e}; validation " + ", ".join(
+                  f"step {s} {abs(v[0] - tr_val[s]) / abs(tr_val[s]):.2e}" for s, v in sorted(val_up.items())
+                  if s in tr_val))
     if twin:
         floor = max(abs(r[3] - r[1]) / abs(r[1]) for r in rows[1:]) if len(rows) > 1 else 0.0
         print(f"nudged upstream vs upstream (the noise floor): largest over steps 1.. {floor:.2e}; validation " +

@@ -1,5 +1,5 @@
 """CPU stand-ins for what upstream's train_gpt.py and triton_kernels.py (record 80, commit 2c702746, record
-84, a333be08, and the PRs of records 88 and 89 on it) need
+84, a333be08, the PRs of records 88 and 89 on it, and record 86, 003ff3e2, with dc_triton_kernels.py) need
 from a GPU, so that their own Python code runs on the CPU (scripts/upstream_cpu/run.py). Written here
 from the kernels' semantics (upstream's sources say what each computes); nothing is copied from them.
 
@@ -9,6 +9,8 @@ from the kernels' semantics (upstream's sources say what each computes); nothing
                             a333be08's FP8 e4m3 forward and record 89's e4m3 post, transpose_copy, transpose_add,
                             record 89's reduce_mlp_activation_scales and quantize_transpose_mlp_down_weights)
                             replaced by exact CPU equivalents
+  patch_dc_kernels(module)  003ff3e2's dc_triton_kernels launcher (DC-MHA's post-only correction added to FA3's
+                            output) replaced by a CPU autograd Function with the Triton kernels' rounding points
   torch._scaled_mm          FP8 operands cast back to fp32, one fp32 matmul, times scale_a * scale_b
 
 Each stand-in reproduces the kernel's rounding points: fp32 accumulation, one rounding to the output
@@ -47,7 +49,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
         return _Fa3RoundedP.apply(q, k, v, seen, softmax_scale)
     scores = torch.einsum("ihd,jhd->hij", q.float(), k.float()) * softmax_scale
     p = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=-1)
-    return torch.einsum("hij,jhd->ihd", p, v.float()).bfloat16()
+    return torch.einsum("hij,jhd->ihd", p, v.float()).bfloat16().contiguous()  # FA3's out is (T, H, D) dense
 
 
 # run.py --fa3-bf16-p: the stand-in rounds P (and the backward's dS) to bf16 where FA3's tensor-core
@@ -71,6 +73,7 @@ class _Fa3RoundedP(torch.autograd.Function):
         p = torch.exp(s - m)
         l = p.sum(dim=-1, keepdim=True)
         out = (torch.einsum("hij,jhd->hid", p.bfloat16().float(), v.float()) / l).permute(1, 0, 2).bfloat16()
+        out = out.contiguous()
         ctx.save_for_backward(q, k, v, seen, out, m + torch.log(l))
         ctx.scale = scale
         return out
@@ -98,6 +101,149 @@ def get_kernel(name, version=None):
         raise NotImplementedError(f"standins: no stand-in for the kernel package {name}")
     return types.SimpleNamespace(flash_attn_interface=types.SimpleNamespace(
         flash_attn_varlen_func=flash_attn_varlen_func))
+
+
+# -----------------------------------------------------------------------------------------------------
+# dc_triton_kernels.py (003ff3e2, record 86): the post-only, no-DD DC-MHA correction added to FA3's output.
+# -----------------------------------------------------------------------------------------------------
+
+DC_BLOCK_M = 16  # the Triton backward's query block (small_block_m): one bf16 atomic add per block into dk, dv
+LOG2E = 1.4426950408889634
+
+
+def _dc_visible(cu_seqlens, T, window):
+    """(T, T) mask of the keys s query t reads: s in t's document (cu_seqlens, padded with T) and 0 <= t - s <
+    window (the kernels' `valid`)."""
+    pos = torch.arange(T)
+    doc = torch.searchsorted(cu_seqlens.long(), pos, right=True)
+    i, j = pos[:, None], pos[None, :]
+    return (doc[:, None] == doc[None, :]) & (j <= i) & (i - j < window)
+
+
+def _dc_probs(q, k, seen, scaling, lse=None):
+    """Each head's softmax P_h (H, T, T) in fp32 as the kernels take it: S = fp32(q . k) (bf16 products, fp32
+    sums) times the fp32 constant fp32(scaling) * fp32(log2 e), exp2. Forward (lse None): P = exp2(S - max) /
+    sum, and lse = max ln 2 + ln(sum); backward: P = exp2(S - lse * log2 e) from the forward's lse."""
+    f = lambda v: torch.tensor(v, dtype=torch.float32)
+    s = torch.einsum("ihd,jhd->hij", q.float(), k.float()) * (f(scaling) * f(LOG2E))
+    if lse is not None:
+        return torch.where(seen, torch.exp2(s - (lse * f(LOG2E))[..., None]), f(0.0))
+    s = s.masked_fill(~seen, -3.4028234663852886e38)
+    m = s.amax(dim=-1, keepdim=True)
+    p = torch.where(seen, torch.exp2(s - m), f(0.0))
+    den = p.sum(dim=-1, keepdim=True)
+    den = torch.where(den > 0, den, f(1.0))
+    return p / den, (m * f(0.6931471805599453) + torch.log(den))[..., 0]
+
+
+def _dc_mix(w, p):
+    """A[t, s] = sum over heads of w[t, h] P_h[t, s] in fp32, heads in order (the kernels' unrolled sum)."""
+    a = w[:, 0, None].float() * p[0]
+    for h in range(1, p.shape[0]):
+        a = a + w[:, h, None].float() * p[h]
+    return a
+
+
+def _bf16_atomic_blocks(blocks, shape):
+    """Per-query-block fp32 partials (list of tensors of `shape`) added as the Triton kernels' tl.atomic_add into a
+    bf16 tensor of zeros: each partial rounded to bf16, then each add rounded to bf16 (here in block order; the GPU's
+    order is whatever the atomics meet in)."""
+    out = torch.zeros(shape, dtype=torch.bfloat16)
+    for b in blocks:
+        out = (out.float() + b.bfloat16().float()).bfloat16()
+    return out
+
+
+class _DcCorrection(torch.autograd.Function):
+    """out = bf16(fp32(y) + sum_s bf16(w2[t,h] A[t,s]) v_h[s]) with A = sum_h w1[t,h] P_h: the forward kernel's
+    (_dc_postonly_corr_fwd_wsmall_cached_kernel) rounding points: corr_weight.to(bf16) before the tensor-core dot
+    with v, fp32 accumulation, the base added in fp32, one rounding at the store. Backward as the two Triton
+    kernels (pre and qk) compute it: dy = dout; dm_h = fp32(dout_h v_h^T); dv_h = the bf16 atomic sum over query
+    blocks of bf16(sum_t bf16(w2 A)[t, s] dout_h[t]); dw2 = bf16(sum_s dm_h A); dA = sum_h w2 dm_h (fp32, heads in
+    order); dw1 = bf16(sum_s dA P_h); dS_h = P_h (w1 dA - sum_s w1 dA P_h); dq = bf16(fp32(bf16(dS) k) * scaling);
+    dk = the bf16 atomic sum over query blocks of bf16(dS)^T q * scaling. P is recomputed from the forward's lse."""
+
+    @staticmethod
+    def forward(ctx, y, q, k, v, w1, w2, seen, scaling):
+        p, lse = _dc_probs(q, k, seen, scaling)
+        a = _dc_mix(w1, p)
+        corr = torch.einsum("thj,jhd->thd", (w2.float().t()[:, :, None] * a[None]).permute(1, 0, 2).bfloat16().float(),
+                            v.float())
+        ctx.save_for_backward(q, k, v, w1, w2, seen, lse)
+        ctx.scaling = scaling
+        return (y.float() + corr).to(y.dtype).contiguous()  # the kernel's out: empty_like(base)
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, w1, w2, seen, lse = ctx.saved_tensors
+        scaling = ctx.scaling
+        T, H, _ = q.shape
+        p = _dc_probs(q, k, seen, scaling, lse)
+        a = _dc_mix(w1, p)
+        do = dout.to(q.dtype).float()
+        blocks = [slice(b, min(b + DC_BLOCK_M, T)) for b in range(0, T, DC_BLOCK_M)]
+        da = torch.zeros(T, T)
+        dv, dw2 = torch.empty_like(v), torch.empty_like(w2)
+        for h in range(H):
+            dm = do[:, h] @ v[:, h].float().t()
+            cw = (w2[:, h, None].float() * a).bfloat16().float()
+            dv[:, h] = _bf16_atomic_blocks([cw[b].t() @ do[b, h] for b in blocks], v[:, h].shape)
+            dw2[:, h] = (dm * a).sum(dim=1).to(w2.dtype)
+            da = da + w2[:, h, None].float() * dm
+        dw1, dq, dk = torch.empty_like(w1), torch.empty_like(q), torch.empty_like(k)
+        s32 = torch.tensor(scaling, dtype=torch.float32)
+        for h in range(H):
+            dp = w1[:, h, None].float() * da
+            soft_dot = (dp * p[h]).sum(dim=1, keepdim=True)
+            dw1[:, h] = (da * p[h]).sum(dim=1).to(w1.dtype)
+            ds = (p[h] * (dp - soft_dot)).bfloat16().float()
+            dq[:, h] = ((ds @ k[:, h].float()) * s32).to(q.dtype)
+            dk[:, h] = _bf16_atomic_blocks([(ds[b].t() @ q[b, h].float()) * s32 for b in blocks], k[:, h].shape)
+        return dout, dq, dk, dv, dw1, dw2, None, None
+
+
+def dc_attention_postonly_nodd_correction_add_base_triton(base_out, q, k, v, dc_weights, softmax_lse, scaling,
+                                                          window=None, seq_lens=None, block_m=16, block_n=32):
+    """dc_triton_kernels' launcher on the CPU: base_out (T, H, D) (FA3's output), q, k, v (1, T, H, D) (q and k
+    possibly fp32 where run.py keeps the compiled graph's unrounded values: rounded to bf16 here, as the
+    kernel's inputs), dc_weights = (w1, w2) (1, T, H) bf16 (dc_gate's), seq_lens the cu_seqlens; window 112 by
+    default, <= 128. Upstream's kernel asserts H == 6 and D == 128; this stand-in takes any D (the tiny twin's 64)."""
+    w1, w2 = dc_weights
+    B, T, H, D = q.shape
+    if B != 1 or k.shape != q.shape or v.shape != q.shape or tuple(w1.shape) != (B, T, H) or \
+            tuple(w2.shape) != (B, T, H) or base_out.shape not in ((T, H, D), (B, T, H, D)):
+        raise NotImplementedError(f"standins: DC correction shapes q {tuple(q.shape)}, base {tuple(base_out.shape)}, "
+                                  f"w {tuple(w1.shape)}")
+    if H != 6:
+        raise NotImplementedError("standins: upstream's DC kernels unroll 6 heads")
+    window = 112 if window is None else int(window)
+    if softmax_lse is not None or seq_lens is None or not 0 < window <= 128:
+        raise NotImplementedError("standins: upstream passes softmax_lse None, its cu_seqlens and a window <= 128")
+    seen = _dc_visible(seq_lens, T, window)
+    y = base_out.reshape(T, H, D)
+    out = _DcCorrection.apply(y, q[0].bfloat16(), k[0].bfloat16(), v[0].bfloat16(), w1[0], w2[0], seen,
+                              float(scaling))
+    return out.view(base_out.shape)
+
+
+def dc_direct_float64(y, q, k, v, w1, w2, cu_seqlens, scaling, window=112):
+    """The DC correction evaluated directly in float64 from the same values (for --self-check): out[t, h] =
+    y[t, h] + w2[t, h] sum_s A[t, s] v_h[s], A[t, s] = sum_h w1[t, h] softmax_s(scaling q_h[t] . k_h[s]) over the
+    keys s of t's document with 0 <= t - s < window. Tensors (T, H, D) and (T, H); differentiable."""
+    T = q.shape[0]
+    seen = _dc_visible(cu_seqlens, T, window)
+    s = torch.einsum("ihd,jhd->hij", q, k) * scaling
+    p = torch.softmax(s.masked_fill(~seen, float("-inf")), dim=-1)
+    a = torch.einsum("ih,hij->ij", w1, p)
+    return y + w2[..., None] * torch.einsum("ij,jhd->ihd", a, v)
+
+
+def patch_dc_kernels(module):
+    """dc_triton_kernels' launcher replaced by the stand-in above (before train_gpt.py imports it by name)."""
+    name = "dc_attention_postonly_nodd_correction_add_base_triton"
+    if not hasattr(module, name):
+        raise SystemExit(f"standins: dc_triton_kernels.py has no {name}: not the code this stand-in knows")
+    setattr(module, name, globals()[name])
 
 
 # -----------------------------------------------------------------------------------------------------
