@@ -32,6 +32,7 @@
 //       adds both gates' input gradient into dxa[:, :12] in place (one bf16 rounding, as
 //       upstream's autograd sums its bf16 gradients of xa) and writes both gates' weight
 //       gradients; it must run after the dxa matmul and before the rms_norm backward of xa.
+//       Record 85's layers without attn_gate (d_attn_gate = dz_attn = null) run it for the VE gate alone.
 //       With VeGateInput::x_and_ve the overload with dve also adds the VE gate's gradient of
 //       ve[:, :6] into dve[:, :6] (one bf16 rounding), so it must also run before the
 //       embedding_backward below reads dve.
@@ -818,14 +819,17 @@ inline void attn_output_gate_backward(const AttnAux& a, bf16* dy, float* dz_attn
 // input), and dxa[t, j] += sum_h dz_attn[t, h] attn_gate[h, j] + dz_ve[t, h] ve_gate[h, j], for j < 12.
 // VeGateInput::x_and_ve: the VE gate's input is cat(xa[t, :6], ve[t, :6]), so its terms of dxa stop at
 // j < 6 and dve[t, j] += sum_h dz_ve[t, h] ve_gate[h, 6 + j] for j < 6 (upstream's cat backward).
+// Either gate may be absent (no attn_gate: record 85's layers, upstream 003ff3e2 GPT.forward; no VE
+// gate: layers without value embeddings); the block's gates are then just the other one.
 // A block takes 128 rows: it stages their xa[:, :12] (and ve[:, :6]) and dz rows in shared memory with
 // 16-byte loads (dz's rows are contiguous), then one thread per (gate, h, j) sums over the rows in
 // order, and one thread per row updates dxa[t, :12] with a 16-byte and an 8-byte access (and dve[t, :6]
-// with a 16-byte one).
+// with a 16-byte one). The VE gate alone reading cat(xa[:, :6], ve[:, :6]) touches xa's and dxa's
+// columns 0-5 only: one 16-byte access per row each.
 constexpr int kGateRowsPerBlock = 128;
 constexpr int kGateMaxHeads = 32;  // bounds the staged dz rows: 32 KB of shared memory for both gates
-// Shared memory: xa's 12 columns of the block's rows, then per gate its dz rows and its (H, 12) weights,
-// then (x_and_ve) the ve rows' 6 columns, fp32.
+// Shared memory: xa's 12 columns of the block's rows, then per gate present its dz rows and its (H, 12)
+// weights, then (x_and_ve) the ve rows' 6 columns, fp32.
 inline size_t attn_gates_backward_smem_bytes(int H, int gates, VeGateInput ve_input = VeGateInput::x) {
     const int ve_columns = ve_input == VeGateInput::x_and_ve ? kGateRowsPerBlock * kVeGateHalf : 0;
     return sizeof(float) * (kGateRowsPerBlock * kGateWidth + gates * (kGateRowsPerBlock * H + H * kGateWidth) + ve_columns);
@@ -841,15 +845,19 @@ struct alignas(8) Bf16x4 {  // an 8-byte access: dxa's columns 8-11
 __global__ void __launch_bounds__(kGateRowsPerBlock)
     attn_gates_backward_kernel(bf16* dxa, bf16* dve, LastBlockSum sum, const float* dz_attn, const float* dz_ve,
                                AttnAux a) {
-    const int H = a.H, C = H * a.D, per_gate = H * kGateWidth, gates = dz_ve != nullptr ? 2 : 1;
+    // the block's gate g is the attention gate (kind 0) or the VE gate (kind 1): kind g + first
+    const int first = dz_attn != nullptr ? 0 : 1, gates = (dz_attn != nullptr) + (dz_ve != nullptr);
+    const int H = a.H, C = H * a.D, per_gate = H * kGateWidth;
     const int n_w = gates * per_gate, t0 = blockIdx.x * kGateRowsPerBlock, rows = min(a.T - t0, kGateRowsPerBlock);
     const bool reads_ve = a.ve_gate_input == VeGateInput::x_and_ve;
+    const bool narrow = first == 1 && reads_ve;  // the VE gate alone reads xa's columns 0-5: stage and update 0-7
+    const int loads = narrow ? 1 : 2;
     float* xs = dynamic_smem<float>();                    // [row][j]
     float* dzs = xs + kGateRowsPerBlock * kGateWidth;     // [gate][row][h]
     float* ws = dzs + gates * kGateRowsPerBlock * H;      // [gate][h][j]
     float* vs = ws + n_w;                                 // [row][j < 6], x_and_ve only
-    for (int i = threadIdx.x; i < 2 * rows; i += blockDim.x) {  // columns 0-7 and 8-15 of each row
-        const int r = i / 2, c0 = 8 * (i % 2);
+    for (int i = threadIdx.x; i < loads * rows; i += blockDim.x) {  // columns 0-7 (and 8-15) of each row
+        const int r = i / loads, c0 = 8 * (i % loads);
         const Pack128<bf16> p = load128(a.xa + static_cast<size_t>(t0 + r) * C + c0);
 #pragma unroll
         for (int k = 0; k < 8; ++k)
@@ -862,15 +870,17 @@ __global__ void __launch_bounds__(kGateRowsPerBlock)
             for (int k = 0; k < kVeGateHalf; ++k) vs[r * kVeGateHalf + k] = __bfloat162float(p[k]);
         }
     for (int g = 0; g < gates; ++g)
-        stage_f32(dzs + g * kGateRowsPerBlock * H, (g ? dz_ve : dz_attn) + static_cast<size_t>(t0) * H, rows * H);
-    for (int i = threadIdx.x; i < n_w; i += blockDim.x)
-        ws[i] = __bfloat162float(i < per_gate ? a.attn_gate[i] : a.ve_gate[i - per_gate]);
+        stage_f32(dzs + g * kGateRowsPerBlock * H, (g + first ? dz_ve : dz_attn) + static_cast<size_t>(t0) * H, rows * H);
+    for (int i = threadIdx.x; i < n_w; i += blockDim.x) {
+        const int k = i + first * per_gate;  // index into cat(attn_gate, ve_gate)
+        ws[i] = __bfloat162float(k < per_gate ? a.attn_gate[k] : a.ve_gate[k - per_gate]);
+    }
     __syncthreads();
 
     for (int k = threadIdx.x; k < n_w; k += blockDim.x) {  // this block's rows, in order
         const int g = k / per_gate, h = k % per_gate / kGateWidth, j = k % kGateWidth;
         const float* dz = dzs + g * kGateRowsPerBlock * H + h;
-        const bool from_ve = reads_ve && g == 1 && j >= kVeGateHalf;  // the VE gate's input column j is ve's j - 6
+        const bool from_ve = reads_ve && g + first == 1 && j >= kVeGateHalf;  // the VE gate's input column j is ve's j - 6
         const float* in = from_ve ? vs + (j - kVeGateHalf) : xs + j;
         const int stride = from_ve ? kVeGateHalf : kGateWidth;
         float s = 0.0f;
@@ -885,7 +895,7 @@ __global__ void __launch_bounds__(kGateRowsPerBlock)
                 const float* w = ws + (g * H + h) * kGateWidth;
 #pragma unroll
                 for (int j = 0; j < kVeGateHalf; ++j) s[j] = fmaf(dz, w[j], s[j]);
-                if (reads_ve && g == 1) {
+                if (reads_ve && g + first == 1) {
 #pragma unroll
                     for (int j = 0; j < kVeGateHalf; ++j) sv[j] = fmaf(dz, w[kVeGateHalf + j], sv[j]);
                 } else {
@@ -895,13 +905,17 @@ __global__ void __launch_bounds__(kGateRowsPerBlock)
             }
         bf16* d = dxa + static_cast<size_t>(t0 + r) * C;
         Pack128<bf16> lo = load128(d);
-        Bf16x4 hi = *reinterpret_cast<const Bf16x4*>(d + 8);
+        const int lo_columns = narrow ? kVeGateHalf : 8;  // narrow: columns 6 and 7 are rewritten unchanged
 #pragma unroll
-        for (int j = 0; j < 8; ++j) lo[j] = __float2bfloat16(__bfloat162float(lo[j]) + s[j]);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) hi.v[j] = __float2bfloat16(__bfloat162float(hi.v[j]) + s[8 + j]);
+        for (int j = 0; j < 8; ++j)
+            if (j < lo_columns) lo[j] = __float2bfloat16(__bfloat162float(lo[j]) + s[j]);
         store128(d, lo);
-        *reinterpret_cast<Bf16x4*>(d + 8) = hi;
+        if (!narrow) {
+            Bf16x4 hi = *reinterpret_cast<const Bf16x4*>(d + 8);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) hi.v[j] = __float2bfloat16(__bfloat162float(hi.v[j]) + s[8 + j]);
+            *reinterpret_cast<Bf16x4*>(d + 8) = hi;
+        }
         if (reads_ve) {  // columns 6 and 7 are rewritten unchanged
             bf16* e = dve + static_cast<size_t>(t0 + r) * C;
             Pack128<bf16> p = load128(e);
@@ -915,12 +929,13 @@ __global__ void __launch_bounds__(kGateRowsPerBlock)
 inline size_t attn_gates_backward_scratch_bytes(int T, int H) {
     return static_cast<size_t>(ceil_div(T, kGateRowsPerBlock)) * 2 * H * kGateWidth * sizeof(float);
 }
-// Reads dz_attn (and dz_ve), the first 12 columns of xa and of dxa, and the gates (x_and_ve: also the
-// ids and the first 6 columns of the ve rows and of dve); writes dxa's columns (and dve's) and the
-// partials; two multiply-adds per (row, head, column) and gate.
-inline Work attn_gates_backward_work(const AttnAux& a, bool ve, int blocks, int n_w) {
-    const int gates = ve ? 2 : 1;
-    const double columns = 2.0 * kGateWidth * a.T, gate = 2.0 * kGateWidth * a.H;
+// Reads each present gate's dz and weights, the first 12 columns of xa and of dxa (6 for the VE gate
+// alone reading x_and_ve), and (x_and_ve) the ids and the first 6 columns of the ve rows and of dve;
+// writes dxa's columns (and dve's) and the partials; two multiply-adds per (row, head, column) and gate.
+inline Work attn_gates_backward_work(const AttnAux& a, bool attn, bool ve, int blocks, int n_w) {
+    const int gates = attn + ve;
+    const bool narrow = !attn && a.ve_gate_input == VeGateInput::x_and_ve;
+    const double columns = 2.0 * (narrow ? kVeGateHalf : kGateWidth) * a.T, gate = 2.0 * kGateWidth * a.H;
     const double ve_columns = a.ve_gate_input == VeGateInput::x_and_ve ? 2.0 * kVeGateHalf * a.T : 0;
     return Work{.name = "attn_gates_backward", .flops = 4.0 * gates * a.T * a.H * kGateWidth,
                 .bytes_read = gates * (attn_aux_stats_bytes(a) + gate) + 2 * columns +
@@ -931,13 +946,17 @@ inline Work attn_gates_backward_work(const AttnAux& a, bool ve, int blocks, int 
 // dve: with VeGateInput::x_and_ve, the (T, C) gradient of the gathered value-embedding rows that
 // attn_qkv_backward wrote, updated in place in its first 6 channels (before embedding_backward reads
 // it); null otherwise. d_attn_gate, d_ve_gate: (H, 12) bf16 (d_ve_gate and dz_ve only with value
-// embeddings); `accumulate` as for every parameter gradient.
+// embeddings); d_attn_gate and dz_attn exactly with AttnAux::attn_gate (record 85's layers have none: then
+// the VE gate alone); `accumulate` as for every parameter gradient.
 inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* dve, bf16* d_attn_gate, bf16* d_ve_gate,
                                 const float* dz_attn, const float* dz_ve, BlockPartials scratch, bool accumulate,
                                 cudaStream_t stream) {
     attn_aux_check(a, "attn_gates_backward", false);
-    kernel_require(a.attn_gate != nullptr, "attn_gates_backward: no attn_gate");
-    kernel_require((a.ve_gate != nullptr) == (d_ve_gate != nullptr && dz_ve != nullptr),
+    const bool attn = a.attn_gate != nullptr, ve = a.ve_gate != nullptr;
+    kernel_require(attn || ve, "attn_gates_backward: neither attn_gate nor ve_gate: no gate to differentiate");
+    kernel_require(attn == (d_attn_gate != nullptr) && attn == (dz_attn != nullptr),
+                   "attn_gates_backward: d_attn_gate and dz_attn are needed exactly with AttnAux::attn_gate");
+    kernel_require(ve == (d_ve_gate != nullptr) && ve == (dz_ve != nullptr),
                    "attn_gates_backward: d_ve_gate and dz_ve are needed exactly on layers with value embeddings");
     const bool reads_ve = a.ve_gate_input == VeGateInput::x_and_ve;
     kernel_require(reads_ve == (dve != nullptr),
@@ -947,11 +966,12 @@ inline void attn_gates_backward(const AttnAux& a, bf16* dxa, bf16* dve, bf16* d_
                    "attn_gates_backward: dxa, xa, dz_attn and dz_ve must be 16-byte aligned");
     kernel_require(!reads_ve || all_aligned16({dve, a.ve_table}),
                    "attn_gates_backward: dve and ve_table must be 16-byte aligned");
-    const int blocks = ceil_div(a.T, kGateRowsPerBlock), per_gate = a.H * kGateWidth, gates = dz_ve != nullptr ? 2 : 1;
+    const int blocks = ceil_div(a.T, kGateRowsPerBlock), per_gate = a.H * kGateWidth, gates = attn + ve;
     const int n_w = gates * per_gate;
-    LastBlockSum sum{SumTargets().add(d_attn_gate, per_gate), scratch, accumulate};
-    if (dz_ve != nullptr) sum.targets.add(d_ve_gate, per_gate);
-    launch(with_last_block_sum(attn_gates_backward_work(a, dz_ve != nullptr, blocks, n_w), sum, blocks),
+    LastBlockSum sum{SumTargets(), scratch, accumulate};  // the partials' order: attn_gate's, then ve_gate's
+    if (attn) sum.targets.add(d_attn_gate, per_gate);
+    if (ve) sum.targets.add(d_ve_gate, per_gate);
+    launch(with_last_block_sum(attn_gates_backward_work(a, attn, ve, blocks, n_w), sum, blocks),
            attn_gates_backward_kernel, dim3(blocks), dim3(kGateRowsPerBlock),
            attn_gates_backward_smem_bytes(a.H, gates, a.ve_gate_input), stream, dxa, dve, sum, dz_attn, dz_ve, a);
     CUDA_CHECK_LAUNCH();

@@ -638,6 +638,76 @@ void test_layer(int T, int H, int D, bool paired, bool key_offset, bool ve, cons
                 "backward %s: two runs differ in bits", name.c_str());
 }
 
+// Record 85's value-table layers have no attn_gate (upstream 003ff3e2 GPT.forward: the output gate is MUDD's
+// per-token column on layers 3 and 10, none elsewhere): attn_gates_backward for the VE gate alone, from fresh
+// logit gradients dz_ve, against the double reference; the columns no gate reads keep their bits; and the
+// same bits as the two-gate mode with a zero dz_attn (whose VE sums run in the same fixed order).
+void test_ve_gate_only(int T, int H, int D, VeGateInput gate_input, bool accumulate) {
+    const Case c = make_case(T, H, D, false, false, true, true, gate_input);
+    const std::string name = "VE gate alone " + case_name(c) + (accumulate ? " accumulate" : "");
+    const size_t TC = static_cast<size_t>(T) * c.C;
+    const auto dz = test::uniform_vector(static_cast<size_t>(T) * H, -1, 1);
+    const auto dxa0 = uniform_bf16(TC, -1, 1), dve0 = uniform_bf16(TC, -1, 1), dvg0 = uniform_bf16(H * kGateWidth, -1, 1);
+    DeviceBuffer<bf16> xa(c.xa), ve_table(c.ve_table), ve_gate(c.ve_gate), dxa(dxa0), dve(dve0), dvg(dvg0);
+    DeviceBuffer<int32_t> ids(c.ids);
+    DeviceBuffer<float> dz_ve(dz);
+    test::DevicePartials scratch(attn_gates_backward_scratch_bytes(T, H));
+    AttnAux a;
+    a.T = T;
+    a.H = H;
+    a.D = D;
+    a.ve_gate_input = gate_input;
+    a.xa = xa.ptr;
+    a.ids = ids.ptr;
+    a.ve_table = ve_table.ptr;
+    a.ve_gate = ve_gate.ptr;
+    const bool reads_ve = c.reads_ve();
+    attn_gates_backward(a, dxa.ptr, reads_ve ? dve.ptr : nullptr, nullptr, dvg.ptr, nullptr, dz_ve.ptr, scratch.view(),
+                        accumulate, nullptr);
+    const auto got_dxa = dxa.download(), got_dve = dve.download(), got_dvg = dvg.download();
+
+    std::vector<double> dag, want_dvg, dxa12, dve6;
+    const std::vector<double> zero_dz(dz.size(), 0.0), zero_gate(H * kGateWidth, 0.0);
+    reference_gates(c, values(c.xa), gather_ve_rows(c), zero_dz, values(dz), zero_gate, values(c.ve_gate), dag,
+                    want_dvg, dxa12, dve6);
+    const int xa_columns = reads_ve ? kVeGateHalf : kGateWidth;  // the gate's columns of xa
+    std::vector<double> want_dxa = values(dxa0), want_dve = values(dve0);
+    bool others_kept = true;  // every other column of dxa (and of dve) keeps its bits
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < c.C; ++j) {
+            const size_t i = static_cast<size_t>(t) * c.C + j;
+            if (j < xa_columns) want_dxa[i] += dxa12[static_cast<size_t>(t) * kGateWidth + j];
+            else others_kept &= bits(got_dxa[i]) == bits(dxa0[i]);
+            if (reads_ve && j < kVeGateHalf) want_dve[i] += dve6[static_cast<size_t>(t) * kVeGateHalf + j];
+            else others_kept &= bits(got_dve[i]) == bits(dve0[i]);
+        }
+    test::check(others_kept, "attn_gates_backward %s: a column outside the gate's changed", name.c_str());
+    test::check_close("attn_gates_backward dxa " + name, values(got_dxa), want_dxa, kAtol, kRtol);
+    if (reads_ve) test::check_close("attn_gates_backward dve " + name, values(got_dve), want_dve, kAtol, kRtol);
+    if (accumulate)
+        for (int i = 0; i < H * kGateWidth; ++i) want_dvg[i] += value(dvg0[i]);
+    test::check_close("attn_gates_backward d_ve_gate " + name, values(got_dvg), want_dvg, 1e-5 * T, kRtol);
+    const int blocks = ceil_div(T, kGateRowsPerBlock);
+    test::same_as_second_launch("attn_gates_backward d_ve_gate " + name, scratch, 0, blocks, H * kGateWidth, dvg0,
+                                got_dvg, accumulate);
+
+    // the two-gate mode with dz_attn = 0: its VE sums start from fmaf(0, w, +0) = +0, so the same bits
+    AttnAux both = a;
+    DeviceBuffer<bf16> attn_gate(c.attn_gate), dag2(uniform_bf16(H * kGateWidth, -1, 1)), dxa2(dxa0), dve2(dve0),
+        dvg2(dvg0);
+    DeviceBuffer<float> dz_attn(zero_dz.size());
+    CUDA_CHECK(cudaMemset(dz_attn.ptr, 0, zero_dz.size() * sizeof(float)));
+    both.attn_gate = attn_gate.ptr;
+    attn_gates_backward(both, dxa2.ptr, reads_ve ? dve2.ptr : nullptr, dag2.ptr, dvg2.ptr, dz_attn.ptr, dz_ve.ptr,
+                        scratch.view(), accumulate, nullptr);
+    const auto two_dxa = dxa2.download();
+    bool same = same_bits(dvg2.download(), got_dvg) && same_bits(dve2.download(), got_dve);
+    for (int t = 0; t < T; ++t)
+        for (int j = 0; j < xa_columns; ++j)
+            same &= bits(two_dxa[static_cast<size_t>(t) * c.C + j]) == bits(got_dxa[static_cast<size_t>(t) * c.C + j]);
+    test::check(same, "attn_gates_backward %s: not the bits of both gates with a zero dz_attn", name.c_str());
+}
+
 // Finite differences of L = sum(Rq q + Rk k + Rv v + Ry y_gated) (the smooth function, double)
 // against the kernels' gradients through the whole chain, on a small case with general data.
 void test_finite_differences(bool paired, bool key_offset, bool ve, VeGateInput gate_input = VeGateInput::x) {
@@ -1250,6 +1320,50 @@ int main(int argc, char** argv) {
                                                    reinterpret_cast<const float*>(16),
                                                    reinterpret_cast<const float*>(16), {}, false, nullptr);
                            });
+    // record 85: a layer without attn_gate differentiates its VE gate alone, or nothing
+    auto ve_only_aux = [] {
+        AttnAux a = bad_aux();
+        a.attn_gate = nullptr;
+        a.ve_table = a.ve_gate = reinterpret_cast<const bf16*>(16);
+        a.ids = reinterpret_cast<const int32_t*>(16);
+        return a;
+    };
+    const auto f16 = reinterpret_cast<const float*>(16);
+    const auto b16 = reinterpret_cast<bf16*>(16);
+    test::check_fails_with("attn_gates_backward with no gate", "neither attn_gate nor ve_gate", [] {
+        AttnAux a = bad_aux();
+        a.attn_gate = nullptr;
+        attn_gates_backward(a, reinterpret_cast<bf16*>(16), nullptr, nullptr, nullptr, nullptr, nullptr, {}, false,
+                            nullptr);
+    });
+    test::check_fails_with("attn_gates_backward given dz_attn without attn_gate",
+                           "d_attn_gate and dz_attn are needed exactly with AttnAux::attn_gate", [&] {
+                               attn_gates_backward(ve_only_aux(), b16, nullptr, nullptr, b16, f16, f16, {}, false, nullptr);
+                           });
+    test::check_fails_with("attn_gates_backward given d_attn_gate without attn_gate",
+                           "d_attn_gate and dz_attn are needed exactly with AttnAux::attn_gate", [&] {
+                               attn_gates_backward(ve_only_aux(), b16, nullptr, b16, b16, nullptr, f16, {}, false, nullptr);
+                           });
+    test::check_fails_with("attn_gates_backward with attn_gate but no dz_attn",
+                           "d_attn_gate and dz_attn are needed exactly with AttnAux::attn_gate", [&] {
+                               attn_gates_backward(bad_aux(), b16, nullptr, b16, nullptr, nullptr, nullptr, {}, false,
+                                                   nullptr);
+                           });
+    test::check_fails_with("attn_gates_backward with the VE gate alone but no dz_ve",
+                           "d_ve_gate and dz_ve are needed exactly on layers with value embeddings", [&] {
+                               attn_gates_backward(ve_only_aux(), b16, nullptr, nullptr, b16, nullptr, nullptr, {},
+                                                   false, nullptr);
+                           });
+    test::check_fails_with("attn_gates_backward given dz_ve without value embeddings",
+                           "d_ve_gate and dz_ve are needed exactly on layers with value embeddings", [&] {
+                               attn_gates_backward(bad_aux(), b16, nullptr, b16, nullptr, f16, f16, {}, false, nullptr);
+                           });
+    test::check_fails_with("attn_gates_backward with the VE gate alone reading ve, without dve",
+                           "dve is needed exactly when the VE gate reads ve", [&] {
+                               AttnAux a = ve_only_aux();
+                               a.ve_gate_input = VeGateInput::x_and_ve;
+                               attn_gates_backward(a, b16, nullptr, nullptr, b16, nullptr, f16, {}, false, nullptr);
+                           });
     test::check_fails_with("XSA on a paired layer", "XSA on a paired layer", [] {
         AttnAux a = bad_aux();
         a.paired = true;
@@ -1351,6 +1465,12 @@ int main(int argc, char** argv) {
         test_layer(37, 2, 64, true, false, true, rope, F, true);
         test_layer(37, 2, 64, false, true, true, rope, F, true, VeGateInput::x_and_ve);
     }
+
+    // record 85's value-table layers: the VE gate alone (T = 300: the last block has 44 rows)
+    for (const VeGateInput in : {VeGateInput::x_and_ve, VeGateInput::x})
+        for (const bool accumulate : {false, true}) test_ve_gate_only(300, 6, 128, in, accumulate);
+    test_ve_gate_only(37, 2, 64, VeGateInput::x_and_ve, true);
+    test_ve_gate_only(37, 2, 64, VeGateInput::x, false);
 
     // XSA (record 82): the reference's formulas, then the kernels on the tiny and the record's head shape
     check_xsa_reference_gradients();

@@ -1339,6 +1339,33 @@ void test_rope() {
                                          scratch.view(), false, nullptr);
                  },
                  partials + bytes(d_attn_gate) + bytes(d_ve_gate));  // dxa's and dve's columns are updated in place
+
+    // record 85's value-table layers have no attn_gate: the VE gate alone, its dz and weights and its partials
+    // only; reading cat(xa[:, :6], ve[:, :6]) it touches 6 columns of xa and of dxa, reading xa[:, :12] all 12
+    const double ve_partials = 4.0 * blocks * H * kGateWidth;
+    AttnAux r85 = r80;
+    r85.attn_gate = nullptr;
+    check_family("attn_gates_backward, the VE gate alone reading ve",
+                 {kernel("attn_gates_backward",
+                         bytes(dz_ve) + half_cols + half_cols + bytes(ve_gate) + bytes(d_ids) + half_cols + half_cols +
+                             ve_partials + ticket,
+                         half_cols + half_cols + ve_partials + bytes(d_ve_gate) + ticket)},
+                 {inout(dxa), inout(dve), out(scratch.partials), out(d_ve_gate), inout(scratch.done)},
+                 [&] {
+                     attn_gates_backward(r85, dxa.ptr, dve.ptr, nullptr, d_ve_gate.ptr, nullptr, dz_ve.ptr,
+                                         scratch.view(), false, nullptr);
+                 },
+                 ve_partials + bytes(d_ve_gate));
+    r85.ve_gate_input = VeGateInput::x;
+    check_family("attn_gates_backward, the VE gate alone reading xa",
+                 {kernel("attn_gates_backward", bytes(dz_ve) + xa_cols + xa_cols + bytes(ve_gate) + ve_partials + ticket,
+                         xa_cols + ve_partials + bytes(d_ve_gate) + ticket)},
+                 {inout(dxa), out(scratch.partials), out(d_ve_gate), inout(scratch.done)},
+                 [&] {
+                     attn_gates_backward(r85, dxa.ptr, nullptr, nullptr, d_ve_gate.ptr, nullptr, dz_ve.ptr,
+                                         scratch.view(), false, nullptr);
+                 },
+                 ve_partials + bytes(d_ve_gate));
 }
 
 // ---- MUDD (record 81): the last layer's entry and the exit, forward and backward ----
