@@ -154,11 +154,12 @@ def main(argv=None) -> int:
     p.add_argument("--val-tokens", type=int, default=None, help="validation tokens (the trainer's flag)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: reproducible sums, and fastest on a "
                                                            "busy machine)")
-    p.add_argument("--preset", choices=("tiny", "tiny-r80", "tiny-r84", "tiny-r84-prefix", "tiny-r84-fp8down"),
+    p.add_argument("--preset", choices=("tiny", "tiny-r80", "tiny-r84", "tiny-r84-prefix", "tiny-r84-fp8down",
+                                        "tiny-r86"),
                    default="tiny",
                    help="tiny: record 71's twin; tiny-r80, tiny-r84: records 80's and 84's twins; tiny-r84-prefix: "
                         "tiny-r84 with record 88's prefix-token loss; tiny-r84-fp8down: with record 89's FP8 MLP "
-                        "down-projection "
+                        "down-projection; tiny-r86: records 85-86's twin (the MUDD gate, DC-MHA) "
                         "(tests/reference/README.md). Each starts from the C++ trainer's step-0 checkpoint (or "
                         "--checkpoint; tiny-r84 takes its bigram sign table from it too) and checks its batches")
     p.add_argument("--trainer-preset", default=None,
@@ -180,7 +181,7 @@ def main(argv=None) -> int:
     if args.out is None:
         name = {"tiny": "tiny_golden.json", "tiny-r80": "tiny_r80_golden.json",
                 "tiny-r84": "tiny_r84_golden.json", "tiny-r84-prefix": "tiny_r84_prefix_golden.json",
-                "tiny-r84-fp8down": "tiny_r84_fp8down_golden.json"}[args.preset]
+                "tiny-r84-fp8down": "tiny_r84_fp8down_golden.json", "tiny-r86": "tiny_r86_golden.json"}[args.preset]
         args.out = os.path.join("tests", "reference", "fixtures", name)
     try:
         return generate(args)

@@ -1709,6 +1709,549 @@ class R89Fp8DownTest(unittest.TestCase):
         self.assertNotEqual(lost[0], want[0])
 
 
+def small_r86_config():
+    """tiny-r86 with a small vocabulary and sign table: every code path of records 85-86, fast."""
+    c = R.tiny_r86_config()
+    c.vocab_size, c.padded_vocab, c.bigram_vocab = 500, 512, 64 * 15 // 2
+    c.bigram_sign_rows = 61
+    return c
+
+
+def r86_params(cfg, seed, w2_scale=0.0):
+    """r84_params for record 86 (nonzero bigram rows); w2_scale > 0 also draws the gate's second layer, so that its
+    columns vary per token and DC's w2 is nonzero."""
+    p = r84_params(cfg, seed)
+    if w2_scale:
+        g = torch.Generator().manual_seed(seed + 2000)
+        p["mudd_gate_w2"] = (torch.randn(p["mudd_gate_w2"].shape, generator=g) * w2_scale).bfloat16()
+    return p
+
+
+# Upstream's gate columns, transcribed from 003ff3e2's unpack_pre_mudd_gate / unpack_post_mudd_gate (L1398-1413) and
+# the dc_weights line (L1514), independently of torch_reference.mudd_gate_layout: (gate, column) -> (kind, layer,
+# head) with head -1 for the one-column readers.
+def upstream_gate_columns():
+    cols = {}
+    for h in range(6):
+        cols[(0, h)] = ("xsa", 1, h)
+        cols[(0, 6 + h)] = ("xsa", 3, h)
+        cols[(0, 12 + h)] = ("out", 3, h)
+        cols[(1, h)] = ("xsa", 4, h)
+        cols[(1, 6 + h)] = ("xsa", 7, h)
+        cols[(1, 12 + h)] = ("out", 10, h)
+        cols[(1, 29 + h)] = ("dc_w1", 10, h)
+        cols[(1, 35 + h)] = ("dc_w2", 10, h)
+    for layer, off in zip((0, 1, 2, 3), range(18, 26, 2)):
+        cols[(0, off)] = ("x0", layer, -1)
+        cols[(0, off + 1)] = ("bigram", layer, -1)
+    for layer, off in zip((4, 5, 7, 8, 9), range(18, 28, 2)):
+        cols[(1, off)] = ("x0", layer, -1)
+        cols[(1, off + 1)] = ("bigram", layer, -1)
+    cols[(1, 28)] = ("skip", 6, -1)
+    return cols
+
+
+UPSTREAM = "/work/.mirror/KellerJordan+modded-nanogpt/repo"
+
+
+def upstream_source(commit, path):
+    """A file of upstream's repository at a commit, from a local mirror (None where there is none)."""
+    import subprocess
+    try:
+        return subprocess.run(["git", "-C", UPSTREAM, "show", f"{commit}:{path}"], check=True, capture_output=True,
+                              text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+@needs_torch
+class R86ConfigTest(unittest.TestCase):
+    def test_presets_sizes_and_schedule(self):
+        c = R.r86_config()
+        shapes = R.param_shapes(c)
+        self.assertEqual(shapes["bigram_embed"], ((377280, 768), torch.bfloat16))
+        self.assertEqual(shapes["mudd_gate_w1"], ((2, 64, 768), torch.bfloat16))
+        self.assertEqual(shapes["mudd_gate_w2"], ((2, 41, 64), torch.bfloat16))
+        self.assertEqual(shapes["mudd_gate_b2"], ((2, 41), torch.bfloat16))
+        self.assertEqual(shapes["mudd_gate_scale"], ((1,), torch.float32))
+        self.assertEqual(shapes["scalars"], ((24,), torch.float32))
+        self.assertEqual(shapes["ve_gate_bank"], ((5, 6, 12), torch.bfloat16))
+        for gone in ("attn_gate_bank", "skip_gate", "x0_lambdas", "bigram_lambdas", "xsa_alphas"):
+            self.assertNotIn(gone, shapes)
+        self.assertEqual((c.bigram_width, c.bigram_sign_rows, c.xsa_layers), (768, 8192, (1, 3, 4, 7)))
+        self.assertFalse(c.x0_includes_bigram)
+        s = R.Schedule(c)  # thirds of 1285: round(428.33) = 428, round(856.67) = 857; split 857 (odd)
+        self.assertEqual(s.boundaries, [(0, 428), (428, 857), (857, 1285), (1285, 1300)])
+        self.assertEqual(s.split_step, 857)
+        t = R.tiny_r86_config()
+        ts = R.param_shapes(t)
+        self.assertEqual((t.model_dim, t.num_heads, t.head_dim, t.mlp_dim), (384, 6, 64, 1536))
+        self.assertEqual(ts["bigram_embed"], ((30720, 384), torch.bfloat16))
+        self.assertEqual(ts["qk_bank"], ((64, 128, 384), torch.bfloat16))  # 10 layers x 2 x 3 pairs, padded to 64
+        self.assertEqual(ts["mlp_bank"], ((12, 2, 1536, 384), torch.bfloat16))
+        t84 = R.tiny_r84_config()
+        for f in ("stages", "max_num_docs_table", "value_layers", "grad_scale", "vocab_size", "block_size",
+                  "val_batch_tokens", "scheduled_iterations", "extension_iterations", "max_seq_len"):
+            self.assertEqual(getattr(t, f), getattr(t84, f), f)
+        for name in ("record", "tiny", "r80", "tiny-r80", "r84", "tiny-r84", "tiny-r84-prefix", "tiny-r84-fp8down"):
+            cf = R.PRESETS[name]()
+            self.assertFalse(cf.mudd_gate or cf.dc_mha, name)
+            self.assertNotIn("mudd_gate", cf.to_json())
+        self.assertTrue(t.to_json()["mudd_gate"] and t.to_json()["dc_mha"])
+
+    def test_optimizer_table_and_work_order(self):
+        t = R.R86_PARAM_TABLE
+        # 003ff3e2 L1928-1953 (transcribed): dict order = scatter order; _mudd_gate_scale is the trainer's mudd_gate_scale
+        self.assertEqual(list(t), ["qk_bank", "vo_bank", "mlp_bank", "scalars", "smear_gate", "ve_gate_bank", "lm_head",
+                                   "bigram_embed", "post_lambdas", "resid_lambdas", "value_embeds", "embed", "mudd_w1",
+                                   "mudd_w2", "mudd_b2", "mudd_gate_w1", "mudd_gate_w2", "mudd_gate_b2",
+                                   "mudd_gate_scale"])
+        for n in ("mudd_gate_w1", "mudd_gate_w2"):
+            self.assertEqual(t[n], ("adam", (0.9, 0.99), 0.1, 1.0))
+        for n in ("mudd_gate_b2", "mudd_gate_scale"):
+            self.assertEqual(t[n], ("adam", (0.9, 0.99), 0.1, 0.0))
+        self.assertEqual(sorted(R.param_names(R.r86_config())), sorted(t))
+        self.assertEqual(sorted(R.R86_WORK_ORDER), sorted(t))
+        src = upstream_source("003ff3e2", "train_gpt.py")
+        if src is None:
+            return  # (no local mirror of upstream: the transcription above stands)
+        # parsed from upstream's own TrainingManager: every row's betas, lr_mul, wd_mul (defaults 1) and the orders
+        import re
+        body = src[src.index("self.param_table = {"):src.index("self.work_order = [")]
+        rows = {}
+        for m in re.finditer(r'"(\w+)":\s*\{([^}]*)\}', body):
+            fields = dict(re.findall(r'"(\w+)":\s*("[^"]*"|\[[^\]]*\]|None|[\d.]+)', m.group(2)))
+            betas = None if fields["adam_betas"] == "None" else tuple(
+                float(v) for v in fields["adam_betas"].strip("[]").split(","))
+            rows[m.group(1).lstrip("_")] = (fields["optim"].strip('"'), betas, float(fields.get("lr_mul", 1.0)),
+                                            float(fields.get("wd_mul", 1.0)))
+        self.assertEqual(list(rows), list(t))
+        self.assertEqual(rows, t)
+        wo = src[src.index("self.work_order = ["):]
+        wo = wo[:wo.index("adam_defaults")]
+        self.assertEqual([n.lstrip("_") for n in re.findall(r'"(\w+)"', wo)], R.R86_WORK_ORDER)
+
+    def test_init_and_the_biases_effective_values(self):
+        cfg = small_r86_config()
+        p = R.init_params(cfg, 31)
+        self.assertTrue(torch.equal(p["mudd_gate_scale"], torch.tensor([0.1], dtype=torch.float32)))
+        b = p["mudd_gate_b2"].float()
+        want = torch.zeros(2, 41)
+        want[0, 12:18] = want[1, 12:18] = 2.5
+        want[0, [19, 21, 23, 25]] = 0.5
+        want[1, [19, 21, 23, 25, 27]] = 0.5
+        want[1, 28], want[1, 29:35] = 5.0, 10.0
+        self.assertTrue(torch.equal(b, want))
+        w1 = p["mudd_gate_w1"].float()
+        self.assertLessEqual(w1.abs().max().item(), 384 ** -0.5)
+        self.assertGreater(w1.abs().max().item(), 0.9 * 384 ** -0.5)
+        self.assertTrue(bool((p["mudd_gate_w2"] == 0).all()))
+        # effective values at the initial scale bf16(0.1) = 0.10009765625, each rounded to bf16:
+        # 2.5 s = 0.2502 -> 0.25; 0.5 s = 0.050048828125 (exact in bf16); 5 s = 0.5005 -> 0.5; 10 s = 1.001 -> 1.0
+        self.assertEqual(float(torch.tensor(0.1).bfloat16()), 0.10009765625)
+        h = torch.randn(3, cfg.model_dim, generator=torch.Generator().manual_seed(170)).bfloat16()
+        eff = {0: R.mudd_gate(p, h, 0, 26).float(), 1: R.mudd_gate(p, h, 1, 41).float()}
+        self.assertEqual(tuple(eff[0].shape), (3, 26))
+        value = {"out": 0.25, "bigram": 0.050048828125, "skip": 0.5, "dc_w1": 1.0}
+        for (gate, col), (kind, layer, head) in upstream_gate_columns().items():
+            self.assertEqual(eff[gate][:, col].tolist(), [value.get(kind, 0.0)] * 3, (gate, col, kind, layer))
+        # DC's weights at init: w1 = bf16(rms_norm(1, ..., 1)) = 1, w2 = 0: DC starts as a no-op
+        w1, w2 = R.dc_weights(R.bf(eff[1][:, 29:35]), R.bf(eff[1][:, 35:41]))
+        self.assertEqual(w1.float().tolist(), [[1.0] * 6] * 3)
+        self.assertEqual(w2.float().tolist(), [[0.0] * 6] * 3)
+
+    def test_gate_by_formula_and_the_scales_gradient(self):
+        """G = bf16((bf16(bf16(gelu(bf16(h W1^T))) W2^T) + b2) * bf16(s)) in float64 from the definition (exact-erf
+        GELU), at a scale s that bf16 rounds (1 + 2^-9 -> 1); d s = bf16(sum dG (lin + b2))."""
+        cfg = small_r86_config()
+        p = R.init_params(cfg, 32)
+        g = torch.Generator().manual_seed(173)
+        p["mudd_gate_w2"] = (torch.randn(2, 41, 64, generator=g) * 0.3).bfloat16()
+        p["mudd_gate_b2"] = torch.randn(2, 41, generator=g).bfloat16()
+        p["mudd_gate_scale"] = torch.tensor([1 + 2 ** -9], requires_grad=True)
+        h = torch.randn(40, cfg.model_dim, generator=g).bfloat16()
+        got = R.mudd_gate(p, h, 1, 41)
+        z = (h.double() @ p["mudd_gate_w1"][1].double().t()).bfloat16().double()
+        u = (0.5 * z * (1 + torch.erf(z / math.sqrt(2)))).bfloat16().double()
+        lin = (u @ p["mudd_gate_w2"][1].double().t()).bfloat16().double()
+        pre = lin + p["mudd_gate_b2"][1].double()
+        want = pre.bfloat16().double()  # bf16(s) = 1
+        self.assertGreater(torch.eq(got.double(), want).double().mean().item(), 0.97)
+        self.assertLessEqual((got.double() - want).abs().max().item(), 2 ** -7 * want.abs().max().item())
+        go = torch.randn(40, 41, generator=g, dtype=torch.float64)
+        (got.double() * go).sum().backward()
+        ds = float((go.bfloat16().double() * pre).sum())
+        self.assertAlmostEqual(p["mudd_gate_scale"].grad.item(), float(torch.tensor(ds).bfloat16()),
+                               delta=2 ** -7 * abs(ds))
+
+    def test_checkpoint_names_and_refusals(self):
+        cfg = small_r86_config()
+        p = r86_params(cfg, 23)
+        t = {"param." + R.LABELS.get(n, n): v.reshape(v.shape[0], -1) for n, v in p.items()}
+        self.assertIn("param.mudd_gate_scale", t)
+        self.assertIn("param.mlp", t)
+        q = R.params_from_checkpoint(cfg, t)
+        self.assertEqual(sorted(q), sorted(p))
+        for n in p:
+            self.assertTrue(torch.equal(q[n], p[n]), n)
+        del t["param.mudd_gate_b2"]
+        self.assertRaises(ValueError, R.params_from_checkpoint, cfg, t)
+        for field, value in (("num_heads", 2), ("xsa_layers", (1, 3, 4, 7, 8)), ("x0_includes_bigram", True),
+                             ("bigram_dim", 96), ("mudd", False)):
+            c = small_r86_config()
+            if field == "num_heads":
+                c.head_dim = c.model_dim // 2
+            setattr(c, field, value)
+            self.assertRaises(ValueError, c.validate)
+        c = R.tiny_r84_config()
+        c.dc_mha = True
+        self.assertRaises(ValueError, c.validate)
+
+
+class _GateSpy:
+    """Records, during one forward, every (T, C) norm input (the stream), each attention layer's LayerGates and the
+    MUDD gates' inputs."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+
+    def run(self, p, batch, args, training=False):
+        real_norm, real_attn, real_gate = R.rms_norm, R.attention_block, R.mudd_gate
+        self.norms, self.gates, self.gate_in = [], {}, {}
+        C = self.cfg.model_dim
+
+        def norm(x):
+            if x.dim() == 2 and x.shape[-1] == C:
+                self.norms.append(x.detach().float().clone())
+            return real_norm(x)
+
+        def attn(cfg, p_, layer, h, W, ve, doc, args_, ve_gate=None, v_add=None, gates=None):
+            self.gates[layer] = gates
+            return real_attn(cfg, p_, layer, h, W, ve, doc, args_, ve_gate, v_add, gates)
+
+        def gate(p_, h, g, n):
+            self.gate_in[g] = h.detach().clone()
+            return real_gate(p_, h, g, n)
+        R.rms_norm, R.attention_block, R.mudd_gate = norm, attn, gate
+        try:
+            with torch.no_grad():
+                return R.forward(self.cfg, p, batch, args, training=training)
+        finally:
+            R.rms_norm, R.attention_block, R.mudd_gate = real_norm, real_attn, real_gate
+
+
+def norm_points():
+    """The spy's norm inputs in order: the embedding's, then per layer its attention input (not layer 6) and its MLP
+    input, then the final norm."""
+    pts = [("embed", -1)]
+    for layer in range(11):
+        if layer != 6:
+            pts.append(("attn", layer))
+        pts.append(("mlp", layer))
+    return pts + [("final", 11)]
+
+
+@needs_torch
+class R86GateTest(unittest.TestCase):
+    def test_layout_is_upstreams(self):
+        want = upstream_gate_columns()
+        got = {}
+        for (kind, layer), (gate, start, width) in R.mudd_gate_layout().items():
+            for j in range(width):
+                self.assertNotIn((gate, start + j), got)
+                got[(gate, start + j)] = (kind, layer, j if width > 1 else -1)
+        self.assertEqual(got, want)
+        self.assertEqual(sorted(c for g, c in want if g == 0), list(range(26)))  # every column read, once
+        self.assertEqual(sorted(c for g, c in want if g == 1), list(range(41)))
+
+    def test_each_column_moves_only_its_consumer(self):
+        """Perturb one gate column (its bias) and run the forward: of that gate's per-head readers only the column's
+        consumer changes (a pre-gate column also moves every post-gate column, through h3), and the stream first
+        changes where the consumer acts. The gates' inputs: x0 (the clean normed embedding, not the stream start)
+        and layer 4's input."""
+        cfg = small_r86_config()
+        p = r86_params(cfg, 24, w2_scale=0.3)
+        args = R.Trainer(cfg, p, R.random_sign_table(cfg, 17)).forward_args()
+        b = random_batch(cfg, 32, 3, torch.Generator().manual_seed(171))
+        spy = _GateSpy(cfg)
+        spy.run(p, b, args)
+        base_norms, base_gates = spy.norms, spy.gates
+        pts = norm_points()
+        self.assertEqual(len(base_norms), len(pts))
+        x0 = R.bf(R.rms_norm(base_norms[0]))
+        self.assertTrue(torch.equal(spy.gate_in[0], x0))
+        self.assertTrue(torch.equal(spy.gate_in[1].float(), base_norms[pts.index(("attn", 4))]))
+        fields = {"xsa": lambda g: g.xsa, "out": lambda g: g.out, "dc_w1": lambda g: g.dc[0] if g.dc else None,
+                  "dc_w2": lambda g: g.dc[1] if g.dc else None}
+        first_change = {"xsa": "mlp", "out": "mlp", "dc_w1": "mlp", "dc_w2": "mlp", "x0": "mlp", "bigram": "mlp",
+                        "skip": "mlp"}
+        columns = [(0, 0), (0, 11), (0, 14), (0, 18), (0, 19), (0, 22), (0, 25), (1, 5), (1, 6), (1, 17), (1, 18),
+                   (1, 21), (1, 26), (1, 27), (1, 28), (1, 29), (1, 40)]
+        for gate, col in columns:
+            kind, layer, head = upstream_gate_columns()[(gate, col)]
+            q = dict(p)
+            q["mudd_gate_b2"] = p["mudd_gate_b2"].clone()
+            q["mudd_gate_b2"][gate, col] += 4.0
+            spy.run(q, b, args)
+            moved = []
+            for l, g in spy.gates.items():
+                for f, get in fields.items():
+                    t0, t1 = get(base_gates[l]), get(g)
+                    if t0 is None:
+                        self.assertIsNone(t1)
+                        continue
+                    for hh in range(t0.shape[1]):
+                        if not torch.equal(t0[:, hh], t1[:, hh]):
+                            moved.append((f, l, hh))
+            want_moved = [(kind, layer, head)] if kind in fields else []
+            if gate == 0:  # the post gate reads h3, downstream of every pre-gate reader
+                moved = [m for m in moved if m[1] < R.MUDD_GATE_POST_LAYER]
+            self.assertEqual(moved, want_moved, (gate, col))
+            changed = [i for i, (a, c) in enumerate(zip(base_norms, spy.norms)) if not torch.equal(a, c)]
+            where = ("attn", 0) if (kind, layer) == ("bigram", 0) else (first_change[kind], layer)
+            self.assertEqual(pts[changed[0]], where, (gate, col, kind, layer))
+
+    def test_output_gate_is_raw_and_per_head(self):
+        """Layer 3's output gate multiplies head h's output by its column h as is (no sigmoid): a gate of 2 doubles
+        the layer's output exactly; a gate of 0 on head h equals no gate with W_o's columns of head h zeroed."""
+        cfg = small_r86_config()
+        p = r86_params(cfg, 28)
+        args = R.Trainer(cfg, p, R.random_sign_table(cfg, 21)).forward_args()
+        g = torch.Generator().manual_seed(174)
+        T, C, D = 12, cfg.model_dim, cfg.head_dim
+        h = R.bf(R.rms_norm(torch.randn(T, C, generator=g)))
+        doc = torch.tensor([0] * 5 + [1] * 7)
+        W = R.attention_weights(cfg, p)[R.attn_index(3)]
+        block = lambda W_, out: R.attention_block(cfg, p, 3, h, W_, None, doc, args, gates=R.LayerGates(out=out))
+        plain = block(W, None)
+        two = torch.full((T, 6), 2.0, dtype=torch.bfloat16)
+        self.assertTrue(torch.equal(block(W, two), R.bf(2 * plain.float())))
+        for head in (0, 4):
+            gate = torch.ones(T, 6, dtype=torch.bfloat16)
+            gate[:, head] = 0
+            W0 = W.clone()
+            W0[3 * C:, head * D:(head + 1) * D] = 0
+            self.assertTrue(torch.equal(block(W, gate), block(W0, None)), head)
+
+    def test_injections_and_skip_by_formula(self):
+        """Layer 2's update and layer 6's skip from the spied stream, attention output and gate columns."""
+        cfg = small_r86_config()
+        p = r86_params(cfg, 25, w2_scale=0.3)
+        signs = R.random_sign_table(cfg, 18)
+        args = R.Trainer(cfg, p, signs).forward_args()
+        b = random_batch(cfg, 32, 2, torch.Generator().manual_seed(172))
+        real_attn = R.attention_block
+        outs = {}
+
+        def attn(*a, **k):
+            y = real_attn(*a, **k)
+            outs[a[2]] = y.detach().float()
+            return y
+        spy = _GateSpy(cfg)
+        R.attention_block = attn
+        try:
+            spy.run(p, b, args)
+        finally:
+            R.attention_block = real_attn
+        pts = norm_points()
+        at = lambda kind, layer: spy.norms[pts.index((kind, layer))].double()
+        x0 = R.bf(R.rms_norm(spy.norms[0])).double()
+        G0 = R.mudd_gate(p, R.bf(R.rms_norm(spy.norms[0])), 0, 26).double()
+        G1 = R.mudd_gate(p, at("attn", 4).bfloat16(), 1, 41).double()
+        xb = (p["bigram_embed"][b.bigram].double() * signs[R.bigram_sign_index(b.inputs, 61)].double())
+        lam = lambda n, i, j: float(p[n][i, j].bfloat16())
+        # layer 2: x = bf16(ra x + pa y + G0[22] x0 + G0[23] xb)
+        want = (lam("resid_lambdas", 2, 0) * at("attn", 2) + lam("post_lambdas", 2, 0) * outs[2].double()
+                + G0[:, 22:23] * x0 + G0[:, 23:24] * xb)
+        got = at("mlp", 2)
+        self.assertLessEqual((got - want).abs().max().item(), 2 ** -8 * want.abs().max().item())
+        self.assertGreater(torch.eq(got, want.bfloat16().double()).double().mean().item(), 0.95)
+        # layer 6: x = bf16(x + sigmoid(skip_lambda) G1[28] h3), h3 = layer 4's input
+        sig = 1 / (1 + math.exp(-float(p["scalars"][23])))
+        h3 = at("attn", 4)
+        x6 = at("mlp", 6)
+        # layer 6's input is not spied (layer 5's MLP output): check the skip term by the difference to a run whose
+        # skip column is larger, everything before layer 6 unchanged
+        q = dict(p)
+        q["mudd_gate_b2"] = p["mudd_gate_b2"].clone()
+        q["mudd_gate_b2"][1, 28] += 5.0  # effective + 0.5: the skip term grows by sigmoid(l) 0.5 h3 (+- roundings)
+        spy2 = _GateSpy(cfg)
+        spy2.run(q, b, args)
+        x6b = spy2.norms[pts.index(("mlp", 6))].double()
+        G1b = R.mudd_gate(q, at("attn", 4).bfloat16(), 1, 41).double()
+        delta = sig * (G1b[:, 28:29] - G1[:, 28:29]) * h3
+        bound = 2 ** -8 * (x6.abs() + x6b.abs()) + 1e-6  # the two streams' bf16 roundings (unit roundoff 2^-8)
+        self.assertTrue(bool(((x6b - x6 - delta).abs() <= bound).all()))
+        self.assertGreater((x6b - x6).abs().max().item(), 8 * bound.max().item())
+
+
+def dc_direct(y, q, k, v, doc, w1, w2, scale, window, magnitude=None):
+    """DC's forward from its definition, in float64 with per-query loops (no masks): the keys s of t's document with
+    0 <= t - s < window, softmax per head over them, A = sum_h w1 P_h, out = y + w2 sum_s A v. magnitude (a tensor
+    like y): filled with sum_s |w2 A v|, the scale of the correction's rounding errors."""
+    T, H, D = q.shape
+    out = y.clone()
+    for t in range(T):
+        keys = [s for s in range(max(0, t - window + 1), t + 1) if doc[s] == doc[t]]
+        a = torch.zeros(len(keys), dtype=q.dtype)
+        for h in range(H):
+            sc = torch.stack([scale * (q[t, h] * k[s, h]).sum() for s in keys])
+            a = a + w1[t, h] * torch.softmax(sc, 0)
+        for h in range(H):
+            out[t, h] = out[t, h] + w2[t, h] * (a[:, None] * v[keys, h]).sum(0)
+            if magnitude is not None:
+                magnitude[t, h] = (w2[t, h] * a[:, None] * v[keys, h]).abs().sum(0)
+    return out
+
+
+@needs_torch
+class R86DcTest(unittest.TestCase):
+    def random(self, T, H, D, seed):
+        g = torch.Generator().manual_seed(seed)
+        r = lambda *s: torch.randn(*s, generator=g)
+        q, k = R.rms_norm(r(T, H, D)).bfloat16(), R.rms_norm(r(T, H, D)).bfloat16()
+        return r(T, H, D).bfloat16(), q, k, r(T, H, D).bfloat16(), r(T, H).bfloat16(), (r(T, H) * 0.5).bfloat16()
+
+    def test_forward_against_float64_direct(self):
+        """T = 150 over documents [0, 5), [5, 130), [130, 150): t < 112, the window edge inside the long document,
+        document starts inside the window. Tolerance: the output's bf16 rounding (unit roundoff 2^-8 of the larger of
+        the two), the bf16 rounding of each w2 A weight (2^-8 of sum_s |w2 A v|), and fp32 slack (softmax, sums) of
+        1e-5 of that."""
+        T, H, D = 150, 6, 16
+        y, q, k, v, w1, w2 = self.random(T, H, D, 180)
+        doc = torch.tensor([0] * 5 + [1] * 125 + [2] * 20)
+        scale = 0.12
+        got = R.dc_mha(y, q, k, v, doc, w1, w2, scale).double()
+        mag = torch.zeros(T, H, D, dtype=torch.float64)
+        want = dc_direct(y.double(), q.double(), k.double(), v.double(), doc, w1.double(), w2.double(), scale, 112,
+                         mag)
+        corr = (want - y.double()).abs()
+        bound = 2 ** -8 * torch.maximum(got.abs(), want.abs()) + (2 ** -8 + 1e-5) * mag + 1e-9
+        self.assertTrue(bool(((got - want).abs() <= bound).all()), ((got - want).abs() / bound).max().item())
+        self.assertGreater(corr.mean().item(), 0.05)  # the correction is not negligible
+        # a window of 111 or 113 keys, or no document mask, is beyond the tolerance somewhere
+        for wrong in (dc_direct(y.double(), q.double(), k.double(), v.double(), doc, w1.double(), w2.double(),
+                                scale, 111),
+                      dc_direct(y.double(), q.double(), k.double(), v.double(), torch.zeros(T, dtype=torch.long),
+                                w1.double(), w2.double(), scale, 112)):
+            self.assertFalse(bool(((got - wrong).abs() <= bound).all()))
+
+    def test_window_and_documents_exactly(self):
+        """q = 0: every allowed key has probability 1/n_t; with w1 = w2 = 1 (A = 6/n_t), y = 0 and v[s] = s / 64 in
+        every channel, out[t] = sum of bf16(6/n_t) s/64 over the allowed keys: exact sums of small multiples."""
+        T, H, D = 140, 6, 4
+        doc = torch.tensor([0] * 3 + [1] * 130 + [2] * 7)
+        zero = torch.zeros(T, H, D, dtype=torch.bfloat16)
+        v = (torch.arange(T, dtype=torch.float32) / 64)[:, None, None].expand(T, H, D).bfloat16()
+        ones = torch.ones(T, H, dtype=torch.bfloat16)
+        got = R.dc_mha(zero, zero, zero, v, doc, ones, ones, 0.5).float()
+        for t in (0, 2, 3, 50, 114, 115, 116, 132, 133, 139):
+            keys = [s for s in range(max(0, t - 111), t + 1) if doc[s] == doc[t]]
+            wt = float(torch.tensor(6.0 / len(keys)).bfloat16())
+            want = float(torch.tensor(sum(wt * s / 64 for s in keys)).bfloat16())
+            self.assertEqual(got[t].unique().tolist(), [want], t)
+
+    def test_gradients_against_float64_autograd_and_finite_differences(self):
+        """The float64 definition (dc_direct) checked against central differences (gradcheck), then the reference's
+        autograd gradients (fp32 math from bf16 inputs, bf16 gradients) against float64 autograd at the same bf16
+        inputs: within a few bf16 roundings of each gradient's norm."""
+        T, H, D, W = 10, 6, 4, 4
+        doc = torch.tensor([0] * 3 + [1] * 7)
+        y, q, k, v, w1, w2 = self.random(T, H, D, 181)
+        f64 = [t.double().requires_grad_(True) for t in (y, q, k, v, w1, w2)]
+        fn = lambda y_, q_, k_, v_, a_, b_: dc_direct(y_, q_, k_, v_, doc, a_, b_, 0.7, W)
+        self.assertTrue(torch.autograd.gradcheck(fn, tuple(f64), eps=1e-6, atol=1e-7, rtol=1e-5, fast_mode=True))
+        go = torch.randn(T, H, D, generator=torch.Generator().manual_seed(182), dtype=torch.float64)
+        want = torch.autograd.grad((fn(*f64) * go).sum(), f64)
+        ref = [t.clone().requires_grad_(True) for t in (y, q, k, v, w1, w2)]
+        out = R.dc_mha(*ref[:4], doc, ref[4], ref[5], 0.7, window=W)
+        got = torch.autograd.grad((out.double() * go).sum(), ref)
+        for name, gg, ww in zip(("y", "q", "k", "v", "w1", "w2"), got, want):
+            self.assertEqual(gg.dtype, torch.bfloat16, name)
+            self.assertLessEqual((gg.double() - ww).norm().item(), 2 ** -6 * ww.norm().item(), name)
+            self.assertGreater(ww.norm().item(), 0, name)
+        self.assertTrue(torch.equal(got[0], go.bfloat16()))  # dy = go, exactly (the base passes straight through)
+
+    def test_weights_from_the_gate_columns(self):
+        g = torch.Generator().manual_seed(183)
+        c1 = torch.randn(7, 6, generator=g).bfloat16()
+        c1[3] = 0  # all-zero: rsqrt(1e-6) * 0 = 0
+        c2 = torch.randn(7, 6, generator=g).bfloat16()
+        w1, w2 = R.dc_weights(c1, c2)
+        x = c1.double()
+        want = (x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+        self.assertTrue(torch.equal(w1, want))
+        self.assertTrue(torch.equal(w2, c2))
+        self.assertEqual(w1[3].float().tolist(), [0.0] * 6)
+        # columns of rms ~1e-3, where the eps (1e-6 against mean squares ~1e-6) matters
+        small = (torch.randn(50, 6, generator=g) * 1e-3).bfloat16()
+        x = small.double()
+        want = (x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6)).bfloat16()
+        self.assertTrue(torch.equal(R.dc_weights(small, small)[0], want))
+
+    def test_model_dc_is_a_no_op_at_init_and_runs_in_validation(self):
+        cfg = small_r86_config()
+        p = r86_params(cfg, 26)
+        off = small_r86_config()
+        off.dc_mha = False
+        signs = R.random_sign_table(cfg, 19)
+        args = R.Trainer(cfg, p, signs).forward_args()
+        b = random_batch(cfg, 32, 2, torch.Generator().manual_seed(184))
+        with torch.no_grad():
+            for training in (False, True):
+                on_, off_ = (R.forward(c, p, b, args, training=training) for c in (cfg, off))
+                self.assertTrue(torch.equal(on_, off_), training)
+            q = dict(p)
+            q["mudd_gate_b2"] = p["mudd_gate_b2"].clone()
+            q["mudd_gate_b2"][1, 35:41] = 3.0  # w2 = 0.3
+            for training in (False, True):
+                on_, off_ = (R.forward(c, q, b, args, training=training) for c in (cfg, off))
+                self.assertFalse(torch.equal(on_, off_), training)
+
+
+@needs_torch
+class R86XsaTest(unittest.TestCase):
+    def test_projection_form_against_float64(self):
+        g = torch.Generator().manual_seed(190)
+        T, H, D = 5, 6, 16
+        y = torch.randn(T, H, D, generator=g).bfloat16()
+        v = torch.randn(T, H, D, generator=g).bfloat16()
+        v[2, 1] = 1e-6  # |v|^2 = 1.6e-11 < 1e-8: the clamp divides by 1e-8
+        a = torch.randn(T, H, generator=g).bfloat16()
+        got = R.xsa_r86(y, v, a).double()
+        yy, vv = y.double(), v.double()
+        dot = (yy * vv).sum(-1, keepdim=True)
+        den = (vv * vv).sum(-1, keepdim=True).clamp_min(1e-8)
+        want = yy - torch.tanh(a.double()).unsqueeze(-1) * (dot / den) * vv
+        self.assertLessEqual((got - want).abs().max().item(), 1e-5 * want.abs().max().item())
+        # alpha is tanh of the bf16 column in fp32, not rounded to bf16 (record 84's cast of an fp32 strength)
+        alpha_rounded = torch.tanh(a.double()).bfloat16().double().unsqueeze(-1)
+        self.assertGreater((got - (yy - alpha_rounded * (dot / den) * vv)).abs().max().item(),
+                           (got - want).abs().max().item())
+
+    def test_training_step_updates_the_gate(self):
+        """One Adam step of tiny-r86 (step 1; the banks' NorMuon left out for speed): every gate parameter has a
+        gradient and moves, by its table row (lr_mul 0.1: the first Adam step moves each element by at most about
+        lr = 0.008 * 0.1 in absolute value, weight decay aside)."""
+        cfg = small_r86_config()
+        p = r86_params(cfg, 27, w2_scale=0.1)
+        tr = R.Trainer(cfg, p, R.random_sign_table(cfg, 20))
+        gen = torch.Generator().manual_seed(185)
+        batches = [random_batch(cfg, 32, 2, gen) for _ in range(2)]
+        tr.accumulate_gradients(batches)
+        for n in ("mudd_gate_w1", "mudd_gate_w2", "mudd_gate_b2", "mudd_gate_scale"):
+            self.assertGreater(tr.params[n].grad.double().norm().item(), 0, n)
+        for n in ("qk_bank", "vo_bank", "mlp_bank"):
+            tr.params[n].grad = None
+        tr.optimizer_step(1)
+        lr = cfg.adam_lr * tr.schedule.lr(1) * 0.1
+        step = (tr.params["mudd_gate_scale"].detach() - p["mudd_gate_scale"]).abs().item()
+        self.assertAlmostEqual(step, lr, delta=1e-3 * lr)  # |m / sqrt(v)| = 1 at the first step: the step is lr
+        for n in ("mudd_gate_w1", "mudd_gate_w2", "mudd_gate_b2", "mudd_gate_scale"):
+            self.assertFalse(torch.equal(tr.params[n].detach(), p[n]), n)
+        self.assertFalse(any(bool(torch.isnan(t).any()) for t in tr.params.values()))
+
+
 if __name__ == "__main__":
     if not HAVE_TORCH:
         print("test_torch_reference: skipped (torch is not installed)")

@@ -1,6 +1,7 @@
 """An independent PyTorch reference of the speedrun (the modded-nanogpt record of 2026-02-06, "Sparse
 bigram gradient comms"; presets record and tiny), and of upstream's record 80 (commit 2c702746; presets
-r80 and tiny-r80, whose differences are Config fields the model and optimizer read: README.md here).
+r80 and tiny-r80, whose differences are Config fields the model and optimizer read: README.md here), record 84
+(a333be08; r84, tiny-r84, with records 88's and 89's variants) and record 86 (003ff3e2; r86, tiny-r86).
 
 The model, the combined NorMuon + Adam optimizer and the schedule, written plainly with autograd for
 one process on the CPU (world size 1: 8 micro-batches of gradient accumulation per step; the sharded
@@ -131,6 +132,10 @@ class Config:
     #                                                (the weights: Stage.prefix_start/_end)
     mlp_fp8_down: bool = False                     # record 89's e4m3 MLP down-projection with delayed scales
     #                                                (training forward only; MlpDownState)
+    mudd_gate: bool = False                        # record 85's MUDD gate: per-token columns (mudd_gate_layout) in
+    #                                                place of the x0/bigram lambdas, the output gates, the skip gate
+    #                                                and xsa_alphas; record 86's XSA form; x0 the clean normed embedding
+    dc_mha: bool = False                           # record 85's DC-MHA on layer 10 (weights from the post gate)
 
     @property
     def grad_accum(self) -> int:
@@ -214,6 +219,14 @@ class Config:
         need(not self.mudd or self.mudd_hidden >= 1, "mudd_hidden must be positive")
         need(all(0 <= l < LAYERS and has_attention(l) and l not in PAIRED_LAYERS for l in self.xsa_layers),
              "XSA layers must have attention and not be paired (upstream: v is (2T, H/2, D) there)")
+        need(not self.mudd_gate or self.mudd, "the MUDD gate (record 85) builds on record 81's MUDD")
+        need(not self.mudd_gate or self.num_heads == MUDD_GATE_HEADS,
+             f"the MUDD gate's fixed column layout needs {MUDD_GATE_HEADS} heads (upstream asserts it)")
+        need(not self.mudd_gate or tuple(self.xsa_layers) == R86_XSA_LAYERS,
+             f"the MUDD gate has XSA columns for layers {R86_XSA_LAYERS} exactly")
+        need(not self.mudd_gate or not (self.x0_includes_bigram or self.bigram_dim),
+             "the MUDD gate's records inject the full-width bigram into a stream that starts from x0.clone()")
+        need(not self.dc_mha or self.mudd_gate, "DC-MHA's weights are MUDD gate columns: mudd_gate is needed")
         for st in self.stages:
             need(len(st.mtp_start) == len(st.mtp_end) >= 1, "each stage needs matching MTP weight lists")
             need(st.train_max_seq_len is None or st.train_max_seq_len >= 1, "train_max_seq_len must be positive")
@@ -224,7 +237,7 @@ _STRUCTURE_FIELDS = ("grad_scale_numerator", "lr_floor", "value_layers", "value_
                      "sublayer_lambdas", "late_attn_source", "head_pair_banks", "bank_pad_multiple", "fused_ce",
                      "polar_express_xtx", "normuon_scale_bf16", "max_num_docs_table", "optimizer_table",
                      "mudd", "mudd_hidden", "xsa_layers", "bigram_dim", "bigram_sign_rows", "x0_includes_bigram",
-                     "paired_ve_gate_reads_ve", "mlp_up_fp8", "mlp_fp8_down")
+                     "paired_ve_gate_reads_ve", "mlp_up_fp8", "mlp_fp8_down", "mudd_gate", "dc_mha")
 
 
 def record_config() -> Config:
@@ -429,10 +442,62 @@ def tiny_r84_fp8down_config() -> Config:
     return c
 
 
+# Upstream's param_table at 003ff3e2 (TrainingManager L1928-1953) in its dict order (the scatter order): record 84's
+# without the five labels the MUDD gate replaced, the gate's four rows appended (its scale's label is
+# `_mudd_gate_scale` upstream, `mudd_gate_scale` in the trainer's checkpoints and here). Work order L1956-1966.
+R86_PARAM_TABLE = {n: r for n, r in R84_PARAM_TABLE.items()
+                   if n not in ("skip_gate", "attn_gate_bank", "x0_lambdas", "bigram_lambdas", "xsa_alphas")}
+R86_PARAM_TABLE.update({
+    "mudd_gate_w1": ("adam", (0.9, 0.99), 0.1, 1.0),
+    "mudd_gate_w2": ("adam", (0.9, 0.99), 0.1, 1.0),
+    "mudd_gate_b2": ("adam", (0.9, 0.99), 0.1, 0.0),
+    "mudd_gate_scale": ("adam", (0.9, 0.99), 0.1, 0.0),
+})
+R86_WORK_ORDER = ["scalars", "smear_gate", "ve_gate_bank", "mudd_b2", "mudd_gate_b2", "mudd_gate_scale", "post_lambdas",
+                  "resid_lambdas", "mudd_w2", "mudd_gate_w2", "value_embeds", "bigram_embed", "mudd_w1", "mudd_gate_w1",
+                  "lm_head", "embed", "qk_bank", "vo_bank", "mlp_bank"]
+R86_XSA_LAYERS = (1, 3, 4, 7)  # 003ff3e2 L1202 xsa_layers
+
+
+def use_record86(c: Config) -> None:
+    """Records 85-86's switches (upstream 003ff3e2) on a record-84 config; the bigram rows are the caller's: the MUDD
+    gate and its consumers, DC-MHA on layer 10, XSA on layers 1, 3, 4, 7 only, x0 no longer the stream start, the
+    bigram at full width (record 83's sign table kept, now (8192, C))."""
+    c.mudd_gate = True
+    c.dc_mha = True
+    c.xsa_layers = R86_XSA_LAYERS
+    c.bigram_dim = 0
+    c.x0_includes_bigram = False
+    c.optimizer_table = dict(R86_PARAM_TABLE)
+
+
+def r86_config() -> Config:
+    """Upstream's record 86 (commit 003ff3e2, records 85-86) on the full sizes: 1285 + 15 steps (Hyperparameters
+    L1797-1798), bigram_vocab 50304 * 15 // 2 = 377,280 rows of 768 (L1809-1810)."""
+    c = r84_config()
+    c.name = "r86"
+    use_record86(c)
+    c.bigram_vocab = c.padded_vocab * 15 // 2
+    c.scheduled_iterations, c.extension_iterations = 1285, 15
+    return c
+
+
+def tiny_r86_config() -> Config:
+    """The CPU-sized twin of r86 (train_gpt.cu's tiny_r86_preset): tiny-r84's schedule, vocabulary, batches and
+    windows, but 6 heads of 64 (the gate's layout is upstream's fixed 6-head one): model_dim 384, mlp_dim 1536;
+    bigram rows tiny's times 1.5 (15/2 of record 71's 5 vocabularies): 30,720 (README "Record 86")."""
+    c = tiny_r84_config()
+    c.name = "tiny-r86"
+    use_record86(c)
+    c.num_heads, c.head_dim, c.model_dim, c.mlp_dim = 6, 64, 384, 4 * 384
+    c.bigram_vocab = tiny_config().bigram_vocab * 3 // 2
+    return c
+
+
 PRESETS = {"record": record_config, "tiny": tiny_config, "r80": r80_config, "tiny-r80": tiny_r80_config,
            "r84": r84_config, "tiny-r84": tiny_r84_config, "r84-prefix": r84_prefix_config,
            "tiny-r84-prefix": tiny_r84_prefix_config, "r84-fp8down": r84_fp8down_config,
-           "tiny-r84-fp8down": tiny_r84_fp8down_config}
+           "tiny-r84-fp8down": tiny_r84_fp8down_config, "r86": r86_config, "tiny-r86": tiny_r86_config}
 
 
 def next_multiple_of_n(v: int, n: int) -> int:
@@ -471,6 +536,37 @@ MUDD_SCALE = 0.1          # upstream's _mudd_scale
 XSA_EPS = 1e-4            # F.normalize(v, eps=1e-4)
 PAIRED_LAYERS = (0, 2, 5, 9)
 LONG_WINDOW_LAYERS = (3, 10)
+# Records 85-86 (upstream 003ff3e2 init_mudd_gate L1365-1392, forward L1415-1602)
+MUDD_GATE_HEADS = 6       # the gate's column layout is written for 6 heads (upstream asserts num_heads == 6)
+MUDD_GATE_COEFS = (26, 41)  # columns of the pre gate (from x0) and the post gate (from layer 4's input)
+MUDD_GATE_MAX_COEFS = 41
+MUDD_GATE_SCALE_INIT = 0.1  # _mudd_gate_scale's initial value (a learnable fp32 scalar, used as bf16)
+MUDD_GATE_POST_LAYER = 4  # the post gate is computed at the top of this layer, from its input (h3)
+R86_GATE_LAYERS = (3, 10)  # attn_gate_layers: the only layers with an output gate
+DC_LAYER = 10             # dc_layers
+DC_WINDOW = 112           # the DC correction's keys: 0 <= t - s < 112, within t's document
+DC_RMS_EPS = 1e-6         # dc_gate's F.rms_norm(eps=1.0e-6) over the heads
+XSA_R86_EPS = 1e-8        # record 86's clamp_min(1e-8) of |v|^2
+
+
+def mudd_gate_layout() -> Dict[Tuple[str, int], Tuple[int, int, int]]:
+    """Where each consumer reads the MUDD gate (003ff3e2 unpack_pre_mudd_gate / unpack_post_mudd_gate L1398-1413,
+    dc_weights at L1514, the init's comments L1369-1371): (kind, layer) -> (gate, first column, width), gate 0 the pre
+    gate (from x0), 1 the post gate (from layer 4's input). Kinds: xsa (per head, alpha = tanh), out (per-head output
+    gate, raw), x0 and bigram (injection gates), skip (layer 6), dc_w1 and dc_w2 (layer 10, per head)."""
+    H = MUDD_GATE_HEADS
+    lay = {("xsa", 1): (0, 0, H), ("xsa", 3): (0, H, H), ("out", 3): (0, 2 * H, H)}
+    for j, layer in enumerate((0, 1, 2, 3)):
+        lay[("x0", layer)] = (0, 3 * H + 2 * j, 1)
+        lay[("bigram", layer)] = (0, 3 * H + 2 * j + 1, 1)
+    lay.update({("xsa", 4): (1, 0, H), ("xsa", 7): (1, H, H), ("out", 10): (1, 2 * H, H)})
+    for j, layer in enumerate((4, 5, 7, 8, 9)):
+        lay[("x0", layer)] = (1, 3 * H + 2 * j, 1)
+        lay[("bigram", layer)] = (1, 3 * H + 2 * j + 1, 1)
+    lay[("skip", 6)] = (1, 3 * H + 10, 1)
+    lay[("dc_w1", DC_LAYER)] = (1, 3 * H + 11, H)
+    lay[("dc_w2", DC_LAYER)] = (1, 4 * H + 11, H)
+    return lay
 
 
 def has_attention(layer: int) -> bool:
@@ -576,6 +672,13 @@ def param_shapes(cfg: Config) -> Dict[str, Tuple[Tuple[int, ...], torch.dtype]]:
             shapes["mudd_w1"] = ((2, cfg.mudd_hidden, C), bf)
             shapes["mudd_w2"] = ((2, MUDD_COEFS, cfg.mudd_hidden), bf)
             shapes["mudd_b2"] = ((2, MUDD_COEFS), bf)
+        if cfg.mudd_gate:  # record 85: gate 0 the pre gate (26 columns), 1 the post gate (41); the five it replaces go
+            for gone in ("attn_gate_bank", "skip_gate", "x0_lambdas", "bigram_lambdas", "xsa_alphas"):
+                shapes.pop(gone, None)
+            shapes["mudd_gate_w1"] = ((2, cfg.mudd_hidden, C), bf)
+            shapes["mudd_gate_w2"] = ((2, MUDD_GATE_MAX_COEFS, cfg.mudd_hidden), bf)
+            shapes["mudd_gate_b2"] = ((2, MUDD_GATE_MAX_COEFS), bf)
+            shapes["mudd_gate_scale"] = ((1,), f32)  # upstream's 0-dim _mudd_gate_scale; the trainer's (1,)
         return shapes
     return {
         "embed": ((V, C), bf),
@@ -628,7 +731,8 @@ def _init_params_r80(cfg: Config, p: Dict[str, torch.Tensor], g: torch.Generator
     p["embed"] = p["lm_head"].t().contiguous()
     p["value_embeds"] = (cfg.value_embed_std * torch.randn(p["value_embeds"].shape, generator=g)).bfloat16()
     p["post_lambdas"].fill_(1.0)
-    p["bigram_lambdas"].fill_(0.05)
+    if "bigram_lambdas" in p:
+        p["bigram_lambdas"].fill_(0.05)
     p["resid_lambdas"].fill_(1.1 ** 0.5)  # per sublayer, so a layer scales the stream by 1.1
     sl = scalar_slots(cfg)
     sc = torch.ones(sl.count)
@@ -641,6 +745,11 @@ def _init_params_r80(cfg: Config, p: Dict[str, torch.Tensor], g: torch.Generator
         b = cfg.model_dim ** -0.5
         p["mudd_w1"] = (torch.rand(p["mudd_w1"].shape, generator=g) * 2 - 1).mul(b).bfloat16()
         p["mudd_b2"] = mudd_initial_b2()
+    if cfg.mudd_gate:  # 003ff3e2 init_mudd_gate: w1 U(+-1/sqrt(C)), w2 zeros, b2 pre-scaled, scale 0.1
+        b = cfg.model_dim ** -0.5
+        p["mudd_gate_w1"] = (torch.rand(p["mudd_gate_w1"].shape, generator=g) * 2 - 1).mul(b).bfloat16()
+        p["mudd_gate_b2"] = mudd_gate_initial_b2()
+        p["mudd_gate_scale"] = torch.tensor([MUDD_GATE_SCALE_INIT], dtype=torch.float32)
     return p
 
 
@@ -654,6 +763,17 @@ def mudd_initial_b2() -> torch.Tensor:
     b[0, 9] = b[0, 13] = 1.0 / MUDD_SCALE
     b[0, 11] = 0.05 / MUDD_SCALE
     b[1, 1] = -0.5 / MUDD_SCALE
+    return b.bfloat16()
+
+
+def mudd_gate_initial_b2() -> torch.Tensor:
+    """Upstream's mudd_gate_b2 init (003ff3e2 L1379-1391), stored pre-scaled (effective = bf16(0.1) x), in bf16:
+    both output gates 0.25 / 0.1 = 2.5, every bigram gate 0.05 / 0.1 = 0.5, the skip 0.5 / 0.1 = 5, DC's w1 1 / 0.1
+    = 10 (its rms-normalised w1 starts at 1); the XSA strengths, x0 gates and DC's w2 0 (DC starts as a no-op)."""
+    b = torch.zeros(2, MUDD_GATE_MAX_COEFS)
+    for (kind, _), (gate, start, width) in mudd_gate_layout().items():
+        value = {"out": 0.25, "bigram": 0.05, "skip": 0.5, "dc_w1": 1.0}.get(kind, 0.0)
+        b[gate, start:start + width] = value / MUDD_GATE_SCALE_INIT
     return b.bfloat16()
 
 
@@ -1211,13 +1331,67 @@ def xsa(y: torch.Tensor, v: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return yf - alpha * proj * vhat
 
 
+def xsa_r86(y: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Record 86's XSA (003ff3e2 L1152-1156) on y, v (T, H, D) bf16 with per-token, per-head gate columns g (T, H)
+    bf16: y - tanh(g) ((y . v) / max(|v|^2, 1e-8)) v. fp32 from the bf16 values, not rounded: tanh of the bf16 column
+    needs no cast (`type_as(y)` is a no-op), and the compiled graph fuses the whole expression with the output gate's
+    multiply, rounded once after it (the caller)."""
+    yf, vf = y.float(), v.float()
+    dot = (yf * vf).sum(-1, keepdim=True)
+    denom = vf.square().sum(-1, keepdim=True).clamp_min(XSA_R86_EPS)
+    alpha = torch.tanh(g.float()).unsqueeze(-1)
+    return yf - alpha * (dot / denom) * vf
+
+
+def dc_weights(g_w1: torch.Tensor, g_w2: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """dc_gate (003ff3e2 L1071-1079): w1 = bf16(F.rms_norm(fp32(G[29:35]), eps=1e-6)) over the heads (no learned
+    scale), w2 = G[35:41] (already bf16). (T, H) each."""
+    x = g_w1.float()
+    return bf(x * torch.rsqrt(x.square().mean(-1, keepdim=True) + DC_RMS_EPS)), g_w2
+
+
+def dc_mha(y: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, doc: torch.Tensor, w1: torch.Tensor,
+           w2: torch.Tensor, scale: float, window: int = DC_WINDOW) -> torch.Tensor:
+    """Record 85's post-only DC correction (003ff3e2 dc_triton_kernels.py: _dc_postonly_probs_wsmall_head L91-142,
+    _dc_postonly_store_corr_wsmall_head L197-251, the forward kernel L253-440) on y, q, k, v (T, H, D) bf16 (q, k
+    after QK norm, rotary and the key offset; v with aux_v; y the attention's output) with w1, w2 (T, H) bf16:
+      P_h[t, s] = softmax over the keys 0 <= t - s < window in t's document of scale q_h[t] . k_h[s] (its own
+                  softmax, not the attention's probabilities), fp32 from the bf16 q, k;
+      A[t, s]   = sum_h w1[t, h] P_h[t, s] (fp32);
+      out[t, h] = bf16(y[t, h] + sum_s bf16(w2[t, h] A[t, s]) v_h[s]) -- the kernel rounds w2 A to v's dtype for its
+                  dot with v (fp32 accumulation), adds the base in fp32 and stores bf16 once.
+    Dense (T, T) masks: for the CPU sizes of the reference. Autograd gives the backward (fp32 math, q, k, v and the
+    weights' gradients rounded to bf16 once each, where the kernel accumulates dk and dv with bf16 atomics)."""
+    T = q.shape[0]
+    t = torch.arange(T)[:, None]
+    s = torch.arange(T)[None, :]
+    allowed = (doc[:, None] == doc[None, :]) & (s <= t) & (t - s < window)
+    scores = torch.einsum("thd,shd->hts", q.float(), k.float()) * scale
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1)
+    a = torch.einsum("th,hts->ts", w1.float(), probs)
+    corr_w = bf(w2.float().t()[:, :, None] * a[None])  # (H, T, S)
+    corr = torch.einsum("hts,shd->thd", corr_w.float(), v.float())
+    return bf(y.float() + corr)
+
+
+@dataclass
+class LayerGates:
+    """Record 85's per-token readers of one attention layer (MUDD gate columns, (T, H) bf16 each, or None)."""
+    xsa: Optional[torch.Tensor] = None   # XSA strengths (alpha = tanh)
+    out: Optional[torch.Tensor] = None   # the raw output gate (no sigmoid)
+    dc: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # DC-MHA's (w1 columns, w2 columns) before dc_weights
+
+
 def attention_block(cfg: Config, p: Dict[str, torch.Tensor], layer: int, h: torch.Tensor, W: torch.Tensor,
                     ve: Optional[torch.Tensor], doc: torch.Tensor, args: ForwardArgs,
-                    ve_gate: Optional[torch.Tensor] = None, v_add: Optional[torch.Tensor] = None) -> torch.Tensor:
+                    ve_gate: Optional[torch.Tensor] = None, v_add: Optional[torch.Tensor] = None,
+                    gates: Optional[LayerGates] = None) -> torch.Tensor:
     """W: the layer's (4C, C) [Wq; Wk; Wv; Wo]; h: the normed stream; ve: its value-embedding rows.
     Record 81's MUDD entry (the last layer) passes ve_gate (T, H) fp32, the per-head gate that replaces the
     ve_gate_bank's, and v_add (T, C) fp32, its mix of h0, h7, h9 added to v with the gated ve (upstream's
-    aux_v = g ve + v_mudd, then v + aux_v: one fp32 expression, v rounded once for the attention)."""
+    aux_v = g ve + v_mudd, then v + aux_v: one fp32 expression, v rounded once for the attention).
+    Record 85 (cfg.mudd_gate) passes gates: the layer's XSA strengths, output gate and DC weights, in upstream's order
+    (003ff3e2 L1142-1158): attention, DC (its own bf16 output), XSA and the output gate (one rounding)."""
     T, C, H, D = h.shape[0], cfg.model_dim, cfg.num_heads, cfg.head_dim
     paired = layer in PAIRED_LAYERS
     sa_at = scalar_slots(cfg).sa + 2 * layer
@@ -1257,7 +1431,20 @@ def attention_block(cfg: Config, p: Dict[str, torch.Tensor], layer: int, h: torc
     if aux is not None:
         v = v + aux
     v = bf(v)
-    y = attention(bf(q), bf(k), v, doc, window, args.yarn_paired.attn_scale if paired else args.yarn.attn_scale)
+    scale = args.yarn_paired.attn_scale if paired else args.yarn.attn_scale
+    q, k = bf(q), bf(k)
+    y = attention(q, k, v, doc, window, scale)
+    if cfg.mudd_gate:
+        gates = gates or LayerGates()
+        if gates.dc is not None:
+            y = dc_mha(y, q, k, v, doc, *dc_weights(*gates.dc), scale)
+        y = y.reshape(T, H, D)
+        yf = xsa_r86(y, v, gates.xsa) if gates.xsa is not None else y.float()
+        if gates.out is not None:
+            yf = yf * gates.out.float().unsqueeze(-1)
+        if gates.xsa is not None or gates.out is not None:
+            y = bf(yf)
+        return linear(y.reshape(T, C), w_o)
     y = y.reshape(T, H, D)
     gate = torch.sigmoid(linear(h[:, :GATE], p["attn_gate_bank"][attn_index(layer)]).float())
     if layer in cfg.xsa_layers:
@@ -1467,7 +1654,9 @@ def forward(cfg: Config, p: Dict[str, torch.Tensor], batch: Batch, args: Forward
     e = emb.float()
     x = bf(torch.cat([e[:1], e[1:] + s[slots.smear] * g * e[:-1]]))
     x0 = bf(rms_norm(x))
-    if cfg.sublayer_lambdas:
+    if cfg.mudd_gate:
+        x, backout = residual_stream_r86(cfg, p, x0, x_bigram, ve_all, doc, args, training)
+    elif cfg.sublayer_lambdas:
         x, backout = residual_stream_r80(cfg, p, x0, x_bigram, ve_all, doc, args, training)
     else:
         x, backout = residual_stream_r71(cfg, p, x0, x_bigram, ve_all, doc, args)
@@ -1586,6 +1775,108 @@ def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
                + c[:, 3:4] * ve0 + c[:, 4:5] * skip.float())
         backout = None
     return x, backout
+
+
+def mudd_gate(p: Dict[str, torch.Tensor], h: torch.Tensor, gate: int, n: int) -> torch.Tensor:
+    """Record 85's forward_mudd_gate (003ff3e2 L1394-1396): G = (gelu(h W1[gate]^T) W2[gate, :n]^T + b2[gate, :n]) *
+    bf16(_mudd_gate_scale) (`type_as(x)`, an explicit cast of the fp32 scalar), exact-erf GELU; both matmuls bf16 (z
+    and u materialized), the bias and scale fused and rounded once to bf16 (the (T, n) tensor its readers share), as
+    mudd_coefficients. The scale's gradient: the fp32 sum of dG P (P = lin + b2) rounded to bf16 at the cast, then
+    widened. Returns (T, n) bf16."""
+    z = linear(h, p["mudd_gate_w1"][gate])
+    u = bf(F.gelu(z.float()))
+    lin = linear(u, p["mudd_gate_w2"][gate, :n])
+    return bf((lin.float() + p["mudd_gate_b2"][gate, :n].float()) * bf(p["mudd_gate_scale"][0]).float())
+
+
+def residual_stream_r86(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tensor, x_bigram: torch.Tensor,
+                        ve_all: torch.Tensor, doc: torch.Tensor, args: ForwardArgs, training: bool = False):
+    """Records 85-86 (003ff3e2 GPT.forward L1415-1602): record 84's stream (residual_stream_r80 with MUDD) with the
+    MUDD gate's per-token columns (mudd_gate_layout) in place of its lambdas and gates:
+      G0 = mudd_gate(x0, 0, 26) from the clean normed embedding x0; x = bf16(x0 + Gb[0] xb) is a copy (x0.clone():
+        x0 stays clean for every x0 injection) and MUDD's h0;
+      G1 = mudd_gate(h3, 1, 41) at the top of layer 4, from its input;
+      attention layers i != 10: x = bf16(((ra x + pa y) + Gx0[i] x0) + Gb[i] xb) (no bigram term at layer 0; one
+        rounding: inductor fuses the full-width slice add); the layer's XSA (1, 3, 4, 7), output gate (3) and, on
+        layer 10, output gate and DC weights are passed to attention_block (LayerGates);
+      layer 6: x = bf16(x + sigmoid(skip_lambda) G1[28] h3);
+      layer 10: MUDD's entry as record 84 (its x0 coefficient reads h0, its bigram coefficient the full-width xb);
+      after the loop: MUDD's exit as record 84.
+    The lambdas are bf16-rounded as record 80's; the gate columns are bf16 values used in fp32 expressions. Returns
+    the stream and None (no backout)."""
+    s, slots = p["scalars"], scalar_slots(cfg)
+    lam = lambda name: bf(p[name]).float()
+    resid, post = lam("resid_lambdas"), lam("post_lambdas")
+    H = cfg.num_heads
+    layout = mudd_gate_layout()
+    G = [mudd_gate(p, x0, 0, MUDD_GATE_COEFS[0]).float(), None]
+
+    def read(kind: str, layer: int) -> Optional[torch.Tensor]:
+        where = layout.get((kind, layer))
+        if where is None:
+            return None
+        gate, start, width = where
+        return G[gate][:, start:start + width]
+
+    def read_bf16(kind: str, layer: int) -> Optional[torch.Tensor]:  # per-head readers take the bf16 values
+        c = read(kind, layer)
+        return None if c is None else bf(c)  # (exact: G holds bf16 values)
+
+    xb = x_bigram
+    x0f = x0.float()
+    x = bf(x0f + read("bigram", 0) * xb)
+    attn_w = attention_weights(cfg, p)
+    mlp_w = [pair.unbind(0) for pair in p["mlp_bank"].unbind(0)]
+    fp8 = training and cfg.mlp_up_fp8
+    down = training and cfg.mlp_fp8_down
+    if down and args.mlp_down is None:
+        raise ValueError(f"config '{cfg.name}' has the FP8 down-projection: ForwardArgs.mlp_down is needed")
+    h0 = x
+    skip = late = h9 = None
+    for i in range(LAYERS):
+        entry = i == LAYERS - 1
+        if i == MUDD_GATE_POST_LAYER:
+            G[1] = mudd_gate(p, x, 1, MUDD_GATE_COEFS[1]).float()
+        if not has_attention(i):
+            x = bf(x.float() + torch.sigmoid(s[slots.skip]) * read("skip", i) * skip.float())
+        else:
+            table = value_table(i, cfg.value_layers)
+            source = late if late is not None else x
+            ve_gate = v_add = None
+            if entry:
+                h9 = x
+                c = mudd_coefficients(p, h9, 0, MUDD_COEFS).float()
+                col = lambda j: c[:, j:j + 1]
+                h0f, h7f, h9f = h0.float(), late.float(), h9.float()
+                v_add = col(0) * h0f + col(1) * h7f + col(2) * h9f
+                r = (1 + col(5)) * h9f + col(3) * h0f + col(4) * h7f
+                ve_gate = torch.cat([col(6).expand(-1, H // 2), col(7).expand(-1, H - H // 2)], -1)
+            dc = None
+            if cfg.dc_mha and i == DC_LAYER:
+                dc = (read_bf16("dc_w1", i), read_bf16("dc_w2", i))
+            gates = LayerGates(xsa=read_bf16("xsa", i), out=read_bf16("out", i), dc=dc)
+            y = attention_block(cfg, p, i, bf(rms_norm(source)), attn_w[attn_index(i)],
+                                ve_all[table] if table >= 0 else None, doc, args, ve_gate, v_add, gates)
+            if entry:
+                x = bf(col(8) * r + col(9) * y.float() + col(10) * h0f + col(11) * xb)
+            else:
+                upd = resid[i, 0] * x.float() + post[i, 0] * y.float() + x0f * read("x0", i)
+                x = bf(upd if i == 0 else upd + xb * read("bigram", i))
+        m = mlp_block(bf(rms_norm(x)), *mlp_w[i], fp8=fp8, down=(args.mlp_down, i) if down else None)
+        if entry:
+            x = bf(col(12) * x.float() + col(13) * m.float())
+        else:
+            x = bf(resid[i, 1] * x.float() + post[i, 1] * m.float())
+        if i == SKIP_FROM:
+            skip = x
+        if i == cfg.late_attn_source:
+            late = x
+    if down:
+        args.mlp_down.end_forward()
+    c = mudd_coefficients(p, x, 1, MUDD_EXIT_COEFS).float()
+    x = bf(x.float() + c[:, 0:1] * h0.float() + c[:, 1:2] * late.float() + c[:, 2:3] * h9.float()
+           + c[:, 3:4] * ve_all[0].float() + c[:, 4:5] * skip.float())
+    return x, None
 
 
 def residual_stream_r71(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tensor, x_bigram: torch.Tensor,
