@@ -12,11 +12,14 @@
 //   dS_h = P_h (w1 dA - sum_s' w1 dA P_h);  dq_h[t] += scale sum_s dS_h k_h[s];  dk_h[s] += scale sum_t dS_h q_h[t];
 //   dG[t, 29 + h] = (dw1 - y1 mean_h'(dw1 y1)) / r  (torch's rms_norm backward; y1 the unrounded w1, r the rms),
 //   dG[t, 35 + h] = dw2.
-// Layouts: q, k, v, y, out, go, dq, dk, dv (T, 6, 128) bf16 as kernels/attention.cuh; lse (T, 6) fp32 (natural
+// Layouts: q, k, v, y, out, go, dq, dk, dv (T, 6, D) bf16 as kernels/attention.cuh, D = 128 (the record) or 64
+// (its CPU-sized twin; upstream's kernels take 128 only, the math is the same); lse (T, 6) fp32 (natural
 // log of each local softmax's denominator); cu_seqlens as attention.cuh's (0, end of doc 0, ..., padded with T).
 // One block per 16 queries (the forward, the backward's query side) or 16 keys (the backward's key side), warp h
 // head h; every product runs on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the tile's
-// 128 keys (queries), the other operand staged 16 rows at a time through shared memory.
+// 128 keys (queries), the other operand staged 16 rows at a time through shared memory. The head dim D is a template
+// parameter of every kernel and tile helper (the launchers dispatch on the runtime D): it sets the products' depth
+// (QK^T, go V^T) or width (PV, dS K, dS^T Q, (w2 A)^T go) and nothing else.
 // Upstream's rounding points, kept here: scores and products accumulate in fp32 from bf16 operands (tl.dot); w1 and
 // the value weight w2 A are rounded to bf16 before use, as is dS before its two products; dw1, dw2, dq, dk, dv
 // are bf16 tensors upstream (dq, dk, dv then added to the attention's in bf16). Where the order differs: the
@@ -27,9 +30,9 @@
 #include "ptx.cuh"
 
 #include <cstdint>
+#include <type_traits>
 
-constexpr int kDcHeads = 6;                     // upstream's kernels take H = 6, D = 128 only
-constexpr int kDcDim = 128;
+constexpr int kDcHeads = 6;                     // upstream's kernels take H = 6, D = 128 only; here D = 64 too
 constexpr int kDcWindow = 112;                  // keys per query, t itself included
 constexpr int kDcW1Col = 29;                    // G[t, 29 .. 34]: w1's raw values
 constexpr int kDcW2Col = 35;                    // G[t, 35 .. 40]: w2
@@ -81,22 +84,28 @@ __device__ __forceinline__ float dc_pick(const float (&a)[kDcHeads], int i) {
     for (int h = 1; h < kDcHeads; ++h) r = i == h ? a[h] : r;
     return r;
 }
-template <class B>
+template <int D, class B>
 __device__ __forceinline__ B* dc_row(B* x, int t, int h, int c) {
-    return x + (static_cast<size_t>(t) * kDcHeads + h) * kDcDim + c * kDcLaneDims;
+    return x + (static_cast<size_t>(t) * kDcHeads + h) * D + c * kDcLaneDims;
 }
 // ---- tensor-core tiles ----
 // A block's 16 rows r0..r0+15 (queries; keys on the backward's key side) meet 128 columns c0..c0+127 (keys, or
-// queries): c0 = r0 - 111 for queries, r0 for keys. Accumulator element i of n8 tile n sits at row g + 8 (i / 2),
-// column 8 n + 2 tq + i % 2 (g = lane / 4, tq = lane % 4: PTX's m16n8k16 layouts, ptx.cuh).
+// queries) over D dims: c0 = r0 - 111 for queries, r0 for keys. Accumulator element i of n8 tile n sits at row
+// g + 8 (i / 2), column 8 n + 2 tq + i % 2 (g = lane / 4, tq = lane % 4: PTX's m16n8k16 layouts, ptx.cuh).
 constexpr int kDcTileQ = 16;
 constexpr int kDcTileK = 128;                   // kDcTileQ + kDcWindow - 1 columns, rounded up
 constexpr int kDcChunk = 16;                    // rows per staged chunk
-constexpr int kDcRow = kDcDim + 8;              // bf16 per shared row: the 8 rows an ldmatrix reads hit distinct banks
+constexpr int kDcStaticSmem = 48 * 1024;       // a block's static shared memory: ptxas refuses more
 static_assert(kDcTileQ + kDcWindow - 1 <= kDcTileK, "the 16 rows' window must fit the 128 columns");
-using DcStage = __nv_bfloat16[kDcChunk][kDcRow];
+template <int D>
+constexpr bool dc_dim_ok = D == 64 || D == 128;
+// A shared row holds D + 8 bf16 (D / 2 + 4 words, D a multiple of 64): rows 4 banks apart, so the 8 16-byte rows an
+// ldmatrix reads hit distinct banks.
+template <int D>
+using DcStage = __nv_bfloat16[kDcChunk][D + 8];
 using DcScores = float[kDcTileK / 8][4];       // 16 x 128 fp32 (n8 tiles of columns)
-using DcOut = float[kDcDim / 8][4];             // 16 x 128 fp32 (n8 tiles of dims)
+template <int D>
+using DcOut = float[D / 8][4];                  // 16 x D fp32 (n8 tiles of dims)
 
 __device__ __forceinline__ uint32_t dc_pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half
@@ -104,34 +113,38 @@ __device__ __forceinline__ uint32_t dc_pack_bf16(float lo, float hi) {
 }
 __device__ __forceinline__ uint32_t dc_load_pair(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 // The warp copies rows row0 .. row0 + 15 of head h of x into its chunk (zeros past T).
-__device__ __forceinline__ void dc_stage_chunk(DcStage& chunk, const __nv_bfloat16* x, int row0, int h, int T, int lane) {
+template <int D>
+__device__ __forceinline__ void dc_stage_chunk(DcStage<D>& chunk, const __nv_bfloat16* x, int row0, int h, int T,
+                                               int lane) {
+    static_assert(kDcChunk * D / kDcLaneDims % 32 == 0, "every lane copies the same number of vectors");
 #pragma unroll
-    for (int i = 0; i < kDcChunk * kDcDim / kDcLaneDims / 32; ++i) {
-        const int e = i * 32 + lane, r = e / (kDcDim / kDcLaneDims), c = e % (kDcDim / kDcLaneDims);
+    for (int i = 0; i < kDcChunk * D / kDcLaneDims / 32; ++i) {
+        const int e = i * 32 + lane, r = e / (D / kDcLaneDims), c = e % (D / kDcLaneDims);
         const int row = row0 + r;
         store128(&chunk[r][c * kDcLaneDims],
-                 row < T ? load128(dc_row(x, row, h, c)) : Pack128<__nv_bfloat16>::filled(__float2bfloat16(0.0f)));
+                 row < T ? load128(dc_row<D>(x, row, h, c)) : Pack128<__nv_bfloat16>::filled(__float2bfloat16(0.0f)));
     }
 }
-// acc[., col] = x_h[row] . y_h[c0 + col] over the 128 dims for the lane's rows row_t (read at min(row, T - 1)):
+// acc[., col] = x_h[row] . y_h[c0 + col] over the D dims for the lane's rows row_t (read at min(row, T - 1)):
 // x's A fragments from global memory (each element read once), y staged.
+template <int D>
 __device__ inline void dc_tile_dots(DcScores& acc, const __nv_bfloat16* x, const int (&row_t)[2], const __nv_bfloat16* y,
-                                    int c0, int h, int T, DcStage& stage, int lane) {
+                                    int c0, int h, int T, DcStage<D>& stage, int lane) {
     const int tq = lane % 4, m = lane / 8;
-    uint32_t xa[kDcDim / 16][4];
+    uint32_t xa[D / 16][4];
 #pragma unroll
-    for (int ks = 0; ks < kDcDim / 16; ++ks)
+    for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            xa[ks][i] = dc_load_pair(dc_row(x, min(row_t[i % 2], T - 1), h, 0) + ks * 16 + 2 * tq + 8 * (i / 2));
+            xa[ks][i] = dc_load_pair(dc_row<D>(x, min(row_t[i % 2], T - 1), h, 0) + ks * 16 + 2 * tq + 8 * (i / 2));
 #pragma unroll
     for (int c = 0; c < kDcTileK / kDcChunk; ++c) {
-        dc_stage_chunk(stage, y, c0 + c * kDcChunk, h, T, lane);
+        dc_stage_chunk<D>(stage, y, c0 + c * kDcChunk, h, T, lane);
         __syncwarp();
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[2 * c][i] = acc[2 * c + 1][i] = 0.0f;
 #pragma unroll
-        for (int ks = 0; ks < kDcDim / 16; ++ks) {
+        for (int ks = 0; ks < D / 16; ++ks) {
             uint32_t b[4];  // columns 0-7 and 8-15 of the chunk, dims ks*16 .. +15
             ldmatrix<4>(b, &stage[(m / 2) * 8 + lane % 8][ks * 16 + (m % 2) * 8]);
             const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
@@ -141,24 +154,24 @@ __device__ inline void dc_tile_dots(DcScores& acc, const __nv_bfloat16* x, const
         __syncwarp();
     }
 }
-// out = w (16 x 128 columns, bf16) @ y_h[c0 .. c0 + 127] (128 dims): w's A fragment of columns 16c .. 16c + 15 from
+// out = w (16 x 128 columns, bf16) @ y_h[c0 .. c0 + 127] (D dims): w's A fragment of columns 16c .. 16c + 15 from
 // frag(c, wa), y staged and read by ldmatrix.trans.
-template <class Frag>
-__device__ inline void dc_tile_mix(DcOut& out, Frag frag, const __nv_bfloat16* y, int c0, int h, int T, DcStage& stage,
-                                   int lane) {
+template <int D, class Frag>
+__device__ inline void dc_tile_mix(DcOut<D>& out, Frag frag, const __nv_bfloat16* y, int c0, int h, int T,
+                                   DcStage<D>& stage, int lane) {
     const int m = lane / 8;
 #pragma unroll
-    for (int nd = 0; nd < kDcDim / 8; ++nd)
+    for (int nd = 0; nd < D / 8; ++nd)
 #pragma unroll
         for (int i = 0; i < 4; ++i) out[nd][i] = 0.0f;
 #pragma unroll 1
     for (int c = 0; c < kDcTileK / kDcChunk; ++c) {
-        dc_stage_chunk(stage, y, c0 + c * kDcChunk, h, T, lane);
+        dc_stage_chunk<D>(stage, y, c0 + c * kDcChunk, h, T, lane);
         __syncwarp();
         uint32_t wa[4];
         frag(c, wa);
 #pragma unroll
-        for (int nd = 0; nd < kDcDim / 8; nd += 2) {
+        for (int nd = 0; nd < D / 8; nd += 2) {
             uint32_t b[4];  // dims nd*8 .. +7 and (nd+1)*8 .. +7, rows 0-15 of the chunk
             ldmatrix_trans<4>(b, &stage[(m % 2) * 8 + lane % 8][(nd + m / 2) * 8]);
             const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
@@ -170,15 +183,16 @@ __device__ inline void dc_tile_mix(DcOut& out, Frag frag, const __nv_bfloat16* y
 }
 // dst[row, h, :] = bf16(base + add * mul) for the lane's rows < T (base may be dst: each element read, then written);
 // round_add: add * mul is a bf16 tensor upstream before the addition (the gradients), else the sum is fp32.
-__device__ inline void dc_store_tile(__nv_bfloat16* dst, const __nv_bfloat16* base, const DcOut& add, const int (&row_t)[2],
-                                     int h, int T, float mul, bool round_add, int lane) {
+template <int D>
+__device__ inline void dc_store_tile(__nv_bfloat16* dst, const __nv_bfloat16* base, const DcOut<D>& add,
+                                     const int (&row_t)[2], int h, int T, float mul, bool round_add, int lane) {
     const int tq = lane % 4;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         if (row_t[r] >= T) continue;
 #pragma unroll
-        for (int nd = 0; nd < kDcDim / 8; ++nd) {
-            const size_t i = (static_cast<size_t>(row_t[r]) * kDcHeads + h) * kDcDim + nd * 8 + 2 * tq;
+        for (int nd = 0; nd < D / 8; ++nd) {
+            const size_t i = (static_cast<size_t>(row_t[r]) * kDcHeads + h) * D + nd * 8 + 2 * tq;
             const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(base + i);
             float a0 = add[nd][2 * r] * mul, a1 = add[nd][2 * r + 1] * mul;
             if (round_add) a0 = dc_round_bf16(a0), a1 = dc_round_bf16(a1);
@@ -231,19 +245,21 @@ __device__ __forceinline__ float dc_quad_sum(float v) {
 
 // ---- forward ----
 // P_h over each row's keys (lse saved when lse != null), A = sum_h w1 P_h, out = y + w2 A V.
+template <int D>
 __global__ void __launch_bounds__(kDcThreads)
     dc_mha_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* y, const __nv_bfloat16* q,
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coefs, int coef_stride,
                           const int* cu_seqlens, int num_cu, int T, float scale) {
-    __shared__ __align__(16) DcStage stage[kDcHeads];
+    __shared__ __align__(16) DcStage<D> stage[kDcHeads];
     __shared__ float a[kDcTileQ][kDcTileK + 4];
+    static_assert(dc_dim_ok<D> && sizeof(stage) + sizeof(a) <= kDcStaticSmem, "the forward's shared memory");
     const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int q0 = blockIdx.x * kDcTileQ, k0 = max(0, q0 - (kDcWindow - 1));
     const DcRows rows = dc_query_rows(coefs, coef_stride, cu_seqlens, num_cu, q0, h, T, lane);
     for (int i = threadIdx.x; i < kDcTileQ * (kDcTileK + 4); i += kDcThreads) (&a[0][0])[i] = 0.0f;
 
     DcScores p;
-    dc_tile_dots(p, q, rows.t, k, k0, h, T, stage[h], lane);
+    dc_tile_dots<D>(p, q, rows.t, k, k0, h, T, stage[h], lane);
     const float score_mul = scale * kDcLog2e;  // upstream: tl.dot(q, k^T) * (scaling * log2 e), then exp2
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // the local softmax of row g + 8r over its valid keys
@@ -273,8 +289,8 @@ __global__ void __launch_bounds__(kDcThreads)
             lse[static_cast<size_t>(rows.t[r]) * kDcHeads + h] = m * 0.6931471805599453f + logf(denom);
     }
     dc_add_heads(a, p, rows.w1, h, lane);
-    DcOut o;
-    dc_tile_mix(
+    DcOut<D> o;
+    dc_tile_mix<D>(
         o,
         [&](int c, uint32_t (&wa)[4]) {
 #pragma unroll
@@ -285,36 +301,45 @@ __global__ void __launch_bounds__(kDcThreads)
             }
         },
         v, k0, h, T, stage[h], lane);
-    dc_store_tile(out, y, o, rows.t, h, T, 1.0f, false, lane);
+    dc_store_tile<D>(out, y, o, rows.t, h, T, 1.0f, false, lane);
 }
 
 inline void dc_mha_require(const char* who, int T, int H, int D, int coef_stride, const int* cu_seqlens, int num_cu) {
-    kernel_require(H == kDcHeads && D == kDcDim, "%s: DC-MHA supports H = %d heads of D = %d only (got H=%d D=%d)", who,
-                   kDcHeads, kDcDim, H, D);
+    kernel_require(H == kDcHeads && (D == 64 || D == 128),
+                   "%s: DC-MHA supports H = %d heads of D = 64 or 128 only (got H=%d D=%d)", who, kDcHeads, H, D);
     kernel_require(T > 0, "%s: T must be positive (T=%d)", who, T);
     kernel_require(coef_stride >= kDcW2Col + kDcHeads,
                    "%s: the gate's coefficient rows must hold columns %d..%d (stride %d)", who, kDcW1Col,
                    kDcW2Col + kDcHeads - 1, coef_stride);
     kernel_require(cu_seqlens != nullptr && num_cu >= 1, "%s: cu_seqlens needs at least one entry", who);
 }
+// f(std::integral_constant<int, D>) for the runtime D (dc_mha_require has checked it).
+template <class F>
+inline void dc_with_dim(int D, F f) {
+    if (D == 64) f(std::integral_constant<int, 64>{});
+    else f(std::integral_constant<int, 128>{});
+}
 // Valid (query, key) pairs counted as one document (each token sees min(t + 1, 112) keys): an upper bound.
 inline double dc_mha_pairs(int T) {
     const double full = T > kDcWindow ? double(T - kDcWindow) : 0.0, ramp = T < kDcWindow ? T : kDcWindow;
     return full * kDcWindow + ramp * (ramp + 1) / 2;
 }
-// One 16 x 128 x 128 tile product per block and head (masked columns included: the tensor cores compute them).
-inline double dc_tile_products_flops(int T) { return ceil_div(T, kDcTileQ) * kDcHeads * 2.0 * kDcTileQ * kDcTileK * kDcDim; }
-inline double dc_rows_bytes(int T) { return 2.0 * T * kDcHeads * kDcDim; }
+// One 16 x 128 x D (or 16 x D x 128) tile product per block and head (masked columns included: the tensor cores
+// compute them).
+inline double dc_tile_products_flops(int T, int D) {
+    return ceil_div(T, kDcTileQ) * kDcHeads * 2.0 * kDcTileQ * kDcTileK * D;
+}
+inline double dc_rows_bytes(int T, int D) { return 2.0 * T * kDcHeads * D; }
 inline double dc_coef_bytes(int T) { return 4.0 * T * 2 * kDcHeads; }
 // Reads q, k, v, y, the gate's 12 columns and cu_seqlens; writes out and (training) lse. Two tile products (QK^T,
 // PV) per block and head; per tile element exp2, the mask and normalising (~6), A's 2 per head.
-inline Work dc_mha_forward_work(int T, int num_cu, bool saves_lse) {
+inline Work dc_mha_forward_work(int T, int D, int num_cu, bool saves_lse) {
     const double elems = double(ceil_div(T, kDcTileQ)) * kDcHeads * kDcTileQ * kDcTileK;
     return Work{.name = "dc_mha_forward",
-                .tc_flops = 2 * dc_tile_products_flops(T),
+                .tc_flops = 2 * dc_tile_products_flops(T, D),
                 .flops = 8.0 * elems,
-                .bytes_read = 4 * dc_rows_bytes(T) + dc_coef_bytes(T) + 4.0 * num_cu,
-                .bytes_written = dc_rows_bytes(T) + (saves_lse ? 4.0 * T * kDcHeads : 0.0)};
+                .bytes_read = 4 * dc_rows_bytes(T, D) + dc_coef_bytes(T) + 4.0 * num_cu,
+                .bytes_written = dc_rows_bytes(T, D) + (saves_lse ? 4.0 * T * kDcHeads : 0.0)};
 }
 // out (may be y) = y + DC's correction. lse: (T, 6) fp32 for the backward, or null (validation). q, k: after
 // QK-norm, rotary and the key offset; v: after aux_v; y: the attention's output; coefs: the MUDD gate's
@@ -325,8 +350,11 @@ inline void dc_mha_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* 
     dc_mha_require("dc_mha_forward", T, H, D, coef_stride, cu_seqlens, num_cu);
     kernel_require(out && y && q && k && v && coefs, "dc_mha_forward: out, y, q, k, v and the coefficients are required");
     kernel_require(all_aligned16({out, y, q, k, v}), "dc_mha_forward: out, y, q, k, v must be 16-byte aligned");
-    launch(dc_mha_forward_work(T, num_cu, lse != nullptr), dc_mha_forward_kernel, dim3(ceil_div(T, kDcTileQ)),
-           dim3(kDcThreads), 0, stream, out, lse, y, q, k, v, coefs, coef_stride, cu_seqlens, num_cu, T, scale);
+    dc_with_dim(D, [&](auto d) {
+        launch(dc_mha_forward_work(T, D, num_cu, lse != nullptr), dc_mha_forward_kernel<decltype(d)::value>,
+               dim3(ceil_div(T, kDcTileQ)), dim3(kDcThreads), 0, stream, out, lse, y, q, k, v, coefs, coef_stride,
+               cu_seqlens, num_cu, T, scale);
+    });
     CUDA_CHECK_LAUNCH();
 }
 
@@ -362,14 +390,17 @@ __device__ inline void dc_probs(DcScores& p, const DcRows& rows, const float (&l
 // dS = bf16(P (w1 dA - sum w1 dA P)) into the scratch (with A, for the key side); dm_h again (recomputed rather
 // than kept: registers), dw2 = sum dm A; dq += scale dS K (dS read back by the warp that wrote it); dG's 12
 // columns through the rms backward.
+template <int D>
 __global__ void __launch_bounds__(kDcThreads)
     dc_mha_backward_query_kernel(__nv_bfloat16* dq, float* dcoefs, float* a_out, __nv_bfloat16* ds_out,
                                  const __nv_bfloat16* go, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                  const __nv_bfloat16* v, const float* lse, const float* coefs, int coef_stride,
                                  const int* cu_seqlens, int num_cu, int T, float scale) {
-    __shared__ __align__(16) DcStage stage[kDcHeads];
+    __shared__ __align__(16) DcStage<D> stage[kDcHeads];
     __shared__ float a[kDcTileQ][kDcTileK + 4], da[kDcTileQ][kDcTileK + 4];
     __shared__ float gw[2][kDcTileQ][kDcHeads];  // bf16 values of dw1, dw2
+    static_assert(dc_dim_ok<D> && sizeof(stage) + sizeof(a) + sizeof(da) + sizeof(gw) <= kDcStaticSmem,
+                  "the query side's shared memory");
     const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int q0 = blockIdx.x * kDcTileQ, k0 = max(0, q0 - (kDcWindow - 1));
     const DcRows rows = dc_query_rows(coefs, coef_stride, cu_seqlens, num_cu, q0, h, T, lane);
@@ -380,9 +411,9 @@ __global__ void __launch_bounds__(kDcThreads)
     for (int i = threadIdx.x; i < kDcTileQ * (kDcTileK + 4); i += kDcThreads) (&a[0][0])[i] = (&da[0][0])[i] = 0.0f;
 
     DcScores acc;
-    dc_tile_dots(acc, go, rows.t, v, k0, h, T, stage[h], lane);  // dm_h (fp32, as upstream's tl.dot)
+    dc_tile_dots<D>(acc, go, rows.t, v, k0, h, T, stage[h], lane);  // dm_h (fp32, as upstream's tl.dot)
     dc_add_heads(da, acc, rows.w2, h, lane);  // dA (upstream's da_acc)
-    dc_tile_dots(acc, q, rows.t, k, k0, h, T, stage[h], lane);
+    dc_tile_dots<D>(acc, q, rows.t, k, k0, h, T, stage[h], lane);
     dc_probs(acc, rows, lse2, k0, score_mul, T, lane);
     dc_add_heads(a, acc, rows.w1, h, lane);   // A (upstream's a_hidden)
 #pragma unroll
@@ -412,7 +443,7 @@ __global__ void __launch_bounds__(kDcThreads)
                 if (h == 0) a_out[static_cast<size_t>(t) * kDcWindow + (t - key)] = a[g + 8 * r][n * 8 + 2 * tq + e];
             }
     }
-    dc_tile_dots(acc, go, rows.t, v, k0, h, T, stage[h], lane);  // dm_h again (recomputed rather than kept: registers)
+    dc_tile_dots<D>(acc, go, rows.t, v, k0, h, T, stage[h], lane);  // dm_h again (recomputed rather than kept: registers)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float s = 0.0f;
@@ -423,8 +454,8 @@ __global__ void __launch_bounds__(kDcThreads)
         s = dc_quad_sum(s);
         if (tq == 0) gw[1][g + 8 * r][h] = dc_round_bf16(s);  // upstream's gpost_w2 is a bf16 tensor
     }
-    DcOut o;
-    dc_tile_mix(
+    DcOut<D> o;
+    dc_tile_mix<D>(
         o,
         [&](int c, uint32_t (&wa)[4]) {  // dS read back from the scratch (kept in registers, the kernel would spill)
 #pragma unroll
@@ -442,7 +473,7 @@ __global__ void __launch_bounds__(kDcThreads)
             }
         },
         k, k0, h, T, stage[h], lane);
-    dc_store_tile(dq, dq, o, rows.t, h, T, scale, true, lane);
+    dc_store_tile<D>(dq, dq, o, rows.t, h, T, scale, true, lane);
     __syncthreads();
     if (threadIdx.x < kDcTileQ * kDcHeads) {  // dG[t, 29 + i] = bf16((dw1_i - y_i mean(dw1 y)) rstd), torch's rms_norm backward
         const int r = threadIdx.x / kDcHeads, i = threadIdx.x % kDcHeads, t = q0 + r;
@@ -460,11 +491,13 @@ __global__ void __launch_bounds__(kDcThreads)
 
 // One block per 16 keys s0..s0+15 and their queries s0 .. s0 + 127: dk += scale dS^T Q, dv += bf16(w2 A)^T go, the
 // A fragments gathered from the scratch (query t's column j = t - s) where (t, s) is a valid pair, zeros elsewhere.
+template <int D>
 __global__ void __launch_bounds__(kDcThreads)
     dc_mha_backward_key_kernel(__nv_bfloat16* dk, __nv_bfloat16* dv, const float* a_in, const __nv_bfloat16* ds_in,
                                const __nv_bfloat16* go, const __nv_bfloat16* q, const float* coefs, int coef_stride,
                                const int* cu_seqlens, int num_cu, int T, float scale) {
-    __shared__ __align__(16) DcStage stage[kDcHeads];
+    __shared__ __align__(16) DcStage<D> stage[kDcHeads];
+    static_assert(dc_dim_ok<D> && sizeof(stage) <= kDcStaticSmem, "the key side's shared memory");
     const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int s0 = blockIdx.x * kDcTileQ;
     int key[2], end[2];
@@ -494,37 +527,37 @@ __global__ void __launch_bounds__(kDcThreads)
             }
         };
     };
-    DcOut o;
+    DcOut<D> o;
     const auto ds_of = [&](size_t j) {  // already bf16 values
         const size_t t = j / kDcWindow;
         return __bfloat162float(ds_in[(t * kDcHeads + h) * kDcWindow + j % kDcWindow]);
     };
-    dc_tile_mix(o, pair_values(ds_of), q, s0, h, T, stage[h], lane);
-    dc_store_tile(dk, dk, o, key, h, T, scale, true, lane);
+    dc_tile_mix<D>(o, pair_values(ds_of), q, s0, h, T, stage[h], lane);
+    dc_store_tile<D>(dk, dk, o, key, h, T, scale, true, lane);
     // upstream: (w2 A).to(bf16) before its dot with go
     const auto w2a_of = [&](size_t j) { return coefs[(j / kDcWindow) * coef_stride + kDcW2Col + h] * a_in[j]; };
-    dc_tile_mix(o, pair_values(w2a_of), go, s0, h, T, stage[h], lane);
-    dc_store_tile(dv, dv, o, key, h, T, 1.0f, true, lane);
+    dc_tile_mix<D>(o, pair_values(w2a_of), go, s0, h, T, stage[h], lane);
+    dc_store_tile<D>(dv, dv, o, key, h, T, 1.0f, true, lane);
 }
 
 // Reads go, q, k (twice), v, lse, the gate's 12 columns; writes dq (read and written: added to), the 12 gradient
 // columns and the scratch (A and dS). Tile products: QK^T twice, go V^T, dS K; per tile element ~16.
-inline Work dc_mha_backward_query_work(int T, int num_cu) {
+inline Work dc_mha_backward_query_work(int T, int D, int num_cu) {
     const double elems = double(ceil_div(T, kDcTileQ)) * kDcHeads * kDcTileQ * kDcTileK;
     return Work{.name = "dc_mha_backward_query",
-                .tc_flops = 4 * dc_tile_products_flops(T),
+                .tc_flops = 4 * dc_tile_products_flops(T, D),
                 .flops = 16.0 * elems + 30.0 * T,
-                .bytes_read = 6 * dc_rows_bytes(T) + 4.0 * T * kDcHeads + dc_coef_bytes(T) + 4.0 * num_cu,
-                .bytes_written = dc_rows_bytes(T) + dc_coef_bytes(T) + dc_mha_pairs(T) * (4.0 + 2.0 * kDcHeads)};
+                .bytes_read = 6 * dc_rows_bytes(T, D) + 4.0 * T * kDcHeads + dc_coef_bytes(T) + 4.0 * num_cu,
+                .bytes_written = dc_rows_bytes(T, D) + dc_coef_bytes(T) + dc_mha_pairs(T) * (4.0 + 2.0 * kDcHeads)};
 }
 // Reads the scratch, go, q, w2 and dk, dv; writes dk and dv. Tile products: dS^T Q and (w2 A)^T go.
-inline Work dc_mha_backward_key_work(int T, int num_cu) {
+inline Work dc_mha_backward_key_work(int T, int D, int num_cu) {
     const double pairs = dc_mha_pairs(T);
     return Work{.name = "dc_mha_backward_key",
-                .tc_flops = 2 * dc_tile_products_flops(T),
+                .tc_flops = 2 * dc_tile_products_flops(T, D),
                 .flops = pairs * kDcHeads * 2.0,
-                .bytes_read = 4 * dc_rows_bytes(T) + pairs * (4.0 + 2.0 * kDcHeads) + 4.0 * T * kDcHeads + 4.0 * num_cu,
-                .bytes_written = 2 * dc_rows_bytes(T)};
+                .bytes_read = 4 * dc_rows_bytes(T, D) + pairs * (4.0 + 2.0 * kDcHeads) + 4.0 * T * kDcHeads + 4.0 * num_cu,
+                .bytes_written = 2 * dc_rows_bytes(T, D)};
 }
 // dq, dk, dv: the attention's gradients, to which DC's are added (bf16(d + bf16(dc))); dcoefs: columns 29..40 of
 // each row written (the rest untouched); go: d out (y's gradient is go, the caller's); lse from dc_mha_forward;
@@ -544,11 +577,13 @@ inline void dc_mha_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16*
                    dc_mha_backward_workspace_bytes(T));
     const DcScratch sc = dc_scratch(workspace, T);
     const dim3 grid(ceil_div(T, kDcTileQ));
-    launch(dc_mha_backward_query_work(T, num_cu), dc_mha_backward_query_kernel, grid, dim3(kDcThreads), 0, stream, dq,
-           dcoefs, sc.a, sc.ds, go, q, k, v, lse, coefs, coef_stride, cu_seqlens, num_cu, T, scale);
-    CUDA_CHECK_LAUNCH();
-    launch(dc_mha_backward_key_work(T, num_cu), dc_mha_backward_key_kernel, grid, dim3(kDcThreads), 0, stream, dk, dv,
-           static_cast<const float*>(sc.a), static_cast<const __nv_bfloat16*>(sc.ds), go, q, coefs, coef_stride,
-           cu_seqlens, num_cu, T, scale);
+    dc_with_dim(D, [&](auto d) {
+        launch(dc_mha_backward_query_work(T, D, num_cu), dc_mha_backward_query_kernel<decltype(d)::value>, grid, dim3(kDcThreads),
+               0, stream, dq, dcoefs, sc.a, sc.ds, go, q, k, v, lse, coefs, coef_stride, cu_seqlens, num_cu, T, scale);
+        CUDA_CHECK_LAUNCH();
+        launch(dc_mha_backward_key_work(T, D, num_cu), dc_mha_backward_key_kernel<decltype(d)::value>, grid, dim3(kDcThreads), 0,
+               stream, dk, dv, static_cast<const float*>(sc.a), static_cast<const __nv_bfloat16*>(sc.ds), go, q, coefs,
+               coef_stride, cu_seqlens, num_cu, T, scale);
+    });
     CUDA_CHECK_LAUNCH();
 }

@@ -1,8 +1,9 @@
 // kernels/dc_mha.cuh (record 85's DC-MHA on layer 10): forward and backward against a plain double-precision
-// reference written from the math (upstream 75d6867a dc_gate, d0f2bc46 dc_triton_kernels.py), on fresh random
-// data over several document layouts (documents shorter than the 112-key window, a document start inside a
-// window, a one-token document, T not a multiple of any tile), the reference's backward against central
-// differences of its forward, bitwise determinism, the untouched coefficient columns, and bad inputs.
+// reference written from the math (upstream 75d6867a dc_gate, d0f2bc46 dc_triton_kernels.py), at both head dims
+// (D = 128: the record; D = 64: its CPU-sized twin), each on fresh random data over several document layouts
+// (documents shorter than the 112-key window, a document start inside a window, a one-token document, T not a
+// multiple of any tile), the reference's backward against central differences of its forward, bitwise determinism,
+// the untouched coefficient columns, and bad inputs (other H or D).
 //
 // Tolerances, from the kernels' rounding points (each bounded by its magnitude sum, built beside the reference):
 //   bf16's unit roundoff is 2^-8, and each bf16 rounding is allowed twice that (kU = 2^-7):
@@ -30,12 +31,12 @@ using test::same_bits;
 using test::to_bf16;
 using test::values;
 
-constexpr int H = kDcHeads, D = kDcDim, W = 112, kStride = 48;  // kMuddGateCoefStride
+constexpr int H = kDcHeads, W = 112, kStride = 48;  // kMuddGateCoefStride
 constexpr int kW1 = 29, kW2 = 35;
 constexpr double kU = 1.0 / 128;  // 2^-7: twice bf16's unit roundoff 2^-8 (round to nearest, 8 significant bits)
 
 struct Problem {
-    int T = 0;
+    int T = 0, D = 128;  // D: the head dim, 128 (the record) or 64 (its CPU-sized twin)
     std::vector<int> cu;
     double scale = 0.125;
     std::vector<double> q, k, v, y, go, G, dq0, dk0, dv0;  // bf16 values (G: fp32 copies of bf16 values)
@@ -64,9 +65,10 @@ bool w1_ambiguous(const double* g) {
     }
     return false;
 }
-Problem make_problem(int T, std::vector<int> cu) {
+Problem make_problem(int T, std::vector<int> cu, int D) {
     Problem p;
     p.T = T;
+    p.D = D;
     p.cu = std::move(cu);
     p.scale = static_cast<float>(test::uniform(0.1, 0.2));
     const size_t n = static_cast<size_t>(T) * H * D;
@@ -92,7 +94,7 @@ struct Ref {
 };
 // round_w1: w1 rounded to bf16 as the model does (off for central differences, which need a smooth forward).
 Ref reference(const Problem& p, bool round_w1, bool backward) {
-    const int T = p.T;
+    const int T = p.T, D = p.D;
     const size_t n = static_cast<size_t>(T) * H * D;
     Ref r;
     r.out = p.y;
@@ -240,7 +242,7 @@ struct Got {
 };
 constexpr float kDGFill = 5.0f;  // what dcoefs holds before the backward: the unread columns keep it
 Got run(const Problem& p, bool in_place) {
-    const int T = p.T;
+    const int T = p.T, D = p.D;
     std::vector<float> G(p.G.begin(), p.G.end());
     DeviceBuffer<bf16> q(to_bf16(p.q)), k(to_bf16(p.k)), v(to_bf16(p.v)), y(to_bf16(p.y)), go(to_bf16(p.go));
     DeviceBuffer<bf16> out(p.y.size()), out_val(p.y.size()), dq(to_bf16(p.dq0)), dk(to_bf16(p.dk0)), dv(to_bf16(p.dv0));
@@ -270,11 +272,11 @@ std::vector<double> columns(const std::vector<double>& x, int T, int first, int 
     return c;
 }
 
-void check_layout(const char* name, int T, std::vector<int> cu, bool in_place) {
-    const Problem p = make_problem(T, std::move(cu));
+void check_layout(const char* name, int T, std::vector<int> cu, bool in_place, int D) {
+    const Problem p = make_problem(T, std::move(cu), D);
     const Ref r = reference(p, true, true);
     const Got g = run(p, in_place);
-    const std::string n = std::string(name) + " (T=" + std::to_string(T) + ")";
+    const std::string n = std::string(name) + " (T=" + std::to_string(T) + " D=" + std::to_string(D) + ")";
     const double e_out = test::check_within_scale(n + " out", values(g.out), r.out, r.tol_out, 1.0);
     test::check(same_bits(g.out, g.out_val), "%s: validation's out (no lse) has training's bits", n.c_str());
     test::check_within(n + " lse", values(g.lse), r.lse, r.tol_lse);
@@ -301,8 +303,8 @@ void check_layout(const char* name, int T, std::vector<int> cu, bool in_place) {
 }
 
 // The reference's backward against central differences of its forward (w1 unrounded): L = sum go . out.
-void check_central_differences() {
-    Problem p = make_problem(40, {0, 17, 40});
+void check_central_differences(int D) {
+    Problem p = make_problem(40, {0, 17, 40}, D);
     std::fill(p.dq0.begin(), p.dq0.end(), 0.0);
     std::fill(p.dk0.begin(), p.dk0.end(), 0.0);
     std::fill(p.dv0.begin(), p.dv0.end(), 0.0);
@@ -329,15 +331,15 @@ void check_central_differences() {
         const size_t gi = static_cast<size_t>(t) * kStride + kW1 + test::randint(0, 2 * H - 1);
         probe("G", p.G[gi], r.dG[gi]);
     }
-    test::check(bad == 0, "reference backward vs central differences: %d of %d off", bad, n);
+    test::check(bad == 0, "reference backward vs central differences (D=%d): %d of %d off", D, bad, n);
 }
 
 // --bench: the three launches at the preset's stage-1 T (layer 10's shapes, H = 6 and D = 128 whatever the preset's
-// widths: DC-MHA exists at those only), documents cut at the preset's max_seq_len.
+// widths: the record's), documents cut at the preset's max_seq_len.
 int bench_dc_mha(const bench::Options& o) {
     bench::Bench b(o);
     const bench::Preset& pr = b.preset();
-    const int T = pr.T();
+    const int T = pr.T(), D = 128;
     std::vector<int> cu;
     for (int t = 0; t < T; t += pr.max_seq_len) cu.push_back(t);
     cu.push_back(T);
@@ -374,37 +376,42 @@ int main(int argc, char** argv) {
                        nullptr);
     };
     const void* ok = reinterpret_cast<const void*>(16);
-    test::check_fails_with("8 heads", "DC-MHA supports H = 6 heads of D = 128 only (got H=8 D=128)",
+    test::check_fails_with("8 heads", "dc_mha_forward: DC-MHA supports H = 6 heads of D = 64 or 128 only (got H=8 D=128)",
                            [&] { fwd(64, 8, 128, kStride, ok); });
-    test::check_fails_with("D = 64", "DC-MHA supports H = 6 heads of D = 128 only (got H=6 D=64)",
-                           [&] { fwd(64, 6, 64, kStride, ok); });
+    test::check_fails_with("4 heads of 64", "dc_mha_forward: DC-MHA supports H = 6 heads of D = 64 or 128 only (got H=4 D=64)",
+                           [&] { fwd(64, 4, 64, kStride, ok); });
+    test::check_fails_with("D = 96", "dc_mha_forward: DC-MHA supports H = 6 heads of D = 64 or 128 only (got H=6 D=96)",
+                           [&] { fwd(64, 6, 96, kStride, ok); });
     test::check_fails_with("T = 0", "T must be positive", [&] { fwd(0, 6, 128, kStride, ok); });
     test::check_fails_with("coefficient stride 40", "must hold columns 29..40 (stride 40)",
                            [&] { fwd(64, 6, 128, 40, ok); });
     test::check_fails_with("q misaligned", "dc_mha_forward: out, y, q, k, v must be 16-byte aligned",
                            [&] { fwd(64, 6, 128, kStride, reinterpret_cast<const void*>(18)); });
-    auto bwd = [](const float* lse, size_t ws) {
+    auto bwd = [](const float* lse, size_t ws, int Dd = 128) {
         bf16* b = reinterpret_cast<bf16*>(16);
         dc_mha_backward(b, b, b, reinterpret_cast<float*>(16), b, b, b, b, lse, reinterpret_cast<const float*>(16),
-                        kStride, reinterpret_cast<const int*>(16), 2, 64, 6, 128, 0.1f, b, ws, nullptr);
+                        kStride, reinterpret_cast<const int*>(16), 2, 64, 6, Dd, 0.1f, b, ws, nullptr);
     };
+    test::check_fails_with("backward D = 32", "dc_mha_backward: DC-MHA supports H = 6 heads of D = 64 or 128 only (got H=6 D=32)",
+                           [&] { bwd(reinterpret_cast<const float*>(16), dc_mha_backward_workspace_bytes(64), 32); });
     test::check_fails_with("backward without lse", "dc_mha_backward: dq, dk, dv, dcoefs, go, q, k, v, lse",
                            [&] { bwd(nullptr, dc_mha_backward_workspace_bytes(64)); });
     test::check_fails_with("backward workspace short", "dc_mha_backward: workspace of 100 bytes, needs",
                            [&] { bwd(reinterpret_cast<const float*>(16), 100); });
 
-    check_central_differences();
-    check_layout("a sequence shorter than one 16-row tile", 7, {0, 3, 7}, false);
-    check_layout("one document longer than the window", 300, {0, 300}, false);
-    check_layout("short documents, one starting mid-window", 257, {0, 40, 45, 200, 257}, false);
-    check_layout("a one-token document, padded bounds, out in place of y", 130, {0, 1, 130, 130}, true);
-    {
+    // each head dim on its own fresh data: 128 (the record), 64 (its CPU-sized twin)
+    for (const int D : {128, 64}) {
+        check_central_differences(D);
+        check_layout("a sequence shorter than one 16-row tile", 7, {0, 3, 7}, false, D);
+        check_layout("one document longer than the window", 300, {0, 300}, false, D);
+        check_layout("short documents, one starting mid-window", 257, {0, 40, 45, 200, 257}, false, D);
+        check_layout("a one-token document, padded bounds, out in place of y", 130, {0, 1, 130, 130}, true, D);
         const int T = test::randint(113, 280);
         std::vector<int> cu{0};
         for (int i = 0, docs = test::randint(0, 4); i < docs; ++i) cu.push_back(test::randint(1, T - 1));
         cu.push_back(T);
         std::sort(cu.begin(), cu.end());
-        check_layout("random document bounds", T, cu, false);
+        check_layout("random document bounds", T, cu, false, D);
     }
     return test::finish();
 }

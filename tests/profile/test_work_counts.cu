@@ -1548,9 +1548,13 @@ void test_helpers() {
 
 // ---- DC-MHA (record 85, layer 10): forward (training and validation) and its two backward kernels ----
 // One document of T tokens: every query sees min(t + 1, 112) keys, the pairs the Work records count and the scratch
-// (A fp32, dS bf16 per head) holds.
-void test_dc_mha() {
-    const int T = 200, H = kDcHeads, D = kDcDim, stride = kMuddGateCoefStride;
+// (A fp32, dS bf16 per head) holds. Each D (128: the record, 64: its CPU-sized twin): bytes from the tensors passed;
+// tc_flops: one block per 16 rows (queries, or keys on the key side), each of its 6 warps running 16 x 128 x D tile
+// products (2 flops per multiply-add, masked columns included): 2 in the forward (QK^T, PV), 4 on the query side
+// (go V^T and QK^T, go V^T again, dS K), 2 on the key side (dS^T Q, (w2 A)^T go).
+void test_dc_mha(int D) {
+    const int T = 200, H = kDcHeads, stride = kMuddGateCoefStride;
+    const std::string at = " (D=" + std::to_string(D) + ")";
     auto rows = [&] { return DeviceBuffer<bf16>(uniform_bf16(size_t(T) * H * D, -1, 1)); };
     DeviceBuffer<bf16> q = rows(), k = rows(), v = rows(), y = rows(), go = rows(), o(size_t(T) * H * D);
     DeviceBuffer<bf16> dq = rows(), dk = rows(), dv = rows();
@@ -1562,30 +1566,43 @@ void test_dc_mha() {
     double pairs = 0;
     for (int t = 0; t < T; ++t) pairs += std::min(t + 1, kDcWindow);
     const double rb = bytes(q), used_coefs = 4.0 * T * 2 * H, w2_coefs = 4.0 * T * H, scratch = pairs * (4.0 + 2.0 * H);
-    check_family("dc_mha_forward", {kernel("dc_mha_forward", 4 * rb + used_coefs + bytes(cu), rb + bytes(lse))},
-                 {out(o), out(lse)}, [&] {
-                     dc_mha_forward(o.ptr, lse.ptr, y.ptr, q.ptr, k.ptr, v.ptr, coefs.ptr, stride, cu.ptr, 2, T, H, D,
-                                    0.1f, nullptr);
-                 });
-    check_family("dc_mha_forward (validation)", {kernel("dc_mha_forward", 4 * rb + used_coefs + bytes(cu), rb)},
-                 {out(o)}, [&] {
-                     dc_mha_forward(o.ptr, nullptr, y.ptr, q.ptr, k.ptr, v.ptr, coefs.ptr, stride, cu.ptr, 2, T, H, D,
-                                    0.1f, nullptr);
-                 });
+    const double tile = (T + 15) / 16 * H * 2.0 * 16 * 128 * D;  // one tile product per block and warp
+    auto check_tc = [&](const std::string& what, const std::vector<StepOp>& ops, size_t i, int products) {
+        if (i < ops.size())
+            test::check(ops[i].work.tc_flops == products * tile, "%s op %zu (%s): tc_flops %.0f, want %d tile products",
+                        what.c_str(), i, ops[i].work.name, ops[i].work.tc_flops, products);
+    };
+    for (const bool training : {true, false}) {  // training saves lse; validation does not
+        const std::string what = std::string(training ? "dc_mha_forward" : "dc_mha_forward (validation)") + at;
+        float* l = training ? lse.ptr : nullptr;
+        std::vector<Output> outs{out(o)};
+        if (training) outs.push_back(out(lse));
+        const double written = rb + (training ? bytes(lse) : 0.0);
+        const std::vector<StepOp> ops =
+            check_family(what, {kernel("dc_mha_forward", 4 * rb + used_coefs + bytes(cu), written)}, outs, [&] {
+                dc_mha_forward(o.ptr, l, y.ptr, q.ptr, k.ptr, v.ptr, coefs.ptr, stride, cu.ptr, 2, T, H, D, 0.1f, nullptr);
+            });
+        check_tc(what, ops, 0, 2);
+    }
     // dq, dk, dv are added to; the gradient columns 29..40 and the scratch's valid pairs are written (measured per
     // element: A fp32 (T, 112), then dS bf16 (T, 6, 112))
     const DcScratch sc = dc_scratch(ws.ptr, T);
     const Output scratch_a{sc.a, size_t(T) * kDcWindow, sizeof(float), true};
     const Output scratch_ds{sc.ds, size_t(T) * H * kDcWindow, sizeof(bf16), true};
     dc_mha_forward(o.ptr, lse.ptr, y.ptr, q.ptr, k.ptr, v.ptr, coefs.ptr, stride, cu.ptr, 2, T, H, D, 0.1f, nullptr);
-    check_family("dc_mha_backward",
-                 {kernel("dc_mha_backward_query", 6 * rb + bytes(lse) + used_coefs + bytes(cu), rb + used_coefs + scratch),
-                  kernel("dc_mha_backward_key", 4 * rb + scratch + w2_coefs + bytes(cu), 2 * rb)},
-                 {inout(dq), inout(dk), inout(dv), out(dcoefs), scratch_a, scratch_ds}, [&] {
-                     dc_mha_backward(dq.ptr, dk.ptr, dv.ptr, dcoefs.ptr, go.ptr, q.ptr, k.ptr, v.ptr, lse.ptr, coefs.ptr,
-                                     stride, cu.ptr, 2, T, H, D, 0.1f, ws.ptr, ws_bytes, nullptr);
-                 },
-                 used_coefs + scratch);
+    const std::string what = "dc_mha_backward" + at;
+    const std::vector<StepOp> ops = check_family(
+        what,
+        {kernel("dc_mha_backward_query", 6 * rb + bytes(lse) + used_coefs + bytes(cu), rb + used_coefs + scratch),
+         kernel("dc_mha_backward_key", 4 * rb + scratch + w2_coefs + bytes(cu), 2 * rb)},
+        {inout(dq), inout(dk), inout(dv), out(dcoefs), scratch_a, scratch_ds},
+        [&] {
+            dc_mha_backward(dq.ptr, dk.ptr, dv.ptr, dcoefs.ptr, go.ptr, q.ptr, k.ptr, v.ptr, lse.ptr, coefs.ptr, stride,
+                            cu.ptr, 2, T, H, D, 0.1f, ws.ptr, ws_bytes, nullptr);
+        },
+        used_coefs + scratch);
+    check_tc(what, ops, 0, 4);
+    check_tc(what, ops, 1, 2);
 }
 
 int main() {
@@ -1603,7 +1620,8 @@ int main() {
     test_optim(lt);
     test_rope();
     test_mudd();
-    test_dc_mha();
+    test_dc_mha(128);
+    test_dc_mha(64);
     test_comms_kernels();
     return test::finish();
 }
