@@ -96,7 +96,8 @@ a333be08 only (each a chain rounded once, where the compiled graph materializes 
     points, forward and backward; it takes the twin's head_dim 64 where upstream's asserts 128);
   - the MUDD gate's coefficients bf16((bf16(u W2^T) + b2) * bf16(scale)) (the scale's cast is explicit), rounded
     once, as MUDD's; every reader of the (1, T, 41) gate tensor reads its bf16 (it has many readers: materialized);
-  - XSA (dot, denominator, y - alpha (dot / denom) v) and the output gate in fp32 into one rounding of the head
+  - XSA (dot, denominator, tanh of the bf16 gate column, whose type_as(y) is now a no-op, y - alpha (dot / denom) v)
+    and the output gate in fp32 into one rounding of the head
     outputs before O; the attention update rho x + pi y + g_x0 x0 (+ g_b xb, layers 1..) and the pre-layer-0
     bigram on x0's clone, each rounded once; the skip gate sigmoid(lambda) * gate fp32 into the skip add.
 Record 89's PR only: the activations' partial-amax scratch (layers, SM count) gets one slot per layer, where the
@@ -368,6 +369,9 @@ TRAIN_PATCHES_R86 = [p for p in TRAIN_PATCHES_R84 if p[0] not in R86_GONE] + [
       "one rounding"]),
     ("XSA's denominator", "            denom = v.square().sum(-1, keepdim=True).clamp_min(1e-8)",
      ["            denom = v.float().square().sum(-1, keepdim=True).clamp_min(1e-8)"]),
+    ("XSA's alpha",  # the gate column is bf16 like y: type_as is a no-op, tanh's output fused into XSA (not rounded)
+     "            alpha = torch.tanh(attn_args.xsa_alpha).type_as(y).view(B, T, self.num_heads, 1)",
+     ["            alpha = torch.tanh(attn_args.xsa_alpha.float()).view(B, T, self.num_heads, 1)  # upstream_cpu: fp32"]),
     ("XSA's update", "            y = y - alpha * (dot / denom) * v",
      ["            y = y.float() - alpha.float() * (dot / denom) * v.float()"]),
     ("the output gate", "            y = y * attn_gate_w.type_as(y).view(B, T, self.num_heads, 1)",
@@ -1424,7 +1428,7 @@ def print_grad_norms_r84(model, twin, tr_norms, torch, ref_norms=None):
             gt = q.double() if q is not None else torch.zeros(p.shape, dtype=torch.float64)
             line += f" {rel(abs(gt.norm().item() - n_up), n_up):10.2e} {rel((gt - g).norm().item(), n_up):10.2e}"
         if ref_norms:
-            n_ref = ref_norms.get(label)
+            n_ref = ref_norms.get(label, ref_norms.get(TRAINER_LABELS.get(label, label)))
             line += f" {rel(abs(n_ref - n_up), n_up):10.2e}" if n_ref is not None else f" {'(none)':>10}"
         print(line)
         if p.numel() <= 32 and os.environ.get("UPSTREAM_CPU_SHOW"):
