@@ -11,6 +11,7 @@
 #include "kernels/attention_aux.cuh"
 #include "kernels/common.cuh"
 #include "kernels/comms.cuh"
+#include "kernels/dc_mha.cuh"
 #include "kernels/embed.cuh"
 #include "kernels/finite.cuh"
 #include "kernels/head.cuh"
@@ -121,6 +122,15 @@ struct Structure {
     // (its value mix, residual and update coefficients from the streams h0, h7 = the backout layer's output, h9 =
     // its input) and after it (the exit, in place of the backout: h0, h7, h9, value table 0, h3 = the skip's source)
     bool mudd = false;
+    // record 85 (upstream 003ff3e2, init_mudd_gate / forward_mudd_gate / unpack_*_mudd_gate): the MUDD gate, two more
+    // heads of MUDD's form (pre: from x0, before layer 0; post: from the input of layer mudd_gate_post_layer, at its
+    // top) whose per-token columns (mudd_gate_layout) replace records 71-84's x0 and bigram lambdas, output gates,
+    // XSA strengths and skip gate; output gates only on gate_layers (raw, no sigmoid), XSA per token on xsa_layers,
+    // and DC-MHA (kernels/dc_mha.cuh) after the attention of dc_layer (-1: none)
+    bool mudd_gate = false;
+    int mudd_gate_post_layer = 4;
+    std::vector<int> gate_layers = {};
+    int dc_layer = -1;
 
     static bool holds(const std::vector<int>& v, int l) { return std::find(v.begin(), v.end(), l) != v.end(); }
     bool has_attention(int l) const { return !holds(without_attention, l); }
@@ -133,6 +143,9 @@ struct Structure {
     bool is_paired(int l) const { return holds(paired, l); }
     bool is_long_window(int l) const { return holds(long_window, l); }
     bool has_xsa(int l) const { return holds(xsa_layers, l); }
+    // records 71-84: every attention layer's sigmoid gate (attn_gate_bank); record 85: gate_layers' per-token one
+    bool has_output_gate(int l) const { return has_attention(l) && (!mudd_gate || holds(gate_layers, l)); }
+    bool is_mudd_layer(int l) const { return mudd && l == layers - 1; }  // record 81's MUDD: the last layer
     bool reads_late_source(int l) const { return late_attn_source >= 0 && l > late_attn_source; }
     int value_tables() const { return static_cast<int>(value_layers.size()); }
     int value_table(int l) const {  // -1: none
@@ -141,6 +154,39 @@ struct Structure {
         return -1;
     }
 };
+
+// Record 85's MUDD gate columns (upstream 003ff3e2 unpack_pre_mudd_gate / unpack_post_mudd_gate): per layer, its gate
+// (0: pre, the layers before mudd_gate_post_layer; 1: post, the rest) and the first column of each of its readers
+// (-1: none): XSA's strengths and the output gate (a column per head), the x0 and bigram injections (layer 0's bigram
+// joins the stream before the layer). Each gate holds, in order, its layers' XSA columns, their output gates, the
+// (x0, bigram) pairs of its attention layers but MUDD's, and (post) the skip's column and DC-MHA's w1 then w2 (a
+// column per head each). With 6 heads: upstream's pre 26 and post 41 columns.
+struct GateColumns {
+    int id = -1, xsa = -1, gate = -1, x0 = -1, bigram = -1;
+};
+struct MuddGateLayout {
+    GateColumns layer[kMaxLayers];
+    int n[2] = {0, 0};      // columns of each gate
+    int skip = -1, dc = -1; // the post gate's skip column and DC-MHA's first (w1; w2 starts `heads` later)
+};
+inline MuddGateLayout mudd_gate_layout(const Structure& st, int heads) {
+    MuddGateLayout g;
+    for (int id = 0; id < 2; ++id) {
+        auto reads = [&](int l) { return (l < st.mudd_gate_post_layer) == (id == 0); };
+        int col = 0;
+        for (int l = 0; l < st.layers; ++l)
+            if (reads(l)) g.layer[l].id = id;
+        for (int l = 0; l < st.layers; ++l)
+            if (reads(l) && st.has_xsa(l)) g.layer[l].xsa = col, col += heads;
+        for (int l = 0; l < st.layers; ++l)
+            if (reads(l) && st.has_output_gate(l)) g.layer[l].gate = col, col += heads;
+        for (int l = 0; l < st.layers; ++l)
+            if (reads(l) && st.has_attention(l) && !st.is_mudd_layer(l)) g.layer[l].x0 = col, g.layer[l].bigram = col + 1, col += 2;
+        if (id == 1) g.skip = col++, g.dc = col, col += 2 * heads;
+        g.n[id] = col;
+    }
+    return g;
+}
 
 // Where each scalar lives in the `scalars` vector.
 struct ScalarSlots {
@@ -547,6 +593,59 @@ Config tiny_r84_fp8down_preset() {
     return c;
 }
 
+// Records 85 and 86 (upstream 003ff3e2's stage 3 over a333be08's stage 2): the MUDD gate in place of the x0 and
+// bigram lambdas, the sigmoid output gates (now per token on layers 3 and 10 only), xsa_alphas (XSA per token on
+// layers 1, 3, 4, 7 in record 86's projection form) and the skip gate; DC-MHA on layer 10; x0 no longer the stream
+// start (upstream's x = x0.clone()); the bigram at full width (record 83's sign trick kept). The gate's parameters:
+// Adam (0.9, 0.99) at a tenth of the lr, replicated, its biases and scale without weight decay, updated with MUDD's.
+void use_record86(Config& c) {
+    Structure& st = c.structure;
+    st.mudd_gate = true;
+    st.xsa_layers = {1, 3, 4, 7};
+    st.gate_layers = {3, 10};
+    st.dc_layer = 10;
+    st.x0_is_stream = false;
+    c.bigram_dim = 0;
+    for (const char* gone : {"skip_gate", "attn_gate_bank", "xsa_alphas", "x0_lambdas", "bigram_lambdas"}) {
+        c.param_table.erase(table_row(c.param_table, gone));
+        c.work_order.erase(std::find(c.work_order.begin(), c.work_order.end(), gone));
+    }
+    auto adam = [](const char* label, double wd) {
+        return ParamRule{label, Optim::adam, Reduce::replicated, At::none, 0, 0.9, 0.99, 0.1, wd};
+    };
+    c.param_table.insert(table_row(c.param_table, "mudd_b2") + 1,
+                         {adam("mudd_gate_w1", 1.0), adam("mudd_gate_w2", 1.0), adam("mudd_gate_b2", 0.0),
+                          adam("mudd_gate_scale", 0.0)});
+    auto after = [&](const char* turn, std::initializer_list<std::string> labels) {
+        c.work_order.insert(std::find(c.work_order.begin(), c.work_order.end(), turn) + 1, labels);
+    };
+    after("mudd_b2", {"mudd_gate_b2", "mudd_gate_scale"});
+    after("mudd_w2", {"mudd_gate_w2"});
+    after("mudd_w1", {"mudd_gate_w1"});
+}
+// Upstream's record 86 (003ff3e2, 75.96 s): record 86's switches on record 84, 1285 + 15 steps, the bigram table at
+// 377,280 rows (7.5 vocabularies) of full width.
+Config r86_preset() {
+    Config c = r84_preset();
+    c.name = "r86";
+    use_record86(c);
+    c.bigram_vocab = c.padded_vocab * 15 / 2;
+    c.scheduled_iterations = 1285;
+    c.extension_iterations = 15;
+    c.upstream_peak_mib = 31896;  // the median of its PR's 10 logs (2026-05-27-MuddGatedAndDC/this_pr_v3: 31765-32160)
+    return c;
+}
+// Record 86 at tiny's sizes but 6 heads of 64 (upstream's gate layout needs 6 heads; DC-MHA takes 64 or 128 dims):
+// model_dim 384 and its 4x MLP; tiny's vocabulary, batches and schedule, its bigram rows times 1.5 (15/2 of 5).
+Config tiny_r86_preset() {
+    Config c = tiny_r84_preset();
+    c.name = "tiny-r86";
+    use_record86(c);
+    c.num_heads = 6, c.head_dim = 64, c.model_dim = 384, c.mlp_dim = 4 * 384;
+    c.bigram_vocab = tiny_preset().bigram_vocab * 3 / 2;
+    return c;
+}
+
 struct Preset {
     const char* name;
     Config (*make)();
@@ -555,7 +654,8 @@ const Preset kPresets[] = {{"r71", r71_preset},         {"record", r71_preset}, 
                            {"r80", r80_preset},         {"tiny-r80", tiny_r80_preset}, {"r84", r84_preset},
                            {"tiny-r84", tiny_r84_preset}, {"r84-prefix", r84_prefix_preset},
                            {"tiny-r84-prefix", tiny_r84_prefix_preset}, {"r84-fp8down", r84_fp8down_preset},
-                           {"tiny-r84-fp8down", tiny_r84_fp8down_preset}};
+                           {"tiny-r84-fp8down", tiny_r84_fp8down_preset}, {"r86", r86_preset},
+                           {"tiny-r86", tiny_r86_preset}};
 
 // The preset NAME's config (named NAME), or none.
 std::optional<Config> preset_config(const std::string& name) {
@@ -610,6 +710,20 @@ std::string structure_error(const Structure& st) {
             st.backout_layer + 1 >= last)
             return "MUDD needs attention and a value table on the last layer, which is neither the skip's target nor "
                    "the backout layer's next";
+    }
+    if (st.mudd_gate) {
+        if (!st.mudd || st.x0_is_stream)
+            return "the MUDD gate (record 85) builds on MUDD and reads the clean x0 (no x0_is_stream)";
+        if (!(0 < st.mudd_gate_post_layer && st.mudd_gate_post_layer <= st.skip_to && st.mudd_gate_post_layer < n - 1))
+            return "the MUDD gate's post gate must be made at the top of a layer after 0, no later than the skip's target "
+                   "(which reads it) and before the last";
+        for (const int l : st.gate_layers)
+            if (!layer(l) || !st.has_attention(l)) return "an output-gate layer (gate_layers) must be a layer with attention";
+        if (st.dc_layer >= 0 && (st.dc_layer < st.mudd_gate_post_layer || !layer(st.dc_layer) ||
+                                 !st.has_attention(st.dc_layer) || st.is_paired(st.dc_layer)))
+            return "DC-MHA's layer must be an unpaired attention layer that reads the post gate";
+    } else if (!st.gate_layers.empty() || st.dc_layer >= 0) {
+        return "per-token output gates (gate_layers) and DC-MHA (dc_layer) read the MUDD gate (mudd_gate)";
     }
     if (st.x0_is_stream && !st.sublayer_lambdas)
         return "x0_is_stream (record 84's x0 aliasing) needs per-sublayer lambdas: record 71's stream starts as x0";
@@ -671,6 +785,15 @@ std::string config_error(const Config& c) {
     if (const std::string e = c.max_docs.error(); !e.empty()) return bad(e);
     if (c.val_batch_tokens % (8 * 16) != 0) return bad("the validation batch must split into 8 multiples of 16 tokens");
     if (const std::string e = structure_error(c.structure); !e.empty()) return bad(e);
+    if (c.structure.mudd_gate) {
+        const MuddGateLayout g = mudd_gate_layout(c.structure, c.num_heads);
+        if (g.n[0] != kMuddGatePreCoef || g.n[1] != kMuddGatePostCoef)
+            return bad("the MUDD gate's columns come to " + std::to_string(g.n[0]) + " (pre) and " +
+                       std::to_string(g.n[1]) + " (post); its kernels take upstream's " +
+                       std::to_string(kMuddGatePreCoef) + " and " + std::to_string(kMuddGatePostCoef) +
+                       " (6 heads, XSA on two layers per gate, one output gate each; then DC-MHA's w1 is at "
+                       "column " + std::to_string(kDcW1Col) + ", where its kernels read it)");
+    }
     if (c.param_table.size() > size_t(kMaxParamGroups))
         return bad("at most " + std::to_string(kMaxParamGroups) + " optimizer table rows (kMaxParamGroups)");
     if ((c.scalar_slots.resid < 0 || c.scalar_slots.bigram < 0) != c.structure.sublayer_lambdas)
@@ -711,6 +834,12 @@ struct Params {
     bf16* mudd_w1 = nullptr;         // (2, 64, C)
     bf16* mudd_w2 = nullptr;         // (2, 14, 64)
     bf16* mudd_b2 = nullptr;         // (2, 14): stored pre-scaled (the coefficients are 0.1 (... + b2))
+    // record 85's MUDD gate (Structure::mudd_gate; else null; its records drop attn_gate_bank, skip_gate, x0_lambdas,
+    // bigram_lambdas and xsa_alphas): block 0 the pre gate, block 1 the post gate
+    bf16* mudd_gate_w1 = nullptr;    // (2, 64, C)
+    bf16* mudd_gate_w2 = nullptr;    // (2, 41, 64)
+    bf16* mudd_gate_b2 = nullptr;    // (2, 41): stored pre-scaled, as MUDD's
+    float* mudd_gate_scale = nullptr;  // (1): the scale s (upstream's _mudd_gate_scale, used as bf16(s))
 
     // Layer l's [Wq; Wk] (2C, C), Wv and Wo (C, C each): one [Wq; Wk; Wv; Wo] under AttnBanks::layer
     bf16* wqk(const Config& c, int l) const {
@@ -742,6 +871,9 @@ struct Params {
     bf16* mudd_w1_of(const Config& c, int id) const { return mudd_w1 + int64_t(id) * kMuddHidden * c.model_dim; }
     bf16* mudd_w2_of(int id) const { return mudd_w2 + id * kMuddMaxCoef * kMuddHidden; }
     bf16* mudd_b2_of(int id) const { return mudd_b2 + id * kMuddMaxCoef; }
+    bf16* mudd_gate_w1_of(const Config& c, int id) const { return mudd_gate_w1 + int64_t(id) * kMuddHidden * c.model_dim; }
+    bf16* mudd_gate_w2_of(int id) const { return mudd_gate_w2 + id * kMuddGateMaxCoef * kMuddHidden; }
+    bf16* mudd_gate_b2_of(int id) const { return mudd_gate_b2 + id * kMuddGateMaxCoef; }
 };
 
 // ---- the parameter registry: every parameter once, with its name (the optimizer table's label,
@@ -758,6 +890,7 @@ enum class Init {
     scalars,             // the scalars vector's values (initial_scalars)
     uniform_fan_in,      // U(-b, b), b = 1 / sqrt(shape's last dim): torch's kaiming_uniform_(a = sqrt(5))
     mudd_bias,           // upstream's init_mudd biases (initial_mudd_bias)
+    mudd_gate_bias,      // upstream's init_mudd_gate biases (initial_mudd_gate_bias)
 };
 struct ParamSpec {
     const char* name;
@@ -800,20 +933,29 @@ void visit_params(const Config& c, Params& p, Visit&& visit) {
     visit(ParamSpec{.name = "mlp", .shape = {2 * (layers + 1), M, C}, .init = Init::uniform_c_fc, .seed_stream = 2,
                     .per_layer = 2},
           p.mlp_bank);
-    visit(ParamSpec{"attn_gate_bank", {attn_layers, H, kGateWidth}, Init::zeros}, p.attn_gate_bank);
+    const bool gated = st.mudd_gate;  // record 85: the MUDD gate's columns replace these five
+    if (!gated) visit(ParamSpec{"attn_gate_bank", {attn_layers, H, kGateWidth}, Init::zeros}, p.attn_gate_bank);
     visit(ParamSpec{"ve_gate_bank", {tables, H, kGateWidth}, Init::zeros}, p.ve_gate_bank);
     visit(ParamSpec{"smear_gate", {1, kGateWidth}, Init::zeros}, p.smear_gate);
-    visit(ParamSpec{"skip_gate", {1, kGateWidth}, Init::zeros}, p.skip_gate);
-    if (!st.xsa_layers.empty()) visit(ParamSpec{"xsa_alphas", {layers, H}, Init::zeros}, p.xsa_alphas);
+    if (!gated) visit(ParamSpec{"skip_gate", {1, kGateWidth}, Init::zeros}, p.skip_gate);
+    if (!st.xsa_layers.empty() && !gated) visit(ParamSpec{"xsa_alphas", {layers, H}, Init::zeros}, p.xsa_alphas);
     if (st.mudd) {
         visit(ParamSpec{"mudd_w1", {2, kMuddHidden, C}, Init::uniform_fan_in, 6}, p.mudd_w1);
         visit(ParamSpec{"mudd_w2", {2, kMuddMaxCoef, kMuddHidden}, Init::zeros}, p.mudd_w2);
         visit(ParamSpec{"mudd_b2", {2, kMuddMaxCoef}, Init::mudd_bias}, p.mudd_b2);
     }
+    if (gated) {
+        visit(ParamSpec{"mudd_gate_w1", {2, kMuddHidden, C}, Init::uniform_fan_in, 7}, p.mudd_gate_w1);
+        visit(ParamSpec{"mudd_gate_w2", {2, kMuddGateMaxCoef, kMuddHidden}, Init::zeros}, p.mudd_gate_w2);
+        visit(ParamSpec{"mudd_gate_b2", {2, kMuddGateMaxCoef}, Init::mudd_gate_bias}, p.mudd_gate_b2);
+        visit(ParamSpec{"mudd_gate_scale", {1}, Init::constant, 0, 0.0f, 0.1f}, p.mudd_gate_scale);
+    }
     if (st.sublayer_lambdas) {  // upstream's order
         visit(ParamSpec{"post_lambdas", {layers, 2}, Init::constant, 0, 0.0f, 1.0f}, p.post_lambdas);
-        visit(ParamSpec{"x0_lambdas", {layers}, Init::zeros}, p.x0_lambdas);
-        visit(ParamSpec{"bigram_lambdas", {layers}, Init::constant, 0, 0.0f, 0.05f}, p.bigram_lambdas);
+        if (!gated) {
+            visit(ParamSpec{"x0_lambdas", {layers}, Init::zeros}, p.x0_lambdas);
+            visit(ParamSpec{"bigram_lambdas", {layers}, Init::constant, 0, 0.0f, 0.05f}, p.bigram_lambdas);
+        }
         // sqrt(1.1) per sublayer: a layer scales the stream by 1.1, as record 71's one lambda did
         visit(ParamSpec{"resid_lambdas", {layers, 2}, Init::constant, 0, 0.0f, static_cast<float>(std::sqrt(1.1))},
               p.resid_lambdas);
@@ -894,6 +1036,12 @@ struct Acts {
     bf16* mudd_z[2];
     float* mudd_c[2];
     bf16 *aux_v, *mudd_r;
+    // record 85's MUDD gate (Structure::mudd_gate; else null): per gate (0: pre, 1: post) its hidden pre-activations
+    // (T, 64) and columns (T, kMuddGateCoefStride); DC-MHA's output (T, C) and (training) its local softmaxes' lse (T, H)
+    bf16* gate_z[2];
+    float* gate_c[2];
+    bf16* dc_y;
+    float* dc_lse;
     __nv_fp8_e4m3* mlp_xq;      // record 84's FP8 up-projection (training): the MLP input quantized (T, C)
     __nv_fp8_e4m3* mlp_postq;   // record 89's FP8 down-projection (training): a layer's post quantized (T, H)
 };
@@ -996,6 +1144,17 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
         s.aux_v = a.take<bf16>(m + "aux_v", {T, C});
         s.mudd_r = a.take<bf16>(m + "mudd_r", {T, C});
     }
+    s.gate_z[0] = s.gate_z[1] = s.dc_y = nullptr;
+    s.gate_c[0] = s.gate_c[1] = s.dc_lse = nullptr;
+    if (st.mudd_gate)
+        for (int id = 0; id < 2; ++id) {
+            s.gate_z[id] = a.take<bf16>(m + "gate_z" + std::to_string(id), {T, kMuddHidden});
+            s.gate_c[id] = a.take<float>(m + "gate_c" + std::to_string(id), {T, kMuddGateCoefStride});
+        }
+    if (st.dc_layer >= 0) {
+        s.dc_y = a.take<bf16>(m + "dc_y", {T, C});
+        s.dc_lse = training ? a.take<float>(m + "dc_lse", {T, H}) : nullptr;
+    }
 }
 
 // ---- the backward's own buffers (training layout only) ----
@@ -1022,6 +1181,9 @@ struct BackwardBufs {
     // layer's input), of r and of the exit's value rows; the heads' dz (T, 64) and the coefficients' (T, 16)
     bf16 *dX_h0, *dX_h9, *dr, *dve_exit, *mudd_dz;
     float* mudd_dc;
+    // record 85's MUDD gate only: each gate's column gradients (T, kMuddGateCoefStride), written by their readers; the
+    // gates' dz share mudd_dz
+    float* gate_dc[2];
     float* scratch;          // partial sums, attention workspace, embedding chunk sums
     size_t scratch_bytes;
 };
@@ -1062,8 +1224,12 @@ void layout_backward(Arena& a, const Config& c, int T, BackwardBufs& w) {
         w.mudd_dz = a.take<bf16>("bw.mudd_dz", {T, kMuddHidden});
         w.mudd_dc = a.take<float>("bw.mudd_dc", {T, kMuddCoefStride});
     }
+    for (int id = 0; id < 2; ++id)
+        w.gate_dc[id] = st.mudd_gate ? a.take<float>("bw.gate_dc" + std::to_string(id), {T, kMuddGateCoefStride}) : nullptr;
     w.scratch_bytes = std::max({residual_backward_scratch_bytes(T), lambda_scaled_weight_backward_scratch_bytes({3 * C * C, C * C}),
                                 st.mudd ? mudd_backward_scratch_bytes(T) : 0,
+                                st.mudd_gate ? mudd_gate_backward_scratch_bytes(T) : 0,
+                                st.dc_layer >= 0 ? dc_mha_backward_workspace_bytes(T) : 0,
                                 lambda_scaled_weight_backward_scratch_bytes({2 * C * C, C * C, C * C}),
                                 attn_gates_backward_scratch_bytes(T, c.num_heads), embed_smear_backward_scratch_bytes(T),
                                 st.xsa_layers.empty() ? 0 : attn_output_gate_backward_scratch_bytes(T, c.num_heads, c.head_dim),
@@ -1234,6 +1400,25 @@ std::vector<bf16> initial_mudd_bias() {
     return out;
 }
 
+// The MUDD gate's second-layer biases as upstream's init_mudd_gate stores them (pre-scaled by 1 / 0.1, rounded to
+// bf16): the output gates' columns at 2.5 (0.25 at the initial scale), the bigram injections' at 0.5, the skip's at 5
+// and DC-MHA's w1 at 10 (w1 starts at 1 after its rms normalisation, w2 at 0: DC starts as a no-op); the rest 0.
+std::vector<bf16> initial_mudd_gate_bias(const Config& c) {
+    const MuddGateLayout g = mudd_gate_layout(c.structure, c.num_heads);
+    std::vector<bf16> b(2 * kMuddGateMaxCoef, __float2bfloat16(0.0f));
+    auto fill = [&](int id, int col, int count, double effective) {
+        for (int j = 0; j < count; ++j) b[size_t(id * kMuddGateMaxCoef + col + j)] = __float2bfloat16(float(effective / 0.1));
+    };
+    for (int l = 0; l < c.structure.layers; ++l) {
+        const GateColumns& k = g.layer[l];
+        if (k.gate >= 0) fill(k.id, k.gate, c.num_heads, 0.25);
+        if (k.bigram >= 0) fill(k.id, k.bigram, 1, 0.05);
+    }
+    fill(1, g.skip, 1, 0.5);
+    fill(1, g.dc, c.num_heads, 1.0);
+    return b;
+}
+
 // Every parameter by its registry rule (the arena starts zeroed; zeros are written again so that
 // a re-init is complete). embed follows lm_head, so tied copies come last.
 void init_params(Model& m, uint64_t seed, cudaStream_t s) {
@@ -1282,6 +1467,12 @@ void init_params(Model& m, uint64_t seed, cudaStream_t s) {
             const std::vector<bf16> v = initial_mudd_bias();
             CUDA_CHECK(copy_async(e.data, v.data(), v.size() * sizeof(bf16), cudaMemcpyHostToDevice, s));
             CUDA_CHECK(sync_stream(s, "init_mudd_bias"));  // v is a local
+            break;
+        }
+        case Init::mudd_gate_bias: {
+            const std::vector<bf16> v = initial_mudd_gate_bias(c);
+            CUDA_CHECK(copy_async(e.data, v.data(), v.size() * sizeof(bf16), cudaMemcpyHostToDevice, s));
+            CUDA_CHECK(sync_stream(s, "init_mudd_gate_bias"));  // v is a local
             break;
         }
         case Init::lm_head_transposed: break;
@@ -1386,12 +1577,45 @@ BigramSigns bigram_signs(const Model& m, const DeviceBatch& b) {
 MixLambdas mix_lambdas(const Config& c, const Params& p, int l) {
     return {p.scalars + c.scalar_slots.resid + l, p.x0_lambdas + l, p.scalars + c.scalar_slots.bigram + l};
 }
-// Record 80's: layer l's attention (sublayer 0) or MLP (1) update, and where their gradients go.
+// Record 80's: layer l's attention (sublayer 0) or MLP (1) update, and where their gradients go (x0 and bigram only
+// where the parameters hold them: record 85's MUDD gate replaces them, attention_update_lambdas).
 SublayerLambdas sublayer_lambdas(const Params& p, int l, int sublayer) {
-    return {p.resid_lambdas + 2 * l + sublayer, p.post_lambdas + 2 * l + sublayer, p.x0_lambdas + l, p.bigram_lambdas + l};
+    return {p.resid_lambdas + 2 * l + sublayer, p.post_lambdas + 2 * l + sublayer, p.x0_lambdas ? p.x0_lambdas + l : nullptr,
+            p.bigram_lambdas ? p.bigram_lambdas + l : nullptr};
 }
 SublayerLambdaGrads sublayer_lambda_grads(const Params& g, int l, int sublayer) {
-    return {g.resid_lambdas + 2 * l + sublayer, g.post_lambdas + 2 * l + sublayer, g.x0_lambdas + l, g.bigram_lambdas + l};
+    return {g.resid_lambdas + 2 * l + sublayer, g.post_lambdas + 2 * l + sublayer, g.x0_lambdas ? g.x0_lambdas + l : nullptr,
+            g.bigram_lambdas ? g.bigram_lambdas + l : nullptr};
+}
+// Record 85's MUDD gate: its column layout for this config, and layer l's gate's columns (pre or post) and gradients.
+MuddGateLayout gate_layout(const Model& m) { return mudd_gate_layout(m.cfg.structure, m.cfg.num_heads); }
+const float* gate_columns(const Acts& a, const GateColumns& k) { return a.gate_c[k.id]; }
+// Layer l's attention update (sublayer 0): record 85's x0 and bigram injections are per token, the gate's columns.
+SublayerLambdas attention_update_lambdas(const Model& m, const Acts& a, int l) {
+    SublayerLambdas lambdas = sublayer_lambdas(m.params, l, 0);
+    if (!m.cfg.structure.mudd_gate) return lambdas;
+    const GateColumns k = gate_layout(m).layer[l];
+    lambdas.x0 = a.gate_c[k.id] + k.x0, lambdas.bigram = a.gate_c[k.id] + k.bigram;
+    lambdas.injection_stride = kMuddGateCoefStride;
+    return lambdas;
+}
+SublayerLambdaGrads attention_update_lambda_grads(const Model& m, int l) {
+    SublayerLambdaGrads grads = sublayer_lambda_grads(m.grads, l, 0);
+    if (!m.cfg.structure.mudd_gate) return grads;
+    const GateColumns k = gate_layout(m).layer[l];
+    grads.x0 = m.bw.gate_dc[k.id] + k.x0, grads.bigram = m.bw.gate_dc[k.id] + k.bigram;
+    return grads;
+}
+// The gate's head: block id's rows of w2 and b2, its n columns.
+MuddHead mudd_gate_head(const Params& p, int id) {
+    return {p.mudd_gate_w2_of(id), p.mudd_gate_b2_of(id), id == 0 ? kMuddGatePreCoef : kMuddGatePostCoef};
+}
+// Gate id's columns from its input h (pre: x0; post: the post layer's input): z = h Wg1[id]^T, then its head.
+void mudd_gate_block_forward(Model& m, Acts& a, int id, const bf16* h, int T, cudaStream_t s) {
+    const Params& p = m.params;
+    matmul_forward(*m.lt, a.gate_z[id], h, p.mudd_gate_w1_of(m.cfg, id), T, kMuddHidden, m.cfg.model_dim, s, false,
+                   id == 0 ? "gemm_mudd_gate_pre" : "gemm_mudd_gate_post");
+    mudd_gate_forward(a.gate_c[id], a.gate_z[id], mudd_gate_head(p, id), p.mudd_gate_scale, T, s);
 }
 // What an attention update adds besides its block: x0 (and, after layer 0, the bigram rows: layer 0's
 // entered before it).
@@ -1400,8 +1624,6 @@ int layer_window(const Config& c, const StepSchedule& step_sch, int l) {
     return c.structure.is_long_window(l) ? step_sch.ws_long : step_sch.ws_short;
 }
 
-// Record 81's MUDD: the last layer of a structure with it.
-bool is_mudd_layer(const Structure& st, int l) { return st.mudd && l == st.layers - 1; }
 // MUDD's per-token lambdas for a sublayer update: coefficients [first, first + 4) of each token's row (the last
 // layer's attention update: 8..11, resid of r, post, h0, bigram; its MLP update: 12, 13).
 SublayerLambdas mudd_lambdas(const float* c, int first, bool injected) {
@@ -1440,14 +1662,36 @@ AttnAux attn_aux(const Model& m, int l, const DeviceBatch& b, const StepSchedule
     aux.ve_gate = m.params.ve_gate(c, l);
     const bool reads_ve = c.structure.ve_gate_reads_ve && (!aux.paired || c.structure.paired_ve_gate_reads_ve);
     aux.ve_gate_input = reads_ve && aux.ve_table ? VeGateInput::x_and_ve : VeGateInput::x;
-    aux.attn_gate = m.params.attn_gate(c, l);
-    if (c.structure.has_xsa(l)) aux.xsa_v = L.v, aux.xsa_alpha = m.params.xsa_alpha(c, l);
-    if (is_mudd_layer(c.structure, l)) {  // the value embedding reaches v through MUDD's aux_v, gated by c6, c7
+    if (c.structure.mudd_gate) {  // record 85: the output gate and XSA's strengths per token, from the gate's columns
+        const GateColumns k = gate_layout(m).layer[l];
+        if (k.gate >= 0 || k.xsa >= 0)
+            aux.token = {.coefs = a.gate_c[k.id], .grads = m.bw.gate_dc[k.id], .stride = kMuddGateCoefStride,
+                         .gate = k.gate, .xsa = k.xsa};
+        if (k.xsa >= 0) aux.xsa_v = L.v;
+    } else {
+        aux.attn_gate = m.params.attn_gate(c, l);
+        if (c.structure.has_xsa(l)) aux.xsa_v = L.v, aux.xsa_alpha = m.params.xsa_alpha(c, l);
+    }
+    if (c.structure.is_mudd_layer(l)) {  // the value embedding reaches v through MUDD's aux_v, gated by c6, c7
         aux.ve_table = aux.ve_gate = nullptr;
         aux.ve_gate_input = VeGateInput::x;
         aux.v_add = a.aux_v;
     }
     return aux;
+}
+
+// What follows the attention kernel's y in layer l: DC-MHA's output on its layer (record 85; a buffer of its own, the
+// attention's backward reads y), then the output gate (and XSA) where the layer has them, y_gated, which the output
+// projection reads; without either (record 85's other layers) the projection reads the gate's input itself.
+struct AttnOutputs {
+    const bf16* gate_in;  // y, or DC-MHA's output
+    const bf16* proj_in;  // y_gated, or gate_in
+    bool gated;
+};
+AttnOutputs attn_outputs(const Model& m, const AttnAux& aux, const Acts& a, int l) {
+    const bf16* y = l == m.cfg.structure.dc_layer ? a.dc_y : a.layer[l].y;
+    const bool gated = aux.attn_gate != nullptr || aux.token.coefs != nullptr;
+    return {y, gated ? a.layer[l].y_gated : y, gated};
 }
 
 // The attention block of layer l: L.h_attn -> L.attn_out (the lambda-scaled weights, QKV, the value
@@ -1459,7 +1703,7 @@ void attention_block_forward(Model& m, const DeviceBatch& b, const StepSchedule&
     const Params& p = m.params;
     LayerActs& L = a.layer[l];
     const int T = b.T, C = c.model_dim, H = c.num_heads, D = c.head_dim;
-    if (is_mudd_layer(c.structure, l)) {
+    if (c.structure.is_mudd_layer(l)) {
         const Structure& st = c.structure;
         await_gathered(m.gathered, At::value_table, s, st.value_table(l));
         matmul_forward(*m.lt, a.mudd_z[0], L.x, p.mudd_w1_of(c, 0), T, kMuddHidden, C, s, false, "gemm_mudd_entry");
@@ -1481,8 +1725,12 @@ void attention_block_forward(Model& m, const DeviceBatch& b, const StepSchedule&
     attn_qkv_forward(aux, L.q, L.k, L.v, L.rstd_q, L.rstd_k, L.qkv, s);
     attention_forward(L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D, layer_window(c, step_sch, l),
                       aux.paired, static_cast<float>(m.rope.attn_scale), s, b.cu_seqlens_host.data(), m.attention);
-    attn_output_gate_forward(aux, L.y_gated, L.y, s);
-    matmul_forward(*m.lt, L.attn_out, L.y_gated, L.wo_eff, T, C, C, s, false, "gemm_attn_out");
+    const AttnOutputs out = attn_outputs(m, aux, a, l);
+    if (l == c.structure.dc_layer)  // record 85: y + w2 (sum_h w1 P_h) v over the 112 keys before t, per token
+        dc_mha_forward(a.dc_y, a.dc_lse, L.y, L.q, L.k, L.v, a.gate_c[1], kMuddGateCoefStride, b.cu_seqlens, b.num_cu, T,
+                       H, D, static_cast<float>(m.rope.attn_scale), s);
+    if (out.gated) attn_output_gate_forward(aux, L.y_gated, out.gate_in, s);
+    matmul_forward(*m.lt, L.attn_out, out.proj_in, L.wo_eff, T, C, C, s, false, "gemm_attn_out");
 }
 
 // After lm_head changed (an Adam step, a load): its FP8 copies, and embed = lm_head^T while they
@@ -1518,12 +1766,18 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
     await_gathered(m.gathered, At::bigram, s);
     embedding_gather(a.x0_bigram, p.bigram_embed, b.bigram, T, c.bigram_width(), s, bigram_signs(m, b));
 
-    if (st.sublayer_lambdas)  // x = bf16(x0 + lb[0] x0_bigram) (x0_is_stream: in place); layer 0's attention reads norm(x)
-        stream_start_forward(a.layer[0].x, a.layer[0].h_attn, a.layer[0].rstd_attn, a.x0, a.x0_bigram, p.bigram_lambdas,
-                             T, C, s, c.bigram_dim);
+    const MuddGateLayout gates = st.mudd_gate ? gate_layout(m) : MuddGateLayout{};
+    if (st.mudd_gate) mudd_gate_block_forward(m, a, 0, a.x0, T, s);  // record 85: the pre gate's columns, from x0
+    if (st.sublayer_lambdas)  // x = bf16(x0 + lb[0] x0_bigram) (x0_is_stream: in place; record 85: lb per token, the pre
+                              // gate's layer-0 bigram column); layer 0's attention reads norm(x)
+        stream_start_forward(a.layer[0].x, a.layer[0].h_attn, a.layer[0].rstd_attn, a.x0, a.x0_bigram,
+                             st.mudd_gate ? a.gate_c[0] + gates.layer[0].bigram : p.bigram_lambdas, T, C, s, c.bigram_dim,
+                             st.mudd_gate ? kMuddGateCoefStride : 0);
     for (int l = 0; l < st.layers; ++l) {
         const Range layer_range("layer", l);
         LayerActs& L = a.layer[l];
+        if (st.mudd_gate && l == st.mudd_gate_post_layer)  // record 85: the post gate's columns, from this layer's input
+            mudd_gate_block_forward(m, a, 1, L.x, T, s);
         const bf16* stream = nullptr;  // the stream the MLP's update adds to, and the MLP's input
         const bf16* mlp_in = nullptr;
         if (!st.sublayer_lambdas) {
@@ -1538,10 +1792,14 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
                 stream = L.xa, mlp_in = L.h_mlp;
             }
         } else if (!st.has_attention(l)) {  // the skip's target: x += gate * (layer skip_from's output); h = norm(x)
-            gated_skip_add_norm_forward(L.xm, L.h_attn, L.rstd_attn, L.x, a.layer[st.skip_from + 1].x, a.x0, p.skip_gate,
-                                        p.scalars + k.skip, T, C, s);
+            if (st.mudd_gate)  // record 85: the gate sigmoid(skip_lambda) times the post gate's skip column, per token
+                token_skip_add_norm_forward(L.xm, L.h_attn, L.rstd_attn, L.x, a.layer[st.skip_from + 1].x,
+                                            a.gate_c[1] + gates.skip, kMuddGateCoefStride, p.scalars + k.skip, T, C, s);
+            else
+                gated_skip_add_norm_forward(L.xm, L.h_attn, L.rstd_attn, L.x, a.layer[st.skip_from + 1].x, a.x0,
+                                            p.skip_gate, p.scalars + k.skip, T, C, s);
             stream = L.xm, mlp_in = L.h_attn;
-        } else if (is_mudd_layer(st, l)) {  // x = bf16(c8 r + c9 attn(h_attn) + c10 h0 (+ c11 xb)), per token
+        } else if (st.is_mudd_layer(l)) {  // x = bf16(c8 r + c9 attn(h_attn) + c10 h0 (+ c11 xb)), per token
             attention_block_forward(m, b, step_sch, l, a, s);
             sublayer_residual_forward(L.xa, L.h_mlp, L.rstd_mlp, a.mudd_r, L.attn_out, a.layer[0].x, a.x0_bigram,
                                       mudd_lambdas(a.mudd_c[0], 8, true), Injection::x0_and_bigram, T, C, s, c.bigram_dim);
@@ -1549,7 +1807,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
         } else {  // x = bf16(resid x + post attn(h_attn) + injection); h = norm(x)
             attention_block_forward(m, b, step_sch, l, a, s);
             sublayer_residual_forward(L.xa, L.h_mlp, L.rstd_mlp, L.x, L.attn_out, a.x0, a.x0_bigram,
-                                      sublayer_lambdas(p, l, 0), attention_injection(l), T, C, s, c.bigram_dim);
+                                      attention_update_lambdas(m, a, l), attention_injection(l), T, C, s, c.bigram_dim);
             stream = L.xa, mlp_in = L.h_mlp;
         }
         await_gathered(m.gathered, At::mlp, s);
@@ -1586,7 +1844,7 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             const bool norm = l + 1 < st.layers && st.has_attention(l + 1) && !st.reads_late_source(l);
             sublayer_residual_forward(x_next, norm ? a.layer[l + 1].h_attn : nullptr, norm ? a.layer[l + 1].rstd_attn : nullptr,
                                       stream, L.mlp_out, nullptr, nullptr,
-                                      is_mudd_layer(st, l) ? mudd_lambdas(a.mudd_c[0], 12, false) : sublayer_lambdas(p, l, 1),
+                                      st.is_mudd_layer(l) ? mudd_lambdas(a.mudd_c[0], 12, false) : sublayer_lambdas(p, l, 1),
                                       Injection::none, T, C, s);
         }
     }
@@ -1650,6 +1908,23 @@ void reduce_final(GradBuckets& g, const BackwardOptions& o, At place, int index,
     }
 }
 
+// Record 85's gate id from its columns' gradients (each written by its reader): its head's, its scale's and its
+// first layer's gradients (added: gpt_backward zeroes them on a step's first micro-batch), and its input h's share
+// added into dh.
+void mudd_gate_block_backward(Model& m, int id, const bf16* h, bf16* dh, int T, cudaStream_t s) {
+    const Params& p = m.params;
+    const Params& g = m.grads;
+    BackwardBufs& w = m.bw;
+    const int C = m.cfg.model_dim;
+    mudd_gate_backward(w.mudd_dz, {g.mudd_gate_w2_of(id), g.mudd_gate_b2_of(id), true},
+                       {g.mudd_gate_scale, true}, {w.scratch, m.sums_done}, w.gate_dc[id],
+                       m.train.gate_z[id], mudd_gate_head(p, id), p.mudd_gate_scale, T, s);
+    matmul_backward_weight(*m.lt, g.mudd_gate_w1_of(m.cfg, id), w.mudd_dz, h, T, kMuddHidden, C, s, true,
+                           id == 0 ? "gemm_mudd_gate_pre_dw" : "gemm_mudd_gate_post_dw");
+    matmul_backward_input(*m.lt, dh, w.mudd_dz, p.mudd_gate_w1_of(m.cfg, id), T, kMuddHidden, C, s, true,
+                          id == 0 ? "gemm_mudd_gate_pre_dx" : "gemm_mudd_gate_post_dx");
+}
+
 // The attention block of layer l from the gradient of its output (d_out) to that of its input h_attn
 // (dh, overwritten), with its weights' and gates' gradients and the value table's rows (each reduced
 // where final).
@@ -1666,15 +1941,24 @@ void attention_block_backward(Model& m, const DeviceBatch& b, const StepSchedule
     const AttnAux aux = attn_aux(m, l, b, step_sch, m.train);
     const float* sa = p.scalars + c.scalar_slots.sa + 2 * l;
     float* dsa = g.scalars + c.scalar_slots.sa + 2 * l;
+    const AttnOutputs out = attn_outputs(m, aux, m.train, l);
     // output projection: attn_out = y_gated @ wo_eff^T
     bf16* dwo_eff = w.dw_eff + int64_t(3) * C * C;
-    matmul_backward_weight(*m.lt, dwo_eff, d_out, L.y_gated, T, C, C, s, false, "gemm_attn_out_dw");
+    matmul_backward_weight(*m.lt, dwo_eff, d_out, out.proj_in, T, C, C, s, false, "gemm_attn_out_dw");
     matmul_backward_input(*m.lt, w.dy, d_out, L.wo_eff, T, C, C, s, false, "gemm_attn_out_dx");
-    const XsaGrads xsa = aux.xsa_v ? XsaGrads{w.dv_xsa, g.xsa_alpha(c, l), sums, acc.accumulate_others} : XsaGrads{};
-    attn_output_gate_backward(aux, w.dy, w.dz_attn, w.dy, L.y, s, xsa);
+    const bool per_token = aux.token.coefs != nullptr;  // record 85: the gate's and XSA's gradients go to its columns
+    const XsaGrads xsa = !aux.xsa_v ? XsaGrads{}
+                         : per_token ? XsaGrads{.dv = w.dv_xsa}
+                                     : XsaGrads{w.dv_xsa, g.xsa_alpha(c, l), sums, acc.accumulate_others};
+    if (out.gated) attn_output_gate_backward(aux, w.dy, per_token ? nullptr : w.dz_attn, w.dy, out.gate_in, s, xsa);
     attention_backward(w.dq, w.dk, w.dv, w.dy, L.y, L.lse, L.q, L.k, L.v, b.cu_seqlens, b.num_cu, T, H, D,
                        layer_window(c, step_sch, l), aux.paired, static_cast<float>(m.rope.attn_scale), w.scratch,
                        w.scratch_bytes, s, AttentionBackwardMode::deterministic, b.cu_seqlens_host.data(), m.attention);
+    if (l == st.dc_layer)  // record 85: DC-MHA's y passes dy through; its dq, dk, dv add to the attention's (its own
+                           // workspace: the attention's is done with)
+        dc_mha_backward(w.dq, w.dk, w.dv, w.gate_dc[1], w.dy, L.q, L.k, L.v, m.train.dc_lse, m.train.gate_c[1],
+                        kMuddGateCoefStride, b.cu_seqlens, b.num_cu, T, H, D, static_cast<float>(m.rope.attn_scale),
+                        w.scratch, w.scratch_bytes, s);
     const int table = aux.ve_table ? st.value_table(l) : -1;  // MUDD's layer: its value rows are the entry's
     bf16* dve = table >= 0 ? w.dve[table] : nullptr;
     float* dz_ve = table >= 0 ? w.dz_ve : nullptr;
@@ -1694,9 +1978,12 @@ void attention_block_backward(Model& m, const DeviceBatch& b, const StepSchedule
                                        {g.wo(c, l), dsa + 1, dwo_eff, p.wo(c, l), sa + 1, CC}},
                                       sums, into, s);
     reduce_final(m.buckets, acc, At::attn, l, st.layers, s);
-    // the gates' share of dve (a gate that reads the value embedding) comes before the table's rows
-    attn_gates_backward(aux, dh, aux.ve_gate_input == VeGateInput::x_and_ve ? dve : nullptr, g.attn_gate(c, l),
-                        table >= 0 ? g.ve_gate(c, l) : nullptr, w.dz_attn, dz_ve, sums, acc.accumulate_others, s);
+    // the gates' share of dve (a gate that reads the value embedding) comes before the table's rows (record 85: the VE
+    // gate alone, where the layer has one)
+    if (aux.attn_gate || aux.ve_gate)
+        attn_gates_backward(aux, dh, aux.ve_gate_input == VeGateInput::x_and_ve ? dve : nullptr,
+                            aux.attn_gate ? g.attn_gate(c, l) : nullptr, table >= 0 ? g.ve_gate(c, l) : nullptr,
+                            aux.attn_gate ? w.dz_attn : nullptr, dz_ve, sums, acc.accumulate_others, s);
     if (table >= 0) {  // the table's rows, final here: reduced at once on an Adam step
         embedding_backward(g.ve_table(c, l), dve, b.token_segments, b.token_segments_dev, w.scratch, C, true, s);
         reduce_final(m.buckets, acc, At::value_table, table, st.layers, s);
@@ -1728,7 +2015,14 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             CUDA_CHECK(memset_async(g.mudd_w2, 0, size_t(2) * kMuddMaxCoef * kMuddHidden * sizeof(bf16), s));
             CUDA_CHECK(memset_async(g.mudd_b2, 0, size_t(2) * kMuddMaxCoef * sizeof(bf16), s));
         }
+        if (st.mudd_gate) {  // the gate's kernels add too (rows past each gate's columns get none)
+            CUDA_CHECK(memset_async(g.mudd_gate_w1, 0, size_t(2) * kMuddHidden * C * sizeof(bf16), s));
+            CUDA_CHECK(memset_async(g.mudd_gate_w2, 0, size_t(2) * kMuddGateMaxCoef * kMuddHidden * sizeof(bf16), s));
+            CUDA_CHECK(memset_async(g.mudd_gate_b2, 0, size_t(2) * kMuddGateMaxCoef * sizeof(bf16), s));
+            CUDA_CHECK(memset_async(g.mudd_gate_scale, 0, sizeof(float), s));
+        }
     }
+    const MuddGateLayout gates = st.mudd_gate ? gate_layout(m) : MuddGateLayout{};
     if (st.mudd) {  // MUDD's shares of h0 reach it first (dX_h0): every injection adds to x0's and the bigram's
         CUDA_CHECK(memset_async(w.gx0, 0, size_t(T) * C * sizeof(bf16), s));
         CUDA_CHECK(memset_async(w.gxb, 0, size_t(T) * c.bigram_width() * sizeof(bf16), s));
@@ -1757,13 +2051,13 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                          a.layer[st.backout_layer + 1].x, p.scalars + k.backout, accumulate, T, C, s);
     }
     if (st.sublayer_lambdas && !accumulate) {  // the skip's target has no attention update: its lambdas are unused
-        std::vector<float*> unused = {g.resid_lambdas + 2 * st.skip_to, g.post_lambdas + 2 * st.skip_to,
-                                      g.x0_lambdas + st.skip_to, g.bigram_lambdas + st.skip_to};
+        std::vector<float*> unused = {g.resid_lambdas + 2 * st.skip_to, g.post_lambdas + 2 * st.skip_to};
+        if (!st.mudd_gate) unused.insert(unused.end(), {g.x0_lambdas + st.skip_to, g.bigram_lambdas + st.skip_to});
         if (st.mudd) {  // nor are MUDD's layer's, nor its value table's gate: the per-token coefficients replace them
             const int last = st.layers - 1;
-            for (float* e : {g.resid_lambdas + 2 * last, g.resid_lambdas + 2 * last + 1, g.post_lambdas + 2 * last,
-                             g.post_lambdas + 2 * last + 1, g.x0_lambdas + last, g.bigram_lambdas + last})
-                unused.push_back(e);
+            unused.insert(unused.end(), {g.resid_lambdas + 2 * last, g.resid_lambdas + 2 * last + 1,
+                                         g.post_lambdas + 2 * last, g.post_lambdas + 2 * last + 1});
+            if (!st.mudd_gate) unused.insert(unused.end(), {g.x0_lambdas + last, g.bigram_lambdas + last});
             CUDA_CHECK(memset_async(g.ve_gate(c, last), 0, size_t(c.num_heads) * kGateWidth * sizeof(bf16), s));
         }
         for (float* e : unused) CUDA_CHECK(memset_async(e, 0, sizeof(float), s));
@@ -1785,7 +2079,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                 for (int j = 0; l == st.late_attn_source && j < NormGrads::kMax - 1; ++j) dh_next.dh[j + 1] = w.dh_late[j];
             }
             const LayerActs* next = l + 1 < st.layers ? &a.layer[l + 1] : nullptr;
-            const bool mudd = is_mudd_layer(st, l);  // MUDD's layer: per-token c12, c13
+            const bool mudd = st.is_mudd_layer(l);  // MUDD's layer: per-token c12, c13
             sublayer_residual_backward(dX, w.dblock, nullptr, nullptr,
                                        mudd ? mudd_lambda_grads(w.mudd_dc, 12, false) : sublayer_lambda_grads(g, l, 1),
                                        sums, dX, dh_next, next ? next->x : a.x_out, norm ? next->rstd_attn : nullptr,
@@ -1819,7 +2113,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
                                   T, C, s);
         } else if (!st.has_attention(l)) {  // the skip's target: the norm its MLP read, then the skip add
             residual_add_backward(dX, w.dh, L.xm, L.rstd_attn, T, C, s);
-        } else if (is_mudd_layer(st, l)) {  // x_a = bf16(c8 r + c9 attn_out + c10 h0 (+ c11 xb)): r's gradient to dr
+        } else if (st.is_mudd_layer(l)) {  // x_a = bf16(c8 r + c9 attn_out + c10 h0 (+ c11 xb)): r's gradient to dr
             sublayer_residual_backward(w.dr, w.dblock, dX_h0, w.gxb, mudd_lambda_grads(w.mudd_dc, 8, true), sums, dX,
                                        NormGrads{{w.dh}}, L.xa, L.rstd_mlp, a.mudd_r, L.attn_out, a.layer[0].x,
                                        a.x0_bigram, mudd_lambdas(a.mudd_c[0], 8, true),
@@ -1845,8 +2139,9 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             reduce_final(m.buckets, acc, At::value_table, table, st.layers, s);
             std::swap(dX, dX_h9);  // the layer's input gradient: h9's
         } else {  // x_a = bf16(resid x + post attn_out + injection); then the attention from the gradient of attn_out
-            sublayer_residual_backward(d_in, w.dblock, w.gx0, w.gxb, sublayer_lambda_grads(g, l, 0), sums, dX, NormGrads{{w.dh}},
-                                       L.xa, L.rstd_mlp, L.x, L.attn_out, a.x0, a.x0_bigram, sublayer_lambdas(p, l, 0),
+            sublayer_residual_backward(d_in, w.dblock, w.gx0, w.gxb, attention_update_lambda_grads(m, l), sums, dX,
+                                       NormGrads{{w.dh}}, L.xa, L.rstd_mlp, L.x, L.attn_out, a.x0, a.x0_bigram,
+                                       attention_update_lambdas(m, a, l),
                                        {.injection = attention_injection(l), .accumulate_dx = add_to_d_in,
                                         .accumulate_x0_grads = st.mudd || l != last_attention,
                                         .accumulate_lambda_grads = accumulate,
@@ -1860,19 +2155,32 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
         if (l == st.backout_layer + 1) std::swap(dX, dX_backout);  // the layer below continues from there
         if (l == st.skip_from + 1) std::swap(dX, dX_skip);
         if (l == 0 && st.mudd) std::swap(dX, dX_h0);  // the stream start's whole gradient
-        if (l == st.skip_to)  // the skip add's output gradient (dX) also reaches the skip layer's output and the gate
+        if (l == st.skip_to && st.mudd_gate)  // record 85: the skip's share of h3, its gate column's and lambda's
+            token_skip_add_backward(dX_skip, w.gate_dc[1] + gates.skip, g.scalars + k.skip, sums, dX,
+                                    a.layer[st.skip_from + 1].x, a.gate_c[1] + gates.skip, kMuddGateCoefStride,
+                                    p.scalars + k.skip,
+                                    {.accumulate_d_skip = true,  // MUDD's exit wrote h3's first share
+                                     .accumulate_lambda_grad = accumulate},
+                                    T, C, s);
+        else if (l == st.skip_to)  // the skip add's output gradient (dX) also reaches the skip layer's output and the gate
             gated_skip_add_backward(dX_skip, w.gx0, g.skip_gate, g.scalars + k.skip, sums, dX,
                                     a.layer[st.skip_from + 1].x, a.x0, p.skip_gate, p.scalars + k.skip,
                                     {.accumulate_d_skip = st.mudd,  // MUDD's exit wrote h3's first share
                                      .accumulate_param_grads = accumulate},
                                     T, C, s);
+        if (st.mudd_gate && l == st.mudd_gate_post_layer)  // every reader of the post gate is done: its input gets its share
+            mudd_gate_block_backward(m, 1, L.x, dX, T, s);
         if (l == 0 && st.sublayer_lambdas)  // the stream's start, x0 + lb[0] x0_bigram, read by layer 0's norm and update
-            stream_start_backward(w.gx0, w.gxb, g.bigram_lambdas, sums, dX, w.dh, L.x, L.rstd_attn, a.x0_bigram,
-                                  p.bigram_lambdas,
-                                  {.accumulate_x0_grads = true, .accumulate_lambda_grads = accumulate,
-                                   .bigram_dim = c.bigram_dim, .x0_is_stream = st.x0_is_stream},
+                                            // (record 85: lb per token, its gradient into the pre gate's column)
+            stream_start_backward(w.gx0, w.gxb, st.mudd_gate ? w.gate_dc[0] + gates.layer[0].bigram : g.bigram_lambdas,
+                                  sums, dX, w.dh, L.x, L.rstd_attn, a.x0_bigram,
+                                  st.mudd_gate ? a.gate_c[0] + gates.layer[0].bigram : p.bigram_lambdas,
+                                  {.accumulate_x0_grads = true, .accumulate_lambda_grads = accumulate && !st.mudd_gate,
+                                   .bigram_dim = c.bigram_dim, .x0_is_stream = st.x0_is_stream,
+                                   .token_stride = st.mudd_gate ? kMuddGateCoefStride : 0},
                                   T, C, s);
     }
+    if (st.mudd_gate) mudd_gate_block_backward(m, 0, a.x0, w.gx0, T, s);  // the pre gate: x0's last share
     // x0 = norm(smeared); smeared = smear(embed[ids])
     rmsnorm_backward(w.d_smeared, w.gx0, a.smeared, a.rstd_x0, T, C, false, s);
     embed_smear_backward(w.d_embed_rows, g.smear_gate, g.scalars + k.smear, w.d_smeared, p.embed, b.inputs,

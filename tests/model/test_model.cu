@@ -446,6 +446,56 @@ void check_structure() {
         test::check(same, "preset %s: record 84 with record %s's switch, steps and prefix weights", name,
                     prefix ? "88" : "89");
     }
+    // Records 85-86's presets (upstream 003ff3e2: GPT.__init__'s xsa_layers, dc_layers, attn_gate_layers,
+    // init_mudd_gate, unpack_pre_mudd_gate / unpack_post_mudd_gate, Hyperparameters, the TrainingManager's table),
+    // the gate's columns written out from upstream's literals
+    for (const char* name : {"r86", "tiny-r86"}) {
+        const std::optional<Config> c = preset_config(name);
+        test::check(c && config_error(*c).empty(), "preset %s exists and is valid: '%s'", name,
+                    c ? config_error(*c).c_str() : "none");
+        if (!c) continue;
+        const bool tiny = std::string(name) == "tiny-r86";
+        const Structure& st = c->structure;
+        bool same = st.mudd && st.mudd_gate && st.mudd_gate_post_layer == 4 && !st.x0_is_stream &&
+                    st.xsa_layers == std::vector<int>{1, 3, 4, 7} && st.gate_layers == std::vector<int>{3, 10} &&
+                    st.dc_layer == 10 && c->bigram_dim == 0 && c->bigram_sign_rows == 8192 && c->mlp_up_fp8 &&
+                    !c->mlp_down_fp8 && !c->prefix_loss && c->num_heads == 6 && c->head_dim == (tiny ? 64 : 128) &&
+                    c->bigram_vocab == (tiny ? 4096 * 15 / 2 : 50304 * 15 / 2) &&
+                    c->scheduled_iterations == (tiny ? 30 : 1285) && c->extension_iterations == (tiny ? 4 : 15);
+        const MuddGateLayout g = mudd_gate_layout(st, c->num_heads);
+        const int pre_xsa[] = {-1, 0, -1, 6}, post_xsa[] = {0, -1, -1, 6, -1, -1, -1};  // layers 0-3, 4-10
+        for (int l = 0; l < 11; ++l) {
+            const GateColumns& k = g.layer[l];
+            const int xsa = l < 4 ? pre_xsa[l] : post_xsa[l - 4];
+            const int gate = l == 3 || l == 10 ? 12 : -1;
+            const int pair = l < 4 ? 18 + 2 * l : l == 4 ? 18 : l == 5 ? 20 : l >= 7 && l <= 9 ? 22 + 2 * (l - 7) : -1;
+            same = same && k.id == (l < 4 ? 0 : 1) && k.xsa == xsa && k.gate == gate && k.x0 == pair &&
+                   k.bigram == (pair < 0 ? -1 : pair + 1);
+        }
+        same = same && g.n[0] == 26 && g.n[1] == 41 && g.skip == 28 && g.dc == 29;
+        const std::vector<bf16> bias = initial_mudd_gate_bias(*c);
+        for (int id = 0; id < 2; ++id)
+            for (int j = 0; j < 41; ++j) {
+                const bool gate_col = j >= 12 && j < 18, bigram_col = j >= 19 && j < (id ? 28 : 26) && j % 2 == 1;
+                const float want = gate_col ? 2.5f : bigram_col ? 0.5f : id == 1 && j == 28 ? 5.0f
+                                   : id == 1 && j >= 29 && j < 35 ? 10.0f : 0.0f;
+                same = same && __bfloat162float(bias[size_t(id * 41 + j)]) == want;
+            }
+        for (const char* gone : {"skip_gate", "attn_gate_bank", "xsa_alphas", "x0_lambdas", "bigram_lambdas"})
+            same = same && std::none_of(c->param_table.begin(), c->param_table.end(),
+                                        [&](const ParamRule& r) { return std::string(r.label) == gone; });
+        for (const char* label : {"mudd_gate_w1", "mudd_gate_w2", "mudd_gate_b2", "mudd_gate_scale"}) {
+            const int i = param_group(*c, label);
+            const bool decays = std::string(label) == "mudd_gate_w1" || std::string(label) == "mudd_gate_w2";
+            same = same && i >= 0 && c->param_table[size_t(i)].optim == Optim::adam &&
+                   c->param_table[size_t(i)].reduce == Reduce::replicated && c->param_table[size_t(i)].beta1 == 0.9 &&
+                   c->param_table[size_t(i)].beta2 == 0.99 && c->param_table[size_t(i)].lr_mul == 0.1 &&
+                   c->param_table[size_t(i)].wd_mul == (decays ? 1.0 : 0.0);
+        }
+        same = same && c->param_table.size() == 19 && c->work_order.size() == 19;
+        test::check(same, "preset %s: record 86's switches, gate columns and biases, bigram, steps and optimizer table",
+                    name);
+    }
     struct SwitchRule {
         const char *what, *preset, *message;
         void (*plant)(Config&);
@@ -461,6 +511,23 @@ void check_structure() {
          [](Config& c) { c.mlp_up_fp8 = false; }},
         {"a negative bootstrap", "tiny-r84-fp8down", "mlp_down_bootstrap_steps must be at least 0",
          [](Config& c) { c.mlp_down_bootstrap_steps = -1; }},
+        {"the MUDD gate without MUDD", "tiny-r86", "builds on MUDD", [](Config& c) { c.structure.mudd = false; }},
+        {"the MUDD gate on record 84's aliased x0", "tiny-r86", "reads the clean x0",
+         [](Config& c) { c.structure.x0_is_stream = true; }},
+        {"the post gate at layer 0", "tiny-r86", "post gate must be made",
+         [](Config& c) { c.structure.mudd_gate_post_layer = 0; }},
+        {"the post gate after the skip's target", "tiny-r86", "post gate must be made",
+         [](Config& c) { c.structure.mudd_gate_post_layer = 7; }},
+        {"an output gate on the layer without attention", "tiny-r86", "must be a layer with attention",
+         [](Config& c) { c.structure.gate_layers.push_back(6); }},
+        {"DC-MHA on a paired layer", "tiny-r86", "DC-MHA's layer must be an unpaired",
+         [](Config& c) { c.structure.dc_layer = 9; }},
+        {"per-token gates without the MUDD gate", "tiny-r84", "read the MUDD gate",
+         [](Config& c) { c.structure.gate_layers = {3}; }},
+        {"a third XSA layer in the post gate", "tiny-r86", "come to 26 (pre) and 47 (post)",
+         [](Config& c) { c.structure.xsa_layers = {1, 3, 4, 7, 8}; }},
+        {"the MUDD gate with 2 heads", "tiny-r86", "come to 14 (pre) and 21 (post)",
+         [](Config& c) { c.num_heads = 2, c.model_dim = 128, c.mlp_dim = 512; }},
     };
     for (const SwitchRule& r : switch_rules) {
         Config c = *preset_config(r.preset);
