@@ -328,6 +328,9 @@ struct Config {
     // record 84: the training forward's MLP up-projection in FP8 e4m3 (upstream's quantize_mlp_fp8 and use_mlp_fp8:
     // per-layer weight scales refreshed after each optimizer step, the input's amax per forward); evaluation bf16
     bool mlp_up_fp8 = false;
+    // record 87 (upstream 75d6867a, FusedLinearReLUSquareFunction): the MLP keeps post alone for its backward, which
+    // takes relu(pre) as sqrt(post); pre_and_post: records 71-86
+    ReluSquareSaves mlp_saves = ReluSquareSaves::pre_and_post;
     // record 88: the training loss also predicts each next token's longest proper prefix token (data/prefix_table.h),
     // weighted by the stages' prefix_start/_end, in record 80's fused cross-entropy; evaluation unchanged
     bool prefix_loss = false;
@@ -646,16 +649,41 @@ Config tiny_r86_preset() {
     return c;
 }
 
+// Upstream's record 89 (75d6867a, HEAD, 73.8 s): record 86 with record 87's post-only ReLU^2 MLP, 88's prefix-token
+// loss and 89's FP8 down-projection with delayed scaling; 1270 + 15 steps. HEAD was never logged as merged: its PRs
+// were logged on record 84 (the r84-prefix and r84-fp8down presets).
+void use_record87_post_only(Config& c) { c.mlp_saves = ReluSquareSaves::post_only; }
+Config r89_preset() {
+    Config c = r86_preset();
+    c.name = "r89";
+    use_record87_post_only(c);
+    use_record88(c);
+    use_record89_fp8_down(c);
+    c.scheduled_iterations = 1270;
+    c.extension_iterations = 15;
+    c.upstream_peak_mib = 31896;  // no log of this code: record 86's PR logs (the FP8 down PR's saved 690 MiB on r84)
+    return c;
+}
+// tiny-r86 with records 87-89's switches (the tiny schedule's lengths).
+Config tiny_r89_preset() {
+    Config c = tiny_r86_preset();
+    c.name = "tiny-r89";
+    use_record87_post_only(c);
+    use_record88(c);
+    use_record89_fp8_down(c);
+    return c;
+}
+
 struct Preset {
     const char* name;
     Config (*make)();
 };
-const Preset kPresets[] = {{"r71", r71_preset},         {"record", r71_preset},         {"tiny", tiny_preset},
+const Preset kPresets[] = {{"r71", r71_preset},         {"record", r89_preset},         {"tiny", tiny_preset},
                            {"r80", r80_preset},         {"tiny-r80", tiny_r80_preset}, {"r84", r84_preset},
                            {"tiny-r84", tiny_r84_preset}, {"r84-prefix", r84_prefix_preset},
                            {"tiny-r84-prefix", tiny_r84_prefix_preset}, {"r84-fp8down", r84_fp8down_preset},
                            {"tiny-r84-fp8down", tiny_r84_fp8down_preset}, {"r86", r86_preset},
-                           {"tiny-r86", tiny_r86_preset}};
+                           {"tiny-r86", tiny_r86_preset}, {"r89", r89_preset}, {"tiny-r89", tiny_r89_preset}};
 
 // The preset NAME's config (named NAME), or none.
 std::optional<Config> preset_config(const std::string& name) {
@@ -1008,7 +1036,7 @@ struct LayerActs {
     bf16* xa;          // stream after the attention block
     bf16* h_mlp;       // norm(xa)
     float* rstd_mlp;
-    bf16 *pre, *post;  // (T, mlp)
+    bf16 *pre, *post;  // (T, mlp); pre null when the MLP keeps post only (Config::mlp_saves)
     bf16* mlp_out;     // the MLP's output (record 71: the shared block_out)
 };
 
@@ -1091,7 +1119,7 @@ void layout_acts(Arena& a, const Config& c, int T, bool training, Acts& s) {
             L.h_mlp = a.take<bf16>(n + "h_mlp", {T, C});
             L.rstd_mlp = a.take<float>(n + "rstd_mlp", {T});
         }
-        L.pre = a.take<bf16>(n + "pre", {T, M});
+        L.pre = c.mlp_saves == ReluSquareSaves::pre_and_post ? a.take<bf16>(n + "pre", {T, M}) : nullptr;
         L.post = a.take<bf16>(n + "post", {T, M});
         if (training && st.sublayer_lambdas) {
             if (st.has_attention(l)) L.attn_out = a.take<bf16>(n + "attn_out", {T, C});
@@ -1825,16 +1853,18 @@ void gpt_forward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, A
             if (c.mlp_down_fp8) {  // record 89: post also in e4m3 with the delayed act scale, its amax for the next
                 const int64_t count = mlp_fp8_down_act_partials(m.mlp_kernel, T, M);
                 const Fp8DownAct down{a.mlp_postq, m.mlp_fp8_down_act_partials + l * count,
-                                      &m.mlp_fp8_down.scales[l].act, L.pre};
+                                      &m.mlp_fp8_down.scales[l].act, L.pre};  // pre: null post-only
                 mlp_fp8_quantize_input(up, mlp_in, T, C, s);
                 linear_relu_square_forward_fp8_down(m.mlp_kernel, L.post, down, up, T, C, M, s);
                 mlp_fp8_down_proj(*m.lt, L.mlp_out, a.mlp_postq, m.mlp_fp8_down.w + int64_t(l) * C * M,
                                   m.mlp_fp8_down.scales + l, T, C, M, s);
             } else {
-                mlp_forward_fp8(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, up, p.c_proj(c, l), T, C, M, s);
+                mlp_forward_fp8(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, up, p.c_proj(c, l), T, C, M, s,
+                                c.mlp_saves);
             }
         } else {
-            mlp_forward(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s);
+            mlp_forward(*m.lt, m.mlp_kernel, L.mlp_out, L.pre, L.post, mlp_in, p.c_fc(c, l), p.c_proj(c, l), T, C, M, s,
+                        c.mlp_saves);
         }
         bf16* x_next = l + 1 < st.layers ? a.layer[l + 1].x : a.x_out;
         if (!st.sublayer_lambdas) {
@@ -2091,7 +2121,7 @@ void gpt_backward(Model& m, const DeviceBatch& b, const StepSchedule& step_sch, 
             d_mlp_out = w.dblock;
         }
         mlp_backward(*m.lt, m.mlp_kernel, w.dh, g.c_fc(c, l), g.c_proj(c, l), acc.accumulate_matrices, L.post, d_mlp_out,
-                     mlp_in, p.c_fc(c, l), p.c_proj(c, l), L.pre, L.post, T, C, M, s);
+                     mlp_in, p.c_fc(c, l), p.c_proj(c, l), L.pre, L.post, T, C, M, s, c.mlp_saves);
         reduce_final(m.buckets, acc, At::mlp, l, st.layers, s);
         // the stream's input gradient goes to the buffer that already holds that stream's other share (the
         // backout layer's output: the backout; the skip's: the skip; record 71's layer 0 input: x0)

@@ -207,7 +207,7 @@ std::string source_hash() {
 // continues (resumes_step -1: none).
 struct RunHeader {
     std::string command;
-    std::string preset;  // the config's own name (r71 for --preset record), which scripts/stats.py groups runs by
+    std::string preset;  // the config's own name (r89 for --preset record), which scripts/stats.py groups runs by
     uint64_t seed = 0;
     std::string run_id;
     std::string resumes_run_id;

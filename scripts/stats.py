@@ -241,7 +241,7 @@ class Run:
         self.step_lines = []      # every step line's text, in order: a copied log has the same
         self.header_run_id = None  # the "run_id:" header line (the file name's stem stands in without one)
         self.resumes = None       # "RUN_ID step N" of a resumed run's header
-        self.preset_line = None   # the "preset:" header line (the preset's own name, e.g. r71 for --preset record)
+        self.preset_line = None   # the "preset:" header line (the preset's own name, e.g. r89 for --preset record)
         self.command = None       # the "command:" header line
         self.failed = None        # the "fail:" line's message
         self.saves = {}           # step -> training time (ms) at its checkpoint

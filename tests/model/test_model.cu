@@ -387,7 +387,7 @@ void check_schedules() {
 // The presets' layer structure: record 71's, written out independently of the Structure's lists (as
 // upstream's forward spells it), and the structure rules each refusing a planted mistake.
 void check_structure() {
-    for (const char* name : {"r71", "record", "tiny"}) {
+    for (const char* name : {"r71", "tiny"}) {
         const std::optional<Config> c = preset_config(name);
         test::check(c && c->name == name && config_error(*c).empty(), "preset %s exists and is valid", name);
         if (!c) continue;
@@ -405,6 +405,15 @@ void check_structure() {
         test::check(c->grad_scale_sum == 2 && c->lr_floor == 0.1, "preset %s: record 71's grad scale and lr floor", name);
     }
     test::check(!preset_config("r81") && !preset_config("Record"), "no preset by another name");
+    // `record` is the newest record this program reproduces: upstream's record 89 (75d6867a), named record
+    {
+        const std::optional<Config> rec = preset_config("record"), r89 = preset_config("r89");
+        test::check(rec && r89 && rec->name == "record" && rec->scheduled_iterations == 1270 &&
+                        rec->extension_iterations == 15 && rec->structure.mudd_gate && rec->prefix_loss &&
+                        rec->mlp_down_fp8 && rec->mlp_saves == ReluSquareSaves::post_only &&
+                        rec->param_table.size() == r89->param_table.size() && config_error(*rec).empty(),
+                    "--preset record is record 89: 1270 + 15 steps, the MUDD gate, the prefix loss, FP8 down, post-only");
+    }
     // Record 80's presets, written out from upstream's 2c702746 (Hyperparameters, TRAINING_STAGES,
     // TRAIN_MAX_NUM_DOCS, the optimizer table, GPT.__init__) and tests/reference/README.md's tiny-r80 contract.
     for (const char* name : {"r80", "tiny-r80"}) {
@@ -449,19 +458,21 @@ void check_structure() {
     // Records 85-86's presets (upstream 003ff3e2: GPT.__init__'s xsa_layers, dc_layers, attn_gate_layers,
     // init_mudd_gate, unpack_pre_mudd_gate / unpack_post_mudd_gate, Hyperparameters, the TrainingManager's table),
     // the gate's columns written out from upstream's literals
-    for (const char* name : {"r86", "tiny-r86"}) {
+    // and record 89's on it (75d6867a: the post-only MLP, the prefix loss, FP8 down; 1270 + 15 steps)
+    for (const char* name : {"r86", "tiny-r86", "r89", "tiny-r89"}) {
         const std::optional<Config> c = preset_config(name);
         test::check(c && config_error(*c).empty(), "preset %s exists and is valid: '%s'", name,
                     c ? config_error(*c).c_str() : "none");
         if (!c) continue;
-        const bool tiny = std::string(name) == "tiny-r86";
+        const bool tiny = std::string(name).rfind("tiny", 0) == 0, r89 = std::string(name).find("r89") != std::string::npos;
         const Structure& st = c->structure;
         bool same = st.mudd && st.mudd_gate && st.mudd_gate_post_layer == 4 && !st.x0_is_stream &&
                     st.xsa_layers == std::vector<int>{1, 3, 4, 7} && st.gate_layers == std::vector<int>{3, 10} &&
                     st.dc_layer == 10 && c->bigram_dim == 0 && c->bigram_sign_rows == 8192 && c->mlp_up_fp8 &&
-                    !c->mlp_down_fp8 && !c->prefix_loss && c->num_heads == 6 && c->head_dim == (tiny ? 64 : 128) &&
-                    c->bigram_vocab == (tiny ? 4096 * 15 / 2 : 50304 * 15 / 2) &&
-                    c->scheduled_iterations == (tiny ? 30 : 1285) && c->extension_iterations == (tiny ? 4 : 15);
+                    c->mlp_down_fp8 == r89 && c->prefix_loss == r89 &&
+                    (c->mlp_saves == ReluSquareSaves::post_only) == r89 && c->num_heads == 6 &&
+                    c->head_dim == (tiny ? 64 : 128) && c->bigram_vocab == (tiny ? 4096 * 15 / 2 : 50304 * 15 / 2) &&
+                    c->scheduled_iterations == (tiny ? 30 : r89 ? 1270 : 1285) && c->extension_iterations == (tiny ? 4 : 15);
         const MuddGateLayout g = mudd_gate_layout(st, c->num_heads);
         const int pre_xsa[] = {-1, 0, -1, 6}, post_xsa[] = {0, -1, -1, 6, -1, -1, -1};  // layers 0-3, 4-10
         for (int l = 0; l < 11; ++l) {
@@ -493,8 +504,8 @@ void check_structure() {
                    c->param_table[size_t(i)].wd_mul == (decays ? 1.0 : 0.0);
         }
         same = same && c->param_table.size() == 19 && c->work_order.size() == 19;
-        test::check(same, "preset %s: record 86's switches, gate columns and biases, bigram, steps and optimizer table",
-                    name);
+        test::check(same, "preset %s: record 86's switches (record 89's too), gate columns and biases, bigram, steps and "
+                    "optimizer table", name);
     }
     struct SwitchRule {
         const char *what, *preset, *message;

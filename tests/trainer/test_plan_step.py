@@ -128,12 +128,12 @@ def test_plan(tmp):
 
     js = os.path.join(tmp, "record8.json")
     t0 = time.time()
-    p = must(run(["--preset", "record", "--plan-step", "--json", js], 8), "record --plan-step on 8 ranks")
+    p = must(run(["--preset", "r71", "--plan-step", "--json", js], 8), "r71 --plan-step on 8 ranks")
     seconds = time.time() - t0
     check(seconds < 120, f"record --plan-step on 8 ranks: {seconds:.1f} s (under 2 minutes)")
     check(all(re.search(rf"^stage {i} ", p.stdout, re.M) for i in range(4)), "record on 8 ranks: every stage's row")
     plan = json.load(open(js))
-    check_plan_json(plan, 8, "record", 1555)
+    check_plan_json(plan, 8, "r71", 1555)
     stage0 = plan["stages"][0]
     check(any(c["name"].startswith("nccl_send_recv") for c in stage0["collectives"]),
           "record on 8 ranks: the Adam step's sparse bigram exchange is there")

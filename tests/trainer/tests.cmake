@@ -27,6 +27,15 @@ if(Python3_Interpreter_FOUND)
   set_tests_properties(test_trainer_r84 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1800)
 endif()
 
+# The tiny-r86 preset end to end (tests/trainer/test_trainer_r86.py): 1 rank against its golden run (losses, step 0's
+# gradient norms, final parameter norms), 8 ranks under emu's strict modes and 2 in the default mode against 1 rank, the
+# record's memory plan.
+if(Python3_Interpreter_FOUND)
+  add_test(NAME test_trainer_r86 COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r86.py
+           $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
+  set_tests_properties(test_trainer_r86 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1800)
+endif()
+
 # Bad inputs and faults (tests/trainer/test_failures.py): flags, startup checks, a full log disk,
 # checkpoint manifests and mixed or damaged rank files, non-finite state, signals; issue 28's outputs
 # that could be lost, overwritten, skipped or invalidated (flags per mode, EMU_* ranges, checkpoint
