@@ -2082,7 +2082,7 @@ class R86GateTest(unittest.TestCase):
         delta = sig * (G1b[:, 28:29] - G1[:, 28:29]) * h3
         bound = 2 ** -8 * (x6.abs() + x6b.abs()) + 1e-6  # the two streams' bf16 roundings (unit roundoff 2^-8)
         self.assertTrue(bool(((x6b - x6 - delta).abs() <= bound).all()))
-        self.assertGreater((x6b - x6).abs().max().item(), 8 * bound.max().item())
+        self.assertLessEqual((x6b - x6 - delta).norm().item(), 0.05 * (x6b - x6).norm().item())  # delta explains it
 
 
 def dc_direct(y, q, k, v, doc, w1, w2, scale, window, magnitude=None):
