@@ -653,12 +653,16 @@ Config tiny_r86_preset() {
 // loss and 89's FP8 down-projection with delayed scaling; 1270 + 15 steps. HEAD was never logged as merged: its PRs
 // were logged on record 84 (the r84-prefix and r84-fp8down presets).
 void use_record87_post_only(Config& c) { c.mlp_saves = ReluSquareSaves::post_only; }
-Config r89_preset() {
-    Config c = r86_preset();
-    c.name = "r89";
+// Records 87-89's switches, on a record-86 config.
+void use_records87_to_89(Config& c) {
     use_record87_post_only(c);
     use_record88(c);
     use_record89_fp8_down(c);
+}
+Config r89_preset() {
+    Config c = r86_preset();
+    c.name = "r89";
+    use_records87_to_89(c);
     c.scheduled_iterations = 1270;
     c.extension_iterations = 15;
     c.upstream_peak_mib = 31896;  // no log of this code: record 86's PR logs (the FP8 down PR's saved 690 MiB on r84)
@@ -668,9 +672,7 @@ Config r89_preset() {
 Config tiny_r89_preset() {
     Config c = tiny_r86_preset();
     c.name = "tiny-r89";
-    use_record87_post_only(c);
-    use_record88(c);
-    use_record89_fp8_down(c);
+    use_records87_to_89(c);
     return c;
 }
 

@@ -25,6 +25,7 @@
 #include "norm.cuh"
 
 #include <cmath>
+#include <type_traits>
 
 constexpr int kMuddHidden = 64;      // the MLP's hidden width: two values per lane
 constexpr int kMuddMaxCoef = 14;     // the entry's coefficients (upstream's max_num_coef)
@@ -42,16 +43,20 @@ constexpr int kMuddGateCoefStride = 48;   // fp32 per token in the gate's coeffi
 constexpr int kMuddGatePartials = kMuddGateMaxCoef * (kMuddHidden + 1) + 1;  // per block: dw2, db2, dscale
 
 // One MUDD block's second layer: rows [0, n) of w2[id] (n x 64) and b2[id] (bf16 parameters).
+// Kernel arguments without padding (static_asserts below): emu's race detector reads every word of a struct argument
+// as a possible pointer, and a padding word's stale bytes beside a small field can make one that points into a live
+// buffer, a race that is not there (tiny-r86's 8 strict ranks met one through a bool's padding).
 struct MuddHead {
     const __nv_bfloat16* w2;
     const __nv_bfloat16* b2;
     int n;
+    int unused = 0;
 };
 // Where that block's gradients go (bf16 parameter gradients, n x 64 and n), and whether they add to them.
 struct MuddHeadGrads {
     __nv_bfloat16* dw2;
     __nv_bfloat16* db2;
-    bool accumulate;
+    int64_t accumulate;  // a bool, as wide as a word
 };
 // A mixed stream: rows of a (T, C) tensor, or (ids set) rows of a table at the tokens.
 struct MuddSource {
@@ -61,8 +66,12 @@ struct MuddSource {
 // A source's gradient, (T, C): written, or added to what it holds.
 struct MuddSourceGrad {
     __nv_bfloat16* d;
-    bool accumulate;
+    int64_t accumulate;  // a bool, as wide as a word
 };
+static_assert(std::has_unique_object_representations_v<MuddHead> &&
+                  std::has_unique_object_representations_v<MuddHeadGrads> &&
+                  std::has_unique_object_representations_v<MuddSourceGrad>,
+              "the MUDD heads' kernel arguments: padding");
 
 __device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16(v)); }
 __device__ __forceinline__ float gelu_erf(float z) { return 0.5f * z * (1.0f + erff(z * 0.70710678118654752f)); }
