@@ -7,7 +7,9 @@ the full-width bigram), on the CPU build:
   - 8 ranks under emu's strictest modes (deferred streams in random order, poisoned allocations: the gate's column
     gradients are written by their readers, DC-MHA's workspace shares the backward's scratch) and 2 ranks in the
     default mode, steps 0..3, against 1 rank (0.1%);
-  - the record's memory plan fits one H100.
+  - tiny-r89 (records 87-89 on it: post-only MLP, prefix loss, FP8 down): a resume from step 2, inside the FP8
+    down-projection's bootstrap, equals the uninterrupted run at step 4, every tensor bitwise (its scales included);
+  - the records' memory plans fit one H100.
 Usage: test_trainer_r86.py TRAIN_GPT_CPU MPIRUN...
 """
 import os
@@ -23,9 +25,8 @@ import test_trainer as T  # noqa: E402  (its run, check and log helpers)
 import test_trainer_r80 as R80  # noqa: E402  (its golden-run check)
 import test_trainer_r84 as R84  # noqa: E402  (its rank comparison)
 
-SCHEDULE = ["--preset", "tiny-r86", "--scheduled-steps", "6", "--extension-steps", "2", "--val-every", "4",
-            "--val-tokens", "4096", "--log-train-loss", "--warmup", "0"]
-TOTAL = 8
+SCHEDULE = [a if a != "tiny-r84" else "tiny-r86" for a in R84.SCHEDULE]  # tiny-r84's 6 + 2 steps, no warm-up
+TOTAL = R84.TOTAL
 STRICT = {"EMU_RANDOM_ORDER": "31", "EMU_STREAMS": "deferred:31", "EMU_POISON": "1"}
 # Record 86's 19 groups: record 84's 20 without attn_gate_bank, skip_gate, x0_lambdas, bigram_lambdas and xsa_alphas,
 # with the MUDD gate's four (small: sums over tokens). Step 0's norms against the reference (tests/reference/README.md,
@@ -33,6 +34,26 @@ STRICT = {"EMU_RANDOM_ORDER": "31", "EMU_STREAMS": "deferred:31", "EMU_POISON": 
 SMALL = (R84.SMALL - {"skip_gate", "attn_gate_bank", "x0_lambdas", "xsa_alphas"}) | {
     "mudd_gate_w1", "mudd_gate_w2", "mudd_gate_b2", "mudd_gate_scale"}
 NOISY = {"resid_lambdas": 0.3}
+
+
+def check_r89_resume(tmp, stop=4, at=2):
+    """tiny-r89: steps 0..stop-1 uninterrupted and resumed from step `at` (inside the FP8 down-projection's 16-step
+    bootstrap) to the same checkpoint bytes at `stop`."""
+    schedule = [a if a != "tiny-r86" else "tiny-r89" for a in SCHEDULE] + ["--max-steps", str(stop)]
+    root, resumed = os.path.join(tmp, "r89"), os.path.join(tmp, "r89_resumed")
+    T.run(schedule + ["--run-id", "r89", "--log-dir", tmp, "--save-checkpoint", root, "--checkpoint-steps", f"{at},{stop}"])
+    text = open(os.path.join(tmp, "r89.txt")).read()
+    T.check(re.search(r"^preset: tiny-r89$", text, re.M) is not None and
+            re.search(r"^  stage 1: .* prefix \[0\.25->0\.00\]$", text, re.M) is not None,
+            "the tiny-r89 log names its preset and stage 1's prefix weights")
+    scales = T.tensors(T.ckpt(root, stop), names=["buffer.mlp_down_scales"])[1].get("buffer.mlp_down_scales")
+    T.check(scales is not None and scales.shape == (12, 12) and np.all(np.isfinite(scales)) and
+            np.all(scales[:11, 0] != 1), f"tiny-r89's checkpoint holds the FP8 down scales, act moved ({scales})")
+    T.run(schedule + ["--run-id", "r89_resumed", "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps",
+                      str(stop), "--resume", os.path.dirname(T.ckpt(root, at))])
+    differ = R84.checkpoint_differences(T.ckpt(root, stop), T.ckpt(resumed, stop))
+    T.check(not differ, f"tiny-r89: resume from step {at} equals the uninterrupted run at step {stop} (every tensor, "
+            "bitwise)" + (" differ: " + " ".join(differ[:8]) if differ else ""))
 
 
 def main():
@@ -48,10 +69,12 @@ def main():
                 f"1 rank: {TOTAL} finite training losses ({one_train})")
         for ranks, env, label in ((8, STRICT, "8 ranks, strict emu"), (2, None, "2 ranks")):
             R84.check_ranks(tmp, SCHEDULE, one_train, one_val, ranks, env, f"np{ranks}", label)
-    plan = subprocess.run([T.BINARY, "--preset", "r86", "--print-memory"], capture_output=True, text=True)
-    total = re.search(r"^total\s+(\S+) MiB", plan.stdout, re.M)
-    T.check(plan.returncode == 0 and total is not None and float(total.group(1)) < 80 * 1024,
-            f"r86's memory plan fits one H100: {total.group(1) if total else plan.stderr[-300:]} MiB")
+        check_r89_resume(tmp)
+    for preset in ("r86", "r89"):
+        plan = subprocess.run([T.BINARY, "--preset", preset, "--print-memory"], capture_output=True, text=True)
+        total = re.search(r"^total\s+(\S+) MiB", plan.stdout, re.M)
+        T.check(plan.returncode == 0 and total is not None and float(total.group(1)) < 80 * 1024,
+                f"{preset}'s memory plan fits one H100: {total.group(1) if total else plan.stderr[-300:]} MiB")
     if T.failures:
         sys.exit(f"{len(T.failures)} check(s) failed")
     print("all tiny-r86 trainer checks passed")
