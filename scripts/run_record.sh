@@ -8,7 +8,9 @@
 # The flags go to the trainer unchanged, e.g. --run-id ID (the log is <log-dir>/<ID>.txt),
 # --log-dir DIR (default logs), --seed N, --train-files GLOB, --val-files GLOB (defaults: upstream's
 # data/fineweb10B/fineweb_{train,val}_*.bin). It runs from the repository root, so relative paths
-# in the flags are taken from there. `build/train_gpt --help` lists every flag.
+# in the flags are taken from there. `build/train_gpt --help` lists every flag. The preset is
+# --preset record (the default): upstream's newest record this program reproduces, record 89; the
+# older ones by name (--preset r71, r80, r84, r86; README "Presets").
 #
 # --cpu runs the CPU build (build/train_gpt_cpu, built with cmake's train_gpt_cpu target) instead:
 # no GPU needed, ranks oversubscribed on this machine's cores; with --preset tiny it trains on the
@@ -167,7 +169,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     --preset=*) preset=${args[i]#*=} ;;
   esac
 done
-if [[ $preset == record ]]; then
+if [[ $preset != tiny* ]]; then  # every full-size preset reads FineWeb (the tiny twins: Tiny Shakespeare)
   missing=()
   compgen -G "$train_glob" >/dev/null || missing+=("training shards: no file matches $train_glob")
   compgen -G "$val_glob" >/dev/null || missing+=("validation shards: no file matches $val_glob")
