@@ -155,11 +155,13 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: reproducible sums, and fastest on a "
                                                            "busy machine)")
     p.add_argument("--preset", choices=("tiny", "tiny-r80", "tiny-r84", "tiny-r84-prefix", "tiny-r84-fp8down",
-                                        "tiny-r86"),
+                                        "tiny-r86", "tiny-r89"),
                    default="tiny",
                    help="tiny: record 71's twin; tiny-r80, tiny-r84: records 80's and 84's twins; tiny-r84-prefix: "
                         "tiny-r84 with record 88's prefix-token loss; tiny-r84-fp8down: with record 89's FP8 MLP "
-                        "down-projection; tiny-r86: records 85-86's twin (the MUDD gate, DC-MHA) "
+                        "down-projection; tiny-r86: records 85-86's twin (the MUDD gate, DC-MHA); tiny-r89: "
+                        "tiny-r86 with records 87-89 (the post-only MLP backward, the prefix-token loss, the FP8 "
+                        "down-projection) "
                         "(tests/reference/README.md). Each starts from the C++ trainer's step-0 checkpoint (or "
                         "--checkpoint; tiny-r84 takes its bigram sign table from it too) and checks its batches")
     p.add_argument("--trainer-preset", default=None,
@@ -181,7 +183,8 @@ def main(argv=None) -> int:
     if args.out is None:
         name = {"tiny": "tiny_golden.json", "tiny-r80": "tiny_r80_golden.json",
                 "tiny-r84": "tiny_r84_golden.json", "tiny-r84-prefix": "tiny_r84_prefix_golden.json",
-                "tiny-r84-fp8down": "tiny_r84_fp8down_golden.json", "tiny-r86": "tiny_r86_golden.json"}[args.preset]
+                "tiny-r84-fp8down": "tiny_r84_fp8down_golden.json", "tiny-r86": "tiny_r86_golden.json",
+                "tiny-r89": "tiny_r89_golden.json"}[args.preset]
         args.out = os.path.join("tests", "reference", "fixtures", name)
     try:
         return generate(args)

@@ -2252,6 +2252,133 @@ class R86XsaTest(unittest.TestCase):
         self.assertFalse(any(bool(torch.isnan(t).any()) for t in tr.params.values()))
 
 
+@needs_torch
+class R89Test(unittest.TestCase):
+    """Record 89 = record 86 + #87 (post-only MLP backward) + #88 (prefix-token loss) + #89 (FP8 down-projection)."""
+
+    def pre_and_grad(self, seed, n=4096):
+        g = torch.Generator().manual_seed(seed)
+        pre = (torch.randn(n, generator=g) * 2.0 ** torch.randint(-6, 6, (n,), generator=g)).bfloat16()
+        pre[:8] = 0.0  # relu's kink: zero gradient both ways
+        return pre, torch.randn(n, generator=g).bfloat16()
+
+    def backward(self, pre, g, post_only):
+        x = pre.clone().requires_grad_(True)
+        post = R.relu_square(x, post_only)
+        post.backward(g)
+        return post.detach(), x.grad
+
+    def test_post_only_backward_against_relu_pre(self):
+        """75d6867a linear_relu_square_kernel's backward: dpre = bf16(2 g sqrt(fp32(post))). Against float64: within
+        a bf16 rounding of 2 g sqrt(post) (and the old one of 2 g relu(pre)); sqrt(post) / relu(pre) is exactly
+        post's rounding, so the two agree bit for bit where post is exact (pre with <= 4 significant bits) and differ
+        elsewhere."""
+        for seed in (871, 872, 873):
+            pre, g = self.pre_and_grad(seed)
+            post, new = self.backward(pre, g, True)
+            post_b, old = self.backward(pre, g, False)
+            self.assertTrue(torch.equal(post, post_b))  # the forward is unchanged
+            self.assertEqual(new.dtype, torch.bfloat16)
+            p64, g64, r64 = post.double(), g.double(), pre.double().clamp_min(0)
+            want_new, want_old = 2 * g64 * p64.sqrt(), 2 * g64 * r64
+            for got, want in ((new, want_new), (old, want_old)):
+                # got is the bf16 nearest to want, except where want lies within the fp32 evaluation's error
+                # (sqrt and product: 2^-23 relative) of a midpoint between two bf16 values
+                near = want.bfloat16().double()  # (double -> bf16 through fp32 can double-round: also a midpoint)
+                off = got.double() != near
+                mid = (got.double()[off] + near[off]) / 2
+                self.assertTrue(bool(((want[off] - mid).abs() <= 2.0 ** -22 * want[off].abs()).all()))
+                self.assertLess(int(off.sum()), 5)
+            self.assertTrue(bool((new[pre <= 0] == 0).all()) and bool((old[pre <= 0] == 0).all()))
+            # the two derivations differ exactly by post's rounding: sqrt(post) = relu(pre) (1 + d), |d| <= 2^-9
+            # (post's bf16 rounding is at most 2^-8 relative, halved by the root)
+            d = p64.sqrt() / r64 - 1
+            pos = pre > 0
+            self.assertLessEqual(float(d[pos].abs().max()), 2.0 ** -9 * (1 + 1e-6))
+            exact = pos & (p64 == r64 * r64)
+            self.assertTrue(bool(torch.equal(new[exact], old[exact])))
+            self.assertGreater(int(exact.sum()), 20)
+            self.assertGreater(int((new != old).sum()), 50)  # elsewhere they do differ
+
+    def test_post_only_is_wired_into_the_training_forward(self):
+        """tiny-r89's switches on a small record-86 model (no prefix loss: the small vocabulary): the loss is record
+        86's + FP8-down bits with and without #87, c_fc's gradient differs (by post's rounding only, under 1%), and
+        every MLP of the training forward goes through ReluSquarePostOnly."""
+        cfg = small_r86_config()
+        R.use_record89(cfg)
+        p = r86_params(cfg, 87, w2_scale=0.1)
+        g = torch.Generator().manual_seed(88)
+        p["mlp_bank"][:, 1] = (torch.randn(p["mlp_bank"][:, 1].shape, generator=g) * 0.02).bfloat16()
+        batches = [random_batch(cfg, 32, 2, g) for _ in range(2)]
+        calls, orig = [0], R.ReluSquarePostOnly.apply
+
+        def counting(pre):
+            calls[0] += 1
+            return orig(pre)
+        out = {}
+        for post_only in (False, True):
+            c = dataclasses_replace(cfg, mlp_post_only=post_only)
+            tr = R.Trainer(c, {k: v.clone() for k, v in p.items()}, R.random_sign_table(c, 20))
+            R.ReluSquarePostOnly.apply = counting
+            try:
+                loss = tr.accumulate_gradients(batches)
+            finally:
+                R.ReluSquarePostOnly.apply = orig
+            out[post_only] = (loss, tr.params["mlp_bank"].grad[:, 0].double())
+        self.assertEqual(calls[0], 2 * R.LAYERS)
+        self.assertEqual(out[False][0], out[True][0])
+        a, b = out[False][1], out[True][1]
+        self.assertFalse(torch.equal(a, b))
+        self.assertLess(float((a - b).norm() / a.norm()), 1e-2)
+
+    def test_r89_config_against_upstream(self):
+        """r89 = r86 + the three switches, 1270 + 15 steps (75d6867a Hyperparameters L1890-1891), record 88's prefix
+        weights (TRAINING_STAGES L1979-1989) per step; tiny-r89 = tiny-r86 + the switches; no earlier preset moves."""
+        r, t = R.r89_config(), R.tiny_r89_config()
+        self.assertEqual((r.scheduled_iterations, r.extension_iterations), (1270, 15))
+        for c, base in ((r, R.r86_config()), (t, R.tiny_r86_config())):
+            self.assertTrue(c.mlp_post_only and c.prefix_loss and c.mlp_fp8_down)
+            d, b = c.to_json(), base.to_json()
+            for k in ("name", "mlp_post_only", "mlp_fp8_down", "prefix_loss", "scheduled_iterations", "total_steps",
+                      "stages"):
+                d.pop(k), b.pop(k, None)
+            self.assertEqual(d, b)
+        for name, make in R.PRESETS.items():
+            if name not in ("r89", "tiny-r89"):
+                self.assertNotIn("mlp_post_only", make().to_json(), name)
+        s = R.Schedule(r)  # thirds of 1270: 423.33 -> 423, 846.67 -> 847; split 847
+        self.assertEqual(s.boundaries, [(0, 423), (423, 847), (847, 1270), (1270, 1285)])
+        self.assertEqual(s.split_step, 847)
+        # pw: 0.25 through stage 0, 0.25 -> 0 over stage 1, then 0 (each an fp32 tensor of the double formula)
+        for step, want in ((0, 0.25), (422, 0.25), (423, 0.25), (635, 0.125), (846, 0.25 / 424), (847, 0.0),
+                           (1270, 0.0), (1285, 0.0)):
+            got = s.prefix_weight(step)
+            self.assertEqual(got.dtype, torch.float32)
+            self.assertEqual(float(got), float(torch.tensor(want, dtype=torch.float32)), step)
+        src = upstream_source("75d6867a", "train_gpt.py")
+        if src is None:
+            return  # (no local mirror of upstream: the transcription above stands)
+        import re
+        hp = lambda text: dict(re.findall(r"^    (\w+): \w+ = ([^#\n]+)", text[text.index("class Hyperparameters"):
+                                                                               text.index("class TrainingStage")], re.M))
+        h89, h86 = hp(src), hp(upstream_source("003ff3e2", "train_gpt.py"))
+        self.assertEqual((int(h89["num_scheduled_iterations"]), int(h89["num_extension_iterations"])), (1270, 15))
+        h89.pop("num_scheduled_iterations"), h86.pop("num_scheduled_iterations")
+        self.assertEqual(h89, h86)  # nothing else of the hyperparameters changed after record 86
+        stages = src[src.index("TRAINING_STAGES = ["):src.index("\n]", src.index("TRAINING_STAGES = ["))]
+        pws = [(float(a), float(b)) for a, b in
+               re.findall(r"prefix_weight_start=([\d.]+), prefix_weight_end=([\d.]+)", stages)]
+        self.assertEqual(pws, [(st.prefix_start, st.prefix_end) for st in r.stages])
+        kernels = upstream_source("75d6867a", "triton_kernels.py")
+        self.assertIn("c0 = 2 * c0 * tl.sqrt(c0_post.to(tl.float32))", kernels)  # ReluSquarePostOnly's formula
+        self.assertIn("ctx.save_for_backward(x, W1, W2, post)", kernels)
+
+
+def dataclasses_replace(cfg, **changes):
+    import dataclasses
+    return dataclasses.replace(cfg, **changes)
+
+
 if __name__ == "__main__":
     if not HAVE_TORCH:
         print("test_torch_reference: skipped (torch is not installed)")

@@ -132,6 +132,8 @@ class Config:
     #                                                (the weights: Stage.prefix_start/_end)
     mlp_fp8_down: bool = False                     # record 89's e4m3 MLP down-projection with delayed scales
     #                                                (training forward only; MlpDownState)
+    mlp_post_only: bool = False                    # record 87's ReLU^2 MLP backward from post alone: relu(pre)
+    #                                                taken as sqrt(fp32(post)) (ReluSquarePostOnly)
     mudd_gate: bool = False                        # record 85's MUDD gate: per-token columns (mudd_gate_layout) in
     #                                                place of the x0/bigram lambdas, the output gates, the skip gate
     #                                                and xsa_alphas; record 86's XSA form; x0 the clean normed embedding
@@ -205,6 +207,8 @@ class Config:
              "the prefix-token table is GPT-2's: vocab_size must be 50257")
         need(not self.mlp_fp8_down or self.mlp_up_fp8,
              "record 89's e4m3 post comes from record 84's FP8 up-projection's epilogue: mlp_up_fp8 is needed")
+        need(not self.mlp_post_only or self.sublayer_lambdas,
+             "record 87's post-only MLP backward is modeled on record 80's stream onwards (sublayer_lambdas)")
         need(not self.fused_ce or all(len(st.mtp_start) <= 3 for st in self.stages),
              "r80's CE kernel adds term2 for at most 3 MTP weights")
         need(self.bank_pad_multiple >= 1, "bank_pad_multiple must be positive")
@@ -237,7 +241,8 @@ _STRUCTURE_FIELDS = ("grad_scale_numerator", "lr_floor", "value_layers", "value_
                      "sublayer_lambdas", "late_attn_source", "head_pair_banks", "bank_pad_multiple", "fused_ce",
                      "polar_express_xtx", "normuon_scale_bf16", "max_num_docs_table", "optimizer_table",
                      "mudd", "mudd_hidden", "xsa_layers", "bigram_dim", "bigram_sign_rows", "x0_includes_bigram",
-                     "paired_ve_gate_reads_ve", "mlp_up_fp8", "mlp_fp8_down", "mudd_gate", "dc_mha")
+                     "paired_ve_gate_reads_ve", "mlp_up_fp8", "mlp_fp8_down", "mudd_gate", "dc_mha",
+                     "mlp_post_only")
 
 
 def record_config() -> Config:
@@ -494,10 +499,42 @@ def tiny_r86_config() -> Config:
     return c
 
 
+def use_record87(c: Config) -> None:
+    """Record 87's post-only ReLU^2 MLP (upstream 75d6867a triton_kernels.py linear_relu_square_kernel L455-499 (its backward branch L472-476),
+    FusedLinearReLUSquareFunction L667-729): the forward keeps post = relu(pre)^2 only, the backward takes relu(pre)
+    as sqrt(fp32(post)) (ReluSquarePostOnly)."""
+    c.mlp_post_only = True
+
+
+def r89_config() -> Config:
+    """Upstream's record 89 (commit 75d6867a, HEAD; records 87-89 on record 86): r86 with the post-only MLP backward
+    (#87), the prefix-token loss (#88: pw 0.25, 0.25 -> 0, 0, 0) and the FP8 MLP down-projection with delayed scaling
+    (#89), 1270 + 15 steps (Hyperparameters L1890-1891)."""
+    c = r86_config()
+    c.name = "r89"
+    use_record87(c)
+    use_record88(c)
+    use_record89(c)
+    c.scheduled_iterations, c.extension_iterations = 1270, 15
+    return c
+
+
+def tiny_r89_config() -> Config:
+    """The CPU-sized twin of r89 (train_gpt.cu's tiny-r89): tiny-r86 with records 87-89's switches (the tiny
+    schedule's lengths, 30 + 4)."""
+    c = tiny_r86_config()
+    c.name = "tiny-r89"
+    use_record87(c)
+    use_record88(c)
+    use_record89(c)
+    return c
+
+
 PRESETS = {"record": record_config, "tiny": tiny_config, "r80": r80_config, "tiny-r80": tiny_r80_config,
            "r84": r84_config, "tiny-r84": tiny_r84_config, "r84-prefix": r84_prefix_config,
            "tiny-r84-prefix": tiny_r84_prefix_config, "r84-fp8down": r84_fp8down_config,
-           "tiny-r84-fp8down": tiny_r84_fp8down_config, "r86": r86_config, "tiny-r86": tiny_r86_config}
+           "tiny-r84-fp8down": tiny_r84_fp8down_config, "r86": r86_config, "tiny-r86": tiny_r86_config,
+           "r89": r89_config, "tiny-r89": tiny_r89_config}
 
 
 def next_multiple_of_n(v: int, n: int) -> int:
@@ -1453,14 +1490,40 @@ def attention_block(cfg: Config, p: Dict[str, torch.Tensor], layer: int, h: torc
     return linear(y.reshape(T, C), w_o)
 
 
+class ReluSquarePostOnly(torch.autograd.Function):
+    """Record 87: post = bf16(relu(pre)^2) (pre bf16, as the bf16 path), but the backward keeps post only and takes
+    relu(pre) as sqrt(fp32(post)) (75d6867a linear_relu_square_kernel's backward branch: c = bf16(g W2^T), then
+    bf16(2 c sqrt(fp32(post))), the product in fp32 and rounded once). sqrt(post) is relu(pre) up to post's bf16
+    rounding (relative 2^-9 at most, halved by the root). IEEE sqrt here; upstream's tl.sqrt lowers to an
+    approximate fp32 root (sqrt.approx), which can move a bf16 result only where it lies at a rounding midpoint."""
+
+    @staticmethod
+    def forward(ctx, pre):
+        post = bf(torch.relu(pre.float()).square())
+        ctx.save_for_backward(post)
+        return post
+
+    @staticmethod
+    def backward(ctx, g):
+        post, = ctx.saved_tensors
+        return bf(2 * g.float() * torch.sqrt(post.float()))
+
+
+def relu_square(pre: torch.Tensor, post_only: bool = False) -> torch.Tensor:
+    """bf16(relu(pre)^2); its backward bf16(2 g relu(pre)) (autograd through fp32), or record 87's from post."""
+    return ReluSquarePostOnly.apply(pre) if post_only else bf(torch.relu(pre.float()).square())
+
+
 def mlp_block(h: torch.Tensor, c_fc: torch.Tensor, c_proj: torch.Tensor, fp8: bool = False,
-              down: Optional[Tuple["MlpDownState", int]] = None) -> torch.Tensor:
+              down: Optional[Tuple["MlpDownState", int]] = None, post_only: bool = False) -> torch.Tensor:
     """relu(h @ c_fc^T)^2 @ c_proj, pre and post activations in bf16 (upstream's fused kernel). fp8: record
     84's e4m3 up-projection (Fp8UpProjection) for pre; the rest, and every gradient, as the bf16 path.
     down = (state, layer): record 89's e4m3 down-projection (Fp8DownProjection) with that layer's scales; the
-    layer's amax of post is recorded in the state (MlpDownState.end_forward turns it into the next act)."""
+    layer's amax of post is recorded in the state (MlpDownState.end_forward turns it into the next act).
+    post_only: record 87's backward through relu^2 from post alone (ReluSquarePostOnly; with down as well: 75d6867a
+    emits the e4m3 post from the same bf16 post the backward keeps)."""
     pre = Fp8UpProjection.apply(h, c_fc) if fp8 else linear(h, c_fc)
-    post = bf(torch.relu(pre.float()).square())
+    post = relu_square(pre, post_only)
     if down is not None:
         state, layer = down
         state.record_amax(layer, post)
@@ -1755,7 +1818,8 @@ def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
             else:
                 inject = lx0[i] * x0f if i == 0 else lx0[i] * x0f + lb[i] * x_bigram
                 x = bf(resid[i, 0] * x.float() + post[i, 0] * y.float() + inject)
-        m = mlp_block(bf(rms_norm(x)), *mlp_w[i], fp8=fp8, down=(args.mlp_down, i) if down else None)
+        m = mlp_block(bf(rms_norm(x)), *mlp_w[i], fp8=fp8, down=(args.mlp_down, i) if down else None,
+                      post_only=cfg.mlp_post_only)
         if entry:
             x = bf(col(12) * x.float() + col(13) * m.float())
         else:
@@ -1862,7 +1926,8 @@ def residual_stream_r86(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
             else:
                 upd = resid[i, 0] * x.float() + post[i, 0] * y.float() + x0f * read("x0", i)
                 x = bf(upd if i == 0 else upd + xb * read("bigram", i))
-        m = mlp_block(bf(rms_norm(x)), *mlp_w[i], fp8=fp8, down=(args.mlp_down, i) if down else None)
+        m = mlp_block(bf(rms_norm(x)), *mlp_w[i], fp8=fp8, down=(args.mlp_down, i) if down else None,
+                      post_only=cfg.mlp_post_only)
         if entry:
             x = bf(col(12) * x.float() + col(13) * m.float())
         else:
