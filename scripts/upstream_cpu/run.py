@@ -1404,7 +1404,7 @@ def validate_upstream(model, manager, cfg, torch, R, ref_loader, docs):
 
 
 # the trainer's --log-grad-norms groups by upstream's labels
-TRAINER_NORM_LABELS = {"value_embeds": "value_embed", "mlp_bank": "mlp"}
+TRAINER_NORM_LABELS = {"value_embeds": "value_embed", "mlp_bank": "mlp", "_mudd_gate_scale": "mudd_gate_scale"}
 
 
 def print_grad_norms_r84(model, twin, tr_norms, torch, ref_norms=None):
