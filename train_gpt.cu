@@ -1617,9 +1617,8 @@ SublayerLambdaGrads sublayer_lambda_grads(const Params& g, int l, int sublayer) 
     return {g.resid_lambdas + 2 * l + sublayer, g.post_lambdas + 2 * l + sublayer, g.x0_lambdas ? g.x0_lambdas + l : nullptr,
             g.bigram_lambdas ? g.bigram_lambdas + l : nullptr};
 }
-// Record 85's MUDD gate: its column layout for this config, and layer l's gate's columns (pre or post) and gradients.
+// Record 85's MUDD gate: its column layout for this config.
 MuddGateLayout gate_layout(const Model& m) { return mudd_gate_layout(m.cfg.structure, m.cfg.num_heads); }
-const float* gate_columns(const Acts& a, const GateColumns& k) { return a.gate_c[k.id]; }
 // Layer l's attention update (sublayer 0): record 85's x0 and bigram injections are per token, the gate's columns.
 SublayerLambdas attention_update_lambdas(const Model& m, const Acts& a, int l) {
     SublayerLambdas lambdas = sublayer_lambdas(m.params, l, 0);

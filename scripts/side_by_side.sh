@@ -14,7 +14,7 @@
 #
 # On the GPU machine (one GPU, PyTorch and Triton, no FlashAttention-3, no network), in one command:
 #   1. synthetic token shards (no FineWeb there): both programs read the same files
-#   2. ours: the bundle's train_gpt, record preset, one GPU (8 micro-steps), --profile-warmup: each
+#   2. ours: the bundle's train_gpt, record 71's preset (r71: upstream's code here is record 71's), one GPU (8 micro-steps), --profile-warmup: each
 #      warm-up step (the steps around every schedule change) timed; a stage's figure is the mean wall
 #      time of its warm-up steps (the untie step apart)
 #   3. upstream: a temporary copy of its code, patched at run time (scripts/side_by_side/upstream_code.py:
@@ -108,7 +108,7 @@ else
     if [ $DRY = 1 ]; then
         ours_args=(--preset tiny --scheduled-steps 6 --extension-steps 2 --val-tokens 2048)
     else
-        ours_args=(--preset record --train-files "$WORK/data/data/fineweb10B/fineweb_train_*.bin"
+        ours_args=(--preset r71 --train-files "$WORK/data/data/fineweb10B/fineweb_train_*.bin"
                    --val-files "$WORK/data/data/fineweb10B/fineweb_val_*.bin" --val-tokens 2097152)
     fi
     ours_args+=(--max-steps 0 --profile-warmup --run-id side_by_side --log-dir "$WORK/logs")

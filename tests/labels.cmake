@@ -43,7 +43,7 @@ set(TIER_RULES
 # not listed once, ran its 214 s last with one core idle).
 set(TEST_COSTS
   "test_trainer 570" "test_trainer_failures 320" "test_trainer_r80 200" "param_toy_edit 155" "repin_planted 150"
-  "test_trainer_r84 170" "test_trainer_r86 300"
+  "test_trainer_r84 170" "test_trainer_r86 590"
   "run_ab_cpu 130" "train_gpt_cpu_np2_strict 110" "headers_compile_alone 110" "test_scripts 80"
   "gpu_check_dry-run 65" "gathers_race_np2 50" "setup_fresh_clone 47" "single_rank_losses 40" "gathers_race_np8 38"
   "plan_step_dry_vs_real_np8 38" "test_mlp_strict_23 33" "test_mlp_strict_11 31" "plan_step_dry_vs_real_np1 29")

@@ -7,8 +7,9 @@ the full-width bigram), on the CPU build:
   - 8 ranks under emu's strictest modes (deferred streams in random order, poisoned allocations: the gate's column
     gradients are written by their readers, DC-MHA's workspace shares the backward's scratch) and 2 ranks in the
     default mode, steps 0..3, against 1 rank (0.1%);
-  - tiny-r89 (records 87-89 on it: post-only MLP, prefix loss, FP8 down): a resume from step 2, inside the FP8
-    down-projection's bootstrap, equals the uninterrupted run at step 4, every tensor bitwise (its scales included);
+  - tiny-r89 (records 87-89 on it: post-only MLP, prefix loss, FP8 down): 1 rank against
+    tests/reference/fixtures/tiny_r89_golden.json, and a resume from step 6, inside the FP8 down-projection's
+    bootstrap, equal to the uninterrupted run at step 8, every tensor bitwise (its scales included);
   - the records' memory plans fit one H100.
 Usage: test_trainer_r86.py TRAIN_GPT_CPU MPIRUN...
 """
@@ -36,23 +37,25 @@ SMALL = (R84.SMALL - {"skip_gate", "attn_gate_bank", "x0_lambdas", "xsa_alphas"}
 NOISY = {"resid_lambdas": 0.3}
 
 
-def check_r89_resume(tmp, stop=4, at=2):
-    """tiny-r89: steps 0..stop-1 uninterrupted and resumed from step `at` (inside the FP8 down-projection's 16-step
-    bootstrap) to the same checkpoint bytes at `stop`."""
-    schedule = [a if a != "tiny-r86" else "tiny-r89" for a in SCHEDULE] + ["--max-steps", str(stop)]
+def check_r89(tmp, at=6):
+    """tiny-r89: 1 rank against its golden run, then resumed from step `at` (inside the FP8 down-projection's 16-step
+    bootstrap) to the same checkpoint bytes at the end."""
+    schedule = [a if a != "tiny-r86" else "tiny-r89" for a in SCHEDULE]
     root, resumed = os.path.join(tmp, "r89"), os.path.join(tmp, "r89_resumed")
-    T.run(schedule + ["--run-id", "r89", "--log-dir", tmp, "--save-checkpoint", root, "--checkpoint-steps", f"{at},{stop}"])
+    T.run(schedule + ["--log-grad-norms", "--run-id", "r89", "--log-dir", tmp, "--save-checkpoint", root,
+                      "--checkpoint-steps", f"{at},{TOTAL}"])
     text = open(os.path.join(tmp, "r89.txt")).read()
     T.check(re.search(r"^preset: tiny-r89$", text, re.M) is not None and
             re.search(r"^  stage 1: .* prefix \[0\.25->0\.00\]$", text, re.M) is not None,
             "the tiny-r89 log names its preset and stage 1's prefix weights")
-    scales = T.tensors(T.ckpt(root, stop), names=["buffer.mlp_down_scales"])[1].get("buffer.mlp_down_scales")
+    R80.check_golden(text, T.tensors(T.ckpt(root, TOTAL), prefix="param.")[1], "tiny-r89", 19, SMALL, NOISY)
+    scales = T.tensors(T.ckpt(root, TOTAL), names=["buffer.mlp_down_scales"])[1].get("buffer.mlp_down_scales")
     T.check(scales is not None and scales.shape == (12, 12) and np.all(np.isfinite(scales)) and
             np.all(scales[:11, 0] != 1), f"tiny-r89's checkpoint holds the FP8 down scales, act moved ({scales})")
     T.run(schedule + ["--run-id", "r89_resumed", "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps",
-                      str(stop), "--resume", os.path.dirname(T.ckpt(root, at))])
-    differ = R84.checkpoint_differences(T.ckpt(root, stop), T.ckpt(resumed, stop))
-    T.check(not differ, f"tiny-r89: resume from step {at} equals the uninterrupted run at step {stop} (every tensor, "
+                      str(TOTAL), "--resume", os.path.dirname(T.ckpt(root, at))])
+    differ = R84.checkpoint_differences(T.ckpt(root, TOTAL), T.ckpt(resumed, TOTAL))
+    T.check(not differ, f"tiny-r89: resume from step {at} equals the uninterrupted run at step {TOTAL} (every tensor, "
             "bitwise)" + (" differ: " + " ".join(differ[:8]) if differ else ""))
 
 
@@ -69,7 +72,7 @@ def main():
                 f"1 rank: {TOTAL} finite training losses ({one_train})")
         for ranks, env, label in ((8, STRICT, "8 ranks, strict emu"), (2, None, "2 ranks")):
             R84.check_ranks(tmp, SCHEDULE, one_train, one_val, ranks, env, f"np{ranks}", label)
-        check_r89_resume(tmp)
+        check_r89(tmp)
     for preset in ("r86", "r89"):
         plan = subprocess.run([T.BINARY, "--preset", preset, "--print-memory"], capture_output=True, text=True)
         total = re.search(r"^total\s+(\S+) MiB", plan.stdout, re.M)
