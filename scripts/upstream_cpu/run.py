@@ -573,6 +573,9 @@ def main(argv=None):
                    help="also train a second reference from the same parameters nudged by one bf16 step on 1%% of "
                         "each bf16 tensor's elements (embed kept = lm_head^T): its distance from the first is the "
                         "bf16 noise floor the upstream-reference difference is judged against")
+    p.add_argument("--noise-seed", type=int, default=12345,
+                   help="--noise: the seed that picks the nudged elements and their directions (another twin, another "
+                        "sample of the noise floor)")
     p.add_argument("--record", type=int, choices=(80, 84, 86, 88, 89), default=None,
                    help="upstream's record: 80 (2c702746, against the reference), 84 (a333be08, against the C++ "
                         "trainer), 88 or 89 (their PRs' code on a333be08, against the trainer's tiny-r84-prefix or "
@@ -598,6 +601,7 @@ def main(argv=None):
                    help="the attention stand-in rounds P to bf16 for P V and dS to bf16 for dq, dk, as FA3's (and "
                         "the C++ trainer's) tensor-core GEMMs take them (default: exact fp32 P, as the reference)")
     args = p.parse_args(argv)
+    globals()["NOISE_SEED"] = args.noise_seed
     if args.self_check:
         return self_check()
     if not args.upstream:
@@ -803,10 +807,13 @@ def validate(step, model, manager, ref, cfg, torch, R, ref_loader, docs):
           f"relative difference {abs(up - rf) / abs(rf):.2e}", flush=True)
 
 
+NOISE_SEED = 12345  # --noise-seed: which 1% of elements the nudged twin moves, and which way
+
+
 def nudged(params, torch):
     """The parameters with one bf16 step (up or down) on a fixed 1% of each bf16 tensor's elements;
     embed stays lm_head^T, exact zeros stay zero (padding and zero-initialized tensors keep their role)."""
-    g = torch.Generator().manual_seed(12345)
+    g = torch.Generator().manual_seed(NOISE_SEED)
     out = {}
     for name, t in params.items():
         if t.dtype != torch.bfloat16 or name == "embed":
