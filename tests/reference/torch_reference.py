@@ -1751,6 +1751,19 @@ def attention_weights(cfg: Config, p: Dict[str, torch.Tensor]) -> List[torch.Ten
     return list(torch.cat([qk_all, vo_all], dim=1).unbind(0))
 
 
+def mudd_entry(p: Dict[str, torch.Tensor], h9: torch.Tensor, h0: torch.Tensor, late: torch.Tensor, H: int):
+    """Record 81's MUDD at the last layer's top (upstream a333be08 forward_mudd, id 0): its 14 coefficients (fp32
+    copies of the bf16 values) as a column reader, aux_v's dense terms, the update's stream r (fp32 into the update:
+    residual_stream_r80's notes) and the value gate (c6 for the first half of the heads, c7 for the rest)."""
+    c = mudd_coefficients(p, h9, 0, MUDD_COEFS).float()
+    col = lambda j: c[:, j:j + 1]
+    h0f, h7f, h9f = h0.float(), late.float(), h9.float()
+    v_add = col(0) * h0f + col(1) * h7f + col(2) * h9f
+    r = (1 + col(5)) * h9f + col(3) * h0f + col(4) * h7f
+    ve_gate = torch.cat([col(6).expand(-1, H // 2), col(7).expand(-1, H - H // 2)], -1)
+    return col, v_add, r, ve_gate
+
+
 def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tensor, x_bigram: torch.Tensor,
                         ve_all: torch.Tensor, doc: torch.Tensor, args: ForwardArgs, training: bool = False):
     """Records 73-77 (upstream @2c702746 GPT.forward): x = x0 + lb[0] bigram; per layer i
@@ -1802,16 +1815,11 @@ def residual_stream_r80(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
             ve_gate = v_add = None
             if entry:
                 h9 = x
-                c = mudd_coefficients(p, h9, 0, MUDD_COEFS).float()
-                col = lambda j: c[:, j:j + 1]
-                h0f, h7f, h9f = h0.float(), late.float(), h9.float()
-                v_add = col(0) * h0f + col(1) * h7f + col(2) * h9f
-                r = (1 + col(5)) * h9f + col(3) * h0f + col(4) * h7f  # fp32 into the update (see above)
-                ve_gate = torch.cat([col(6).expand(-1, H // 2), col(7).expand(-1, H - H // 2)], -1)
+                col, v_add, r, ve_gate = mudd_entry(p, h9, h0, late, H)
             y = attention_block(cfg, p, i, bf(rms_norm(source)), attn_w[attn_index(i)],
                                 ve_all[table] if table >= 0 else None, doc, args, ve_gate, v_add)
             if entry:
-                x = bf(col(8) * r + col(9) * y.float() + col(10) * h0f + col(11) * xb)
+                x = bf(col(8) * r + col(9) * y.float() + col(10) * h0.float() + col(11) * xb)
             elif narrow:
                 upd = resid[i, 0] * x.float() + post[i, 0] * y.float() + lx0[i] * x0f
                 x = bf(upd if i == 0 else upd + lb[i] * xb)
@@ -1909,12 +1917,7 @@ def residual_stream_r86(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
             ve_gate = v_add = None
             if entry:
                 h9 = x
-                c = mudd_coefficients(p, h9, 0, MUDD_COEFS).float()
-                col = lambda j: c[:, j:j + 1]
-                h0f, h7f, h9f = h0.float(), late.float(), h9.float()
-                v_add = col(0) * h0f + col(1) * h7f + col(2) * h9f
-                r = (1 + col(5)) * h9f + col(3) * h0f + col(4) * h7f
-                ve_gate = torch.cat([col(6).expand(-1, H // 2), col(7).expand(-1, H - H // 2)], -1)
+                col, v_add, r, ve_gate = mudd_entry(p, h9, h0, late, H)
             dc = None
             if cfg.dc_mha and i == DC_LAYER:
                 dc = (read_bf16("dc_w1", i), read_bf16("dc_w2", i))
@@ -1922,7 +1925,7 @@ def residual_stream_r86(cfg: Config, p: Dict[str, torch.Tensor], x0: torch.Tenso
             y = attention_block(cfg, p, i, bf(rms_norm(source)), attn_w[attn_index(i)],
                                 ve_all[table] if table >= 0 else None, doc, args, ve_gate, v_add, gates)
             if entry:
-                x = bf(col(8) * r + col(9) * y.float() + col(10) * h0f + col(11) * xb)
+                x = bf(col(8) * r + col(9) * y.float() + col(10) * h0.float() + col(11) * xb)
             else:
                 upd = resid[i, 0] * x.float() + post[i, 0] * y.float() + x0f * read("x0", i)
                 x = bf(upd if i == 0 else upd + xb * read("bigram", i))
