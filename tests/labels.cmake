@@ -27,7 +27,7 @@ set(TIER_RULES
   "gpu-build ^(gpu_res_usage|gpu_hopper_sass.*|gpu_attention_sass|launch_log_fresh|test_check_res_usage)$"
   "scripts ^(test_scripts|test_make_prefix_table|test_ab|run_ab_cpu|gpu_check_.*|gpu_bundle_.*)$"
   "strict _strict(_[0-9]+)?$"
-  "trainer ^(test_trainer|test_trainer_r80|test_trainer_r84|test_trainer_r86|test_trainer_failures|schedule_bits|repin_.*|plan_step_.*|profile_steps_cli|gathers_race.*|fp8_refresh.*|param_toy_edit|single_rank_losses)$"
+  "trainer ^(test_trainer|test_trainer_r80|test_trainer_r84|test_trainer_r86|test_trainer_r89|test_trainer_failures|schedule_bits|repin_.*|plan_step_.*|profile_steps_cli|gathers_race.*|fp8_refresh.*|param_toy_edit|single_rank_losses)$"
   "mpi _np([2-9]|[1-9][0-9]+)(_|$)"
   "fast ^(${UNIT_TEST_ALTERNATIVES})$"
   "fast ^(train_gpt_cpu_np1|train_gpt_print_memory|train_gpt_bad_flag|emu_profile|memory_plan_state|nccl_world1_check)$"
@@ -43,7 +43,7 @@ set(TIER_RULES
 # not listed once, ran its 214 s last with one core idle).
 set(TEST_COSTS
   "test_trainer 570" "test_trainer_failures 320" "test_trainer_r80 200" "param_toy_edit 155" "repin_planted 150"
-  "test_trainer_r84 170" "test_trainer_r86 590"
+  "test_trainer_r84 390" "test_trainer_r86 260" "test_trainer_r89 250"
   "run_ab_cpu 130" "train_gpt_cpu_np2_strict 110" "headers_compile_alone 110" "test_scripts 80"
   "gpu_check_dry-run 65" "gathers_race_np2 50" "setup_fresh_clone 47" "single_rank_losses 40" "gathers_race_np8 38"
   "plan_step_dry_vs_real_np8 38" "test_mlp_strict_23 33" "test_mlp_strict_11 31" "plan_step_dry_vs_real_np1 29")

@@ -18,22 +18,25 @@ if(Python3_Interpreter_FOUND)
 endif()
 
 # The tiny-r84 preset end to end (tests/trainer/test_trainer_r84.py): 1 rank's losses falling, the sign table in the
-# checkpoint, a bitwise resume from an odd step, 8 ranks under emu's strict modes and 2 in the default mode against
-# 1 rank, the record's memory plan; records 88's and 89's feature checks on it (tiny-r84-prefix, tiny-r84-fp8down:
-# golden runs, the FP8 scales' resume and warm-up reset, 2 ranks against 1).
+# checkpoint, a bitwise resume from an odd step, 8 ranks under emu's strict modes against 1 rank, the record's memory
+# plan; records 88's and 89's feature checks on it (tiny-r84-prefix, tiny-r84-fp8down: golden runs, the FP8 scales'
+# warm-up reset, 2 ranks against 1).
 if(Python3_Interpreter_FOUND)
   add_test(NAME test_trainer_r84 COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r84.py
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
   set_tests_properties(test_trainer_r84 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1800)
 endif()
 
-# The tiny-r86 preset end to end (tests/trainer/test_trainer_r86.py): 1 rank against its golden run (losses, step 0's
-# gradient norms, final parameter norms), 8 ranks under emu's strict modes and 2 in the default mode against 1 rank, the
-# record's memory plan.
+# Records 86 and 89 end to end (tests/trainer/test_trainer_r86.py), two tests that run side by side: tiny-r86 against
+# its golden run on 1 rank and 8 strict ranks against 1 (PART=r86); tiny-r89 against its golden run and resumed inside
+# the FP8 bootstrap bitwise (PART=r89); each record's memory plan.
 if(Python3_Interpreter_FOUND)
-  add_test(NAME test_trainer_r86 COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r86.py
-           $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
-  set_tests_properties(test_trainer_r86 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1800)
+  foreach(part r86 r89)
+    add_test(NAME test_trainer_${part} COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r86.py
+             $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
+    set_tests_properties(test_trainer_${part} PROPERTIES
+                         ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1;PART=${part}" TIMEOUT 1800)
+  endforeach()
 endif()
 
 # Bad inputs and faults (tests/trainer/test_failures.py): flags, startup checks, a full log disk,
