@@ -38,15 +38,15 @@ set(TIER_RULES
 )
 
 # What a fresh clone's CTest has no timings for yet: the longest tests (seconds, as the fresh-clone
-# CI run of 2026-11-28 measured them on 2 cores under ctest -j 2; repin_planted and run_ab_cpu as
-# shortened since) start first, so that none of them is left to run alone at the end (repin_planted,
+# CI run of aef628a measured them on 2 cores under ctest -j 2, test_trainer_r84 and test_trainer_r89
+# as changed since) start first, so that none of them is left to run alone at the end (repin_planted,
 # not listed once, ran its 214 s last with one core idle).
 set(TEST_COSTS
-  "test_trainer 570" "test_trainer_failures 320" "test_trainer_r80 200" "param_toy_edit 155" "repin_planted 150"
-  "test_trainer_r84 390" "test_trainer_r86 260" "test_trainer_r89 250"
-  "run_ab_cpu 130" "train_gpt_cpu_np2_strict 110" "headers_compile_alone 110" "test_scripts 80"
-  "gpu_check_dry-run 65" "gathers_race_np2 50" "setup_fresh_clone 47" "single_rank_losses 40" "gathers_race_np8 38"
-  "plan_step_dry_vs_real_np8 38" "test_mlp_strict_23 33" "test_mlp_strict_11 31" "plan_step_dry_vs_real_np1 29")
+  "test_trainer 350" "test_trainer_r89 340" "test_trainer_r86 245" "test_trainer_r84 235" "test_trainer_failures 140"
+  "test_trainer_r80 120" "param_toy_edit 100" "run_ab_cpu 85" "repin_planted 85" "gpu_check_dry-run 60"
+  "train_gpt_cpu_np2_strict 55" "test_gpt_reference 40" "headers_compile_alone 35" "test_mlp_strict_11 32"
+  "test_scripts 32" "test_model_strict_11 30" "test_model 30" "test_mlp 30" "plan_step_dry_vs_real_np8 30"
+  "gathers_race_np8 28")
 
 # tier_of(OUT NAME): NAME's tier by the rules, or "" where none matches.
 function(tier_of out name)

@@ -16,18 +16,20 @@ the aliased x0, the paired layers' gates reading the value embedding, the FP8 ML
   - 8 ranks under emu's strictest modes (deferred streams in random order, poisoned allocations: MUDD's and XSA's
     replicated reductions, the narrow bigram's sparse exchange, the banks' buckets and gathers, each ordered by
     its events or reported as a race), steps 0..3: the same training and validation losses as 1 rank up to
-    reduction order (0.1%, as records 71's and 80's 1 = 2 = 8; 2 ranks in the default mode: tiny-r84-prefix's);
+    reduction order (0.1%, as records 71's and 80's 1 = 2 = 8; 2 ranks: tiny-r84-prefix's with FULL=1, below);
   - --print-memory --preset r84: the record's plan fits one H100 (80 GB);
-  - tiny-r84-prefix (record 88's prefix-token loss on tiny-r84; pw 0.25, then 0.25 -> 0 over stage 1, then 0): 1 rank
-    against its own golden run (tests/reference/fixtures/tiny_r84_prefix_golden.json) as above; step 0's training
-    loss above tiny-r84's (the same parameters and batch: the prefix term adds); 2 ranks against 1 over steps 0..3
-    (each rank uploads the step's weight after its MTP weights);
   - tiny-r84-fp8down (record 89's FP8 down-projection with delayed scales on tiny-r84; the weights' scale bootstrapped
     for every quantization of these 8 steps, as upstream's for steps below 16): 1 rank against its own golden run
     (tests/reference/fixtures/tiny_r84_fp8down_golden.json); the scales in every rank's checkpoint
     (`buffer.mlp_down_scales`); a run with upstream's warm-up equal to the run without it at step 2 (the reset
-    restores the scales), every tensor bitwise (a resume inside the bootstrap: tiny-r89's, test_trainer_r86.py);
-    2 ranks under emu's strict modes against 1 over steps 0..3 (each rank's activation scale is its own).
+    restores the scales), every tensor bitwise (a resume inside the bootstrap, and 2 strict ranks = 1: tiny-r89's,
+    test_trainer_r86.py);
+  - with FULL=1 in the environment (by hand: CI's 30 minutes on 2 cores leave no room), also tiny-r84-prefix (record
+    88's prefix-token loss on tiny-r84; pw 0.25, then 0.25 -> 0 over stage 1, then 0): 1 rank against its own golden
+    run (tests/reference/fixtures/tiny_r84_prefix_golden.json) as above; step 0's training loss above tiny-r84's (the
+    same parameters and batch: the prefix term adds); 2 ranks against 1 over steps 0..3 (each rank uploads the step's
+    weight after its MTP weights); and tiny-r84-fp8down's 2 strict ranks against 1. In CI, record 89's golden run and
+    its 2 strict ranks (test_trainer_r89) run the same prefix-loss and FP8 down-projection code on tiny-r86.
 Usage: test_trainer_r84.py TRAIN_GPT_CPU MPIRUN...
 """
 import os
@@ -45,6 +47,8 @@ import test_trainer_r80 as R80  # noqa: E402  (its golden-run check)
 SCHEDULE = ["--preset", "tiny-r84", "--scheduled-steps", "6", "--extension-steps", "2", "--val-every", "4",
             "--val-tokens", "4096", "--log-train-loss", "--warmup", "0"]
 TOTAL = 8
+# FULL=1: the feature presets' checks CI leaves out (the docstring's last item)
+FULL = os.environ.get("FULL") == "1"
 STRICT = {"EMU_RANDOM_ORDER": "29", "EMU_STREAMS": "deferred:29", "EMU_POISON": "1"}
 # Record 84's 20 groups: record 80's 16 with xsa_alphas and MUDD's three, the new ones sums over tokens (small). Step
 # 0's gradient norms against the reference (tests/reference/README.md, "Record 84"): skip_gate 6.1%, mudd_b2 3.5%,
@@ -73,8 +77,9 @@ def check_ranks(tmp, schedule, one_train, one_val, ranks, env, run_id, label, st
     T.check(a.shape == train.shape and np.all(np.abs(a - train) <= 1e-3 * a),
             f"{label} vs 1: training losses of steps 0..{steps - 1} agree to 0.1% "
             f"(max {np.max(np.abs(a - train) / a) if a.shape == train.shape else np.inf:.1e})")
-    T.check(sorted(val) == [0, steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val),
-            f"{label} vs 1: validation losses {val} agree to 0.1%")
+    # (the 1-rank run validates every 4 steps: a run of fewer steps has its last validation to itself)
+    T.check(sorted(val) == [0, steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val if k in one_val),
+            f"{label} vs 1: validation losses {val} agree to 0.1% where 1 rank validated ({one_val})")
 
 
 def check_resume(tmp, schedule, root, step, run_id, label):
@@ -116,8 +121,8 @@ def check_prefix(tmp, r84_train):
 
 
 def check_fp8down(tmp):
-    """tiny-r84-fp8down: 1 rank against its golden run, the scales in the checkpoints, the warm-up's reset bitwise, 2
-    strict ranks = 1."""
+    """tiny-r84-fp8down: 1 rank against its golden run, the scales in the checkpoints, the warm-up's reset bitwise (with
+    FULL=1, 2 strict ranks = 1)."""
     schedule = [a if a != "tiny-r84" else "tiny-r84-fp8down" for a in SCHEDULE]
     root = os.path.join(tmp, "fp8down1")
     T.run(schedule + ["--log-grad-norms", "--run-id", "fp8down1", "--log-dir", tmp, "--save-checkpoint", root,
@@ -146,7 +151,8 @@ def check_fp8down(tmp):
         differ = checkpoint_differences(T.ckpt(root, step), T.ckpt(warm, step))
         T.check(not differ, f"tiny-r84-fp8down: after the warm-up, step {step}'s state equals the run's without it "
                 "(every tensor, bitwise)" + (" differ: " + " ".join(differ[:8]) if differ else ""))
-    check_ranks(tmp, schedule, one_train, one_val, 2, STRICT, "fp8down2", "tiny-r84-fp8down, 2 strict ranks")
+    if FULL:
+        check_ranks(tmp, schedule, one_train, one_val, 2, STRICT, "fp8down2", "tiny-r84-fp8down, 2 strict ranks")
 
 
 def main():
@@ -177,9 +183,10 @@ def main():
                 f"({logged}: {r_train})")
 
         # without upstream's warm-up (test_trainer.py runs it on record 71's tiny preset)
-        # 8 ranks under the strict modes (2 in the default mode: tiny-r84-prefix's below, tiny-r80's)
+        # 8 ranks under the strict modes (2 in the default mode: tiny-r80's; tiny-r84-prefix's with FULL=1)
         check_ranks(tmp, SCHEDULE, one_train, one_val, 8, STRICT, "np8", "8 ranks, strict emu")
-        check_prefix(tmp, one_train)
+        if FULL:
+            check_prefix(tmp, one_train)
         check_fp8down(tmp)
     plan = subprocess.run([T.BINARY, "--preset", "r84", "--print-memory"], capture_output=True, text=True)
     total = re.search(r"^total\s+(\S+) MiB", plan.stdout, re.M)
