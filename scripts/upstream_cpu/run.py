@@ -36,10 +36,21 @@ as this project's side, and prints the training losses step by step with their r
       --extension-steps 2 --val-tokens 4096
   python3 scripts/upstream_cpu/run.py --self-check   # the DC stand-in against a float64 evaluation
 
+  75d6867a (upstream's HEAD, records 87-89 on 003ff3e2: the post-only ReLU^2 kernel, the prefix-token loss, the FP8
+  down-projection with delayed scaling; --record 87-89) at tiny-r89 beside the trainer's (--trainer) and the
+  reference's (--reference) tiny-r89, upstream's prefix table built by its own build_prefix_table (over a tiktoken
+  stand-in reading $SHARED_DATA/gpt2/encoder.json, default ../shared/data) and checked equal to
+  data/gpt2_prefix_table.bin:
+
+  python3 scripts/upstream_cpu/run.py --upstream /tmp/up89h --trainer build/train_gpt_cpu --reference --noise \
+      --steps 8 --scheduled-steps 6 --extension-steps 2 --val-tokens 4096 --val-every 4
+  python3 scripts/upstream_cpu/run.py --self-check --upstream-git UPSTREAM_CLONE   # also the detection, every patch
+
 Which record is told by the files (a333be08's train_gpt.py has quantize_mlp_fp8 and init_mudd; record 88's
 also build_prefix_table; record 89's quantize_mlp_fp8 takes bootstrap_down; 003ff3e2's has init_mudd_gate, the
-dc_triton_kernels import and DC on layer 10; the MUDD gate with record 88's or 89's code, 75d6867a, is refused);
---record checks it. Upstream's files are never committed here: take them from a clone of upstream's repository,
+dc_triton_kernels import and DC on layer 10; 75d6867a's has the MUDD gate with records 87-89's lines (R8789_MARKERS)
+and all three files exactly 75d6867a's git blobs; the MUDD gate with only part of it, e.g. 57a65f15, or any edit of
+75d6867a's files, is refused); --record checks it. Upstream's files are never committed here: take them from a clone of upstream's repository,
 
   mkdir -p /tmp/up80 /tmp/up84
   for f in train_gpt.py triton_kernels.py; do git -C UPSTREAM_CLONE show 2c702746:$f > /tmp/up80/$f
@@ -107,6 +118,12 @@ stand-ins (its (12, 576) weight scratch, sized for 3072 x 768, is not asserted);
 with bootstrap_down=True after construction and step < 16 after each optimizer step, as upstream's loop; the FP8
 GEMMs accumulate in fp32 (the tensor cores' FP8 accumulation is hardware behaviour) and divisions are IEEE
 (Triton's are div.full.f32).
+75d6867a: record 86's patches (its lines unchanged), record 89's SM count and record 88's CE patches (the same CE
+lines as its PR's); record 87's post-only kernel by standins.linear_relu_square_post_only (post = bf16(relu(c)^2)
+returned alone or with post_f8; backward dpre = bf16(2 bf16(g W2^T) sqrt(fp32(post))), an IEEE root where Triton's
+tl.sqrt is approximate); the FP8 down-projection as record 89's PR's (Fp8DownShadow checks the state machine); the
+prefix table buffer starts all -1 and is filled after construction as the main program fills it after its clock
+starts (upstream's build_prefix_table, run).
 Record 80: upstream at world size 1 pads its banks to a multiple of 1 and its scalars by (-25) % 1: the
 reference's 8-GPU layout's padding (zero matrices, ones) is dropped when loading, after checking it is
 padding. Record 84: the trainer's checkpoint (its labels; value_embed, mlp) is reshaped to upstream's
@@ -383,6 +400,37 @@ TRAIN_PATCHES_R86 = [p for p in TRAIN_PATCHES_R84 if p[0] not in R86_GONE] + [
 ]
 
 
+# 75d6867a (upstream's HEAD: records 87-89 on 003ff3e2): record 86's patches, whose lines it keeps, and record 89's
+# SM count (one partial-amax slot per layer). Record 88's prefix table is upstream's own: the buffer is built all -1
+# and run.py fills it as the main program does (model.prefix_table.copy_(build_prefix_table(...))), build_prefix_table
+# reading a CPU tiktoken stand-in (GPT-2's encoder.json); triton_kernels.py takes record 88's PR's patches (the same CE
+# lines) and record 87's post-only linear_relu_square stand-in.
+R8789 = "87-89"  # the record id of 75d6867a (records 87, 88 and 89 merged on 003ff3e2)
+TRAIN_PATCHES_R8789 = TRAIN_PATCHES_R86 + [p for p in TRAIN_PATCHES_R89 if p[0] == "the SM count"]
+# git blob ids of 75d6867a's files: run.py's patches and stand-ins are written for exactly these
+R8789_BLOBS = {"train_gpt.py": "228e05807d3abf32033e790c0b89cf69b3e0153e",
+               "triton_kernels.py": "ae32d8258a0a4d8869efac0bcba2937ea83c1c1c",
+               "dc_triton_kernels.py": "e9bbd9f907f4f5a88d9b5bb7ae99308b30bbbed1"}
+# what tells 75d6867a's code, each (file, exact text): its absence is named when a file with the MUDD gate is refused
+R8789_MARKERS = (
+    ("train_gpt.py", "def build_prefix_table(vocab_size: int) -> Tensor:"),
+    ("train_gpt.py", '        self.register_buffer("prefix_table", torch.full((self.vocab_size,), -1, dtype=torch.int64), '
+                     'persistent=False)'),
+    ("train_gpt.py", "    def quantize_mlp_fp8(self, bootstrap_down=False):"),
+    ("train_gpt.py", "    model.quantize_mlp_fp8(bootstrap_down=(step < 16))"),
+    ("train_gpt.py", "model.prefix_table.copy_(build_prefix_table(model.vocab_size))"),
+    ("triton_kernels.py", "            c0 = 2 * c0 * tl.sqrt(c0_post.to(tl.float32))"),
+    ("triton_kernels.py", "        return c, post_fp8"),
+    ("triton_kernels.py", "  if (threadIdx.x <= n_predict) {"),
+)
+
+
+def git_blob_id(data):
+    """git's object id of a file's bytes (sha1 of 'blob <size>\\0' + bytes)."""
+    import hashlib
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
 class PatchError(Exception):
     pass
 
@@ -419,18 +467,39 @@ def free_port():
 def upstream_record(src):
     """84 for a333be08's train_gpt.py (it has quantize_mlp_fp8 and init_mudd), 88 for record 88's PR on it (also
     build_prefix_table), 89 for record 89's PR on it (quantize_mlp_fp8 takes bootstrap_down), 86 for 003ff3e2 (the
-    MUDD gate, init_mudd_gate, and the dc_triton_kernels import), else 80 (2c702746). Later code (the MUDD gate with
-    record 88's or 89's changes: 75d6867a) and both PRs' changes together are refused."""
+    MUDD gate, init_mudd_gate, and the dc_triton_kernels import), R8789 ("87-89") for 75d6867a (the MUDD gate with
+    records 87-89: every R8789_MARKERS line, and the three files exactly 75d6867a's git blobs), else 80 (2c702746).
+    The MUDD gate with only part of records 87-89 (e.g. 57a65f15, the FP8 PR's merge before 75d6867a fixed its
+    kernel and imports), any other edit of 75d6867a's files, and both PRs' changes on a333be08 together are refused."""
     path = os.path.join(src, "train_gpt.py")
     if not os.path.exists(path):
         raise PatchError(f"{path} is missing (git show COMMIT:train_gpt.py > {path})")
     text = open(path).read()
     if "def init_mudd_gate(" in text:
+        if "from dc_triton_kernels import (" not in text or "self.dc_layers = [10]" not in text:
+            raise PatchError(f"{path} has the MUDD gate but no dc_triton_kernels import / DC on layer 10: neither "
+                             "003ff3e2's nor 75d6867a's code as run.py knows it: not supported")
         later = [m for m in ("def build_prefix_table(", "bootstrap_down") if m in text]
-        if later or "from dc_triton_kernels import (" not in text or "self.dc_layers = [10]" not in text:
-            raise PatchError(f"{path} has the MUDD gate but is not 003ff3e2's code as run.py knows it "
-                             f"({', '.join(later) or 'no dc_triton_kernels import / DC on layer 10'}): not supported")
-        return 86
+        if not later:
+            return 86
+        texts = {}
+        for name in R8789_BLOBS:
+            f = os.path.join(src, name)
+            if not os.path.exists(f):
+                raise PatchError(f"{f} is missing (git show 75d6867a:{name} > {f})")
+            texts[name] = open(f, "rb").read()
+        missing = [f"{name}: {line.strip()!r}" for name, line in R8789_MARKERS
+                   if line not in texts[name].decode("utf-8", "replace").split("\n")]
+        if missing:
+            raise PatchError(f"{src} has the MUDD gate with part of records 87-89 ({', '.join(later)}) but is not "
+                             f"75d6867a's code: it lacks {'; '.join(missing)}: not supported")
+        for name, want in R8789_BLOBS.items():
+            got = git_blob_id(texts[name])
+            if got != want:
+                raise PatchError(f"{src}/{name} has 75d6867a's records 87-89 but is not its file (git blob {got}, "
+                                 f"75d6867a's is {want}): run.py's patches and stand-ins know that commit's files "
+                                 "only: not supported")
+        return R8789
     if "def quantize_mlp_fp8(self):" in text and "def init_mudd(" in text:
         return 88 if "def build_prefix_table(" in text else 84
     if "def quantize_mlp_fp8(self, bootstrap_down=False):" in text and "def init_mudd(" in text:
@@ -444,8 +513,9 @@ def upstream_record(src):
 def load_upstream(src, tmp, cfg, record=80, extra=None):
     """Upstream's train_gpt.py (up to its main program) and triton_kernels.py, patched, imported."""
     commit = {80: "2c702746", 84: "a333be08", 88: "record 88's PR (a333be08 + the prefix loss)",
-              89: "record 89's PR (a333be08 + the FP8 down-projection)", 86: "003ff3e2"}[record]
-    files = ("train_gpt.py", "triton_kernels.py") + (("dc_triton_kernels.py",) if record == 86 else ())
+              89: "record 89's PR (a333be08 + the FP8 down-projection)", 86: "003ff3e2", R8789: "75d6867a"}[record]
+    dc = record in (86, R8789)
+    files = ("train_gpt.py", "triton_kernels.py") + (("dc_triton_kernels.py",) if dc else ())
     for name in files:
         if not os.path.exists(os.path.join(src, name)):
             raise PatchError(f"{src}/{name} is missing (git show {commit}:{name} > {src}/{name})")
@@ -485,18 +555,20 @@ def load_upstream(src, tmp, cfg, record=80, extra=None):
     hooks.configure, hooks.stages, hooks.prefix_table = configure, stages, prefix_table
     sys.modules["_upstream_cpu_hooks"] = hooks
     train_patches = {80: TRAIN_PATCHES, 84: TRAIN_PATCHES_R84, 88: TRAIN_PATCHES_R88, 89: TRAIN_PATCHES_R89,
-                     86: TRAIN_PATCHES_R86}[record]
-    kernel_patches = KERNEL_PATCHES_R88 if record == 88 else KERNEL_PATCHES
+                     86: TRAIN_PATCHES_R86, R8789: TRAIN_PATCHES_R8789}[record]
+    kernel_patches = KERNEL_PATCHES_R88 if record in (88, R8789) else KERNEL_PATCHES
+    if record == R8789:  # upstream imports tiktoken and loads GPT-2's encoding at import (build_prefix_table's)
+        sys.modules["tiktoken"] = gpt2_tiktoken()
     for name, patches in (("train_gpt.py", train_patches), ("triton_kernels.py", kernel_patches)):
         text = apply_patches(open(os.path.join(src, name)).read(), patches, name, commit)
         open(os.path.join(tmp, name), "w").write(text)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-    if record == 86:  # unpatched: imported (its @triton.jit kernels stay plain functions), its launcher replaced
+    if dc:  # unpatched: imported (its @triton.jit kernels stay plain functions), its launcher replaced
         shutil.copy(os.path.join(src, "dc_triton_kernels.py"), os.path.join(tmp, "dc_triton_kernels.py"))
     sys.path.insert(0, tmp)
     import triton_kernels
-    standins.patch_kernels(triton_kernels)
-    if record == 86:
+    standins.patch_kernels(triton_kernels, post_only=record == R8789)
+    if dc:
         import dc_triton_kernels
         standins.patch_dc_kernels(dc_triton_kernels)
     path = os.path.join(tmp, "train_gpt.py")
@@ -511,6 +583,46 @@ def load_upstream(src, tmp, cfg, record=80, extra=None):
     if abs(ns["training_schedule"].cooldown_frac - cfg.cooldown_frac) > 0:
         raise PatchError(f"upstream's cooldown_frac {ns['training_schedule'].cooldown_frac} != {cfg.cooldown_frac}")
     return ns, torch
+
+
+def gpt2_tiktoken():
+    """A CPU stand-in for the tiktoken module as 75d6867a's build_prefix_table reads it: get_encoding("gpt2") with
+    _mergeable_ranks, GPT-2's {token bytes: id} for its 50256 mergeable tokens (tiktoken's gpt2 ranks are the ids of
+    encoder.json), read from $SHARED_DATA/gpt2/encoder.json or ../shared/data/gpt2 by scripts/make_prefix_table.py's
+    token_bytes (no network)."""
+    vocab = os.path.join(os.environ.get("SHARED_DATA", os.path.join(ROOT, "..", "shared", "data")), "gpt2")
+    if not os.path.exists(os.path.join(vocab, "encoder.json")):
+        raise PatchError(f"75d6867a builds its prefix table from GPT-2's vocabulary: {vocab}/encoder.json is missing "
+                         "(set SHARED_DATA)")
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import make_prefix_table
+    ranks = {b: tid for tid, b in make_prefix_table.token_bytes(vocab).items()}
+    encoding = types.SimpleNamespace(_mergeable_ranks=ranks)
+
+    def get_encoding(name):
+        if name != "gpt2":
+            raise PatchError(f"upstream asks tiktoken for the {name} encoding: only gpt2 is stood in")
+        return encoding
+    module = types.ModuleType("tiktoken")
+    module.get_encoding = get_encoding
+    return module
+
+
+def fill_prefix_table(ns, torch, R, models):
+    """75d6867a's main program after its clock starts: model.prefix_table.copy_(build_prefix_table(vocab_size)),
+    upstream's own build_prefix_table (over the tiktoken stand-in), checked equal to data/gpt2_prefix_table.bin,
+    which the trainer and the reference use."""
+    table = ns["build_prefix_table"](models[0].vocab_size)
+    mine = R.load_prefix_table()
+    if not torch.equal(table, mine):
+        bad = (table != mine).nonzero()[:5].flatten().tolist()
+        raise PatchError(f"upstream's build_prefix_table differs from data/gpt2_prefix_table.bin (ids {bad})")
+    for m in models:
+        if not bool((m.prefix_table == -1).all()):
+            raise PatchError("75d6867a's prefix_table buffer should start all -1 (filled after the clock starts)")
+        m.prefix_table.copy_(table)
+    print(f"prefix table: upstream's build_prefix_table = data/gpt2_prefix_table.bin ({int((table >= 0).sum())} "
+          f"valid of {table.numel()}), copied into the buffer as its main program does", flush=True)
 
 
 # upstream converts these to bf16 after GPT(...) (in its main program, which is cut): the rest stay fp32
@@ -555,8 +667,12 @@ def main(argv=None):
     p.add_argument("--upstream", help="folder with upstream's train_gpt.py and triton_kernels.py at 2c702746 (record "
                                       "80) or a333be08 (record 84), and dc_triton_kernels.py at 003ff3e2 (record 86)")
     p.add_argument("--self-check", action="store_true",
-                   help="only check standins' DC-MHA correction (record 86) against a float64 evaluation on random "
-                        "data, forward and backward; no upstream files needed")
+                   help="only check standins' DC-MHA correction (record 86) and post-only ReLU^2 kernel (75d6867a) "
+                        "against float64 evaluations on random data, forward and backward; with --upstream-git also "
+                        "the record detection and every patch list on upstream's commits")
+    p.add_argument("--upstream-git", default=None,
+                   help="--self-check: a git directory of upstream's repository (a clone or mirror) whose commits "
+                        "2c702746, a333be08, 003ff3e2, 57a65f15 and 75d6867a the detection checks read")
     p.add_argument("--init", help="step-0 parameters (safetensors, 'param.<label>'), e.g. make_golden.py "
                                   "--preset tiny-r80 --write-init FILE; default: the reference's init, --seed")
     p.add_argument("--seed", type=int, default=1337)
@@ -576,11 +692,13 @@ def main(argv=None):
     p.add_argument("--noise-seed", type=int, default=12345,
                    help="--noise: the seed that picks the nudged elements and their directions (another twin, another "
                         "sample of the noise floor)")
-    p.add_argument("--record", type=int, choices=(80, 84, 86, 88, 89), default=None,
+    p.add_argument("--record", type=lambda v: int(v) if v.isdigit() else v, choices=(80, 84, 86, 88, 89, R8789),
+                   default=None,
                    help="upstream's record: 80 (2c702746, against the reference), 84 (a333be08, against the C++ "
                         "trainer), 88 or 89 (their PRs' code on a333be08, against the trainer's tiny-r84-prefix or "
                         "tiny-r84-fp8down, and with --reference the reference's), 86 (003ff3e2, against the "
-                        "reference's and the trainer's tiny-r86); default: told by the files")
+                        "reference's and the trainer's tiny-r86), 87-89 (75d6867a, upstream's HEAD: records 87-89 "
+                        "merged, against the trainer's and the reference's tiny-r89); default: told by the files")
     p.add_argument("--trainer-preset", default=None,
                    help="records 84-89: the trainer's preset that gives the step-0 checkpoint, the batches and the "
                         "trainer column (default: the record's own, tiny-r84, tiny-r84-prefix or tiny-r84-fp8down); "
@@ -603,7 +721,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     globals()["NOISE_SEED"] = args.noise_seed
     if args.self_check:
-        return self_check()
+        return self_check(upstream_git=args.upstream_git)
     if not args.upstream:
         p.error("--upstream is required (or --self-check)")
     import standins
@@ -612,7 +730,7 @@ def main(argv=None):
         record = upstream_record(args.upstream)
         if args.record is not None and args.record != record:
             raise PatchError(f"{args.upstream}/train_gpt.py is record {record}'s code, not {args.record}'s")
-        return run_r84(args, record) if record in (84, 86, 88, 89) else run(args)
+        return run_r84(args, record) if record in (84, 86, 88, 89, R8789) else run(args)
     except PatchError as e:
         print(f"upstream_cpu: error: {e}", file=sys.stderr)
         return 1
@@ -1070,7 +1188,152 @@ def seeded_init(args, ns, torch, cfg, R, preset):
     return tensors
 
 
-def self_check(seeds=(1, 2, 3, 4, 5)):
+def self_check(seeds=(1, 2, 3, 4, 5), upstream_git=None):
+    """The DC stand-in's check (dc_self_check), the post-only kernel's (post_only_self_check) and, given upstream's
+    git directory, the detection's (detection_self_check)."""
+    rc = dc_self_check(seeds)
+    rc |= post_only_self_check(seeds)
+    if upstream_git:
+        rc |= detection_self_check(upstream_git)
+    else:
+        print("detection: not checked (--upstream-git DIR reads upstream's commits)")
+    print("self-check: " + ("FAILED" if rc else "all passed"))
+    return rc
+
+
+def post_only_self_check(seeds):
+    """standins.linear_relu_square_post_only (75d6867a's record-87 kernel) against float64 on random bf16 data (M 96,
+    K 64, N 160; x scaled so pre spans the bf16 range's usual magnitudes), per seed:
+      forward: returns post alone (no pre); post >= 0, zero exactly where bf16(pre64) <= 0, and elsewhere within
+        |post - relu(pre64)^2| <= (2^-8 (1 + 2^-8) * 2 + 2^-8 + 1e-5) relu(pre64)^2 (pre's bf16 rounding, doubled by the
+        square; post's; fp32 sums);
+      EMIT_FP8 form (an FP8 up-projection with an act scale): (post, post_f8), post_f8 = e4m3(min(post / act, 448)) bit
+        for bit from the post it returns;
+      backward (aux = post): zero where post is zero, else |dpre - 2 g64 relu(pre64)| <= 4.5 * 2^-8 |2 g64 relu(pre64)|
+        (bf16(g W2^T), sqrt(post)'s 2^-9 + pre's 2^-8, the bf16 result; fp32 sums), equal bit for bit to
+        bf16(2 bf16(g W2^T) relu(pre)) wherever post = pre^2 exactly, and different from it somewhere (the root of
+        post, not relu(pre): record 87's difference)."""
+    import torch
+    import standins
+    failures, worst = [], {"forward": 0.0, "backward": 0.0}
+    u = 2.0 ** -8
+    differ = 0
+    for seed in seeds:
+        g = torch.Generator().manual_seed(8700 + seed)
+        x = (torch.randn(96, 64, generator=g) * 0.5).bfloat16()
+        w1 = (torch.randn(160, 64, generator=g) * 0.2).bfloat16()
+        go = (torch.randn(96, 48, generator=g) * 0.1).bfloat16()
+        w2 = (torch.randn(160, 48, generator=g) * 0.2).bfloat16()  # (hidden, model): the backward reads W2 as b
+        post = standins.linear_relu_square_post_only(x, w1)
+        if not isinstance(post, torch.Tensor) or post.shape != (96, 160) or post.dtype != torch.bfloat16:
+            failures.append(f"seed {seed}: the forward returns {type(post).__name__}, want post (96, 160) bf16 alone")
+            continue
+        pre64 = x.double() @ w1.double().t()
+        want = pre64.clamp_min(0).square()
+        zero = pre64.bfloat16() <= 0
+        if not bool((post[zero] == 0).all()) or not bool((post >= 0).all()):
+            failures.append(f"seed {seed}: post nonzero where bf16(pre) <= 0, or negative")
+        bound = (2 * u * (1 + u) + u + 1e-5) * want
+        err = (post.double() - want).abs()
+        ratio = float((err[~zero] / bound[~zero]).max())
+        worst["forward"] = max(worst["forward"], ratio)
+        if ratio > 1:
+            failures.append(f"seed {seed}: post beyond its rounding bound ({ratio:.2f} of it)")
+        # EMIT_FP8: the e4m3 up-projection (x and W1 as e4m3 codes, dequant 1) with act = 0.05
+        x8, w8 = x.float().to(torch.float8_e4m3fn), w1.float().to(torch.float8_e4m3fn)
+        act = torch.tensor([0.05], dtype=torch.float32)
+        out = standins.linear_relu_square_post_only(x, w1, a_f8=x8, b_f8=w8, dequant_scale_ptr=torch.ones(1),
+                                                    activation_scale=act, partial_amax=torch.zeros(4))
+        if not isinstance(out, tuple) or len(out) != 2:
+            failures.append(f"seed {seed}: the EMIT_FP8 forward returns {type(out).__name__}, want (post, post_f8)")
+        else:
+            p8, q8 = out
+            q_want = torch.minimum(p8.float() * (1 / act), torch.tensor(448.0)).to(torch.float8_e4m3fn)
+            if not torch.equal(q8.view(torch.uint8), q_want.view(torch.uint8)):
+                failures.append(f"seed {seed}: post_f8 is not e4m3(min(post / act, 448)) of the post returned")
+        # backward: aux = post
+        dpre = standins.linear_relu_square_post_only(go, w2, aux=post)
+        dpre64 = 2 * (go.double() @ w2.double().t()) * pre64.clamp_min(0)
+        live = post != 0
+        if not bool((dpre[~live] == 0).all()):
+            failures.append(f"seed {seed}: dpre nonzero where post is zero")
+        rel = ((dpre.double() - dpre64).abs() / dpre64.abs().clamp_min(1e-30))[live & (dpre64 != 0)]
+        ratio = float(rel.max() / (4.5 * u))
+        worst["backward"] = max(worst["backward"], ratio)
+        if ratio > 1:
+            failures.append(f"seed {seed}: dpre beyond its rounding bound ({ratio:.2f} of it)")
+        c = (go.float() @ w2.float().t()).bfloat16()
+        r86 = (2 * c.float() * pre64.bfloat16().float().clamp_min(0)).bfloat16()  # record 86's: relu(pre) itself
+        exact = post.double() == pre64.bfloat16().double().clamp_min(0).square()
+        if not torch.equal(dpre[exact], r86[exact]):
+            failures.append(f"seed {seed}: dpre differs from relu(pre)'s where post = pre^2 exactly")
+        differ += int((dpre != r86).sum())
+    if differ == 0:
+        failures.append("dpre equals relu(pre)'s derivation everywhere: not the root of the rounded post")
+    print(f"post-only ReLU^2 stand-in vs float64: worst forward {worst['forward']:.3f} of its bound, backward "
+          f"{worst['backward']:.3f} of its bound; {differ} dpre elements differ from relu(pre)'s derivation (the root of "
+          "the rounded post)")
+    for f in failures[:10]:
+        print("  FAIL " + f)
+    return 1 if failures else 0
+
+
+def detection_self_check(git_dir):
+    """upstream_record and every patch list on upstream's own files read from git_dir: 2c702746 -> 80, a333be08 -> 84,
+    003ff3e2 -> 86, 75d6867a -> "87-89", each record's train_gpt.py and triton_kernels.py patches applying (each anchor
+    found as often as it must be); refused: 57a65f15 (the FP8 PR's merge: no dc import, its kernel half post-only),
+    75d6867a's train_gpt.py with 003ff3e2's triton_kernels.py, 75d6867a with one comment character changed in
+    triton_kernels.py, and 75d6867a without dc_triton_kernels.py."""
+    failures = []
+    show = lambda commit, name: subprocess.run(["git", "-C", git_dir, "show", f"{commit}:{name}"], capture_output=True,
+                                               check=True).stdout
+    names = ("train_gpt.py", "triton_kernels.py", "dc_triton_kernels.py")
+    patches = {80: (TRAIN_PATCHES, KERNEL_PATCHES), 84: (TRAIN_PATCHES_R84, KERNEL_PATCHES),
+               86: (TRAIN_PATCHES_R86, KERNEL_PATCHES), R8789: (TRAIN_PATCHES_R8789, KERNEL_PATCHES_R88)}
+
+    def case(what, files, want):
+        with tempfile.TemporaryDirectory() as d:
+            for name, data in files.items():
+                open(os.path.join(d, name), "wb").write(data)
+            try:
+                got = upstream_record(d)
+            except PatchError as e:
+                got = e
+            if isinstance(want, type) and isinstance(got, want):
+                print(f"  {what}: refused ({str(got).replace(d, 'DIR')[:160]})")
+                return
+            if got != want:
+                failures.append(f"{what}: upstream_record gives {got!r}, want {want!r}")
+                return
+            try:
+                for name, plist in zip(("train_gpt.py", "triton_kernels.py"), patches[want]):
+                    apply_patches(files[name].decode(), plist, name, what)
+            except PatchError as e:
+                failures.append(f"{what}: {e}")
+                return
+            print(f"  {what}: record {want}, all {len(patches[want][0])} + {len(patches[want][1])} patches apply")
+    try:
+        files = {c: {n: show(c, n) for n in names if c in ("003ff3e2", "57a65f15", "75d6867a") or n != names[2]}
+                 for c in ("2c702746", "a333be08", "003ff3e2", "57a65f15", "75d6867a")}
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+        print(f"detection: cannot read upstream's commits from {git_dir}: {e}")
+        return 1
+    print("detection on upstream's own files:")
+    for commit, want in (("2c702746", 80), ("a333be08", 84), ("003ff3e2", 86), ("75d6867a", R8789)):
+        case(commit, files[commit], want)
+    head = files["75d6867a"]
+    case("57a65f15", files["57a65f15"], PatchError)
+    case("75d6867a + 003ff3e2's triton_kernels.py", dict(head, **{"triton_kernels.py": files["003ff3e2"]["triton_kernels.py"]}),
+         PatchError)
+    edited = head["triton_kernels.py"].replace(b"# Store ONLY post", b"# Store only post", 1)
+    case("75d6867a, one comment edited", dict(head, **{"triton_kernels.py": edited}), PatchError)
+    case("75d6867a without dc_triton_kernels.py", {n: head[n] for n in names[:2]}, PatchError)
+    for f in failures:
+        print("  FAIL " + f)
+    return 1 if failures else 0
+
+
+def dc_self_check(seeds=(1, 2, 3, 4, 5)):
     """--self-check: standins' DC-MHA correction (dc_attention_postonly_nodd_correction_add_base_triton) against a
     direct float64 evaluation (standins.dc_direct_float64, autograd for the gradients) from the same bf16 values, on
     random data: 256 tokens in documents [0, 40), [40, 200), [200, 256) (one longer than the 112-key window, one
@@ -1128,7 +1391,6 @@ def self_check(seeds=(1, 2, 3, 4, 5)):
           ", ".join(f"{k} {v:.3e}" for k, v in worst.items()))
     for f in failures[:10]:
         print("  FAIL " + f)
-    print("self-check: " + ("FAILED" if failures else "passed"))
     return 1 if failures else 0
 
 
@@ -1137,13 +1399,15 @@ def run_r84(args, record=84):
     import ref_loader
     import torch_reference as R
     torch.set_num_threads(args.threads)
-    if not args.trainer and record != 86:
+    if not args.trainer and record not in (86, R8789):
         raise PatchError("record 84 is compared with the C++ trainer: --trainer build-up/train_gpt_cpu")
     if args.init or args.full_size_optimizer:
         raise PatchError("record 84: --init and --full-size-optimizer are record 80's (the trainer's own run "
                          "gives the step-0 parameters)")
     if record == 86:
         cfg = tiny_r86_config(R)
+    elif record == R8789:
+        cfg = R.PRESETS["tiny-r89"]()  # tiny-r86 with records 87-89's switches (the schedule's prefix weights)
     else:
         cfg = R.tiny_r80_config()  # tiny-r84 is tiny-r80's sizes and schedule with record 84's switches
     if record == 88:
@@ -1163,7 +1427,8 @@ def run_r84(args, record=84):
 
 
 def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
-    preset = {84: "tiny-r84", 88: "tiny-r84-prefix", 89: "tiny-r84-fp8down", 86: "tiny-r86"}[record]
+    preset = {84: "tiny-r84", 88: "tiny-r84-prefix", 89: "tiny-r84-fp8down", 86: "tiny-r86", R8789: "tiny-r89"}[record]
+    fp8_down = record in (89, R8789)  # record 89's FP8 down-projection (its PR's code, or 75d6867a's)
     trainer_preset = args.trainer_preset or preset
     if args.trainer:
         if trainer_preset != preset:
@@ -1197,9 +1462,9 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
     if ckpt1 is not None:
         tr_bank_grads = trainer_bank_gradients(ns, torch, R, ckpt1, model)
         shutil.rmtree(os.path.dirname(ckpt1))
-    boot = True if record == 89 else None  # upstream: quantize_mlp_fp8(bootstrap_down=True) after the restore
+    boot = True if fp8_down else None  # upstream: quantize_mlp_fp8(bootstrap_down=True) after the restore
     quantize_fp8(ns, model, boot)
-    shadow = Fp8DownShadow(R, torch, model, sys.modules["triton_kernels"]) if record == 89 else None
+    shadow = Fp8DownShadow(R, torch, model, sys.modules["triton_kernels"]) if fp8_down else None
     if shadow is not None:
         shadow.after_quantize(True)
     manager = ns["TrainingManager"](model)
@@ -1208,6 +1473,8 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
         twin = build_model_r84(ns, torch, cfg, nudged(params, torch), signs)
         quantize_fp8(ns, twin, boot)
         twin_manager = ns["TrainingManager"](twin)
+    if record == R8789:
+        fill_prefix_table(ns, torch, R, [model] + ([twin] if twin is not None else []))
     check_schedule(ns, R.Schedule(cfg), cfg)
     ref = None
     if args.reference:  # tests/reference's record-84 port from the same checkpoint, as a third column
@@ -1303,7 +1570,7 @@ def compare_r84(args, tmp, cfg, train_files, torch, ref_loader, R, record=84):
                 print_bank_gradients(model, twin, tr_bank_grads)
         for k, (m, mg) in enumerate(models):
             mg.step_optimizers(step)  # upstream's loop: quantize_mlp_fp8(bootstrap_down=(step < 16)) (record 89)
-            quantize_fp8(ns, m, step < R.MLP_DOWN_BOOTSTRAP_STEPS if record == 89 else None)
+            quantize_fp8(ns, m, step < R.MLP_DOWN_BOOTSTRAP_STEPS if fp8_down else None)
             if shadow is not None and k == 0:
                 shadow.after_quantize(step < R.MLP_DOWN_BOOTSTRAP_STEPS)
         if ref is not None:
@@ -1359,7 +1626,7 @@ class Fp8DownShadow:
                 if float(kwargs["activation_scale"]) != float(self.state.act[layer]):
                     self.problems.append(f"layer {layer}'s forward read act {float(kwargs['activation_scale'])}, the "
                                         f"previous forward left {float(self.state.act[layer])}")
-                self.state.record_amax(layer, out[1])
+                self.state.record_amax(layer, out[-2])  # post: (pre, post, post_f8) or 75d6867a's (post, post_f8)
                 self.calls.append(layer)
             return out
         kernels.linear_relu_square = spy

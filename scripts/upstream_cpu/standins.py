@@ -1,5 +1,6 @@
 """CPU stand-ins for what upstream's train_gpt.py and triton_kernels.py (record 80, commit 2c702746, record
-84, a333be08, the PRs of records 88 and 89 on it, and record 86, 003ff3e2, with dc_triton_kernels.py) need
+84, a333be08, the PRs of records 88 and 89 on it, record 86, 003ff3e2, with dc_triton_kernels.py, and 75d6867a,
+records 87-89 on it) need
 from a GPU, so that their own Python code runs on the CPU (scripts/upstream_cpu/run.py). Written here
 from the kernels' semantics (upstream's sources say what each computes); nothing is copied from them.
 
@@ -8,7 +9,8 @@ from the kernels' semantics (upstream's sources say what each computes); nothing
   patch_kernels(module)     triton_kernels' launchers (XXT, XTX, ba_plus_cAA, linear_relu_square with
                             a333be08's FP8 e4m3 forward and record 89's e4m3 post, transpose_copy, transpose_add,
                             record 89's reduce_mlp_activation_scales and quantize_transpose_mlp_down_weights)
-                            replaced by exact CPU equivalents
+                            replaced by exact CPU equivalents; post_only=True: 75d6867a's linear_relu_square
+                            (record 87: post only, the backward from sqrt(post))
   patch_dc_kernels(module)  003ff3e2's dc_triton_kernels launcher (DC-MHA's post-only correction added to FA3's
                             output) replaced by a CPU autograd Function with the Triton kernels' rounding points
   torch._scaled_mm          FP8 operands cast back to fp32, one fp32 matmul, times scale_a * scale_b
@@ -321,6 +323,23 @@ def linear_relu_square(a, b, aux=None, a_f8=None, b_f8=None, dequant_scale_ptr=N
     return (2 * c.float() * torch.relu(aux.float())).to(a.dtype)
 
 
+def linear_relu_square_post_only(a, b, aux=None, a_f8=None, b_f8=None, dequant_scale_ptr=None, activation_scale=None,
+                                 partial_amax=None):
+    """75d6867a's kernel (record 87: the forward keeps post only). Forward: c = bf16(acc) (acc as in
+    linear_relu_square: the bf16 GEMM or the e4m3 one times the fp32 dequant scale), post = bf16(relu(c)^2) (the
+    product of two bf16 values is exact in fp32: one rounding), returned alone, or with EMIT_FP8 (activation_scale
+    given) as (post, post_f8), post_f8 and partial_amax as linear_relu_square's. Backward (aux = post): relu(pre)
+    taken as sqrt(fp32(post)): dpre = bf16(fp32(2 bf16(g W2^T)) * sqrt(fp32(post))), the product in fp32 then one
+    bf16 rounding (an IEEE root here; Triton's tl.sqrt is the approximate sqrt.approx.f32 on the GPU)."""
+    if aux is not None:
+        if b_f8 is not None or activation_scale is not None:
+            raise NotImplementedError("standins: the post-only backward is the bf16 GEMM with aux = post")
+        c = (a.float() @ b.float().t()).to(a.dtype)
+        return (2 * c.float() * torch.sqrt(aux.float())).to(a.dtype)
+    out = linear_relu_square(a, b, None, a_f8, b_f8, dequant_scale_ptr, activation_scale, partial_amax)
+    return out[1] if activation_scale is None else (out[1], out[2])  # (pre, post[, post_f8]) -> post[, post_f8]
+
+
 def _delayed_scale(amax, headroom):
     """reduce_mlp_activation_scales_kernel's max(amax, 1e-12) * (HEADROOM / 448.0): the constexpr quotient folded
     in double, rounded once to fp32 where it multiplies."""
@@ -368,11 +387,14 @@ def transpose_add(src, dst):
     dst.copy_((dst.float() + src.t().float()).to(dst.dtype))
 
 
-def patch_kernels(module):
+def patch_kernels(module, post_only=False):
+    """post_only: 75d6867a's linear_relu_square (record 87's post-only kernel) in place of the earlier one."""
     for name in ("XXT", "XTX", "ba_plus_cAA", "linear_relu_square", "transpose_copy", "transpose_add"):
         if not hasattr(module, name):
             raise SystemExit(f"standins: triton_kernels.py has no {name}: not the code this stand-in knows")
         setattr(module, name, globals()[name])
+    if post_only:
+        module.linear_relu_square = linear_relu_square_post_only
     for name in ("reduce_mlp_activation_scales", "quantize_transpose_mlp_down_weights"):  # record 89
         if hasattr(module, name):
             setattr(module, name, globals()[name])
