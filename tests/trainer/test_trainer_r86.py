@@ -5,14 +5,15 @@ the full-width bigram), on the CPU build:
     from the trainer's step-0 parameters and batches): training and validation losses to 0.2%, step 0's gradient norm
     of each of the 19 groups, the final parameter norms;
   - 8 ranks under emu's strictest modes (deferred streams in random order, poisoned allocations: the gate's column
-    gradients are written by their readers, DC-MHA's workspace shares the backward's scratch), steps 0 and 1, against
-    1 rank (0.1%); 2 ranks in the default mode are tiny-r84's (test_trainer_r84: a tiny-r86 step costs 10-20 s of
-    one core, and CI has 30 minutes on 2);
+    gradients are written by their readers, DC-MHA's workspace shares the backward's scratch), steps 0 and 1, and 2
+    ranks in the default mode, step 0, against 1 rank (0.1%; a tiny-r86 step costs 10-20 s of one core, and CI has
+    30 minutes on 2);
   - tiny-r89 (records 87-89 on it: post-only MLP, prefix loss, FP8 down): 1 rank against
     tests/reference/fixtures/tiny_r89_golden.json; a resume from step 6, inside the FP8 down-projection's
     bootstrap, equal to the uninterrupted run at step 8, every tensor bitwise (its scales included); 2 ranks under
     the strict modes against 1 over steps 0 and 1 (0.1%: each rank's activation scale is its own amax, step 1
-    quantizes with step 0's; each rank uploads the step's prefix weight; the post-only MLP's backward reads no pre);
+    quantizes with step 0's; each rank uploads the step's prefix weight; the post-only MLP's backward reads no pre),
+    8 over step 0;
   - the records' memory plans fit one H100.
 Usage: test_trainer_r86.py TRAIN_GPT_CPU MPIRUN...
 """
@@ -42,7 +43,7 @@ NOISY = {"resid_lambdas": 0.3}
 
 def check_r89(tmp, at=6):
     """tiny-r89: 1 rank against its golden run, then resumed from step `at` (inside the FP8 down-projection's 16-step
-    bootstrap) to the same checkpoint bytes at the end; 2 strict ranks against 1 over steps 0 and 1."""
+    bootstrap) to the same checkpoint bytes at the end; 2 strict ranks against 1 over steps 0 and 1, 8 over step 0."""
     schedule = [a if a != "tiny-r86" else "tiny-r89" for a in SCHEDULE]
     root, resumed = os.path.join(tmp, "r89"), os.path.join(tmp, "r89_resumed")
     T.run(schedule + ["--log-grad-norms", "--run-id", "r89", "--log-dir", tmp, "--save-checkpoint", root,
@@ -62,10 +63,12 @@ def check_r89(tmp, at=6):
             "bitwise)" + (" differ: " + " ".join(differ[:8]) if differ else ""))
     one_train, one_val = R84.losses(text)
     R84.check_ranks(tmp, schedule, one_train, one_val, 2, STRICT, "r89np2", "tiny-r89, 2 strict ranks", steps=2)
+    R84.check_ranks(tmp, schedule, one_train, one_val, 8, STRICT, "r89np8", "tiny-r89, 8 strict ranks", steps=1)
 
 
 def check_r86(tmp):
-    """tiny-r86: 1 rank against its golden run; 8 ranks under the strict modes against 1 over steps 0 and 1."""
+    """tiny-r86: 1 rank against its golden run; 8 ranks under the strict modes against 1 over steps 0 and 1, 2 ranks in
+    the default mode over step 0."""
     root = os.path.join(tmp, "np1")
     T.run(SCHEDULE + ["--log-grad-norms", "--run-id", "np1", "--log-dir", tmp, "--save-checkpoint", root,
                       "--checkpoint-steps", str(TOTAL)])
@@ -77,6 +80,7 @@ def check_r86(tmp):
             f"1 rank: {TOTAL} finite training losses ({one_train})")
     # an even and an Adam step (CI's budget: a tiny-r86 step costs 10-20 s here)
     R84.check_ranks(tmp, SCHEDULE, one_train, one_val, 8, STRICT, "np8", "8 ranks, strict emu", steps=2)
+    R84.check_ranks(tmp, SCHEDULE, one_train, one_val, 2, None, "np2", "2 ranks", steps=1)
 
 
 def main():

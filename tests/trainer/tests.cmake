@@ -19,8 +19,8 @@ endif()
 
 # The tiny-r84 preset end to end (tests/trainer/test_trainer_r84.py): 1 rank's losses falling, the sign table in the
 # checkpoint, a bitwise resume from an odd step, 8 ranks under emu's strict modes against 1 rank, the record's memory
-# plan; record 89's FP8 down-projection on it (tiny-r84-fp8down: golden run, the scales' warm-up reset). FULL=1 (by
-# hand) adds record 88's prefix loss on it (tiny-r84-prefix: golden run, 2 ranks) and tiny-r84-fp8down's 2 strict ranks.
+# plan; record 89's FP8 down-projection on it (tiny-r84-fp8down: the scales' warm-up reset). FULL=1 (by hand) adds
+# the golden runs of record 88's prefix loss and 89's FP8 down on it (tiny-r84-prefix, tiny-r84-fp8down), 2 ranks each.
 if(Python3_Interpreter_FOUND)
   add_test(NAME test_trainer_r84 COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r84.py
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
@@ -28,8 +28,8 @@ if(Python3_Interpreter_FOUND)
 endif()
 
 # Records 86 and 89 end to end (tests/trainer/test_trainer_r86.py), two tests that run side by side: tiny-r86 against
-# its golden run on 1 rank and 8 strict ranks against 1 (PART=r86); tiny-r89 against its golden run, resumed inside
-# the FP8 bootstrap bitwise and 2 strict ranks against 1 (PART=r89); each record's memory plan.
+# its golden run on 1 rank, 8 strict ranks and 2 against 1 (PART=r86); tiny-r89 against its golden run, resumed inside
+# the FP8 bootstrap bitwise, 2 and 8 strict ranks against 1 (PART=r89); each record's memory plan.
 if(Python3_Interpreter_FOUND)
   foreach(part r86 r89)
     add_test(NAME test_trainer_${part} COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r86.py
