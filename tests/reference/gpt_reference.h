@@ -16,6 +16,10 @@
 // Record 81's MUDD (upstream a333be08 init_mudd/forward_mudd L1281-1330, its use L1438-1499) is the switch mudd:
 // data-dependent coefficients (Params::mudd_w1, mudd_w2, mudd_b2) replace layer 10's lambdas and ve gate and
 // the backout. Record 84's FP8 MLP up-projection (quantize_mlp_fp8 L1332-1343, L1479-1487) is mlp_up_fp8.
+// Records 85-86 (upstream 003ff3e2 init_mudd_gate / forward_mudd_gate / unpack_*_mudd_gate L1365-1413, GPT.forward
+// L1415-1602, dc_gate L1071-1079 and the attention's tail L1138-1158) are the switches mudd_gate and dc_mha: two more
+// MUDD-form heads (Params::mudd_gate_*) whose per-token columns replace the output gates, XSA strengths, x0 and
+// bigram lambdas and skip gate, and DC-MHA's cross-head mix on layer 10 (dc_forward_token has its formulas).
 //
 // Shapes (row-major): T tokens of one packed sequence, V padded vocab, C = H*D model width,
 // F = 4C MLP hidden width, 11 layers. Parameters are held in upstream's shapes (Params).
@@ -72,6 +76,42 @@ enum MuddLayerCoef {
 // Block 1's, after layer 10: the weights of h0, h7, h9, value table 0's rows and h3 added to the stream.
 enum MuddPostCoef { kMuPost0, kMuPost7, kMuPost9, kMuPostVe, kMuPost3 };
 constexpr int kMuddCoefs = kMuPostMlp + 1, kMuddPostCoefs = kMuPost3 + 1;  // 14, 5
+// Records 85-86's MUDD gate (Config::mudd_gate): gate 0 ("pre") from x0 with 26 columns, gate 1 ("post") from layer
+// 4's input (h3) with 41, each (gelu(h Wg1^T) Wg2[:n]^T + bg2[:n]) * s with s = Params::mudd_gate_scale (0.1 at init).
+// Upstream's layout (init_mudd_gate's comment, unpack_pre_mudd_gate / unpack_post_mudd_gate), for 6 heads:
+//   pre:  [0, 6) XSA of layer 1, [6, 12) XSA of layer 3, [12, 18) layer 3's output gate, then (x0, bigram) pairs of
+//         layers 0, 1, 2, 3 at 18, 20, 22, 24 (layer 0's bigram column: the add before layer 0)
+//   post: [0, 6) XSA of layer 4, [6, 12) XSA of layer 7, [12, 18) layer 10's output gate, (x0, bigram) pairs of
+//         layers 4, 5, 7, 8, 9 at 18, 20, 22, 24, 26, the skip's column 28, DC-MHA's w1 [29, 35) and w2 [35, 41)
+constexpr int kGateHeads = 6;
+constexpr int kGateCoefs[2] = {26, 41};
+constexpr int kGateMaxCoefs = 41;
+constexpr int kGatePostLayer = 4;  // the post gate is made at the top of this layer, from its input
+constexpr int kGateSkipCol = 28, kGateDcW1Col = 29, kGateDcW2Col = 35;
+constexpr double kXsaR86Eps = 1e-8;  // record 86's XSA: (y . v) / max(|v|^2, 1e-8)
+constexpr int kDcLayer = 10;
+constexpr double kDcRmsEps = 1e-6;   // dc_gate's F.rms_norm(eps=1e-6) over the heads
+// Where a layer reads the MUDD gate (-1: no such reader): which gate, its XSA and output-gate columns (a column per
+// head from there), its x0 and bigram columns. Written from upstream's literals, not computed from lists.
+struct GateCols {
+    int gate = -1, xsa = -1, out = -1, x0 = -1, bigram = -1;
+};
+inline GateCols gate_cols(int layer) {
+    GateCols k;
+    k.gate = layer < kGatePostLayer ? 0 : 1;
+    if (layer < kGatePostLayer) {
+        k.x0 = 18 + 2 * layer, k.bigram = k.x0 + 1;
+        if (layer == 1) k.xsa = 0;
+        if (layer == 3) k.xsa = 6, k.out = 12;
+    } else {
+        const int pair[kLayers] = {-1, -1, -1, -1, 18, 20, -1, 22, 24, 26, -1};
+        k.x0 = pair[layer], k.bigram = pair[layer] < 0 ? -1 : pair[layer] + 1;
+        if (layer == 4) k.xsa = 0;
+        if (layer == 7) k.xsa = 6;
+        if (layer == 10) k.out = 12;
+    }
+    return k;
+}
 
 // Record 71's fp32 `scalars` vector: resid lambdas (11), sa lambdas as (11, 2), bigram lambdas (11),
 // smear, backout and skip lambdas, then padding. Config::scalar_slots() gives the layout in use
@@ -280,6 +320,26 @@ struct Config {
     // whole input. The backward is unchanged (the unquantized normed input and W1, with pre from the FP8
     // forward); evaluation (training false) is unquantized.
     bool mlp_up_fp8 = false;
+    // Records 85-86's MUDD gate (needs mudd, 6 heads, XSA on exactly layers 1, 3, 4, 7, no x0_includes_bigram:
+    // upstream's x = x0.clone() keeps x0 clean). G0 = gate 0 of x0, G1 = gate 1 of h3 (layer 4's input), columns as
+    // gate_cols; with k = gate_cols(i):
+    //   before layer 0:  x_in[0] = x0 + G0[t, 19] xb (MUDD's h0)
+    //   attention i not 10: x_attn = ra x_in + pa attn + G[t, k.x0] x0 + (i > 0 ? G[t, k.bigram] xb : 0)
+    //   layer 6:         x_attn = x_in + sigmoid(skip_lambda) G1[t, 28] h3
+    //   attention block: no learned output gates; layers 3 and 10 multiply head h by G[t, k.out + h] (raw, no
+    //                    sigmoid); XSA (layers 1, 3, 4, 7) is record 86's: y' = y - tanh(G[t, k.xsa + h]) (y . v) /
+    //                    max(|v|^2, 1e-8) v, on the DC output where DC runs (not on layer 10 upstream)
+    // Layer 10 and the exit are MUDD's. attn_gate_bank, skip_gate, x0_lambdas, bigram_lambdas and xsa_alphas are
+    // gone (empty); the gate scale multiplies as bf16 with lambdas_bf16 (upstream's .type_as(x)), its gradient
+    // straight through; the columns themselves are not rounded here (upstream's are bf16).
+    bool mudd_gate = false;
+    // Record 85's DC-MHA on layer 10 (needs mudd_gate): after the attention, per token t,
+    //   keys s of t's document with 0 <= t - s < dc_window (upstream: 112, not the layer's window);
+    //   P_h[t, s] = softmax_s(scale q_h[t] . k_h[s]) over those keys (q, k as attended: rotary, key offset);
+    //   w1 = rms_norm(G1[t, 29:35]) over the heads (eps 1e-6, no weight), w2 = G1[t, 35:41];
+    //   y_h[t] += w2[h] sum_s (sum_h' w1[h'] P_h'[t, s]) v_h[s]
+    bool dc_mha = false;
+    int dc_window = 112;
     double grad_scale = 2.0;                // upstream's grad_scale (2 / grad_accum_steps; 2 on 8 ranks)
     double x_s = 100.0 / 448.0, w_s = 1.6 / 448.0;
     // Padding ones after the used scalars; -1: upstream's on 8 ranks (record 71: 4, its formula
@@ -308,6 +368,10 @@ struct Config {
     // The lambda a stream update multiplies by (see lambdas_bf16).
     double stream_lambda(double parameter) const { return lambdas_bf16 ? round_bf16(parameter) : parameter; }
     bool any_xsa() const { return std::find(xsa.begin(), xsa.end(), true) != xsa.end(); }
+    // Whether the parameters hold xsa_alphas (record 82's), the learned gates and lambdas (not under the MUDD gate).
+    bool xsa_params() const { return any_xsa() && !mudd_gate; }
+    bool learned_gates() const { return !mudd_gate; }
+    bool dc_layer(int layer) const { return dc_mha && layer == kDcLayer; }
     // The layer whose lambdas and ve gate MUDD's block 0 replaces (the last), with mudd.
     bool mudd_layer(int layer) const { return mudd && layer == kLayers - 1; }
     // XSA's strength from its parameter a (see xsa_alpha_bf16).
@@ -395,6 +459,16 @@ struct Config {
                 H);
         require(!mudd || table_of(kLayers - 1) >= 0,
                 "mudd needs a value table on layer %d (its coefficients gate that layer's value embedding)", kLayers - 1);
+        require(!mudd_gate || mudd, "mudd_gate needs mudd (record 85's gate builds on record 81's MUDD)");
+        require(!mudd_gate || H == kGateHeads, "mudd_gate's column layout is upstream's for %d heads (H=%d)", kGateHeads, H);
+        require(!mudd_gate || !x0_includes_bigram, "mudd_gate reads the clean x0 (upstream's x0.clone()): no x0_includes_bigram");
+        for (int i = 0; i < kLayers; ++i)
+            require(!mudd_gate || xsa[i] == (i == 1 || i == 3 || i == 4 || i == 7),
+                    "mudd_gate's layout has XSA on exactly layers 1, 3, 4, 7 (layer %d differs)", i);
+        for (int i = 0; i < kLayers; ++i)
+            require(!mudd_gate || paired[i] == upstream_paired(i), "mudd_gate implements upstream's paired layers only");
+        require(!dc_mha || mudd_gate, "dc_mha needs mudd_gate (its weights are the post gate's columns)");
+        require(!dc_mha || dc_window >= 1, "dc_window %d must be at least 1", dc_window);
         require(int(yarn.freq.size()) == D / 4 && int(yarn_paired.freq.size()) == D / 4,
                 "YaRN state has %zu/%zu frequencies, want D/4 = %d (call Config::make or Yarn::reset)",
                 yarn.freq.size(), yarn_paired.freq.size(), D / 4);
@@ -427,29 +501,40 @@ struct Params {
     std::vector<double> mudd_w1;         // (2, 64, C) the hidden layer, as nn.Linear (out, in)
     std::vector<double> mudd_w2;         // (2, 14, 64) the coefficients' layer
     std::vector<double> mudd_b2;         // (2, 14) its bias (before the 0.1 scale)
+    // Records 85-86's MUDD gate (Config::mudd_gate; empty otherwise), [gate][...]: gate 0 reads rows [0, 26) of w2
+    // and b2 (the rest has zero gradient), gate 1 all 41.
+    std::vector<double> mudd_gate_w1;    // (2, 64, C)
+    std::vector<double> mudd_gate_w2;    // (2, 41, 64)
+    std::vector<double> mudd_gate_b2;    // (2, 41), before the scale
+    std::vector<double> mudd_gate_scale; // (1) fp32, 0.1 at init
 
     // Element counts in tensors() order.
     static std::vector<size_t> sizes(const Config& c) {
         const size_t C = c.C, V = c.V, F = c.hidden(), H = c.H;
+        const size_t gates = c.learned_gates() ? 1 : 0, gated = c.mudd_gate ? 1 : 0;
         return {V * C,
                 C * V,
                 size_t(c.bigram_vocab) * size_t(c.bigram_width()),
                 kValueTables * V * C,
                 kAttnLayers * 4 * C * C,
                 kMlpBankLayers * 2 * F * C,
-                kAttnLayers * H * kGateDim,
+                gates * kAttnLayers * H * kGateDim,
                 kValueTables * H * kGateDim,
                 kGateDim,
-                kGateDim,
-                kLayers,
+                gates * kGateDim,
+                gates * kLayers,
                 size_t(c.num_scalars()),
                 c.sublayer_lambdas ? size_t(2 * kLayers) : 0,
                 c.sublayer_lambdas ? size_t(2 * kLayers) : 0,
-                c.sublayer_lambdas ? size_t(kLayers) : 0,
-                c.any_xsa() ? size_t(kLayers) * H : 0,
+                c.sublayer_lambdas ? gates * kLayers : 0,
+                c.xsa_params() ? size_t(kLayers) * H : 0,
                 c.mudd ? size_t(kMuddBlocks) * kMuddDim * C : 0,
                 c.mudd ? size_t(kMuddBlocks) * kMuddCoefs * kMuddDim : 0,
-                c.mudd ? size_t(kMuddBlocks) * kMuddCoefs : 0};
+                c.mudd ? size_t(kMuddBlocks) * kMuddCoefs : 0,
+                gated * 2 * kMuddDim * C,
+                gated * 2 * kGateMaxCoefs * kMuddDim,
+                gated * 2 * kGateMaxCoefs,
+                gated};
     }
 
     static Params zeros(const Config& c) {
@@ -491,7 +576,7 @@ struct Params {
         if (c.sublayer_lambdas) {  // x0_lambdas stay 0
             p.resid_lambdas.assign(2 * kLayers, std::sqrt(1.1));  // per sublayer: a layer scales the stream by 1.1
             p.post_lambdas.assign(2 * kLayers, 1.0);
-            p.bigram_lambdas.assign(kLayers, 0.05);
+            if (c.learned_gates()) p.bigram_lambdas.assign(kLayers, 0.05);
         }
         if (c.mudd) {  // w1: kaiming_uniform(a = sqrt(5)) = uniform(+-1/sqrt(C)); w2 zeros; b2 upstream's, in bf16
             std::uniform_real_distribution<double> w1(-1.0 / std::sqrt(double(c.C)), 1.0 / std::sqrt(double(c.C)));
@@ -504,6 +589,21 @@ struct Params {
             b0[kMuX0] = 0.0;
             b0[kMuBigram] = round_bf16(0.05 / kMuddScale);
             b1[kMuPost7] = round_bf16(-0.5 / kMuddScale);  // the backout's -0.5 h7
+        }
+        if (c.mudd_gate) {  // init_mudd_gate: w1 as MUDD's, w2 zeros, b2 the starting columns over 0.1, scale 0.1
+            std::uniform_real_distribution<double> w1(-1.0 / std::sqrt(double(c.C)), 1.0 / std::sqrt(double(c.C)));
+            for (double& w : p.mudd_gate_w1) w = w1(g);
+            for (int id = 0; id < 2; ++id) {
+                double* b = p.mudd_gate_b2.data() + id * kGateMaxCoefs;
+                for (int j = 12; j < 18; ++j) b[j] = 0.25 / 0.1;                    // output gates 0.25
+                for (int j = 19; j < (id ? 28 : 26); j += 2) b[j] = 0.05 / 0.1;     // bigram gates 0.05
+                if (id == 1) {
+                    b[kGateSkipCol] = 0.5 / 0.1;                                      // skip 0.5
+                    for (int j = kGateDcW1Col; j < kGateDcW2Col; ++j) b[j] = 1.0 / 0.1;  // DC's w1 1 (normed)
+                }
+                for (int j = 0; j < kGateMaxCoefs; ++j) b[j] = round_bf16(b[j]);
+            }
+            p.mudd_gate_scale.assign(1, 0.1);
         }
         return p;
     }
@@ -527,7 +627,11 @@ struct Params {
                 {"xsa_alphas", &xsa_alphas},
                 {"mudd_w1", &mudd_w1},
                 {"mudd_w2", &mudd_w2},
-                {"mudd_b2", &mudd_b2}};
+                {"mudd_b2", &mudd_b2},
+                {"mudd_gate_w1", &mudd_gate_w1},
+                {"mudd_gate_w2", &mudd_gate_w2},
+                {"mudd_gate_b2", &mudd_gate_b2},
+                {"mudd_gate_scale", &mudd_gate_scale}};
     }
     std::vector<std::pair<const char*, const std::vector<double>*>> tensors() const {
         std::vector<std::pair<const char*, const std::vector<double>*>> out;
@@ -614,7 +718,18 @@ struct LayerTape {
     std::vector<double> mudd_ve_gate;    // (T,H) the value embedding's gate: c6 on heads [0, H/2), c7 on [H/2, H)
     std::vector<double> v_mudd;          // (T,C) c0 h0 + c1 h7 + c2 h9, added to v with the value embedding
     std::vector<double> mudd_r;          // (T,C) (1 + c5) h9 + c3 h0 + c4 h7, the attention update's residual base
-    std::vector<double> attn_sig;        // (T,H) sigmoid of the output gate
+    std::vector<double> attn_sig;        // (T,H) sigmoid of the output gate (mudd_gate: the raw gate column; empty
+                                         // on layers without an output gate)
+    // mudd_gate: the layer's per-token readers of the gate, (T,H) each, copied from the gate's columns before the
+    // attention (empty where the layer has none): XSA's raw strengths (alpha = tanh), the output gate, DC's w1
+    // columns (before the rms norm) and w2
+    std::vector<double> tok_xsa, tok_out, tok_dc_w1, tok_dc_w2;
+    // dc_mha's layer (else empty): its output y + w2 sum_s A v, and what the backward needs
+    std::vector<double> y_dc;            // (T,C)
+    std::vector<double> dc_p;            // (T,H,dc_window) P_h[t, s] at index t - s (0 outside the keys)
+    std::vector<double> dc_a;            // (T,dc_window) A[t, s] = sum_h w1[h] P_h[t, s]
+    std::vector<double> dc_w1, dc_rstd;  // (T,H) the normed w1, (T) its 1/rms
+    std::vector<double> xsa_c, xsa_n2;   // mudd_gate's XSA layers: (T,H) (y . v) / n2 and n2 = max(|v|^2, 1e-8)
     std::vector<double> y;               // (T,C) attention output, model head order, before XSA and the gate
     std::vector<double> y_xsa;           // (T,C) XSA layers: y' = y - alpha p v^, what the gate multiplies (else empty)
     std::vector<double> xsa_p, xsa_n;    // (T,H) XSA layers: p = y . v^ and max(|v|, 1e-4) (else empty)
@@ -646,6 +761,13 @@ struct Tape {
         std::vector<double> coef;  // (T,n) (gelu(z) W2[block, :n]^T + b2[block, :n]) * 0.1, n = 14 or 5
     };
     std::array<Mudd, kMuddBlocks> mudd;
+    // Config::mudd_gate: gate 0 (from x0) and gate 1 (from layer 4's input); else empty
+    struct Gate {
+        std::vector<double> z;     // (T,64) h Wg1^T
+        std::vector<double> pre;   // (T,n) gelu(z) Wg2[:n]^T + bg2[:n], before the scale
+        std::vector<double> coef;  // (T,n) pre * s, the columns
+    };
+    std::array<Gate, 2> gate;
     std::vector<double> x_final;             // (T,C) after the backout (mudd: after the post-loop mix)
     std::vector<double> xn, rstd_f;          // norm(x_final), the lm_head input
     std::vector<double> xq, wq;              // FP8 path: dequantized lm_head operands (T,C), (C,V)
@@ -666,6 +788,12 @@ struct Tape {
     // source: the root-sum-square of 0.1 times all those products, as Params::mudd_b2 (rows [5, 14) of
     // block 1: 0). Else empty.
     std::vector<double> mudd_b2_scales;
+    // mudd_gate: the gate columns' gradients dG (T, n) per gate, and for each (t, j) the sum of squares of the
+    // products it sums (sums over channels or head dims, as above); from them the error scales of bg2's gradient
+    // (s times the root-sum-square over t, as Params::mudd_gate_b2) and of the scale's (the root-sum-square of
+    // pre times each). Else empty.
+    std::array<std::vector<double>, 2> gate_dcoef, gate_sq;
+    std::vector<double> mudd_gate_b2_scales, mudd_gate_scale_scales;
 };
 
 // The x0 that the x0 injections and the skip gate read: the norm's output, or (x0_includes_bigram)
@@ -874,6 +1002,187 @@ inline void mudd_backward(const Config& c, const Params& p, int block, int n, co
     matmul_tn_acc(dz.data(), h, g.mudd_w1.data() + w1_at, T, M, C, 1.0);
     matmul_nn(dz.data(), p.mudd_w1.data() + w1_at, dh_block.data(), T, M, C);
     axpy(1.0, dh_block.data(), dh, T * C);
+}
+
+// ---- records 85-86's MUDD gate, XSA and DC-MHA ----
+// The gate's scale as the model multiplies by it (upstream's bf16 cast, Config::stream_lambda).
+inline double gate_scale(const Config& c, const Params& p) { return c.stream_lambda(p.mudd_gate_scale[0]); }
+
+// Upstream's forward_mudd_gate(h, id, n): m.coef (T, n) = (gelu(h Wg1[id]^T) Wg2[id, :n]^T + bg2[id, :n]) * s.
+inline void gate_forward(const Config& c, const Params& p, int id, const double* h, Tape::Gate& m) {
+    const size_t T = c.T, C = c.C, M = kMuddDim, N = kGateCoefs[id];
+    const double* w1 = p.mudd_gate_w1.data() + size_t(id) * M * C;
+    const double* w2 = p.mudd_gate_w2.data() + size_t(id) * kGateMaxCoefs * M;
+    const double* b2 = p.mudd_gate_b2.data() + size_t(id) * kGateMaxCoefs;
+    m.z.resize(T * M);
+    matmul_nt(h, w1, m.z.data(), T, M, C);
+    std::vector<double> gz(T * M);
+    for (size_t e = 0; e < T * M; ++e) gz[e] = gelu_erf(m.z[e]);
+    m.pre.resize(T * N);
+    matmul_nt(gz.data(), w2, m.pre.data(), T, N, M);
+    m.coef.resize(T * N);
+    const double sc = gate_scale(c, p);
+    for (size_t t = 0; t < T; ++t)
+        for (size_t j = 0; j < N; ++j) {
+            m.pre[t * N + j] += b2[j];
+            m.coef[t * N + j] = m.pre[t * N + j] * sc;
+        }
+}
+
+// Its backward from dcoef (T, n): d s = sum dcoef pre; d pre = s dcoef; d bg2 = sum_t d pre; d Wg2 = d pre^T gelu(z);
+// dz = (d pre Wg2) gelu'(z); d Wg1 = dz^T h; dh += dz Wg1.
+inline void gate_backward(const Config& c, const Params& p, int id, const double* h, const Tape::Gate& m,
+                          const std::vector<double>& dcoef, double* dh, Params& g) {
+    const size_t T = c.T, C = c.C, M = kMuddDim, N = kGateCoefs[id];
+    const size_t w1_at = size_t(id) * M * C, w2_at = size_t(id) * kGateMaxCoefs * M, b2_at = size_t(id) * kGateMaxCoefs;
+    const double sc = gate_scale(c, p);
+    std::vector<double> dpre(T * N), gz(T * M), dz(T * M), dh_gate(T * C);
+    for (size_t e = 0; e < T * N; ++e) {
+        g.mudd_gate_scale[0] += dcoef[e] * m.pre[e];
+        dpre[e] = sc * dcoef[e];
+    }
+    for (size_t t = 0; t < T; ++t)
+        for (size_t j = 0; j < N; ++j) g.mudd_gate_b2[b2_at + j] += dpre[t * N + j];
+    for (size_t e = 0; e < T * M; ++e) gz[e] = gelu_erf(m.z[e]);
+    matmul_tn_acc(dpre.data(), gz.data(), g.mudd_gate_w2.data() + w2_at, T, N, M, 1.0);
+    matmul_nn(dpre.data(), p.mudd_gate_w2.data() + w2_at, dz.data(), T, N, M);
+    for (size_t e = 0; e < T * M; ++e) dz[e] *= gelu_erf_grad(m.z[e]);
+    matmul_tn_acc(dz.data(), h, g.mudd_gate_w1.data() + w1_at, T, M, C, 1.0);
+    matmul_nn(dz.data(), p.mudd_gate_w1.data() + w1_at, dh_gate.data(), T, M, C);
+    axpy(1.0, dh_gate.data(), dh, T * C);
+}
+
+// Record 86's XSA on one head's row of D (upstream 003ff3e2 L1152-1156): y' = y - alpha c v, c = (y . v) / n2,
+// n2 = max(|v|^2, 1e-8). Writes y' into y_out (not aliasing y) and n2 into *n2_out; returns c.
+inline double xsa_r86_forward_row(const double* y, const double* v, double alpha, size_t D, double* y_out,
+                                  double* n2_out) {
+    const double n2 = std::max(dot(v, v, D), kXsaR86Eps);
+    const double cc = dot(y, v, D) / n2;
+    for (size_t d = 0; d < D; ++d) y_out[d] = y[d] - alpha * cc * v[d];
+    *n2_out = n2;
+    return cc;
+}
+// Its backward from g = dL/dy' (dy may alias g): with q = g . v, dy = g - alpha (q / n2) v,
+// dv += -alpha (c g + (q / n2) y - 2 c (q / n2) v) (the last term only where the clamp does not hold: there n2 is
+// the constant 1e-8), and returns dL/dalpha = -c q.
+inline double xsa_r86_backward_row(const double* y, const double* v, double alpha, double cc, double n2,
+                                   const double* g, size_t D, double* dy, double* dv) {
+    const double q = dot(g, v, D), qn = q / n2;
+    const double along = n2 > kXsaR86Eps ? 2.0 * cc * qn : 0.0;
+    for (size_t d = 0; d < D; ++d) dv[d] += -alpha * (cc * g[d] + qn * y[d] - along * v[d]);
+    for (size_t d = 0; d < D; ++d) dy[d] = g[d] - alpha * qn * v[d];
+    return -cc * q;
+}
+
+// The start of token t's document (the last cu_seqlens entry <= t).
+inline int document_start(const Batch& b, int t) {
+    int start = 0;
+    for (size_t i = 0; i + 1 < b.cu_seqlens.size(); ++i)
+        if (b.cu_seqlens[i] <= t && t < b.cu_seqlens[i + 1]) start = b.cu_seqlens[i];
+    return start;
+}
+
+// Record 85's DC-MHA (Config::dc_mha) on layer L: L.y_dc from L.y, L.q, L.k, L.v and the token's w1/w2 columns
+// (the formulas at Config::dc_mha), keeping P, A, the normed w1 and its 1/rms.
+inline void dc_forward(const Config& c, const Batch& b, double scale, LayerTape& L) {
+    const size_t T = c.T, C = c.C, H = c.H, D = c.D, W = size_t(c.dc_window);
+    L.y_dc = L.y;
+    L.dc_p.assign(T * H * W, 0.0);
+    L.dc_a.assign(T * W, 0.0);
+    L.dc_w1.resize(T * H);
+    L.dc_rstd.resize(T);
+    std::vector<double> sv(W);
+    for (size_t t = 0; t < T; ++t) {
+        const int s0 = std::max(document_start(b, int(t)), int(t) - int(W) + 1);
+        const size_t n = t + 1 - size_t(s0);  // keys s = t - j, j < n
+        double ms = 0.0;
+        for (size_t h = 0; h < H; ++h) ms += L.tok_dc_w1[t * H + h] * L.tok_dc_w1[t * H + h];
+        const double r = 1.0 / std::sqrt(ms / double(H) + kDcRmsEps);
+        L.dc_rstd[t] = r;
+        for (size_t h = 0; h < H; ++h) L.dc_w1[t * H + h] = L.tok_dc_w1[t * H + h] * r;
+        for (size_t h = 0; h < H; ++h) {
+            double* P = L.dc_p.data() + (t * H + h) * W;
+            double mx = -INFINITY, sum = 0.0;
+            for (size_t j = 0; j < n; ++j) {
+                sv[j] = scale * dot(L.q.data() + (t * H + h) * D, L.k.data() + ((t - j) * H + h) * D, D);
+                mx = std::max(mx, sv[j]);
+            }
+            for (size_t j = 0; j < n; ++j) sum += (P[j] = std::exp(sv[j] - mx));
+            for (size_t j = 0; j < n; ++j) P[j] /= sum;
+            for (size_t j = 0; j < n; ++j) L.dc_a[t * W + j] += L.dc_w1[t * H + h] * P[j];
+        }
+        for (size_t h = 0; h < H; ++h) {
+            const double w2 = L.tok_dc_w2[t * H + h];
+            double* out = L.y_dc.data() + t * C + h * D;
+            for (size_t j = 0; j < n; ++j) axpy(w2 * L.dc_a[t * W + j], L.v.data() + ((t - j) * H + h) * D, out, D);
+        }
+    }
+}
+
+// Its backward from go = dL/d y_dc: y's gradient is go itself (the caller's); adds into dq, dk, dv (as attended)
+// and writes the w1 columns' (through the rms norm) and w2's gradients into dw1, dw2 (T,H), the sums of squares of
+// their products into sq1, sq2 (T,H):
+//   dm_h[j] = go_h[t] . v_h[t-j]; dv_h[t-j] += w2[h] A[j] go_h[t]; dw2[h] = sum_j A[j] dm_h[j];
+//   dA[j] = sum_h w2[h] dm_h[j]; dw1n[h] = sum_j dA[j] P_h[j]; dS_h[j] = P_h[j] w1[h] (dA[j] - sum_j' P_h[j'] dA[j']);
+//   dq_h[t] += scale sum_j dS_h[j] k_h[t-j]; dk_h[t-j] += scale dS_h[j] q_h[t];
+//   dw1[h] = r (dw1n[h] - w1[h] mean_h'(dw1n[h'] w1[h'])) (rms_norm's backward, w1 the normed values, r the 1/rms).
+inline void dc_backward(const Config& c, const Batch& b, double scale, const LayerTape& L, const std::vector<double>& go,
+                        double* dq, double* dk, double* dv, double* dw1, double* dw2, double* sq1, double* sq2) {
+    const size_t T = c.T, H = c.H, D = c.D, W = size_t(c.dc_window);
+    std::vector<double> dm(H * W), da(W), gv(H * W), dw1n(H);
+    for (size_t t = 0; t < T; ++t) {
+        const int s0 = std::max(document_start(b, int(t)), int(t) - int(W) + 1);
+        const size_t n = t + 1 - size_t(s0);
+        const double* A = L.dc_a.data() + t * W;
+        std::fill(da.begin(), da.end(), 0.0);
+        for (size_t h = 0; h < H; ++h) {
+            const double w2 = L.tok_dc_w2[t * H + h];
+            const double* g = go.data() + (t * H + h) * D;
+            double s2 = 0.0;
+            dw2[t * H + h] = 0.0;
+            for (size_t j = 0; j < n; ++j) {
+                const size_t o = ((t - j) * H + h) * D;
+                double m = 0.0, m2 = 0.0;
+                for (size_t d = 0; d < D; ++d) m += g[d] * L.v[o + d], m2 += (g[d] * L.v[o + d]) * (g[d] * L.v[o + d]);
+                dm[h * W + j] = m;
+                gv[h * W + j] = m2;
+                axpy(w2 * A[j], g, dv + o, D);
+                dw2[t * H + h] += A[j] * m;
+                s2 += A[j] * A[j] * m2;
+                da[j] += w2 * m;
+            }
+            sq2[t * H + h] = s2;
+        }
+        double mean = 0.0;
+        for (size_t h = 0; h < H; ++h) {
+            const double* P = L.dc_p.data() + (t * H + h) * W;
+            const double w1 = L.dc_w1[t * H + h];
+            double pda = 0.0, s1 = 0.0;
+            for (size_t j = 0; j < n; ++j) {
+                pda += P[j] * da[j];
+                double g2 = 0.0;  // the products w2[h'] go . v of dA[j]
+                for (size_t h2 = 0; h2 < H; ++h2)
+                    g2 += L.tok_dc_w2[t * H + h2] * L.tok_dc_w2[t * H + h2] * gv[h2 * W + j];
+                s1 += P[j] * P[j] * g2;
+            }
+            dw1n[h] = pda;
+            sq1[t * H + h] = s1;
+            mean += pda * w1;
+            const double* qt = L.q.data() + (t * H + h) * D;
+            for (size_t j = 0; j < n; ++j) {
+                const double ds = P[j] * w1 * (da[j] - pda);
+                const size_t o = ((t - j) * H + h) * D;
+                axpy(scale * ds, L.k.data() + o, dq + (t * H + h) * D, D);
+                axpy(scale * ds, qt, dk + o, D);
+            }
+        }
+        mean /= double(H);
+        const double r = L.dc_rstd[t];
+        for (size_t h = 0; h < H; ++h) {
+            dw1[t * H + h] = r * (dw1n[h] - L.dc_w1[t * H + h] * mean);
+            sq1[t * H + h] *= r * r;
+        }
+    }
 }
 
 // ---- record 84's FP8 MLP up-projection (Config::mlp_up_fp8) ----
@@ -1099,11 +1408,30 @@ inline void attention_block_forward(const Config& c, const Params& p, const Batc
     L.lse.resize(size_t(s.rows()) * s.slots());
     attention_forward(s, L.q.data(), L.k.data(), L.v.data(), L.y.data(), L.lse.data());
 
-    // XSA: each head's output loses alpha of its component along the v it read at its own token
+    // record 85's DC-MHA: the heads' local maps mixed into y (what XSA and the gate then read)
+    L.y_dc.clear();
+    if (c.dc_layer(layer)) dc_forward(c, b, s.scale, L);
+    const std::vector<double>& y_att = c.dc_layer(layer) ? L.y_dc : L.y;
+
+    // XSA: each head's output loses alpha of its component along the v it read at its own token (record 86: per
+    // token strengths and the projection form)
     L.y_xsa.clear();
     L.xsa_p.clear();
     L.xsa_n.clear();
-    if (c.xsa[layer]) {
+    L.xsa_c.clear();
+    L.xsa_n2.clear();
+    if (c.xsa[layer] && c.mudd_gate) {
+        L.y_xsa.resize(T * C);
+        L.xsa_c.resize(T * H);
+        L.xsa_n2.resize(T * H);
+        for (size_t t = 0; t < T; ++t)
+            for (size_t h = 0; h < H; ++h) {
+                const size_t o = (t * H + h) * D;
+                const double alpha = std::tanh(L.tok_xsa[t * H + h]);
+                L.xsa_c[t * H + h] = xsa_r86_forward_row(y_att.data() + o, L.v.data() + o, alpha, D,
+                                                         L.y_xsa.data() + o, L.xsa_n2.data() + t * H + h);
+            }
+    } else if (c.xsa[layer]) {
         L.y_xsa.resize(T * C);
         L.xsa_p.resize(T * H);
         L.xsa_n.resize(T * H);
@@ -1111,21 +1439,30 @@ inline void attention_block_forward(const Config& c, const Params& p, const Batc
             for (size_t h = 0; h < H; ++h) {
                 const size_t o = (t * H + h) * D;
                 const double alpha = c.xsa_alpha(p.xsa_alphas[size_t(layer) * H + h]);
-                L.xsa_p[t * H + h] = xsa_forward_row(L.y.data() + o, L.v.data() + o, alpha, D, L.y_xsa.data() + o,
+                L.xsa_p[t * H + h] = xsa_forward_row(y_att.data() + o, L.v.data() + o, alpha, D, L.y_xsa.data() + o,
                                                      L.xsa_n.data() + t * H + h);
             }
     }
-    const std::vector<double>& y_gate_in = c.xsa[layer] ? L.y_xsa : L.y;
+    const std::vector<double>& y_gate_in = c.xsa[layer] ? L.y_xsa : y_att;
 
-    L.attn_sig.resize(T * H);
     L.yg.resize(T * C);
-    const double* agate = p.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
-    for (size_t t = 0; t < T; ++t)
-        for (size_t h = 0; h < H; ++h) {
-            const double sg = sigmoid(dot(L.xa.data() + t * C, agate + h * kGateDim, kGateDim));
-            L.attn_sig[t * H + h] = sg;
-            for (size_t d = 0; d < D; ++d) L.yg[(t * H + h) * D + d] = sg * y_gate_in[(t * H + h) * D + d];
-        }
+    if (c.mudd_gate) {  // record 85: the raw per-token column on the gated layers, none elsewhere
+        L.attn_sig = L.tok_out;
+        for (size_t t = 0; t < T; ++t)
+            for (size_t h = 0; h < H; ++h) {
+                const double sg = L.attn_sig.empty() ? 1.0 : L.attn_sig[t * H + h];
+                for (size_t d = 0; d < D; ++d) L.yg[(t * H + h) * D + d] = sg * y_gate_in[(t * H + h) * D + d];
+            }
+    } else {
+        L.attn_sig.resize(T * H);
+        const double* agate = p.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
+        for (size_t t = 0; t < T; ++t)
+            for (size_t h = 0; h < H; ++h) {
+                const double sg = sigmoid(dot(L.xa.data() + t * C, agate + h * kGateDim, kGateDim));
+                L.attn_sig[t * H + h] = sg;
+                for (size_t d = 0; d < D; ++d) L.yg[(t * H + h) * D + d] = sg * y_gate_in[(t * H + h) * D + d];
+            }
+    }
     L.o_raw.resize(T * C);
     matmul_nt(L.yg.data(), W + 3 * C * C, L.o_raw.data(), T, C, C);
 }
@@ -1159,6 +1496,11 @@ inline void skip_add_forward(const Config& c, const Params& p, const Tape& tp, c
     const double sl = sigmoid(p.scalars[c.scalar_slots().skip]);
     const std::vector<double>& skip = tp.layers[kSkipFrom].x_out;
     out = in;
+    if (c.mudd_gate) {  // record 85: sigmoid(skip_lambda) G1[t, 28], no learned gate
+        for (size_t t = 0; t < T; ++t)
+            axpy(sl * tp.gate[1].coef[t * kGateCoefs[1] + kGateSkipCol], skip.data() + t * C, out.data() + t * C, C);
+        return;
+    }
     for (size_t t = 0; t < T; ++t) axpy(sl * 2.0 * tp.skip_sig[t], skip.data() + t * C, out.data() + t * C, C);
 }
 
@@ -1197,6 +1539,12 @@ inline void stream_r71_forward(const Config& c, const Params& p, const Batch& b,
 inline std::vector<double> stream_start(const Config& c, const Params& p, const Tape& tp) {
     const size_t T = c.T, C = c.C, W = c.bigram_width();
     std::vector<double> x(tp.x0);
+    if (c.mudd_gate) {  // record 85: per token, the pre gate's layer-0 bigram column
+        const int col = gate_cols(0).bigram;
+        for (size_t t = 0; t < T; ++t)
+            axpy(tp.gate[0].coef[t * kGateCoefs[0] + col], tp.x_bigram.data() + t * W, x.data() + t * C, W);
+        return x;
+    }
     axpy_rows(c.stream_lambda(p.bigram_lambdas[0]), tp.x_bigram.data(), W, x.data(), C, T, W);
     return x;
 }
@@ -1248,6 +1596,25 @@ inline void mudd_layer_forward(const Config& c, const Params& p, const Batch& b,
     }
 }
 
+// Record 85: layer i's per-token readers of the gate (LayerTape::tok_*), copied from its columns (empty if none).
+inline void fill_token_readers(const Config& c, const Tape& tp, int i, LayerTape& L) {
+    const size_t T = c.T, H = c.H;
+    const GateCols k = gate_cols(i);
+    const int n = kGateCoefs[k.gate];
+    const std::vector<double>& G = tp.gate[size_t(k.gate)].coef;
+    auto copy = [&](int col, std::vector<double>& out) {
+        out.clear();
+        if (col < 0) return;
+        out.resize(T * H);
+        for (size_t t = 0; t < T; ++t)
+            for (size_t h = 0; h < H; ++h) out[t * H + h] = G[t * n + col + h];
+    };
+    copy(k.xsa, L.tok_xsa);
+    copy(k.out, L.tok_out);
+    copy(c.dc_layer(i) ? kGateDcW1Col : -1, L.tok_dc_w1);
+    copy(c.dc_layer(i) ? kGateDcW2Col : -1, L.tok_dc_w2);
+}
+
 // Record 80's layers (upstream 2c702746 GPT.forward; torch_reference.py residual_stream_r80), lambdas
 // as Config::stream_lambda gives them, the stream in double (upstream rounds each update to bf16):
 //   before layer 0:  x_in[0] = x0 + lb[0] xb
@@ -1267,6 +1634,8 @@ inline void stream_r80_forward(const Config& c, const Params& p, const Batch& b,
     for (int i = 0; i < kLayers; ++i) {
         LayerTape& L = tp.layers[i];
         if (i > 0) L.x_in = tp.layers[i - 1].x_out;
+        if (c.mudd_gate && i == kGatePostLayer) gate_forward(c, p, 1, L.x_in.data(), tp.gate[1]);  // from h3
+        if (c.mudd_gate) fill_token_readers(c, tp, i, L);
         if (i == kSkipTo) {  // layer 6, the one without attention
             L.x_mix.clear();
             skip_add_forward(c, p, tp, L.x_in, L.x_attn);
@@ -1279,15 +1648,23 @@ inline void stream_r80_forward(const Config& c, const Params& p, const Batch& b,
             }
             attention_block_forward(c, p, b, i, L);
             const double ra = c.stream_lambda(p.resid_lambdas[2 * i]), pa = c.stream_lambda(p.post_lambdas[2 * i]);
-            const double lx0 = c.stream_lambda(p.x0_lambdas[i]), lb = i > 0 ? c.stream_lambda(p.bigram_lambdas[i]) : 0.0;
             const double sa1 = p.scalars[k.sa_of(i, 1)];
+            const GateCols gk = gate_cols(i);
             L.x_attn.resize(T * C);
-            for (size_t t = 0; t < T; ++t)
+            for (size_t t = 0; t < T; ++t) {
+                double lx0, lb;  // record 85: the token's gate columns; else the layer's lambdas
+                if (c.mudd_gate) {
+                    const double* G = tp.gate[size_t(gk.gate)].coef.data() + t * kGateCoefs[gk.gate];
+                    lx0 = G[gk.x0], lb = i > 0 ? G[gk.bigram] : 0.0;
+                } else {
+                    lx0 = c.stream_lambda(p.x0_lambdas[i]), lb = i > 0 ? c.stream_lambda(p.bigram_lambdas[i]) : 0.0;
+                }
                 for (size_t j = 0; j < C; ++j) {
                     const size_t e = t * C + j;
                     const double bg = j < W ? lb * tp.x_bigram[t * W + j] : 0.0;
                     L.x_attn[e] = ra * L.x_in[e] + pa * (sa1 * L.o_raw[e]) + (lx0 * x0[e] + bg);
                 }
+            }
         }
         mlp_block_forward(c, p, i, L);
         const double rm = c.stream_lambda(p.resid_lambdas[2 * i + 1]), pm = c.stream_lambda(p.post_lambdas[2 * i + 1]);
@@ -1343,11 +1720,17 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
     if (c.x0_includes_bigram) tp.x0_with_bigram = stream_start(c, p, tp);
     else tp.x0_with_bigram.clear();
     const std::vector<double>& x0 = x0_read(c, tp);
-    tp.skip_sig.resize(T);
-    for (size_t t = 0; t < T; ++t) tp.skip_sig[t] = sigmoid(dot(x0.data() + t * C, p.skip_gate.data(), kGateDim));
+    tp.skip_sig.assign(c.learned_gates() ? T : 0, 0.0);
+    for (size_t t = 0; t < T && c.learned_gates(); ++t)
+        tp.skip_sig[t] = sigmoid(dot(x0.data() + t * C, p.skip_gate.data(), kGateDim));
 
-    for (LayerTape& L : tp.layers) L.mudd_ve_gate.clear(), L.v_mudd.clear(), L.mudd_r.clear();
+    for (LayerTape& L : tp.layers) {
+        L.mudd_ve_gate.clear(), L.v_mudd.clear(), L.mudd_r.clear();
+        L.tok_xsa.clear(), L.tok_out.clear(), L.tok_dc_w1.clear(), L.tok_dc_w2.clear();
+    }
     for (Tape::Mudd& m : tp.mudd) m.z.clear(), m.coef.clear();
+    for (Tape::Gate& m : tp.gate) m.z.clear(), m.pre.clear(), m.coef.clear();
+    if (c.mudd_gate) gate_forward(c, p, 0, tp.x0.data(), tp.gate[0]);  // record 85: the pre gate, from the clean x0
     if (c.sublayer_lambdas) stream_r80_forward(c, p, b, tp);
     else stream_r71_forward(c, p, b, tp);
 
@@ -1412,12 +1795,21 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
 
 namespace detail {
 
+// The gradients of a layer's per-token gate readers (LayerTape::tok_*; mudd_gate), (T,H) each and empty where the
+// layer has no such reader, with the sums of squares of the products each sums (Tape::gate_sq).
+struct TokenGrads {
+    std::vector<double> xsa, out, dc_w1, dc_w2;
+    std::vector<double> sq_xsa, sq_out, sq_dc_w1, sq_dc_w2;
+};
+
 // Attention block backward: dout is the gradient of the block's output sa1 * o_raw; adds the gradient
 // of x_mix (through norm(x_mix)) into dx_mix and parameter gradients into g. On MUDD's layer the caller
 // owns the value embedding's term (its gate and v_mudd are coefficients): v's gradient goes to *dv_out.
+// With mudd_gate the per-token readers' gradients go to *tok (needed then).
 inline void attention_block_backward(const Config& c, const Params& p, const Batch& b, int layer, const LayerTape& L,
                                      const std::vector<double>& dout, std::vector<double>& dx_mix, Params& g,
-                                     std::vector<double>& scalar_sq, std::vector<double>* dv_out = nullptr) {
+                                     std::vector<double>& scalar_sq, std::vector<double>* dv_out = nullptr,
+                                     TokenGrads* tok = nullptr) {
     const size_t T = c.T, C = c.C, H = c.H, D = c.D;
     const int bank = attn_bank_index(layer), table = c.table_of(layer);
     const size_t wofs = size_t(bank) * 4 * C * C;
@@ -1438,11 +1830,38 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
     // output gate: yg = y_in * sigmoid(xa[:12] . attn_gate[h]), y_in = XSA's y' on its layers, else y;
     // then XSA's backward (xsa_backward_row) turns d y' into d y and its share of d v and d alpha
     const bool xsa = c.xsa[layer];
-    const std::vector<double>& y_gate_in = xsa ? L.y_xsa : L.y;
+    const std::vector<double>& y_att = c.dc_layer(layer) ? L.y_dc : L.y;
+    const std::vector<double>& y_gate_in = xsa ? L.y_xsa : y_att;
     std::vector<double> dxa(T * C, 0.0), dy(T * C), dv_xsa(xsa ? T * C : 0, 0.0);
-    const double* agate = p.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
-    double* dagate = g.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
-    for (size_t t = 0; t < T; ++t)
+    if (c.mudd_gate) {
+        require(tok != nullptr, "attention_block_backward: mudd_gate needs the token gradients' output");
+        *tok = TokenGrads{};
+        const bool gated = !L.attn_sig.empty();
+        if (gated) tok->out.assign(T * H, 0.0), tok->sq_out.assign(T * H, 0.0);
+        if (xsa) tok->xsa.assign(T * H, 0.0), tok->sq_xsa.assign(T * H, 0.0);
+        for (size_t t = 0; t < T; ++t)
+            for (size_t h = 0; h < H; ++h) {
+                const size_t o = (t * H + h) * D, th = t * H + h;
+                const double sg = gated ? L.attn_sig[th] : 1.0;
+                if (gated) tok->out[th] = scaled_dot(dyg.data() + o, y_gate_in.data() + o, D, tok->sq_out[th]);
+                for (size_t d = 0; d < D; ++d) dy[o + d] = sg * dyg[o + d];
+                if (xsa) {  // alpha = tanh(G): d G = d alpha (1 - alpha^2)
+                    const double alpha = std::tanh(L.tok_xsa[th]), cc = L.xsa_c[th];
+                    const double dalpha = xsa_r86_backward_row(y_att.data() + o, L.v.data() + o, alpha, cc,
+                                                               L.xsa_n2[th], dy.data() + o, D, dy.data() + o,
+                                                               dv_xsa.data() + o);
+                    const double k = 1.0 - alpha * alpha;
+                    tok->xsa[th] = dalpha * k;
+                    for (size_t d = 0; d < D; ++d) {  // -c q = sum_d of -c g_d v_d
+                        const double e = cc * (dyg[o + d] * sg) * L.v[o + d] * k;
+                        tok->sq_xsa[th] += e * e;
+                    }
+                }
+            }
+    }
+    const double* agate = c.mudd_gate ? nullptr : p.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
+    double* dagate = c.mudd_gate ? nullptr : g.attn_gate_bank.data() + size_t(bank) * H * kGateDim;
+    for (size_t t = 0; t < T && !c.mudd_gate; ++t)
         for (size_t h = 0; h < H; ++h) {
             const size_t o = (t * H + h) * D;
             const double sg = L.attn_sig[t * H + h];
@@ -1453,7 +1872,7 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
             if (xsa) {  // alpha = tanh(a) (bf16 or not): d a = d alpha (1 - tanh(a)^2), straight through the rounding
                 const size_t at = size_t(layer) * H + h;
                 const double th = std::tanh(p.xsa_alphas[at]);
-                const double dalpha = xsa_backward_row(L.y.data() + o, L.v.data() + o, c.xsa_alpha(p.xsa_alphas[at]),
+                const double dalpha = xsa_backward_row(y_att.data() + o, L.v.data() + o, c.xsa_alpha(p.xsa_alphas[at]),
                                                        L.xsa_p[t * H + h], L.xsa_n[t * H + h], dy.data() + o, D,
                                                        dy.data() + o, dv_xsa.data() + o);
                 g.xsa_alphas[at] += dalpha * (1.0 - th * th);
@@ -1463,6 +1882,12 @@ inline void attention_block_backward(const Config& c, const Params& p, const Bat
     std::vector<double> dq(T * C), dk(T * C), dv(T * C);
     attention_backward(attn_shape(c, b, layer), L.q.data(), L.k.data(), L.v.data(), L.y.data(), L.lse.data(),
                        dy.data(), dq.data(), dk.data(), dv.data());
+    if (c.dc_layer(layer)) {  // y_dc = y + correction: y's gradient is dy itself (above); the correction's q, k, v, w1, w2
+        tok->dc_w1.assign(T * H, 0.0), tok->dc_w2.assign(T * H, 0.0);
+        tok->sq_dc_w1.assign(T * H, 0.0), tok->sq_dc_w2.assign(T * H, 0.0);
+        dc_backward(c, b, attn_shape(c, b, layer).scale, L, dy, dq.data(), dk.data(), dv.data(), tok->dc_w1.data(),
+                    tok->dc_w2.data(), tok->sq_dc_w1.data(), tok->sq_dc_w2.data());
+    }
     // v is read by the attention and by XSA: its gradient is the sum, and flows on into its sources
     // (the QKV projection, the value embedding and its gate)
     if (xsa) axpy(1.0, dv_xsa.data(), dv.data(), T * C);
@@ -1552,6 +1977,21 @@ inline void skip_add_backward(const Config& c, const Params& p, Tape& tp, const 
     const double sl = sigmoid(p.scalars[slot]);
     const std::vector<double>& skip = tp.layers[kSkipFrom].x_out;
     const std::vector<double>& x0 = x0_read(c, tp);
+    if (c.mudd_gate) {  // out = in + sl G1[t, 28] h3: h3's share, the column's gradient and the lambda's
+        const size_t n = kGateCoefs[1];
+        for (size_t t = 0; t < T; ++t) {
+            const double G = tp.gate[1].coef[t * n + kGateSkipCol];
+            axpy(sl * G, dx.data() + t * C, d_skip.data() + t * C, C);
+            double dsq = 0.0;
+            const double dd = scaled_dot(dx.data() + t * C, skip.data() + t * C, C, dsq);
+            tp.gate_dcoef[1][t * n + kGateSkipCol] += sl * dd;
+            tp.gate_sq[1][t * n + kGateSkipCol] += sl * sl * dsq;
+            const double ds = sl * (1.0 - sl) * G;
+            g.scalars[slot] += ds * dd;
+            sq[slot] += ds * ds * dsq;
+        }
+        return;
+    }
     for (size_t t = 0; t < T; ++t) {
         const double sg = tp.skip_sig[t];
         axpy(sl * 2.0 * sg, dx.data() + t * C, d_skip.data() + t * C, C);
@@ -1569,6 +2009,25 @@ inline void skip_add_backward(const Config& c, const Params& p, Tape& tp, const 
         }
         axpy(dzs, p.skip_gate.data(), dx0.data() + t * C, kGateDim);
     }
+}
+
+// Record 85: adds layer i's per-token readers' gradients (attention_block_backward's) into its gate's dG and sums of
+// squares.
+inline void scatter_token_grads(const Config& c, Tape& tp, int i, const TokenGrads& tok) {
+    const size_t T = c.T, H = c.H;
+    const GateCols k = gate_cols(i);
+    const size_t n = kGateCoefs[k.gate];
+    std::vector<double>&dG = tp.gate_dcoef[size_t(k.gate)], &sq = tp.gate_sq[size_t(k.gate)];
+    auto add = [&](int col, const std::vector<double>& d, const std::vector<double>& s2) {
+        if (d.empty()) return;
+        require(col >= 0, "layer %d has a gate reader without a column", i);
+        for (size_t t = 0; t < T; ++t)
+            for (size_t h = 0; h < H; ++h) dG[t * n + col + h] += d[t * H + h], sq[t * n + col + h] += s2[t * H + h];
+    };
+    add(k.xsa, tok.xsa, tok.sq_xsa);
+    add(k.out, tok.out, tok.sq_out);
+    add(kGateDcW1Col, tok.dc_w1, tok.sq_dc_w1);
+    add(kGateDcW2Col, tok.dc_w2, tok.sq_dc_w2);
 }
 
 // Gradients that reach the stream from outside its layers' own chain: the backout's and MUDD's reads of
@@ -1623,7 +2082,10 @@ inline void mudd_layer_backward(const Config& c, const Params& p, const Batch& b
             if (j < W) dxb[t * W + j] += k[kMuBigram] * da[j];
         }
     }
-    attention_block_backward(c, p, b, i, L, d_branch, c.attn_source(i) >= 0 ? d_late : dh9, g, tp.scalar_scales, &dv);
+    TokenGrads tok;
+    attention_block_backward(c, p, b, i, L, d_branch, c.attn_source(i) >= 0 ? d_late : dh9, g, tp.scalar_scales, &dv,
+                             c.mudd_gate ? &tok : nullptr);
+    if (c.mudd_gate) scatter_token_grads(c, tp, i, tok);
     // r = (1 + c5) h9 + c3 h0 + c4 h7; v = ... + g ve + (c0 h0 + c1 h7 + c2 h9), g = c6 | c7 per head half
     const int table = c.table_of(i);
     for (size_t t = 0; t < T; ++t) {
@@ -1754,14 +2216,30 @@ inline void stream_r80_backward(const Config& c, const Params& p, const Batch& b
         // attention: x_attn = ra x_in + pa (sa1 o_raw) + lx0 x0 + lb xb (lb: layers 1-10)
         const int a = 2 * i;
         const double ra = c.stream_lambda(p.resid_lambdas[a]), pa = c.stream_lambda(p.post_lambdas[a]);
-        const double lx0 = c.stream_lambda(p.x0_lambdas[i]);
         const double sa1 = p.scalars[k.sa_of(i, 1)];
         for (size_t e = 0; e < T * C; ++e) y[e] = sa1 * L.o_raw[e];
         g.resid_lambdas[a] += scaled_dot(dx.data(), L.x_in.data(), T * C, tp.resid_lambda_scales[a]);
         g.post_lambdas[a] += scaled_dot(dx.data(), y.data(), T * C, tp.post_lambda_scales[a]);
-        g.x0_lambdas[i] += scaled_dot(dx.data(), x0.data(), T * C, tp.x0_lambda_scales[i]);
-        axpy(lx0, dx.data(), dx0.data(), T * C);
-        if (i > 0) {  // xb reaches channels [0, W) only
+        if (c.mudd_gate) {  // record 85: x0 and (after layer 0) xb times the token's gate columns
+            const GateCols gk = gate_cols(i);
+            const size_t n = kGateCoefs[gk.gate];
+            double *dG = tp.gate_dcoef[size_t(gk.gate)].data(), *gsq = tp.gate_sq[size_t(gk.gate)].data();
+            const double* G = tp.gate[size_t(gk.gate)].coef.data();
+            for (size_t t = 0; t < T; ++t) {
+                const double* dxt = dx.data() + t * C;
+                dG[t * n + gk.x0] += scaled_dot(dxt, x0.data() + t * C, C, gsq[t * n + gk.x0]);
+                axpy(G[t * n + gk.x0], dxt, dx0.data() + t * C, C);
+                if (i > 0) {
+                    dG[t * n + gk.bigram] += scaled_dot(dxt, tp.x_bigram.data() + t * W, W, gsq[t * n + gk.bigram]);
+                    axpy(G[t * n + gk.bigram], dxt, dxb.data() + t * W, W);
+                }
+            }
+        } else {
+            const double lx0 = c.stream_lambda(p.x0_lambdas[i]);
+            g.x0_lambdas[i] += scaled_dot(dx.data(), x0.data(), T * C, tp.x0_lambda_scales[i]);
+            axpy(lx0, dx.data(), dx0.data(), T * C);
+        }
+        if (i > 0 && !c.mudd_gate) {  // xb reaches channels [0, W) only
             const double lb = c.stream_lambda(p.bigram_lambdas[i]);
             g.bigram_lambdas[i] +=
                 scaled_dot_rows(dx.data(), C, tp.x_bigram.data(), W, T, W, tp.bigram_lambda_scales[i]);
@@ -1769,14 +2247,33 @@ inline void stream_r80_backward(const Config& c, const Params& p, const Batch& b
         }
         for (size_t e = 0; e < T * C; ++e) d_branch[e] = pa * dx[e], d_attn[e] = ra * dx[e];
         // the attention's input gradient goes to what it normalized: x_in, or the late source's output
-        attention_block_backward(c, p, b, i, L, d_branch, c.attn_source(i) >= 0 ? d_late : d_attn, g, sq);
+        TokenGrads tok;
+        attention_block_backward(c, p, b, i, L, d_branch, c.attn_source(i) >= 0 ? d_late : d_attn, g, sq, nullptr,
+                                 c.mudd_gate ? &tok : nullptr);
+        if (c.mudd_gate) scatter_token_grads(c, tp, i, tok);
         dx.swap(d_attn);  // now d x_in
+        // record 85: every reader of the post gate is done (layers 4-10): its input, this layer's, gets its share
+        if (c.mudd_gate && i == kGatePostLayer)
+            gate_backward(c, p, 1, L.x_in.data(), tp.gate[1], tp.gate_dcoef[1], dx.data(), g);
     }
     // x_in[0] = x0 + lb[0] xb (channels [0, W)). With x0_includes_bigram every read of x0 above read
     // x_in[0] itself (upstream's aliased tensor): their gradient dx0 joins the stream's before the add's
     // backward, so it also reaches lb[0], the bigram rows and (as dx0 again) the norm. MUDD's reads of h0
     // (x_in[0] itself) join there too.
     if (!taps.x_in0.empty()) axpy(1.0, taps.x_in0.data(), dx.data(), T * C);
+    if (c.mudd_gate) {  // x_in[0] = x0 + G0[t, 19] xb; then the pre gate (all its readers done), from x0
+        const size_t n = kGateCoefs[0];
+        const int col = gate_cols(0).bigram;
+        for (size_t t = 0; t < T; ++t) {
+            const double* dxt = dx.data() + t * C;
+            tp.gate_dcoef[0][t * n + col] +=
+                scaled_dot(dxt, tp.x_bigram.data() + t * W, W, tp.gate_sq[0][t * n + col]);
+            axpy(tp.gate[0].coef[t * n + col], dxt, dxb.data() + t * W, W);
+        }
+        axpy(1.0, dx.data(), dx0.data(), T * C);
+        gate_backward(c, p, 0, tp.x0.data(), tp.gate[0], tp.gate_dcoef[0], dx0.data(), g);
+        return;
+    }
     if (c.x0_includes_bigram) axpy(1.0, dx0.data(), dx.data(), T * C);
     const double lb0 = c.stream_lambda(p.bigram_lambdas[0]);
     g.bigram_lambdas[0] += scaled_dot_rows(dx.data(), C, tp.x_bigram.data(), W, T, W, tp.bigram_lambda_scales[0]);
@@ -1806,12 +2303,17 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
     g = Params::zeros(c);
     std::vector<double>& sq = tp.scalar_scales;  // sums of squares until the end
     sq.assign(c.num_scalars(), 0.0);
-    tp.x0_lambda_scales.assign(kLayers, 0.0);
-    tp.skip_gate_scales.assign(kGateDim, 0.0);
+    const size_t learned = c.learned_gates() ? 1 : 0;
+    tp.x0_lambda_scales.assign(learned * kLayers, 0.0);
+    tp.skip_gate_scales.assign(learned * kGateDim, 0.0);
     const size_t r80 = c.sublayer_lambdas ? 1 : 0;
     tp.resid_lambda_scales.assign(r80 * 2 * kLayers, 0.0);
     tp.post_lambda_scales.assign(r80 * 2 * kLayers, 0.0);
-    tp.bigram_lambda_scales.assign(r80 * kLayers, 0.0);
+    tp.bigram_lambda_scales.assign(r80 * learned * kLayers, 0.0);
+    for (int id = 0; id < 2; ++id) {
+        tp.gate_dcoef[size_t(id)].assign(c.mudd_gate ? T * kGateCoefs[id] : 0, 0.0);
+        tp.gate_sq[size_t(id)].assign(c.mudd_gate ? T * kGateCoefs[id] : 0, 0.0);
+    }
     tp.mudd_b2_scales.assign(c.mudd ? size_t(kMuddBlocks) * kMuddCoefs : 0, 0.0);
 
     // logits' gradient, row by row: dz = s * (S_w p - sum_k w_k onehot(target[t+k])), dl = dz * z (1 - sig) / C
@@ -1902,6 +2404,22 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
                                    &tp.bigram_lambda_scales})
         for (double& e : *v) e = std::sqrt(e);
     for (double& e : tp.mudd_b2_scales) e = kMuddScale * std::sqrt(e);
+    tp.mudd_gate_b2_scales.assign(c.mudd_gate ? 2 * kGateMaxCoefs : 0, 0.0);
+    tp.mudd_gate_scale_scales.assign(c.mudd_gate ? 1 : 0, 0.0);
+    if (c.mudd_gate) {
+        const double sc = gate_scale(c, p);
+        for (int id = 0; id < 2; ++id) {
+            const size_t n = kGateCoefs[id];
+            for (size_t t = 0; t < T; ++t)
+                for (size_t j = 0; j < n; ++j) {
+                    const double q = tp.gate_sq[size_t(id)][t * n + j], pre = tp.gate[size_t(id)].pre[t * n + j];
+                    tp.mudd_gate_b2_scales[size_t(id) * kGateMaxCoefs + j] += q;
+                    tp.mudd_gate_scale_scales[0] += q * pre * pre;
+                }
+        }
+        for (double& e : tp.mudd_gate_b2_scales) e = sc * std::sqrt(e);
+        tp.mudd_gate_scale_scales[0] = std::sqrt(tp.mudd_gate_scale_scales[0]);
+    }
     return loss;
 }
 

@@ -449,7 +449,7 @@ void check_r80_layout() {
     for (double v : p.x0_lambdas) lambdas &= v == 0.0;
     test::check(lambdas, "record 80 init: resid sqrt(1.1), post 1, bigram 0.05, x0 0");
     const auto t = p.tensors();
-    test::check(t.size() == 19 && std::string(t[11].first) == "scalars" && std::string(t[12].first) == "resid_lambdas" &&
+    test::check(t.size() == 23 && std::string(t[11].first) == "scalars" && std::string(t[12].first) == "resid_lambdas" &&
                     std::string(t[13].first) == "post_lambdas" && std::string(t[14].first) == "bigram_lambdas",
                 "tensors(): record 80's lambdas after scalars");
     const Params p71 = Params::init(Config::make(16, 512, 128, 2, 64, 50, 128, 384), 99);
@@ -583,8 +583,8 @@ void check_xsa_layout() {
     const auto t = p.tensors();
     bool zeros = p.xsa_alphas.size() == size_t(kLayers) * c.H;
     for (double a : p.xsa_alphas) zeros &= a == 0.0;
-    test::check(c.any_xsa() && zeros && t.size() == 19 && std::string(t[15].first) == "xsa_alphas" &&
-                    Params::sizes(c).size() == 19 && Params::sizes(c)[15] == size_t(kLayers) * c.H,
+    test::check(c.any_xsa() && zeros && t.size() == 23 && std::string(t[15].first) == "xsa_alphas" &&
+                    Params::sizes(c).size() == 23 && Params::sizes(c)[15] == size_t(kLayers) * c.H,
                 "XSA: xsa_alphas (11, H) of zeros, after the lambdas in tensors() and sizes()");
     test::check(c.xsa_alpha(0.3) == round_bf16(std::tanh(0.3)) && c.xsa_alpha(0.3) != std::tanh(0.3) &&
                     c.xsa_alpha(5.0) == 1.0,
@@ -984,7 +984,7 @@ void check_mudd_layout() {
     test::check(ok, "MUDD scalars: sa (0.5, 1) x 11, smear 0, skip -1.5, no backout, no padding (24)");
     const auto t = p.tensors();
     const std::vector<size_t> n = Params::sizes(c);
-    test::check(t.size() == 19 && n.size() == 19 && std::string(t[16].first) == "mudd_w1" &&
+    test::check(t.size() == 23 && n.size() == 23 && std::string(t[16].first) == "mudd_w1" &&
                     std::string(t[17].first) == "mudd_w2" && std::string(t[18].first) == "mudd_b2" &&
                     n[16] == size_t(2 * 64 * 128) && n[17] == size_t(2 * 14 * 64) && n[18] == size_t(2 * 14),
                 "MUDD tensors: mudd_w1 (2, 64, C), mudd_w2 (2, 14, 64), mudd_b2 (2, 14) after xsa_alphas");
@@ -1279,6 +1279,213 @@ void check_mudd_error_scales() {
                 largest, zero, positive);
     std::printf("  MUDD b2: FP8 vs exact largest difference %.3f of the scale, largest gradient %.2f of it\n", worst,
                 largest);
+}
+
+// ---- records 85-86's MUDD gate and DC-MHA ----
+// Record 84's MUDD configuration (record 80's stream, h7 the late source, the signed bigram, here full width as record
+// 86's) with the gate at 6 heads of 8 (C = 48), XSA on its layers 1, 3, 4, 7 and DC-MHA with a window of 6 keys (upstream
+// 112; the documents of 11-14 tokens make it bite).
+Config gate_small_config() {
+    Config c = Config::make(32, 256, 48, 6, 8, 97, 8, 11);
+    c.mtp_weights = {1.0, 0.5, 0.25};
+    c.fp8 = false;
+    c.yarn_apply(7, 11);
+    c.sublayer_lambdas = true;
+    c.late_attn_source = 7;
+    c.lambdas_bf16 = false;
+    c.value_layers = {1, 2, 8, 9, 10};
+    c.ve_gate_reads_ve = c.paired_ve_gate_reads_ve = true;
+    c.bigram_sign_rows = 5;
+    c.bigram_sign_table = c.random_sign_table(test::rng()());
+    c.mudd = c.mudd_gate = c.dc_mha = true;
+    c.dc_window = 6;
+    for (int i : {1, 3, 4, 7}) c.xsa[size_t(i)] = true;
+    return c;
+}
+// Upstream's init, perturbed, with MUDD's and the gate's second layers and biases random (at init w2 = 0 makes every
+// column a constant and leaves w1 without gradient): columns of order 0.3-1 that vary from token to token.
+Params gate_random_params(const Config& c) {
+    Params p = random_params(c);
+    for (double& e : p.bigram_embed) e = test::uniform(-1.0, 1.0);
+    const double w1 = 1.0 / std::sqrt(double(c.C));
+    for (std::vector<double>* t : {&p.mudd_w1, &p.mudd_gate_w1})
+        for (double& w : *t) w = test::uniform(-w1, w1);
+    for (double& w : p.mudd_w2) w = test::uniform(-1.0, 1.0);
+    for (double& b : p.mudd_b2) b = test::uniform(-3.0, 3.0);
+    for (double& w : p.mudd_gate_w2) w = test::uniform(-1.0, 1.0);
+    for (double& b : p.mudd_gate_b2) b = test::uniform(-6.0, 6.0);
+    p.mudd_gate_scale[0] = test::uniform(0.08, 0.15);
+    return p;
+}
+
+// Layout, init and refusals: the five tensors the gate replaces are gone, its four have upstream's shapes, b2 starts
+// at upstream's columns; configurations the reference does not implement stop with a message.
+void check_gate_layout() {
+    const Config c = gate_small_config();
+    const Params p = Params::init(c, 5);
+    const std::vector<size_t> n = Params::sizes(c);
+    const auto t = p.tensors();
+    bool gone = p.attn_gate_bank.empty() && p.skip_gate.empty() && p.x0_lambdas.empty() && p.bigram_lambdas.empty() &&
+                p.xsa_alphas.empty();
+    test::check(gone && t.size() == 23 && std::string(t[19].first) == "mudd_gate_w1" && n[19] == 2 * 64 * 48 &&
+                    n[20] == 2 * 41 * 64 && n[21] == 2 * 41 && n[22] == 1 && p.mudd_gate_scale[0] == 0.1,
+                "MUDD gate tensors: the five it replaces empty (%d), w1 (2, 64, C), w2 (2, 41, 64), b2 (2, 41), scale 0.1",
+                gone);
+    std::vector<double> want(2 * kGateMaxCoefs, 0.0);
+    for (int id = 0; id < 2; ++id) {
+        for (int j = 12; j < 18; ++j) want[size_t(id * 41 + j)] = 2.5;
+        for (int j = 19; j < (id ? 28 : 26); j += 2) want[size_t(id * 41 + j)] = 0.5;
+    }
+    want[41 + 28] = 5.0;
+    for (int j = 29; j < 35; ++j) want[size_t(41 + j)] = 10.0;
+    test::check(p.mudd_gate_b2 == want, "MUDD gate init: b2 = upstream's (out 2.5, bigram 0.5, skip 5, DC w1 10)");
+    // the columns each layer reads, upstream's literals
+    bool cols = gate_cols(0).x0 == 18 && gate_cols(0).bigram == 19 && gate_cols(1).xsa == 0 && gate_cols(3).xsa == 6 &&
+                gate_cols(3).out == 12 && gate_cols(3).x0 == 24 && gate_cols(4).gate == 1 && gate_cols(4).xsa == 0 &&
+                gate_cols(4).x0 == 18 && gate_cols(5).x0 == 20 && gate_cols(6).x0 == -1 && gate_cols(7).xsa == 6 &&
+                gate_cols(7).x0 == 22 && gate_cols(9).bigram == 27 && gate_cols(10).out == 12 && gate_cols(10).x0 == -1;
+    test::check(cols, "MUDD gate columns: upstream's unpack_pre_mudd_gate / unpack_post_mudd_gate");
+}
+
+// The gate's columns by the formula, token by token (naive sums), XSA and DC-MHA's outputs by theirs on one token each.
+void check_gate_forward() {
+    const Config c = gate_small_config();
+    const Params p = gate_random_params(c);
+    const Batch b = make_batch(c, {0, 11, 18}, 1);
+    Tape tp;
+    forward(c, p, b, &tp);
+    const int C = c.C, H = c.H, D = c.D;
+    double worst = 0.0;
+    for (int id = 0; id < 2; ++id) {
+        const std::vector<double>& h = id == 0 ? tp.x0 : tp.layers[kGatePostLayer].x_in;
+        test::check(h == tp.layers[3].x_out || id == 0, "the post gate reads layer 4's input, h3");
+        for (int t : {0, 13, 31}) {
+            std::vector<double> gz(kMuddDim);
+            for (int m = 0; m < kMuddDim; ++m) {
+                double z = 0.0;
+                for (int j = 0; j < C; ++j) z += h[size_t(t * C + j)] * p.mudd_gate_w1[size_t((id * kMuddDim + m) * C + j)];
+                gz[size_t(m)] = 0.5 * z * (1.0 + std::erf(z / std::sqrt(2.0)));
+            }
+            for (int j = 0; j < kGateCoefs[id]; ++j) {
+                double s = p.mudd_gate_b2[size_t(id * kGateMaxCoefs + j)];
+                for (int m = 0; m < kMuddDim; ++m) s += gz[size_t(m)] * p.mudd_gate_w2[size_t((id * kGateMaxCoefs + j) * kMuddDim + m)];
+                worst = std::max(worst, std::fabs(s * p.mudd_gate_scale[0] - tp.gate[size_t(id)].coef[size_t(t * kGateCoefs[id] + j)]));
+            }
+        }
+    }
+    test::check(worst < 1e-12, "MUDD gate columns by the formula: largest difference %.3g", worst);
+    // layer 6: x_in + sigmoid(skip) G1[t, 28] h3
+    const double sl = 1.0 / (1.0 + std::exp(-p.scalars[size_t(c.scalar_slots().skip)]));
+    double skip_worst = 0.0;
+    for (int t = 0; t < c.T; ++t)
+        for (int j = 0; j < C; ++j) {
+            const size_t e = size_t(t * C + j);
+            const double want = tp.layers[6].x_in[e] + sl * tp.gate[1].coef[size_t(t * 41 + 28)] * tp.layers[3].x_out[e];
+            skip_worst = std::max(skip_worst, std::fabs(want - tp.layers[6].x_attn[e]));
+        }
+    test::check(skip_worst < 1e-12, "layer 6's skip by the post gate's column 28: largest difference %.3g", skip_worst);
+    // DC on token 15 of the document [11, 18), window 6: keys 10 < s <= 15 -> 11..15 (the document bound bites)
+    const LayerTape& L = tp.layers[10];
+    const int t = 15;
+    double ms = 0.0;
+    for (int h = 0; h < H; ++h) ms += std::pow(tp.gate[1].coef[size_t(t * 41 + 29 + h)], 2);
+    std::vector<double> A(size_t(c.T), 0.0);
+    for (int h = 0; h < H; ++h) {
+        const double w1 = tp.gate[1].coef[size_t(t * 41 + 29 + h)] / std::sqrt(ms / H + 1e-6);
+        double den = 0.0;
+        std::vector<double> e(size_t(c.T), 0.0);
+        for (int s = 11; s <= 15; ++s) {
+            double d = 0.0;
+            for (int k = 0; k < D; ++k) d += L.q[size_t((t * H + h) * D + k)] * L.k[size_t((s * H + h) * D + k)];
+            den += (e[size_t(s)] = std::exp(c.yarn.attn_scale * d));
+        }
+        for (int s = 11; s <= 15; ++s) A[size_t(s)] += w1 * e[size_t(s)] / den;
+    }
+    double dc_worst = 0.0;
+    for (int h = 0; h < H; ++h)
+        for (int k = 0; k < D; ++k) {
+            double want = L.y[size_t((t * H + h) * D + k)];
+            for (int s = 11; s <= 15; ++s)
+                want += tp.gate[1].coef[size_t(t * 41 + 35 + h)] * A[size_t(s)] * L.v[size_t((s * H + h) * D + k)];
+            dc_worst = std::max(dc_worst, std::fabs(want - L.y_dc[size_t((t * H + h) * D + k)]));
+        }
+    test::check(dc_worst < 1e-12, "DC-MHA on token 15 by the formula: largest difference %.3g", dc_worst);
+    // XSA on layer 4, token 20, head 2: y - tanh(G1[t, 2]) (y . v) / |v|^2 v; layer 10's projection reads y_dc gated
+    const LayerTape& X = tp.layers[4];
+    const size_t o = size_t((20 * H + 2) * D);
+    double yv = 0.0, vv = 0.0, xsa_worst = 0.0;
+    for (int k = 0; k < D; ++k) yv += X.y[o + k] * X.v[o + k], vv += X.v[o + k] * X.v[o + k];
+    for (int k = 0; k < D; ++k)
+        xsa_worst = std::max(xsa_worst, std::fabs(X.y[o + k] - std::tanh(tp.gate[1].coef[size_t(20 * 41 + 2)]) * yv / vv * X.v[o + k] -
+                                                  X.yg[o + k]));
+    double gate_worst = 0.0;
+    for (int k = 0; k < D; ++k)
+        gate_worst = std::max(gate_worst, std::fabs(tp.gate[1].coef[size_t(20 * 41 + 12 + 2)] * L.y_dc[size_t((20 * H + 2) * D + k)] -
+                                                    L.yg[size_t((20 * H + 2) * D + k)]));
+    test::check(xsa_worst < 1e-12 && gate_worst < 1e-12,
+                "record 86's XSA (layer 4, ungated) and layer 10's raw output gate on DC's output: %.3g, %.3g", xsa_worst,
+                gate_worst);
+}
+
+// Every gate path by central differences: both gates' w1, every read row of w2 and b2, the scale, and the tensors
+// whose paths the gate changed (layers 1, 3, 4, 7 (XSA), 3 and 10 (output gates), 10 (DC's q, k, v), the bigram rows,
+// the skip lambda, value tables 0 and 4); the gate 0's unread rows have exactly zero gradient.
+void check_gate_gradients_fd() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Config c = gate_small_config();
+    Params p = gate_random_params(c);
+    const Batch b = make_batch(c, {0, 11, 18}, 2);
+    Params g;
+    const double loss = forward_backward(c, p, b, 1.0, g);
+    const int C = c.C, V = c.V, M = kMuddDim;
+    auto rnd = [](int n) { return test::randint(0, n - 1); };
+    auto tok = [&] { return size_t(b.inputs[rnd(c.T)]); };
+    std::vector<size_t> w1, w2, b2, a, ve, bg;
+    for (int id = 0; id < 2; ++id) {
+        for (int i = 0; i < 4; ++i) w1.push_back((size_t(id) * M + rnd(M)) * C + rnd(C));
+        for (int j = 0; j < kGateCoefs[id]; ++j)
+            w2.push_back((size_t(id) * kGateMaxCoefs + j) * M + rnd(M)), b2.push_back(size_t(id) * kGateMaxCoefs + j);
+    }
+    for (int bank : {1, 3, 4, 6, 9})  // layers 1, 3, 4, 7, 10: q or k or v, and the output projection
+        for (int part : {rnd(3), 3}) a.push_back((size_t(bank) * 4 * C + part * C + rnd(C)) * C + rnd(C));
+    for (int i = 0; i < 3; ++i) a.push_back((size_t(9) * 4 * C + rnd(2) * C + rnd(C)) * C + rnd(C));  // 10's q, k (DC)
+    for (int tbl : {0, 4})
+        for (int i = 0; i < 3; ++i) ve.push_back((size_t(tbl) * V + tok()) * C + rnd(C));
+    for (int i = 0; i < 4; ++i) bg.push_back(size_t(b.bigram[rnd(c.T)]) * C + rnd(C));
+    const ScalarSlots& k = c.scalar_slots();
+    Samples samples = {{"mudd_gate_w1", w1},
+                       {"mudd_gate_w2", w2},
+                       {"mudd_gate_b2", b2},
+                       {"attn_bank", a},
+                       {"value_embeds", ve},
+                       {"bigram_embed", bg},
+                       {"resid_lambdas", {size_t(2 * 4), size_t(2 * 6 + 1)}},
+                       {"post_lambdas", {size_t(2 * 3), size_t(2 * 7)}},
+                       {"scalars", {size_t(k.sa_of(10, 0)), size_t(k.sa_of(10, 1)), size_t(k.smear), size_t(k.skip)}},
+                       {"mudd_b2", {0, 8, 11, size_t(kMuddCoefs + 3)}},
+                       {"embed", {tok() * C + rnd(C), tok() * C + rnd(C)}}};
+    const FdStats fd = fd_check(c, p, b, g, samples);
+    // The scale multiplies every column at once, so a step in it moves every MLP pre-activation and central
+    // differences keep crossing relu's kink (a 2e-5 stencil error seen); the columns are s (gelu(z) W2^T + b2), linear
+    // in (W2, b2) jointly, so Euler's identity gives its gradient exactly: s dL/ds = sum W2 dL/dW2 + sum b2 dL/db2.
+    double euler = 0.0;
+    for (size_t e = 0; e < p.mudd_gate_w2.size(); ++e) euler += p.mudd_gate_w2[e] * g.mudd_gate_w2[e];
+    for (size_t e = 0; e < p.mudd_gate_b2.size(); ++e) euler += p.mudd_gate_b2[e] * g.mudd_gate_b2[e];
+    euler /= p.mudd_gate_scale[0];
+    test::check(std::fabs(euler - g.mudd_gate_scale[0]) <= 1e-9 * std::fabs(euler),
+                "MUDD gate scale's gradient %.12g, by Euler's identity from w2's and b2's %.12g", g.mudd_gate_scale[0], euler);
+    std::printf("  mudd_gate_scale: gradient %.10g, Euler's identity %.10g\n", g.mudd_gate_scale[0], euler);
+    bool dead = true, live = true;
+    for (int j = kGateCoefs[0]; j < kGateMaxCoefs; ++j) {
+        dead &= g.mudd_gate_b2[size_t(j)] == 0.0;
+        for (int i = 0; i < M; ++i) dead &= g.mudd_gate_w2[size_t(j) * M + i] == 0.0;
+    }
+    for (int id = 0; id < 2; ++id)
+        for (int j = 0; j < kGateCoefs[id]; ++j) live &= g.mudd_gate_b2[size_t(id * kGateMaxCoefs + j)] != 0.0;
+    test::check(dead && live, "MUDD gate: gate 0's rows [26, 41) have exactly zero gradient (%d), every read b2 entry a "
+                "non-zero one (%d)", dead, live);
+    std::printf("records 85-86 MUDD gate and DC-MHA finite differences: loss %.6f, %d forwards (%d step reductions), "
+                "%.1f s\n", loss, fd.evaluated, fd.shrunk, seconds_since(t0));
 }
 
 // ---- record 84's FP8 MLP up-projection ----
@@ -2063,6 +2270,11 @@ int main() {
     check_mudd_error_scales();
     check_mlp_fp8();
     std::printf("record 81's MUDD and record 84's FP8 MLP checks: %.1f s\n", seconds_since(t81));
+    const auto t86 = std::chrono::steady_clock::now();
+    check_gate_layout();
+    check_gate_forward();
+    check_gate_gradients_fd();
+    std::printf("records 85-86's MUDD gate and DC-MHA checks: %.1f s\n", seconds_since(t86));
     check_fp8_tiny();
     std::printf("total %.1f s\n", seconds_since(t0));
     return test::finish();
