@@ -144,9 +144,11 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     const int old_long = c.stages[0].ws_long * c.block_size;
     yarn_rope_reset(m.rope, s);
     yarn_rope_apply(m.rope, old_long, ws_long, s);
-    const float w[3] = {1.0f, 0.5f, 0.25f};
+    // the MTP weights, then (record 88's prefix-token loss) the prefix weight pw, stage 1's 0.25
+    const float w[4] = {1.0f, 0.5f, 0.25f, 0.25f};
     CUDA_CHECK(cudaMemcpy(m.mtp_weights, w, sizeof w, cudaMemcpyHostToDevice));
-    const StepSchedule step_sch{ws_short, ws_long, m.mtp_weights, 3, {}};
+    StepSchedule step_sch{ws_short, ws_long, m.mtp_weights, 3, {}};
+    if (c.prefix_loss) step_sch.prefix = {m.prefix_table, m.mtp_weights + 3, dataload::kPrefixTableRows};
 
     ref::Config rc = ref::Config::make(T, c.padded_vocab, c.model_dim, c.num_heads, c.head_dim, c.bigram_vocab,
                                        ws_short, ws_long);
@@ -184,6 +186,17 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     rb.targets.assign(targets.begin(), targets.begin() + T);
     rb.bigram.assign(bigram.begin(), bigram.begin() + T);
     rb.cu_seqlens.assign(cu.begin(), cu.begin() + got.cu_entries);
+    if (c.prefix_loss) {  // each row's prefix target, the model's own table at its next token (valid: below V)
+        std::vector<int32_t> table(size_t(dataload::kPrefixTableRows));
+        CUDA_CHECK(cudaMemcpy(table.data(), m.prefix_table, table.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
+        rc.prefix_weight = w[3];
+        int valid = 0;
+        for (int t = 0; t < T; ++t) {
+            rb.prefix_targets.push_back(table[size_t(targets[size_t(t)])]);
+            valid += rb.prefix_valid(rc, size_t(t));
+        }
+        std::printf("  prefix-token loss: weight %.2f, %d of %d rows with a prefix target\n", w[3], valid, T);
+    }
 
     // Upstream's init plus noise, so that every path (c_proj, gates, embeddings) carries gradient.
     ref::Params rp = download_params(c, m.params, rc);
@@ -806,11 +819,13 @@ int main() {
         std::printf("record 84's switches with MUDD and the FP8 up-projection:\n");
         compare_with_reference(m84f, fp8, s);
     }
-    {  // records 85-86 (tiny-r86: 6 heads of 64): the MUDD gate, per-token XSA and output gates, the gated skip,
-       // DC-MHA on layer 10, the full-width signed bigram; without the FP8 up-projection (checked above), so that the
+    {  // records 85-86 (tiny-r86's structure: 6 heads of 64): the MUDD gate, per-token XSA and output gates, the gated
+       // skip, DC-MHA on layer 10, the full-width signed bigram; as tiny-r89 (records 87-89 on it) with record 87's
+       // post-only MLP (the same function) and record 88's prefix-token loss, without the FP8 up- and down-projections
+       // (the up-projection checked above; the down-projection's delayed scale not in the reference), so that the
        // bounds stay the unquantized ones
-        Config r86 = *preset_config("tiny-r86");
-        r86.mlp_up_fp8 = false;
+        Config r86 = *preset_config("tiny-r89");
+        r86.mlp_up_fp8 = r86.mlp_down_fp8 = false;
         // 4096 tokens (the batch's ids folded into them: compare_with_reference) and 6144 bigram rows, so that the
         // tables (value_embeds 5 x V x 384) stay small enough for the time a CI run has (50304 tokens: 18 s here)
         r86.vocab_size = r86.padded_vocab = 4096;
@@ -818,7 +833,7 @@ int main() {
         const auto t86 = std::chrono::steady_clock::now();
         Model m86;
         build_model(m86, r86, test::seed(), s);
-        std::printf("record 86's switches (tiny-r86 without the FP8 up-projection):\n");
+        std::printf("records 86-88's switches (tiny-r89 without FP8 MLP projections):\n");
         compare_with_reference(m86, r86, s);
         std::printf("  record 86's model and comparison: %.2f s\n",
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - t86).count());

@@ -263,6 +263,10 @@ struct Config {
     // Record 80's CE kernel: the gradient's normalizer S_w sums every MTP weight, also those whose
     // target t+k lies past the batch (record 71: only the weights with a target, w_k > 0).
     bool sw_over_all_weights = false;
+    // Record 88's prefix-token loss (upstream 75d6867a triton_kernels.py ce_fwd_bwd L1066-1160), training only: a row t
+    // whose Batch::prefix_targets P_t lies in [0, V) adds prefix_weight (lse_t - z[t, P_t]) to its loss, and so
+    // prefix_weight to its gradient's normalizer S_w and to the target term at column P_t. 0: none.
+    double prefix_weight = 0.0;
     // Record 80's residual stream (upstream 2c702746 GPT.forward): per-sublayer resid and post lambdas,
     // x0 and bigram injected at each attention sublayer, no per-layer mix (forward() spells it out);
     // `scalars` takes record 80's layout (kSlotsR80).
@@ -663,6 +667,12 @@ struct Batch {
     std::vector<int> targets;     // (T) next-token ids (MTP row t also uses targets t+1, t+2)
     std::vector<int> cu_seqlens;  // document starts, then T; padding entries repeat T
     std::vector<int> bigram;      // (T) bigram hash ids
+    // record 88 (Config::prefix_weight): (T) each row's prefix target, the longest proper prefix token of its next token
+    // (upstream's prefix_table[targets]); outside [0, V): none. Empty: none at all.
+    std::vector<int> prefix_targets;
+    bool prefix_valid(const Config& c, size_t t) const {
+        return !prefix_targets.empty() && prefix_targets[t] >= 0 && prefix_targets[t] < c.V;
+    }
 
     void validate(const Config& c) const {
         require(int(inputs.size()) == c.T && int(targets.size()) == c.T && int(bigram.size()) == c.T,
@@ -674,6 +684,8 @@ struct Batch {
             require(bigram[t] >= 0 && bigram[t] < c.bigram_vocab, "bigram id %d at %d outside [0, %d)", bigram[t], t,
                     c.bigram_vocab);
         }
+        require(prefix_targets.empty() || int(prefix_targets.size()) == c.T, "batch has %zu prefix targets, want 0 or T = %d",
+                prefix_targets.size(), c.T);
         require(cu_seqlens.size() >= 2 && cu_seqlens.front() == 0 && cu_seqlens.back() == c.T,
                 "cu_seqlens must start at 0 and end at T = %d", c.T);
         for (size_t i = 1; i < cu_seqlens.size(); ++i)
@@ -1784,6 +1796,7 @@ inline double forward(const Config& c, const Params& p, const Batch& b, Tape* ta
         if (c.training) {
             for (size_t k = 0; k < c.mtp_weights.size() && t + k < T; ++k)
                 if (c.mtp_weights[k] > 0.0) tp.row_loss[t] += c.mtp_weights[k] * (tp.lse[t] - z[b.targets[t + k]]);
+            if (b.prefix_valid(c, t)) tp.row_loss[t] += c.prefix_weight * (tp.lse[t] - z[b.prefix_targets[t]]);
         } else {
             tp.row_loss[t] = tp.lse[t] - z[b.targets[t]];
         }
@@ -2333,6 +2346,7 @@ inline double forward_backward(const Config& c, const Params& p, const Batch& b,
                 sw = 0.0;
                 for (double w : c.mtp_weights) sw += w;
             }
+            if (b.prefix_valid(c, t)) sw += c.prefix_weight, dz[b.prefix_targets[t]] -= c.prefix_weight;
         } else {
             sw = 1.0;
             dz[b.targets[t]] -= 1.0;

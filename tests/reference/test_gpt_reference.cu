@@ -1281,6 +1281,45 @@ void check_mudd_error_scales() {
                 largest);
 }
 
+// ---- record 88's prefix-token loss ----
+// The loss is the MTP loss plus pw (lse - z[P_t]) over the rows whose prefix target lies in [0, V) (some rows -1, some
+// past V: none), and its gradient central differences' (the term joins S_w and the target column).
+void check_prefix_loss() {
+    Config c = r80_small_config();  // S_w over the present weights: the gradient of the loss (record 80's quirk is not)
+    c.prefix_weight = 0.3;
+    const Params p = random_params(c);
+    Batch b = make_batch(c, {0, 11, 18}, 1);
+    b.prefix_targets.resize(size_t(c.T));
+    int valid = 0;
+    for (int t = 0; t < c.T; ++t) {
+        const int kind = t % 4;  // -1, past V, then two valid ones
+        b.prefix_targets[size_t(t)] = kind == 0 ? -1 : kind == 1 ? c.V + t : test::randint(0, c.V - 1);
+        valid += kind >= 2;
+    }
+    Tape tp;
+    const double loss = forward(c, p, b, &tp);
+    Batch plain = b;
+    plain.prefix_targets.clear();
+    double want = forward(c, p, plain);
+    for (int t = 0; t < c.T; ++t)
+        if (t % 4 >= 2)
+            want += c.prefix_weight *
+                    (tp.lse[size_t(t)] - detail::softcap(tp.logits[size_t(t) * c.V + size_t(b.prefix_targets[size_t(t)])]));
+    test::check(std::fabs(loss - want) <= 1e-12 * std::fabs(want) && loss > forward(c, p, plain),
+                "prefix loss: %.12g, the MTP loss plus pw (lse - z[P]) over the %d valid rows %.12g", loss, valid, want);
+    Params g;
+    forward_backward(c, p, b, 1.0, g);
+    Params q = p;
+    auto rnd = [](int n) { return test::randint(0, n - 1); };
+    const int C = c.C, V = c.V;
+    std::vector<size_t> head, emb, att;
+    for (int i = 0; i < 4; ++i) head.push_back(size_t(rnd(C)) * V + size_t(b.prefix_targets[size_t(4 * rnd(c.T / 4) + 2)]));
+    for (int i = 0; i < 2; ++i) emb.push_back(size_t(b.inputs[size_t(rnd(c.T))]) * C + size_t(rnd(C)));
+    for (int i = 0; i < 3; ++i) att.push_back(size_t(rnd(10 * 4 * C * C)));
+    fd_check(c, q, b, g, {{"lm_head", head}, {"embed", emb}, {"attn_bank", att}});
+    std::printf("record 88 prefix loss: %.6f (MTP alone %.6f), %d valid rows of %d\n", loss, forward(c, p, plain), valid, c.T);
+}
+
 // ---- records 85-86's MUDD gate and DC-MHA ----
 // Record 84's MUDD configuration (record 80's stream, h7 the late source, the signed bigram, here full width as record
 // 86's) with the gate at 6 heads of 8 (C = 48), XSA on its layers 1, 3, 4, 7 and DC-MHA with a window of 6 keys (upstream
@@ -2271,10 +2310,11 @@ int main() {
     check_mlp_fp8();
     std::printf("record 81's MUDD and record 84's FP8 MLP checks: %.1f s\n", seconds_since(t81));
     const auto t86 = std::chrono::steady_clock::now();
+    check_prefix_loss();
     check_gate_layout();
     check_gate_forward();
     check_gate_gradients_fd();
-    std::printf("records 85-86's MUDD gate and DC-MHA checks: %.1f s\n", seconds_since(t86));
+    std::printf("records 85-86's MUDD gate and DC-MHA, record 88's prefix loss checks: %.1f s\n", seconds_since(t86));
     check_fp8_tiny();
     std::printf("total %.1f s\n", seconds_since(t0));
     return test::finish();
