@@ -19,7 +19,9 @@
 // Records 85-86 (upstream 003ff3e2 init_mudd_gate / forward_mudd_gate / unpack_*_mudd_gate L1365-1413, GPT.forward
 // L1415-1602, dc_gate L1071-1079 and the attention's tail L1138-1158) are the switches mudd_gate and dc_mha: two more
 // MUDD-form heads (Params::mudd_gate_*) whose per-token columns replace the output gates, XSA strengths, x0 and
-// bigram lambdas and skip gate, and DC-MHA's cross-head mix on layer 10 (dc_forward_token has its formulas).
+// bigram lambdas and skip gate, and DC-MHA's cross-head mix on layer 10 (Config::dc_mha has its formulas).
+// Record 88's prefix-token loss (upstream 75d6867a) is Config::prefix_weight with Batch::prefix_targets. Records 87
+// (post-only ReLU^2: the same function) and 89 (FP8 down-projection with a delayed activation scale) are not here.
 //
 // Shapes (row-major): T tokens of one packed sequence, V padded vocab, C = H*D model width,
 // F = 4C MLP hidden width, 11 layers. Parameters are held in upstream's shapes (Params).
