@@ -165,6 +165,12 @@ TRAIN_PATCHES = [
       "backward"]),
     ("Polar Express's normalization", "    X = X / (X.norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6)",
      ["    X = (X.float() / (X.float().norm(dim=(-2, -1), keepdim=True) * (1 + 2e-2) + 1e-6)).bfloat16()"]),
+    # CPU PyTorch's add_ rounds alpha to the tensor's dtype (bf16(8.1566) = 8.1875); CUDA's add kernel takes it in fp32
+    # (opmath): Polar Express's split a X + X B (tall or wide, more than 1024 rows: mlp_bank) as the GPU computes it
+    ("Polar Express's split add (tall and wide branches)",
+     "                C.add_(X, alpha=a)      # C = C + a*X  (in-place, X only read)",
+     ["                C.copy_((C.float() + a * X.float()).to(C.dtype))  # upstream_cpu: alpha in fp32, as CUDA's add_"],
+     2),
     ("QK norm", "        q, k = norm(q), norm(k) # QK norm @Grad62304977",
      ["        q, k = norm(q.float()), norm(k.float())  # upstream_cpu: fp32 until FA3's bf16 input"]),
     ("the key offset", "                k[:, 1:, :, self.head_dim // 2:] = k[:, :-1, :, self.head_dim // 2:]",
@@ -243,7 +249,8 @@ KERNEL_PATCHES = [
 # record 84 (a333be08): the r80 patches whose lines are unchanged, then the new lines' patches, each
 # (what, anchor, replacement[, count])
 R84_KEPT = ("the CUDA warm-up tensor", "the kernels package import", "the CUDA check", "the device", "set_device",
-            "the process group", "the norm", "Polar Express's normalization", "QK norm", "the key offset",
+            "the process group", "the norm", "Polar Express's normalization", "Polar Express's split add (tall and wide "
+            "branches)", "QK norm", "the key offset",
             "the output gate", "the smear gate", "the smear", "the skip gate", "the evaluation softcap",
             "the hyperparameters", "the training schedule", "the block size", "the main program")
 TRAIN_PATCHES_R84 = [p for p in TRAIN_PATCHES if p[0] in R84_KEPT] + [
