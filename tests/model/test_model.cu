@@ -123,20 +123,28 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     dataload::TrainLoader loader(pattern, 0, 1, batch_tokens, c.stages[0].max_seq_len, c.grad_accum(), opt);
     const dataload::BatchBuffers buf{inputs.data(), targets.data(), cu.data(), bigram.data(), shape.tokens_local,
                                      shape.max_num_docs};
-    for (int skip = 0; skip < 3; ++skip) loader.next(buf);  // a batch with several documents
+    for (int skip = 0; skip < 3; ++skip) loader.next(buf);
     const dataload::Batch got = loader.next(buf);
     const int T = static_cast<int>(got.num_tokens);
-    // A vocabulary narrower than the data's (record 86's comparison, sized for its time: its tables are 3x tiny's
-    // width): the ids folded into it, the bigram hash remade from the folded ids
-    if (c.vocab_size < kDataVocab) {
-        for (int t = 0; t < T; ++t) inputs[size_t(t)] %= c.vocab_size, targets[size_t(t)] %= c.vocab_size;
-        dataload::bigram_hash(inputs.data(), bigram.data(), T, c.bigram_vocab);
+    // Three documents, each starting at a BOS: a micro-batch this short is one document of Tiny Shakespeare, and the
+    // attention's, DC's and the bigram hash's document bounds are what the comparison must also cross
+    const std::vector<int> starts = {0, T * 3 / 8, T * 3 / 4};
+    test::check(int(cu.size()) > int(starts.size()) && starts[1] > 0, "room for %zu documents in %d tokens", starts.size(), T);
+    std::fill(cu.begin(), cu.end(), T);
+    for (size_t d = 0; d < starts.size(); ++d) {
+        cu[d] = starts[d];
+        inputs[size_t(starts[d])] = dataload::kBosId;
+        if (starts[d] > 0) targets[size_t(starts[d] - 1)] = dataload::kBosId;
     }
-    int docs = 0;
-    for (size_t i = 1; i < size_t(got.cu_entries); ++i) docs += cu[i] > cu[i - 1];
-    std::printf("  a Tiny Shakespeare micro-batch of %d tokens, %d documents\n", T, docs);
+    const int cu_entries = int(starts.size()) + 1;
+    // A vocabulary narrower than the data's (record 86's comparison, sized for its time: its tables are 3x tiny's
+    // width): the ids folded into it; the bigram hash remade from the ids as they now are
+    if (c.vocab_size < kDataVocab)
+        for (int t = 0; t < T; ++t) inputs[size_t(t)] %= c.vocab_size, targets[size_t(t)] %= c.vocab_size;
+    dataload::bigram_hash(inputs.data(), bigram.data(), T, c.bigram_vocab);
+    std::printf("  a Tiny Shakespeare micro-batch of %d tokens as %zu documents\n", T, starts.size());
     BatchUploader up;
-    up.upload(m.batch, c.tokens(), inputs.data(), targets.data(), cu.data(), static_cast<int>(got.cu_entries), bigram.data(), T, s);
+    up.upload(m.batch, c.tokens(), inputs.data(), targets.data(), cu.data(), cu_entries, bigram.data(), T, s);
 
     // Both sides: stage 2's windows after YaRN's update for the long window (as a schedule does).
     const TrainingStage& st = c.stages[1];
@@ -185,7 +193,7 @@ void compare_with_reference(Model& m, const Config& c, cudaStream_t s) {
     rb.inputs.assign(inputs.begin(), inputs.begin() + T);
     rb.targets.assign(targets.begin(), targets.begin() + T);
     rb.bigram.assign(bigram.begin(), bigram.begin() + T);
-    rb.cu_seqlens.assign(cu.begin(), cu.begin() + got.cu_entries);
+    rb.cu_seqlens.assign(cu.begin(), cu.begin() + cu_entries);
     if (c.prefix_loss) {  // each row's prefix target, the model's own table at its next token (valid: below V)
         std::vector<int32_t> table(size_t(dataload::kPrefixTableRows));
         CUDA_CHECK(cudaMemcpy(table.data(), m.prefix_table, table.size() * sizeof(int32_t), cudaMemcpyDeviceToHost));
