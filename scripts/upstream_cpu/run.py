@@ -70,6 +70,8 @@ Both records:
     (standins.install); the CE kernel's backward returns the eighth (None) gradient eager autograd wants;
     the attention stand-in keeps P in fp32 unless --fa3-bf16-p (P and dS rounded to bf16 for FA3's GEMMs,
     as FA3 and the C++ trainer do: the trainer's step-0 training loss, 18.5971, is upstream's with it);
+  - Polar Express's split a X + X B (matrices of more than 1024 rows) as CUDA computes C.add_(X, alpha=a): alpha in
+    fp32, where CPU PyTorch's add_ rounds it to bf16 (8.156554 -> 8.1875), one bf16 rounding;
   - the compiled graph's rounding where eager PyTorch would round more often (inductor fuses each chain of
     pointwise operations and keeps its intermediates in fp32): the norm and Polar Express's
     normalization in fp32, q and k fp32 through the norm and rotary until FA3's bf16 input, the key
