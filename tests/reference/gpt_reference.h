@@ -999,23 +999,33 @@ inline void mudd_forward(const Config& c, const Params& p, int block, int n, con
         for (size_t j = 0; j < N; ++j) m.coef[t * N + j] = (m.coef[t * N + j] + b2[j]) * kMuddScale;
 }
 
-// Its backward from dcoef (T, n), the coefficients' gradient: d pre = 0.1 dcoef; d b2 = sum_t d pre;
-// d W2 = d pre^T gelu(z); dz = (d pre W2) gelu'(z); d W1 = dz^T h; dh += dz W1.
+// The backward of a two-layer gelu head (MUDD's blocks, the MUDD gate) from d pre (T, N), its output before any
+// scale: d b2 = sum_t d pre; d W2 = d pre^T gelu(z); dz = (d pre W2) gelu'(z); d W1 = dz^T h; dh += dz W1.
+inline void gelu_head_backward(size_t T, size_t C, size_t N, const std::vector<double>& dpre, const std::vector<double>& z,
+                               const double* h, const double* w1, const double* w2, double* g_w1, double* g_w2,
+                               double* g_b2, double* dh) {
+    const size_t M = kMuddDim;
+    std::vector<double> gz(T * M), dz(T * M), dh_head(T * C);
+    for (size_t t = 0; t < T; ++t)
+        for (size_t j = 0; j < N; ++j) g_b2[j] += dpre[t * N + j];
+    for (size_t e = 0; e < T * M; ++e) gz[e] = gelu_erf(z[e]);
+    matmul_tn_acc(dpre.data(), gz.data(), g_w2, T, N, M, 1.0);
+    matmul_nn(dpre.data(), w2, dz.data(), T, N, M);
+    for (size_t e = 0; e < T * M; ++e) dz[e] *= gelu_erf_grad(z[e]);
+    matmul_tn_acc(dz.data(), h, g_w1, T, M, C, 1.0);
+    matmul_nn(dz.data(), w1, dh_head.data(), T, M, C);
+    axpy(1.0, dh_head.data(), dh, T * C);
+}
+
+// Its backward from dcoef (T, n), the coefficients' gradient: d pre = 0.1 dcoef, then the head's.
 inline void mudd_backward(const Config& c, const Params& p, int block, int n, const double* h, const Tape::Mudd& m,
                           const std::vector<double>& dcoef, double* dh, Params& g) {
     const size_t T = c.T, C = c.C, M = kMuddDim, N = n;
     const size_t w1_at = size_t(block) * M * C, w2_at = size_t(block) * kMuddCoefs * M, b2_at = size_t(block) * kMuddCoefs;
-    std::vector<double> dpre(T * N), gz(T * M), dz(T * M), dh_block(T * C);
+    std::vector<double> dpre(T * N);
     for (size_t e = 0; e < T * N; ++e) dpre[e] = kMuddScale * dcoef[e];
-    for (size_t t = 0; t < T; ++t)
-        for (size_t j = 0; j < N; ++j) g.mudd_b2[b2_at + j] += dpre[t * N + j];
-    for (size_t e = 0; e < T * M; ++e) gz[e] = gelu_erf(m.z[e]);
-    matmul_tn_acc(dpre.data(), gz.data(), g.mudd_w2.data() + w2_at, T, N, M, 1.0);
-    matmul_nn(dpre.data(), p.mudd_w2.data() + w2_at, dz.data(), T, N, M);
-    for (size_t e = 0; e < T * M; ++e) dz[e] *= gelu_erf_grad(m.z[e]);
-    matmul_tn_acc(dz.data(), h, g.mudd_w1.data() + w1_at, T, M, C, 1.0);
-    matmul_nn(dz.data(), p.mudd_w1.data() + w1_at, dh_block.data(), T, M, C);
-    axpy(1.0, dh_block.data(), dh, T * C);
+    gelu_head_backward(T, C, N, dpre, m.z, h, p.mudd_w1.data() + w1_at, p.mudd_w2.data() + w2_at,
+                       g.mudd_w1.data() + w1_at, g.mudd_w2.data() + w2_at, g.mudd_b2.data() + b2_at, dh);
 }
 
 // ---- records 85-86's MUDD gate, XSA and DC-MHA ----
@@ -1043,27 +1053,19 @@ inline void gate_forward(const Config& c, const Params& p, int id, const double*
         }
 }
 
-// Its backward from dcoef (T, n): d s = sum dcoef pre; d pre = s dcoef; d bg2 = sum_t d pre; d Wg2 = d pre^T gelu(z);
-// dz = (d pre Wg2) gelu'(z); d Wg1 = dz^T h; dh += dz Wg1.
+// Its backward from dcoef (T, n): d s = sum dcoef pre; d pre = s dcoef, then the head's.
 inline void gate_backward(const Config& c, const Params& p, int id, const double* h, const Tape::Gate& m,
                           const std::vector<double>& dcoef, double* dh, Params& g) {
     const size_t T = c.T, C = c.C, M = kMuddDim, N = kGateCoefs[id];
     const size_t w1_at = size_t(id) * M * C, w2_at = size_t(id) * kGateMaxCoefs * M, b2_at = size_t(id) * kGateMaxCoefs;
     const double sc = gate_scale(c, p);
-    std::vector<double> dpre(T * N), gz(T * M), dz(T * M), dh_gate(T * C);
+    std::vector<double> dpre(T * N);
     for (size_t e = 0; e < T * N; ++e) {
         g.mudd_gate_scale[0] += dcoef[e] * m.pre[e];
         dpre[e] = sc * dcoef[e];
     }
-    for (size_t t = 0; t < T; ++t)
-        for (size_t j = 0; j < N; ++j) g.mudd_gate_b2[b2_at + j] += dpre[t * N + j];
-    for (size_t e = 0; e < T * M; ++e) gz[e] = gelu_erf(m.z[e]);
-    matmul_tn_acc(dpre.data(), gz.data(), g.mudd_gate_w2.data() + w2_at, T, N, M, 1.0);
-    matmul_nn(dpre.data(), p.mudd_gate_w2.data() + w2_at, dz.data(), T, N, M);
-    for (size_t e = 0; e < T * M; ++e) dz[e] *= gelu_erf_grad(m.z[e]);
-    matmul_tn_acc(dz.data(), h, g.mudd_gate_w1.data() + w1_at, T, M, C, 1.0);
-    matmul_nn(dz.data(), p.mudd_gate_w1.data() + w1_at, dh_gate.data(), T, M, C);
-    axpy(1.0, dh_gate.data(), dh, T * C);
+    gelu_head_backward(T, C, N, dpre, m.z, h, p.mudd_gate_w1.data() + w1_at, p.mudd_gate_w2.data() + w2_at,
+                       g.mudd_gate_w1.data() + w1_at, g.mudd_gate_w2.data() + w2_at, g.mudd_gate_b2.data() + b2_at, dh);
 }
 
 // Record 86's XSA on one head's row of D (upstream 003ff3e2 L1152-1156): y' = y - alpha c v, c = (y . v) / n2,
