@@ -38,14 +38,14 @@ set(TIER_RULES
 )
 
 # What a fresh clone's CTest has no timings for yet: the longest tests (seconds, as the fresh-clone
-# CI run of aef628a measured them on 2 cores under ctest -j 2, test_trainer_r84, _r86 and _r89 as
-# changed since) start first, so that none of them is left to run alone at the end (repin_planted,
-# not listed once, ran its 214 s last with one core idle).
+# CI run of f661ed4 measured them on 2 cores under ctest -j 2, those changed since as estimated)
+# start first, so that none of them is left to run alone at the end (repin_planted, not listed
+# once, ran its 214 s last with one core idle).
 set(TEST_COSTS
-  "test_trainer_r89 400" "test_trainer 350" "test_trainer_r86 280" "test_trainer_r84 210" "test_trainer_failures 140"
-  "test_trainer_r80 120" "param_toy_edit 100" "run_ab_cpu 85" "repin_planted 85" "gpu_check_dry-run 60"
-  "train_gpt_cpu_np2_strict 55" "test_gpt_reference 40" "headers_compile_alone 35" "test_mlp_strict_11 32"
-  "test_scripts 32" "test_model_strict_11 30" "test_model 30" "test_mlp 30" "plan_step_dry_vs_real_np8 30"
+  "test_trainer_r89 440" "test_trainer 320" "test_trainer_r84 250" "test_trainer_r86 235" "test_trainer_failures 160"
+  "test_trainer_r80 115" "param_toy_edit 110" "run_ab_cpu 100" "repin_planted 100" "gpu_check_dry-run 60"
+  "train_gpt_cpu_np2_strict 55" "test_gpt_reference 40" "headers_compile_alone 35" "test_model_strict_11 55" "test_mlp_strict_11 32"
+  "test_scripts 32" "test_model 35" "test_mlp 30" "plan_step_dry_vs_real_np8 30"
   "gathers_race_np8 28")
 
 # tier_of(OUT NAME): NAME's tier by the rules, or "" where none matches.

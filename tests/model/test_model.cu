@@ -827,7 +827,11 @@ int main() {
         std::printf("record 84's switches with MUDD and the FP8 up-projection:\n");
         compare_with_reference(m84f, fp8, s);
     }
-    {  // records 85-86 (tiny-r86's structure: 6 heads of 64): the MUDD gate, per-token XSA and output gates, the gated
+    // Records 85-86 in the default mode only: under emu's strict modes this comparison took 25 s of CI's 30 minutes,
+    // and test_trainer_r89's strict ranks run the same forward and backward under them
+    if (std::getenv("EMU_POISON") != nullptr)
+        std::printf("records 86-88's comparison: in the default mode only (EMU_POISON is set)\n");
+    else {  // records 85-86 (tiny-r86's structure: 6 heads of 64): the MUDD gate, per-token XSA and output gates, the gated
        // skip, DC-MHA on layer 10, the full-width signed bigram; as tiny-r89 (records 87-89 on it) with record 87's
        // post-only MLP (the same function) and record 88's prefix-token loss, without the FP8 up- and down-projections
        // (the up-projection checked above; the down-projection's delayed scale not in the reference), so that the

@@ -4,16 +4,15 @@ the full-width bigram), on the CPU build:
   - 1 rank over the 6 + 2 step schedule against tests/reference/fixtures/tiny_r86_golden.json (the PyTorch reference
     from the trainer's step-0 parameters and batches): training and validation losses to 0.2%, step 0's gradient norm
     of each of the 19 groups, the final parameter norms;
-  - 8 ranks under emu's strictest modes (deferred streams in random order, poisoned allocations: the gate's column
-    gradients are written by their readers, DC-MHA's workspace shares the backward's scratch), steps 0 and 1, and 2
-    ranks in the default mode, step 0, against 1 rank (0.1%; a tiny-r86 step costs 10-20 s of one core, and CI has
-    30 minutes on 2);
+  - its paths on several ranks are tiny-r89's below (records 87-89 on tiny-r86; a tiny-r86 step costs 10-20 s of one
+    core, and CI has 30 minutes on 2);
   - tiny-r89 (records 87-89 on it: post-only MLP, prefix loss, FP8 down): 1 rank against
     tests/reference/fixtures/tiny_r89_golden.json; a resume from step 6, inside the FP8 down-projection's
     bootstrap, equal to the uninterrupted run at step 8, every tensor bitwise (its scales included); 2 ranks under
     the strict modes against 1 over steps 0 and 1 (0.1%: each rank's activation scale is its own amax, step 1
     quantizes with step 0's; each rank uploads the step's prefix weight; the post-only MLP's backward reads no pre),
-    8 over step 0;
+    8 over step 0 (deferred streams in random order, poisoned allocations: the gate's column gradients are written
+    by their readers, DC-MHA's workspace shares the backward's scratch);
   - the records' memory plans fit one H100.
 Usage: test_trainer_r86.py TRAIN_GPT_CPU MPIRUN...
 """
@@ -67,20 +66,16 @@ def check_r89(tmp, at=6):
 
 
 def check_r86(tmp):
-    """tiny-r86: 1 rank against its golden run; 8 ranks under the strict modes against 1 over steps 0 and 1, 2 ranks in
-    the default mode over step 0."""
+    """tiny-r86: 1 rank against its golden run (its paths on 2 and 8 ranks: tiny-r89's)."""
     root = os.path.join(tmp, "np1")
     T.run(SCHEDULE + ["--log-grad-norms", "--run-id", "np1", "--log-dir", tmp, "--save-checkpoint", root,
                       "--checkpoint-steps", str(TOTAL)])
     T.check_log(os.path.join(tmp, "np1.txt"), "1 rank")
     text = open(os.path.join(tmp, "np1.txt")).read()
     R80.check_golden(text, T.tensors(T.ckpt(root, TOTAL), prefix="param.")[1], "tiny-r86", 19, SMALL, NOISY)
-    one_train, one_val = R84.losses(text)
+    one_train, _ = R84.losses(text)
     T.check(one_train.shape == (TOTAL,) and np.all(np.isfinite(one_train)),
             f"1 rank: {TOTAL} finite training losses ({one_train})")
-    # an even and an Adam step (CI's budget: a tiny-r86 step costs 10-20 s here)
-    R84.check_ranks(tmp, SCHEDULE, one_train, one_val, 8, STRICT, "np8", "8 ranks, strict emu", steps=2)
-    R84.check_ranks(tmp, SCHEDULE, one_train, one_val, 2, None, "np2", "2 ranks", steps=1)
 
 
 def main():

@@ -28,8 +28,8 @@ if(Python3_Interpreter_FOUND)
 endif()
 
 # Records 86 and 89 end to end (tests/trainer/test_trainer_r86.py), two tests that run side by side: tiny-r86 against
-# its golden run on 1 rank, 8 strict ranks and 2 against 1 (PART=r86); tiny-r89 against its golden run, resumed inside
-# the FP8 bootstrap bitwise, 2 and 8 strict ranks against 1 (PART=r89); each record's memory plan.
+# its golden run on 1 rank (PART=r86); tiny-r89 against its golden run, resumed inside the FP8 bootstrap bitwise, 2
+# and 8 strict ranks against 1 (PART=r89: record 86's paths on several ranks too); each record's memory plan.
 if(Python3_Interpreter_FOUND)
   foreach(part r86 r89)
     add_test(NAME test_trainer_${part} COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r86.py
