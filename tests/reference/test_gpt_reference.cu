@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <set>
+#include <string>
 
 namespace {
 
@@ -2095,17 +2096,30 @@ void check_fp8_tiny() {
 }
 
 // ---- bad input: a clear message and a non-zero exit ----
+// f() must exit non-zero; with `message`, its stderr must contain it (the child's stderr is passed on as well).
 template <class F>
-void expect_exit_failure(const char* what, F f) {
+void expect_exit_failure(const char* what, F f, const char* message = nullptr) {
     std::fflush(stdout);
+    std::fflush(stderr);
+    int fd[2];
+    test::check(pipe(fd) == 0, "%s: a pipe for the child's stderr", what);
     const pid_t pid = fork();
     if (pid == 0) {
+        close(fd[0]);
+        dup2(fd[1], STDERR_FILENO);
         f();
         _exit(0);
     }
+    close(fd[1]);
+    std::string err;
+    char buf[512];
+    for (ssize_t n; (n = read(fd[0], buf, sizeof buf)) > 0;) err.append(buf, size_t(n));
+    close(fd[0]);
+    std::fputs(err.c_str(), stderr);
     int status = 0;
     waitpid(pid, &status, 0);
     test::check(WIFEXITED(status) && WEXITSTATUS(status) != 0, "%s: expected a clear error and a non-zero exit", what);
+    if (message) test::check(err.find(message) != std::string::npos, "%s: the message says \"%s\"", what, message);
 }
 
 void check_bad_input() {
@@ -2262,6 +2276,37 @@ void check_bad_input() {
         x.mudd = true;
         forward(x, q, make_batch(x, {0, 10}, 0));
     });
+    // records 85-86 and 88's switches, each refused with its message
+    expect_exit_failure("the MUDD gate without MUDD", [] {
+        Config x = gate_small_config();
+        x.mudd = false;
+        x.validate();
+    }, "mudd_gate needs mudd");
+    expect_exit_failure("the MUDD gate on the aliased x0", [] {
+        Config x = gate_small_config();
+        x.x0_includes_bigram = true;
+        x.validate();
+    }, "mudd_gate reads the clean x0");
+    expect_exit_failure("the MUDD gate without XSA on layer 7", [] {
+        Config x = gate_small_config();
+        x.xsa[7] = false;
+        x.validate();
+    }, "XSA on exactly layers 1, 3, 4, 7 (layer 7 differs)");
+    expect_exit_failure("DC-MHA without the MUDD gate", [] {
+        Config x = gate_small_config();
+        x.mudd_gate = false;
+        x.validate();
+    }, "dc_mha needs mudd_gate");
+    expect_exit_failure("DC-MHA over a window of 0 keys", [] {
+        Config x = gate_small_config();
+        x.dc_window = 0;
+        x.validate();
+    }, "dc_window 0 must be at least 1");
+    expect_exit_failure("prefix targets not one per row", [&] {
+        Batch x = b;
+        x.prefix_targets = {1, 2, 3};
+        x.validate(c);
+    }, "prefix targets, want 0 or T");
     expect_exit_failure("YaRN apply with a zero window", [&] {
         Config x = c;
         x.yarn_apply(0, 10);
