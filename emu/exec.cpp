@@ -169,6 +169,7 @@ struct Job {
     size_t smem_bytes;
     unsigned threads;
     std::vector<uint64_t> block_order;  // linear block ids, shuffled in random mode
+    std::shared_ptr<const StaticPoison> static_poison;  // what each block start poisons (poison.h)
     std::atomic<uint64_t> next_block{0};
     std::atomic<bool> failed{false};
     std::mutex error_mutex;
@@ -362,7 +363,7 @@ void Worker::run_block(Job& job, uint64_t linear) {
     t_block = &block_;
     const unsigned n = job.threads;
     poison_fresh(smem_.data(), job.smem_bytes);  // what an earlier block left shows as NaN
-    poison_static_shared();
+    poison_static_shared(job.static_poison.get());
 
     for (unsigned w = 0; w * 32 < n; ++w) {
         Warp& wp = warps_[w];
@@ -662,6 +663,7 @@ void run_grid(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, Thun
     job.block = block;
     job.smem_bytes = smem_bytes;
     job.threads = block.x * block.y * block.z;
+    job.static_poison = static_poison_for(kernel_info(kernel).symbol);
     job.block_order.resize(blocks);
     std::iota(job.block_order.begin(), job.block_order.end(), uint64_t{0});
     job.seed = settings().random_seed;

@@ -11,7 +11,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace emu {
@@ -24,6 +28,7 @@ bool env_on(const char* name) {
 
 struct SharedObject {
     size_t offset, bytes;  // within the program's TLS block
+    std::string symbol;    // _ZZ<the enclosing function's encoding>E<name>
 };
 struct StaticShared {
     bool known = false;  // false: the program has no symbol table, so nothing is known
@@ -65,12 +70,15 @@ StaticShared scan_static_shared() {
         r.known = true;
         for (const Elf64_Sym& sym : syms)
             if (sym.st_name < names.size() && is_static_shared(sym, names.data() + sym.st_name))
-                r.objects.push_back({sym.st_value, sym.st_size});
+                r.objects.push_back({sym.st_value, sym.st_size, names.data() + sym.st_name});
     }
     if (fd >= 0) close(fd);
     std::sort(r.objects.begin(), r.objects.end(), [](const SharedObject& a, const SharedObject& b) {
         return a.offset < b.offset;
     });
+    r.objects.erase(std::unique(r.objects.begin(), r.objects.end(),
+                                [](const SharedObject& a, const SharedObject& b) { return a.offset == b.offset; }),
+                    r.objects.end());
     if (!r.known)
         std::fprintf(stderr, "emu: the program has no symbol table (stripped?): static __shared__ objects are neither "
                              "poisoned nor checked by the PTX twins\n");
@@ -118,11 +126,67 @@ void poison_fresh(void* p, size_t bytes) {
     if (poison_enabled() && p && bytes) std::memset(p, kPoisonByte, bytes);
 }
 
-void poison_static_shared() {
-    if (!poison_enabled()) return;
+// The offsets and sizes a block start poisons.
+struct StaticPoison {
+    std::vector<std::pair<size_t, size_t>> spans;
+};
+
+namespace {
+// Which kernel's body each object is local to: object i belongs to kernel owner[i] (an index into
+// kernels) once a kernel whose symbol _Z<encoding> makes the object's name _ZZ<encoding>E... has been
+// launched; -1 until then, and for ever for the objects of __device__ helpers (block_reduce_sum's).
+struct Owners {
+    std::mutex m;
+    std::vector<std::string> kernels;
+    std::vector<int> owner;
+    uint64_t version = 0;  // bumped when a launch claims objects: earlier lists may hold them
+    std::unordered_map<std::string, std::pair<uint64_t, std::shared_ptr<const StaticPoison>>> lists;
+};
+Owners& owners() {
+    static Owners o;
+    return o;
+}
+
+}  // namespace
+
+std::shared_ptr<const StaticPoison> static_poison_for(const std::string& kernel_symbol) {
+    if (!poison_enabled()) return nullptr;
+    const StaticShared& s = static_shared();
+    Owners& o = owners();
+    std::lock_guard<std::mutex> lock(o.m);
+    if (o.owner.empty()) o.owner.assign(s.objects.size(), -1);
+    int me = -1;
+    if (kernel_symbol.size() > 2 && kernel_symbol.compare(0, 2, "_Z") == 0) {
+        const auto known = std::find(o.kernels.begin(), o.kernels.end(), kernel_symbol);
+        me = int(known - o.kernels.begin());
+        if (known == o.kernels.end()) {  // its first launch: it claims the objects local to it
+            o.kernels.push_back(kernel_symbol);
+            const std::string prefix = "_ZZ" + kernel_symbol.substr(2) + "E";
+            for (size_t i = 0; i < s.objects.size(); ++i)
+                if (o.owner[i] < 0 && s.objects[i].symbol.compare(0, prefix.size(), prefix) == 0) {
+                    o.owner[i] = me;
+                    ++o.version;
+                }
+        }
+    }
+    auto& [version, list] = o.lists[kernel_symbol];
+    if (!list || version != o.version) {
+        // A block can reach its own objects and the helpers' (owner -1): another kernel's are out of its
+        // reach, so they are left alone. Unknown kernels (no symbol) poison every object.
+        auto fresh = std::make_shared<StaticPoison>();
+        for (size_t i = 0; i < s.objects.size(); ++i)
+            if (me < 0 || o.owner[i] < 0 || o.owner[i] == me) fresh->spans.emplace_back(s.objects[i].offset, s.objects[i].bytes);
+        list = std::move(fresh);
+        version = o.version;
+    }
+    return list;
+}
+
+void poison_static_shared(const StaticPoison* list) {
+    if (!list) return;
     unsigned char* base = tls_block();
     if (!base) return;
-    for (const SharedObject& o : static_shared().objects) std::memset(base + o.offset, kPoisonByte, o.bytes);
+    for (const auto& [offset, bytes] : list->spans) std::memset(base + offset, kPoisonByte, bytes);
 }
 
 bool in_static_shared(const void* p, size_t bytes) {
@@ -130,9 +194,14 @@ bool in_static_shared(const void* p, size_t bytes) {
     const unsigned char* base = tls_block();
     if (!s.known || !base) return true;  // nothing known: no claim that it is not shared
     const auto* q = static_cast<const unsigned char*>(p);
-    for (const SharedObject& o : s.objects)
-        if (q >= base + o.offset && q + bytes <= base + o.offset + o.bytes) return true;
-    return false;
+    if (q < base) return false;
+    // the last object starting at or before q (they are sorted by offset and do not overlap)
+    const size_t at = size_t(q - base);
+    auto it = std::upper_bound(s.objects.begin(), s.objects.end(), at,
+                               [](size_t x, const SharedObject& o) { return x < o.offset; });
+    if (it == s.objects.begin()) return false;
+    --it;
+    return at + bytes <= it->offset + it->bytes;
 }
 
 }  // namespace emu

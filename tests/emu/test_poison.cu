@@ -1,6 +1,6 @@
 // Under EMU_POISON=1 (and in EMU_RANDOM_ORDER's random mode) memory nobody wrote reads as NaN: fresh
 // cudaMalloc and cudaMallocHost memory, and a block's static and dynamic shared memory at its start,
-// whatever an earlier block or launch left there. Planted: kernels that read such memory, which must see
+// whatever an earlier block or launch left there (a __device__ helper's static object too). Planted: kernels that read such memory, which must see
 // the poison (bf16 and fp32 NaN, int -1); correct: what a block writes before reading is what it reads.
 // Run without either switch, the program runs itself again under EMU_POISON=1.
 #include "../../emu/poison.h"
@@ -30,6 +30,32 @@ __global__ void shared_probe(float* out, int writer, bool dynamic) {
     if (static_cast<int>(blockIdx.x) == writer) s[threadIdx.x] = static_cast<float>(threadIdx.x + 1);
     __syncthreads();
     out[blockIdx.x * kThreads + threadIdx.x] = s[(threadIdx.x + 1) % kThreads];
+}
+
+// A __device__ helper's static __shared__ object, as block_reduce_sum's: reachable from every kernel that
+// calls the helper, so poisoned at each of their block starts (emu leaves alone only the objects local to
+// other kernels' bodies).
+__device__ float* helper_tile() {
+    __shared__ float tile[kThreads];
+    return tile;
+}
+__global__ void helper_fill() {
+    helper_tile()[threadIdx.x] = 1.0f;
+    __syncthreads();
+}
+__global__ void helper_read(float* out) { out[blockIdx.x * kThreads + threadIdx.x] = helper_tile()[threadIdx.x]; }
+
+void test_helper_shared() {
+    test::DeviceBuffer<float> out(kThreads * kBlocks);
+    launch(helper_fill, dim3(256), dim3(kThreads), 0, nullptr);  // blocks on every worker fill their copies
+    launch(helper_read, dim3(kBlocks), dim3(kThreads), 0, nullptr, out.ptr);
+    CUDA_CHECK_LAUNCH();
+    int poisoned = 0;
+    for (float v : out.download()) poisoned += std::isnan(v);
+    // Planted: helper_read reads the helper's object that helper_fill's blocks wrote, never writing it
+    test::check(poisoned == kThreads * kBlocks,
+                "a __device__ helper's static shared memory, filled by another kernel: %d of %d reads poisoned",
+                poisoned, kThreads * kBlocks);
 }
 
 void test_fresh_allocations() {
@@ -96,5 +122,6 @@ int main(int, char** argv) {
     test_fresh_allocations();
     test_shared_memory(false);
     test_shared_memory(true);
+    test_helper_shared();
     return test::finish();
 }
