@@ -60,8 +60,9 @@ constexpr int64_t kMaxSteps = 10'000'000;
 
 const char* kUsage =
     "usage: train_gpt [options]        (GPU: mpirun -np 8 ./build/train_gpt; CPU: ./build/train_gpt_cpu --preset tiny)\n"
-    "  --preset NAME            r71, record (the newest reproduced: r71; the default), tiny, r80, tiny-r80, r84 or\n"
-    "                           tiny-r84 (README: Presets)\n"
+    "  --preset NAME            record (the newest reproduced: r89; the default), r71, r80, r84, r84-prefix,\n"
+    "                           r84-fp8down, r86, r89, and each one's CPU-sized twin: tiny (r71's), tiny-r80, tiny-r84,\n"
+    "                           tiny-r84-prefix, tiny-r84-fp8down, tiny-r86, tiny-r89 (README: Presets)\n"
     "  --train-files GLOB       training shards (default: the preset's, under the repository)\n"
     "  --val-files GLOB         validation shards (default: the preset's, under the repository)\n"
     "  --val-every N            validate every N steps and at the end; 0: only at the end (0..10000000, default 250)\n"

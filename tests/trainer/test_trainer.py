@@ -307,6 +307,12 @@ def main():
                              (["--preset", "tiny", "--resume", os.path.join(tmp, "nowhere")], "cannot resume")]:
             p = run(args + ["--log-dir", os.path.join(tmp, "badlogs")], expect_ok=False)
             check(p.returncode != 0 and phrase in p.stderr, f"{' '.join(args)}: fails with '{phrase}'")
+            if args == ["--preset", "huge"]:  # --help names every preset the program has, and what record runs
+                names = re.search(r"unknown preset 'huge' \(([^)]*)\)", p.stderr)
+                usage = re.sub(r"\s+", " ", p.stderr.partition("usage:")[2])
+                missing = [n for n in (names.group(1).split(", ") if names else []) if not re.search(rf"[ ,]{re.escape(n)}[,) ]", usage)]
+                check(names is not None and not missing and "newest reproduced: r89" in usage,
+                      f"the usage names every preset (missing: {missing}) and record as r89")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{len(failures)} failure(s)")

@@ -11,8 +11,9 @@ The golden schedule (--scheduled-steps 6 --extension-steps 2: stage changes at 2
   - 8 ranks under emu's strictest modes (deferred streams in random order, poisoned allocations: the
     banks reduced in buckets during the backward and gathered before the next forward, the sparse
     bigram exchange, each ordered by its events or reported as a race) and 2 ranks in the default
-    mode, steps 0..3 (two Adam steps, the first stage change): the same training and validation losses
-    as 1 rank up to reduction order (0.1%, as record 71's 1 = 2 = 8).
+    mode, steps 0..3 (two Adam steps, the first stage change): the same training losses, and the same
+    validation loss at step 4 (their only validation), as 1 rank up to reduction order (0.1%, as record
+    71's 1 = 2 = 8).
 Tolerances against the golden run: the losses to 2e-3 relative. Upstream's own code run beside the
 reference on this preset (scripts/upstream_cpu/run.py --noise) puts the reference's bf16 noise floor
 (the reference against itself from parameters nudged by one bf16 step) at 4.2e-4 to 4.9e-4 by step 7 (from
@@ -69,7 +70,9 @@ def check_golden(text, final, preset="tiny-r80", groups=16, small=SMALL, noisy=N
     rel = np.abs(train - want) / want if train.shape == want.shape else np.array([np.inf])
     T.check(np.max(rel) <= LOSS_TOL, f"training losses match the reference (relative {np.array2string(rel, precision=1)})")
     want_val = {int(k): v for k, v in golden["val_losses"].items()}
-    T.check(val.keys() == want_val.keys() and all(abs(val[k] - want_val[k]) <= LOSS_TOL * want_val[k] for k in want_val),
+    # (every validation the run made; a run may skip the fixture's middle one, at step 4: {0, 8} at least)
+    T.check({0, TOTAL} <= val.keys() <= want_val.keys() and
+            all(abs(val[k] - want_val[k]) <= LOSS_TOL * want_val[k] for k in val),
             f"validation losses {val} match the reference {want_val}")
     lines = re.findall(r"^step:1/\d+ grad_norms (.*)$", text, re.M)
     norms = dict(kv.split(":") for kv in lines[0].split()) if lines else {}
@@ -93,17 +96,19 @@ def main():
         check_golden(text, T.tensors(T.ckpt(root, TOTAL), prefix="param.")[1])
         one_train, one_val = losses(text)
         # without upstream's warm-up (100 s on 8 ranks; test_trainer.py runs it on record 71's tiny preset)
+        # (validation at step 4 only, where 1 rank validated too: --val-every 0 validates at the run's end; one
+        # validation on 8 ranks costs about 19 s here)
         for ranks, steps, flags, env, label in ((8, 4, ["--warmup", "0"], STRICT, "8 ranks, strict emu"),
                                                 (2, 4, ["--warmup", "0"], None, "2 ranks")):
             run_id = f"np{ranks}"
-            T.run(SCHEDULE + flags + ["--max-steps", str(steps), "--run-id", run_id, "--log-dir", tmp], ranks=ranks,
-                  env=env)
+            args = SCHEDULE[:SCHEDULE.index("--val-every")] + ["--val-every", "0"] + SCHEDULE[SCHEDULE.index("--val-every") + 2:]
+            T.run(args + flags + ["--max-steps", str(steps), "--run-id", run_id, "--log-dir", tmp], ranks=ranks, env=env)
             train, val = losses(open(os.path.join(tmp, run_id + ".txt")).read())
             a, b = one_train[:steps], train
             T.check(a.shape == b.shape and np.all(np.abs(a - b) <= 1e-3 * a),
                     f"{label} vs 1: training losses of steps 0..{steps - 1} agree to 0.1% "
                     f"(max {np.max(np.abs(a - b) / a) if a.shape == b.shape else np.inf:.1e})")
-            T.check(sorted(val) == [0, steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val),
+            T.check(sorted(val) == [steps] and all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val),
                     f"{label} vs 1: validation losses {val} agree to 0.1%")
     if T.failures:
         sys.exit(f"{len(T.failures)} check(s) failed")
