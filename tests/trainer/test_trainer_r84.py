@@ -10,7 +10,7 @@ the aliased x0, the paired layers' gates reading the value embedding, the FP8 ML
     every training loss finite, validation at 0, 4 and 8 falling; the log in upstream's format; record 83's sign table saved with
     the parameters (`buffer.bigram_signs`, (8192, bigram_dim) of +-1, what the references and upstream's code
     read to start from the same state);
-  - resume from step 3 (an odd step: the even step's Adam gradients pending, the FP8 copies of c_fc to remake, the
+  - resume from step 5 (an odd step: the even step's Adam gradients pending, the FP8 copies of c_fc to remake, the
     sign table read back) equals the uninterrupted run at step 8, every tensor bitwise, and its log prints no
     training loss of a step it did not run;
   - 8 ranks under emu's strictest modes (deferred streams in random order, poisoned allocations: MUDD's and XSA's
@@ -47,6 +47,9 @@ import test_trainer_r80 as R80  # noqa: E402  (its golden-run check)
 SCHEDULE = ["--preset", "tiny-r84", "--scheduled-steps", "6", "--extension-steps", "2", "--val-every", "4",
             "--val-tokens", "4096", "--log-train-loss", "--warmup", "0"]
 TOTAL = 8
+# The resume's step: odd, so the checkpoint holds the even step's Adam gradients; after the stage change at 4, so the
+# resumed run has 3 steps and one validation left, across the change at 6 (from step 3: 5 steps and two, 30 s more)
+RESUME_AT = 5
 # FULL=1: the feature presets' checks CI leaves out (the docstring's last item)
 FULL = os.environ.get("FULL") == "1"
 STRICT = {"EMU_RANDOM_ORDER": "29", "EMU_STREAMS": "deferred:29", "EMU_POISON": "1"}
@@ -171,7 +174,7 @@ def main():
     with tempfile.TemporaryDirectory(prefix="trainer_r84_") as tmp:
         root = os.path.join(tmp, "np1")
         T.run(SCHEDULE + ["--log-grad-norms", "--run-id", "np1", "--log-dir", tmp, "--save-checkpoint", root,
-                          "--checkpoint-steps", f"0,3,{TOTAL}"])
+                          "--checkpoint-steps", f"0,{RESUME_AT},{TOTAL}"])
         T.check_log(os.path.join(tmp, "np1.txt"), "1 rank")
         text = open(os.path.join(tmp, "np1.txt")).read()
         R80.check_golden(text, T.tensors(T.ckpt(root, TOTAL), prefix="param.")[1], "tiny-r84", 20, SMALL, NOISY)
@@ -186,13 +189,13 @@ def main():
                 f"the checkpoint holds the sign table, (8192, 32) of balanced +-1 "
                 f"({None if signs is None else (signs.shape, np.unique(signs), float(np.mean(signs)))})")
 
-        # resume from step 3 to the end: the same bytes as the uninterrupted run (every tensor as stored)
-        text = check_resume(tmp, SCHEDULE, root, 3, "resumed", "tiny-r84")
+        # resume from step 5 to the end: the same bytes as the uninterrupted run (every tensor as stored)
+        text = check_resume(tmp, SCHEDULE, root, RESUME_AT, "resumed", "tiny-r84")
         logged = [int(k) for k in re.findall(r"^step:(\d+)/\d+ train_loss:", text, re.M)]
         r_train, _ = losses(text)
-        T.check(logged == list(range(4, TOTAL + 1)) and np.array_equal(r_train, one_train[3:]),
-                f"the resumed log prints the training losses of steps 4..{TOTAL} only, the uninterrupted run's "
-                f"({logged}: {r_train})")
+        T.check(logged == list(range(RESUME_AT + 1, TOTAL + 1)) and np.array_equal(r_train, one_train[RESUME_AT:]),
+                f"the resumed log prints the training losses of steps {RESUME_AT + 1}..{TOTAL} only, the uninterrupted "
+                f"run's ({logged}: {r_train})")
 
         # without upstream's warm-up (test_trainer.py runs it on record 71's tiny preset)
         # 8 ranks under the strict modes (2 in the default mode: tiny-r80's; tiny-r84-prefix's with FULL=1)
