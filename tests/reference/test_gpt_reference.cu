@@ -2277,31 +2277,25 @@ void check_bad_input() {
         forward(x, q, make_batch(x, {0, 10}, 0));
     });
     // records 85-86 and 88's switches, each refused with its message
-    expect_exit_failure("the MUDD gate without MUDD", [] {
-        Config x = gate_small_config();
-        x.mudd = false;
-        x.validate();
-    }, "mudd_gate needs mudd");
-    expect_exit_failure("the MUDD gate on the aliased x0", [] {
-        Config x = gate_small_config();
-        x.x0_includes_bigram = true;
-        x.validate();
-    }, "mudd_gate reads the clean x0");
-    expect_exit_failure("the MUDD gate without XSA on layer 7", [] {
-        Config x = gate_small_config();
-        x.xsa[7] = false;
-        x.validate();
-    }, "XSA on exactly layers 1, 3, 4, 7 (layer 7 differs)");
-    expect_exit_failure("DC-MHA without the MUDD gate", [] {
-        Config x = gate_small_config();
-        x.mudd_gate = false;
-        x.validate();
-    }, "dc_mha needs mudd_gate");
-    expect_exit_failure("DC-MHA over a window of 0 keys", [] {
-        Config x = gate_small_config();
-        x.dc_window = 0;
-        x.validate();
-    }, "dc_window 0 must be at least 1");
+    struct BadSwitch {
+        const char* what;
+        void (*edit)(Config&);
+        const char* message;
+    };
+    const BadSwitch bad_switches[] = {
+        {"the MUDD gate without MUDD", [](Config& x) { x.mudd = false; }, "mudd_gate needs mudd"},
+        {"the MUDD gate on the aliased x0", [](Config& x) { x.x0_includes_bigram = true; }, "mudd_gate reads the clean x0"},
+        {"the MUDD gate without XSA on layer 7", [](Config& x) { x.xsa[7] = false; },
+         "XSA on exactly layers 1, 3, 4, 7 (layer 7 differs)"},
+        {"DC-MHA without the MUDD gate", [](Config& x) { x.mudd_gate = false; }, "dc_mha needs mudd_gate"},
+        {"DC-MHA over a window of 0 keys", [](Config& x) { x.dc_window = 0; }, "dc_window 0 must be at least 1"},
+    };
+    for (const BadSwitch& b : bad_switches)
+        expect_exit_failure(b.what, [&b] {
+            Config x = gate_small_config();
+            b.edit(x);
+            x.validate();
+        }, b.message);
     expect_exit_failure("prefix targets not one per row", [&] {
         Batch x = b;
         x.prefix_targets = {1, 2, 3};
