@@ -73,7 +73,7 @@ def check_r86(tmp):
     schedule[schedule.index("--val-every") + 1] = str(TOTAL)
     T.run(schedule + ["--log-grad-norms", "--run-id", "np1", "--log-dir", tmp, "--save-checkpoint", root,
                       "--checkpoint-steps", str(TOTAL)])
-    T.check_log(os.path.join(tmp, "np1.txt"), "1 rank")
+    T.check_log(os.path.join(tmp, "np1.txt"), "1 rank", (0, TOTAL))
     text = open(os.path.join(tmp, "np1.txt")).read()
     R80.check_golden(text, T.tensors(T.ckpt(root, TOTAL), prefix="param.")[1], "tiny-r86", 19, SMALL, NOISY)
     one_train, _ = R84.losses(text)
