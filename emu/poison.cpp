@@ -162,11 +162,13 @@ std::shared_ptr<const StaticPoison> static_poison_for(const std::string& kernel_
         if (known == o.kernels.end()) {  // its first launch: it claims the objects local to it
             o.kernels.push_back(kernel_symbol);
             const std::string prefix = "_ZZ" + kernel_symbol.substr(2) + "E";
+            bool claimed = false;
             for (size_t i = 0; i < s.objects.size(); ++i)
                 if (o.owner[i] < 0 && s.objects[i].symbol.compare(0, prefix.size(), prefix) == 0) {
                     o.owner[i] = me;
-                    ++o.version;
+                    claimed = true;
                 }
+            o.version += claimed;
         }
     }
     auto& [version, list] = o.lists[kernel_symbol];

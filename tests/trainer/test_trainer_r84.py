@@ -66,30 +66,9 @@ NOISY = {"x0_lambdas": 0.6, "skip_gate": 0.3, "resid_lambdas": 0.3}
 NOISY_PREFIX = NOISY | {"x0_lambdas": 0.8}
 
 
-def losses(text):
-    train = [float(v) for v in re.findall(r"^step:\d+/\d+ train_loss:(\S+)$", text, re.M)]
-    val = {int(a): float(b) for a, b in re.findall(r"^step:(\d+)/\d+ val_loss:(\S+) ", text, re.M)}
-    return np.array(train), val
-
-
-def check_ranks(tmp, schedule, one_train, one_val, ranks, env, run_id, label, steps=4):
-    """A run of `ranks` ranks over steps 0..steps-1 against 1 rank's losses, up to reduction order (0.1%). It
-    validates once where 1 rank validated: at its end where 1 rank validated there (--val-every 0), else at step 0
-    (and at its end, which it must: that one has nothing to compare with). A validation costs about 19 s here on 8
-    ranks, a tiny-r89 step about 5."""
-    at_end = steps in one_val
-    args = list(schedule)
-    if at_end:
-        args[args.index("--val-every") + 1] = "0"
-    T.run(args + ["--max-steps", str(steps), "--run-id", run_id, "--log-dir", tmp], ranks=ranks, env=env)
-    train, val = losses(open(os.path.join(tmp, run_id + ".txt")).read())
-    a = one_train[:steps]
-    T.check(a.shape == train.shape and np.all(np.abs(a - train) <= 1e-3 * a),
-            f"{label} vs 1: training losses of steps 0..{steps - 1} agree to 0.1% "
-            f"(max {np.max(np.abs(a - train) / a) if a.shape == train.shape else np.inf:.1e})")
-    T.check(sorted(val) == ([steps] if at_end else [0, steps]) and
-            all(abs(val[k] - one_val[k]) <= 1e-3 * one_val[k] for k in val if k in one_val),
-            f"{label} vs 1: validation losses {val} agree to 0.1% where 1 rank validated ({one_val})")
+# 1 rank's losses from a log, and a multi-rank run against them: tiny-r80's (test_trainer_r80.py)
+losses = R80.losses
+check_ranks = R80.check_ranks
 
 
 def check_resume(tmp, schedule, root, step, run_id, label):
