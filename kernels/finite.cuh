@@ -44,6 +44,7 @@ inline void flag_nonfinite(const void* x, int64_t n, bool fp32, int* flag, cudaS
     if (n <= 0) return;
     const int64_t chunks = ceil_div<int64_t>(n, fp32 ? 4 : 8);  // a thread per 16 bytes, up to 4096 x 256 threads
     const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(ceil_div<int64_t>(chunks, 256), 4096));
-    launch(flag_nonfinite_work(n, fp32), fp32 ? flag_nonfinite_kernel<true> : flag_nonfinite_kernel<false>, dim3(blocks),
-           dim3(256), 0, stream, x, n, flag);
+    const Work work = flag_nonfinite_work(n, fp32);
+    if (fp32) launch(work, flag_nonfinite_kernel<true>, dim3(blocks), dim3(256), 0, stream, x, n, flag);
+    else launch(work, flag_nonfinite_kernel<false>, dim3(blocks), dim3(256), 0, stream, x, n, flag);
 }
