@@ -1532,9 +1532,14 @@ MlpDownScaling mlp_down_scaling_after(const Config& c, int step) {
     return step < c.mlp_down_bootstrap_steps ? MlpDownScaling::bootstrap : MlpDownScaling::delayed;
 }
 
-// Builds the model for a config on the current device: arenas placed, parameters initialized,
+// Whose parameters a rank starts from: its own draw from the seed, or rank 0's, which broadcast_params sends next (the
+// draw left out: every byte of the parameter arena and the sign table arrives with the broadcast, as upstream's ranks
+// take rank 0's; under emu, 8 ranks drawing record 86's tables cost a quarter of a one-step run).
+enum class ParamsFrom { seed, rank0 };
+
+// Builds the model for a config on the current device: arenas placed, parameters initialized (or left for rank 0's),
 // the YaRN state reset.
-void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
+void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s, ParamsFrom from = ParamsFrom::seed) {
     if (const std::string e = config_error(c); !e.empty()) {
         std::fprintf(stderr, "train_gpt: %s\n", e.c_str());
         std::exit(EXIT_FAILURE);
@@ -1546,10 +1551,10 @@ void build_model(Model& m, const Config& c, uint64_t seed, cudaStream_t s) {
     place(m.grad_arena, [&](Arena& a) { layout_params(a, c, m.grads); });
     place(m.state_arena, [&](Arena& a) { layout_state(a, m); });
     place(m.act_arena, [&](Arena& a) { layout_activations(a, m); });
-    init_params(m, seed, s);
-    // upstream draws it unseeded on rank 0 and broadcasts it; here every rank draws it from the run's seed
-    // (a resume checks the seed, so it is the same table) and broadcast_params makes rank 0's a fact
-    if (m.bigram_signs)
+    if (from == ParamsFrom::seed) init_params(m, seed, s);
+    // upstream draws it unseeded on rank 0 and broadcasts it; here rank 0 draws it from the run's seed (a resume
+    // checks the seed, so it is the same table) and broadcast_params sends it
+    if (m.bigram_signs && from == ParamsFrom::seed)
         init_signs(m.bigram_signs, int64_t(c.bigram_sign_rows) * c.bigram_width(), seed * 16 + kBigramSignStream, s);
     if (m.prefix_table) {  // data, not state: every rank reads the same checked file (upstream builds it at start-up)
         const std::string path = repo_dir() + "/data/gpt2_prefix_table.bin";
@@ -1587,8 +1592,8 @@ CheckpointTensor mlp_down_scales_tensor(const Model& m) {
             size_t(layers) * sizeof(MlpDownScales)};
 }
 
-// Every rank starts from rank 0's parameters, as upstream broadcasts them after init (the
-// counter-based init already agrees; the broadcast makes it a fact whatever the seeds).
+// Every rank starts from rank 0's parameters, as upstream broadcasts them after init (the other ranks' build_model
+// leaves them to it; a rank that drew its own from the same seed has the same bits).
 void broadcast_params(Model& m, ncclComm_t comm, cudaStream_t s) {
     NCCL_CHECK(broadcast(m.param_arena.base(), m.param_arena.base(), m.param_arena.bytes(), ncclUint8, 0, comm, s));
     if (m.bigram_signs) {
@@ -3505,7 +3510,7 @@ int main(int argc, char** argv) {
     Model m;
     Optimizer o;
     const Schedule sch(cfg);
-    build_model(m, cfg, opt.seed, stream);
+    build_model(m, cfg, opt.seed, stream, d.rank == 0 ? ParamsFrom::seed : ParamsFrom::rank0);
     if (opt.mlp_kernel) m.mlp_kernel = *opt.mlp_kernel;
     if (opt.attention) m.attention = *opt.attention;
     agree_or_exit(d, planning ? "" : wgmma_guard_error({m.attention, m.mlp_kernel}, stream));  // before any write

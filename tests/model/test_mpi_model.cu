@@ -30,6 +30,13 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaStreamSynchronize(s));
     mine = checksum(m.param_arena.base(), m.param_arena.bytes());
     test::check(mine == root, "rank %d: parameters differ from rank 0's after the broadcast", rank);
+    // as the trainer builds it: the other ranks leave the draw to rank 0's broadcast, which fills every byte
+    Model left;
+    build_model(left, c, 1000, s, rank == 0 ? ParamsFrom::seed : ParamsFrom::rank0);
+    broadcast_params(left, d.comm, s);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    test::check(checksum(left.param_arena.base(), left.param_arena.bytes()) == root,
+                "rank %d: parameters left to rank 0's broadcast differ from rank 0's", rank);
 
     int failed = test::failed(), passed = test::passed(), total_failed, total_passed;
     MPI_Reduce(&failed, &total_failed, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);

@@ -20,7 +20,7 @@ struct TrainerRun {
         CUDA_CHECK(cudaStreamCreate(&s));
         r.s = s;
         if (dry) work_recorder().start(true);
-        build_model(m, c, 1337, s);
+        build_model(m, c, 1337, s, dry || d.rank == 0 ? ParamsFrom::seed : ParamsFrom::rank0);
         if (!dry) broadcast_params(m, d.comm, s);
         build_optimizer(o, m, d.rank, d.world, d.world == 8 && c.grad_accum() == 1, d.comm, s);
         opt.train_files = std::string(repo) + "/" + c.train_files;
