@@ -1,10 +1,11 @@
 # The trainer end to end on the tiny preset under emu: logs, tying, 1/2/8-rank equivalence,
-# resume, failures (tests/trainer/test_trainer.py). Needs python3 with numpy.
+# resume, failures (tests/trainer/test_trainer.py). Needs python3 with numpy. It and the twins' tests below run
+# their 1-rank runs on one emu worker (EMU_WORKERS=1; by hand, 2): ctest -j 2 keeps the other core busy.
 find_package(Python3 COMPONENTS Interpreter QUIET)
 if(Python3_Interpreter_FOUND)
   add_test(NAME test_trainer COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer.py
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
-  set_tests_properties(test_trainer PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 3000)
+  set_tests_properties(test_trainer PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1;EMU_WORKERS=1" TIMEOUT 3000)
 else()
   message(STATUS "python3 not found: the trainer's end-to-end test is not registered")
 endif()
@@ -14,7 +15,7 @@ endif()
 if(Python3_Interpreter_FOUND)
   add_test(NAME test_trainer_r80 COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r80.py
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
-  set_tests_properties(test_trainer_r80 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1500)
+  set_tests_properties(test_trainer_r80 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1;EMU_WORKERS=1" TIMEOUT 1500)
 endif()
 
 # The tiny-r84 preset end to end (tests/trainer/test_trainer_r84.py): 1 rank's losses falling, the sign table in the
@@ -24,7 +25,7 @@ endif()
 if(Python3_Interpreter_FOUND)
   add_test(NAME test_trainer_r84 COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r84.py
            $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
-  set_tests_properties(test_trainer_r84 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1" TIMEOUT 1800)
+  set_tests_properties(test_trainer_r84 PROPERTIES ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1;EMU_WORKERS=1" TIMEOUT 1800)
 endif()
 
 # Records 86 and 89 end to end (tests/trainer/test_trainer_r86.py), two tests that run side by side: tiny-r86 against
@@ -35,7 +36,7 @@ if(Python3_Interpreter_FOUND)
     add_test(NAME test_trainer_${part} COMMAND ${Python3_EXECUTABLE} ${REPO}/tests/trainer/test_trainer_r86.py
              $<TARGET_FILE:train_gpt_cpu> ${MPIRUN})
     set_tests_properties(test_trainer_${part} PROPERTIES
-                         ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1;PART=${part}" TIMEOUT 1800)
+                         ENVIRONMENT "REPO=${REPO};PYTHONDONTWRITEBYTECODE=1;EMU_WORKERS=1;PART=${part}" TIMEOUT 1800)
   endforeach()
 endif()
 
