@@ -78,6 +78,15 @@ def check(ok, what):
 ONE_RANK_WORKERS = os.environ.get("EMU_WORKERS", "2")
 
 
+def validating_once(args):
+    """A copy of args that validates once, at the run's end, on 2048 tokens: for runs whose validation losses no
+    check reads (validation changes no bit of the training)."""
+    args = list(args)
+    args[args.index("--val-every") + 1] = "0"
+    args[args.index("--val-tokens") + 1] = "2048"
+    return args
+
+
 def run(args, ranks=1, expect_ok=True, env=None):
     cmd = ([BINARY] if ranks == 1 else MPIRUN + ["-np", str(ranks), "-x", "EMU_WORKERS=1"] +
            [x for k in (env or {}) for x in ("-x", k)] + [BINARY]) + args
@@ -285,10 +294,7 @@ def main():
         # once, at its end, on 2048 tokens (its validation losses are not read; validation changes no bit
         # of the training, and a resume does not check the validation flags)
         resumed = os.path.join(tmp, "resumed")
-        cheap_val = [a for a in SCHEDULE]
-        cheap_val[cheap_val.index("--val-every") + 1] = "0"
-        cheap_val[cheap_val.index("--val-tokens") + 1] = "2048"
-        run(cheap_val + ["--run-id", "resumed", "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps", "8",
+        run(validating_once(SCHEDULE) + ["--run-id", "resumed", "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps", "8",
                          "--resume", os.path.dirname(ckpt(runs[1], 4))])
         # (each tensor's dtype, shape and bytes compared as stored: bitwise, without widening 1 GB to float64)
         _, a = read_checkpoint.load(ckpt(runs[1], TOTAL))

@@ -77,10 +77,7 @@ def check_resume(tmp, schedule, root, step, run_id, label):
     bit of the training, and a resume does not check the validation flags (a tiny-r89 validation of 4096 tokens
     costs 16 s here). Returns the resumed run's log."""
     resumed = os.path.join(tmp, run_id)
-    schedule = list(schedule)
-    schedule[schedule.index("--val-every") + 1] = "0"
-    schedule[schedule.index("--val-tokens") + 1] = "2048"
-    T.run(schedule + ["--run-id", run_id, "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps",
+    T.run(T.validating_once(schedule) + ["--run-id", run_id, "--log-dir", tmp, "--save-checkpoint", resumed, "--checkpoint-steps",
                       str(TOTAL), "--resume", os.path.dirname(T.ckpt(root, step))])
     differ = checkpoint_differences(T.ckpt(root, TOTAL), T.ckpt(resumed, TOTAL))
     T.check(not differ, f"{label}: resume from step {step} equals the uninterrupted run at step {TOTAL} (every tensor, "
@@ -119,8 +116,7 @@ def check_fp8down(tmp):
     golden run and 2 strict ranks = 1 (in CI, steps 0-1 only: tiny-r89's golden run covers the same code)."""
     schedule = [a if a != "tiny-r84" else "tiny-r84-fp8down" for a in SCHEDULE]
     if not FULL:  # steps 0-1 only: one validation, at the end, on 2048 tokens (validation changes no training state)
-        schedule[schedule.index("--val-every") + 1] = "0"
-        schedule[schedule.index("--val-tokens") + 1] = "2048"
+        schedule = T.validating_once(schedule)
     root, last = os.path.join(tmp, "fp8down1"), TOTAL if FULL else 2
     T.run(schedule + ["--log-grad-norms", "--run-id", "fp8down1", "--log-dir", tmp, "--save-checkpoint", root,
                       "--checkpoint-steps", f"0,2,{TOTAL}" if FULL else "0,2", "--max-steps", str(last)])
