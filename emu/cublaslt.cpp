@@ -790,6 +790,7 @@ extern "C" {
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
     if (!handle) return fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtCreate", "handle pointer is NULL");
+    if (emu::device_use("cublasLtCreate")) return CUBLAS_STATUS_NOT_INITIALIZED;
     *handle = new cublasLtContext{kHandleMagic};
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -1013,6 +1014,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     (void)workspace;
     (void)workspace_bytes;  // the emulated algorithm needs none
     const char* fn = "cublasLtMatmul";
+    if (emu::device_use(fn)) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (!handle || handle->magic != kHandleMagic)
         return fail(CUBLAS_STATUS_NOT_INITIALIZED, fn, "handle was not created by cublasLtCreate");
     DescState ds;

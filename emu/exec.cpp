@@ -695,6 +695,7 @@ void launch(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes, cudaSt
         set_launch_error(cudaErrorInvalidConfiguration, "emu: launch of kernel " + kernel_name(kernel) + ": " + bad);
         return;
     }
+    if (device_use(("launch of kernel " + kernel_name(kernel)).c_str()) != cudaSuccess) return;
     const KernelInfo& info = kernel_info(kernel);
     if (threads > info.max_threads) {  // as the GPU refuses a launch beyond what the kernel was compiled for
         set_launch_error(cudaErrorLaunchOutOfResources,

@@ -8,6 +8,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -42,6 +43,10 @@ cudaError_t fail(cudaError_t e, const std::string& message) {
     return e;
 }
 cudaError_t check_sticky() { return state().sticky; }
+
+// The process that first used the device (0: none yet), and whether a forked child may use it anyway.
+std::atomic<pid_t> device_user{0};
+std::atomic<bool> device_after_fork_allowed{false};
 
 void* alloc_bytes(size_t bytes, bool device) {
     void* p = nullptr;
@@ -112,6 +117,7 @@ struct HostSide {
 cudaError_t copy_2d(const char* fn, void* dst, size_t dpitch, const void* src, size_t spitch, size_t width,
                     size_t height, cudaStream_t s, bool blocking) {
     if (check_sticky()) return check_sticky();
+    if (const cudaError_t e = emu::device_use(fn)) return e;
     if (width > dpitch || width > spitch)
         return fail(cudaErrorInvalidValue, std::string("emu: ") + fn + ": width exceeds a pitch");
     if (width == 0 || height == 0) return cudaSuccess;
@@ -150,6 +156,7 @@ cudaError_t copy_2d(const char* fn, void* dst, size_t dpitch, const void* src, s
 
 cudaError_t set_bytes(const char* fn, void* p, int value, size_t bytes, cudaStream_t s) {
     if (check_sticky()) return check_sticky();
+    if (const cudaError_t e = emu::device_use(fn)) return e;
     if (bytes == 0) return cudaSuccess;
     emu::StreamWork w;
     w.what = [=] {
@@ -181,6 +188,16 @@ void set_sticky_error(cudaError_t e, const std::string& message) {
     std::fprintf(stderr, "%s\n", message.c_str());
 }
 cudaError_t sticky_error() { return state().sticky; }
+cudaError_t device_use(const char* fn) {
+    pid_t user = 0;
+    const pid_t me = getpid();
+    if (device_user.compare_exchange_strong(user, me) || user == me || device_after_fork_allowed) return cudaSuccess;
+    return fail(cudaErrorInitializationError,
+                std::string("emu: ") + fn + " in a process forked from one that had used the device (pid " +
+                    std::to_string(user) + "): CUDA's context does not survive fork, so this call fails on a GPU "
+                    "(initialization error); make the child stop before any CUDA call");
+}
+void allow_device_after_fork() { device_after_fork_allowed = true; }
 size_t max_dynamic_smem(const void* kernel) {
     State& s = state();
     std::lock_guard<std::mutex> lock(s.m);
@@ -344,12 +361,14 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 // ---- memory ----
 cudaError_t cudaMalloc(void** p, size_t bytes) {
     if (check_sticky()) return check_sticky();
+    if (const cudaError_t e = emu::device_use("cudaMalloc")) return e;
     if (state().device_bytes + bytes > kTotalMemory || !(*p = alloc_bytes(bytes, true)))
         return fail(cudaErrorMemoryAllocation, "emu: cudaMalloc of " + std::to_string(bytes) + " bytes: out of memory");
     return cudaSuccess;
 }
 cudaError_t cudaFree(void* p) { return free_bytes(p, "cudaFree"); }
 cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    if (const cudaError_t e = emu::device_use("cudaMallocHost")) return e;
     if (!(*p = alloc_bytes(bytes, false)))
         return fail(cudaErrorMemoryAllocation, "emu: cudaMallocHost of " + std::to_string(bytes) + " bytes failed");
     return cudaSuccess;

@@ -239,6 +239,7 @@ using emu::engine;
 extern "C" {
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int priority) {
+    if (const cudaError_t e = emu::device_use("cudaStreamCreate")) return e;
     *s = emu::make_stream(flags, priority);
     return emu::sticky_error();
 }
@@ -285,6 +286,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     return emu::sticky_error();
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+    if (const cudaError_t err = emu::device_use("cudaEventCreate")) return err;
     *e = new CUevent_st;
     (*e)->flags = flags;
     return cudaSuccess;

@@ -17,6 +17,12 @@
 #include <string>
 #include <vector>
 
+#ifndef __CUDACC__
+namespace emu {
+void allow_device_after_fork();  // emu/runtime_state.h
+}
+#endif
+
 namespace test {
 
 inline int& passed() { static int n = 0; return n; }
@@ -187,10 +193,13 @@ inline double ref_rmsnorm_dot(const std::vector<double>& dy, const std::vector<d
     return s;
 }
 
+// Whether the child may use the device: never on a GPU (CUDA's context does not survive fork, and emu
+// refuses it the same way), or, for an emu-only test of one of emu's own stops, which needs a kernel run.
+enum class ChildDevice { as_on_gpu, emu_stop };
 // Runs fn in a child process; checks that it exits non-zero with `phrase` in what it printed to
 // stderr (bad input must stop with a clear message).
 template <class F>
-bool check_fails_with(const char* what, const char* phrase, F fn) {
+bool check_child_fails_with(const char* what, const char* phrase, F fn, ChildDevice device) {
     std::fflush(stdout);
     std::fflush(stderr);
     int fds[2];
@@ -200,6 +209,11 @@ bool check_fails_with(const char* what, const char* phrase, F fn) {
         dup2(fds[1], 2);
         close(fds[0]);
         unsetenv("EMU_LAUNCH_LOG");  // a planted failure's launches are not the GPU build's (emu/exec.cpp)
+#ifndef __CUDACC__
+        if (device == ChildDevice::emu_stop) ::emu::allow_device_after_fork();
+#else
+        (void)device;
+#endif
         fn();
         std::fflush(stderr);
         _exit(0);
@@ -215,6 +229,16 @@ bool check_fails_with(const char* what, const char* phrase, F fn) {
     return check(failed && err.find(phrase) != std::string::npos,
                  "%s: expected a non-zero exit mentioning '%s'; got %s, stderr: %s", what, phrase,
                  failed ? "a failure" : "success", err.c_str());
+}
+// Bad input stops before any CUDA call: the child may make none (as on a GPU).
+template <class F>
+bool check_fails_with(const char* what, const char* phrase, F fn) {
+    return check_child_fails_with(what, phrase, fn, ChildDevice::as_on_gpu);
+}
+// One of emu's own stops (a planted misuse that emu catches while a kernel runs): emu-only tests.
+template <class F>
+bool check_emu_stops_with(const char* what, const char* phrase, F fn) {
+    return check_child_fails_with(what, phrase, fn, ChildDevice::emu_stop);
 }
 
 // Prints the closing line and gives the exit code.

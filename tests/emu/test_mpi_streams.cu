@@ -39,7 +39,7 @@ unsigned blocks(int n) { return static_cast<unsigned>((n + 127) / 128); }
 
 // Runs fn in a child per phrase; checks each stops with a message containing its phrase.
 void expect_stop(const char* what, const std::vector<std::string>& phrases, const std::function<void()>& fn) {
-    for (const std::string& p : phrases) test::check_fails_with(what, p.c_str(), fn);
+    for (const std::string& p : phrases) test::check_emu_stops_with(what, p.c_str(), fn);
 }
 
 struct Streams {

@@ -57,17 +57,17 @@ void run_ldmatrix(RowsFrom from, int shift, bool check_values = false) {
 void test_ldmatrix_checks() {
     run_ldmatrix(RowsFrom::static_smem, 0, true);
     run_ldmatrix(RowsFrom::dynamic_smem, 0, true);
-    test::check_fails_with("misaligned ldmatrix row", "ldmatrix row: address", [] {
+    test::check_emu_stops_with("misaligned ldmatrix row", "ldmatrix row: address", [] {
         run_ldmatrix(RowsFrom::static_smem, 4);
     });
-    test::check_fails_with("misaligned ldmatrix row names its fault", "is not 16-byte aligned", [] {
+    test::check_emu_stops_with("misaligned ldmatrix row names its fault", "is not 16-byte aligned", [] {
         run_ldmatrix(RowsFrom::static_smem, 4);
     });
-    test::check_fails_with("ldmatrix from global memory", "is not inside one of the block's shared memory objects", [] {
+    test::check_emu_stops_with("ldmatrix from global memory", "is not inside one of the block's shared memory objects", [] {
         run_ldmatrix(RowsFrom::global, 0);
     });
     // 16 bytes past the 512-byte dynamic buffer: the last lane's row crosses its end.
-    test::check_fails_with("ldmatrix past the dynamic buffer", "is not inside one of the block's shared memory objects", [] {
+    test::check_emu_stops_with("ldmatrix past the dynamic buffer", "is not inside one of the block's shared memory objects", [] {
         run_ldmatrix(RowsFrom::dynamic_smem, 16);
     });
 }
@@ -105,14 +105,14 @@ void run_cp_async(const CpAsyncCase& c, bool check_values = false) {
 
 void test_cp_async_checks() {
     run_cp_async({}, true);
-    test::check_fails_with("cp.async from shared to shared", "lies in shared memory: cp.async copies global memory to shared",
+    test::check_emu_stops_with("cp.async from shared to shared", "lies in shared memory: cp.async copies global memory to shared",
                            [] { run_cp_async({true, 0, 0}); });
     // The allocation holds 31.5 rows: the last thread's 16 bytes run 8 past its end.
-    test::check_fails_with("cp.async past the end of an allocation", "is not inside one device allocation", [] {
+    test::check_emu_stops_with("cp.async past the end of an allocation", "is not inside one device allocation", [] {
         run_cp_async({false, 0, 0, 32 * 4 - 2});
     });
-    test::check_fails_with("misaligned cp.async source", "cp.async source: address", [] { run_cp_async({false, 8, 0, 32 * 4 + 4}); });
-    test::check_fails_with("misaligned cp.async destination", "cp.async destination: address", [] { run_cp_async({false, 0, 4}); });
+    test::check_emu_stops_with("misaligned cp.async source", "cp.async source: address", [] { run_cp_async({false, 8, 0, 32 * 4 + 4}); });
+    test::check_emu_stops_with("misaligned cp.async destination", "cp.async destination: address", [] { run_cp_async({false, 0, 4}); });
 }
 
 // ---- launch bounds ----
@@ -155,6 +155,38 @@ void test_launch_bounds() {
     test::check(cudaGetLastError() == cudaSuccess, "1024 threads of a kernel without bounds failed");
 }
 
+
+// ---- fork after the device was used ----
+// CUDA's context does not survive fork(): a child of a process that has used the device fails at its
+// first allocation, stream, launch or cuBLASLt handle (both GPU runs' death tests found it); emu
+// refuses the same, and only emu's own stop tests (check_emu_stops_with) may opt out.
+__global__ void write_one(int* p) { *p = 1; }
+void test_fork_after_device_use() {
+    DeviceBuffer<int> used(1);  // this process has now used the device
+    const char* phrase = "CUDA's context does not survive fork";
+    test::check_fails_with("cudaMalloc in a forked child", phrase, [] { DeviceBuffer<int> b(1); });
+    test::check_fails_with("cudaStreamCreate in a forked child", phrase, [] {
+        cudaStream_t s;
+        CUDA_CHECK(cudaStreamCreate(&s));
+    });
+    test::check_fails_with("a launch in a forked child", phrase, [&] {
+        launch(write_one, dim3(1), dim3(1), 0, nullptr, used.ptr);
+        CUDA_CHECK_LAUNCH();
+    });
+    test::check_fails_with("cublasLtCreate in a forked child", phrase, [] { CublasLt lt; });
+    // An emu-only stop test's child may use the device: it allocates and launches, then stops as planted.
+    test::check_emu_stops_with("an emu stop test's child", "planted stop after a launch", [] {
+        DeviceBuffer<int> b(1);
+        launch(write_one, dim3(1), dim3(1), 0, nullptr, b.ptr);
+        CUDA_CHECK_LAUNCH();
+        if (b.download()[0] == 1) std::fprintf(stderr, "planted stop after a launch\n");  // else no phrase: fails
+        std::exit(1);
+    });
+    // The parent is untouched.
+    launch(write_one, dim3(1), dim3(1), 0, nullptr, used.ptr);
+    CUDA_CHECK_LAUNCH();
+    test::check(used.download()[0] == 1, "the parent still launches after its children failed");
+}
 // ---- EMU_LAUNCH_LOG ----
 // main() points EMU_LAUNCH_LOG at `path` before the first launch; each distinct (kernel symbol, threads,
 // dynamic shared bytes) is one line.
@@ -185,6 +217,7 @@ int main() {
     test_ldmatrix_checks();
     test_cp_async_checks();
     test_launch_bounds();
+    test_fork_after_device_use();
     test_launch_log(log);
     std::remove(log.c_str());
     return test::finish();

@@ -325,9 +325,9 @@ void check_wrong_swizzle() {
 template <bool Emulated>
 void check_emu_stops() {
     if constexpr (Emulated) {
-        test::check_fails_with("accumulator read before wgmma_wait", "accessed while its wgmma is in flight",
+        test::check_emu_stops_with("accumulator read before wgmma_wait", "accessed while its wgmma is in flight",
                                [] { run_gemm<false, Planted::acc_before_wait>(gemm_data(64, 128, 128)); });
-        test::check_fails_with("TMA without arrive_expect_tx", "deadlock: 128 threads wait at mbarrier_try_wait",
+        test::check_emu_stops_with("TMA without arrive_expect_tx", "deadlock: 128 threads wait at mbarrier_try_wait",
                                [] { run_gemm<false, Planted::no_expect_tx>(gemm_data(64, 128, 128)); });
         test::DeviceBuffer<__nv_bfloat16> buf(256 * 256);
         test::check_fails_with("a box of 300 rows", "boxDim[1] = 300 is not in 1..256", [&] {
@@ -342,7 +342,7 @@ void check_emu_stops() {
         test::check_fails_with("a box row wider than the swizzle span", "exceeds the 64-byte swizzle span", [&] {
             encode_tensor_map<2>(buf.ptr, {256, 256}, {512}, {64, 64}, Swizzle::b64);
         });
-        test::check_fails_with("a TMA box at the dynamic shared memory's start", "is not 128-byte aligned",
+        test::check_emu_stops_with("a TMA box at the dynamic shared memory's start", "is not 128-byte aligned",
                                [] { run_tma_box_3d(BoxAt::dynamic_start); });
     }
 }

@@ -946,9 +946,10 @@ void test_mlp_fp8_shape_rules() {
     test::check_fails_with("mlp_fp8_quantize_weights with layers overlapping", "a stride of at least H C", [=] {
         mlp_fp8_quantize_weights({fake8, nullptr}, {fake, 512 * 128 - 8, 2}, 512, 128, {}, nullptr);
     });
-    test::check_fails_with("mlp_fp8_down_proj with T 24", "mlp_fp8_down_proj: T (24), C (128) and H (512) must be", [=] {
-        CublasLt lt;
-        mlp_fp8_down_proj(lt, fake, fake8, fake8, reinterpret_cast<const MlpDownScales*>(256), 24, 128, 512, nullptr);
+    CublasLt parents_lt;  // made here: the child must stop before any CUDA call (cuBLASLt's create is one)
+    test::check_fails_with("mlp_fp8_down_proj with T 24", "mlp_fp8_down_proj: T (24), C (128) and H (512) must be", [&] {
+        mlp_fp8_down_proj(parents_lt, fake, fake8, fake8, reinterpret_cast<const MlpDownScales*>(256), 24, 128, 512,
+                          nullptr);
     });
     test::check_fails_with("mlp_fp8_down_quantize_weights with layers overlapping", "a stride of at least H C", [=] {
         mlp_fp8_down_quantize_weights({fake8, reinterpret_cast<MlpDownScales*>(256)}, {fake, 512 * 128 - 8, 2}, 512, 128,

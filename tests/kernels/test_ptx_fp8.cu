@@ -230,8 +230,12 @@ void check_one_wgmma_e4m3(int k0) {
             }
             want[size_t(r) * N + n] = s;
         }
+    // Emu adds in fp32; an H200's fp8 tensor cores keep about 13 bits of the running sum (2026-11-29: errors
+    // up to 2e-4 of the largest product), as DeepSeek-V3's report (section 3.3.2) describes. A wrong
+    // swizzle or fragment misses either bound by orders of magnitude.
+    const double rel = kEmulated ? 1.2e-7 : std::ldexp(1.0, -13);
     test::check_close(("wgmma m64n" + std::to_string(N) + "k32 e4m3 at k " + std::to_string(k0)).c_str(), out, want,
-                      32 * mag * 1.2e-7 + 1e-30, 0);
+                      32 * mag * rel + 1e-30, 0);
 }
 
 // ---- planted misuses (emu's stops; never compiled for the GPU, where they would hang or read garbage) ----
@@ -275,15 +279,15 @@ void run_planted(Kernel kernel) {
 template <bool Emulated>
 void check_emu_stops() {
     if constexpr (Emulated) {
-        test::check_fails_with("an e4m3 mma with lane 5 gone", "mma.sync.m16n8k32.e4m3",
+        test::check_emu_stops_with("an e4m3 mma with lane 5 gone", "mma.sync.m16n8k32.e4m3",
                                [] { run_planted(mma_e4m3_missing_lane); });
-        test::check_fails_with("the e4m3 tile product at two shapes", "divergent warp",
+        test::check_emu_stops_with("the e4m3 tile product at two shapes", "divergent warp",
                                [] { run_planted(tile_product_misuse<false>); });
-        test::check_fails_with("the e4m3 tile product from a misaligned row", "is not 16-byte aligned",
+        test::check_emu_stops_with("the e4m3 tile product from a misaligned row", "is not 16-byte aligned",
                                [] { run_planted(tile_product_misuse<true>); });
-        test::check_fails_with("an e4m3 wgmma without wgmma_fence", "without a wgmma_fence",
+        test::check_emu_stops_with("an e4m3 wgmma without wgmma_fence", "without a wgmma_fence",
                                [] { check_one_wgmma_e4m3<64, WgmmaMisuse::no_fence>(0); });
-        test::check_fails_with("an e4m3 wgmma's accumulator read in flight", "accessed while its wgmma is in flight",
+        test::check_emu_stops_with("an e4m3 wgmma's accumulator read in flight", "accessed while its wgmma is in flight",
                                [] { check_one_wgmma_e4m3<64, WgmmaMisuse::acc_in_flight>(0); });
     }
 }
