@@ -124,6 +124,10 @@ part_machine() {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "host: $(uname -srm), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
     echo "commit: $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$REPO" diff --quiet HEAD 2>/dev/null || echo ' (with local changes)')"
+    # The bundle's own record of its commit: the device tool's copy of the history can be older than the
+    # tree it sends (both H200 runs of 2026-11-29 said cde869f), and the bundle is what runs.
+    [ "$GC_MODE" = gpu ] && [ -f "$GC_BIN/bundle.json" ] &&
+        echo "bundle built from: $(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("git_revision", "unknown"))' "$GC_BIN/bundle.json")"
     local gpu=""
     if [ -n "${GPU_CHECK_HOOK_GPU:-}" ]; then
         gpu=$GPU_CHECK_HOOK_GPU
