@@ -14,7 +14,9 @@
 #   kernel_tests  every *_gpu test program (each kernel family against its double reference on fresh
 #                 random data), then train_gpt --check-platform (the wgmma guard); each failure by name
 #   tiny          the tiny preset on test_trainer's short schedule, its training losses against the CPU
-#                 build's pinned ones (tests/trainer/fixtures/schedule_bits.json) within a bf16 tolerance
+#                 build's pinned ones (tests/trainer/fixtures/schedule_bits.json) within a bf16 tolerance;
+#                 then the tiny twins of records 80, 84, 86 and 89, each against its golden trajectory
+#                 (tests/reference/fixtures/*_golden.json: training and validation losses), the same way
 #   stages        the record preset on one GPU (8 micro-steps) on synthetic tokens: its memory plan
 #                 (--print-memory --ranks 1, which must fit 80 GB), then
 #                 --profile-warmup times every warm-up step (every stage's shapes: even, Adam and the
@@ -44,12 +46,13 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SELF="$REPO/scripts/gpu_check.sh"
 TOOL="$REPO/scripts/gpu_check_tool.py"
 PARTS_ALL="machine kernel_tests tiny stages bench"
-# Expected device seconds on one Hopper GPU (the plan), and each part's timeout, from the H200 run of
-# 2026-11-29 (docs/gpu-runs/2026-11-29-h200-f6c7d3e): machine 0 s, kernel tests 181 s with
-# test_gpt_reference_gpu cut off at 60 (its double-precision finite differences run on the host's
-# cores and now cover records 71 to 86), tiny 1 s, stages 26 s, bench 36 s.
-declare -A EXPECTED=([machine]=10 [kernel_tests]=250 [tiny]=10 [stages]=40 [bench]=40)
-declare -A TIMEOUT=([machine]=60 [kernel_tests]=360 [tiny]=90 [stages]=150 [bench]=120)
+# Expected device seconds on one Hopper GPU (the plan), and each part's timeout, from the H200 runs of
+# 2026-11-29 (docs/gpu-runs/2026-11-29-h200-*): machine 0 s, kernel tests 191 s (test_gpt_reference_gpu
+# 69 of them: its double-precision finite differences run on the host's cores and cover records 71 to
+# 86), tiny 1 s and its twins of records 80-89 21 s of training (tiny-r86 and tiny-r89 8 s each),
+# stages 26 s, bench 36 s.
+declare -A EXPECTED=([machine]=5 [kernel_tests]=220 [tiny]=30 [stages]=30 [bench]=40)
+declare -A TIMEOUT=([machine]=60 [kernel_tests]=360 [tiny]=150 [stages]=150 [bench]=120)
 TEST_TIMEOUT_S=${GPU_CHECK_HOOK_TEST_TIMEOUT:-60}  # one kernel test program
 # ... but the whole-model finite differences, which the H200 run cut off at 60 s
 declare -A TEST_TIMEOUT_OF=([test_gpt_reference_gpu]=${GPU_CHECK_HOOK_TEST_TIMEOUT:-200})
@@ -274,7 +277,27 @@ part_tiny() {
     tail -25 "$GC_WORK/tiny.out"
     [ $rc -eq 0 ] || { echo "the tiny run failed (exit $rc)"; return 1; }
     python3 "$TOOL" losses "$GC_WORK/tiny.out" "$REPO/tests/trainer/fixtures/schedule_bits.json" \
-        --steps "$steps" --json "$GC_WORK/tiny.json"
+        --steps "$steps" --json "$GC_WORK/tiny.json" || rc=1
+    # The newer records' tiny twins against their golden trajectories (tests/reference/fixtures: the PyTorch
+    # reference's, the same tolerance), as their CI tests train them on one rank: every kernel of records
+    # 80-89 in a training step (the H200 window of 2026-11-29 ran them by hand first). The dry run: tiny-r80's
+    # first step (13 s under emu).
+    local twin twins="tiny-r80 tiny-r84 tiny-r86 tiny-r89" twin_steps=8 twin_args=()
+    [ "$GC_MODE" = dry-run ] && { twins=tiny-r80; twin_steps=1; twin_args=(--max-steps 1); echo "dry run: tiny-r80's first step"; }
+    for twin in $twins; do
+        args=(--preset "$twin" --scheduled-steps 6 --extension-steps 2 --val-every 4 --val-tokens 4096 --log-train-loss
+              --warmup 0 --run-id "$twin" --log-dir "$GC_WORK/logs" "${twin_args[@]}")
+        echo "$(trainer) ${args[*]}"
+        if ! (cd "$REPO" && "$(trainer)" "${args[@]}") >"$GC_WORK/$twin.out" 2>&1; then
+            tail -15 "$GC_WORK/$twin.out"
+            echo "the $twin run failed"
+            rc=1
+            continue
+        fi
+        python3 "$TOOL" losses "$GC_WORK/$twin.out" "$REPO/tests/reference/fixtures/${twin//-/_}_golden.json" \
+            --steps "$twin_steps" --json "$GC_WORK/twin_$twin.json" || rc=1
+    done
+    return $rc
 }
 
 part_stages() {

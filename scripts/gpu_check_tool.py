@@ -5,7 +5,9 @@
       synthetic token shards in the speedrun's format (data/shard.h): random tokens in documents of
       FineWeb-like lengths, each starting with BOS; for timing only (no FineWeb on the GPU machine)
   gpu_check_tool.py losses LOG FIXTURE [--steps N] [--json OUT]
-      the tiny run's training losses (step:N/M train_loss:X) against the CPU build's pinned ones
+      a run's training losses (step:N/M train_loss:X) against FIXTURE's: the CPU build's pinned ones
+      (tests/trainer/fixtures/schedule_bits.json), or a tiny twin's golden trajectory
+      (tests/reference/fixtures/*_golden.json), whose validation losses are compared too
   gpu_check_tool.py report WORK OUTDIR --mode gpu|dry-run --repo REPO [--total-s S] [--bundle DIR]
       report.md and report.json from the parts' logs; prints the short table last
   gpu_check_tool.py calibrate REPORT_DIR --out FILE --repo REPO
@@ -72,28 +74,47 @@ def synth_shards(args):
 
 
 # ---------------------------------------------------------------------------------------- losses
+def pinned_losses(fixture):
+    """(training losses from step 1, {step: validation loss}, the fixture's name for them): the CPU build's
+    pinned bits, or a tiny twin's golden trajectory (the PyTorch reference's, tests/reference/README.md)."""
+    f = json.load(open(fixture))
+    if "train_losses" in f:
+        return [float(x) for x in f["train_losses"]], {int(k): float(v) for k, v in f["val_losses"].items()}, \
+            f"golden ({f['preset']})"
+    return [float(x) for x in f["1"]["losses"]], {}, "pinned (CPU)"
+
+
 def losses(args):
     text = open(args.log, errors="replace").read()
     got = [float(x) for x in re.findall(r"^step:\d+/\d+ train_loss:(\S+)$", text, re.M)]
-    want = [float(x) for x in json.load(open(args.fixture))["1"]["losses"]][:args.steps]
+    got_val = {int(s): float(x) for s, x in re.findall(r"^step:(\d+)/\d+ val_loss:(\S+)", text, re.M)}
+    train, val, name = pinned_losses(args.fixture)
+    want = train[:args.steps]
     rows, ok = [], len(got) == len(want)
-    for i, w in enumerate(want):
-        step = i + 1
-        g = got[i] if i < len(got) else None
+
+    def row(kind, step, w, g):
         rel = abs(g - w) / abs(w) if g is not None else None
-        good = rel is not None and rel <= loss_tolerance(step)
-        ok = ok and good
-        rows.append({"step": step, "cpu": w, "gpu": g, "rel_diff": rel, "tolerance": loss_tolerance(step), "ok": good})
-    print(f"{'step':>4} {'pinned (CPU)':>13} {'this run':>10} {'rel diff':>10} {'tolerance':>10}")
+        tol = loss_tolerance(max(step, 1))
+        rows.append({"kind": kind, "step": step, "cpu": w, "gpu": g, "rel_diff": rel, "tolerance": tol,
+                     "ok": rel is not None and rel <= tol})
+        return rows[-1]["ok"]
+
+    for i, w in enumerate(want):
+        ok = row("train", i + 1, w, got[i] if i < len(got) else None) and ok
+    # the validations both made (a run stopped early by --max-steps validates where the fixture did not)
+    for step in sorted(set(val) & set(got_val)):
+        ok = row("val", step, val[step], got_val[step]) and ok
+    print(f"{'':5} {'step':>4} {name:>13} {'this run':>10} {'rel diff':>10} {'tolerance':>10}")
     for r in rows:
         g = "missing" if r["gpu"] is None else f"{r['gpu']:.4f}"
         d = "-" if r["rel_diff"] is None else f"{r['rel_diff']:.2e}"
-        print(f"{r['step']:>4} {r['cpu']:>13.4f} {g:>10} {d:>10} {r['tolerance']:>10.3f}{'' if r['ok'] else '  FAIL'}")
+        print(f"{r['kind']:5} {r['step']:>4} {r['cpu']:>13.4f} {g:>10} {d:>10} {r['tolerance']:>10.3f}"
+              f"{'' if r['ok'] else '  FAIL'}")
     if len(got) != len(want):
         print(f"losses: {len(got)} training losses printed, {len(want)} pinned")
     print(f"losses: {'within' if ok else 'OUTSIDE'} the bf16 tolerance (0.5% at step 1 + 0.5% per step)")
     if args.json:
-        json.dump({"rows": rows, "count": len(got), "ok": ok}, open(args.json, "w"), indent=1)
+        json.dump({"rows": rows, "count": len(got), "ok": ok, "against": name}, open(args.json, "w"), indent=1)
     return 0 if ok else 1
 
 
@@ -276,6 +297,16 @@ def report(args):
     if tiny:
         failures += [f"tiny: step {r['step']} loss {r['gpu']} vs pinned {r['cpu']} (tolerance {r['tolerance']:.3f})"
                      for r in tiny["rows"] if not r["ok"]]
+    # the tiny part's twins of records 80-89 against their golden trajectories, in the order they ran
+    twins = {}
+    for twin in ("tiny-r80", "tiny-r84", "tiny-r86", "tiny-r89"):
+        path = os.path.join(work, f"twin_{twin}.json")
+        if os.path.exists(path):
+            twins[twin] = json.load(open(path))
+            failures += [f"tiny: {twin} step {r['step']} {r.get('kind', 'train')} loss {r['gpu']} vs golden {r['cpu']} "
+                         f"(tolerance {r['tolerance']:.3f})" for r in twins[twin]["rows"] if not r["ok"]]
+            if twins[twin]["count"] != sum(r.get("kind", "train") == "train" for r in twins[twin]["rows"]):
+                failures.append(f"tiny: {twin} printed {twins[twin]['count']} training losses")
     stages_out = read(os.path.join(work, "stages.out"))
     profiles = parse_profiles(stages_out)
     plan = re.search(r"^total +([\d.]+) MiB", read(os.path.join(work, "memory.out")), re.M)
@@ -290,7 +321,7 @@ def report(args):
              "losses, its 4-step schedule for the stages, --shape tiny for the benches, one kernel test)") if dry else "GPU run"
     doc = {"mode": args.mode, "label": label, "date": machine.get("date"), "commit": machine.get("commit"),
            "card": machine.get("gpu"), "machine": machine, "machine_notes": notes, "total_s": args.total_s, "bundle": args.bundle,
-           "parts": status, "failures": failures, "kernel_tests": kernel_tests, "tiny": tiny,
+           "parts": status, "failures": failures, "kernel_tests": kernel_tests, "tiny": tiny, "twins": twins,
            "stages": stages, "stages_r80": stages_r80, "profiles": profiles, "memory": memory, "bench": bench, "model_constants": constants,
            "synthetic_tokens": not dry}
     os.makedirs(out, exist_ok=True)
@@ -312,6 +343,15 @@ def report(args):
                "| step | pinned (CPU) | this run | rel diff | tolerance |", "| ---: | ---: | ---: | ---: | ---: |"]
         md += [f"| {r['step']} | {r['cpu']:.4f} | {fmt(r['gpu'], '.4f')} | {fmt(r['rel_diff'], '.2e')} | "
                f"{r['tolerance']:.3f} |" for r in tiny["rows"]]
+    if twins:
+        md += ["", "## The tiny twins of records 80-89 against their golden trajectories", "",
+               "The PyTorch reference's losses (tests/reference/fixtures/*_golden.json), the same tolerance; "
+               "one rank, the schedule of their CI tests.", "",
+               "| twin | loss | step | golden | this run | rel diff | tolerance |",
+               "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+        md += [f"| {twin} | {r.get('kind', 'train')} | {r['step']} | {r['cpu']:.4f} | {fmt(r['gpu'], '.4f')} | "
+               f"{fmt(r['rel_diff'], '.2e')} | {r['tolerance']:.3f}{'' if r['ok'] else ' FAIL'} |"
+               for twin, t in twins.items() for r in t["rows"]]
     if memory["plan_one_gpu_mib"]:
         md += ["", "## Memory", "", f"- the record preset's plan on one GPU (--print-memory --ranks 1): "
                f"{memory['plan_one_gpu_mib']:.0f} MiB (the part fails above 80 GiB less 2 GiB)",
@@ -345,6 +385,9 @@ def report(args):
         elif s["part"] == "tiny" and tiny:
             worst = max((r["rel_diff"] or 0) / r["tolerance"] for r in tiny["rows"])
             fig = f"losses: worst {worst:.2f} of the tolerance"
+            if twins:
+                worst = max((r["rel_diff"] or 0) / r["tolerance"] for t in twins.values() for r in t["rows"])
+                fig += f"; {len(twins)} twins vs golden: worst {worst:.2f}"
         elif s["part"] == "stages" and stages:
             fig = "measured/model " + " ".join(f"s{g['stage']}{g['kind'][0]}:{fmt(g['ratio'], '.2f')}" for g in stages)
         elif s["part"] == "bench" and bench:

@@ -155,6 +155,12 @@ def test_dry_run(build, out):
         check(len(rows) == 2 and all(r["gpu"] == float(w) and r["ok"] for r, w in zip(rows, pinned)),
               "the tiny run's first 2 losses equal the pinned ones")
         check(rows[0]["tolerance"] == 0.005 and abs(rows[1]["tolerance"] - 0.01) < 1e-12, "the stated tolerance: 0.5% + 0.5%/step")
+        # the twins: the dry run's tiny-r80, its first step and step 0's validation against the golden trajectory
+        twins = rep.get("twins", {})
+        kinds = [(r["kind"], r["step"], r["ok"]) for r in twins.get("tiny-r80", {}).get("rows", [])]
+        check(list(twins) == ["tiny-r80"] and kinds == [("train", 1, True), ("val", 0, True)],
+              f"the dry run's twin: tiny-r80's step 1 and validation 0 within the tolerance of its golden run ({kinds})")
+        check("## The tiny twins of records 80-89 against their golden trajectories" in md, "the report has the twins' table")
         # the profiled warm-up: every step, each with its stage's shapes and tying
         profiles = rep["profiles"]
         check([p["step"] for p in profiles] == warmup_steps(), f"every warm-up step profiled ({[p['step'] for p in profiles]})")
@@ -287,8 +293,29 @@ def test_planted(build):
                                capture_output=True, text=True)
             check(r.returncode == want_rc and phrase in r.stdout, f"losses {label}: exit {want_rc} saying '{phrase}'")
             if label == "step 3 off":
-                check(re.search(r"^ +3 .*FAIL$", r.stdout, re.M) is not None and
-                      re.search(r"^ +2 .*FAIL$", r.stdout, re.M) is None, "losses: the step off is the one marked")
+                check(re.search(r"^train +3 .*FAIL$", r.stdout, re.M) is not None and
+                      re.search(r"^train +2 .*FAIL$", r.stdout, re.M) is None, "losses: the step off is the one marked")
+        # ... and against a twin's golden trajectory, whose validation losses count too
+        golden = os.path.join(REPO, "tests/reference/fixtures/tiny_r89_golden.json")
+        g = json.load(open(golden))
+        for label, bump_train, bump_val, want_rc, phrase in [
+                ("twin within", 1.002, 1.001, 0, "within the bf16 tolerance"),
+                ("twin step 2 off", 1.03, 1.0, 1, "OUTSIDE"),
+                ("twin validation at 4 off", 1.0, 1.05, 1, "OUTSIDE")]:
+            log = os.path.join(tmp, "twin.log")
+            lines = [f"step:{i + 1}/8 train_loss:{x * (bump_train if i == 1 else 1):.4f}\n"
+                     for i, x in enumerate(g["train_losses"])]
+            lines += [f"step:{k}/8 val_loss:{v * (bump_val if k == '4' else 1):.4f} train_time:0ms step_avg:0.00ms\n"
+                      for k, v in g["val_losses"].items()]
+            open(log, "w").write("".join(lines))
+            r = subprocess.run([sys.executable, tool, "losses", log, golden], capture_output=True, text=True)
+            check(r.returncode == want_rc and phrase in r.stdout and "golden (tiny-r89)" in r.stdout,
+                  f"losses {label}: exit {want_rc} saying '{phrase}' against the golden trajectory")
+            check(len(re.findall(r"^val +\d+ ", r.stdout, re.M)) == len(g["val_losses"]),
+                  f"losses {label}: every validation of the fixture compared")
+            if label == "twin validation at 4 off":
+                check(re.search(r"^val +4 .*FAIL$", r.stdout, re.M) is not None and
+                      re.search(r"^train .*FAIL$", r.stdout, re.M) is None, "losses: the validation off is the one marked")
         # a GPU that is not Hopper: refused, nothing after it
         out2 = os.path.join(tmp, "out2")
         p = run([GPU_CHECK, "--dry-run", "--build", build, out2],
