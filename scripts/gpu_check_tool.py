@@ -297,15 +297,15 @@ def report(args):
     if tiny:
         failures += [f"tiny: step {r['step']} loss {r['gpu']} vs pinned {r['cpu']} (tolerance {r['tolerance']:.3f})"
                      for r in tiny["rows"] if not r["ok"]]
-    # the tiny part's twins of records 80-89 against their golden trajectories, in the order they ran
+    # the tiny part's twins against their golden trajectories (twin_<preset>.json; the list is gpu_check.sh's)
     twins = {}
-    for twin in ("tiny-r80", "tiny-r84", "tiny-r86", "tiny-r89"):
-        path = os.path.join(work, f"twin_{twin}.json")
-        if os.path.exists(path):
-            twins[twin] = json.load(open(path))
-            failures += [f"tiny: {twin} step {r['step']} {r.get('kind', 'train')} loss {r['gpu']} vs golden {r['cpu']} "
+    for name in sorted(os.listdir(work)):
+        if name.startswith("twin_") and name.endswith(".json"):
+            twin = name[len("twin_"):-len(".json")]
+            twins[twin] = json.load(open(os.path.join(work, name)))
+            failures += [f"tiny: {twin} step {r['step']} {r['kind']} loss {r['gpu']} vs golden {r['cpu']} "
                          f"(tolerance {r['tolerance']:.3f})" for r in twins[twin]["rows"] if not r["ok"]]
-            if twins[twin]["count"] != sum(r.get("kind", "train") == "train" for r in twins[twin]["rows"]):
+            if twins[twin]["count"] != sum(r["kind"] == "train" for r in twins[twin]["rows"]):
                 failures.append(f"tiny: {twin} printed {twins[twin]['count']} training losses")
     stages_out = read(os.path.join(work, "stages.out"))
     profiles = parse_profiles(stages_out)
@@ -349,7 +349,7 @@ def report(args):
                "one rank, the schedule of their CI tests.", "",
                "| twin | loss | step | golden | this run | rel diff | tolerance |",
                "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-        md += [f"| {twin} | {r.get('kind', 'train')} | {r['step']} | {r['cpu']:.4f} | {fmt(r['gpu'], '.4f')} | "
+        md += [f"| {twin} | {r['kind']} | {r['step']} | {r['cpu']:.4f} | {fmt(r['gpu'], '.4f')} | "
                f"{fmt(r['rel_diff'], '.2e')} | {r['tolerance']:.3f}{'' if r['ok'] else ' FAIL'} |"
                for twin, t in twins.items() for r in t["rows"]]
     if memory["plan_one_gpu_mib"]:
