@@ -291,41 +291,63 @@ __device__ __forceinline__ void fc_stage_fragment(__nv_bfloat16* tile, int row, 
 // by E in 16-byte accesses by THREADS threads (this one `tid`); nothing past row T or column H.
 // relu_square_post_fp8 and relu_square_forward_fp8 also write postq (8-byte stores: 8 e4m3 a chunk)
 // with inv_act = 1 / act and return the max of this thread's post bits (0 for the other epilogues).
+// The backwards read what the forward saved (`pre`: pre, or post) in batches of BATCH chunks, every load
+// of a batch issued before its first store: a load cannot move above an earlier chunk's store by itself
+// (out may be pre), so chunk by chunk each would wait a whole round trip to memory. Each chunk is read
+// and then written by this one thread, so reading ahead is safe when out is pre. BATCH = 4: 8 spilled
+// in both kernels (ptxas, sm_90a: the wgmma consumers hold their 128 accumulators meanwhile).
 template <FcEpilogue E, int ROWS, int THREADS>
 __device__ __forceinline__ uint32_t fc_store_tile(const __nv_bfloat16* tile, int tid, __nv_bfloat16* out,
                                                   __nv_bfloat16* post, const __nv_bfloat16* pre, int m0, int n0,
                                                   int T, int H, __nv_fp8_e4m3* postq = nullptr, float inv_act = 0.0f) {
-    constexpr int COLS = 128, chunks_per_row = COLS / 8;
+    constexpr int COLS = 128, chunks_per_row = COLS / 8, chunks = ROWS * chunks_per_row / THREADS, BATCH = 4;
+    constexpr bool reads_saved = E == FcEpilogue::relu_square_backward || E == FcEpilogue::relu_square_backward_post;
     uint32_t amax = 0;
     static_assert(ROWS * chunks_per_row % THREADS == 0, "every thread stores the same number of chunks");
-#pragma unroll
-    for (int i = 0; i < ROWS * chunks_per_row / THREADS; ++i) {
+    static_assert(chunks % BATCH == 0, "whole batches");
+    const auto in_tile = [&](int i, int& r, int& col) {  // chunk i's row and column in the tile, false past T or H
         const int c = tid + i * THREADS;
-        const int r = c / chunks_per_row, col = (c % chunks_per_row) * 8;
-        if (m0 + r >= T || n0 + col >= H) continue;
-        const Pack128<__nv_bfloat16> g = load128(tile + fc_swizzle<COLS>(r, col));
-        const size_t at = size_t(m0 + r) * H + n0 + col;
-        if constexpr (E == FcEpilogue::relu_square_forward) {
-            store128(out + at, g);
-            store128(post + at, relu_square(g));
-        } else if constexpr (E == FcEpilogue::relu_square_post) {
-            store128(out + at, relu_square(g));
-        } else if constexpr (fc_emits_fp8(E)) {
-            const Pack128<__nv_bfloat16> p = relu_square(g);
-            if constexpr (E == FcEpilogue::relu_square_forward_fp8) {
-                store128(out + at, g);
-                store128(post + at, p);
-            } else {
-                store128(out + at, p);
-            }
-            *reinterpret_cast<uint2*>(reinterpret_cast<unsigned char*>(postq) + at) =
-                e4m3_pack8(p, [inv_act](float v) { return fminf(v * inv_act, 448.0f); });
+        r = c / chunks_per_row, col = (c % chunks_per_row) * 8;
+        return m0 + r < T && n0 + col < H;
+    };
 #pragma unroll
-            for (int k = 0; k < 8; ++k) amax = max(amax, abs_bits(p[k]));
-        } else if constexpr (E == FcEpilogue::relu_square_backward) {
-            store128(out + at, relu_square_backward(g, load128(pre + at)));
-        } else {
-            store128(out + at, relu_square_backward_from_post(g, load128(pre + at)));
+    for (int b = 0; b < chunks; b += BATCH) {
+        Pack128<__nv_bfloat16> saved[reads_saved ? BATCH : 1];
+        if constexpr (reads_saved) {
+#pragma unroll
+            for (int j = 0; j < BATCH; ++j) {
+                int r, col;
+                if (in_tile(b + j, r, col)) saved[j] = load128(pre + size_t(m0 + r) * H + n0 + col);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < BATCH; ++j) {
+            int r, col;
+            if (!in_tile(b + j, r, col)) continue;
+            const Pack128<__nv_bfloat16> g = load128(tile + fc_swizzle<COLS>(r, col));
+            const size_t at = size_t(m0 + r) * H + n0 + col;
+            if constexpr (E == FcEpilogue::relu_square_forward) {
+                store128(out + at, g);
+                store128(post + at, relu_square(g));
+            } else if constexpr (E == FcEpilogue::relu_square_post) {
+                store128(out + at, relu_square(g));
+            } else if constexpr (fc_emits_fp8(E)) {
+                const Pack128<__nv_bfloat16> p = relu_square(g);
+                if constexpr (E == FcEpilogue::relu_square_forward_fp8) {
+                    store128(out + at, g);
+                    store128(post + at, p);
+                } else {
+                    store128(out + at, p);
+                }
+                *reinterpret_cast<uint2*>(reinterpret_cast<unsigned char*>(postq) + at) =
+                    e4m3_pack8(p, [inv_act](float v) { return fminf(v * inv_act, 448.0f); });
+#pragma unroll
+                for (int k = 0; k < 8; ++k) amax = max(amax, abs_bits(p[k]));
+            } else if constexpr (E == FcEpilogue::relu_square_backward) {
+                store128(out + at, relu_square_backward(g, saved[j]));
+            } else {
+                store128(out + at, relu_square_backward_from_post(g, saved[j]));
+            }
         }
     }
     return amax;
