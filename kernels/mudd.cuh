@@ -587,22 +587,27 @@ inline void mudd_exit_backward(__nv_bfloat16* dz, float* dcoeffs, MuddExitGrads 
 // dscale = bf16(sum_{t, j < n} dG P) with P = bf16(u . w2^T) + b2 (fp32); fixed-order block partials summed by the
 // last block (bitwise reproducible); dWg1 = dz^T h and dh += dz Wg1 are matmuls after these kernels.
 
-// mudd_head_pre's value for coefficient j computed by one thread from the row's u (all 64 columns, u[l] holding
-// columns 2l and 2l + 1): lane l's two-term partial of the warp form (the same expression, so the same
-// contraction), then warp_reduce_sum's butterfly in the thread (butterfly_in_lane): the warp form's bits.
-__device__ __forceinline__ float mudd_head_pre_in_lane(const float2* u, const MuddHead& head, int j) {
+// mudd_head_pre's value for coefficient j computed by one thread from the row's u (all 64 columns, bf16 values
+// kept as bf16: exactly): lane l's two-term partial of the warp form (the same expression, so the same
+// contraction), added as warp_reduce_sum's butterfly adds them (butterfly_in_lane): the warp form's bits. The
+// first round (lanes l and l + 16) as the partials come: 16 running values, not 32 (the kernel has 64 registers).
+__device__ __forceinline__ float mudd_head_pre_in_lane(const __nv_bfloat16* u, const MuddHead& head, int j) {
     const __nv_bfloat16* w2 = head.w2 + j * kMuddHidden;
-    float p[32];
+    float p[16];
 #pragma unroll
-    for (int q = 0; q < kMuddHidden / 8; ++q) {  // 16-byte loads: the columns of lanes 4q .. 4q + 3
-        const Pack128<__nv_bfloat16> w = load128(w2 + 8 * q);
+    for (int q = 0; q < 4; ++q) {  // 16-byte loads: the columns of lanes 4q .. 4q + 3 and of the 4 lanes 16 on
+        const Pack128<__nv_bfloat16> lo = load128(w2 + 8 * q), hi = load128(w2 + 8 * (q + 4));
+        const Pack128<__nv_bfloat16> ulo = load128(u + 8 * q), uhi = load128(u + 8 * (q + 4));
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const float2 uu = u[4 * q + k];
-            p[4 * q + k] = uu.x * __bfloat162float(w[2 * k]) + uu.y * __bfloat162float(w[2 * k + 1]);
+            const float pa = __bfloat162float(ulo[2 * k]) * __bfloat162float(lo[2 * k]) +
+                             __bfloat162float(ulo[2 * k + 1]) * __bfloat162float(lo[2 * k + 1]);
+            const float pb = __bfloat162float(uhi[2 * k]) * __bfloat162float(hi[2 * k]) +
+                             __bfloat162float(uhi[2 * k + 1]) * __bfloat162float(hi[2 * k + 1]);
+            p[4 * q + k] = pa + pb;
         }
     }
-    butterfly_in_lane(p);
+    butterfly_in_lane(p);  // the rounds with offsets 8, 4, 2, 1
     return bf16_round(p[0]) + __bfloat162float(head.b2[j]);
 }
 // coeffs[t, j] = G[t, j] for j < n, 0 for the rest of the row's kMuddGateCoefStride. A warp per row: each lane
@@ -610,15 +615,16 @@ __device__ __forceinline__ float mudd_head_pre_in_lane(const float2* u, const Mu
 // quarter of the instructions of a warp-wide dot product per coefficient (41 of them, five shuffle rounds each).
 __global__ void __launch_bounds__(kNormThreads, 4)
     mudd_gate_forward_kernel(float* coeffs, const __nv_bfloat16* z, MuddHead head, const float* scale, int T) {
-    __shared__ float2 u_rows[kNormRowsPerBlock][kMuddHidden / 2];
+    __shared__ __align__(16) __nv_bfloat16 u_rows[kNormRowsPerBlock][kMuddHidden];  // bf16 values: exact
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, row = blockIdx.x * kNormRowsPerBlock + warp;
     if (row >= T) return;  // the whole warp
     const float s = bf16_round(*scale);
     float u[2], zz[2];
     mudd_row_hidden(u, zz, z + static_cast<size_t>(row) * kMuddHidden, lane);
-    u_rows[warp][lane] = make_float2(u[0], u[1]);
+    reinterpret_cast<__nv_bfloat162*>(u_rows[warp])[lane] = __floats2bfloat162_rn(u[0], u[1]);
     __syncwarp();
     float* out = coeffs + static_cast<size_t>(row) * kMuddGateCoefStride;
+#pragma unroll 1  // one coefficient's loads in flight at a time: 64 registers
     for (int j = lane; j < kMuddGateCoefStride; j += 32)
         out[j] = j < head.n ? bf16_round(mudd_head_pre_in_lane(u_rows[warp], head, j) * s) : 0.0f;
 }

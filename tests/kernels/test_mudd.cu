@@ -195,6 +195,42 @@ void check_head_grads(const std::string& what, const HeadGrads& want, const Devi
     test::check_within(what + " db2", download_values(db2), b2, tb);
 }
 
+// mudd_gate_forward's coefficients as the warp computed them before each lane took whole coefficients
+// (mudd_head_pre: a warp-wide dot product a coefficient); the kernel must keep these bits (the trajectories).
+__global__ void gate_forward_warp_form(float* coeffs, const bf16* z, MuddHead head, const float* scale, int T) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    const float s = bf16_round(*scale);
+    float u[2], zz[2];
+    mudd_row_hidden(u, zz, z + static_cast<size_t>(row) * kMuddHidden, lane);
+    float* out = coeffs + static_cast<size_t>(row) * kMuddGateCoefStride;
+    for (int j = 0; j < kMuddGateCoefStride; ++j) {
+        const float c = j < head.n ? bf16_round(mudd_head_pre(u, head, j, lane) * s) : 0.0f;
+        if (lane == j % 32) out[j] = c;
+    }
+}
+// mudd_gate_forward's coefficients (in d_c) against the warp form's from the same inputs: the same bits.
+void check_gate_forward_bits(const std::string& at, const DeviceBuffer<float>& d_c, const DeviceBuffer<bf16>& d_z,
+                             const MuddHead& mh, const DeviceBuffer<float>& d_scale, int T) {
+    DeviceBuffer<float> d_c_warp(std::vector<float>(size_t(T) * kMuddGateCoefStride, 1e30f));
+    launch(gate_forward_warp_form, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, nullptr, d_c_warp.ptr,
+           static_cast<const bf16*>(d_z.ptr), mh, static_cast<const float*>(d_scale.ptr), T);
+    CUDA_CHECK_LAUNCH();
+    test::check(same_bits(d_c.download(), d_c_warp.download()), "mudd_gate_forward %s: the warp form's bits", at.c_str());
+}
+// The same bits over many rows, the coefficients alone: a dot's last fp32 bit shows in its bf16 coefficient rarely
+// (near a rounding tie), so an order that differs from the warp's needs some 10^5 coefficients to show (a sequential
+// sum of the lanes' partials, planted, failed here in each of 5 runs, at 2200 rows in some).
+void check_gate_forward_many_rows(int T) {
+    const Head head = random_head(kMuddGateMaxCoef);
+    const auto z = normal_bf16(size_t(T) * kMuddHidden);
+    DeviceBuffer<bf16> d_z(z), d_w2(head.w2), d_b2(head.b2);
+    DeviceBuffer<float> d_scale(std::vector<float>{float(test::normal(0.1, 0.03))});
+    DeviceBuffer<float> d_c(std::vector<float>(size_t(T) * kMuddGateCoefStride, 1e30f));
+    const MuddHead mh{d_w2.ptr, d_b2.ptr, kMuddGatePostCoef};
+    mudd_gate_forward(d_c.ptr, d_z.ptr, mh, d_scale.ptr, T, nullptr);
+    check_gate_forward_bits("T=" + std::to_string(T) + " post", d_c, d_z, mh, d_scale, T);
+}
 // The head's gradients of a backward that wrote them (not accumulating) against the block-order sums of the
 // partials its blocks left in the scratch (block b's value v at b * P + v), added in fp32 on the host: the order
 // of the last block's sums, to the bit.
@@ -429,20 +465,6 @@ void check_exit(const Shape& s, bool acc) {
     test::check(scratch.done.download()[0] == 0, "mudd_exit_backward %s: the ticket counter is back at zero", at.c_str());
 }
 
-// mudd_gate_forward's coefficients as the warp computed them before each lane took whole coefficients
-// (mudd_head_pre: a warp-wide dot product a coefficient); the kernel must keep these bits (the trajectories).
-__global__ void gate_forward_warp_form(float* coeffs, const bf16* z, MuddHead head, const float* scale, int T) {
-    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
-    if (row >= T) return;
-    const float s = bf16_round(*scale);
-    float u[2], zz[2];
-    mudd_row_hidden(u, zz, z + static_cast<size_t>(row) * kMuddHidden, lane);
-    float* out = coeffs + static_cast<size_t>(row) * kMuddGateCoefStride;
-    for (int j = 0; j < kMuddGateCoefStride; ++j) {
-        const float c = j < head.n ? bf16_round(mudd_head_pre(u, head, j, lane) * s) : 0.0f;
-        if (lane == j % 32) out[j] = c;
-    }
-}
 // Record 85's gate head: its coefficients from z with the learnable scale, then dz, dw2, db2 and dscale from the
 // readers' column gradients. The head has upstream's 41 rows with the pre gate using 26: rows and columns from n on
 // must be neither read (their gradients are poisoned) nor written.
@@ -466,11 +488,7 @@ void check_gate(int T, int n, bool acc) {
     bool bf16_values = true;
     for (double v : c) bf16_values = bf16_values && v == round_bf16(v);
     test::check(bf16_values, "mudd_gate_forward %s: the coefficients are bf16 values", at.c_str());
-    DeviceBuffer<float> d_c_warp(std::vector<float>(size_t(T) * S, 1e30f));
-    launch(gate_forward_warp_form, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, nullptr, d_c_warp.ptr,
-           static_cast<const bf16*>(d_z.ptr), mh, static_cast<const float*>(d_scale.ptr), T);
-    CUDA_CHECK_LAUNCH();
-    test::check(same_bits(d_c.download(), d_c_warp.download()), "mudd_gate_forward %s: the warp form's bits", at.c_str());
+    check_gate_forward_bits(at, d_c, d_z, mh, d_scale, T);
 
     // backward: the readers' gradients (bf16 values) in columns < n, the rest poisoned
     std::vector<float> dg(size_t(T) * S);
@@ -519,7 +537,30 @@ void check_gate(int T, int n, bool acc) {
 
 }  // namespace
 
-int main() {
+// ---- benchmark: record 85's gate head at the preset's tokens, forward and backward, pre (26) and post (41) ----
+int bench_mudd(const bench::Options& o) {
+    bench::Bench b(o);
+    const int T = b.preset().T();
+    const Head head = random_head(kMuddGateMaxCoef);
+    DeviceBuffer<bf16> z(normal_bf16(size_t(T) * kMuddHidden)), w2(head.w2), b2(head.b2), dz(size_t(T) * kMuddHidden),
+        dw2(head.w2.size()), db2(head.b2.size());
+    DeviceBuffer<float> scale(std::vector<float>{0.1f}), dscale(1), c(size_t(T) * kMuddGateCoefStride),
+        dc(test::uniform_vector(size_t(T) * kMuddGateCoefStride, -1, 1));
+    DevicePartials scratch(mudd_gate_backward_scratch_bytes(T));
+    for (int n : {kMuddGatePreCoef, kMuddGatePostCoef}) {
+        const MuddHead mh{w2.ptr, b2.ptr, n};
+        const std::string at = bench::fmt("T=%d n=%d", T, n);
+        b.run("mudd_gate_forward", at, [&](cudaStream_t s) { mudd_gate_forward(c.ptr, z.ptr, mh, scale.ptr, T, s); });
+        b.run("mudd_gate_backward", at, [&](cudaStream_t s) {
+            mudd_gate_backward(dz.ptr, {dw2.ptr, db2.ptr, true}, {dscale.ptr, true}, scratch.view(), dc.ptr, z.ptr, mh,
+                               scale.ptr, T, s);
+        });
+    }
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_mudd(*o);
     test::seed();
     test::check_fails_with("odd heads", "MUDD needs an even head count", [] {
         bf16* p = reinterpret_cast<bf16*>(16);
@@ -551,5 +592,6 @@ int main() {
     // the gates: ragged rows, tiny's rows, and rows past the partials' block cap
     for (int T : {37, 300, 2200})
         for (int n : {kMuddGatePreCoef, kMuddGatePostCoef}) check_gate(T, n, T == 300 ? n == kMuddGatePostCoef : n == kMuddGatePreCoef);
+    check_gate_forward_many_rows(20000);
     return test::finish();
 }
