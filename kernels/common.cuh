@@ -266,8 +266,7 @@ __device__ __forceinline__ void team_sums_as(const float* partials, int count, i
         float warp_sums[kWarps] = {};
 #pragma unroll
         for (int w0 = 0; w0 < kWarps; w0 += G) {  // unrolled: warp_sums' indices are constants (registers)
-            if (w0 >= sum_warps) break;
-            float p[G][M] = {};
+            float p[G][M] = {};  // stays zero past sum_warps: those warps' sums are the +0 they would be
             for (int i0 = 0; i0 < n; i0 += threads)  // the summing lanes' running sums, their loads side by side
 #pragma unroll
                 for (int g = 0; g < G; ++g)
@@ -290,18 +289,18 @@ __device__ __forceinline__ void team_sums_as(const float* partials, int count, i
     }
 }
 // team_sums_as with the widest team that leaves a team for every value (the values in one round, each summed by
-// as many lanes as there are); threads <= kMaxThreads.
+// as many lanes as there are), 4 lanes at the least: narrower teams hold their warp sums across loops of 16 to
+// 32 loads a lane, where ptxas spills them (seen in attn_gates_backward at 56 registers), and gain little (a
+// 4-lane team plays two summing warps at once). threads <= kMaxThreads.
 template <int kMaxThreads, class Store>
 __device__ inline void block_sums_as(const float* partials, int count, int n, int stride, int threads, Store store) {
     int S = 32;
-    while (S > 1 && static_cast<int>(blockDim.x) / S < count) S /= 2;
+    while (S > 4 && static_cast<int>(blockDim.x) / S < count) S /= 2;
     switch (S) {
         case 32: team_sums_as<32, kMaxThreads>(partials, count, n, stride, threads, store); break;
         case 16: team_sums_as<16, kMaxThreads>(partials, count, n, stride, threads, store); break;
         case 8: team_sums_as<8, kMaxThreads>(partials, count, n, stride, threads, store); break;
-        case 4: team_sums_as<4, kMaxThreads>(partials, count, n, stride, threads, store); break;
-        case 2: team_sums_as<2, kMaxThreads>(partials, count, n, stride, threads, store); break;
-        default: team_sums_as<1, kMaxThreads>(partials, count, n, stride, threads, store); break;
+        default: team_sums_as<4, kMaxThreads>(partials, count, n, stride, threads, store); break;
     }
 }
 // Called by every thread of every block of a producer once its block's partials are stored (block b's

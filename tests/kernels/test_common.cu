@@ -134,7 +134,7 @@ void check_block_sum_as() {
 
 // last_block_sum against sum_block_partials over the same partials: the same bits, into bf16, fp32 and
 // bf16-rounded fp32 targets, overwriting and accumulating; the counter is back at zero after each launch. The
-// cases take every team width of block_sums_as (1 to 32 lanes a value: values against the producer's threads),
+// cases take every team width of block_sums_as (4 to 32 lanes a value: values against the producer's threads),
 // one to several rounds of values and of summing lanes (blocks past 128), odd block counts and partials with
 // gaps between blocks' rows (stride > nv).
 void check_last_block_sum() {
