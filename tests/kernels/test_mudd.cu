@@ -1,6 +1,8 @@
 // kernels/mudd.cuh: record 81's MUDD coefficients, the last layer's entry mix and the exit mix with its norm, and
 // their backward passes, against double-precision loops on fresh random data; the reference's head backward (the
-// coefficients' MLP, GELU's derivative) against central differences of its forward.
+// coefficients' MLP, GELU's derivative) against central differences of its forward. Bits: the gate's coefficients
+// against the warp form the trajectories were pinned on, the heads' gradients against the block-order sums of the
+// partials. `--bench` times the gate head (bench_util.h).
 //
 // Tolerances: a bf16 output rounded once is within 2^-9 of its value, so outputs get rtol 2^-8; where the kernel
 // rounds an intermediate as upstream does (u, the coefficients' dot, dc, dpre, du: each a bf16 tensor upstream),
