@@ -306,7 +306,7 @@ __device__ inline void block_sums_as(const float* partials, int count, int n, in
 // Called by every thread of every block of a producer once its block's partials are stored (block b's
 // value v at scratch.partials[b * stride + v]). The block that draws the last ticket sums them in the
 // order of a sum_threads(gridDim.x, kSumPartialsThreads)-thread summing block: the bits of
-// sum_block_partials as a second launch (block_sums_as: all values at once).
+// sum_block_partials as a second launch (block_sums_as: the values side by side, no barrier).
 __device__ inline void last_block_sum(const LastBlockSum& sum, int stride) {
     if (!last_block_done(sum.scratch.done)) return;
     const int blocks = static_cast<int>(gridDim.x);
