@@ -682,7 +682,7 @@ inline size_t attn_output_gate_backward_scratch_bytes(int T, int H, int D) {
 //   projection: dv = dvhat + 2 alpha p q v                      (clamped: dvhat)
 //   d alpha = -p q (unit), -p q n (projection) per row; d a = d alpha (1 - tanh(a)^2)
 // Record 82: d alpha summed over tokens, rounded to bf16 (alpha's dtype): each block sums its rows' -p q per head
-// (in row order) into the scratch and the last block sums the blocks' partials in a fixed order (block_sum_as).
+// (in row order) into the scratch and the last block sums the blocks' partials in a fixed order (block_sums_as).
 // Record 85: per row, grads[t, xsa + h] = bf16(d alpha (1 - alpha^2)), as the compiled graph fuses tanh's backward.
 __global__ void __launch_bounds__(kOutputGateThreads)
     attn_output_gate_backward_kernel(bf16* dy, float* dz_attn, const bf16* dy_gated, const bf16* y, bf16* dv_xsa,
@@ -756,15 +756,13 @@ __global__ void __launch_bounds__(kOutputGateThreads)
         scratch.partials[static_cast<size_t>(blockIdx.x) * a.H + h] = sum;
     }
     if (!last_block_done(scratch.done)) return;
-    const int threads = sum_threads(static_cast<int>(gridDim.x), kSumPartialsThreads);
-    for (int h = 0; h < a.H; ++h) {
-        const float sum = block_sum_as(scratch.partials + h, static_cast<int>(gridDim.x), a.H, threads);
-        if (threadIdx.x == 0) {
-            const float t = tanhf(a.xsa_alpha[h]);
-            const float da = __bfloat162float(__float2bfloat16(sum)) * (1.0f - t * t);
-            d_alpha[h] = accumulate ? d_alpha[h] + da : da;
-        }
-    }
+    const int blocks = static_cast<int>(gridDim.x);
+    block_sums_as<kSumPartialsThreads>(scratch.partials, a.H, blocks, a.H, sum_threads(blocks, kSumPartialsThreads),
+                                       [&](int h, float sum) {  // the heads side by side
+                                           const float t = tanhf(a.xsa_alpha[h]);
+                                           const float da = __bfloat162float(__float2bfloat16(sum)) * (1.0f - t * t);
+                                           d_alpha[h] = accumulate ? d_alpha[h] + da : da;
+                                       });
 }
 // Reads dy_gated, y and the gate's inputs; writes dy and the gate's gradient (dz_attn, or a per-token column); a
 // multiply-add and a multiply per element. XSA: also reads v and the strengths, writes dv (16 more operations per

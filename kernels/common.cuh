@@ -81,6 +81,21 @@ __device__ inline float block_reduce_max(float v) {
     return warp_reduce_max(lane < warps ? warp_maxes[lane] : -INFINITY);
 }
 
+// warp_reduce_sum's butterfly rounds over values one thread holds: a round with offset h adds p[m + h] into p[m]
+// (m < h), for h = M/2, ..., 1 (M a power of two up to 32), the sum left in p[0]. Since fp addition is commutative
+// the two partners of a round get the same sum, so the thread reproduces the warp's rounds over lanes whose values
+// it holds: with p[m] lane m of 32, the warp's sum to the bit (every lane holds the same); with p[m] lane m d + c
+// (d = 32 / M), the rounds with offsets 16 .. d, the rest of them shuffles (warp_butterfly<WarpSum, d / 2>).
+template <int M, int H = M / 2>
+__device__ __forceinline__ void butterfly_in_lane(float (&p)[M]) {
+    static_assert(M >= 1 && M <= 32 && (M & (M - 1)) == 0, "a power of two up to 32 values");
+    if constexpr (H >= 1) {  // a round per instance: every index a constant (registers, never the stack)
+#pragma unroll
+        for (int m = 0; m < H; ++m) p[m] += p[m + H];
+        butterfly_in_lane<M, H / 2>(p);
+    }
+}
+
 // ---- deterministic sums: fixed summation orders, no atomics, the same bits on every run ----
 // sum_{i < n} x[i * stride] over a 1-D block: thread j adds i = j, j + blockDim.x, ... in turn, then
 // block_reduce_sum's fixed tree; every thread gets the result.
@@ -220,17 +235,84 @@ __device__ inline bool last_block_done(unsigned int* done) {
     if (is_last) __threadfence();  // the partials of every earlier ticket are visible from here
     return is_last;
 }
+// The last block's sums of `count` values, each over n partials (value v's i-th at partials[i * stride + v]), in
+// the order of a `threads`-thread summing block (block_sum_fixed_order: lane-strided running sums, each warp's
+// butterfly, then a butterfly of the warp sums) with the values side by side, S lanes (a team) per value: team
+// lane t plays the summing lanes t, t + S, ... of every summing warp, their running sums in registers. A
+// butterfly round with offset >= S adds two summing lanes that one lane holds (fp addition is commutative: both
+// partners of a round hold the same sum), the later rounds shuffle within the team; so every value gets the
+// summing block's bits, and its loads issue together instead of one block-wide sum (two barriers) per value.
+// Runs over the whole calling block (whole warps); store(v, s) is called by one lane per value.
+template <int S, int kMaxThreads, class Store>
+__device__ __forceinline__ void team_sums_as(const float* partials, int count, int n, int stride, int threads,
+                                             Store store) {
+    static_assert(S >= 1 && S <= 32 && (S & (S - 1)) == 0, "a team is a power-of-two part of a warp");
+    constexpr int M = 32 / S;                                        // the summing lanes a lane plays
+    constexpr int kWarps = kMaxThreads / 32;                         // the most summing warps
+    // summing warps played at once: at most 16 running sums a lane (more, with their loads in flight, pass 64
+    // registers), the lanes' 32 where a lane plays a whole warp
+    constexpr int G = M >= 16 ? 1 : (16 / M < kWarps ? 16 / M : kWarps);
+    const int sum_warps = threads / 32, t = static_cast<int>(threadIdx.x) % S, teams = blockDim.x / S;
+    // one summing warp's butterfly from the lane's M running sums: the rounds within the lane, then the team's
+    const auto butterfly = [](float(&p)[M]) {
+        butterfly_in_lane(p);
+        if constexpr (S > 1) return warp_butterfly<WarpSum, S / 2>(p[0]);
+        else return p[0];
+    };
+    for (int v0 = 0; v0 < count; v0 += teams) {  // uniform over the block: every lane joins every shuffle
+        const int v = v0 + static_cast<int>(threadIdx.x) / S;
+        const bool on = v < count;
+        const float* x = partials + (on ? v : 0);
+        float warp_sums[kWarps] = {};
+#pragma unroll
+        for (int w0 = 0; w0 < kWarps; w0 += G) {  // unrolled: warp_sums' indices are constants (registers)
+            float p[G][M] = {};  // stays zero past sum_warps: those warps' sums are the +0 they would be
+            for (int i0 = 0; i0 < n; i0 += threads)  // the summing lanes' running sums, their loads side by side
+#pragma unroll
+                for (int g = 0; g < G; ++g)
+#pragma unroll
+                    for (int m = 0; m < M; ++m) {
+                        const int i = i0 + (w0 + g) * 32 + t + S * m;
+                        // __ldcg: other blocks wrote these; read them from L2, never from a stale L1 line
+                        if (on && w0 + g < sum_warps && i < n) p[g][m] += __ldcg(x + static_cast<size_t>(i) * stride);
+                    }
+#pragma unroll
+            for (int g = 0; g < G; ++g) warp_sums[w0 + g] = butterfly(p[g]);
+        }
+        // the last butterfly, over the warp sums and zeros past them (a summing warp past sum_warps summed
+        // nothing: +0), in every lane of the team, which holds every warp sum
+        float f[32] = {};
+#pragma unroll
+        for (int k = 0; k < kWarps; ++k) f[k] = warp_sums[k];
+        butterfly_in_lane(f);
+        if (on && t == 0) store(v, f[0]);
+    }
+}
+// team_sums_as with the widest team that leaves a team for every value (the values in one round, each summed by
+// as many lanes as there are), 4 lanes at the least: narrower teams hold their warp sums across loops of 16 to
+// 32 loads a lane, where ptxas spills them (seen in attn_gates_backward at 56 registers), and gain little (a
+// 4-lane team plays two summing warps at once). threads <= kMaxThreads.
+template <int kMaxThreads, class Store>
+__device__ inline void block_sums_as(const float* partials, int count, int n, int stride, int threads, Store store) {
+    int S = 32;
+    while (S > 4 && static_cast<int>(blockDim.x) / S < count) S /= 2;
+    switch (S) {
+        case 32: team_sums_as<32, kMaxThreads>(partials, count, n, stride, threads, store); break;
+        case 16: team_sums_as<16, kMaxThreads>(partials, count, n, stride, threads, store); break;
+        case 8: team_sums_as<8, kMaxThreads>(partials, count, n, stride, threads, store); break;
+        default: team_sums_as<4, kMaxThreads>(partials, count, n, stride, threads, store); break;
+    }
+}
 // Called by every thread of every block of a producer once its block's partials are stored (block b's
 // value v at scratch.partials[b * stride + v]). The block that draws the last ticket sums them in the
 // order of a sum_threads(gridDim.x, kSumPartialsThreads)-thread summing block: the bits of
-// sum_block_partials as a second launch.
+// sum_block_partials as a second launch (block_sums_as: the values side by side, no barrier).
 __device__ inline void last_block_sum(const LastBlockSum& sum, int stride) {
     if (!last_block_done(sum.scratch.done)) return;
-    const int blocks = static_cast<int>(gridDim.x), threads = sum_threads(blocks, kSumPartialsThreads);
-    for (int v = 0; v < sum.targets.count; ++v) {
-        const float s = block_sum_as(sum.scratch.partials + v, blocks, stride, threads);
-        if (threadIdx.x == 0) store_sum_target(sum.targets, v, s, sum.accumulate);
-    }
+    const int blocks = static_cast<int>(gridDim.x);
+    block_sums_as<kSumPartialsThreads>(sum.scratch.partials, sum.targets.count, blocks, stride,
+                                       sum_threads(blocks, kSumPartialsThreads),
+                                       [=](int v, float s) { store_sum_target(sum.targets, v, s, sum.accumulate); });
 }
 
 // What the second pass moves: `blocks` partials per value read, the targets written (and read when

@@ -163,7 +163,7 @@ struct MuddGateScaleGrad {
     int64_t accumulate;  // a bool, as wide as a word: no padding (see SumTargets::Run)
 };
 // The block's dw2, db2 (and dscale) partials, its warps' shares summed in warp order, to scratch (P values a
-// block); the last block sums every block's in block order, one value a thread, into the gradients. dscale (the
+// block); the last block sums every block's in block order, each thread its values side by side, into the gradients. dscale (the
 // gate's, d set) receives its sum rounded to bf16: the gradient of the bf16 copy the forward multiplies by.
 template <int N, int P>
 __device__ __forceinline__ void mudd_head_partials(const MuddHeadAcc<N>& acc, const MuddHead& head,
@@ -189,15 +189,29 @@ __device__ __forceinline__ void mudd_head_partials(const MuddHeadAcc<N>& acc, co
     float* mine = scratch.partials + static_cast<size_t>(blockIdx.x) * P;
     for (int v = threadIdx.x; v < values; v += blockDim.x) mine[v] = block_vals[v];
     if (!last_block_done(scratch.done)) return;
-    for (int v = threadIdx.x; v < values; v += blockDim.x) {
-        float s = 0.0f;
-        for (int b = 0; b < static_cast<int>(gridDim.x); ++b) s += __ldcg(scratch.partials + static_cast<size_t>(b) * P + v);
+    // Each value's sum in block order, the thread's K values side by side: one pass over the blocks whose loads
+    // issue together (K a block, 8 blocks an iteration: the gate's 11 values put 38 loads ahead of the first add in
+    // sm_90a SASS, at 123 registers of its 128), where the values one at a time had 16 ahead (the compiler's unroll).
+    constexpr int K = ceil_div(P, kNormThreads);  // the kernels run kNormThreads threads a block
+    float s[K] = {};
+    const int blocks = static_cast<int>(gridDim.x);
+#pragma unroll 8
+    for (int b = 0; b < blocks; ++b) {
+        const float* block_partials = scratch.partials + static_cast<size_t>(b) * P;
+#pragma unroll
+        for (int k = 0; k < K; ++k)
+            if (const int v = threadIdx.x + k * kNormThreads; v < values) s[k] += __ldcg(block_partials + v);
+    }
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const int v = threadIdx.x + k * kNormThreads;
+        if (v >= values) break;
         if (v == n * (kMuddHidden + 1)) {
-            *dscale.d = (dscale.accumulate ? *dscale.d : 0.0f) + bf16_round(s);
+            *dscale.d = (dscale.accumulate ? *dscale.d : 0.0f) + bf16_round(s[k]);
             continue;
         }
         __nv_bfloat16* g = v < n * kMuddHidden ? grads.dw2 + v : grads.db2 + (v - n * kMuddHidden);
-        *g = __float2bfloat16(grads.accumulate ? __bfloat162float(*g) + s : s);
+        *g = __float2bfloat16(grads.accumulate ? __bfloat162float(*g) + s[k] : s[k]);
     }
 }
 
@@ -574,20 +588,47 @@ inline void mudd_exit_backward(__nv_bfloat16* dz, float* dcoeffs, MuddExitGrads 
 // dscale = bf16(sum_{t, j < n} dG P) with P = bf16(u . w2^T) + b2 (fp32); fixed-order block partials summed by the
 // last block (bitwise reproducible); dWg1 = dz^T h and dh += dz Wg1 are matmuls after these kernels.
 
-// coeffs[t, j] = G[t, j] for j < n, 0 for the rest of the row's kMuddGateCoefStride.
+// mudd_head_pre's value for coefficient j computed by one thread from the row's u (all 64 columns, bf16 values
+// kept as bf16: exactly): lane l's two-term partial of the warp form (the same expression, so the same
+// contraction), added as warp_reduce_sum's butterfly adds them (butterfly_in_lane): the warp form's bits. The
+// first round (lanes l and l + 16) as the partials come: 16 running values, not 32 (the kernel has 64 registers).
+__device__ __forceinline__ float mudd_head_pre_in_lane(const __nv_bfloat16* u, const MuddHead& head, int j) {
+    const __nv_bfloat16* w2 = head.w2 + j * kMuddHidden;
+    float p[16];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {  // 16-byte loads: the columns of lanes 4q .. 4q + 3 and of the 4 lanes 16 on
+        const Pack128<__nv_bfloat16> lo = load128(w2 + 8 * q), hi = load128(w2 + 8 * (q + 4));
+        const Pack128<__nv_bfloat16> ulo = load128(u + 8 * q), uhi = load128(u + 8 * (q + 4));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float pa = __bfloat162float(ulo[2 * k]) * __bfloat162float(lo[2 * k]) +
+                             __bfloat162float(ulo[2 * k + 1]) * __bfloat162float(lo[2 * k + 1]);
+            const float pb = __bfloat162float(uhi[2 * k]) * __bfloat162float(hi[2 * k]) +
+                             __bfloat162float(uhi[2 * k + 1]) * __bfloat162float(hi[2 * k + 1]);
+            p[4 * q + k] = pa + pb;
+        }
+    }
+    butterfly_in_lane(p);  // the rounds with offsets 8, 4, 2, 1
+    return bf16_round(p[0]) + __bfloat162float(head.b2[j]);
+}
+// coeffs[t, j] = G[t, j] for j < n, 0 for the rest of the row's kMuddGateCoefStride. A warp per row: each lane
+// computes its coefficients (j = lane, lane + 32) whole from the row's u, shared through shared memory. In sm_90a
+// SASS a pass of the lanes is 328 instructions, a row 2 passes for n = 41 (1 for 26), where the warp form spent
+// 45 a coefficient (a warp-wide dot product, five shuffle rounds) and 17 a zero column: 1964 (1544).
 __global__ void __launch_bounds__(kNormThreads, 4)
     mudd_gate_forward_kernel(float* coeffs, const __nv_bfloat16* z, MuddHead head, const float* scale, int T) {
-    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
-    if (row >= T) return;
+    __shared__ __align__(16) __nv_bfloat16 u_rows[kNormRowsPerBlock][kMuddHidden];  // bf16 values: exact
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, row = blockIdx.x * kNormRowsPerBlock + warp;
+    if (row >= T) return;  // the whole warp
     const float s = bf16_round(*scale);
     float u[2], zz[2];
     mudd_row_hidden(u, zz, z + static_cast<size_t>(row) * kMuddHidden, lane);
+    reinterpret_cast<__nv_bfloat162*>(u_rows[warp])[lane] = __floats2bfloat162_rn(u[0], u[1]);
+    __syncwarp();
     float* out = coeffs + static_cast<size_t>(row) * kMuddGateCoefStride;
-#pragma unroll 1
-    for (int j = 0; j < kMuddGateCoefStride; ++j) {
-        const float c = j < head.n ? bf16_round(mudd_head_pre(u, head, j, lane) * s) : 0.0f;
-        if (lane == j % 32) out[j] = c;
-    }
+#pragma unroll 1  // one coefficient's loads in flight at a time: 64 registers
+    for (int j = lane; j < kMuddGateCoefStride; j += 32)
+        out[j] = j < head.n ? bf16_round(mudd_head_pre_in_lane(u_rows[warp], head, j) * s) : 0.0f;
 }
 // Reads z, the head and the scale; writes the coefficients.
 inline Work mudd_gate_forward_work(int T, int n) {
@@ -606,6 +647,7 @@ inline void mudd_gate_forward(float* coeffs, const __nv_bfloat16* z, MuddHead he
                               cudaStream_t stream) {
     require_mudd_gate_head("mudd_gate_forward", head, scale);
     kernel_require(coeffs && z && T > 0, "mudd_gate_forward: the coefficients and z are required, T > 0 (T=%d)", T);
+    kernel_require(is_aligned16(head.w2), "mudd_gate_forward: w2 must be 16-byte aligned (read 16 bytes at a time)");
     launch(mudd_gate_forward_work(T, head.n), mudd_gate_forward_kernel, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0,
            stream, coeffs, z, head, scale, T);
     CUDA_CHECK_LAUNCH();

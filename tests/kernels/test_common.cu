@@ -71,11 +71,11 @@ __global__ void sum_as(float* out, const float* x, int n, int stride, int thread
     const float s = block_sum_as(x, n, stride, threads);
     if (threadIdx.x == blockDim.x - 1) *out = s;  // every thread holds it: the last reports
 }
-// Each block copies its nv values of x as its partials; the last block to finish sums them.
-__global__ void copy_then_last_block_sum(LastBlockSum sum, const float* x, int nv) {
+// Each block copies its nv values of x as its partials (`stride` apart); the last block to finish sums them.
+__global__ void copy_then_last_block_sum(LastBlockSum sum, const float* x, int nv, int stride) {
     for (int v = threadIdx.x; v < nv; v += blockDim.x)
-        sum.scratch.partials[blockIdx.x * nv + v] = x[blockIdx.x * nv + v];
-    last_block_sum(sum, nv);
+        sum.scratch.partials[blockIdx.x * stride + v] = x[blockIdx.x * nv + v];
+    last_block_sum(sum, stride);
 }
 // Which block drew the last ticket, and what it saw: the sum of every block's partial.
 __global__ void last_block_probe(float* partials, unsigned int* done, float* sum, int* last) {
@@ -132,29 +132,44 @@ void check_block_sum_as() {
     test::check(order_shows >= 2, "the order shows in the bits in %d of %d cases", order_shows, cases);
 }
 
-// last_block_sum against sum_block_partials over the same partials: the same bits, into bf16 and fp32
-// targets, overwriting and accumulating; the counter is back at zero after each launch.
+// last_block_sum against sum_block_partials over the same partials: the same bits, into bf16, fp32 and
+// bf16-rounded fp32 targets, overwriting and accumulating; the counter is back at zero after each launch. The
+// cases take every team width of block_sums_as (4 to 32 lanes a value: values against the producer's threads),
+// one to several rounds of values and of summing lanes (blocks past 128), odd block counts and partials with
+// gaps between blocks' rows (stride > nv).
 void check_last_block_sum() {
-    for (int blocks : {1, 5, 37, 300, 1024})
+    struct Case {
+        int blocks, nv, threads, gap;
+    };
+    const Case cases[] = {{1, 1, 32, 0},     {5, 14, 64, 0},    {37, 3, 128, 2},  {128, 144, 128, 0},
+                          {129, 72, 128, 5}, {300, 14, 256, 0}, {1024, 2, 64, 0}, {127, 300, 256, 1},
+                          {33, 40, 32, 0},   {7, 144, 32, 3},   {256, 13, 256, 0}, {97, 9, 64, 0},
+                          {200, 33, 128, 0}, {64, 5, 32, 0}};
+    for (const Case& c : cases)
         for (bool acc : {false, true}) {
-            constexpr int kBf16 = 12, kF32 = 2, nv = kBf16 + kF32;
-            const auto x = wide_values(size_t(blocks) * nv);
-            const auto old_h = test::normal_bf16(kBf16);
-            const auto old_f = test::uniform_vector(kF32, -1, 1);
-            test::DeviceBuffer<float> dx(x), partials(x.size()), f(old_f), f_want(old_f);
+            const int nv = c.nv, stride = nv + c.gap, n_f32 = nv / 4, n_rounded = nv / 5, n_bf16 = nv - n_f32 - n_rounded;
+            const auto x = wide_values(size_t(c.blocks) * nv);
+            const auto old_h = test::normal_bf16(n_bf16);
+            const auto old_f = test::uniform_vector(n_f32 + n_rounded, -1, 1);
+            std::vector<float> strided(size_t(c.blocks) * stride, 0.0f);  // the layout the summing launch reads
+            for (int b = 0; b < c.blocks; ++b)
+                for (int v = 0; v < nv; ++v) strided[size_t(b) * stride + v] = x[size_t(b) * nv + v];
+            test::DeviceBuffer<float> dx(x), want_partials(strided), partials(strided.size()), f(old_f), f_want(old_f);
             test::DeviceBuffer<__nv_bfloat16> h(old_h), h_want(old_h);
             test::DeviceBuffer<unsigned int> done(1);
-            const LastBlockSum sum{SumTargets().add(h.ptr, kBf16).add(f.ptr, kF32), {partials.ptr, done.ptr}, acc};
-            launch(copy_then_last_block_sum, dim3(blocks), dim3(64), 0, nullptr, sum, static_cast<const float*>(dx.ptr),
-                   nv);
+            const auto targets = [&](__nv_bfloat16* hp, float* fp) {
+                return SumTargets().add(hp, n_bf16).add(fp, n_f32).add_bf16_rounded(fp + n_f32, n_rounded);
+            };
+            const LastBlockSum sum{targets(h.ptr, f.ptr), {partials.ptr, done.ptr}, acc};
+            launch(copy_then_last_block_sum, dim3(c.blocks), dim3(c.threads), 0, nullptr, sum,
+                   static_cast<const float*>(dx.ptr), nv, stride);
             CUDA_CHECK_LAUNCH();
-            sum_block_partials(SumTargets().add(h_want.ptr, kBf16).add(f_want.ptr, kF32), dx.ptr, blocks, nv, acc,
-                               nullptr);
+            sum_block_partials(targets(h_want.ptr, f_want.ptr), want_partials.ptr, c.blocks, stride, acc, nullptr);
             test::check(test::same_bits(h.download(), h_want.download()) &&
                             test::same_bits(f.download(), f_want.download()),
-                        "last_block_sum over %d blocks%s: sum_block_partials' bits", blocks,
-                        acc ? ", accumulating" : "");
-            test::check(done.download()[0] == 0, "last_block_sum over %d blocks leaves the counter at zero", blocks);
+                        "last_block_sum of %d values over %d blocks of %d threads (stride %d)%s: sum_block_partials' "
+                        "bits", nv, c.blocks, c.threads, stride, acc ? ", accumulating" : "");
+            test::check(done.download()[0] == 0, "last_block_sum over %d blocks leaves the counter at zero", c.blocks);
         }
 }
 

@@ -1,6 +1,8 @@
 // kernels/mudd.cuh: record 81's MUDD coefficients, the last layer's entry mix and the exit mix with its norm, and
 // their backward passes, against double-precision loops on fresh random data; the reference's head backward (the
-// coefficients' MLP, GELU's derivative) against central differences of its forward.
+// coefficients' MLP, GELU's derivative) against central differences of its forward. Bits: the gate's coefficients
+// against the warp form the trajectories were pinned on, the heads' gradients against the block-order sums of the
+// partials. `--bench` times the gate head (bench_util.h).
 //
 // Tolerances: a bf16 output rounded once is within 2^-9 of its value, so outputs get rtol 2^-8; where the kernel
 // rounds an intermediate as upstream does (u, the coefficients' dot, dc, dpre, du: each a bf16 tensor upstream),
@@ -195,6 +197,60 @@ void check_head_grads(const std::string& what, const HeadGrads& want, const Devi
     test::check_within(what + " db2", download_values(db2), b2, tb);
 }
 
+// mudd_gate_forward's coefficients as the warp computed them before each lane took whole coefficients
+// (mudd_head_pre: a warp-wide dot product a coefficient); the kernel must keep these bits (the trajectories).
+__global__ void gate_forward_warp_form(float* coeffs, const bf16* z, MuddHead head, const float* scale, int T) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * kNormRowsPerBlock + threadIdx.x / 32;
+    if (row >= T) return;
+    const float s = bf16_round(*scale);
+    float u[2], zz[2];
+    mudd_row_hidden(u, zz, z + static_cast<size_t>(row) * kMuddHidden, lane);
+    float* out = coeffs + static_cast<size_t>(row) * kMuddGateCoefStride;
+    for (int j = 0; j < kMuddGateCoefStride; ++j) {
+        const float c = j < head.n ? bf16_round(mudd_head_pre(u, head, j, lane) * s) : 0.0f;
+        if (lane == j % 32) out[j] = c;
+    }
+}
+// mudd_gate_forward's coefficients (in d_c) against the warp form's from the same inputs: the same bits.
+void check_gate_forward_bits(const std::string& at, const DeviceBuffer<float>& d_c, const DeviceBuffer<bf16>& d_z,
+                             const MuddHead& mh, const DeviceBuffer<float>& d_scale, int T) {
+    DeviceBuffer<float> d_c_warp(std::vector<float>(size_t(T) * kMuddGateCoefStride, 1e30f));
+    launch(gate_forward_warp_form, dim3(norm_row_blocks(T)), dim3(kNormThreads), 0, nullptr, d_c_warp.ptr,
+           static_cast<const bf16*>(d_z.ptr), mh, static_cast<const float*>(d_scale.ptr), T);
+    CUDA_CHECK_LAUNCH();
+    test::check(same_bits(d_c.download(), d_c_warp.download()), "mudd_gate_forward %s: the warp form's bits", at.c_str());
+}
+// The same bits over many rows, the coefficients alone: a dot's last fp32 bit shows in its bf16 coefficient rarely
+// (near a rounding tie), so an order that differs from the warp's needs some 10^5 coefficients to show (a sequential
+// sum of the lanes' partials, planted, failed here in each of 5 runs, at 2200 rows in some).
+void check_gate_forward_many_rows(int T) {
+    const Head head = random_head(kMuddGateMaxCoef);
+    const auto z = normal_bf16(size_t(T) * kMuddHidden);
+    DeviceBuffer<bf16> d_z(z), d_w2(head.w2), d_b2(head.b2);
+    DeviceBuffer<float> d_scale(std::vector<float>{float(test::normal(0.1, 0.03))});
+    DeviceBuffer<float> d_c(std::vector<float>(size_t(T) * kMuddGateCoefStride, 1e30f));
+    const MuddHead mh{d_w2.ptr, d_b2.ptr, kMuddGatePostCoef};
+    mudd_gate_forward(d_c.ptr, d_z.ptr, mh, d_scale.ptr, T, nullptr);
+    check_gate_forward_bits("T=" + std::to_string(T) + " post", d_c, d_z, mh, d_scale, T);
+}
+// The head's gradients of a backward that wrote them (not accumulating) against the block-order sums of the
+// partials its blocks left in the scratch (block b's value v at b * P + v), added in fp32 on the host: the order
+// of the last block's sums, to the bit.
+void check_head_sums_in_block_order(const std::string& what, const DevicePartials& scratch, int P, int blocks, int n,
+                                    const std::vector<bf16>& dw2, const std::vector<bf16>& db2, const float* dscale) {
+    const std::vector<float> partials = scratch.partials.download();
+    const int values = n * (kMuddHidden + 1) + (dscale ? 1 : 0);
+    bool same = true;
+    for (int v = 0; v < values; ++v) {
+        float sum = 0.0f;
+        for (int b = 0; b < blocks; ++b) sum += partials[size_t(b) * P + v];
+        if (v == n * (kMuddHidden + 1)) same = same && test::bits(*dscale) == test::bits(float(round_bf16(sum)));
+        else same = same && test::bits(v < n * kMuddHidden ? dw2[size_t(v)] : db2[size_t(v - n * kMuddHidden)]) ==
+                                test::bits(__float2bfloat16(sum));
+    }
+    test::check(same, "%s: the head's gradients are the block-order sums of the partials, to the bit", what.c_str());
+}
+
 // The last layer's entry: coefficients, aux_v and r; then the backward with the update kernels' coefficient
 // gradients (8..13) given.
 void check_entry(const Shape& s, bool acc) {
@@ -287,6 +343,9 @@ void check_entry(const Shape& s, bool acc) {
     test::check_within("mudd_entry_backward dve " + at, download_values(d_dve), dve, dvet);
     check_head_grads("mudd_entry_backward " + at, ref_head_backward(dc, z, head, T), d_dz, d_dw2, d_db2, old_w2, old_b2,
                      acc);
+    if (!acc)
+        check_head_sums_in_block_order("mudd_entry_backward " + at, scratch, kMuddPartials, mudd_backward_blocks(T),
+                                       kMuddEntryCoef, d_dw2.download(), d_db2.download(), nullptr);
     test::check(scratch.done.download()[0] == 0, "mudd_entry_backward %s: the ticket counter is back at zero", at.c_str());
 }
 
@@ -402,6 +461,9 @@ void check_exit(const Shape& s, bool acc) {
     }
     check_head_grads("mudd_exit_backward " + at, ref_head_backward(dc, z, head, T), d_dz, d_dw2, d_db2, old_w2, old_b2,
                      acc);
+    if (!acc)
+        check_head_sums_in_block_order("mudd_exit_backward " + at, scratch, kMuddPartials, mudd_backward_blocks(T),
+                                       kMuddExitCoef, d_dw2.download(), d_db2.download(), nullptr);
     test::check(scratch.done.download()[0] == 0, "mudd_exit_backward %s: the ticket counter is back at zero", at.c_str());
 }
 
@@ -428,6 +490,7 @@ void check_gate(int T, int n, bool acc) {
     bool bf16_values = true;
     for (double v : c) bf16_values = bf16_values && v == round_bf16(v);
     test::check(bf16_values, "mudd_gate_forward %s: the coefficients are bf16 values", at.c_str());
+    check_gate_forward_bits(at, d_c, d_z, mh, d_scale, T);
 
     // backward: the readers' gradients (bf16 values) in columns < n, the rest poisoned
     std::vector<float> dg(size_t(T) * S);
@@ -458,6 +521,9 @@ void check_gate(int T, int n, bool acc) {
                     V(got_b2.begin() + n, got_b2.end()) == V(ob2.begin() + n, ob2.end()),
                 "mudd_gate_backward %s: the rows from n on keep their gradients", at.c_str());
     const float got_ds = d_ds.download()[0];
+    if (!acc)
+        check_head_sums_in_block_order("mudd_gate_backward " + at, scratch, kMuddGatePartials,
+                                       mudd_gate_backward_blocks(T), n, d_dw2.download(), d_db2.download(), &got_ds);
     test::check_within("mudd_gate_backward dscale " + at, V{got_ds}, V{(acc ? old_ds : 0.0) + want.dscale},
                        V{want.dscale_tol + (acc ? std::fabs(old_ds) * 1e-7 : 0.0)});
     test::check(acc || double(got_ds) == round_bf16(got_ds), "mudd_gate_backward %s: dscale is a bf16 value", at.c_str());
@@ -473,7 +539,30 @@ void check_gate(int T, int n, bool acc) {
 
 }  // namespace
 
-int main() {
+// ---- benchmark: record 85's gate head at the preset's tokens, forward and backward, pre (26) and post (41) ----
+int bench_mudd(const bench::Options& o) {
+    bench::Bench b(o);
+    const int T = b.preset().T();
+    const Head head = random_head(kMuddGateMaxCoef);
+    DeviceBuffer<bf16> z(normal_bf16(size_t(T) * kMuddHidden)), w2(head.w2), b2(head.b2), dz(size_t(T) * kMuddHidden),
+        dw2(head.w2.size()), db2(head.b2.size());
+    DeviceBuffer<float> scale(std::vector<float>{0.1f}), dscale(1), c(size_t(T) * kMuddGateCoefStride),
+        dc(test::uniform_vector(size_t(T) * kMuddGateCoefStride, -1, 1));
+    DevicePartials scratch(mudd_gate_backward_scratch_bytes(T));
+    for (int n : {kMuddGatePreCoef, kMuddGatePostCoef}) {
+        const MuddHead mh{w2.ptr, b2.ptr, n};
+        const std::string at = bench::fmt("T=%d n=%d", T, n);
+        b.run("mudd_gate_forward", at, [&](cudaStream_t s) { mudd_gate_forward(c.ptr, z.ptr, mh, scale.ptr, T, s); });
+        b.run("mudd_gate_backward", at, [&](cudaStream_t s) {
+            mudd_gate_backward(dz.ptr, {dw2.ptr, db2.ptr, true}, {dscale.ptr, true}, scratch.view(), dc.ptr, z.ptr, mh,
+                               scale.ptr, T, s);
+        });
+    }
+    return b.finish();
+}
+
+int main(int argc, char** argv) {
+    if (const auto o = bench::parse(argc, argv)) return bench_mudd(*o);
     test::seed();
     test::check_fails_with("odd heads", "MUDD needs an even head count", [] {
         bf16* p = reinterpret_cast<bf16*>(16);
@@ -505,5 +594,6 @@ int main() {
     // the gates: ragged rows, tiny's rows, and rows past the partials' block cap
     for (int T : {37, 300, 2200})
         for (int n : {kMuddGatePreCoef, kMuddGatePostCoef}) check_gate(T, n, T == 300 ? n == kMuddGatePostCoef : n == kMuddGatePreCoef);
+    check_gate_forward_many_rows(20000);
     return test::finish();
 }
