@@ -584,13 +584,14 @@ __global__ void __launch_bounds__(kDcThreads, kDcKeyBlocks)
         key[r] = s0 + g + 8 * r;
         end[r] = key[r] < T ? dc_document(cu_seqlens, num_cu, key[r], T).end : 0;  // no query for keys past T
     }
-    // pair (query t, key s) of the lane's fragment element: valid, and the scratch index t * 112 + (t - s)
-    auto pair = [&](int c, int i, int e, size_t& j) {
-        const int r = i % 2, t = s0 + c * kDcChunk + 2 * tq + 8 * (i / 2) + e;
-        j = static_cast<size_t>(t) * kDcWindow + (t - key[r]);
-        return t >= key[r] && t < end[r] && t - key[r] < kDcWindow;
+    // pair (query t, key s) of the lane's fragment element: valid, and t and its scratch column j = t - s
+    auto pair = [&](int c, int i, int e, int& t, int& j) {
+        const int r = i % 2;
+        t = s0 + c * kDcChunk + 2 * tq + 8 * (i / 2) + e;
+        j = t - key[r];
+        return t < end[r] && j >= 0 && j < kDcWindow;
     };
-    // the mix's A fragment: value(j) of each valid pair (0 elsewhere), packed to bf16
+    // the mix's A fragment: value(t, j) of each valid pair (0 elsewhere), packed to bf16
     auto pair_values = [&](auto value) {
         return [&, value](int c, uint32_t (&wa)[4]) {
 #pragma unroll
@@ -598,22 +599,21 @@ __global__ void __launch_bounds__(kDcThreads, kDcKeyBlocks)
                 float x[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    size_t j;
-                    x[e] = pair(c, i, e, j) ? value(j) : 0.0f;
+                    int t, j;
+                    x[e] = pair(c, i, e, t, j) ? value(static_cast<size_t>(t), j) : 0.0f;
                 }
                 wa[i] = dc_pack_bf16(x[0], x[1]);
             }
         };
     };
     DcOut<D> o;
-    const auto ds_of = [&](size_t j) {  // already bf16 values
-        const size_t t = j / kDcWindow;
-        return __bfloat162float(ds_in[(t * kDcHeads + h) * kDcWindow + j % kDcWindow]);
+    const auto ds_of = [&](size_t t, int j) {  // already bf16 values
+        return __bfloat162float(ds_in[(t * kDcHeads + h) * kDcWindow + j]);
     };
     dc_tile_mix<D>(o, pair_values(ds_of), q, s0, h, T, stage[h], lane);
     dc_store_tile<D>(dk, dk, o, key, h, T, scale, true, lane);
     // upstream: (w2 A).to(bf16) before its dot with go
-    const auto w2a_of = [&](size_t j) { return coefs[(j / kDcWindow) * coef_stride + kDcW2Col + h] * a_in[j]; };
+    const auto w2a_of = [&](size_t t, int j) { return coefs[t * coef_stride + kDcW2Col + h] * a_in[t * kDcWindow + j]; };
     dc_tile_mix<D>(o, pair_values(w2a_of), go, s0, h, T, stage[h], lane);
     dc_store_tile<D>(dv, dv, o, key, h, T, 1.0f, true, lane);
 }
