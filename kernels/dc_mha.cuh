@@ -32,7 +32,6 @@
 #include "common.cuh"
 #include "ptx.cuh"
 
-#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -275,8 +274,7 @@ __device__ __forceinline__ float dc_quad_sum(float v) {
 
 // ---- shared memory and occupancy ----
 // Blocks per SM each kernel is built for: __launch_bounds__ has ptxas fit its registers to that many blocks of 192
-// threads (168 a thread for two; for three it gives the key side 96), and dc_allow_smem sizes the carveout to hold
-// that many blocks' shared memory.
+// threads (168 a thread for two; for three it gives the key side 96), and their shared memory fits beside (below).
 constexpr int kDcForwardBlocks = 2, kDcQueryBlocks = 2, kDcKeyBlocks = 3;
 // Each kernel's shared memory, all dynamic (the staging alone passes the 48 KB a block's static memory may hold).
 template <int D>
@@ -298,18 +296,25 @@ template <int D>
 struct DcKeySmem {
     DcStages<D> stage[kDcHeads];
 };
-// Once per kernel: its dynamic shared memory (past the 48 KB default) and a carveout that holds `blocks` blocks of
-// it, with the 1 KB the system reserves for each, per SM (the driver rounds the percentage up to a size the SM
-// offers; the rest stays L1). Left to itself the driver gave the forward 64 KB when its registers allowed one block.
+// Each kernel's blocks per SM fit an H100's or H200's 228 KB of shared memory a SM, 1 KB reserved a block.
+constexpr size_t kDcSmShared = 228 * 1024, kDcBlockReserved = 1024;
+template <class Smem>
+constexpr bool dc_smem_fits(int blocks) {
+    return blocks * (sizeof(Smem) + kDcBlockReserved) <= kDcSmShared;
+}
+static_assert(dc_smem_fits<DcForwardSmem<128>>(kDcForwardBlocks) && dc_smem_fits<DcQuerySmem<128>>(kDcQueryBlocks) &&
+                  dc_smem_fits<DcKeySmem<128>>(kDcKeyBlocks) && dc_smem_fits<DcForwardSmem<64>>(kDcForwardBlocks) &&
+                  dc_smem_fits<DcQuerySmem<64>>(kDcQueryBlocks) && dc_smem_fits<DcKeySmem<64>>(kDcKeyBlocks),
+              "the blocks the registers allow must fit the SM's shared memory");
+// Once per kernel: its dynamic shared memory (past the 48 KB default) and the largest carveout, so that the blocks its
+// registers allow sit side by side (left to itself the driver gave the forward 64 KB when its registers allowed one
+// block; a percentage sized to the blocks would hang on how the driver rounds it to the sizes an SM offers). The
+// staging bypasses L1 (cp.async.cg), so the smaller L1 costs little.
 template <class Kernel>
-inline bool dc_allow_smem(Kernel* kernel, size_t bytes, int blocks) {
-    int device = 0, sm_bytes = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-    const size_t want = static_cast<size_t>(blocks) * (bytes + 1024), sm = static_cast<size_t>(sm_bytes);
-    const int percent = static_cast<int>(std::min<size_t>(100, (want * 100 + sm - 1) / sm));
+inline bool dc_allow_smem(Kernel* kernel, size_t bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     return true;
 }
 
@@ -423,7 +428,7 @@ inline void dc_mha_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* 
     kernel_require(all_aligned16({out, y, q, k, v}), "dc_mha_forward: out, y, q, k, v must be 16-byte aligned");
     dc_with_dim(D, [&](auto d) {
         constexpr int Dd = decltype(d)::value;
-        static const bool allowed = dc_allow_smem(dc_mha_forward_kernel<Dd>, sizeof(DcForwardSmem<Dd>), kDcForwardBlocks);
+        static const bool allowed = dc_allow_smem(dc_mha_forward_kernel<Dd>, sizeof(DcForwardSmem<Dd>));
         (void)allowed;
         launch(dc_mha_forward_work(T, D, num_cu, lse != nullptr), dc_mha_forward_kernel<Dd>, dim3(ceil_div(T, kDcTileQ)),
                dim3(kDcThreads), sizeof(DcForwardSmem<Dd>), stream, out, lse, y, q, k, v, coefs, coef_stride,
@@ -658,8 +663,8 @@ inline void dc_mha_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16*
     dc_with_dim(D, [&](auto d) {
         constexpr int Dd = decltype(d)::value;
         static const bool allowed =
-            dc_allow_smem(dc_mha_backward_query_kernel<Dd>, sizeof(DcQuerySmem<Dd>), kDcQueryBlocks) &&
-            dc_allow_smem(dc_mha_backward_key_kernel<Dd>, sizeof(DcKeySmem<Dd>), kDcKeyBlocks);
+            dc_allow_smem(dc_mha_backward_query_kernel<Dd>, sizeof(DcQuerySmem<Dd>)) &&
+            dc_allow_smem(dc_mha_backward_key_kernel<Dd>, sizeof(DcKeySmem<Dd>));
         (void)allowed;
         launch(dc_mha_backward_query_work(T, D, num_cu), dc_mha_backward_query_kernel<Dd>, grid, dim3(kDcThreads),
                sizeof(DcQuerySmem<Dd>), stream, dq, dcoefs, sc.a, sc.ds, go, q, k, v, lse, coefs, coef_stride,
