@@ -355,6 +355,11 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
         std::lock_guard<std::mutex> lock(state().m);
         state().max_dyn_smem[func] = value;
     }
+    // The carveout is a hint emu has no cache to apply it to, but its value is checked as CUDA's: a percentage of
+    // the SM's shared memory, or cudaSharedmemCarveoutDefault (-1).
+    if (attr == cudaFuncAttributePreferredSharedMemoryCarveout && (value < -1 || value > 100))
+        return fail(cudaErrorInvalidValue, "emu: cudaFuncSetAttribute: shared memory carveout " + std::to_string(value) +
+                                               " is neither a percentage (0..100) nor cudaSharedmemCarveoutDefault (-1)");
     return check_sticky();
 }
 

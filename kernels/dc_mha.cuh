@@ -17,9 +17,12 @@
 // log of each local softmax's denominator); cu_seqlens as attention.cuh's (0, end of doc 0, ..., padded with T).
 // One block per 16 queries (the forward, the backward's query side) or 16 keys (the backward's key side), warp h
 // head h; every product runs on the tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate) over the tile's
-// 128 keys (queries), the other operand staged 16 rows at a time through shared memory. The head dim D is a template
-// parameter of every kernel and tile helper (the launchers dispatch on the runtime D): it sets the products' depth
-// (QK^T, go V^T) or width (PV, dS K, dS^T Q, (w2 A)^T go) and nothing else.
+// 128 keys (queries), the other operand staged 16 rows at a time through shared memory by cp.async into two buffers
+// per warp (the next chunk's copies in flight during this chunk's products); QK^T and go V^T stage the block's own 16
+// rows too, once. Two blocks share an SM (the key side: three): __launch_bounds__ holds the registers to that, the
+// carveout sizes shared memory for it. The head dim D is a template parameter of every kernel and tile helper (the
+// launchers dispatch on the runtime D): it sets the products' depth (QK^T, go V^T) or width (PV, dS K, dS^T Q,
+// (w2 A)^T go) and nothing else.
 // Upstream's rounding points, kept here: scores and products accumulate in fp32 from bf16 operands (tl.dot); w1 and
 // the value weight w2 A are rounded to bf16 before use, as is dS before its two products; dw1, dw2, dq, dk, dv
 // are bf16 tensors upstream (dq, dk, dv then added to the attention's in bf16). Where the order differs: the
@@ -95,7 +98,7 @@ __device__ __forceinline__ B* dc_row(B* x, int t, int h, int c) {
 constexpr int kDcTileQ = 16;
 constexpr int kDcTileK = 128;                   // kDcTileQ + kDcWindow - 1 columns, rounded up
 constexpr int kDcChunk = 16;                    // rows per staged chunk
-constexpr int kDcStaticSmem = 48 * 1024;       // a block's static shared memory: ptxas refuses more
+constexpr int kDcChunks = kDcTileK / kDcChunk;
 static_assert(kDcTileQ + kDcWindow - 1 <= kDcTileK, "the 16 rows' window must fit the 128 columns");
 template <int D>
 constexpr bool dc_dim_ok = D == 64 || D == 128;
@@ -103,82 +106,108 @@ constexpr bool dc_dim_ok = D == 64 || D == 128;
 // ldmatrix reads hit distinct banks.
 template <int D>
 using DcStage = __nv_bfloat16[kDcChunk][D + 8];
+template <int D>
+using DcStages = DcStage<D>[2];                 // a warp's two buffers: chunk c in buffer c % 2
 using DcScores = float[kDcTileK / 8][4];       // 16 x 128 fp32 (n8 tiles of columns)
 template <int D>
 using DcOut = float[D / 8][4];                  // 16 x D fp32 (n8 tiles of dims)
 
+// p, opaque to the compiler: addresses from it are formed again where used, not kept in registers from an earlier
+// product on the same tensors (the query side's repeated go V^T spilled them).
+template <class T>
+__device__ __forceinline__ T* dc_fresh(T* p) {
+#ifdef __CUDA_ARCH__
+    asm volatile("" : "+l"(p));
+#endif
+    return p;
+}
 __device__ __forceinline__ uint32_t dc_pack_bf16(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // lo in the low half
     return *reinterpret_cast<const uint32_t*>(&v);
 }
-__device__ __forceinline__ uint32_t dc_load_pair(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-// The warp copies rows row0 .. row0 + 15 of head h of x into its chunk (zeros past T).
+// The warp starts copying rows row0 .. row0 + 15 of head h of x into chunk (zeros past T), one cp.async group per
+// lane: no registers held, the bytes land while the warp computes on its other buffer. Lanes 2r and 2r + 1 take
+// row r's 16-byte vectors in turn (every copy a whole 32-byte sector with its neighbour's), so a lane's copies are
+// one row at fixed offsets from one address.
 template <int D>
 __device__ __forceinline__ void dc_stage_chunk(DcStage<D>& chunk, const __nv_bfloat16* x, int row0, int h, int T,
                                                int lane) {
-    static_assert(kDcChunk * D / kDcLaneDims % 32 == 0, "every lane copies the same number of vectors");
+    static_assert(2 * kDcChunk == 32, "two lanes a row");
+    const int r = lane / 2, row = row0 + r;
+    const bool inside = row < T;
+    const __nv_bfloat16* src = dc_row<D>(x, inside ? row : 0, h, lane % 2);
 #pragma unroll
-    for (int i = 0; i < kDcChunk * D / kDcLaneDims / 32; ++i) {
-        const int e = i * 32 + lane, r = e / (D / kDcLaneDims), c = e % (D / kDcLaneDims);
-        const int row = row0 + r;
-        store128(&chunk[r][c * kDcLaneDims],
-                 row < T ? load128(dc_row<D>(x, row, h, c)) : Pack128<__nv_bfloat16>::filled(__float2bfloat16(0.0f)));
-    }
+    for (int i = 0; i < D / kDcLaneDims / 2; ++i)
+        cp_async16(&chunk[r][(lane % 2 + 2 * i) * kDcLaneDims], src + 2 * i * kDcLaneDims, inside);
+    cp_async_commit();
 }
-// acc[., col] = x_h[row] . y_h[c0 + col] over the D dims for the lane's rows row_t (read at min(row, T - 1)):
-// x's A fragments from global memory (each element read once), y staged.
+// The oldest chunk in flight is staged and seen by the whole warp: a lane's groups complete in order, so with the
+// next chunk's group committed after it, all but that one.
+__device__ __forceinline__ void dc_stage_ready(bool next_in_flight) {
+    if (next_in_flight) cp_async_wait<1>();
+    else cp_async_wait<0>();
+    __syncwarp();
+}
+// acc[r, col] = x_h[r0 + r] . y_h[c0 + col] over the D dims (rows past T: zeros, results no one stores): x's 16
+// rows staged once into xs and read by ldmatrix at each use (held in registers they would cost D / 4 of them
+// through the whole product), y staged a chunk at a time.
 template <int D>
-__device__ inline void dc_tile_dots(DcScores& acc, const __nv_bfloat16* x, const int (&row_t)[2], const __nv_bfloat16* y,
-                                    int c0, int h, int T, DcStage<D>& stage, int lane) {
-    const int tq = lane % 4, m = lane / 8;
-    uint32_t xa[D / 16][4];
+__device__ inline void dc_tile_dots(DcScores& acc, const __nv_bfloat16* x, int r0, const __nv_bfloat16* y, int c0, int h,
+                                    int T, DcStages<D>& stage, DcStage<D>& xs, int lane) {
+    const int m = lane / 8;
+    dc_stage_chunk<D>(xs, x, r0, h, T, lane);  // complete with chunk 0 (the groups retire in order)
+    dc_stage_chunk<D>(stage[0], y, c0, h, T, lane);
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            xa[ks][i] = dc_load_pair(dc_row<D>(x, min(row_t[i % 2], T - 1), h, 0) + ks * 16 + 2 * tq + 8 * (i / 2));
-#pragma unroll
-    for (int c = 0; c < kDcTileK / kDcChunk; ++c) {
-        dc_stage_chunk<D>(stage, y, c0 + c * kDcChunk, h, T, lane);
-        __syncwarp();
+    for (int c = 0; c < kDcChunks; ++c) {
+        // into the buffer chunk c - 1 was read from (every lane past it: the __syncwarp ending c - 1)
+        if (c + 1 < kDcChunks) dc_stage_chunk<D>(stage[(c + 1) % 2], y, c0 + (c + 1) * kDcChunk, h, T, lane);
+        dc_stage_ready(c + 1 < kDcChunks);
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[2 * c][i] = acc[2 * c + 1][i] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-            uint32_t b[4];  // columns 0-7 and 8-15 of the chunk, dims ks*16 .. +15
-            ldmatrix<4>(b, &stage[(m / 2) * 8 + lane % 8][ks * 16 + (m % 2) * 8]);
+            uint32_t xa[4], b[4];  // x's rows 0-15, dims ks*16 .. +15; columns 0-7 and 8-15 of the chunk, the same dims
+            ldmatrix<4>(xa, &xs[lane % 16][ks * 16 + (lane / 16) * 8]);
+            ldmatrix<4>(b, &stage[c % 2][(m / 2) * 8 + lane % 8][ks * 16 + (m % 2) * 8]);
             const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-            mma_m16n8k16_bf16(acc[2 * c], xa[ks], b0, acc[2 * c]);
-            mma_m16n8k16_bf16(acc[2 * c + 1], xa[ks], b1, acc[2 * c + 1]);
+            mma_m16n8k16_bf16(acc[2 * c], xa, b0, acc[2 * c]);
+            mma_m16n8k16_bf16(acc[2 * c + 1], xa, b1, acc[2 * c + 1]);
         }
         __syncwarp();
     }
 }
 // out = w (16 x 128 columns, bf16) @ y_h[c0 .. c0 + 127] (D dims): w's A fragment of columns 16c .. 16c + 15 from
-// frag(c, wa), y staged and read by ldmatrix.trans.
+// frag(c, wa), y staged and read by ldmatrix.trans. Chunk c + 1's fragment is read during chunk c's products (frag
+// reads memory: its loads then wait behind the tensor cores, not before them).
 template <int D, class Frag>
 __device__ inline void dc_tile_mix(DcOut<D>& out, Frag frag, const __nv_bfloat16* y, int c0, int h, int T,
-                                   DcStage<D>& stage, int lane) {
+                                   DcStages<D>& stage, int lane) {
     const int m = lane / 8;
 #pragma unroll
     for (int nd = 0; nd < D / 8; ++nd)
 #pragma unroll
         for (int i = 0; i < 4; ++i) out[nd][i] = 0.0f;
+    dc_stage_chunk<D>(stage[0], y, c0, h, T, lane);
+    uint32_t wa[4];
+    frag(0, wa);
 #pragma unroll 1
-    for (int c = 0; c < kDcTileK / kDcChunk; ++c) {
-        dc_stage_chunk<D>(stage, y, c0 + c * kDcChunk, h, T, lane);
-        __syncwarp();
-        uint32_t wa[4];
-        frag(c, wa);
+    for (int c = 0; c < kDcChunks; ++c) {
+        const bool more = c + 1 < kDcChunks;
+        if (more) dc_stage_chunk<D>(stage[(c + 1) % 2], y, c0 + (c + 1) * kDcChunk, h, T, lane);  // as dc_tile_dots
+        uint32_t next[4];
+        frag(more ? c + 1 : c, next);  // the last chunk's again at the end: harmless
+        dc_stage_ready(more);
 #pragma unroll
         for (int nd = 0; nd < D / 8; nd += 2) {
             uint32_t b[4];  // dims nd*8 .. +7 and (nd+1)*8 .. +7, rows 0-15 of the chunk
-            ldmatrix_trans<4>(b, &stage[(m % 2) * 8 + lane % 8][(nd + m / 2) * 8]);
+            ldmatrix_trans<4>(b, &stage[c % 2][(m % 2) * 8 + lane % 8][(nd + m / 2) * 8]);
             const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
             mma_m16n8k16_bf16(out[nd], wa, b0, out[nd]);
             mma_m16n8k16_bf16(out[nd + 1], wa, b1, out[nd + 1]);
         }
         __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) wa[i] = next[i];
     }
 }
 // dst[row, h, :] = bf16(base + add * mul) for the lane's rows < T (base may be dst: each element read, then written);
@@ -243,23 +272,70 @@ __device__ __forceinline__ float dc_quad_sum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+// ---- shared memory and occupancy ----
+// Blocks per SM each kernel is built for: __launch_bounds__ has ptxas fit its registers to that many blocks of 192
+// threads (168 a thread for two; for three it gives the key side 96), and their shared memory fits beside (below).
+constexpr int kDcForwardBlocks = 2, kDcQueryBlocks = 2, kDcKeyBlocks = 3;
+// Each kernel's shared memory, all dynamic (the staging alone passes the 48 KB a block's static memory may hold).
+template <int D>
+struct DcForwardSmem {
+    DcStages<D> stage[kDcHeads];
+    DcStage<D> xrows[kDcHeads];  // dc_tile_dots' x rows
+    float a[kDcTileQ][kDcTileK + 4];
+};
+template <int D>
+struct DcQuerySmem {
+    DcStages<D> stage[kDcHeads];
+    DcStage<D> xrows[kDcHeads];
+    float a[kDcTileQ][kDcTileK + 4], da[kDcTileQ][kDcTileK + 4];
+    float gw[2][kDcTileQ][kDcHeads];  // bf16 values of dw1, dw2
+    DcRows rows[kDcHeads][32];        // each lane's rows' coefficients (dc_query_rows) and lse (log2 units)
+    float lse2[kDcHeads][32][2];
+};
+template <int D>
+struct DcKeySmem {
+    DcStages<D> stage[kDcHeads];
+};
+// Each kernel's blocks per SM fit an H100's or H200's 228 KB of shared memory a SM, 1 KB reserved a block.
+constexpr size_t kDcSmShared = 228 * 1024, kDcBlockReserved = 1024;
+template <class Smem>
+constexpr bool dc_smem_fits(int blocks) {
+    return blocks * (sizeof(Smem) + kDcBlockReserved) <= kDcSmShared;
+}
+static_assert(dc_smem_fits<DcForwardSmem<128>>(kDcForwardBlocks) && dc_smem_fits<DcQuerySmem<128>>(kDcQueryBlocks) &&
+                  dc_smem_fits<DcKeySmem<128>>(kDcKeyBlocks) && dc_smem_fits<DcForwardSmem<64>>(kDcForwardBlocks) &&
+                  dc_smem_fits<DcQuerySmem<64>>(kDcQueryBlocks) && dc_smem_fits<DcKeySmem<64>>(kDcKeyBlocks),
+              "the blocks the registers allow must fit the SM's shared memory");
+// Once per kernel: its dynamic shared memory (past the 48 KB default) and the largest carveout, so that the blocks its
+// registers allow sit side by side (left to itself the driver gave the forward 64 KB when its registers allowed one
+// block; a percentage sized to the blocks would hang on how the driver rounds it to the sizes an SM offers). The
+// staging bypasses L1 (cp.async.cg), so the smaller L1 costs little.
+template <class Kernel>
+inline bool dc_allow_smem(Kernel* kernel, size_t bytes) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                    static_cast<int>(cudaSharedmemCarveoutMaxShared)));
+    return true;
+}
+
 // ---- forward ----
 // P_h over each row's keys (lse saved when lse != null), A = sum_h w1 P_h, out = y + w2 A V.
 template <int D>
-__global__ void __launch_bounds__(kDcThreads)
+__global__ void __launch_bounds__(kDcThreads, kDcForwardBlocks)
     dc_mha_forward_kernel(__nv_bfloat16* out, float* lse, const __nv_bfloat16* y, const __nv_bfloat16* q,
                           const __nv_bfloat16* k, const __nv_bfloat16* v, const float* coefs, int coef_stride,
                           const int* cu_seqlens, int num_cu, int T, float scale) {
-    __shared__ __align__(16) DcStage<D> stage[kDcHeads];
-    __shared__ float a[kDcTileQ][kDcTileK + 4];
-    static_assert(dc_dim_ok<D> && sizeof(stage) + sizeof(a) <= kDcStaticSmem, "the forward's shared memory");
+    static_assert(dc_dim_ok<D>, "D = 64 or 128");
+    DcForwardSmem<D>& sm = *dynamic_smem<DcForwardSmem<D>>();
+    auto& stage = sm.stage;
+    auto& a = sm.a;
     const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int q0 = blockIdx.x * kDcTileQ, k0 = max(0, q0 - (kDcWindow - 1));
     const DcRows rows = dc_query_rows(coefs, coef_stride, cu_seqlens, num_cu, q0, h, T, lane);
     for (int i = threadIdx.x; i < kDcTileQ * (kDcTileK + 4); i += kDcThreads) (&a[0][0])[i] = 0.0f;
 
     DcScores p;
-    dc_tile_dots<D>(p, q, rows.t, k, k0, h, T, stage[h], lane);
+    dc_tile_dots<D>(p, q, q0, k, k0, h, T, stage[h], sm.xrows[h], lane);
     const float score_mul = scale * kDcLog2e;  // upstream: tl.dot(q, k^T) * (scaling * log2 e), then exp2
 #pragma unroll
     for (int r = 0; r < 2; ++r) {  // the local softmax of row g + 8r over its valid keys
@@ -351,8 +427,11 @@ inline void dc_mha_forward(__nv_bfloat16* out, float* lse, const __nv_bfloat16* 
     kernel_require(out && y && q && k && v && coefs, "dc_mha_forward: out, y, q, k, v and the coefficients are required");
     kernel_require(all_aligned16({out, y, q, k, v}), "dc_mha_forward: out, y, q, k, v must be 16-byte aligned");
     dc_with_dim(D, [&](auto d) {
-        launch(dc_mha_forward_work(T, D, num_cu, lse != nullptr), dc_mha_forward_kernel<decltype(d)::value>,
-               dim3(ceil_div(T, kDcTileQ)), dim3(kDcThreads), 0, stream, out, lse, y, q, k, v, coefs, coef_stride,
+        constexpr int Dd = decltype(d)::value;
+        static const bool allowed = dc_allow_smem(dc_mha_forward_kernel<Dd>, sizeof(DcForwardSmem<Dd>));
+        (void)allowed;
+        launch(dc_mha_forward_work(T, D, num_cu, lse != nullptr), dc_mha_forward_kernel<Dd>, dim3(ceil_div(T, kDcTileQ)),
+               dim3(kDcThreads), sizeof(DcForwardSmem<Dd>), stream, out, lse, y, q, k, v, coefs, coef_stride,
                cu_seqlens, num_cu, T, scale);
     });
     CUDA_CHECK_LAUNCH();
@@ -391,29 +470,32 @@ __device__ inline void dc_probs(DcScores& p, const DcRows& rows, const float (&l
 // than kept: registers), dw2 = sum dm A; dq += scale dS K (dS read back by the warp that wrote it); dG's 12
 // columns through the rms backward.
 template <int D>
-__global__ void __launch_bounds__(kDcThreads)
+__global__ void __launch_bounds__(kDcThreads, kDcQueryBlocks)
     dc_mha_backward_query_kernel(__nv_bfloat16* dq, float* dcoefs, float* a_out, __nv_bfloat16* ds_out,
                                  const __nv_bfloat16* go, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                  const __nv_bfloat16* v, const float* lse, const float* coefs, int coef_stride,
                                  const int* cu_seqlens, int num_cu, int T, float scale) {
-    __shared__ __align__(16) DcStage<D> stage[kDcHeads];
-    __shared__ float a[kDcTileQ][kDcTileK + 4], da[kDcTileQ][kDcTileK + 4];
-    __shared__ float gw[2][kDcTileQ][kDcHeads];  // bf16 values of dw1, dw2
-    static_assert(dc_dim_ok<D> && sizeof(stage) + sizeof(a) + sizeof(da) + sizeof(gw) <= kDcStaticSmem,
-                  "the query side's shared memory");
+    static_assert(dc_dim_ok<D>, "D = 64 or 128");
+    DcQuerySmem<D>& sm = *dynamic_smem<DcQuerySmem<D>>();
+    auto& stage = sm.stage;
+    auto &a = sm.a, &da = sm.da;
+    auto& gw = sm.gw;
     const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int q0 = blockIdx.x * kDcTileQ, k0 = max(0, q0 - (kDcWindow - 1));
-    const DcRows rows = dc_query_rows(coefs, coef_stride, cu_seqlens, num_cu, q0, h, T, lane);
+    // The lane's row coefficients live in shared memory, read at each use: held in registers through the products
+    // they made the kernel spill at 168 registers.
+    DcRows& rows = sm.rows[h][lane];
+    rows = dc_query_rows(coefs, coef_stride, cu_seqlens, num_cu, q0, h, T, lane);
     const float score_mul = scale * kDcLog2e;
-    float lse2[2];
+    float(&lse2)[2] = sm.lse2[h][lane];
 #pragma unroll
     for (int r = 0; r < 2; ++r) lse2[r] = lse[static_cast<size_t>(min(rows.t[r], T - 1)) * kDcHeads + h] * kDcLog2e;
     for (int i = threadIdx.x; i < kDcTileQ * (kDcTileK + 4); i += kDcThreads) (&a[0][0])[i] = (&da[0][0])[i] = 0.0f;
 
     DcScores acc;
-    dc_tile_dots<D>(acc, go, rows.t, v, k0, h, T, stage[h], lane);  // dm_h (fp32, as upstream's tl.dot)
+    dc_tile_dots<D>(acc, go, q0, v, k0, h, T, stage[h], sm.xrows[h], lane);  // dm_h (fp32, as upstream's tl.dot)
     dc_add_heads(da, acc, rows.w2, h, lane);  // dA (upstream's da_acc)
-    dc_tile_dots<D>(acc, q, rows.t, k, k0, h, T, stage[h], lane);
+    dc_tile_dots<D>(acc, q, q0, k, k0, h, T, stage[h], sm.xrows[h], lane);
     dc_probs(acc, rows, lse2, k0, score_mul, T, lane);
     dc_add_heads(a, acc, rows.w1, h, lane);   // A (upstream's a_hidden)
 #pragma unroll
@@ -443,7 +525,8 @@ __global__ void __launch_bounds__(kDcThreads)
                 if (h == 0) a_out[static_cast<size_t>(t) * kDcWindow + (t - key)] = a[g + 8 * r][n * 8 + 2 * tq + e];
             }
     }
-    dc_tile_dots<D>(acc, go, rows.t, v, k0, h, T, stage[h], lane);  // dm_h again (recomputed rather than kept: registers)
+    // dm_h again (recomputed rather than kept: registers)
+    dc_tile_dots<D>(acc, dc_fresh(go), q0, dc_fresh(v), k0, h, T, stage[h], sm.xrows[h], lane);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         float s = 0.0f;
@@ -492,12 +575,12 @@ __global__ void __launch_bounds__(kDcThreads)
 // One block per 16 keys s0..s0+15 and their queries s0 .. s0 + 127: dk += scale dS^T Q, dv += bf16(w2 A)^T go, the
 // A fragments gathered from the scratch (query t's column j = t - s) where (t, s) is a valid pair, zeros elsewhere.
 template <int D>
-__global__ void __launch_bounds__(kDcThreads)
+__global__ void __launch_bounds__(kDcThreads, kDcKeyBlocks)
     dc_mha_backward_key_kernel(__nv_bfloat16* dk, __nv_bfloat16* dv, const float* a_in, const __nv_bfloat16* ds_in,
                                const __nv_bfloat16* go, const __nv_bfloat16* q, const float* coefs, int coef_stride,
                                const int* cu_seqlens, int num_cu, int T, float scale) {
-    __shared__ __align__(16) DcStage<D> stage[kDcHeads];
-    static_assert(dc_dim_ok<D> && sizeof(stage) <= kDcStaticSmem, "the key side's shared memory");
+    static_assert(dc_dim_ok<D>, "D = 64 or 128");
+    auto& stage = dynamic_smem<DcKeySmem<D>>()->stage;
     const int h = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
     const int s0 = blockIdx.x * kDcTileQ;
     int key[2], end[2];
@@ -506,13 +589,14 @@ __global__ void __launch_bounds__(kDcThreads)
         key[r] = s0 + g + 8 * r;
         end[r] = key[r] < T ? dc_document(cu_seqlens, num_cu, key[r], T).end : 0;  // no query for keys past T
     }
-    // pair (query t, key s) of the lane's fragment element: valid, and the scratch index t * 112 + (t - s)
-    auto pair = [&](int c, int i, int e, size_t& j) {
-        const int r = i % 2, t = s0 + c * kDcChunk + 2 * tq + 8 * (i / 2) + e;
-        j = static_cast<size_t>(t) * kDcWindow + (t - key[r]);
-        return t >= key[r] && t < end[r] && t - key[r] < kDcWindow;
+    // pair (query t, key s) of the lane's fragment element: valid, and t and its scratch column j = t - s
+    auto pair = [&](int c, int i, int e, int& t, int& j) {
+        const int r = i % 2;
+        t = s0 + c * kDcChunk + 2 * tq + 8 * (i / 2) + e;
+        j = t - key[r];
+        return t < end[r] && j >= 0 && j < kDcWindow;
     };
-    // the mix's A fragment: value(j) of each valid pair (0 elsewhere), packed to bf16
+    // the mix's A fragment: value(t, j) of each valid pair (0 elsewhere), packed to bf16
     auto pair_values = [&](auto value) {
         return [&, value](int c, uint32_t (&wa)[4]) {
 #pragma unroll
@@ -520,22 +604,21 @@ __global__ void __launch_bounds__(kDcThreads)
                 float x[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    size_t j;
-                    x[e] = pair(c, i, e, j) ? value(j) : 0.0f;
+                    int t, j;
+                    x[e] = pair(c, i, e, t, j) ? value(static_cast<size_t>(t), j) : 0.0f;
                 }
                 wa[i] = dc_pack_bf16(x[0], x[1]);
             }
         };
     };
     DcOut<D> o;
-    const auto ds_of = [&](size_t j) {  // already bf16 values
-        const size_t t = j / kDcWindow;
-        return __bfloat162float(ds_in[(t * kDcHeads + h) * kDcWindow + j % kDcWindow]);
+    const auto ds_of = [&](size_t t, int j) {  // already bf16 values
+        return __bfloat162float(ds_in[(t * kDcHeads + h) * kDcWindow + j]);
     };
     dc_tile_mix<D>(o, pair_values(ds_of), q, s0, h, T, stage[h], lane);
     dc_store_tile<D>(dk, dk, o, key, h, T, scale, true, lane);
     // upstream: (w2 A).to(bf16) before its dot with go
-    const auto w2a_of = [&](size_t j) { return coefs[(j / kDcWindow) * coef_stride + kDcW2Col + h] * a_in[j]; };
+    const auto w2a_of = [&](size_t t, int j) { return coefs[t * coef_stride + kDcW2Col + h] * a_in[t * kDcWindow + j]; };
     dc_tile_mix<D>(o, pair_values(w2a_of), go, s0, h, T, stage[h], lane);
     dc_store_tile<D>(dv, dv, o, key, h, T, 1.0f, true, lane);
 }
@@ -578,12 +661,18 @@ inline void dc_mha_backward(__nv_bfloat16* dq, __nv_bfloat16* dk, __nv_bfloat16*
     const DcScratch sc = dc_scratch(workspace, T);
     const dim3 grid(ceil_div(T, kDcTileQ));
     dc_with_dim(D, [&](auto d) {
-        launch(dc_mha_backward_query_work(T, D, num_cu), dc_mha_backward_query_kernel<decltype(d)::value>, grid, dim3(kDcThreads),
-               0, stream, dq, dcoefs, sc.a, sc.ds, go, q, k, v, lse, coefs, coef_stride, cu_seqlens, num_cu, T, scale);
+        constexpr int Dd = decltype(d)::value;
+        static const bool allowed =
+            dc_allow_smem(dc_mha_backward_query_kernel<Dd>, sizeof(DcQuerySmem<Dd>)) &&
+            dc_allow_smem(dc_mha_backward_key_kernel<Dd>, sizeof(DcKeySmem<Dd>));
+        (void)allowed;
+        launch(dc_mha_backward_query_work(T, D, num_cu), dc_mha_backward_query_kernel<Dd>, grid, dim3(kDcThreads),
+               sizeof(DcQuerySmem<Dd>), stream, dq, dcoefs, sc.a, sc.ds, go, q, k, v, lse, coefs, coef_stride,
+               cu_seqlens, num_cu, T, scale);
         CUDA_CHECK_LAUNCH();
-        launch(dc_mha_backward_key_work(T, D, num_cu), dc_mha_backward_key_kernel<decltype(d)::value>, grid, dim3(kDcThreads), 0,
-               stream, dk, dv, static_cast<const float*>(sc.a), static_cast<const __nv_bfloat16*>(sc.ds), go, q, coefs,
-               coef_stride, cu_seqlens, num_cu, T, scale);
+        launch(dc_mha_backward_key_work(T, D, num_cu), dc_mha_backward_key_kernel<Dd>, grid, dim3(kDcThreads),
+               sizeof(DcKeySmem<Dd>), stream, dk, dv, static_cast<const float*>(sc.a),
+               static_cast<const __nv_bfloat16*>(sc.ds), go, q, coefs, coef_stride, cu_seqlens, num_cu, T, scale);
     });
     CUDA_CHECK_LAUNCH();
 }

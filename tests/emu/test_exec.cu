@@ -333,6 +333,17 @@ void test_shared_memory() {
                     cudaErrorInvalidValue,
                 "more than 227 KB of dynamic smem cannot be enabled");
     cudaGetLastError();
+    // the shared memory carveout: a percentage or cudaSharedmemCarveoutDefault, anything else refused as CUDA does
+    for (const int ok : {int(cudaSharedmemCarveoutDefault), int(cudaSharedmemCarveoutMaxL1), 50,
+                         int(cudaSharedmemCarveoutMaxShared)})
+        CUDA_CHECK(cudaFuncSetAttribute(rotate_in_dynamic_smem, cudaFuncAttributePreferredSharedMemoryCarveout, ok));
+    for (const int bad_value : {-2, 101})
+        test::check(cudaFuncSetAttribute(rotate_in_dynamic_smem, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         bad_value) == cudaErrorInvalidValue,
+                    "a carveout of %d%% is refused", bad_value);
+    cudaGetLastError();
+    launch(rotate_in_dynamic_smem, dim3(2), dim3(512), n * sizeof(float), nullptr, df.ptr, n);
+    CUDA_CHECK_LAUNCH();  // a refused attribute leaves no sticky error behind
 }
 
 // ---- barriers with predicates ----
