@@ -300,6 +300,11 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src,
     }
     q.copies.push_back({smem_dst, gmem_src, fill});
 }
+// Nothing to bring anywhere on a CPU; the address must be global memory, as the PTX ISA's .global requires.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    if (!emu::in_device_allocation(p, 1))
+        emu::fail_access("prefetch.global.L2 address", p, "is not inside a device allocation (cudaMalloc)");
+}
 __device__ __forceinline__ void cp_async_commit() {
     emu::CpAsyncQueue& q = emu::cp_async_queue();
     q.group_ends.push_back(q.copies.size());

@@ -287,6 +287,10 @@ __device__ __forceinline__ void fc_stage_fragment(__nv_bfloat16* tile, int row, 
     *reinterpret_cast<__nv_bfloat162*>(tile + fc_swizzle<COLS>(row, col)) = __floats2bfloat162_rn(c0, c1);
     *reinterpret_cast<__nv_bfloat162*>(tile + fc_swizzle<COLS>(row + 8, col)) = __floats2bfloat162_rn(c2, c3);
 }
+// The backwards' epilogues read what the forward saved (pre, or post).
+constexpr bool fc_reads_saved(FcEpilogue e) {
+    return e == FcEpilogue::relu_square_backward || e == FcEpilogue::relu_square_backward_post;
+}
 // The second half: a staged ROWS x 128 tile of g, whose (0, 0) is g's (m0, n0), out to global memory
 // by E in 16-byte accesses by THREADS threads (this one `tid`); nothing past row T or column H.
 // relu_square_post_fp8 and relu_square_forward_fp8 also write postq (8-byte stores: 8 e4m3 a chunk)
@@ -301,7 +305,7 @@ __device__ __forceinline__ uint32_t fc_store_tile(const __nv_bfloat16* tile, int
                                                   __nv_bfloat16* post, const __nv_bfloat16* pre, int m0, int n0,
                                                   int T, int H, __nv_fp8_e4m3* postq = nullptr, float inv_act = 0.0f) {
     constexpr int COLS = 128, chunks_per_row = COLS / 8, chunks = ROWS * chunks_per_row / THREADS, BATCH = 4;
-    constexpr bool reads_saved = E == FcEpilogue::relu_square_backward || E == FcEpilogue::relu_square_backward_post;
+    constexpr bool reads_saved = fc_reads_saved(E);
     uint32_t amax = 0;
     static_assert(ROWS * chunks_per_row % THREADS == 0, "every thread stores the same number of chunks");
     static_assert(chunks % BATCH == 0, "whole batches");
@@ -473,6 +477,20 @@ static_assert(kFcTileK * 2 == 128, "a k-step's row is one 128-byte swizzle span"
 static_assert(128 * kFcwProducerRegs + 128 * kFcwConsumers * kFcwConsumerRegs <= 65536, "registers of one SM");
 static_assert(kFcwSmemBytes <= 227 * 1024, "shared memory of one block");
 
+// A backward's saved tile (the rows x kFcwCols that its epilogue reads) into L2 by the producer warpgroup's idle
+// threads (`i0` of `stride`) while the k-steps run: the forward wrote it long before, so it is in HBM, and the
+// epilogue's loads, four round trips a tile with nothing else to hide them, then come from L2.
+template <FcEpilogue E>
+__device__ __forceinline__ void fc_prefetch_saved(const __nv_bfloat16* pre, int i0, int stride, int m0, int n0, int T,
+                                                  int H) {
+    if constexpr (fc_reads_saved(E)) {
+        constexpr int kLines = kFcwCols * 2 / 128;  // the 128-byte lines of a row's columns
+        for (int i = i0; i < kFcTileRows * kLines; i += stride) {
+            const int r = i / kLines, col = (i % kLines) * 64;
+            if (m0 + r < T && n0 + col < H) prefetch_l2(pre + size_t(m0 + r) * H + n0 + col);
+        }
+    }
+}
 // The producer's loop (one thread); a k-step is tile_k elements (128 bytes of a row).
 __device__ __forceinline__ void fc_wgmma_produce(unsigned char* ring, uint64_t* full, uint64_t* empty,
                                                  const CUtensorMap* map_x, const CUtensorMap* map_w, int m0, int n0,
@@ -536,6 +554,7 @@ __global__ void __launch_bounds__(kFcwThreads, 1)
     if (warpgroup == 0) {
         setmaxnreg_dec<kFcwProducerRegs>();
         if (threadIdx.x == 0) fc_wgmma_produce(ring, full, empty, &map_x, &map_w, m0, n0, ksteps, tile_k);
+        else fc_prefetch_saved<E>(pre, threadIdx.x - 1, 127, m0, n0, T, H);
         return;
     }
     setmaxnreg_inc<kFcwConsumerRegs>();

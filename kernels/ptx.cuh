@@ -56,6 +56,9 @@ __device__ __forceinline__ void ldmatrix_trans(uint32_t (&r)[N], const void* row
 // which is how tiles load rows that lie outside a tensor.
 __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, bool fill);
 __device__ __forceinline__ void cp_async_commit();
+// prefetch.global.L2: a hint that brings the line holding p (global memory, which emu checks) into L2; it
+// returns nothing and nothing waits for it.
+__device__ __forceinline__ void prefetch_l2(const void* p);
 template <int N>
 __device__ __forceinline__ void cp_async_wait();
 
@@ -312,6 +315,9 @@ __device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src,
                  : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(__cvta_generic_to_global(p)));
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");

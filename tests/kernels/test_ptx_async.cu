@@ -123,6 +123,33 @@ void check_wait_points() {
                         "emu cp.async: data visible before its wait (%08x %08x %08x)", seen[0], seen[1], seen[3]);
 }
 
+// prefetch.global.L2 is a hint: a kernel that prefetches every line of a buffer, then copies it, gets its words.
+// Under emu an address outside global memory stops the kernel (.global requires one); a GPU would take it silently.
+__global__ void prefetch_then_copy(uint32_t* out, const uint32_t* in, int n) {
+    for (int i = threadIdx.x * 32; i < n; i += blockDim.x * 32) prefetch_l2(in + i);  // a 128-byte line each
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i];
+}
+__global__ void prefetch_at(const uint32_t* p) { prefetch_l2(p); }
+void check_prefetch() {
+    std::vector<uint32_t> in(4096 + test::randint(0, 64));
+    for (auto& x : in) x = static_cast<uint32_t>(test::randint(0, 1 << 30));
+    test::DeviceBuffer<uint32_t> din(in), dout(in.size());
+    launch(prefetch_then_copy, dim3(1), dim3(128), 0, nullptr, dout.ptr, static_cast<const uint32_t*>(din.ptr),
+           static_cast<int>(in.size()));
+    CUDA_CHECK_LAUNCH();
+    test::check(dout.download() == in, "prefetch_l2 then a copy: words wrong");
+}
+template <bool Emulated>
+void check_emu_prefetch_stop() {
+    if constexpr (Emulated) {
+        static const uint32_t host_word = 0;
+        test::check_emu_stops_with("prefetch_l2 of a host address", "prefetch.global.L2 address", [] {
+            launch(prefetch_at, dim3(1), dim3(1), 0, nullptr, &host_word);
+            CUDA_CHECK(cudaDeviceSynchronize());
+        });
+    }
+}
+
 int main(int argc, char** argv) {
     if (const auto o = bench::parse(argc, argv))
         return bench::nothing_to_bench(*o, "cp.async primitives: the attention kernels time them in test_attention");
@@ -132,5 +159,7 @@ int main(int argc, char** argv) {
     check_pipeline<3>(7);
     check_pipeline<4>(2);  // fewer tiles than stages: the prologue commits empty groups
     check_wait_points();
+    check_prefetch();
+    check_emu_prefetch_stop<kEmulated>();
     return test::finish();
 }
