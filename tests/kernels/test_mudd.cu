@@ -582,6 +582,11 @@ int main(int argc, char** argv) {
         mudd_exit_forward(reinterpret_cast<float*>(16), p, p, reinterpret_cast<float*>(16), p, {p, p, kMuddExitCoef}, p,
                           srcs, 4, 128, nullptr);
     });
+    test::check_fails_with("a gate head's w2 off 16 bytes", "mudd_gate_forward: w2 must be 16-byte aligned", [] {
+        bf16* p = reinterpret_cast<bf16*>(16);
+        float* f = reinterpret_cast<float*>(16);
+        mudd_gate_forward(f, p, {reinterpret_cast<bf16*>(18), p, kMuddGatePreCoef}, f, 4, nullptr);
+    });
     check_head_finite_differences(false);
     check_head_finite_differences(true);
     // the record's width and heads (ragged rows), tiny's, four heads, and rows past the partials' block cap
